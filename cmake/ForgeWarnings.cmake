@@ -1,0 +1,9 @@
+# Warning and sanitizer flags applied to every target of this project (not to dependencies).
+add_compile_options(-Wall -Wextra)
+if(FORGE_WERROR)
+  add_compile_options(-Werror)
+endif()
+if(FORGE_SANITIZE)
+  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
+endif()

@@ -1,0 +1,42 @@
+// Content hashes: xxh3 (fast; shard and checkpoint checksums, dedup keys) and SHA-256 (dataset and
+// tokenizer identities that other tools may verify independently).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace forge {
+
+uint64_t xxh3_64(const void* data, size_t size, uint64_t seed = 0);
+std::string xxh3_64_hex(std::string_view data);
+// 32 hex digits, high half first (XXH128_canonical order).
+std::string xxh3_128_hex(std::string_view data);
+
+// Incremental xxh3-64 for data that arrives in pieces (files, tensors).
+class Xxh3Stream {
+ public:
+  Xxh3Stream();
+  ~Xxh3Stream();
+  Xxh3Stream(const Xxh3Stream&) = delete;
+  Xxh3Stream& operator=(const Xxh3Stream&) = delete;
+  void update(const void* data, size_t size);
+  uint64_t digest() const;
+  std::string hex() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+std::string sha256_hex(std::string_view data);
+
+// Whole-file digests, read in large blocks. Throw forge::Error(kIo) naming the file if it can't be read.
+std::string xxh3_file_hex(const std::string& path);
+std::string sha256_file_hex(const std::string& path);
+
+std::string to_hex64(uint64_t value);
+
+}  // namespace forge

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Installs every Debian package SlurmForge needs to build, test and run its demo.
+# Idempotent: when every package is already installed it returns at once without touching apt.
+set -euo pipefail
+
+packages=(
+  # --- toolchain and build
+  build-essential cmake ninja-build pkg-config git clang-format
+  # --- libraries the C++ code links against
+  libopenmpi-dev openmpi-bin          # MPI (Open MPI 4.1, built with Slurm + PMIx support)
+  libhdf5-dev hdf5-tools              # token shards and checkpoints; h5dump for tests
+  libboost-program-options-dev        # job specs and CLI options
+  catch2                              # unit tests (Catch2 v2 single header)
+  libopenblas-dev                     # sgemm for the CPU kernels
+  libsentencepiece-dev sentencepiece  # tokenizer training and encoding
+  libxxhash-dev libssl-dev            # xxh3 and SHA-256
+  nlohmann-json3-dev                  # manifests, metrics, reports
+  libsqlite3-dev sqlite3              # the quota ledger
+  libfmt-dev libspdlog-dev            # logging
+  # --- the embedded dev cluster (scripts/devcluster)
+  slurm-wlm slurmctld slurmd slurmdbd slurm-client libslurm-dev slurm-wlm-basic-plugins
+  slurm-wlm-mysql-plugin munge mariadb-server libpmix-dev libpmix-bin
+  # --- tools the scripts and tests call
+  util-linux procps iproute2 python3
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$' || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "install-deps: installing ${#missing[@]} package(s): ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
+export DEBIAN_FRONTEND=noninteractive
+if ! $SUDO apt-get update -qq; then
+  echo "install-deps: apt-get update failed (no registry?); needed packages: ${missing[*]}" >&2
+  exit 1
+fi
+# Daemons must not be started by the package scripts: the dev cluster starts its own.
+policy=/usr/sbin/policy-rc.d
+created_policy=0
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null && $SUDO chmod +x "$policy" && created_policy=1
+fi
+rc=0
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/tmp/forge-install-deps.log 2>&1 || rc=$?
+[ $created_policy -eq 1 ] && $SUDO rm -f "$policy"
+if [ $rc -ne 0 ]; then
+  tail -n 20 /tmp/forge-install-deps.log >&2
+  echo "install-deps: apt-get install failed (see /tmp/forge-install-deps.log); packages: ${missing[*]}" >&2
+  exit 1
+fi
+echo "install-deps: done"
