@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh machine: dependencies, release build, the dev cluster, every ctest label,
+# then the ASan/UBSan build of the unit tests. Brings the cluster down again only if it started it.
+# Usage: scripts/test.sh            (FORGE_SKIP_ASAN=1 skips the sanitizer pass)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+stage() { printf '\n== %s ==\n' "$*"; }
+jobs=$(nproc)
+
+stage "dependencies"
+scripts/install-deps.sh
+
+stage "build (release)"
+cmake --preset release >/dev/null
+cmake --build --preset release -j "$jobs"
+
+stage "dev cluster"
+export FORGE_DEVCLUSTER_DIR=${FORGE_DEVCLUSTER_DIR:-/var/lib/forge-devcluster}
+started_cluster=0
+if ! scripts/devcluster/status >/dev/null 2>&1; then
+  started_cluster=1
+fi
+cleanup() {
+  if [ "$started_cluster" -eq 1 ]; then
+    stage "dev cluster down"
+    scripts/devcluster/down || true
+  fi
+}
+trap cleanup EXIT
+if [ -x scripts/slurm/write-plugstack.sh ]; then
+  export FORGE_SPANK_PLUGSTACK="$FORGE_DEVCLUSTER_DIR/forge-plugstack.conf"
+  mkdir -p "$FORGE_DEVCLUSTER_DIR"
+  scripts/slurm/write-plugstack.sh "$root/build/release" "$FORGE_SPANK_PLUGSTACK"
+fi
+scripts/devcluster/up
+# shellcheck source=/dev/null
+source "$FORGE_DEVCLUSTER_DIR/env.sh"
+if [ -x build/release/quota/forge-quota ] && [ -f configs/quota.example.ini ]; then
+  build/release/quota/forge-quota apply --policy configs/quota.example.ini
+fi
+
+stage "tests (release: unit, mpi, slurm, lint)"
+ctest --preset release -L 'unit|mpi|slurm|lint' -j "$jobs"
+
+if [ "${FORGE_SKIP_ASAN:-0}" != 1 ]; then
+  stage "build (asan: unit tests under AddressSanitizer + UBSan)"
+  cmake --preset asan >/dev/null
+  cmake --build --preset asan -j "$jobs"
+  stage "tests (asan: unit)"
+  ctest --preset asan -j "$jobs"
+fi
+stage "all tests passed"
