@@ -1,0 +1,65 @@
+# Shared by the SlurmForge batch scripts (sourced). Runs one srun step of a forge-* program, forwards
+# preemption/time-limit signals to it, and acts on its exit class (ARCHITECTURE.md):
+#   0 done · 75 preempted/time limit → requeue · 69 comm failure → requeue up to FORGE_MAX_COMM_RETRIES
+#   64 spec, 65 data, 71 numerics, anything else → fail, never requeue (a retry would fail the same way).
+# Slurm copies batch scripts into its spool, so the programs are found through FORGE_BIN_DIR (exported by
+# submit-pipeline) or PATH.
+
+forge_bin() {
+  local name=$1
+  if [ -n "${FORGE_BIN_DIR:-}" ] && [ -x "$FORGE_BIN_DIR/$name" ]; then echo "$FORGE_BIN_DIR/$name"; return; fi
+  command -v "$name" || { echo "forge: cannot find $name: set FORGE_BIN_DIR or PATH" >&2; return 1; }
+}
+
+forge_exit_class() {
+  case $1 in
+    0) echo ok ;; 1) echo failure ;; 64) echo usage ;; 65) echo data ;; 69) echo comm ;;
+    71) echo numeric ;; 74) echo io ;; 75) echo preempted ;; *) echo "other($1)" ;;
+  esac
+}
+
+# forge_run_step PROGRAM ARGS...: runs PROGRAM on every task of the allocation and sets FORGE_STEP_RC.
+forge_run_step() {
+  local step_pid
+  # The batch shell gets USR1 (--signal=B:USR1@N, or preemption with GraceTime); the ranks run in the
+  # srun step, so pass it on and keep waiting for the step to save its checkpoint and exit.
+  trap 'echo "forge: caught USR1/TERM, asking ranks to checkpoint and stop"; kill -USR1 "$step_pid" 2>/dev/null' USR1 TERM
+  srun --mpi="${FORGE_SRUN_MPI:-pmix}" --kill-on-bad-exit=1 "$@" &
+  step_pid=$!
+  FORGE_STEP_RC=0
+  while true; do
+    wait "$step_pid" && FORGE_STEP_RC=0 || FORGE_STEP_RC=$?
+    # wait returns >128 when interrupted by a trapped signal while the step still runs.
+    kill -0 "$step_pid" 2>/dev/null || break
+  done
+  trap - USR1 TERM
+}
+
+# forge_finish RUN_DIR: prints the run directory and exit class, requeues when the class asks for it,
+# and exits with the step's code.
+forge_finish() {
+  local run_dir=$1 rc=$FORGE_STEP_RC class
+  class=$(forge_exit_class "$rc")
+  echo "forge: run directory: $run_dir"
+  echo "forge: exit class: $class (exit $rc, restart ${SLURM_RESTART_COUNT:-0})"
+  local requeue=0
+  if [ "$rc" -eq 75 ]; then
+    requeue=1
+  elif [ "$rc" -eq 69 ] && [ "${SLURM_RESTART_COUNT:-0}" -lt "${FORGE_MAX_COMM_RETRIES:-2}" ]; then
+    requeue=1
+  fi
+  if [ $requeue -eq 1 ]; then
+    # A batch script that exits by itself is recorded FAILED and not requeued by Slurm (FIELD-NOTES):
+    # requeue explicitly; the job comes back with SLURM_RESTART_COUNT incremented and resumes.
+    echo "forge: requeueing job $SLURM_JOB_ID"
+    scontrol requeue "$SLURM_JOB_ID"
+  fi
+  exit "$rc"
+}
+
+# forge_run_dir SPEC [OVERRIDES...]: the run directory the spec resolves to (forge-train --print-config).
+forge_run_dir() {
+  "$(forge_bin forge-train)" "$@" --print-config 2>/dev/null | awk -F' = ' '
+    /^\[/ { section = substr($0, 2, length($0) - 2) }
+    section == "run" && $1 == "dir" { print $2 }'
+}
