@@ -1,0 +1,51 @@
+// Stage 1: read plain-text files, JSONL records and directories (recursively, by extension) into a Corpus.
+// Broken input is repaired or dropped, never passed on silently: every case has a counter.
+#pragma once
+
+#include "forge/common/json.h"
+#include "forge/dataio/document.h"
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace forge::data {
+
+// One `--input PATH[=DOMAIN]`.
+struct InputSpec {
+  std::string path;
+  std::string domain;  // "" = from the JSONL record, else IngestOptions::default_domain
+};
+InputSpec parse_input_spec(const std::string& arg);
+
+struct IngestOptions {
+  std::vector<std::string> extensions;  // lower-case, without dot; "" matches files without one
+  size_t max_doc_bytes = 16 << 20;      // larger documents are dropped
+  size_t max_line_bytes = 1 << 20;      // a longer line drops the document
+  double max_invalid_utf8 = 0.01;       // above this fraction of bad bytes a document is dropped
+  double max_nul = 0.001;               // above this fraction of NUL bytes a document is binary
+  std::string default_domain = "text";
+};
+
+struct IngestStats {
+  uint64_t files = 0, skipped_files = 0, jsonl_records = 0, bad_jsonl_records = 0;
+  uint64_t documents_in = 0, bytes_in = 0, documents_out = 0, bytes_out = 0;
+  uint64_t utf8_repaired = 0, dropped_invalid_utf8 = 0, dropped_binary = 0, dropped_long_lines = 0,
+           dropped_too_large = 0, dropped_empty = 0;
+  std::string first_bad_jsonl;  // "file:line: why"
+  Json to_json() const;
+};
+
+// Replaces each invalid UTF-8 sequence (also overlong forms, surrogates, > U+10FFFF) with U+FFFD.
+// `invalid_bytes` counts the bytes replaced.
+std::string repair_utf8(std::string_view in, size_t* invalid_bytes);
+
+// Reads every input. Missing or unreadable paths throw forge::Error (kUsage / kIo) naming the path.
+void ingest(const std::vector<InputSpec>& inputs, const IngestOptions& options, Corpus& corpus,
+            IngestStats& stats);
+
+// Total size of the files `ingest` would read (for progress ETA and MB/s figures).
+uint64_t input_bytes(const std::vector<InputSpec>& inputs, const IngestOptions& options);
+
+}  // namespace forge::data

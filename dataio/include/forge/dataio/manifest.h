@@ -1,0 +1,51 @@
+// manifest.json: the dataset's table of contents, written last by `prepare`. Its `version` is the
+// SHA-256 of the rest of the manifest (shard checksums, tokenizer hash, pipeline settings), so the same
+// input and settings give the same version, and a hand edit shows up as a version mismatch.
+#pragma once
+
+#include "forge/common/json.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace forge::data {
+
+inline constexpr int kManifestSchemaVersion = 1;
+
+struct ShardEntry {
+  std::string file;  // relative to the dataset directory
+  std::string split, domain;
+  std::string xxh3;  // xxh3-64 of the file's bytes
+  uint64_t bytes = 0, tokens = 0, documents = 0;
+};
+
+struct Manifest {
+  int schema_version = kManifestSchemaVersion;
+  std::string version;
+  std::string tokenizer_file, tokenizer_sha256;
+  uint32_t vocab_size = 0;
+  int token_bytes = 2;
+  int eos_id = -1;
+  std::vector<std::string> domains;   // per-document domain ids index this
+  std::vector<std::string> licenses;  // per-document license ids index this; [0] = "unknown"
+  Json settings = Json::object();     // resolved pipeline settings
+  std::vector<ShardEntry> shards;     // by split, then domain, then sequence number
+
+  Json to_json() const;
+  static Manifest from_json(const Json& j, const std::string& where);
+  std::string compute_version() const;
+
+  // Shards of one split (and one domain, unless `domain` is empty), in manifest order.
+  std::vector<const ShardEntry*> shards_of(const std::string& split, const std::string& domain = "") const;
+  uint64_t tokens(const std::string& split, const std::string& domain = "") const;
+};
+
+// Reads DIR/manifest.json and checks that its version matches its content. forge::Error(kData) names
+// the problem (no manifest, bad JSON, missing field, version mismatch).
+Manifest load_manifest(const std::string& dataset_dir);
+
+// Sets `m.version` and writes DIR/manifest.json atomically.
+void write_manifest(const std::string& dataset_dir, Manifest& m);
+
+}  // namespace forge::data

@@ -1,0 +1,47 @@
+// `forge-data prepare`: raw text -> a versioned dataset directory (docs/DATA.md). The dataset appears at
+// --out only when complete: it is built in a sibling temporary directory and renamed into place.
+#pragma once
+
+#include "forge/common/config.h"
+#include "forge/common/json.h"
+#include "forge/dataio/dedup.h"
+#include "forge/dataio/filters.h"
+#include "forge/dataio/ingest.h"
+#include "forge/dataio/tokenizer.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace forge::data {
+
+struct PrepareOptions {
+  std::vector<InputSpec> inputs;
+  std::string out;
+  std::string tokenizer_model;  // an existing SentencePiece model; "" = train one
+  std::vector<std::string> eval_sets;
+  double valid_fraction = 0.01;
+  uint64_t shard_tokens = 64ull << 20;
+  uint64_t split_seed = 0;
+  int decontam_ngram = 13;
+  bool near_dedup = true;
+  int threads = 0;  // tokenizer encoding threads (0 = all cores)
+  IngestOptions ingest;
+  MinHashOptions minhash;
+  FilterOptions filters;
+  TokenizerTrainOptions tokenizer;
+};
+
+// The INI keys of prepare.ini (and --section.key overrides), with their defaults.
+ConfigSchema prepare_schema();
+// Fills the stage settings of `options` from a loaded config; bad values are rejected naming the key.
+void apply_config(const Config& config, PrepareOptions& options);
+
+struct PrepareResult {
+  std::string dataset_dir, version, summary;
+  Json quality;
+};
+
+PrepareResult prepare_dataset(const PrepareOptions& options);
+
+}  // namespace forge::data

@@ -1,0 +1,93 @@
+// The dataset reader used by the trainer and the eval gate.
+//
+// Samples are windows of seq_len+1 tokens (inputs and shifted targets) cut from each domain's token
+// stream (its shards of the split, concatenated) at multiples of seq_len. The global order of samples is a
+// pure function of (dataset, split, domain selection, seq_len, seed, domain weights): position p of the
+// stream lies in epoch p / E (E = samples per epoch) and maps to a sample through a seeded permutation,
+// so it needs no table and no state beyond p. Step s of the run reads positions [s*B, (s+1)*B) for a global
+// batch B; DP rank r gets the r-th of the dp_size equal slices. The cursor is the number of global samples
+// consumed, so a run resumed from it reads exactly what an uninterrupted run would have read, with any
+// DP size (and any global batch) — see docs/DATA.md.
+#pragma once
+
+#include "forge/common/json.h"
+#include "forge/dataio/manifest.h"
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace forge::data {
+
+struct ReaderOptions {
+  uint32_t seq_len = 0;
+  uint32_t global_batch = 0;  // samples per step over all DP ranks; a multiple of dp_size
+  int dp_rank = 0;
+  int dp_size = 1;
+  uint64_t seed = 0;
+  std::string split = "train";                   // "train" or "valid"
+  std::string domain;                            // only this domain ("" = all)
+  std::map<std::string, double> domain_weights;  // blending; empty = natural token proportions
+  int prefetch = 2;                              // batches read ahead in a background thread (0 = none)
+  bool verify_checksums = true;                  // xxh3 of every shard at open
+  std::string expected_tokenizer_sha256;         // "" = accept any
+};
+
+struct Cursor {
+  uint64_t samples = 0;  // global samples consumed
+  // What the order depends on; seek() refuses a cursor taken under different values.
+  std::string dataset_version, split, domain;
+  uint32_t seq_len = 0;
+  uint64_t seed = 0;
+  std::map<std::string, double> domain_weights;
+
+  Json to_json() const;
+  static Cursor from_json(const Json& j);  // forge::Error(kData) on a malformed cursor
+};
+
+struct Batch {
+  uint64_t step = 0;                 // global samples before this batch / global_batch
+  uint32_t rows = 0;                 // local batch = global_batch / dp_size
+  uint32_t cols = 0;                 // seq_len + 1
+  std::vector<int32_t> tokens;       // rows x cols, row-major
+  std::vector<uint64_t> sample_ids;  // one per row
+  std::span<const int32_t> row(uint32_t i) const { return {tokens.data() + size_t(i) * cols, cols}; }
+};
+
+class Reader {
+ public:
+  // Opens and checks the dataset (manifest version, shard structure and checksums, tokenizer). Bad data:
+  // forge::Error(kData) naming the shard; bad options: forge::Error(kUsage).
+  Reader(const std::string& dataset_dir, const ReaderOptions& options);
+  ~Reader();
+  Reader(const Reader&) = delete;
+  Reader& operator=(const Reader&) = delete;
+
+  Batch next();
+  // The same, refilling `batch` in place: its buffers are recycled, so a steady loop allocates nothing.
+  void next(Batch& batch);
+  Cursor cursor() const;
+  void seek(const Cursor& cursor);
+
+  const Manifest& manifest() const;
+  const std::string& dataset_dir() const;
+  std::string tokenizer_path() const;
+  uint64_t samples_per_epoch() const;
+  // Distinct windows in the selection; sample ids are [0, num_samples()).
+  uint64_t num_samples() const;
+  // The sample id at a global stream position.
+  uint64_t sample_at(uint64_t position) const;
+  // The seq_len+1 tokens of one sample (random access, e.g. the gate's full pass over a split).
+  void read_sample(uint64_t sample_id, std::span<int32_t> out) const;
+  // Domain name of a sample.
+  const std::string& sample_domain(uint64_t sample_id) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace forge::data

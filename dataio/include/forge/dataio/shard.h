@@ -1,0 +1,55 @@
+// HDF5 token shards. One shard holds the documents of one (split, domain), concatenated, each followed by
+// the tokenizer's end-of-sequence id:
+//   /tokens       1-D uint16 (vocab <= 65535) or uint32, contiguous layout (so readers can read its bytes
+//                 directly at H5Dget_offset, without taking HDF5's global lock)
+//   /doc_offsets  uint64 [documents + 1]: start of each document in /tokens, then the token count
+//   /doc_domains  uint16 [documents]: index into the manifest's domain list
+//   /doc_licenses uint16 [documents]: index into the manifest's license list (0 = unknown)
+//   attributes on "/": schema_version, split, domain, tokenizer_sha256, vocab_size
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace forge::data {
+
+inline constexpr int kShardSchemaVersion = 1;
+
+struct ShardData {
+  std::vector<uint32_t> tokens;
+  std::vector<uint64_t> doc_offsets{0};
+  std::vector<uint16_t> doc_domains;
+  std::vector<uint16_t> doc_licenses;
+
+  uint64_t documents() const { return doc_domains.size(); }
+};
+
+struct ShardAttrs {
+  int schema_version = kShardSchemaVersion;
+  std::string split, domain, tokenizer_sha256;
+  uint32_t vocab_size = 0;
+};
+
+// Token element size for a vocabulary: 2 bytes when every id fits in uint16 with room to spare.
+int token_bytes_for_vocab(uint32_t vocab);
+
+// Writes `<path>.tmp`, fsyncs it and renames it to `path`. Throws forge::Error(kIo) on failure.
+void write_shard(const std::string& path, const ShardData& data, const ShardAttrs& attrs, int token_bytes);
+
+struct ShardLayout {
+  ShardAttrs attrs;
+  uint64_t tokens = 0, documents = 0;
+  int token_bytes = 0;
+  uint64_t token_offset = 0;  // byte offset of /tokens in the file
+  uint64_t file_bytes = 0;
+};
+
+// Opens the shard through HDF5 and checks its structure (datasets, types, sizes, attributes, that the
+// token bytes lie inside the file). Anything wrong: forge::Error(kData) naming the shard and the problem.
+ShardLayout read_shard_layout(const std::string& path);
+
+// Reads everything through HDF5 (verify, inspect, tests).
+ShardData read_shard(const std::string& path, ShardLayout* layout = nullptr);
+
+}  // namespace forge::data

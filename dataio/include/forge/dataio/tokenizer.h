@@ -1,0 +1,73 @@
+// Stage 6: the SentencePiece tokenizer (BPE with byte fallback). Trained on a deterministic sample of the
+// cleaned corpus, or loaded from an existing model; the model file's SHA-256 identifies it everywhere.
+#pragma once
+
+#include "forge/dataio/document.h"
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace sentencepiece {
+class SentencePieceProcessor;
+}
+
+namespace forge::data {
+
+struct TokenizerTrainOptions {
+  uint32_t vocab = 8192;
+  uint64_t sample_bytes = 8 << 20;  // training text taken evenly across the corpus
+  int threads = 2;
+};
+
+// Memoized encodings of text chunks, one per encoding thread. Text is cut between two bytes that no
+// vocabulary piece holds next to each other: no BPE merge can cross such a cut, so the chunks encode
+// independently to the same ids. Natural text repeats its chunks (words), so most are lookups.
+struct EncodeCache {
+  std::unordered_map<std::string, std::vector<int>> chunks;
+  uint64_t hits = 0, misses = 0;
+};
+
+class Tokenizer {
+ public:
+  // Throws forge::Error(kData) naming the file if it is not a SentencePiece model.
+  static Tokenizer load(const std::string& model_path);
+  // Trains on a sample of `corpus` and writes the model to `model_path` (atomically).
+  static Tokenizer train(const Corpus& corpus, const TokenizerTrainOptions& options,
+                         const std::string& model_path);
+
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+  ~Tokenizer();
+
+  // Appends nothing: `ids` is replaced by the encoding of `text`.
+  void encode(std::string_view text, std::vector<int>& ids) const;
+  // The same ids, through `cache` (see EncodeCache).
+  void encode(std::string_view text, std::vector<int>& ids, EncodeCache& cache) const;
+  std::string decode(std::span<const int> ids) const;
+  std::string piece(int id) const;
+  uint32_t vocab_size() const;
+  int eos_id() const;
+  const std::string& sha256() const { return sha256_; }
+  // False when the model normalizes across chunks (e.g. a dummy prefix): encode(text, ids, cache) then
+  // encodes whole texts.
+  bool chunk_cache_usable() const { return chunkable_; }
+
+ private:
+  Tokenizer();
+  void prepare_chunking();
+  bool can_cut(unsigned char left, unsigned char right) const {
+    return (right & 0xC0) != 0x80 &&
+           !(pair_bits_[(left << 8 | right) >> 6] >> ((left << 8 | right) & 63) & 1);
+  }
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+  std::string sha256_;
+  std::vector<uint64_t> pair_bits_;  // 256x256: byte pairs adjacent inside some piece
+  bool chunkable_ = false;
+};
+
+}  // namespace forge::data

@@ -1,0 +1,265 @@
+#include "forge/dataio/ingest.h"
+
+#include "forge/common/error.h"
+#include "progress.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+namespace fs = std::filesystem;
+
+namespace forge::data {
+namespace {
+
+std::string lower_extension(const fs::path& p) {
+  std::string ext = p.extension().string();
+  if (!ext.empty()) ext.erase(0, 1);
+  for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return ext;
+}
+
+// The files behind one input, sorted so the corpus order never depends on the directory listing order.
+std::vector<fs::path> expand(const InputSpec& in, const IngestOptions& options, uint64_t* skipped) {
+  std::error_code ec;
+  const auto status = fs::status(in.path, ec);
+  if (ec || !fs::exists(status)) fail(ExitCode::kUsage, "--input {}: no such file or directory", in.path);
+  if (!fs::is_directory(status)) return {fs::path(in.path)};
+  std::vector<fs::path> files;
+  fs::recursive_directory_iterator it(in.path, fs::directory_options::skip_permission_denied, ec);
+  if (ec) fail(ExitCode::kIo, "--input {}: cannot list directory: {}", in.path, ec.message());
+  for (const auto& entry : it) {
+    if (!entry.is_regular_file(ec)) continue;
+    const std::string ext = lower_extension(entry.path());
+    if (std::find(options.extensions.begin(), options.extensions.end(), ext) == options.extensions.end()) {
+      if (skipped) ++*skipped;
+      continue;
+    }
+    files.push_back(entry.path());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+std::string read_whole(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) fail(ExitCode::kIo, "--input {}: cannot read (check permissions)", p.string());
+  std::string data;
+  in.seekg(0, std::ios::end);
+  const auto size = in.tellg();
+  in.seekg(0);
+  data.resize(size > 0 ? static_cast<size_t>(size) : 0);
+  in.read(data.data(), static_cast<std::streamsize>(data.size()));
+  if (!in && !in.eof()) fail(ExitCode::kIo, "--input {}: read error", p.string());
+  return data;
+}
+
+size_t longest_line(std::string_view s) {
+  size_t best = 0, start = 0;
+  while (start <= s.size()) {
+    size_t nl = s.find('\n', start);
+    if (nl == std::string_view::npos) nl = s.size();
+    best = std::max(best, nl - start);
+    start = nl + 1;
+  }
+  return best;
+}
+
+// Applies the byte-level checks to one raw document and appends it when it passes.
+void admit(std::string raw, std::string source, const std::string& domain, const std::string& license,
+           const IngestOptions& options, Corpus& corpus, IngestStats& stats) {
+  ++stats.documents_in;
+  stats.bytes_in += raw.size();
+  if (raw.size() > options.max_doc_bytes) {
+    ++stats.dropped_too_large;
+    return;
+  }
+  const size_t nul = static_cast<size_t>(std::count(raw.begin(), raw.end(), '\0'));
+  if (nul > 0 && static_cast<double>(nul) > options.max_nul * static_cast<double>(raw.size())) {
+    ++stats.dropped_binary;
+    return;
+  }
+  size_t invalid = 0;
+  std::string text = repair_utf8(raw, &invalid);
+  if (invalid > 0) {
+    if (static_cast<double>(invalid) > options.max_invalid_utf8 * static_cast<double>(raw.size())) {
+      ++stats.dropped_invalid_utf8;
+      return;
+    }
+    ++stats.utf8_repaired;
+  }
+  if (text.find_first_not_of(" \t\r\n\f\v", 0) == std::string::npos) {
+    ++stats.dropped_empty;
+    return;
+  }
+  if (longest_line(text) > options.max_line_bytes) {
+    ++stats.dropped_long_lines;
+    return;
+  }
+  ++stats.documents_out;
+  stats.bytes_out += text.size();
+  Document doc;
+  doc.text = std::move(text);
+  doc.source = std::move(source);
+  doc.license = license;
+  doc.domain = corpus.domain_id(domain);
+  corpus.docs.push_back(std::move(doc));
+}
+
+void ingest_jsonl(const std::string& data, const std::string& path, const InputSpec& in,
+                  const IngestOptions& options, Corpus& corpus, IngestStats& stats) {
+  size_t start = 0;
+  for (int line_no = 1; start < data.size(); ++line_no) {
+    size_t nl = data.find('\n', start);
+    if (nl == std::string::npos) nl = data.size();
+    const std::string_view line(data.data() + start, nl - start);
+    start = nl + 1;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    ++stats.jsonl_records;
+    const auto bad = [&](const std::string& why) {
+      ++stats.bad_jsonl_records;
+      if (stats.first_bad_jsonl.empty()) stats.first_bad_jsonl = fmt::format("{}:{}: {}", path, line_no, why);
+    };
+    Json rec = Json::parse(line, nullptr, false);
+    if (rec.is_discarded() || !rec.is_object()) {
+      bad("not a JSON object");
+      continue;
+    }
+    const auto text = rec.find("text");
+    if (text == rec.end() || !text->is_string()) {
+      bad("no string field \"text\"");
+      continue;
+    }
+    std::string domain = in.domain;
+    if (domain.empty()) {
+      const auto d = rec.find("domain");
+      domain = d != rec.end() && d->is_string() ? d->get<std::string>() : options.default_domain;
+      check_domain_name(domain, fmt::format("{}:{}", path, line_no));
+    }
+    const auto lic = rec.find("license");
+    const auto src = rec.find("source");
+    std::string source =
+        src != rec.end() && src->is_string() ? src->get<std::string>() : fmt::format("{}:{}", path, line_no);
+    admit(text->get<std::string>(), std::move(source), domain,
+          lic != rec.end() && lic->is_string() ? lic->get<std::string>() : "", options, corpus, stats);
+  }
+}
+
+}  // namespace
+
+InputSpec parse_input_spec(const std::string& arg) {
+  InputSpec spec;
+  const auto eq = arg.rfind('=');
+  if (eq == std::string::npos) {
+    spec.path = arg;
+  } else {
+    spec.path = arg.substr(0, eq);
+    spec.domain = arg.substr(eq + 1);
+    check_domain_name(spec.domain, "--input " + arg);
+  }
+  if (spec.path.empty()) fail(ExitCode::kUsage, "--input '{}': empty path", arg);
+  return spec;
+}
+
+std::string repair_utf8(std::string_view in, size_t* invalid_bytes) {
+  std::string out;
+  out.reserve(in.size());
+  size_t bad = 0, i = 0;
+  const size_t n = in.size();
+  static constexpr char kReplacement[] = "\xEF\xBF\xBD";
+  while (i < n) {
+    const auto c = static_cast<unsigned char>(in[i]);
+    if (c < 0x80) {
+      // Fast path over ASCII runs.
+      size_t j = i + 1;
+      while (j < n && static_cast<unsigned char>(in[j]) < 0x80) ++j;
+      out.append(in.data() + i, j - i);
+      i = j;
+      continue;
+    }
+    int len = 0;
+    uint32_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;  // overlong
+      if (c == 0xED) hi = 0x9F;  // surrogates
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;  // overlong
+      if (c == 0xF4) hi = 0x8F;  // > U+10FFFF
+    }
+    bool ok = len > 0 && i + len <= n;
+    for (int k = 1; ok && k < len; ++k) {
+      const auto b = static_cast<unsigned char>(in[i + k]);
+      ok = k == 1 ? (b >= lo && b <= hi) : (b >= 0x80 && b <= 0xBF);
+    }
+    if (ok) {
+      out.append(in.data() + i, len);
+      i += len;
+    } else {
+      out.append(kReplacement, 3);
+      ++bad;
+      ++i;
+    }
+  }
+  if (invalid_bytes) *invalid_bytes = bad;
+  return out;
+}
+
+uint64_t input_bytes(const std::vector<InputSpec>& inputs, const IngestOptions& options) {
+  uint64_t total = 0;
+  for (const auto& in : inputs) {
+    for (const auto& p : expand(in, options, nullptr)) {
+      std::error_code ec;
+      const auto size = fs::file_size(p, ec);
+      if (!ec) total += size;
+    }
+  }
+  return total;
+}
+
+void ingest(const std::vector<InputSpec>& inputs, const IngestOptions& options, Corpus& corpus,
+            IngestStats& stats) {
+  Progress progress("ingest", input_bytes(inputs, options));
+  for (const auto& in : inputs) {
+    for (const auto& file : expand(in, options, &stats.skipped_files)) {
+      const std::string path = file.string();
+      std::string data = read_whole(file);
+      ++stats.files;
+      const uint64_t before = corpus.docs.size();
+      const uint64_t size = data.size();
+      if (lower_extension(file) == "jsonl") {
+        ingest_jsonl(data, path, in, options, corpus, stats);
+      } else {
+        admit(std::move(data), path, in.domain.empty() ? options.default_domain : in.domain, "", options,
+              corpus, stats);
+      }
+      progress.add(corpus.docs.size() - before, size);
+    }
+  }
+  progress.finish();
+}
+
+Json IngestStats::to_json() const {
+  Json j = {{"files", files},
+            {"skipped_files_by_extension", skipped_files},
+            {"jsonl_records", jsonl_records},
+            {"bad_jsonl_records", bad_jsonl_records},
+            {"documents_in", documents_in},
+            {"bytes_in", bytes_in},
+            {"documents_out", documents_out},
+            {"bytes_out", bytes_out},
+            {"utf8_repaired", utf8_repaired},
+            {"removed",
+             {{"invalid_utf8", dropped_invalid_utf8},
+              {"binary_nul", dropped_binary},
+              {"long_lines", dropped_long_lines},
+              {"too_large", dropped_too_large},
+              {"empty", dropped_empty}}}};
+  if (!first_bad_jsonl.empty()) j["first_bad_jsonl"] = first_bad_jsonl;
+  return j;
+}
+
+}  // namespace forge::data

@@ -1,0 +1,134 @@
+#include "forge/common/error.h"
+#include "forge/dataio/prepare.h"
+
+#include <sstream>
+
+namespace forge::data {
+namespace {
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const auto b = item.find_first_not_of(" \t");
+    const auto e = item.find_last_not_of(" \t");
+    out.push_back(b == std::string::npos ? "" : item.substr(b, e - b + 1));
+  }
+  return out;
+}
+
+}  // namespace
+
+ConfigSchema prepare_schema() {
+  const IngestOptions in;
+  const MinHashOptions mh;
+  const FilterOptions f;
+  const TokenizerTrainOptions tok;
+  ConfigSchema s;
+  s.add<std::string>("ingest.extensions",
+                     "txt,text,md,rst,jsonl,py,c,h,cc,cpp,hpp,rs,go,java,js,ts,sh,pl,rb,lua,tex,man",
+                     "file extensions read from input directories (comma-separated, no dots)")
+      .add<int64_t>("ingest.max_doc_bytes", static_cast<int64_t>(in.max_doc_bytes),
+                    "larger documents are dropped")
+      .add<int64_t>("ingest.max_line_bytes", static_cast<int64_t>(in.max_line_bytes),
+                    "a document with a longer line is dropped")
+      .add<double>("ingest.max_invalid_utf8", in.max_invalid_utf8,
+                   "fraction of invalid UTF-8 bytes above which a document is dropped (below: repaired)")
+      .add<double>("ingest.max_nul", in.max_nul, "fraction of NUL bytes above which a document is binary")
+      .add<std::string>("ingest.default_domain", in.default_domain, "domain of inputs given without =DOMAIN")
+      .add<bool>("near_dedup.enabled", true, "run MinHash near dedup")
+      .add<int>("near_dedup.ngram", mh.ngram, "words per shingle")
+      .add<int>("near_dedup.bands", mh.bands, "LSH bands")
+      .add<int>("near_dedup.rows", mh.rows, "MinHash values per band")
+      .add<double>("near_dedup.threshold", mh.threshold,
+                   "estimated Jaccard needed to call a band collision a duplicate")
+      .add<int64_t>("near_dedup.seed", static_cast<int64_t>(mh.seed), "seed of the hash functions")
+      .add<std::string>("filters.code_domains", "code",
+                        "domains filtered with the code rules (comma-separated)")
+      .add<int>("filters.min_words", f.min_words, "prose: fewer words is removed")
+      .add<int>("filters.max_words", f.max_words, "prose: more words is removed")
+      .add<double>("filters.min_mean_word_length", f.min_mean_word_length, "prose")
+      .add<double>("filters.max_mean_word_length", f.max_mean_word_length, "prose")
+      .add<double>("filters.max_symbol_word_ratio", f.max_symbol_word_ratio, "prose: '#' and '...' per word")
+      .add<double>("filters.max_digit_ratio", f.max_digit_ratio, "prose: digits per visible character")
+      .add<double>("filters.min_alpha_word_fraction", f.min_alpha_word_fraction, "prose")
+      .add<double>("filters.max_bullet_line_fraction", f.max_bullet_line_fraction, "prose")
+      .add<double>("filters.max_ellipsis_line_fraction", f.max_ellipsis_line_fraction, "prose")
+      .add<double>("filters.max_duplicate_line_fraction", f.max_duplicate_line_fraction, "prose")
+      .add<double>("filters.max_duplicate_line_char_fraction", f.max_duplicate_line_char_fraction, "prose")
+      .add<double>("filters.max_top_2gram_fraction", f.max_top_2gram_fraction, "prose")
+      .add<double>("filters.max_top_3gram_fraction", f.max_top_3gram_fraction, "prose")
+      .add<double>("filters.max_top_4gram_fraction", f.max_top_4gram_fraction, "prose")
+      .add<double>("filters.max_boilerplate_line_fraction", f.max_boilerplate_line_fraction, "prose")
+      .add<int>("filters.max_code_line_length", f.max_code_line_length, "code: a longer line is removed")
+      .add<double>("filters.max_code_mean_line_length", f.max_code_mean_line_length,
+                   "code: minified above this")
+      .add<double>("filters.min_code_alnum_fraction", f.min_code_alnum_fraction, "code")
+      .add<int>("filters.code_min_lines", f.code_min_lines, "code: fewer lines is removed")
+      .add<int>("decontam.ngram", 13, "words an eval n-gram must share to contaminate a document")
+      .add<int64_t>("tokenizer.sample_bytes", static_cast<int64_t>(tok.sample_bytes),
+                    "bytes of cleaned text the tokenizer is trained on")
+      .add<int>("tokenizer.threads", tok.threads, "threads for tokenizer training")
+      .add<int64_t>("split.seed", 0, "seed of the document hash that picks the validation split")
+      .add<int>("prepare.threads", 0, "threads for encoding (0 = all cores)");
+  return s;
+}
+
+void apply_config(const Config& c, PrepareOptions& o) {
+  const auto positive = [&](const std::string& key, auto v) {
+    if (v <= 0) c.reject(key, "must be positive");
+    return v;
+  };
+  const auto fraction = [&](const std::string& key) {
+    const double v = c.get<double>(key);
+    if (!(v >= 0 && v <= 1)) c.reject(key, "must be between 0 and 1");
+    return v;
+  };
+  o.ingest.extensions = split_list(c.get<std::string>("ingest.extensions"));
+  o.ingest.max_doc_bytes =
+      static_cast<size_t>(positive("ingest.max_doc_bytes", c.get<int64_t>("ingest.max_doc_bytes")));
+  o.ingest.max_line_bytes =
+      static_cast<size_t>(positive("ingest.max_line_bytes", c.get<int64_t>("ingest.max_line_bytes")));
+  o.ingest.max_invalid_utf8 = fraction("ingest.max_invalid_utf8");
+  o.ingest.max_nul = fraction("ingest.max_nul");
+  o.ingest.default_domain = c.get<std::string>("ingest.default_domain");
+  check_domain_name(o.ingest.default_domain, c.source("ingest.default_domain") + ": ingest.default_domain");
+  o.near_dedup = c.get<bool>("near_dedup.enabled");
+  o.minhash.ngram = positive("near_dedup.ngram", c.get<int>("near_dedup.ngram"));
+  o.minhash.bands = positive("near_dedup.bands", c.get<int>("near_dedup.bands"));
+  o.minhash.rows = positive("near_dedup.rows", c.get<int>("near_dedup.rows"));
+  o.minhash.threshold = fraction("near_dedup.threshold");
+  o.minhash.seed = static_cast<uint64_t>(c.get<int64_t>("near_dedup.seed"));
+  auto& f = o.filters;
+  f.code_domains = split_list(c.get<std::string>("filters.code_domains"));
+  f.min_words = c.get<int>("filters.min_words");
+  f.max_words = positive("filters.max_words", c.get<int>("filters.max_words"));
+  f.min_mean_word_length = c.get<double>("filters.min_mean_word_length");
+  f.max_mean_word_length = c.get<double>("filters.max_mean_word_length");
+  f.max_symbol_word_ratio = c.get<double>("filters.max_symbol_word_ratio");
+  f.max_digit_ratio = fraction("filters.max_digit_ratio");
+  f.min_alpha_word_fraction = fraction("filters.min_alpha_word_fraction");
+  f.max_bullet_line_fraction = fraction("filters.max_bullet_line_fraction");
+  f.max_ellipsis_line_fraction = fraction("filters.max_ellipsis_line_fraction");
+  f.max_duplicate_line_fraction = fraction("filters.max_duplicate_line_fraction");
+  f.max_duplicate_line_char_fraction = fraction("filters.max_duplicate_line_char_fraction");
+  f.max_top_2gram_fraction = fraction("filters.max_top_2gram_fraction");
+  f.max_top_3gram_fraction = fraction("filters.max_top_3gram_fraction");
+  f.max_top_4gram_fraction = fraction("filters.max_top_4gram_fraction");
+  f.max_boilerplate_line_fraction = fraction("filters.max_boilerplate_line_fraction");
+  f.max_code_line_length =
+      positive("filters.max_code_line_length", c.get<int>("filters.max_code_line_length"));
+  f.max_code_mean_line_length = c.get<double>("filters.max_code_mean_line_length");
+  f.min_code_alnum_fraction = fraction("filters.min_code_alnum_fraction");
+  f.code_min_lines = c.get<int>("filters.code_min_lines");
+  o.decontam_ngram = positive("decontam.ngram", c.get<int>("decontam.ngram"));
+  o.tokenizer.sample_bytes =
+      static_cast<uint64_t>(positive("tokenizer.sample_bytes", c.get<int64_t>("tokenizer.sample_bytes")));
+  o.tokenizer.threads = positive("tokenizer.threads", c.get<int>("tokenizer.threads"));
+  o.split_seed = static_cast<uint64_t>(c.get<int64_t>("split.seed"));
+  o.threads = c.get<int>("prepare.threads");
+  if (o.threads < 0) c.reject("prepare.threads", "must be >= 0");
+}
+
+}  // namespace forge::data

@@ -1,0 +1,410 @@
+#include "forge/dataio/reader.h"
+
+#include "forge/common/error.h"
+#include "forge/common/hash.h"
+#include "forge/dataio/verify.h"
+#include "sample_order.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+namespace fs = std::filesystem;
+
+namespace forge::data {
+namespace {
+
+// A read-only mapping of one shard. Token bytes are read straight from it: no HDF5 call (and so no wait
+// on HDF5's global lock, which a checkpoint writer may hold) after the reader is constructed.
+struct Mapping {
+  std::string path;
+  const uint8_t* base = nullptr;
+  size_t size = 0;
+  uint64_t token_offset = 0, tokens = 0;
+
+  Mapping() = default;
+  Mapping(const Mapping&) = delete;
+  Mapping(Mapping&& o) noexcept { *this = std::move(o); }
+  Mapping& operator=(Mapping&& o) noexcept {
+    std::swap(path, o.path);
+    std::swap(base, o.base);
+    std::swap(size, o.size);
+    token_offset = o.token_offset;
+    tokens = o.tokens;
+    return *this;
+  }
+  ~Mapping() {
+    if (base) ::munmap(const_cast<uint8_t*>(base), size);
+  }
+};
+
+struct DomainStream {
+  std::string name;
+  std::vector<size_t> shards;    // indexes into Impl::maps, in stream order
+  std::vector<uint64_t> starts;  // first stream token of each shard
+  uint64_t tokens = 0, windows = 0, first_id = 0;
+};
+
+// Widens stored tokens to int32 and returns their maximum (for the vocabulary check). Written so the
+// compiler vectorizes it; the AVX2 clone is picked at load time where the CPU has it.
+template <typename T>
+__attribute__((target_clones("avx2", "default"))) uint32_t widen(const T* __restrict src,
+                                                                 int32_t* __restrict dst, size_t n) {
+  T max = 0;
+  for (size_t i = 0; i < n; ++i) {
+    dst[i] = static_cast<int32_t>(src[i]);
+    max = src[i] > max ? src[i] : max;
+  }
+  return max;
+}
+
+}  // namespace
+
+struct Reader::Impl {
+  std::string dir;
+  ReaderOptions opt;
+  Manifest manifest;
+  std::vector<Mapping> maps;
+  std::vector<DomainStream> domains;
+  std::unique_ptr<SampleOrder> order;
+  uint64_t consumed = 0;  // global samples handed out by next()
+
+  // Prefetch: a thread fills `ready` with the batches that follow `consumed`.
+  std::thread worker;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Batch> ready;
+  std::vector<Batch> spare;  // buffers handed back by next(Batch&), reused by the worker
+  uint64_t produce_at = 0;   // global position of the next batch the worker builds
+  bool stop = false;
+  std::exception_ptr error;
+
+  // Copies the window of a sample to `out` (seq_len+1 tokens); with out == nullptr only prefetches it.
+  void copy_window(uint64_t sample_id, int32_t* out) const;
+  void build(uint64_t position, Batch& b) const;
+  void start_worker();
+  void stop_worker();
+  void work();
+};
+
+void Reader::Impl::copy_window(uint64_t sample_id, int32_t* out) const {
+  const auto d_it = std::upper_bound(domains.begin(), domains.end(), sample_id,
+                                     [](uint64_t id, const DomainStream& d) { return id < d.first_id; });
+  const DomainStream& d = *(d_it - 1);
+  const uint32_t len = opt.seq_len + 1;
+  uint64_t pos = (sample_id - d.first_id) * opt.seq_len;
+  size_t s =
+      static_cast<size_t>(std::upper_bound(d.starts.begin(), d.starts.end(), pos) - d.starts.begin() - 1);
+  uint32_t done = 0;
+  const uint32_t vocab = manifest.vocab_size;
+  while (done < len) {
+    const Mapping& m = maps[d.shards[s]];
+    const uint64_t local = pos - d.starts[s];
+    const uint32_t take = static_cast<uint32_t>(std::min<uint64_t>(len - done, m.tokens - local));
+    const uint8_t* src = m.base + m.token_offset;
+    if (!out) {
+      // Prefetch only: the window's cache lines (and page-table walks) start loading while the previous
+      // window is copied, which hides most of the latency of a random 4-8 KB read.
+      const uint8_t* p = src + local * manifest.token_bytes;
+      const uint8_t* end = p + size_t(take) * manifest.token_bytes;
+      for (; p < end; p += 64) __builtin_prefetch(p);
+      done += take;
+      pos += take;
+      ++s;
+      continue;
+    }
+    const uint32_t max_token = manifest.token_bytes == 2
+                                   ? widen(reinterpret_cast<const uint16_t*>(src) + local, out + done, take)
+                                   : widen(reinterpret_cast<const uint32_t*>(src) + local, out + done, take);
+    if (max_token >= vocab)
+      fail(ExitCode::kData, "shard {}: token {} outside the vocabulary ({}) near token {} (corrupted)",
+           m.path, max_token, vocab, local);
+    done += take;
+    pos += take;
+    ++s;
+  }
+}
+
+void Reader::Impl::build(uint64_t position, Batch& b) const {
+  b.rows = opt.global_batch / opt.dp_size;
+  b.cols = opt.seq_len + 1;
+  b.step = position / opt.global_batch;
+  b.tokens.resize(size_t(b.rows) * b.cols);
+  b.sample_ids.resize(b.rows);
+  const uint64_t first = position + uint64_t(opt.dp_rank) * b.rows;
+  for (uint32_t i = 0; i < b.rows; ++i) b.sample_ids[i] = order->sample_at(first + i);
+  constexpr uint32_t kAhead = 4;
+  for (uint32_t i = 0; i < std::min(kAhead, b.rows); ++i) copy_window(b.sample_ids[i], nullptr);
+  for (uint32_t i = 0; i < b.rows; ++i) {
+    if (i + kAhead < b.rows) copy_window(b.sample_ids[i + kAhead], nullptr);
+    copy_window(b.sample_ids[i], b.tokens.data() + size_t(i) * b.cols);
+  }
+}
+
+void Reader::Impl::work() {
+  std::unique_lock lock(mu);
+  while (!stop) {
+    if (ready.size() >= static_cast<size_t>(opt.prefetch) || error) {
+      cv.wait(lock);
+      continue;
+    }
+    const uint64_t at = produce_at;
+    Batch b;
+    if (!spare.empty()) {
+      b = std::move(spare.back());
+      spare.pop_back();
+    }
+    lock.unlock();
+    std::exception_ptr e;
+    try {
+      build(at, b);
+    } catch (...) {
+      e = std::current_exception();
+    }
+    lock.lock();
+    if (stop || at != produce_at) continue;  // a seek happened meanwhile
+    if (e) {
+      error = e;
+    } else {
+      ready.push_back(std::move(b));
+      produce_at += opt.global_batch;
+    }
+    cv.notify_all();
+  }
+}
+
+void Reader::Impl::start_worker() {
+  if (opt.prefetch <= 0) return;
+  stop = false;
+  produce_at = consumed;
+  worker = std::thread([this] { work(); });
+}
+
+void Reader::Impl::stop_worker() {
+  if (!worker.joinable()) return;
+  {
+    std::lock_guard lock(mu);
+    stop = true;
+  }
+  cv.notify_all();
+  worker.join();
+  ready.clear();
+  error = nullptr;
+}
+
+Reader::Reader(const std::string& dataset_dir, const ReaderOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  s.dir = dataset_dir;
+  s.opt = options;
+  if (options.seq_len == 0) fail(ExitCode::kUsage, "reader: seq_len must be positive");
+  if (options.dp_size < 1 || options.dp_rank < 0 || options.dp_rank >= options.dp_size)
+    fail(ExitCode::kUsage, "reader: dp_rank {} is not in [0, dp_size {})", options.dp_rank, options.dp_size);
+  if (options.global_batch == 0 || options.global_batch % options.dp_size != 0)
+    fail(ExitCode::kUsage, "reader: global batch {} must be a positive multiple of the DP size {}",
+         options.global_batch, options.dp_size);
+  if (options.split != "train" && options.split != "valid")
+    fail(ExitCode::kUsage, "reader: split '{}' must be train or valid", options.split);
+  s.manifest = load_manifest(dataset_dir);
+  if (!options.expected_tokenizer_sha256.empty() &&
+      options.expected_tokenizer_sha256 != s.manifest.tokenizer_sha256)
+    fail(ExitCode::kData, "{}: dataset {} was tokenized with tokenizer {}, the job expects {}", dataset_dir,
+         s.manifest.version, s.manifest.tokenizer_sha256, options.expected_tokenizer_sha256);
+  if (!options.domain.empty() && std::find(s.manifest.domains.begin(), s.manifest.domains.end(),
+                                           options.domain) == s.manifest.domains.end())
+    fail(ExitCode::kUsage, "reader: domain '{}' is not in dataset {} (domains: {})", options.domain,
+         dataset_dir, fmt::join(s.manifest.domains, ", "));
+  for (const auto& [name, w] : options.domain_weights) {
+    if (std::find(s.manifest.domains.begin(), s.manifest.domains.end(), name) == s.manifest.domains.end())
+      fail(ExitCode::kUsage, "reader: domain weight for '{}', which is not in the dataset (domains: {})",
+           name, fmt::join(s.manifest.domains, ", "));
+    if (!(w >= 0)) fail(ExitCode::kUsage, "reader: domain weight for '{}' must be >= 0, got {}", name, w);
+  }
+
+  // Map every shard of the selection, grouped into one stream per domain (manifest order).
+  std::vector<uint64_t> window_counts;
+  std::vector<double> weights;
+  for (const auto& domain : s.manifest.domains) {
+    if (!options.domain.empty() && domain != options.domain) continue;
+    DomainStream d;
+    d.name = domain;
+    for (const ShardEntry* e : s.manifest.shards_of(options.split, domain)) {
+      const ShardLayout layout = check_shard(dataset_dir, s.manifest, *e, options.verify_checksums);
+      Mapping m;
+      m.path = (fs::path(dataset_dir) / e->file).string();
+      const int fd = ::open(m.path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) fail(ExitCode::kData, "shard {}: cannot open: {}", m.path, std::strerror(errno));
+      m.size = layout.file_bytes;
+      void* p = ::mmap(nullptr, m.size, PROT_READ, MAP_SHARED, fd, 0);
+      ::close(fd);
+      if (p == MAP_FAILED) fail(ExitCode::kIo, "shard {}: mmap failed: {}", m.path, std::strerror(errno));
+      m.base = static_cast<const uint8_t*>(p);
+      m.token_offset = layout.token_offset;
+      m.tokens = layout.tokens;
+      d.starts.push_back(d.tokens);
+      d.tokens += layout.tokens;
+      d.shards.push_back(s.maps.size());
+      s.maps.push_back(std::move(m));
+    }
+    d.windows = d.tokens > options.seq_len ? (d.tokens - 1) / options.seq_len : 0;
+    double w = static_cast<double>(d.windows);
+    if (!options.domain_weights.empty()) {
+      const auto it = options.domain_weights.find(domain);
+      w = it == options.domain_weights.end() ? 0.0 : it->second;
+      if (w > 0 && d.windows == 0)
+        fail(ExitCode::kData, "{}: domain '{}' has weight {} but no window of {} tokens in split {}",
+             dataset_dir, domain, w, options.seq_len + 1, options.split);
+    }
+    d.first_id = s.domains.empty() ? 0 : s.domains.back().first_id + s.domains.back().windows;
+    window_counts.push_back(d.windows);
+    weights.push_back(w);
+    s.domains.push_back(std::move(d));
+  }
+  uint64_t total = 0;
+  for (uint64_t n : window_counts) total += n;
+  if (total == 0)
+    fail(ExitCode::kData, "{}: split '{}'{} has no window of {} tokens", dataset_dir, options.split,
+         options.domain.empty() ? "" : " domain " + options.domain, options.seq_len + 1);
+  s.order = std::make_unique<SampleOrder>(window_counts, weights, options.seed);
+  s.start_worker();
+}
+
+Reader::~Reader() {
+  impl_->stop_worker();
+}
+
+Batch Reader::next() {
+  Batch b;
+  next(b);
+  return b;
+}
+
+void Reader::next(Batch& out) {
+  Impl& s = *impl_;
+  if (s.opt.prefetch <= 0) {
+    s.build(s.consumed, out);
+    s.consumed += s.opt.global_batch;
+    return;
+  }
+  std::unique_lock lock(s.mu);
+  s.cv.wait(lock, [&] { return !s.ready.empty() || s.error; });
+  if (s.ready.empty() && s.error) {
+    const auto e = s.error;
+    s.error = nullptr;
+    s.produce_at = s.consumed;  // a retry rebuilds the failed batch
+    s.cv.notify_all();
+    std::rethrow_exception(e);
+  }
+  std::swap(out, s.ready.front());
+  if (s.spare.size() < static_cast<size_t>(s.opt.prefetch)) s.spare.push_back(std::move(s.ready.front()));
+  s.ready.pop_front();
+  s.consumed += s.opt.global_batch;
+  s.cv.notify_all();
+}
+
+Cursor Reader::cursor() const {
+  const Impl& s = *impl_;
+  Cursor c;
+  c.samples = s.consumed;
+  c.dataset_version = s.manifest.version;
+  c.split = s.opt.split;
+  c.domain = s.opt.domain;
+  c.seq_len = s.opt.seq_len;
+  c.seed = s.opt.seed;
+  c.domain_weights = s.opt.domain_weights;
+  return c;
+}
+
+void Reader::seek(const Cursor& c) {
+  Impl& s = *impl_;
+  if (c.dataset_version != s.manifest.version)
+    fail(ExitCode::kData, "data cursor is for dataset version {}, but {} has version {}", c.dataset_version,
+         s.dir, s.manifest.version);
+  const auto mismatch = [](const char* what, const std::string& cur, const std::string& mine) {
+    fail(ExitCode::kUsage,
+         "data cursor was taken with {} = {}, the reader has {}: the sample order would differ", what, cur,
+         mine);
+  };
+  if (c.split != s.opt.split) mismatch("split", c.split, s.opt.split);
+  if (c.domain != s.opt.domain) mismatch("domain", c.domain, s.opt.domain);
+  if (c.seq_len != s.opt.seq_len)
+    mismatch("seq_len", std::to_string(c.seq_len), std::to_string(s.opt.seq_len));
+  if (c.seed != s.opt.seed) mismatch("seed", std::to_string(c.seed), std::to_string(s.opt.seed));
+  if (c.domain_weights != s.opt.domain_weights)
+    mismatch("domain weights", Json(c.domain_weights).dump(), Json(s.opt.domain_weights).dump());
+  s.stop_worker();
+  s.consumed = c.samples;
+  s.start_worker();
+}
+
+const Manifest& Reader::manifest() const {
+  return impl_->manifest;
+}
+const std::string& Reader::dataset_dir() const {
+  return impl_->dir;
+}
+std::string Reader::tokenizer_path() const {
+  return (fs::path(impl_->dir) / impl_->manifest.tokenizer_file).string();
+}
+uint64_t Reader::samples_per_epoch() const {
+  return impl_->order->epoch_length();
+}
+uint64_t Reader::num_samples() const {
+  return impl_->order->windows();
+}
+uint64_t Reader::sample_at(uint64_t position) const {
+  return impl_->order->sample_at(position);
+}
+
+void Reader::read_sample(uint64_t sample_id, std::span<int32_t> out) const {
+  if (sample_id >= num_samples())
+    fail(ExitCode::kUsage, "reader: sample {} out of range (the selection has {})", sample_id, num_samples());
+  if (out.size() != impl_->opt.seq_len + 1)
+    fail(ExitCode::kUsage, "reader: read_sample needs a buffer of seq_len+1 = {} tokens",
+         impl_->opt.seq_len + 1);
+  impl_->copy_window(sample_id, out.data());
+}
+
+const std::string& Reader::sample_domain(uint64_t sample_id) const {
+  const auto& d = impl_->domains;
+  const auto it = std::upper_bound(d.begin(), d.end(), sample_id,
+                                   [](uint64_t id, const DomainStream& x) { return id < x.first_id; });
+  return (it - 1)->name;
+}
+
+Json Cursor::to_json() const {
+  return {{"samples", samples},
+          {"dataset_version", dataset_version},
+          {"split", split},
+          {"domain", domain},
+          {"seq_len", seq_len},
+          {"seed", seed},
+          {"domain_weights", domain_weights}};
+}
+
+Cursor Cursor::from_json(const Json& j) {
+  Cursor c;
+  try {
+    c.samples = j.at("samples").get<uint64_t>();
+    c.dataset_version = j.at("dataset_version").get<std::string>();
+    c.split = j.at("split").get<std::string>();
+    c.domain = j.at("domain").get<std::string>();
+    c.seq_len = j.at("seq_len").get<uint32_t>();
+    c.seed = j.at("seed").get<uint64_t>();
+    c.domain_weights = j.at("domain_weights").get<std::map<std::string, double>>();
+  } catch (const Json::exception& e) {
+    fail(ExitCode::kData, "malformed data cursor: {}", e.what());
+  }
+  return c;
+}
+
+}  // namespace forge::data

@@ -1,0 +1,92 @@
+#include "report.h"
+
+#include <fmt/format.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace forge::data {
+
+Json token_distribution(const std::vector<uint64_t>& unigram, const Tokenizer* tokenizer, size_t top) {
+  const double total = static_cast<double>(std::accumulate(unigram.begin(), unigram.end(), uint64_t{0}));
+  double entropy = 0;
+  size_t used = 0;
+  std::vector<std::pair<uint64_t, size_t>> order;
+  for (size_t id = 0; id < unigram.size(); ++id) {
+    if (unigram[id] == 0) continue;
+    ++used;
+    const double p = unigram[id] / total;
+    entropy -= p * std::log2(p);
+    order.emplace_back(unigram[id], id);
+  }
+  std::sort(order.begin(), order.end(),
+            [](auto a, auto b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+  Json tops = Json::array();
+  for (size_t i = 0; i < std::min(top, order.size()); ++i) {
+    Json t = {{"id", order[i].second}, {"count", order[i].first}, {"share", order[i].first / total}};
+    if (tokenizer) t["piece"] = tokenizer->piece(static_cast<int>(order[i].second));
+    tops.push_back(t);
+  }
+  return {{"tokens", static_cast<uint64_t>(total)},
+          {"unigram_entropy_bits", entropy},
+          {"distinct_tokens", used},
+          {"top_tokens", tops}};
+}
+
+uint64_t peak_rss_bytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<uint64_t>(ru.ru_maxrss) * 1024;
+}
+
+std::string quality_summary(const Json& q) {
+  std::string out;
+  const auto line = [&](const std::string& s) { out += s + "\n"; };
+  const Json& s = q.at("summary");
+  line(fmt::format("dataset {}  version {}", q.value("dataset", ""), s.value("version", "")));
+  line(fmt::format("documents: {} in -> {} out;  bytes in {:.1f} MB;  tokens out {}",
+                   s.at("documents_in").get<uint64_t>(), s.at("documents_out").get<uint64_t>(),
+                   s.at("bytes_in").get<uint64_t>() / 1e6, s.at("tokens_out").get<uint64_t>()));
+  line("removed per stage:");
+  for (const auto& stage : {"ingest", "normalize", "exact_dedup", "near_dedup", "filters", "decontam"}) {
+    if (!q.at("stages").contains(stage)) continue;
+    const Json& st = q.at("stages").at(stage);
+    std::string parts;
+    const Json removed = st.value("removed", Json::object());
+    for (const auto& [name, n] : removed.items())
+      if (n.get<uint64_t>() > 0) parts += fmt::format(" {}={}", name, n.get<uint64_t>());
+    const double secs = st.value("seconds", 0.0);
+    line(fmt::format("  {:<12}{}{}", stage, parts.empty() ? " -" : parts,
+                     secs > 0 ? fmt::format("  ({:.2f}s)", secs) : std::string()));
+  }
+  if (q.at("stages").contains("exact_dedup"))
+    line(fmt::format(
+        "duplicate rate: exact {:.1f}%, near {:.1f}%",
+        100 * q["stages"]["exact_dedup"].value("duplicate_rate", 0.0),
+        100 * (q["stages"].contains("near_dedup") ? q["stages"]["near_dedup"].value("duplicate_rate", 0.0)
+                                                  : 0.0)));
+  line("domain mix (train+valid):");
+  for (const auto& [name, d] : s.at("domains").items())
+    line(fmt::format("  {:<12} {:>8} docs ({:5.1f}%)  {:>10} tokens ({:5.1f}%)  valid {} docs", name,
+                     d.at("documents").get<uint64_t>(), 100 * d.at("document_share").get<double>(),
+                     d.at("tokens").get<uint64_t>(), 100 * d.at("token_share").get<double>(),
+                     d.at("valid_documents").get<uint64_t>()));
+  const Json& dist = s.at("token_distribution");
+  std::string tops;
+  for (size_t i = 0; i < std::min<size_t>(8, dist.at("top_tokens").size()); ++i) {
+    const Json& t = dist["top_tokens"][i];
+    tops += fmt::format(" {}({:.1f}%)", Json(t.value("piece", std::to_string(t.at("id").get<int>()))).dump(),
+                        100 * t.at("share").get<double>());
+  }
+  line(fmt::format("tokens: unigram entropy {:.2f} bits, {} distinct; top:{}",
+                   dist.at("unigram_entropy_bits").get<double>(), dist.at("distinct_tokens").get<uint64_t>(),
+                   tops));
+  line(fmt::format("throughput: {:.1f} MB/s end to end excluding tokenizer training; peak memory {:.0f} MB",
+                   s.value("mb_per_s_excluding_tokenizer_training", 0.0),
+                   s.value("peak_rss_bytes", 0) / 1e6));
+  return out;
+}
+
+}  // namespace forge::data

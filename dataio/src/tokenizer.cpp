@@ -1,0 +1,211 @@
+#include "forge/dataio/tokenizer.h"
+
+#include "forge/common/error.h"
+#include "forge/common/hash.h"
+#include "forge/common/json.h"
+
+#include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
+
+#include <unordered_map>
+
+namespace forge::data {
+namespace {
+
+// Feeds the trainer pieces of at most kMaxPiece bytes cut at line ends, taken from documents spread
+// evenly over the corpus (every k-th), so the sample is deterministic and covers every domain.
+class SampleIterator : public sentencepiece::SentenceIterator {
+ public:
+  static constexpr size_t kMaxPiece = 2048;
+
+  SampleIterator(const Corpus& corpus, uint64_t budget) : corpus_(corpus) {
+    uint64_t total = 0;
+    for (const auto& d : corpus.docs) total += d.text.size();
+    stride_ = total > budget && budget > 0 ? static_cast<size_t>((total + budget - 1) / budget) : 1;
+    budget_ = budget;
+    advance();
+  }
+  bool done() const override { return done_; }
+  void Next() override { advance(); }
+  const std::string& value() const override { return value_; }
+  sentencepiece::util::Status status() const override { return sentencepiece::util::Status(); }
+
+ private:
+  void advance() {
+    while (doc_ < corpus_.docs.size()) {
+      const std::string& text = corpus_.docs[doc_].text;
+      if (pos_ >= text.size() || used_ >= budget_) {
+        doc_ += stride_;
+        pos_ = 0;
+        if (used_ >= budget_) break;
+        continue;
+      }
+      size_t end = std::min(text.size(), pos_ + kMaxPiece);
+      if (end < text.size()) {
+        const size_t nl = text.rfind('\n', end);
+        if (nl != std::string::npos && nl > pos_) end = nl + 1;
+      }
+      // Never cut inside a UTF-8 sequence.
+      while (end < text.size() && end > pos_ && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
+      if (end == pos_) end = std::min(text.size(), pos_ + kMaxPiece);
+      value_.assign(text, pos_, end - pos_);
+      pos_ = end;
+      used_ += value_.size();
+      return;
+    }
+    done_ = true;
+  }
+
+  const Corpus& corpus_;
+  size_t stride_ = 1, doc_ = 0, pos_ = 0;
+  uint64_t budget_ = 0, used_ = 0;
+  std::string value_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+Tokenizer::Tokenizer() : sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {}
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+Tokenizer::~Tokenizer() = default;
+
+Tokenizer Tokenizer::load(const std::string& model_path) {
+  Tokenizer t;
+  const std::string bytes = read_file(model_path);
+  const auto status = t.sp_->LoadFromSerializedProto(bytes);
+  if (!status.ok())
+    fail(ExitCode::kData, "{}: not a SentencePiece model ({})", model_path, status.ToString());
+  t.sha256_ = sha256_hex(bytes);
+  t.prepare_chunking();
+  return t;
+}
+
+Tokenizer Tokenizer::train(const Corpus& corpus, const TokenizerTrainOptions& options,
+                           const std::string& model_path) {
+  if (options.vocab < 260 || options.vocab > (1u << 24))
+    fail(ExitCode::kUsage, "--vocab {}: must be between 260 (256 byte pieces + specials) and 16777216",
+         options.vocab);
+  // identity normalization and no whitespace rewriting: our own normalizer already ran, and decoding
+  // must give back the exact text (code indentation included).
+  const std::unordered_map<std::string, std::string> args = {
+      {"model_type", "bpe"},
+      {"vocab_size", std::to_string(options.vocab)},
+      {"byte_fallback", "true"},
+      {"character_coverage", "0.9995"},
+      {"normalization_rule_name", "identity"},
+      {"add_dummy_prefix", "false"},
+      {"remove_extra_whitespaces", "false"},
+      {"split_digits", "true"},
+      {"allow_whitespace_only_pieces", "true"},
+      {"user_defined_symbols", "\n"},
+      {"max_sentence_length", std::to_string(SampleIterator::kMaxPiece * 4)},
+      {"num_threads", std::to_string(std::max(1, options.threads))},
+      {"minloglevel", "2"},
+      {"hard_vocab_limit", "true"},
+  };
+  SampleIterator it(corpus, options.sample_bytes);
+  std::string proto;
+  const auto status = sentencepiece::SentencePieceTrainer::Train(args, &it, &proto);
+  if (!status.ok())
+    fail(ExitCode::kData,
+         "tokenizer training failed: {} (--vocab must cover 256 byte pieces plus the corpus's characters and "
+         "be small enough for the corpus to fill)",
+         status.ToString());
+  write_file_atomic(model_path, proto);
+  return load(model_path);
+}
+
+void Tokenizer::encode(std::string_view text, std::vector<int>& ids) const {
+  ids.clear();
+  const auto status = sp_->Encode(text, &ids);
+  if (!status.ok()) fail(ExitCode::kData, "tokenizer: encode failed: {}", status.ToString());
+}
+
+void Tokenizer::prepare_chunking() {
+  pair_bits_.assign(65536 / 64, 0);
+  for (int id = 0; id < sp_->GetPieceSize(); ++id) {
+    if (sp_->IsByte(id) || sp_->IsControl(id) || sp_->IsUnknown(id)) continue;
+    // The model spells a space as U+2581; the text being cut has plain spaces.
+    const std::string raw = sp_->IdToPiece(id);
+    std::string piece;
+    for (size_t k = 0; k < raw.size(); ++k) {
+      if (raw.compare(k, 3, "\xE2\x96\x81") == 0) {
+        piece.push_back(' ');
+        k += 2;
+      } else {
+        piece.push_back(raw[k]);
+      }
+    }
+    for (size_t k = 1; k < piece.size(); ++k) {
+      const unsigned pair =
+          static_cast<unsigned char>(piece[k - 1]) << 8 | static_cast<unsigned char>(piece[k]);
+      pair_bits_[pair >> 6] |= uint64_t{1} << (pair & 63);
+    }
+  }
+  // The cut rule assumes the identity normalization `prepare` trains with. A model that rewrites text
+  // across chunks (dummy prefix, whitespace folding, NFKC) fails this probe and is encoded whole.
+  chunkable_ = true;
+  EncodeCache probe;
+  std::vector<int> whole, chunked;
+  for (const char* text :
+       {"  Hello, world!\n\n\tdef f(x):  return x+1  # \xC3\xA9t\xC3\xA9 \xEF\xBC\xA1", " a  b\n c"}) {
+    encode(text, whole);
+    encode(text, chunked, probe);
+    if (whole != chunked) chunkable_ = false;
+  }
+}
+
+void Tokenizer::encode(std::string_view text, std::vector<int>& ids, EncodeCache& cache) const {
+  constexpr size_t kMaxCachedChunk = 64;
+  constexpr size_t kMaxCacheEntries = 1 << 20;  // bounds memory on corpora with huge vocabularies of words
+  if (!chunkable_) return encode(text, ids);
+  ids.clear();
+  std::vector<int> piece_ids;
+  std::string key;
+  size_t i = 0;
+  const size_t n = text.size();
+  while (i < n) {
+    size_t j = i + 1;
+    while (j < n && !can_cut(static_cast<unsigned char>(text[j - 1]), static_cast<unsigned char>(text[j])))
+      ++j;
+    const std::string_view chunk = text.substr(i, j - i);
+    i = j;
+    if (chunk.size() > kMaxCachedChunk) {
+      encode(chunk, piece_ids);
+      ids.insert(ids.end(), piece_ids.begin(), piece_ids.end());
+      continue;
+    }
+    key.assign(chunk);
+    auto it = cache.chunks.find(key);
+    if (it == cache.chunks.end()) {
+      ++cache.misses;
+      if (cache.chunks.size() >= kMaxCacheEntries) cache.chunks.clear();
+      encode(chunk, piece_ids);
+      it = cache.chunks.emplace(key, piece_ids).first;
+    } else {
+      ++cache.hits;
+    }
+    ids.insert(ids.end(), it->second.begin(), it->second.end());
+  }
+}
+
+std::string Tokenizer::decode(std::span<const int> ids) const {
+  std::string out;
+  const std::vector<int> v(ids.begin(), ids.end());
+  const auto status = sp_->Decode(v, &out);
+  if (!status.ok()) fail(ExitCode::kData, "tokenizer: decode failed: {}", status.ToString());
+  return out;
+}
+
+std::string Tokenizer::piece(int id) const {
+  return sp_->IdToPiece(id);
+}
+uint32_t Tokenizer::vocab_size() const {
+  return static_cast<uint32_t>(sp_->GetPieceSize());
+}
+int Tokenizer::eos_id() const {
+  return sp_->eos_id();
+}
+
+}  // namespace forge::data

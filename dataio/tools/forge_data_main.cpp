@@ -1,0 +1,200 @@
+// forge-data: prepare, verify, inspect and compare token datasets (docs/DATA.md).
+#include "forge/common/config.h"
+#include "forge/common/error.h"
+#include "forge/dataio/compare.h"
+#include "forge/dataio/manifest.h"
+#include "forge/dataio/prepare.h"
+#include "forge/dataio/shard.h"
+#include "forge/dataio/tokenizer.h"
+#include "forge/dataio/verify.h"
+
+#include <fmt/format.h>
+#include <boost/program_options.hpp>
+
+#include <filesystem>
+#include <iostream>
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+using namespace forge;
+using namespace forge::data;
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: forge-data <command> [options]
+commands:
+  prepare --input PATH[=DOMAIN] ... --out DATASET_DIR [--tokenizer MODEL | --vocab N]
+          [--eval-set FILE ...] [--valid-fraction F] [--shard-tokens N] [--config prepare.ini]
+          [--section.key=value ...]
+  verify  DATASET_DIR                 checksums and schema; exit 65 naming what differs
+  inspect DATASET_DIR [--docs N]      manifest summary and decoded sample documents
+  compare A B [--threshold T] [--json]  drift between two datasets; exit 1 when over the threshold
+Run 'forge-data <command> --help' for a command's options.
+)";
+
+po::variables_map parse(const std::vector<std::string>& args, const po::options_description& desc,
+                        const po::positional_options_description& pos, std::vector<std::string>* rest) {
+  auto parser = po::command_line_parser(args).options(desc).positional(pos);
+  if (rest) parser.allow_unregistered();
+  const auto parsed = parser.run();
+  po::variables_map vm;
+  po::store(parsed, vm);
+  if (rest) *rest = po::collect_unrecognized(parsed.options, po::exclude_positional);
+  if (!vm.count("help")) po::notify(vm);
+  return vm;
+}
+
+int cmd_prepare(const std::vector<std::string>& args) {
+  po::options_description desc("forge-data prepare options");
+  std::vector<std::string> inputs, eval_sets;
+  PrepareOptions o;
+  std::string config_path;
+  int64_t vocab = 8192, shard_tokens = static_cast<int64_t>(o.shard_tokens);
+  desc.add_options()("help,h", "this help")(
+      "input", po::value(&inputs)->required()->composing(),
+      "file or directory to read, optionally with its domain: PATH=DOMAIN (repeatable)")(
+      "out", po::value(&o.out)->required(), "dataset directory to create (must not exist or be empty)")(
+      "tokenizer", po::value(&o.tokenizer_model), "use this SentencePiece model instead of training one")(
+      "vocab", po::value(&vocab), "vocabulary size of the trained tokenizer (default 8192)")(
+      "eval-set", po::value(&eval_sets)->composing(),
+      "evaluation text to decontaminate against (repeatable)")(
+      "valid-fraction", po::value(&o.valid_fraction)->default_value(0.01),
+      "held-out validation share per domain")("shard-tokens", po::value(&shard_tokens),
+                                              "tokens per shard before a new one starts (default 64Mi)")(
+      "config", po::value(&config_path), "prepare.ini with stage settings (configs/prepare.example.ini)");
+  std::vector<std::string> overrides;
+  const auto vm = parse(args, desc, {}, &overrides);
+  if (vm.count("help")) {
+    std::cout << desc << "\nStage settings (INI keys, also as --section.key=value):\n";
+    for (const auto& key : prepare_schema().keys()) std::cout << "  " << key << "\n";
+    return 0;
+  }
+  if (vm.count("tokenizer") && vm.count("vocab"))
+    fail(ExitCode::kUsage, "--tokenizer and --vocab exclude each other (the model fixes the vocabulary)");
+  if (vocab <= 0 || vocab > (1 << 24)) fail(ExitCode::kUsage, "--vocab {}: out of range", vocab);
+  if (shard_tokens <= 0) fail(ExitCode::kUsage, "--shard-tokens {}: must be positive", shard_tokens);
+  const Config config = load_config(prepare_schema(), config_path, overrides);
+  apply_config(config, o);
+  o.tokenizer.vocab = static_cast<uint32_t>(vocab);
+  o.shard_tokens = static_cast<uint64_t>(shard_tokens);
+  o.eval_sets = eval_sets;
+  for (const auto& in : inputs) o.inputs.push_back(parse_input_spec(in));
+  const PrepareResult r = prepare_dataset(o);
+  std::cout << r.summary << "wrote " << r.dataset_dir << " (version " << r.version << ")\n";
+  return 0;
+}
+
+int cmd_verify(const std::vector<std::string>& args) {
+  po::options_description desc("forge-data verify DATASET_DIR");
+  std::string dir;
+  desc.add_options()("help,h", "this help")("dataset", po::value(&dir)->required(), "dataset directory");
+  po::positional_options_description pos;
+  pos.add("dataset", 1);
+  const auto vm = parse(args, desc, pos, nullptr);
+  if (vm.count("help")) {
+    std::cout << desc;
+    return 0;
+  }
+  const VerifyResult r = verify_dataset(dir);
+  const Manifest m = load_manifest(dir);
+  std::cout << fmt::format("ok: {} shards, {} documents, {} tokens, version {}\n", r.shards, r.documents,
+                           r.tokens, m.version);
+  return 0;
+}
+
+int cmd_inspect(const std::vector<std::string>& args) {
+  po::options_description desc("forge-data inspect DATASET_DIR");
+  std::string dir;
+  int docs = 3;
+  desc.add_options()("help,h", "this help")("dataset", po::value(&dir)->required(), "dataset directory")(
+      "docs", po::value(&docs)->default_value(3), "sample documents to decode");
+  po::positional_options_description pos;
+  pos.add("dataset", 1);
+  const auto vm = parse(args, desc, pos, nullptr);
+  if (vm.count("help")) {
+    std::cout << desc;
+    return 0;
+  }
+  const Manifest m = load_manifest(dir);
+  std::cout << fmt::format("dataset {}\nversion {}\ntokenizer {} (sha256 {}), vocab {}, tokens {}\n", dir,
+                           m.version, m.tokenizer_file, m.tokenizer_sha256, m.vocab_size,
+                           m.token_bytes == 2 ? "uint16" : "uint32");
+  std::cout << fmt::format("{:<8} {:<12} {:>8} {:>12} {:>12}\n", "split", "domain", "shards", "documents",
+                           "tokens");
+  for (const std::string split : {"train", "valid"}) {
+    for (const auto& d : m.domains) {
+      uint64_t n = 0, documents = 0, tokens = 0;
+      for (const auto* s : m.shards_of(split, d)) ++n, documents += s->documents, tokens += s->tokens;
+      if (n) std::cout << fmt::format("{:<8} {:<12} {:>8} {:>12} {:>12}\n", split, d, n, documents, tokens);
+    }
+  }
+  if (docs <= 0 || m.shards.empty()) return 0;
+  const Tokenizer tok = Tokenizer::load((fs::path(dir) / m.tokenizer_file).string());
+  const ShardData data = read_shard((fs::path(dir) / m.shards.front().file).string());
+  for (uint64_t i = 0; i < std::min<uint64_t>(docs, data.documents()); ++i) {
+    std::vector<int> ids(data.tokens.begin() + data.doc_offsets[i],
+                         data.tokens.begin() + data.doc_offsets[i + 1]);
+    if (!ids.empty() && ids.back() == m.eos_id) ids.pop_back();
+    std::string text = tok.decode(ids);
+    if (text.size() > 600) text = text.substr(0, 600) + " [...]";
+    std::cout << fmt::format("\n--- {} document {} ({} tokens, domain {}, license {})\n{}\n",
+                             m.shards.front().file, i, ids.size(), m.domains.at(data.doc_domains[i]),
+                             m.licenses.at(data.doc_licenses[i]), text);
+  }
+  return 0;
+}
+
+int cmd_compare(const std::vector<std::string>& args) {
+  po::options_description desc("forge-data compare A B");
+  std::vector<std::string> dirs;
+  double threshold = 0.05;
+  desc.add_options()("help,h", "this help")("datasets", po::value(&dirs)->required(),
+                                            "two dataset directories")(
+      "threshold", po::value(&threshold)->default_value(0.05),
+      "drift flag when the JS divergence or the domain-mix total variation exceeds this")(
+      "json", "print the comparison as JSON");
+  po::positional_options_description pos;
+  pos.add("datasets", 2);
+  const auto vm = parse(args, desc, pos, nullptr);
+  if (vm.count("help")) {
+    std::cout << desc;
+    return 0;
+  }
+  if (dirs.size() != 2) fail(ExitCode::kUsage, "compare needs two dataset directories, got {}", dirs.size());
+  const Json r = compare_datasets(dirs[0], dirs[1], threshold);
+  if (vm.count("json")) {
+    std::cout << r.dump(2) << "\n";
+  } else {
+    std::cout << fmt::format("A {} ({})\nB {} ({})\n", dirs[0], r["a"]["version"].get<std::string>(), dirs[1],
+                             r["b"]["version"].get<std::string>());
+    std::cout << "domain mix (token share A -> B):\n";
+    for (const auto& [d, v] : r["domain_mix"].items())
+      std::cout << fmt::format("  {:<12} {:6.2f}% -> {:6.2f}%  ({:+.2f} points)\n", d,
+                               100 * v["a"].get<double>(), 100 * v["b"].get<double>(),
+                               100 * v["change"].get<double>());
+    std::cout << fmt::format(
+        "domain mix total variation {:.4f}\ntoken Jensen-Shannon divergence {:.4f} (over {})\n",
+        r["domain_mix_total_variation"].get<double>(), r["token_js_divergence"].get<double>(),
+        r["token_js_over"].get<std::string>());
+    std::cout << fmt::format("drift: {} (threshold {})\n", r["drift"].get<bool>() ? "YES" : "no", threshold);
+  }
+  return r["drift"].get<bool>() ? static_cast<int>(ExitCode::kFailure) : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return run_cli("forge-data", [&]() -> int {
+    if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+      std::cout << kUsage;
+      return argc < 2 ? static_cast<int>(ExitCode::kUsage) : 0;
+    }
+    const std::string cmd = argv[1];
+    const std::vector<std::string> args(argv + 2, argv + argc);
+    if (cmd == "prepare") return cmd_prepare(args);
+    if (cmd == "verify") return cmd_verify(args);
+    if (cmd == "inspect") return cmd_inspect(args);
+    if (cmd == "compare") return cmd_compare(args);
+    fail(ExitCode::kUsage, "unknown command '{}' (prepare, verify, inspect, compare; see --help)", cmd);
+  });
+}

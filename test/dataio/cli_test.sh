@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# End to end: forge-data prepare/verify/inspect/compare on a tiny crafted corpus with planted duplicates,
+# contamination and bad documents; h5dump reads a shard; every bad input exits with its code.
+set -euo pipefail
+forge_data=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+expect_exit() {  # expect_exit CODE PATTERN -- command...
+  local want=$1 pattern=$2 rc=0
+  shift 3
+  "$@" > out.txt 2> err.txt || rc=$?
+  [ "$rc" -eq "$want" ] || { cat out.txt err.txt >&2; fail "'$*' exited $rc, expected $want"; }
+  grep -q -- "$pattern" err.txt || { cat err.txt >&2; fail "'$*': stderr lacks '$pattern'"; }
+}
+json() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))" "$@"; }
+
+# 40 prose documents of pseudo-words (deterministic), one planted exact duplicate, one near duplicate
+# (one word in 60 changed), one contaminated by a 13-word eval passage, two bad documents.
+mkdir -p corpus/prose corpus/code
+awk 'BEGIN {
+  srand(7);
+  for (v = 0; v < 1500; v++) { w = ""; n = 3 + int(rand() * 6); for (k = 0; k < n; k++) w = w substr("abcdefghijklmnopqrstuvwxyz", 1 + int(rand() * 26), 1); vocab[v] = w }
+  for (d = 0; d < 40; d++) {
+    f = sprintf("corpus/prose/doc%02d.txt", d); text = "";
+    for (i = 0; i < 300; i++) text = text vocab[int(rand() * 1500)] ((i % 15 == 14) ? ".\n" : " ");
+    printf "%s", text > f; close(f);
+    if (d == 3) { printf "%s", text > "corpus/prose/dup_of_03.txt"; close("corpus/prose/dup_of_03.txt") }
+    if (d == 5) { near = ""; split(text, ws, " "); for (i = 1; i <= length(ws); i++) near = near ((i % 60 == 0) ? "zzchanged" : ws[i]) " "; printf "%s", near > "corpus/prose/near_05.txt"; close("corpus/prose/near_05.txt") }
+  }
+  eval = ""; for (i = 0; i < 40; i++) eval = eval vocab[(i * 37) % 1500] " "; printf "%s\n", eval > "eval.txt";
+  split(eval, ev, " "); planted = "";
+  for (i = 0; i < 200; i++) planted = planted vocab[int(rand() * 1500)] " ";
+  for (i = 10; i < 23; i++) planted = planted ev[i] " ";
+  printf "%s\n", planted > "corpus/prose/contaminated.txt";
+}'
+printf 'too short\n' > corpus/prose/short.txt
+printf '\n \n' > corpus/prose/empty.txt
+for i in $(seq 0 29); do
+  printf '{"text": "def f%d(x):\\n    y = x * %d\\n    return y + %d\\n\\n\\nclass K%d:\\n    pass\\n", "license": "MIT"}\n' "$i" "$i" "$((i * 3))" "$i"
+done > corpus/code/funcs.jsonl
+
+"$forge_data" prepare --input corpus/prose=prose --input corpus/code=code --eval-set eval.txt \
+  --out ds --vocab 400 --valid-fraction 0.1 --shard-tokens 4000 > prepare.txt \
+  || fail "prepare failed: $(cat prepare.txt)"
+[ -f ds/manifest.json ] && [ -f ds/quality.json ] && [ -f ds/quality.txt ] && [ -f ds/tokenizer.model ] || fail "dataset files missing"
+[ "$(json ds/quality.json 'd["stages"]["exact_dedup"]["removed"]["exact_duplicate"]')" = 1 ] || fail "exact duplicate not removed"
+[ "$(json ds/quality.json 'd["stages"]["near_dedup"]["removed"]["near_duplicate"]')" = 1 ] || fail "near duplicate not removed"
+[ "$(json ds/quality.json 'd["stages"]["decontam"]["removed"]["contaminated"]')" = 1 ] || fail "contamination not removed"
+[ "$(json ds/quality.json 'd["stages"]["filters"]["removed"]["too_few_words"]')" = 1 ] || fail "short document not filtered"
+[ "$(json ds/quality.json 'd["stages"]["ingest"]["removed"]["empty"]')" = 1 ] || fail "empty document not counted"
+[ "$(json ds/quality.json 'd["summary"]["documents_out"]')" = 70 ] || fail "expected 70 documents out"
+[ "$(json ds/manifest.json 'd["token_dtype"]')" = uint16 ] || fail "token dtype"
+[ "$(json ds/manifest.json 'len([s for s in d["shards"] if s["split"] == "train" and s["domain"] == "prose"])')" -gt 1 ] \
+  || fail "--shard-tokens did not split the prose shards"
+[ "$(json ds/manifest.json 'sum(s["documents"] for s in d["shards"] if s["split"] == "valid")')" -ge 2 ] || fail "no validation split"
+grep -q "near" prepare.txt || fail "summary not printed"
+
+"$forge_data" verify ds | grep -q '^ok:' || fail "verify failed on a fresh dataset"
+"$forge_data" inspect ds --docs 2 > inspect.txt
+grep -q 'document 1' inspect.txt || fail "inspect printed no documents"
+shard=$(ls ds/shards/*.h5 | head -1)
+h5dump -H "$shard" > /dev/null || fail "h5dump cannot read $shard"
+h5dump -a /tokenizer_sha256 "$shard" | grep -q "$(json ds/manifest.json 'd["tokenizer"]["sha256"]')" || fail "shard lacks tokenizer hash"
+
+# Same input and settings -> same version; compare finds no drift. A reused tokenizer gives it too.
+"$forge_data" prepare --input corpus/prose=prose --input corpus/code=code --eval-set eval.txt \
+  --out ds2 --vocab 400 --valid-fraction 0.1 --shard-tokens 4000 > /dev/null
+[ "$(json ds/manifest.json 'd["version"]')" = "$(json ds2/manifest.json 'd["version"]')" ] || fail "version not reproducible"
+"$forge_data" compare ds ds2 | grep -q 'drift: no' || fail "compare found drift between identical datasets"
+"$forge_data" prepare --input corpus/prose=prose --out ds3 --tokenizer ds/tokenizer.model --valid-fraction 0.1 > /dev/null
+rc=0; "$forge_data" compare ds ds3 --threshold 0.01 --json > cmp.json || rc=$?
+[ "$rc" -eq 1 ] || fail "compare should flag drift (domain mix changed) with exit 1, got $rc"
+[ "$(json cmp.json 'd["same_tokenizer"]')" = True ] || fail "compare: tokenizer should be the same"
+
+# Bad inputs.
+expect_exit 64 "no such file" -- "$forge_data" prepare --input nothing/here --out x --vocab 400
+expect_exit 64 "already exists" -- "$forge_data" prepare --input corpus/prose --out ds --vocab 400
+expect_exit 64 "unknown key" -- "$forge_data" prepare --input corpus/prose --out x --vocab 400 --filters.min_wrds=3
+expect_exit 64 "exclude" -- "$forge_data" prepare --input corpus/prose --out x --vocab 400 --tokenizer ds/tokenizer.model
+mkdir -p emptydir
+expect_exit 65 "no documents" -- "$forge_data" prepare --input emptydir --out x --vocab 400
+expect_exit 65 "no documents left after the quality filters" -- \
+  "$forge_data" prepare --input corpus/prose --out x --vocab 400 --filters.min_words=100000
+[ ! -e x ] || fail "a failed prepare left $PWD/x"
+ls | grep -q partial && fail "a failed prepare left a partial directory"
+expect_exit 65 "no manifest.json" -- "$forge_data" verify emptydir
+
+cp -r ds ds_edit
+sed -i 's/"documents": \([0-9]*\)/"documents": 999\1/' ds_edit/manifest.json
+expect_exit 65 "does not match its content" -- "$forge_data" verify ds_edit
+
+cp -r ds ds_bad
+victim=$(ls ds_bad/shards/*.h5 | head -1)
+printf '\x01\x02\x03\x04' | dd of="$victim" bs=1 seek=3000 conv=notrunc status=none
+expect_exit 65 "$(basename "$victim")" -- "$forge_data" verify ds_bad
+
+cp -r ds ds_trunc
+victim=$(ls ds_trunc/shards/*.h5 | tail -1)
+truncate -s 1000 "$victim"
+expect_exit 65 "$(basename "$victim")" -- "$forge_data" verify ds_trunc
+echo "cli test passed"
