@@ -1,0 +1,50 @@
+// forge-ckpt: look after a run's checkpoints (list, verify, inspect, promote, gc, export, advise).
+#include "commands.h"
+
+#include "forge/common/error.h"
+
+#include <fmt/format.h>
+
+#include <functional>
+#include <map>
+
+namespace {
+
+constexpr const char* kUsage =
+    R"(usage: forge-ckpt COMMAND [options]   (forge-ckpt COMMAND --help for its options)
+
+  list RUN_DIR            checkpoints of a run: tier, step, size, loss, age
+  verify CKPT|RUN_DIR     check every file against the manifest's checksums (exit 65 naming the damaged file)
+  inspect CKPT            tensors, shapes, layout, spec and data position of one checkpoint
+  promote CKPT --verdict FILE   commit a copy to the release tier with the gate's verdict
+  gc RUN_DIR              remove crash leftovers and apply retention
+  export CKPT --out FILE  one self-describing HDF5 file (docs/CHECKPOINTS.md), readable with h5py
+  advise RUN_DIR --mtbf-hours H   Young/Daly recovery interval from the measured save stall
+
+exit status: 0 ok, 64 usage or another model config, 65 damaged checkpoint or another dataset, 74 I/O
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return forge::run_cli("forge-ckpt", [&] {
+    using namespace forge::ckpt::cli;
+    const std::map<std::string, std::function<int(const Args&)>> commands = {
+        {"list", list}, {"verify", verify},  {"inspect", inspect}, {"promote", promote},
+        {"gc", gc},     {"export", export_}, {"advise", advise}};
+    if (argc < 2) {
+      fmt::print(stderr, "{}", kUsage);
+      return static_cast<int>(forge::ExitCode::kUsage);
+    }
+    const std::string command = argv[1];
+    if (command == "--help" || command == "-h" || command == "help") {
+      fmt::print("{}", kUsage);
+      return 0;
+    }
+    const auto it = commands.find(command);
+    if (it == commands.end())
+      forge::fail(forge::ExitCode::kUsage,
+                  "unknown command '{}': use list, verify, inspect, promote, gc, export or advise", command);
+    return it->second(Args(argv + 2, argv + argc));
+  });
+}
