@@ -1,0 +1,102 @@
+#include "forge/eval_gate/evaluate.h"
+
+#include "forge/ckpt/checkpoint.h"
+#include "forge/common/error.h"
+#include "forge/dataio/reader.h"
+#include "forge/dataio/tokenizer.h"
+#include "forge/trainer/checkpoint_io.h"
+#include "forge/trainer/model.h"
+#include "forge/trainer/runtime.h"
+#include "forge/trainer/spec.h"
+
+#include <mpi.h>
+#include <spdlog/spdlog.h>
+
+#include <regex>
+#include <vector>
+
+namespace forge::gate {
+namespace {
+
+// UTF-8 bytes each token id decodes to, so losses convert to bits per byte whatever the tokenizer.
+std::vector<double> bytes_per_token(const std::string& tokenizer_path) {
+  const auto tok = data::Tokenizer::load(tokenizer_path);
+  static const std::regex byte_piece("<0x[0-9A-Fa-f]{2}>");
+  std::vector<double> bytes(tok.vocab_size());
+  for (uint32_t id = 0; id < tok.vocab_size(); ++id) {
+    std::string piece = tok.piece(static_cast<int>(id));
+    if (std::regex_match(piece, byte_piece)) {
+      bytes[id] = 1;
+    } else if (piece.size() > 2 && piece.front() == '<' && piece.back() == '>') {
+      bytes[id] = 0;  // control symbols: <s>, </s>, <unk>, <pad>
+    } else {
+      // SentencePiece writes a space as U+2581 (3 bytes in UTF-8): count it as the 1 byte it stands for.
+      size_t n = 0;
+      for (size_t at = piece.find("\u2581"); at != std::string::npos; at = piece.find("\u2581", at + 3)) ++n;
+      bytes[id] = static_cast<double>(piece.size() - 2 * n);
+    }
+  }
+  return bytes;
+}
+
+}  // namespace
+
+DomainResults evaluate_checkpoint(const std::string& checkpoint_dir, const std::string& dataset_dir,
+                                  const EvalOptions& options) {
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+
+  const ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(checkpoint_dir);
+  checkpoint.verify(rank, world);  // each rank checks a share of the files
+  const trainer::ModelConfig config =
+      trainer::model_config_from_json(checkpoint.manifest().meta.model_config, checkpoint_dir);
+
+  const data::Manifest manifest = data::load_manifest(dataset_dir);
+  const std::string& trained_on = checkpoint.manifest().meta.dataset_version;
+  if (!trained_on.empty() && trained_on != manifest.version)
+    fail(ExitCode::kData,
+         "{} was trained on dataset version {} but {} is version {}: evaluate on the dataset the run used",
+         checkpoint_dir, trained_on, dataset_dir, manifest.version);
+  if (manifest.vocab_size > static_cast<uint32_t>(config.vocab))
+    fail(ExitCode::kUsage, "dataset {} has {} token ids but the model's vocabulary is {}", dataset_dir,
+         manifest.vocab_size, config.vocab);
+  if (manifest.tokens("valid") == 0)
+    fail(ExitCode::kData, "dataset {} has no validation split: prepare it with --valid-fraction > 0",
+         dataset_dir);
+
+  trainer::use_threads(trainer::resolve_threads(options.threads));
+  trainer::GPT model(config, /*batch=*/1);
+  trainer::load_checkpoint(checkpoint, model, nullptr);
+  const std::vector<double> token_bytes = bytes_per_token(dataset_dir + "/" + manifest.tokenizer_file);
+
+  DomainResults local;
+  std::vector<int32_t> window(static_cast<size_t>(config.seq_len) + 1);
+  const std::span<const int32_t> inputs(window.data(), config.seq_len);
+  const std::span<const int32_t> targets(window.data() + 1, config.seq_len);
+  for (const auto& domain : manifest.domains) {
+    if (manifest.tokens("valid", domain) <= static_cast<uint64_t>(config.seq_len)) continue;
+    data::ReaderOptions ro;
+    ro.seq_len = static_cast<uint32_t>(config.seq_len);
+    ro.global_batch = 1;
+    ro.split = "valid";
+    ro.domain = domain;
+    ro.prefetch = 0;
+    ro.verify_checksums = rank == 0;
+    data::Reader reader(dataset_dir, ro);
+    uint64_t n = reader.num_samples();
+    if (options.max_sequences > 0) n = std::min<uint64_t>(n, static_cast<uint64_t>(options.max_sequences));
+    for (uint64_t id = static_cast<uint64_t>(rank); id < n; id += static_cast<uint64_t>(world)) {
+      reader.read_sample(id, window);
+      double bytes = 0;
+      for (int32_t t : targets) bytes += token_bytes.at(static_cast<size_t>(t));
+      local[domain].add_sequence(model.forward_loss(inputs, targets), config.seq_len, bytes);
+    }
+  }
+  std::vector<double> sums = pack(local, manifest.domains);
+  MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()), MPI_DOUBLE, MPI_SUM,
+                MPI_COMM_WORLD);
+  return unpack(sums, manifest.domains);
+}
+
+}  // namespace forge::gate

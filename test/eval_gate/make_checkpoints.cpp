@@ -1,0 +1,77 @@
+// Test fixture for forge-gate: trains a tiny model on a dataset's train split and commits
+//   RUN/checkpoints/milestone/step-<A>   (the parent)
+//   RUN/checkpoints/milestone/step-<B>   (trained further on the same data)
+//   DAMAGED/checkpoints/milestone/step-<B> (the step-B weights with heavy noise: a valid checkpoint of a
+//                                         broken model)
+// Usage: make_checkpoints DATASET RUN DAMAGED A B
+#include "forge/ckpt/coordinator.h"
+#include "forge/ckpt/saver.h"
+#include "forge/common/error.h"
+#include "forge/dataio/reader.h"
+#include "forge/trainer/checkpoint_io.h"
+#include "forge/trainer/trainer.h"
+
+#include <cstdio>
+#include <random>
+#include <string>
+
+namespace {
+
+void save(const std::string& run, forge::trainer::Trainer& t, const forge::trainer::TrainSpec& spec,
+          const std::string& dataset_version) {
+  forge::ckpt::SingleProcessCoordinator coord;
+  forge::ckpt::Saver saver(coord, {.run_dir = run});
+  forge::ckpt::CheckpointMeta meta;
+  meta.step = t.steps_taken();
+  meta.dataset_version = dataset_version;
+  meta.model_config = forge::trainer::model_config_json(spec.model);
+  const auto event = saver.save(forge::ckpt::Tier::kMilestone, meta,
+                                forge::trainer::checkpoint_tensors(t.model(), &t.optimizer()));
+  if (event.outcome != forge::ckpt::Outcome::kCommitted)
+    throw std::runtime_error("save failed: " + event.error);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 6) {
+    std::fprintf(stderr, "usage: make_checkpoints DATASET RUN DAMAGED A B\n");
+    return 64;
+  }
+  return forge::run_cli("make_checkpoints", [&] {
+    const std::string dataset = argv[1], run = argv[2], damaged = argv[3];
+    const int64_t parent_steps = std::stoll(argv[4]), child_steps = std::stoll(argv[5]);
+
+    forge::trainer::TrainSpec spec;
+    spec.steps = child_steps;
+    spec.seed = 7;
+    spec.threads = 1;
+    spec.batch = 8;
+    spec.model = {.layers = 2, .d_model = 64, .heads = 4, .vocab = 0, .seq_len = 64, .max_positions = 64};
+    spec.optim.lr = 3e-3;
+    spec.optim.min_lr = 3e-4;
+    spec.optim.warmup_steps = 10;
+
+    forge::data::ReaderOptions ro;
+    ro.seq_len = static_cast<uint32_t>(spec.model.seq_len);
+    ro.global_batch = static_cast<uint32_t>(spec.batch);
+    ro.seed = spec.seed;
+    forge::data::Reader reader(dataset, ro);
+    spec.model.vocab = static_cast<int>(reader.manifest().vocab_size);
+
+    forge::trainer::Trainer t(spec);
+    while (t.steps_taken() < child_steps) {
+      const forge::data::Batch batch = reader.next();
+      t.step(batch.tokens);
+      if (t.steps_taken() == parent_steps) save(run, t, spec, reader.manifest().version);
+    }
+    save(run, t, spec, reader.manifest().version);
+
+    std::mt19937 rng(1);
+    std::normal_distribution<float> noise(0.0f, 1.0f);
+    for (float& w : t.model().weights()) w += noise(rng);
+    t.model().weights_changed();
+    save(damaged, t, spec, reader.manifest().version);
+    return 0;
+  });
+}
