@@ -67,6 +67,17 @@ __attribute__((target_clones("avx2", "default"))) uint32_t widen(const T* __rest
   return max;
 }
 
+// Where a window starts: its domain stream, the shard (index into the stream's shards) and the token in it.
+struct WindowAt {
+  const DomainStream* domain = nullptr;
+  size_t shard = 0;
+  uint64_t local = 0;
+};
+
+// Windows are fetched kAhead ahead of the one being copied: enough to cover DRAM latency and the page
+// walks of a random 4-8 KB window, few enough that the prefetched lines are still in L1/L2 when used.
+constexpr uint32_t kAhead = 4;
+
 }  // namespace
 
 struct Reader::Impl {
@@ -78,6 +89,16 @@ struct Reader::Impl {
   std::unique_ptr<SampleOrder> order;
   uint64_t consumed = 0;  // global samples handed out by next()
 
+  // The first windows of the batch after the last one built, already located and prefetched, so the
+  // prefetch pipeline runs across batch boundaries. Touched only by the thread that builds batches (the
+  // worker, or the caller of next() without one); a seek stops the worker before it changes anything.
+  struct Pipeline {
+    uint64_t position = UINT64_MAX;  // global position of the batch they start; UINT64_MAX = none
+    uint32_t count = 0;
+    uint64_t ids[kAhead] = {};
+    WindowAt at[kAhead];
+  } pipe;
+
   // Prefetch: a thread fills `ready` with the batches that follow `consumed`.
   std::thread worker;
   std::mutex mu;
@@ -86,42 +107,51 @@ struct Reader::Impl {
   std::vector<Batch> spare;  // buffers handed back by next(Batch&), reused by the worker
   uint64_t produce_at = 0;   // global position of the next batch the worker builds
   bool stop = false;
+  bool consumer_waiting = false, worker_waiting = false;  // who sleeps on `cv` (only they need a notify)
   std::exception_ptr error;
 
-  // Copies the window of a sample to `out` (seq_len+1 tokens); with out == nullptr only prefetches it.
-  void copy_window(uint64_t sample_id, int32_t* out) const;
-  void build(uint64_t position, Batch& b) const;
+  WindowAt locate(uint64_t sample_id) const;
+  void prefetch(const WindowAt& w) const;
+  // Copies the seq_len+1 tokens of a window to `out`, widened to int32, checking the vocabulary.
+  void copy(const WindowAt& w, int32_t* out) const;
+  void build(uint64_t position, Batch& b);
   void start_worker();
   void stop_worker();
   void work();
 };
 
-void Reader::Impl::copy_window(uint64_t sample_id, int32_t* out) const {
+WindowAt Reader::Impl::locate(uint64_t sample_id) const {
   const auto d_it = std::upper_bound(domains.begin(), domains.end(), sample_id,
                                      [](uint64_t id, const DomainStream& d) { return id < d.first_id; });
   const DomainStream& d = *(d_it - 1);
-  const uint32_t len = opt.seq_len + 1;
-  uint64_t pos = (sample_id - d.first_id) * opt.seq_len;
-  size_t s =
+  const uint64_t pos = (sample_id - d.first_id) * opt.seq_len;
+  const size_t s =
       static_cast<size_t>(std::upper_bound(d.starts.begin(), d.starts.end(), pos) - d.starts.begin() - 1);
-  uint32_t done = 0;
+  return {&d, s, pos - d.starts[s]};
+}
+
+// noipa: the function has no visible side effect, so GCC's pure/const analysis would otherwise drop the
+// calls to it (and with them every prefetch).
+__attribute__((noipa)) void Reader::Impl::prefetch(const WindowAt& w) const {
+  // Only the first shard's part: a window spanning two shards is rare enough to take the misses.
+  const Mapping& m = maps[w.domain->shards[w.shard]];
+  const uint64_t take = std::min<uint64_t>(opt.seq_len + 1, m.tokens - w.local);
+  const uintptr_t first =
+      reinterpret_cast<uintptr_t>(m.base + m.token_offset + w.local * manifest.token_bytes);
+  const uintptr_t end = first + take * manifest.token_bytes;
+  for (uintptr_t line = first & ~uintptr_t{63}; line < end; line += 64)
+    __builtin_prefetch(reinterpret_cast<const void*>(line));
+}
+
+void Reader::Impl::copy(const WindowAt& w, int32_t* out) const {
+  const uint32_t len = opt.seq_len + 1;
   const uint32_t vocab = manifest.vocab_size;
-  while (done < len) {
-    const Mapping& m = maps[d.shards[s]];
-    const uint64_t local = pos - d.starts[s];
+  uint32_t done = 0;
+  uint64_t local = w.local;
+  for (size_t s = w.shard; done < len; ++s, local = 0) {
+    const Mapping& m = maps[w.domain->shards[s]];
     const uint32_t take = static_cast<uint32_t>(std::min<uint64_t>(len - done, m.tokens - local));
     const uint8_t* src = m.base + m.token_offset;
-    if (!out) {
-      // Prefetch only: the window's cache lines (and page-table walks) start loading while the previous
-      // window is copied, which hides most of the latency of a random 4-8 KB read.
-      const uint8_t* p = src + local * manifest.token_bytes;
-      const uint8_t* end = p + size_t(take) * manifest.token_bytes;
-      for (; p < end; p += 64) __builtin_prefetch(p);
-      done += take;
-      pos += take;
-      ++s;
-      continue;
-    }
     const uint32_t max_token = manifest.token_bytes == 2
                                    ? widen(reinterpret_cast<const uint16_t*>(src) + local, out + done, take)
                                    : widen(reinterpret_cast<const uint32_t*>(src) + local, out + done, take);
@@ -129,32 +159,61 @@ void Reader::Impl::copy_window(uint64_t sample_id, int32_t* out) const {
       fail(ExitCode::kData, "shard {}: token {} outside the vocabulary ({}) near token {} (corrupted)",
            m.path, max_token, vocab, local);
     done += take;
-    pos += take;
-    ++s;
   }
 }
 
-void Reader::Impl::build(uint64_t position, Batch& b) const {
-  b.rows = opt.global_batch / opt.dp_size;
+void Reader::Impl::build(uint64_t position, Batch& b) {
+  const uint32_t rows = opt.global_batch / opt.dp_size;
+  b.rows = rows;
   b.cols = opt.seq_len + 1;
   b.step = position / opt.global_batch;
-  b.tokens.resize(size_t(b.rows) * b.cols);
-  b.sample_ids.resize(b.rows);
-  const uint64_t first = position + uint64_t(opt.dp_rank) * b.rows;
-  for (uint32_t i = 0; i < b.rows; ++i) b.sample_ids[i] = order->sample_at(first + i);
-  constexpr uint32_t kAhead = 4;
-  for (uint32_t i = 0; i < std::min(kAhead, b.rows); ++i) copy_window(b.sample_ids[i], nullptr);
-  for (uint32_t i = 0; i < b.rows; ++i) {
-    if (i + kAhead < b.rows) copy_window(b.sample_ids[i + kAhead], nullptr);
-    copy_window(b.sample_ids[i], b.tokens.data() + size_t(i) * b.cols);
+  b.tokens.resize(size_t(rows) * b.cols);
+  b.sample_ids.resize(rows);
+  const uint64_t first = position + uint64_t(opt.dp_rank) * rows;
+  const uint64_t next_position = position + opt.global_batch;
+  const uint64_t next_first = next_position + uint64_t(opt.dp_rank) * rows;
+  // Window j of the sequence "this batch's rows, then the next batch's": its id is computed, located and
+  // prefetched kAhead windows before it is copied, so the order's arithmetic overlaps the memory reads.
+  const uint32_t lookahead = std::min(kAhead, rows);
+  WindowAt ring[kAhead];
+  uint64_t ring_ids[kAhead];
+  const auto fetch = [&](uint32_t j) {
+    const uint64_t id = order->sample_at(j < rows ? first + j : next_first + (j - rows));
+    ring_ids[j % kAhead] = id;
+    ring[j % kAhead] = locate(id);
+    prefetch(ring[j % kAhead]);
+  };
+  if (pipe.position == position && pipe.count == lookahead) {
+    for (uint32_t j = 0; j < lookahead; ++j) {
+      ring_ids[j] = pipe.ids[j];
+      ring[j] = pipe.at[j];
+    }
+  } else {
+    for (uint32_t j = 0; j < lookahead; ++j) fetch(j);
   }
+  pipe.position = UINT64_MAX;  // stale if a copy below throws
+  for (uint32_t i = 0; i < rows; ++i) {
+    const WindowAt w = ring[i % kAhead];
+    b.sample_ids[i] = ring_ids[i % kAhead];
+    fetch(i + lookahead);
+    copy(w, b.tokens.data() + size_t(i) * b.cols);
+  }
+  // The ring now holds the next batch's first `lookahead` windows.
+  for (uint32_t j = 0; j < lookahead; ++j) {
+    pipe.at[j] = ring[(rows + j) % kAhead];
+    pipe.ids[j] = ring_ids[(rows + j) % kAhead];
+  }
+  pipe.count = lookahead;
+  pipe.position = next_position;
 }
 
 void Reader::Impl::work() {
   std::unique_lock lock(mu);
   while (!stop) {
     if (ready.size() >= static_cast<size_t>(opt.prefetch) || error) {
+      worker_waiting = true;
       cv.wait(lock);
+      worker_waiting = false;
       continue;
     }
     const uint64_t at = produce_at;
@@ -178,7 +237,7 @@ void Reader::Impl::work() {
       ready.push_back(std::move(b));
       produce_at += opt.global_batch;
     }
-    cv.notify_all();
+    if (consumer_waiting) cv.notify_all();
   }
 }
 
@@ -230,7 +289,16 @@ Reader::Reader(const std::string& dataset_dir, const ReaderOptions& options)
     if (!(w >= 0)) fail(ExitCode::kUsage, "reader: domain weight for '{}' must be >= 0, got {}", name, w);
   }
 
-  // Map every shard of the selection, grouped into one stream per domain (manifest order).
+  // Map every shard of the selection, grouped into one stream per domain (manifest order). When the
+  // selection fits in half the RAM its page tables are filled at open (MAP_POPULATE): the first epoch then
+  // takes no page fault per 64 KB of random windows (each one a hypervisor exit on this VM). A larger
+  // selection is left to fault in: populating it would read it all from disk before the first batch.
+  uint64_t selection_bytes = 0;
+  for (const auto& domain : s.manifest.domains)
+    if (options.domain.empty() || domain == options.domain)
+      for (const ShardEntry* e : s.manifest.shards_of(options.split, domain)) selection_bytes += e->bytes;
+  const uint64_t ram = uint64_t(::sysconf(_SC_PHYS_PAGES)) * uint64_t(::sysconf(_SC_PAGE_SIZE));
+  const int map_flags = MAP_SHARED | (selection_bytes <= ram / 2 ? MAP_POPULATE : 0);
   std::vector<uint64_t> window_counts;
   std::vector<double> weights;
   for (const auto& domain : s.manifest.domains) {
@@ -244,7 +312,7 @@ Reader::Reader(const std::string& dataset_dir, const ReaderOptions& options)
       const int fd = ::open(m.path.c_str(), O_RDONLY | O_CLOEXEC);
       if (fd < 0) fail(ExitCode::kData, "shard {}: cannot open: {}", m.path, std::strerror(errno));
       m.size = layout.file_bytes;
-      void* p = ::mmap(nullptr, m.size, PROT_READ, MAP_SHARED, fd, 0);
+      void* p = ::mmap(nullptr, m.size, PROT_READ, map_flags, fd, 0);
       ::close(fd);
       if (p == MAP_FAILED) fail(ExitCode::kIo, "shard {}: mmap failed: {}", m.path, std::strerror(errno));
       m.base = static_cast<const uint8_t*>(p);
@@ -296,7 +364,11 @@ void Reader::next(Batch& out) {
     return;
   }
   std::unique_lock lock(s.mu);
-  s.cv.wait(lock, [&] { return !s.ready.empty() || s.error; });
+  if (s.ready.empty() && !s.error) {
+    s.consumer_waiting = true;
+    s.cv.wait(lock, [&] { return !s.ready.empty() || s.error; });
+    s.consumer_waiting = false;
+  }
   if (s.ready.empty() && s.error) {
     const auto e = s.error;
     s.error = nullptr;
@@ -308,7 +380,7 @@ void Reader::next(Batch& out) {
   if (s.spare.size() < static_cast<size_t>(s.opt.prefetch)) s.spare.push_back(std::move(s.ready.front()));
   s.ready.pop_front();
   s.consumed += s.opt.global_batch;
-  s.cv.notify_all();
+  if (s.worker_waiting) s.cv.notify_all();
 }
 
 Cursor Reader::cursor() const {
@@ -371,7 +443,7 @@ void Reader::read_sample(uint64_t sample_id, std::span<int32_t> out) const {
   if (out.size() != impl_->opt.seq_len + 1)
     fail(ExitCode::kUsage, "reader: read_sample needs a buffer of seq_len+1 = {} tokens",
          impl_->opt.seq_len + 1);
-  impl_->copy_window(sample_id, out.data());
+  impl_->copy(impl_->locate(sample_id), out.data());
 }
 
 const std::string& Reader::sample_domain(uint64_t sample_id) const {
