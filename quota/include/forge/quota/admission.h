@@ -1,0 +1,65 @@
+// Admission decisions: the policy logic behind the SPANK plugin, free of Slurm so it is unit-tested.
+// Two moments: at submission (sbatch/salloc: the user's declared choices, nothing of the real request)
+// and at job start (slurmstepd: the real allocation, which must match what was declared).
+#pragma once
+
+#include "forge/quota/layout.h"
+#include "forge/quota/policy.h"
+#include "forge/quota/snapshot.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace forge::quota {
+
+// What the user declared with --train-team/--train-tier/--train-layout (raw, untrusted text).
+struct Choices {
+  std::string team, tier, layout;
+  std::optional<Layout> spec_layout;  // [parallel] of --train-spec, when given
+};
+
+struct Identity {
+  std::string user;
+  std::vector<std::string> groups;
+};
+
+enum class SnapshotFailure { kOpen, kClosed };
+
+// The usage the decision sees: the snapshot when it is readable and fresh, else why it is not.
+struct UsageView {
+  const UsageSnapshot* snapshot = nullptr;
+  std::string problem;  // set when snapshot is null or stale
+  SnapshotFailure on_problem = SnapshotFailure::kOpen;
+};
+
+// The real allocation of a started job (remote context).
+struct Allocation {
+  int nodes = 0;
+  int gpus = 0;  // total GPUs allocated to the job
+  std::string qos;
+  std::string account;
+  int req_switches = 0;      // the job's switch limit (0 = none)
+  int64_t time_limit_s = 0;  // 0 = unknown
+};
+
+struct Decision {
+  bool allowed = false;
+  std::string message;                // the rejection, one actionable sentence
+  std::vector<std::string> warnings;  // shown but not fatal (e.g. fail-open on a stale snapshot)
+  const Team* team = nullptr;
+  const Tier* tier = nullptr;
+  Layout layout;
+};
+
+// Decision at sbatch/salloc time. The quota check charges the job its declared GPUs for the tier's
+// whole max wall time: used + reserved + gpus * max_wall * charge <= budget.
+Decision admit_submission(const Policy& policy, const Choices& choices, const Identity& who,
+                          const UsageView& usage);
+
+// Decision at job start: everything admit_submission checks except the reservation arithmetic, plus the
+// real allocation against the declared layout and tier (GPUs, nodes, QOS, account, switches, time).
+Decision check_allocation(const Policy& policy, const Choices& choices, const Identity& who,
+                          const Allocation& alloc, const UsageView& usage);
+
+}  // namespace forge::quota

@@ -1,0 +1,53 @@
+// The usage ledger: an SQLite database (WAL) of every run sacct reported, the jobs squeue holds now,
+// and the runs' summaries (tokens, MFU). A sync is one transaction and keyed so that syncing the same
+// window again changes nothing: a run is (JobID, Start) — a requeued job's runs stay apart.
+#pragma once
+
+#include "forge/quota/usage.h"
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+struct sqlite3;
+
+namespace forge::quota {
+
+struct RunSummary {
+  double tokens = 0;
+  std::optional<double> mfu;  // fraction of peak, 0..1
+};
+
+class Ledger {
+ public:
+  // Opens (creating if needed) the ledger at `path`. Throws forge::Error(kIo) naming the file.
+  explicit Ledger(const std::string& path);
+  ~Ledger();
+  Ledger(const Ledger&) = delete;
+  Ledger& operator=(const Ledger&) = delete;
+
+  // Records one sync in one transaction: runs are upserted by (JobID, Start), the queue is replaced,
+  // summaries are upserted by job id.
+  void record(const std::vector<RunRecord>& runs, const std::vector<QueuedJob>& queue,
+              const std::map<std::string, RunSummary>& summaries, int64_t synced_at);
+
+  // Runs whose span overlaps [from, to).
+  std::vector<RunRecord> runs(int64_t from, int64_t to) const;
+  std::vector<QueuedJob> queue() const;
+  std::map<std::string, RunSummary> summaries() const;
+  int64_t last_sync() const;  // 0 if never synced
+
+ private:
+  void exec(const char* sql) const;
+  sqlite3* db_ = nullptr;
+  std::string path_;
+};
+
+// summary.json files under `dirs` (searched up to three levels deep), keyed by their job id. Files that
+// do not parse or carry no job id are skipped; `skipped` gets one line per such file.
+std::map<std::string, RunSummary> scan_summaries(const std::vector<std::string>& dirs,
+                                                 std::vector<std::string>* skipped);
+
+}  // namespace forge::quota

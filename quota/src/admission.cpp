@@ -1,0 +1,179 @@
+#include "forge/quota/admission.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace forge::quota {
+namespace {
+
+std::string teams_of(const Policy& policy, const Identity& who) {
+  std::string out;
+  for (const auto& [name, team] : policy.teams)
+    if (team.has_member(who.user, who.groups)) out += (out.empty() ? "" : ", ") + name;
+  return out.empty() ? "none" : out;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+Decision reject(std::string message) {
+  Decision d;
+  d.message = std::move(message);
+  return d;
+}
+
+// Checks shared by both moments: the choices are present and well-formed, the team exists and has the
+// user, the tier is allowed, the layout parses and obeys the topology and the team's GPU cap.
+Decision check_choices(const Policy& policy, const Choices& c, const Identity& who) {
+  if (c.team.empty() || c.tier.empty() || c.layout.empty()) {
+    std::vector<std::string> missing;
+    if (c.team.empty()) missing.push_back("--train-team");
+    if (c.tier.empty()) missing.push_back("--train-tier");
+    if (c.layout.empty()) missing.push_back("--train-layout");
+    return reject(
+        fmt::format("missing {}: a training job declares its team, tier and layout together, "
+                    "e.g. --train-team=TEAM --train-tier=TIER --train-layout=tp2,pp1,dp4",
+                    join(missing)));
+  }
+  const Team* team = policy.team(c.team);
+  if (!team)
+    return reject(fmt::format("unknown team '{}' (--train-team); teams in the policy: {}", printable(c.team),
+                              policy.team_names()));
+  if (!team->has_member(who.user, who.groups))
+    return reject(
+        fmt::format("user '{}' is not a member of team '{}'; submit for a team you belong to ({}) or ask the "
+                    "administrators to add you to [team.{}] members in {}",
+                    printable(who.user), team->name, teams_of(policy, who), team->name, policy.path));
+  const Tier* tier = policy.tier(c.tier);
+  if (!tier)
+    return reject(fmt::format("unknown tier '{}' (--train-tier); tiers in the policy: {}", printable(c.tier),
+                              policy.tier_names()));
+  if (!team->allows_tier(tier->name))
+    return reject(fmt::format("team '{}' may not use tier '{}'; its tiers are: {} (change --train-tier)",
+                              team->name, tier->name, join(team->tiers)));
+  std::string why;
+  const auto layout = parse_layout(c.layout, &why);
+  if (!layout) return reject(fmt::format("--train-layout: {}", why));
+  if (const auto v = topology_violation(*layout, policy.topology))
+    return reject(fmt::format("--train-layout={}: {}", layout->str(), *v));
+  if (layout->gpus() > team->max_gpus)
+    return reject(
+        fmt::format("--train-layout={} needs {} GPUs but team '{}' may hold at most {} at once; "
+                    "lower dp or pp",
+                    layout->str(), layout->gpus(), team->name, team->max_gpus));
+  if (c.spec_layout && !(*c.spec_layout == *layout))
+    return reject(
+        fmt::format("--train-layout={} disagrees with the job spec's [parallel] ({}); make them "
+                    "the same",
+                    layout->str(), c.spec_layout->str()));
+  Decision d;
+  d.allowed = true;
+  d.team = team;
+  d.tier = tier;
+  d.layout = *layout;
+  return d;
+}
+
+// Applies the snapshot policy: nullopt to go on with the snapshot, else the decision to return.
+std::optional<Decision> snapshot_gate(Decision& d, const UsageView& usage) {
+  if (usage.snapshot && usage.problem.empty()) return std::nullopt;
+  if (usage.on_problem == SnapshotFailure::kClosed)
+    return reject(
+        fmt::format("{}, so the quota cannot be checked and this cluster refuses jobs until it "
+                    "can (fail-closed); ask the administrators to run 'forge-quota sync'",
+                    usage.problem));
+  d.warnings.push_back(fmt::format("{}; quota not checked (fail-open)", usage.problem));
+  return d;
+}
+
+}  // namespace
+
+Decision admit_submission(const Policy& policy, const Choices& choices, const Identity& who,
+                          const UsageView& usage) {
+  Decision d = check_choices(policy, choices, who);
+  if (!d.allowed) return d;
+  if (auto gate = snapshot_gate(d, usage)) return *gate;
+  const auto it = usage.snapshot->teams.find(d.team->name);
+  const TeamUsage u = it == usage.snapshot->teams.end() ? TeamUsage{} : it->second;
+  const double hours = d.tier->max_wall_s / 3600.0;
+  const double need = d.layout.gpus() * hours * d.tier->charge;
+  const double left = d.team->budget_gpu_hours - u.used_gpu_hours - u.reserved_gpu_hours;
+  if (need > left + 1e-9) {
+    // Suggest the tier of this team that would fit, if any.
+    std::string fits;
+    for (const auto& name : d.team->tiers) {
+      const Tier* t = policy.tier(name);
+      if (t && d.layout.gpus() * (t->max_wall_s / 3600.0) * t->charge <= left)
+        fits = fmt::format(", or tier '{}' (max wall {}, charge {})", t->name,
+                           format_wall_time(t->max_wall_s), t->charge);
+    }
+    const int max_gpus = static_cast<int>(std::max(0.0, left / (hours * d.tier->charge)));
+    return reject(fmt::format(
+        "over quota: team '{}' has {:.1f} GPU-hours left this {} (budget {:.1f}, used {:.1f}, reserved "
+        "{:.1f}) but this job may use {:.1f} ({} GPUs x {} max wall of tier '{}' x charge {}), over by "
+        "{:.1f}; use at most {} GPUs{}, or ask for more budget",
+        d.team->name, std::max(0.0, left), period_name(policy.period), d.team->budget_gpu_hours,
+        u.used_gpu_hours, u.reserved_gpu_hours, need, d.layout.gpus(), format_wall_time(d.tier->max_wall_s),
+        d.tier->name, d.tier->charge, need - std::max(0.0, left), max_gpus, fits));
+  }
+  return d;
+}
+
+Decision check_allocation(const Policy& policy, const Choices& choices, const Identity& who,
+                          const Allocation& a, const UsageView& usage) {
+  Decision d = check_choices(policy, choices, who);
+  if (!d.allowed) return d;
+  const Layout& l = d.layout;
+  const int want_nodes = nodes_for(l, policy.topology);
+  if (a.gpus != l.gpus())
+    return reject(
+        fmt::format("the job was given {} GPUs but --train-layout={} needs tp*pp*dp = {}; submit "
+                    "with --gpus-per-node and --nodes that multiply to {}",
+                    a.gpus, l.str(), l.gpus(), l.gpus()));
+  if (a.nodes != want_nodes)
+    return reject(
+        fmt::format("the job runs on {} nodes but --train-layout={} ({} GPUs, {} per node) needs "
+                    "{}; submit with --nodes={}",
+                    a.nodes, l.str(), l.gpus(), policy.topology.gpus_per_node, want_nodes, want_nodes));
+  if (a.nodes > 0 && (a.gpus % a.nodes != 0 || l.tp > a.gpus / a.nodes))
+    return reject(
+        fmt::format("the job's {} GPUs over {} nodes cannot hold a TP group of {} inside a node; "
+                    "request the same number of GPUs on every node",
+                    a.gpus, a.nodes, l.tp));
+  if (a.qos != d.tier->qos)
+    return reject(
+        fmt::format("the job runs under QOS '{}' but tier '{}' uses QOS '{}'; submit with "
+                    "--qos={} or drop --qos",
+                    printable(a.qos), d.tier->name, d.tier->qos, d.tier->qos));
+  if (!a.account.empty() && a.account != d.team->account)
+    return reject(
+        fmt::format("the job is charged to account '{}' but team '{}' uses account '{}'; submit "
+                    "with --account={}",
+                    printable(a.account), d.team->name, d.team->account, d.team->account));
+  if (const int limit = policy.topology.switches_for(l.gpus());
+      limit > 0 && a.nodes > 1 && (a.req_switches == 0 || a.req_switches > limit))
+    return reject(fmt::format(
+        "a {}-GPU job must sit under at most {} switch(es) but the job's limit is {}; "
+        "submit with --switches={}",
+        l.gpus(), limit, a.req_switches == 0 ? std::string("none") : std::to_string(a.req_switches), limit));
+  if (a.time_limit_s > d.tier->max_wall_s)
+    return reject(
+        fmt::format("the job's time limit {} exceeds tier '{}''s max wall {}; submit with --time={}",
+                    format_wall_time(a.time_limit_s), d.tier->name, format_wall_time(d.tier->max_wall_s),
+                    format_wall_time(d.tier->max_wall_s)));
+  if (auto gate = snapshot_gate(d, usage)) return *gate;
+  const auto it = usage.snapshot->teams.find(d.team->name);
+  const double used = it == usage.snapshot->teams.end() ? 0.0 : it->second.used_gpu_hours;
+  if (used >= d.team->budget_gpu_hours)
+    return reject(
+        fmt::format("over quota: team '{}' has used {:.1f} of its {:.1f} GPU-hours this {}; the "
+                    "job cannot start until the next period or a larger budget",
+                    d.team->name, used, d.team->budget_gpu_hours, period_name(policy.period)));
+  return d;
+}
+
+}  // namespace forge::quota

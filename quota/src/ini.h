@@ -1,0 +1,29 @@
+// A line-numbered INI reader for the policy file. common/'s load_config needs a fixed schema; the
+// policy has sections named after teams and tiers, so it is read here and validated key by key.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace forge::quota {
+
+struct IniEntry {
+  std::string key;
+  std::string value;
+  int line = 0;
+};
+
+struct IniSection {
+  std::string name;
+  int line = 0;
+  std::vector<IniEntry> entries;
+};
+
+// Throws forge::Error(kUsage) "<name>:<line>: ..." for malformed lines and keys set twice.
+std::vector<IniSection> parse_ini(const std::string& text, const std::string& name);
+
+std::string trim(const std::string& s);
+// "a, b ,c" -> {"a","b","c"}; empty items dropped.
+std::vector<std::string> split_list(const std::string& s, char sep = ',');
+
+}  // namespace forge::quota

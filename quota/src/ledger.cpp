@@ -1,0 +1,236 @@
+#include "forge/quota/ledger.h"
+
+#include "forge/common/error.h"
+#include "forge/common/json.h"
+
+#include <sqlite3.h>
+
+#include <filesystem>
+
+namespace forge::quota {
+namespace {
+
+// A prepared statement that finalizes itself.
+class Stmt {
+ public:
+  Stmt(sqlite3* db, const char* sql, const std::string& path) : db_(db) {
+    if (sqlite3_prepare_v2(db, sql, -1, &s_, nullptr) != SQLITE_OK)
+      fail(ExitCode::kIo, "ledger '{}': {}", path, sqlite3_errmsg(db));
+  }
+  ~Stmt() { sqlite3_finalize(s_); }
+  Stmt(const Stmt&) = delete;
+  Stmt& operator=(const Stmt&) = delete;
+  Stmt& bind(int i, const std::string& v) {
+    sqlite3_bind_text(s_, i, v.c_str(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  Stmt& bind(int i, int64_t v) {
+    sqlite3_bind_int64(s_, i, v);
+    return *this;
+  }
+  Stmt& bind(int i, double v) {
+    sqlite3_bind_double(s_, i, v);
+    return *this;
+  }
+  Stmt& bind_null(int i) {
+    sqlite3_bind_null(s_, i);
+    return *this;
+  }
+  bool step(const std::string& path) {
+    const int rc = sqlite3_step(s_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc != SQLITE_DONE) fail(ExitCode::kIo, "ledger '{}': {}", path, sqlite3_errmsg(db_));
+    sqlite3_reset(s_);
+    sqlite3_clear_bindings(s_);
+    return false;
+  }
+  std::string text(int c) const {
+    const auto* p = sqlite3_column_text(s_, c);
+    return p ? reinterpret_cast<const char*>(p) : "";
+  }
+  int64_t integer(int c) const { return sqlite3_column_int64(s_, c); }
+  double real(int c) const { return sqlite3_column_double(s_, c); }
+  bool is_null(int c) const { return sqlite3_column_type(s_, c) == SQLITE_NULL; }
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* s_ = nullptr;
+};
+
+constexpr const char* kSchema = R"sql(
+CREATE TABLE IF NOT EXISTS runs (
+  job_id TEXT NOT NULL, start INTEGER NOT NULL, end_time INTEGER NOT NULL, user TEXT NOT NULL,
+  account TEXT NOT NULL, qos TEXT NOT NULL, partition TEXT NOT NULL, state TEXT NOT NULL,
+  elapsed_s INTEGER NOT NULL, gpus INTEGER NOT NULL, gpu_type TEXT NOT NULL, nodelist TEXT NOT NULL,
+  job_name TEXT NOT NULL, PRIMARY KEY (job_id, start));
+CREATE INDEX IF NOT EXISTS runs_start ON runs(start);
+CREATE TABLE IF NOT EXISTS queue (
+  job_id TEXT PRIMARY KEY, user TEXT NOT NULL, account TEXT NOT NULL, qos TEXT NOT NULL,
+  partition TEXT NOT NULL, state TEXT NOT NULL, gpus INTEGER NOT NULL, elapsed_s INTEGER NOT NULL,
+  time_limit_s INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS summaries (job_id TEXT PRIMARY KEY, tokens REAL NOT NULL, mfu REAL);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+)sql";
+
+}  // namespace
+
+Ledger::Ledger(const std::string& path) : path_(path) {
+  const auto dir = std::filesystem::path(path).parent_path();
+  std::error_code ec;
+  if (!dir.empty()) std::filesystem::create_directories(dir, ec);
+  if (sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) != SQLITE_OK) {
+    const std::string why = db_ ? sqlite3_errmsg(db_) : "out of memory";
+    sqlite3_close(db_);
+    db_ = nullptr;
+    fail(ExitCode::kIo, "cannot open ledger '{}': {}", path, why);
+  }
+  sqlite3_busy_timeout(db_, 10000);  // a concurrent `status` or `sync` waits instead of failing
+  exec("PRAGMA journal_mode=WAL");
+  exec("PRAGMA synchronous=NORMAL");
+  exec(kSchema);
+}
+
+Ledger::~Ledger() {
+  sqlite3_close(db_);
+}
+
+void Ledger::exec(const char* sql) const {
+  char* err = nullptr;
+  if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    const std::string why = err ? err : sqlite3_errmsg(db_);
+    sqlite3_free(err);
+    fail(ExitCode::kIo, "ledger '{}': {}", path_, why);
+  }
+}
+
+void Ledger::record(const std::vector<RunRecord>& runs, const std::vector<QueuedJob>& queue,
+                    const std::map<std::string, RunSummary>& summaries, int64_t synced_at) {
+  exec("BEGIN IMMEDIATE");
+  try {
+    Stmt up(db_,
+            "INSERT INTO runs VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13) "
+            "ON CONFLICT(job_id, start) DO UPDATE SET end_time=?3, user=?4, account=?5, qos=?6, "
+            "partition=?7, state=?8, elapsed_s=?9, gpus=?10, gpu_type=?11, nodelist=?12, job_name=?13",
+            path_);
+    for (const auto& r : runs) {
+      up.bind(1, r.job_id).bind(2, r.start).bind(3, r.end).bind(4, r.user).bind(5, r.account);
+      up.bind(6, r.qos).bind(7, r.partition).bind(8, r.state).bind(9, r.elapsed_s);
+      up.bind(10, static_cast<int64_t>(r.gpus))
+          .bind(11, r.gpu_type)
+          .bind(12, r.nodelist)
+          .bind(13, r.job_name);
+      up.step(path_);
+    }
+    exec("DELETE FROM queue");
+    Stmt q(db_, "INSERT OR REPLACE INTO queue VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9)", path_);
+    for (const auto& j : queue) {
+      q.bind(1, j.job_id).bind(2, j.user).bind(3, j.account).bind(4, j.qos).bind(5, j.partition);
+      q.bind(6, j.state).bind(7, static_cast<int64_t>(j.gpus)).bind(8, j.elapsed_s).bind(9, j.time_limit_s);
+      q.step(path_);
+    }
+    Stmt s(db_, "INSERT OR REPLACE INTO summaries VALUES (?1,?2,?3)", path_);
+    for (const auto& [id, sum] : summaries) {
+      s.bind(1, id).bind(2, sum.tokens);
+      if (sum.mfu)
+        s.bind(3, *sum.mfu);
+      else
+        s.bind_null(3);
+      s.step(path_);
+    }
+    Stmt m(db_, "INSERT OR REPLACE INTO meta VALUES ('last_sync', ?1)", path_);
+    m.bind(1, std::to_string(synced_at)).step(path_);
+    exec("COMMIT");
+  } catch (...) {
+    sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+    throw;
+  }
+}
+
+std::vector<RunRecord> Ledger::runs(int64_t from, int64_t to) const {
+  Stmt s(db_,
+         "SELECT job_id,start,end_time,user,account,qos,partition,state,elapsed_s,gpus,gpu_type,nodelist,"
+         "job_name FROM runs WHERE start < ?2 AND (CASE WHEN end_time > 0 THEN end_time ELSE start + "
+         "elapsed_s END) >= ?1 ORDER BY start, job_id",
+         path_);
+  s.bind(1, from).bind(2, to);
+  std::vector<RunRecord> out;
+  while (s.step(path_)) {
+    RunRecord r;
+    r.job_id = s.text(0);
+    r.start = s.integer(1);
+    r.end = s.integer(2);
+    r.user = s.text(3);
+    r.account = s.text(4);
+    r.qos = s.text(5);
+    r.partition = s.text(6);
+    r.state = s.text(7);
+    r.elapsed_s = s.integer(8);
+    r.gpus = static_cast<int>(s.integer(9));
+    r.gpu_type = s.text(10);
+    r.nodelist = s.text(11);
+    r.job_name = s.text(12);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::vector<QueuedJob> Ledger::queue() const {
+  Stmt s(db_, "SELECT job_id,user,account,qos,partition,state,gpus,elapsed_s,time_limit_s FROM queue", path_);
+  std::vector<QueuedJob> out;
+  while (s.step(path_)) {
+    QueuedJob j{
+        s.text(0),    s.text(1),   s.text(2), s.text(3), s.text(4), s.text(5), static_cast<int>(s.integer(6)),
+        s.integer(7), s.integer(8)};
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+std::map<std::string, RunSummary> Ledger::summaries() const {
+  Stmt s(db_, "SELECT job_id,tokens,mfu FROM summaries", path_);
+  std::map<std::string, RunSummary> out;
+  while (s.step(path_)) {
+    RunSummary r;
+    r.tokens = s.real(1);
+    if (!s.is_null(2)) r.mfu = s.real(2);
+    out[s.text(0)] = r;
+  }
+  return out;
+}
+
+int64_t Ledger::last_sync() const {
+  Stmt s(db_, "SELECT value FROM meta WHERE key='last_sync'", path_);
+  int64_t v = 0;
+  if (s.step(path_)) v = std::stoll(s.text(0));
+  return v;
+}
+
+std::map<std::string, RunSummary> scan_summaries(const std::vector<std::string>& dirs,
+                                                 std::vector<std::string>* skipped) {
+  namespace fs = std::filesystem;
+  std::map<std::string, RunSummary> out;
+  for (const auto& dir : dirs) {
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) continue;
+    fs::recursive_directory_iterator it(dir, fs::directory_options::skip_permission_denied, ec), end;
+    for (; !ec && it != end; it.increment(ec)) {
+      if (it.depth() >= 3) it.disable_recursion_pending();
+      if (it->path().filename() != "summary.json" || !it->is_regular_file(ec)) continue;
+      try {
+        const Json doc = read_json(it->path().string());
+        const Json& id = doc.at("job_id");
+        const std::string job = id.is_string() ? id.get<std::string>() : std::to_string(id.get<int64_t>());
+        if (job.empty() || job == "0") throw std::runtime_error("no Slurm job id");
+        RunSummary s;
+        s.tokens = doc.contains("tokens") ? doc.at("tokens").get<double>() : 0.0;
+        if (doc.contains("mfu") && doc.at("mfu").is_number()) s.mfu = doc.at("mfu").get<double>();
+        out[job] = s;
+      } catch (const std::exception& e) {
+        if (skipped) skipped->push_back(fmt::format("{}: {}", it->path().string(), e.what()));
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace forge::quota

@@ -1,0 +1,238 @@
+// forge-quota: the admission and accounting policy, applied to Slurm, and the usage it accounts.
+#include "forge/common/error.h"
+#include "forge/quota/accounting.h"
+#include "forge/quota/apply.h"
+#include "forge/quota/ledger.h"
+#include "forge/quota/policy.h"
+#include "forge/quota/report.h"
+#include "forge/quota/slurm_cli.h"
+#include "forge/quota/sync.h"
+
+#include <boost/program_options.hpp>
+
+#include <ctime>
+#include <fstream>
+#include <iostream>
+
+namespace po = boost::program_options;
+using namespace forge;
+using namespace forge::quota;
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: forge-quota COMMAND [options]   (docs/ADMISSION.md)
+
+commands:
+  check-policy FILE          validate a policy file (exit 64 with file:line on the first error)
+  apply [--dry-run]          write the policy into Slurm (accounts, QOS) with sacctmgr; idempotent
+  sync [-S START] [-E END]   sacct + squeue + run summaries -> ledger -> usage snapshot
+  status [--team T] [--format table|json]
+                             budget, used, reserved, remaining per team and tier (from the ledger)
+  report --by team|tier|user|job [-S START] [-E END] [--format table|csv|json|html] [-o FILE]
+                             GPU-hours, cost, jobs, wasted GPU-hours, cost per M tokens, MFU
+
+common options:
+  --policy FILE    policy file (default: $FORGE_QUOTA_POLICY or /etc/forge/quota.ini)
+  --ledger PATH    ledger database (default: [policy] ledger)
+  --snapshot PATH  usage snapshot (default: [policy] snapshot)
+times are UTC: YYYY-MM-DD, YYYY-MM-DDTHH:MM[:SS] or now; -S defaults to the start of the budget
+period, -E to now.
+)";
+
+int64_t now_s() {
+  return static_cast<int64_t>(std::time(nullptr));
+}
+
+int64_t parse_time_arg(const std::string& opt, const std::string& text) {
+  if (text == "now") return now_s();
+  std::string t = text;
+  if (t.size() == 10) t += "T00:00:00";
+  if (t.size() == 16) t += ":00";
+  const auto v = parse_slurm_timestamp(t);
+  if (!v) fail(ExitCode::kUsage, "{} {}: expected a UTC time YYYY-MM-DD[THH:MM[:SS]] or 'now'", opt, text);
+  return *v;
+}
+
+struct Common {
+  std::string policy_path, ledger, snapshot, start, end, format, team, by, output;
+  std::vector<std::string> runs;
+  bool dry_run = false;
+};
+
+po::options_description common_options(Common& c) {
+  po::options_description d("options");
+  const char* env = std::getenv("FORGE_QUOTA_POLICY");
+  d.add_options()("help,h", "show help")(
+      "policy", po::value(&c.policy_path)->default_value(env ? env : "/etc/forge/quota.ini"), "policy file")(
+      "ledger", po::value(&c.ledger), "ledger database")("snapshot", po::value(&c.snapshot),
+                                                         "usage snapshot");
+  return d;
+}
+
+void check_format(const std::string& format, std::initializer_list<const char*> allowed) {
+  std::string list;
+  for (const char* a : allowed) {
+    if (format == a) return;
+    list += (list.empty() ? "" : ", ") + std::string(a);
+  }
+  fail(ExitCode::kUsage, "--format {}: must be one of {}", format, list);
+}
+
+void write_output(const std::string& path, const std::string& text) {
+  if (path.empty() || path == "-") {
+    std::cout << text;
+    return;
+  }
+  std::ofstream out(path, std::ios::binary);
+  if (!(out << text)) fail(ExitCode::kIo, "cannot write '{}'", path);
+}
+
+int cmd_check_policy(const std::vector<std::string>& args) {
+  if (args.size() != 1 || args[0].rfind("-", 0) == 0)
+    fail(ExitCode::kUsage, "check-policy takes one argument, the policy file");
+  const Policy p = load_policy(args[0]);
+  std::cout << fmt::format("{}: OK ({} teams, {} tiers, {} GPUs per node, budgets per {})\n", args[0],
+                           p.teams.size(), p.tiers.size(), p.topology.gpus_per_node, period_name(p.period));
+  return 0;
+}
+
+int cmd_apply(const Policy& policy, const Common& c) {
+  const SlurmState state = parse_slurm_state(run_checked([] {
+                                               auto a = show_qos_args();
+                                               a.insert(a.begin(), "sacctmgr");
+                                               return a;
+                                             }()),
+                                             run_checked([&] {
+                                               auto a = show_assoc_args(policy.cluster);
+                                               a.insert(a.begin(), "sacctmgr");
+                                               return a;
+                                             }()));
+  const auto plan = plan_apply(policy, state);
+  if (plan.empty()) {
+    std::cout << "forge-quota apply: Slurm already matches " << policy.path << "; nothing to change\n";
+    return 0;
+  }
+  for (const auto& cmd : plan) {
+    std::cout << shell_line(cmd) << '\n';
+    if (c.dry_run) continue;
+    std::vector<std::string> argv = {"sacctmgr", "-i"};
+    argv.insert(argv.end(), cmd.begin(), cmd.end());
+    run_checked(argv);
+  }
+  std::cout << fmt::format("forge-quota apply: {} {} command(s)\n", c.dry_run ? "would run" : "ran",
+                           plan.size());
+  return 0;
+}
+
+int cmd_sync(const Policy& policy, const Common& c) {
+  const int64_t now = now_s();
+  SyncOptions o;
+  o.from = c.start.empty() ? period_bounds(policy.period, now).first : parse_time_arg("-S", c.start);
+  o.to = c.end.empty() ? now : parse_time_arg("-E", c.end);
+  if (o.to <= o.from)
+    fail(ExitCode::kUsage, "-S {} is not before -E {}", format_utc(o.from), format_utc(o.to));
+  o.ledger_path = c.ledger.empty() ? policy.ledger_path : c.ledger;
+  o.snapshot_path = c.snapshot.empty() ? policy.snapshot_path : c.snapshot;
+  o.runs_dirs = c.runs.empty() ? policy.runs_dirs : c.runs;
+  const SyncResult r = sync_usage(policy, o, now);
+  for (const auto& w : r.warnings) std::cerr << "forge-quota sync: warning: skipped " << w << '\n';
+  std::cout << fmt::format(
+      "forge-quota sync: {} runs ({} - {} UTC), {} queued jobs, {} run summaries -> {}; "
+      "snapshot {}\n",
+      r.runs, format_utc(o.from), format_utc(o.to), r.queued, r.summaries, o.ledger_path, o.snapshot_path);
+  return 0;
+}
+
+int cmd_status(const Policy& policy, const Common& c) {
+  check_format(c.format, {"table", "json"});
+  if (!c.team.empty() && !policy.team(c.team))
+    fail(ExitCode::kUsage, "--team {}: no such team in {}; teams: {}", c.team, policy.path,
+         policy.team_names());
+  const Ledger ledger(c.ledger.empty() ? policy.ledger_path : c.ledger);
+  if (ledger.last_sync() == 0)
+    fail(ExitCode::kData, "the ledger has never been synced; run 'forge-quota sync' first");
+  const auto [start, end] = period_bounds(policy.period, now_s());
+  auto status = compute_status(policy, ledger.runs(start, end), ledger.queue(), start, end);
+  if (!c.team.empty()) std::erase_if(status, [&](const TeamStatus& s) { return s.team != c.team; });
+  std::cout << (c.format == "json" ? render_status_json(status) : render_status_table(status, policy));
+  if (c.format == "table")
+    std::cout << fmt::format("(ledger synced {} UTC)\n", format_utc(ledger.last_sync()));
+  return 0;
+}
+
+int cmd_report(const Policy& policy, const Common& c) {
+  check_format(c.format, {"table", "csv", "json", "html"});
+  GroupBy by;
+  if (c.by == "team")
+    by = GroupBy::kTeam;
+  else if (c.by == "tier")
+    by = GroupBy::kTier;
+  else if (c.by == "user")
+    by = GroupBy::kUser;
+  else if (c.by == "job")
+    by = GroupBy::kJob;
+  else
+    fail(ExitCode::kUsage, "--by {}: must be one of team, tier, user, job", c.by);
+  const int64_t now = now_s();
+  const int64_t from =
+      c.start.empty() ? period_bounds(policy.period, now).first : parse_time_arg("-S", c.start);
+  const int64_t to = c.end.empty() ? now : parse_time_arg("-E", c.end);
+  if (to <= from) fail(ExitCode::kUsage, "-S {} is not before -E {}", format_utc(from), format_utc(to));
+  const Ledger ledger(c.ledger.empty() ? policy.ledger_path : c.ledger);
+  const Report rep = build_report(policy, ledger.runs(from, to), ledger.summaries(), by, from, to);
+  const std::string text = c.format == "csv"    ? render_report_csv(rep)
+                           : c.format == "json" ? render_report_json(rep)
+                           : c.format == "html" ? render_report_html(rep)
+                                                : render_report_table(rep);
+  write_output(c.output, text);
+  return 0;
+}
+
+int run(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+    std::cout << kUsage;
+    return argc < 2 ? 64 : 0;
+  }
+  const std::string command = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  if (command == "check-policy") return cmd_check_policy(args);
+
+  Common c;
+  po::options_description d = common_options(c);
+  if (command == "apply") {
+    d.add_options()("dry-run", po::bool_switch(&c.dry_run), "print the sacctmgr commands, run nothing");
+  } else if (command == "sync") {
+    d.add_options()("start,S", po::value(&c.start), "window start (UTC)")(
+        "end,E", po::value(&c.end), "window end (UTC)")("runs", po::value(&c.runs)->composing(),
+                                                        "directory with run summaries (repeatable)");
+  } else if (command == "status") {
+    d.add_options()("team", po::value(&c.team), "one team")(
+        "format", po::value(&c.format)->default_value("table"), "table or json");
+  } else if (command == "report") {
+    d.add_options()("by", po::value(&c.by)->required(), "team, tier, user or job")(
+        "start,S", po::value(&c.start), "window start (UTC)")("end,E", po::value(&c.end), "window end (UTC)")(
+        "format", po::value(&c.format)->default_value("table"), "table, csv, json or html")(
+        "output,o", po::value(&c.output), "write to FILE instead of stdout");
+  } else {
+    fail(ExitCode::kUsage,
+         "unknown command '{}'; commands: check-policy, apply, sync, status, report (see --help)", command);
+  }
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(d).run(), vm);
+  if (vm.count("help")) {
+    std::cout << "usage: forge-quota " << command << " [options]\n" << d;
+    return 0;
+  }
+  po::notify(vm);
+  const Policy policy = load_policy(c.policy_path);
+  if (command == "apply") return cmd_apply(policy, c);
+  if (command == "sync") return cmd_sync(policy, c);
+  if (command == "status") return cmd_status(policy, c);
+  return cmd_report(policy, c);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return run_cli("forge-quota", [&] { return run(argc, argv); });
+}

@@ -1,0 +1,301 @@
+--[[
+job_submit.lua — SlurmForge's server-side admission check (docs/ADMISSION.md).
+
+The SPANK plugin checks a training job in sbatch and passes its choices on with
+spank_job_control_setenv (FORGE_TEAM, FORGE_TIER, FORGE_LAYOUT, ...). sbatch cannot see the real
+request and a user can run client tools with their own plugstack.conf, so this script, run by
+slurmctld on the real request, is the lock:
+
+  * a job asking for a tier's QOS must come with the plugin's choices;
+  * the choices are re-derived from the policy file (never trusted as sent): team -> account,
+    tier -> QOS and max wall time, layout -> GPUs (tp*pp*dp), nodes, TP <= GPUs per node, switches;
+  * the request must match them: GPU count, node count, QOS, account; unset QOS, account, nodes, time
+    and switch limits are filled in from the policy.
+
+The policy path comes from the forge_spank.so line of the plugstack.conf next to this file
+(policy=PATH). Messages go to the user with slurm.log_user("%s", msg), never as a format.
+--]]
+
+local NO_VAL = 4294967294
+local INFINITE = 4294967295
+local POLICY_TTL = 30  -- seconds a parsed policy is reused before the file is read again
+
+local function dir_of_this_file()
+  local src = debug.getinfo(1, "S").source
+  if src:sub(1, 1) == "@" then src = src:sub(2) end
+  return src:match("^(.*)/[^/]*$") or "."
+end
+
+local function trim(s) return (s:gsub("^%s+", ""):gsub("%s+$", "")) end
+
+local function split(s, sep)
+  local out = {}
+  for item in string.gmatch(s or "", "[^" .. sep .. "]+") do
+    item = trim(item)
+    if item ~= "" then out[#out + 1] = item end
+  end
+  return out
+end
+
+-- The policy path from plugstack.conf's forge_spank.so line, or nil.
+local function policy_path()
+  local f = io.open(dir_of_this_file() .. "/plugstack.conf", "r")
+  if not f then return nil end
+  local path = nil
+  for line in f:lines() do
+    if line:find("forge_spank%.so") and not line:match("^%s*#") then
+      path = line:match("policy=(%S+)")
+    end
+  end
+  f:close()
+  return path
+end
+
+-- Slurm wall time ("48:00:00", "2-00:00:00", "90") -> minutes.
+local function wall_minutes(text)
+  local d, rest = text:match("^(%d+)%-(.*)$")
+  local days = tonumber(d) or 0
+  rest = rest or text
+  local parts = split(rest, ":")
+  local h, m, s = 0, 0, 0
+  if d then
+    h, m, s = tonumber(parts[1]) or 0, tonumber(parts[2]) or 0, tonumber(parts[3]) or 0
+  elseif #parts == 1 then m = tonumber(parts[1]) or 0
+  elseif #parts == 2 then m, s = tonumber(parts[1]) or 0, tonumber(parts[2]) or 0
+  else h, m, s = tonumber(parts[1]) or 0, tonumber(parts[2]) or 0, tonumber(parts[3]) or 0 end
+  return math.ceil(((days * 24 + h) * 60 + m) + s / 60)
+end
+
+-- The parts of the policy this script needs. The file was validated by `forge-quota check-policy`;
+-- this reader only has to find values, not judge them.
+local function parse_policy(path)
+  local f = io.open(path, "r")
+  if not f then return nil end
+  local p = { tiers = {}, teams = {}, gpus_per_node = 8, switches = {}, default_wall_min = nil }
+  local section = nil
+  for line in f:lines() do
+    local t = trim(line)
+    if t ~= "" and not t:match("^[#;]") then
+      local name = t:match("^%[(.*)%]$")
+      if name then
+        section = trim(name)
+      else
+        local k, v = t:match("^([^=]+)=(.*)$")
+        if k then
+          k, v = trim(k), trim(v)
+          local tier = section and section:match("^tier%.(.+)$")
+          local team = section and section:match("^team%.(.+)$")
+          if tier then
+            p.tiers[tier] = p.tiers[tier] or {}
+            if k == "qos" then p.tiers[tier].qos = v end
+            if k == "max_wall" then p.tiers[tier].max_wall_min = wall_minutes(v) end
+          elseif team then
+            p.teams[team] = p.teams[team] or {}
+            if k == "account" then p.teams[team].account = v end
+            if k == "tiers" then p.teams[team].tiers = split(v, ",") end
+          elseif section == "policy" and k == "default_wall" then
+            p.default_wall_min = wall_minutes(v)
+          elseif section == "topology" and k == "gpus_per_node" then
+            p.gpus_per_node = tonumber(v) or 8
+          elseif section == "topology" and k == "max_switches" then
+            for _, rule in ipairs(split(v, ",")) do
+              local g, s = rule:match("^(%d+):(%d+)$")
+              if g then p.switches[#p.switches + 1] = { gpus = tonumber(g), switches = tonumber(s) } end
+            end
+          end
+        end
+      end
+    end
+  end
+  f:close()
+  return p
+end
+
+local cached, cached_at, cached_path = nil, 0, nil
+local function load_policy()
+  local now = os.time()
+  if cached and now - cached_at < POLICY_TTL then return cached, cached_path end
+  cached_path = policy_path()
+  cached = cached_path and parse_policy(cached_path) or nil
+  cached_at = now
+  return cached, cached_path
+end
+
+-- "FORGE_TEAM=x" entries (a SPANK_ prefix is accepted) -> { FORGE_TEAM = "x", ... }.
+local function choices_of(spank_env)
+  local c = {}
+  if type(spank_env) ~= "table" then return c end
+  for _, entry in pairs(spank_env) do
+    local k, v = tostring(entry):match("^([%w_]+)=(.*)$")
+    if k then
+      k = k:gsub("^SPANK_", "")
+      if k:match("^FORGE_") then c[k] = v end
+    end
+  end
+  return c
+end
+
+-- GPUs in a TRES request string ("gres:gpu:8", "gres/gpu:h100=4", "gres:gpu:a100:2"); nil if none.
+local function gpus_in(tres)
+  if tres == nil or tres == "" then return nil end
+  local total = nil
+  for _, item in ipairs(split(tres, ",")) do
+    if item:find("gpu") then
+      total = (total or 0) + (tonumber(item:match("(%d+)$")) or 1)
+    end
+  end
+  return total
+end
+
+local function set_value(v) return v ~= nil and v ~= NO_VAL and v ~= INFINITE and v ~= "" end
+
+local function reject(msg)
+  slurm.log_user("%s", "forge: " .. msg)
+  slurm.log_info("%s", "forge job_submit: rejected: " .. msg)
+  return slurm.ERROR
+end
+
+local function tier_qos_set(policy)
+  local set = {}
+  if policy then for name, t in pairs(policy.tiers) do if t.qos then set[t.qos] = name end end end
+  return set
+end
+
+function slurm_job_submit(job_desc, part_list, submit_uid)
+  local policy, path = load_policy()
+  local c = choices_of(job_desc.spank_job_env)
+  local tier_of_qos = tier_qos_set(policy)
+
+  if c.FORGE_TIER == nil then
+    if job_desc.qos ~= nil and tier_of_qos[job_desc.qos] then
+      return reject(string.format("QOS '%s' is for training jobs of tier '%s': submit with --train-team, " ..
+        "--train-tier=%s and --train-layout", job_desc.qos, tier_of_qos[job_desc.qos], tier_of_qos[job_desc.qos]))
+    end
+    -- Not a training job: only the default time limit, without which a budgeted account never starts it.
+    if policy and policy.default_wall_min and not set_value(job_desc.time_limit) then
+      job_desc.time_limit = policy.default_wall_min
+    end
+    return slurm.SUCCESS
+  end
+
+  -- Expectations: from the policy when readable, else from what the plugin sent.
+  local tp, pp, dp = (c.FORGE_LAYOUT or ""):match("^tp(%d+),pp(%d+),dp(%d+)$")
+  if not tp then return reject("the plugin's layout is missing or malformed; resubmit with --train-layout=tpX,ppY,dpZ") end
+  tp, pp, dp = tonumber(tp), tonumber(pp), tonumber(dp)
+  local gpus = tp * pp * dp
+  local want = {}
+  if policy then
+    local team, tier = policy.teams[c.FORGE_TEAM or ""], policy.tiers[c.FORGE_TIER]
+    if not team then return reject(string.format("unknown team '%s' in %s", tostring(c.FORGE_TEAM), path)) end
+    if not tier or not tier.qos then return reject(string.format("unknown tier '%s' in %s", c.FORGE_TIER, path)) end
+    local allowed = false
+    for _, t in ipairs(team.tiers or {}) do if t == c.FORGE_TIER then allowed = true end end
+    if not allowed then
+      return reject(string.format("team '%s' may not use tier '%s'", c.FORGE_TEAM, c.FORGE_TIER))
+    end
+    want.qos, want.account, want.wall = tier.qos, team.account, tier.max_wall_min
+    want.gpn = policy.gpus_per_node
+    want.switches = 0
+    for _, rule in ipairs(policy.switches) do
+      if want.switches == 0 and gpus <= rule.gpus then want.switches = rule.switches end
+    end
+  else
+    slurm.log_info("%s", "forge job_submit: policy not readable (plugstack.conf next to job_submit.lua?); " ..
+      "checking against the plugin's choices only")
+    want.qos, want.account = c.FORGE_QOS, c.FORGE_ACCOUNT
+    want.wall = tonumber(c.FORGE_MAX_WALL_MIN or "")
+    want.gpn = tonumber(c.FORGE_GPUS_PER_NODE or "") or 8
+    want.switches = tonumber(c.FORGE_MAX_SWITCHES or "") or 0
+  end
+  local nodes = gpus <= want.gpn and 1 or math.ceil(gpus / want.gpn)
+  if tp > want.gpn then
+    return reject(string.format("TP=%d exceeds the %d GPUs of a node", tp, want.gpn))
+  end
+
+  -- QOS and account: fill in when absent, reject when different.
+  if job_desc.qos == nil or job_desc.qos == "" then
+    job_desc.qos = want.qos
+  elseif job_desc.qos ~= want.qos then
+    return reject(string.format("--qos=%s does not match tier '%s' (QOS '%s'); drop --qos or use --qos=%s",
+      job_desc.qos, c.FORGE_TIER, want.qos, want.qos))
+  end
+  if want.account then
+    if job_desc.account == nil or job_desc.account == "" then
+      job_desc.account = want.account
+    elseif job_desc.account ~= want.account then
+      return reject(string.format("--account=%s does not match team '%s' (account '%s')",
+        job_desc.account, c.FORGE_TEAM, want.account))
+    end
+  end
+
+  -- Nodes.
+  local min_nodes = set_value(job_desc.min_nodes) and job_desc.min_nodes or nil
+  local max_nodes = set_value(job_desc.max_nodes) and job_desc.max_nodes or nil
+  if (min_nodes and min_nodes ~= nodes) or (max_nodes and max_nodes ~= nodes) then
+    return reject(string.format("--train-layout=%s needs %d node(s) but the job asks for %s; use --nodes=%d",
+      c.FORGE_LAYOUT, nodes, tostring(min_nodes or max_nodes), nodes))
+  end
+  job_desc.min_nodes, job_desc.max_nodes = nodes, nodes
+
+  -- GPUs: per job, or per node x nodes, or per task x tasks.
+  local asked = gpus_in(job_desc.tres_per_job)
+  if asked == nil then
+    local per_node = gpus_in(job_desc.tres_per_node)
+    if per_node then
+      if per_node < tp then
+        return reject(string.format("%d GPUs per node cannot hold a TP group of %d", per_node, tp))
+      end
+      asked = per_node * nodes
+    end
+  end
+  if asked == nil then
+    local per_task = gpus_in(job_desc.tres_per_task)
+    local tasks = set_value(job_desc.num_tasks) and job_desc.num_tasks or nil
+    if per_task and tasks then asked = per_task * tasks end
+  end
+  if asked ~= gpus then
+    return reject(string.format("--train-layout=%s needs tp*pp*dp = %d GPUs but the job asks for %s; submit " ..
+      "with --nodes=%d --gpus-per-node=%d", c.FORGE_LAYOUT, gpus, asked and tostring(asked) or "none", nodes,
+      math.floor(gpus / nodes)))
+  end
+
+  -- Time limit: the tier's max wall by default, never more.
+  if want.wall then
+    if not set_value(job_desc.time_limit) then
+      job_desc.time_limit = want.wall
+    elseif job_desc.time_limit > want.wall then
+      return reject(string.format("--time of %d minutes exceeds tier '%s''s max wall of %d minutes",
+        job_desc.time_limit, c.FORGE_TIER, want.wall))
+    end
+  end
+
+  -- Switches: the topology rule for this job size, when the job spans nodes.
+  if want.switches > 0 and nodes > 1 then
+    if not set_value(job_desc.req_switch) or job_desc.req_switch == 0 or job_desc.req_switch > want.switches then
+      job_desc.req_switch = want.switches
+    end
+  end
+  return slurm.SUCCESS
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+  -- A training job's QOS stays its tier's: scontrol update QOS=... may not move it.
+  if job_desc.qos == nil or job_desc.qos == "" then return slurm.SUCCESS end
+  local c = choices_of(job_rec.spank_job_env)
+  if c.FORGE_TIER == nil then
+    local policy = load_policy()
+    local tier = tier_qos_set(policy)[job_desc.qos]
+    if tier then
+      return reject(string.format("QOS '%s' belongs to tier '%s'; only jobs submitted with --train-tier=%s " ..
+        "may use it", job_desc.qos, tier, tier))
+    end
+    return slurm.SUCCESS
+  end
+  if c.FORGE_QOS and job_desc.qos ~= c.FORGE_QOS then
+    return reject(string.format("job of tier '%s' must keep QOS '%s'", c.FORGE_TIER, c.FORGE_QOS))
+  end
+  return slurm.SUCCESS
+end
+
+slurm.log_info("%s", "forge job_submit.lua loaded")
+return slurm.SUCCESS

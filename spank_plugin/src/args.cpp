@@ -1,0 +1,135 @@
+#include "plugin.h"
+
+#include <grp.h>
+#include <pwd.h>
+#include <sys/stat.h>
+
+#include <ctime>
+
+#include <vector>
+
+namespace forge::spank {
+namespace {
+
+enum Opt { kTeam = 1, kTier, kLayout, kSpec };
+
+// Values longer than this are kept truncated (still rejected later): an option callback must not fail
+// in remote context, and nothing legitimate is this long.
+constexpr size_t kMaxValue = 4096;
+
+int on_option(int val, const char* optarg, int /*remote*/) {
+  std::string v = optarg ? optarg : "";
+  if (v.size() > kMaxValue) v.resize(kMaxValue);
+  OptionValues& o = options();
+  // Assignment, not append: Slurm may run a callback twice for the same option.
+  switch (val) {
+    case kTeam:
+      o.team = v;
+      break;
+    case kTier:
+      o.tier = v;
+      break;
+    case kLayout:
+      o.layout = v;
+      break;
+    case kSpec:
+      o.spec = v;
+      break;
+    default:
+      break;
+  }
+  return 0;
+}
+
+struct spank_option kOptions[] = {
+    {const_cast<char*>("train-team"), const_cast<char*>("TEAM"),
+     const_cast<char*>("Team the training job is charged to (forge policy)."), 1, kTeam, on_option},
+    {const_cast<char*>("train-tier"), const_cast<char*>("TIER"),
+     const_cast<char*>("Tier: pretrain, finetune or explore (forge policy)."), 1, kTier, on_option},
+    {const_cast<char*>("train-layout"), const_cast<char*>("tpX,ppY,dpZ"),
+     const_cast<char*>("Parallel layout; tp*pp*dp GPUs."), 1, kLayout, on_option},
+    {const_cast<char*>("train-spec"), const_cast<char*>("FILE"),
+     const_cast<char*>("Job spec whose [parallel] must match --train-layout."), 1, kSpec, on_option},
+};
+
+}  // namespace
+
+OptionValues& options() {
+  static OptionValues values;
+  return values;
+}
+
+State& state() {
+  static State s;
+  return s;
+}
+
+int register_options(spank_t sp) {
+  for (auto& opt : kOptions)
+    if (spank_option_register(sp, &opt) != ESPANK_SUCCESS) {
+      slurm_error("forge: cannot register --%s", opt.name);
+      return -1;
+    }
+  return 0;
+}
+
+quota::Identity identity_of(uid_t uid, gid_t gid) {
+  quota::Identity who;
+  std::vector<char> buf(16384);
+  passwd pw{}, *pwp = nullptr;
+  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &pwp) == 0 && pwp)
+    who.user = pw.pw_name;
+  else
+    who.user = "uid " + std::to_string(uid);
+  std::vector<gid_t> gids(64);
+  int n = static_cast<int>(gids.size());
+  if (pwp && getgrouplist(pw.pw_name, gid, gids.data(), &n) < 0) {
+    gids.resize(static_cast<size_t>(n));
+    getgrouplist(pw.pw_name, gid, gids.data(), &n);
+  }
+  if (!pwp) gids = {gid}, n = 1;
+  for (int i = 0; i < n; ++i) {
+    group gr{}, *grp = nullptr;
+    if (getgrgid_r(gids[static_cast<size_t>(i)], &gr, buf.data(), buf.size(), &grp) == 0 && grp)
+      who.groups.push_back(gr.gr_name);
+  }
+  return who;
+}
+
+// A snapshot anyone could have written says nothing: it must belong to root or to the policy's owner
+// (who runs `forge-quota sync`) and not be writable by others.
+std::optional<std::string> untrusted(const std::string& path, const std::string& policy_path) {
+  struct stat snap {
+  }, pol{};
+  if (::stat(path.c_str(), &snap) != 0) return std::nullopt;  // read_snapshot reports it
+  if (::stat(policy_path.c_str(), &pol) != 0) pol.st_uid = 0;
+  if (snap.st_uid != 0 && snap.st_uid != pol.st_uid)
+    return "usage snapshot '" + path + "' is not owned by root or the policy's owner";
+  if (snap.st_mode & (S_IWGRP | S_IWOTH))
+    return "usage snapshot '" + path + "' is writable by group or others";
+  return std::nullopt;
+}
+
+void load_usage(const quota::Policy& policy, const PluginConfig& config, LoadedUsage& out) {
+  const std::string path = config.snapshot_path.empty() ? policy.snapshot_path : config.snapshot_path;
+  std::string why;
+  out.view = {};
+  out.view.on_problem = config.on_snapshot_problem;
+  if (const auto bad = untrusted(path, config.policy_path)) {
+    out.snapshot.reset();
+    out.view.problem = *bad;
+    return;
+  }
+  out.snapshot = quota::read_snapshot(path, &why);
+  if (!out.snapshot) {
+    out.view.problem = why;
+    return;
+  }
+  if (const auto stale =
+          quota::snapshot_staleness(*out.snapshot, policy, static_cast<int64_t>(time(nullptr))))
+    out.view.problem = *stale + " (" + path + ")";
+  else
+    out.view.snapshot = &*out.snapshot;
+}
+
+}  // namespace forge::spank

@@ -1,0 +1,40 @@
+#include "plugin.h"
+
+#include <string_view>
+
+namespace forge::spank {
+
+std::optional<PluginConfig> parse_config(int ac, char** av, std::string* why) {
+  PluginConfig c;
+  bool have_policy = false;
+  for (int i = 0; i < ac; ++i) {
+    const std::string_view arg = av[i];
+    const auto value = [&](std::string_view key) { return std::string(arg.substr(key.size())); };
+    if (arg.rfind("policy=", 0) == 0) {
+      c.policy_path = value("policy=");
+      have_policy = true;
+    } else if (arg.rfind("snapshot=", 0) == 0) {
+      c.snapshot_path = value("snapshot=");
+    } else if (arg == "mode=enforce") {
+      c.enforce = true;
+    } else if (arg == "mode=warn") {
+      c.enforce = false;
+    } else if (arg == "fail-open") {
+      c.on_snapshot_problem = quota::SnapshotFailure::kOpen;
+    } else if (arg == "fail-closed") {
+      c.on_snapshot_problem = quota::SnapshotFailure::kClosed;
+    } else {
+      *why =
+          "plugstack.conf: unknown argument '" + quota::printable(arg) +
+          "' for forge_spank.so; allowed: policy=PATH snapshot=PATH mode=enforce|warn fail-open|fail-closed";
+      return std::nullopt;
+    }
+  }
+  if (have_policy && c.policy_path.empty()) {
+    *why = "plugstack.conf: policy= needs the path of the policy file";
+    return std::nullopt;
+  }
+  return c;
+}
+
+}  // namespace forge::spank

@@ -1,0 +1,186 @@
+#include "forge/quota/admission.h"
+
+#include <catch2/catch.hpp>
+
+#include <string>
+
+using namespace forge::quota;
+
+namespace {
+
+const Policy& policy() {
+  static const Policy p = load_policy(std::string(FORGE_SOURCE_DIR) + "/configs/quota.example.ini");
+  return p;
+}
+
+UsageSnapshot snapshot(double used_a, double reserved_a) {
+  UsageSnapshot s;
+  s.teams["team-a"] = {used_a, reserved_a, 0};
+  return s;
+}
+
+Decision submit(const Choices& c, const UsageSnapshot& s, const std::string& user = "root") {
+  return admit_submission(policy(), c, {user, {}}, UsageView{&s, "", SnapshotFailure::kClosed});
+}
+
+}  // namespace
+
+TEST_CASE("layouts parse strictly") {
+  std::string why;
+  CHECK(parse_layout("tp2,pp2,dp4", &why) == Layout{2, 2, 4});
+  CHECK(parse_layout("dp4,tp2,pp1", &why) == Layout{2, 1, 4});
+  for (const char* bad : {"", "tp2,pp2", "tp2,pp2,dp2,tp1", "tp0,pp1,dp1", "tp2,pp2,dp-1", "tp2 ,pp2,dp2",
+                          "tp+2,pp2,dp2", "tp2,pp2,dp99999999999", "xx2,pp2,dp2", "tp2,,pp2,dp2",
+                          "tp2,pp2,dp2,", "%n%s%n%s", "tp1;rm -rf /,pp1,dp1"}) {
+    INFO(bad);
+    CHECK_FALSE(parse_layout(bad, &why));
+    CHECK_THAT(why, Catch::Contains("expected tpX,ppY,dpZ"));
+  }
+  CHECK_FALSE(parse_layout(std::string(4096, 'A'), &why));
+  CHECK(why.size() < 300);
+  CHECK_FALSE(parse_layout("tp1024,pp1024,dp1024", &why));
+}
+
+TEST_CASE("printable escapes what a terminal or log should not see") {
+  CHECK(printable("team-a") == "team-a");
+  CHECK(printable("a\nb\xff") == "a\\x0ab\\xff");
+  CHECK(printable(std::string(4096, 'x'), 8) == "xxxxxxxx...(4096 bytes)");
+}
+
+TEST_CASE("topology rules: TP inside a node, whole nodes, aligned pipeline stages") {
+  const Topology& t = policy().topology;
+  CHECK_FALSE(topology_violation({8, 2, 1}, t));
+  CHECK_FALSE(topology_violation({2, 2, 2}, t));
+  CHECK_FALSE(topology_violation({4, 4, 2}, t));
+  CHECK_THAT(*topology_violation({16, 1, 1}, t), Catch::Contains("TP=16 does not fit inside one node of 8"));
+  CHECK_THAT(*topology_violation({3, 1, 1}, t), Catch::Contains("TP=3"));
+  CHECK_THAT(*topology_violation({2, 1, 5}, t), Catch::Contains("multiple of 8"));
+  CHECK_THAT(*topology_violation({1, 8, 3}, t), Catch::Contains("pipeline stage of 3 GPUs"));
+  CHECK(nodes_for({2, 2, 2}, t) == 1);
+  CHECK(nodes_for({8, 2, 2}, t) == 4);
+}
+
+TEST_CASE("an allowed submission carries team, tier and layout") {
+  const Decision d = submit({"team-a", "pretrain", "tp2,pp2,dp2", {}}, snapshot(0, 0));
+  REQUIRE(d.allowed);
+  CHECK(d.team->name == "team-a");
+  CHECK(d.tier->qos == "pretrain");
+  CHECK(d.layout == Layout{2, 2, 2});
+  CHECK(d.warnings.empty());
+}
+
+TEST_CASE("each rejection says what is wrong and what to change") {
+  const UsageSnapshot s = snapshot(0, 0);
+  CHECK_THAT(submit({"team-z", "pretrain", "tp1,pp1,dp1", {}}, s).message,
+             Catch::Contains("unknown team 'team-z'") && Catch::Contains("team-a, team-b"));
+  CHECK_THAT(submit({"team-b", "finetune", "tp1,pp1,dp1", {}}, s).message,
+             Catch::Contains("user 'root' is not a member of team 'team-b'") && Catch::Contains("(team-a)"));
+  CHECK(submit({"team-b", "finetune", "tp1,pp1,dp1", {}}, s, "bob").allowed);
+  CHECK_THAT(submit({"team-b", "pretrain", "tp1,pp1,dp1", {}}, s, "bob").message,
+             Catch::Contains("team 'team-b' may not use tier 'pretrain'; its tiers are: finetune, explore"));
+  CHECK_THAT(submit({"team-a", "bogus", "tp1,pp1,dp1", {}}, s).message,
+             Catch::Contains("unknown tier 'bogus'"));
+  CHECK_THAT(submit({"team-a", "finetune", "tp1,pp1,dp1", {}}, s).message,
+             Catch::Contains("team 'team-a' may not use tier 'finetune'; its tiers are: pretrain, explore"));
+  CHECK_THAT(submit({"team-a", "pretrain", "tp16,pp1,dp1", {}}, s).message,
+             Catch::Contains("--train-layout=tp16,pp1,dp1: TP=16"));
+  CHECK_THAT(submit({"team-a", "pretrain", "tp8,pp1,dp8", {}}, s).message,
+             Catch::Contains("needs 64 GPUs but team 'team-a' may hold at most 32"));
+  CHECK_THAT(submit({"team-a", "", "tp1,pp1,dp1", {}}, s).message, Catch::Contains("missing --train-tier"));
+  CHECK_THAT(submit({"team-a", "pretrain", "tp2,pp1,dp2", Layout{2, 1, 4}}, s).message,
+             Catch::Contains("disagrees with the job spec's [parallel] (tp2,pp1,dp4)"));
+}
+
+TEST_CASE("hostile option values are rejected without echoing raw bytes") {
+  const UsageSnapshot s = snapshot(0, 0);
+  for (const std::string& bad :
+       {std::string(4096, 'A'), std::string("%n%s%n%s"), std::string("a;rm -rf /`id`$(id)"),
+        std::string("\xff\xfe\x80team"), std::string("team\nnewline")}) {
+    for (const Choices& c :
+         {Choices{bad, "pretrain", "tp1,pp1,dp1", {}}, Choices{"team-a", bad, "tp1,pp1,dp1", {}},
+          Choices{"team-a", "pretrain", bad, {}}}) {
+      const Decision d = submit(c, s);
+      CHECK_FALSE(d.allowed);
+      CHECK(d.message.size() < 400);
+      CHECK(d.message.find('\n') == std::string::npos);
+      CHECK(d.message.find('\xff') == std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("quota: used + reserved + GPUs x max wall x charge must fit the budget") {
+  // team-a: budget 20000. pretrain 8 GPUs x 48 h = 384.
+  CHECK(submit({"team-a", "pretrain", "tp8,pp1,dp1", {}}, snapshot(19000, 616)).allowed);  // exactly 384 left
+  const Decision over = submit({"team-a", "pretrain", "tp8,pp1,dp1", {}}, snapshot(19000, 700));
+  REQUIRE_FALSE(over.allowed);
+  CHECK_THAT(over.message, Catch::Contains("over quota: team 'team-a' has 300.0 GPU-hours left this month") &&
+                               Catch::Contains("this job may use 384.0 (8 GPUs x 2-00:00:00 max wall") &&
+                               Catch::Contains("over by 84.0") && Catch::Contains("use at most 6 GPUs") &&
+                               Catch::Contains("tier 'explore'"));
+  // explore is charged half: 8 x 4 h x 0.5 = 16 fits in 300.
+  CHECK(submit({"team-a", "explore", "tp8,pp1,dp1", {}}, snapshot(19000, 700)).allowed);
+}
+
+TEST_CASE("a missing or stale snapshot: fail-open warns, fail-closed rejects") {
+  const Choices c{"team-a", "pretrain", "tp1,pp1,dp1", {}};
+  const Decision open =
+      admit_submission(policy(), c, {"root", {}}, {nullptr, "no snapshot", SnapshotFailure::kOpen});
+  CHECK(open.allowed);
+  REQUIRE(open.warnings.size() == 1);
+  CHECK_THAT(open.warnings[0], Catch::Contains("no snapshot; quota not checked (fail-open)"));
+  const Decision closed =
+      admit_submission(policy(), c, {"root", {}}, {nullptr, "no snapshot", SnapshotFailure::kClosed});
+  CHECK_FALSE(closed.allowed);
+  CHECK_THAT(closed.message, Catch::Contains("fail-closed") && Catch::Contains("forge-quota sync"));
+  // Membership is still checked when the snapshot is missing.
+  CHECK_FALSE(admit_submission(policy(), {"team-b", "explore", "tp1,pp1,dp1", {}}, {"root", {}},
+                               {nullptr, "x", SnapshotFailure::kOpen})
+                  .allowed);
+}
+
+TEST_CASE("snapshot staleness: age and period") {
+  Policy p = policy();
+  const int64_t now = 1771000000;
+  UsageSnapshot s;
+  s.period = p.period;
+  s.period_start = period_bounds(p.period, now).first;
+  s.generated_at = now - 60;
+  CHECK_FALSE(snapshot_staleness(s, p, now));
+  s.generated_at = now - 3600;
+  CHECK_THAT(*snapshot_staleness(s, p, now), Catch::Contains("written 1h 00m ago, older than the 15m"));
+  s.generated_at = now;
+  s.period_start -= 86400 * 31;
+  CHECK_THAT(*snapshot_staleness(s, p, now), Catch::Contains("another budget period"));
+}
+
+TEST_CASE("at job start the real allocation must match the declared layout and tier") {
+  const UsageSnapshot s = snapshot(0, 0);
+  const UsageView u{&s, "", SnapshotFailure::kClosed};
+  const Choices c{"team-a", "pretrain", "tp4,pp2,dp2", {}};  // 16 GPUs on 2 nodes, one switch
+  const Allocation good{2, 16, "pretrain", "team-a", 1, 3600};
+  CHECK(check_allocation(policy(), c, {"root", {}}, good, u).allowed);
+  auto with = [&](auto change) {
+    Allocation a = good;
+    change(a);
+    return check_allocation(policy(), c, {"root", {}}, a, u).message;
+  };
+  CHECK_THAT(with([](Allocation& a) { a.gpus = 8; }),
+             Catch::Contains("given 8 GPUs but --train-layout=tp4,pp2,dp2 needs"));
+  CHECK_THAT(with([](Allocation& a) {
+               a.nodes = 4;
+               a.gpus = 16;
+             }),
+             Catch::Contains("runs on 4 nodes"));
+  CHECK_THAT(with([](Allocation& a) { a.qos = "explore"; }),
+             Catch::Contains("QOS 'explore' but tier 'pretrain' uses QOS 'pretrain'"));
+  CHECK_THAT(with([](Allocation& a) { a.account = "team-b"; }), Catch::Contains("account 'team-b'"));
+  CHECK_THAT(with([](Allocation& a) { a.req_switches = 0; }), Catch::Contains("--switches=1"));
+  CHECK_THAT(with([](Allocation& a) { a.time_limit_s = 49 * 3600; }), Catch::Contains("--time=2-00:00:00"));
+  const UsageSnapshot spent = snapshot(20000, 0);
+  CHECK_THAT(
+      check_allocation(policy(), c, {"root", {}}, good, {&spent, "", SnapshotFailure::kClosed}).message,
+      Catch::Contains("has used 20000.0 of its 20000.0"));
+  // The declared values are re-validated too: a user-edited option variable is not trusted.
+  CHECK_FALSE(
+      check_allocation(policy(), {"team-b", "finetune", "tp4,pp2,dp2", {}}, {"root", {}}, good, u).allowed);
+}
