@@ -2,13 +2,15 @@
 # preemption/time-limit signals to it, and acts on its exit class (ARCHITECTURE.md):
 #   0 done · 75 preempted/time limit → requeue · 69 comm failure → requeue up to FORGE_MAX_COMM_RETRIES
 #   64 spec, 65 data, 71 numerics, anything else → fail, never requeue (a retry would fail the same way).
-# Slurm copies batch scripts into its spool, so the programs are found through FORGE_BIN_DIR (exported by
-# submit-pipeline) or PATH.
+# Slurm copies batch scripts into its spool, so the programs are found in the build tree named by
+# FORGE_BUILD_DIR (exported by submit-pipeline; each forge-* program in its module's folder) or on PATH.
 
 forge_bin() {
-  local name=$1
-  if [ -n "${FORGE_BIN_DIR:-}" ] && [ -x "$FORGE_BIN_DIR/$name" ]; then echo "$FORGE_BIN_DIR/$name"; return; fi
-  command -v "$name" || { echo "forge: cannot find $name: set FORGE_BIN_DIR or PATH" >&2; return 1; }
+  local name=$1 dir
+  for dir in launcher eval_gate dataio ckpt quota; do
+    [ -x "${FORGE_BUILD_DIR:-/nonexistent}/$dir/$name" ] && { echo "$FORGE_BUILD_DIR/$dir/$name"; return; }
+  done
+  command -v "$name" || { echo "forge: cannot find $name: set FORGE_BUILD_DIR or PATH" >&2; return 1; }
 }
 
 forge_exit_class() {
