@@ -1,0 +1,226 @@
+// Trainer CPU benchmark: our training step on a GPT config (default: the benchmark, 6 layers,
+// d 384, 6 heads, vocab 8192, seq 256, batch 8, FP32, AdamW, 2 threads), the sgemm peak on the same
+// threads, MFU against it, a per-op profile of one step's kernels at the same shapes, and peak RSS
+// against the analytic minimum. bench/trainer_cpu.sh runs this and the PyTorch peer in one invocation.
+//
+// Usage: bench_trainer_cpu [--threads N] [--steps N] [--layers N] [--dmodel N] [--heads N] [--vocab N]
+//                          [--seq N] [--batch N] [--dtype fp32|bf16] [--no-profile]
+#include "cpu/kernels.h"
+#include "forge/trainer/runtime.h"
+#include "forge/trainer/trainer.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+using namespace forge::trainer;
+
+namespace {
+
+double seconds_of(const std::function<void()>& f, int reps = 3) {
+  f();  // warm-up
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+// Time of each kernel at the model's shapes, times its count per step.
+void profile(const ModelConfig& m, int B, double step_s) {
+  namespace k = forge::trainer::cpu;
+  const int T = m.seq_len, C = m.d_model, NH = m.heads, V = m.vocab, L = m.layers, N = B * T;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.0f, 0.5f);
+  const auto fill = [&](size_t n) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = nd(rng);
+    return v;
+  };
+  auto x = fill(size_t(N) * C), y = fill(size_t(N) * C), qkv = fill(size_t(N) * 3 * C);
+  auto h = fill(size_t(N) * 4 * C), h2 = fill(size_t(N) * 4 * C), dqkv = fill(size_t(N) * 3 * C);
+  auto w = fill(size_t(4) * C * C), dw = fill(size_t(4) * C * C), wte = fill(size_t(V) * C);
+  auto dwte = fill(size_t(V) * C), bias = fill(size_t(4) * C), stats = fill(size_t(2) * N);
+  auto lse = fill(size_t(N) * NH), dx = fill(size_t(N) * C);
+  std::vector<int32_t> tok(static_cast<size_t>(N));
+  for (auto& t : tok) t = int32_t(rng() % unsigned(V));
+  struct Row {
+    const char* name;
+    double seconds;
+    int per_step;
+  };
+  std::vector<Row> rows = {
+      {"matmul fwd qkv",
+       seconds_of([&] { k::matmul_forward(qkv.data(), x.data(), w.data(), bias.data(), N, C, 3 * C); }), L},
+      {"matmul fwd attn.proj",
+       seconds_of([&] { k::matmul_forward(y.data(), x.data(), w.data(), nullptr, N, C, C); }), L},
+      {"matmul fwd mlp.fc",
+       seconds_of([&] { k::matmul_forward(h.data(), x.data(), w.data(), nullptr, N, C, 4 * C); }), L},
+      {"matmul fwd mlp.proj",
+       seconds_of([&] { k::matmul_forward(y.data(), h.data(), w.data(), nullptr, N, 4 * C, C); }), L},
+      {"matmul bwd qkv", seconds_of([&] {
+         k::matmul_backward(x.data(), dw.data(), bias.data(), dqkv.data(), y.data(), w.data(), N, C, 3 * C);
+       }),
+       L},
+      {"matmul bwd attn.proj", seconds_of([&] {
+         k::matmul_backward(x.data(), dw.data(), bias.data(), y.data(), dx.data(), w.data(), N, C, C);
+       }),
+       L},
+      {"matmul bwd mlp.fc", seconds_of([&] {
+         k::matmul_backward(x.data(), dw.data(), bias.data(), h.data(), y.data(), w.data(), N, C, 4 * C);
+       }),
+       L},
+      {"matmul bwd mlp.proj", seconds_of([&] {
+         k::matmul_backward(h2.data(), dw.data(), bias.data(), y.data(), h.data(), w.data(), N, 4 * C, C);
+       }),
+       L},
+      {"attention fwd",
+       seconds_of([&] { k::attention_forward(y.data(), lse.data(), qkv.data(), B, T, C, NH); }), L},
+      {"attention bwd", seconds_of([&] {
+         k::attention_backward(dqkv.data(), dx.data(), qkv.data(), y.data(), lse.data(), B, T, C, NH);
+       }),
+       L},
+      {"layernorm fwd", seconds_of([&] {
+         k::layernorm_forward(y.data(), stats.data(), stats.data() + N, x.data(), bias.data(), bias.data(), N,
+                              C);
+       }),
+       1},
+      {"residual+layernorm fwd", seconds_of([&] {
+         k::residual_layernorm_forward(dx.data(), y.data(), stats.data(), stats.data() + N, x.data(),
+                                       y.data(), bias.data(), bias.data(), bias.data(), N, C);
+       }),
+       2 * L},
+      {"layernorm bwd", seconds_of([&] {
+         k::layernorm_backward(dx.data(), dw.data(), dw.data() + C, y.data(), x.data(), bias.data(),
+                               stats.data(), stats.data() + N, N, C);
+       }),
+       2 * L + 1},
+      {"bias+gelu fwd", seconds_of([&] { k::bias_gelu_forward(h2.data(), h.data(), bias.data(), N, 4 * C); }),
+       L},
+      {"gelu bwd", seconds_of([&] { k::gelu_backward(h2.data(), h.data(), N, 4 * C); }), L},
+      {"classifier fwd+bwd",
+       seconds_of(
+           [&] {
+             k::classifier_forward_backward(dx.data(), dwte.data(), x.data(), wte.data(), tok.data(), N, C, V,
+                                            1.0f / N, nullptr);
+           },
+           1),
+       1},
+      {"embedding fwd",
+       seconds_of([&] { k::embedding_forward(x.data(), tok.data(), wte.data(), wte.data(), B, T, C); }), 1},
+      {"embedding bwd",
+       seconds_of([&] { k::embedding_backward(dwte.data(), dw.data(), dx.data(), tok.data(), B, T, C); }), 1},
+  };
+  const size_t n_params = parameter_table(m).back().offset + parameter_table(m).back().numel;
+  std::vector<float> pw(n_params, 0.01f), pg(n_params, 0.001f);
+  OptimConfig oc;
+  AdamW opt(oc, parameter_table(m), n_params);
+  rows.push_back({"adamw + grad norm", seconds_of([&] {
+                    clip_grad_norm(pg, 1.0);
+                    opt.step(pw, pg, 1e-4);
+                  }),
+                  1});
+  double sum = 0;
+  std::printf("\nper-op profile (kernel timed alone at the step's shapes, x count per step):\n");
+  std::printf("  %-26s %9s %6s %9s %6s\n", "op", "ms/call", "calls", "ms/step", "share");
+  for (const auto& r : rows) sum += r.seconds * r.per_step;
+  for (const auto& r : rows)
+    std::printf("  %-26s %9.2f %6d %9.1f %5.1f%%\n", r.name, r.seconds * 1e3, r.per_step,
+                r.seconds * r.per_step * 1e3, 100.0 * r.seconds * r.per_step / step_s);
+  std::printf("  %-26s %9s %6s %9.1f %5.1f%%  (rest: zeroing, copies, thread hand-offs)\n", "sum of ops", "",
+              "", sum * 1e3, 100.0 * sum / step_s);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  TrainSpec s;
+  s.model = {6, 384, 6, 8192, 256, 256};
+  s.batch = 8;
+  s.threads = 2;
+  int steps = 8;
+  bool do_profile = true;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const auto next = [&]() -> int {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "bench_trainer_cpu: %s needs a value\n", a.c_str());
+        std::exit(64);
+      }
+      return std::atoi(argv[++i]);
+    };
+    if (a == "--threads")
+      s.threads = next();
+    else if (a == "--steps")
+      steps = next();
+    else if (a == "--layers")
+      s.model.layers = next();
+    else if (a == "--dmodel")
+      s.model.d_model = next();
+    else if (a == "--heads")
+      s.model.heads = next();
+    else if (a == "--vocab")
+      s.model.vocab = next();
+    else if (a == "--seq")
+      s.model.seq_len = s.model.max_positions = next();
+    else if (a == "--batch")
+      s.batch = next();
+    else if (a == "--dtype" && i + 1 < argc)
+      s.dtype = std::strcmp(argv[++i], "bf16") == 0 ? DType::kBF16 : DType::kF32;
+    else if (a == "--no-profile")
+      do_profile = false;
+    else {
+      std::fprintf(stderr,
+                   "bench_trainer_cpu: unknown option %s (see the usage comment in bench/trainer_cpu.cpp)\n",
+                   a.c_str());
+      return 64;
+    }
+  }
+  s.steps = steps;
+  use_threads(s.threads);
+  const double peak = measure_sgemm_gflops(2048, 3);
+
+  Trainer trainer(s);
+  std::mt19937 rng(0);
+  std::vector<int32_t> tokens(trainer.tokens_per_step());
+  std::vector<double> times;
+  for (int i = 0; i < steps; ++i) {
+    for (auto& t : tokens) t = int32_t(rng() % unsigned(s.model.vocab));
+    times.push_back(trainer.step(tokens).seconds);
+  }
+  std::vector<double> tail(times.begin() + std::min<size_t>(2, times.size() - 1), times.end());
+  std::sort(tail.begin(), tail.end());
+  const double step_s = tail[tail.size() / 2];
+  const double tps = double(s.batch) * s.model.seq_len / step_s;
+  const double fpt = flops_per_token(s.model);
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  const auto& params = trainer.model().params();
+  const double n_all = double(params.back().offset + params.back().numel);
+  // Analytic minimum: weights, grads, Adam m and v (4 x N floats) + what backward reads per token and
+  // layer (residual in, ln1, qkv, attention out, residual mid, ln2, fc pre-activation and GELU output:
+  // 16 C) + the final residual and lnf (2 C); LayerNorm statistics and lse are negligible.
+  const double tokens_mb = double(s.batch) * s.model.seq_len;
+  const double act = tokens_mb * (16.0 * s.model.layers + 2.0) * s.model.d_model * 4;
+  const double analytic = 16.0 * n_all + act;
+  std::printf("config: layers=%d d_model=%d heads=%d vocab=%d seq=%d batch=%d dtype=%s threads=%d\n",
+              s.model.layers, s.model.d_model, s.model.heads, s.model.vocab, s.model.seq_len, s.batch,
+              s.dtype == DType::kBF16 ? "bf16" : "fp32", s.threads);
+  std::printf("sgemm_peak_gflops=%.1f\n", peak);
+  std::printf("forge step_median_ms=%.0f tokens_per_s=%.0f model_gflops=%.1f mfu=%.1f%%\n", step_s * 1e3, tps,
+              tps * fpt / 1e9, 100.0 * tps * fpt / (peak * 1e9));
+  std::printf("peak_rss_mib=%.0f analytic_min_mib=%.0f (weights+grads+adam %.0f, activations %.0f)\n",
+              double(ru.ru_maxrss) / 1024.0, analytic / 1048576.0, 16.0 * n_all / 1048576.0, act / 1048576.0);
+  if (do_profile) profile(s.model, s.batch, step_s);
+  return 0;
+}

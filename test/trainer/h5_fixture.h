@@ -1,0 +1,50 @@
+// Reads the PyTorch reference fixture (HDF5) in the trainer tests.
+#pragma once
+
+#include <hdf5.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace forge::test {
+
+class H5Fixture {
+ public:
+  explicit H5Fixture(const std::string& path) : file_(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT)) {
+    if (file_ < 0) throw std::runtime_error("cannot open fixture " + path);
+  }
+  ~H5Fixture() { H5Fclose(file_); }
+  H5Fixture(const H5Fixture&) = delete;
+  H5Fixture& operator=(const H5Fixture&) = delete;
+
+  std::vector<float> floats(const std::string& name) const { return read<float>(name, H5T_NATIVE_FLOAT); }
+  std::vector<double> doubles(const std::string& name) const { return read<double>(name, H5T_NATIVE_DOUBLE); }
+  std::vector<int32_t> ints(const std::string& name) const { return read<int32_t>(name, H5T_NATIVE_INT32); }
+
+  double attr(const std::string& name) const {
+    double v = 0;
+    const hid_t a = H5Aopen(file_, name.c_str(), H5P_DEFAULT);
+    if (a < 0 || H5Aread(a, H5T_NATIVE_DOUBLE, &v) < 0) throw std::runtime_error("fixture attribute " + name);
+    H5Aclose(a);
+    return v;
+  }
+
+ private:
+  template <typename T>
+  std::vector<T> read(const std::string& name, hid_t type) const {
+    const hid_t d = H5Dopen2(file_, name.c_str(), H5P_DEFAULT);
+    if (d < 0) throw std::runtime_error("fixture has no dataset " + name);
+    const hid_t space = H5Dget_space(d);
+    std::vector<T> out(size_t(H5Sget_simple_extent_npoints(space)));
+    const herr_t rc = H5Dread(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data());
+    H5Sclose(space);
+    H5Dclose(d);
+    if (rc < 0) throw std::runtime_error("cannot read fixture dataset " + name);
+    return out;
+  }
+
+  hid_t file_;
+};
+
+}  // namespace forge::test

@@ -1,0 +1,227 @@
+// Each fast kernel against a plain double-precision reference at shapes that cross the kernels' internal
+// blocks (attention row blocks of 64, classifier chunks of 256 rows).
+#include "cpu/kernels.h"
+
+#include <catch2/catch.hpp>
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace k = forge::trainer::cpu;
+
+namespace {
+
+std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+double max_rel(const std::vector<float>& a, const std::vector<double>& b) {
+  double diff = 0, scale = 1e-30;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::abs(double(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(b[i]));
+  }
+  return diff / scale;
+}
+
+// Naive causal attention on qkv [B*T, 3C]; returns out and, given dout, dqkv.
+void reference_attention(const std::vector<float>& qkv, const std::vector<float>& dout, int B, int T, int C,
+                         int NH, std::vector<double>& out, std::vector<double>& dqkv) {
+  const int hd = C / NH, C3 = 3 * C;
+  const double scale = 1.0 / std::sqrt(double(hd));
+  out.assign(size_t(B) * T * C, 0.0);
+  dqkv.assign(size_t(B) * T * C3, 0.0);
+  std::vector<double> p(T), dp(T);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int t = 0; t < T; ++t) {
+        const auto Q = [&](int i, int c) { return double(qkv[(size_t(b) * T + i) * C3 + h * hd + c]); };
+        const auto K = [&](int i, int c) { return double(qkv[(size_t(b) * T + i) * C3 + C + h * hd + c]); };
+        const auto Vv = [&](int i, int c) {
+          return double(qkv[(size_t(b) * T + i) * C3 + 2 * C + h * hd + c]);
+        };
+        double mx = -1e300;
+        for (int j = 0; j <= t; ++j) {
+          double s = 0;
+          for (int c = 0; c < hd; ++c) s += Q(t, c) * K(j, c);
+          p[j] = s * scale;
+          mx = std::max(mx, p[j]);
+        }
+        double sum = 0;
+        for (int j = 0; j <= t; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        for (int j = 0; j <= t; ++j) p[j] /= sum;
+        const float* g = dout.data() + (size_t(b) * T + t) * C + h * hd;
+        double* o = out.data() + (size_t(b) * T + t) * C + h * hd;
+        for (int c = 0; c < hd; ++c)
+          for (int j = 0; j <= t; ++j) o[c] += p[j] * Vv(j, c);
+        // backward of row t
+        double dot = 0;
+        for (int j = 0; j <= t; ++j) {
+          dp[j] = 0;
+          for (int c = 0; c < hd; ++c) dp[j] += g[c] * Vv(j, c);
+          dot += p[j] * dp[j];
+        }
+        for (int j = 0; j <= t; ++j) {
+          const double ds = p[j] * (dp[j] - dot) * scale;
+          for (int c = 0; c < hd; ++c) {
+            dqkv[(size_t(b) * T + t) * C3 + h * hd + c] += ds * K(j, c);
+            dqkv[(size_t(b) * T + j) * C3 + C + h * hd + c] += ds * Q(t, c);
+            dqkv[(size_t(b) * T + j) * C3 + 2 * C + h * hd + c] += p[j] * g[c];
+          }
+        }
+      }
+}
+
+}  // namespace
+
+TEST_CASE("attention matches the naive reference across row blocks", "[trainer][kernels]") {
+  const int B = 2, T = 150, C = 32, NH = 4;
+  const auto qkv = randn(size_t(B) * T * 3 * C, 1);
+  const auto dout = randn(size_t(B) * T * C, 2);
+  std::vector<double> ref_out, ref_dqkv;
+  reference_attention(qkv, dout, B, T, C, NH, ref_out, ref_dqkv);
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    std::vector<float> out(size_t(B) * T * C), lse(size_t(B) * NH * T), dqkv(qkv.size(), 123.0f);
+    k::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+    CHECK(max_rel(out, ref_out) < 1e-5);
+    k::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
+    CHECK(max_rel(dqkv, ref_dqkv) < 1e-5);
+  }
+}
+
+TEST_CASE("classifier with cross-entropy matches the naive reference across chunks", "[trainer][kernels]") {
+  const int N = 600, C = 16, V = 50;
+  const auto x = randn(size_t(N) * C, 3), wte = randn(size_t(V) * C, 4, 0.5f);
+  std::vector<int32_t> targets(N);
+  for (int i = 0; i < N; ++i) targets[size_t(i)] = (i * 7) % V;
+  std::vector<double> ref_logits(size_t(N) * V), ref_dx(size_t(N) * C, 0.0), ref_dw(size_t(V) * C, 0.0);
+  double ref_loss = 0;
+  const double g = 1.0 / N;
+  for (int i = 0; i < N; ++i) {
+    double mx = -1e300;
+    for (int v = 0; v < V; ++v) {
+      double s = 0;
+      for (int c = 0; c < C; ++c) s += double(x[size_t(i) * C + c]) * wte[size_t(v) * C + c];
+      ref_logits[size_t(i) * V + v] = s;
+      mx = std::max(mx, s);
+    }
+    double sum = 0;
+    for (int v = 0; v < V; ++v) sum += std::exp(ref_logits[size_t(i) * V + v] - mx);
+    ref_loss += mx + std::log(sum) - ref_logits[size_t(i) * V + targets[size_t(i)]];
+    for (int v = 0; v < V; ++v) {
+      const double d = g * (std::exp(ref_logits[size_t(i) * V + v] - mx) / sum - (v == targets[size_t(i)]));
+      for (int c = 0; c < C; ++c) {
+        ref_dx[size_t(i) * C + c] += d * wte[size_t(v) * C + c];
+        ref_dw[size_t(v) * C + c] += d * x[size_t(i) * C + c];
+      }
+    }
+  }
+  std::vector<float> logits(size_t(N) * V), dx(size_t(N) * C, 7.0f), dw(size_t(V) * C, 0.0f);
+  const double loss = k::classifier_forward_backward(dx.data(), dw.data(), x.data(), wte.data(),
+                                                     targets.data(), N, C, V, float(g), logits.data());
+  CHECK(std::abs(loss - ref_loss) / ref_loss < 1e-5);
+  CHECK(max_rel(logits, ref_logits) < 1e-5);
+  CHECK(max_rel(dx, ref_dx) < 1e-5);
+  CHECK(max_rel(dw, ref_dw) < 1e-5);
+  // Loss only: no gradients touched.
+  std::vector<float> dw2(dw.size(), 0.0f);
+  const double loss_only = k::classifier_forward_backward(nullptr, dw2.data(), x.data(), wte.data(),
+                                                          targets.data(), N, C, V, 1.0f, nullptr);
+  CHECK(loss_only == Approx(loss).epsilon(1e-6));
+  CHECK(std::all_of(dw2.begin(), dw2.end(), [](float v) { return v == 0.0f; }));
+}
+
+TEST_CASE("layernorm backward matches the naive reference and accumulates", "[trainer][kernels]") {
+  const int N = 37, C = 24;
+  const auto in = randn(size_t(N) * C, 5, 2.0f), w = randn(size_t(C), 6), b = randn(size_t(C), 7);
+  const auto dout = randn(size_t(N) * C, 8);
+  std::vector<float> out(size_t(N) * C), mean(N), rstd(N), din(size_t(N) * C, 1.0f), dw(C, 0.0f), db(C, 0.0f);
+  k::layernorm_forward(out.data(), mean.data(), rstd.data(), in.data(), w.data(), b.data(), N, C);
+  k::layernorm_backward(din.data(), dw.data(), db.data(), dout.data(), in.data(), w.data(), mean.data(),
+                        rstd.data(), N, C);
+  std::vector<double> ref_out(out.size()), ref_din(din.size()), ref_dw(C, 0.0), ref_db(C, 0.0);
+  for (int i = 0; i < N; ++i) {
+    double m = 0, v = 0;
+    for (int c = 0; c < C; ++c) m += in[size_t(i) * C + c];
+    m /= C;
+    for (int c = 0; c < C; ++c) v += std::pow(in[size_t(i) * C + c] - m, 2);
+    const double rs = 1.0 / std::sqrt(v / C + 1e-5);
+    double a = 0, bsum = 0;
+    for (int c = 0; c < C; ++c) {
+      const double n = (in[size_t(i) * C + c] - m) * rs;
+      ref_out[size_t(i) * C + c] = n * w[c] + b[c];
+      ref_dw[size_t(c)] += dout[size_t(i) * C + c] * n;
+      ref_db[size_t(c)] += dout[size_t(i) * C + c];
+      a += dout[size_t(i) * C + c] * w[c];
+      bsum += dout[size_t(i) * C + c] * w[c] * n;
+    }
+    for (int c = 0; c < C; ++c) {
+      const double n = (in[size_t(i) * C + c] - m) * rs;
+      ref_din[size_t(i) * C + c] = 1.0 + rs * (dout[size_t(i) * C + c] * w[c] - a / C - n * bsum / C);
+    }
+  }
+  CHECK(max_rel(out, ref_out) < 1e-5);
+  CHECK(max_rel(din, ref_din) < 1e-5);
+  CHECK(max_rel(dw, ref_dw) < 1e-5);
+  CHECK(max_rel(db, ref_db) < 1e-5);
+}
+
+TEST_CASE("GELU backward is the derivative of GELU forward", "[trainer][kernels]") {
+  const int N = 3, C = 200;
+  std::vector<float> pre(size_t(N) * C), bias(C, 0.0f), out(pre.size());
+  for (size_t i = 0; i < pre.size(); ++i) pre[i] = -6.0f + 12.0f * float(i) / float(pre.size());
+  const auto x0 = pre;
+  k::bias_gelu_forward(out.data(), pre.data(), bias.data(), N, C);
+  std::vector<float> d(pre.size(), 1.0f);
+  k::gelu_backward(d.data(), pre.data(), N, C);
+  for (size_t i = 0; i < pre.size(); ++i) {
+    const auto gelu = [](double x) {
+      return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+    };
+    const double h = 1e-4, x = x0[i];
+    INFO("x = " << x);
+    CHECK(out[i] == Approx(gelu(x)).margin(1e-6));
+    CHECK(d[i] == Approx((gelu(x + h) - gelu(x - h)) / (2 * h)).margin(1e-4));
+  }
+}
+
+TEST_CASE("BF16 rounding is round-to-nearest-even and keeps specials", "[trainer][kernels]") {
+  const auto bits = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u;
+  };
+  const auto from = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  std::vector<float> v = {1.0f,
+                          from(0x3f808000u),
+                          from(0x3f818000u),
+                          from(0x3f808001u),
+                          -2.5f,
+                          std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN(),
+                          from(0x7f800001u)};
+  k::round_to_bf16(v.data(), int64_t(v.size()));
+  CHECK(bits(v[0]) == 0x3f800000u);
+  CHECK(bits(v[1]) == 0x3f800000u);  // tie, rounds to even (down)
+  CHECK(bits(v[2]) == 0x3f820000u);  // tie, rounds to even (up)
+  CHECK(bits(v[3]) == 0x3f810000u);  // above the tie, up
+  CHECK(v[4] == -2.5f);
+  CHECK(std::isinf(v[5]));
+  CHECK(std::isnan(v[6]));
+  CHECK(std::isnan(v[7]));  // a NaN with only low mantissa bits stays NaN
+}

@@ -1,0 +1,133 @@
+#!/usr/bin/python3
+"""Writes gpt_parity.h5: a small GPT built in PyTorch from fixed initial weights, with its inputs, logits,
+loss, every gradient, and ten AdamW steps (warm-up + cosine schedule, clipping, two accumulated
+micro-batches). test/trainer/parity_test.cpp checks the C++ trainer against it.
+
+Run with Debian's torch:  /usr/bin/python3 test/trainer/reference/make_fixture.py
+"""
+import math, os
+import h5py, numpy as np, torch, torch.nn as nn, torch.nn.functional as F
+
+# Small, but crossing the kernels' internal blocks: T = 80 spans two attention row blocks (64) and
+# B * T = 320 rows span two classifier chunks (256).
+CFG = dict(layers=2, d_model=32, heads=4, vocab=64, seq_len=80, batch=4)
+OPT = dict(lr=1e-2, min_lr=1e-3, warmup_steps=2, weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-8,
+           grad_clip=1.0, steps=10, microbatches=2)
+torch.manual_seed(20240601)
+torch.set_num_threads(1)
+L, C, NH, V, T, B = (CFG[k] for k in ("layers", "d_model", "heads", "vocab", "seq_len", "batch"))
+
+
+class Block(nn.Module):
+    def __init__(s):
+        super().__init__()
+        s.ln1 = nn.LayerNorm(C); s.qkv = nn.Linear(C, 3 * C); s.proj = nn.Linear(C, C)
+        s.ln2 = nn.LayerNorm(C); s.fc = nn.Linear(C, 4 * C); s.fc2 = nn.Linear(4 * C, C)
+
+    def forward(s, x):
+        q, k, v = s.qkv(s.ln1(x)).split(C, dim=2)
+        q, k, v = [t.view(B, T, NH, C // NH).transpose(1, 2) for t in (q, k, v)]
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(C // NH)
+        att = att.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf")).softmax(-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, C)
+        x = x + s.proj(y)
+        return x + s.fc2(F.gelu(s.fc(s.ln2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(s):
+        super().__init__()
+        s.wte = nn.Embedding(V, C); s.wpe = nn.Embedding(T, C)
+        s.blocks = nn.ModuleList([Block() for _ in range(L)]); s.lnf = nn.LayerNorm(C)
+
+    def logits(s, idx):
+        x = s.wte(idx) + s.wpe(torch.arange(T))
+        for b in s.blocks: x = b(x)
+        return s.lnf(x) @ s.wte.weight.t()
+
+    def forward(s, idx, tgt):
+        return F.cross_entropy(s.logits(idx).reshape(-1, V), tgt.reshape(-1))
+
+
+def named(m):
+    """Our logical parameter names -> torch parameters."""
+    out = {"wte.weight": m.wte.weight, "wpe.weight": m.wpe.weight}
+    for i, b in enumerate(m.blocks):
+        for ours, mod in (("ln1", b.ln1), ("attn.qkv", b.qkv), ("attn.proj", b.proj), ("ln2", b.ln2),
+                          ("mlp.fc", b.fc), ("mlp.proj", b.fc2)):
+            out[f"blocks.{i}.{ours}.weight"] = mod.weight
+            out[f"blocks.{i}.{ours}.bias"] = mod.bias
+    out["lnf.weight"] = m.lnf.weight; out["lnf.bias"] = m.lnf.bias
+    return out
+
+
+m = GPT()
+params = named(m)
+with torch.no_grad():  # non-trivial norms and biases, so their gradients are exercised too
+    for name, p in params.items():
+        if p.dim() == 2:
+            p.normal_(0, 0.02 if "proj" not in name else 0.02 / math.sqrt(2 * L))
+        elif name.endswith("weight"):
+            p.copy_(1 + 0.1 * torch.randn_like(p))
+        else:
+            p.copy_(0.02 * torch.randn_like(p))
+init = {k: v.detach().clone() for k, v in params.items()}
+
+idx = torch.randint(0, V, (B, T)); tgt = torch.randint(0, V, (B, T))
+logits = m.logits(idx)
+loss = F.cross_entropy(logits.view(-1, V), tgt.view(-1))
+loss.backward()
+grads = {k: v.grad.detach().clone() for k, v in params.items()}
+
+
+def lr_at(step):  # step counts from 0; mirrors forge::trainer::learning_rate
+    if step < OPT["warmup_steps"]:
+        return OPT["lr"] * (step + 1) / OPT["warmup_steps"]
+    progress = min(1.0, (step - OPT["warmup_steps"]) / (OPT["steps"] - OPT["warmup_steps"]))
+    return OPT["min_lr"] + 0.5 * (1 + math.cos(math.pi * progress)) * (OPT["lr"] - OPT["min_lr"])
+
+
+decay = [p for k, p in params.items() if p.dim() == 2]
+no_decay = [p for k, p in params.items() if p.dim() != 2]
+opt = torch.optim.AdamW([{"params": decay, "weight_decay": OPT["weight_decay"]},
+                         {"params": no_decay, "weight_decay": 0.0}],
+                        lr=OPT["lr"], betas=(OPT["beta1"], OPT["beta2"]), eps=OPT["eps"])
+# A stream with structure (each token usually follows from the previous one) so the loss moves.
+mb = OPT["microbatches"]
+stream = torch.randint(0, V, (OPT["steps"], mb * B, T + 1))
+for s in range(OPT["steps"]):
+    for r in range(mb * B):
+        for t in range(1, T + 1):
+            if (s * 7 + r * 3 + t) % 4 != 0:
+                stream[s, r, t] = (stream[s, r, t - 1] * 5 + 3) % V
+losses, norms = [], []
+for s in range(OPT["steps"]):
+    opt.zero_grad()
+    total = 0.0
+    for k in range(mb):
+        rows = stream[s, k * B:(k + 1) * B]
+        l = m(rows[:, :T], rows[:, 1:]) / mb
+        l.backward()
+        total += l.item()
+    norms.append(torch.nn.utils.clip_grad_norm_(list(params.values()), OPT["grad_clip"]).item())
+    for g in opt.param_groups:
+        g["lr"] = lr_at(s)
+    opt.step()
+    losses.append(total)
+
+path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpt_parity.h5")
+with h5py.File(path, "w") as f:
+    for k, v in CFG.items(): f.attrs[k] = v
+    for k, v in OPT.items(): f.attrs[k] = v
+    f["tokens"] = idx.numpy().astype(np.int32); f["targets"] = tgt.numpy().astype(np.int32)
+    f["logits"] = logits.detach().numpy().astype(np.float32)
+    f["loss"] = np.float32(loss.item())
+    for k in params:
+        f[f"init/{k}"] = init[k].numpy()
+        f[f"grad/{k}"] = grads[k].numpy()
+        f[f"final/{k}"] = params[k].detach().numpy()
+    f["steps/tokens"] = stream.numpy().astype(np.int32)
+    f["steps/loss"] = np.array(losses, dtype=np.float64)
+    f["steps/grad_norm"] = np.array(norms, dtype=np.float64)
+print(f"wrote {path}: loss {loss.item():.6f}, step losses {[round(x, 4) for x in losses]}, norms "
+      f"{[round(x, 3) for x in norms]}")

@@ -1,0 +1,74 @@
+// Spec validation: every inconsistent model config is a usage error naming the key, the rule and where it
+// was set, before anything is allocated.
+#include "forge/trainer/spec.h"
+#include "forge/common/error.h"
+#include "support/temp_dir.h"
+
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+
+using namespace forge::trainer;
+
+namespace {
+
+forge::Config load(const std::vector<std::string>& overrides, const std::string& path = "") {
+  forge::ConfigSchema schema;
+  add_trainer_keys(schema);
+  return forge::load_config(schema, path, overrides);
+}
+
+std::string usage_error(const std::vector<std::string>& overrides) {
+  try {
+    train_spec(load(overrides));
+  } catch (const forge::Error& e) {
+    CHECK(e.code() == forge::ExitCode::kUsage);
+    return e.what();
+  }
+  FAIL("accepted " << overrides.front());
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("a valid spec resolves", "[trainer][spec]") {
+  const TrainSpec s = train_spec(load({"--model.layers=3", "--run.threads=2", "--precision.dtype=bf16"}));
+  CHECK(s.model.layers == 3);
+  CHECK(s.model.max_positions == s.model.seq_len);
+  CHECK(s.threads == 2);
+  CHECK(s.dtype == DType::kBF16);
+}
+
+TEST_CASE("inconsistent model configs are rejected naming key and rule", "[trainer][spec]") {
+  CHECK_THAT(usage_error({"--model.d_model=100", "--model.heads=3"}),
+             Catch::Contains("model.d_model = 100") && Catch::Contains("divisible by model.heads = 3"));
+  CHECK_THAT(usage_error({"--model.seq_len=512", "--model.max_positions=256"}),
+             Catch::Contains("model.seq_len") && Catch::Contains("max_positions = 256"));
+  CHECK_THAT(usage_error({"--model.layers=0"}), Catch::Contains("model.layers = 0"));
+  CHECK_THAT(usage_error({"--model.vocab=-5"}), Catch::Contains("model.vocab = -5"));
+  CHECK_THAT(usage_error({"--data.batch=0"}), Catch::Contains("data.batch"));
+  CHECK_THAT(usage_error({"--parallel.tp=2"}), Catch::Contains("parallel.tp"));
+  CHECK_THAT(usage_error({"--optim.min_lr=1", "--optim.lr=0.1"}), Catch::Contains("optim.min_lr"));
+  CHECK_THAT(usage_error({"--optim.beta2=1"}), Catch::Contains("optim.beta2"));
+}
+
+TEST_CASE("errors cite the file and line of the offending key", "[trainer][spec]") {
+  forge::test::TempDir dir;
+  const std::string path = dir.write("job.ini", "[model]\nlayers = 2\nd_model = 100\nheads = 3\n");
+  try {
+    train_spec(load({}, path));
+    FAIL("accepted");
+  } catch (const forge::Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains(path + ":3"));
+  }
+}
+
+TEST_CASE("threads come from the spec, SLURM_CPUS_PER_TASK, or the machine", "[trainer][spec]") {
+  CHECK(resolve_threads(3) == 3);
+  ::setenv("SLURM_CPUS_PER_TASK", "5", 1);
+  CHECK(resolve_threads(0) == 5);
+  ::setenv("SLURM_CPUS_PER_TASK", "five", 1);
+  CHECK_THROWS_AS(resolve_threads(0), forge::Error);
+  ::unsetenv("SLURM_CPUS_PER_TASK");
+  CHECK(resolve_threads(0) >= 1);
+}

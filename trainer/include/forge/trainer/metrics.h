@@ -1,0 +1,38 @@
+// The metrics schema: one JSON object per optimizer step, one line each in <run>/metrics/rank-<r>.jsonl.
+//   step         1-based optimizer step
+//   loss         mean training loss of the step
+//   grad_norm    global gradient L2 norm before clipping
+//   lr           learning rate applied
+//   tokens       tokens trained so far (all steps up to this one)
+//   step_ms      wall time of the step
+//   tokens_per_s tokens of this step / its wall time
+//   mfu          model FLOPs utilisation against peak_gflops (6N + 12LTd FLOPs per token)
+// forge-train adds spec_hash (Config::hash of the resolved spec) to every record.
+#pragma once
+
+#include "forge/common/json.h"
+#include "forge/trainer/trainer.h"
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+namespace forge::trainer {
+
+Json metrics_record(const StepStats& stats, int64_t tokens_so_far, double flops_per_token,
+                    double peak_gflops);
+
+// Appends records to a JSONL file, one flushed line per step, so a reader never sees half a line of a
+// step that finished. Throws forge::Error(kIo) naming the file when it cannot be written.
+class MetricsWriter {
+ public:
+  explicit MetricsWriter(const std::string& path);
+  void write(const Json& record);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+}  // namespace forge::trainer

@@ -1,0 +1,42 @@
+// AdamW over the model's flat parameter buffer, the learning-rate schedule and gradient clipping.
+#pragma once
+
+#include "forge/trainer/model.h"
+#include "forge/trainer/spec.h"
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace forge::trainer {
+
+// Linear warm-up over warmup_steps (step 0 gets lr / warmup_steps), then cosine decay from lr to min_lr
+// at total_steps. `step` counts from 0.
+double learning_rate(const OptimConfig& optim, int64_t step, int64_t total_steps);
+
+// L2 norm of all gradients (accumulated in double).
+double grad_norm(std::span<const float> grads);
+
+// Scales gradients so their global norm is at most max_norm (as torch.nn.utils.clip_grad_norm_: factor
+// max_norm / (norm + 1e-6) when below 1). max_norm <= 0: no clipping. Returns the norm before clipping.
+double clip_grad_norm(std::span<float> grads, double max_norm);
+
+// AdamW with decoupled weight decay (applied only to parameters marked `decay`) and bias correction,
+// the update PyTorch's torch.optim.AdamW computes.
+class AdamW {
+ public:
+  AdamW(const OptimConfig& optim, const std::vector<ParamInfo>& params, size_t size);
+  void step(std::span<float> weights, std::span<const float> grads, double lr);
+  int64_t steps_taken() const { return t_; }
+  // First and second moments, flat like the parameters (for checkpoints).
+  std::span<float> m() { return m_; }
+  std::span<float> v() { return v_; }
+
+ private:
+  OptimConfig optim_;
+  std::vector<ParamInfo> params_;
+  std::vector<float> m_, v_;
+  int64_t t_ = 0;
+};
+
+}  // namespace forge::trainer

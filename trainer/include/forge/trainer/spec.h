@@ -1,0 +1,55 @@
+// The job-spec keys the trainer reads ([run] [model] [data] [optim] [precision] [parallel]) and their
+// validation. The launcher adds its own sections to the same schema before loading the spec.
+#pragma once
+
+#include "forge/common/config.h"
+#include "forge/trainer/model.h"
+
+#include <cstdint>
+#include <string>
+
+namespace forge::trainer {
+
+struct OptimConfig {
+  double lr = 3e-4;
+  double min_lr = 3e-5;
+  int64_t warmup_steps = 0;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // global L2 norm; 0 disables clipping
+};
+
+struct ParallelConfig {
+  int tp = 1, pp = 1, dp = 1, zero = 0;
+};
+
+// Everything one training process needs, validated.
+struct TrainSpec {
+  std::string name, dir, dataset;
+  int64_t steps = 0;
+  uint64_t seed = 0;
+  int threads = 0;         // resolved: > 0
+  double peak_gflops = 0;  // 0: measure at start
+  int batch = 0;           // sequences per micro-batch
+  int microbatches = 1;    // micro-batches accumulated per optimizer step
+  ModelConfig model;
+  OptimConfig optim;
+  DType dtype = DType::kF32;
+  ParallelConfig parallel;
+};
+
+// Registers the trainer's keys (with defaults and help) in `schema`.
+void add_trainer_keys(ConfigSchema& schema);
+
+// Validated views of a loaded spec. Each rule violation throws a usage error (exit 64) through
+// Config::reject, naming the key, where it was set and the rule; nothing is allocated before.
+ModelConfig model_config(const Config& config);
+OptimConfig optim_config(const Config& config);
+TrainSpec train_spec(const Config& config);
+
+// Worker threads: `requested` > 0 as is; 0 means SLURM_CPUS_PER_TASK when set, else all cores.
+int resolve_threads(int requested);
+
+}  // namespace forge::trainer

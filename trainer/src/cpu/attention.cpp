@@ -1,0 +1,150 @@
+// Causal multi-head attention. Per (batch, head), query rows are processed in blocks of kBlock: scores
+// for a block against the keys it may see (causal, so later blocks see more) are formed by sgemm in
+// per-thread scratch, softmaxed in place, and multiplied with V. Only the row log-sum-exp survives the
+// forward; backward recomputes the probabilities from it (FlashAttention's trade: one extra Q.K^T
+// product instead of keeping B*NH*T*T probabilities per layer). Masked (future) keys are never
+// multiplied: a block only touches keys [0, block end).
+//
+// OpenMP splits (batch, head) pairs over threads; OpenBLAS runs single-threaded inside each, so the two
+// thread pools never run at the same time.
+#include "fast_math.h"
+#include "kernels.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace forge::trainer::cpu {
+
+namespace {
+
+constexpr int kBlock = 64;
+
+// OpenBLAS single-threaded for the scope (the callers are OpenMP threads).
+class BlasSingleThread {
+ public:
+  BlasSingleThread() : saved_(openblas_get_num_threads()) { openblas_set_num_threads(1); }
+  ~BlasSingleThread() { openblas_set_num_threads(saved_); }
+  BlasSingleThread(const BlasSingleThread&) = delete;
+  BlasSingleThread& operator=(const BlasSingleThread&) = delete;
+
+ private:
+  int saved_;
+};
+
+}  // namespace
+
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+  const int hd = C / NH, C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(float(hd));
+  BlasSingleThread single;
+#pragma omp parallel
+  {
+    std::vector<float> scores(size_t(kBlock) * T);
+#pragma omp for schedule(dynamic, 1)
+    for (int bh = 0; bh < B * NH; ++bh) {
+      const int b = bh / NH, h = bh % NH;
+      const float* q = qkv + int64_t(b) * T * C3 + h * hd;
+      const float* k = q + C;
+      const float* v = q + 2 * C;
+      float* o = out + int64_t(b) * T * C + h * hd;
+      float* l = lse + int64_t(bh) * T;
+      for (int r0 = 0; r0 < T; r0 += kBlock) {
+        const int rows = std::min(kBlock, T - r0), keys = r0 + rows;
+        float* s = scores.data();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, hd, scale, q + int64_t(r0) * C3, C3,
+                    k, C3, 0.0f, s, keys);
+        for (int i = 0; i < rows; ++i) {
+          float* row = s + int64_t(i) * keys;
+          const int visible = r0 + i + 1;
+          float mx = -std::numeric_limits<float>::infinity();
+          for (int j = 0; j < visible; ++j) mx = std::max(mx, row[j]);
+          float sum = 0;
+#pragma omp simd reduction(+ : sum)
+          for (int j = 0; j < visible; ++j) {
+            row[j] = fast_exp(row[j] - mx);
+            sum += row[j];
+          }
+          const float inv = 1.0f / sum;
+#pragma omp simd
+          for (int j = 0; j < visible; ++j) row[j] *= inv;
+          std::fill(row + visible, row + keys, 0.0f);
+          l[r0 + i] = mx + std::log(sum);
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, keys, 1.0f, s, keys, v, C3, 0.0f,
+                    o + int64_t(r0) * C, C);
+      }
+    }
+  }
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                        int B, int T, int C, int NH) {
+  const int hd = C / NH, C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(float(hd));
+  BlasSingleThread single;
+#pragma omp parallel
+  {
+    std::vector<float> probs(size_t(kBlock) * T), dprobs(size_t(kBlock) * T), delta(T);
+#pragma omp for schedule(dynamic, 1)
+    for (int bh = 0; bh < B * NH; ++bh) {
+      const int b = bh / NH, h = bh % NH;
+      const int64_t base = int64_t(b) * T * C3 + h * hd;
+      const float *q = qkv + base, *k = q + C, *v = q + 2 * C;
+      float *dq = dqkv + base, *dk = dq + C, *dv = dq + 2 * C;
+      const float* o = out + int64_t(b) * T * C + h * hd;
+      const float* dO = dout + int64_t(b) * T * C + h * hd;
+      const float* l = lse + int64_t(bh) * T;
+      for (int t = 0; t < T; ++t) {
+        float d = 0;
+        const float* a = o + int64_t(t) * C;
+        const float* g = dO + int64_t(t) * C;
+#pragma omp simd reduction(+ : d)
+        for (int c = 0; c < hd; ++c) d += a[c] * g[c];
+        delta[t] = d;
+        std::fill(dk + int64_t(t) * C3, dk + int64_t(t) * C3 + hd, 0.0f);
+        std::fill(dv + int64_t(t) * C3, dv + int64_t(t) * C3 + hd, 0.0f);
+      }
+      for (int r0 = 0; r0 < T; r0 += kBlock) {
+        const int rows = std::min(kBlock, T - r0), keys = r0 + rows;
+        float* p = probs.data();
+        float* dp = dprobs.data();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, hd, scale, q + int64_t(r0) * C3, C3,
+                    k, C3, 0.0f, p, keys);
+        for (int i = 0; i < rows; ++i) {
+          float* row = p + int64_t(i) * keys;
+          const int visible = r0 + i + 1;
+          const float li = l[r0 + i];
+#pragma omp simd
+          for (int j = 0; j < visible; ++j) row[j] = fast_exp(row[j] - li);
+          std::fill(row + visible, row + keys, 0.0f);
+        }
+        // dV[0:keys] += P^T dO_block
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, hd, rows, 1.0f, p, keys,
+                    dO + int64_t(r0) * C, C, 1.0f, dv, C3);
+        // dP = dO_block V^T
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, hd, 1.0f, dO + int64_t(r0) * C, C, v,
+                    C3, 0.0f, dp, keys);
+        // dS = P * (dP - delta) * scale (the 1/sqrt(hd) of the forward folded in)
+        for (int i = 0; i < rows; ++i) {
+          float* ds = dp + int64_t(i) * keys;
+          const float* pr = p + int64_t(i) * keys;
+          const float di = delta[r0 + i];
+#pragma omp simd
+          for (int j = 0; j < keys; ++j) ds[j] = pr[j] * (ds[j] - di) * scale;
+        }
+        // dQ_block = dS K ; dK[0:keys] += dS^T Q_block
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, keys, 1.0f, dp, keys, k, C3, 0.0f,
+                    dq + int64_t(r0) * C3, C3);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, hd, rows, 1.0f, dp, keys,
+                    q + int64_t(r0) * C3, C3, 1.0f, dk, C3);
+      }
+    }
+  }
+}
+
+}  // namespace forge::trainer::cpu

@@ -1,0 +1,74 @@
+// CPU kernels of the GPT, one op per file with its backward next to its forward. Activations are flat
+// row-major [rows, channels] with rows = batch * time. Backward kernels add into parameter gradients;
+// what they do to input gradients is stated per kernel. Threads: one OpenMP team, split over rows, heads
+// or channels for the memory-bound ops and over output panels for the matrix products (sgemm below).
+#pragma once
+
+#include <cstdint>
+
+namespace forge::trainer::cpu {
+
+// ---- embedding.cpp ----
+// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+                       int C);
+// dwte[tokens[b,t],:] += dout[b,t,:]; dwpe[t,:] += sum_b dout[b,t,:]
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+                        int C);
+
+// ---- layernorm.cpp ----
+void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* weight,
+                       const float* bias, int N, int C);
+// din += dL/din (accumulates: the residual stream's gradient); dweight, dbias +=.
+void layernorm_backward(float* din, float* dweight, float* dbias, const float* dout, const float* in,
+                        const float* weight, const float* mean, const float* rstd, int N, int C);
+
+// ---- residual.cpp ----
+// The residual add fused with the LayerNorm that always follows it:
+// res_out = res_in + delta + delta_bias; ln_out = LayerNorm(res_out). Its backward is the identity on the
+// residual stream plus layernorm_backward (which accumulates into the stream's gradient).
+void residual_layernorm_forward(float* res_out, float* ln_out, float* mean, float* rstd, const float* res_in,
+                                const float* delta, const float* delta_bias, const float* weight,
+                                const float* bias, int N, int C);
+
+// ---- matmul.cpp ---- (weights in PyTorch's Linear layout [OC, C])
+// Row-major C = alpha op(A) op(B) + beta C on all threads: OpenMP splits C into row or column panels,
+// one single-threaded OpenBLAS call each (inside an OpenMP region: one call on the calling thread).
+void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+           const float* B, int ldb, float beta, float* C, int ldc);
+// out = in @ w^T (+ bias if not null)
+void matmul_forward(float* out, const float* in, const float* w, const float* bias, int N, int C, int OC);
+// din = dout @ w (overwrites; skipped if null); dw += dout^T @ in; dbias += column sums of dout (if not null)
+void matmul_backward(float* din, float* dw, float* dbias, const float* dout, const float* in, const float* w,
+                     int N, int C, int OC);
+// dbias[j] += sum_i dout[i, j]
+void bias_backward(float* dbias, const float* dout, int N, int OC);
+
+// ---- attention.cpp ---- causal multi-head attention on the fused qkv [B*T, 3C] (q | k | v, head h at
+// columns h*hd of each). out: [B*T, C]. Keeps only the row log-sum-exp lse [B, NH, T] for backward;
+// scores are recomputed there, in row blocks, in per-thread scratch.
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+// dqkv = gradient of the attention inputs (overwrites).
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                        int B, int T, int C, int NH);
+
+// ---- gelu.cpp ---- (tanh approximation, as GPT-2)
+// pre += bias (row-wise); out = gelu(pre). `pre` keeps the biased pre-activation for backward.
+void bias_gelu_forward(float* out, float* pre, const float* bias, int N, int C);
+// dinout: dL/d(out) in, dL/d(pre) out.
+void gelu_backward(float* dinout, const float* pre, int N, int C);
+
+// ---- classifier.cpp ---- logits = x @ wte^T fused with softmax cross-entropy, in chunks of rows so the
+// logits of all rows never exist at once. Returns the sum of the per-row losses. If dx is not null:
+// dx = dL/dx (overwrites) and dwte += dL/dwte for L = grad_scale * sum of losses. If logits_out is not
+// null the full logits are also written there ([N, V]).
+double classifier_forward_backward(float* dx, float* dwte, const float* x, const float* wte,
+                                   const int32_t* targets, int N, int C, int V, float grad_scale,
+                                   float* logits_out);
+
+// ---- bf16 storage (bf16.cpp) ----
+// Rounds each value to the nearest BF16 (ties to even), keeping it in an fp32 container.
+void round_to_bf16(float* data, int64_t n);
+void round_to_bf16(float* out, const float* in, int64_t n);
+
+}  // namespace forge::trainer::cpu

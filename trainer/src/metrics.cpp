@@ -1,0 +1,32 @@
+#include "forge/trainer/metrics.h"
+
+#include "forge/common/error.h"
+
+#include <cerrno>
+#include <cstring>
+
+namespace forge::trainer {
+
+Json metrics_record(const StepStats& s, int64_t tokens_so_far, double flops_per_token, double peak_gflops) {
+  const double tps = s.seconds > 0 ? double(s.tokens) / s.seconds : 0.0;
+  return Json{{"step", s.step},
+              {"loss", s.loss},
+              {"grad_norm", s.grad_norm},
+              {"lr", s.lr},
+              {"tokens", tokens_so_far},
+              {"step_ms", s.seconds * 1e3},
+              {"tokens_per_s", tps},
+              {"mfu", peak_gflops > 0 ? tps * flops_per_token / (peak_gflops * 1e9) : 0.0}};
+}
+
+MetricsWriter::MetricsWriter(const std::string& path) : path_(path), out_(path, std::ios::trunc) {
+  if (!out_) fail(ExitCode::kIo, "cannot write metrics file {}: {}", path, std::strerror(errno));
+}
+
+void MetricsWriter::write(const Json& record) {
+  out_ << record.dump() << '\n';
+  out_.flush();
+  if (!out_) fail(ExitCode::kIo, "cannot write metrics file {}: {}", path_, std::strerror(errno));
+}
+
+}  // namespace forge::trainer

@@ -1,0 +1,68 @@
+#include "forge/trainer/optimizer.h"
+
+#include <cmath>
+#include <numbers>
+#include <stdexcept>
+
+namespace forge::trainer {
+
+double learning_rate(const OptimConfig& o, int64_t step, int64_t total_steps) {
+  if (step < o.warmup_steps) return o.lr * double(step + 1) / double(o.warmup_steps);
+  const int64_t decay_steps = total_steps - o.warmup_steps;
+  if (decay_steps <= 0) return o.lr;
+  const double progress = std::min(1.0, double(step - o.warmup_steps) / double(decay_steps));
+  return o.min_lr + 0.5 * (1.0 + std::cos(std::numbers::pi * progress)) * (o.lr - o.min_lr);
+}
+
+double grad_norm(std::span<const float> g) {
+  double sum = 0;
+#pragma omp parallel for simd schedule(static) reduction(+ : sum)
+  for (size_t i = 0; i < g.size(); ++i) sum += double(g[i]) * double(g[i]);
+  return std::sqrt(sum);
+}
+
+double clip_grad_norm(std::span<float> g, double max_norm) {
+  const double norm = grad_norm(g);
+  if (max_norm <= 0) return norm;
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0) {
+    const float c = float(coef);
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < g.size(); ++i) g[i] *= c;
+  }
+  return norm;
+}
+
+AdamW::AdamW(const OptimConfig& optim, const std::vector<ParamInfo>& params, size_t size)
+    : optim_(optim), params_(params), m_(size, 0.0f), v_(size, 0.0f) {}
+
+void AdamW::step(std::span<float> w, std::span<const float> g, double lr) {
+  if (w.size() != m_.size() || g.size() != m_.size())
+    throw std::invalid_argument("AdamW::step: buffer sizes do not match the optimizer state");
+  ++t_;
+  const float b1 = float(optim_.beta1), b2 = float(optim_.beta2), eps = float(optim_.eps);
+  const double bc1 = 1.0 - std::pow(optim_.beta1, double(t_));
+  const double bc2 = 1.0 - std::pow(optim_.beta2, double(t_));
+  const float step_size = float(lr / bc1);
+  const float inv_sqrt_bc2 = float(1.0 / std::sqrt(bc2));
+  float* m = m_.data();
+  float* v = v_.data();
+  // One parallel region for all tensors (each split statically), not a fork/join per tensor.
+#pragma omp parallel
+  for (const auto& p : params_) {
+    const float keep = p.decay ? float(1.0 - lr * optim_.weight_decay) : 1.0f;
+    float* pw = w.data() + p.offset;
+    const float* pg = g.data() + p.offset;
+    float* pm = m + p.offset;
+    float* pv = v + p.offset;
+#pragma omp for simd schedule(static) nowait
+    for (size_t i = 0; i < p.numel; ++i) {
+      pm[i] = b1 * pm[i] + (1.0f - b1) * pg[i];
+      pv[i] = b2 * pv[i] + (1.0f - b2) * pg[i] * pg[i];
+      const float denom = std::sqrt(pv[i]) * inv_sqrt_bc2 + eps;
+      pw[i] = pw[i] * keep - step_size * pm[i] / denom;
+    }
+  }
+}
+
+}  // namespace forge::trainer

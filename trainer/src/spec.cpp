@@ -1,0 +1,134 @@
+// Job-spec keys of the trainer and their validation (every rule names the key and what to do).
+#include "forge/trainer/spec.h"
+
+#include "forge/common/error.h"
+
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+namespace forge::trainer {
+
+void add_trainer_keys(ConfigSchema& s) {
+  s.add<std::string>("run.name", "run", "run name (metrics, summary)")
+      .add<std::string>("run.dir", "runs/run", "run directory: metrics/, summary.json")
+      .add<int64_t>("run.steps", 100, "optimizer steps to train")
+      .add<int64_t>("run.seed", 1234, "seed of initialization and synthetic data")
+      .add<int>("run.threads", 0, "CPU threads (0: SLURM_CPUS_PER_TASK, else all cores)")
+      .add<double>("run.peak_gflops", 0.0, "matrix-product peak for MFU in GFLOP/s (0: measure at start)");
+  s.add<int>("model.layers", 6, "transformer blocks")
+      .add<int>("model.d_model", 384, "width of the residual stream")
+      .add<int>("model.heads", 6, "attention heads (must divide d_model)")
+      .add<int>("model.vocab", 8192, "vocabulary size (the dataset's tokenizer)")
+      .add<int>("model.seq_len", 256, "tokens per training sequence")
+      .add<int>("model.max_positions", 0, "rows of the position embedding (0: seq_len)");
+  s.add<std::string>("data.dataset", "synthetic", "dataset directory, or 'synthetic'")
+      .add<int>("data.batch", 8, "sequences per micro-batch (per data-parallel rank)");
+  s.add<double>("optim.lr", 3e-4, "peak learning rate")
+      .add<double>("optim.min_lr", 3e-5, "learning rate at the end of the cosine decay")
+      .add<int64_t>("optim.warmup_steps", 0, "linear warm-up steps")
+      .add<double>("optim.weight_decay", 0.1, "AdamW decoupled weight decay (not on norms and biases)")
+      .add<double>("optim.beta1", 0.9, "AdamW beta1")
+      .add<double>("optim.beta2", 0.95, "AdamW beta2")
+      .add<double>("optim.eps", 1e-8, "AdamW epsilon")
+      .add<double>("optim.grad_clip", 1.0, "global gradient-norm clip (0: off)");
+  s.add_choice("precision.dtype", "fp32", {"fp32", "bf16"},
+               "storage of weights and activations (bf16 keeps FP32 master weights and accumulation)");
+  s.add<int>("parallel.tp", 1, "tensor-parallel ranks")
+      .add<int>("parallel.pp", 1, "pipeline stages")
+      .add<int>("parallel.dp", 1, "data-parallel ranks")
+      .add<int>("parallel.microbatches", 1, "micro-batches per optimizer step (gradient accumulation)")
+      .add<int>("parallel.zero", 0, "ZeRO stage (0: none)");
+}
+
+namespace {
+
+template <typename T>
+T positive(const Config& c, const std::string& key) {
+  const T v = c.get<T>(key);
+  if (v <= 0) c.reject(key, "must be a positive integer");
+  return v;
+}
+
+}  // namespace
+
+ModelConfig model_config(const Config& c) {
+  ModelConfig m;
+  m.layers = positive<int>(c, "model.layers");
+  m.d_model = positive<int>(c, "model.d_model");
+  m.heads = positive<int>(c, "model.heads");
+  m.vocab = positive<int>(c, "model.vocab");
+  m.seq_len = positive<int>(c, "model.seq_len");
+  m.max_positions = c.get<int>("model.max_positions");
+  if (m.max_positions < 0) c.reject("model.max_positions", "must be >= 0 (0: equal to model.seq_len)");
+  if (m.max_positions == 0) m.max_positions = m.seq_len;
+  if (m.d_model % m.heads != 0)
+    c.reject("model.d_model", "must be divisible by model.heads = " + std::to_string(m.heads));
+  if (m.seq_len > m.max_positions)
+    c.reject("model.seq_len", "must not exceed model.max_positions = " + std::to_string(m.max_positions));
+  return m;
+}
+
+OptimConfig optim_config(const Config& c) {
+  OptimConfig o;
+  o.lr = c.get<double>("optim.lr");
+  o.min_lr = c.get<double>("optim.min_lr");
+  o.warmup_steps = c.get<int64_t>("optim.warmup_steps");
+  o.weight_decay = c.get<double>("optim.weight_decay");
+  o.beta1 = c.get<double>("optim.beta1");
+  o.beta2 = c.get<double>("optim.beta2");
+  o.eps = c.get<double>("optim.eps");
+  o.grad_clip = c.get<double>("optim.grad_clip");
+  if (!(o.lr > 0)) c.reject("optim.lr", "must be > 0");
+  if (!(o.min_lr >= 0 && o.min_lr <= o.lr)) c.reject("optim.min_lr", "must be in [0, optim.lr]");
+  if (o.warmup_steps < 0) c.reject("optim.warmup_steps", "must be >= 0");
+  if (!(o.weight_decay >= 0)) c.reject("optim.weight_decay", "must be >= 0");
+  if (!(o.beta1 >= 0 && o.beta1 < 1)) c.reject("optim.beta1", "must be in [0, 1)");
+  if (!(o.beta2 >= 0 && o.beta2 < 1)) c.reject("optim.beta2", "must be in [0, 1)");
+  if (!(o.eps > 0)) c.reject("optim.eps", "must be > 0");
+  if (!(o.grad_clip >= 0)) c.reject("optim.grad_clip", "must be >= 0 (0: no clipping)");
+  return o;
+}
+
+TrainSpec train_spec(const Config& c) {
+  TrainSpec s;
+  s.name = c.get<std::string>("run.name");
+  s.dir = c.get<std::string>("run.dir");
+  if (s.name.empty()) c.reject("run.name", "must not be empty");
+  if (s.dir.empty()) c.reject("run.dir", "must not be empty");
+  s.steps = positive<int64_t>(c, "run.steps");
+  s.seed = uint64_t(c.get<int64_t>("run.seed"));
+  const int threads = c.get<int>("run.threads");
+  if (threads < 0) c.reject("run.threads", "must be >= 0 (0: SLURM_CPUS_PER_TASK, else all cores)");
+  s.peak_gflops = c.get<double>("run.peak_gflops");
+  if (!(s.peak_gflops >= 0)) c.reject("run.peak_gflops", "must be >= 0 (0: measure at start)");
+  s.model = model_config(c);
+  s.optim = optim_config(c);
+  s.dataset = c.get<std::string>("data.dataset");
+  s.batch = positive<int>(c, "data.batch");
+  s.dtype = c.get<std::string>("precision.dtype") == "bf16" ? DType::kBF16 : DType::kF32;
+  s.parallel.tp = positive<int>(c, "parallel.tp");
+  s.parallel.pp = positive<int>(c, "parallel.pp");
+  s.parallel.dp = positive<int>(c, "parallel.dp");
+  s.parallel.zero = c.get<int>("parallel.zero");
+  s.microbatches = positive<int>(c, "parallel.microbatches");
+  for (const char* key : {"parallel.tp", "parallel.pp", "parallel.dp"})
+    if (c.get<int>(key) != 1) c.reject(key, "only 1 is supported by this single-process build");
+  if (s.parallel.zero != 0) c.reject("parallel.zero", "only 0 is supported by this single-process build");
+  s.threads = resolve_threads(threads);
+  return s;
+}
+
+int resolve_threads(int requested) {
+  if (requested > 0) return requested;
+  if (const char* env = std::getenv("SLURM_CPUS_PER_TASK")) {
+    char* end = nullptr;
+    const long n = std::strtol(env, &end, 10);
+    if (end != env && *end == '\0' && n > 0) return int(n);
+    fail(ExitCode::kUsage, "SLURM_CPUS_PER_TASK = '{}' is not a positive integer; set run.threads", env);
+  }
+  const unsigned hw = std::thread::hardware_concurrency();
+  return hw > 0 ? int(hw) : 1;
+}
+
+}  // namespace forge::trainer

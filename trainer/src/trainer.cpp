@@ -1,0 +1,65 @@
+#include "forge/trainer/trainer.h"
+
+#include "forge/common/error.h"
+#include "forge/trainer/runtime.h"
+
+#include <chrono>
+#include <cmath>
+#include <stdexcept>
+
+namespace forge::trainer {
+
+namespace {
+int threads_first(int threads) {
+  use_threads(threads);  // before the model's buffers are touched by OpenMP
+  return threads;
+}
+}  // namespace
+
+Trainer::Trainer(const TrainSpec& spec)
+    : spec_(spec),
+      threads_(threads_first(spec.threads)),
+      model_(spec.model, spec.batch, spec.dtype),
+      optimizer_(spec.optim, model_.params(), model_.weights().size()) {
+  model_.init(spec.seed);
+  inputs_.resize(size_t(spec.batch) * spec.model.seq_len);
+  targets_.resize(inputs_.size());
+}
+
+size_t Trainer::tokens_per_step() const {
+  return size_t(spec_.microbatches) * size_t(spec_.batch) * size_t(spec_.model.seq_len + 1);
+}
+
+StepStats Trainer::step(std::span<const int32_t> tokens) {
+  if (tokens.size() != tokens_per_step())
+    throw std::invalid_argument("Trainer::step: expected microbatches x batch x (seq_len + 1) tokens");
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t step = optimizer_.steps_taken() + 1;
+  const int T = spec_.model.seq_len;
+  const size_t row = size_t(T) + 1;
+  model_.zero_grad();
+  double loss = 0;
+  for (int mb = 0; mb < spec_.microbatches; ++mb) {
+    for (int b = 0; b < spec_.batch; ++b) {
+      const int32_t* src = tokens.data() + (size_t(mb) * spec_.batch + size_t(b)) * row;
+      std::copy(src, src + T, inputs_.begin() + int64_t(b) * T);
+      std::copy(src + 1, src + 1 + T, targets_.begin() + int64_t(b) * T);
+    }
+    loss += model_.forward_backward(inputs_, targets_, 1.0f / float(spec_.microbatches));
+  }
+  loss /= spec_.microbatches;
+  if (!std::isfinite(loss))
+    fail(ExitCode::kNumeric, "step {}: loss is {}; weights left unchanged (lower optim.lr or check the data)",
+         step, std::isnan(loss) ? "NaN" : "infinite");
+  const double norm = clip_grad_norm(model_.grads(), spec_.optim.grad_clip);
+  if (!std::isfinite(norm))
+    fail(ExitCode::kNumeric, "step {}: gradient norm is {} (loss {}); weights left unchanged", step,
+         std::isnan(norm) ? "NaN" : "infinite", loss);
+  const double lr = learning_rate(spec_.optim, step - 1, spec_.steps);
+  optimizer_.step(model_.weights(), model_.grads(), lr);
+  model_.weights_changed();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return {step, loss, norm, lr, seconds, int64_t(spec_.microbatches) * spec_.batch * T};
+}
+
+}  // namespace forge::trainer
