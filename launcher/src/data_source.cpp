@@ -22,6 +22,7 @@ class Synthetic final : public DataSource {
       stream_.sample(uint64_t(step * rows_ + r), out.subspan(size_t(r) * cols_, cols_));
   }
   std::string describe() const override { return "synthetic stream"; }
+  std::string version() const override { return ""; }
 
  private:
   data::SyntheticStream stream_;
@@ -31,18 +32,28 @@ class Synthetic final : public DataSource {
 
 class Dataset final : public DataSource {
  public:
-  Dataset(const std::string& dir, const data::ReaderOptions& options) : reader_(dir, options), dir_(dir) {}
-  void next(int64_t, std::span<int32_t> out) override {
+  Dataset(const std::string& dir, const data::ReaderOptions& options)
+      : reader_(dir, options), dir_(dir), global_batch_(options.global_batch) {}
+  void next(int64_t step, std::span<int32_t> out) override {
+    // The cursor counts samples, so step s starts at s x global batch: a resumed run (or one that skipped
+    // steps) reads exactly what an uninterrupted run reads at that step.
+    data::Cursor at = reader_.cursor();
+    if (at.samples != uint64_t(step) * global_batch_) {
+      at.samples = uint64_t(step) * global_batch_;
+      reader_.seek(at);
+    }
     const data::Batch batch = reader_.next();
     std::copy(batch.tokens.begin(), batch.tokens.end(), out.begin());
   }
   std::string describe() const override {
     return "dataset " + dir_ + " (" + reader_.manifest().version + ")";
   }
+  std::string version() const override { return reader_.manifest().version; }
 
  private:
   data::Reader reader_;
   std::string dir_;
+  uint64_t global_batch_;
 };
 
 }  // namespace

@@ -17,6 +17,8 @@ class DataSource {
   // Fills `out` (rows x (seq_len + 1)) with the rows of optimizer step `step` (0-based), in order.
   virtual void next(int64_t step, std::span<int32_t> out) = 0;
   virtual std::string describe() const = 0;
+  // The dataset version checkpoints record ("" for the synthetic stream).
+  virtual std::string version() const = 0;
 };
 
 // Checks the dataset against the spec (vocabulary: a usage error naming model.vocab; unreadable or corrupt

@@ -1,6 +1,7 @@
 // forge-train SPEC.ini [--section.key=value ...] [--print-config]
 // Trains a GPT from a job spec in one process. Exit codes: ARCHITECTURE.md (64 bad spec, 65 bad data,
 // 71 non-finite loss, 74 I/O).
+#include "checkpointing.h"
 #include "forge/common/config.h"
 #include "forge/common/error.h"
 #include "forge/common/log.h"
@@ -19,8 +20,9 @@ constexpr const char* kUsage =
     "usage: forge-train SPEC.ini [--section.key=value ...] [--print-config]\n"
     "  Trains a GPT from the job spec; every key can be overridden as --section.key=value.\n"
     "  --print-config  print the resolved spec (and its hash) and exit\n"
-    "  Writes <run.dir>/metrics/rank-0.jsonl and <run.dir>/summary.json.\n"
-    "  Exit: 0 done, 64 bad spec, 65 bad data, 71 non-finite loss, 74 I/O failure.\n";
+    "  Writes <run.dir>/metrics/rank-0.jsonl, <run.dir>/summary.json and checkpoints under\n"
+    "  <run.dir>/checkpoints/; resumes from the newest valid one. SIGUSR1/SIGTERM: save and exit 75.\n"
+    "  Exit: 0 done, 64 bad spec, 65 bad data, 71 non-finite loss, 74 I/O failure, 75 preempted.\n";
 
 }  // namespace
 
@@ -52,6 +54,7 @@ int main(int argc, char** argv) {
           "missing SPEC.ini (usage: forge-train SPEC.ini [--section.key=value ...] [--print-config])");
     forge::ConfigSchema schema;
     forge::trainer::add_trainer_keys(schema);
+    forge::launcher::add_checkpoint_keys(schema);
     const forge::Config config = forge::load_config(schema, spec_path, overrides);
     const forge::trainer::TrainSpec spec = forge::trainer::train_spec(config);
     if (print_config) {

@@ -1,5 +1,6 @@
 #include "train_run.h"
 
+#include "checkpointing.h"
 #include "data_source.h"
 #include "forge/common/error.h"
 #include "forge/common/json.h"
@@ -11,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -21,6 +23,13 @@ namespace forge::launcher {
 namespace fs = std::filesystem;
 
 namespace {
+
+// SIGUSR1 (Slurm's --signal=B:USR1@N, forwarded by the batch script, or preemption) and SIGTERM ask the
+// run to finish its step, save a recovery checkpoint and exit 75 so the job is requeued.
+volatile std::sig_atomic_t g_stop_signal = 0;
+void on_stop_signal(int signal) {
+  g_stop_signal = signal;
+}
 
 struct Totals {
   int64_t steps = 0, tokens = 0;
@@ -56,38 +65,55 @@ int train(const Config& config, const trainer::TrainSpec& spec) {
   std::error_code ec;
   fs::create_directories(fs::path(spec.dir) / "metrics", ec);
   if (ec) fail(ExitCode::kIo, "cannot create run directory {}/metrics: {}", spec.dir, ec.message());
-  trainer::MetricsWriter metrics((fs::path(spec.dir) / "metrics" / "rank-0.jsonl").string());
 
   trainer::use_threads(spec.threads);
   const double peak = spec.peak_gflops > 0 ? spec.peak_gflops : trainer::measure_sgemm_gflops(2048, 2);
   const double fpt = trainer::flops_per_token(spec.model);
   trainer::Trainer trainer(spec);
-  spdlog::info("run '{}': {} steps on {}, {} threads, {} parameters, peak {:.0f} GFLOP/s, spec {}", spec.name,
-               spec.steps, data->describe(), spec.threads, trainer.model().weights().size(), peak,
-               config.hash());
+  RunCheckpoints checkpoints(config, spec, trainer, data->version());
+  const int64_t first_step = checkpoints.resume();
+  trainer::MetricsWriter metrics((fs::path(spec.dir) / "metrics" / "rank-0.jsonl").string(), first_step);
+  spdlog::info("run '{}': steps {}..{} on {}, {} threads, {} parameters, peak {:.0f} GFLOP/s, spec {}",
+               spec.name, first_step + 1, spec.steps, data->describe(), spec.threads,
+               trainer.model().weights().size(), peak, config.hash());
+  std::signal(SIGUSR1, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
 
   const auto start = std::chrono::steady_clock::now();
   const auto wall = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
   Totals totals;
+  totals.steps = first_step;
   const std::string spec_hash = config.hash();
   std::vector<int32_t> tokens(trainer.tokens_per_step());
+  trainer::StepStats st;
   try {
-    for (int64_t step = 0; step < spec.steps; ++step) {
+    for (int64_t step = first_step; step < spec.steps; ++step) {
       data->next(step, tokens);
-      const trainer::StepStats st = trainer.step(tokens);
+      st = trainer.step(tokens);
       totals.steps = st.step;
       totals.tokens += st.tokens;
       totals.last_loss = st.loss;
-      Json rec = trainer::metrics_record(st, totals.tokens, fpt, peak);
+      const int64_t tokens_so_far = st.step * st.tokens;
+      const double stall_s = checkpoints.after_step(st, tokens_so_far, tokens);
+      Json rec = trainer::metrics_record(st, tokens_so_far, fpt, peak);
       rec["spec_hash"] = spec_hash;
+      rec["ckpt_stall_ms"] = stall_s * 1e3;
+      for (const auto& e : checkpoints.take_events()) rec["ckpt_events"].push_back(e.to_json());
       totals.mfu_sum += rec["mfu"].get<double>();
       metrics.write(rec);
       fmt::print(stderr, "step {}/{} loss {:.4f} gnorm {:.3f} lr {:.2e} {:.0f} ms {:.0f} tok/s mfu {:.1f}%\n",
                  st.step, spec.steps, st.loss, st.grad_norm, st.lr, st.seconds * 1e3,
                  rec["tokens_per_s"].get<double>(), 100.0 * rec["mfu"].get<double>());
+      if (g_stop_signal != 0 && st.step < spec.steps) {
+        checkpoints.save_now(st, tokens_so_far, tokens);
+        fail(ExitCode::kPreempted,
+             "stopped by signal {} after step {}; recovery checkpoint saved, requeue to resume",
+             int(g_stop_signal), st.step);
+      }
     }
+    if (st.step > 0) checkpoints.finish(st, st.step * st.tokens, tokens);
   } catch (const Error& e) {
     write_summary(spec, config, totals, wall(), peak, fpt, e.code());
     throw;

@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 
 namespace forge::trainer {
 
@@ -19,7 +20,18 @@ Json metrics_record(const StepStats& s, int64_t tokens_so_far, double flops_per_
               {"mfu", peak_gflops > 0 ? tps * flops_per_token / (peak_gflops * 1e9) : 0.0}};
 }
 
-MetricsWriter::MetricsWriter(const std::string& path) : path_(path), out_(path, std::ios::trunc) {
+MetricsWriter::MetricsWriter(const std::string& path, int64_t resumed_step) : path_(path) {
+  std::string kept;
+  if (resumed_step > 0) {
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) {
+      const Json record = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+      // Steps after the checkpoint were trained again after the resume: drop their first records.
+      if (record.is_object() && record.value("step", int64_t{0}) <= resumed_step) kept += line + '\n';
+    }
+  }
+  write_file_atomic(path, kept);
+  out_.open(path, std::ios::app);
   if (!out_) fail(ExitCode::kIo, "cannot write metrics file {}: {}", path, std::strerror(errno));
 }
 

@@ -26,7 +26,9 @@ Json metrics_record(const StepStats& stats, int64_t tokens_so_far, double flops_
 // step that finished. Throws forge::Error(kIo) naming the file when it cannot be written.
 class MetricsWriter {
  public:
-  explicit MetricsWriter(const std::string& path);
+  // A run resumed after step `resumed_step` keeps the records of steps up to it and appends after
+  // them, so the file tells one continuous story; a fresh run (0) starts an empty file.
+  explicit MetricsWriter(const std::string& path, int64_t resumed_step = 0);
   void write(const Json& record);
   const std::string& path() const { return path_; }
 

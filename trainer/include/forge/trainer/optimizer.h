@@ -28,6 +28,8 @@ class AdamW {
   AdamW(const OptimConfig& optim, const std::vector<ParamInfo>& params, size_t size);
   void step(std::span<float> weights, std::span<const float> grads, double lr);
   int64_t steps_taken() const { return t_; }
+  // Resuming from a checkpoint: the step count drives bias correction and the schedule.
+  void restore_steps(int64_t steps) { t_ = steps; }
   // First and second moments, flat like the parameters (for checkpoints).
   std::span<float> m() { return m_; }
   std::span<float> v() { return v_; }

@@ -1,0 +1,157 @@
+#include "checkpointing.h"
+
+#include "forge/ckpt/resume.h"
+#include "forge/common/error.h"
+#include "forge/trainer/checkpoint_io.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+#include <cstring>
+
+namespace forge::launcher {
+
+void add_checkpoint_keys(ConfigSchema& s) {
+  s.add<int64_t>("ckpt.recovery_every", 0, "steps between recovery checkpoints (0: off)")
+      .add<double>("ckpt.recovery_every_s", 0, "seconds between recovery checkpoints (0: off)")
+      .add<int>("ckpt.recovery_keep", 3, "newest recovery checkpoints kept")
+      .add<int64_t>("ckpt.milestone_every", 0,
+                    "steps between milestone checkpoints (0: off; the last step always saves one)")
+      .add_choice("ckpt.async_policy", "wait", {"wait", "skip"},
+                  "a save due while one is in flight waits or is skipped")
+      .add<std::string>("ckpt.init_from", "", "checkpoint whose weights start a fresh run (fine-tuning)");
+}
+
+namespace {
+
+ckpt::SaverOptions saver_options(const Config& c, const trainer::TrainSpec& spec) {
+  ckpt::SaverOptions o;
+  o.run_dir = spec.dir;
+  o.policy = ckpt::parse_async_policy(c.get<std::string>("ckpt.async_policy"));
+  o.recovery_keep = c.get<int>("ckpt.recovery_keep");
+  if (o.recovery_keep < 1) c.reject("ckpt.recovery_keep", "must be at least 1");
+  return o;
+}
+
+}  // namespace
+
+RunCheckpoints::RunCheckpoints(const Config& config, const trainer::TrainSpec& spec,
+                               trainer::Trainer& trainer, std::string dataset_version)
+    : config_(config),
+      spec_(spec),
+      trainer_(trainer),
+      dataset_version_(std::move(dataset_version)),
+      init_from_(config.get<std::string>("ckpt.init_from")),
+      saver_(coord_, saver_options(config, spec)) {
+  tiers_.recovery_every = config.get<int64_t>("ckpt.recovery_every");
+  tiers_.recovery_every_s = config.get<double>("ckpt.recovery_every_s");
+  tiers_.recovery_keep = config.get<int>("ckpt.recovery_keep");
+  tiers_.milestone_every = config.get<int64_t>("ckpt.milestone_every");
+  if (tiers_.recovery_every < 0) config.reject("ckpt.recovery_every", "must be >= 0");
+  if (tiers_.milestone_every < 0) config.reject("ckpt.milestone_every", "must be >= 0");
+  if (!(tiers_.recovery_every_s >= 0)) config.reject("ckpt.recovery_every_s", "must be >= 0");
+}
+
+double RunCheckpoints::loss_of(std::span<const int32_t> rows) {
+  const int T = spec_.model.seq_len;
+  const size_t n = size_t(spec_.batch);
+  std::vector<int32_t> inputs(n * size_t(T)), targets(n * size_t(T));
+  for (size_t b = 0; b < n; ++b) {
+    const int32_t* src = rows.data() + b * size_t(T + 1);
+    std::copy(src, src + T, inputs.begin() + int64_t(b) * T);
+    std::copy(src + 1, src + 1 + T, targets.begin() + int64_t(b) * T);
+  }
+  return trainer_.model().forward_loss(inputs, targets);
+}
+
+int64_t RunCheckpoints::resume() {
+  ckpt::Expectations expect;
+  expect.model_config = trainer::model_config_json(spec_.model);
+  if (!dataset_version_.empty()) expect.dataset_version = dataset_version_;
+  auto checkpoint = ckpt::open_for_resume(coord_, spec_.dir, expect);
+  if (!checkpoint) {
+    if (init_from_.empty()) return 0;
+    // Fine-tuning: the weights of another run's checkpoint, a fresh optimizer and step count.
+    const auto source = ckpt::Checkpoint::open(init_from_);
+    source.verify();
+    ckpt::check_expectations(source.manifest(), {.model_config = expect.model_config, .dataset_version = {}},
+                             init_from_);
+    trainer::load_checkpoint(source, trainer_.model(), nullptr);
+    spdlog::info("initialised weights from {}", init_from_);
+    return 0;
+  }
+  const auto& m = checkpoint->manifest();
+  trainer::load_checkpoint(*checkpoint, trainer_.model(), &trainer_.optimizer());
+  trainer_.optimizer().restore_steps(m.meta.step);
+  // The verification step: the batch saved with the checkpoint must give the loss it gave at save time.
+  const std::string bytes = checkpoint->verification_bytes();
+  if (!bytes.empty()) {
+    std::vector<int32_t> rows(bytes.size() / sizeof(int32_t));
+    std::memcpy(rows.data(), bytes.data(), rows.size() * sizeof(int32_t));
+    const double want = m.meta.verification.value("loss", NAN);
+    const double got = loss_of(rows);
+    if (!(std::abs(got - want) <= 1e-6 * std::max(1.0, std::abs(want))))
+      fail(ExitCode::kData, "{}: verification step gave loss {:.9g}, the checkpoint recorded {:.9g}",
+           checkpoint->dir(), got, want);
+    spdlog::info("resumed from {} (step {}); verification loss {:.6f} matches", checkpoint->dir(),
+                 m.meta.step, got);
+  }
+  last_saved_step_ = m.meta.step;
+  return m.meta.step;
+}
+
+ckpt::CheckpointMeta RunCheckpoints::meta(const trainer::StepStats& stats, int64_t tokens,
+                                          std::span<const int32_t> batch) {
+  ckpt::CheckpointMeta m;
+  m.step = stats.step;
+  m.tokens = tokens;
+  m.loss = stats.loss;
+  m.spec_hash = config_.hash();
+  m.dataset_version = dataset_version_;
+  m.model_config = trainer::model_config_json(spec_.model);
+  // Data order is a pure function of the step (synthetic stream, or the reader's cursor = step x batch).
+  m.data_cursor = {{"step", stats.step}};
+  const auto rows = batch.first(size_t(spec_.batch) * size_t(spec_.model.seq_len + 1));
+  m.verification = {{"loss", loss_of(rows)}, {"rows", spec_.batch}};
+  m.verification_bytes.assign(reinterpret_cast<const char*>(rows.data()), rows.size_bytes());
+  return m;
+}
+
+ckpt::SaveEvent RunCheckpoints::save(ckpt::Tier tier, const trainer::StepStats& stats, int64_t tokens,
+                                     std::span<const int32_t> batch, bool wait) {
+  const auto tensors = trainer::checkpoint_tensors(trainer_.model(), &trainer_.optimizer());
+  ckpt::SaveEvent e = wait ? saver_.save(tier, meta(stats, tokens, batch), tensors)
+                           : saver_.save_async(tier, meta(stats, tokens, batch), tensors);
+  last_saved_step_ = stats.step;
+  last_save_time_ = std::chrono::steady_clock::now();
+  return e;
+}
+
+double RunCheckpoints::after_step(const trainer::StepStats& stats, int64_t tokens,
+                                  std::span<const int32_t> batch) {
+  const double since =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save_time_).count();
+  const ckpt::Due due = ckpt::due_at(tiers_, stats.step, last_saved_step_, since);
+  if (due == ckpt::Due::kNone) return 0;
+  const auto tier = due == ckpt::Due::kMilestone ? ckpt::Tier::kMilestone : ckpt::Tier::kRecovery;
+  return save(tier, stats, tokens, batch, false).stall_s;
+}
+
+void RunCheckpoints::save_now(const trainer::StepStats& stats, int64_t tokens,
+                              std::span<const int32_t> batch) {
+  saver_.wait();
+  const auto e = save(ckpt::Tier::kRecovery, stats, tokens, batch, true);
+  if (e.outcome != ckpt::Outcome::kCommitted)
+    fail(ExitCode::kIo, "could not save the preemption checkpoint of step {}: {}", stats.step, e.error);
+}
+
+void RunCheckpoints::finish(const trainer::StepStats& stats, int64_t tokens, std::span<const int32_t> batch) {
+  saver_.wait();
+  const auto committed = ckpt::list_checkpoints(spec_.dir, ckpt::Tier::kMilestone);
+  if (!committed.empty() && committed.back().step == stats.step) return;
+  const auto e = save(ckpt::Tier::kMilestone, stats, tokens, batch, true);
+  if (e.outcome != ckpt::Outcome::kCommitted)
+    fail(ExitCode::kIo, "could not save the final checkpoint of step {}: {}", stats.step, e.error);
+}
+
+}  // namespace forge::launcher

@@ -1,0 +1,62 @@
+// The run's checkpoints inside forge-train: the [ckpt] keys, resume from the newest valid checkpoint
+// (with the post-load verification step), scheduled recovery/milestone saves, and the save on
+// preemption.
+#pragma once
+
+#include "forge/ckpt/coordinator.h"
+#include "forge/ckpt/policy.h"
+#include "forge/ckpt/saver.h"
+#include "forge/common/config.h"
+#include "forge/trainer/trainer.h"
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace forge::launcher {
+
+void add_checkpoint_keys(ConfigSchema& schema);
+
+class RunCheckpoints {
+ public:
+  RunCheckpoints(const Config& config, const trainer::TrainSpec& spec, trainer::Trainer& trainer,
+                 std::string dataset_version);
+
+  // Loads the newest valid checkpoint of the run directory (or, on a fresh run, ckpt.init_from's
+  // weights) and returns the number of steps already done. A checkpoint of another model or dataset
+  // stops the run (64/65); one whose verification step disagrees is a data error (65).
+  int64_t resume();
+
+  // After a finished step: saves a recovery or milestone checkpoint when one is due. `batch` holds the
+  // step's token rows (the first micro-batch becomes the verification batch). Returns the stall (s).
+  double after_step(const trainer::StepStats& stats, int64_t tokens_so_far, std::span<const int32_t> batch);
+
+  // Saves a recovery checkpoint of the current state now and waits for it to commit (preemption).
+  void save_now(const trainer::StepStats& stats, int64_t tokens_so_far, std::span<const int32_t> batch);
+
+  // Waits for the save in flight; saves a final milestone unless the last step has one.
+  void finish(const trainer::StepStats& stats, int64_t tokens_so_far, std::span<const int32_t> batch);
+
+  // Finished save events (for metrics).
+  std::vector<ckpt::SaveEvent> take_events() { return saver_.take_events(); }
+
+ private:
+  ckpt::CheckpointMeta meta(const trainer::StepStats& stats, int64_t tokens, std::span<const int32_t> batch);
+  double loss_of(std::span<const int32_t> rows);
+  ckpt::SaveEvent save(ckpt::Tier tier, const trainer::StepStats& stats, int64_t tokens,
+                       std::span<const int32_t> batch, bool wait);
+
+  const Config& config_;
+  const trainer::TrainSpec& spec_;
+  trainer::Trainer& trainer_;
+  std::string dataset_version_, init_from_;
+  ckpt::TierPolicy tiers_;
+  ckpt::SingleProcessCoordinator coord_;
+  ckpt::Saver saver_;
+  int64_t last_saved_step_ = 0;
+  std::chrono::steady_clock::time_point last_save_time_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace forge::launcher
