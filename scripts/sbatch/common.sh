@@ -41,6 +41,11 @@ forge_run_step() {
 # and exits with the step's code.
 forge_finish() {
   local run_dir=$1 rc=$FORGE_STEP_RC class
+  # forge-train writes summary.json at every exit: a step that "succeeded" without finishing the run
+  # (e.g. a launch that never started the program) takes the summary's class instead.
+  if [ "$rc" -eq 0 ] && [ -f "$run_dir/summary.json" ]; then
+    rc=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("exit_code", 0))' "$run_dir/summary.json" 2>/dev/null || echo 0)
+  fi
   class=$(forge_exit_class "$rc")
   echo "forge: run directory: $run_dir"
   echo "forge: exit class: $class (exit $rc, restart ${SLURM_RESTART_COUNT:-0})"
@@ -53,6 +58,12 @@ forge_finish() {
   if [ $requeue -eq 1 ]; then
     # A batch script that exits by itself is recorded FAILED and not requeued by Slurm (FIELD-NOTES):
     # requeue explicitly; the job comes back with SLURM_RESTART_COUNT incremented and resumes.
+    # Let the step's slurmstepd finish first: a restart that reuses the step id while the old step is
+    # still terminating on the node fails to launch.
+    for _ in $(seq 1 60); do
+      squeue -h -s -j "$SLURM_JOB_ID" -o %i 2>/dev/null | grep -q "^$SLURM_JOB_ID\.[0-9]" || break
+      sleep 1
+    done
     echo "forge: requeueing job $SLURM_JOB_ID"
     scontrol requeue "$SLURM_JOB_ID"
   fi
