@@ -45,10 +45,10 @@ stage "tests (release: unit, mpi, slurm, lint)"
 ctest --preset release -L 'unit|mpi|slurm|lint' -j "$jobs"
 
 if [ "${FORGE_SKIP_ASAN:-0}" != 1 ]; then
-  stage "build (asan: unit tests under AddressSanitizer + UBSan)"
+  stage "build (asan: the Catch2 unit tests under AddressSanitizer + UBSan)"
   cmake --preset asan >/dev/null
-  cmake --build --preset asan -j "$jobs"
-  stage "tests (asan: unit)"
+  cmake --build --preset asan -j "$jobs" --target forge_unit_tests
+  stage "tests (asan: Catch2 unit tests)"
   ctest --preset asan -j "$jobs"
 fi
 stage "all tests passed"

@@ -11,13 +11,6 @@
 namespace forge::data {
 namespace {
 
-uint64_t splitmix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 struct UnionFind {
   std::vector<uint32_t> parent;
   explicit UnionFind(size_t n) : parent(n) {
@@ -58,8 +51,8 @@ MinHasher::MinHasher(const MinHashOptions& options) : options_(options) {
   a_.resize(k);
   b_.resize(k);
   for (int i = 0; i < k; ++i) {
-    a_[i] = splitmix(options.seed * 1000003 + 2 * i) | 1;  // odd multipliers
-    b_[i] = splitmix(options.seed * 1000003 + 2 * i + 1);
+    a_[i] = splitmix64(options.seed * 1000003 + 2 * i) | 1;  // odd multipliers
+    b_[i] = splitmix64(options.seed * 1000003 + 2 * i + 1);
   }
 }
 

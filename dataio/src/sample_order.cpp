@@ -1,24 +1,15 @@
 #include "sample_order.h"
 
 #include "forge/common/error.h"
+#include "forge/common/hash.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
 namespace forge::data {
-namespace {
 
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
-
-Permutation::Permutation(uint64_t n, uint64_t key) : n_(n), key_(mix(key)) {
+Permutation::Permutation(uint64_t n, uint64_t key) : n_(n), key_(splitmix64(key)) {
   int bits = 2;
   while (bits < 64 && (uint64_t{1} << bits) < n) bits += 2;
   half_bits_ = bits / 2;
@@ -30,7 +21,7 @@ uint64_t Permutation::operator()(uint64_t x) const {
   do {
     uint64_t left = x >> half_bits_, right = x & half_mask_;
     for (uint64_t round = 0; round < 4; ++round) {
-      const uint64_t f = mix(key_ ^ (right * 0x100000001b3ULL + round)) & half_mask_;
+      const uint64_t f = splitmix64(key_ ^ (right * 0x100000001b3ULL + round)) & half_mask_;
       const uint64_t next = left ^ f;
       left = right;
       right = next;
@@ -75,12 +66,14 @@ SampleOrder::SampleOrder(const std::vector<uint64_t>& windows, const std::vector
 
 uint64_t SampleOrder::sample_at(uint64_t position) const {
   const uint64_t epoch = position / epoch_;
-  const uint64_t slot = Permutation(epoch_, seed_ * 0x9e3779b97f4a7c15ULL ^ mix(epoch))(position % epoch_);
+  const uint64_t slot =
+      Permutation(epoch_, seed_ * 0x9e3779b97f4a7c15ULL ^ splitmix64(epoch))(position % epoch_);
   const size_t d = static_cast<size_t>(std::upper_bound(slot_start_.begin(), slot_start_.end(), slot) -
                                        slot_start_.begin() - 1);
   const uint64_t k = slot - slot_start_[d];
   const uint64_t pass = k / windows_[d];
-  const uint64_t key = mix(mix(seed_ ^ 0xd0d0d0d0ULL) + epoch) ^ mix((uint64_t(d) << 40) + pass + 1);
+  const uint64_t key =
+      splitmix64(splitmix64(seed_ ^ 0xd0d0d0d0ULL) + epoch) ^ splitmix64((uint64_t(d) << 40) + pass + 1);
   return first_id_[d] + Permutation(windows_[d], key)(k % windows_[d]);
 }
 

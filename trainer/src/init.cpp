@@ -13,13 +13,6 @@ namespace forge::trainer {
 
 namespace {
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 // Standard normal from two counter-based uniforms (Box-Muller).
 double normal_at(uint64_t key, uint64_t index) {
   const uint64_t a = splitmix64(key ^ splitmix64(2 * index));

@@ -39,4 +39,13 @@ std::string sha256_file_hex(const std::string& path);
 
 std::string to_hex64(uint64_t value);
 
+// splitmix64: a stateless 64-bit mixer. Counter-based generators built on it draw element i of anything
+// without the draws before it, so data order and initialization are pure functions of (seed, index).
+constexpr uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
 }  // namespace forge
