@@ -33,17 +33,48 @@ bool contains(std::string_view hay, std::string_view needle) {
   return hay.find(needle) != std::string_view::npos;
 }
 
+// Counts of 64-bit keys in an open-addressing table reused across documents: the filters count n-grams of
+// every document, and a node-based map spent most of its time allocating.
+class KeyCounter {
+ public:
+  void reset(size_t expected) {
+    size_t cap = 16;
+    while (cap < expected * 2) cap <<= 1;
+    if (keys_.size() < cap || keys_.size() > 4 * cap) {
+      keys_.assign(cap, 0);
+      counts_.assign(cap, 0);
+    } else {
+      std::fill(counts_.begin(), counts_.end(), 0);
+    }
+    mask_ = keys_.size() - 1;
+  }
+  // The key's count after adding one.
+  uint32_t add(uint64_t key) {
+    for (size_t i = static_cast<size_t>(key * 0x9e3779b97f4a7c15ULL >> 20) & mask_;; i = (i + 1) & mask_) {
+      if (counts_[i] == 0) {
+        keys_[i] = key;
+        return counts_[i] = 1;
+      }
+      if (keys_[i] == key) return ++counts_[i];
+    }
+  }
+
+ private:
+  std::vector<uint64_t> keys_;
+  std::vector<uint32_t> counts_;  // 0 = empty slot
+  size_t mask_ = 0;
+};
+
 // Fraction of the word characters covered by the most frequent word n-gram (Gopher's "top n-gram").
 double top_ngram_fraction(const std::vector<std::string_view>& words, const std::vector<uint64_t>& hashes,
-                          size_t total_chars, int n) {
+                          size_t total_chars, int n, KeyCounter& counts) {
   if (words.size() < static_cast<size_t>(n) || total_chars == 0) return 0;
-  std::unordered_map<uint64_t, uint32_t> counts;
-  counts.reserve(words.size());
+  counts.reset(words.size());
   uint64_t best_key = 0;
   uint32_t best = 0;
   for (size_t i = 0; i + n <= words.size(); ++i) {
     const uint64_t key = ngram_hash(&hashes[i], n);
-    const uint32_t c = ++counts[key];
+    const uint32_t c = counts.add(key);
     if (c > best) best = c, best_key = key;
   }
   if (best < 2) return 0;
@@ -124,9 +155,10 @@ std::string prose_filter(std::string_view text, const FilterOptions& o) {
   }
   std::vector<uint64_t> hashes(words.size());
   for (size_t i = 0; i < words.size(); ++i) hashes[i] = word_hash(words[i]);
-  if (top_ngram_fraction(words, hashes, word_chars, 2) > o.max_top_2gram_fraction) return "top_2gram";
-  if (top_ngram_fraction(words, hashes, word_chars, 3) > o.max_top_3gram_fraction) return "top_3gram";
-  if (top_ngram_fraction(words, hashes, word_chars, 4) > o.max_top_4gram_fraction) return "top_4gram";
+  thread_local KeyCounter counts;
+  if (top_ngram_fraction(words, hashes, word_chars, 2, counts) > o.max_top_2gram_fraction) return "top_2gram";
+  if (top_ngram_fraction(words, hashes, word_chars, 3, counts) > o.max_top_3gram_fraction) return "top_3gram";
+  if (top_ngram_fraction(words, hashes, word_chars, 4, counts) > o.max_top_4gram_fraction) return "top_4gram";
   return "";
 }
 

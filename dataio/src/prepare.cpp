@@ -10,6 +10,7 @@
 #include "progress.h"
 #include "report.h"
 
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,6 +27,19 @@ namespace {
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// CPU seconds of the whole process (encoding threads included). Rates per CPU-second are the per-core
+// figures the benchmark reports: unlike wall time, other processes on a shared machine do not inflate them.
+double cpu_s() {
+  timespec t{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
+}
+
+void add_cpu_rate(Json& stage, uint64_t bytes, double cpu_seconds) {
+  stage["cpu_seconds"] = cpu_seconds;
+  stage["mb_per_cpu_s"] = bytes / 1e6 / std::max(1e-9, cpu_seconds);
 }
 
 // Everything that decides the dataset's content besides the input bytes; recorded in the manifest and so
@@ -132,7 +146,7 @@ std::vector<std::vector<uint32_t>> encode_all(const Corpus& corpus, const Tokeni
 
 PrepareResult prepare_dataset(const PrepareOptions& o) {
   check_options(o);
-  const double t_start = now_s();
+  const double t_start = now_s(), cpu_start = cpu_s();
   Json stages = Json::object();
   const auto require_docs = [](const Corpus& c, const char* stage, const Json& counters) {
     if (c.docs.empty())
@@ -147,11 +161,12 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
 
   Corpus corpus;
   IngestStats ist;
-  double t = now_s();
+  double t = now_s(), cpu = cpu_s();
   ingest(o.inputs, o.ingest, corpus, ist);
   stages["ingest"] = ist.to_json();
   stages["ingest"]["seconds"] = now_s() - t;
   stages["ingest"]["mb_per_s"] = ist.bytes_in / 1e6 / std::max(1e-9, now_s() - t);
+  add_cpu_rate(stages["ingest"], ist.bytes_in, cpu_s() - cpu);
   if (ist.documents_in == 0)
     fail(ExitCode::kData,
          "the inputs hold no documents ({} files read, {} skipped by extension); nothing written", ist.files,
@@ -161,9 +176,11 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
   const auto run = [&](const char* name, const auto& stage) {
     uint64_t bytes = 0;
     for (const auto& d : corpus.docs) bytes += d.text.size();
+    const double cpu0 = cpu_s();
     Json st = stage();
     st["bytes_in"] = bytes;
     st["mb_per_s"] = bytes / 1e6 / std::max(1e-9, st.value("seconds", 0.0));
+    add_cpu_rate(st, bytes, cpu_s() - cpu0);
     stages[name] = st;
   };
   run("normalize", [&] { return normalize(corpus); });
@@ -183,6 +200,7 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
   try {
     // Tokenizer.
     t = now_s();
+    cpu = cpu_s();
     const std::string model_path = (partial / "tokenizer.model").string();
     Tokenizer tok = [&] {
       if (!o.tokenizer_model.empty()) {
@@ -192,14 +210,17 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
       return Tokenizer::train(corpus, o.tokenizer, model_path);
     }();
     const double train_seconds = o.tokenizer_model.empty() ? now_s() - t : 0.0;
+    const double train_cpu_seconds = o.tokenizer_model.empty() ? cpu_s() - cpu : 0.0;
     stages["tokenizer"] = {{"source", o.tokenizer_model.empty() ? "trained" : o.tokenizer_model},
                            {"vocab_size", tok.vocab_size()},
                            {"sha256", tok.sha256()},
-                           {"train_seconds", train_seconds}};
+                           {"train_seconds", train_seconds},
+                           {"train_cpu_seconds", train_cpu_seconds}};
 
     // Split and encode.
     const std::vector<uint8_t> valid = assign_valid_split(corpus, o.valid_fraction, o.split_seed);
     t = now_s();
+    cpu = cpu_s();
     const int threads =
         o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     const auto encoded = encode_all(corpus, tok, threads);
@@ -209,6 +230,8 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
       for (const auto& d : corpus.docs) bytes += d.text.size();
       stages["tokenizer"]["encode_bytes_in"] = bytes;
       stages["tokenizer"]["encode_mb_per_s"] = bytes / 1e6 / std::max(1e-9, now_s() - t);
+      stages["tokenizer"]["encode_cpu_seconds"] = cpu_s() - cpu;
+      stages["tokenizer"]["encode_mb_per_cpu_s"] = bytes / 1e6 / std::max(1e-9, cpu_s() - cpu);
     }
     stages["tokenizer"]["encode_threads"] = threads;
 
@@ -228,6 +251,7 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
 
     // Shards: one stream per (split, domain), cut at document boundaries every shard_tokens tokens.
     t = now_s();
+    cpu = cpu_s();
     std::vector<uint64_t> unigram(m.vocab_size);
     Json domain_stats = Json::object();
     uint64_t tokens_out = 0;
@@ -272,7 +296,8 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
     }
     stages["shards"] = {{"shards", m.shards.size()},
                         {"token_dtype", m.token_bytes == 2 ? "uint16" : "uint32"},
-                        {"seconds", now_s() - t}};
+                        {"seconds", now_s() - t},
+                        {"cpu_seconds", cpu_s() - cpu}};
     m.settings = settings_json(o, eval_hashes, o.tokenizer_model.empty() ? "trained" : "given");
     m.version = m.compute_version();
 
@@ -281,7 +306,7 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
       ds["document_share"] = double(ds["documents"].get<uint64_t>()) / double(corpus.docs.size());
       ds["token_share"] = tokens_out ? double(ds["tokens"].get<uint64_t>()) / double(tokens_out) : 0.0;
     }
-    const double total_s = now_s() - t_start;
+    const double total_s = now_s() - t_start, total_cpu_s = cpu_s() - cpu_start;
     Json quality = {{"dataset", o.out}, {"stages", stages}};
     quality["summary"] = {{"version", m.version},
                           {"documents_in", ist.documents_in},
@@ -294,6 +319,9 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
                           {"tokenizer_train_seconds", train_seconds},
                           {"mb_per_s_excluding_tokenizer_training",
                            ist.bytes_in / 1e6 / std::max(1e-9, total_s - train_seconds)},
+                          {"cpu_seconds", total_cpu_s},
+                          {"mb_per_cpu_s_excluding_tokenizer_training",
+                           ist.bytes_in / 1e6 / std::max(1e-9, total_cpu_s - train_cpu_seconds)},
                           {"peak_rss_bytes", peak_rss_bytes()}};
     quality["inputs"] = Json::array();
     for (const auto& in : o.inputs) quality["inputs"].push_back({{"path", in.path}, {"domain", in.domain}});

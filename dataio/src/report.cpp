@@ -83,9 +83,11 @@ std::string quality_summary(const Json& q) {
   line(fmt::format("tokens: unigram entropy {:.2f} bits, {} distinct; top:{}",
                    dist.at("unigram_entropy_bits").get<double>(), dist.at("distinct_tokens").get<uint64_t>(),
                    tops));
-  line(fmt::format("throughput: {:.1f} MB/s end to end excluding tokenizer training; peak memory {:.0f} MB",
-                   s.value("mb_per_s_excluding_tokenizer_training", 0.0),
-                   s.value("peak_rss_bytes", 0) / 1e6));
+  line(fmt::format(
+      "throughput: {:.1f} MB/s end to end excluding tokenizer training ({:.1f} MB per CPU-second); peak "
+      "memory {:.0f} MB",
+      s.value("mb_per_s_excluding_tokenizer_training", 0.0),
+      s.value("mb_per_cpu_s_excluding_tokenizer_training", 0.0), s.value("peak_rss_bytes", 0) / 1e6));
   return out;
 }
 

@@ -7,6 +7,7 @@
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
+#include <cstring>
 #include <unordered_map>
 
 namespace forge::data {
@@ -156,13 +157,58 @@ void Tokenizer::prepare_chunking() {
   }
 }
 
+bool EncodeCache::find(std::string_view chunk, uint64_t hash, std::span<const int>* ids) const {
+  if (slots_.empty()) return false;
+  const size_t mask = slots_.size() - 1;
+  for (size_t i = static_cast<size_t>(hash) & mask;; i = (i + 1) & mask) {
+    const Slot& s = slots_[i];
+    if (s.key_len == 0) return false;
+    if (s.hash == hash && s.key_len == chunk.size() &&
+        std::memcmp(keys_.data() + s.key_at, chunk.data(), chunk.size()) == 0) {
+      *ids = {ids_.data() + s.ids_at, s.ids_len};
+      return true;
+    }
+  }
+}
+
+void EncodeCache::insert(std::string_view chunk, uint64_t hash, std::span<const int> ids) {
+  if ((used_ + 1) * 2 > slots_.size()) grow();
+  Slot slot{hash, static_cast<uint32_t>(keys_.size()), static_cast<uint32_t>(ids_.size()),
+            static_cast<uint16_t>(chunk.size()), static_cast<uint16_t>(ids.size())};
+  keys_.append(chunk);
+  ids_.insert(ids_.end(), ids.begin(), ids.end());
+  const size_t mask = slots_.size() - 1;
+  size_t i = static_cast<size_t>(hash) & mask;
+  while (slots_[i].key_len != 0) i = (i + 1) & mask;
+  slots_[i] = slot;
+  ++used_;
+}
+
+void EncodeCache::grow() {
+  std::vector<Slot> old(std::max<size_t>(1024, slots_.size() * 2));
+  old.swap(slots_);
+  const size_t mask = slots_.size() - 1;
+  for (const Slot& s : old) {
+    if (s.key_len == 0) continue;
+    size_t i = static_cast<size_t>(s.hash) & mask;
+    while (slots_[i].key_len != 0) i = (i + 1) & mask;
+    slots_[i] = s;
+  }
+}
+
+void EncodeCache::clear() {
+  slots_.clear();
+  keys_.clear();
+  ids_.clear();
+  used_ = 0;
+}
+
 void Tokenizer::encode(std::string_view text, std::vector<int>& ids, EncodeCache& cache) const {
   constexpr size_t kMaxCachedChunk = 64;
   constexpr size_t kMaxCacheEntries = 1 << 20;  // bounds memory on corpora with huge vocabularies of words
   if (!chunkable_) return encode(text, ids);
   ids.clear();
   std::vector<int> piece_ids;
-  std::string key;
   size_t i = 0;
   const size_t n = text.size();
   while (i < n) {
@@ -176,17 +222,18 @@ void Tokenizer::encode(std::string_view text, std::vector<int>& ids, EncodeCache
       ids.insert(ids.end(), piece_ids.begin(), piece_ids.end());
       continue;
     }
-    key.assign(chunk);
-    auto it = cache.chunks.find(key);
-    if (it == cache.chunks.end()) {
-      ++cache.misses;
-      if (cache.chunks.size() >= kMaxCacheEntries) cache.chunks.clear();
-      encode(chunk, piece_ids);
-      it = cache.chunks.emplace(key, piece_ids).first;
-    } else {
+    const uint64_t hash = xxh3_64(chunk.data(), chunk.size());
+    std::span<const int> cached;
+    if (cache.find(chunk, hash, &cached)) {
       ++cache.hits;
+    } else {
+      ++cache.misses;
+      if (cache.size() >= kMaxCacheEntries) cache.clear();
+      encode(chunk, piece_ids);
+      cache.insert(chunk, hash, piece_ids);
+      cached = piece_ids;
     }
-    ids.insert(ids.end(), it->second.begin(), it->second.end());
+    ids.insert(ids.end(), cached.begin(), cached.end());
   }
 }
 

@@ -11,6 +11,8 @@
 #include <fmt/format.h>
 #include <boost/program_options.hpp>
 
+#include <malloc.h>
+
 #include <filesystem>
 #include <iostream>
 
@@ -32,27 +34,58 @@ commands:
 Run 'forge-data <command> --help' for a command's options.
 )";
 
-po::variables_map parse(const std::vector<std::string>& args, const po::options_description& desc,
-                        const po::positional_options_description& pos, std::vector<std::string>* rest) {
-  auto parser = po::command_line_parser(args).options(desc).positional(pos);
-  if (rest) parser.allow_unregistered();
-  const auto parsed = parser.run();
-  po::variables_map vm;
-  po::store(parsed, vm);
-  if (rest) *rest = po::collect_unrecognized(parsed.options, po::exclude_positional);
-  if (!vm.count("help")) po::notify(vm);
-  return vm;
-}
+// One subcommand's command line: its options (plus -h/--help), positional arguments and, for prepare,
+// the `--section.key=value` settings passed through to the config loader. Every command parses, checks
+// required options and prints its help the same way.
+class Command {
+ public:
+  explicit Command(const char* title) : desc_(title) { desc_.add_options()("help,h", "this help"); }
+  po::options_description_easy_init options() { return desc_.add_options(); }
+  Command& positional(const char* name, int count) {
+    pos_.add(name, count);
+    return *this;
+  }
+  // Unregistered `--key=value` arguments are collected here instead of being an error.
+  Command& pass_through(std::vector<std::string>* rest) {
+    rest_ = rest;
+    return *this;
+  }
+  Command& help_tail(std::string text) {
+    help_tail_ = std::move(text);
+    return *this;
+  }
+  // False when --help was given: the help is printed and the command returns 0.
+  bool parse(const std::vector<std::string>& args) {
+    auto parser = po::command_line_parser(args).options(desc_).positional(pos_);
+    if (rest_) parser.allow_unregistered();
+    const auto parsed = parser.run();
+    po::store(parsed, vm_);
+    if (vm_.count("help")) {
+      std::cout << desc_ << help_tail_;
+      return false;
+    }
+    if (rest_) *rest_ = po::collect_unrecognized(parsed.options, po::exclude_positional);
+    po::notify(vm_);
+    return true;
+  }
+  bool given(const char* name) const { return vm_.count(name) > 0 && !vm_[name].defaulted(); }
+
+ private:
+  po::options_description desc_;
+  po::positional_options_description pos_;
+  po::variables_map vm_;
+  std::vector<std::string>* rest_ = nullptr;
+  std::string help_tail_;
+};
 
 int cmd_prepare(const std::vector<std::string>& args) {
-  po::options_description desc("forge-data prepare options");
-  std::vector<std::string> inputs, eval_sets;
+  std::vector<std::string> inputs, eval_sets, overrides;
   PrepareOptions o;
   std::string config_path;
   int64_t vocab = 8192, shard_tokens = static_cast<int64_t>(o.shard_tokens);
-  desc.add_options()("help,h", "this help")(
-      "input", po::value(&inputs)->required()->composing(),
-      "file or directory to read, optionally with its domain: PATH=DOMAIN (repeatable)")(
+  Command c("forge-data prepare options");
+  c.options()("input", po::value(&inputs)->required()->composing(),
+              "file or directory to read, optionally with its domain: PATH=DOMAIN (repeatable)")(
       "out", po::value(&o.out)->required(), "dataset directory to create (must not exist or be empty)")(
       "tokenizer", po::value(&o.tokenizer_model), "use this SentencePiece model instead of training one")(
       "vocab", po::value(&vocab), "vocabulary size of the trained tokenizer (default 8192)")(
@@ -62,14 +95,10 @@ int cmd_prepare(const std::vector<std::string>& args) {
       "held-out validation share per domain")("shard-tokens", po::value(&shard_tokens),
                                               "tokens per shard before a new one starts (default 64Mi)")(
       "config", po::value(&config_path), "prepare.ini with stage settings (configs/prepare.example.ini)");
-  std::vector<std::string> overrides;
-  const auto vm = parse(args, desc, {}, &overrides);
-  if (vm.count("help")) {
-    std::cout << desc << "\nStage settings (INI keys, also as --section.key=value):\n";
-    for (const auto& key : prepare_schema().keys()) std::cout << "  " << key << "\n";
-    return 0;
-  }
-  if (vm.count("tokenizer") && vm.count("vocab"))
+  std::string stage_keys = "\nStage settings (INI keys, also as --section.key=value):\n";
+  for (const auto& key : prepare_schema().keys()) stage_keys += "  " + key + "\n";
+  if (!c.pass_through(&overrides).help_tail(stage_keys).parse(args)) return 0;
+  if (c.given("tokenizer") && c.given("vocab"))
     fail(ExitCode::kUsage, "--tokenizer and --vocab exclude each other (the model fixes the vocabulary)");
   if (vocab <= 0 || vocab > (1 << 24)) fail(ExitCode::kUsage, "--vocab {}: out of range", vocab);
   if (shard_tokens <= 0) fail(ExitCode::kUsage, "--shard-tokens {}: must be positive", shard_tokens);
@@ -85,16 +114,10 @@ int cmd_prepare(const std::vector<std::string>& args) {
 }
 
 int cmd_verify(const std::vector<std::string>& args) {
-  po::options_description desc("forge-data verify DATASET_DIR");
   std::string dir;
-  desc.add_options()("help,h", "this help")("dataset", po::value(&dir)->required(), "dataset directory");
-  po::positional_options_description pos;
-  pos.add("dataset", 1);
-  const auto vm = parse(args, desc, pos, nullptr);
-  if (vm.count("help")) {
-    std::cout << desc;
-    return 0;
-  }
+  Command c("forge-data verify DATASET_DIR");
+  c.options()("dataset", po::value(&dir)->required(), "dataset directory");
+  if (!c.positional("dataset", 1).parse(args)) return 0;
   const VerifyResult r = verify_dataset(dir);
   const Manifest m = load_manifest(dir);
   std::cout << fmt::format("ok: {} shards, {} documents, {} tokens, version {}\n", r.shards, r.documents,
@@ -103,18 +126,12 @@ int cmd_verify(const std::vector<std::string>& args) {
 }
 
 int cmd_inspect(const std::vector<std::string>& args) {
-  po::options_description desc("forge-data inspect DATASET_DIR");
   std::string dir;
   int docs = 3;
-  desc.add_options()("help,h", "this help")("dataset", po::value(&dir)->required(), "dataset directory")(
+  Command c("forge-data inspect DATASET_DIR");
+  c.options()("dataset", po::value(&dir)->required(), "dataset directory")(
       "docs", po::value(&docs)->default_value(3), "sample documents to decode");
-  po::positional_options_description pos;
-  pos.add("dataset", 1);
-  const auto vm = parse(args, desc, pos, nullptr);
-  if (vm.count("help")) {
-    std::cout << desc;
-    return 0;
-  }
+  if (!c.positional("dataset", 1).parse(args)) return 0;
   const Manifest m = load_manifest(dir);
   std::cout << fmt::format("dataset {}\nversion {}\ntokenizer {} (sha256 {}), vocab {}, tokens {}\n", dir,
                            m.version, m.tokenizer_file, m.tokenizer_sha256, m.vocab_size,
@@ -145,24 +162,17 @@ int cmd_inspect(const std::vector<std::string>& args) {
 }
 
 int cmd_compare(const std::vector<std::string>& args) {
-  po::options_description desc("forge-data compare A B");
   std::vector<std::string> dirs;
   double threshold = 0.05;
-  desc.add_options()("help,h", "this help")("datasets", po::value(&dirs)->required(),
-                                            "two dataset directories")(
+  Command c("forge-data compare A B");
+  c.options()("datasets", po::value(&dirs)->required(), "two dataset directories")(
       "threshold", po::value(&threshold)->default_value(0.05),
       "drift flag when the JS divergence or the domain-mix total variation exceeds this")(
       "json", "print the comparison as JSON");
-  po::positional_options_description pos;
-  pos.add("datasets", 2);
-  const auto vm = parse(args, desc, pos, nullptr);
-  if (vm.count("help")) {
-    std::cout << desc;
-    return 0;
-  }
+  if (!c.positional("datasets", 2).parse(args)) return 0;
   if (dirs.size() != 2) fail(ExitCode::kUsage, "compare needs two dataset directories, got {}", dirs.size());
   const Json r = compare_datasets(dirs[0], dirs[1], threshold);
-  if (vm.count("json")) {
+  if (c.given("json")) {
     std::cout << r.dump(2) << "\n";
   } else {
     std::cout << fmt::format("A {} ({})\nB {} ({})\n", dirs[0], r["a"]["version"].get<std::string>(), dirs[1],
@@ -184,6 +194,12 @@ int cmd_compare(const std::vector<std::string>& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // prepare allocates and frees one buffer per document and stage. glibc returns large blocks to the
+  // kernel (mmap below its threshold, trimming above), so every stage faulted its memory in again, and a
+  // page fault is a hypervisor exit on VMs like the ones we run on: keep freed memory in the heap instead.
+  ::mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  ::mallopt(M_TRIM_THRESHOLD, 512 << 20);
+  ::mallopt(M_TOP_PAD, 16 << 20);
   return run_cli("forge-data", [&]() -> int {
     if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
       std::cout << kUsage;
@@ -191,10 +207,11 @@ int main(int argc, char** argv) {
     }
     const std::string cmd = argv[1];
     const std::vector<std::string> args(argv + 2, argv + argc);
-    if (cmd == "prepare") return cmd_prepare(args);
-    if (cmd == "verify") return cmd_verify(args);
-    if (cmd == "inspect") return cmd_inspect(args);
-    if (cmd == "compare") return cmd_compare(args);
+    using Run = int (*)(const std::vector<std::string>&);
+    static constexpr std::pair<std::string_view, Run> kCommands[] = {
+        {"prepare", cmd_prepare}, {"verify", cmd_verify}, {"inspect", cmd_inspect}, {"compare", cmd_compare}};
+    for (const auto& [name, run] : kCommands)
+      if (cmd == name) return run(args);
     fail(ExitCode::kUsage, "unknown command '{}' (prepare, verify, inspect, compare; see --help)", cmd);
   });
 }

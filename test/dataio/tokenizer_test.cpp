@@ -1,5 +1,6 @@
 #include "forge/dataio/tokenizer.h"
 #include "forge/common/error.h"
+#include "forge/common/hash.h"
 #include "support/temp_dir.h"
 
 #include <sentencepiece_trainer.h>
@@ -56,6 +57,34 @@ TEST_CASE("tokenizer trains deterministically, round-trips text and the chunk ca
   }
   CHECK(a.chunk_cache_usable());
   CHECK(cache.hits > 0);
+}
+
+TEST_CASE("the chunk cache table keeps every chunk's own ids as it grows and after a clear") {
+  // Far more entries than the first table's 1024 slots (it grows at half load); keys that share
+  // prefixes and a deliberately colliding hash check that lookups compare the key bytes, not the hash.
+  EncodeCache cache;
+  const auto key = [](int i) { return "chunk-" + std::to_string(i); };
+  const auto ids_of = [](int i) { return std::vector<int>{i, i + 1, i % 7}; };
+  const auto hash_of = [&](int i) {
+    const std::string k = key(i);
+    return i % 100 == 0 ? uint64_t{42} : forge::xxh3_64(k.data(), k.size());
+  };
+  for (int i = 0; i < 5000; ++i) cache.insert(key(i), hash_of(i), ids_of(i));
+  CHECK(cache.size() == 5000);
+  for (int i = 0; i < 5000; ++i) {
+    std::span<const int> got;
+    REQUIRE(cache.find(key(i), hash_of(i), &got));
+    CHECK(std::vector<int>(got.begin(), got.end()) == ids_of(i));
+  }
+  std::span<const int> got;
+  CHECK_FALSE(cache.find("chunk-5000", 42, &got));
+  CHECK_FALSE(cache.find("chunk-1", 42, &got));  // right key, wrong hash: not found
+  cache.clear();
+  CHECK(cache.size() == 0);
+  CHECK_FALSE(cache.find(key(3), hash_of(3), &got));
+  cache.insert(key(3), hash_of(3), ids_of(3));
+  REQUIRE(cache.find(key(3), hash_of(3), &got));
+  CHECK(std::vector<int>(got.begin(), got.end()) == ids_of(3));
 }
 
 TEST_CASE("tokenizer rejects a bad model file and a vocabulary too small for byte fallback") {

@@ -9,7 +9,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 namespace sentencepiece {
@@ -27,9 +26,28 @@ struct TokenizerTrainOptions {
 // Memoized encodings of text chunks, one per encoding thread. Text is cut between two bytes that no
 // vocabulary piece holds next to each other: no BPE merge can cross such a cut, so the chunks encode
 // independently to the same ids. Natural text repeats its chunks (words), so most are lookups.
-struct EncodeCache {
-  std::unordered_map<std::string, std::vector<int>> chunks;
+// It is an open-addressing table: one probe compares a stored 64-bit hash before any key bytes, and keys and
+// ids live in two arenas, so a lookup costs about one cache miss and no allocation.
+class EncodeCache {
+ public:
+  // The cached ids of `chunk` (whose xxh3_64 is `hash`), or false.
+  bool find(std::string_view chunk, uint64_t hash, std::span<const int>* ids) const;
+  void insert(std::string_view chunk, uint64_t hash, std::span<const int> ids);
+  size_t size() const { return used_; }
+  void clear();
   uint64_t hits = 0, misses = 0;
+
+ private:
+  struct Slot {
+    uint64_t hash = 0;
+    uint32_t key_at = 0, ids_at = 0;
+    uint16_t key_len = 0, ids_len = 0;  // key_len 0: empty (chunks are never empty)
+  };
+  void grow();
+  std::vector<Slot> slots_;
+  std::string keys_;
+  std::vector<int> ids_;
+  size_t used_ = 0;
 };
 
 class Tokenizer {
