@@ -34,57 +34,47 @@ void check(herr_t rc, const std::string& what) {
   if (rc < 0) fail(ExitCode::kIo, "HDF5 failed to {}", what);
 }
 
+// Creates scalar attribute `name` of `type` on `obj` and writes `value` (memory laid out as `type`).
+void scalar_attr(hid_t obj, const char* name, hid_t type, const void* value) {
+  H5 space(H5Screate(H5S_SCALAR), H5Sclose, "create a scalar space");
+  H5 attr(H5Acreate2(obj, name, type, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
+          std::string("create attribute ") + name);
+  check(H5Awrite(attr.get(), type, value), std::string("write attribute ") + name);
+}
+
 void string_attr(hid_t obj, const char* name, const std::string& value) {
   H5 type(H5Tcopy(H5T_C_S1), H5Tclose, "create a string type");
   check(H5Tset_size(type.get(), H5T_VARIABLE), "size a string type");
   check(H5Tset_cset(type.get(), H5T_CSET_UTF8), "set UTF-8");
-  H5 space(H5Screate(H5S_SCALAR), H5Sclose, "create a scalar space");
-  H5 attr(H5Acreate2(obj, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
-          std::string("create attribute ") + name);
   const char* p = value.c_str();
-  check(H5Awrite(attr.get(), type.get(), &p), std::string("write attribute ") + name);
+  scalar_attr(obj, name, type.get(), &p);
 }
 
 template <typename T>
 void number_attr(hid_t obj, const char* name, hid_t type, T value) {
-  H5 space(H5Screate(H5S_SCALAR), H5Sclose, "create a scalar space");
-  H5 attr(H5Acreate2(obj, name, type, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
-          std::string("create attribute ") + name);
-  check(H5Awrite(attr.get(), type, &value), std::string("write attribute ") + name);
+  scalar_attr(obj, name, type, &value);
 }
 
 // File type and memory type of a stored dtype; 16-bit floats travel as uint16 (h5py has no bf16).
-hid_t file_type(DType d) {
+struct H5Types {
+  hid_t file;
+  hid_t memory;
+};
+H5Types h5_types(DType d) {
   switch (d) {
     case DType::kF32:
-      return H5T_IEEE_F32LE;
+      return {H5T_IEEE_F32LE, H5T_NATIVE_FLOAT};
     case DType::kBF16:
     case DType::kF16:
-      return H5T_STD_U16LE;
+      return {H5T_STD_U16LE, H5T_NATIVE_UINT16};
     case DType::kU8:
-      return H5T_STD_U8LE;
+      return {H5T_STD_U8LE, H5T_NATIVE_UINT8};
     case DType::kI32:
-      return H5T_STD_I32LE;
+      return {H5T_STD_I32LE, H5T_NATIVE_INT32};
     case DType::kI64:
-      return H5T_STD_I64LE;
+      return {H5T_STD_I64LE, H5T_NATIVE_INT64};
   }
-  return H5T_STD_U8LE;
-}
-hid_t memory_type(DType d) {
-  switch (d) {
-    case DType::kF32:
-      return H5T_NATIVE_FLOAT;
-    case DType::kBF16:
-    case DType::kF16:
-      return H5T_NATIVE_UINT16;
-    case DType::kU8:
-      return H5T_NATIVE_UINT8;
-    case DType::kI32:
-      return H5T_NATIVE_INT32;
-    case DType::kI64:
-      return H5T_NATIVE_INT64;
-  }
-  return H5T_NATIVE_UINT8;
+  return {H5T_STD_U8LE, H5T_NATIVE_UINT8};
 }
 
 void write_file(const Checkpoint& ckpt, const std::string& path, bool with_optimizer) {
@@ -113,12 +103,12 @@ void write_file(const Checkpoint& ckpt, const std::string& path, bool with_optim
     H5 space(dims.empty() ? H5Screate(H5S_SCALAR)
                           : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
              H5Sclose, "create the space of " + name);
-    H5 ds(H5Dcreate2(file.get(), ("/" + name).c_str(), file_type(t.dtype), space.get(), lcpl.get(),
-                     H5P_DEFAULT, H5P_DEFAULT),
+    const H5Types types = h5_types(t.dtype);
+    H5 ds(H5Dcreate2(file.get(), ("/" + name).c_str(), types.file, space.get(), lcpl.get(), H5P_DEFAULT,
+                     H5P_DEFAULT),
           H5Dclose, "create dataset /" + name);
     if (!buf.empty())
-      check(H5Dwrite(ds.get(), memory_type(t.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()),
-            "write /" + name);
+      check(H5Dwrite(ds.get(), types.memory, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()), "write /" + name);
     string_attr(ds.get(), "dtype", std::string(dtype_name(t.dtype)));
   }
   check(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), "flush " + path);

@@ -2,6 +2,7 @@
 
 #include "forge/common/error.h"
 
+#include <charconv>
 #include <sstream>
 
 namespace forge::quota {
@@ -11,6 +12,13 @@ std::string trim(const std::string& s) {
   if (b == std::string::npos) return "";
   const auto e = s.find_last_not_of(" \t\r");
   return s.substr(b, e - b + 1);
+}
+
+std::optional<int64_t> parse_int(std::string_view s) {
+  int64_t v = 0;
+  const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc() || ptr != s.data() + s.size()) return std::nullopt;
+  return v;
 }
 
 std::vector<std::string> split_list(const std::string& s, char sep) {

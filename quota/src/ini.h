@@ -2,7 +2,10 @@
 // policy has sections named after teams and tiers, so it is read here and validated key by key.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace forge::quota {
@@ -25,5 +28,8 @@ std::vector<IniSection> parse_ini(const std::string& text, const std::string& na
 std::string trim(const std::string& s);
 // "a, b ,c" -> {"a","b","c"}; empty items dropped.
 std::vector<std::string> split_list(const std::string& s, char sep = ',');
+// The whole of `s` as a decimal integer (an optional '-', no '+', no spaces); nullopt otherwise. Callers
+// check the range, so each error names its own bounds.
+std::optional<int64_t> parse_int(std::string_view s);
 
 }  // namespace forge::quota

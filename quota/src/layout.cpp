@@ -35,13 +35,11 @@ std::optional<Layout> parse_layout(std::string_view text, std::string* why) {
     const int index = key == "tp" ? 0 : key == "pp" ? 1 : key == "dp" ? 2 : -1;
     if (index < 0) return no(fmt::format("unknown part '{}'", printable(item, 16)));
     if (seen[index]) return no(fmt::format("{} is given twice", key));
-    int value = 0;
-    const auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
-    if (ec != std::errc() || ptr != digits.data() + digits.size() || digits[0] == '+' || value < 1 ||
-        value > 65536)
+    const auto value = parse_int(digits);
+    if (!value || *value < 1 || *value > 65536)
       return no(fmt::format("{} needs a whole number from 1 to 65536", key));
     seen[index] = true;
-    (index == 0 ? layout.tp : index == 1 ? layout.pp : layout.dp) = value;
+    (index == 0 ? layout.tp : index == 1 ? layout.pp : layout.dp) = static_cast<int>(*value);
     pos = comma + 1;
   }
   if (!seen[0] || !seen[1] || !seen[2]) return no("tp, pp and dp must all be given");
@@ -65,13 +63,14 @@ std::optional<Layout> read_spec_layout(const std::string& path, std::string* why
       for (const auto& e : section.entries) {
         int* slot = e.key == "tp" ? &l.tp : e.key == "pp" ? &l.pp : e.key == "dp" ? &l.dp : nullptr;
         if (!slot) continue;
-        const auto [ptr, ec] = std::from_chars(e.value.data(), e.value.data() + e.value.size(), *slot);
-        if (ec != std::errc() || ptr != e.value.data() + e.value.size() || *slot < 1 || *slot > 65536) {
+        const auto value = parse_int(e.value);
+        if (!value || *value < 1 || *value > 65536) {
           if (why)
             *why = fmt::format("{}:{}: parallel.{} = {}: expected a whole number from 1 to 65536",
                                printable(path, 256), e.line, e.key, printable(e.value));
           return std::nullopt;
         }
+        *slot = static_cast<int>(*value);
       }
     }
     return l;

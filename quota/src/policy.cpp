@@ -4,7 +4,6 @@
 #include "ini.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <ctime>
@@ -62,7 +61,7 @@ class Reader {
   }
 
   std::string name(const std::string& key, const std::string& fallback, bool required = false) const {
-    const IniEntry* e = required ? &require(key) : find(key);
+    const IniEntry* e = entry(key, required);
     if (!e) return fallback;
     if (!is_name(e->value)) bad(*e, "must be 1-64 letters, digits, '.', '_' or '-'");
     return e->value;
@@ -75,17 +74,18 @@ class Reader {
       if (c < 0x20 || c == 0x7f) bad(*e, "contains a control character");
     return e->value;
   }
+  // The entry for `key`: required ones must be present (error citing the section), others may be null.
+  const IniEntry* entry(const std::string& key, bool required) const {
+    return required ? &require(key) : find(key);
+  }
   int64_t integer(const IniEntry& e, int64_t min, int64_t max) const {
-    int64_t v = 0;
-    const auto* end = e.value.data() + e.value.size();
-    const auto [ptr, ec] = std::from_chars(e.value.data(), end, v);
-    if (ec != std::errc() || ptr != end || e.value.empty() || v < min || v > max)
-      bad(e, fmt::format("expected a whole number from {} to {}", min, max));
-    return v;
+    const auto v = parse_int(e.value);
+    if (!v || *v < min || *v > max) bad(e, fmt::format("expected a whole number from {} to {}", min, max));
+    return *v;
   }
   int64_t integer(const std::string& key, int64_t fallback, int64_t min, int64_t max,
                   bool required = false) const {
-    const IniEntry* e = required ? &require(key) : find(key);
+    const IniEntry* e = entry(key, required);
     return e ? integer(*e, min, max) : fallback;
   }
   double number(const IniEntry& e, double min, double max) const {
@@ -97,7 +97,7 @@ class Reader {
   }
   double number(const std::string& key, double fallback, double min, double max,
                 bool required = false) const {
-    const IniEntry* e = required ? &require(key) : find(key);
+    const IniEntry* e = entry(key, required);
     return e ? number(*e, min, max) : fallback;
   }
   bool boolean(const std::string& key, bool fallback) const {
@@ -219,10 +219,8 @@ std::optional<int64_t> parse_wall_time(const std::string& text) {
   std::string rest = text;
   const auto dash = text.find('-');
   const auto number = [](const std::string& s) -> std::optional<int64_t> {
-    int64_t v = 0;
-    const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-    if (s.empty() || ec != std::errc() || p != s.data() + s.size() || v < 0) return std::nullopt;
-    return v;
+    const auto v = parse_int(s);
+    return v && *v >= 0 ? v : std::nullopt;
   };
   if (dash != std::string::npos) {
     const auto d = number(text.substr(0, dash));

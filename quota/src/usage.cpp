@@ -5,7 +5,6 @@
 #include "ini.h"
 
 #include <algorithm>
-#include <charconv>
 #include <ctime>
 #include <sstream>
 
@@ -26,11 +25,27 @@ std::vector<std::string> split_fields(const std::string& line, size_t max_fields
 }
 
 int64_t to_int(const std::string& s, int line, const char* what) {
-  int64_t v = 0;
-  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (s.empty() || ec != std::errc() || p != s.data() + s.size() || v < 0)
+  const auto v = parse_int(s);
+  if (!v || *v < 0)
     fail(ExitCode::kData, "sacct output line {}: {} '{}' is not a non-negative number", line, what, s);
-  return v;
+  return *v;
+}
+
+// Calls row(fields, line_number) for every non-blank line of a `tool --parsable2` listing, split into
+// exactly `count` '|'-separated fields (`names`, if given, lists them in the error).
+template <typename Row>
+void for_each_row(const std::string& text, const char* tool, size_t count, const char* names, Row&& row) {
+  std::istringstream in(text);
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (trim(line).empty()) continue;
+    const auto f = split_fields(line, count);
+    if (f.size() != count)
+      fail(ExitCode::kData, "{} output line {}: expected {} '|'-separated fields{}, got {}", tool, number,
+           count, *names ? fmt::format(" ({})", names) : std::string(), f.size());
+    row(f, number);
+  }
 }
 
 }  // namespace
@@ -54,17 +69,9 @@ std::string format_utc(int64_t t) {
 
 std::vector<RunRecord> parse_sacct(const std::string& text) {
   std::vector<RunRecord> runs;
-  std::istringstream in(text);
-  std::string line;
-  for (int number = 1; std::getline(in, line); ++number) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.empty()) continue;
-    const auto f = split_fields(line, 12);
-    if (f.size() != 12)
-      fail(ExitCode::kData, "sacct output line {}: expected 12 '|'-separated fields ({}), got {}", number,
-           kSacctFields, f.size());
+  for_each_row(text, "sacct", 12, kSacctFields, [&](const std::vector<std::string>& f, int number) {
     const auto start = parse_slurm_timestamp(f[8]);
-    if (!start) continue;  // never started: no usage
+    if (!start) return;  // never started: no usage
     RunRecord r;
     r.job_id = f[0];
     r.user = f[1];
@@ -80,20 +87,13 @@ std::vector<RunRecord> parse_sacct(const std::string& text) {
     r.job_name = f[11];
     if (r.job_id.empty()) fail(ExitCode::kData, "sacct output line {}: empty JobID", number);
     runs.push_back(std::move(r));
-  }
+  });
   return runs;
 }
 
 std::vector<QueuedJob> parse_squeue(const std::string& text) {
   std::vector<QueuedJob> jobs;
-  std::istringstream in(text);
-  std::string line;
-  for (int number = 1; std::getline(in, line); ++number) {
-    if (trim(line).empty()) continue;
-    auto f = split_fields(line, 9);
-    if (f.size() != 9)
-      fail(ExitCode::kData, "squeue output line {}: expected 9 '|'-separated fields, got {}", number,
-           f.size());
+  for_each_row(text, "squeue", 9, "", [&](std::vector<std::string> f, int number) {
     for (auto& x : f) x = trim(x);
     QueuedJob j;
     j.job_id = f[0];
@@ -111,7 +111,7 @@ std::vector<QueuedJob> parse_squeue(const std::string& text) {
     }
     j.gpus = gpus_in_tres(f[8]);
     jobs.push_back(std::move(j));
-  }
+  });
   return jobs;
 }
 
