@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# The GPU check on one machine with an NVIDIA GPU (made for one H200; docs/GPU.md): builds the CUDA backend
+# and runs forge-cuda-check (every CUDA op against the CPU op, training against the CPU trainer, throughput
+# and MFU last). Output goes to stdout and, when $OUT is set, to $OUT/gpu-check.txt. About 8 minutes.
+#
+# The machine may be bare: the CUDA toolkit (with NCCL) at /usr/local/cuda or nvcc on PATH is required.
+# Build dependencies are found in this order:
+#   1. the full project configure (-DFORGE_CUDA=ON) when every Debian -dev package is installed;
+#   2. otherwise the standalone build in scripts/gpu/CMakeLists.txt (Boost program_options, fmt, xxHash,
+#      OpenSSL, OpenBLAS, OpenMP only);
+#   3. without CMake (or when both configures fail), the same sources compiled directly with nvcc and g++;
+#   4. missing libraries may come as .deb files in $FORGE_GPU_DEBS (default: build-gpu-debs/ in the checkout,
+#      see docs/GPU.md for the list), unpacked into a private prefix without root or network.
+# Environment: OUT, FORGE_GPU_DEBS, FORGE_GPU_BUILD (build dir, default build-gpu), FORGE_GPU_JOBS (16),
+# FORGE_GPU_CHECK_ARGS (extra forge-cuda-check arguments), FORGE_GPU_CHECK_TIMEOUT (seconds, 360),
+# FORGE_GPU_DIRECT=1 (skip CMake).
+set -uo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+build=${FORGE_GPU_BUILD:-$root/build-gpu}
+jobs=${FORGE_GPU_JOBS:-16}
+debs=${FORGE_GPU_DEBS:-$root/build-gpu-debs}
+log=/dev/null
+if [ -n "${OUT:-}" ]; then
+  mkdir -p "$OUT" && log=$OUT/gpu-check.txt
+  : >"$log"
+fi
+
+say() { echo "check.sh: $*" | tee -a "$log"; }
+die() {
+  say "error: $*"
+  exit 1
+}
+start=$(date +%s)
+
+# --- CUDA toolkit
+if [ -x /usr/local/cuda/bin/nvcc ]; then
+  export CUDA_HOME=/usr/local/cuda
+elif command -v nvcc >/dev/null; then
+  CUDA_HOME=$(cd "$(dirname "$(command -v nvcc)")/.." && pwd)
+  export CUDA_HOME
+else
+  die "no nvcc at /usr/local/cuda/bin or on PATH; install the CUDA toolkit (12.x or later, with NCCL)"
+fi
+export PATH=$CUDA_HOME/bin:$PATH
+export LD_LIBRARY_PATH=$CUDA_HOME/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+say "nvcc: $(nvcc --version | tail -1)"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader |
+  sed 's/^/check.sh: gpu: /' | tee -a "$log"
+
+# --- .deb files carried in: unpacked into a prefix (dpkg -x, or ar + tar where dpkg is missing)
+prefix=$root/build-gpu-prefix
+if [ -d "$debs" ] && ls "$debs"/*.deb >/dev/null 2>&1; then
+  if [ ! -f "$prefix/.unpacked" ]; then
+    mkdir -p "$prefix"
+    for deb in "$debs"/*.deb; do
+      if command -v dpkg >/dev/null; then
+        dpkg -x "$deb" "$prefix" || die "cannot unpack $deb"
+      else
+        member=$(ar t "$deb" | grep '^data\.tar') || die "cannot read $deb (no dpkg, no ar)"
+        ar p "$deb" "$member" | tar -x -C "$prefix" --use-compress-program="$(case $member in *.zst) echo zstd -d ;; *.xz) echo xz -d ;; *) echo gzip -d ;; esac)" ||
+          die "cannot unpack $deb"
+      fi
+    done
+    # Absolute symlinks of -dev packages (libfoo.so -> /usr/lib/...) point outside the prefix: relink them.
+    find "$prefix" -type l | while read -r link; do
+      target=$(readlink "$link")
+      case $target in /*) [ -e "$prefix$target" ] && ln -sfn "$prefix$target" "$link" ;; esac
+    done
+    # pkg-config files name /usr as their prefix: point them at ours.
+    find "$prefix" -name '*.pc' -exec sed -i "s|^prefix=/usr|prefix=$prefix/usr|" {} +
+    touch "$prefix/.unpacked"
+  fi
+  lib=$prefix/usr/lib/x86_64-linux-gnu
+  export PATH=$prefix/usr/bin:$PATH
+  export CMAKE_PREFIX_PATH=$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+  export PKG_CONFIG_PATH=$lib/pkgconfig:$prefix/usr/share/pkgconfig:$prefix/usr/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+  export LD_LIBRARY_PATH=$lib:$lib/openblas-pthread:$LD_LIBRARY_PATH
+  export CPATH=$prefix/usr/include${CPATH:+:$CPATH}
+  export LIBRARY_PATH=$lib${LIBRARY_PATH:+:$LIBRARY_PATH}
+  say "using .deb files from $debs ($(find "$debs" -name '*.deb' | wc -l) packages)"
+fi
+
+command -v g++ >/dev/null || die "missing g++ (Debian: apt-get install g++)"
+
+# Without CMake: the standalone build's sources compiled directly (nvcc, g++), in parallel.
+direct_build() {
+  local obj=$build/direct lib=$prefix/usr/lib/x86_64-linux-gnu
+  mkdir -p "$obj"
+  local blas_inc="" d
+  for d in "$prefix/usr/include/x86_64-linux-gnu/openblas-pthread" /usr/include/x86_64-linux-gnu/openblas-pthread \
+    /usr/include/openblas; do
+    [ -f "$d/cblas.h" ] && blas_inc="-I$d" && break
+  done
+  local inc="-I$root/common/include -I$root/trainer/include -I$root/trainer/src -I$root/trainer/cuda/include"
+  inc="$inc -I$root/trainer/cuda/src -isystem $CUDA_HOME/include $blas_inc"
+  # shellcheck disable=SC2089 # the define's quotes are meant literally: the macro is a string literal
+  local cxx="g++ -std=c++20 -O3 -fPIC -fopenmp -march=native -fno-math-errno $inc -DFORGE_SOURCE_DIR=\"$root\""
+  local nvcc_cmd="nvcc -std=c++20 -O3 --use_fast_math -Xcompiler=-fPIC -gencode arch=compute_90,code=sm_90"
+  nvcc_cmd="$nvcc_cmd -gencode arch=compute_90,code=compute_90 $inc"
+  local sources=("$root"/common/src/{config,error,hash}.cpp "$root"/trainer/src/cpu/*.cpp
+    "$root"/trainer/src/{guard,init,model,optimizer,params,progress,runtime,spec,trainer}.cpp
+    "$root"/trainer/cuda/src/*.cpp "$root"/trainer/cuda/src/*.cu "$root"/trainer/cuda/tools/*.cpp)
+  # shellcheck disable=SC2090
+  export cxx nvcc_cmd obj
+  # shellcheck disable=SC2016
+  printf '%s\n' "${sources[@]}" | xargs -P "$jobs" -I{} bash -c '
+    src={}; o=$obj/$(echo "${src#/}" | tr / _).o
+    case $src in *.cu) $nvcc_cmd -c "$src" -o "$o" ;; *) $cxx -c "$src" -o "$o" ;; esac' || return 1
+  # shellcheck disable=SC2086
+  g++ -fopenmp -o "$obj/forge-cuda-check" "$obj"/*.o -L"$CUDA_HOME/lib64" -L"$lib" -L"$lib/openblas-pthread" \
+    -L/usr/lib/x86_64-linux-gnu/openblas-pthread -lcublasLt -lnccl -lcudart -lboost_program_options -lfmt -lxxhash \
+    -lcrypto -lopenblas -lpthread -ldl -lrt
+}
+
+exe=""
+if [ -z "${FORGE_GPU_DIRECT:-}" ] && command -v cmake >/dev/null; then
+  generator=()
+  command -v ninja >/dev/null && generator=(-G Ninja)
+  configure_log=$build.configure.log
+  mkdir -p "$build"
+  dir=""
+  # The full project first, the standalone check build otherwise.
+  if cmake -S "$root" -B "$build/full" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DFORGE_CUDA=ON \
+    -DFORGE_WERROR=OFF >"$configure_log" 2>&1; then
+    dir=$build/full
+    say "configured the full project"
+  else
+    say "full configure failed ($(grep -m1 'missing dependency\|Could NOT find\|Error' "$configure_log" | sed 's/^ *//')); trying the standalone build"
+    if cmake -S "$root/scripts/gpu" -B "$build/standalone" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+      >>"$configure_log" 2>&1; then
+      dir=$build/standalone
+    else
+      tail -n 20 "$configure_log" | tee -a "$log"
+      say "standalone configure failed too; trying the direct build"
+    fi
+  fi
+  if [ -n "$dir" ]; then
+    say "building forge-cuda-check with -j$jobs (cmake)"
+    if cmake --build "$dir" --target forge-cuda-check -j "$jobs" >"$build.build.log" 2>&1; then
+      exe=$(find "$dir" -name forge-cuda-check -type f -perm -u+x | head -1)
+    else
+      grep -m 20 -E 'error|Error' "$build.build.log" | tee -a "$log"
+      say "cmake build failed (full log: $build.build.log); trying the direct build"
+    fi
+  fi
+else
+  say "no cmake (or FORGE_GPU_DIRECT set): direct build"
+fi
+if [ -z "$exe" ]; then
+  mkdir -p "$build"
+  say "building forge-cuda-check with -j$jobs (direct nvcc/g++)"
+  direct_build >"$build.direct.log" 2>&1 || {
+    grep -m 20 -E 'error|cannot find|No such file' "$build.direct.log" | tee -a "$log"
+    die "direct build failed (full log: $build.direct.log); carry the .deb files docs/GPU.md lists in \$FORGE_GPU_DEBS"
+  }
+  exe=$build/direct/forge-cuda-check
+fi
+say "built in $(($(date +%s) - start)) s: $exe"
+
+# --- the check
+# A hang (a kernel, NCCL's init) must not eat the machine's time: the check gets what the budget leaves.
+limit=${FORGE_GPU_CHECK_TIMEOUT:-360}
+# shellcheck disable=SC2086
+timeout --signal=KILL "$limit" "$exe" ${FORGE_GPU_CHECK_ARGS:-} 2>&1 | tee -a "$log"
+rc=${PIPESTATUS[0]}
+[ "$rc" -eq 137 ] && say "forge-cuda-check killed after ${limit} s (FORGE_GPU_CHECK_TIMEOUT)"
+say "forge-cuda-check exit $rc after $(($(date +%s) - start)) s"
+exit "$rc"

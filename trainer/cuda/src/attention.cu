@@ -1,0 +1,329 @@
+// Causal attention on the fused qkv, FlashAttention-2's schedule on CUDA cores: tiles of 32 queries x 32
+// keys in shared memory, one warp per query row (forward, dQ) or key row (dK, dV), a lane per key (or
+// query) for the scores and a lane per head-dim slice for the outputs. The forward keeps only the row
+// log-sum-exp; backward recomputes the probabilities from it. dQ and dK/dV are separate kernels (one over
+// query tiles, one over key tiles), so no atomics and a deterministic result.
+#include "device_math.cuh"
+#include "forge/trainer/cuda/context.h"
+#include "forge/trainer/cuda/ops.h"
+
+#include <cmath>
+#include <string>
+
+namespace forge::trainer::cuda {
+
+namespace {
+
+constexpr int kTile = 32;
+constexpr int kWarps = 8;
+constexpr int kRowsPerWarp = kTile / kWarps;
+constexpr unsigned kFull = 0xffffffffu;
+
+// Loads rows [t0, t0 + 32) of one head's slice (columns `col`.. of the rows of `src`, row stride `stride`) as
+// float into `dst` with row pitch `pitch`; rows past T are zero.
+template <class T, int HD>
+__device__ void load_tile(float* dst, int pitch, const T* src, int64_t stride, int t0, int T_) {
+  for (int i = threadIdx.x; i < kTile * HD; i += blockDim.x) {
+    const int r = i / HD, d = i % HD, t = t0 + r;
+    dst[r * pitch + d] = t < T_ ? to_f(src[int64_t(t) * stride + d]) : 0.0f;
+  }
+}
+
+template <class T, int HD>
+__global__ void __launch_bounds__(kWarps * 32)
+    attention_forward_kernel(T* out, float* lse, const T* qkv, int T_, int C, int NH, float scale) {
+  extern __shared__ float sm[];
+  float* q = sm;                    // [32][HD]
+  float* k = q + kTile * HD;        // [32][HD + 1]: lane j reads row j
+  float* v = k + kTile * (HD + 1);  // [32][HD]
+  constexpr int DPL = HD / 32;
+  const int qt = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int64_t C3 = 3 * int64_t(C);
+  const T* base = qkv + int64_t(b) * T_ * C3 + h * HD;
+  const int q0 = qt * kTile, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  load_tile<T, HD>(q, HD, base, C3, q0, T_);
+  float o[kRowsPerWarp][DPL], mrow[kRowsPerWarp], lrow[kRowsPerWarp];
+#pragma unroll
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    mrow[rr] = -INFINITY;
+    lrow[rr] = 0;
+#pragma unroll
+    for (int dd = 0; dd < DPL; ++dd) o[rr][dd] = 0;
+  }
+  for (int kt = 0; kt <= qt; ++kt) {
+    __syncthreads();
+    load_tile<T, HD>(k, HD + 1, base + C, C3, kt * kTile, T_);
+    load_tile<T, HD>(v, HD, base + 2 * C, C3, kt * kTile, T_);
+    __syncthreads();
+#pragma unroll
+    for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+      const int r = warp * kRowsPerWarp + rr, tq = q0 + r, tk = kt * kTile + lane;
+      if (tq >= T_) continue;
+      const bool visible = tk <= tq;
+      float s = -INFINITY;
+      if (visible) {
+        float acc = 0;
+#pragma unroll 16
+        for (int d = 0; d < HD; ++d) acc += q[r * HD + d] * k[lane * (HD + 1) + d];
+        s = acc * scale;
+      }
+      // Key kt*32 <= q0 <= tq is always visible, so the new maximum is finite.
+      const float mnew = fmaxf(mrow[rr], warp_max(s));
+      const float p = visible ? expf(s - mnew) : 0.0f;
+      const float alpha = expf(mrow[rr] - mnew);
+      lrow[rr] = lrow[rr] * alpha + warp_sum(p);
+      mrow[rr] = mnew;
+#pragma unroll
+      for (int dd = 0; dd < DPL; ++dd) o[rr][dd] *= alpha;
+      for (int j = 0; j < kTile; ++j) {
+        const float pj = __shfl_sync(kFull, p, j);
+#pragma unroll
+        for (int dd = 0; dd < DPL; ++dd) o[rr][dd] += pj * v[j * HD + lane + dd * 32];
+      }
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    const int tq = q0 + warp * kRowsPerWarp + rr;
+    if (tq >= T_) continue;
+    T* orow = out + (int64_t(b) * T_ + tq) * C + h * HD;
+#pragma unroll
+    for (int dd = 0; dd < DPL; ++dd) orow[lane + dd * 32] = from_f<T>(o[rr][dd] / lrow[rr]);
+    if (lane == 0) lse[int64_t(bh) * T_ + tq] = mrow[rr] + logf(lrow[rr]);
+  }
+}
+
+// D[bh, t] = sum_d dout[t, d] * out[t, d] (one warp per row and head).
+template <class T>
+__global__ void attention_delta_kernel(float* D, const T* dout, const T* out, int B, int T_, int C, int NH,
+                                       int hd) {
+  const int64_t w = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (w >= int64_t(B) * NH * T_) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t bh = w / T_;
+  const int t = int(w % T_), b = int(bh / NH), h = int(bh % NH);
+  const int64_t at = (int64_t(b) * T_ + t) * C + h * hd;
+  float s = 0;
+  for (int d = lane; d < hd; d += 32) s += to_f(dout[at + d]) * to_f(out[at + d]);
+  s = warp_sum(s);
+  if (lane == 0) D[w] = s;
+}
+
+// dQ for one tile of 32 queries: loops over the key tiles it sees.
+template <class T, int HD>
+__global__ void __launch_bounds__(kWarps * 32)
+    attention_dq_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* D, int T_, int C,
+                        int NH, float scale) {
+  extern __shared__ float sm[];
+  float* q = sm;                    // [32][HD]
+  float* go = q + kTile * HD;       // [32][HD]
+  float* k = go + kTile * HD;       // [32][HD + 1]
+  float* v = k + kTile * (HD + 1);  // [32][HD + 1]
+  constexpr int DPL = HD / 32;
+  const int qt = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int64_t C3 = 3 * int64_t(C);
+  const T* base = qkv + int64_t(b) * T_ * C3 + h * HD;
+  const int q0 = qt * kTile, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  load_tile<T, HD>(q, HD, base, C3, q0, T_);
+  load_tile<T, HD>(go, HD, dout + int64_t(b) * T_ * C + h * HD, C, q0, T_);
+  float dq[kRowsPerWarp][DPL], l[kRowsPerWarp], dd_[kRowsPerWarp];
+#pragma unroll
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    const int tq = q0 + warp * kRowsPerWarp + rr;
+    l[rr] = tq < T_ ? lse[int64_t(bh) * T_ + tq] : 0.0f;
+    dd_[rr] = tq < T_ ? D[int64_t(bh) * T_ + tq] : 0.0f;
+#pragma unroll
+    for (int dd = 0; dd < DPL; ++dd) dq[rr][dd] = 0;
+  }
+  for (int kt = 0; kt <= qt; ++kt) {
+    __syncthreads();
+    load_tile<T, HD>(k, HD + 1, base + C, C3, kt * kTile, T_);
+    load_tile<T, HD>(v, HD + 1, base + 2 * C, C3, kt * kTile, T_);
+    __syncthreads();
+#pragma unroll
+    for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+      const int r = warp * kRowsPerWarp + rr, tq = q0 + r, tk = kt * kTile + lane;
+      if (tq >= T_) continue;
+      float ds = 0;
+      if (tk <= tq) {
+        float s = 0, dp = 0;
+#pragma unroll 16
+        for (int d = 0; d < HD; ++d) {
+          s += q[r * HD + d] * k[lane * (HD + 1) + d];
+          dp += go[r * HD + d] * v[lane * (HD + 1) + d];
+        }
+        const float p = expf(s * scale - l[rr]);
+        ds = p * (dp - dd_[rr]) * scale;
+      }
+      for (int j = 0; j < kTile; ++j) {
+        const float dsj = __shfl_sync(kFull, ds, j);
+#pragma unroll
+        for (int dd = 0; dd < DPL; ++dd) dq[rr][dd] += dsj * k[j * (HD + 1) + lane + dd * 32];
+      }
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    const int tq = q0 + warp * kRowsPerWarp + rr;
+    if (tq >= T_) continue;
+    T* row = dqkv + (int64_t(b) * T_ + tq) * C3 + h * HD;
+#pragma unroll
+    for (int dd = 0; dd < DPL; ++dd) row[lane + dd * 32] = from_f<T>(dq[rr][dd]);
+  }
+}
+
+// dK and dV for one tile of 32 keys: loops over the query tiles that see it.
+template <class T, int HD>
+__global__ void __launch_bounds__(kWarps * 32)
+    attention_dkv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* D, int T_,
+                         int C, int NH, float scale) {
+  extern __shared__ float sm[];
+  float* k = sm;                         // [32][HD]
+  float* v = k + kTile * HD;             // [32][HD]
+  float* q = v + kTile * HD;             // [32][HD + 1]: lane i reads query row i
+  float* go = q + kTile * (HD + 1);      // [32][HD + 1]
+  float* stats = go + kTile * (HD + 1);  // lse[32], D[32]
+  constexpr int DPL = HD / 32;
+  const int kt = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int64_t C3 = 3 * int64_t(C);
+  const T* base = qkv + int64_t(b) * T_ * C3 + h * HD;
+  const int k0 = kt * kTile, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  load_tile<T, HD>(k, HD, base + C, C3, k0, T_);
+  load_tile<T, HD>(v, HD, base + 2 * C, C3, k0, T_);
+  float dk[kRowsPerWarp][DPL], dv[kRowsPerWarp][DPL];
+#pragma unroll
+  for (int rr = 0; rr < kRowsPerWarp; ++rr)
+#pragma unroll
+    for (int dd = 0; dd < DPL; ++dd) dk[rr][dd] = dv[rr][dd] = 0;
+  const int tiles = (T_ + kTile - 1) / kTile;
+  for (int qt = kt; qt < tiles; ++qt) {
+    const int q0 = qt * kTile;
+    __syncthreads();
+    load_tile<T, HD>(q, HD + 1, base, C3, q0, T_);
+    load_tile<T, HD>(go, HD + 1, dout + int64_t(b) * T_ * C + h * HD, C, q0, T_);
+    if (threadIdx.x < kTile) {
+      const int t = q0 + threadIdx.x;
+      stats[threadIdx.x] = t < T_ ? lse[int64_t(bh) * T_ + t] : 0.0f;
+      stats[kTile + threadIdx.x] = t < T_ ? D[int64_t(bh) * T_ + t] : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+      const int j = warp * kRowsPerWarp + rr, tk = k0 + j, tq = q0 + lane;
+      if (tk >= T_) continue;
+      float p = 0, ds = 0;
+      if (tq < T_ && tk <= tq) {
+        float s = 0, dp = 0;
+#pragma unroll 16
+        for (int d = 0; d < HD; ++d) {
+          s += k[j * HD + d] * q[lane * (HD + 1) + d];
+          dp += v[j * HD + d] * go[lane * (HD + 1) + d];
+        }
+        p = expf(s * scale - stats[lane]);
+        ds = p * (dp - stats[kTile + lane]) * scale;
+      }
+      for (int i = 0; i < kTile; ++i) {
+        const float pi = __shfl_sync(kFull, p, i), dsi = __shfl_sync(kFull, ds, i);
+#pragma unroll
+        for (int dd = 0; dd < DPL; ++dd) {
+          dv[rr][dd] += pi * go[i * (HD + 1) + lane + dd * 32];
+          dk[rr][dd] += dsi * q[i * (HD + 1) + lane + dd * 32];
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    const int tk = k0 + warp * kRowsPerWarp + rr;
+    if (tk >= T_) continue;
+    T* row = dqkv + (int64_t(b) * T_ + tk) * C3 + h * HD;
+#pragma unroll
+    for (int dd = 0; dd < DPL; ++dd) {
+      row[C + lane + dd * 32] = from_f<T>(dk[rr][dd]);
+      row[2 * C + lane + dd * 32] = from_f<T>(dv[rr][dd]);
+    }
+  }
+}
+
+// Dynamic shared memory above 48 KiB must be opted into once per kernel.
+template <class Kernel>
+void allow_smem(Kernel kernel, size_t bytes, const char* name) {
+  if (bytes > 48 * 1024)
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), name);
+}
+
+void check_head_dim(int C, int NH) {
+  const int hd = NH > 0 ? C / NH : 0;
+  if (NH <= 0 || C % NH != 0 || (hd != 32 && hd != 64 && hd != 128))
+    usage_fail("CUDA attention: head dim " + std::to_string(hd) + " (d_model " + std::to_string(C) +
+               " / heads " + std::to_string(NH) + ") is not supported; use 32, 64 or 128");
+}
+
+template <class T, int HD>
+void forward_hd(T* out, float* lse, const T* qkv, int B, int T_, int C, int NH) {
+  const size_t smem = sizeof(float) * kTile * (3 * HD + 1);
+  allow_smem(attention_forward_kernel<T, HD>, smem, "cudaFuncSetAttribute (attention_forward)");
+  const dim3 grid((T_ + kTile - 1) / kTile, B * NH);
+  attention_forward_kernel<T, HD>
+      <<<grid, kWarps * 32, smem, stream()>>>(out, lse, qkv, T_, C, NH, 1.0f / std::sqrt(float(HD)));
+  check_launch("attention_forward");
+}
+
+template <class T, int HD>
+void backward_hd(T* dqkv, float* D, const T* dout, const T* qkv, const T* out, const float* lse, int B,
+                 int T_, int C, int NH) {
+  const int64_t rows = int64_t(B) * NH * T_;
+  attention_delta_kernel<<<int((rows + kWarps - 1) / kWarps), kWarps * 32, 0, stream()>>>(D, dout, out, B, T_,
+                                                                                          C, NH, HD);
+  check_launch("attention_backward (delta)");
+  const dim3 grid((T_ + kTile - 1) / kTile, B * NH);
+  const float scale = 1.0f / std::sqrt(float(HD));
+  const size_t smem_dq = sizeof(float) * kTile * (4 * HD + 2);
+  allow_smem(attention_dq_kernel<T, HD>, smem_dq, "cudaFuncSetAttribute (attention dq)");
+  attention_dq_kernel<T, HD>
+      <<<grid, kWarps * 32, smem_dq, stream()>>>(dqkv, dout, qkv, lse, D, T_, C, NH, scale);
+  check_launch("attention_backward (dq)");
+  const size_t smem_dkv = sizeof(float) * (kTile * (4 * HD + 2) + 2 * kTile);
+  allow_smem(attention_dkv_kernel<T, HD>, smem_dkv, "cudaFuncSetAttribute (attention dkv)");
+  attention_dkv_kernel<T, HD>
+      <<<grid, kWarps * 32, smem_dkv, stream()>>>(dqkv, dout, qkv, lse, D, T_, C, NH, scale);
+  check_launch("attention_backward (dk, dv)");
+}
+
+}  // namespace
+
+template <class T>
+void attention_forward(T* out, float* lse, const T* qkv, int B, int T_, int C, int NH) {
+  check_head_dim(C, NH);
+  switch (C / NH) {
+    case 32:
+      return forward_hd<T, 32>(out, lse, qkv, B, T_, C, NH);
+    case 64:
+      return forward_hd<T, 64>(out, lse, qkv, B, T_, C, NH);
+    default:
+      return forward_hd<T, 128>(out, lse, qkv, B, T_, C, NH);
+  }
+}
+
+template <class T>
+void attention_backward(T* dqkv, float* scratch, const T* dout, const T* qkv, const T* out, const float* lse,
+                        int B, int T_, int C, int NH) {
+  check_head_dim(C, NH);
+  switch (C / NH) {
+    case 32:
+      return backward_hd<T, 32>(dqkv, scratch, dout, qkv, out, lse, B, T_, C, NH);
+    case 64:
+      return backward_hd<T, 64>(dqkv, scratch, dout, qkv, out, lse, B, T_, C, NH);
+    default:
+      return backward_hd<T, 128>(dqkv, scratch, dout, qkv, out, lse, B, T_, C, NH);
+  }
+}
+
+template void attention_forward<float>(float*, float*, const float*, int, int, int, int);
+template void attention_forward<bf16>(bf16*, float*, const bf16*, int, int, int, int);
+template void attention_backward<float>(float*, float*, const float*, const float*, const float*,
+                                        const float*, int, int, int, int);
+template void attention_backward<bf16>(bf16*, float*, const bf16*, const bf16*, const bf16*, const float*,
+                                       int, int, int, int);
+
+}  // namespace forge::trainer::cuda

@@ -1,0 +1,340 @@
+// The memory-bound ops: embedding, LayerNorm (plain and fused with the residual add), bias + GELU, bias
+// gradients, cross-entropy over a logits chunk, AdamW and the gradient norm. Math in FP32 whatever the
+// storage type; one warp per row for the row-wise ops (rows are short: C <= a few thousand).
+#include "device_math.cuh"
+#include "forge/trainer/cuda/context.h"
+#include "forge/trainer/cuda/ops.h"
+
+#include <algorithm>
+
+namespace forge::trainer::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr float kEps = 1e-5f;
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kCubic = 0.044715f;
+
+int blocks_for(int64_t n, int threads = kThreads) {
+  return int(std::min<int64_t>((n + threads - 1) / threads, int64_t(1) << 30));
+}
+
+template <class T>
+__global__ void embedding_forward_kernel(float* out, const int32_t* tokens, const T* wte, const T* wpe,
+                                         int T_, int C, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int64_t row = i / C;
+  const int c = int(i % C), t = int(row % T_);
+  out[i] = to_f(wte[int64_t(tokens[row]) * C + c]) + to_f(wpe[int64_t(t) * C + c]);
+}
+
+__global__ void embedding_backward_wte(float* dwte, const float* dout, const int32_t* tokens, int C,
+                                       int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int64_t row = i / C;
+  atomicAdd(dwte + int64_t(tokens[row]) * C + i % C, dout[i]);
+}
+
+__global__ void embedding_backward_wpe(float* dwpe, const float* dout, int B, int T_, int C) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // over T x C
+  if (i >= int64_t(T_) * C) return;
+  float s = 0;
+  for (int b = 0; b < B; ++b) s += dout[int64_t(b) * T_ * C + i];
+  dwpe[i] += s;
+}
+
+// One warp per row: mean and rstd in two passes over the row (it stays in L1), then the normalized output.
+template <class T>
+__device__ void layernorm_row(T* out, float* mean, float* rstd, const float* x, const T* w, const T* b,
+                              int64_t r, int C) {
+  const int lane = threadIdx.x % 32;
+  float s = 0;
+  for (int c = lane; c < C; c += 32) s += x[c];
+  const float m = warp_sum(s) / C;
+  float v = 0;
+  for (int c = lane; c < C; c += 32) v += (x[c] - m) * (x[c] - m);
+  const float rs = rsqrtf(warp_sum(v) / C + kEps);
+  for (int c = lane; c < C; c += 32) out[c] = from_f<T>((x[c] - m) * rs * to_f(w[c]) + to_f(b[c]));
+  if (lane == 0) mean[r] = m, rstd[r] = rs;
+}
+
+template <class T>
+__global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const float* in, const T* w,
+                                         const T* b, int N, int C) {
+  const int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (r >= N) return;
+  layernorm_row(out + r * C, mean, rstd, in + r * C, w, b, r, C);
+}
+
+template <class T>
+__global__ void residual_layernorm_kernel(float* res_out, T* ln_out, float* mean, float* rstd,
+                                          const float* res_in, const float* delta, const T* delta_bias,
+                                          const T* w, const T* b, int N, int C) {
+  const int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (r >= N) return;
+  const int lane = threadIdx.x % 32;
+  float* x = res_out + r * C;
+  for (int c = lane; c < C; c += 32) x[c] = res_in[r * C + c] + delta[r * C + c] + to_f(delta_bias[c]);
+  __syncwarp();
+  layernorm_row(ln_out + r * C, mean, rstd, x, w, b, r, C);
+}
+
+// A grid-stride set of warps, one row at a time; the block's weight and bias gradients are summed in shared
+// memory and added to the global ones once per block.
+template <class T>
+__global__ void layernorm_backward_kernel(float* din, float* dweight, float* dbias, const T* dout,
+                                          const float* in, const T* weight, const float* mean,
+                                          const float* rstd, int N, int C) {
+  extern __shared__ float acc[];  // [2][C]
+  for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) acc[c] = 0;
+  __syncthreads();
+  const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  for (int64_t r = int64_t(blockIdx.x) * warps + threadIdx.x / 32; r < N; r += int64_t(gridDim.x) * warps) {
+    const float* x = in + r * C;
+    const T* g = dout + r * C;
+    const float m = mean[r], rs = rstd[r];
+    float sum_d = 0, sum_dn = 0;
+    for (int c = lane; c < C; c += 32) {
+      const float n = (x[c] - m) * rs, gc = to_f(g[c]), d = gc * to_f(weight[c]);
+      sum_d += d;
+      sum_dn += d * n;
+      atomicAdd(acc + c, gc * n);
+      atomicAdd(acc + C + c, gc);
+    }
+    sum_d = warp_sum(sum_d) / C;
+    sum_dn = warp_sum(sum_dn) / C;
+    float* dx = din + r * C;
+    for (int c = lane; c < C; c += 32) {
+      const float n = (x[c] - m) * rs;
+      dx[c] += rs * (to_f(g[c]) * to_f(weight[c]) - sum_d - n * sum_dn);
+    }
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    atomicAdd(dweight + c, acc[c]);
+    atomicAdd(dbias + c, acc[C + c]);
+  }
+}
+
+__device__ __forceinline__ float gelu(float x) {
+  return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kCubic * x * x * x)));
+}
+
+template <class T>
+__global__ void bias_gelu_kernel(T* out, T* pre, const T* bias, int C, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const T x = from_f<T>(to_f(pre[i]) + to_f(bias[i % C]));
+  pre[i] = x;
+  out[i] = from_f<T>(gelu(to_f(x)));
+}
+
+template <class T>
+__global__ void gelu_backward_kernel(T* dinout, const T* pre, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float x = to_f(pre[i]);
+  const float th = tanhf(kSqrt2OverPi * (x + kCubic * x * x * x));
+  const float du = kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);
+  dinout[i] = from_f<T>(to_f(dinout[i]) * (0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du));
+}
+
+// Block (x: 32 columns, y: 8 row lanes) sums a slab of rows of 32 columns; one atomic per column per block.
+template <class T>
+__global__ void bias_backward_kernel(float* dbias, const T* dout, int N, int OC, int rows_per_block) {
+  __shared__ float part[8][33];
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  const int r0 = blockIdx.y * rows_per_block, r1 = min(N, r0 + rows_per_block);
+  float s = 0;
+  if (c < OC)
+    for (int r = r0 + threadIdx.y; r < r1; r += 8) s += to_f(dout[int64_t(r) * OC + c]);
+  part[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < OC) {
+    for (int y = 1; y < 8; ++y) s += part[y][threadIdx.x];
+    atomicAdd(dbias + c, s);
+  }
+}
+
+template <class T>
+__global__ void convert_kernel(T* out, const float* in, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = from_f<T>(in[i]);
+}
+
+template <class T>
+__global__ void cross_entropy_kernel(T* dlogits, float* losses, const float* logits, const int32_t* targets,
+                                     int V, float grad_scale) {
+  __shared__ float scratch[32];
+  const int64_t r = blockIdx.x;
+  const float* row = logits + r * V;
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, row[j]);
+  mx = block_reduce<true>(mx, scratch);
+  float sum = 0;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) sum += expf(row[j] - mx);
+  sum = block_reduce<false>(sum, scratch);
+  const int target = targets[r];
+  if (threadIdx.x == 0) losses[r] = logf(sum) - (row[target] - mx);
+  if (dlogits == nullptr) return;
+  const float inv = grad_scale / sum;
+  T* d = dlogits + r * V;
+  for (int j = threadIdx.x; j < V; j += blockDim.x)
+    d[j] = from_f<T>(expf(row[j] - mx) * inv - (j == target ? grad_scale : 0.0f));
+}
+
+template <class T>
+__global__ void adamw_kernel(float* w, T* work, const float* g, float* m, float* v, size_t n,
+                             float grad_scale, float b1, float b2, float eps, float keep, float step_size,
+                             float inv_sqrt_bc2) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float gi = g[i] * grad_scale;
+  const float mi = b1 * m[i] + (1.0f - b1) * gi;
+  const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+  m[i] = mi;
+  v[i] = vi;
+  const float wi = w[i] * keep - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+  w[i] = wi;
+  if (work != nullptr) work[i] = from_f<T>(wi);
+}
+
+__global__ void sum_squares_kernel(double* out, const float* g, size_t n) {
+  __shared__ double part[kThreads / 32];
+  double s = 0;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    s += double(g[i]) * double(g[i]);
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) s += part[w];
+    atomicAdd(out, s);
+  }
+}
+
+int row_blocks(int N) {
+  return (N + kThreads / 32 - 1) / (kThreads / 32);
+}
+
+}  // namespace
+
+template <class T>
+void embedding_forward(float* out, const int32_t* tokens, const T* wte, const T* wpe, int B, int T_, int C) {
+  const int64_t n = int64_t(B) * T_ * C;
+  embedding_forward_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(out, tokens, wte, wpe, T_, C, n);
+  check_launch("embedding_forward");
+}
+
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T_,
+                        int C) {
+  const int64_t n = int64_t(B) * T_ * C;
+  embedding_backward_wte<<<blocks_for(n), kThreads, 0, stream()>>>(dwte, dout, tokens, C, n);
+  check_launch("embedding_backward (wte)");
+  embedding_backward_wpe<<<blocks_for(int64_t(T_) * C), kThreads, 0, stream()>>>(dwpe, dout, B, T_, C);
+  check_launch("embedding_backward (wpe)");
+}
+
+template <class T>
+void layernorm_forward(T* out, float* mean, float* rstd, const float* in, const T* weight, const T* bias,
+                       int N, int C) {
+  layernorm_forward_kernel<<<row_blocks(N), kThreads, 0, stream()>>>(out, mean, rstd, in, weight, bias, N, C);
+  check_launch("layernorm_forward");
+}
+
+template <class T>
+void layernorm_backward(float* din, float* dweight, float* dbias, const T* dout, const float* in,
+                        const T* weight, const float* mean, const float* rstd, int N, int C) {
+  int sms = 0, device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  const int blocks = std::min(row_blocks(N), 4 * sms);
+  const size_t smem = sizeof(float) * 2 * size_t(C);
+  if (smem > 48 * 1024)
+    check_cuda(cudaFuncSetAttribute(layernorm_backward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(smem)),
+               "cudaFuncSetAttribute (layernorm_backward)");
+  layernorm_backward_kernel<<<blocks, kThreads, smem, stream()>>>(din, dweight, dbias, dout, in, weight, mean,
+                                                                  rstd, N, C);
+  check_launch("layernorm_backward");
+}
+
+template <class T>
+void residual_layernorm_forward(float* res_out, T* ln_out, float* mean, float* rstd, const float* res_in,
+                                const float* delta, const T* delta_bias, const T* weight, const T* bias,
+                                int N, int C) {
+  residual_layernorm_kernel<<<row_blocks(N), kThreads, 0, stream()>>>(res_out, ln_out, mean, rstd, res_in,
+                                                                      delta, delta_bias, weight, bias, N, C);
+  check_launch("residual_layernorm_forward");
+}
+
+template <class T>
+void bias_gelu_forward(T* out, T* pre, const T* bias, int N, int C) {
+  const int64_t n = int64_t(N) * C;
+  bias_gelu_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(out, pre, bias, C, n);
+  check_launch("bias_gelu_forward");
+}
+
+template <class T>
+void gelu_backward(T* dinout, const T* pre, int N, int C) {
+  const int64_t n = int64_t(N) * C;
+  gelu_backward_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(dinout, pre, n);
+  check_launch("gelu_backward");
+}
+
+template <class T>
+void bias_backward(float* dbias, const T* dout, int N, int OC) {
+  constexpr int kRows = 256;
+  const dim3 grid((OC + 31) / 32, (N + kRows - 1) / kRows);
+  bias_backward_kernel<<<grid, dim3(32, 8), 0, stream()>>>(dbias, dout, N, OC, kRows);
+  check_launch("bias_backward");
+}
+
+template <class T>
+void convert(T* out, const float* in, int64_t n) {
+  convert_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(out, in, n);
+  check_launch("convert");
+}
+
+template <class T>
+void cross_entropy_rows(T* dlogits, float* losses, const float* logits, const int32_t* targets, int rows,
+                        int V, float grad_scale) {
+  cross_entropy_kernel<<<rows, 512, 0, stream()>>>(dlogits, losses, logits, targets, V, grad_scale);
+  check_launch("cross_entropy_rows");
+}
+
+template <class T>
+void adamw_update(float* w, T* work, const float* g, float* m, float* v, size_t n, float grad_scale, float b1,
+                  float b2, float eps, float keep, float step_size, float inv_sqrt_bc2) {
+  adamw_kernel<<<blocks_for(int64_t(n)), kThreads, 0, stream()>>>(w, work, g, m, v, n, grad_scale, b1, b2,
+                                                                  eps, keep, step_size, inv_sqrt_bc2);
+  check_launch("adamw_update");
+}
+
+void sum_squares(double* out, const float* g, size_t n) {
+  sum_squares_kernel<<<std::min(blocks_for(int64_t(n)), 1024), kThreads, 0, stream()>>>(out, g, n);
+  check_launch("sum_squares");
+}
+
+#define FORGE_INSTANTIATE(T)                                                                           \
+  template void embedding_forward<T>(float*, const int32_t*, const T*, const T*, int, int, int);       \
+  template void layernorm_forward<T>(T*, float*, float*, const float*, const T*, const T*, int, int);  \
+  template void layernorm_backward<T>(float*, float*, float*, const T*, const float*, const T*,        \
+                                      const float*, const float*, int, int);                           \
+  template void residual_layernorm_forward<T>(float*, T*, float*, float*, const float*, const float*,  \
+                                              const T*, const T*, const T*, int, int);                 \
+  template void bias_gelu_forward<T>(T*, T*, const T*, int, int);                                      \
+  template void gelu_backward<T>(T*, const T*, int, int);                                              \
+  template void bias_backward<T>(float*, const T*, int, int);                                          \
+  template void convert<T>(T*, const float*, int64_t);                                                 \
+  template void cross_entropy_rows<T>(T*, float*, const float*, const int32_t*, int, int, float);      \
+  template void adamw_update<T>(float*, T*, const float*, float*, float*, size_t, float, float, float, \
+                                float, float, float, float);
+FORGE_INSTANTIATE(float)
+FORGE_INSTANTIATE(bf16)
+#undef FORGE_INSTANTIATE
+
+}  // namespace forge::trainer::cuda

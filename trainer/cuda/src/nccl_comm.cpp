@@ -1,0 +1,236 @@
+#include "forge/trainer/cuda/nccl_comm.h"
+
+#include "forge/common/error.h"
+#include "forge/trainer/progress.h"
+
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+
+namespace forge::trainer::cuda {
+
+namespace {
+
+ncclDataType_t nccl_type(CommType t) {
+  switch (t) {
+    case CommType::kF32:
+      return ncclFloat32;
+    case CommType::kF64:
+      return ncclFloat64;
+    case CommType::kBF16:
+      return ncclBfloat16;
+    case CommType::kI32:
+      return ncclInt32;
+    case CommType::kU8:
+      return ncclUint8;
+  }
+  return ncclUint8;
+}
+
+size_t type_bytes(CommType t) {
+  switch (t) {
+    case CommType::kF32:
+      return 4;
+    case CommType::kF64:
+      return 8;
+    case CommType::kBF16:
+      return 2;
+    case CommType::kI32:
+      return 4;
+    case CommType::kU8:
+      return 1;
+  }
+  return 1;
+}
+
+class NcclComm;
+
+class NcclRequest final : public Request {
+ public:
+  NcclRequest(NcclComm* comm, cudaEvent_t event, const char* what)
+      : comm_(comm), event_(event), what_(what) {}
+  ~NcclRequest() override { cudaEventDestroy(event_); }
+  void wait() override;
+  bool test() override;
+
+ private:
+  NcclComm* comm_;
+  cudaEvent_t event_;
+  const char* what_;
+  bool done_ = false;
+};
+
+class NcclComm final : public Comm {
+ public:
+  NcclComm(ncclComm_t comm, int rank, int size, std::string name, cudaStream_t compute)
+      : comm_(comm), rank_(rank), size_(size), name_(std::move(name)), compute_(compute) {
+    cudaGetDevice(&device_);
+    cuda("cudaStreamCreateWithFlags", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    cuda("cudaEventCreateWithFlags", cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    cuda("cudaMalloc", cudaMalloc(&scratch_, sizeof(int)));
+  }
+
+  ~NcclComm() override {
+    if (comm_ != nullptr) {
+      // After a failure peers may be gone: only the non-blocking abort is safe then.
+      if (failed_)
+        ncclCommAbort(comm_);
+      else
+        ncclCommDestroy(comm_);
+    }
+    cudaFree(scratch_);
+    cudaEventDestroy(ready_);
+    cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+
+  RequestPtr all_reduce(void* data, size_t count, CommType type, ReduceOp op) override {
+    begin("nccl all_reduce", count * type_bytes(type));
+    nccl("ncclAllReduce", ncclAllReduce(data, data, count, nccl_type(type),
+                                        op == ReduceOp::kSum ? ncclSum : ncclMax, comm_, stream_));
+    return finish("ncclAllReduce");
+  }
+  RequestPtr reduce_scatter(const void* in, void* out, size_t count, CommType type) override {
+    begin("nccl reduce_scatter", count * size_t(size_) * type_bytes(type));
+    nccl("ncclReduceScatter", ncclReduceScatter(in, out, count, nccl_type(type), ncclSum, comm_, stream_));
+    return finish("ncclReduceScatter");
+  }
+  RequestPtr all_gather(const void* in, void* out, size_t count, CommType type) override {
+    begin("nccl all_gather", count * size_t(size_) * type_bytes(type));
+    nccl("ncclAllGather", ncclAllGather(in, out, count, nccl_type(type), comm_, stream_));
+    return finish("ncclAllGather");
+  }
+  RequestPtr broadcast(void* data, size_t count, CommType type, int root) override {
+    begin("nccl broadcast", rank_ == root ? count * type_bytes(type) : 0);
+    nccl("ncclBroadcast", ncclBroadcast(data, data, count, nccl_type(type), root, comm_, stream_));
+    return finish("ncclBroadcast");
+  }
+  RequestPtr send(const void* data, size_t count, CommType type, int peer, int /*tag*/) override {
+    // NCCL matches point-to-point calls by order between the pair, which comm.h already requires.
+    begin("nccl send", count * type_bytes(type), peer);
+    nccl("ncclSend", ncclSend(data, count, nccl_type(type), peer, comm_, stream_));
+    return finish("ncclSend");
+  }
+  RequestPtr recv(void* data, size_t count, CommType type, int peer, int /*tag*/) override {
+    begin("nccl recv", 0, peer);
+    nccl("ncclRecv", ncclRecv(data, count, nccl_type(type), peer, comm_, stream_));
+    return finish("ncclRecv");
+  }
+  void barrier() override { all_reduce(scratch_, 1, CommType::kI32, ReduceOp::kSum)->wait(); }
+
+  std::unique_ptr<Comm> split(int color, int key, const std::string& name) override {
+    mark_activity("nccl split");
+    ncclComm_t sub = nullptr;
+    nccl("ncclCommSplit", ncclCommSplit(comm_, color, key, &sub, nullptr));
+    int r = 0, n = 0;
+    nccl("ncclCommUserRank", ncclCommUserRank(sub, &r));
+    nccl("ncclCommCount", ncclCommCount(sub, &n));
+    return std::make_unique<NcclComm>(sub, r, n, name, compute_);
+  }
+
+  void abort(int exit_code) override {
+    if (comm_ != nullptr) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    std::_Exit(exit_code);
+  }
+
+  // Fails with the communicator's asynchronous error, if any.
+  void check_async(const char* call) {
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm_, &async);
+    if (r != ncclSuccess) nccl("ncclCommGetAsyncError", r);
+    if (async != ncclSuccess && async != ncclInProgress) nccl(call, async);
+  }
+
+  [[noreturn]] void error(const char* call, const std::string& what) {
+    failed_ = true;
+    fail(ExitCode::kComm, "NCCL group '{}' rank {}/{} on CUDA device {}: {} failed: {}", name_, rank_, size_,
+         device_, call, what);
+  }
+
+  void nccl(const char* call, ncclResult_t r) {
+    if (r == ncclSuccess || r == ncclInProgress) return;
+    const char* last = ncclGetLastError(comm_);
+    error(call, std::string(ncclGetErrorString(r)) +
+                    (last != nullptr && *last != '\0' ? std::string(" (") + last + ")" : ""));
+  }
+
+  void cuda(const char* call, cudaError_t e) {
+    if (e != cudaSuccess) error(call, cudaGetErrorString(e));
+  }
+
+  void add_wait(double seconds) { stats_.wait_s += seconds; }
+
+ private:
+  void begin(const char* what, size_t bytes, int peer = -1) {
+    mark_activity(what, peer);
+    if (comm_ == nullptr) error(what, "the communicator was aborted");
+    cuda("cudaEventRecord", cudaEventRecord(ready_, compute_));
+    cuda("cudaStreamWaitEvent", cudaStreamWaitEvent(stream_, ready_, 0));
+    stats_.bytes += bytes;
+    ++stats_.calls;
+  }
+
+  RequestPtr finish(const char* what) {
+    cudaEvent_t done = nullptr;
+    cuda("cudaEventCreateWithFlags", cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    cuda("cudaEventRecord", cudaEventRecord(done, stream_));
+    return std::make_unique<NcclRequest>(this, done, what);
+  }
+
+  ncclComm_t comm_;
+  int rank_, size_;
+  std::string name_;
+  cudaStream_t compute_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr;
+  void* scratch_ = nullptr;
+  int device_ = -1;
+  bool failed_ = false;
+};
+
+bool NcclRequest::test() {
+  if (done_) return true;
+  const cudaError_t q = cudaEventQuery(event_);
+  if (q == cudaSuccess) return done_ = true;
+  if (q != cudaErrorNotReady) comm_->cuda("cudaEventQuery", q);
+  comm_->check_async(what_);
+  return false;
+}
+
+void NcclRequest::wait() {
+  const auto t0 = std::chrono::steady_clock::now();
+  // Polling, not cudaEventSynchronize: a blocked synchronize would never see the asynchronous error.
+  for (int spins = 0; !test(); ++spins)
+    if (spins > 1000) std::this_thread::yield();
+  comm_->add_wait(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+}  // namespace
+
+std::unique_ptr<Comm> make_nccl_comm(int rank, int size, const std::string& name,
+                                     const BootstrapBroadcast& bcast, cudaStream_t compute) {
+  int device = -1;
+  cudaGetDevice(&device);
+  const auto check = [&](const char* call, ncclResult_t r) {
+    if (r != ncclSuccess)
+      fail(ExitCode::kComm, "NCCL group '{}' rank {}/{} on CUDA device {}: {} failed: {}", name, rank, size,
+           device, call, ncclGetErrorString(r));
+  };
+  if (size < 1 || rank < 0 || rank >= size)
+    fail(ExitCode::kUsage, "NCCL group '{}': rank {} is outside [0, {})", name, rank, size);
+  mark_activity("nccl init");
+  ncclUniqueId id{};
+  if (rank == 0) check("ncclGetUniqueId", ncclGetUniqueId(&id));
+  if (size > 1) bcast(&id, sizeof(id));
+  ncclComm_t comm = nullptr;
+  check("ncclCommInitRank", ncclCommInitRank(&comm, size, id, rank));
+  return std::make_unique<NcclComm>(comm, rank, size, name, compute);
+}
+
+}  // namespace forge::trainer::cuda

@@ -1,0 +1,89 @@
+// forge-cuda-check: the GPU backend against the CPU trainer on one GPU (docs/GPU.md, scripts/gpu/check.sh).
+#include "check.h"
+
+#include "forge/common/error.h"
+#include "forge/trainer/cuda/device.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+namespace check = forge::trainer::cuda::check;
+
+namespace forge::trainer::cuda::check {
+
+void Table::add(const std::string& what, const std::string& dtype, double err, double tol) {
+  rows_.push_back({what, dtype, err, tol, std::isfinite(err) && err <= tol});
+}
+
+void Table::print(const char* title) const {
+  fmt::print("\n{}\n{:<34} {:<5} {:>12} {:>10}  {}\n", title, "op", "dtype", "max rel err", "tolerance",
+             "pass");
+  for (const auto& r : rows_)
+    fmt::print("{:<34} {:<5} {:>12.3e} {:>10.0e}  {}\n", r.what, r.dtype, r.err, r.tol,
+               r.pass ? "yes" : "NO");
+  std::fflush(stdout);
+}
+
+bool Table::all_pass() const {
+  for (const auto& r : rows_)
+    if (!r.pass) return false;
+  return !rows_.empty();
+}
+
+}  // namespace forge::trainer::cuda::check
+
+int main(int argc, char** argv) {
+  return forge::run_cli("forge-cuda-check", [&] {
+    check::TrainOptions train;
+    train.config = std::string(FORGE_SOURCE_DIR) + "/configs/bench-cpu.ini";
+    bool ops = true, run_train = true;
+    for (int i = 1; i < argc; ++i) {
+      const std::string arg = argv[i];
+      const auto value = [&]() -> std::string {
+        if (i + 1 >= argc) forge::fail(forge::ExitCode::kUsage, "{} needs a value", arg);
+        return argv[++i];
+      };
+      const auto number = [&]() {
+        const std::string v = value();
+        try {
+          return std::stoi(v);
+        } catch (const std::exception&) {
+          forge::fail(forge::ExitCode::kUsage, "{} needs an integer, got '{}'", arg, v);
+        }
+      };
+      if (arg == "--ops-only")
+        run_train = false;
+      else if (arg == "--train-only")
+        ops = false;
+      else if (arg == "--config")
+        train.config = value();
+      else if (arg == "--steps")
+        train.steps = number();
+      else if (arg == "--cpu-steps")
+        train.cpu_steps = number();
+      else if (arg == "--gpt2-batch")
+        train.gpt2_batch = number();
+      else if (arg == "--no-gpt2")
+        train.gpt2 = false;
+      else
+        forge::fail(
+            forge::ExitCode::kUsage,
+            "unknown argument '{}' (options: --ops-only --train-only --config PATH --steps N --cpu-steps N "
+            "--gpt2-batch N --no-gpt2)",
+            arg);
+    }
+    if (train.steps < 4 || train.cpu_steps < 1 || train.cpu_steps > train.steps || train.gpt2_batch < 1)
+      forge::fail(forge::ExitCode::kUsage,
+                  "need --steps >= 4, 1 <= --cpu-steps <= --steps and --gpt2-batch >= 1");
+    const auto dev = forge::trainer::cuda::bind_device(0, forge::trainer::cuda::read_device_env());
+    fmt::print("forge-cuda-check: {} (CUDA device {}, GPU {})\n", dev.name, dev.ordinal, dev.physical);
+    bool ok = true;
+    if (ops) ok = check::check_ops(20261129) && ok;
+    if (run_train) ok = check::check_train(train) && ok;
+    fmt::print("\nforge-cuda-check: {}\n", ok ? "all checks passed" : "SOME CHECKS FAILED");
+    return ok ? 0 : int(forge::ExitCode::kFailure);
+  });
+}

@@ -1,0 +1,353 @@
+// Each CUDA op against its CPU op on fresh random data. BF16 runs feed both sides the same BF16-rounded
+// inputs, so the comparison measures the GPU op, not the rounding of its inputs.
+#include "check.h"
+#include "cpu/kernels.h"
+#include "forge/common/hash.h"
+#include "forge/trainer/comm.h"
+#include "forge/trainer/cuda/context.h"
+#include "forge/trainer/cuda/nccl_comm.h"
+#include "forge/trainer/cuda/ops.h"
+#include "forge/trainer/optimizer.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <span>
+#include <type_traits>
+
+namespace forge::trainer::cuda::check {
+
+namespace {
+
+using Vec = std::vector<float>;
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  float uniform(float lo, float hi) {
+    const uint64_t r = splitmix64(state_++);
+    return lo + (hi - lo) * float(double(r >> 11) * 0x1.0p-53);
+  }
+  Vec vec(size_t n, float lo = -1.0f, float hi = 1.0f) {
+    Vec v(n);
+    for (auto& x : v) x = uniform(lo, hi);
+    return v;
+  }
+  std::vector<int32_t> ints(size_t n, int32_t bound) {
+    std::vector<int32_t> v(n);
+    for (auto& x : v) x = int32_t(splitmix64(state_++) % uint64_t(bound));
+    return v;
+  }
+
+ private:
+  uint64_t state_;
+};
+
+double rel_err(std::span<const float> got, std::span<const float> want) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(got[i])) return std::numeric_limits<double>::quiet_NaN();
+    diff = std::max(diff, double(std::fabs(got[i] - want[i])));
+    scale = std::max(scale, double(std::fabs(want[i])));
+  }
+  return diff / std::max(scale, 1e-30);
+}
+
+// A device copy of host floats as T, and back.
+template <class T>
+DeviceBuffer up(const Vec& host) {
+  DeviceBuffer d(host.size() * sizeof(T));
+  if constexpr (std::is_same_v<T, float>) {
+    to_device(d.as<void>(), host.data(), host.size() * sizeof(float));
+  } else {
+    std::vector<T> tmp(host.size());
+    for (size_t i = 0; i < host.size(); ++i) tmp[i] = __float2bfloat16_rn(host[i]);
+    to_device(d.as<void>(), tmp.data(), tmp.size() * sizeof(T));
+  }
+  return d;
+}
+
+DeviceBuffer up_ints(const std::vector<int32_t>& host) {
+  DeviceBuffer d(host.size() * sizeof(int32_t));
+  to_device(d.as<void>(), host.data(), host.size() * sizeof(int32_t));
+  return d;
+}
+
+template <class T>
+Vec down(const DeviceBuffer& d, size_t n) {
+  Vec out(n);
+  if constexpr (std::is_same_v<T, float>) {
+    to_host(out.data(), d.as<void>(), n * sizeof(float));
+  } else {
+    std::vector<T> tmp(n);
+    to_host(tmp.data(), d.as<void>(), n * sizeof(T));
+    for (size_t i = 0; i < n; ++i) out[i] = __bfloat162float(tmp[i]);
+  }
+  return out;
+}
+
+template <class T>
+struct Checker {
+  Table& table;
+  Rng& rng;
+  static constexpr bool kBf16 = !std::is_same_v<T, float>;
+  const char* dtype = kBf16 ? "bf16" : "fp32";
+  double tol = kBf16 ? 1e-2 : 1e-4;
+
+  // Inputs the GPU reads as T: rounded to BF16 on the host too in BF16 mode.
+  Vec in(size_t n, float lo = -1.0f, float hi = 1.0f) {
+    Vec v = rng.vec(n, lo, hi);
+    if (kBf16) cpu::round_to_bf16(v.data(), int64_t(v.size()));
+    return v;
+  }
+  void cmp(const std::string& what, const Vec& got, const Vec& want) {
+    table.add(what, dtype, rel_err(got, want), tol);
+  }
+
+  void embedding() {
+    const int B = 2, T_ = 37, C = 96, V = 50;
+    const auto tokens = rng.ints(size_t(B) * T_, V);
+    const Vec wte = in(size_t(V) * C), wpe = in(size_t(T_) * C);
+    Vec out(size_t(B) * T_ * C);
+    cpu::embedding_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T_, C);
+    DeviceBuffer dt = up_ints(tokens);
+    DeviceBuffer dwte = up<T>(wte), dwpe = up<T>(wpe);
+    DeviceBuffer dout(out.size() * sizeof(float));
+    embedding_forward<T>(dout.as<float>(), dt.as<int32_t>(), dwte.as<T>(), dwpe.as<T>(), B, T_, C);
+    cmp("embedding forward", down<float>(dout, out.size()), out);
+    if (kBf16) return;  // the backward has FP32 inputs and outputs only
+    const Vec g = rng.vec(out.size()), gwte0 = rng.vec(wte.size()), gwpe0 = rng.vec(wpe.size());
+    Vec gwte = gwte0, gwpe = gwpe0;
+    cpu::embedding_backward(gwte.data(), gwpe.data(), g.data(), tokens.data(), B, T_, C);
+    DeviceBuffer dg = up<float>(g), dgwte = up<float>(gwte0), dgwpe = up<float>(gwpe0);
+    embedding_backward(dgwte.as<float>(), dgwpe.as<float>(), dg.as<float>(), dt.as<int32_t>(), B, T_, C);
+    cmp("embedding backward dwte", down<float>(dgwte, gwte.size()), gwte);
+    cmp("embedding backward dwpe", down<float>(dgwpe, gwpe.size()), gwpe);
+  }
+
+  void layernorm() {
+    const int N = 300, C = 192;
+    const Vec x = rng.vec(size_t(N) * C, -2, 2), w = in(size_t(C), 0.5f, 1.5f),
+              b = in(static_cast<size_t>(C));
+    Vec out(x.size()), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
+    cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+    DeviceBuffer dx = up<float>(x), dw = up<T>(w), db = up<T>(b);
+    DeviceBuffer dout(out.size() * sizeof(T)), dmean(size_t(N) * 4), drstd(size_t(N) * 4);
+    layernorm_forward<T>(dout.as<T>(), dmean.as<float>(), drstd.as<float>(), dx.as<float>(), dw.as<T>(),
+                         db.as<T>(), N, C);
+    cmp("layernorm forward", down<T>(dout, out.size()), out);
+    cmp("layernorm forward rstd", down<float>(drstd, rstd.size()), rstd);
+    // Backward (accumulating into din, dweight, dbias that start non-zero).
+    const Vec g = in(x.size()), din0 = rng.vec(x.size()), dw0 = rng.vec(static_cast<size_t>(C)),
+              db0 = rng.vec(static_cast<size_t>(C));
+    Vec din = din0, gw = dw0, gb = db0;
+    cpu::layernorm_backward(din.data(), gw.data(), gb.data(), g.data(), x.data(), w.data(), mean.data(),
+                            rstd.data(), N, C);
+    DeviceBuffer dg = up<T>(g), ddin = up<float>(din0), dgw = up<float>(dw0), dgb = up<float>(db0);
+    DeviceBuffer cmean = up<float>(mean), crstd = up<float>(rstd);
+    layernorm_backward<T>(ddin.as<float>(), dgw.as<float>(), dgb.as<float>(), dg.as<T>(), dx.as<float>(),
+                          dw.as<T>(), cmean.as<float>(), crstd.as<float>(), N, C);
+    cmp("layernorm backward din", down<float>(ddin, din.size()), din);
+    cmp("layernorm backward dweight", down<float>(dgw, gw.size()), gw);
+    cmp("layernorm backward dbias", down<float>(dgb, gb.size()), gb);
+  }
+
+  void residual_layernorm() {
+    const int N = 300, C = 192;
+    const Vec r = rng.vec(size_t(N) * C), d = rng.vec(r.size()), dbias = in(static_cast<size_t>(C)),
+              w = in(size_t(C), 0.5f, 1.5f), b = in(static_cast<size_t>(C));
+    Vec res(r.size()), ln(r.size()), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
+    cpu::residual_layernorm_forward(res.data(), ln.data(), mean.data(), rstd.data(), r.data(), d.data(),
+                                    dbias.data(), w.data(), b.data(), N, C);
+    DeviceBuffer dr = up<float>(r), dd = up<float>(d), ddb = up<T>(dbias), dw = up<T>(w), db = up<T>(b);
+    DeviceBuffer dres(res.size() * 4), dln(ln.size() * sizeof(T)), dm(size_t(N) * 4), ds(size_t(N) * 4);
+    residual_layernorm_forward<T>(dres.as<float>(), dln.as<T>(), dm.as<float>(), ds.as<float>(),
+                                  dr.as<float>(), dd.as<float>(), ddb.as<T>(), dw.as<T>(), db.as<T>(), N, C);
+    cmp("residual+layernorm forward res", down<float>(dres, res.size()), res);
+    cmp("residual+layernorm forward ln", down<T>(dln, ln.size()), ln);
+  }
+
+  void matmul() {
+    const int N = 200, C = 128, OC = 384;
+    const Vec x = in(size_t(N) * C), w = in(size_t(OC) * C, -0.1f, 0.1f), bias = in(static_cast<size_t>(OC));
+    Vec out(size_t(N) * OC);
+    cpu::matmul_forward(out.data(), x.data(), w.data(), bias.data(), N, C, OC);
+    DeviceBuffer dx = up<T>(x), dw = up<T>(w), db = up<T>(bias);
+    DeviceBuffer dout(out.size() * sizeof(T));
+    matmul_forward<T, T>(dout.as<T>(), dx.as<T>(), dw.as<T>(), db.as<T>(), N, C, OC);
+    cmp("matmul forward (+bias)", down<T>(dout, out.size()), out);
+    // FP32 output, no bias (the residual branch's products).
+    Vec out2(out.size());
+    cpu::matmul_forward(out2.data(), x.data(), w.data(), nullptr, N, C, OC);
+    DeviceBuffer dout2(out.size() * sizeof(float));
+    matmul_forward<T, float>(dout2.as<float>(), dx.as<T>(), dw.as<T>(), nullptr, N, C, OC);
+    cmp("matmul forward (fp32 out)", down<float>(dout2, out2.size()), out2);
+    const Vec g = in(out.size()), gw0 = rng.vec(w.size()), gb0 = rng.vec(bias.size());
+    Vec din(x.size()), gw = gw0, gb = gb0;
+    cpu::matmul_backward(din.data(), gw.data(), gb.data(), g.data(), x.data(), w.data(), N, C, OC);
+    DeviceBuffer dg = up<T>(g), dgw = up<float>(gw0), dgb = up<float>(gb0);
+    DeviceBuffer ddin(din.size() * sizeof(T));
+    matmul_backward<T>(ddin.as<T>(), dgw.as<float>(), dgb.as<float>(), dg.as<T>(), dx.as<T>(), dw.as<T>(), N,
+                       C, OC);
+    cmp("matmul backward din", down<T>(ddin, din.size()), din);
+    cmp("matmul backward dweight", down<float>(dgw, gw.size()), gw);
+    cmp("matmul backward dbias", down<float>(dgb, gb.size()), gb);
+  }
+
+  void attention(int NH, int hd) {
+    const int B = 2, T_ = 100, C = NH * hd;
+    const std::string tag = " (hd " + std::to_string(hd) + ")";
+    const Vec qkv = in(size_t(B) * T_ * 3 * C, -2, 2);
+    Vec out(size_t(B) * T_ * C), lse(size_t(B) * NH * T_);
+    cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T_, C, NH);
+    DeviceBuffer dqkv_in = up<T>(qkv);
+    DeviceBuffer dout(out.size() * sizeof(T)), dlse(lse.size() * 4);
+    attention_forward<T>(dout.as<T>(), dlse.as<float>(), dqkv_in.as<T>(), B, T_, C, NH);
+    cmp("attention forward" + tag, down<T>(dout, out.size()), out);
+    cmp("attention forward lse" + tag, down<float>(dlse, lse.size()), lse);
+    // Backward from the CPU forward's (rounded) output and log-sum-exp on both sides.
+    Vec o = out;
+    if (kBf16) cpu::round_to_bf16(o.data(), int64_t(o.size()));
+    const Vec g = in(out.size());
+    Vec dqkv(qkv.size());
+    cpu::attention_backward(dqkv.data(), g.data(), qkv.data(), o.data(), lse.data(), B, T_, C, NH);
+    DeviceBuffer dg = up<T>(g), dO = up<T>(o), dL = up<float>(lse);
+    DeviceBuffer ddqkv(qkv.size() * sizeof(T)), scratch(lse.size() * 4);
+    attention_backward<T>(ddqkv.as<T>(), scratch.as<float>(), dg.as<T>(), dqkv_in.as<T>(), dO.as<T>(),
+                          dL.as<float>(), B, T_, C, NH);
+    cmp("attention backward dqkv" + tag, down<T>(ddqkv, dqkv.size()), dqkv);
+  }
+
+  void gelu() {
+    const int N = 200, C = 512;
+    const Vec pre0 = in(size_t(N) * C, -4, 4), bias = in(static_cast<size_t>(C));
+    Vec pre = pre0, out(pre.size());
+    cpu::bias_gelu_forward(out.data(), pre.data(), bias.data(), N, C);
+    DeviceBuffer dpre = up<T>(pre0), db = up<T>(bias);
+    DeviceBuffer dout(out.size() * sizeof(T));
+    bias_gelu_forward<T>(dout.as<T>(), dpre.as<T>(), db.as<T>(), N, C);
+    cmp("bias+gelu forward", down<T>(dout, out.size()), out);
+    cmp("bias+gelu forward pre", down<T>(dpre, pre.size()), pre);
+    if (kBf16) cpu::round_to_bf16(pre.data(), int64_t(pre.size()));
+    const Vec g = in(pre.size());
+    Vec d = g;
+    cpu::gelu_backward(d.data(), pre.data(), N, C);
+    DeviceBuffer dd = up<T>(g), dp = up<T>(pre);
+    gelu_backward<T>(dd.as<T>(), dp.as<T>(), N, C);
+    cmp("gelu backward", down<T>(dd, d.size()), d);
+  }
+
+  void classifier() {
+    const int N = 300, C = 128, V = 1000;
+    const Vec x = in(size_t(N) * C), wte = in(size_t(V) * C, -0.2f, 0.2f), gw0 = rng.vec(wte.size());
+    const auto targets = rng.ints(size_t(N), V);
+    const float scale = 1.0f / N;
+    Vec dx(x.size()), gw = gw0;
+    const double loss = cpu::classifier_forward_backward(dx.data(), gw.data(), x.data(), wte.data(),
+                                                         targets.data(), N, C, V, scale, nullptr);
+    DeviceBuffer ddx(dx.size() * sizeof(T));
+    DeviceBuffer dxin = up<T>(x), dw = up<T>(wte), dgw = up<float>(gw0), dt = up_ints(targets);
+    const double got = classifier_forward_backward<T>(ddx.as<T>(), dgw.as<float>(), dxin.as<T>(), dw.as<T>(),
+                                                      dt.as<int32_t>(), N, C, V, scale);
+    const float gl = float(got), wl = float(loss);
+    cmp("classifier+xent loss", Vec{gl}, Vec{wl});
+    cmp("classifier+xent dx", down<T>(ddx, dx.size()), dx);
+    cmp("classifier+xent dwte", down<float>(dgw, gw.size()), gw);
+  }
+
+  void optimizer() {
+    if (kBf16) return;
+    // Two AdamW steps over a two-tensor table (one decayed, one not), the second with a clipping factor.
+    ModelConfig mc{1, 64, 2, 100, 16, 16};
+    const auto params = parameter_table(mc);
+    const size_t P = params.back().offset + params.back().numel;
+    OptimConfig oc;
+    oc.weight_decay = 0.1;
+    const Vec w0 = rng.vec(P), g = rng.vec(P);
+    Vec w = w0, gc = g;
+    AdamW cpu_opt(oc, params, P);
+    cpu_opt.step(w, g, 1e-3);
+    const double norm = clip_grad_norm(gc, 1.0);
+    cpu_opt.step(w, gc, 5e-4);
+    DeviceBuffer dw = up<float>(w0), dg = up<float>(g);
+    DeviceBuffer m(P * 4), v(P * 4), dn(sizeof(double));
+    m.zero();
+    v.zero();
+    dn.zero();
+    sum_squares(dn.as<double>(), dg.as<float>(), P);
+    double got_norm = 0;
+    to_host(&got_norm, dn.as<void>(), sizeof(double));
+    got_norm = std::sqrt(got_norm);
+    for (int t = 1; t <= 2; ++t) {
+      const double lr = t == 1 ? 1e-3 : 5e-4;
+      const float clip = t == 1 ? 1.0f : float(std::min(1.0, 1.0 / (norm + 1e-6)));
+      const float step_size = float(lr / (1.0 - std::pow(oc.beta1, t)));
+      const float isb = float(1.0 / std::sqrt(1.0 - std::pow(oc.beta2, t)));
+      for (const auto& p : params)
+        adamw_update<float>(dw.as<float>() + p.offset, nullptr, dg.as<float>() + p.offset,
+                            m.as<float>() + p.offset, v.as<float>() + p.offset, p.numel, clip,
+                            float(oc.beta1), float(oc.beta2), float(oc.eps),
+                            p.decay ? float(1.0 - lr * oc.weight_decay) : 1.0f, step_size, isb);
+    }
+    cmp("grad norm", Vec{float(got_norm)}, Vec{float(norm)});
+    // Compare the updates (w - w0), not the weights, so the tolerance applies to what AdamW changed.
+    Vec got = down<float>(dw, P), du(P), wu(P);
+    for (size_t i = 0; i < P; ++i) du[i] = got[i] - w0[i], wu[i] = w[i] - w0[i];
+    cmp("adamw update (2 steps, clipped)", du, wu);
+  }
+};
+
+void check_nccl(Table& table) {
+  // One rank: the communicator's calls, streams, events and error checks run; the values must come back.
+  auto comm = make_nccl_comm(0, 1, "world", [](void*, size_t) {});
+  const size_t n = 4096;
+  Vec host(n);
+  std::iota(host.begin(), host.end(), 0.0f);
+  DeviceBuffer a = up<float>(host);
+  DeviceBuffer gathered(n * 4);
+  comm->all_reduce(a.as<float>(), n, CommType::kF32, ReduceOp::kSum)->wait();
+  comm->all_gather(a.as<float>(), gathered.as<float>(), n, CommType::kF32)->wait();
+  auto req = comm->broadcast(gathered.as<float>(), n, CommType::kF32, 0);
+  while (!req->test()) {
+  }
+  comm->barrier();
+  auto sub = comm->split(0, 0, "dp");
+  sub->all_reduce(gathered.as<float>(), n, CommType::kF32, ReduceOp::kMax)->wait();
+  table.add("nccl 1-rank all_reduce/all_gather/split", "fp32", rel_err(down<float>(gathered, n), host), 0);
+}
+
+}  // namespace
+
+bool check_ops(uint64_t seed) {
+  Table table;
+  Rng rng(seed);
+  Checker<float> f32{table, rng};
+  Checker<bf16> b16{table, rng};
+  // A failing call (a cuBLASLt or launch error) is one failed row; the other ops still run.
+  const auto run = [&](const char* what, const std::function<void()>& body) {
+    try {
+      body();
+    } catch (const std::exception& e) {
+      fmt::print("{}: {}\n", what, e.what());
+      table.add(std::string(what) + " (error)", "-", std::numeric_limits<double>::quiet_NaN(), 0);
+    }
+  };
+  run("embedding", [&] { f32.embedding(), b16.embedding(); });
+  run("layernorm", [&] { f32.layernorm(), b16.layernorm(); });
+  run("residual+layernorm", [&] { f32.residual_layernorm(), b16.residual_layernorm(); });
+  run("matmul", [&] { f32.matmul(), b16.matmul(); });
+  for (const auto& [nh, hd] : {std::pair{4, 32}, std::pair{3, 64}, std::pair{2, 128}})
+    run("attention", [&] { f32.attention(nh, hd), b16.attention(nh, hd); });
+  run("gelu", [&] { f32.gelu(), b16.gelu(); });
+  run("classifier", [&] { f32.classifier(), b16.classifier(); });
+  run("adamw", [&] { f32.optimizer(); });
+  run("nccl", [&] { check_nccl(table); });
+  table.print("CUDA ops against the CPU ops (max |gpu - cpu| / max |cpu|)");
+  return table.all_pass();
+}
+
+}  // namespace forge::trainer::cuda::check
