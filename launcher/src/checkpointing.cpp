@@ -36,13 +36,20 @@ ckpt::SaverOptions saver_options(const Config& c, const trainer::TrainSpec& spec
 }  // namespace
 
 RunCheckpoints::RunCheckpoints(const Config& config, const trainer::TrainSpec& spec,
-                               trainer::Trainer& trainer, std::string dataset_version)
+                               trainer::ParallelTrainer& trainer, std::string dataset_version)
     : config_(config),
       spec_(spec),
       trainer_(trainer),
       dataset_version_(std::move(dataset_version)),
       init_from_(config.get<std::string>("ckpt.init_from")),
+      coord_(*trainer.groups().world),
       saver_(coord_, saver_options(config, spec)) {
+  // Each logical element is written by one rank (trainer::SaveRole).
+  const trainer::ProcessGroups& g = trainer.groups();
+  role_.params = g.dp_rank == 0;
+  role_.moments = spec.parallel.zero == 1 || g.dp_rank == 0;
+  role_.replicated = g.tp_rank == 0;
+  role_.tied_copy = g.layout.pp == 1 || g.first_stage();
   tiers_.recovery_every = config.get<int64_t>("ckpt.recovery_every");
   tiers_.recovery_every_s = config.get<double>("ckpt.recovery_every_s");
   tiers_.recovery_keep = config.get<int>("ckpt.recovery_keep");
@@ -50,24 +57,26 @@ RunCheckpoints::RunCheckpoints(const Config& config, const trainer::TrainSpec& s
   if (tiers_.recovery_every < 0) config.reject("ckpt.recovery_every", "must be >= 0");
   if (tiers_.milestone_every < 0) config.reject("ckpt.milestone_every", "must be >= 0");
   if (!(tiers_.recovery_every_s >= 0)) config.reject("ckpt.recovery_every_s", "must be >= 0");
+  if (spec.guard.policy == trainer::NonFinitePolicy::kRewind && tiers_.recovery_every == 0 &&
+      tiers_.recovery_every_s == 0)
+    config.reject("guard.nonfinite",
+                  "rewind needs recovery checkpoints to go back to: set ckpt.recovery_every or "
+                  "ckpt.recovery_every_s, or use skip");
 }
 
 double RunCheckpoints::loss_of(std::span<const int32_t> rows) {
-  const int T = spec_.model.seq_len;
-  const size_t n = size_t(spec_.batch);
-  std::vector<int32_t> inputs(n * size_t(T)), targets(n * size_t(T));
-  for (size_t b = 0; b < n; ++b) {
-    const int32_t* src = rows.data() + b * size_t(T + 1);
-    std::copy(src, src + T, inputs.begin() + int64_t(b) * T);
-    std::copy(src + 1, src + 1 + T, targets.begin() + int64_t(b) * T);
-  }
-  return trainer_.model().forward_loss(inputs, targets);
+  return trainer_.loss_of(rows);
 }
 
-int64_t RunCheckpoints::resume() {
+ckpt::Expectations RunCheckpoints::expectations() const {
   ckpt::Expectations expect;
   expect.model_config = trainer::model_config_json(spec_.model);
   if (!dataset_version_.empty()) expect.dataset_version = dataset_version_;
+  return expect;
+}
+
+int64_t RunCheckpoints::resume() {
+  const ckpt::Expectations expect = expectations();
   auto checkpoint = ckpt::open_for_resume(coord_, spec_.dir, expect);
   if (!checkpoint) {
     if (init_from_.empty()) return 0;
@@ -80,21 +89,52 @@ int64_t RunCheckpoints::resume() {
     spdlog::info("initialised weights from {}", init_from_);
     return 0;
   }
-  const auto& m = checkpoint->manifest();
-  trainer::load_checkpoint(*checkpoint, trainer_.model(), &trainer_.optimizer());
+  return load(*checkpoint, "resumed from");
+}
+
+int64_t RunCheckpoints::rewind() {
+  saver_.wait();
+  auto checkpoint = ckpt::open_for_resume(coord_, spec_.dir, expectations());
+  if (!checkpoint)
+    fail(ExitCode::kNumeric,
+         "guard.nonfinite = rewind, but {} has no checkpoint to rewind to; set ckpt.recovery_every or use "
+         "guard.nonfinite = skip",
+         spec_.dir);
+  return load(*checkpoint, "rewound to");
+}
+
+int64_t RunCheckpoints::load(const ckpt::Checkpoint& checkpoint, const char* verb) {
+  const auto& m = checkpoint.manifest();
+  trainer::load_checkpoint(checkpoint, trainer_.model(), &trainer_.optimizer());
   trainer_.optimizer().restore_steps(m.meta.step);
   // The verification step: the batch saved with the checkpoint must give the loss it gave at save time.
-  const std::string bytes = checkpoint->verification_bytes();
-  if (!bytes.empty()) {
+  const std::string bytes = checkpoint.verification_bytes();
+  const size_t micro_batch =
+      size_t(spec_.parallel.dp) * size_t(spec_.batch) * size_t(spec_.model.seq_len + 1);
+  if (!bytes.empty() && bytes.size() != micro_batch * sizeof(int32_t)) {
+    spdlog::warn(
+        "{}: its verification batch is not one micro-batch of this layout (dp x data.batch changed); "
+        "resuming without the verification step",
+        checkpoint.dir());
+  } else if (!bytes.empty()) {
     std::vector<int32_t> rows(bytes.size() / sizeof(int32_t));
     std::memcpy(rows.data(), bytes.data(), rows.size() * sizeof(int32_t));
     const double want = m.meta.verification.value("loss", NAN);
     const double got = loss_of(rows);
-    if (!(std::abs(got - want) <= 1e-6 * std::max(1.0, std::abs(want))))
-      fail(ExitCode::kData, "{}: verification step gave loss {:.9g}, the checkpoint recorded {:.9g}",
-           checkpoint->dir(), got, want);
-    spdlog::info("resumed from {} (step {}); verification loss {:.6f} matches", checkpoint->dir(),
-                 m.meta.step, got);
+    // The same layout reproduces the loss to rounding; another one sums in another order (PARALLEL.md).
+    const ckpt::Layout& saved = m.meta.layout;
+    const trainer::Layout& now = trainer_.groups().layout;
+    const bool same_layout = saved.tp == now.tp && saved.pp == now.pp && saved.dp == now.dp;
+    const double tolerance = same_layout ? 1e-6 : 1e-4;
+    if (!(std::abs(got - want) <= tolerance * std::max(1.0, std::abs(want))))
+      fail(ExitCode::kData,
+           "{}: verification step gave loss {:.9g}, the checkpoint recorded {:.9g} (saved on tp{},pp{},dp{})",
+           checkpoint.dir(), got, want, saved.tp, saved.pp, saved.dp);
+    if (!same_layout)
+      spdlog::info("checkpoint saved on tp{},pp{},dp{}, resumed on {}", saved.tp, saved.pp, saved.dp,
+                   now.str());
+    spdlog::info("{} {} (step {}); verification loss {:.6f} matches", verb, checkpoint.dir(), m.meta.step,
+                 got);
   }
   last_saved_step_ = m.meta.step;
   return m.meta.step;
@@ -107,19 +147,24 @@ ckpt::CheckpointMeta RunCheckpoints::meta(const trainer::StepStats& stats, int64
   m.tokens = tokens;
   m.loss = stats.loss;
   m.spec_hash = config_.hash();
+  // The resolved spec itself, so a resume with another spec can say which keys differ (spec_check.h).
+  m.extra["spec"] = config_.values();
   m.dataset_version = dataset_version_;
   m.model_config = trainer::model_config_json(spec_.model);
   // Data order is a pure function of the step (synthetic stream, or the reader's cursor = step x batch).
   m.data_cursor = {{"step", stats.step}};
-  const auto rows = batch.first(size_t(spec_.batch) * size_t(spec_.model.seq_len + 1));
-  m.verification = {{"loss", loss_of(rows)}, {"rows", spec_.batch}};
+  // The verification batch: the step's first micro-batch, all data-parallel ranks' rows of it.
+  const size_t dp = size_t(spec_.parallel.dp);
+  const auto rows = batch.first(dp * size_t(spec_.batch) * size_t(spec_.model.seq_len + 1));
+  m.verification = {{"loss", loss_of(rows)}, {"rows", dp * size_t(spec_.batch)}};
+  m.layout = {spec_.parallel.tp, spec_.parallel.pp, spec_.parallel.dp};
   m.verification_bytes.assign(reinterpret_cast<const char*>(rows.data()), rows.size_bytes());
   return m;
 }
 
 ckpt::SaveEvent RunCheckpoints::save(ckpt::Tier tier, const trainer::StepStats& stats, int64_t tokens,
                                      std::span<const int32_t> batch, bool wait) {
-  const auto tensors = trainer::checkpoint_tensors(trainer_.model(), &trainer_.optimizer());
+  const auto tensors = trainer::checkpoint_tensors(trainer_.model(), &trainer_.optimizer(), role_);
   ckpt::SaveEvent e = wait ? saver_.save(tier, meta(stats, tokens, batch), tensors)
                            : saver_.save_async(tier, meta(stats, tokens, batch), tensors);
   last_saved_step_ = stats.step;
@@ -131,7 +176,10 @@ double RunCheckpoints::after_step(const trainer::StepStats& stats, int64_t token
                                   std::span<const int32_t> batch) {
   const double since =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save_time_).count();
-  const ckpt::Due due = ckpt::due_at(tiers_, stats.step, last_saved_step_, since);
+  ckpt::Due due = ckpt::due_at(tiers_, stats.step, last_saved_step_, since);
+  // A save is collective: when it depends on the clock, rank 0's clock decides for every rank.
+  if (tiers_.recovery_every_s > 0 && coord_.size() > 1)
+    due = ckpt::Due(std::stoi(coord_.broadcast(std::to_string(int(due)))));
   if (due == ckpt::Due::kNone) return 0;
   const auto tier = due == ckpt::Due::kMilestone ? ckpt::Tier::kMilestone : ckpt::Tier::kRecovery;
   return save(tier, stats, tokens, batch, false).stall_s;

@@ -3,11 +3,15 @@
 // preemption.
 #pragma once
 
+#include "forge/ckpt/checkpoint.h"
 #include "forge/ckpt/coordinator.h"
+#include "forge/ckpt/manifest.h"
 #include "forge/ckpt/policy.h"
 #include "forge/ckpt/saver.h"
 #include "forge/common/config.h"
-#include "forge/trainer/trainer.h"
+#include "forge/trainer/checkpoint_io.h"
+#include "forge/trainer/comm_coordinator.h"
+#include "forge/trainer/parallel.h"
 
 #include <cstdint>
 #include <optional>
@@ -21,13 +25,18 @@ void add_checkpoint_keys(ConfigSchema& schema);
 
 class RunCheckpoints {
  public:
-  RunCheckpoints(const Config& config, const trainer::TrainSpec& spec, trainer::Trainer& trainer,
+  // Collective over the trainer's world: every rank saves its pieces and loads what it holds.
+  RunCheckpoints(const Config& config, const trainer::TrainSpec& spec, trainer::ParallelTrainer& trainer,
                  std::string dataset_version);
 
   // Loads the newest valid checkpoint of the run directory (or, on a fresh run, ckpt.init_from's
   // weights) and returns the number of steps already done. A checkpoint of another model or dataset
   // stops the run (64/65); one whose verification step disagrees is a data error (65).
   int64_t resume();
+
+  // guard.nonfinite = rewind: waits for the save in flight, reloads the newest valid checkpoint (with
+  // its verification step) and returns its step. No checkpoint to go back to is exit 71.
+  int64_t rewind();
 
   // After a finished step: saves a recovery or milestone checkpoint when one is due. `batch` holds the
   // step's token rows (the first micro-batch becomes the verification batch). Returns the stall (s).
@@ -43,6 +52,8 @@ class RunCheckpoints {
   std::vector<ckpt::SaveEvent> take_events() { return saver_.take_events(); }
 
  private:
+  ckpt::Expectations expectations() const;
+  int64_t load(const ckpt::Checkpoint& checkpoint, const char* verb);
   ckpt::CheckpointMeta meta(const trainer::StepStats& stats, int64_t tokens, std::span<const int32_t> batch);
   double loss_of(std::span<const int32_t> rows);
   ckpt::SaveEvent save(ckpt::Tier tier, const trainer::StepStats& stats, int64_t tokens,
@@ -50,10 +61,11 @@ class RunCheckpoints {
 
   const Config& config_;
   const trainer::TrainSpec& spec_;
-  trainer::Trainer& trainer_;
+  trainer::ParallelTrainer& trainer_;
+  trainer::SaveRole role_;
   std::string dataset_version_, init_from_;
   ckpt::TierPolicy tiers_;
-  ckpt::SingleProcessCoordinator coord_;
+  trainer::CommCoordinator coord_;
   ckpt::Saver saver_;
   int64_t last_saved_step_ = 0;
   std::chrono::steady_clock::time_point last_save_time_ = std::chrono::steady_clock::now();

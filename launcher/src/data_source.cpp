@@ -15,7 +15,7 @@ class Synthetic final : public DataSource {
  public:
   Synthetic(const trainer::TrainSpec& spec)
       : stream_(uint32_t(spec.model.vocab), spec.seed),
-        rows_(int64_t(spec.batch) * spec.microbatches),
+        rows_(int64_t(spec.batch) * spec.microbatches * spec.parallel.dp),
         cols_(size_t(spec.model.seq_len) + 1) {}
   void next(int64_t step, std::span<int32_t> out) override {
     for (int64_t r = 0; r < rows_; ++r)
@@ -67,7 +67,8 @@ std::unique_ptr<DataSource> open_data(const Config& config, const trainer::Train
                                              manifest.vocab_size, spec.dataset));
   data::ReaderOptions options;
   options.seq_len = uint32_t(spec.model.seq_len);
-  options.global_batch = uint32_t(spec.batch * spec.microbatches);
+  // Every rank reads the whole global step; ParallelTrainer takes its data-parallel rank's rows.
+  options.global_batch = uint32_t(spec.batch * spec.microbatches * spec.parallel.dp);
   options.seed = spec.seed;
   return std::make_unique<Dataset>(spec.dataset, options);
 }

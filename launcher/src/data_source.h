@@ -22,7 +22,7 @@ class DataSource {
 };
 
 // Checks the dataset against the spec (vocabulary: a usage error naming model.vocab; unreadable or corrupt
-// data: a data error) and opens it. `rows` per step: batch x microbatches.
+// data: a data error) and opens it. Rows per step: the global batch, microbatches x dp x batch.
 std::unique_ptr<DataSource> open_data(const Config& config, const trainer::TrainSpec& spec);
 
 }  // namespace forge::launcher

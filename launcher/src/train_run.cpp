@@ -3,12 +3,18 @@
 #include "checkpointing.h"
 #include "data_source.h"
 #include "forge/common/error.h"
+#include "forge/common/hash.h"
 #include "forge/common/json.h"
+#include "forge/trainer/guard.h"
 #include "forge/trainer/metrics.h"
+#include "forge/trainer/parallel.h"
+#include "forge/trainer/progress.h"
 #include "forge/trainer/runtime.h"
-#include "forge/trainer/trainer.h"
+#include "forge/trainer/watchdog.h"
+#include "spec_check.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -16,13 +22,24 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
+#include <optional>
+#include <thread>
 #include <vector>
 
 namespace forge::launcher {
 
 namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
 
 namespace {
+
+// Start-up time is measured from here (static initialisation, before main).
+const Clock::time_point g_process_start = Clock::now();
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 // SIGUSR1 (Slurm's --signal=B:USR1@N, forwarded by the batch script, or preemption) and SIGTERM ask the
 // run to finish its step, save a recovery checkpoint and exit 75 so the job is requeued.
@@ -33,94 +50,280 @@ void on_stop_signal(int signal) {
 
 struct Totals {
   int64_t steps = 0, tokens = 0;
+  int64_t steps_run = 0;  // steps computed by this process (the MFU mean is over these)
   double mfu_sum = 0, last_loss = 0;
+  double startup_s = 0, train_s = 0, bookkeeping_s = 0;
+  int64_t skipped = 0, rewinds = 0, spikes = 0;
 };
 
-void write_summary(const trainer::TrainSpec& spec, const Config& config, const Totals& t, double wall_s,
-                   double peak, double fpt, ExitCode code) {
+struct RunInfo {
+  const trainer::TrainSpec& spec;
+  const trainer::ProcessGroups& groups;
+  const Config& config;
+  double peak = 0, fpt = 0;
+  Clock::time_point start;
+};
+
+// Rank 0 writes the run's summary; the other ranks' view is in their metrics.
+void write_summary(const RunInfo& run, const Totals& t, ExitCode code) {
+  if (run.groups.rank != 0) return;
   const char* job = std::getenv("SLURM_JOB_ID");
-  Json s{{"name", spec.name},
+  const double wall_s = seconds_since(run.start);
+  Json s{{"name", run.spec.name},
          {"job_id", job != nullptr ? Json(job) : Json(nullptr)},
-         {"spec_hash", config.hash()},
+         {"spec_hash", run.config.hash()},
          {"steps", t.steps},
          {"tokens", t.tokens},
          {"wall_s", wall_s},
-         {"mean_mfu", t.steps > 0 ? t.mfu_sum / double(t.steps) : 0.0},
+         {"mean_mfu", t.steps_run > 0 ? t.mfu_sum / double(t.steps_run) : 0.0},
          {"tokens_per_s", wall_s > 0 ? double(t.tokens) / wall_s : 0.0},
          {"final_loss", t.last_loss},
-         {"peak_gflops", peak},
-         {"flops_per_token", fpt},
-         {"threads", spec.threads},
-         {"dtype", spec.dtype == trainer::DType::kBF16 ? "bf16" : "fp32"},
+         {"peak_gflops", run.peak},
+         {"flops_per_token", run.fpt},
+         {"threads", run.spec.threads},
+         {"layout", run.groups.layout.str()},
+         {"ranks", run.groups.layout.world()},
+         {"dtype", run.spec.dtype == trainer::DType::kBF16 ? "bf16" : "fp32"},
+         {"startup_s", t.startup_s},
+         {"train_s", t.train_s},
+         {"bookkeeping_s", t.bookkeeping_s},
+         {"guard", {{"skipped_steps", t.skipped}, {"rewinds", t.rewinds}, {"loss_spikes", t.spikes}}},
          {"exit_code", int(code)},
          {"exit_class", std::string(exit_class_name(code))}};
-  write_json_atomic((fs::path(spec.dir) / "summary.json").string(), s);
+  write_json_atomic((fs::path(run.spec.dir) / "summary.json").string(), s);
+}
+
+std::string metrics_path(const trainer::TrainSpec& spec, int rank) {
+  return (fs::path(spec.dir) / "metrics" / fmt::format("rank-{}.jsonl", rank)).string();
+}
+
+// A signal may reach the ranks at different steps: they stop together, after the first step any of
+// them saw it.
+bool any_rank(trainer::Comm& world, bool mine) {
+  int32_t flag = mine ? 1 : 0;
+  world.all_reduce(&flag, 1, trainer::CommType::kI32, trainer::ReduceOp::kMax)->wait();
+  return flag != 0;
+}
+
+// Every rank's step time on every rank (stragglers are judged from them).
+std::vector<double> gather_step_times(trainer::Comm& world, double seconds) {
+  std::vector<double> all(size_t(world.size()));
+  world.all_gather(&seconds, all.data(), 1, trainer::CommType::kF64)->wait();
+  return all;
+}
+
+// The data-parallel replicas must hold bitwise-identical parameters (ZeRO-1 gathers them, plain DP
+// applies the same update): compare their checksums.
+void compare_replicas(trainer::ProcessGroups& g, trainer::GPT& model, int64_t step) {
+  const uint64_t mine = trainer::parameter_checksum(model.weights());
+  std::vector<uint64_t> all(size_t(g.layout.dp));
+  g.dp->all_gather(&mine, all.data(), sizeof mine, trainer::CommType::kU8)->wait();
+  trainer::check_replicas(step, all);
+}
+
+// Sample ids this data-parallel rank trains in a step: (step, global row). Exchanged across the DP
+// group so that a split that hands one sample to two replicas is caught.
+void check_samples(trainer::ProcessGroups& g, trainer::ParallelTrainer& trainer, int64_t step) {
+  const size_t per_rank = trainer.rows_trained().size();
+  std::vector<uint64_t> mine;
+  for (const int64_t row : trainer.rows_trained())
+    mine.push_back(splitmix64(uint64_t(step) << 32 ^ uint64_t(row)));
+  std::vector<uint64_t> all(per_rank * size_t(g.layout.dp));
+  g.dp->all_gather(mine.data(), all.data(), per_rank * sizeof(uint64_t), trainer::CommType::kU8)->wait();
+  std::vector<std::vector<uint64_t>> ids(size_t(g.layout.dp));
+  for (size_t r = 0; r < ids.size(); ++r)
+    ids[r].assign(all.begin() + int64_t(r * per_rank), all.begin() + int64_t((r + 1) * per_rank));
+  trainer::check_no_duplicate_samples(step, ids);
 }
 
 }  // namespace
 
-int train(const Config& config, const trainer::TrainSpec& spec) {
+int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, Bootstrap& boot) {
   // Everything that can reject the spec or the data runs before the model's memory is allocated.
   auto data = open_data(config, spec);
+  check_resume_spec(config, spec.dir, force_new);
   std::error_code ec;
   fs::create_directories(fs::path(spec.dir) / "metrics", ec);
   if (ec) fail(ExitCode::kIo, "cannot create run directory {}/metrics: {}", spec.dir, ec.message());
 
+  trainer::ProcessGroups groups = trainer::make_groups(
+      boot.world->split(0, boot.rank, "world"), {spec.parallel.tp, spec.parallel.pp, spec.parallel.dp});
   trainer::use_threads(spec.threads);
-  const double peak = spec.peak_gflops > 0 ? spec.peak_gflops : trainer::measure_sgemm_gflops(2048, 2);
-  const double fpt = trainer::flops_per_token(spec.model);
-  trainer::Trainer trainer(spec);
+  RunInfo run{spec, groups, config, 0, trainer::flops_per_token(spec.model), Clock::now()};
+  // MFU is the job's: its tokens against every rank's peak (rank 0 measures one rank's).
+  double peak = spec.peak_gflops;
+  if (peak <= 0) {
+    peak = groups.rank == 0 ? trainer::measure_sgemm_gflops(2048, 2) : 0.0;
+    groups.world->all_reduce(&peak, 1, trainer::CommType::kF64, trainer::ReduceOp::kMax)->wait();
+  }
+  run.peak = peak * groups.layout.world();
+  trainer::ParallelTrainer trainer(spec, groups);
+  const std::string plan = trainer.describe_plan();
+  if (groups.rank == 0) fmt::print(stderr, "{}", plan);
   RunCheckpoints checkpoints(config, spec, trainer, data->version());
   const int64_t first_step = checkpoints.resume();
-  trainer::MetricsWriter metrics((fs::path(spec.dir) / "metrics" / "rank-0.jsonl").string(), first_step);
-  spdlog::info("run '{}': steps {}..{} on {}, {} threads, {} parameters, peak {:.0f} GFLOP/s, spec {}",
-               spec.name, first_step + 1, spec.steps, data->describe(), spec.threads,
-               trainer.model().weights().size(), peak, config.hash());
+  std::optional<trainer::MetricsWriter> metrics;
+  metrics.emplace(metrics_path(spec, groups.rank), first_step);
+  spdlog::info(
+      "run '{}': steps {}..{} on {}, layout {} ({}), {} threads per rank, {} parameters on this rank, "
+      "peak {:.0f} GFLOP/s, spec {}",
+      spec.name, first_step + 1, spec.steps, data->describe(), groups.layout.str(), boot.describe(),
+      spec.threads, trainer.model().weights().size(), run.peak, config.hash());
   std::signal(SIGUSR1, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
 
-  const auto start = std::chrono::steady_clock::now();
-  const auto wall = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  };
   Totals totals;
   totals.steps = first_step;
+  // The watchdog's snapshot of the totals: it writes summary.json (exit class "comm") while the loop is
+  // stuck, so it must not read what the loop is writing.
+  std::mutex snapshot_mutex;
+  Totals snapshot = totals;
+  const auto publish = [&] {
+    std::lock_guard lock(snapshot_mutex);
+    snapshot = totals;
+  };
+  trainer::StepGuard guard(spec.guard);
+  trainer::StragglerDetector stragglers(spec.guard.straggler_margin, spec.guard.straggler_steps);
+  trainer::mark_activity("start-up");
+  trainer::Watchdog watchdog(spec.guard.watchdog_s, groups.rank, [&](const trainer::Hang& hang) {
+    Totals t;
+    {
+      std::lock_guard lock(snapshot_mutex);
+      t = snapshot;
+    }
+    try {
+      write_summary(run, t, ExitCode::kComm);
+    } catch (const std::exception&) {
+      // The exit code still says what happened.
+    }
+    trainer::exit_on_hang(hang);
+  });
+
   const std::string spec_hash = config.hash();
   std::vector<int32_t> tokens(trainer.tokens_per_step());
   trainer::StepStats st;
+  bool resumed = first_step > 0;  // the next record is the first after a resume (report marks it)
+  totals.startup_s = seconds_since(g_process_start);
   try {
     for (int64_t step = first_step; step < spec.steps; ++step) {
+      const auto t0 = Clock::now();
+      trainer::mark_activity("data");
       data->next(step, tokens);
+      const double data_s = seconds_since(t0);
+      if (guard.inject_nan(step + 1)) trainer.inject_nan_once();
+      if (spec.guard.inject_hang_step == step + 1 &&
+          (spec.guard.inject_hang_rank < 0 || spec.guard.inject_hang_rank == groups.rank)) {
+        trainer::mark_activity("forward_backward");
+        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+      }
       st = trainer.step(tokens);
+      const auto t1 = Clock::now();
+      const trainer::GuardAction action = guard.after_step(st);  // exit 71 when non-finite steps persist
+      totals.steps_run += 1;
+      totals.train_s += st.seconds;
+      totals.skipped = guard.skipped();
+      totals.rewinds = guard.rewinds();
+      if (action == trainer::GuardAction::kRewind) {
+        trainer::mark_activity("checkpoint");
+        spdlog::warn("step {}: loss {}, gradient norm {}: rewinding to the newest checkpoint", st.step,
+                     st.loss, st.grad_norm);
+        const int64_t back = checkpoints.rewind();
+        guard.rewound_to(back);
+        // The metrics tell one story: records after the checkpoint are trained again.
+        metrics.reset();
+        metrics.emplace(metrics_path(spec, groups.rank), back);
+        totals.steps = back;
+        publish();
+        step = back - 1;
+        continue;
+      }
       totals.steps = st.step;
       totals.tokens += st.tokens;
-      totals.last_loss = st.loss;
+      if (st.finite) totals.last_loss = st.loss;
       const int64_t tokens_so_far = st.step * st.tokens;
-      const double stall_s = checkpoints.after_step(st, tokens_so_far, tokens);
-      Json rec = trainer::metrics_record(st, tokens_so_far, fpt, peak);
+      trainer::mark_activity("checkpoint");
+      const auto t2 = Clock::now();
+      // A skipped step's weights are those of the step before: not worth a checkpoint of their own.
+      const double stall_s =
+          action == trainer::GuardAction::kApply ? checkpoints.after_step(st, tokens_so_far, tokens) : 0.0;
+      const auto t3 = Clock::now();
+      Json rec = trainer::metrics_record(st, tokens_so_far, run.fpt, run.peak);
       rec["spec_hash"] = spec_hash;
+      rec["data_wait_ms"] = data_s * 1e3;
       rec["ckpt_stall_ms"] = stall_s * 1e3;
-      for (const auto& e : checkpoints.take_events()) rec["ckpt_events"].push_back(e.to_json());
+      rec["comm_ms"] = st.comm_s * 1e3;
+      rec["bubble_ms"] = st.bubble_s * 1e3;
+      rec["compute_ms"] = (st.seconds - st.comm_s - st.bubble_s) * 1e3;
+      rec["comm_bytes"] = st.comm_bytes;
+      if (groups.layout.world() > 1) {
+        const auto times = gather_step_times(*groups.world, st.seconds);
+        const auto slow = stragglers.observe(times);
+        if (!slow.empty()) {
+          rec["stragglers"] = slow;
+          if (groups.rank == 0)
+            spdlog::warn(
+                "step {}: rank(s) {} slower than the median step time by more than {:.0f}% for {} steps",
+                st.step, fmt::join(slow, ","), 100 * spec.guard.straggler_margin, spec.guard.straggler_steps);
+        }
+      }
+      if (groups.layout.dp > 1) {
+        check_samples(groups, trainer, st.step);
+        if (trainer::checksum_due(st.step, spec.guard.checksum_every))
+          compare_replicas(groups, trainer.model(), st.step);
+      }
+      if (!st.finite) rec["skipped"] = true;
+      if (resumed) rec["resumed_from"] = first_step;
+      resumed = false;
+      for (const auto& e : checkpoints.take_events()) {
+        rec["ckpt_events"].push_back(e.to_json());
+        // Training on without the checkpoints the schedule promises would waste what a failure costs.
+        if (e.outcome == ckpt::Outcome::kFailed)
+          fail(ExitCode::kIo,
+               "the {} checkpoint of step {} could not be written: {}; free space or fix "
+               "permissions under {}/checkpoints, then resubmit (the run resumes from its last checkpoint)",
+               ckpt::tier_name(e.tier), e.step, e.error, spec.dir);
+      }
+      for (auto& e : guard.take_events()) {
+        if (e["kind"] == "loss_spike")
+          spdlog::warn("step {}: loss spike {:.4f} (z = {:.1f} over the last {} steps)", st.step, st.loss,
+                       e["z"].get<double>(), spec.guard.spike_window);
+        else if (e["kind"] == "nonfinite" && e["action"] == "skip")
+          spdlog::warn(
+              "step {}: loss {}, gradient norm {}: update skipped ({} in a row, guard.max_bad_steps = {})",
+              st.step, st.loss, st.grad_norm, guard.consecutive_bad(), spec.guard.max_bad_steps);
+        rec["guard_events"].push_back(std::move(e));
+      }
+      totals.spikes = guard.spikes();
       totals.mfu_sum += rec["mfu"].get<double>();
-      metrics.write(rec);
-      fmt::print(stderr, "step {}/{} loss {:.4f} gnorm {:.3f} lr {:.2e} {:.0f} ms {:.0f} tok/s mfu {:.1f}%\n",
-                 st.step, spec.steps, st.loss, st.grad_norm, st.lr, st.seconds * 1e3,
-                 rec["tokens_per_s"].get<double>(), 100.0 * rec["mfu"].get<double>());
-      if (g_stop_signal != 0 && st.step < spec.steps) {
+      metrics->write(rec);
+      if (groups.rank == 0)
+        fmt::print(stderr,
+                   "step {}/{} loss {:.4f} gnorm {:.3f} lr {:.2e} {:.0f} ms {:.0f} tok/s mfu {:.1f}%\n",
+                   st.step, spec.steps, st.loss, st.grad_norm, st.lr, st.seconds * 1e3,
+                   rec["tokens_per_s"].get<double>(), 100.0 * rec["mfu"].get<double>());
+      // Bookkeeping: everything in the step that is neither data, compute nor a checkpoint stall.
+      totals.bookkeeping_s += std::chrono::duration<double>(t2 - t1).count() + seconds_since(t3);
+      publish();
+      if (any_rank(*groups.world, g_stop_signal != 0) && st.step < spec.steps) {
+        trainer::mark_activity("checkpoint");
         checkpoints.save_now(st, tokens_so_far, tokens);
+        // Ranks the signal did not reach stop because a peer got it (SIGUSR1 from srun or the batch script).
         fail(ExitCode::kPreempted,
              "stopped by signal {} after step {}; recovery checkpoint saved, requeue to resume",
-             int(g_stop_signal), st.step);
+             g_stop_signal != 0 ? int(g_stop_signal) : SIGUSR1, st.step);
       }
     }
+    trainer::mark_activity("checkpoint");
     if (st.step > 0) checkpoints.finish(st, st.step * st.tokens, tokens);
+    watchdog.stop();
   } catch (const Error& e) {
-    write_summary(spec, config, totals, wall(), peak, fpt, e.code());
+    watchdog.stop();
+    write_summary(run, totals, e.code());
     throw;
   }
-  write_summary(spec, config, totals, wall(), peak, fpt, ExitCode::kOk);
+  write_summary(run, totals, ExitCode::kOk);
   spdlog::info("run '{}' finished: {} steps, {} tokens, final loss {:.4f}, {:.1f} s", spec.name, totals.steps,
-               totals.tokens, totals.last_loss, wall());
+               totals.tokens, totals.last_loss, seconds_since(run.start));
   return 0;
 }
 

@@ -137,12 +137,24 @@ TEST_CASE("forge-train reads a prepared dataset directory", "[launcher]") {
 
 TEST_CASE("a NaN loss exits 71 naming the step, with a summary that says so", "[launcher]") {
   forge::test::TempDir dir;
-  // An absurd learning rate blows the weights up after the first update.
-  const Result r = run(tiny(dir) + " --run.steps=5 --optim.lr=1e30 --optim.min_lr=0");
+  // An absurd learning rate blows the weights up after the first update; no non-finite step tolerated.
+  Result r = run(tiny(dir) + " --run.steps=5 --optim.lr=1e30 --optim.min_lr=0 --guard.max_bad_steps=0");
   INFO(r.output);
   CHECK(r.code == 71);
-  CHECK_THAT(last_line(r.output), Catch::Contains("forge-train: error: step 2: loss is NaN"));
-  const auto summary = forge::read_json(dir / "run/summary.json");
+  CHECK_THAT(last_line(r.output),
+             Catch::Contains("forge-train: error: step 2: loss NaN") &&
+                 Catch::Contains("more than guard.max_bad_steps = 0 (guard.nonfinite = skip)"));
+  auto summary = forge::read_json(dir / "run/summary.json");
   CHECK(summary["exit_class"] == "numeric");
   CHECK(summary["steps"] == 1);
+
+  // Skipping cannot repair blown-up weights: the default policy gives up after guard.max_bad_steps.
+  r = run(tiny(dir) + " --run.steps=8 --optim.lr=1e30 --optim.min_lr=0");
+  CHECK(r.code == 71);
+  CHECK_THAT(last_line(r.output), Catch::Contains("step 5: loss NaN") &&
+                                      Catch::Contains("4 consecutive non-finite steps, more than "
+                                                      "guard.max_bad_steps = 3"));
+  summary = forge::read_json(dir / "run/summary.json");
+  CHECK(summary["steps"] == 4);
+  CHECK(summary["guard"]["skipped_steps"] == 3);
 }

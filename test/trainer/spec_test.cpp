@@ -47,9 +47,27 @@ TEST_CASE("inconsistent model configs are rejected naming key and rule", "[train
   CHECK_THAT(usage_error({"--model.layers=0"}), Catch::Contains("model.layers = 0"));
   CHECK_THAT(usage_error({"--model.vocab=-5"}), Catch::Contains("model.vocab = -5"));
   CHECK_THAT(usage_error({"--data.batch=0"}), Catch::Contains("data.batch"));
-  CHECK_THAT(usage_error({"--parallel.tp=2"}), Catch::Contains("parallel.tp"));
+  CHECK_THAT(usage_error({"--parallel.tp=4"}),
+             Catch::Contains("parallel.tp = 4") && Catch::Contains("must divide model.heads"));
   CHECK_THAT(usage_error({"--optim.min_lr=1", "--optim.lr=0.1"}), Catch::Contains("optim.min_lr"));
   CHECK_THAT(usage_error({"--optim.beta2=1"}), Catch::Contains("optim.beta2"));
+}
+
+TEST_CASE("parallel layouts that cannot work are rejected naming the rule", "[trainer][spec]") {
+  CHECK_NOTHROW(
+      train_spec(load({"--parallel.tp=2", "--parallel.pp=2", "--parallel.dp=2", "--parallel.zero=1"})));
+  CHECK_THAT(usage_error({"--parallel.tp=2", "--model.vocab=8191"}),
+             Catch::Contains("must divide model.vocab"));
+  CHECK_THAT(usage_error({"--model.layers=2", "--parallel.pp=3"}), Catch::Contains("at least one block"));
+  CHECK_THAT(usage_error({"--parallel.zero=2"}), Catch::Contains("must be 0 or 1"));
+  CHECK_THAT(usage_error({"--parallel.pp=2", "--parallel.stage_layers=1,2"}),
+             Catch::Contains("adds up to 3"));
+  CHECK_THAT(usage_error({"--parallel.pp=2", "--parallel.stage_layers=2"}),
+             Catch::Contains("lists 1 stages"));
+  CHECK_THAT(usage_error({"--parallel.stage_layers=x"}), Catch::Contains("comma-separated"));
+  const TrainSpec s =
+      train_spec(load({"--model.layers=5", "--parallel.pp=2", "--parallel.stage_layers=2,3"}));
+  CHECK(s.parallel.stage_layers == std::vector<int>{2, 3});
 }
 
 TEST_CASE("errors cite the file and line of the offending key", "[trainer][spec]") {

@@ -2,17 +2,74 @@
 
 #include "forge/common/error.h"
 
+#include <algorithm>
+#include <string_view>
+
 namespace forge::trainer {
 namespace {
 
 constexpr const char* kConfigFields[] = {"layers", "d_model", "heads", "vocab", "seq_len", "max_positions"};
 
-// The logical tensor a parameter's local buffer holds. Only whole (tp = 1) parameters exist so far; a
-// tensor-parallel slice would map its shard rule to a hyperslab here.
-ckpt::Slice slice_of(const std::string& kind, const ParamInfo& p) {
-  if (p.local_shape != p.shape)
-    fail(ExitCode::kUsage, "checkpoints of tensor-parallel shards are not supported yet ({})", p.name);
-  return ckpt::Slice::whole(kind + "/" + p.name, p.shape);
+// A stretch of this rank's buffer that is a piece of a logical tensor: a hyperslab (a tensor-parallel
+// shard; the fused q|k|v weight is one hyperslab per group) or a flat range of one (a ZeRO-1 shard).
+struct Piece {
+  ckpt::Slice slice;
+  size_t lo, hi;  // flat range of the model's buffer it covers
+};
+
+// The hyperslabs of parameter p's local shard, in local storage order.
+std::vector<Piece> shard_pieces(const std::string& kind, const ParamInfo& p, int tp_rank) {
+  ckpt::Slice whole = ckpt::Slice::whole(kind + "/" + p.name, p.shape);
+  if (p.local_shape == p.shape) return {{whole, p.offset, p.offset + p.numel}};
+  const int d = p.shard.dim, groups = p.shard.groups;
+  const int64_t tp = p.shape[size_t(d)] / p.local_shape[size_t(d)];
+  const int64_t group_rows = p.shape[size_t(d)] / groups, part = group_rows / tp;
+  const size_t per_group = p.numel / size_t(groups);
+  std::vector<Piece> out;
+  for (int g = 0; g < groups; ++g) {
+    ckpt::Slice s = whole;
+    s.offset.assign(p.shape.size(), 0);
+    s.count = p.shape;
+    s.offset[size_t(d)] = g * group_rows + tp_rank * part;
+    s.count[size_t(d)] = part;
+    out.push_back({s, p.offset + size_t(g) * per_group, p.offset + size_t(g + 1) * per_group});
+  }
+  return out;
+}
+
+bool writes(const ParamInfo& p, const SaveRole& role) {
+  if (!role.replicated && p.shard.kind == ShardRule::Kind::kReplicated) return false;
+  return role.tied_copy || p.name != "wte.weight";
+}
+
+// Visits (slice, pointer) for every piece this rank holds: parameters from the model's buffer, moments
+// from the optimizer's packed buffers, cut to the optimizer's owned ranges.
+template <typename Fn>
+void for_each_piece(GPT& model, AdamW* optimizer, bool saving, const SaveRole& role, Fn&& fn) {
+  const int tp_rank = model.slice().tp_rank;
+  for (const auto& p : model.params()) {
+    if (saving && !writes(p, role)) continue;
+    if (!saving || role.params)
+      for (const Piece& piece : shard_pieces("param", p, tp_rank))
+        fn(piece.slice, model.weights().data() + piece.lo);
+    if (optimizer == nullptr || (saving && !role.moments)) continue;
+    for (const char* kind : {"adam_m", "adam_v"}) {
+      float* moments = std::string_view(kind) == "adam_m" ? optimizer->m().data() : optimizer->v().data();
+      for (const Piece& piece : shard_pieces(kind, p, tp_rank)) {
+        size_t packed = 0;
+        for (const FlatRange& r : optimizer->ranges()) {
+          const size_t lo = std::max(r.lo, piece.lo), hi = std::min(r.hi, piece.hi);
+          if (lo < hi) {
+            ckpt::Slice s = piece.slice;
+            s.begin = int64_t(lo - piece.lo);
+            s.end = int64_t(hi - piece.lo);
+            fn(s, moments + packed + (lo - r.lo));
+          }
+          packed += r.hi - r.lo;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -37,27 +94,19 @@ ModelConfig model_config_from_json(const Json& j, const std::string& where) {
   return c;
 }
 
-std::vector<ckpt::TensorData> checkpoint_tensors(GPT& model, AdamW* optimizer) {
+std::vector<ckpt::TensorData> checkpoint_tensors(GPT& model, AdamW* optimizer, const SaveRole& role) {
   std::vector<ckpt::TensorData> out;
-  for (const auto& p : model.params()) {
-    out.push_back({slice_of("param", p), model.weights().data() + p.offset});
-    if (optimizer) {
-      out.push_back({slice_of("adam_m", p), optimizer->m().data() + p.offset});
-      out.push_back({slice_of("adam_v", p), optimizer->v().data() + p.offset});
-    }
-  }
+  for_each_piece(model, optimizer, true, role, [&](const ckpt::Slice& s, float* data) {
+    out.push_back({s, data});
+  });
   return out;
 }
 
 void load_checkpoint(const ckpt::Checkpoint& checkpoint, GPT& model, AdamW* optimizer) {
   std::vector<ckpt::TensorRequest> requests;
-  for (const auto& p : model.params()) {
-    requests.push_back({slice_of("param", p), model.weights().data() + p.offset});
-    if (optimizer) {
-      requests.push_back({slice_of("adam_m", p), optimizer->m().data() + p.offset});
-      requests.push_back({slice_of("adam_v", p), optimizer->v().data() + p.offset});
-    }
-  }
+  for_each_piece(model, optimizer, false, {}, [&](const ckpt::Slice& s, float* data) {
+    requests.push_back({s, data});
+  });
   checkpoint.read(requests);
   model.weights_changed();
 }

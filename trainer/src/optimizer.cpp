@@ -1,5 +1,6 @@
 #include "forge/trainer/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <stdexcept>
@@ -33,11 +34,25 @@ double clip_grad_norm(std::span<float> g, double max_norm) {
   return norm;
 }
 
-AdamW::AdamW(const OptimConfig& optim, const std::vector<ParamInfo>& params, size_t size)
-    : optim_(optim), params_(params), m_(size, 0.0f), v_(size, 0.0f) {}
+AdamW::AdamW(const OptimConfig& optim, const std::vector<ParamInfo>& params, size_t size,
+             std::vector<FlatRange> ranges)
+    : optim_(optim), ranges_(std::move(ranges)), size_(size) {
+  if (ranges_.empty()) ranges_.push_back({0, size});
+  size_t at = 0;
+  for (const FlatRange& r : ranges_) {
+    if (r.lo > r.hi || r.hi > size) throw std::invalid_argument("AdamW: owned range outside the buffer");
+    for (const auto& p : params) {
+      const size_t lo = std::max(r.lo, p.offset), hi = std::min(r.hi, p.offset + p.numel);
+      if (lo < hi) segments_.push_back({lo, hi, at + (lo - r.lo), p.decay});
+    }
+    at += r.hi - r.lo;
+  }
+  m_.assign(at, 0.0f);
+  v_.assign(at, 0.0f);
+}
 
 void AdamW::step(std::span<float> w, std::span<const float> g, double lr) {
-  if (w.size() != m_.size() || g.size() != m_.size())
+  if (w.size() != size_ || g.size() != size_)
     throw std::invalid_argument("AdamW::step: buffer sizes do not match the optimizer state");
   ++t_;
   const float b1 = float(optim_.beta1), b2 = float(optim_.beta2), eps = float(optim_.eps);
@@ -45,18 +60,17 @@ void AdamW::step(std::span<float> w, std::span<const float> g, double lr) {
   const double bc2 = 1.0 - std::pow(optim_.beta2, double(t_));
   const float step_size = float(lr / bc1);
   const float inv_sqrt_bc2 = float(1.0 / std::sqrt(bc2));
-  float* m = m_.data();
-  float* v = v_.data();
-  // One parallel region for all tensors (each split statically), not a fork/join per tensor.
+  // One parallel region for all segments (each split statically), not a fork/join per tensor.
 #pragma omp parallel
-  for (const auto& p : params_) {
-    const float keep = p.decay ? float(1.0 - lr * optim_.weight_decay) : 1.0f;
-    float* pw = w.data() + p.offset;
-    const float* pg = g.data() + p.offset;
-    float* pm = m + p.offset;
-    float* pv = v + p.offset;
+  for (const Segment& s : segments_) {
+    const float keep = s.decay ? float(1.0 - lr * optim_.weight_decay) : 1.0f;
+    float* pw = w.data() + s.lo;
+    const float* pg = g.data() + s.lo;
+    float* pm = m_.data() + s.at;
+    float* pv = v_.data() + s.at;
+    const size_t n = s.hi - s.lo;
 #pragma omp for simd schedule(static) nowait
-    for (size_t i = 0; i < p.numel; ++i) {
+    for (size_t i = 0; i < n; ++i) {
       pm[i] = b1 * pm[i] + (1.0f - b1) * pg[i];
       pv[i] = b2 * pv[i] + (1.0f - b2) * pg[i] * pg[i];
       const float denom = std::sqrt(pv[i]) * inv_sqrt_bc2 + eps;

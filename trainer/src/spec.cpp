@@ -3,6 +3,9 @@
 
 #include "forge/common/error.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -38,7 +41,11 @@ void add_trainer_keys(ConfigSchema& s) {
       .add<int>("parallel.pp", 1, "pipeline stages")
       .add<int>("parallel.dp", 1, "data-parallel ranks")
       .add<int>("parallel.microbatches", 1, "micro-batches per optimizer step (gradient accumulation)")
-      .add<int>("parallel.zero", 0, "ZeRO stage (0: none)");
+      .add<int>("parallel.zero", 0,
+                "ZeRO stage: 0 none, 1 optimizer state sharded across data-parallel ranks")
+      .add<std::string>("parallel.stage_layers", "",
+                        "blocks per pipeline stage, e.g. 3,5 (empty: balanced by compute)");
+  add_guard_keys(s);
 }
 
 namespace {
@@ -112,11 +119,54 @@ TrainSpec train_spec(const Config& c) {
   s.parallel.dp = positive<int>(c, "parallel.dp");
   s.parallel.zero = c.get<int>("parallel.zero");
   s.microbatches = positive<int>(c, "parallel.microbatches");
-  for (const char* key : {"parallel.tp", "parallel.pp", "parallel.dp"})
-    if (c.get<int>(key) != 1) c.reject(key, "only 1 is supported by this single-process build");
-  if (s.parallel.zero != 0) c.reject("parallel.zero", "only 0 is supported by this single-process build");
+  const std::string stages = c.get<std::string>("parallel.stage_layers");
+  for (size_t at = 0; at < stages.size();) {
+    const size_t comma = std::min(stages.find(',', at), stages.size());
+    const std::string item = stages.substr(at, comma - at);
+    char* end = nullptr;
+    const long n = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || n < 0 || n > 1 << 20)
+      c.reject("parallel.stage_layers", "expected a comma-separated list of block counts, e.g. 3,5");
+    s.parallel.stage_layers.push_back(int(n));
+    at = comma + 1;
+  }
+  if (const auto problem = layout_problem(s.model, s.parallel)) c.reject(problem->first, problem->second);
+  s.guard = guard_config(c);
   s.threads = resolve_threads(threads);
   return s;
+}
+
+std::optional<std::pair<std::string, std::string>> layout_problem(const ModelConfig& m,
+                                                                  const ParallelConfig& p) {
+  const auto problem = [](std::string key, std::string why) {
+    return std::optional<std::pair<std::string, std::string>>(std::in_place, std::move(key), std::move(why));
+  };
+  if (m.heads % p.tp != 0)
+    return problem("parallel.tp",
+                   fmt::format("must divide model.heads = {} (each rank holds whole heads)", m.heads));
+  if (m.vocab % p.tp != 0)
+    return problem(
+        "parallel.tp",
+        fmt::format("must divide model.vocab = {} (vocabulary-parallel embedding; pad the vocabulary)",
+                    m.vocab));
+  if (p.pp > m.layers)
+    return problem("parallel.pp", fmt::format("{} stages need at least one block each but model.layers is {}",
+                                              p.pp, m.layers));
+  if (p.zero != 0 && p.zero != 1) return problem("parallel.zero", "must be 0 or 1");
+  if (!p.stage_layers.empty()) {
+    int total = 0;
+    for (int n : p.stage_layers) {
+      if (n < 1) return problem("parallel.stage_layers", "every stage needs at least one block");
+      total += n;
+    }
+    if (int(p.stage_layers.size()) != p.pp)
+      return problem("parallel.stage_layers",
+                     fmt::format("lists {} stages but parallel.pp is {}", p.stage_layers.size(), p.pp));
+    if (total != m.layers)
+      return problem("parallel.stage_layers",
+                     fmt::format("adds up to {} blocks but model.layers is {}", total, m.layers));
+  }
+  return std::nullopt;
 }
 
 int resolve_threads(int requested) {

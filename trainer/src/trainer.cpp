@@ -1,10 +1,12 @@
 #include "forge/trainer/trainer.h"
 
 #include "forge/common/error.h"
+#include "forge/trainer/progress.h"
 #include "forge/trainer/runtime.h"
 
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 
 namespace forge::trainer {
@@ -37,6 +39,7 @@ StepStats Trainer::step(std::span<const int32_t> tokens) {
   const int64_t step = optimizer_.steps_taken() + 1;
   const int T = spec_.model.seq_len;
   const size_t row = size_t(T) + 1;
+  mark_activity("forward_backward");
   model_.zero_grad();
   double loss = 0;
   for (int mb = 0; mb < spec_.microbatches; ++mb) {
@@ -48,18 +51,25 @@ StepStats Trainer::step(std::span<const int32_t> tokens) {
     loss += model_.forward_backward(inputs_, targets_, 1.0f / float(spec_.microbatches));
   }
   loss /= spec_.microbatches;
-  if (!std::isfinite(loss))
-    fail(ExitCode::kNumeric, "step {}: loss is {}; weights left unchanged (lower optim.lr or check the data)",
-         step, std::isnan(loss) ? "NaN" : "infinite");
-  const double norm = clip_grad_norm(model_.grads(), spec_.optim.grad_clip);
-  if (!std::isfinite(norm))
-    fail(ExitCode::kNumeric, "step {}: gradient norm is {} (loss {}); weights left unchanged", step,
-         std::isnan(norm) ? "NaN" : "infinite", loss);
+  if (inject_nan_) {
+    inject_nan_ = false;
+    loss = std::numeric_limits<double>::quiet_NaN();
+  }
   const double lr = learning_rate(spec_.optim, step - 1, spec_.steps);
-  optimizer_.step(model_.weights(), model_.grads(), lr);
-  model_.weights_changed();
+  const double norm = std::isfinite(loss) ? clip_grad_norm(model_.grads(), spec_.optim.grad_clip)
+                                          : std::numeric_limits<double>::quiet_NaN();
+  const bool finite = std::isfinite(loss) && std::isfinite(norm);
+  mark_activity("optimizer");
+  if (finite) {
+    optimizer_.step(model_.weights(), model_.grads(), lr);
+    model_.weights_changed();
+  } else {
+    // The update is dropped, the step is not: step numbers, the schedule and the data stay functions
+    // of the step whatever the guard decides.
+    optimizer_.restore_steps(step);
+  }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return {step, loss, norm, lr, seconds, int64_t(spec_.microbatches) * spec_.batch * T};
+  return {step, loss, norm, lr, seconds, int64_t(spec_.microbatches) * spec_.batch * T, finite};
 }
 
 }  // namespace forge::trainer

@@ -18,36 +18,56 @@ constexpr int kChunkRows = 256;
 
 double classifier_forward_backward(float* dx, float* dwte, const float* x, const float* wte,
                                    const int32_t* targets, int N, int C, int V, float grad_scale,
-                                   float* logits_out) {
-  thread_local std::vector<float> chunk;
+                                   float* logits_out, GroupReduce* group, int vocab_begin) {
+  thread_local std::vector<float> chunk, stats;
   chunk.resize(size_t(std::min(N, kChunkRows)) * V);
+  stats.resize(size_t(3) * kChunkRows);
   double total = 0;
   for (int r0 = 0; r0 < N; r0 += kChunkRows) {
     const int rows = std::min(kChunkRows, N - r0);
     float* logits = chunk.data();
+    // Per row: max, then (sum of exponentials, target logit) next to each other so a group combines
+    // both with one reduction.
+    float* mx = stats.data();
+    float* sum_tgt = mx + kChunkRows;
     sgemm(false, true, rows, V, C, 1.0f, x + int64_t(r0) * C, C, wte, C, 0.0f, logits, V);
     if (logits_out != nullptr)
       std::memcpy(logits_out + int64_t(r0) * V, logits, sizeof(float) * size_t(rows) * V);
-    double chunk_loss = 0;
-#pragma omp parallel for schedule(static) reduction(+ : chunk_loss)
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < rows; ++i) {
+      const float* row = logits + int64_t(i) * V;
+      float m = row[0];
+      for (int j = 1; j < V; ++j) m = std::max(m, row[j]);
+      mx[i] = m;
+    }
+    if (group != nullptr) group->max(mx, rows);
+#pragma omp parallel for schedule(static)
     for (int i = 0; i < rows; ++i) {
       float* row = logits + int64_t(i) * V;
-      float mx = row[0];
-      for (int j = 1; j < V; ++j) mx = std::max(mx, row[j]);
-      const int target = targets[r0 + i];
-      const float shifted_target = row[target] - mx;
+      const int t = targets[r0 + i] - vocab_begin;
+      sum_tgt[2 * i + 1] = t >= 0 && t < V ? row[t] : 0.0f;
+      const float m = mx[i];
       float sum = 0;
 #pragma omp simd reduction(+ : sum)
       for (int j = 0; j < V; ++j) {
-        row[j] = fast_exp(row[j] - mx);
+        row[j] = fast_exp(row[j] - m);
         sum += row[j];
       }
-      chunk_loss += std::log(sum) - shifted_target;  // logsumexp - logit[target]
+      sum_tgt[2 * i] = sum;
+    }
+    if (group != nullptr) group->sum(sum_tgt, 2 * rows);
+    double chunk_loss = 0;
+#pragma omp parallel for schedule(static) reduction(+ : chunk_loss)
+    for (int i = 0; i < rows; ++i) {
+      const float sum = sum_tgt[2 * i];
+      chunk_loss += std::log(sum) - (sum_tgt[2 * i + 1] - mx[i]);  // logsumexp - logit[target]
       if (dx == nullptr) continue;
+      float* row = logits + int64_t(i) * V;
       const float inv = grad_scale / sum;
 #pragma omp simd
       for (int j = 0; j < V; ++j) row[j] *= inv;
-      row[target] -= grad_scale;
+      const int t = targets[r0 + i] - vocab_begin;
+      if (t >= 0 && t < V) row[t] -= grad_scale;
     }
     total += chunk_loss;
     if (dx == nullptr) continue;

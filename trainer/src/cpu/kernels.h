@@ -9,12 +9,14 @@
 namespace forge::trainer::cpu {
 
 // ---- embedding.cpp ----
-// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
+// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]. Vocabulary-parallel: this rank holds rows
+// [vocab_begin, vocab_end) of the table (wte points at row vocab_begin); other tokens contribute zeros, and
+// wpe may be null (one rank of the group adds it) so that the sum over the group is the full embedding.
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
-                       int C);
-// dwte[tokens[b,t],:] += dout[b,t,:]; dwpe[t,:] += sum_b dout[b,t,:]
+                       int C, int vocab_begin = 0, int vocab_end = 1 << 30);
+// dwte[tokens[b,t],:] += dout[b,t,:] (rows this rank holds); dwpe[t,:] += sum_b dout[b,t,:]
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
-                        int C);
+                        int C, int vocab_begin = 0, int vocab_end = 1 << 30);
 
 // ---- layernorm.cpp ----
 void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* weight,
@@ -30,6 +32,11 @@ void layernorm_backward(float* din, float* dweight, float* dbias, const float* d
 void residual_layernorm_forward(float* res_out, float* ln_out, float* mean, float* rstd, const float* res_in,
                                 const float* delta, const float* delta_bias, const float* weight,
                                 const float* bias, int N, int C);
+
+// res_out = res_in + delta + delta_bias (a residual add with no LayerNorm after it: a pipeline stage's
+// last block hands the stream to the next stage, which owns that LayerNorm).
+void residual_forward(float* res_out, const float* res_in, const float* delta, const float* delta_bias, int N,
+                      int C);
 
 // ---- matmul.cpp ---- (weights in PyTorch's Linear layout [OC, C])
 // Row-major C = alpha op(A) op(B) + beta C on all threads: OpenMP splits C into row or column panels,
@@ -62,9 +69,18 @@ void gelu_backward(float* dinout, const float* pre, int N, int C);
 // logits of all rows never exist at once. Returns the sum of the per-row losses. If dx is not null:
 // dx = dL/dx (overwrites) and dwte += dL/dwte for L = grad_scale * sum of losses. If logits_out is not
 // null the full logits are also written there ([N, V]).
+//
+// Vocabulary-parallel (`group` not null): this rank holds V rows of the table starting at vocab_begin;
+// the softmax statistics of each chunk are combined across the group through `group`, the returned loss
+// is the full one on every rank, and dx is this rank's partial sum (the caller sums it over the group).
+struct GroupReduce {
+  virtual ~GroupReduce() = default;
+  virtual void max(float* values, int n) = 0;
+  virtual void sum(float* values, int n) = 0;
+};
 double classifier_forward_backward(float* dx, float* dwte, const float* x, const float* wte,
                                    const int32_t* targets, int N, int C, int V, float grad_scale,
-                                   float* logits_out);
+                                   float* logits_out, GroupReduce* group = nullptr, int vocab_begin = 0);
 
 // ---- bf16 storage (bf16.cpp) ----
 // Rounds each value to the nearest BF16 (ties to even), keeping it in an fp32 container.

@@ -32,4 +32,16 @@ void residual_layernorm_forward(float* res_out, float* ln_out, float* mean, floa
   }
 }
 
+void residual_forward(float* res_out, const float* res_in, const float* delta, const float* delta_bias, int N,
+                      int C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < N; ++r) {
+    const float* a = res_in + r * C;
+    const float* d = delta + r * C;
+    float* x = res_out + r * C;
+#pragma omp simd
+    for (int c = 0; c < C; ++c) x[c] = a[c] + d[c] + delta_bias[c];
+  }
+}
+
 }  // namespace forge::trainer::cpu

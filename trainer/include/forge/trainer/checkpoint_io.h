@@ -17,9 +17,19 @@ Json model_config_json(const ModelConfig& config);
 // Throws forge::Error(kData) naming `where` when a field is missing or not a positive integer.
 ModelConfig model_config_from_json(const Json& j, const std::string& where);
 
-// This process's pieces of the parameters and, with an optimizer, its moments. The pieces point into
-// the model's and optimizer's buffers: valid until they change.
-std::vector<ckpt::TensorData> checkpoint_tensors(GPT& model, AdamW* optimizer);
+// Which of the pieces it holds a rank writes, so that each logical element is written once. Loading
+// needs none of this: every rank reads exactly what it holds, from whatever layout saved it.
+struct SaveRole {
+  bool params = true;      // its parameters (data-parallel rank 0)
+  bool moments = true;     // its optimizer moments (every rank under ZeRO-1, else data-parallel rank 0)
+  bool replicated = true;  // tensors replicated across the tensor-parallel group (its rank 0)
+  bool tied_copy = true;   // the token embedding (false on the last pipeline stage's copy of it)
+};
+
+// This process's pieces of the parameters and, with an optimizer, its moments (tensor-parallel shards
+// as hyperslabs, ZeRO-1 shards as flat ranges of them). The pieces point into the model's and
+// optimizer's buffers: valid until they change.
+std::vector<ckpt::TensorData> checkpoint_tensors(GPT& model, AdamW* optimizer, const SaveRole& role = {});
 
 // Fills the model's weights (and the optimizer's moments, when given) from a checkpoint, then refreshes
 // the model's working copy. Throws forge::Error(kData) naming a missing or mis-shaped tensor.

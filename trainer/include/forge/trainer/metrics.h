@@ -7,7 +7,16 @@
 //   step_ms      wall time of the step
 //   tokens_per_s tokens of this step / its wall time
 //   mfu          model FLOPs utilisation against peak_gflops (6N + 12LTd FLOPs per token)
-// forge-train adds spec_hash (Config::hash of the resolved spec) to every record.
+// forge-train adds to every record:
+//   spec_hash     Config::hash of the resolved spec
+//   data_wait_ms  time spent fetching the step's tokens
+//   ckpt_stall_ms time the step waited for a checkpoint save to start
+// and, only when they apply:
+//   skipped       true: the step was non-finite and its update dropped (guard.nonfinite = skip)
+//   resumed_from  the checkpoint step this process resumed from (first record after a resume)
+//   ckpt_events   finished checkpoint saves (ckpt::SaveEvent::to_json)
+//   guard_events  guard.h StepGuard events: {"kind": "nonfinite" | "loss_spike" | "rewind", ...}
+//   stragglers    ranks flagged by the straggler detector (multi-rank runs)
 #pragma once
 
 #include "forge/common/json.h"

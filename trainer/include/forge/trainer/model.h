@@ -9,12 +9,15 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 namespace forge::trainer {
+
+class Comm;
 
 struct ModelConfig {
   int layers = 0;
@@ -71,15 +74,19 @@ double flops_per_token(const ModelConfig& config);
 
 class GPT {
  public:
-  // Allocates parameters, gradients and activations for micro-batches of `batch` sequences. Only the
-  // whole model (default slice) runs forward/backward in this build; other slices throw
-  // std::invalid_argument.
-  GPT(const ModelConfig& config, int batch, DType dtype = DType::kF32, const ModelSlice& slice = {});
+  // Allocates parameters, gradients and activations of `slice` for micro-batches of `batch` sequences,
+  // with `slots` activation sets (the micro-batches a pipeline stage holds in flight). A slice with
+  // slice.tp_size > 1 needs `tp`, the tensor-parallel group it is rank slice.tp_rank of. The flat buffers
+  // are padded to a multiple of `flat_multiple` elements (data-parallel sharding splits them evenly).
+  // Throws std::invalid_argument when the slice does not fit the config.
+  GPT(const ModelConfig& config, int batch, DType dtype = DType::kF32, const ModelSlice& slice = {},
+      int slots = 1, Comm* tp = nullptr, size_t flat_multiple = 1);
   ~GPT();
   GPT(const GPT&) = delete;
   GPT& operator=(const GPT&) = delete;
 
   const ModelConfig& config() const { return config_; }
+  const ModelSlice& slice() const { return slice_; }
   int batch() const { return batch_; }
   DType dtype() const { return dtype_; }
   const std::vector<ParamInfo>& params() const { return params_; }
@@ -96,33 +103,54 @@ class GPT {
   // Call after changing weights() (optimizer step, loading): refreshes the BF16 working copy.
   void weights_changed();
 
-  // tokens, targets: batch x seq_len. Forward and backward of the mean cross-entropy; gradients of
-  // `grad_scale` x loss are added to grads(). Returns the mean loss.
+  // Whole-model conveniences (slot 0). tokens, targets: batch x seq_len. Forward and backward of the
+  // mean cross-entropy; gradients of `grad_scale` x loss are added to grads(). Returns the mean loss.
   float forward_backward(std::span<const int32_t> tokens, std::span<const int32_t> targets,
                          float grad_scale = 1.0f);
   // Mean loss only.
   float forward_loss(std::span<const int32_t> tokens, std::span<const int32_t> targets);
-  // All logits, batch x seq_len x vocab (tests and evaluation).
+  // All logits, batch x seq_len x vocab (tests and evaluation; tp_size 1).
   void forward_logits(std::span<const int32_t> tokens, std::span<float> logits);
 
-  // Bytes held by parameters, gradients and activations (for memory reports).
+  // Pipeline-stage primitives on activation set `slot`. rows() = batch x seq_len.
+  // forward: a slice with the embedding reads `tokens`, any other reads `input` ([rows, d_model], the
+  // residual stream from the previous stage). A slice with the head returns the mean loss of `targets`
+  // and, if `backward`, prepares the classifier's gradient (grad_scale x mean loss) for backward();
+  // any other returns 0 and leaves its output in output(slot).
+  float forward(int slot, const int32_t* tokens, const float* input, const int32_t* targets, float grad_scale,
+                bool backward);
+  std::span<const float> output(int slot) const;
+  // backward of the micro-batch forward() ran on `slot`: from the classifier gradient (head) or from
+  // `d_output` (the next stage's input gradient). Leaves the gradient of the slice's input in
+  // input_grad(slot) (slices without the embedding). Calls on_grads(l) as soon as the gradients of layer l
+  // are complete for this micro-batch; l = config.layers for the final LayerNorm, -1 for the embeddings.
+  void backward(int slot, const int32_t* tokens, const float* d_output,
+                const std::function<void(int)>& on_grads = {});
+  std::span<const float> input_grad(int slot) const;
+  int64_t rows() const { return int64_t(batch_) * config_.seq_len; }
+
+  // Bytes held by activations and scratch (for memory reports).
   size_t activation_bytes() const;
 
  private:
   struct Acts;
-  void forward_blocks(const int32_t* tokens);
-  float classifier(const int32_t* targets, float* logits_out, bool backward, float grad_scale);
-  void backward_blocks(const int32_t* tokens);
+  struct Scratch;
+  float run_forward(int slot, const int32_t* tokens, const float* input, const int32_t* targets,
+                    float grad_scale, bool backward, float* logits_out);
+  void tp_sum(float* data, int64_t n);
   void check_tokens(std::span<const int32_t> tokens, std::span<const int32_t> targets) const;
 
   ModelConfig config_;
   ModelSlice slice_;
   int batch_;
   DType dtype_;
+  Comm* tp_;
+  int layers_;  // blocks in this slice
   std::vector<ParamInfo> params_;
   std::vector<float> weights_, grads_;
   std::vector<float> work_;  // BF16 mode: weights rounded to BF16 (the copy forward/backward use)
-  std::unique_ptr<Acts> acts_;
+  std::vector<std::unique_ptr<Acts>> acts_;
+  std::unique_ptr<Scratch> scratch_;
 };
 
 }  // namespace forge::trainer

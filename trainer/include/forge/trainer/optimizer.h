@@ -21,12 +21,21 @@ double grad_norm(std::span<const float> grads);
 // max_norm / (norm + 1e-6) when below 1). max_norm <= 0: no clipping. Returns the norm before clipping.
 double clip_grad_norm(std::span<float> grads, double max_norm);
 
+// A range [lo, hi) of the flat parameter buffer.
+struct FlatRange {
+  size_t lo = 0, hi = 0;
+};
+
 // AdamW with decoupled weight decay (applied only to parameters marked `decay`) and bias correction,
-// the update PyTorch's torch.optim.AdamW computes.
+// the update PyTorch's torch.optim.AdamW computes. It owns the moments of `ranges` of the flat buffer
+// (all of it by default; a ZeRO-1 shard otherwise), stored back to back in range order, and updates only
+// those elements.
 class AdamW {
  public:
-  AdamW(const OptimConfig& optim, const std::vector<ParamInfo>& params, size_t size);
+  AdamW(const OptimConfig& optim, const std::vector<ParamInfo>& params, size_t size,
+        std::vector<FlatRange> ranges = {});
   void step(std::span<float> weights, std::span<const float> grads, double lr);
+  const std::vector<FlatRange>& ranges() const { return ranges_; }
   int64_t steps_taken() const { return t_; }
   // Resuming from a checkpoint: the step count drives bias correction and the schedule.
   void restore_steps(int64_t steps) { t_ = steps; }
@@ -35,8 +44,15 @@ class AdamW {
   std::span<float> v() { return v_; }
 
  private:
+  // A stretch of one parameter inside an owned range: flat [lo, hi), moments at `at`.
+  struct Segment {
+    size_t lo, hi, at;
+    bool decay;
+  };
   OptimConfig optim_;
-  std::vector<ParamInfo> params_;
+  std::vector<FlatRange> ranges_;
+  std::vector<Segment> segments_;
+  size_t size_;
   std::vector<float> m_, v_;
   int64_t t_ = 0;
 };

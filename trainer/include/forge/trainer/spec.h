@@ -1,12 +1,16 @@
-// The job-spec keys the trainer reads ([run] [model] [data] [optim] [precision] [parallel]) and their
+// The job-spec keys the trainer reads ([run] [model] [data] [optim] [precision] [parallel] [guard]) and their
 // validation. The launcher adds its own sections to the same schema before loading the spec.
 #pragma once
 
 #include "forge/common/config.h"
+#include "forge/trainer/guard.h"
 #include "forge/trainer/model.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace forge::trainer {
 
@@ -23,6 +27,7 @@ struct OptimConfig {
 
 struct ParallelConfig {
   int tp = 1, pp = 1, dp = 1, zero = 0;
+  std::vector<int> stage_layers;  // blocks per pipeline stage; empty: balanced
 };
 
 // Everything one training process needs, validated.
@@ -38,6 +43,7 @@ struct TrainSpec {
   OptimConfig optim;
   DType dtype = DType::kF32;
   ParallelConfig parallel;
+  GuardConfig guard;
 };
 
 // Registers the trainer's keys (with defaults and help) in `schema`.
@@ -48,6 +54,11 @@ void add_trainer_keys(ConfigSchema& schema);
 ModelConfig model_config(const Config& config);
 OptimConfig optim_config(const Config& config);
 TrainSpec train_spec(const Config& config);
+
+// The first rule a parallel layout breaks for this model, as (key, why): heads and vocab divisible by tp,
+// at least one block per pipeline stage, stage_layers consistent, ZeRO stage 0 or 1. nullopt: it can run.
+std::optional<std::pair<std::string, std::string>> layout_problem(const ModelConfig& model,
+                                                                  const ParallelConfig& parallel);
 
 // Worker threads: `requested` > 0 as is; 0 means SLURM_CPUS_PER_TASK when set, else all cores.
 int resolve_threads(int requested);

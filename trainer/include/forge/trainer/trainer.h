@@ -19,6 +19,16 @@ struct StepStats {
   double lr = 0;
   double seconds = 0;
   int64_t tokens = 0;  // trained tokens in this step
+  // False when the loss or the gradient norm is NaN/Inf: the update was dropped (weights and optimizer
+  // moments unchanged) but the step still counts (its data is consumed and the schedule advances). The
+  // guard (guard.h) decides what happens next. Must be the same on every rank.
+  bool finite = true;
+  // Where the step's time went (parallel runs; 0 in one process): exposed communication (time blocked
+  // on tensor/data-parallel collectives), pipeline bubble (time blocked on the neighbouring stages), and
+  // the bytes this rank sent.
+  double comm_s = 0;
+  double bubble_s = 0;
+  uint64_t comm_bytes = 0;
 };
 
 class Trainer {
@@ -34,9 +44,12 @@ class Trainer {
   size_t tokens_per_step() const;
 
   // Accumulates gradients over the micro-batches (mean loss), clips, and applies AdamW at the
-  // scheduled learning rate. A non-finite loss or gradient norm throws forge::Error(kNumeric) naming
-  // the step, before the weights change.
+  // scheduled learning rate. A non-finite loss or gradient norm returns finite = false without
+  // changing weights or moments (StepStats). Marks "forward_backward" and "optimizer" (progress.h).
   StepStats step(std::span<const int32_t> tokens);
+
+  // Testing hook (guard.inject_nan_step): the next step's loss is NaN, as if it had overflowed.
+  void inject_nan_once() { inject_nan_ = true; }
 
  private:
   TrainSpec spec_;
@@ -44,6 +57,7 @@ class Trainer {
   GPT model_;
   AdamW optimizer_;
   std::vector<int32_t> inputs_, targets_;
+  bool inject_nan_ = false;
 };
 
 }  // namespace forge::trainer

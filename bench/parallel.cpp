@@ -1,0 +1,95 @@
+// Hybrid-parallel benchmark: runs ParallelTrainer on the ranks mpirun gives it, on a spec file plus
+// --section.key=value overrides, and prints one line of JSON from rank 0: tokens/s, time per step, the
+// pipeline bubble and exposed communication, and the bytes each rank handed to its communicators per
+// step next to the volume the layout implies analytically (bench/parallel.sh compares the layouts).
+//   bench_parallel SPEC.ini [--section.key=value ...]
+#include "forge/trainer/parallel.h"
+#include "forge/common/config.h"
+#include "forge/common/error.h"
+#include "forge/common/hash.h"
+#include "forge/common/json.h"
+#include "forge/trainer/groups.h"
+#include "forge/trainer/spec.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+using namespace forge;
+using namespace forge::trainer;
+
+namespace {
+
+// Bytes this rank hands to its communicators per step, counted as CommStats counts them (an all-reduce
+// its buffer, a reduce-scatter its input, an all-gather its output, a send its payload).
+double analytic_bytes(const TrainSpec& s, const ProcessGroups& g, const ParallelTrainer& t) {
+  const double N = double(s.batch) * s.model.seq_len, C = s.model.d_model, m = s.microbatches;
+  const auto& b = t.bounds();
+  const double blocks = b[size_t(g.pp_rank) + 1] - b[size_t(g.pp_rank)];
+  double floats = 0;
+  if (g.layout.tp > 1) {
+    // Per micro-batch: forward one all-reduce after each row-parallel product (2 per block), the
+    // embedding's, and the classifier's statistics (3 per row) and input gradient; backward 2 per block.
+    const double fwd =
+        (2 * blocks + (g.first_stage() ? 1 : 0)) * N * C + (g.last_stage() ? 3 * N + N * C : 0);
+    floats += m * (fwd + 2 * blocks * N * C);
+  }
+  if (g.layout.pp > 1) floats += m * N * C * ((g.last_stage() ? 0 : 1) + (g.first_stage() ? 0 : 1));
+  if (g.layout.dp > 1) floats += (s.parallel.zero == 1 ? 2.0 : 1.0) * double(t.parameter_bytes() / 8);
+  if (g.embed) floats += double(s.model.vocab / g.layout.tp) * C;
+  return 4 * floats + 16;  // + the loss and norm reduction
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return run_cli("bench_parallel", [&]() -> int {
+    if (argc < 2) fail(ExitCode::kUsage, "usage: bench_parallel SPEC.ini [--section.key=value ...]");
+    ConfigSchema schema;
+    add_trainer_keys(schema);
+    const Config config = load_config(schema, argv[1], std::vector<std::string>(argv + 2, argv + argc));
+    const TrainSpec spec = train_spec(config);
+    auto world = mpi_world();
+    ProcessGroups groups =
+        make_groups(std::move(world), {spec.parallel.tp, spec.parallel.pp, spec.parallel.dp});
+    ParallelTrainer trainer(spec, groups);
+    std::vector<int32_t> tokens(trainer.tokens_per_step());
+    for (size_t i = 0; i < tokens.size(); ++i)
+      tokens[i] = int32_t(splitmix64(i) % uint64_t(spec.model.vocab));
+    const int warmup = 2;
+    double seconds = 0, bubble = 0, comm = 0, bytes = 0;
+    int64_t step_tokens = 0;
+    for (int64_t step = 0; step < spec.steps; ++step) {
+      const StepStats st = trainer.step(tokens);
+      if (step < warmup) continue;
+      seconds += st.seconds;
+      bubble += st.bubble_s;
+      comm += st.comm_s;
+      bytes += double(st.comm_bytes);
+      step_tokens = st.tokens;
+    }
+    const double steps = double(spec.steps - warmup);
+    // The slowest rank sets the pace; bytes are reported for the rank that moves the most.
+    double worst[4] = {seconds / steps, bubble / steps, comm / steps, bytes / steps};
+    groups.world->all_reduce(worst, 4, CommType::kF64, ReduceOp::kMax)->wait();
+    double analytic = analytic_bytes(spec, groups, trainer);
+    groups.world->all_reduce(&analytic, 1, CommType::kF64, ReduceOp::kMax)->wait();
+    if (groups.rank == 0) {
+      const double p = spec.parallel.pp, mb = spec.microbatches;
+      const Json out{{"layout", groups.layout.str()},
+                     {"zero", spec.parallel.zero},
+                     {"threads_per_rank", spec.threads},
+                     {"microbatches", spec.microbatches},
+                     {"step_ms", worst[0] * 1e3},
+                     {"tokens_per_s", double(step_tokens) / worst[0]},
+                     {"bubble_fraction", worst[1] / worst[0]},
+                     {"bubble_ideal", (p - 1) / (mb + p - 1)},
+                     {"exposed_comm_fraction", worst[2] / worst[0]},
+                     {"comm_mb_per_step", worst[3] / 1e6},
+                     {"analytic_mb_per_step", analytic / 1e6},
+                     {"optimizer_mib_per_rank", double(trainer.optimizer_bytes()) / (1 << 20)}};
+      std::printf("%s\n", out.dump().c_str());
+    }
+    return 0;
+  });
+}

@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# forge-train's exit codes (ARCHITECTURE.md), each provoked on the real binary: bad spec 64, a checkpoint
+# of another spec 64 (and --force-new), corrupt shard 65, hang 69 (watchdog), persisting NaN 71 (and the
+# skip and rewind policies recovering from a single one), unwritable checkpoint directory 74, SIGUSR1 75.
+# Every failure prints one line "forge-train: error: ..." and writes summary.json with its exit class.
+# Usage: exit_codes_test.sh FORGE_TRAIN FORGE_DATA SOURCE_DIR
+set -uo pipefail
+train=$1 forge_data=$2 src=$3
+work=$(mktemp -d)
+trap '[ -n "${KEEP_WORK:-}" ] || rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+json() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))" "$@"; }
+losses() { python3 -c "import json,sys; [print(json.loads(l)['step'], json.loads(l)['loss']) for l in open(sys.argv[1])]" "$1"; }
+base=(--run.threads=1 --run.peak_gflops=50 --model.layers=1 --model.d_model=32 --model.heads=2
+  --model.seq_len=32)
+tiny=("${base[@]}" --model.vocab=128)
+
+# expect NAME CODE PATTERN -- forge-train arguments...: exit code, and the last stderr line is the one
+# error line and contains PATTERN.
+expect() {
+  local name=$1 want=$2 pattern=$3 rc=0
+  shift 4
+  "$train" "$@" > "$work/$name.out" 2> "$work/$name.err" || rc=$?
+  [ "$rc" -eq "$want" ] || { tail -n5 "$work/$name.err" >&2; fail "$name: exit $rc, want $want"; }
+  last=$(tail -n1 "$work/$name.err")
+  case "$last" in
+    "forge-train: error: "*"$pattern"*) ;;
+    *) fail "$name: last line '$last' lacks 'forge-train: error: ...$pattern'" ;;
+  esac
+}
+summary_class() { json "$1/summary.json" "d['exit_class']"; }
+
+# 64: a spec rule broken, before anything is written.
+expect bad-spec 64 "optim.min_lr = 1: must be in [0, optim.lr]" -- \
+  "$src/configs/tiny.ini" --run.dir="$work/bad" "${tiny[@]}" --run.steps=8 --optim.min_lr=1
+[ ! -e "$work/bad" ] || fail "bad spec: the run directory was created"
+expect bad-guard 64 "guard.nonfinite = rewind: rewind needs recovery checkpoints" -- \
+  "$src/configs/tiny.ini" --run.dir="$work/bad" "${tiny[@]}" --run.steps=8 --guard.nonfinite=rewind
+
+# 64: resuming a run directory whose checkpoints another spec wrote names the keys; keys that may change
+# on resume (run.steps, ckpt.*, guard.*) do not count; --force-new moves the old run aside.
+"$train" "$src/configs/tiny.ini" --run.dir="$work/spec" "${tiny[@]}" --ckpt.recovery_every=2 --run.steps=4 \
+  2>/dev/null || fail "spec run failed"
+expect spec-differs 64 "optim.lr: 0.003 -> 0.001" -- \
+  "$src/configs/tiny.ini" --run.dir="$work/spec" "${tiny[@]}" --ckpt.recovery_every=2 --run.steps=6 --optim.lr=0.001
+grep -q -- "--force-new" "$work/spec-differs.err" || fail "the refusal does not mention --force-new"
+grep -q "run.steps" "$work/spec-differs.err" && fail "run.steps reported as a difference"
+"$train" "$src/configs/tiny.ini" --run.dir="$work/spec" "${tiny[@]}" --ckpt.recovery_every=3 --run.steps=6 \
+  --guard.spike_z=9 2>"$work/spec-ok.err" || fail "resume with only resumable keys changed failed: $(tail -n1 "$work/spec-ok.err")"
+grep -q "resumed from" "$work/spec-ok.err" || fail "the resumable change did not resume"
+"$train" "$src/configs/tiny.ini" --run.dir="$work/spec" "${tiny[@]}" --run.steps=3 --optim.lr=0.001 --force-new \
+  2>"$work/force.err" || fail "--force-new failed: $(tail -n1 "$work/force.err")"
+grep -q "moved the previous run" "$work/force.err" || fail "--force-new did not say where the old run went"
+ls "$work"/spec/superseded/*/checkpoints/milestone/step-00000006 > /dev/null || fail "old checkpoints not kept"
+[ "$(json "$work/spec/summary.json" "d['steps']")" = 3 ] || fail "--force-new did not start afresh"
+
+# 65: a corrupt shard of a prepared dataset.
+mkdir -p "$work/corpus"
+for d in $(seq 1 30); do
+  awk -v d="$d" 'BEGIN { srand(d); n = split("the cat sat on a warm mat and then ran off to see what it could find in the big old house by the river", w, " ");
+    for (i = 0; i < 400; i++) printf "%s%s", w[1 + int(rand() * n)], (i % 12 == 11) ? ".\n" : " " }' \
+    > "$work/corpus/doc$d.txt"
+done
+"$forge_data" prepare --input "$work/corpus" --out "$work/ds" --vocab 300 --shard-tokens 4000 \
+  > "$work/prepare.log" 2>&1 || { cat "$work/prepare.log" >&2; fail "forge-data prepare failed"; }
+"$train" "$src/configs/tiny.ini" --run.dir="$work/data-ok" "${base[@]}" --model.vocab=300 --run.steps=2 --data.dataset="$work/ds" \
+  2>"$work/data-ok.err" || fail "training on the prepared dataset failed: $(tail -n1 "$work/data-ok.err")"
+shard=$(ls "$work"/ds/shards/*.h5 | head -n1)
+size=$(stat -c %s "$shard")
+printf 'CORRUPTCORRUPTCORRUPT' | dd of="$shard" bs=1 seek=$((size / 2)) conv=notrunc 2>/dev/null
+expect corrupt-shard 65 "$(basename "$shard")" -- \
+  "$src/configs/tiny.ini" --run.dir="$work/data" "${base[@]}" --model.vocab=300 --run.steps=8 --data.dataset="$work/ds"
+
+# 69: a step that hangs; the watchdog names the operation and exits 69, summary says comm.
+expect hang 69 "rank 0: no progress for" -- \
+  "$src/configs/tiny.ini" --run.dir="$work/hang" "${tiny[@]}" --run.steps=8 --guard.inject_hang_step=3 --guard.watchdog_s=1
+grep -q "in forward_backward — aborting (exit 69)" "$work/hang.err" || fail "hang line does not name the operation"
+[ "$(summary_class "$work/hang")" = comm ] || fail "hang: summary.json does not say comm"
+[ "$(json "$work/hang/summary.json" "d['steps']")" = 2 ] || fail "hang: summary does not count the 2 steps done"
+
+# 71: NaN for more consecutive steps than guard.max_bad_steps.
+expect nan 71 "step 5: loss NaN, gradient norm NaN: 3 consecutive non-finite steps, more than guard.max_bad_steps = 2" -- \
+  "$src/configs/tiny.ini" --run.dir="$work/nan" "${tiny[@]}" --run.steps=8 --guard.inject_nan_step=3 --guard.inject_nan_count=5 \
+  --guard.max_bad_steps=2
+[ "$(summary_class "$work/nan")" = numeric ] || fail "NaN: summary.json does not say numeric"
+# A single NaN under skip: the run finishes, the step is marked skipped and counted.
+"$train" "$src/configs/tiny.ini" --run.dir="$work/skip" "${tiny[@]}" --run.steps=8 --guard.inject_nan_step=3 2>"$work/skip.err" \
+  || fail "skip policy: a single NaN stopped the run: $(tail -n1 "$work/skip.err")"
+[ "$(python3 -c "import json; r=[json.loads(l) for l in open('$work/skip/metrics/rank-0.jsonl')]; print(r[2].get('skipped'), r[2]['guard_events'][0]['action'], len(r))")" = "True skip 8" ] \
+  || fail "skip policy: step 3 not recorded as skipped"
+[ "$(json "$work/skip/summary.json" "d['guard']['skipped_steps']")" = 1 ] || fail "skip policy: not counted in summary"
+# Rewind: back to the recovery checkpoint; the replay is exact, so the losses equal an uninterrupted run's.
+"$train" "$src/configs/tiny.ini" --run.dir="$work/clean" "${tiny[@]}" --run.steps=8 --ckpt.recovery_every=2 2>/dev/null || fail "clean run failed"
+"$train" "$src/configs/tiny.ini" --run.dir="$work/rewind" "${tiny[@]}" --run.steps=8 --ckpt.recovery_every=2 --guard.nonfinite=rewind \
+  --guard.inject_nan_step=5 2>"$work/rewind.err" || fail "rewind policy failed: $(tail -n1 "$work/rewind.err")"
+grep -q "rewound to .*step-00000004" "$work/rewind.err" || fail "rewind did not reload the step-4 checkpoint"
+diff <(losses "$work/clean/metrics/rank-0.jsonl") <(losses "$work/rewind/metrics/rank-0.jsonl") \
+  || fail "losses after a rewind differ from the uninterrupted run"
+[ "$(json "$work/rewind/summary.json" "d['guard']['rewinds']")" = 1 ] || fail "rewind not counted in summary"
+# Rewinding into the same NaN again and again is a persisting NaN.
+expect nan-rewind 71 "guard.nonfinite = rewind" -- \
+  "$src/configs/tiny.ini" --run.dir="$work/nan-rewind" "${tiny[@]}" --run.steps=8 --ckpt.recovery_every=2 --guard.nonfinite=rewind \
+  --guard.inject_nan_step=5 --guard.inject_nan_count=10 --guard.max_bad_steps=2
+
+# 74: the checkpoint directory cannot be created (a file in its place; chmod does not stop root).
+mkdir -p "$work/io"
+echo "not a directory" > "$work/io/checkpoints"
+expect unwritable 74 "checkpoint" -- \
+  "$src/configs/tiny.ini" --run.dir="$work/io" "${tiny[@]}" --run.steps=8 --ckpt.recovery_every=2
+[ "$(summary_class "$work/io")" = io ] || fail "unwritable: summary.json does not say io"
+
+# 75: SIGUSR1 mid-run saves a recovery checkpoint and exits 75.
+"$train" "$src/configs/tiny.ini" --run.dir="$work/sig" "${tiny[@]}" --run.steps=100000 2>"$work/sig.err" &
+pid=$!
+for _ in $(seq 1 500); do
+  [ -f "$work/sig/metrics/rank-0.jsonl" ] && [ "$(wc -l < "$work/sig/metrics/rank-0.jsonl")" -ge 2 ] && break
+  sleep 0.02
+done
+kill -USR1 "$pid"
+rc=0
+wait "$pid" || rc=$?
+[ "$rc" -eq 75 ] || fail "SIGUSR1: exit $rc, want 75"
+tail -n1 "$work/sig.err" | grep -q "^forge-train: error: stopped by signal 10 after step .*recovery checkpoint saved" \
+  || fail "SIGUSR1: last line '$(tail -n1 "$work/sig.err")'"
+[ "$(summary_class "$work/sig")" = preempted ] || fail "SIGUSR1: summary.json does not say preempted"
+ls "$work"/sig/checkpoints/recovery/step-* > /dev/null || fail "SIGUSR1: no recovery checkpoint"
+echo "exit code test passed"

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# forge-train on real MPI ranks: the tp2,pp2,dp2 run reproduces the single-process losses; a run saved on
+# one layout resumes on another and continues the same loss curve; bad layouts exit 64 on every rank; a
+# hung rank makes every rank exit 69 within the watchdog timeout.
+# Usage: forge_train_test.sh FORGE_TRAIN SOURCE_DIR MPIEXEC
+set -uo pipefail
+train=$1 src=$2 mpiexec=$3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_tcp_if_include=lo \
+  OMPI_MCA_oob_tcp_if_include=lo OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+mpi() { local np=$1; shift; "$mpiexec" --oversubscribe -np "$np" "$train" "$src/configs/tiny.ini" "$@"; }
+common=(--run.threads=1 --run.peak_gflops=100 --model.layers=2 --model.d_model=64
+  --model.heads=4 --model.vocab=256 --model.seq_len=32 --ckpt.recovery_every=0 --ckpt.milestone_every=0)
+# compare A B FROM: every step >= FROM of run B has run A's loss within 2e-5 relative.
+compare() {
+  python3 - "$1/metrics/rank-0.jsonl" "$2/metrics/rank-0.jsonl" "${3:-1}" <<'PY' || fail "losses of $2 differ from $1"
+import json, sys
+a = {r["step"]: r["loss"] for r in map(json.loads, open(sys.argv[1]))}
+b = {r["step"]: r["loss"] for r in map(json.loads, open(sys.argv[2]))}
+steps = [s for s in b if s >= int(sys.argv[3])]
+assert steps and all(s in a for s in steps), (sorted(a), sorted(b))
+worst = max(abs(b[s] - a[s]) / abs(a[s]) for s in steps)
+print(f"{sys.argv[2]}: steps {min(steps)}-{max(steps)}, worst relative loss difference {worst:.1e}")
+sys.exit(0 if worst <= 2e-5 else 1)
+PY
+}
+
+# The reference: one process (MPI singleton), 4 sequences per step.
+"$train" "$src/configs/tiny.ini" --run.dir="$work/ref" "${common[@]}" --run.steps=8 --data.batch=4 2>"$work/ref.log" \
+  || fail "single-process run failed: $(tail -n1 "$work/ref.log")"
+
+# tp2,pp2,dp2 with ZeRO-1 on 8 ranks: the same 4 sequences per step (2 per data-parallel rank).
+mpi 8 --run.dir="$work/l8" "${common[@]}" --run.steps=8 --data.batch=2 --parallel.tp=2 --parallel.pp=2 --parallel.dp=2 \
+  --parallel.zero=1 --parallel.microbatches=1 2>"$work/l8.log" || fail "tp2,pp2,dp2 run failed: $(tail -n3 "$work/l8.log")"
+compare "$work/ref" "$work/l8"
+grep -q "stage 1: blocks 1-1" "$work/l8.log" || fail "rank 0 printed no plan"
+for k in 0 1 2 3 4 5 6 7; do [ -s "$work/l8/metrics/rank-$k.jsonl" ] || fail "no metrics/rank-$k.jsonl"; done
+python3 -c "
+import json, sys
+r = json.loads(open('$work/l8/metrics/rank-0.jsonl').readline())
+missing = [k for k in ('comm_ms', 'bubble_ms', 'data_wait_ms', 'tokens_per_s', 'mfu', 'comm_bytes') if k not in r]
+sys.exit('metrics lack ' + ', '.join(missing) if missing else 0)" || fail "metrics record incomplete"
+
+# Saved on tp1,pp2,dp2 after 4 steps, resumed on tp2,pp1,dp2 (4 ranks each) to step 8.
+mpi 4 --run.dir="$work/x" "${common[@]}" --run.steps=4 --data.batch=2 --parallel.pp=2 --parallel.dp=2 \
+  --parallel.zero=1 2>"$work/x1.log" || fail "first half failed: $(tail -n3 "$work/x1.log")"
+mpi 4 --run.dir="$work/x" "${common[@]}" --run.steps=8 --data.batch=2 --parallel.tp=2 --parallel.dp=2 --parallel.zero=1 \
+  2>"$work/x2.log" || fail "resume on another layout failed: $(tail -n3 "$work/x2.log")"
+grep -q "verification loss .* matches" "$work/x2.log" || fail "cross-layout resume skipped the verification step"
+compare "$work/ref" "$work/x" 5
+
+# Bad layouts: exit 64 with one line naming the rule (mpirun returns the ranks' code).
+mpi 3 --run.dir="$work/bad1" "${common[@]}" --parallel.tp=2 >/dev/null 2>"$work/bad1.log"
+[ $? -eq 64 ] || fail "3 ranks for tp2: want exit 64"
+grep -q "needs 2 ranks but 3 were started" "$work/bad1.log" || fail "world-size message: $(grep error "$work/bad1.log" | head -1)"
+mpi 2 --run.dir="$work/bad2" "${common[@]}" --parallel.tp=8 >/dev/null 2>"$work/bad2.log"
+[ $? -eq 64 ] || fail "heads not divisible by tp: want exit 64"
+grep -q "parallel.tp.*must divide model.heads" "$work/bad2.log" || fail "heads message: $(grep error "$work/bad2.log" | head -1)"
+FORGE_LAYOUT=tp2,pp1,dp1 "$train" "$src/configs/tiny.ini" --run.dir="$work/bad3" "${common[@]}" >/dev/null 2>"$work/bad3.log"
+[ $? -eq 64 ] || fail "FORGE_LAYOUT mismatch: want exit 64"
+grep -q "train-layout=tp2,pp1,dp1" "$work/bad3.log" || fail "FORGE_LAYOUT message: $(tail -n1 "$work/bad3.log")"
+
+# A rank that hangs (injected on rank 1 at step 3): every rank exits 69 within the watchdog timeout.
+start=$(date +%s)
+mpi 2 --run.dir="$work/hang" "${common[@]}" --data.batch=2 --parallel.dp=2 --guard.watchdog_s=3 \
+  --guard.inject_hang_step=3 --guard.inject_hang_rank=1 >/dev/null 2>"$work/hang.log"
+rc=$?
+[ $rc -eq 69 ] || fail "hung rank: exit $rc, want 69 ($(grep error "$work/hang.log" | head -2))"
+[ $(( $(date +%s) - start )) -lt 60 ] || fail "the hang took over a minute to detect"
+grep -q "rank 0: no progress for" "$work/hang.log" || fail "rank 0 did not name the hang: $(grep error "$work/hang.log" | head -2)"
+echo "PASS"

@@ -1,0 +1,79 @@
+// The communicator interface of the parallel runtime. Model and runtime code talk to a Comm and never to
+// MPI or NCCL directly: the MPI implementation (CPU ranks) and the NCCL one (GPU ranks) plug in here.
+//
+// Every collective is asynchronous and returns a Request; the buffers passed in must stay alive and
+// untouched until the request's wait() returns. Pointers are host memory for MPI and device memory for
+// NCCL. Every call is collective over the communicator's ranks (send/recv: over the pair) and must be
+// issued in the same order on every rank.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace forge::trainer {
+
+enum class CommType { kF32, kF64, kBF16, kI32, kU8 };
+size_t comm_type_size(CommType type);
+
+enum class ReduceOp { kSum, kMax };
+
+class Request {
+ public:
+  virtual ~Request() = default;
+  // Blocks until the operation is complete (its output readable, its input reusable).
+  virtual void wait() = 0;
+  // True once complete; drives progress without blocking.
+  virtual bool test() = 0;
+};
+using RequestPtr = std::unique_ptr<Request>;
+
+// What a communicator moved and how long its callers waited for it (for the per-step metrics).
+struct CommStats {
+  uint64_t bytes = 0;  // payload bytes this rank sent (collectives: its input size; all_gather: output)
+  double wait_s = 0;   // time spent blocked in wait() (exposed communication)
+  uint64_t calls = 0;
+};
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // The group's role ("world", "tp", "dp", "pp", "embed"): named in errors and by the watchdog.
+  virtual const std::string& name() const = 0;
+
+  // In place over `count` elements.
+  virtual RequestPtr all_reduce(void* data, size_t count, CommType type, ReduceOp op) = 0;
+  // `in` holds size() blocks of `count` elements; rank r receives the sum of everyone's block r.
+  virtual RequestPtr reduce_scatter(const void* in, void* out, size_t count, CommType type) = 0;
+  // `out` receives size() blocks of `count` elements, block r from rank r.
+  virtual RequestPtr all_gather(const void* in, void* out, size_t count, CommType type) = 0;
+  virtual RequestPtr broadcast(void* data, size_t count, CommType type, int root) = 0;
+  virtual RequestPtr send(const void* data, size_t count, CommType type, int peer, int tag) = 0;
+  virtual RequestPtr recv(void* data, size_t count, CommType type, int peer, int tag) = 0;
+  virtual void barrier() = 0;
+
+  // A new communicator of the ranks that pass the same `color`, ordered by `key` (collective).
+  virtual std::unique_ptr<Comm> split(int color, int key, const std::string& name) = 0;
+
+  // Stops everything in flight without waiting for peers (the watchdog's last act; never blocks).
+  virtual void abort(int exit_code) = 0;
+
+  CommStats& stats() { return stats_; }
+
+  // Blocking conveniences.
+  void all_reduce_sum(float* data, size_t count) {
+    all_reduce(data, count, CommType::kF32, ReduceOp::kSum)->wait();
+  }
+  double all_reduce_sum(double value) {
+    all_reduce(&value, 1, CommType::kF64, ReduceOp::kSum)->wait();
+    return value;
+  }
+
+ protected:
+  CommStats stats_;
+};
+
+}  // namespace forge::trainer

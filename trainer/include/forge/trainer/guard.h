@@ -1,0 +1,146 @@
+// Guards against silent errors in a training run: the [guard] job-spec keys, the per-step decision on
+// non-finite losses (skip or rewind, exit 71 when it persists), loss spikes by z-score, and pure helpers
+// the multi-rank loop feeds with gathered values: stragglers from per-rank step times, DP replicas whose
+// parameter checksums diverge, and samples trained by more than one DP rank. No MPI here: the caller
+// gathers, these functions decide.
+#pragma once
+
+#include "forge/common/config.h"
+#include "forge/common/json.h"
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace forge::trainer {
+
+struct StepStats;
+
+enum class NonFinitePolicy { kSkip, kRewind };
+
+struct GuardConfig {
+  NonFinitePolicy policy = NonFinitePolicy::kSkip;
+  int max_bad_steps = 3;          // consecutive non-finite steps tolerated; one more exits 71
+  int spike_window = 50;          // finite losses the spike z-score is computed over
+  double spike_z = 6.0;           // a loss this many standard deviations above the window's mean is a spike
+  double straggler_margin = 0.2;  // slower than the median step time by this fraction...
+  int straggler_steps = 20;       // ...for this many consecutive steps: flagged
+  int64_t checksum_every = 0;     // steps between DP-replica parameter checksum comparisons (0: off)
+  double watchdog_s = 600;        // no heartbeat for this long: exit 69 (0: no watchdog)
+  // Testing hooks: the first inject_nan_count step computations from the first computation of step
+  // inject_nan_step get a NaN loss; step inject_hang_step hangs in "forward_backward" (0: off).
+  int64_t inject_nan_step = 0;
+  int inject_nan_count = 1;
+  int64_t inject_hang_step = 0;
+  int inject_hang_rank = -1;  // the rank that hangs (-1: all)
+};
+
+// Registers the [guard] keys (called by add_trainer_keys).
+void add_guard_keys(ConfigSchema& schema);
+// Validated [guard] section (usage errors name the key).
+GuardConfig guard_config(const Config& config);
+
+// What the loop does with a step it just computed.
+enum class GuardAction {
+  kApply,   // the step's update stands
+  kSkip,    // non-finite: the update was dropped (weights and moments unchanged); carry on
+  kRewind,  // non-finite: reload the newest recovery checkpoint and train on from there
+};
+
+// Loss z-score over a sliding window of finite losses. Upward deviations only: a falling loss is the point.
+class SpikeDetector {
+ public:
+  SpikeDetector(int window, double z);
+  // Adds `loss` to the window; returns its z-score when it is a spike. Judges only once the window is
+  // full, so the first `window` steps never count.
+  std::optional<double> observe(double loss);
+
+ private:
+  size_t window_;
+  double z_;
+  std::deque<double> values_;
+  double sum_ = 0, sum_sq_ = 0;
+};
+
+// The per-step guard of one run: non-finite policy, spike detection, the NaN test hook and the counters
+// that go into metrics and summary.json. The same on every rank, given the same StepStats.
+class StepGuard {
+ public:
+  explicit StepGuard(const GuardConfig& config);
+
+  // The test hook: true when the computation of `step` (1-based) should be poisoned with a NaN loss.
+  // Call once per step computation, before it.
+  bool inject_nan(int64_t step);
+
+  // Decides what to do with a computed step. Non-finite steps count as consecutive until a finite step
+  // at or past the last bad one (so a rewind that replays good steps and fails again at the same place
+  // still counts); more than max_bad_steps of them throw forge::Error(kNumeric) naming the step and
+  // what to do. Records events for the step's metrics record.
+  GuardAction after_step(const StepStats& stats);
+
+  // Events since the last call, as JSON objects for the "guard_events" field of a metrics record:
+  // {"kind": "nonfinite", "step", "loss", "grad_norm", "action": "skip"|"rewind"} or
+  // {"kind": "loss_spike", "step", "loss", "z"}.
+  std::vector<Json> take_events();
+  // A rewind landed on `step`: recorded as an event {"kind": "rewind", "to_step"}.
+  void rewound_to(int64_t step);
+
+  int64_t skipped() const { return skipped_; }
+  int64_t rewinds() const { return rewinds_; }
+  int64_t spikes() const { return spikes_; }
+  int consecutive_bad() const { return consecutive_bad_; }
+  // {"skipped_steps", "rewinds", "loss_spikes"} for summary.json.
+  Json summary() const;
+
+ private:
+  GuardConfig config_;
+  SpikeDetector spikes_detector_;
+  int consecutive_bad_ = 0;
+  int64_t last_bad_step_ = 0;
+  int64_t skipped_ = 0, rewinds_ = 0, spikes_ = 0;
+  int injections_left_;
+  bool injecting_ = false;
+  std::vector<Json> events_;
+};
+
+// Ranks slower than the median step time by more than `margin` (a fraction) for `steps` consecutive
+// steps. Feed it every step with all ranks' step times (gathered on one rank or everywhere).
+class StragglerDetector {
+ public:
+  StragglerDetector(double margin, int steps);
+  // Returns the ranks flagged at this step (streak >= steps), ascending. The rank count may not change.
+  std::vector<int> observe(std::span<const double> step_seconds);
+
+ private:
+  double margin_;
+  int steps_;
+  std::vector<int> streak_;
+};
+
+// True when the DP replicas' parameter checksums are compared after step `step` (every > 0).
+inline bool checksum_due(int64_t step, int64_t every) {
+  return every > 0 && step > 0 && step % every == 0;
+}
+// xxh3-64 of a replica's parameters (bitwise: replicas of one model must agree exactly).
+uint64_t parameter_checksum(std::span<const float> weights);
+// The DP ranks whose checksum differs from the majority's (ties: the value rank 0's group holds).
+std::vector<int> diverging_replicas(std::span<const uint64_t> checksums);
+// Throws forge::Error(kNumeric) naming the step, the diverging ranks and both checksums when any
+// replica diverges.
+void check_replicas(int64_t step, std::span<const uint64_t> checksums);
+
+// A sample id trained by two DP ranks in the same window.
+struct SampleCollision {
+  uint64_t sample = 0;
+  int rank_a = 0, rank_b = 0;  // rank_a < rank_b
+};
+// `ids[r]` holds the sample-id hashes DP rank r trained (a step or a window of steps). Returns every
+// id found on more than one rank (one entry per extra rank), in order of rank_a, then sample.
+std::vector<SampleCollision> duplicate_samples(std::span<const std::vector<uint64_t>> ids);
+// Throws forge::Error(kData) naming the step, the first collision's ranks and sample, and the count.
+void check_no_duplicate_samples(int64_t step, std::span<const std::vector<uint64_t>> ids);
+
+}  // namespace forge::trainer

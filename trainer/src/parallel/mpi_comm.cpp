@@ -1,0 +1,218 @@
+// The Comm interface over MPI (Open MPI on CPU ranks). Non-blocking MPI calls back every Request; errors
+// come back as return codes (MPI_ERRORS_RETURN) and are thrown as forge::Error(kComm) naming the rank, the
+// group and the call, so forge-train exits 69 rather than MPI aborting with its own code.
+#include "forge/common/error.h"
+#include "forge/trainer/groups.h"
+#include "forge/trainer/progress.h"
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <vector>
+
+namespace forge::trainer {
+
+namespace {
+
+MPI_Datatype mpi_type(CommType type) {
+  switch (type) {
+    case CommType::kF32:
+      return MPI_FLOAT;
+    case CommType::kF64:
+      return MPI_DOUBLE;
+    case CommType::kI32:
+      return MPI_INT32_T;
+    case CommType::kU8:
+      return MPI_BYTE;
+    case CommType::kBF16:
+      return MPI_UINT16_T;  // moved, never reduced on CPU ranks
+  }
+  return MPI_BYTE;
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  return op == ReduceOp::kMax ? MPI_MAX : MPI_SUM;
+}
+
+int world_rank() {
+  int r = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+void check(int rc, const char* call, const std::string& group) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  fail(ExitCode::kComm,
+       "rank {}: {} on group '{}' failed: {} (a peer rank died or the network failed; see "
+       "the other ranks' logs)",
+       world_rank(), call, group, std::string(text, size_t(len)));
+}
+
+// "all_reduce dp": a name the watchdog can print after the request is gone (interned, never freed).
+const char* describe(const char* op, const std::string& group) {
+  static std::mutex mutex;
+  static std::set<std::string> names;
+  std::lock_guard lock(mutex);
+  return names.insert(std::string(op) + " " + group).first->c_str();
+}
+
+int count_of(size_t n) {
+  if (n > size_t(INT32_MAX)) throw std::invalid_argument("MPI message over 2^31 elements: split it");
+  return int(n);
+}
+
+class MpiRequest final : public Request {
+ public:
+  MpiRequest(MPI_Request r, CommStats& stats, const char* what, const std::string& group, int peer)
+      : r_(r), stats_(stats), what_(what), group_(group), peer_(peer) {}
+  ~MpiRequest() override {
+    // A request dropped unfinished (an exception unwinding) is completed, not leaked.
+    if (r_ != MPI_REQUEST_NULL) MPI_Wait(&r_, MPI_STATUS_IGNORE);
+  }
+  void wait() override {
+    if (r_ == MPI_REQUEST_NULL) return;
+    mark_activity(what_, peer_);
+    const auto t0 = std::chrono::steady_clock::now();
+    check(MPI_Wait(&r_, MPI_STATUS_IGNORE), what_, group_);
+    stats_.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    mark_activity("compute");
+  }
+  bool test() override {
+    if (r_ == MPI_REQUEST_NULL) return true;
+    int done = 0;
+    check(MPI_Test(&r_, &done, MPI_STATUS_IGNORE), what_, group_);
+    return done != 0;
+  }
+
+ private:
+  MPI_Request r_;
+  CommStats& stats_;
+  const char* what_;
+  const std::string& group_;
+  int peer_;
+};
+
+class MpiComm final : public Comm {
+ public:
+  MpiComm(MPI_Comm comm, std::string name, bool owned) : comm_(comm), name_(std::move(name)), owned_(owned) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    // World ranks of this group's members: the watchdog names a hung send/recv's peer by its world rank.
+    MPI_Group group, world;
+    MPI_Comm_group(comm_, &group);
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    std::vector<int> mine(size_t(size_), 0);
+    for (int i = 0; i < size_; ++i) mine[size_t(i)] = i;
+    world_ranks_.resize(size_t(size_));
+    MPI_Group_translate_ranks(group, size_, mine.data(), world, world_ranks_.data());
+    MPI_Group_free(&group);
+    MPI_Group_free(&world);
+  }
+  ~MpiComm() override {
+    if (owned_) MPI_Comm_free(&comm_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+
+  RequestPtr all_reduce(void* data, size_t count, CommType type, ReduceOp op) override {
+    if (type == CommType::kBF16) throw std::invalid_argument("MPI communicator: no BF16 reductions on CPU");
+    MPI_Request r;
+    check(MPI_Iallreduce(MPI_IN_PLACE, data, count_of(count), mpi_type(type), mpi_op(op), comm_, &r),
+          "MPI_Iallreduce", name_);
+    return made(r, "all_reduce", count * comm_type_size(type));
+  }
+  RequestPtr reduce_scatter(const void* in, void* out, size_t count, CommType type) override {
+    MPI_Request r;
+    check(MPI_Ireduce_scatter_block(in, out, count_of(count), mpi_type(type), MPI_SUM, comm_, &r),
+          "MPI_Ireduce_scatter_block", name_);
+    return made(r, "reduce_scatter", count * size_t(size_) * comm_type_size(type));
+  }
+  RequestPtr all_gather(const void* in, void* out, size_t count, CommType type) override {
+    MPI_Request r;
+    // `in` may alias this rank's block of `out` (ZeRO gathers parameters in place).
+    const char* mine = static_cast<const char*>(out) + size_t(rank_) * count * comm_type_size(type);
+    const void* send = in == mine ? MPI_IN_PLACE : in;
+    check(MPI_Iallgather(send, count_of(count), mpi_type(type), out, count_of(count), mpi_type(type), comm_,
+                         &r),
+          "MPI_Iallgather", name_);
+    return made(r, "all_gather", count * size_t(size_) * comm_type_size(type));
+  }
+  RequestPtr broadcast(void* data, size_t count, CommType type, int root) override {
+    MPI_Request r;
+    check(MPI_Ibcast(data, count_of(count), mpi_type(type), root, comm_, &r), "MPI_Ibcast", name_);
+    return made(r, "broadcast", rank_ == root ? count * comm_type_size(type) : 0);
+  }
+  RequestPtr send(const void* data, size_t count, CommType type, int peer, int tag) override {
+    MPI_Request r;
+    check(MPI_Isend(data, count_of(count), mpi_type(type), peer, tag, comm_, &r), "MPI_Isend", name_);
+    return made(r, "send", count * comm_type_size(type), peer);
+  }
+  RequestPtr recv(void* data, size_t count, CommType type, int peer, int tag) override {
+    MPI_Request r;
+    check(MPI_Irecv(data, count_of(count), mpi_type(type), peer, tag, comm_, &r), "MPI_Irecv", name_);
+    return made(r, "recv", 0, peer);
+  }
+  void barrier() override {
+    mark_activity("barrier");
+    check(MPI_Barrier(comm_), "MPI_Barrier", name_);
+  }
+  std::unique_ptr<Comm> split(int color, int key, const std::string& name) override {
+    MPI_Comm out;
+    check(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &out), "MPI_Comm_split", name_);
+    if (out == MPI_COMM_NULL) return nullptr;
+    return std::make_unique<MpiComm>(out, name, true);
+  }
+  void abort(int exit_code) override { MPI_Abort(comm_, exit_code); }
+
+ private:
+  RequestPtr made(MPI_Request r, const char* what, size_t bytes, int peer = -1) {
+    stats_.bytes += bytes;
+    ++stats_.calls;
+    return std::make_unique<MpiRequest>(r, stats_, describe(what, name_), name_,
+                                        peer < 0 ? -1 : world_ranks_[size_t(peer)]);
+  }
+
+  MPI_Comm comm_;
+  std::string name_;
+  bool owned_;
+  int rank_ = 0, size_ = 1;
+  std::vector<int> world_ranks_;
+};
+
+void finalize_mpi() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized == 0) MPI_Finalize();
+}
+
+}  // namespace
+
+std::unique_ptr<Comm> mpi_world() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized == 0) {
+    int provided = 0;
+    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+      fail(ExitCode::kComm, "MPI_Init_thread failed (start under srun --mpi=pmix or mpirun)");
+    std::atexit(finalize_mpi);
+  }
+  return std::make_unique<MpiComm>(MPI_COMM_WORLD, "world", false);
+}
+
+std::string mpi_host_name() {
+  char name[MPI_MAX_PROCESSOR_NAME];
+  int len = 0;
+  MPI_Get_processor_name(name, &len);
+  return {name, size_t(len)};
+}
+
+}  // namespace forge::trainer

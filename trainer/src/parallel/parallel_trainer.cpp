@@ -1,0 +1,390 @@
+// The hybrid-parallel step. Per step: the 1F1B schedule runs the micro-batches through this stage
+// (activations forward to the next stage, their gradients back); during the last micro-batch's
+// backward each layer's gradient bucket is handed to the data-parallel group as soon as it is complete;
+// the tied embedding's two copies (first and last stage) are summed; then the global gradient norm,
+// clipping and AdamW on this rank's shard, and (ZeRO-1) the updated shards gathered back.
+#include "forge/trainer/parallel.h"
+
+#include "forge/common/error.h"
+#include "forge/trainer/progress.h"
+#include "forge/trainer/runtime.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace forge::trainer {
+
+namespace {
+
+size_t round_up(size_t n, size_t m) {
+  return (n + m - 1) / m * m;
+}
+
+// Which bucket a parameter's gradient belongs to: its block, -1 for the embeddings, `layers` for the
+// final LayerNorm.
+int bucket_key(const std::string& name, int layers) {
+  if (name.rfind("blocks.", 0) == 0) return std::stoi(name.substr(7));
+  if (name.rfind("lnf.", 0) == 0) return layers;
+  return -1;
+}
+
+struct CommTotals {
+  double wait = 0;
+  uint64_t bytes = 0;
+};
+
+CommTotals totals(std::initializer_list<Comm*> comms) {
+  CommTotals t;
+  for (Comm* c : comms)
+    if (c != nullptr) {
+      t.wait += c->stats().wait_s;
+      t.bytes += c->stats().bytes;
+    }
+  return t;
+}
+
+}  // namespace
+
+std::vector<int> stage_bounds(const ModelConfig& cfg, int pp, const std::vector<int>& counts) {
+  ParallelConfig p;
+  p.pp = pp;
+  p.stage_layers = counts;
+  if (const auto problem = layout_problem(cfg, p))
+    fail(ExitCode::kUsage, "{} {}", problem->first, problem->second);
+  const int L = cfg.layers;
+  std::vector<int> bounds{0};
+  if (!counts.empty()) {
+    for (int c : counts) bounds.push_back(bounds.back() + c);
+    return bounds;
+  }
+  // Forward FLOPs per token: a block's matrix products and attention; the classifier on the last stage.
+  const double block = 24.0 * cfg.d_model * cfg.d_model + 4.0 * cfg.seq_len * cfg.d_model;
+  const double head = 2.0 * cfg.d_model * cfg.vocab;
+  // best[s][l]: the smallest largest-stage cost placing blocks [0, l) on stages [0, s).
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(size_t(pp) + 1, std::vector<double>(size_t(L) + 1, inf));
+  std::vector<std::vector<int>> cut(size_t(pp) + 1, std::vector<int>(size_t(L) + 1, 0));
+  best[0][0] = 0;
+  for (int s = 1; s <= pp; ++s)
+    for (int l = s; l <= L; ++l)
+      for (int j = s - 1; j < l; ++j) {
+        const double cost = (l - j) * block + (s == pp ? head : 0.0);
+        const double worst = std::max(best[size_t(s) - 1][size_t(j)], cost);
+        if (worst < best[size_t(s)][size_t(l)]) {
+          best[size_t(s)][size_t(l)] = worst;
+          cut[size_t(s)][size_t(l)] = j;
+        }
+      }
+  bounds.assign(size_t(pp) + 1, L);
+  for (int s = pp, l = L; s > 0; --s) {
+    bounds[size_t(s)] = l;
+    l = cut[size_t(s)][size_t(l)];
+  }
+  bounds[0] = 0;
+  return bounds;
+}
+
+ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups)
+    : spec_(spec), groups_(groups), threads_(spec.threads) {
+  if (const auto problem = layout_problem(spec.model, spec.parallel))
+    fail(ExitCode::kUsage, "{} {}", problem->first, problem->second);
+  const Layout& lay = groups.layout;
+  if (lay.tp != spec.parallel.tp || lay.pp != spec.parallel.pp || lay.dp != spec.parallel.dp)
+    fail(ExitCode::kUsage, "the process groups ({}) differ from the spec's [parallel] layout", lay.str());
+  bounds_ = stage_bounds(spec.model, lay.pp, spec.parallel.stage_layers);
+  use_threads(threads_);  // before the model's buffers are touched by OpenMP
+  const int s = groups.pp_rank;
+  ModelSlice slice{bounds_[size_t(s)],  bounds_[size_t(s) + 1], groups.first_stage(),
+                   groups.last_stage(), groups.tp_rank,         lay.tp};
+  // 1F1B keeps at most pp - s micro-batches in flight on stage s.
+  slots_ = std::min(spec.microbatches, lay.pp - s);
+  const size_t dp = size_t(lay.dp);
+  model_ = std::make_unique<GPT>(spec.model, spec.batch, spec.dtype, slice, slots_, groups.tp.get(), dp);
+  model_->init(spec.seed);
+
+  // Buckets: one per block (plus the embeddings and the final LayerNorm), boundaries rounded up to a
+  // multiple of dp so each splits evenly; rounding up only ever moves elements into the bucket of a
+  // layer whose backward comes later, so a bucket is complete when its layer's callback fires.
+  const size_t flat = model_->weights().size();
+  int key = -2;
+  for (const ParamInfo& p : model_->params()) {
+    const int k = bucket_key(p.name, spec.model.layers);
+    if (k == key) continue;
+    key = k;
+    const size_t lo = buckets_.empty() ? 0 : round_up(p.offset, dp);
+    if (!buckets_.empty()) {
+      if (lo == buckets_.back().lo) {
+        buckets_.back().key = k;  // an empty predecessor: fold it into this one
+        continue;
+      }
+      buckets_.back().hi = lo;
+    }
+    buckets_.push_back({lo, flat, k, 0, nullptr});
+  }
+  size_t at = 0;
+  for (Bucket& b : buckets_) {
+    const size_t part = (b.hi - b.lo) / dp;
+    b.shard_at = at;
+    owned_.push_back({b.lo + size_t(groups.dp_rank) * part, b.lo + size_t(groups.dp_rank + 1) * part});
+    at += part;
+  }
+  shard_.assign(at, 0.0f);
+  // Each gradient element counts once in the global norm: replicated tensors on tensor-parallel rank 0
+  // only, the tied embedding on the first stage only.
+  for (const ParamInfo& p : model_->params()) {
+    const bool replicated = lay.tp > 1 && p.shard.kind == ShardRule::Kind::kReplicated;
+    const bool tied_copy = p.name == "wte.weight" && lay.pp > 1 && !groups.first_stage();
+    if ((replicated && groups.tp_rank != 0) || tied_copy) continue;
+    for (const FlatRange& r : owned_) {
+      const size_t lo = std::max(r.lo, p.offset), hi = std::min(r.hi, p.offset + p.numel);
+      if (lo < hi) norm_ranges_.push_back({lo, hi});
+    }
+  }
+  optimizer_ = std::make_unique<AdamW>(spec.optim, model_->params(), flat,
+                                       spec.parallel.zero == 1 ? owned_ : std::vector<FlatRange>{});
+  const size_t rows = size_t(model_->rows());
+  inputs_.assign(size_t(slots_), std::vector<int32_t>(rows));
+  targets_.assign(size_t(slots_), std::vector<int32_t>(rows));
+  const size_t nc = rows * size_t(spec.model.d_model);
+  for (int mb = 0; mb < spec.microbatches; ++mb)
+    for (int r = 0; r < spec.batch; ++r)
+      rows_trained_.push_back((int64_t(mb) * lay.dp + groups.dp_rank) * spec.batch + r);
+  if (!groups.first_stage()) recv_act_.resize(nc);
+  if (!groups.last_stage()) recv_grad_.resize(nc);
+}
+
+ParallelTrainer::~ParallelTrainer() = default;
+
+size_t ParallelTrainer::tokens_per_step() const {
+  return size_t(spec_.microbatches) * size_t(groups_.layout.dp) * size_t(spec_.batch) *
+         size_t(spec_.model.seq_len + 1);
+}
+
+void ParallelTrainer::launch(Bucket& b) {
+  if (groups_.layout.dp == 1 || b.request) return;
+  float* g = model_->grads().data();
+  const size_t n = b.hi - b.lo;
+  if (spec_.parallel.zero == 1)
+    b.request = groups_.dp->reduce_scatter(g + b.lo, shard_.data() + b.shard_at,
+                                           n / size_t(groups_.layout.dp), CommType::kF32);
+  else
+    b.request = groups_.dp->all_reduce(g + b.lo, n, CommType::kF32, ReduceOp::kSum);
+}
+
+void ParallelTrainer::finish_gradients() {
+  if (groups_.embed) {
+    mark_activity("all_reduce embed (tied embedding)");
+    auto wte = model_->grad("wte.weight");
+    groups_.embed->all_reduce_sum(wte.data(), wte.size());
+  }
+  for (Bucket& b : buckets_) launch(b);
+  for (Bucket& b : buckets_)
+    if (b.request) b.request->wait();
+  if (spec_.parallel.zero == 1 && groups_.layout.dp > 1) {
+    float* g = model_->grads().data();
+    for (size_t i = 0; i < buckets_.size(); ++i)
+      std::memcpy(g + owned_[i].lo, shard_.data() + buckets_[i].shard_at,
+                  sizeof(float) * (owned_[i].hi - owned_[i].lo));
+  }
+}
+
+double ParallelTrainer::owned_sum_squares() const {
+  const float* g = model_->grads().data();
+  double sum = 0;
+  for (const FlatRange& r : norm_ranges_) {
+    const int64_t lo = int64_t(r.lo), hi = int64_t(r.hi);
+#pragma omp parallel for simd reduction(+ : sum) schedule(static)
+    for (int64_t i = lo; i < hi; ++i) sum += double(g[i]) * double(g[i]);
+  }
+  return sum;
+}
+
+StepStats ParallelTrainer::step(std::span<const int32_t> tokens) {
+  if (tokens.size() != tokens_per_step())
+    throw std::invalid_argument(
+        "ParallelTrainer::step: expected microbatches x dp x batch x (seq_len + 1) tokens");
+  const auto t0 = std::chrono::steady_clock::now();
+  ProcessGroups& g = groups_;
+  const CommTotals comm0 = totals({g.tp.get(), g.dp.get(), g.embed.get(), g.world.get()});
+  const CommTotals pipe0 = totals({g.pp.get()});
+  const int64_t step = optimizer_->steps_taken() + 1;
+  const int m = spec_.microbatches, b = spec_.batch, T = spec_.model.seq_len, dpn = g.layout.dp;
+  const size_t row = size_t(T) + 1, nc = size_t(model_->rows()) * size_t(spec_.model.d_model);
+  const bool first = g.first_stage(), last = g.last_stage();
+  const int stage = g.pp_rank;
+  const float grad_scale = 1.0f / float(m * dpn);
+  model_->zero_grad();
+  for (Bucket& bk : buckets_) bk.request.reset();
+
+  std::vector<RequestPtr> sent_act(static_cast<size_t>(slots_)), sent_grad(static_cast<size_t>(slots_));
+  double loss_sum = 0;
+  const auto forward = [&](int i) {
+    const int slot = i % slots_;
+    for (int r = 0; r < b; ++r) {
+      const int32_t* src = tokens.data() + size_t(rows_trained_[size_t(i) * size_t(b) + size_t(r)]) * row;
+      std::copy(src, src + T, inputs_[size_t(slot)].begin() + int64_t(r) * T);
+      std::copy(src + 1, src + 1 + T, targets_[size_t(slot)].begin() + int64_t(r) * T);
+    }
+    if (sent_act[size_t(slot)]) sent_act[size_t(slot)]->wait();  // the slot's output is about to change
+    if (!first) g.pp->recv(recv_act_.data(), nc, CommType::kF32, stage - 1, 2 * i)->wait();
+    mark_activity("forward");
+    loss_sum += model_->forward(slot, inputs_[size_t(slot)].data(), recv_act_.data(),
+                                targets_[size_t(slot)].data(), grad_scale, true);
+    if (!last)
+      sent_act[size_t(slot)] = g.pp->send(model_->output(slot).data(), nc, CommType::kF32, stage + 1, 2 * i);
+  };
+  const auto on_grads = [&](int layer) {
+    if (layer < 0) return;  // the embeddings wait for the tied copy's sum (finish_gradients)
+    for (Bucket& bk : buckets_) {
+      if (bk.key == layer) launch(bk);
+      if (bk.request) bk.request->test();  // MPI progresses non-blocking collectives inside MPI calls
+    }
+  };
+  const auto backward = [&](int i) {
+    const int slot = i % slots_;
+    if (!last) g.pp->recv(recv_grad_.data(), nc, CommType::kF32, stage + 1, 2 * i + 1)->wait();
+    if (sent_grad[size_t(slot)]) sent_grad[size_t(slot)]->wait();
+    mark_activity("backward");
+    model_->backward(slot, inputs_[size_t(slot)].data(), recv_grad_.data(),
+                     i == m - 1 ? std::function<void(int)>(on_grads) : std::function<void(int)>());
+    if (!first)
+      sent_grad[size_t(slot)] =
+          g.pp->send(model_->input_grad(slot).data(), nc, CommType::kF32, stage - 1, 2 * i + 1);
+  };
+  // 1F1B: warm-up forwards fill the pipeline, then one forward and one backward alternate, then the
+  // remaining backwards drain it.
+  const int warmup = std::min(g.layout.pp - stage - 1, m);
+  for (int i = 0; i < warmup; ++i) forward(i);
+  for (int j = 0; j < m - warmup; ++j) {
+    forward(warmup + j);
+    backward(j);
+  }
+  for (int j = m - warmup; j < m; ++j) backward(j);
+  for (auto* sent : {&sent_act, &sent_grad})
+    for (auto& r : *sent)
+      if (r) r->wait();
+  finish_gradients();
+
+  // Loss (the last stage's, once per data-parallel rank) and the squared norm in one reduction.
+  double sums[2] = {last && g.tp_rank == 0 ? loss_sum / m : 0.0, owned_sum_squares()};
+  mark_activity("all_reduce world (loss, norm)");
+  g.world->all_reduce(sums, 2, CommType::kF64, ReduceOp::kSum)->wait();
+  double loss = sums[0] / dpn;
+  if (inject_nan_) {
+    inject_nan_ = false;
+    loss = std::numeric_limits<double>::quiet_NaN();
+  }
+  // As Trainer::step: a non-finite loss makes the step's gradients meaningless, norm included.
+  const double norm = std::isfinite(loss) ? std::sqrt(sums[1]) : std::numeric_limits<double>::quiet_NaN();
+  const double lr = learning_rate(spec_.optim, step - 1, spec_.steps);
+  const bool finite = std::isfinite(loss) && std::isfinite(norm);
+  mark_activity("optimizer");
+  if (finite) {
+    const double clip = spec_.optim.grad_clip;
+    float* grads = model_->grads().data();
+    if (clip > 0 && clip / (norm + 1e-6) < 1.0) {
+      const float c = float(clip / (norm + 1e-6));
+      for (const FlatRange& r : optimizer_->ranges()) {
+        const int64_t lo = int64_t(r.lo), hi = int64_t(r.hi);
+#pragma omp parallel for simd schedule(static)
+        for (int64_t i = lo; i < hi; ++i) grads[i] *= c;
+      }
+    }
+    optimizer_->step(model_->weights(), model_->grads(), lr);
+    if (spec_.parallel.zero == 1 && dpn > 1) {
+      float* w = model_->weights().data();
+      std::vector<RequestPtr> gathers;
+      for (size_t i = 0; i < buckets_.size(); ++i)
+        gathers.push_back(g.dp->all_gather(w + owned_[i].lo, w + buckets_[i].lo, owned_[i].hi - owned_[i].lo,
+                                           CommType::kF32));
+      for (auto& r : gathers) r->wait();
+    }
+    model_->weights_changed();
+  } else {
+    // The update is dropped, the step is not (as Trainer::step).
+    optimizer_->restore_steps(step);
+  }
+  const CommTotals comm1 = totals({g.tp.get(), g.dp.get(), g.embed.get(), g.world.get()});
+  const CommTotals pipe1 = totals({g.pp.get()});
+  StepStats st;
+  st.step = step;
+  st.loss = loss;
+  st.grad_norm = norm;
+  st.lr = lr;
+  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  st.tokens = int64_t(m) * dpn * b * T;
+  st.finite = finite;
+  st.comm_s = comm1.wait - comm0.wait;
+  st.bubble_s = pipe1.wait - pipe0.wait;
+  st.comm_bytes = (comm1.bytes - comm0.bytes) + (pipe1.bytes - pipe0.bytes);
+  return st;
+}
+
+double ParallelTrainer::loss_of(std::span<const int32_t> rows) {
+  ProcessGroups& g = groups_;
+  const int b = spec_.batch, T = spec_.model.seq_len;
+  const size_t row = size_t(T) + 1, nc = size_t(model_->rows()) * size_t(spec_.model.d_model);
+  if (rows.size() != size_t(g.layout.dp) * size_t(b) * row)
+    throw std::invalid_argument("ParallelTrainer::loss_of: expected dp x batch x (seq_len + 1) tokens");
+  for (int r = 0; r < b; ++r) {
+    const int32_t* src = rows.data() + (size_t(g.dp_rank) * size_t(b) + size_t(r)) * row;
+    std::copy(src, src + T, inputs_[0].begin() + int64_t(r) * T);
+    std::copy(src + 1, src + 1 + T, targets_[0].begin() + int64_t(r) * T);
+  }
+  if (!g.first_stage()) g.pp->recv(recv_act_.data(), nc, CommType::kF32, g.pp_rank - 1, 0)->wait();
+  const double loss =
+      model_->forward(0, inputs_[0].data(), recv_act_.data(), targets_[0].data(), 1.0f, false);
+  if (!g.last_stage()) g.pp->send(model_->output(0).data(), nc, CommType::kF32, g.pp_rank + 1, 0)->wait();
+  double sum = g.last_stage() && g.tp_rank == 0 ? loss : 0.0;
+  g.world->all_reduce(&sum, 1, CommType::kF64, ReduceOp::kSum)->wait();
+  return sum / g.layout.dp;
+}
+
+size_t ParallelTrainer::parameter_bytes() const {
+  return 2 * model_->weights().size() * sizeof(float);
+}
+
+size_t ParallelTrainer::optimizer_bytes() const {
+  size_t n = 0;
+  for (const FlatRange& r : optimizer_->ranges()) n += r.hi - r.lo;
+  return 2 * n * sizeof(float);
+}
+
+std::string ParallelTrainer::describe_plan() {
+  constexpr size_t kRecord = 160;
+  const ModelSlice& s = model_->slice();
+  const double mib = 1.0 / (1024.0 * 1024.0);
+  std::string mine =
+      fmt::format("{:>4} {:<12} {:>2} {:>2} {:>2}  {:>2}-{:<2} {:>10} {:>9.1f} {:>9.1f} {:>9.1f}",
+                  groups_.rank, mpi_host_name().substr(0, 12), groups_.tp_rank, groups_.dp_rank,
+                  groups_.pp_rank, s.first_layer, s.last_layer - 1, model_->weights().size(),
+                  parameter_bytes() * mib, optimizer_bytes() * mib, model_->activation_bytes() * mib);
+  mine.resize(kRecord, ' ');
+  std::string all(kRecord * size_t(groups_.world->size()), ' ');
+  groups_.world->all_gather(mine.data(), all.data(), kRecord, CommType::kU8)->wait();
+  if (groups_.rank != 0) return {};
+  std::string out = fmt::format("plan: layout {} on {} ranks; rank = tp_rank + tp*(dp_rank + dp*pp_rank)\n",
+                                groups_.layout.str(), groups_.world->size());
+  for (size_t st = 0; st + 1 < bounds_.size(); ++st)
+    out += fmt::format("  stage {}: blocks {}-{}{}{}\n", st, bounds_[st], bounds_[st + 1] - 1,
+                       st == 0 ? " + embeddings" : "",
+                       st + 2 == bounds_.size() ? " + final LayerNorm, classifier" : "");
+  out +=
+      fmt::format("  ZeRO-{}: optimizer state {}; micro-batches {} of {} sequences per data-parallel rank\n",
+                  spec_.parallel.zero, spec_.parallel.zero == 1 ? "sharded across dp" : "replicated",
+                  spec_.microbatches, spec_.batch);
+  out += "  rank node         tp dp pp  blocks     params  w+g MiB   opt MiB   act MiB\n";
+  for (int r = 0; r < groups_.world->size(); ++r) {
+    std::string rec = all.substr(size_t(r) * kRecord, kRecord);
+    rec.erase(rec.find_last_not_of(' ') + 1);
+    out += "  " + rec + "\n";
+  }
+  return out;
+}
+
+}  // namespace forge::trainer

@@ -1,0 +1,11 @@
+#include "forge/trainer/progress.h"
+
+namespace forge::trainer {
+
+Activity& activity() {
+  // One record per process: the loop, the communicators and the watchdog thread all see this one.
+  static Activity record;
+  return record;
+}
+
+}  // namespace forge::trainer
