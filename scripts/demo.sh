@@ -1,26 +1,74 @@
 #!/usr/bin/env bash
 # The end-to-end demo on the embedded dev cluster. Each stage prints a progress line; a failure exits
 # non-zero naming the stage. Usage: scripts/demo.sh [--fast]
+#   --fast  the same stages with a smaller corpus and fewer steps (CI: the slurm.demo_fast test)
+# Safe to run again: what is in place (packages, build, cluster, policy) is kept; the demo's own work
+# directory is made afresh. FORGE_BUILD_DIR: a build tree to use as it is instead of building
+# build/release. FORGE_DEMO_DIR: work directory (default /var/tmp/forge-demo).
+# FORGE_DEMO_LAYOUT: the training layout (default: the layout= line below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 fast=0
-[ "${1:-}" = "--fast" ] && fast=1
+case "${1:-}" in
+  --fast) fast=1 ;;
+  "") ;;
+  -h | --help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "demo: unknown argument '$1' (usage: scripts/demo.sh [--fast])" >&2; exit 64 ;;
+esac
+# The parallel layout of the training job: one place, used for sbatch --train-layout and the spec.
+# tp2,pp2,dp4: 16 CPU ranks across two nodes. The dev cluster's nodes have 8 GPUs and the example policy
+# packs jobs, so tp2,pp2,dp2 (8 ranks) is admitted on one node only (FORGE_DEMO_LAYOUT=tp2,pp2,dp2).
+layout=${FORGE_DEMO_LAYOUT:-tp2,pp2,dp4}
+[[ $layout =~ ^tp([0-9]+),pp([0-9]+),dp([0-9]+)$ ]] || { echo "demo: layout '$layout' must look like tp2,pp2,dp2" >&2; exit 64; }
+tp=${BASH_REMATCH[1]} pp=${BASH_REMATCH[2]} dp=${BASH_REMATCH[3]}
+# Spread a multi-rank layout over two nodes (submit-pipeline places FORGE_GPUS_PER_NODE ranks per node).
+export FORGE_GPUS_PER_NODE=${FORGE_GPUS_PER_NODE:-$(((tp * pp * dp + 1) / 2))}
+work=${FORGE_DEMO_DIR:-/var/tmp/forge-demo}
+# The work directory is the demo's own and is made afresh each run: a FORGE_DEMO_DIR with other contents
+# is refused rather than emptied.
+if [ -n "${FORGE_DEMO_DIR:-}" ] && [ -n "$(ls -A "$work" 2>/dev/null)" ] && [ ! -f "$work/.forge-demo" ]; then
+  echo "demo: $work is not empty and not a demo work directory; set FORGE_DEMO_DIR to another one" >&2
+  exit 64
+fi
 
 current=""
 stage() {
   current="$*"
   printf '\n[demo %s] == %s ==\n' "$(date -u +%H:%M:%S)" "$current"
 }
-trap 'rc=$?; [ $rc -ne 0 ] && echo "demo: FAILED in stage \"$current\" (exit $rc)" >&2' EXIT
+train="" gate=""
+on_exit() {
+  local rc=$?
+  [ $rc -eq 0 ] && return
+  echo "demo: FAILED in stage \"$current\" (exit $rc)" >&2
+  # Leave nothing queued or running behind a failed demo (the next run, or the next test, needs the nodes).
+  # shellcheck disable=SC2086 # an id not yet known is empty and must vanish
+  [ -n "$train$gate" ] && scancel $train $gate 2>/dev/null
+  return $rc
+}
+trap on_exit EXIT
 
 stage "install dependencies"
 scripts/install-deps.sh
 
 stage "build"
-cmake --preset release >/dev/null
-cmake --build --preset release -j "$(nproc)"
-bin=$root/build/release
+# Only the programs the demo runs (the tests and benchmarks are scripts/test.sh's).
+targets=(forge-train forge-data forge-gate forge-quota forge_spank)
+if [ -n "${FORGE_BUILD_DIR:-}" ]; then
+  # A build tree given is used as it is (the test suite runs the demo on the build it tests).
+  bin=$(realpath "$FORGE_BUILD_DIR")
+  for prog in launcher/forge-train dataio/forge-data eval_gate/forge-gate quota/forge-quota \
+    spank_plugin/forge_spank.so; do
+    [ -f "$bin/$prog" ] || { echo "demo: $bin/$prog missing: cmake --build $bin --target ${targets[*]}" >&2; exit 66; }
+  done
+  echo "demo: using the build in $bin"
+else
+  cmake --preset release >/dev/null
+  cmake --build --preset release -j "$(nproc)" --target "${targets[@]}"
+  bin=$root/build/release
+fi
+export FORGE_BUILD_DIR=$bin
 
 stage "dev cluster up (with the SPANK plugin) and the example quota policy"
 export FORGE_DEVCLUSTER_DIR=${FORGE_DEVCLUSTER_DIR:-/var/lib/forge-devcluster}
@@ -34,8 +82,7 @@ policy=$root/configs/quota.example.ini
 quota() { "$bin/quota/forge-quota" "$@" --policy "$policy" --snapshot "$FORGE_DEVCLUSTER_DIR/forge-quota/usage.json"; }
 quota apply
 
-work=/var/tmp/forge-demo
-rm -rf "$work" && mkdir -p "$work"
+rm -rf "$work" && mkdir -p "$work" && : > "$work/.forge-demo"
 cd "$work"
 
 stage "demo corpus and dataset (forge-data prepare)"
@@ -44,18 +91,27 @@ stage "demo corpus and dataset (forge-data prepare)"
   --input "$work/corpus/docs=docs" --eval-set /usr/share/common-licenses/GPL-3 --vocab 1000 \
   --valid-fraction 0.05 --out "$work/dataset"
 
-stage "submit the pipeline: pretrain (team-a, pretrain tier), then the gate (afterok)"
-steps=$((fast ? 40 : 120))
+stage "submit the pipeline: pretrain (team-a, pretrain tier, $layout), then the gate (afterok)"
+steps=$((fast ? 20 : 120))
+# The global batch stays 8 sequences per step whatever the layout: pp micro-batches (so the pipeline has
+# work in flight) of 8 / (pp x dp) sequences per data-parallel rank.
+microbatches=$pp
+batch=$((8 / (pp * dp) > 0 ? 8 / (pp * dp) : 1))
+run=$work/runs/demo
 spec=$work/demo.ini
+# The spec names the run directory and dataset itself (the gate job resolves them from the spec), and
+# carries the layout the job is submitted with (the launcher checks that they agree).
 sed -e "s/^steps = .*/steps = $steps/" -e "s/^milestone_every = .*/milestone_every = $((steps / 2))/" \
-  "$root/configs/demo.ini" > "$spec"
-# One CPU rank: the hybrid-parallel runtime (tp2,pp2,dp2 across two nodes) is not built yet.
+  -e "s/^recovery_every = .*/recovery_every = $((fast ? 5 : 10))/" \
+  -e "s|^dir = .*|dir = $run|" -e "s|^dataset = .*|dataset = $work/dataset|" \
+  -e "s/^batch = .*/batch = $batch/" "$root/configs/demo.ini" > "$spec"
+printf '\n[parallel]\ntp = %s\npp = %s\ndp = %s\nmicrobatches = %s\nzero = %s\n' "$tp" "$pp" "$dp" "$microbatches" \
+  "$((dp > 1 ? 1 : 0))" >> "$spec"
 ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=pretrain \
-  --train-layout=tp1,pp1,dp1 --gate-policy="$root/configs/gate.example.ini" --baseline=none "$spec" "$work/dataset")
+  --train-layout="$layout" --gate-policy="$root/configs/gate.example.ini" --baseline=none "$spec" "$work/dataset")
 echo "$ids"
 train=$(awk '/train job/ {print $3}' <<<"$ids")
 gate=$(awk '/gate job/ {print $3}' <<<"$ids")
-run=$work/runs/demo
 
 stage "preempt the training job (USR1, as Slurm sends before preemption) and watch it resume"
 metrics=$run/metrics/rank-0.jsonl
@@ -99,7 +155,8 @@ done
 cat "$run/gate/summary.txt"
 
 stage "accounting: forge-quota sync and report"
-quota sync
+# --runs: the run's summary.json gives the report its tokens and MFU columns.
+quota sync --runs "$work/runs"
 quota status
 quota report --by team
 quota report --by job --format html -o "$work/quota-report.html"
