@@ -161,7 +161,11 @@ quota status
 quota report --by team
 quota report --by job --format html -o "$work/quota-report.html"
 
+# The run's own report: loss, throughput and MFU per step, resumes and checkpoints marked.
+"$bin/launcher/forge-train" report "$run" >/dev/null
+
 stage "done"
 echo "demo: dataset $work/dataset (quality report $work/dataset/quality.json)"
 echo "demo: run $run (metrics, summary.json, checkpoints, gate/verdict.json)"
+echo "demo: training report $run/report.html"
 echo "demo: cost report $work/quota-report.html"

@@ -46,6 +46,13 @@ forge_finish() {
   if [ "$rc" -eq 0 ] && [ -f "$run_dir/summary.json" ]; then
     rc=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("exit_code", 0))' "$run_dir/summary.json" 2>/dev/null || echo 0)
   fi
+  # A rank killed by a signal (a node lost, an OOM kill, a peer crash): srun or mpirun ends the other
+  # ranks and reports 128+signal. That is a communication-class failure: requeue a bounded number of
+  # times like a watchdog exit, which resumes from the last checkpoint.
+  if [ "$rc" -gt 128 ] && [ "$rc" -lt 160 ]; then
+    echo "forge: a rank was killed by signal $((rc - 128)); treating it as a communication failure (69)"
+    rc=69
+  fi
   class=$(forge_exit_class "$rc")
   echo "forge: run directory: $run_dir"
   echo "forge: exit class: $class (exit $rc, restart ${SLURM_RESTART_COUNT:-0})"

@@ -47,6 +47,9 @@ grep -q "resumed from" "$LOG" || fail "the training job did not report resuming 
 [ -s "$run/summary.json" ] || fail "no $run/summary.json"
 [ -s "$run/gate/verdict.json" ] || fail "no gate verdict ($run/gate/verdict.json)"
 [ -s "$FORGE_DEMO_DIR/quota-report.html" ] || fail "no cost report ($FORGE_DEMO_DIR/quota-report.html)"
+grep -q "<svg" "$run/report.html" 2>/dev/null || fail "no training report with plots ($run/report.html)"
+python3 -c "import json,sys; s=json.load(open(sys.argv[1])); sys.exit(0 if s.get('layout') == 'tp2,pp2,dp4' and s.get('ranks') == 16 else 'summary says ' + str(s.get('layout')))" \
+  "$run/summary.json" || fail "the run did not train on tp2,pp2,dp4 (16 ranks)"
 
 # Nothing left queued or running: the next test needs the nodes.
 for id in $(job_ids); do

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Real Slurm preemption: an explore-tier training job is preempted by a pretrain-tier job on the same
+# node (QOS pretrain preempts explore, PreemptMode=REQUEUE, GraceTime), saves a recovery checkpoint on the
+# signal, is requeued, resumes when the node is free, and its per-step losses equal those of an
+# uninterrupted run exactly. Then a 2-rank job loses a rank to kill -9 and is requeued and resumes.
+# Needs scripts/devcluster/up; FORGE_BUILD_DIR is the build under test.
+set -uo pipefail
+STATE=${FORGE_DEVCLUSTER_DIR:-/var/lib/forge-devcluster}
+SRC=${FORGE_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
+BUILD=${FORGE_BUILD_DIR:?FORGE_BUILD_DIR is not set (ctest sets it to the build tree)}
+fail() { echo "FAIL: $*"; exit 1; }
+# shellcheck source=/dev/null
+source "$STATE/env.sh" || fail "no dev cluster ($STATE/env.sh); run scripts/devcluster/up"
+work=$(mktemp -d /var/tmp/forge-preempt.XXXXXX)
+chmod 755 "$work"
+jobs=()
+trap 'scancel "${jobs[@]}" 2>/dev/null; rm -rf "$work"' EXIT
+export FORGE_HOME=$SRC FORGE_BUILD_DIR=$BUILD
+node=node4
+args=(--run.threads=1 --run.peak_gflops=100 --model.layers=2 --model.d_model=256 --model.heads=4
+  --model.seq_len=256 --ckpt.recovery_every=5 --ckpt.milestone_every=0)
+losses() { python3 -c "import json,sys; [print(r['step'], r['loss']) for r in map(json.loads, open(sys.argv[1]))]" "$1"; }
+
+# The explore job takes all CPUs of the node, so the pretrain job can only start by preempting it.
+explore=$(sbatch --parsable --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp1 -N1 -n1 -c16 \
+  --gres=gpu:1 -w "$node" -o "$work/explore-%j.out" "$SRC/scripts/sbatch/pretrain.sbatch" "$SRC/configs/tiny.ini" \
+  --run.dir="$work/explore" "${args[@]}" --run.steps=60) || fail "explore job not submitted"
+jobs+=("$explore")
+for _ in $(seq 1 600); do
+  [ -f "$work/explore/metrics/rank-0.jsonl" ] && [ "$(wc -l <"$work/explore/metrics/rank-0.jsonl")" -ge 8 ] && break
+  sleep 0.1
+done
+[ -f "$work/explore/metrics/rank-0.jsonl" ] || fail "the explore job never trained ($(cat "$work"/explore-*.out 2>/dev/null | tail -3))"
+pretrain=$(sbatch --parsable --train-team=team-a --train-tier=pretrain --train-layout=tp1,pp1,dp1 -N1 -n1 -c16 \
+  --gres=gpu:1 -w "$node" -o "$work/pretrain-%j.out" "$SRC/scripts/sbatch/pretrain.sbatch" "$SRC/configs/tiny.ini" \
+  --run.dir="$work/pretrain" "${args[@]}" --run.steps=5) || fail "pretrain job not submitted"
+jobs+=("$pretrain")
+
+# The uninterrupted reference, meanwhile, outside Slurm.
+"$BUILD/launcher/forge-train" "$SRC/configs/tiny.ini" --run.dir="$work/reference" "${args[@]}" --run.steps=60 2>"$work/reference.log" ||
+  fail "reference run failed: $(tail -n1 "$work/reference.log")"
+
+# Slurm holds a requeued job back for about two minutes; a test need not wait that long.
+state="" released=0
+for _ in $(seq 1 240); do
+  state=$(sacct -n -X -P -j "$explore" -o State 2>/dev/null | tail -n1)
+  [ "$state" = COMPLETED ] && break
+  if [ $released -eq 0 ] && [ "$(squeue -h -j "$explore" -o %T)" = PENDING ] &&
+    scontrol show job "$explore" | grep -q 'Restarts=[1-9]'; then
+    scontrol update JobId="$explore" StartTime=now 2>/dev/null && released=1
+  fi
+  sleep 1
+done
+[ "$state" = COMPLETED ] || fail "explore job $explore ended $state ($(tail -n3 "$work"/explore-*.out))"
+out=$(cat "$work"/explore-*.out)
+grep -q "exit class: preempted" <<<"$out" || fail "the explore job was not preempted (exit 75): $(grep 'exit class' <<<"$out")"
+grep -q "resumed from" <<<"$out" || fail "the requeued explore job did not resume from its checkpoint"
+[ "$(sacct -n -X -P -j "$pretrain" -o State | tail -n1)" = COMPLETED ] || fail "the pretrain job did not complete"
+diff <(losses "$work/reference/metrics/rank-0.jsonl") <(losses "$work/explore/metrics/rank-0.jsonl") >/dev/null ||
+  fail "the preempted run's per-step losses differ from the uninterrupted run's"
+echo "explore job $explore preempted by $pretrain, requeued, resumed; 60 steps identical to the reference"
+
+# A rank killed outright (kill -9, as a lost node or an OOM kill): srun ends the step, the batch script
+# classes it as a communication failure (69), requeues, and the job resumes from its last checkpoint.
+killed=$(sbatch --parsable --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp2 -N1 -n2 \
+  --gres=gpu:2 -w "$node" -o "$work/killed-%j.out" "$SRC/scripts/sbatch/pretrain.sbatch" "$SRC/configs/tiny.ini" \
+  --run.dir="$work/killed" "${args[@]}" --run.steps=40 --data.batch=2 --parallel.dp=2) || fail "2-rank job not submitted"
+jobs+=("$killed")
+for _ in $(seq 1 600); do
+  [ -f "$work/killed/metrics/rank-1.jsonl" ] && [ "$(wc -l <"$work/killed/metrics/rank-1.jsonl")" -ge 8 ] && break
+  sleep 0.1
+done
+victim=$(pgrep -f "run.dir=$work/killed" | tail -n1)
+[ -n "$victim" ] || fail "no rank of job $killed to kill"
+kill -9 "$victim"
+state="" released=0
+for _ in $(seq 1 240); do
+  state=$(sacct -n -X -P -j "$killed" -o State 2>/dev/null | tail -n1)
+  [ "$state" = COMPLETED ] && break
+  if [ $released -eq 0 ] && [ "$(squeue -h -j "$killed" -o %T)" = PENDING ] &&
+    scontrol show job "$killed" | grep -q 'Restarts=[1-9]'; then
+    scontrol update JobId="$killed" StartTime=now 2>/dev/null && released=1
+  fi
+  sleep 1
+done
+out=$(cat "$work"/killed-*.out)
+[ "$state" = COMPLETED ] || fail "job $killed with a killed rank ended $state ($(grep 'exit class' <<<"$out"))"
+grep -q "treating it as a communication failure" <<<"$out" || fail "the killed rank was not classed as a comm failure"
+grep -q "resumed from" <<<"$out" || fail "the requeued job did not resume from its checkpoint"
+echo "PASS: preemption and a killed rank both requeue and resume"
