@@ -19,6 +19,21 @@ export FORGE_HOME=$SRC FORGE_BUILD_DIR=$BUILD
 node=node4
 args=(--run.threads=1 --run.peak_gflops=100 --model.layers=2 --model.d_model=256 --model.heads=4
   --model.seq_len=256 --ckpt.recovery_every=5 --ckpt.milestone_every=0)
+# wait_requeued_job JOB: waits (up to 4 minutes) for JOB to end and prints its final state. Slurm holds a
+# requeued job back for about two minutes; a test need not wait that long, so it is released at once.
+wait_requeued_job() {
+  local job=$1 state="" released=0
+  for _ in $(seq 1 240); do
+    state=$(sacct -n -X -P -j "$job" -o State 2>/dev/null | tail -n1)
+    [ "$state" = COMPLETED ] && break
+    if [ $released -eq 0 ] && [ "$(squeue -h -j "$job" -o %T)" = PENDING ] &&
+      scontrol show job "$job" | grep -q 'Restarts=[1-9]'; then
+      scontrol update JobId="$job" StartTime=now 2>/dev/null && released=1
+    fi
+    sleep 1
+  done
+  echo "$state"
+}
 losses() { python3 -c "import json,sys; [print(r['step'], r['loss']) for r in map(json.loads, open(sys.argv[1]))]" "$1"; }
 
 # The explore job takes all CPUs of the node, so the pretrain job can only start by preempting it.
@@ -40,17 +55,7 @@ jobs+=("$pretrain")
 "$BUILD/launcher/forge-train" "$SRC/configs/tiny.ini" --run.dir="$work/reference" "${args[@]}" --run.steps=60 2>"$work/reference.log" ||
   fail "reference run failed: $(tail -n1 "$work/reference.log")"
 
-# Slurm holds a requeued job back for about two minutes; a test need not wait that long.
-state="" released=0
-for _ in $(seq 1 240); do
-  state=$(sacct -n -X -P -j "$explore" -o State 2>/dev/null | tail -n1)
-  [ "$state" = COMPLETED ] && break
-  if [ $released -eq 0 ] && [ "$(squeue -h -j "$explore" -o %T)" = PENDING ] &&
-    scontrol show job "$explore" | grep -q 'Restarts=[1-9]'; then
-    scontrol update JobId="$explore" StartTime=now 2>/dev/null && released=1
-  fi
-  sleep 1
-done
+state=$(wait_requeued_job "$explore")
 [ "$state" = COMPLETED ] || fail "explore job $explore ended $state ($(tail -n3 "$work"/explore-*.out))"
 out=$(cat "$work"/explore-*.out)
 grep -q "exit class: preempted" <<<"$out" || fail "the explore job was not preempted (exit 75): $(grep 'exit class' <<<"$out")"
@@ -73,16 +78,7 @@ done
 victim=$(pgrep -f "run.dir=$work/killed" | tail -n1)
 [ -n "$victim" ] || fail "no rank of job $killed to kill"
 kill -9 "$victim"
-state="" released=0
-for _ in $(seq 1 240); do
-  state=$(sacct -n -X -P -j "$killed" -o State 2>/dev/null | tail -n1)
-  [ "$state" = COMPLETED ] && break
-  if [ $released -eq 0 ] && [ "$(squeue -h -j "$killed" -o %T)" = PENDING ] &&
-    scontrol show job "$killed" | grep -q 'Restarts=[1-9]'; then
-    scontrol update JobId="$killed" StartTime=now 2>/dev/null && released=1
-  fi
-  sleep 1
-done
+state=$(wait_requeued_job "$killed")
 out=$(cat "$work"/killed-*.out)
 [ "$state" = COMPLETED ] || fail "job $killed with a killed rank ended $state ($(grep 'exit class' <<<"$out"))"
 grep -q "treating it as a communication failure" <<<"$out" || fail "the killed rank was not classed as a comm failure"
