@@ -97,19 +97,23 @@ std::string metrics_path(const trainer::TrainSpec& spec, int rank) {
   return (fs::path(spec.dir) / "metrics" / fmt::format("rank-{}.jsonl", rank)).string();
 }
 
-// A signal may reach the ranks at different steps: they stop together, after the first step any of
-// them saw it.
-bool any_rank(trainer::Comm& world, bool mine) {
-  int32_t flag = mine ? 1 : 0;
-  world.all_reduce(&flag, 1, trainer::CommType::kI32, trainer::ReduceOp::kMax)->wait();
-  return flag != 0;
-}
-
-// Every rank's step time on every rank (stragglers are judged from them).
-std::vector<double> gather_step_times(trainer::Comm& world, double seconds) {
-  std::vector<double> all(size_t(world.size()));
-  world.all_gather(&seconds, all.data(), 1, trainer::CommType::kF64)->wait();
-  return all;
+// What the ranks tell each other after every step, in one exchange: their step times (stragglers are
+// judged from them) and whether a stop signal reached them. A signal may reach the ranks at different
+// steps: they stop together, after the first step any of them saw it.
+struct RankStatus {
+  std::vector<double> step_seconds;
+  bool stop = false;
+};
+RankStatus exchange_status(trainer::Comm& world, double seconds, bool stop) {
+  const double mine[2] = {seconds, stop ? 1.0 : 0.0};
+  std::vector<double> all(2 * size_t(world.size()));
+  world.all_gather(mine, all.data(), 2, trainer::CommType::kF64)->wait();
+  RankStatus status;
+  for (size_t r = 0; r < all.size(); r += 2) {
+    status.step_seconds.push_back(all[r]);
+    status.stop = status.stop || all[r + 1] != 0;
+  }
+  return status;
 }
 
 // The data-parallel replicas must hold bitwise-identical parameters (ZeRO-1 gathers them, plain DP
@@ -255,9 +259,9 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
       rec["bubble_ms"] = st.bubble_s * 1e3;
       rec["compute_ms"] = (st.seconds - st.comm_s - st.bubble_s) * 1e3;
       rec["comm_bytes"] = st.comm_bytes;
+      const RankStatus status = exchange_status(*groups.world, st.seconds, g_stop_signal != 0);
       if (groups.layout.world() > 1) {
-        const auto times = gather_step_times(*groups.world, st.seconds);
-        const auto slow = stragglers.observe(times);
+        const auto slow = stragglers.observe(status.step_seconds);
         if (!slow.empty()) {
           rec["stragglers"] = slow;
           if (groups.rank == 0)
@@ -304,7 +308,7 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
       // Bookkeeping: everything in the step that is neither data, compute nor a checkpoint stall.
       totals.bookkeeping_s += std::chrono::duration<double>(t2 - t1).count() + seconds_since(t3);
       publish();
-      if (any_rank(*groups.world, g_stop_signal != 0) && st.step < spec.steps) {
+      if (status.stop && st.step < spec.steps) {
         trainer::mark_activity("checkpoint");
         checkpoints.save_now(st, tokens_so_far, tokens);
         // Ranks the signal did not reach stop because a peer got it (SIGUSR1 from srun or the batch script).

@@ -214,7 +214,7 @@ StepStats ParallelTrainer::step(std::span<const int32_t> tokens) {
   const CommTotals pipe0 = totals({g.pp.get()});
   const int64_t step = optimizer_->steps_taken() + 1;
   const int m = spec_.microbatches, b = spec_.batch, T = spec_.model.seq_len, dpn = g.layout.dp;
-  const size_t row = size_t(T) + 1, nc = size_t(model_->rows()) * size_t(spec_.model.d_model);
+  const size_t nc = size_t(model_->rows()) * size_t(spec_.model.d_model);
   const bool first = g.first_stage(), last = g.last_stage();
   const int stage = g.pp_rank;
   const float grad_scale = 1.0f / float(m * dpn);
@@ -225,11 +225,7 @@ StepStats ParallelTrainer::step(std::span<const int32_t> tokens) {
   double loss_sum = 0;
   const auto forward = [&](int i) {
     const int slot = i % slots_;
-    for (int r = 0; r < b; ++r) {
-      const int32_t* src = tokens.data() + size_t(rows_trained_[size_t(i) * size_t(b) + size_t(r)]) * row;
-      std::copy(src, src + T, inputs_[size_t(slot)].begin() + int64_t(r) * T);
-      std::copy(src + 1, src + 1 + T, targets_[size_t(slot)].begin() + int64_t(r) * T);
-    }
+    load_rows(slot, tokens.data(), std::span(rows_trained_).subspan(size_t(i) * size_t(b), size_t(b)));
     if (sent_act[size_t(slot)]) sent_act[size_t(slot)]->wait();  // the slot's output is about to change
     if (!first) g.pp->recv(recv_act_.data(), nc, CommType::kF32, stage - 1, 2 * i)->wait();
     mark_activity("forward");
@@ -325,17 +321,24 @@ StepStats ParallelTrainer::step(std::span<const int32_t> tokens) {
   return st;
 }
 
+void ParallelTrainer::load_rows(int slot, const int32_t* tokens, std::span<const int64_t> rows) {
+  const int T = spec_.model.seq_len;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const int32_t* src = tokens + size_t(rows[r]) * size_t(T + 1);
+    std::copy(src, src + T, inputs_[size_t(slot)].begin() + int64_t(r) * T);
+    std::copy(src + 1, src + 1 + T, targets_[size_t(slot)].begin() + int64_t(r) * T);
+  }
+}
+
 double ParallelTrainer::loss_of(std::span<const int32_t> rows) {
   ProcessGroups& g = groups_;
-  const int b = spec_.batch, T = spec_.model.seq_len;
-  const size_t row = size_t(T) + 1, nc = size_t(model_->rows()) * size_t(spec_.model.d_model);
-  if (rows.size() != size_t(g.layout.dp) * size_t(b) * row)
+  const int b = spec_.batch;
+  const size_t nc = size_t(model_->rows()) * size_t(spec_.model.d_model);
+  if (rows.size() != size_t(g.layout.dp) * size_t(b) * size_t(spec_.model.seq_len + 1))
     throw std::invalid_argument("ParallelTrainer::loss_of: expected dp x batch x (seq_len + 1) tokens");
-  for (int r = 0; r < b; ++r) {
-    const int32_t* src = rows.data() + (size_t(g.dp_rank) * size_t(b) + size_t(r)) * row;
-    std::copy(src, src + T, inputs_[0].begin() + int64_t(r) * T);
-    std::copy(src + 1, src + 1 + T, targets_[0].begin() + int64_t(r) * T);
-  }
+  std::vector<int64_t> mine(static_cast<size_t>(b));
+  for (int r = 0; r < b; ++r) mine[size_t(r)] = int64_t(g.dp_rank) * b + r;
+  load_rows(0, rows.data(), mine);
   if (!g.first_stage()) g.pp->recv(recv_act_.data(), nc, CommType::kF32, g.pp_rank - 1, 0)->wait();
   const double loss =
       model_->forward(0, inputs_[0].data(), recv_act_.data(), targets_[0].data(), 1.0f, false);

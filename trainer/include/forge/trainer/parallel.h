@@ -66,6 +66,8 @@ class ParallelTrainer {
     size_t shard_at;  // where this rank's part sits in shard_
     RequestPtr request;
   };
+  // Splits rows `rows` of a (seq_len + 1)-token batch into slot `slot`'s inputs and targets.
+  void load_rows(int slot, const int32_t* tokens, std::span<const int64_t> rows);
   void launch(Bucket& bucket);
   void finish_gradients();
   double owned_sum_squares() const;
