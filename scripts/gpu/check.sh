@@ -13,7 +13,7 @@
 #      see docs/GPU.md for the list), unpacked into a private prefix without root or network.
 # Environment: OUT, FORGE_GPU_DEBS, FORGE_GPU_BUILD (build dir, default build-gpu), FORGE_GPU_JOBS (16),
 # FORGE_GPU_CHECK_ARGS (extra forge-cuda-check arguments), FORGE_GPU_CHECK_TIMEOUT (seconds, 360),
-# FORGE_GPU_DIRECT=1 (skip CMake).
+# FORGE_GPU_DIRECT=1 (skip CMake), FORGE_GPU_PREBUILT (a folder from scripts/gpu/pack.sh: run, don't build).
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -47,6 +47,30 @@ export LD_LIBRARY_PATH=$CUDA_HOME/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 say "nvcc: $(nvcc --version | tail -1)"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader |
   sed 's/^/check.sh: gpu: /' | tee -a "$log"
+
+# A shared library the toolkit may lack (NCCL ships apart from it; images often carry it only inside a
+# Python wheel, nvidia-nccl-cu1x): the folder that holds it, searched where toolkits and wheels go.
+find_lib_dir() {
+  local d so
+  for d in "$CUDA_HOME/lib64" "$CUDA_HOME/lib" /usr/lib/x86_64-linux-gnu; do
+    [ -e "$d/$1" ] && echo "$d" && return 0
+  done
+  so=$(find /usr/local /opt /usr/lib /root -name "$1" 2>/dev/null | head -1)
+  [ -n "$so" ] && dirname "$so"
+}
+nccl_dir=$(find_lib_dir libnccl.so.2) || die "no libnccl.so.2 in the CUDA toolkit or a Python wheel; install NCCL"
+say "nccl: $nccl_dir"
+export LD_LIBRARY_PATH=$nccl_dir:$LD_LIBRARY_PATH
+if [ ! -f "$CUDA_HOME/include/nccl.h" ] && [ ! -f /usr/include/nccl.h ]; then
+  # A wheel's layout (lib/libnccl.so.2 beside include/nccl.h, no unversioned libnccl.so): point the
+  # compilers there, through a folder holding the libnccl.so link the linker looks for.
+  [ -f "$nccl_dir/../include/nccl.h" ] || say "warning: no nccl.h beside $nccl_dir: only a prebuilt check can run"
+  shim=$root/build-gpu-nccl
+  mkdir -p "$shim" && ln -sfn "$nccl_dir/libnccl.so.2" "$shim/libnccl.so"
+  export CPATH=$nccl_dir/../include${CPATH:+:$CPATH}
+  export LIBRARY_PATH=$shim${LIBRARY_PATH:+:$LIBRARY_PATH}
+  export CMAKE_LIBRARY_PATH=$shim${CMAKE_LIBRARY_PATH:+:$CMAKE_LIBRARY_PATH}
+fi
 
 # --- .deb files carried in: unpacked into a prefix (dpkg -x, or ar + tar where dpkg is missing)
 prefix=$root/build-gpu-prefix
@@ -114,7 +138,27 @@ direct_build() {
 }
 
 exe=""
-if [ -z "${FORGE_GPU_DIRECT:-}" ] && command -v cmake >/dev/null; then
+# A forge-cuda-check built elsewhere (scripts/gpu/pack.sh) saves the build when the loader finds all it needs.
+prebuilt=${FORGE_GPU_PREBUILT:-}
+if [ -n "$prebuilt" ] && [ -x "$prebuilt/forge-cuda-check" ]; then
+  [ -f "$prebuilt/lib.tar.gz" ] && { tar -xzf "$prebuilt/lib.tar.gz" -C "$prebuilt" || die "cannot unpack $prebuilt/lib.tar.gz"; }
+  export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$prebuilt/lib
+  missing=$(ldd "$prebuilt/forge-cuda-check" | awk '/not found/ {print $1}')
+  for name in $missing; do
+    dir=$(find_lib_dir "$name") && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$dir
+  done
+  if ldd "$prebuilt/forge-cuda-check" | grep -q 'not found'; then
+    say "prebuilt forge-cuda-check lacks $(ldd "$prebuilt/forge-cuda-check" | awk '/not found/ {printf "%s ", $1}')- building here"
+  elif "$prebuilt/forge-cuda-check" --steps 0 >/dev/null 2>&1; [ $? -ne 64 ]; then
+    say "prebuilt forge-cuda-check does not start here - building here"
+  else
+    exe=$prebuilt/forge-cuda-check
+    say "using the prebuilt $exe"
+  fi
+fi
+if [ -n "$exe" ]; then
+  :
+elif [ -z "${FORGE_GPU_DIRECT:-}" ] && command -v cmake >/dev/null; then
   generator=()
   command -v ninja >/dev/null && generator=(-G Ninja)
   configure_log=$build.configure.log
@@ -162,7 +206,7 @@ say "built in $(($(date +%s) - start)) s: $exe"
 # A hang (a kernel, NCCL's init) must not eat the machine's time: the check gets what the budget leaves.
 limit=${FORGE_GPU_CHECK_TIMEOUT:-360}
 # shellcheck disable=SC2086
-timeout --signal=KILL "$limit" "$exe" ${FORGE_GPU_CHECK_ARGS:-} 2>&1 | tee -a "$log"
+timeout --signal=KILL "$limit" "$exe" --config "$root/configs/bench-cpu.ini" ${FORGE_GPU_CHECK_ARGS:-} 2>&1 | tee -a "$log"
 rc=${PIPESTATUS[0]}
 [ "$rc" -eq 137 ] && say "forge-cuda-check killed after ${limit} s (FORGE_GPU_CHECK_TIMEOUT)"
 say "forge-cuda-check exit $rc after $(($(date +%s) - start)) s"

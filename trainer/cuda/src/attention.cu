@@ -2,13 +2,18 @@
 // keys in shared memory, one warp per query row (forward, dQ) or key row (dK, dV), a lane per key (or
 // query) for the scores and a lane per head-dim slice for the outputs. The forward keeps only the row
 // log-sum-exp; backward recomputes the probabilities from it. dQ and dK/dV are separate kernels (one over
-// query tiles, one over key tiles), so no atomics and a deterministic result.
+// query tiles, one over key tiles), so no atomics and a deterministic result. These kernels are the FP32
+// path; BF16 runs on tensor cores (attention_tc.cu) unless FORGE_CUDA_ATTENTION=simt asks for these.
+#include "attention_tc.h"
 #include "device_math.cuh"
 #include "forge/trainer/cuda/context.h"
 #include "forge/trainer/cuda/ops.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <string>
+#include <type_traits>
 
 namespace forge::trainer::cuda {
 
@@ -259,8 +264,17 @@ void check_head_dim(int C, int NH) {
                " / heads " + std::to_string(NH) + ") is not supported; use 32, 64 or 128");
 }
 
+// BF16 goes to the tensor-core kernels unless FORGE_CUDA_ATTENTION=simt (read on every call, so that
+// forge-cuda-check can compare both paths in one process).
+bool tensor_cores_allowed() {
+  const char* env = std::getenv("FORGE_CUDA_ATTENTION");
+  return env == nullptr || std::strcmp(env, "simt") != 0;
+}
+
 template <class T, int HD>
 void forward_hd(T* out, float* lse, const T* qkv, int B, int T_, int C, int NH) {
+  if constexpr (std::is_same_v<T, bf16>)
+    if (tensor_cores_allowed() && attention_forward_tc(out, lse, qkv, B, T_, C, NH)) return;
   const size_t smem = sizeof(float) * kTile * (3 * HD + 1);
   allow_smem(attention_forward_kernel<T, HD>, smem, "cudaFuncSetAttribute (attention_forward)");
   const dim3 grid((T_ + kTile - 1) / kTile, B * NH);
@@ -276,6 +290,8 @@ void backward_hd(T* dqkv, float* D, const T* dout, const T* qkv, const T* out, c
   attention_delta_kernel<<<int((rows + kWarps - 1) / kWarps), kWarps * 32, 0, stream()>>>(D, dout, out, B, T_,
                                                                                           C, NH, HD);
   check_launch("attention_backward (delta)");
+  if constexpr (std::is_same_v<T, bf16>)
+    if (tensor_cores_allowed() && attention_backward_tc(dqkv, D, dout, qkv, lse, B, T_, C, NH)) return;
   const dim3 grid((T_ + kTile - 1) / kTile, B * NH);
   const float scale = 1.0f / std::sqrt(float(HD));
   const size_t smem_dq = sizeof(float) * kTile * (4 * HD + 2);

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <numeric>
@@ -198,9 +199,11 @@ struct Checker {
     cmp("matmul backward dbias", down<float>(dgb, gb.size()), gb);
   }
 
-  void attention(int NH, int hd) {
-    const int B = 2, T_ = 100, C = NH * hd;
-    const std::string tag = " (hd " + std::to_string(hd) + ")";
+  // T = 200: three full 64-row tiles and a partial one (the tensor-core kernels' tile), seven and a
+  // partial of 32 (the CUDA-core kernels'). `path` names the kernels in the row.
+  void attention(int NH, int hd, const std::string& path = "") {
+    const int B = 2, T_ = 200, C = NH * hd;
+    const std::string tag = " (hd " + std::to_string(hd) + (path.empty() ? "" : ", " + path) + ")";
     const Vec qkv = in(size_t(B) * T_ * 3 * C, -2, 2);
     Vec out(size_t(B) * T_ * C), lse(size_t(B) * NH * T_);
     cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T_, C, NH);
@@ -341,7 +344,13 @@ bool check_ops(uint64_t seed) {
   run("residual+layernorm", [&] { f32.residual_layernorm(), b16.residual_layernorm(); });
   run("matmul", [&] { f32.matmul(), b16.matmul(); });
   for (const auto& [nh, hd] : {std::pair{4, 32}, std::pair{3, 64}, std::pair{2, 128}})
-    run("attention", [&] { f32.attention(nh, hd), b16.attention(nh, hd); });
+    run("attention", [&] {
+      f32.attention(nh, hd), b16.attention(nh, hd);
+      // BF16 again on the CUDA-core kernels, the path taken for misaligned tensors.
+      setenv("FORGE_CUDA_ATTENTION", "simt", 1);
+      b16.attention(nh, hd, "simt");
+      unsetenv("FORGE_CUDA_ATTENTION");
+    });
   run("gelu", [&] { f32.gelu(), b16.gelu(); });
   run("classifier", [&] { f32.classifier(), b16.classifier(); });
   run("adamw", [&] { f32.optimizer(); });
