@@ -3,7 +3,7 @@
 // query) for the scores and a lane per head-dim slice for the outputs. The forward keeps only the row
 // log-sum-exp; backward recomputes the probabilities from it. dQ and dK/dV are separate kernels (one over
 // query tiles, one over key tiles), so no atomics and a deterministic result. These kernels are the FP32
-// path; BF16 runs on tensor cores (attention_tc.cu) unless FORGE_CUDA_ATTENTION=simt asks for these.
+// path; BF16 runs on tensor cores (attention_tc.h) unless FORGE_CUDA_ATTENTION=simt asks for these.
 #include "attention_tc.h"
 #include "device_math.cuh"
 #include "forge/trainer/cuda/context.h"
@@ -264,17 +264,23 @@ void check_head_dim(int C, int NH) {
                " / heads " + std::to_string(NH) + ") is not supported; use 32, 64 or 128");
 }
 
-// BF16 goes to the tensor-core kernels unless FORGE_CUDA_ATTENTION=simt (read on every call, so that
-// forge-cuda-check can compare both paths in one process).
-bool tensor_cores_allowed() {
+// BF16 kernels: mma.sync where it takes the head dim, else WMMA, else these; FORGE_CUDA_ATTENTION=wmma or
+// =simt starts lower (read on every call, so that forge-cuda-check compares all three in one process).
+enum class Bf16Kernels { kMma, kWmma, kSimt };
+Bf16Kernels bf16_kernels() {
   const char* env = std::getenv("FORGE_CUDA_ATTENTION");
-  return env == nullptr || std::strcmp(env, "simt") != 0;
+  if (env != nullptr && std::strcmp(env, "simt") == 0) return Bf16Kernels::kSimt;
+  if (env != nullptr && std::strcmp(env, "wmma") == 0) return Bf16Kernels::kWmma;
+  return Bf16Kernels::kMma;
 }
 
 template <class T, int HD>
 void forward_hd(T* out, float* lse, const T* qkv, int B, int T_, int C, int NH) {
   if constexpr (std::is_same_v<T, bf16>)
-    if (tensor_cores_allowed() && attention_forward_tc(out, lse, qkv, B, T_, C, NH)) return;
+    if (const auto k = bf16_kernels();
+        (k == Bf16Kernels::kMma && attention_forward_mma(out, lse, qkv, B, T_, C, NH)) ||
+        (k != Bf16Kernels::kSimt && attention_forward_wmma(out, lse, qkv, B, T_, C, NH)))
+      return;
   const size_t smem = sizeof(float) * kTile * (3 * HD + 1);
   allow_smem(attention_forward_kernel<T, HD>, smem, "cudaFuncSetAttribute (attention_forward)");
   const dim3 grid((T_ + kTile - 1) / kTile, B * NH);
@@ -291,7 +297,10 @@ void backward_hd(T* dqkv, float* D, const T* dout, const T* qkv, const T* out, c
                                                                                           C, NH, HD);
   check_launch("attention_backward (delta)");
   if constexpr (std::is_same_v<T, bf16>)
-    if (tensor_cores_allowed() && attention_backward_tc(dqkv, D, dout, qkv, lse, B, T_, C, NH)) return;
+    if (const auto k = bf16_kernels();
+        (k == Bf16Kernels::kMma && attention_backward_mma(dqkv, D, dout, qkv, lse, B, T_, C, NH)) ||
+        (k != Bf16Kernels::kSimt && attention_backward_wmma(dqkv, D, dout, qkv, lse, B, T_, C, NH)))
+      return;
   const dim3 grid((T_ + kTile - 1) / kTile, B * NH);
   const float scale = 1.0f / std::sqrt(float(HD));
   const size_t smem_dq = sizeof(float) * kTile * (4 * HD + 2);

@@ -346,9 +346,11 @@ bool check_ops(uint64_t seed) {
   for (const auto& [nh, hd] : {std::pair{4, 32}, std::pair{3, 64}, std::pair{2, 128}})
     run("attention", [&] {
       f32.attention(nh, hd), b16.attention(nh, hd);
-      // BF16 again on the CUDA-core kernels, the path taken for misaligned tensors.
-      setenv("FORGE_CUDA_ATTENTION", "simt", 1);
-      b16.attention(nh, hd, "simt");
+      // BF16 again on the other kernel sets: WMMA (head dim 128's default), CUDA cores (misaligned tensors).
+      for (const char* kernels : {"wmma", "simt"}) {
+        setenv("FORGE_CUDA_ATTENTION", kernels, 1);
+        b16.attention(nh, hd, kernels);
+      }
       unsetenv("FORGE_CUDA_ATTENTION");
     });
   run("gelu", [&] { f32.gelu(), b16.gelu(); });

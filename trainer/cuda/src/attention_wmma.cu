@@ -6,6 +6,7 @@
 // output lives in shared memory and is rescaled there; backward's accumulators stay in registers for the
 // whole walk. dQ and dK/dV are separate kernels as in attention.cu: no atomics, deterministic.
 #include "attention_tc.h"
+#include "attention_tile.cuh"
 #include "forge/trainer/cuda/context.h"
 
 #include <mma.h>
@@ -19,49 +20,33 @@ namespace {
 
 namespace wmma = nvcuda::wmma;
 using bf16 = __nv_bfloat16;
+using namespace attention_tile;
 
-constexpr int kRows = 64;        // rows of a tile: queries or keys
 constexpr int kWarps = 4;        // 16 rows each
 constexpr int kSld = kRows + 4;  // FP32 pitch of a warp's 16 x 64 score tile (+4: fewer bank conflicts)
 constexpr int kPld = kRows + 8;  // BF16 pitch of its probability tile
 constexpr unsigned kFull = 0xffffffffu;
-constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
 using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
 using FragBt = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;  // B^T of a row-major B
 using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
-// Shared-memory pitches: BF16 tiles [64][HD + 8], FP32 output tiles [16][HD + 4]. Every region starts on a
-// 32-byte boundary, as WMMA's loads and stores require.
+// FP32 output tiles are [16][HD + 4]. Every shared-memory region starts on a 32-byte boundary, as WMMA's
+// loads and stores require.
 template <int HD>
 struct Shape {
-  static constexpr int ld = HD + 8;   // BF16 tile pitch
   static constexpr int ldo = HD + 4;  // FP32 output pitch
-  static constexpr int tile_bytes = kRows * ld * 2;
   // A warp's FP32 scratch: two score tiles, or its 16 x HD output.
   static constexpr int warp_f32 = 2 * 16 * kSld > 16 * ldo ? 2 * 16 * kSld : 16 * ldo;
 };
-
-// Rows [t0, t0 + 64) of one head's slice of `src` (row stride `stride`) into shared memory, 8 values per
-// 16-byte load; rows past T are zero.
-template <int HD>
-__device__ void load_tile(bf16* dst, const bf16* src, int64_t stride, int t0, int T_) {
-  constexpr int kVec = HD / 8;
-  for (int i = threadIdx.x; i < kRows * kVec; i += blockDim.x) {
-    const int r = i / kVec, c = (i % kVec) * 8, t = t0 + r;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (t < T_) v = *reinterpret_cast<const uint4*>(src + int64_t(t) * stride + c);
-    *reinterpret_cast<uint4*>(dst + r * Shape<HD>::ld + c) = v;
-  }
-}
 
 // s[16][64] = a[16][HD] . b[64][HD]^T (a warp's rows against a whole tile), FP32.
 template <int HD>
 __device__ void scores(float* s, const bf16* a, const bf16* b) {
   FragA fa[HD / 16];
 #pragma unroll
-  for (int k = 0; k < HD / 16; ++k) wmma::load_matrix_sync(fa[k], a + k * 16, Shape<HD>::ld);
+  for (int k = 0; k < HD / 16; ++k) wmma::load_matrix_sync(fa[k], a + k * 16, Tile<HD>::ld);
 #pragma unroll
   for (int n = 0; n < kRows / 16; ++n) {
     FragC c;
@@ -69,7 +54,7 @@ __device__ void scores(float* s, const bf16* a, const bf16* b) {
 #pragma unroll
     for (int k = 0; k < HD / 16; ++k) {
       FragBt fb;
-      wmma::load_matrix_sync(fb, b + n * 16 * Shape<HD>::ld + k * 16, Shape<HD>::ld);
+      wmma::load_matrix_sync(fb, b + n * 16 * Tile<HD>::ld + k * 16, Tile<HD>::ld);
       wmma::mma_sync(c, fa[k], fb, c);
     }
     wmma::store_matrix_sync(s + n * 16, c, kSld, wmma::mem_row_major);
@@ -86,7 +71,7 @@ __device__ void accumulate(FragC (&acc)[HD / 16], const bf16* p, const bf16* x) 
 #pragma unroll
     for (int n = 0; n < HD / 16; ++n) {
       FragB fb;
-      wmma::load_matrix_sync(fb, x + k * 16 * Shape<HD>::ld + n * 16, Shape<HD>::ld);
+      wmma::load_matrix_sync(fb, x + k * 16 * Tile<HD>::ld + n * 16, Tile<HD>::ld);
       wmma::mma_sync(acc[n], fa, fb, acc[n]);
     }
   }
@@ -112,19 +97,20 @@ __device__ void store_rows(bf16* dst, int64_t stride, int valid, FragC (&acc)[HD
 
 template <int HD>
 constexpr size_t forward_smem() {
-  return 3 * Shape<HD>::tile_bytes + kWarps * (16 * kSld * 4 + 16 * kPld * 2 + 16 * Shape<HD>::ldo * 4);
+  return 3 * Tile<HD>::bytes + kWarps * (16 * kSld * 4 + 16 * kPld * 2 + 16 * Shape<HD>::ldo * 4);
 }
 
 template <int HD>
 __global__ void __launch_bounds__(kWarps * 32)
-    attention_forward_tc_kernel(bf16* out, float* lse, const bf16* qkv, int T_, int C, int NH, float scale) {
+    attention_forward_wmma_kernel(bf16* out, float* lse, const bf16* qkv, int T_, int C, int NH,
+                                  float scale) {
   extern __shared__ __align__(128) unsigned char tc_smem[];
   bf16* q = reinterpret_cast<bf16*>(tc_smem);
-  bf16* k = q + kRows * Shape<HD>::ld;
-  bf16* v = k + kRows * Shape<HD>::ld;
+  bf16* k = q + kRows * Tile<HD>::ld;
+  bf16* v = k + kRows * Tile<HD>::ld;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   unsigned char* mine =
-      tc_smem + 3 * Shape<HD>::tile_bytes + warp * (16 * kSld * 4 + 16 * kPld * 2 + 16 * Shape<HD>::ldo * 4);
+      tc_smem + 3 * Tile<HD>::bytes + warp * (16 * kSld * 4 + 16 * kPld * 2 + 16 * Shape<HD>::ldo * 4);
   float* s = reinterpret_cast<float*>(mine);
   bf16* p = reinterpret_cast<bf16*>(mine + 16 * kSld * 4);
   float* o = reinterpret_cast<float*>(mine + 16 * kSld * 4 + 16 * kPld * 2);
@@ -145,7 +131,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     load_tile<HD>(k, base + C, C3, kt * kRows, T_);
     load_tile<HD>(v, base + 2 * C, C3, kt * kRows, T_);
     __syncthreads();
-    scores<HD>(s, q + warp * 16 * Shape<HD>::ld, k);
+    scores<HD>(s, q + warp * 16 * Tile<HD>::ld, k);
     __syncwarp();
     float mt = -INFINITY;
 #pragma unroll 8
@@ -191,22 +177,21 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 template <int HD>
 constexpr size_t dq_smem() {
-  return 4 * Shape<HD>::tile_bytes + kWarps * (Shape<HD>::warp_f32 * 4 + 16 * kPld * 2);
+  return 4 * Tile<HD>::bytes + kWarps * (Shape<HD>::warp_f32 * 4 + 16 * kPld * 2);
 }
 
 // dQ for 64 queries: dQ = dS . K over the key tiles they see, dS = P * (dP - D) * scale, dP = dO . V^T.
 template <int HD>
 __global__ void __launch_bounds__(kWarps * 32)
-    attention_dq_tc_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* D,
-                           int T_, int C, int NH, float scale) {
+    attention_dq_wmma_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* D,
+                             int T_, int C, int NH, float scale) {
   extern __shared__ __align__(128) unsigned char tc_smem[];
   bf16* q = reinterpret_cast<bf16*>(tc_smem);
-  bf16* go = q + kRows * Shape<HD>::ld;
-  bf16* k = go + kRows * Shape<HD>::ld;
-  bf16* v = k + kRows * Shape<HD>::ld;
+  bf16* go = q + kRows * Tile<HD>::ld;
+  bf16* k = go + kRows * Tile<HD>::ld;
+  bf16* v = k + kRows * Tile<HD>::ld;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  unsigned char* mine =
-      tc_smem + 4 * Shape<HD>::tile_bytes + warp * (Shape<HD>::warp_f32 * 4 + 16 * kPld * 2);
+  unsigned char* mine = tc_smem + 4 * Tile<HD>::bytes + warp * (Shape<HD>::warp_f32 * 4 + 16 * kPld * 2);
   float* s = reinterpret_cast<float*>(mine);
   float* dp = s + 16 * kSld;
   bf16* ds = reinterpret_cast<bf16*>(mine + Shape<HD>::warp_f32 * 4);
@@ -229,8 +214,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     load_tile<HD>(k, base + C, C3, kt * kRows, T_);
     load_tile<HD>(v, base + 2 * C, C3, kt * kRows, T_);
     __syncthreads();
-    scores<HD>(s, q + warp * 16 * Shape<HD>::ld, k);
-    scores<HD>(dp, go + warp * 16 * Shape<HD>::ld, v);
+    scores<HD>(s, q + warp * 16 * Tile<HD>::ld, k);
+    scores<HD>(dp, go + warp * 16 * Tile<HD>::ld, v);
     __syncwarp();
 #pragma unroll 8
     for (int j = 0; j < kRows / 2; ++j) {
@@ -252,24 +237,24 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 template <int HD>
 constexpr size_t dkv_smem() {
-  return 4 * Shape<HD>::tile_bytes + 2 * kRows * 4 + kWarps * (Shape<HD>::warp_f32 * 4 + 2 * 16 * kPld * 2);
+  return 4 * Tile<HD>::bytes + 2 * kRows * 4 + kWarps * (Shape<HD>::warp_f32 * 4 + 2 * 16 * kPld * 2);
 }
 
 // dK and dV for 64 keys over the query tiles that see them: dV = P^T . dO, dK = dS^T . Q.
 template <int HD>
 __global__ void __launch_bounds__(kWarps * 32)
-    attention_dkv_tc_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* D,
-                            int T_, int C, int NH, float scale) {
+    attention_dkv_wmma_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* D,
+                              int T_, int C, int NH, float scale) {
   extern __shared__ __align__(128) unsigned char tc_smem[];
   bf16* k = reinterpret_cast<bf16*>(tc_smem);
-  bf16* v = k + kRows * Shape<HD>::ld;
-  bf16* q = v + kRows * Shape<HD>::ld;
-  bf16* go = q + kRows * Shape<HD>::ld;
-  float* stat_l2 = reinterpret_cast<float*>(tc_smem + 4 * Shape<HD>::tile_bytes);  // lse * log2(e), per query
-  float* stat_d = stat_l2 + kRows;                                                 // D, per query
+  bf16* v = k + kRows * Tile<HD>::ld;
+  bf16* q = v + kRows * Tile<HD>::ld;
+  bf16* go = q + kRows * Tile<HD>::ld;
+  float* stat_l2 = reinterpret_cast<float*>(tc_smem + 4 * Tile<HD>::bytes);  // lse * log2(e), per query
+  float* stat_d = stat_l2 + kRows;                                           // D, per query
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  unsigned char* mine = tc_smem + 4 * Shape<HD>::tile_bytes + 2 * kRows * 4 +
-                        warp * (Shape<HD>::warp_f32 * 4 + 2 * 16 * kPld * 2);
+  unsigned char* mine =
+      tc_smem + 4 * Tile<HD>::bytes + 2 * kRows * 4 + warp * (Shape<HD>::warp_f32 * 4 + 2 * 16 * kPld * 2);
   float* s = reinterpret_cast<float*>(mine);  // S^T: [key][query]
   float* dp = s + 16 * kSld;                  // dP^T
   bf16* pt = reinterpret_cast<bf16*>(mine + Shape<HD>::warp_f32 * 4);
@@ -297,8 +282,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       stat_d[threadIdx.x] = t < T_ ? D[int64_t(bh) * T_ + t] : 0.0f;
     }
     __syncthreads();
-    scores<HD>(s, k + warp * 16 * Shape<HD>::ld, q);
-    scores<HD>(dp, v + warp * 16 * Shape<HD>::ld, go);
+    scores<HD>(s, k + warp * 16 * Tile<HD>::ld, q);
+    scores<HD>(dp, v + warp * 16 * Tile<HD>::ld, go);
     __syncwarp();
 #pragma unroll 8
     for (int j = 0; j < kRows / 2; ++j) {
@@ -330,11 +315,11 @@ void set_smem(Kernel kernel, size_t bytes, const char* name) {
 template <int HD>
 void forward_hd(bf16* out, float* lse, const bf16* qkv, int B, int T_, int C, int NH) {
   constexpr size_t smem = forward_smem<HD>();
-  set_smem(attention_forward_tc_kernel<HD>, smem, "cudaFuncSetAttribute (attention_forward_tc)");
+  set_smem(attention_forward_wmma_kernel<HD>, smem, "cudaFuncSetAttribute (attention_forward_wmma)");
   const dim3 grid((T_ + kRows - 1) / kRows, B * NH);
-  attention_forward_tc_kernel<HD>
+  attention_forward_wmma_kernel<HD>
       <<<grid, kWarps * 32, smem, stream()>>>(out, lse, qkv, T_, C, NH, 1.0f / std::sqrt(float(HD)));
-  check_launch("attention_forward_tc");
+  check_launch("attention_forward_wmma");
 }
 
 template <int HD>
@@ -342,14 +327,14 @@ void backward_hd(bf16* dqkv, const float* D, const bf16* dout, const bf16* qkv, 
                  int T_, int C, int NH) {
   const dim3 grid((T_ + kRows - 1) / kRows, B * NH);
   const float scale = 1.0f / std::sqrt(float(HD));
-  set_smem(attention_dq_tc_kernel<HD>, dq_smem<HD>(), "cudaFuncSetAttribute (attention_dq_tc)");
-  attention_dq_tc_kernel<HD>
+  set_smem(attention_dq_wmma_kernel<HD>, dq_smem<HD>(), "cudaFuncSetAttribute (attention_dq_wmma)");
+  attention_dq_wmma_kernel<HD>
       <<<grid, kWarps * 32, dq_smem<HD>(), stream()>>>(dqkv, dout, qkv, lse, D, T_, C, NH, scale);
-  check_launch("attention_backward_tc (dq)");
-  set_smem(attention_dkv_tc_kernel<HD>, dkv_smem<HD>(), "cudaFuncSetAttribute (attention_dkv_tc)");
-  attention_dkv_tc_kernel<HD>
+  check_launch("attention_backward_wmma (dq)");
+  set_smem(attention_dkv_wmma_kernel<HD>, dkv_smem<HD>(), "cudaFuncSetAttribute (attention_dkv_wmma)");
+  attention_dkv_wmma_kernel<HD>
       <<<grid, kWarps * 32, dkv_smem<HD>(), stream()>>>(dqkv, dout, qkv, lse, D, T_, C, NH, scale);
-  check_launch("attention_backward_tc (dk, dv)");
+  check_launch("attention_backward_wmma (dk, dv)");
 }
 
 bool aligned(const void* p) {
@@ -358,7 +343,7 @@ bool aligned(const void* p) {
 
 }  // namespace
 
-bool attention_forward_tc(bf16* out, float* lse, const bf16* qkv, int B, int T_, int C, int NH) {
+bool attention_forward_wmma(bf16* out, float* lse, const bf16* qkv, int B, int T_, int C, int NH) {
   if (!aligned(qkv)) return false;
   switch (C / NH) {
     case 32:
@@ -372,8 +357,8 @@ bool attention_forward_tc(bf16* out, float* lse, const bf16* qkv, int B, int T_,
   }
 }
 
-bool attention_backward_tc(bf16* dqkv, const float* D, const bf16* dout, const bf16* qkv, const float* lse,
-                           int B, int T_, int C, int NH) {
+bool attention_backward_wmma(bf16* dqkv, const float* D, const bf16* dout, const bf16* qkv, const float* lse,
+                             int B, int T_, int C, int NH) {
   if (!aligned(qkv) || !aligned(dout) || !aligned(dqkv)) return false;
   switch (C / NH) {
     case 32:
