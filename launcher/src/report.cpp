@@ -3,6 +3,7 @@
 #include "forge/ckpt/checkpoint.h"
 #include "forge/ckpt/store.h"
 #include "forge/common/error.h"
+#include "forge/common/html.h"
 
 #include <fmt/format.h>
 
@@ -37,29 +38,6 @@ struct Marker {
 double number(const Json& rec, const char* key) {
   const auto it = rec.find(key);
   return it != rec.end() && it->is_number() ? it->get<double>() : NAN;
-}
-
-std::string escape(std::string_view s) {
-  std::string out;
-  for (const char c : s) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
 }
 
 std::string guard_label(const Json& e) {
@@ -119,7 +97,7 @@ std::string svg_plot(const std::string& title, const std::vector<std::pair<doubl
   std::string svg = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
       "role=\"img\" aria-label=\"{2}\">\n<text x=\"{3}\" y=\"18\" class=\"title\">{2}</text>\n",
-      W, H, escape(title), L);
+      W, H, html_escape(title), L);
   if (pts.empty()) return svg + fmt::format("<text x=\"{}\" y=\"{}\">no data</text>\n</svg>\n", L, H / 2);
   double y_lo = pts[0].second, y_hi = pts[0].second;
   for (const auto& p : pts) y_lo = std::min(y_lo, p.second), y_hi = std::max(y_hi, p.second);
@@ -144,7 +122,7 @@ std::string svg_plot(const std::string& title, const std::vector<std::pair<doubl
         "<line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{1}\" y2=\"{2}\" class=\"m-{3}\"><title>step {4}: "
         "{5}</title>"
         "</line>\n",
-        X(double(m.step)), T, H - B, m.kind, m.step, escape(m.label));
+        X(double(m.step)), T, H - B, m.kind, m.step, html_escape(m.label));
   // Long runs: every k-th point keeps the page small; the shape of a 100k-step curve survives it.
   const size_t stride = std::max<size_t>(1, pts.size() / 4000);
   svg += "<polyline class=\"series\" points=\"";
@@ -251,9 +229,9 @@ RunReport write_report(const std::string& run_dir) {
       "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>forge-train report: {0}"
       "</title>\n<style>{1}</style>\n</head>\n<body>\n<h1>forge-train run {0}</h1>\n<table "
       "class=\"summary\">\n",
-      escape(name), kStyle);
+      html_escape(name), kStyle);
   const auto row = [&](std::string_view k, const std::string& v) {
-    html += fmt::format("<tr><th>{}</th><td>{}</td></tr>\n", k, escape(v));
+    html += fmt::format("<tr><th>{}</th><td>{}</td></tr>\n", k, html_escape(v));
   };
   row("run directory", run_dir);
   if (s.is_object()) {
@@ -277,12 +255,13 @@ RunReport write_report(const std::string& run_dir) {
   html += svg_plot("throughput (tokens/s)", series(&Point::tps), mark, x_lo, x_hi);
   html += svg_plot("model FLOPs utilisation", series(&Point::mfu), mark, x_lo, x_hi);
   html += "<h2>Checkpoints</h2>\n<ul>\n";
-  for (const auto& c : r.checkpoints) html += "<li>" + escape(c) + "</li>\n";
+  for (const auto& c : r.checkpoints) html += "<li>" + html_escape(c) + "</li>\n";
   if (r.checkpoints.empty()) html += "<li>none</li>\n";
   html += "</ul>\n<h2>Events</h2>\n<table>\n<tr><th>step</th><th>kind</th><th>what</th></tr>\n";
   for (const auto& m : mark)
     if (m.kind != "ckpt")
-      html += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td></tr>\n", m.step, m.kind, escape(m.label));
+      html +=
+          fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td></tr>\n", m.step, m.kind, html_escape(m.label));
   html += "</table>\n</body>\n</html>\n";
   write_file_atomic(r.html_path, html);
   return r;

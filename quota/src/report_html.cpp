@@ -2,38 +2,14 @@
 // SVG bar charts, so it can be mailed or dropped on any web server.
 #include "forge/quota/report.h"
 
+#include "forge/common/html.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
 
 namespace forge::quota {
 namespace {
-
-std::string esc(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&#39;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
 
 // Horizontal bars, one per row; `wasted` (optional) is drawn over the start of each bar in red.
 std::string bar_chart(const std::string& title, const std::vector<ReportRow>& rows, double ReportRow::*value,
@@ -45,19 +21,19 @@ std::string bar_chart(const std::string& title, const std::vector<ReportRow>& ro
   std::string svg = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" role=\"img\" aria-label=\"{}\">\n"
       "<text x=\"0\" y=\"18\" font-weight=\"bold\">{}</text>\n",
-      label_w + bar_w + 120, height, esc(title), esc(title));
+      label_w + bar_w + 120, height, html_escape(title), html_escape(title));
   for (size_t i = 0; i < rows.size(); ++i) {
     const auto& r = rows[i];
     const int y = top + static_cast<int>(i) * row_h;
     const double w = max > 0 ? r.*value / max * bar_w : 0;
-    svg += fmt::format("<text x=\"0\" y=\"{}\">{}</text>\n", y + 15, esc(r.key.substr(0, 24)));
+    svg += fmt::format("<text x=\"0\" y=\"{}\">{}</text>\n", y + 15, html_escape(r.key.substr(0, 24)));
     svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{:.1f}\" height=\"16\" fill=\"#4878a8\"/>\n", label_w,
                        y + 2, w);
     if (wasted && max > 0 && r.*wasted > 0)
       svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{:.1f}\" height=\"16\" fill=\"#c0392b\"/>\n",
                          label_w, y + 2, r.*wasted / max * bar_w);
     svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\">{:.1f} {}</text>\n", label_w + w + 6, y + 15, r.*value,
-                       esc(unit));
+                       html_escape(unit));
   }
   return svg + "</svg>\n";
 }
@@ -76,7 +52,7 @@ std::string render_report_html(const Report& r) {
       "<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}"
       "td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}td:first-child,th:first-child"
       "{{text-align:left}}svg text{{font-size:12px}}</style></head><body>\n<h1>{}</h1>\n",
-      esc(title), esc(title));
+      html_escape(title), html_escape(title));
   out += bar_chart("GPU-hours (red: lost to failed and preempted runs)", r.rows, &ReportRow::gpu_hours,
                    &ReportRow::wasted_gpu_hours, "GPU-h");
   out += bar_chart("Cost", r.rows, &ReportRow::cost, nullptr, "");
@@ -89,8 +65,8 @@ std::string render_report_html(const Report& r) {
     return fmt::format(
         "<tr><{0}>{1}</{0}><{0}>{2:.2f}</{0}><{0}>{3:.2f}</{0}><{0}>{4}</{0}><{0}>{5:.2f}</{0}>"
         "<{0}>{6:.0f}</{0}><{0}>{7}</{0}><{0}>{8}</{0}></tr>\n",
-        tag, esc(x.key), x.gpu_hours, x.cost, x.jobs, x.wasted_gpu_hours, x.tokens, opt(x.cost_per_mtoken, 4),
-        opt(x.mfu, 3));
+        tag, html_escape(x.key), x.gpu_hours, x.cost, x.jobs, x.wasted_gpu_hours, x.tokens,
+        opt(x.cost_per_mtoken, 4), opt(x.mfu, 3));
   };
   for (const auto& x : r.rows) out += row(x, false);
   out += row(r.total, true);

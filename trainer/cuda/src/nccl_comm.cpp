@@ -29,22 +29,6 @@ ncclDataType_t nccl_type(CommType t) {
   return ncclUint8;
 }
 
-size_t type_bytes(CommType t) {
-  switch (t) {
-    case CommType::kF32:
-      return 4;
-    case CommType::kF64:
-      return 8;
-    case CommType::kBF16:
-      return 2;
-    case CommType::kI32:
-      return 4;
-    case CommType::kU8:
-      return 1;
-  }
-  return 1;
-}
-
 class NcclComm;
 
 class NcclRequest final : public Request {
@@ -90,29 +74,29 @@ class NcclComm final : public Comm {
   const std::string& name() const override { return name_; }
 
   RequestPtr all_reduce(void* data, size_t count, CommType type, ReduceOp op) override {
-    begin("nccl all_reduce", count * type_bytes(type));
+    begin("nccl all_reduce", count * comm_type_size(type));
     nccl("ncclAllReduce", ncclAllReduce(data, data, count, nccl_type(type),
                                         op == ReduceOp::kSum ? ncclSum : ncclMax, comm_, stream_));
     return finish("ncclAllReduce");
   }
   RequestPtr reduce_scatter(const void* in, void* out, size_t count, CommType type) override {
-    begin("nccl reduce_scatter", count * size_t(size_) * type_bytes(type));
+    begin("nccl reduce_scatter", count * size_t(size_) * comm_type_size(type));
     nccl("ncclReduceScatter", ncclReduceScatter(in, out, count, nccl_type(type), ncclSum, comm_, stream_));
     return finish("ncclReduceScatter");
   }
   RequestPtr all_gather(const void* in, void* out, size_t count, CommType type) override {
-    begin("nccl all_gather", count * size_t(size_) * type_bytes(type));
+    begin("nccl all_gather", count * size_t(size_) * comm_type_size(type));
     nccl("ncclAllGather", ncclAllGather(in, out, count, nccl_type(type), comm_, stream_));
     return finish("ncclAllGather");
   }
   RequestPtr broadcast(void* data, size_t count, CommType type, int root) override {
-    begin("nccl broadcast", rank_ == root ? count * type_bytes(type) : 0);
+    begin("nccl broadcast", rank_ == root ? count * comm_type_size(type) : 0);
     nccl("ncclBroadcast", ncclBroadcast(data, data, count, nccl_type(type), root, comm_, stream_));
     return finish("ncclBroadcast");
   }
   RequestPtr send(const void* data, size_t count, CommType type, int peer, int /*tag*/) override {
     // NCCL matches point-to-point calls by order between the pair, which comm.h already requires.
-    begin("nccl send", count * type_bytes(type), peer);
+    begin("nccl send", count * comm_type_size(type), peer);
     nccl("ncclSend", ncclSend(data, count, nccl_type(type), peer, comm_, stream_));
     return finish("ncclSend");
   }

@@ -10,21 +10,6 @@ std::string Layout::str() const {
   return fmt::format("tp{},pp{},dp{}", tp, pp, dp);
 }
 
-size_t comm_type_size(CommType type) {
-  switch (type) {
-    case CommType::kF32:
-    case CommType::kI32:
-      return 4;
-    case CommType::kF64:
-      return 8;
-    case CommType::kBF16:
-      return 2;
-    case CommType::kU8:
-      return 1;
-  }
-  return 1;
-}
-
 ProcessGroups make_groups(std::unique_ptr<Comm> world, const Layout& layout) {
   if (world->size() != layout.world())
     fail(ExitCode::kUsage,

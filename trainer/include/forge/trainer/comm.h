@@ -15,7 +15,21 @@
 namespace forge::trainer {
 
 enum class CommType { kF32, kF64, kBF16, kI32, kU8 };
-size_t comm_type_size(CommType type);
+
+constexpr size_t comm_type_size(CommType type) {
+  switch (type) {
+    case CommType::kF64:
+      return 8;
+    case CommType::kF32:
+    case CommType::kI32:
+      return 4;
+    case CommType::kBF16:
+      return 2;
+    case CommType::kU8:
+      return 1;
+  }
+  return 1;
+}
 
 enum class ReduceOp { kSum, kMax };
 
