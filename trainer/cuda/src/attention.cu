@@ -10,8 +10,10 @@
 #include "forge/trainer/cuda/ops.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 
@@ -264,10 +266,13 @@ void check_head_dim(int C, int NH) {
                " / heads " + std::to_string(NH) + ") is not supported; use 32, 64 or 128");
 }
 
-// BF16 kernels: mma.sync where it takes the head dim, else WMMA, else these; FORGE_CUDA_ATTENTION=wmma or
-// =simt starts lower (read on every call, so that forge-cuda-check compares all three in one process).
+// BF16 kernels: mma.sync where it takes the head dim, else WMMA, else these (also for tensors the
+// tensor-core kernels' 16-byte loads cannot read); FORGE_CUDA_ATTENTION=wmma or =simt starts lower (read on
+// every call, so that forge-cuda-check compares all three in one process).
 enum class Bf16Kernels { kMma, kWmma, kSimt };
-Bf16Kernels bf16_kernels() {
+Bf16Kernels bf16_kernels(std::initializer_list<const void*> tensors) {
+  for (const void* p : tensors)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return Bf16Kernels::kSimt;
   const char* env = std::getenv("FORGE_CUDA_ATTENTION");
   if (env != nullptr && std::strcmp(env, "simt") == 0) return Bf16Kernels::kSimt;
   if (env != nullptr && std::strcmp(env, "wmma") == 0) return Bf16Kernels::kWmma;
@@ -276,11 +281,12 @@ Bf16Kernels bf16_kernels() {
 
 template <class T, int HD>
 void forward_hd(T* out, float* lse, const T* qkv, int B, int T_, int C, int NH) {
-  if constexpr (std::is_same_v<T, bf16>)
-    if (const auto k = bf16_kernels();
-        (k == Bf16Kernels::kMma && attention_forward_mma(out, lse, qkv, B, T_, C, NH)) ||
-        (k != Bf16Kernels::kSimt && attention_forward_wmma(out, lse, qkv, B, T_, C, NH)))
-      return;
+  if constexpr (std::is_same_v<T, bf16>) {
+    const auto kernels = bf16_kernels({out, qkv});
+    if constexpr (HD <= 64)
+      if (kernels == Bf16Kernels::kMma) return attention_forward_mma<HD>(out, lse, qkv, B, T_, C, NH);
+    if (kernels != Bf16Kernels::kSimt) return attention_forward_wmma<HD>(out, lse, qkv, B, T_, C, NH);
+  }
   const size_t smem = sizeof(float) * kTile * (3 * HD + 1);
   allow_smem(attention_forward_kernel<T, HD>, smem, "cudaFuncSetAttribute (attention_forward)");
   const dim3 grid((T_ + kTile - 1) / kTile, B * NH);
@@ -296,11 +302,14 @@ void backward_hd(T* dqkv, float* D, const T* dout, const T* qkv, const T* out, c
   attention_delta_kernel<<<int((rows + kWarps - 1) / kWarps), kWarps * 32, 0, stream()>>>(D, dout, out, B, T_,
                                                                                           C, NH, HD);
   check_launch("attention_backward (delta)");
-  if constexpr (std::is_same_v<T, bf16>)
-    if (const auto k = bf16_kernels();
-        (k == Bf16Kernels::kMma && attention_backward_mma(dqkv, D, dout, qkv, lse, B, T_, C, NH)) ||
-        (k != Bf16Kernels::kSimt && attention_backward_wmma(dqkv, D, dout, qkv, lse, B, T_, C, NH)))
-      return;
+  if constexpr (std::is_same_v<T, bf16>) {
+    const auto kernels = bf16_kernels({dqkv, dout, qkv});
+    if constexpr (HD <= 64)
+      if (kernels == Bf16Kernels::kMma)
+        return attention_backward_mma<HD>(dqkv, D, dout, qkv, lse, B, T_, C, NH);
+    if (kernels != Bf16Kernels::kSimt)
+      return attention_backward_wmma<HD>(dqkv, D, dout, qkv, lse, B, T_, C, NH);
+  }
   const dim3 grid((T_ + kTile - 1) / kTile, B * NH);
   const float scale = 1.0f / std::sqrt(float(HD));
   const size_t smem_dq = sizeof(float) * kTile * (4 * HD + 2);

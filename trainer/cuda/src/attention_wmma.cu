@@ -337,39 +337,27 @@ void backward_hd(bf16* dqkv, const float* D, const bf16* dout, const bf16* qkv, 
   check_launch("attention_backward_wmma (dk, dv)");
 }
 
-bool aligned(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
-
 }  // namespace
 
-bool attention_forward_wmma(bf16* out, float* lse, const bf16* qkv, int B, int T_, int C, int NH) {
-  if (!aligned(qkv)) return false;
-  switch (C / NH) {
-    case 32:
-      return forward_hd<32>(out, lse, qkv, B, T_, C, NH), true;
-    case 64:
-      return forward_hd<64>(out, lse, qkv, B, T_, C, NH), true;
-    case 128:
-      return forward_hd<128>(out, lse, qkv, B, T_, C, NH), true;
-    default:
-      return false;
-  }
+template <int HD>
+void attention_forward_wmma(bf16* out, float* lse, const bf16* qkv, int B, int T_, int C, int NH) {
+  forward_hd<HD>(out, lse, qkv, B, T_, C, NH);
 }
 
-bool attention_backward_wmma(bf16* dqkv, const float* D, const bf16* dout, const bf16* qkv, const float* lse,
+template <int HD>
+void attention_backward_wmma(bf16* dqkv, const float* D, const bf16* dout, const bf16* qkv, const float* lse,
                              int B, int T_, int C, int NH) {
-  if (!aligned(qkv) || !aligned(dout) || !aligned(dqkv)) return false;
-  switch (C / NH) {
-    case 32:
-      return backward_hd<32>(dqkv, D, dout, qkv, lse, B, T_, C, NH), true;
-    case 64:
-      return backward_hd<64>(dqkv, D, dout, qkv, lse, B, T_, C, NH), true;
-    case 128:
-      return backward_hd<128>(dqkv, D, dout, qkv, lse, B, T_, C, NH), true;
-    default:
-      return false;
-  }
+  backward_hd<HD>(dqkv, D, dout, qkv, lse, B, T_, C, NH);
 }
+
+template void attention_forward_wmma<32>(bf16*, float*, const bf16*, int, int, int, int);
+template void attention_backward_wmma<32>(bf16*, const float*, const bf16*, const bf16*, const float*, int,
+                                          int, int, int);
+template void attention_forward_wmma<64>(bf16*, float*, const bf16*, int, int, int, int);
+template void attention_backward_wmma<64>(bf16*, const float*, const bf16*, const bf16*, const float*, int,
+                                          int, int, int);
+template void attention_forward_wmma<128>(bf16*, float*, const bf16*, int, int, int, int);
+template void attention_backward_wmma<128>(bf16*, const float*, const bf16*, const bf16*, const float*, int,
+                                           int, int, int);
 
 }  // namespace forge::trainer::cuda
