@@ -39,16 +39,16 @@ class TpReduce final : public cpu::GroupReduce {
 
 // Activations of one micro-batch in flight: per layer of the slice, what backward needs.
 struct GPT::Acts {
-  std::vector<float> res;       // (L + 1) x [N, C]: stream entering each block, and leaving the last
-  std::vector<float> res_mid;   // L x [N, C]: after the attention residual
-  std::vector<float> ln1, ln2;  // L x [N, C]
-  std::vector<float> ln1_stats, ln2_stats;  // L x 2 x [N] (mean, rstd)
-  std::vector<float> qkv;                   // L x [N, 3C/tp]
-  std::vector<float> att;                   // L x [N, C/tp]
-  std::vector<float> lse;                   // L x [B, NH/tp, T]
-  std::vector<float> fc_pre, fc_act;        // L x [N, 4C/tp]
-  std::vector<float> lnf, lnf_stats, dlnf;  // head: [N, C], 2 x [N], classifier gradient [N, C]
-  std::vector<float> dres;                  // [N, C]: gradient of the stream; after backward, of the input
+  HugeBuffer<float> res;       // (L + 1) x [N, C]: stream entering each block, and leaving the last
+  HugeBuffer<float> res_mid;   // L x [N, C]: after the attention residual
+  HugeBuffer<float> ln1, ln2;  // L x [N, C]
+  HugeBuffer<float> ln1_stats, ln2_stats;  // L x 2 x [N] (mean, rstd)
+  HugeBuffer<float> qkv;                   // L x [N, 3C/tp]
+  HugeBuffer<float> att;                   // L x [N, C/tp]
+  HugeBuffer<float> lse;                   // L x [B, NH/tp, T]
+  HugeBuffer<float> fc_pre, fc_act;        // L x [N, 4C/tp]
+  HugeBuffer<float> lnf, lnf_stats, dlnf;  // head: [N, C], 2 x [N], classifier gradient [N, C]
+  HugeBuffer<float> dres;                  // [N, C]: gradient of the stream; after backward, of the input
 
   size_t bytes() const {
     size_t n = 0;
@@ -61,7 +61,7 @@ struct GPT::Acts {
 
 // Buffers reused by every layer and micro-batch, and the parameter offsets.
 struct GPT::Scratch {
-  std::vector<float> delta, dln, datt, dqkv, dfc;
+  HugeBuffer<float> delta, dln, datt, dqkv, dfc;
   std::vector<LayerOffsets> layer;
   size_t wte = 0, wpe = 0, lnfw = 0, lnfb = 0;
   std::unique_ptr<TpReduce> vocab_group;
@@ -90,39 +90,39 @@ GPT::GPT(const ModelConfig& config, int batch, DType dtype, const ModelSlice& sl
   const ParamInfo& last = params_.back();
   const size_t m = std::max<size_t>(flat_multiple, 1);
   const size_t flat = (last.offset + last.numel + m - 1) / m * m;
-  weights_.assign(flat, 0.0f);
-  grads_.assign(flat, 0.0f);
-  if (dtype_ == DType::kBF16) work_.assign(flat, 0.0f);
+  weights_ = HugeBuffer<float>(flat);
+  grads_ = HugeBuffer<float>(flat);
+  if (dtype_ == DType::kBF16) work_ = HugeBuffer<float>(flat);
 
   const int64_t L = layers_, C = config.d_model, N = rows(), Cl = C / tps;
   for (int s = 0; s < slots; ++s) {
     auto a = std::make_unique<Acts>();
-    a->res.resize(size_t((L + 1) * N * C));
-    a->res_mid.resize(size_t(L * N * C));
-    a->ln1.resize(size_t(L * N * C));
-    a->ln2.resize(size_t(L * N * C));
-    a->ln1_stats.resize(size_t(L * 2 * N));
-    a->ln2_stats.resize(size_t(L * 2 * N));
-    a->qkv.resize(size_t(L * N * 3 * Cl));
-    a->att.resize(size_t(L * N * Cl));
-    a->lse.resize(size_t(L * N * (config.heads / tps)));
-    a->fc_pre.resize(size_t(L * N * 4 * Cl));
-    a->fc_act.resize(size_t(L * N * 4 * Cl));
+    a->res = HugeBuffer<float>(size_t((L + 1) * N * C));
+    a->res_mid = HugeBuffer<float>(size_t(L * N * C));
+    a->ln1 = HugeBuffer<float>(size_t(L * N * C));
+    a->ln2 = HugeBuffer<float>(size_t(L * N * C));
+    a->ln1_stats = HugeBuffer<float>(size_t(L * 2 * N));
+    a->ln2_stats = HugeBuffer<float>(size_t(L * 2 * N));
+    a->qkv = HugeBuffer<float>(size_t(L * N * 3 * Cl));
+    a->att = HugeBuffer<float>(size_t(L * N * Cl));
+    a->lse = HugeBuffer<float>(size_t(L * N * (config.heads / tps)));
+    a->fc_pre = HugeBuffer<float>(size_t(L * N * 4 * Cl));
+    a->fc_act = HugeBuffer<float>(size_t(L * N * 4 * Cl));
     if (slice_.head) {
-      a->lnf.resize(size_t(N * C));
-      a->lnf_stats.resize(size_t(2 * N));
-      a->dlnf.resize(size_t(N * C));
+      a->lnf = HugeBuffer<float>(size_t(N * C));
+      a->lnf_stats = HugeBuffer<float>(size_t(2 * N));
+      a->dlnf = HugeBuffer<float>(size_t(N * C));
     }
-    a->dres.resize(size_t(N * C));
+    a->dres = HugeBuffer<float>(size_t(N * C));
     acts_.push_back(std::move(a));
   }
   scratch_ = std::make_unique<Scratch>();
   Scratch& s = *scratch_;
-  s.delta.resize(size_t(N * C));
-  s.dln.resize(size_t(N * C));
-  s.datt.resize(size_t(N * Cl));
-  s.dqkv.resize(size_t(N * 3 * Cl));
-  s.dfc.resize(size_t(N * 4 * Cl));
+  s.delta = HugeBuffer<float>(size_t(N * C));
+  s.dln = HugeBuffer<float>(size_t(N * C));
+  s.datt = HugeBuffer<float>(size_t(N * Cl));
+  s.dqkv = HugeBuffer<float>(size_t(N * 3 * Cl));
+  s.dfc = HugeBuffer<float>(size_t(N * 4 * Cl));
   if (slice_.embedding || slice_.head) s.wte = param("wte.weight").offset;
   if (slice_.embedding) s.wpe = param("wpe.weight").offset;
   if (slice_.head) {

@@ -47,8 +47,8 @@ AdamW::AdamW(const OptimConfig& optim, const std::vector<ParamInfo>& params, siz
     }
     at += r.hi - r.lo;
   }
-  m_.assign(at, 0.0f);
-  v_.assign(at, 0.0f);
+  m_ = HugeBuffer<float>(at);
+  v_ = HugeBuffer<float>(at);
 }
 
 void AdamW::step(std::span<float> w, std::span<const float> g, double lr) {

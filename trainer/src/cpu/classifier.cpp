@@ -3,6 +3,7 @@
 // two backward products before the next chunk, so no full [rows, vocab] buffer exists (at vocab 8192 and
 // 2048 rows that would be 64 MiB, twice over with its gradient).
 #include "fast_math.h"
+#include "forge/common/huge_buffer.h"
 #include "kernels.h"
 
 #include <algorithm>
@@ -19,8 +20,11 @@ constexpr int kChunkRows = 256;
 double classifier_forward_backward(float* dx, float* dwte, const float* x, const float* wte,
                                    const int32_t* targets, int N, int C, int V, float grad_scale,
                                    float* logits_out, GroupReduce* group, int vocab_begin) {
-  thread_local std::vector<float> chunk, stats;
-  chunk.resize(size_t(std::min(N, kChunkRows)) * V);
+  // The logits chunk (8 MiB at vocab 8192) sits in huge pages: the products stream through it each step.
+  thread_local HugeBuffer<float> chunk;
+  thread_local std::vector<float> stats;
+  if (const size_t need = size_t(std::min(N, kChunkRows)) * V; chunk.size() < need)
+    chunk = HugeBuffer<float>(need);
   stats.resize(size_t(3) * kChunkRows);
   double total = 0;
   for (int r0 = 0; r0 < N; r0 += kChunkRows) {

@@ -133,7 +133,7 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups)
     owned_.push_back({b.lo + size_t(groups.dp_rank) * part, b.lo + size_t(groups.dp_rank + 1) * part});
     at += part;
   }
-  shard_.assign(at, 0.0f);
+  shard_ = HugeBuffer<float>(at);
   // Each gradient element counts once in the global norm: replicated tensors on tensor-parallel rank 0
   // only, the tied embedding on the first stage only.
   for (const ParamInfo& p : model_->params()) {
@@ -154,8 +154,8 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups)
   for (int mb = 0; mb < spec.microbatches; ++mb)
     for (int r = 0; r < spec.batch; ++r)
       rows_trained_.push_back((int64_t(mb) * lay.dp + groups.dp_rank) * spec.batch + r);
-  if (!groups.first_stage()) recv_act_.resize(nc);
-  if (!groups.last_stage()) recv_grad_.resize(nc);
+  if (!groups.first_stage()) recv_act_ = HugeBuffer<float>(nc);
+  if (!groups.last_stage()) recv_grad_ = HugeBuffer<float>(nc);
 }
 
 ParallelTrainer::~ParallelTrainer() = default;

@@ -7,6 +7,8 @@
 // Parameters, and their gradients, live in one contiguous buffer each, with a view per parameter.
 #pragma once
 
+#include "forge/common/huge_buffer.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -147,8 +149,9 @@ class GPT {
   Comm* tp_;
   int layers_;  // blocks in this slice
   std::vector<ParamInfo> params_;
-  std::vector<float> weights_, grads_;
-  std::vector<float> work_;  // BF16 mode: weights rounded to BF16 (the copy forward/backward use)
+  // Large buffers in huge pages (huge_buffer.h): first touch of ~0.6 GB was most of the start-up.
+  HugeBuffer<float> weights_, grads_;
+  HugeBuffer<float> work_;  // BF16 mode: weights rounded to BF16 (the copy forward/backward use)
   std::vector<std::unique_ptr<Acts>> acts_;
   std::unique_ptr<Scratch> scratch_;
 };

@@ -1,6 +1,7 @@
 // AdamW over the model's flat parameter buffer, the learning-rate schedule and gradient clipping.
 #pragma once
 
+#include "forge/common/huge_buffer.h"
 #include "forge/trainer/model.h"
 #include "forge/trainer/spec.h"
 
@@ -53,7 +54,7 @@ class AdamW {
   std::vector<FlatRange> ranges_;
   std::vector<Segment> segments_;
   size_t size_;
-  std::vector<float> m_, v_;
+  HugeBuffer<float> m_, v_;
   int64_t t_ = 0;
 };
 

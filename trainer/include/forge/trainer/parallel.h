@@ -82,9 +82,9 @@ class ParallelTrainer {
   std::vector<Bucket> buckets_;
   std::vector<FlatRange> owned_;                        // this rank's shard: part dp_rank of every bucket
   std::vector<FlatRange> norm_ranges_;                  // owned elements counted once in the global norm
-  std::vector<float> shard_;                            // reduce-scatter output, back to back
+  HugeBuffer<float> shard_;                             // reduce-scatter output, back to back
   std::vector<std::vector<int32_t>> inputs_, targets_;  // per slot
-  std::vector<float> recv_act_, recv_grad_;
+  HugeBuffer<float> recv_act_, recv_grad_;
   std::vector<int64_t> rows_trained_;
   bool inject_nan_ = false;
 };
