@@ -1,5 +1,6 @@
 // Reader throughput on one core against a raw sequential read() of the same shard bytes, both from the
-// page cache, in the same run. Usage: bench_data_reader [DIR] [MTOKENS] [SEQ_LEN] [ROUNDS]
+// page cache, in the same run, for both sample orders (block, the default, and global).
+// Usage: bench_data_reader [DIR] [MTOKENS] [SEQ_LEN] [ROUNDS] [BLOCK_WINDOWS GROUP_BLOCKS]
 // DIR is scratch space (default /tmp/forge-bench-reader); the dataset is MTOKENS million uint16 tokens.
 // The raw read and the readers' epochs are interleaved for ROUNDS rounds (default 5) and each keeps its
 // best, so load from other processes skews neither side; both also report CPU time per token (which
@@ -115,6 +116,7 @@ uint64_t raw_read(const Manifest& m, const std::string& dir, std::vector<char>& 
 }
 
 struct ReaderRun {
+  std::string name;
   std::unique_ptr<Reader> reader;
   uint64_t steps = 0;
   uint32_t seq_len = 0;
@@ -133,8 +135,13 @@ Pass epoch(ReaderRun& r, uint64_t* checksum) {
   });
 }
 
-void start(ReaderRun& r, const std::string& dir, uint32_t seq_len, int prefetch, uint64_t* checksum) {
+void start(ReaderRun& r, const std::string& dir, uint32_t seq_len, Order order, int prefetch,
+           const ReaderOptions& block, uint64_t* checksum) {
+  r.name = fmt::format("{} order, {}", order_name(order), prefetch ? "prefetch thread" : "one core");
   ReaderOptions o;
+  o.order = order;
+  o.block_windows = block.block_windows;
+  o.group_blocks = block.group_blocks;
   o.seq_len = seq_len;
   o.global_batch = 16;
   o.prefetch = prefetch;
@@ -157,6 +164,11 @@ int main(int argc, char** argv) {
   const uint64_t tokens = (argc > 2 ? std::stoull(argv[2]) : 128) * 1000000ull;
   const uint32_t seq_len = argc > 3 ? static_cast<uint32_t>(std::stoul(argv[3])) : 2048;
   const int rounds = argc > 4 ? std::stoi(argv[4]) : 5;
+  ReaderOptions block;  // the block order's sizes: the reader's defaults unless given
+  if (argc > 6) {
+    block.block_windows = static_cast<uint32_t>(std::stoul(argv[5]));
+    block.group_blocks = static_cast<uint32_t>(std::stoul(argv[6]));
+  }
   if (!fs::exists(dir + "/manifest.json") || load_manifest(dir).tokens("train") != tokens) {
     fs::remove_all(dir);
     build(dir, tokens, 32000);
@@ -164,14 +176,16 @@ int main(int argc, char** argv) {
   const Manifest m = load_manifest(dir);
   std::vector<char> buf(1 << 20);
   uint64_t file_bytes = raw_read(m, dir, buf), sink = 0;  // warms the page cache
-  ReaderRun sync, pre;
-  start(sync, dir, seq_len, 0, &sink);
-  start(pre, dir, seq_len, 2, &sink);
+  // One core (no prefetch thread) for each order, then the prefetch thread's consumer side.
+  ReaderRun runs[4];
+  start(runs[0], dir, seq_len, Order::kBlock, 0, block, &sink);
+  start(runs[1], dir, seq_len, Order::kGlobal, 0, block, &sink);
+  start(runs[2], dir, seq_len, Order::kBlock, 2, block, &sink);
+  start(runs[3], dir, seq_len, Order::kGlobal, 2, block, &sink);
   Best raw;
   for (int round = 0; round < rounds; ++round) {
     raw.add(measure(double(file_bytes) / m.token_bytes, [&] { file_bytes = raw_read(m, dir, buf); }));
-    sync.best.add(epoch(sync, &sink));
-    pre.best.add(epoch(pre, &sink));
+    for (ReaderRun& r : runs) r.best.add(epoch(r, &sink));
   }
   const double raw_tps = raw.tps(), raw_cpu_tps = raw.cpu_tps();
   fmt::print("dataset: {} tokens (uint16) in {} shards, {:.0f} MB; seq_len {}, global batch 16; best of {}\n",
@@ -179,12 +193,12 @@ int main(int argc, char** argv) {
   fmt::print("{:<34} {:8.1f} Mtok/s  ({:.2f} GB/s)  | {:8.1f} Mtok/CPU-s             | {:6} faults\n",
              "raw sequential read() (page cache)", raw_tps / 1e6, raw_tps * m.token_bytes / 1e9,
              raw_cpu_tps / 1e6, raw.wall.faults);
-  print_row("reader, one core (no prefetch)", sync.best, raw_tps, raw_cpu_tps);
-  print_row("reader, prefetch thread (consumer)", pre.best, raw_tps, raw_cpu_tps);
-  for (const ReaderRun* r : {&sync, &pre})
-    fmt::print("{}: open {:.3f} s ({} faults); first epoch {:.1f} Mtok/s ({} faults)\n",
-               r == &sync ? "no prefetch" : "prefetch", r->open.wall, r->open.faults,
-               r->first.tokens / r->first.wall / 1e6, r->first.faults);
+  for (const ReaderRun& r : runs) print_row(r.name.c_str(), r.best, raw_tps, raw_cpu_tps);
+  const Cursor c = runs[0].reader->cursor();
+  fmt::print("block order: {} windows per block, {} blocks per group\n", c.block_windows, c.group_blocks);
+  for (const ReaderRun& r : runs)
+    fmt::print("{}: open {:.3f} s ({} faults); first epoch {:.1f} Mtok/s ({} faults)\n", r.name, r.open.wall,
+               r.open.faults, r.first.tokens / r.first.wall / 1e6, r.first.faults);
   fmt::print("(checksum {})\n", sink);
   return 0;
 }

@@ -78,6 +78,9 @@ struct WindowAt {
 // walks of a random 4-8 KB window, few enough that the prefetched lines are still in L1/L2 when used.
 constexpr uint32_t kAhead = 4;
 
+// The block order's default block size, in token bytes.
+constexpr uint64_t kBlockBytes = 64 << 10;
+
 }  // namespace
 
 struct Reader::Impl {
@@ -87,16 +90,19 @@ struct Reader::Impl {
   std::vector<Mapping> maps;
   std::vector<DomainStream> domains;
   std::unique_ptr<SampleOrder> order;
-  uint64_t consumed = 0;  // global samples handed out by next()
+  uint32_t block_windows = 0;  // the block order's W (0 under the global order)
+  uint64_t consumed = 0;       // global samples handed out by next()
 
   // The first windows of the batch after the last one built, already located and prefetched, so the
-  // prefetch pipeline runs across batch boundaries. Touched only by the thread that builds batches (the
+  // prefetch pipeline runs across batch boundaries; and the order's memos of the sample stream and of the
+  // stream prefetched into cache one group ahead. Touched only by the thread that builds batches (the
   // worker, or the caller of next() without one); a seek stops the worker before it changes anything.
   struct Pipeline {
     uint64_t position = UINT64_MAX;  // global position of the batch they start; UINT64_MAX = none
     uint32_t count = 0;
-    uint64_t ids[kAhead] = {};
     WindowAt at[kAhead];
+    OrderMemo memo, ahead_memo;
+    std::vector<uint64_t> ahead_ids;
   } pipe;
 
   // Prefetch: a thread fills `ready` with the batches that follow `consumed`.
@@ -111,6 +117,7 @@ struct Reader::Impl {
   std::exception_ptr error;
 
   WindowAt locate(uint64_t sample_id) const;
+  template <int kLocality>
   void prefetch(const WindowAt& w) const;
   // Copies the seq_len+1 tokens of a window to `out`, widened to int32, checking the vocabulary.
   void copy(const WindowAt& w, int32_t* out) const;
@@ -132,6 +139,7 @@ WindowAt Reader::Impl::locate(uint64_t sample_id) const {
 
 // noipa: the function has no visible side effect, so GCC's pure/const analysis would otherwise drop the
 // calls to it (and with them every prefetch).
+template <int kLocality>
 __attribute__((noipa)) void Reader::Impl::prefetch(const WindowAt& w) const {
   // Only the first shard's part: a window spanning two shards is rare enough to take the misses.
   const Mapping& m = maps[w.domain->shards[w.shard]];
@@ -140,7 +148,7 @@ __attribute__((noipa)) void Reader::Impl::prefetch(const WindowAt& w) const {
       reinterpret_cast<uintptr_t>(m.base + m.token_offset + w.local * manifest.token_bytes);
   const uintptr_t end = first + take * manifest.token_bytes;
   for (uintptr_t line = first & ~uintptr_t{63}; line < end; line += 64)
-    __builtin_prefetch(reinterpret_cast<const void*>(line));
+    __builtin_prefetch(reinterpret_cast<const void*>(line), 0, kLocality);
 }
 
 void Reader::Impl::copy(const WindowAt& w, int32_t* out) const {
@@ -175,34 +183,37 @@ void Reader::Impl::build(uint64_t position, Batch& b) {
   // Window j of the sequence "this batch's rows, then the next batch's": its id is computed, located and
   // prefetched kAhead windows before it is copied, so the order's arithmetic overlaps the memory reads.
   const uint32_t lookahead = std::min(kAhead, rows);
+  uint64_t next_ids[kAhead];
+  order->fill(first, rows, b.sample_ids.data(), pipe.memo);
+  order->fill(next_first, lookahead, next_ids, pipe.memo);
+  // The block order also streams the group after the current one into cache, in memory order, one window
+  // per window copied, so the shuffled reads inside a group find their lines there. Only when this reader
+  // reads every position (DP size 1): another rank's windows would be fetched for nothing.
+  const uint64_t ahead = opt.dp_size == 1 ? order->prefetch_distance() : 0;
+  if (ahead) {
+    pipe.ahead_ids.resize(rows);
+    order->prefetch_fill(first + ahead, rows, pipe.ahead_ids.data(), pipe.ahead_memo);
+  }
   WindowAt ring[kAhead];
-  uint64_t ring_ids[kAhead];
+  const auto id_of = [&](uint32_t j) { return j < rows ? b.sample_ids[j] : next_ids[j - rows]; };
   const auto fetch = [&](uint32_t j) {
-    const uint64_t id = order->sample_at(j < rows ? first + j : next_first + (j - rows));
-    ring_ids[j % kAhead] = id;
-    ring[j % kAhead] = locate(id);
-    prefetch(ring[j % kAhead]);
+    ring[j % kAhead] = locate(id_of(j));
+    prefetch<3>(ring[j % kAhead]);
   };
   if (pipe.position == position && pipe.count == lookahead) {
-    for (uint32_t j = 0; j < lookahead; ++j) {
-      ring_ids[j] = pipe.ids[j];
-      ring[j] = pipe.at[j];
-    }
+    for (uint32_t j = 0; j < lookahead; ++j) ring[j] = pipe.at[j];
   } else {
     for (uint32_t j = 0; j < lookahead; ++j) fetch(j);
   }
   pipe.position = UINT64_MAX;  // stale if a copy below throws
   for (uint32_t i = 0; i < rows; ++i) {
     const WindowAt w = ring[i % kAhead];
-    b.sample_ids[i] = ring_ids[i % kAhead];
     fetch(i + lookahead);
+    if (ahead) prefetch<2>(locate(pipe.ahead_ids[i]));
     copy(w, b.tokens.data() + size_t(i) * b.cols);
   }
   // The ring now holds the next batch's first `lookahead` windows.
-  for (uint32_t j = 0; j < lookahead; ++j) {
-    pipe.at[j] = ring[(rows + j) % kAhead];
-    pipe.ids[j] = ring_ids[(rows + j) % kAhead];
-  }
+  for (uint32_t j = 0; j < lookahead; ++j) pipe.at[j] = ring[(rows + j) % kAhead];
   pipe.count = lookahead;
   pipe.position = next_position;
 }
@@ -271,6 +282,8 @@ Reader::Reader(const std::string& dataset_dir, const ReaderOptions& options)
   if (options.global_batch == 0 || options.global_batch % options.dp_size != 0)
     fail(ExitCode::kUsage, "reader: global batch {} must be a positive multiple of the DP size {}",
          options.global_batch, options.dp_size);
+  if (options.order == Order::kBlock && options.group_blocks == 0)
+    fail(ExitCode::kUsage, "reader: group_blocks must be at least 1 for the block order");
   if (options.split != "train" && options.split != "valid")
     fail(ExitCode::kUsage, "reader: split '{}' must be train or valid", options.split);
   s.manifest = load_manifest(dataset_dir);
@@ -342,7 +355,19 @@ Reader::Reader(const std::string& dataset_dir, const ReaderOptions& options)
   if (total == 0)
     fail(ExitCode::kData, "{}: split '{}'{} has no window of {} tokens", dataset_dir, options.split,
          options.domain.empty() ? "" : " domain " + options.domain, options.seq_len + 1);
-  s.order = std::make_unique<SampleOrder>(window_counts, weights, options.seed);
+  if (options.order == Order::kGlobal) {
+    s.order = std::make_unique<GlobalOrder>(window_counts, weights, options.seed);
+  } else {
+    // Blocks of about 64 KiB of token bytes in groups of 16: a group (about 1 MiB) and the next one, which
+    // is streamed into cache while the group is read, fit in this VM's caches; a smaller block puts fewer
+    // windows of one place in a batch (docs/DATA.md compares the sizes).
+    const uint64_t window_bytes = uint64_t(options.seq_len) * s.manifest.token_bytes;
+    s.block_windows = options.block_windows
+                          ? options.block_windows
+                          : static_cast<uint32_t>(std::max<uint64_t>(1, kBlockBytes / window_bytes));
+    s.order = std::make_unique<BlockOrder>(window_counts, weights, options.seed, s.block_windows,
+                                           options.group_blocks);
+  }
   s.start_worker();
 }
 
@@ -393,6 +418,11 @@ Cursor Reader::cursor() const {
   c.seq_len = s.opt.seq_len;
   c.seed = s.opt.seed;
   c.domain_weights = s.opt.domain_weights;
+  c.order = s.opt.order;
+  if (c.order == Order::kBlock) {
+    c.block_windows = s.block_windows;
+    c.group_blocks = s.opt.group_blocks;
+  }
   return c;
 }
 
@@ -403,9 +433,15 @@ void Reader::seek(const Cursor& c) {
          s.dir, s.manifest.version);
   const auto mismatch = [](const char* what, const std::string& cur, const std::string& mine) {
     fail(ExitCode::kUsage,
-         "data cursor was taken with {} = {}, the reader has {}: the sample order would differ", what, cur,
-         mine);
+         "data cursor was taken with {0} = {1}, the reader has {2}: the sample order would differ (resume "
+         "with {0} = {1}, or start the data stream afresh)",
+         what, cur, mine);
   };
+  if (c.order != s.opt.order) mismatch("order", order_name(c.order), order_name(s.opt.order));
+  if (c.order == Order::kBlock && c.block_windows != s.block_windows)
+    mismatch("block_windows", std::to_string(c.block_windows), std::to_string(s.block_windows));
+  if (c.order == Order::kBlock && c.group_blocks != s.opt.group_blocks)
+    mismatch("group_blocks", std::to_string(c.group_blocks), std::to_string(s.opt.group_blocks));
   if (c.split != s.opt.split) mismatch("split", c.split, s.opt.split);
   if (c.domain != s.opt.domain) mismatch("domain", c.domain, s.opt.domain);
   if (c.seq_len != s.opt.seq_len)
@@ -453,14 +489,30 @@ const std::string& Reader::sample_domain(uint64_t sample_id) const {
   return (it - 1)->name;
 }
 
+const char* order_name(Order order) {
+  return order == Order::kBlock ? "block" : "global";
+}
+
+Order parse_order(std::string_view name) {
+  if (name == "block") return Order::kBlock;
+  if (name == "global") return Order::kGlobal;
+  fail(ExitCode::kUsage, "reader: order '{}' must be block or global", name);
+}
+
 Json Cursor::to_json() const {
-  return {{"samples", samples},
-          {"dataset_version", dataset_version},
-          {"split", split},
-          {"domain", domain},
-          {"seq_len", seq_len},
-          {"seed", seed},
-          {"domain_weights", domain_weights}};
+  Json j = {{"samples", samples},
+            {"dataset_version", dataset_version},
+            {"split", split},
+            {"domain", domain},
+            {"seq_len", seq_len},
+            {"seed", seed},
+            {"domain_weights", domain_weights},
+            {"order", order_name(order)}};
+  if (order == Order::kBlock) {
+    j["block_windows"] = block_windows;
+    j["group_blocks"] = group_blocks;
+  }
+  return j;
 }
 
 Cursor Cursor::from_json(const Json& j) {
@@ -473,6 +525,18 @@ Cursor Cursor::from_json(const Json& j) {
     c.seq_len = j.at("seq_len").get<uint32_t>();
     c.seed = j.at("seed").get<uint64_t>();
     c.domain_weights = j.at("domain_weights").get<std::map<std::string, double>>();
+    c.order = Order::kGlobal;
+    c.block_windows = c.group_blocks = 0;
+    if (j.contains("order")) {
+      const auto name = j.at("order").get<std::string>();
+      if (name != "block" && name != "global")
+        fail(ExitCode::kData, "malformed data cursor: order '{}' is neither block nor global", name);
+      c.order = parse_order(name);
+    }
+    if (c.order == Order::kBlock) {
+      c.block_windows = j.at("block_windows").get<uint32_t>();
+      c.group_blocks = j.at("group_blocks").get<uint32_t>();
+    }
   } catch (const Json::exception& e) {
     fail(ExitCode::kData, "malformed data cursor: {}", e.what());
   }

@@ -12,6 +12,7 @@ using forge::Error;
 using forge::ExitCode;
 using forge::data::Batch;
 using forge::data::Cursor;
+using forge::data::Order;
 using forge::data::Reader;
 using forge::data::ReaderOptions;
 
@@ -22,8 +23,13 @@ std::vector<forge::test::FixtureDomain> two_domains() {
   return {{"prose", {301, 157, 999, 64, 513, 250, 77}, 2}, {"code", {120, 333, 210}, 1}};
 }
 
-ReaderOptions options(uint32_t batch, int rank, int size, int prefetch = 2) {
+// Blocks of 5 windows in groups of 3 (a default block, 64 KiB, would hold this whole fixture): the
+// fixture's domains then have full and short blocks, tails, and several groups.
+ReaderOptions options(uint32_t batch, int rank, int size, int prefetch = 2, Order order = Order::kBlock) {
   ReaderOptions o;
+  o.order = order;
+  o.block_windows = 5;
+  o.group_blocks = 3;
   o.seq_len = 16;
   o.global_batch = batch;
   o.dp_rank = rank;
@@ -35,10 +41,10 @@ ReaderOptions options(uint32_t batch, int rank, int size, int prefetch = 2) {
 
 // The global batches of `steps` steps, rank slices concatenated in rank order.
 std::vector<Batch> read_global(const std::string& dir, uint32_t batch, int dp, int steps,
-                               const Cursor* from = nullptr) {
+                               const Cursor* from = nullptr, Order order = Order::kBlock) {
   std::vector<std::unique_ptr<Reader>> readers;
   for (int r = 0; r < dp; ++r) {
-    readers.push_back(std::make_unique<Reader>(dir, options(batch, r, dp)));
+    readers.push_back(std::make_unique<Reader>(dir, options(batch, r, dp, 2, order)));
     if (from) readers.back()->seek(*from);
   }
   std::vector<Batch> out;
@@ -117,6 +123,7 @@ TEST_CASE(
     const Batch x = a.next(), y = b.next();
     REQUIRE(x.sample_ids == y.sample_ids);
     REQUIRE(x.tokens == y.tokens);
+    for (uint32_t i = 0; i < x.rows; ++i) REQUIRE(x.sample_ids[i] == a.sample_at(uint64_t(s) * 4 + i));
   }
 }
 
@@ -124,15 +131,18 @@ TEST_CASE("reader DP ranks are disjoint and together read the global batch") {
   forge::test::TempDir tmp;
   const std::string dir = tmp / "ds";
   forge::test::make_fixture_dataset(dir, two_domains());
-  const auto one = read_global(dir, 8, 1, 20);
-  for (int dp : {2, 4, 8}) {
-    const auto many = read_global(dir, 8, dp, 20);
-    std::set<uint64_t> seen;
-    for (int s = 0; s < 20; ++s) {
-      REQUIRE(many[s].sample_ids == one[s].sample_ids);
-      REQUIRE(many[s].tokens == one[s].tokens);
-      // within one epoch (20 * 8 = 160 < 188) no sample repeats across ranks or steps
-      for (uint64_t id : many[s].sample_ids) REQUIRE(seen.insert(id).second);
+  for (Order order : {Order::kBlock, Order::kGlobal}) {
+    INFO("order " << forge::data::order_name(order));
+    const auto one = read_global(dir, 8, 1, 20, nullptr, order);
+    for (int dp : {2, 4, 8}) {
+      const auto many = read_global(dir, 8, dp, 20, nullptr, order);
+      std::set<uint64_t> seen;
+      for (int s = 0; s < 20; ++s) {
+        REQUIRE(many[s].sample_ids == one[s].sample_ids);
+        REQUIRE(many[s].tokens == one[s].tokens);
+        // within one epoch (20 * 8 = 160 < 188) no sample repeats across ranks or steps
+        for (uint64_t id : many[s].sample_ids) REQUIRE(seen.insert(id).second);
+      }
     }
   }
 }
@@ -141,19 +151,23 @@ TEST_CASE("reader resumes from a cursor exactly, also with another DP size") {
   forge::test::TempDir tmp;
   const std::string dir = tmp / "ds";
   forge::test::make_fixture_dataset(dir, two_domains());
-  const auto uninterrupted = read_global(dir, 8, 2, 40);
-  for (int first_dp : {1, 2, 4}) {
-    for (int second_dp : {1, 2, 4, 8}) {
-      Reader r(dir, options(8, 0, first_dp));
-      for (int s = 0; s < 13; ++s) r.next();
-      // The cursor travels through JSON, as it does in a checkpoint manifest.
-      const Cursor cursor = Cursor::from_json(forge::Json::parse(r.cursor().to_json().dump()));
-      CHECK(cursor.samples == 13 * 8);
-      const auto resumed = read_global(dir, 8, second_dp, 27, &cursor);
-      for (int s = 0; s < 27; ++s) {
-        REQUIRE(resumed[s].step == uninterrupted[13 + s].step);
-        REQUIRE(resumed[s].sample_ids == uninterrupted[13 + s].sample_ids);
-        REQUIRE(resumed[s].tokens == uninterrupted[13 + s].tokens);
+  for (Order order : {Order::kBlock, Order::kGlobal}) {
+    INFO("order " << forge::data::order_name(order));
+    const auto uninterrupted = read_global(dir, 8, 2, 40, nullptr, order);
+    for (int first_dp : {1, 2, 4}) {
+      for (int second_dp : {1, 2, 4, 8}) {
+        Reader r(dir, options(8, 0, first_dp, 2, order));
+        for (int s = 0; s < 13; ++s) r.next();
+        // The cursor travels through JSON, as it does in a checkpoint manifest.
+        const Cursor cursor = Cursor::from_json(forge::Json::parse(r.cursor().to_json().dump()));
+        CHECK(cursor.samples == 13 * 8);
+        CHECK(cursor.order == order);
+        const auto resumed = read_global(dir, 8, second_dp, 27, &cursor, order);
+        for (int s = 0; s < 27; ++s) {
+          REQUIRE(resumed[s].step == uninterrupted[13 + s].step);
+          REQUIRE(resumed[s].sample_ids == uninterrupted[13 + s].sample_ids);
+          REQUIRE(resumed[s].tokens == uninterrupted[13 + s].tokens);
+        }
       }
     }
   }
@@ -164,9 +178,35 @@ TEST_CASE("reader refuses a cursor taken under another order") {
   const std::string dir = tmp / "ds";
   forge::test::make_fixture_dataset(dir, two_domains());
   Reader r(dir, options(8, 0, 1));
+  const auto refusal = [&](const Cursor& c) -> std::string {
+    try {
+      r.seek(c);
+    } catch (const Error& e) {
+      CHECK(e.code() == ExitCode::kUsage);
+      return e.what();
+    }
+    FAIL("seek accepted a cursor of another order");
+    return "";
+  };
   Cursor c = r.cursor();
   c.seed = 7;
-  CHECK_THROWS_AS(r.seek(c), Error);
+  CHECK(refusal(c).find("seed = 7") != std::string::npos);
+  c = r.cursor();
+  c.order = Order::kGlobal;
+  CHECK(refusal(c).find("order = global, the reader has block") != std::string::npos);
+  c = r.cursor();
+  c.block_windows = 6;
+  CHECK(refusal(c).find("block_windows = 6") != std::string::npos);
+  c = r.cursor();
+  c.group_blocks = 16;
+  CHECK(refusal(c).find("group_blocks = 16") != std::string::npos);
+  Reader global(dir, options(8, 0, 1, 2, Order::kGlobal));
+  try {
+    global.seek(r.cursor());
+    FAIL("a global-order reader accepted a block-order cursor");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("order = block, the reader has global") != std::string::npos);
+  }
   c = r.cursor();
   c.dataset_version = "0000";
   try {
@@ -175,7 +215,68 @@ TEST_CASE("reader refuses a cursor taken under another order") {
   } catch (const Error& e) {
     CHECK(e.code() == ExitCode::kData);
   }
-  CHECK_THROWS_AS(Cursor::from_json(forge::Json{{"samples", 3}}), Error);
+  const auto malformed = [](forge::Json j) {
+    try {
+      Cursor::from_json(j);
+    } catch (const Error& e) {
+      return e.code() == ExitCode::kData;
+    }
+    return false;
+  };
+  CHECK(malformed(forge::Json{{"samples", 3}}));
+  forge::Json j = r.cursor().to_json();
+  j["order"] = "shuffled";
+  CHECK(malformed(j));
+  j = r.cursor().to_json();
+  j.erase("group_blocks");
+  CHECK(malformed(j));
+  CHECK(forge::data::parse_order("global") == Order::kGlobal);
+  CHECK_THROWS_AS(forge::data::parse_order("shuffled"), Error);
+}
+
+TEST_CASE("reader cursor records the block order; a cursor from before it resumes the global order") {
+  forge::test::TempDir tmp;
+  const std::string dir = tmp / "ds";
+  forge::test::make_fixture_dataset(dir, two_domains());
+  ReaderOptions defaults = options(4, 0, 1);
+  defaults.block_windows = 0;
+  defaults.group_blocks = 16;
+  defaults.order = ReaderOptions{}.order;
+  Reader block(dir, defaults);
+  const forge::Json j = block.cursor().to_json();
+  CHECK(j.at("order") == "block");
+  CHECK(j.at("block_windows") == (64u << 10) / (16 * 2));  // about 64 KiB of uint16 windows of 16 tokens
+  CHECK(j.at("group_blocks") == 16);
+  CHECK(Cursor::from_json(j).order == Order::kBlock);
+
+  // A cursor as the reader wrote it before the block order existed.
+  const forge::Json old = {{"samples", 40},
+                           {"dataset_version", block.manifest().version},
+                           {"split", "train"},
+                           {"domain", ""},
+                           {"seq_len", 16},
+                           {"seed", 1234},
+                           {"domain_weights", forge::Json::object()}};
+  const Cursor c = Cursor::from_json(old);
+  CHECK(c.order == Order::kGlobal);
+  CHECK_THROWS_AS(block.seek(c), Error);
+  Reader global(dir, options(4, 0, 1, 2, Order::kGlobal));
+  global.seek(c);
+  const Batch b = global.next();
+  for (uint32_t i = 0; i < b.rows; ++i) CHECK(b.sample_ids[i] == global.sample_at(40 + i));
+  CHECK(global.cursor().to_json().at("order") == "global");
+  // The global order is the one of the release before the block order (values recorded from it), so
+  // such a cursor resumes into exactly the samples the interrupted run would have read.
+  const std::vector<uint64_t> positions = {0, 1, 2, 3, 50, 187, 188, 189, 400, 1000};
+  const std::vector<uint64_t> natural = {66, 8, 154, 140, 150, 185, 4, 183, 72, 124};
+  const std::vector<uint64_t> blended = {66, 8, 153, 157, 153, 166, 149, 173, 72, 124};
+  ReaderOptions weighted = options(4, 0, 1, 2, Order::kGlobal);
+  weighted.domain_weights = {{"prose", 1.0}, {"code", 1.0}};
+  Reader global_weighted(dir, weighted);
+  for (size_t i = 0; i < positions.size(); ++i) {
+    CHECK(global.sample_at(positions[i]) == natural[i]);
+    CHECK(global_weighted.sample_at(positions[i]) == blended[i]);
+  }
 }
 
 TEST_CASE("reader blends domains by weight") {
@@ -232,6 +333,9 @@ TEST_CASE("reader checks options, tokenizer and shards") {
   };
   CHECK(code_of(options(6, 0, 4)) == ExitCode::kUsage);  // batch not divisible by DP size
   CHECK(code_of(options(8, 4, 4)) == ExitCode::kUsage);  // rank out of range
+  ReaderOptions no_groups = options(8, 0, 1);
+  no_groups.group_blocks = 0;
+  CHECK(code_of(no_groups) == ExitCode::kUsage);
   ReaderOptions tok = options(8, 0, 1);
   tok.expected_tokenizer_sha256 = "deadbeef";
   CHECK(code_of(tok) == ExitCode::kData);

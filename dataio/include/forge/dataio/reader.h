@@ -2,9 +2,11 @@
 //
 // Samples are windows of seq_len+1 tokens (inputs and shifted targets) cut from each domain's token
 // stream (its shards of the split, concatenated) at multiples of seq_len. The global order of samples is a
-// pure function of (dataset, split, domain selection, seq_len, seed, domain weights): position p of the
-// stream lies in epoch p / E (E = samples per epoch) and maps to a sample through a seeded permutation,
-// so it needs no table and no state beyond p. Step s of the run reads positions [s*B, (s+1)*B) for a global
+// pure function of (dataset, split, domain selection, seq_len, seed, domain weights, order): position p of
+// the stream lies in epoch p / E (E = samples per epoch) and maps to a sample through seeded permutations,
+// so it needs no table and no state beyond p. The block order (default) shuffles windows within groups of
+// G blocks of W consecutive windows, so that reads stay in about 1 MiB at a time; the global order
+// shuffles the whole epoch at once. Step s of the run reads positions [s*B, (s+1)*B) for a global
 // batch B; DP rank r gets the r-th of the dp_size equal slices. The cursor is the number of global samples
 // consumed, so a run resumed from it reads exactly what an uninterrupted run would have read, with any
 // DP size (and any global batch) — see docs/DATA.md.
@@ -18,9 +20,15 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace forge::data {
+
+enum class Order { kBlock, kGlobal };
+const char* order_name(Order order);  // "block", "global"
+// "block" or "global"; anything else: forge::Error(kUsage) naming the value.
+Order parse_order(std::string_view name);
 
 struct ReaderOptions {
   uint32_t seq_len = 0;
@@ -34,6 +42,9 @@ struct ReaderOptions {
   int prefetch = 2;                              // batches read ahead in a background thread (0 = none)
   bool verify_checksums = true;                  // xxh3 of every shard at open
   std::string expected_tokenizer_sha256;         // "" = accept any
+  Order order = Order::kBlock;
+  uint32_t block_windows = 0;  // block order: W, windows per block (0 = about 64 KiB of tokens)
+  uint32_t group_blocks = 16;  // block order: G, blocks shuffled together
 };
 
 struct Cursor {
@@ -43,9 +54,13 @@ struct Cursor {
   uint32_t seq_len = 0;
   uint64_t seed = 0;
   std::map<std::string, double> domain_weights;
+  Order order = Order::kBlock;
+  uint32_t block_windows = 0, group_blocks = 0;  // the block order's resolved W and G (0 for global)
 
   Json to_json() const;
-  static Cursor from_json(const Json& j);  // forge::Error(kData) on a malformed cursor
+  // forge::Error(kData) on a malformed cursor. A cursor without "order" was written before the block
+  // order existed: it is a global-order cursor.
+  static Cursor from_json(const Json& j);
 };
 
 struct Batch {
