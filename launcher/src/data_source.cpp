@@ -70,6 +70,7 @@ std::unique_ptr<DataSource> open_data(const Config& config, const trainer::Train
   // Every rank reads the whole global step; ParallelTrainer takes its data-parallel rank's rows.
   options.global_batch = uint32_t(spec.batch * spec.microbatches * spec.parallel.dp);
   options.seed = spec.seed;
+  options.order = data::parse_order(spec.data_order);
   return std::make_unique<Dataset>(spec.dataset, options);
 }
 

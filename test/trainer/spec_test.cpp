@@ -37,6 +37,8 @@ TEST_CASE("a valid spec resolves", "[trainer][spec]") {
   CHECK(s.model.max_positions == s.model.seq_len);
   CHECK(s.threads == 2);
   CHECK(s.dtype == DType::kBF16);
+  CHECK(s.data_order == "block");
+  CHECK(train_spec(load({"--data.order=global"})).data_order == "global");
 }
 
 TEST_CASE("inconsistent model configs are rejected naming key and rule", "[trainer][spec]") {
@@ -47,6 +49,8 @@ TEST_CASE("inconsistent model configs are rejected naming key and rule", "[train
   CHECK_THAT(usage_error({"--model.layers=0"}), Catch::Contains("model.layers = 0"));
   CHECK_THAT(usage_error({"--model.vocab=-5"}), Catch::Contains("model.vocab = -5"));
   CHECK_THAT(usage_error({"--data.batch=0"}), Catch::Contains("data.batch"));
+  CHECK_THAT(usage_error({"--data.order=random"}),
+             Catch::Contains("data.order = random") && Catch::Contains("block or global"));
   CHECK_THAT(usage_error({"--parallel.tp=4"}),
              Catch::Contains("parallel.tp = 4") && Catch::Contains("must divide model.heads"));
   CHECK_THAT(usage_error({"--optim.min_lr=1", "--optim.lr=0.1"}), Catch::Contains("optim.min_lr"));

@@ -26,7 +26,10 @@ void add_trainer_keys(ConfigSchema& s) {
       .add<int>("model.seq_len", 256, "tokens per training sequence")
       .add<int>("model.max_positions", 0, "rows of the position embedding (0: seq_len)");
   s.add<std::string>("data.dataset", "synthetic", "dataset directory, or 'synthetic'")
-      .add<int>("data.batch", 8, "sequences per micro-batch (per data-parallel rank)");
+      .add<int>("data.batch", 8, "sequences per micro-batch (per data-parallel rank)")
+      .add<std::string>(
+          "data.order", "block",
+          "sample order of a prepared dataset: block (block-local shuffle) or global (docs/DATA.md)");
   s.add<double>("optim.lr", 3e-4, "peak learning rate")
       .add<double>("optim.min_lr", 3e-5, "learning rate at the end of the cosine decay")
       .add<int64_t>("optim.warmup_steps", 0, "linear warm-up steps")
@@ -113,6 +116,8 @@ TrainSpec train_spec(const Config& c) {
   s.optim = optim_config(c);
   s.dataset = c.get<std::string>("data.dataset");
   s.batch = positive<int>(c, "data.batch");
+  s.data_order = c.get<std::string>("data.order");
+  if (s.data_order != "block" && s.data_order != "global") c.reject("data.order", "must be block or global");
   s.dtype = c.get<std::string>("precision.dtype") == "bf16" ? DType::kBF16 : DType::kF32;
   s.parallel.tp = positive<int>(c, "parallel.tp");
   s.parallel.pp = positive<int>(c, "parallel.pp");

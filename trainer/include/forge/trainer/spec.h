@@ -33,6 +33,7 @@ struct ParallelConfig {
 // Everything one training process needs, validated.
 struct TrainSpec {
   std::string name, dir, dataset;
+  std::string data_order = "block";  // the reader's sample order: "block" or "global"
   int64_t steps = 0;
   uint64_t seed = 0;
   int threads = 0;         // resolved: > 0
