@@ -225,3 +225,19 @@ TEST_CASE("BF16 rounding is round-to-nearest-even and keeps specials", "[trainer
   CHECK(std::isnan(v[6]));
   CHECK(std::isnan(v[7]));  // a NaN with only low mantissa bits stays NaN
 }
+
+TEST_CASE("2-byte BF16 storage holds exactly the rounded values", "[trainer][kernels]") {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1e3f, 1e3f);
+  std::vector<float> v(1001);
+  for (auto& x : v) x = u(rng);
+  v[0] = std::numeric_limits<float>::infinity();
+  v[1] = -0.0f;
+  std::vector<uint16_t> half(v.size());
+  std::vector<float> back(v.size()), rounded = v;
+  k::to_bf16(half.data(), v.data(), int64_t(v.size()));
+  k::from_bf16(back.data(), half.data(), int64_t(v.size()));
+  k::round_to_bf16(rounded.data(), int64_t(v.size()));
+  CHECK(std::memcmp(back.data(), rounded.data(), v.size() * sizeof(float)) == 0);
+  CHECK(std::signbit(back[1]));
+}

@@ -37,24 +37,63 @@ class TpReduce final : public cpu::GroupReduce {
 
 }  // namespace
 
+namespace {
+
+// An input of a matrix product that backward reads again, one slab per layer of the slice. FP32 mode keeps
+// it as computed. BF16 mode keeps it as 2-byte BF16 values (the values the BF16 model computes with, so
+// nothing changes numerically): the layer being computed, or differentiated, works in one FP32 buffer
+// (`work`, in Scratch) shared by every layer and micro-batch.
+struct Saved {
+  HugeBuffer<float> f32;
+  HugeBuffer<uint16_t> bf16;
+  HugeBuffer<float>* work = nullptr;
+  int64_t per_layer = 0;
+
+  Saved() = default;
+  Saved(int64_t layers, int64_t n, HugeBuffer<float>* work_buffer) : work(work_buffer), per_layer(n) {
+    if (work == nullptr)
+      f32 = HugeBuffer<float>(size_t(layers * n));
+    else
+      bf16 = HugeBuffer<uint16_t>(size_t(layers * n));
+  }
+  // Where layer l's values are computed.
+  float* at(int l) { return work != nullptr ? work->data() : f32.data() + l * per_layer; }
+  // Keeps layer l's values, just computed at at(l): rounded to BF16 in BF16 mode.
+  void keep(int l) {
+    if (work == nullptr) return;
+    uint16_t* stored = bf16.data() + l * per_layer;
+    cpu::to_bf16(stored, work->data(), per_layer);
+    cpu::from_bf16(work->data(), stored, per_layer);  // the rest of the layer computes with what is kept
+  }
+  // Layer l's values for backward.
+  const float* load(int l) {
+    if (work == nullptr) return f32.data() + l * per_layer;
+    cpu::from_bf16(work->data(), bf16.data() + l * per_layer, per_layer);
+    return work->data();
+  }
+  size_t bytes() const { return f32.size() * sizeof(float) + bf16.size() * sizeof(uint16_t); }
+};
+
+}  // namespace
+
 // Activations of one micro-batch in flight: per layer of the slice, what backward needs.
 struct GPT::Acts {
-  HugeBuffer<float> res;       // (L + 1) x [N, C]: stream entering each block, and leaving the last
-  HugeBuffer<float> res_mid;   // L x [N, C]: after the attention residual
-  HugeBuffer<float> ln1, ln2;  // L x [N, C]
+  HugeBuffer<float> res;      // (L + 1) x [N, C]: stream entering each block, and leaving the last
+  HugeBuffer<float> res_mid;  // L x [N, C]: after the attention residual
+  Saved ln1, ln2;             // L x [N, C]
   HugeBuffer<float> ln1_stats, ln2_stats;  // L x 2 x [N] (mean, rstd)
-  HugeBuffer<float> qkv;                   // L x [N, 3C/tp]
-  HugeBuffer<float> att;                   // L x [N, C/tp]
+  Saved qkv;                               // L x [N, 3C/tp]
+  Saved att;                               // L x [N, C/tp]
   HugeBuffer<float> lse;                   // L x [B, NH/tp, T]
-  HugeBuffer<float> fc_pre, fc_act;        // L x [N, 4C/tp]
+  Saved fc_pre, fc_act;                    // L x [N, 4C/tp]
   HugeBuffer<float> lnf, lnf_stats, dlnf;  // head: [N, C], 2 x [N], classifier gradient [N, C]
   HugeBuffer<float> dres;                  // [N, C]: gradient of the stream; after backward, of the input
 
   size_t bytes() const {
     size_t n = 0;
-    for (const auto* v : {&res, &res_mid, &ln1, &ln2, &ln1_stats, &ln2_stats, &qkv, &att, &lse, &fc_pre,
-                          &fc_act, &lnf, &lnf_stats, &dlnf, &dres})
+    for (const auto* v : {&res, &res_mid, &ln1_stats, &ln2_stats, &lse, &lnf, &lnf_stats, &dlnf, &dres})
       n += v->size() * sizeof(float);
+    for (const auto* v : {&ln1, &ln2, &qkv, &att, &fc_pre, &fc_act}) n += v->bytes();
     return n;
   }
 };
@@ -62,13 +101,16 @@ struct GPT::Acts {
 // Buffers reused by every layer and micro-batch, and the parameter offsets.
 struct GPT::Scratch {
   HugeBuffer<float> delta, dln, datt, dqkv, dfc;
+  // BF16 mode: the FP32 working buffers of the Saved activations, one layer each.
+  HugeBuffer<float> ln1, ln2, qkv, att, fc_pre, fc_act;
   std::vector<LayerOffsets> layer;
   size_t wte = 0, wpe = 0, lnfw = 0, lnfb = 0;
   std::unique_ptr<TpReduce> vocab_group;
 
   size_t bytes() const {
     size_t n = 0;
-    for (const auto* v : {&delta, &dln, &datt, &dqkv, &dfc}) n += v->size() * sizeof(float);
+    for (const auto* v : {&delta, &dln, &datt, &dqkv, &dfc, &ln1, &ln2, &qkv, &att, &fc_pre, &fc_act})
+      n += v->size() * sizeof(float);
     return n;
   }
 };
@@ -95,19 +137,36 @@ GPT::GPT(const ModelConfig& config, int batch, DType dtype, const ModelSlice& sl
   if (dtype_ == DType::kBF16) work_ = HugeBuffer<float>(flat);
 
   const int64_t L = layers_, C = config.d_model, N = rows(), Cl = C / tps;
-  for (int s = 0; s < slots; ++s) {
+  scratch_ = std::make_unique<Scratch>();
+  Scratch& s = *scratch_;
+  s.delta = HugeBuffer<float>(size_t(N * C));
+  s.dln = HugeBuffer<float>(size_t(N * C));
+  s.datt = HugeBuffer<float>(size_t(N * Cl));
+  s.dqkv = HugeBuffer<float>(size_t(N * 3 * Cl));
+  s.dfc = HugeBuffer<float>(size_t(N * 4 * Cl));
+  const bool bf16 = dtype_ == DType::kBF16;
+  // The working buffer of a Saved activation of n values per layer (BF16 mode), or none (FP32).
+  const auto work = [&](HugeBuffer<float>& buffer, int64_t n) -> HugeBuffer<float>* {
+    if (!bf16) return nullptr;
+    buffer = HugeBuffer<float>(size_t(n));
+    return &buffer;
+  };
+  HugeBuffer<float>*w_ln1 = work(s.ln1, N * C), *w_ln2 = work(s.ln2, N * C), *w_qkv = work(s.qkv, N * 3 * Cl),
+  *w_att = work(s.att, N * Cl), *w_fc_pre = work(s.fc_pre, N * 4 * Cl),
+  *w_fc_act = work(s.fc_act, N * 4 * Cl);
+  for (int slot = 0; slot < slots; ++slot) {
     auto a = std::make_unique<Acts>();
     a->res = HugeBuffer<float>(size_t((L + 1) * N * C));
     a->res_mid = HugeBuffer<float>(size_t(L * N * C));
-    a->ln1 = HugeBuffer<float>(size_t(L * N * C));
-    a->ln2 = HugeBuffer<float>(size_t(L * N * C));
+    a->ln1 = Saved(L, N * C, w_ln1);
+    a->ln2 = Saved(L, N * C, w_ln2);
     a->ln1_stats = HugeBuffer<float>(size_t(L * 2 * N));
     a->ln2_stats = HugeBuffer<float>(size_t(L * 2 * N));
-    a->qkv = HugeBuffer<float>(size_t(L * N * 3 * Cl));
-    a->att = HugeBuffer<float>(size_t(L * N * Cl));
+    a->qkv = Saved(L, N * 3 * Cl, w_qkv);
+    a->att = Saved(L, N * Cl, w_att);
     a->lse = HugeBuffer<float>(size_t(L * N * (config.heads / tps)));
-    a->fc_pre = HugeBuffer<float>(size_t(L * N * 4 * Cl));
-    a->fc_act = HugeBuffer<float>(size_t(L * N * 4 * Cl));
+    a->fc_pre = Saved(L, N * 4 * Cl, w_fc_pre);
+    a->fc_act = Saved(L, N * 4 * Cl, w_fc_act);
     if (slice_.head) {
       a->lnf = HugeBuffer<float>(size_t(N * C));
       a->lnf_stats = HugeBuffer<float>(size_t(2 * N));
@@ -116,13 +175,6 @@ GPT::GPT(const ModelConfig& config, int batch, DType dtype, const ModelSlice& sl
     a->dres = HugeBuffer<float>(size_t(N * C));
     acts_.push_back(std::move(a));
   }
-  scratch_ = std::make_unique<Scratch>();
-  Scratch& s = *scratch_;
-  s.delta = HugeBuffer<float>(size_t(N * C));
-  s.dln = HugeBuffer<float>(size_t(N * C));
-  s.datt = HugeBuffer<float>(size_t(N * Cl));
-  s.dqkv = HugeBuffer<float>(size_t(N * 3 * Cl));
-  s.dfc = HugeBuffer<float>(size_t(N * 4 * Cl));
   if (slice_.embedding || slice_.head) s.wte = param("wte.weight").offset;
   if (slice_.embedding) s.wpe = param("wpe.weight").offset;
   if (slice_.head) {
@@ -209,11 +261,8 @@ float GPT::run_forward(int slot, const int32_t* tokens, const float* input, cons
   const int Cl = C / tps, NHl = config_.heads / tps, Vl = config_.vocab / tps, v0 = slice_.tp_rank * Vl;
   const int N = B * T;
   const int64_t NC = int64_t(N) * C;
-  // BF16 mode stores what backward reads from the matrix products (their inputs) as BF16 values; the
-  // residual stream, statistics and all accumulation stay FP32.
-  const auto store = [&](float* data, int64_t n) {
-    if (bf16) cpu::round_to_bf16(data, n);
-  };
+  // BF16 mode keeps what backward reads from the matrix products (their inputs) as BF16 values (Saved);
+  // the residual stream, statistics and all accumulation stay FP32.
   if (slice_.embedding) {
     // Vocabulary-parallel lookup: each rank adds the rows it holds, rank 0 the positions; the sum over
     // the group is the full embedding.
@@ -226,32 +275,32 @@ float GPT::run_forward(int slot, const int32_t* tokens, const float* input, cons
   for (int l = 0; l < L; ++l) {
     const LayerOffsets& o = s.layer[size_t(l)];
     float* x = a.res.data() + l * NC;
-    float* ln1 = a.ln1.data() + l * NC;
+    float* ln1 = a.ln1.at(l);
     float* ln1s = a.ln1_stats.data() + int64_t(l) * 2 * N;
-    float* qkv = a.qkv.data() + l * 3 * int64_t(N) * Cl;
-    float* att = a.att.data() + l * int64_t(N) * Cl;
+    float* qkv = a.qkv.at(l);
+    float* att = a.att.at(l);
     float* mid = a.res_mid.data() + l * NC;
-    float* ln2 = a.ln2.data() + l * NC;
+    float* ln2 = a.ln2.at(l);
     float* ln2s = a.ln2_stats.data() + int64_t(l) * 2 * N;
-    float* fc_pre = a.fc_pre.data() + l * 4 * int64_t(N) * Cl;
-    float* fc_act = a.fc_act.data() + l * 4 * int64_t(N) * Cl;
+    float* fc_pre = a.fc_pre.at(l);
+    float* fc_act = a.fc_act.at(l);
     if (l == 0) {
       cpu::layernorm_forward(ln1, ln1s, ln1s + N, x, w + o.ln1w, w + o.ln1b, N, C);
-      store(ln1, NC);
+      a.ln1.keep(l);
     }
     cpu::matmul_forward(qkv, ln1, w + o.qkvw, w + o.qkvb, N, C, 3 * Cl);
-    store(qkv, 3 * int64_t(N) * Cl);
+    a.qkv.keep(l);
     cpu::attention_forward(att, a.lse.data() + int64_t(l) * N * NHl, qkv, B, T, Cl, NHl);
-    store(att, int64_t(N) * Cl);
+    a.att.keep(l);
     cpu::matmul_forward(s.delta.data(), att, w + o.projw, nullptr, N, Cl, C);
     tp_sum(s.delta.data(), NC);
     cpu::residual_layernorm_forward(mid, ln2, ln2s, ln2s + N, x, s.delta.data(), w + o.projb, w + o.ln2w,
                                     w + o.ln2b, N, C);
-    store(ln2, NC);
+    a.ln2.keep(l);
     cpu::matmul_forward(fc_pre, ln2, w + o.fcw, nullptr, N, C, 4 * Cl);
     cpu::bias_gelu_forward(fc_act, fc_pre, w + o.fcb, N, 4 * Cl);
-    store(fc_pre, 4 * int64_t(N) * Cl);
-    store(fc_act, 4 * int64_t(N) * Cl);
+    a.fc_pre.keep(l);
+    a.fc_act.keep(l);
     cpu::matmul_forward(s.delta.data(), fc_act, w + o.fc2w, nullptr, N, 4 * Cl, C);
     tp_sum(s.delta.data(), NC);
     // The next LayerNorm (the next block's ln1, or lnf) is fused with this residual add; a stage's last
@@ -259,12 +308,15 @@ float GPT::run_forward(int slot, const int32_t* tokens, const float* input, cons
     if (l + 1 < L || slice_.head) {
       const bool last = l + 1 == L;
       const LayerOffsets* next = last ? nullptr : &s.layer[size_t(l) + 1];
-      float* ln_next = last ? a.lnf.data() : a.ln1.data() + (l + 1) * NC;
+      float* ln_next = last ? a.lnf.data() : a.ln1.at(l + 1);
       float* stats_next = last ? a.lnf_stats.data() : a.ln1_stats.data() + int64_t(l + 1) * 2 * N;
       cpu::residual_layernorm_forward(x + NC, ln_next, stats_next, stats_next + N, mid, s.delta.data(),
                                       w + o.fc2b, w + (last ? s.lnfw : next->ln1w),
                                       w + (last ? s.lnfb : next->ln1b), N, C);
-      store(ln_next, NC);
+      if (!last)
+        a.ln1.keep(l + 1);
+      else if (bf16)
+        cpu::round_to_bf16(ln_next, NC);
     } else {
       cpu::residual_forward(x + NC, mid, s.delta.data(), w + o.fc2b, N, C);
     }
@@ -273,7 +325,7 @@ float GPT::run_forward(int slot, const int32_t* tokens, const float* input, cons
   if (L == 0) {
     cpu::layernorm_forward(a.lnf.data(), a.lnf_stats.data(), a.lnf_stats.data() + N, a.res.data(), w + s.lnfw,
                            w + s.lnfb, N, C);
-    store(a.lnf.data(), NC);
+    if (bf16) cpu::round_to_bf16(a.lnf.data(), NC);
   }
   const double total = cpu::classifier_forward_backward(
       backward ? a.dlnf.data() : nullptr, grads_.data() + s.wte, a.lnf.data(), w + s.wte, targets, N, C, Vl,
@@ -314,15 +366,15 @@ void GPT::backward(int slot, const int32_t* tokens, const float* d_output,
   for (int l = L - 1; l >= 0; --l) {
     const LayerOffsets& o = s.layer[size_t(l)];
     const float* x = a.res.data() + l * NC;
-    const float* ln1 = a.ln1.data() + l * NC;
+    const float* ln1 = a.ln1.load(l);
     const float* ln1s = a.ln1_stats.data() + int64_t(l) * 2 * N;
-    const float* qkv = a.qkv.data() + l * 3 * int64_t(N) * Cl;
-    const float* att = a.att.data() + l * int64_t(N) * Cl;
+    const float* qkv = a.qkv.load(l);
+    const float* att = a.att.load(l);
     const float* mid = a.res_mid.data() + l * NC;
-    const float* ln2 = a.ln2.data() + l * NC;
+    const float* ln2 = a.ln2.load(l);
     const float* ln2s = a.ln2_stats.data() + int64_t(l) * 2 * N;
-    const float* fc_pre = a.fc_pre.data() + l * 4 * int64_t(N) * Cl;
-    const float* fc_act = a.fc_act.data() + l * 4 * int64_t(N) * Cl;
+    const float* fc_pre = a.fc_pre.load(l);
+    const float* fc_act = a.fc_act.load(l);
     // dres = dL/d(block output) = dL/d(mlp delta): MLP backward.
     cpu::matmul_backward(s.dfc.data(), g + o.fc2w, g + o.fc2b, dres, fc_act, w + o.fc2w, N, 4 * Cl, C);
     cpu::gelu_backward(s.dfc.data(), fc_pre, N, 4 * Cl);

@@ -1,4 +1,5 @@
-// BF16 rounding: the upper 16 bits of an fp32 value after round-to-nearest-even on the lower 16.
+// BF16 rounding: the upper 16 bits of an fp32 value after round-to-nearest-even on the lower 16; and the
+// 2-byte storage of such values.
 #include "kernels.h"
 
 #include <cstring>
@@ -27,6 +28,24 @@ void round_to_bf16(float* out, const float* in, int64_t n) {
 
 void round_to_bf16(float* data, int64_t n) {
   round_to_bf16(data, data, n);
+}
+
+void to_bf16(uint16_t* out, const float* in, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float r = round_one(in[i]);
+    uint32_t bits;
+    std::memcpy(&bits, &r, 4);
+    out[i] = uint16_t(bits >> 16);
+  }
+}
+
+void from_bf16(float* out, const uint16_t* in, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t bits = uint32_t(in[i]) << 16;
+    std::memcpy(out + i, &bits, 4);
+  }
 }
 
 }  // namespace forge::trainer::cpu
