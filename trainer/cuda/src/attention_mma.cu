@@ -155,13 +155,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const float sl2 = scale * kLog2e;  // softmax in base 2: exp2 is one instruction
   float o[HD / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   for (int kt = 0; kt <= qt; ++kt) {
-    if (kt < qt) {
-      fetch(kt + 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    next_tile(kt < qt, [&] { fetch(kt + 1); });
     const bf16 *k = kv[kt % 2][0], *v = kv[kt % 2][1];
     float s[kKeyTiles][4];
     scores<HD>(s, q + warp * 16 * Tile<HD>::ld, k);
@@ -237,13 +231,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const float sl2 = scale * kLog2e;
   float dq[HD / 8][4] = {};
   for (int kt = 0; kt <= qt; ++kt) {
-    if (kt < qt) {
-      fetch(kt + 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    next_tile(kt < qt, [&] { fetch(kt + 1); });
     const bf16 *k = buffer(kt, 0), *v = buffer(kt, 1);
     float s[kKeyTiles][4], dp[kKeyTiles][4];
     scores<HD>(s, q + warp * 16 * Tile<HD>::ld, k);
@@ -297,13 +285,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       stat_l2[threadIdx.x] = tq < T_ ? lse[int64_t(bh) * T_ + tq] * kLog2e : 0.0f;
       stat_d[threadIdx.x] = tq < T_ ? D[int64_t(bh) * T_ + tq] : 0.0f;
     }
-    if (qt + 1 < tiles) {
-      fetch(qt + 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    next_tile(qt + 1 < tiles, [&] { fetch(qt + 1); });
     const bf16 *q = buffer(qt, 0), *go = buffer(qt, 1);
     float s[kKeyTiles][4], dp[kKeyTiles][4];
     scores<HD>(s, k + warp * 16 * Tile<HD>::ld, q);    // S^T
@@ -326,8 +308,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   store_rows<HD>(rows + 2 * C, C3, T_ - row0, dv);
 }
 
+}  // namespace
+
 template <int HD>
-void forward_hd(bf16* out, float* lse, const bf16* qkv, int B, int T_, int C, int NH) {
+void attention_forward_mma(bf16* out, float* lse, const bf16* qkv, int B, int T_, int C, int NH) {
   const dim3 grid((T_ + kRows - 1) / kRows, B * NH);
   attention_forward_mma_kernel<HD>
       <<<grid, kWarps * 32, 0, stream()>>>(out, lse, qkv, T_, C, NH, 1.0f / std::sqrt(float(HD)));
@@ -335,8 +319,8 @@ void forward_hd(bf16* out, float* lse, const bf16* qkv, int B, int T_, int C, in
 }
 
 template <int HD>
-void backward_hd(bf16* dqkv, const float* D, const bf16* dout, const bf16* qkv, const float* lse, int B,
-                 int T_, int C, int NH) {
+void attention_backward_mma(bf16* dqkv, const float* D, const bf16* dout, const bf16* qkv, const float* lse,
+                            int B, int T_, int C, int NH) {
   const dim3 grid((T_ + kRows - 1) / kRows, B * NH);
   const float scale = 1.0f / std::sqrt(float(HD));
   // Six tiles each (above the 48 KiB a kernel gets without asking).
@@ -353,19 +337,6 @@ void backward_hd(bf16* dqkv, const float* D, const bf16* dout, const bf16* qkv, 
   attention_dkv_mma_kernel<HD>
       <<<grid, kWarps * 32, smem, stream()>>>(dqkv, dout, qkv, lse, D, T_, C, NH, scale);
   check_launch("attention_backward_mma (dk, dv)");
-}
-
-}  // namespace
-
-template <int HD>
-void attention_forward_mma(bf16* out, float* lse, const bf16* qkv, int B, int T_, int C, int NH) {
-  forward_hd<HD>(out, lse, qkv, B, T_, C, NH);
-}
-
-template <int HD>
-void attention_backward_mma(bf16* dqkv, const float* D, const bf16* dout, const bf16* qkv, const float* lse,
-                            int B, int T_, int C, int NH) {
-  backward_hd<HD>(dqkv, D, dout, qkv, lse, B, T_, C, NH);
 }
 
 template void attention_forward_mma<32>(bf16*, float*, const bf16*, int, int, int, int);

@@ -54,4 +54,17 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// The step of a double-buffered walk: starts the copy of the next tile when there is one, waits for the
+// current one (started a step earlier) and makes it visible to the block.
+template <class Fetch>
+__device__ void next_tile(bool more, Fetch fetch_next) {
+  if (more) {
+    fetch_next();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+  __syncthreads();
+}
+
 }  // namespace forge::trainer::cuda::attention_tile

@@ -312,8 +312,10 @@ void set_smem(Kernel kernel, size_t bytes, const char* name) {
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), name);
 }
 
+}  // namespace
+
 template <int HD>
-void forward_hd(bf16* out, float* lse, const bf16* qkv, int B, int T_, int C, int NH) {
+void attention_forward_wmma(bf16* out, float* lse, const bf16* qkv, int B, int T_, int C, int NH) {
   constexpr size_t smem = forward_smem<HD>();
   set_smem(attention_forward_wmma_kernel<HD>, smem, "cudaFuncSetAttribute (attention_forward_wmma)");
   const dim3 grid((T_ + kRows - 1) / kRows, B * NH);
@@ -323,8 +325,8 @@ void forward_hd(bf16* out, float* lse, const bf16* qkv, int B, int T_, int C, in
 }
 
 template <int HD>
-void backward_hd(bf16* dqkv, const float* D, const bf16* dout, const bf16* qkv, const float* lse, int B,
-                 int T_, int C, int NH) {
+void attention_backward_wmma(bf16* dqkv, const float* D, const bf16* dout, const bf16* qkv, const float* lse,
+                             int B, int T_, int C, int NH) {
   const dim3 grid((T_ + kRows - 1) / kRows, B * NH);
   const float scale = 1.0f / std::sqrt(float(HD));
   set_smem(attention_dq_wmma_kernel<HD>, dq_smem<HD>(), "cudaFuncSetAttribute (attention_dq_wmma)");
@@ -335,19 +337,6 @@ void backward_hd(bf16* dqkv, const float* D, const bf16* dout, const bf16* qkv, 
   attention_dkv_wmma_kernel<HD>
       <<<grid, kWarps * 32, dkv_smem<HD>(), stream()>>>(dqkv, dout, qkv, lse, D, T_, C, NH, scale);
   check_launch("attention_backward_wmma (dk, dv)");
-}
-
-}  // namespace
-
-template <int HD>
-void attention_forward_wmma(bf16* out, float* lse, const bf16* qkv, int B, int T_, int C, int NH) {
-  forward_hd<HD>(out, lse, qkv, B, T_, C, NH);
-}
-
-template <int HD>
-void attention_backward_wmma(bf16* dqkv, const float* D, const bf16* dout, const bf16* qkv, const float* lse,
-                             int B, int T_, int C, int NH) {
-  backward_hd<HD>(dqkv, D, dout, qkv, lse, B, T_, C, NH);
 }
 
 template void attention_forward_wmma<32>(bf16*, float*, const bf16*, int, int, int, int);
