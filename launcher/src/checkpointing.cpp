@@ -152,8 +152,8 @@ ckpt::CheckpointMeta RunCheckpoints::meta(const trainer::StepStats& stats, int64
   m.dataset_version = dataset_version_;
   m.model_config = trainer::model_config_json(spec_.model);
   // Data order is a pure function of the step (synthetic stream, or the reader's cursor = step x batch) and
-  // of data.order, which the spec check holds fixed across a resume; recorded here for the reader.
-  m.data_cursor = {{"step", stats.step}, {"order", spec_.data_order}};
+  // of the spec (data.order), which the spec check holds fixed across a resume.
+  m.data_cursor = {{"step", stats.step}};
   // The verification batch: the step's first micro-batch, all data-parallel ranks' rows of it.
   const size_t dp = size_t(spec_.parallel.dp);
   const auto rows = batch.first(dp * size_t(spec_.batch) * size_t(spec_.model.seq_len + 1));

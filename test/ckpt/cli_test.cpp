@@ -1,12 +1,11 @@
 // forge-ckpt as scripts use it: exit codes, one-line errors, --json, and the HDF5 export read by h5py.
 #include "support.h"
+#include "support/run_command.h"
 #include "support/temp_dir.h"
 
 #include "forge/ckpt/checkpoint.h"
 
 #include <catch2/catch.hpp>
-
-#include <sys/wait.h>
 
 #include <cmath>
 #include <cstdio>
@@ -19,22 +18,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out;  // stdout and stderr
-};
+using Result = forge::test::CommandResult;
 
 Result run_cli(const std::string& args) {
-  const std::string cmd = std::string(FORGE_CKPT_BIN) + " " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p);
-  Result r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = ::pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return forge::test::run_command(std::string(FORGE_CKPT_BIN) + " " + args);
 }
 
 void save_steps(const std::string& run, std::initializer_list<int64_t> steps) {
@@ -56,31 +43,31 @@ TEST_CASE("forge-ckpt list, inspect, verify and their exit codes") {
 
   Result r = run_cli("list " + run);
   CHECK(r.code == 0);
-  CHECK(r.out.find("recovery") != std::string::npos);
-  CHECK(r.out.find("0.4762") != std::string::npos);  // loss of step 20
+  CHECK(r.output.find("recovery") != std::string::npos);
+  CHECK(r.output.find("0.4762") != std::string::npos);  // loss of step 20
   r = run_cli("list " + run + " --json");
   REQUIRE(r.code == 0);
-  const auto first = forge::Json::parse(r.out.substr(0, r.out.find('\n')));
+  const auto first = forge::Json::parse(r.output.substr(0, r.output.find('\n')));
   CHECK(first["step"] == 10);
   CHECK(first["state"] == "committed");
 
   r = run_cli("inspect " + ck + " --json");
   REQUIRE(r.code == 0);
-  const auto doc = forge::Json::parse(r.out);
+  const auto doc = forge::Json::parse(r.output);
   CHECK(doc["step"] == 20);
   CHECK(doc["layout"]["tp"] == 1);
   CHECK(doc["tensors"].size() == test_model().size());
-  CHECK(run_cli("inspect " + ck).out.find("param/blocks.0.w1") != std::string::npos);
+  CHECK(run_cli("inspect " + ck).output.find("param/blocks.0.w1") != std::string::npos);
 
   CHECK(run_cli("verify " + ck).code == 0);
   CHECK(run_cli("verify " + run).code == 0);
   const std::string cfg = tmp.write("model.json", R"({"layers": 1, "d_model": 32, "vocab": 32})");
   r = run_cli("verify " + ck + " --model-config " + cfg);
   CHECK(r.code == 64);
-  CHECK(r.out.find("model.d_model: checkpoint 16, expected 32") != std::string::npos);
+  CHECK(r.output.find("model.d_model: checkpoint 16, expected 32") != std::string::npos);
   r = run_cli("verify " + ck + " --dataset-version ds-9");
   CHECK(r.code == 65);
-  CHECK(r.out.find("ds-9") != std::string::npos);
+  CHECK(r.output.find("ds-9") != std::string::npos);
 
   {
     std::fstream f(ck + "/rank-00000.bin", std::ios::in | std::ios::out | std::ios::binary);
@@ -89,8 +76,8 @@ TEST_CASE("forge-ckpt list, inspect, verify and their exit codes") {
   }
   r = run_cli("verify " + ck);
   CHECK(r.code == 65);
-  CHECK(r.out.find("forge-ckpt: error:") == 0);
-  CHECK(r.out.find("rank-00000.bin") != std::string::npos);
+  CHECK(r.output.find("forge-ckpt: error:") == 0);
+  CHECK(r.output.find("rank-00000.bin") != std::string::npos);
   CHECK(run_cli("verify " + run).code == 65);
 
   CHECK(run_cli("").code == 64);
@@ -108,25 +95,25 @@ TEST_CASE("forge-ckpt promote, gc and advise") {
   Result r =
       run_cli("promote " + checkpoint_dir(run, Tier::kRecovery, 4) + " --verdict " + verdict + " --json");
   REQUIRE(r.code == 0);
-  CHECK(forge::Json::parse(r.out)["release"] == checkpoint_dir(run, Tier::kRelease, 4));
+  CHECK(forge::Json::parse(r.output)["release"] == checkpoint_dir(run, Tier::kRelease, 4));
   CHECK(run_cli("promote " + checkpoint_dir(run, Tier::kRecovery, 4) + " --verdict " + verdict).code == 64);
 
   fs::create_directories(tier_dir(run, Tier::kRecovery) + "/.step-00000005.partial-x");
   r = run_cli("gc " + run + " --keep 2 --json");
   REQUIRE(r.code == 0);
-  const auto gc = forge::Json::parse(r.out);
+  const auto gc = forge::Json::parse(r.output);
   CHECK(gc["removed"].size() == 2);  // the leftover, and step 2 (steps 2-4 were kept with keep 3)
   CHECK(list_checkpoints(run, Tier::kRecovery).size() == 2);
 
   r = run_cli("advise " + run + " --mtbf-hours 4 --json");
   REQUIRE(r.code == 0);
-  const auto a = forge::Json::parse(r.out);
+  const auto a = forge::Json::parse(r.output);
   CHECK(a["optimal_interval_s"].get<double>() ==
         Approx(std::sqrt(2 * a["stall_s"].get<double>() * 4 * 3600)));
   r = run_cli("advise --stall-s 2 --mtbf-hours 1 --step-s 0.5 --every 100");
   CHECK(r.code == 0);
-  CHECK(r.out.find("120 s") != std::string::npos);  // sqrt(2 * 2 * 3600)
-  CHECK(r.out.find("ckpt.recovery_every 240") != std::string::npos);
+  CHECK(r.output.find("120 s") != std::string::npos);  // sqrt(2 * 2 * 3600)
+  CHECK(r.output.find("ckpt.recovery_every 240") != std::string::npos);
   CHECK(run_cli("advise --mtbf-hours 1").code == 64);
 }
 

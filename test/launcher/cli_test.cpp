@@ -2,13 +2,11 @@
 #include "dataio/dataset_fixture.h"
 #include "forge/common/json.h"
 #include "forge/dataio/manifest.h"
+#include "support/run_command.h"
 #include "support/temp_dir.h"
 
 #include <catch2/catch.hpp>
 
-#include <sys/wait.h>
-
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -17,20 +15,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int code;
-  std::string output;  // stdout and stderr
-};
+using Result = forge::test::CommandResult;
 
 Result run(const std::string& args) {
-  const std::string cmd = std::string(FORGE_TRAIN_BIN) + " " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string out;
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return forge::test::run_command(std::string(FORGE_TRAIN_BIN) + " " + args);
 }
 
 // A fast model: a few steps take well under a second.

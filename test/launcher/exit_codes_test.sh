@@ -9,8 +9,9 @@ train=$1 forge_data=$2 src=$3
 work=$(mktemp -d)
 trap '[ -n "${KEEP_WORK:-}" ] || rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
+# shellcheck source=test/support/metrics.sh
+source "$src/test/support/metrics.sh"
 json() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))" "$@"; }
-losses() { python3 -c "import json,sys; [print(json.loads(l)['step'], json.loads(l)['loss']) for l in open(sys.argv[1])]" "$1"; }
 base=(--run.threads=1 --run.peak_gflops=50 --model.layers=1 --model.d_model=32 --model.heads=2
   --model.seq_len=32)
 tiny=("${base[@]}" --model.vocab=128)
@@ -112,10 +113,7 @@ expect unwritable 74 "checkpoint" -- \
 # 75: SIGUSR1 mid-run saves a recovery checkpoint and exits 75.
 "$train" "$src/configs/tiny.ini" --run.dir="$work/sig" "${tiny[@]}" --run.steps=100000 2>"$work/sig.err" &
 pid=$!
-for _ in $(seq 1 500); do
-  [ -f "$work/sig/metrics/rank-0.jsonl" ] && [ "$(wc -l < "$work/sig/metrics/rank-0.jsonl")" -ge 2 ] && break
-  sleep 0.02
-done
+wait_for_steps "$work/sig" 2 500 0.02
 kill -USR1 "$pid"
 rc=0
 wait "$pid" || rc=$?

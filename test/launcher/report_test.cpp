@@ -1,12 +1,10 @@
 // forge-train report RUN_DIR: the HTML page's plots and markers, the text summary, and bad run directories.
 #include "forge/common/json.h"
+#include "support/run_command.h"
 #include "support/temp_dir.h"
 
 #include <catch2/catch.hpp>
 
-#include <sys/wait.h>
-
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -18,20 +16,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int code;
-  std::string output;
-};
+using Result = forge::test::CommandResult;
 
 Result run(const std::string& args) {
-  const std::string cmd = std::string(FORGE_TRAIN_BIN) + " " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string out;
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return forge::test::run_command(std::string(FORGE_TRAIN_BIN) + " " + args);
 }
 
 std::string tiny(const std::string& dir) {

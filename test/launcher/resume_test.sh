@@ -9,7 +9,8 @@ train=$1 src=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
-losses() { python3 -c "import json,sys; [print(json.loads(l)['step'], json.loads(l)['loss']) for l in open(sys.argv[1])]" "$1"; }
+# shellcheck source=test/support/metrics.sh
+source "$src/test/support/metrics.sh"
 common=(--run.threads=1 --run.peak_gflops=100 --ckpt.recovery_every=5 --model.layers=1
   --model.d_model=64 --model.heads=2 --model.seq_len=64)
 
@@ -18,10 +19,7 @@ common=(--run.threads=1 --run.peak_gflops=100 --ckpt.recovery_every=5 --model.la
 # Interrupt run b once a few steps are done.
 "$train" "$src/configs/tiny.ini" --run.dir="$work/b" "${common[@]}" --run.steps=40 2>"$work/b.log" &
 pid=$!
-for _ in $(seq 1 400); do
-  [ -f "$work/b/metrics/rank-0.jsonl" ] && [ "$(wc -l < "$work/b/metrics/rank-0.jsonl")" -ge 7 ] && break
-  sleep 0.02
-done
+wait_for_steps "$work/b" 7 400 0.02
 kill -USR1 "$pid"
 wait "$pid"
 rc=$?

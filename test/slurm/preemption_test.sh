@@ -9,6 +9,8 @@ STATE=${FORGE_DEVCLUSTER_DIR:-/var/lib/forge-devcluster}
 SRC=${FORGE_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 BUILD=${FORGE_BUILD_DIR:?FORGE_BUILD_DIR is not set (ctest sets it to the build tree)}
 fail() { echo "FAIL: $*"; exit 1; }
+# shellcheck source=test/support/metrics.sh
+source "$SRC/test/support/metrics.sh"
 # shellcheck source=/dev/null
 source "$STATE/env.sh" || fail "no dev cluster ($STATE/env.sh); run scripts/devcluster/up"
 work=$(mktemp -d /var/tmp/forge-preempt.XXXXXX)
@@ -34,17 +36,13 @@ wait_requeued_job() {
   done
   echo "$state"
 }
-losses() { python3 -c "import json,sys; [print(r['step'], r['loss']) for r in map(json.loads, open(sys.argv[1]))]" "$1"; }
 
 # The explore job takes all CPUs of the node, so the pretrain job can only start by preempting it.
 explore=$(sbatch --parsable --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp1 -N1 -n1 -c16 \
   --gres=gpu:1 -w "$node" -o "$work/explore-%j.out" "$SRC/scripts/sbatch/pretrain.sbatch" "$SRC/configs/tiny.ini" \
   --run.dir="$work/explore" "${args[@]}" --run.steps=60) || fail "explore job not submitted"
 jobs+=("$explore")
-for _ in $(seq 1 600); do
-  [ -f "$work/explore/metrics/rank-0.jsonl" ] && [ "$(wc -l <"$work/explore/metrics/rank-0.jsonl")" -ge 8 ] && break
-  sleep 0.1
-done
+wait_for_steps "$work/explore" 8 600 0.1
 [ -f "$work/explore/metrics/rank-0.jsonl" ] || fail "the explore job never trained ($(cat "$work"/explore-*.out 2>/dev/null | tail -3))"
 pretrain=$(sbatch --parsable --train-team=team-a --train-tier=pretrain --train-layout=tp1,pp1,dp1 -N1 -n1 -c16 \
   --gres=gpu:1 -w "$node" -o "$work/pretrain-%j.out" "$SRC/scripts/sbatch/pretrain.sbatch" "$SRC/configs/tiny.ini" \

@@ -239,5 +239,6 @@ TEST_CASE("2-byte BF16 storage holds exactly the rounded values", "[trainer][ker
   k::from_bf16(back.data(), half.data(), int64_t(v.size()));
   k::round_to_bf16(rounded.data(), int64_t(v.size()));
   CHECK(std::memcmp(back.data(), rounded.data(), v.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(v.data(), rounded.data(), v.size() * sizeof(float)) == 0);  // rounded in place too
   CHECK(std::signbit(back[1]));
 }

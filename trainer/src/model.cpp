@@ -61,9 +61,8 @@ struct Saved {
   // Keeps layer l's values, just computed at at(l): rounded to BF16 in BF16 mode.
   void keep(int l) {
     if (work == nullptr) return;
-    uint16_t* stored = bf16.data() + l * per_layer;
-    cpu::to_bf16(stored, work->data(), per_layer);
-    cpu::from_bf16(work->data(), stored, per_layer);  // the rest of the layer computes with what is kept
+    // Rounded in place too: the rest of the layer computes with what is kept.
+    cpu::to_bf16(bf16.data() + l * per_layer, work->data(), per_layer);
   }
   // Layer l's values for backward.
   const float* load(int l) {

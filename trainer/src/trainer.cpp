@@ -4,6 +4,7 @@
 #include "forge/trainer/progress.h"
 #include "forge/trainer/runtime.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -28,6 +29,15 @@ Trainer::Trainer(const TrainSpec& spec)
   targets_.resize(inputs_.size());
 }
 
+void split_rows(const int32_t* rows, size_t count, int seq_len, int32_t* inputs, int32_t* targets) {
+  const size_t T = size_t(seq_len);
+  for (size_t r = 0; r < count; ++r) {
+    const int32_t* src = rows + r * (T + 1);
+    std::copy(src, src + T, inputs + r * T);
+    std::copy(src + 1, src + 1 + T, targets + r * T);
+  }
+}
+
 size_t Trainer::tokens_per_step() const {
   return size_t(spec_.microbatches) * size_t(spec_.batch) * size_t(spec_.model.seq_len + 1);
 }
@@ -43,11 +53,8 @@ StepStats Trainer::step(std::span<const int32_t> tokens) {
   model_.zero_grad();
   double loss = 0;
   for (int mb = 0; mb < spec_.microbatches; ++mb) {
-    for (int b = 0; b < spec_.batch; ++b) {
-      const int32_t* src = tokens.data() + (size_t(mb) * spec_.batch + size_t(b)) * row;
-      std::copy(src, src + T, inputs_.begin() + int64_t(b) * T);
-      std::copy(src + 1, src + 1 + T, targets_.begin() + int64_t(b) * T);
-    }
+    split_rows(tokens.data() + size_t(mb) * size_t(spec_.batch) * row, size_t(spec_.batch), T, inputs_.data(),
+               targets_.data());
     loss += model_.forward_backward(inputs_, targets_, 1.0f / float(spec_.microbatches));
   }
   loss /= spec_.microbatches;

@@ -369,11 +369,8 @@ StepStats CudaTrainer::step(std::span<const int32_t> tokens) {
   model_.zero_grad();
   double loss = 0;
   for (int mb = 0; mb < spec_.microbatches; ++mb) {
-    for (int b = 0; b < spec_.batch; ++b) {
-      const int32_t* src = tokens.data() + (size_t(mb) * spec_.batch + size_t(b)) * row;
-      std::copy(src, src + T, inputs_.begin() + int64_t(b) * T);
-      std::copy(src + 1, src + 1 + T, targets_.begin() + int64_t(b) * T);
-    }
+    split_rows(tokens.data() + size_t(mb) * size_t(spec_.batch) * row, size_t(spec_.batch), T, inputs_.data(),
+               targets_.data());
     loss += model_.forward_backward(inputs_, targets_, 1.0f / float(spec_.microbatches));
   }
   loss /= spec_.microbatches;

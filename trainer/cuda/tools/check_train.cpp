@@ -26,7 +26,9 @@ constexpr double kPeakBf16 = 989e12;  // H100/H200 SXM dense BF16 tensor-core pe
 // A deterministic token stream with learnable structure: every token has four successors picked by hash,
 // taken with probabilities 0.6 / 0.2 / 0.1 / 0.05, else a uniformly random token. Row r of step s is a pure
 // function of (seed, s, r), so the CPU and GPU runs read identical batches.
-void fill_tokens(uint64_t seed, int64_t step, int rows, int cols, int vocab, std::vector<int32_t>& out) {
+void fill_tokens(const TrainSpec& spec, int64_t step, std::vector<int32_t>& out) {
+  const uint64_t seed = spec.seed;
+  const int rows = spec.batch * spec.microbatches, cols = spec.model.seq_len + 1, vocab = spec.model.vocab;
   out.resize(size_t(rows) * size_t(cols));
   for (int r = 0; r < rows; ++r) {
     uint64_t state = splitmix64(seed ^ splitmix64(uint64_t(step) * 1000003u + uint64_t(r)));
@@ -67,8 +69,7 @@ RunResult run_gpu(const std::string& label, TrainSpec spec, DType dtype, int ste
     std::vector<int32_t> tokens;
     std::vector<double> seconds;
     for (int s = 0; s < steps; ++s) {
-      fill_tokens(spec.seed, s, spec.batch * spec.microbatches, spec.model.seq_len + 1, spec.model.vocab,
-                  tokens);
+      fill_tokens(spec, s, tokens);
       const StepStats st = trainer.step(tokens);
       r.losses.push_back(st.loss);
       seconds.push_back(st.seconds);
@@ -93,8 +94,7 @@ std::vector<double> run_cpu(TrainSpec spec, int steps, int total_steps) {
   std::vector<int32_t> tokens;
   std::vector<double> losses;
   for (int s = 0; s < steps; ++s) {
-    fill_tokens(spec.seed, s, spec.batch * spec.microbatches, spec.model.seq_len + 1, spec.model.vocab,
-                tokens);
+    fill_tokens(spec, s, tokens);
     losses.push_back(trainer.step(tokens).loss);
   }
   return losses;

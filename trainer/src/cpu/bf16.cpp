@@ -30,12 +30,12 @@ void round_to_bf16(float* data, int64_t n) {
   round_to_bf16(data, data, n);
 }
 
-void to_bf16(uint16_t* out, const float* in, int64_t n) {
+void to_bf16(uint16_t* out, float* values, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const float r = round_one(in[i]);
+    values[i] = round_one(values[i]);
     uint32_t bits;
-    std::memcpy(&bits, &r, 4);
+    std::memcpy(&bits, values + i, 4);
     out[i] = uint16_t(bits >> 16);
   }
 }

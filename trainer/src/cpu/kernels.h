@@ -86,8 +86,8 @@ double classifier_forward_backward(float* dx, float* dwte, const float* x, const
 // Rounds each value to the nearest BF16 (ties to even), keeping it in an fp32 container.
 void round_to_bf16(float* data, int64_t n);
 void round_to_bf16(float* out, const float* in, int64_t n);
-// The same, stored as 2-byte BF16 values; and back to fp32 (exact).
-void to_bf16(uint16_t* out, const float* in, int64_t n);
+// Rounds `values` in place as above and stores them as 2-byte BF16 in `out` (one pass); and back (exact).
+void to_bf16(uint16_t* out, float* values, int64_t n);
 void from_bf16(float* out, const uint16_t* in, int64_t n);
 
 }  // namespace forge::trainer::cpu

@@ -323,11 +323,9 @@ StepStats ParallelTrainer::step(std::span<const int32_t> tokens) {
 
 void ParallelTrainer::load_rows(int slot, const int32_t* tokens, std::span<const int64_t> rows) {
   const int T = spec_.model.seq_len;
-  for (size_t r = 0; r < rows.size(); ++r) {
-    const int32_t* src = tokens + size_t(rows[r]) * size_t(T + 1);
-    std::copy(src, src + T, inputs_[size_t(slot)].begin() + int64_t(r) * T);
-    std::copy(src + 1, src + 1 + T, targets_[size_t(slot)].begin() + int64_t(r) * T);
-  }
+  for (size_t r = 0; r < rows.size(); ++r)
+    split_rows(tokens + size_t(rows[r]) * size_t(T + 1), 1, T, inputs_[size_t(slot)].data() + r * size_t(T),
+               targets_[size_t(slot)].data() + r * size_t(T));
 }
 
 double ParallelTrainer::loss_of(std::span<const int32_t> rows) {

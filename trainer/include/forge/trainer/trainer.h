@@ -12,6 +12,10 @@
 
 namespace forge::trainer {
 
+// Token rows of seq_len + 1 as model input: row r's first seq_len tokens go to inputs[r * seq_len ..], its
+// last seq_len (the next-token targets) to targets[r * seq_len ..].
+void split_rows(const int32_t* rows, size_t count, int seq_len, int32_t* inputs, int32_t* targets);
+
 struct StepStats {
   int64_t step = 0;      // 1-based index of the step just taken
   double loss = 0;       // mean over the step's micro-batches
