@@ -8,7 +8,10 @@
 #include <cublasLt.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <map>
+#include <optional>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -40,14 +43,24 @@ uint32_t alignment(const void* p) {
   return align;
 }
 
+// What the product's epilogue does beyond D = alpha op(A) op(B) + beta D (cublasLtEpilogue_t).
+struct Epilogue {
+  cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* bias = nullptr;  // BIAS, GELU_AUX_BIAS: the bias read; BGRADB: the bias gradient written
+  const void* aux = nullptr;   // GELU_AUX_BIAS: the GELU input written; DGELU: the GELU input read
+  int64_t aux_ld = 0;
+};
+
 struct GemmKey {
   bool ta, tb;
   int m, n, k, lda, ldb, ldd;
   cudaDataType_t ab, d;
-  bool bias, accumulate;
-  uint32_t align_a, align_b, align_d;
+  cublasLtEpilogue_t epilogue;
+  bool accumulate;
+  uint32_t align_a, align_b, align_d, align_aux;
   auto tie() const {
-    return std::tie(ta, tb, m, n, k, lda, ldb, ldd, ab, d, bias, accumulate, align_a, align_b, align_d);
+    return std::tie(ta, tb, m, n, k, lda, ldb, ldd, ab, d, epilogue, accumulate, align_a, align_b, align_d,
+                    align_aux);
   }
   bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
 };
@@ -64,25 +77,42 @@ struct Descs {
   }
 };
 
-// Column-major D[m, n] = alpha op(A) op(B) + beta D (+ bias[m] broadcast over columns). Leading dimensions
-// are the stored (untransposed) row counts.
-void gemm(bool ta, bool tb, int m, int n, int k, const void* A, int lda, const void* B, int ldb, void* D,
-          int ldd, cudaDataType_t ab, cudaDataType_t d, bool accumulate, const void* bias) {
+template <class V>
+void set_attr(cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t attr, const V& value,
+              const char* what) {
+  check_lt(cublasLtMatmulDescSetAttribute(op, attr, &value, sizeof(value)), what);
+}
+
+// The fused GELU and bias-gradient epilogues are used where cuBLASLt has them; FORGE_CUDA_GEMM_FUSION=off
+// turns them off (the separate kernels then run), for comparing the two.
+bool fusion_enabled() {
+  const char* env = std::getenv("FORGE_CUDA_GEMM_FUSION");
+  return env == nullptr || std::string_view(env) != "off";
+}
+
+// Column-major D[m, n] = alpha op(A) op(B) + beta D, then the epilogue (a bias has m entries, broadcast over
+// columns). Leading dimensions are the stored (untransposed) row counts. Returns false, having done
+// nothing, when cuBLASLt has no algorithm for a fused GELU or bias-gradient epilogue (the caller then runs
+// the separate kernels); a plain product or bias without an algorithm is an error.
+bool gemm(bool ta, bool tb, int m, int n, int k, const void* A, int lda, const void* B, int ldb, void* D,
+          int ldd, cudaDataType_t ab, cudaDataType_t d, bool accumulate, const Epilogue& ep = {}) {
+  const bool optional = ep.kind != CUBLASLT_EPILOGUE_DEFAULT && ep.kind != CUBLASLT_EPILOGUE_BIAS;
+  if (optional && !fusion_enabled()) return false;
   auto* lt = static_cast<cublasLtHandle_t>(cublaslt_handle());
   Descs desc;
   check_lt(cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
   const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  check_lt(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)),
-           "cublasLtMatmulDescSetAttribute (transa)");
-  check_lt(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)),
-           "cublasLtMatmulDescSetAttribute (transb)");
-  if (bias != nullptr) {
-    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-    check_lt(
-        cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
-        "cublasLtMatmulDescSetAttribute (epilogue)");
-    check_lt(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
-             "cublasLtMatmulDescSetAttribute (bias)");
+  set_attr(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, opa, "cublasLtMatmulDescSetAttribute (transa)");
+  set_attr(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, opb, "cublasLtMatmulDescSetAttribute (transb)");
+  if (ep.kind != CUBLASLT_EPILOGUE_DEFAULT)
+    set_attr(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE, ep.kind, "cublasLtMatmulDescSetAttribute (epilogue)");
+  if (ep.bias != nullptr)
+    set_attr(desc.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, ep.bias, "cublasLtMatmulDescSetAttribute (bias)");
+  if (ep.aux != nullptr) {
+    set_attr(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, ep.aux,
+             "cublasLtMatmulDescSetAttribute (aux)");
+    set_attr(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, ep.aux_ld,
+             "cublasLtMatmulDescSetAttribute (aux ld)");
   }
   check_lt(cublasLtMatrixLayoutCreate(&desc.a, ab, ta ? k : m, ta ? m : k, lda),
            "cublasLtMatrixLayoutCreate (A)");
@@ -92,10 +122,24 @@ void gemm(bool ta, bool tb, int m, int n, int k, const void* A, int lda, const v
 
   size_t ws_bytes = 0;
   void* ws = gemm_workspace(&ws_bytes);
-  static std::map<GemmKey, cublasLtMatmulAlgo_t> algos;
-  const GemmKey key{
-      ta,           tb,           m,           n, k, lda, ldb, ldd, ab, d, bias != nullptr, accumulate,
-      alignment(A), alignment(B), alignment(D)};
+  // The algorithm per shape; an empty entry remembers that a fused epilogue has none.
+  static std::map<GemmKey, std::optional<cublasLtMatmulAlgo_t>> algos;
+  const GemmKey key{ta,
+                    tb,
+                    m,
+                    n,
+                    k,
+                    lda,
+                    ldb,
+                    ldd,
+                    ab,
+                    d,
+                    ep.kind,
+                    accumulate,
+                    alignment(A),
+                    alignment(B),
+                    alignment(D),
+                    ep.aux ? alignment(ep.aux) : 256};
   auto it = algos.find(key);
   if (it == algos.end()) {
     cublasLtMatmulPreference_t pref = nullptr;
@@ -114,6 +158,10 @@ void gemm(bool ta, bool tb, int m, int n, int k, const void* A, int lda, const v
     const cublasStatus_t st =
         cublasLtMatmulAlgoGetHeuristic(lt, desc.op, desc.a, desc.b, desc.c, desc.c, pref, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(pref);
+    if (optional && (st != CUBLAS_STATUS_SUCCESS || found == 0)) {
+      algos.emplace(key, std::nullopt);
+      return false;
+    }
     check_lt(st, "cublasLtMatmulAlgoGetHeuristic");
     if (found == 0) {
       int device = -1;
@@ -123,10 +171,24 @@ void gemm(bool ta, bool tb, int m, int n, int k, const void* A, int lda, const v
     }
     it = algos.emplace(key, result.algo).first;
   }
+  if (!it->second) return false;
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  check_lt(cublasLtMatmul(lt, desc.op, &alpha, A, desc.a, B, desc.b, &beta, D, desc.c, D, desc.c, &it->second,
-                          ws, ws_bytes, stream()),
-           "cublasLtMatmul");
+  const cublasStatus_t st = cublasLtMatmul(lt, desc.op, &alpha, A, desc.a, B, desc.b, &beta, D, desc.c, D,
+                                           desc.c, &*it->second, ws, ws_bytes, stream());
+  if (optional && st == CUBLAS_STATUS_NOT_SUPPORTED) {
+    it->second.reset();
+    return false;
+  }
+  check_lt(st, "cublasLtMatmul");
+  return true;
+}
+
+// The bias gradient a BGRADB epilogue writes (it cannot add to the gradient being accumulated): one
+// buffer per process, grown to the widest layer.
+float* bias_grad_scratch(int n) {
+  static DeviceBuffer buffer;
+  if (buffer.bytes() < sizeof(float) * size_t(n)) buffer = DeviceBuffer(sizeof(float) * size_t(n));
+  return buffer.as<float>();
 }
 
 }  // namespace
@@ -136,26 +198,55 @@ void matmul_forward(O* out, const T* in, const T* w, const T* bias, int N, int C
   if (bias != nullptr && !std::is_same_v<T, O>)
     fail(ExitCode::kUsage, "CUDA matmul_forward: a bias needs the output in the input type");
   // out^T[OC, N] = w^T(stored [C, OC]) ^T x in^T[C, N]
-  gemm(true, false, OC, N, C, w, C, in, C, out, OC, data_type<T>(), data_type<O>(), false, bias);
+  Epilogue ep;
+  if (bias != nullptr) ep = {CUBLASLT_EPILOGUE_BIAS, bias};
+  gemm(true, false, OC, N, C, w, C, in, C, out, OC, data_type<T>(), data_type<O>(), false, ep);
+}
+
+template <class T>
+void matmul_bias_gelu_forward(T* out, T* pre, const T* in, const T* w, const T* bias, int N, int C, int OC) {
+  if (gemm(true, false, OC, N, C, w, C, in, C, out, OC, data_type<T>(), data_type<T>(), false,
+           {CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias, pre, OC}))
+    return;
+  matmul_forward<T, T>(pre, in, w, nullptr, N, C, OC);
+  bias_gelu_forward<T>(out, pre, bias, N, OC);
 }
 
 template <class T>
 void matmul_backward(T* din, float* dw, float* dbias, const T* dout, const T* in, const T* w, int N, int C,
-                     int OC) {
-  // din^T[C, N] = w(stored [C, OC]) x dout^T[OC, N]
-  if (din != nullptr)
-    gemm(false, false, C, N, OC, w, C, dout, OC, din, C, data_type<T>(), data_type<T>(), false, nullptr);
-  // dw^T[C, OC] += in^T[C, N] x dout[N, OC]
-  gemm(false, true, C, OC, N, in, C, dout, OC, dw, C, data_type<T>(), CUDA_R_32F, true, nullptr);
+                     int OC, const T* gelu_pre) {
+  // din^T[C, N] = w(stored [C, OC]) x dout^T[OC, N], times GELU'(gelu_pre) if given
+  if (din != nullptr) {
+    const bool fused =
+        gelu_pre != nullptr && gemm(false, false, C, N, OC, w, C, dout, OC, din, C, data_type<T>(),
+                                    data_type<T>(), false, {CUBLASLT_EPILOGUE_DGELU, nullptr, gelu_pre, C});
+    if (!fused) {
+      gemm(false, false, C, N, OC, w, C, dout, OC, din, C, data_type<T>(), data_type<T>(), false);
+      if (gelu_pre != nullptr) gelu_backward<T>(din, gelu_pre, N, C);
+    }
+  }
+  // dw^T[C, OC] += in^T[C, N] x dout[N, OC]; the bias gradient (column sums of dout) from the same pass
+  // over dout where cuBLASLt can (BGRADB reduces B = dout over k = N).
+  float* bgrad = dbias != nullptr ? bias_grad_scratch(OC) : nullptr;
+  if (dbias != nullptr && gemm(false, true, C, OC, N, in, C, dout, OC, dw, C, data_type<T>(), CUDA_R_32F,
+                               true, {CUBLASLT_EPILOGUE_BGRADB, bgrad})) {
+    add_to(dbias, bgrad, OC);
+    return;
+  }
+  gemm(false, true, C, OC, N, in, C, dout, OC, dw, C, data_type<T>(), CUDA_R_32F, true);
   if (dbias != nullptr) bias_backward(dbias, dout, N, OC);
 }
 
 template void matmul_forward<float, float>(float*, const float*, const float*, const float*, int, int, int);
 template void matmul_forward<bf16, bf16>(bf16*, const bf16*, const bf16*, const bf16*, int, int, int);
 template void matmul_forward<bf16, float>(float*, const bf16*, const bf16*, const bf16*, int, int, int);
+template void matmul_bias_gelu_forward<float>(float*, float*, const float*, const float*, const float*, int,
+                                              int, int);
+template void matmul_bias_gelu_forward<bf16>(bf16*, bf16*, const bf16*, const bf16*, const bf16*, int, int,
+                                             int);
 template void matmul_backward<float>(float*, float*, float*, const float*, const float*, const float*, int,
-                                     int, int);
+                                     int, int, const float*);
 template void matmul_backward<bf16>(bf16*, float*, float*, const bf16*, const bf16*, const bf16*, int, int,
-                                    int);
+                                    int, const bf16*);
 
 }  // namespace forge::trainer::cuda

@@ -208,8 +208,7 @@ void CudaGPT::Impl::forward(const int32_t* tok) {
     attention_forward<T>(y, at<float>(lse, int64_t(l) * N * NH), q, Bi, T_, C, NH);
     matmul_forward<T, float>(dl, y, W + o.projw, nullptr, Ni, C, C);
     residual_layernorm_forward<T>(mid, l2, l2s, l2s + N, x, dl, W + o.projb, W + o.ln2w, W + o.ln2b, Ni, C);
-    matmul_forward<T, T>(pre, l2, W + o.fcw, nullptr, Ni, C, 4 * C);
-    bias_gelu_forward<T>(act, pre, W + o.fcb, Ni, 4 * C);
+    matmul_bias_gelu_forward<T>(act, pre, l2, W + o.fcw, W + o.fcb, Ni, C, 4 * C);
     matmul_forward<T, float>(dl, act, W + o.fc2w, nullptr, Ni, 4 * C, C);
     const bool last = l + 1 == L;
     T* ln_next = last ? lnf.as<T>() : at<T>(ln1, (l + 1) * NC);
@@ -237,13 +236,12 @@ void CudaGPT::Impl::backward(const int32_t* tok) {
   float* g = grads.as<float>();
   const int Bi = B, T_ = cfg.seq_len, C = cfg.d_model, NH = cfg.heads, L = cfg.layers, Ni = int(N);
   float* dr = dres.as<float>();
-  // The residual gradient stays FP32; the matrix products read it as T.
+  // The residual gradient stays FP32; the matrix products read it as T, a copy every LayerNorm backward
+  // (the last op to change it before each product) writes.
   T* dr_t = std::is_same_v<T, float> ? reinterpret_cast<T*>(dr) : dres_t.as<T>();
-  const auto dres_as_t = [&] {
-    if constexpr (!std::is_same_v<T, float>) convert<T>(dr_t, dr, NC);
-  };
+  T* dr_copy = std::is_same_v<T, float> ? nullptr : dr_t;
   dres.zero();
-  layernorm_backward<T>(dr, g + lnfw, g + lnfb, dln.as<T>(), at<float>(res, L * NC), W + lnfw,
+  layernorm_backward<T>(dr, dr_copy, g + lnfw, g + lnfb, dln.as<T>(), at<float>(res, L * NC), W + lnfw,
                         lnf_stats.as<float>(), lnf_stats.as<float>() + N, Ni, C);
   for (int l = L - 1; l >= 0; --l) {
     const LayerOffsets& o = layer[size_t(l)];
@@ -257,17 +255,16 @@ void CudaGPT::Impl::backward(const int32_t* tok) {
     const float* l2s = at<float>(ln2_stats, int64_t(l) * 2 * N);
     const T* pre = at<T>(fc_pre, l * 4 * NC);
     const T* act = at<T>(fc_act, l * 4 * NC);
-    dres_as_t();
-    matmul_backward<T>(dfc.as<T>(), g + o.fc2w, g + o.fc2b, dr_t, act, W + o.fc2w, Ni, 4 * C, C);
-    gelu_backward<T>(dfc.as<T>(), pre, Ni, 4 * C);
+    matmul_backward<T>(dfc.as<T>(), g + o.fc2w, g + o.fc2b, dr_t, act, W + o.fc2w, Ni, 4 * C, C, pre);
     matmul_backward<T>(dln.as<T>(), g + o.fcw, g + o.fcb, dfc.as<T>(), l2, W + o.fcw, Ni, C, 4 * C);
-    layernorm_backward<T>(dr, g + o.ln2w, g + o.ln2b, dln.as<T>(), mid, W + o.ln2w, l2s, l2s + N, Ni, C);
-    dres_as_t();
+    layernorm_backward<T>(dr, dr_copy, g + o.ln2w, g + o.ln2b, dln.as<T>(), mid, W + o.ln2w, l2s, l2s + N, Ni,
+                          C);
     matmul_backward<T>(datt.as<T>(), g + o.projw, g + o.projb, dr_t, y, W + o.projw, Ni, C, C);
     attention_backward<T>(dqkv.as<T>(), attn_scratch.as<float>(), datt.as<T>(), q, y,
                           at<float>(lse, int64_t(l) * N * NH), Bi, T_, C, NH);
     matmul_backward<T>(dln.as<T>(), g + o.qkvw, g + o.qkvb, dqkv.as<T>(), l1, W + o.qkvw, Ni, C, 3 * C);
-    layernorm_backward<T>(dr, g + o.ln1w, g + o.ln1b, dln.as<T>(), x, W + o.ln1w, l1s, l1s + N, Ni, C);
+    layernorm_backward<T>(dr, dr_copy, g + o.ln1w, g + o.ln1b, dln.as<T>(), x, W + o.ln1w, l1s, l1s + N, Ni,
+                          C);
   }
   embedding_backward(g + wte, g + wpe, dr, tok, Bi, T_, C);
 }

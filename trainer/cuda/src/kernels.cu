@@ -83,40 +83,95 @@ __global__ void residual_layernorm_kernel(float* res_out, T* ln_out, float* mean
   layernorm_row(ln_out + r * C, mean, rstd, x, w, b, r, C);
 }
 
-// A grid-stride set of warps, one row at a time; the block's weight and bias gradients are summed in shared
-// memory and added to the global ones once per block.
-template <class T>
-__global__ void layernorm_backward_kernel(float* din, float* dweight, float* dbias, const T* dout,
+// V consecutive values as floats (V = 4: one 16-byte load of float, one 8-byte load of bf16).
+template <int V>
+__device__ __forceinline__ void load_vec(float (&v)[V], const float* p) {
+  if constexpr (V == 4) {
+    const float4 f = *reinterpret_cast<const float4*>(p);
+    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+  } else {
+    for (int k = 0; k < V; ++k) v[k] = p[k];
+  }
+}
+template <int V>
+__device__ __forceinline__ void load_vec(float (&v)[V], const bf16* p) {
+  if constexpr (V == 4) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+    v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
+  } else {
+    for (int k = 0; k < V; ++k) v[k] = to_f(p[k]);
+  }
+}
+template <int V>
+__device__ __forceinline__ void store_vec(float* p, const float (&v)[V]) {
+  if constexpr (V == 4)
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  else
+    for (int k = 0; k < V; ++k) p[k] = v[k];
+}
+template <int V>
+__device__ __forceinline__ void store_vec(bf16* p, const float (&v)[V]) {
+  if constexpr (V == 4) {
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]), hi = __floats2bfloat162_rn(v[2], v[3]);
+    uint2 u;
+    u.x = *reinterpret_cast<const uint32_t*>(&lo);
+    u.y = *reinterpret_cast<const uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(p) = u;
+  } else {
+    for (int k = 0; k < V; ++k) p[k] = from_f<bf16>(v[k]);
+  }
+}
+
+// A grid-stride set of warps, one row at a time, V columns per lane access. Each warp sums the weight and
+// bias gradients of its rows into its own slice of shared memory (its lanes own disjoint columns, so no
+// atomics; column c sits at (c % V) * (C / V) + c / V, so a warp's stores hit distinct banks); the block
+// adds the slices and adds once per column to the global gradients.
+template <class T, int V>
+__global__ void layernorm_backward_kernel(float* din, T* din_t, float* dweight, float* dbias, const T* dout,
                                           const float* in, const T* weight, const float* mean,
                                           const float* rstd, int N, int C) {
-  extern __shared__ float acc[];  // [2][C]
-  for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) acc[c] = 0;
-  __syncthreads();
-  const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  for (int64_t r = int64_t(blockIdx.x) * warps + threadIdx.x / 32; r < N; r += int64_t(gridDim.x) * warps) {
+  extern __shared__ float acc[];  // [warps][2][C]
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32, CV = C / V;
+  float* gw = acc + size_t(warp) * 2 * C;
+  float* gb = gw + C;
+  for (int c = lane; c < 2 * C; c += 32) gw[c] = 0;
+  __syncwarp();
+  for (int64_t r = int64_t(blockIdx.x) * warps + warp; r < N; r += int64_t(gridDim.x) * warps) {
     const float* x = in + r * C;
     const T* g = dout + r * C;
     const float m = mean[r], rs = rstd[r];
     float sum_d = 0, sum_dn = 0;
-    for (int c = lane; c < C; c += 32) {
-      const float n = (x[c] - m) * rs, gc = to_f(g[c]), d = gc * to_f(weight[c]);
-      sum_d += d;
-      sum_dn += d * n;
-      atomicAdd(acc + c, gc * n);
-      atomicAdd(acc + C + c, gc);
+    for (int c = lane * V; c < C; c += 32 * V) {
+      float xv[V], gv[V], wv[V];
+      load_vec<V>(xv, x + c), load_vec<V>(gv, g + c), load_vec<V>(wv, weight + c);
+      for (int k = 0; k < V; ++k) {
+        const float n = (xv[k] - m) * rs, d = gv[k] * wv[k];
+        sum_d += d;
+        sum_dn += d * n;
+        gw[k * CV + c / V] += gv[k] * n;
+        gb[k * CV + c / V] += gv[k];
+      }
     }
     sum_d = warp_sum(sum_d) / C;
     sum_dn = warp_sum(sum_dn) / C;
-    float* dx = din + r * C;
-    for (int c = lane; c < C; c += 32) {
-      const float n = (x[c] - m) * rs;
-      dx[c] += rs * (to_f(g[c]) * to_f(weight[c]) - sum_d - n * sum_dn);
+    for (int c = lane * V; c < C; c += 32 * V) {
+      float xv[V], gv[V], wv[V], dv[V];
+      load_vec<V>(xv, x + c), load_vec<V>(gv, g + c), load_vec<V>(wv, weight + c),
+          load_vec<V>(dv, din + r * C + c);
+      for (int k = 0; k < V; ++k) dv[k] += rs * (gv[k] * wv[k] - sum_d - (xv[k] - m) * rs * sum_dn);
+      store_vec<V>(din + r * C + c, dv);
+      if (din_t != nullptr) store_vec<V>(din_t + r * C + c, dv);
     }
   }
   __syncthreads();
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    atomicAdd(dweight + c, acc[c]);
-    atomicAdd(dbias + c, acc[C + c]);
+    const int at = (c % V) * CV + c / V;
+    float sw = 0, sb = 0;
+    for (int w = 0; w < warps; ++w) sw += acc[size_t(w) * 2 * C + at], sb += acc[size_t(w) * 2 * C + C + at];
+    atomicAdd(dweight + c, sw);
+    atomicAdd(dbias + c, sb);
   }
 }
 
@@ -158,6 +213,11 @@ __global__ void bias_backward_kernel(float* dbias, const T* dout, int N, int OC,
     for (int y = 1; y < 8; ++y) s += part[y][threadIdx.x];
     atomicAdd(dbias + c, s);
   }
+}
+
+__global__ void add_kernel(float* dst, const float* src, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) dst[i] += src[i];
 }
 
 template <class T>
@@ -280,21 +340,42 @@ void layernorm_forward(T* out, float* mean, float* rstd, const float* in, const 
   check_launch("layernorm_forward");
 }
 
-template <class T>
-void layernorm_backward(float* din, float* dweight, float* dbias, const T* dout, const float* in,
-                        const T* weight, const float* mean, const float* rstd, int N, int C) {
-  int sms = 0, device = 0;
+template <class T, int V>
+void launch_layernorm_backward(float* din, T* din_t, float* dweight, float* dbias, const T* dout,
+                               const float* in, const T* weight, const float* mean, const float* rstd, int N,
+                               int C) {
+  int sms = 0, device = 0, max_smem = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  const int blocks = std::min(row_blocks(N), 4 * sms);
-  const size_t smem = sizeof(float) * 2 * size_t(C);
+  check_cuda(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+             "cudaDeviceGetAttribute");
+  // Eight warps a block while their gradient slices fit in 48 KiB (C <= 768), fewer for wider rows.
+  const size_t slice = sizeof(float) * 2 * size_t(C);
+  const int warps = int(std::clamp<size_t>(48 * 1024 / slice, 1, 8));
+  const size_t smem = slice * size_t(warps);
+  if (smem > size_t(max_smem)) usage_fail("CUDA layernorm_backward: d_model too large for shared memory");
   if (smem > 48 * 1024)
-    check_cuda(cudaFuncSetAttribute(layernorm_backward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(smem)),
+    check_cuda(cudaFuncSetAttribute(layernorm_backward_kernel<T, V>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
                "cudaFuncSetAttribute (layernorm_backward)");
-  layernorm_backward_kernel<<<blocks, kThreads, smem, stream()>>>(din, dweight, dbias, dout, in, weight, mean,
-                                                                  rstd, N, C);
+  const int blocks = int(std::min<int64_t>((int64_t(N) + warps - 1) / warps, 4 * int64_t(sms)));
+  layernorm_backward_kernel<T, V><<<blocks, 32 * warps, smem, stream()>>>(din, din_t, dweight, dbias, dout,
+                                                                          in, weight, mean, rstd, N, C);
   check_launch("layernorm_backward");
+}
+
+template <class T>
+void layernorm_backward(float* din, T* din_t, float* dweight, float* dbias, const T* dout, const float* in,
+                        const T* weight, const float* mean, const float* rstd, int N, int C) {
+  // Four columns per access when every row and vector starts 16-byte aligned (C % 4 == 0 and cudaMalloc'd
+  // bases; parameter views are offsets of whole tensors whose sizes are multiples of C).
+  const auto aligned = [](const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
+  const bool vec4 = C % 4 == 0 && aligned(din, 16) && aligned(in, 16) && aligned(dout, 4 * sizeof(T)) &&
+                    aligned(weight, 4 * sizeof(T)) && (din_t == nullptr || aligned(din_t, 4 * sizeof(T)));
+  if (vec4)
+    launch_layernorm_backward<T, 4>(din, din_t, dweight, dbias, dout, in, weight, mean, rstd, N, C);
+  else
+    launch_layernorm_backward<T, 1>(din, din_t, dweight, dbias, dout, in, weight, mean, rstd, N, C);
 }
 
 template <class T>
@@ -334,6 +415,11 @@ void convert(T* out, const float* in, int64_t n) {
   check_launch("convert");
 }
 
+void add_to(float* dst, const float* src, int64_t n) {
+  add_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(dst, src, n);
+  check_launch("add_to");
+}
+
 template <class T>
 void cross_entropy_rows(T* dlogits, float* losses, const float* logits, const int32_t* targets, int rows,
                         int V, float grad_scale) {
@@ -357,7 +443,7 @@ void sum_squares(double* out, const float* g, size_t n) {
 #define FORGE_INSTANTIATE(T)                                                                           \
   template void embedding_forward<T>(float*, const int32_t*, const T*, const T*, int, int, int);       \
   template void layernorm_forward<T>(T*, float*, float*, const float*, const T*, const T*, int, int);  \
-  template void layernorm_backward<T>(float*, float*, float*, const T*, const float*, const T*,        \
+  template void layernorm_backward<T>(float*, T*, float*, float*, const T*, const float*, const T*,    \
                                       const float*, const float*, int, int);                           \
   template void residual_layernorm_forward<T>(float*, T*, float*, float*, const float*, const float*,  \
                                               const T*, const T*, const T*, int, int);                 \

@@ -149,10 +149,12 @@ struct Checker {
     cpu::layernorm_backward(din.data(), gw.data(), gb.data(), g.data(), x.data(), w.data(), mean.data(),
                             rstd.data(), N, C);
     DeviceBuffer dg = up<T>(g), ddin = up<float>(din0), dgw = up<float>(dw0), dgb = up<float>(db0);
-    DeviceBuffer cmean = up<float>(mean), crstd = up<float>(rstd);
-    layernorm_backward<T>(ddin.as<float>(), dgw.as<float>(), dgb.as<float>(), dg.as<T>(), dx.as<float>(),
-                          dw.as<T>(), cmean.as<float>(), crstd.as<float>(), N, C);
+    DeviceBuffer cmean = up<float>(mean), crstd = up<float>(rstd), ddin_t(din.size() * sizeof(T));
+    layernorm_backward<T>(ddin.as<float>(), kBf16 ? ddin_t.as<T>() : nullptr, dgw.as<float>(),
+                          dgb.as<float>(), dg.as<T>(), dx.as<float>(), dw.as<T>(), cmean.as<float>(),
+                          crstd.as<float>(), N, C);
     cmp("layernorm backward din", down<float>(ddin, din.size()), din);
+    if (kBf16) cmp("layernorm backward din (bf16 copy)", down<T>(ddin_t, din.size()), din);
     cmp("layernorm backward dweight", down<float>(dgw, gw.size()), gw);
     cmp("layernorm backward dbias", down<float>(dgb, gb.size()), gb);
   }
@@ -197,6 +199,38 @@ struct Checker {
     cmp("matmul backward din", down<T>(ddin, din.size()), din);
     cmp("matmul backward dweight", down<float>(dgw, gw.size()), gw);
     cmp("matmul backward dbias", down<float>(dgb, gb.size()), gb);
+  }
+
+  // The MLP's first product as the model runs it: bias and GELU fused into the forward product, GELU's
+  // derivative into the backward one (cuBLASLt epilogues, or the separate kernels when `tag` says off).
+  void fused_mlp(const std::string& tag) {
+    const int N = 256, C = 128, OC = 512;
+    const Vec x = in(size_t(N) * C, -2, 2), w = in(size_t(OC) * C, -0.2f, 0.2f), bias = in(size_t(OC));
+    Vec pre(size_t(N) * OC), out(pre.size());
+    cpu::matmul_forward(pre.data(), x.data(), w.data(), nullptr, N, C, OC);
+    cpu::bias_gelu_forward(out.data(), pre.data(), bias.data(), N, OC);
+    DeviceBuffer dx = up<T>(x), dw = up<T>(w), db = up<T>(bias);
+    DeviceBuffer dpre(pre.size() * sizeof(T)), dout(out.size() * sizeof(T));
+    matmul_bias_gelu_forward<T>(dout.as<T>(), dpre.as<T>(), dx.as<T>(), dw.as<T>(), db.as<T>(), N, C, OC);
+    cmp("matmul+bias+gelu forward" + tag, down<T>(dout, out.size()), out);
+    cmp("matmul+bias+gelu forward pre" + tag, down<T>(dpre, pre.size()), pre);
+    // Backward through the next product (w2: [C, OC]) into the GELU input, from the same rounded pre.
+    if (kBf16)
+      cpu::round_to_bf16(pre.data(), int64_t(pre.size())),
+          cpu::round_to_bf16(out.data(), int64_t(out.size()));
+    const Vec w2 = in(size_t(C) * OC, -0.2f, 0.2f), g = in(size_t(N) * C), gw0 = rng.vec(w2.size()),
+              gb0 = rng.vec(size_t(C));
+    Vec din(pre.size()), gw = gw0, gb = gb0;
+    cpu::matmul_backward(din.data(), gw.data(), gb.data(), g.data(), out.data(), w2.data(), N, OC, C);
+    cpu::gelu_backward(din.data(), pre.data(), N, OC);
+    DeviceBuffer dpre_r = up<T>(pre), dw2 = up<T>(w2), dg = up<T>(g), dgw = up<float>(gw0),
+                 dgb = up<float>(gb0);
+    DeviceBuffer dact = up<T>(out), ddin(din.size() * sizeof(T));
+    matmul_backward<T>(ddin.as<T>(), dgw.as<float>(), dgb.as<float>(), dg.as<T>(), dact.as<T>(), dw2.as<T>(),
+                       N, OC, C, dpre_r.as<T>());
+    cmp("matmul backward din*gelu'" + tag, down<T>(ddin, din.size()), din);
+    cmp("matmul backward dweight" + tag, down<float>(dgw, gw.size()), gw);
+    cmp("matmul backward dbias" + tag, down<float>(dgb, gb.size()), gb);
   }
 
   // T = 200: three full 64-row tiles and a partial one (the tensor-core kernels' tile), seven and a
@@ -354,6 +388,12 @@ bool check_ops(uint64_t seed) {
       unsetenv("FORGE_CUDA_ATTENTION");
     });
   run("gelu", [&] { f32.gelu(), b16.gelu(); });
+  run("fused mlp", [&] {
+    f32.fused_mlp(""), b16.fused_mlp("");
+    setenv("FORGE_CUDA_GEMM_FUSION", "off", 1);
+    f32.fused_mlp(" (fusion off)"), b16.fused_mlp(" (fusion off)");
+    unsetenv("FORGE_CUDA_GEMM_FUSION");
+  });
   run("classifier", [&] { f32.classifier(), b16.classifier(); });
   run("adamw", [&] { f32.optimizer(); });
   run("nccl", [&] { check_nccl(table); });

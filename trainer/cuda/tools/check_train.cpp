@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <thread>
 
@@ -150,6 +151,15 @@ void check_train_runs(const TrainOptions& o, Table& table, std::vector<RunResult
     for (size_t s = 0; s < std::min<size_t>(5, f.size()); ++s) e = std::max(e, std::fabs(b[s] - f[s]) / f[s]);
     table.add("gpt2-124m: bf16 vs fp32 loss, 5 steps", "bf16", e, 2e-2);
     table.add("gpt2-124m: final/initial loss < 0.97", "bf16", b.back() / b.front(), 0.97);
+    // The same run with the GELU and bias-gradient epilogues as separate kernels: what the fusion buys.
+    setenv("FORGE_CUDA_GEMM_FUSION", "off", 1);
+    runs.push_back(run_gpu("gpt2 unfused", gpt2, DType::kBF16, std::min(o.steps, 10)));
+    unsetenv("FORGE_CUDA_GEMM_FUSION");
+    const auto& u = runs.back().losses;
+    double eu = 0;
+    for (size_t s = 0; s < std::min<size_t>(5, u.size()); ++s)
+      eu = std::max(eu, std::fabs(b[s] - u[s]) / u[s]);
+    table.add("gpt2-124m: fused vs unfused epilogues, 5 steps", "bf16", eu, 1e-2);
   }
 }
 
@@ -169,10 +179,10 @@ bool check_train(const TrainOptions& o) {
 
   fmt::print("\nThroughput (MFU against {:.0f} TFLOP/s dense BF16; model FLOPs 6N + 12LTd per token)\n",
              kPeakBf16 / 1e12);
-  fmt::print("{:<10} {:<5} {:>10} {:>12} {:>7} {:>10}\n", "config", "dtype", "step ms", "tokens/s", "MFU",
+  fmt::print("{:<12} {:<5} {:>10} {:>12} {:>7} {:>10}\n", "config", "dtype", "step ms", "tokens/s", "MFU",
              "memory");
   for (const auto& r : runs)
-    fmt::print("{:<10} {:<5} {:>10.1f} {:>12.0f} {:>6.1f}% {:>7.2f} GiB\n", r.config, r.dtype, r.step_ms,
+    fmt::print("{:<12} {:<5} {:>10.1f} {:>12.0f} {:>6.1f}% {:>7.2f} GiB\n", r.config, r.dtype, r.step_ms,
                r.tokens_per_s, 100 * r.mfu, double(r.peak_bytes) / double(1ull << 30));
   std::fflush(stdout);
   return table.all_pass();

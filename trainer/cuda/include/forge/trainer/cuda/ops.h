@@ -27,9 +27,10 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 template <class T>
 void layernorm_forward(T* out, float* mean, float* rstd, const float* in, const T* weight, const T* bias,
                        int N, int C);
-// din += dL/din; dweight, dbias +=.
+// din += dL/din; dweight, dbias +=. din_t, if not null, receives the updated din as T (the copy of the
+// residual gradient the next matrix product reads).
 template <class T>
-void layernorm_backward(float* din, float* dweight, float* dbias, const T* dout, const float* in,
+void layernorm_backward(float* din, T* din_t, float* dweight, float* dbias, const T* dout, const float* in,
                         const T* weight, const float* mean, const float* rstd, int N, int C);
 // res_out = res_in + delta + delta_bias; ln_out = LayerNorm(res_out).
 template <class T>
@@ -50,6 +51,8 @@ void bias_backward(float* dbias, const T* dout, int N, int OC);
 // out[i] = T(in[i])
 template <class T>
 void convert(T* out, const float* in, int64_t n);
+// dst[i] += src[i]
+void add_to(float* dst, const float* src, int64_t n);
 
 // Cross-entropy rows of a logits chunk: losses[i] = logsumexp(row i) - row_i[target_i]; if dlogits is not
 // null it receives grad_scale * (softmax(row i) - onehot(target_i)).
@@ -70,10 +73,15 @@ void sum_squares(double* out, const float* g, size_t n);
 // out = in @ w^T (+ bias if not null; bias only where O is T)
 template <class T, class O>
 void matmul_forward(O* out, const T* in, const T* w, const T* bias, int N, int C, int OC);
-// din = dout @ w (overwrites; skipped if null); dw += dout^T @ in; dbias += column sums of dout (if not null)
+// out = gelu(pre), pre = in @ w^T + bias: matmul_forward and bias_gelu_forward in one product where
+// cuBLASLt has the epilogue (pre is then rounded to T once, out computed from the unrounded value).
+template <class T>
+void matmul_bias_gelu_forward(T* out, T* pre, const T* in, const T* w, const T* bias, int N, int C, int OC);
+// din = dout @ w (overwrites; skipped if null), times gelu'(gelu_pre) if gelu_pre is not null (the product
+// fused with gelu_backward); dw += dout^T @ in; dbias += column sums of dout (if not null)
 template <class T>
 void matmul_backward(T* din, float* dw, float* dbias, const T* dout, const T* in, const T* w, int N, int C,
-                     int OC);
+                     int OC, const T* gelu_pre = nullptr);
 
 // ---- attention.cu ---- causal multi-head attention on the fused qkv [B*T, 3C]: tiled with an online
 // softmax (FlashAttention-2's schedule on CUDA cores), no T x T matrix. Head dims 32, 64 and 128.
