@@ -13,7 +13,8 @@
 #      see docs/GPU.md for the list), unpacked into a private prefix without root or network.
 # Environment: OUT, FORGE_GPU_DEBS, FORGE_GPU_BUILD (build dir, default build-gpu), FORGE_GPU_JOBS (16),
 # FORGE_GPU_CHECK_ARGS (extra forge-cuda-check arguments), FORGE_GPU_CHECK_TIMEOUT (seconds, 360),
-# FORGE_GPU_DIRECT=1 (skip CMake), FORGE_GPU_PREBUILT (a folder from scripts/gpu/pack.sh: run, don't build).
+# FORGE_GPU_DIRECT=1 (skip CMake), FORGE_GPU_PREBUILT (a folder from scripts/gpu/pack.sh: run, don't build),
+# FORGE_GPU_PROFILE=1 (then a per-kernel time breakdown of one GPT-2-124M step with Nsight Compute).
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -210,4 +211,35 @@ timeout --signal=KILL "$limit" "$exe" --config "$root/configs/bench-cpu.ini" ${F
 rc=${PIPESTATUS[0]}
 [ "$rc" -eq 137 ] && say "forge-cuda-check killed after ${limit} s (FORGE_GPU_CHECK_TIMEOUT)"
 say "forge-cuda-check exit $rc after $(($(date +%s) - start)) s"
+
+# --- where one GPT-2-124M BF16 step's time goes (FORGE_GPU_PROFILE=1; Nsight Compute, ~1 minute): GPU time
+# per kernel, summed over the step, largest first.
+ncu=$(command -v ncu)
+for candidate in "$CUDA_HOME"/bin/ncu "$CUDA_HOME"/nsight-compute*/ncu; do
+  [ -z "$ncu" ] && [ -x "$candidate" ] && ncu=$candidate
+done
+if [ "${FORGE_GPU_PROFILE:-0}" = 1 ] && [ -n "$ncu" ]; then
+  say "profiling one GPT-2-124M BF16 step with $ncu"
+  timeout --signal=KILL 240 "$ncu" --profile-from-start off --clock-control none --metrics gpu__time_duration.sum \
+    --csv --page raw "$exe" --config "$root/configs/bench-cpu.ini" --profile >"$build.ncu.csv" 2>"$build.ncu.log" ||
+    say "ncu failed: $(tail -n 3 "$build.ncu.log")"
+  python3 - "$build.ncu.csv" <<'PY' 2>&1 | tee -a "$log"
+import csv, sys, collections
+lines = [l for l in open(sys.argv[1]) if l.startswith('"')]
+rows = list(csv.reader(lines))
+head, units = rows[0], rows[1]
+name, col = head.index("Kernel Name"), head.index("gpu__time_duration.sum")
+scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0}.get(units[col], 1e-6)
+total, count = collections.Counter(), collections.Counter()
+for r in rows[2:]:
+    k = r[name].replace("(anonymous namespace)::", "").removeprefix("void ")
+    k = k.split("(")[0].split("<")[0].split("::")[-1].strip()
+    total[k] += float(r[col].replace(",", "")) * scale
+    count[k] += 1
+print(f"{'kernel':<60} {'calls':>5} {'ms/step':>8}")
+for k, t in total.most_common(30):
+    print(f"{k[:60]:<60} {count[k]:>5} {t:>8.3f}")
+print(f"{'all kernels':<60} {sum(count.values()):>5} {sum(total.values()):>8.3f}")
+PY
+fi
 exit "$rc"

@@ -35,10 +35,13 @@ struct TrainOptions {
   int cpu_steps = 6;    // CPU FP32 steps compared
   int gpt2_batch = 16;  // GPT-2-124M-class micro-batch
   bool gpt2 = true;
+  bool profile = false;  // only: four GPT-2-124M BF16 steps, the fourth inside cudaProfilerStart/Stop
 };
 
 // Trains the small config on CPU and GPU and the GPT-2-124M-class config on GPU; prints the loss comparison
 // and, last, the throughput table. Returns false if a loss comparison failed.
 bool check_train(const TrainOptions& options);
+// options.profile: a run for a profiler started with profiling off (ncu --profile-from-start off).
+void profile_train(const TrainOptions& options);
 
 }  // namespace forge::trainer::cuda::check

@@ -68,11 +68,13 @@ int main(int argc, char** argv) {
         train.gpt2_batch = number();
       else if (arg == "--no-gpt2")
         train.gpt2 = false;
+      else if (arg == "--profile")
+        train.profile = true;
       else
         forge::fail(
             forge::ExitCode::kUsage,
             "unknown argument '{}' (options: --ops-only --train-only --config PATH --steps N --cpu-steps N "
-            "--gpt2-batch N --no-gpt2)",
+            "--gpt2-batch N --no-gpt2 --profile)",
             arg);
     }
     if (train.steps < 4 || train.cpu_steps < 1 || train.cpu_steps > train.steps || train.gpt2_batch < 1)
@@ -80,6 +82,10 @@ int main(int argc, char** argv) {
                   "need --steps >= 4, 1 <= --cpu-steps <= --steps and --gpt2-batch >= 1");
     const auto dev = forge::trainer::cuda::bind_device(0, forge::trainer::cuda::read_device_env());
     fmt::print("forge-cuda-check: {} (CUDA device {}, GPU {})\n", dev.name, dev.ordinal, dev.physical);
+    if (train.profile) {
+      check::profile_train(train);
+      return 0;
+    }
     bool ok = true;
     if (ops) ok = check::check_ops(20261129) && ok;
     if (run_train) ok = check::check_train(train) && ok;

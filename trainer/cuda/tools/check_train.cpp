@@ -10,6 +10,7 @@
 #include "forge/trainer/spec.h"
 #include "forge/trainer/trainer.h"
 
+#include <cuda_profiler_api.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -101,10 +102,25 @@ std::vector<double> run_cpu(TrainSpec spec, int steps, int total_steps) {
   return losses;
 }
 
-void check_train_runs(const TrainOptions& o, Table& table, std::vector<RunResult>& runs) {
+TrainSpec gpt2_spec(const TrainSpec& small, int batch) {
+  TrainSpec gpt2 = small;
+  gpt2.model = {12, 768, 12, 50304, 1024, 1024};
+  gpt2.batch = batch;
+  gpt2.microbatches = 1;
+  gpt2.optim.lr = 6e-4;
+  gpt2.optim.min_lr = 6e-5;
+  gpt2.optim.warmup_steps = 5;
+  return gpt2;
+}
+
+TrainSpec small_spec(const TrainOptions& o) {
   ConfigSchema schema;
   add_trainer_keys(schema);
-  const TrainSpec small = train_spec(load_config(schema, o.config, {}));
+  return train_spec(load_config(schema, o.config, {}));
+}
+
+void check_train_runs(const TrainOptions& o, Table& table, std::vector<RunResult>& runs) {
+  const TrainSpec small = small_spec(o);
   fmt::print("\nTraining: {} ({} layers, d_model {}, {} heads, vocab {}, seq {}, batch {})\n", o.config,
              small.model.layers, small.model.d_model, small.model.heads, small.model.vocab,
              small.model.seq_len, small.batch);
@@ -133,13 +149,7 @@ void check_train_runs(const TrainOptions& o, Table& table, std::vector<RunResult
     table.add("small: final/initial loss < 0.97", r.dtype, r.losses.back() / r.losses.front(), 0.97);
 
   if (o.gpt2) {
-    TrainSpec gpt2 = small;
-    gpt2.model = {12, 768, 12, 50304, 1024, 1024};
-    gpt2.batch = o.gpt2_batch;
-    gpt2.microbatches = 1;
-    gpt2.optim.lr = 6e-4;
-    gpt2.optim.min_lr = 6e-5;
-    gpt2.optim.warmup_steps = 5;
+    const TrainSpec gpt2 = gpt2_spec(small, o.gpt2_batch);
     fmt::print("\nGPT-2-124M class: 12 layers, d_model 768, 12 heads, vocab 50304, seq 1024, batch {}\n",
                gpt2.batch);
     std::fflush(stdout);
@@ -164,6 +174,21 @@ void check_train_runs(const TrainOptions& o, Table& table, std::vector<RunResult
 }
 
 }  // namespace
+
+void profile_train(const TrainOptions& o) {
+  TrainSpec spec = gpt2_spec(small_spec(o), o.gpt2_batch);
+  spec.dtype = DType::kBF16;
+  spec.steps = 4;
+  CudaTrainer trainer(spec);
+  std::vector<int32_t> tokens;
+  for (int s = 0; s < spec.steps; ++s) {
+    fill_tokens(spec, s, tokens);
+    if (s + 1 == spec.steps) check_cuda(cudaProfilerStart(), "cudaProfilerStart");
+    const StepStats st = trainer.step(tokens);
+    fmt::print("gpt2-124m bf16 step {}: {:.1f} ms\n", s + 1, 1e3 * st.seconds);
+  }
+  check_cuda(cudaProfilerStop(), "cudaProfilerStop");
+}
 
 bool check_train(const TrainOptions& o) {
   Table table;
