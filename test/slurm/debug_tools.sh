@@ -50,12 +50,13 @@ job=$(sbatch --parsable -N2 --ntasks-per-node=1 -t 2 -J forge-debug-hang -o "$WO
 if [ -z "$job" ]; then
   fail "stacks: sbatch of the sleeping job failed"
 else
-  # Wait for the step (the ranks), not only the batch shell.
-  for _ in $(seq 1 60); do
-    squeue -h -s -j "$job" -o %i 2>/dev/null | grep -q "^$job\.0\$" && break
+  # Wait for the ranks themselves (both sleep processes started), not only the batch shell or the step
+  # record: on a loaded machine srun may still be launching them.
+  for _ in $(seq 1 120); do
+    squeue -h -s -j "$job" -o %i 2>/dev/null | grep -q "^$job\.0\$" &&
+      [ "$(pgrep -c -f '^sleep 300$')" -ge 2 ] && break
     sleep 0.5
   done
-  sleep 1
   out=$(timeout 120 "$DEBUG" stacks "$job" --program sleep 2>"$WORK/stacks.err")
   rc=$?
   [ $rc -eq 0 ] || { fail "debug.sh stacks exited $rc"; sed 's/^/    /' "$WORK/stacks.err"; }

@@ -175,7 +175,7 @@ bool gemm(bool ta, bool tb, int m, int n, int k, const void* A, int lda, const v
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   const cublasStatus_t st = cublasLtMatmul(lt, desc.op, &alpha, A, desc.a, B, desc.b, &beta, D, desc.c, D,
                                            desc.c, &*it->second, ws, ws_bytes, stream());
-  if (optional && st == CUBLAS_STATUS_NOT_SUPPORTED) {
+  if (optional && st != CUBLAS_STATUS_SUCCESS) {  // refused at validation: nothing was launched
     it->second.reset();
     return false;
   }
@@ -187,7 +187,10 @@ bool gemm(bool ta, bool tb, int m, int n, int k, const void* A, int lda, const v
 // buffer per process, grown to the widest layer.
 float* bias_grad_scratch(int n) {
   static DeviceBuffer buffer;
-  if (buffer.bytes() < sizeof(float) * size_t(n)) buffer = DeviceBuffer(sizeof(float) * size_t(n));
+  if (buffer.bytes() < sizeof(float) * size_t(n)) {
+    synchronize();  // the smaller buffer may still be read by a queued add_to
+    buffer = DeviceBuffer(sizeof(float) * size_t(n));
+  }
   return buffer.as<float>();
 }
 

@@ -19,10 +19,10 @@ void Table::add(const std::string& what, const std::string& dtype, double err, d
 }
 
 void Table::print(const char* title) const {
-  fmt::print("\n{}\n{:<34} {:<5} {:>12} {:>10}  {}\n", title, "op", "dtype", "max rel err", "tolerance",
+  fmt::print("\n{}\n{:<50} {:<5} {:>12} {:>10}  {}\n", title, "op", "dtype", "max rel err", "tolerance",
              "pass");
   for (const auto& r : rows_)
-    fmt::print("{:<34} {:<5} {:>12.3e} {:>10.0e}  {}\n", r.what, r.dtype, r.err, r.tol,
+    fmt::print("{:<50} {:<5} {:>12.3e} {:>10.0e}  {}\n", r.what, r.dtype, r.err, r.tol,
                r.pass ? "yes" : "NO");
   std::fflush(stdout);
 }
