@@ -54,7 +54,7 @@ else
   # record: on a loaded machine srun may still be launching them.
   for _ in $(seq 1 120); do
     squeue -h -s -j "$job" -o %i 2>/dev/null | grep -q "^$job\.0\$" &&
-      [ "$(pgrep -c -f '^sleep 300$')" -ge 2 ] && break
+      [ "$(pgrep -c -f '^[^ ]*sleep 300$')" -ge 2 ] && break
     sleep 0.5
   done
   out=$(timeout 120 "$DEBUG" stacks "$job" --program sleep 2>"$WORK/stacks.err")
