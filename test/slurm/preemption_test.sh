@@ -27,14 +27,15 @@ args=(--run.threads=1 --run.peak_gflops=100 --model.layers=2 --model.d_model=256
 # revoked the old one ("Job credential revoked", the job ends FAILED), and a loaded node may still be
 # cleaning up the old instance. So release it once the node is done and a few seconds have passed.
 wait_requeued_job() {
-  local job=$1 state="" pending_since=0
+  local job=$1 state="" queued pending_since=0
   for _ in $(seq 1 240); do
     state=$(sacct -n -X -P -j "$job" -o State 2>/dev/null | tail -n1)
     [ "$state" = COMPLETED ] && break
-    if [ -z "$(squeue -h -j "$job" -o %T)" ]; then
+    queued=$(squeue -h -j "$job" -o %T)
+    if [ -z "$queued" ]; then
       case $state in FAILED | CANCELLED* | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY) break ;; esac
     fi
-    if [ "$(squeue -h -j "$job" -o %T)" = PENDING ] && scontrol show job "$job" | grep -q 'Restarts=[1-9]' &&
+    if [ "$queued" = PENDING ] && scontrol show job "$job" | grep -q 'Restarts=[1-9]' &&
       ! scontrol show node "$node" | grep -q 'State=[A-Z+]*COMPLETING'; then
       [ $pending_since -eq 0 ] && pending_since=$SECONDS
       [ $((SECONDS - pending_since)) -ge 3 ] && scontrol update JobId="$job" StartTime=now 2>/dev/null

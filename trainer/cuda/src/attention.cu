@@ -252,13 +252,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// Dynamic shared memory above 48 KiB must be opted into once per kernel.
-template <class Kernel>
-void allow_smem(Kernel kernel, size_t bytes, const char* name) {
-  if (bytes > 48 * 1024)
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), name);
-}
-
 void check_head_dim(int C, int NH) {
   const int hd = NH > 0 ? C / NH : 0;
   if (NH <= 0 || C % NH != 0 || (hd != 32 && hd != 64 && hd != 128))
@@ -272,7 +265,7 @@ void check_head_dim(int C, int NH) {
 enum class Bf16Kernels { kMma, kWmma, kSimt };
 Bf16Kernels bf16_kernels(std::initializer_list<const void*> tensors) {
   for (const void* p : tensors)
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return Bf16Kernels::kSimt;
+    if (!aligned_to(p, 16)) return Bf16Kernels::kSimt;
   const char* env = std::getenv("FORGE_CUDA_ATTENTION");
   if (env != nullptr && std::strcmp(env, "simt") == 0) return Bf16Kernels::kSimt;
   if (env != nullptr && std::strcmp(env, "wmma") == 0) return Bf16Kernels::kWmma;

@@ -325,25 +325,22 @@ void attention_backward_mma(bf16* dqkv, const float* D, const bf16* dout, const 
   const float scale = 1.0f / std::sqrt(float(HD));
   // Six tiles each (above the 48 KiB a kernel gets without asking).
   constexpr int smem = 6 * Tile<HD>::bytes;
-  check_cuda(
-      cudaFuncSetAttribute(attention_dq_mma_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-      "cudaFuncSetAttribute (attention_dq_mma)");
+  allow_smem(attention_dq_mma_kernel<HD>, smem, "cudaFuncSetAttribute (attention_dq_mma)");
   attention_dq_mma_kernel<HD>
       <<<grid, kWarps * 32, smem, stream()>>>(dqkv, dout, qkv, lse, D, T_, C, NH, scale);
   check_launch("attention_backward_mma (dq)");
-  check_cuda(
-      cudaFuncSetAttribute(attention_dkv_mma_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-      "cudaFuncSetAttribute (attention_dkv_mma)");
+  allow_smem(attention_dkv_mma_kernel<HD>, smem, "cudaFuncSetAttribute (attention_dkv_mma)");
   attention_dkv_mma_kernel<HD>
       <<<grid, kWarps * 32, smem, stream()>>>(dqkv, dout, qkv, lse, D, T_, C, NH, scale);
   check_launch("attention_backward_mma (dk, dv)");
 }
 
-template void attention_forward_mma<32>(bf16*, float*, const bf16*, int, int, int, int);
-template void attention_backward_mma<32>(bf16*, const float*, const bf16*, const bf16*, const float*, int,
-                                         int, int, int);
-template void attention_forward_mma<64>(bf16*, float*, const bf16*, int, int, int, int);
-template void attention_backward_mma<64>(bf16*, const float*, const bf16*, const bf16*, const float*, int,
-                                         int, int, int);
+#define FORGE_INSTANTIATE(HD)                                                                                \
+  template void attention_forward_mma<HD>(bf16*, float*, const bf16*, int, int, int, int);                   \
+  template void attention_backward_mma<HD>(bf16*, const float*, const bf16*, const bf16*, const float*, int, \
+                                           int, int, int);
+FORGE_INSTANTIATE(32)
+FORGE_INSTANTIATE(64)
+#undef FORGE_INSTANTIATE
 
 }  // namespace forge::trainer::cuda

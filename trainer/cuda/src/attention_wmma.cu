@@ -307,17 +307,12 @@ __global__ void __launch_bounds__(kWarps * 32)
   store_rows<HD>(rows + 2 * C, C3, T_ - row0, dv, s);
 }
 
-template <class Kernel>
-void set_smem(Kernel kernel, size_t bytes, const char* name) {
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), name);
-}
-
 }  // namespace
 
 template <int HD>
 void attention_forward_wmma(bf16* out, float* lse, const bf16* qkv, int B, int T_, int C, int NH) {
   constexpr size_t smem = forward_smem<HD>();
-  set_smem(attention_forward_wmma_kernel<HD>, smem, "cudaFuncSetAttribute (attention_forward_wmma)");
+  allow_smem(attention_forward_wmma_kernel<HD>, smem, "cudaFuncSetAttribute (attention_forward_wmma)");
   const dim3 grid((T_ + kRows - 1) / kRows, B * NH);
   attention_forward_wmma_kernel<HD>
       <<<grid, kWarps * 32, smem, stream()>>>(out, lse, qkv, T_, C, NH, 1.0f / std::sqrt(float(HD)));
@@ -329,24 +324,23 @@ void attention_backward_wmma(bf16* dqkv, const float* D, const bf16* dout, const
                              int B, int T_, int C, int NH) {
   const dim3 grid((T_ + kRows - 1) / kRows, B * NH);
   const float scale = 1.0f / std::sqrt(float(HD));
-  set_smem(attention_dq_wmma_kernel<HD>, dq_smem<HD>(), "cudaFuncSetAttribute (attention_dq_wmma)");
+  allow_smem(attention_dq_wmma_kernel<HD>, dq_smem<HD>(), "cudaFuncSetAttribute (attention_dq_wmma)");
   attention_dq_wmma_kernel<HD>
       <<<grid, kWarps * 32, dq_smem<HD>(), stream()>>>(dqkv, dout, qkv, lse, D, T_, C, NH, scale);
   check_launch("attention_backward_wmma (dq)");
-  set_smem(attention_dkv_wmma_kernel<HD>, dkv_smem<HD>(), "cudaFuncSetAttribute (attention_dkv_wmma)");
+  allow_smem(attention_dkv_wmma_kernel<HD>, dkv_smem<HD>(), "cudaFuncSetAttribute (attention_dkv_wmma)");
   attention_dkv_wmma_kernel<HD>
       <<<grid, kWarps * 32, dkv_smem<HD>(), stream()>>>(dqkv, dout, qkv, lse, D, T_, C, NH, scale);
   check_launch("attention_backward_wmma (dk, dv)");
 }
 
-template void attention_forward_wmma<32>(bf16*, float*, const bf16*, int, int, int, int);
-template void attention_backward_wmma<32>(bf16*, const float*, const bf16*, const bf16*, const float*, int,
-                                          int, int, int);
-template void attention_forward_wmma<64>(bf16*, float*, const bf16*, int, int, int, int);
-template void attention_backward_wmma<64>(bf16*, const float*, const bf16*, const bf16*, const float*, int,
-                                          int, int, int);
-template void attention_forward_wmma<128>(bf16*, float*, const bf16*, int, int, int, int);
-template void attention_backward_wmma<128>(bf16*, const float*, const bf16*, const bf16*, const float*, int,
-                                           int, int, int);
+#define FORGE_INSTANTIATE(HD)                                                                            \
+  template void attention_forward_wmma<HD>(bf16*, float*, const bf16*, int, int, int, int);              \
+  template void attention_backward_wmma<HD>(bf16*, const float*, const bf16*, const bf16*, const float*, \
+                                            int, int, int, int);
+FORGE_INSTANTIATE(32)
+FORGE_INSTANTIATE(64)
+FORGE_INSTANTIATE(128)
+#undef FORGE_INSTANTIATE
 
 }  // namespace forge::trainer::cuda

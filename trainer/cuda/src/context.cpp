@@ -11,7 +11,7 @@ namespace {
 int g_rank = -1;
 
 struct Context {
-  int device = 0;
+  int device = 0, sms = 0, max_smem = 0;
   cudaStream_t stream = nullptr;
   cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;
@@ -19,6 +19,10 @@ struct Context {
 
   Context() {
     check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+    check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+               "cudaDeviceGetAttribute");
+    check_cuda(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+               "cudaDeviceGetAttribute");
     check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS)
       fail(ExitCode::kComm, "CUDA device {} rank {}: cublasLtCreate failed", device, g_rank);
@@ -60,6 +64,12 @@ void check_launch(const char* kernel) {
 
 cudaStream_t stream() {
   return ctx().stream;
+}
+int sm_count() {
+  return ctx().sms;
+}
+size_t max_shared_memory() {
+  return size_t(ctx().max_smem);
 }
 void* cublaslt_handle() {
   return ctx().lt;

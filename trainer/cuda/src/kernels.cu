@@ -244,8 +244,9 @@ __global__ void cross_entropy_kernel(T* dlogits, float* losses, const float* log
   const bool vec = V % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
   if (vec)
     for (int j = threadIdx.x; j < V / 4; j += blockDim.x) {
-      const float4 x = reinterpret_cast<const float4*>(row)[j];
-      add(x.x), add(x.y), add(x.z), add(x.w);
+      float x[4];
+      load_vec<4>(x, row + 4 * j);
+      add(x[0]), add(x[1]), add(x[2]), add(x[3]);
     }
   else
     for (int j = threadIdx.x; j < V; j += blockDim.x) add(row[j]);
@@ -272,10 +273,10 @@ __global__ void cross_entropy_kernel(T* dlogits, float* losses, const float* log
   const auto grad = [&](int j, float x) { return expf(x - mx) * inv - (j == target ? grad_scale : 0.0f); };
   if (vec)
     for (int j = threadIdx.x; j < V / 4; j += blockDim.x) {
-      const float4 x = reinterpret_cast<const float4*>(row)[j];
       const int c = 4 * j;
-      d[c] = from_f<T>(grad(c, x.x)), d[c + 1] = from_f<T>(grad(c + 1, x.y));
-      d[c + 2] = from_f<T>(grad(c + 2, x.z)), d[c + 3] = from_f<T>(grad(c + 3, x.w));
+      float x[4];
+      load_vec<4>(x, row + c);
+      for (int k = 0; k < 4; ++k) d[c + k] = from_f<T>(grad(c + k, x[k]));
     }
   else
     for (int j = threadIdx.x; j < V; j += blockDim.x) d[j] = from_f<T>(grad(j, row[j]));
@@ -344,21 +345,13 @@ template <class T, int V>
 void launch_layernorm_backward(float* din, T* din_t, float* dweight, float* dbias, const T* dout,
                                const float* in, const T* weight, const float* mean, const float* rstd, int N,
                                int C) {
-  int sms = 0, device = 0, max_smem = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  check_cuda(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
-             "cudaDeviceGetAttribute");
   // Eight warps a block while their gradient slices fit in 48 KiB (C <= 768), fewer for wider rows.
   const size_t slice = sizeof(float) * 2 * size_t(C);
   const int warps = int(std::clamp<size_t>(48 * 1024 / slice, 1, 8));
   const size_t smem = slice * size_t(warps);
-  if (smem > size_t(max_smem)) usage_fail("CUDA layernorm_backward: d_model too large for shared memory");
-  if (smem > 48 * 1024)
-    check_cuda(cudaFuncSetAttribute(layernorm_backward_kernel<T, V>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-               "cudaFuncSetAttribute (layernorm_backward)");
-  const int blocks = int(std::min<int64_t>((int64_t(N) + warps - 1) / warps, 4 * int64_t(sms)));
+  if (smem > max_shared_memory()) usage_fail("CUDA layernorm_backward: d_model too large for shared memory");
+  allow_smem(layernorm_backward_kernel<T, V>, smem, "cudaFuncSetAttribute (layernorm_backward)");
+  const int blocks = int(std::min<int64_t>((int64_t(N) + warps - 1) / warps, 4 * int64_t(sm_count())));
   layernorm_backward_kernel<T, V><<<blocks, 32 * warps, smem, stream()>>>(din, din_t, dweight, dbias, dout,
                                                                           in, weight, mean, rstd, N, C);
   check_launch("layernorm_backward");
@@ -369,9 +362,9 @@ void layernorm_backward(float* din, T* din_t, float* dweight, float* dbias, cons
                         const T* weight, const float* mean, const float* rstd, int N, int C) {
   // Four columns per access when every row and vector starts 16-byte aligned (C % 4 == 0 and cudaMalloc'd
   // bases; parameter views are offsets of whole tensors whose sizes are multiples of C).
-  const auto aligned = [](const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
-  const bool vec4 = C % 4 == 0 && aligned(din, 16) && aligned(in, 16) && aligned(dout, 4 * sizeof(T)) &&
-                    aligned(weight, 4 * sizeof(T)) && (din_t == nullptr || aligned(din_t, 4 * sizeof(T)));
+  const bool vec4 = C % 4 == 0 && aligned_to(din, 16) && aligned_to(in, 16) &&
+                    aligned_to(dout, 4 * sizeof(T)) && aligned_to(weight, 4 * sizeof(T)) &&
+                    (din_t == nullptr || aligned_to(din_t, 4 * sizeof(T)));
   if (vec4)
     launch_layernorm_backward<T, 4>(din, din_t, dweight, dbias, dout, in, weight, mean, rstd, N, C);
   else

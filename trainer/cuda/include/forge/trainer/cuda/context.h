@@ -25,6 +25,19 @@ inline void check_cuda(cudaError_t err, const char* call) {
 void check_launch(const char* kernel);
 
 cudaStream_t stream();
+// The current device's multiprocessors and opt-in shared memory per block, read once per process.
+int sm_count();
+size_t max_shared_memory();
+// Dynamic shared memory above 48 KiB must be opted into once per kernel.
+template <class Kernel>
+void allow_smem(Kernel kernel, size_t bytes, const char* call) {
+  if (bytes > 48 * 1024)
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), call);
+}
+// Whether `p` is a multiple of `bytes` (what a vector load of that width needs).
+inline bool aligned_to(const void* p, size_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
 // cuBLASLt handle and workspace (opaque here; gemm.cpp owns them).
 void* cublaslt_handle();
 void* gemm_workspace(size_t* bytes);
