@@ -120,17 +120,19 @@ struct ReaderRun {
   std::unique_ptr<Reader> reader;
   uint64_t steps = 0;
   uint32_t seq_len = 0;
-  Batch batch;
+  forge::MicroBatch batch;
   Pass open, first;  // construction (mapping) and the first epoch (cold page tables)
   Best best;         // later epochs
 };
 
-// One epoch of next(): tokens delivered are seq_len per sample (the extra target token overlaps).
+// One epoch of next(): tokens delivered are rows x seq_len per batch (inputs; the targets are the same
+// tokens shifted by one).
 Pass epoch(ReaderRun& r, uint64_t* checksum) {
   return measure(double(r.steps) * 16 * r.seq_len, [&] {
     for (uint64_t s = 0; s < r.steps; ++s) {
       r.reader->next(r.batch);
-      *checksum += static_cast<uint64_t>(r.batch.tokens[s % r.batch.tokens.size()]);
+      *checksum += static_cast<uint64_t>(r.batch.inputs[s % r.batch.inputs.size()]) +
+                   static_cast<uint64_t>(r.batch.targets[(s * 7) % r.batch.targets.size()]);
     }
   });
 }

@@ -37,7 +37,8 @@ double analytic_bytes(const TrainSpec& s, const ProcessGroups& g, const Parallel
   if (g.layout.pp > 1) floats += m * N * C * ((g.last_stage() ? 0 : 1) + (g.first_stage() ? 0 : 1));
   if (g.layout.dp > 1) floats += (s.parallel.zero == 1 ? 2.0 : 1.0) * double(t.parameter_bytes() / 8);
   if (g.embed) floats += double(s.model.vocab / g.layout.tp) * C;
-  return 4 * floats + 16;  // + the loss and norm reduction
+  // + the loss and norm reduction, and (dp > 1) the sum of the step's scored weight over the DP group.
+  return 4 * floats + 16 + (g.layout.dp > 1 ? 8 : 0);
 }
 
 }  // namespace
@@ -50,12 +51,19 @@ int main(int argc, char** argv) {
     const Config config = load_config(schema, argv[1], std::vector<std::string>(argv + 2, argv + argc));
     const TrainSpec spec = train_spec(config);
     auto world = mpi_world();
-    ProcessGroups groups =
-        make_groups(std::move(world), {spec.parallel.tp, spec.parallel.pp, spec.parallel.dp});
+    ProcessGroups groups = make_groups(std::move(world), spec.layout);
     ParallelTrainer trainer(spec, groups);
-    std::vector<int32_t> tokens(trainer.tokens_per_step());
-    for (size_t i = 0; i < tokens.size(); ++i)
-      tokens[i] = int32_t(splitmix64(i) % uint64_t(spec.model.vocab));
+    // This rank's micro-batches (the same every step).
+    std::vector<MicroBatch> tokens(size_t(spec.microbatches));
+    std::vector<int32_t> window(size_t(spec.model.seq_len) + 1);
+    uint64_t next = 0;
+    for (MicroBatch& b : tokens) {
+      b.resize(spec.batch, spec.model.seq_len);
+      for (int r = 0; r < spec.batch; ++r) {
+        for (auto& t : window) t = int32_t(splitmix64(next++) % uint64_t(spec.model.vocab));
+        b.set_window(r, window.data(), uint64_t(r), 0);
+      }
+    }
     const int warmup = 2;
     double seconds = 0, bubble = 0, comm = 0, bytes = 0;
     int64_t step_tokens = 0;
@@ -75,7 +83,7 @@ int main(int argc, char** argv) {
     double analytic = analytic_bytes(spec, groups, trainer);
     groups.world->all_reduce(&analytic, 1, CommType::kF64, ReduceOp::kMax)->wait();
     if (groups.rank == 0) {
-      const double p = spec.parallel.pp, mb = spec.microbatches;
+      const double p = spec.layout.pp, mb = spec.microbatches;
       const Json out{{"layout", groups.layout.str()},
                      {"zero", spec.parallel.zero},
                      {"threads_per_rank", spec.threads},

@@ -6,8 +6,8 @@
 // Usage: bench_trainer_cpu [--threads N] [--steps N] [--layers N] [--dmodel N] [--heads N] [--vocab N]
 //                          [--seq N] [--batch N] [--dtype fp32|bf16] [--no-profile]
 #include "cpu/kernels.h"
+#include "forge/trainer/parallel.h"
 #include "forge/trainer/runtime.h"
-#include "forge/trainer/trainer.h"
 
 #include <sys/resource.h>
 
@@ -22,6 +22,7 @@
 #include <vector>
 
 using namespace forge::trainer;
+using forge::MicroBatch;
 
 namespace {
 
@@ -54,6 +55,14 @@ void profile(const ModelConfig& m, int B, double step_s) {
   auto lse = fill(size_t(N) * NH), dx = fill(size_t(N) * C);
   std::vector<int32_t> tok(static_cast<size_t>(N));
   for (auto& t : tok) t = int32_t(rng() % unsigned(V));
+  // The tied classifier and its loss, as the model runs them (layers.h).
+  ParamInfo wte_info;
+  wte_info.name = "wte.weight";
+  wte_info.shape = wte_info.local_shape = {V, C};
+  Classifier classifier(cpu_backend(), {&wte_info, wte.data(), dwte.data()}, 0);
+  DeviceBatch batch;
+  batch.targets = tok.data();
+  const LmCrossEntropy loss;
   struct Row {
     const char* name;
     double seconds;
@@ -85,9 +94,10 @@ void profile(const ModelConfig& m, int B, double step_s) {
        }),
        L},
       {"attention fwd",
-       seconds_of([&] { k::attention_forward(y.data(), lse.data(), qkv.data(), B, T, C, NH); }), L},
+       seconds_of([&] { k::attention_forward(y.data(), lse.data(), qkv.data(), nullptr, B, T, C, NH); }), L},
       {"attention bwd", seconds_of([&] {
-         k::attention_backward(dqkv.data(), dx.data(), qkv.data(), y.data(), lse.data(), B, T, C, NH);
+         k::attention_backward(dqkv.data(), dx.data(), qkv.data(), y.data(), lse.data(), nullptr, B, T, C,
+                               NH);
        }),
        L},
       {"layernorm fwd", seconds_of([&] {
@@ -110,16 +120,16 @@ void profile(const ModelConfig& m, int B, double step_s) {
       {"gelu bwd", seconds_of([&] { k::gelu_backward(h2.data(), h.data(), N, 4 * C); }), L},
       {"classifier fwd+bwd",
        seconds_of(
-           [&] {
-             k::classifier_forward_backward(dx.data(), dwte.data(), x.data(), wte.data(), tok.data(), N, C, V,
-                                            1.0f / N, nullptr);
-           },
-           1),
+           [&] { classifier.forward_backward(dx.data(), x.data(), batch, N, loss, 1.0f / N, nullptr); }, 1),
        1},
-      {"embedding fwd",
-       seconds_of([&] { k::embedding_forward(x.data(), tok.data(), wte.data(), wte.data(), B, T, C); }), 1},
-      {"embedding bwd",
-       seconds_of([&] { k::embedding_backward(dwte.data(), dw.data(), dx.data(), tok.data(), B, T, C); }), 1},
+      {"embedding fwd", seconds_of([&] {
+         k::embedding_forward(x.data(), tok.data(), nullptr, wte.data(), wte.data(), B, T, C);
+       }),
+       1},
+      {"embedding bwd", seconds_of([&] {
+         k::embedding_backward(dwte.data(), dw.data(), dx.data(), tok.data(), nullptr, B, T, C);
+       }),
+       1},
   };
   const size_t n_params = parameter_table(m).back().offset + parameter_table(m).back().numel;
   std::vector<float> pw(n_params, 0.01f), pg(n_params, 0.001f);
@@ -190,13 +200,22 @@ int main(int argc, char** argv) {
   use_threads(s.threads);
   const double peak = measure_sgemm_gflops(2048, 3);
 
-  Trainer trainer(s);
+  // The one-process trainer: ParallelTrainer at layout 1,1,1.
+  ProcessGroups groups = make_groups(self_comm(), s.layout);
+  ParallelTrainer trainer(s, groups);
   std::mt19937 rng(0);
-  std::vector<int32_t> tokens(trainer.tokens_per_step());
+  std::vector<MicroBatch> batches(size_t(s.microbatches));
+  std::vector<int32_t> window(size_t(s.model.seq_len) + 1);
   std::vector<double> times;
   for (int i = 0; i < steps; ++i) {
-    for (auto& t : tokens) t = int32_t(rng() % unsigned(s.model.vocab));
-    times.push_back(trainer.step(tokens).seconds);
+    for (MicroBatch& b : batches) {
+      b.resize(s.batch, s.model.seq_len);
+      for (int r = 0; r < s.batch; ++r) {
+        for (auto& t : window) t = int32_t(rng() % unsigned(s.model.vocab));
+        b.set_window(r, window.data(), uint64_t(r), 0);
+      }
+    }
+    times.push_back(trainer.step(batches).seconds);
   }
   std::vector<double> tail(times.begin() + std::min<size_t>(2, times.size() - 1), times.end());
   std::sort(tail.begin(), tail.end());

@@ -35,6 +35,10 @@ forge_require(XXHASH_FOUND libxxhash-dev)
 pkg_check_modules(SENTENCEPIECE IMPORTED_TARGET sentencepiece)
 forge_require(SENTENCEPIECE_FOUND libsentencepiece-dev)
 
+# The tests run job_submit.lua with the Lua version Slurm's job_submit_lua.so links.
+find_program(LUA51_EXECUTABLE lua5.1)
+forge_require(LUA51_EXECUTABLE lua5.1)
+
 find_path(SLURM_INCLUDE_DIR slurm/spank.h)
 if(SLURM_INCLUDE_DIR)
   set(SLURM_FOUND TRUE)

@@ -20,10 +20,6 @@ esac
 # tp2,pp2,dp4: 16 CPU ranks across two nodes. The dev cluster's nodes have 8 GPUs and the example policy
 # packs jobs, so tp2,pp2,dp2 (8 ranks) is admitted on one node only (FORGE_DEMO_LAYOUT=tp2,pp2,dp2).
 layout=${FORGE_DEMO_LAYOUT:-tp2,pp2,dp4}
-[[ $layout =~ ^tp([0-9]+),pp([0-9]+),dp([0-9]+)$ ]] || { echo "demo: layout '$layout' must look like tp2,pp2,dp2" >&2; exit 64; }
-tp=${BASH_REMATCH[1]} pp=${BASH_REMATCH[2]} dp=${BASH_REMATCH[3]}
-# Spread a multi-rank layout over two nodes (submit-pipeline places FORGE_GPUS_PER_NODE ranks per node).
-export FORGE_GPUS_PER_NODE=${FORGE_GPUS_PER_NODE:-$(((tp * pp * dp + 1) / 2))}
 work=${FORGE_DEMO_DIR:-/var/tmp/forge-demo}
 # The work directory is the demo's own and is made afresh each run: a FORGE_DEMO_DIR with other contents
 # is refused rather than emptied.
@@ -69,6 +65,13 @@ else
   bin=$root/build/release
 fi
 export FORGE_BUILD_DIR=$bin
+# The layout's dimensions from the one layout parser (forge-quota layout prints tp= cp= ep= dp= pp= ranks=).
+facts=$("$bin/quota/forge-quota" layout "$layout" 2>&1) || { echo "demo: FORGE_DEMO_LAYOUT: ${facts#forge-quota: error: }" >&2; exit 64; }
+for kv in $facts; do
+  case ${kv%%=*} in tp | cp | ep | dp | pp | ranks) printf -v "${kv%%=*}" %s "${kv#*=}" ;; esac
+done
+# Spread a multi-rank layout over two nodes (submit-pipeline places FORGE_GPUS_PER_NODE ranks per node).
+export FORGE_GPUS_PER_NODE=${FORGE_GPUS_PER_NODE:-$(((ranks + 1) / 2))}
 
 stage "dev cluster up (with the SPANK plugin) and the example quota policy"
 export FORGE_DEVCLUSTER_DIR=${FORGE_DEVCLUSTER_DIR:-/var/lib/forge-devcluster}
@@ -105,8 +108,8 @@ sed -e "s/^steps = .*/steps = $steps/" -e "s/^milestone_every = .*/milestone_eve
   -e "s/^recovery_every = .*/recovery_every = $((fast ? 5 : 10))/" \
   -e "s|^dir = .*|dir = $run|" -e "s|^dataset = .*|dataset = $work/dataset|" \
   -e "s/^batch = .*/batch = $batch/" "$root/configs/demo.ini" > "$spec"
-printf '\n[parallel]\ntp = %s\npp = %s\ndp = %s\nmicrobatches = %s\nzero = %s\n' "$tp" "$pp" "$dp" "$microbatches" \
-  "$((dp > 1 ? 1 : 0))" >> "$spec"
+printf '\n[parallel]\ntp = %s\ncp = %s\nep = %s\npp = %s\ndp = %s\nmicrobatches = %s\nzero = %s\n' "$tp" "$cp" "$ep" \
+  "$pp" "$dp" "$microbatches" "$((dp > 1 ? 1 : 0))" >> "$spec"
 ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=pretrain \
   --train-layout="$layout" --gate-policy="$root/configs/gate.example.ini" --baseline=none "$spec" "$work/dataset")
 echo "$ids"
@@ -138,12 +141,20 @@ for _ in $(seq 1 1200); do
 done
 [ "$state" = COMPLETED ] || { cat "$work"/forge-forge-pretrain-"$train".out >&2; echo "training job ended $state" >&2; exit 1; }
 grep -E "exit class|requeue|resumed|verification" "$work"/forge-forge-pretrain-"$train".out "$run"/*.log 2>/dev/null || true
-python3 - "$metrics" <<'PY'
-import json, sys
+python3 - "$metrics" "$run/metrics" "$dp" <<'PY'
+import glob, json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 steps = [r["step"] for r in rows]
 assert steps == list(range(1, len(steps) + 1)), "the loss curve has gaps or repeats"
 print(f"loss curve: {len(rows)} steps, {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f}, continuous across the preemption")
+# Each rank reads only its data-parallel slice of every micro-batch (packed documents, masked).
+per_rank = {}
+for f in glob.glob(f"{sys.argv[2]}/rank-*.jsonl"):
+    recs = [json.loads(l) for l in open(f)]
+    per_rank[int(f.split("rank-")[1].split(".")[0])] = sum(r.get("data_bytes", 0) for r in recs) / len(recs)
+mean = sum(per_rank.values()) / len(per_rank)
+print(f"data: {len(per_rank)} ranks in {sys.argv[3]} data-parallel groups; each read {mean / 1024:.1f} KiB of "
+      f"tokens per step, 1/{sys.argv[3]} of the global batch")
 PY
 
 stage "gate: evaluate the final milestone, promote on pass"

@@ -22,6 +22,7 @@ packages=(
   slurm-wlm-mysql-plugin munge mariadb-server libpmix-dev libpmix-bin
   # --- tools the scripts and tests call
   util-linux procps iproute2 python3
+  lua5.1                              # runs job_submit.lua in its test (Slurm's job_submit_lua.so links Lua 5.1)
 )
 
 missing=()

@@ -32,7 +32,12 @@ Json Manifest::to_json() const {
       {"loss", number_or_null(meta.loss)},
       {"spec_hash", meta.spec_hash},
       {"dataset_version", meta.dataset_version},
-      {"layout", {{"tp", meta.layout.tp}, {"pp", meta.layout.pp}, {"dp", meta.layout.dp}}},
+      {"layout",
+       {{"tp", meta.layout.tp},
+        {"cp", meta.layout.cp},
+        {"ep", meta.layout.ep},
+        {"dp", meta.layout.dp},
+        {"pp", meta.layout.pp}}},
       {"model_config", meta.model_config},
       {"data_cursor", meta.data_cursor},
       {"rng", meta.rng},
@@ -61,7 +66,12 @@ Manifest Manifest::from_json(const Json& j, const std::string& where) {
     m.meta.spec_hash = j.at("spec_hash").get<std::string>();
     m.meta.dataset_version = j.at("dataset_version").get<std::string>();
     const Json& l = j.at("layout");
-    m.meta.layout = Layout{l.at("tp").get<int>(), l.at("pp").get<int>(), l.at("dp").get<int>()};
+    m.meta.layout.tp = l.at("tp").get<int>();
+    m.meta.layout.pp = l.at("pp").get<int>();
+    m.meta.layout.dp = l.at("dp").get<int>();
+    // Written before the layout had five dimensions: cp = ep = 1.
+    m.meta.layout.cp = l.value("cp", 1);
+    m.meta.layout.ep = l.value("ep", 1);
     m.meta.model_config = j.at("model_config");
     m.meta.data_cursor = j.at("data_cursor");
     m.meta.rng = j.at("rng");

@@ -180,8 +180,7 @@ int inspect(const Args& args) {
   fmt::print("checkpoint   {}\n", dir);
   fmt::print("tier         {}\nstep         {}\ntokens       {}\nloss         {}\n", m.tier, m.meta.step,
              m.meta.tokens, m.meta.loss);
-  fmt::print("layout       tp{},pp{},dp{} (written by {} ranks)\n", m.meta.layout.tp, m.meta.layout.pp,
-             m.meta.layout.dp, m.world_size);
+  fmt::print("layout       {} (written by {} ranks)\n", m.meta.layout.str(), m.world_size);
   fmt::print("spec hash    {}\ndataset      {}\nmodel        {}\n", m.meta.spec_hash, m.meta.dataset_version,
              m.meta.model_config.dump());
   fmt::print("data cursor  {}\nrng          {}\nverification {}\n", m.meta.data_cursor.dump(),

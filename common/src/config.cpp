@@ -2,12 +2,12 @@
 
 #include "forge/common/error.h"
 #include "forge/common/hash.h"
+#include "forge/common/ini.h"
 
 #include <boost/program_options/parsers.hpp>
 #include <boost/program_options/variables_map.hpp>
 
 #include <algorithm>
-#include <fstream>
 #include <sstream>
 
 namespace po = boost::program_options;
@@ -15,37 +15,24 @@ namespace po = boost::program_options;
 namespace forge {
 namespace {
 
-std::string trim(const std::string& s) {
-  const auto b = s.find_first_not_of(" \t\r");
-  if (b == std::string::npos) return "";
-  const auto e = s.find_last_not_of(" \t\r");
-  return s.substr(b, e - b + 1);
-}
-
-// Line numbers of every "section.key" in an INI file. Boost's parser does not report lines, so this scan
-// supplies them for error messages; it also rejects lines Boost would reject, with their number.
-std::map<std::string, int> index_ini(const std::string& path) {
-  std::ifstream in(path);
-  std::map<std::string, int> lines;
-  std::string line, section;
-  for (int number = 1; std::getline(in, line); ++number) {
-    const std::string t = trim(line);
-    if (t.empty() || t[0] == '#' || t[0] == ';') continue;
-    if (t.front() == '[') {
-      if (t.back() != ']' || t.size() < 3)
-        fail(ExitCode::kUsage, "{}:{}: malformed section header '{}'", path, number, t);
-      section = trim(t.substr(1, t.size() - 2));
-      continue;
+// The file's entries as Boost.Program_options would parse them (parse_config_file: key "section.key",
+// one value, unregistered when the schema lacks it), read by forge::parse_ini so the job spec, the quota
+// policy and the SPANK plugin share one INI syntax. `lines` gets each key's line for messages.
+po::parsed_options parse_file(const ConfigSchema& schema, const std::string& path,
+                              std::map<std::string, int>& lines) {
+  po::parsed_options parsed(&schema.options());
+  for (const IniSection& section : read_ini(path)) {
+    for (const IniEntry& e : section.entries) {
+      po::option opt;
+      opt.string_key = section.name + "." + e.key;
+      opt.value = {e.value};
+      opt.original_tokens = {opt.string_key, e.value};
+      opt.unregistered = !schema.options().find_nothrow(opt.string_key, false);
+      lines[opt.string_key] = e.line;
+      parsed.options.push_back(std::move(opt));
     }
-    const auto eq = t.find('=');
-    if (eq == std::string::npos || trim(t.substr(0, eq)).empty())
-      fail(ExitCode::kUsage, "{}:{}: expected 'key = value', got '{}'", path, number, t);
-    const std::string key = (section.empty() ? "" : section + ".") + trim(t.substr(0, eq));
-    if (lines.count(key))
-      fail(ExitCode::kUsage, "{}:{}: {} is already set on line {}", path, number, key, lines[key]);
-    lines[key] = number;
   }
-  return lines;
+  return parsed;
 }
 
 std::string strip_dashes(std::string name) {
@@ -147,11 +134,8 @@ std::string did_you_mean(const std::string& word, const std::vector<std::string>
 Config load_config(const ConfigSchema& schema, const std::string& path,
                    const std::vector<std::string>& overrides) {
   std::map<std::string, int> lines;
-  if (!path.empty()) {
-    std::ifstream probe(path);
-    if (!probe) fail(ExitCode::kUsage, "cannot read config file '{}': check the path and permissions", path);
-    lines = index_ini(path);
-  }
+  const po::parsed_options file =
+      path.empty() ? po::parsed_options(&schema.options()) : parse_file(schema, path, lines);
   const auto where = [&](const std::string& key, bool from_cmdline) {
     if (from_cmdline) return std::string("command line");
     const auto it = lines.find(key);
@@ -191,10 +175,7 @@ Config load_config(const ConfigSchema& schema, const std::string& path,
 
   // Command line first: Boost keeps the first value stored for a key, so overrides win over the file.
   store(po::command_line_parser(overrides).options(schema.options()).allow_unregistered().run(), true);
-  if (!path.empty()) {
-    std::ifstream in(path);
-    store(po::parse_config_file(in, schema.options(), true), false);
-  }
+  store(file, false);
   try {
     po::notify(vm);
   } catch (const po::required_option& e) {

@@ -52,17 +52,42 @@ struct DomainStream {
   std::vector<size_t> shards;    // indexes into Impl::maps, in stream order
   std::vector<uint64_t> starts;  // first stream token of each shard
   uint64_t tokens = 0, windows = 0, first_id = 0;
+  // With ReaderOptions::document_mask: the stream token where each document starts, ascending, distinct.
+  std::vector<uint64_t> doc_starts;
 };
 
-// Widens stored tokens to int32 and returns their maximum (for the vocabulary check). Written so the
-// compiler vectorizes it; the AVX2 clone is picked at load time where the CPU has it.
+// Widens stored tokens to int32, storing each twice: as an input and as the target of the position
+// before it (the caller offsets `targets` by one), in one pass over the mapped bytes; returns their
+// maximum (for the vocabulary check). Written so the compiler vectorizes it; the AVX2 clone is picked at
+// load time where the CPU has it.
 template <typename T>
-__attribute__((target_clones("avx2", "default"))) uint32_t widen(const T* __restrict src,
-                                                                 int32_t* __restrict dst, size_t n) {
+__attribute__((target_clones("avx2", "default"))) uint32_t widen_pair(const T* __restrict src,
+                                                                      int32_t* __restrict inputs,
+                                                                      int32_t* __restrict targets, size_t n) {
   T max = 0;
   for (size_t i = 0; i < n; ++i) {
-    dst[i] = static_cast<int32_t>(src[i]);
+    const int32_t v = static_cast<int32_t>(src[i]);
+    inputs[i] = v;
+    targets[i] = v;
     max = src[i] > max ? src[i] : max;
+  }
+  return max;
+}
+
+// Row `inputs`/`targets` (seq_len each) from window tokens [done, done + n) at `src`: window token k is
+// input k (k < seq_len) and target k - 1 (k >= 1). Returns the largest token.
+template <typename T>
+uint32_t widen_row(const T* src, uint32_t done, uint32_t n, uint32_t seq_len, int32_t* inputs,
+                   int32_t* targets) {
+  const uint32_t lo = std::max(done, 1u), hi = std::min(done + n, seq_len);
+  uint32_t max = hi > lo ? widen_pair(src + (lo - done), inputs + lo, targets + lo - 1, hi - lo) : 0;
+  if (done == 0) {
+    inputs[0] = static_cast<int32_t>(src[0]);
+    max = std::max<uint32_t>(max, src[0]);
+  }
+  if (done + n == seq_len + 1) {
+    targets[seq_len - 1] = static_cast<int32_t>(src[n - 1]);
+    max = std::max<uint32_t>(max, src[n - 1]);
   }
   return max;
 }
@@ -92,6 +117,7 @@ struct Reader::Impl {
   std::unique_ptr<SampleOrder> order;
   uint32_t block_windows = 0;  // the block order's W (0 under the global order)
   uint64_t consumed = 0;       // global samples handed out by next()
+  uint64_t bytes_read = 0;     // token bytes of the windows handed out by next() (this rank's slice)
 
   // The first windows of the batch after the last one built, already located and prefetched, so the
   // prefetch pipeline runs across batch boundaries; and the order's memos of the sample stream and of the
@@ -103,15 +129,16 @@ struct Reader::Impl {
     WindowAt at[kAhead];
     OrderMemo memo, ahead_memo;
     std::vector<uint64_t> ahead_ids;
+    std::vector<int32_t> doc_starts;  // one row's document starts (document_mask)
   } pipe;
 
   // Prefetch: a thread fills `ready` with the batches that follow `consumed`.
   std::thread worker;
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<Batch> ready;
-  std::vector<Batch> spare;  // buffers handed back by next(Batch&), reused by the worker
-  uint64_t produce_at = 0;   // global position of the next batch the worker builds
+  std::deque<MicroBatch> ready;
+  std::vector<MicroBatch> spare;  // buffers handed back by next(MicroBatch&), reused by the worker
+  uint64_t produce_at = 0;        // global position of the next batch the worker builds
   bool stop = false;
   bool consumer_waiting = false, worker_waiting = false;  // who sleeps on `cv` (only they need a notify)
   std::exception_ptr error;
@@ -120,8 +147,13 @@ struct Reader::Impl {
   template <int kLocality>
   void prefetch(const WindowAt& w) const;
   // Copies the seq_len+1 tokens of a window to `out`, widened to int32, checking the vocabulary.
-  void copy(const WindowAt& w, int32_t* out) const;
-  void build(uint64_t position, Batch& b);
+  // The same window as a batch row: its first seq_len tokens to `inputs`, its last seq_len to `targets`,
+  // in one pass over the mapped tokens.
+  void copy_row(const WindowAt& w, uint64_t sample_id, int32_t* inputs, int32_t* targets) const;
+  // The window offsets in (0, seq_len] where a document starts, for the window at `w`.
+  void document_starts(const WindowAt& w, std::vector<int32_t>& out) const;
+  [[noreturn]] void bad_token(const Mapping& m, uint64_t sample_id, uint32_t token, uint64_t local) const;
+  void build(uint64_t position, MicroBatch& b);
   void start_worker();
   void stop_worker();
   void work();
@@ -151,9 +183,13 @@ __attribute__((noipa)) void Reader::Impl::prefetch(const WindowAt& w) const {
     __builtin_prefetch(reinterpret_cast<const void*>(line), 0, kLocality);
 }
 
-void Reader::Impl::copy(const WindowAt& w, int32_t* out) const {
+void Reader::Impl::bad_token(const Mapping& m, uint64_t sample_id, uint32_t token, uint64_t local) const {
+  fail(ExitCode::kData, "shard {}: sample {}: token {} outside the vocabulary ({}) near token {} (corrupted)",
+       m.path, sample_id, token, manifest.vocab_size, local);
+}
+
+void Reader::Impl::copy_row(const WindowAt& w, uint64_t sample_id, int32_t* inputs, int32_t* targets) const {
   const uint32_t len = opt.seq_len + 1;
-  const uint32_t vocab = manifest.vocab_size;
   uint32_t done = 0;
   uint64_t local = w.local;
   for (size_t s = w.shard; done < len; ++s, local = 0) {
@@ -161,22 +197,27 @@ void Reader::Impl::copy(const WindowAt& w, int32_t* out) const {
     const uint32_t take = static_cast<uint32_t>(std::min<uint64_t>(len - done, m.tokens - local));
     const uint8_t* src = m.base + m.token_offset;
     const uint32_t max_token = manifest.token_bytes == 2
-                                   ? widen(reinterpret_cast<const uint16_t*>(src) + local, out + done, take)
-                                   : widen(reinterpret_cast<const uint32_t*>(src) + local, out + done, take);
-    if (max_token >= vocab)
-      fail(ExitCode::kData, "shard {}: token {} outside the vocabulary ({}) near token {} (corrupted)",
-           m.path, max_token, vocab, local);
+                                   ? widen_row(reinterpret_cast<const uint16_t*>(src) + local, done, take,
+                                               opt.seq_len, inputs, targets)
+                                   : widen_row(reinterpret_cast<const uint32_t*>(src) + local, done, take,
+                                               opt.seq_len, inputs, targets);
+    if (max_token >= manifest.vocab_size) bad_token(m, sample_id, max_token, local);
     done += take;
   }
 }
 
-void Reader::Impl::build(uint64_t position, Batch& b) {
+void Reader::Impl::document_starts(const WindowAt& w, std::vector<int32_t>& out) const {
+  out.clear();
+  const std::vector<uint64_t>& starts = w.domain->doc_starts;
+  const uint64_t first = w.domain->starts[w.shard] + w.local;  // the window's first stream token
+  for (auto it = std::upper_bound(starts.begin(), starts.end(), first);
+       it != starts.end() && *it <= first + opt.seq_len; ++it)
+    out.push_back(static_cast<int32_t>(*it - first));
+}
+
+void Reader::Impl::build(uint64_t position, MicroBatch& b) {
   const uint32_t rows = opt.global_batch / opt.dp_size;
-  b.rows = rows;
-  b.cols = opt.seq_len + 1;
-  b.step = position / opt.global_batch;
-  b.tokens.resize(size_t(rows) * b.cols);
-  b.sample_ids.resize(rows);
+  b.resize(static_cast<int>(rows), static_cast<int>(opt.seq_len));
   const uint64_t first = position + uint64_t(opt.dp_rank) * rows;
   const uint64_t next_position = position + opt.global_batch;
   const uint64_t next_first = next_position + uint64_t(opt.dp_rank) * rows;
@@ -206,12 +247,20 @@ void Reader::Impl::build(uint64_t position, Batch& b) {
     for (uint32_t j = 0; j < lookahead; ++j) fetch(j);
   }
   pipe.position = UINT64_MAX;  // stale if a copy below throws
+  const size_t T = opt.seq_len;
   for (uint32_t i = 0; i < rows; ++i) {
     const WindowAt w = ring[i % kAhead];
     fetch(i + lookahead);
     if (ahead) prefetch<2>(locate(pipe.ahead_ids[i]));
-    copy(w, b.tokens.data() + size_t(i) * b.cols);
+    copy_row(w, b.sample_ids[i], b.inputs.data() + i * T, b.targets.data() + i * T);
+    if (opt.document_mask) {
+      document_starts(w, pipe.doc_starts);
+      b.set_documents(static_cast<int>(i), pipe.doc_starts);
+    }
   }
+  // The pass over the data each row was drawn in: its global position's epoch.
+  const uint64_t epoch_length = order->epoch_length();
+  for (uint32_t i = 0; i < rows; ++i) b.epochs[i] = static_cast<uint32_t>((first + i) / epoch_length);
   // The ring now holds the next batch's first `lookahead` windows.
   for (uint32_t j = 0; j < lookahead; ++j) pipe.at[j] = ring[(rows + j) % kAhead];
   pipe.count = lookahead;
@@ -228,7 +277,7 @@ void Reader::Impl::work() {
       continue;
     }
     const uint64_t at = produce_at;
-    Batch b;
+    MicroBatch b;
     if (!spare.empty()) {
       b = std::move(spare.back());
       spare.pop_back();
@@ -331,6 +380,13 @@ Reader::Reader(const std::string& dataset_dir, const ReaderOptions& options)
       m.base = static_cast<const uint8_t*>(p);
       m.token_offset = layout.token_offset;
       m.tokens = layout.tokens;
+      if (options.document_mask) {
+        // Shards are cut at document boundaries, so a shard's first document starts where it does.
+        const std::vector<uint64_t> offsets = read_doc_offsets(m.path, layout);
+        for (size_t k = 0; k + 1 < offsets.size(); ++k)
+          if (d.doc_starts.empty() || d.doc_starts.back() != d.tokens + offsets[k])
+            d.doc_starts.push_back(d.tokens + offsets[k]);  // an empty document adds no boundary
+      }
       d.starts.push_back(d.tokens);
       d.tokens += layout.tokens;
       d.shards.push_back(s.maps.size());
@@ -375,17 +431,18 @@ Reader::~Reader() {
   impl_->stop_worker();
 }
 
-Batch Reader::next() {
-  Batch b;
+MicroBatch Reader::next() {
+  MicroBatch b;
   next(b);
   return b;
 }
 
-void Reader::next(Batch& out) {
+void Reader::next(MicroBatch& out) {
   Impl& s = *impl_;
   if (s.opt.prefetch <= 0) {
     s.build(s.consumed, out);
     s.consumed += s.opt.global_batch;
+    s.bytes_read += uint64_t(out.rows) * (s.opt.seq_len + 1) * s.manifest.token_bytes;
     return;
   }
   std::unique_lock lock(s.mu);
@@ -405,6 +462,7 @@ void Reader::next(Batch& out) {
   if (s.spare.size() < static_cast<size_t>(s.opt.prefetch)) s.spare.push_back(std::move(s.ready.front()));
   s.ready.pop_front();
   s.consumed += s.opt.global_batch;
+  s.bytes_read += uint64_t(out.rows) * (s.opt.seq_len + 1) * s.manifest.token_bytes;
   if (s.worker_waiting) s.cv.notify_all();
 }
 
@@ -466,6 +524,9 @@ std::string Reader::tokenizer_path() const {
 uint64_t Reader::samples_per_epoch() const {
   return impl_->order->epoch_length();
 }
+uint64_t Reader::bytes_read() const {
+  return impl_->bytes_read;
+}
 uint64_t Reader::num_samples() const {
   return impl_->order->windows();
 }
@@ -479,7 +540,33 @@ void Reader::read_sample(uint64_t sample_id, std::span<int32_t> out) const {
   if (out.size() != impl_->opt.seq_len + 1)
     fail(ExitCode::kUsage, "reader: read_sample needs a buffer of seq_len+1 = {} tokens",
          impl_->opt.seq_len + 1);
-  impl_->copy(impl_->locate(sample_id), out.data());
+  // The row's inputs are the window's first seq_len tokens; its last target is the window's last.
+  const size_t T = impl_->opt.seq_len;
+  thread_local std::vector<int32_t> targets;
+  targets.resize(T);
+  impl_->copy_row(impl_->locate(sample_id), sample_id, out.data(), targets.data());
+  out[T] = targets[T - 1];
+}
+
+void Reader::read_sample(uint64_t sample_id, MicroBatch& batch, int row) const {
+  const Impl& s = *impl_;
+  if (sample_id >= num_samples())
+    fail(ExitCode::kUsage, "reader: sample {} out of range (the selection has {})", sample_id, num_samples());
+  if (batch.seq_len != int(s.opt.seq_len) || row < 0 || row >= batch.rows)
+    fail(ExitCode::kUsage, "reader: read_sample needs row {} of a micro-batch of seq_len {}", row,
+         s.opt.seq_len);
+  const WindowAt w = s.locate(sample_id);
+  const size_t at = size_t(row) * s.opt.seq_len;
+  s.copy_row(w, sample_id, batch.inputs.data() + at, batch.targets.data() + at);
+  batch.sample_ids[size_t(row)] = sample_id;
+  batch.epochs[size_t(row)] = 0;
+  if (s.opt.document_mask) {
+    // A row read before may have left unscored positions behind: this sample's weights start at 1.
+    if (!batch.weights.empty()) std::fill_n(batch.weights.begin() + int64_t(at), s.opt.seq_len, 1.0f);
+    std::vector<int32_t> starts;
+    s.document_starts(w, starts);
+    batch.set_documents(row, starts);
+  }
 }
 
 const std::string& Reader::sample_domain(uint64_t sample_id) const {

@@ -220,6 +220,27 @@ ShardLayout read_shard_layout(const std::string& path) {
   return layout;
 }
 
+std::vector<uint64_t> read_doc_offsets(const std::string& path, const ShardLayout& layout) {
+  const QuietErrors quiet;
+  Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  hid_t raw = -1;
+  if (!file.ok() || dataset_length(file, "doc_offsets", 8, path, &raw) != layout.documents + 1) {
+    if (raw >= 0) H5Dclose(raw);
+    fail(ExitCode::kData, "shard {}: /doc_offsets does not have documents + 1 = {} values", path,
+         layout.documents + 1);
+  }
+  Handle ds(raw, H5Dclose);
+  std::vector<uint64_t> offsets(layout.documents + 1);
+  if (H5Dread(ds, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, offsets.data()) < 0)
+    fail(ExitCode::kData, "shard {}: cannot read dataset 'doc_offsets' (corrupted?)", path);
+  if (offsets.front() != 0 || offsets.back() != layout.tokens)
+    fail(ExitCode::kData, "shard {}: doc_offsets do not span the token dataset", path);
+  for (size_t i = 0; i + 1 < offsets.size(); ++i)
+    if (offsets[i] > offsets[i + 1])
+      fail(ExitCode::kData, "shard {}: doc_offsets decrease at document {}", path, i);
+  return offsets;
+}
+
 ShardData read_shard(const std::string& path, ShardLayout* layout_out) {
   const ShardLayout layout = read_shard_layout(path);
   const QuietErrors quiet;

@@ -9,7 +9,6 @@
 #include "forge/trainer/runtime.h"
 #include "forge/trainer/spec.h"
 
-#include <mpi.h>
 #include <spdlog/spdlog.h>
 
 #include <regex>
@@ -42,10 +41,8 @@ std::vector<double> bytes_per_token(const std::string& tokenizer_path) {
 }  // namespace
 
 DomainResults evaluate_checkpoint(const std::string& checkpoint_dir, const std::string& dataset_dir,
-                                  const EvalOptions& options) {
-  int rank = 0, world = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
+                                  const EvalOptions& options, trainer::Comm& comm) {
+  const int rank = comm.rank(), world = comm.size();
 
   const ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(checkpoint_dir);
   checkpoint.verify(rank, world);  // each rank checks a share of the files
@@ -70,10 +67,13 @@ DomainResults evaluate_checkpoint(const std::string& checkpoint_dir, const std::
   trainer::load_checkpoint(checkpoint, model, nullptr);
   const std::vector<double> token_bytes = bytes_per_token(dataset_dir + "/" + manifest.tokenizer_file);
 
+  // Evaluated as the run trained: with packed-document masking when its spec had it.
+  const Json& spec = checkpoint.manifest().meta.extra.value("spec", Json::object());
+  const bool document_mask = spec.value("data.document_mask", std::string("false")) == "true";
+
   DomainResults local;
-  std::vector<int32_t> window(static_cast<size_t>(config.seq_len) + 1);
-  const std::span<const int32_t> inputs(window.data(), config.seq_len);
-  const std::span<const int32_t> targets(window.data() + 1, config.seq_len);
+  MicroBatch batch;
+  batch.resize(1, config.seq_len);
   for (const auto& domain : manifest.domains) {
     if (manifest.tokens("valid", domain) <= static_cast<uint64_t>(config.seq_len)) continue;
     data::ReaderOptions ro;
@@ -83,19 +83,23 @@ DomainResults evaluate_checkpoint(const std::string& checkpoint_dir, const std::
     ro.domain = domain;
     ro.prefetch = 0;
     ro.verify_checksums = rank == 0;
+    ro.document_mask = document_mask;
     data::Reader reader(dataset_dir, ro);
     uint64_t n = reader.num_samples();
     if (options.max_sequences > 0) n = std::min<uint64_t>(n, static_cast<uint64_t>(options.max_sequences));
     for (uint64_t id = static_cast<uint64_t>(rank); id < n; id += static_cast<uint64_t>(world)) {
-      reader.read_sample(id, window);
+      reader.read_sample(id, batch, 0);
       double bytes = 0;
-      for (int32_t t : targets) bytes += token_bytes.at(static_cast<size_t>(t));
-      local[domain].add_sequence(model.forward_loss(inputs, targets), config.seq_len, bytes);
+      for (int32_t t : batch.targets)
+        if (t != MicroBatch::kIgnore) bytes += token_bytes.at(static_cast<size_t>(t));
+      const trainer::LossSums sums = model.forward_loss(batch);
+      if (sums.weight == 0) continue;  // nothing scored (documents of one token each)
+      // Every scored target weighs 1 here: the weight is the number of tokens scored.
+      local[domain].add_sequence(sums.loss / sums.weight, int64_t(sums.weight), bytes);
     }
   }
   std::vector<double> sums = pack(local, manifest.domains);
-  MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()), MPI_DOUBLE, MPI_SUM,
-                MPI_COMM_WORLD);
+  comm.all_reduce(sums.data(), sums.size(), trainer::CommType::kF64, trainer::ReduceOp::kSum)->wait();
   return unpack(sums, manifest.domains);
 }
 

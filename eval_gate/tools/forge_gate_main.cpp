@@ -12,8 +12,8 @@
 #include "forge/eval_gate/evaluate.h"
 #include "forge/eval_gate/policy.h"
 #include "forge/eval_gate/verdict.h"
+#include "forge/trainer/bootstrap.h"
 
-#include <mpi.h>
 #include <boost/program_options.hpp>
 
 #include <filesystem>
@@ -90,20 +90,20 @@ Json describe(const std::string& dir) {
 // A baseline promoted by an earlier gate carries its own results; reuse them when they were measured on
 // this dataset version, otherwise evaluate the baseline now.
 forge::gate::DomainResults baseline_results(const std::string& dir, const std::string& dataset_version,
-                                            const Args& a, bool& reused) {
+                                            const Args& a, forge::trainer::Comm& comm, bool& reused) {
   const auto c = forge::ckpt::Checkpoint::open(dir);
   const Json& verdict =
       c.manifest().promotion.is_object() ? c.manifest().promotion.value("verdict", Json()) : Json();
   reused = verdict.is_object() && verdict.value("dataset_version", "") == dataset_version &&
            verdict.contains("domains") && verdict.value("max_sequences", int64_t{-1}) == a.eval.max_sequences;
-  if (!reused) return forge::gate::evaluate_checkpoint(dir, a.dataset, a.eval);
+  if (!reused) return forge::gate::evaluate_checkpoint(dir, a.dataset, a.eval, comm);
   forge::gate::DomainResults out;
   for (const auto& [domain, s] : verdict.at("domains").items())
     out[domain] = forge::gate::DomainStats::from_json(s);
   return out;
 }
 
-int run(int argc, char** argv, int rank) {
+int run(int argc, char** argv, forge::trainer::Comm& comm) {
   const Args a = parse(argc, argv);
   const forge::gate::GatePolicy policy = forge::gate::load_policy(a.policy);
   const forge::data::Manifest dataset = forge::data::load_manifest(a.dataset);
@@ -112,13 +112,13 @@ int run(int argc, char** argv, int rank) {
       forge::fail(ExitCode::kData, "required domain '{}' has no validation data in {} (domains: {})", d,
                   a.dataset, fmt::format("{}", fmt::join(dataset.domains, ", ")));
 
-  const auto candidate = forge::gate::evaluate_checkpoint(a.checkpoint, a.dataset, a.eval);
+  const auto candidate = forge::gate::evaluate_checkpoint(a.checkpoint, a.dataset, a.eval, comm);
   const auto baseline_dir = resolve_baseline(a);
   std::optional<forge::gate::DomainResults> baseline;
   bool reused = false;
-  if (baseline_dir) baseline = baseline_results(*baseline_dir, dataset.version, a, reused);
+  if (baseline_dir) baseline = baseline_results(*baseline_dir, dataset.version, a, comm, reused);
   const auto judgement = forge::gate::judge(policy, candidate, baseline ? &*baseline : nullptr);
-  if (rank != 0) return judgement.pass ? 0 : 1;
+  if (comm.rank() != 0) return judgement.pass ? 0 : 1;
 
   Json verdict = {{"pass", judgement.pass},
                   {"candidate", describe(a.checkpoint)},
@@ -154,14 +154,11 @@ int run(int argc, char** argv, int rank) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0, world = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  forge::init_logging(rank, world, "warn");
-  const int rc = forge::run_cli("forge-gate", [&] { return run(argc, argv, rank); });
+  // The same start-up and communicator as forge-train (forge/trainer/bootstrap.h).
+  forge::trainer::Bootstrap boot = forge::trainer::bootstrap();
+  forge::init_logging(boot.rank, boot.size, "warn");
+  const int rc = forge::run_cli("forge-gate", [&] { return run(argc, argv, *boot.world); });
   // An error on one rank would leave the others waiting in a collective: end them all.
-  if (rc != 0 && rc != 1 && world > 1) MPI_Abort(MPI_COMM_WORLD, rc);
-  MPI_Finalize();
+  if (rc != 0 && rc != 1 && boot.size > 1) boot.world->abort(rc);
   return rc;
 }

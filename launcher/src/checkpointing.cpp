@@ -6,8 +6,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 namespace forge::launcher {
 
@@ -23,6 +25,47 @@ void add_checkpoint_keys(ConfigSchema& s) {
 }
 
 namespace {
+
+// How the verification batch is stored: a serialized MicroBatch (forge/common/batch.h). Checkpoints
+// without this format hold token rows of seq_len + 1, the pretraining batch of earlier releases.
+constexpr const char* kBatchFormat = "micro-batch";
+
+// One micro-batch of the whole data-parallel group: every rank's part, in rank order (collective).
+MicroBatch gather_micro_batch(trainer::Comm& dp, const MicroBatch& mine) {
+  if (dp.size() == 1) return mine;
+  const std::string bytes = mine.serialize();
+  std::vector<uint64_t> sizes(size_t(dp.size()));
+  const uint64_t size = bytes.size();
+  dp.all_gather(&size, sizes.data(), sizeof size, trainer::CommType::kU8)->wait();
+  const uint64_t widest = *std::max_element(sizes.begin(), sizes.end());
+  std::string padded = bytes;
+  padded.resize(widest);
+  std::string all(widest * sizes.size(), '\0');
+  dp.all_gather(padded.data(), all.data(), widest, trainer::CommType::kU8)->wait();
+  std::vector<MicroBatch> parts;
+  for (size_t r = 0; r < sizes.size(); ++r)
+    parts.push_back(MicroBatch::deserialize(std::string_view(all).substr(r * widest, sizes[r])));
+  return MicroBatch::concat(parts);
+}
+
+// The checkpoint's verification batch (every data-parallel rank's part), or nullopt when it has none.
+std::optional<MicroBatch> verification_batch(const ckpt::Checkpoint& checkpoint, int seq_len) {
+  const std::string bytes = checkpoint.verification_bytes();
+  if (bytes.empty()) return std::nullopt;
+  if (checkpoint.manifest().meta.verification.value("format", "") == kBatchFormat)
+    return MicroBatch::deserialize(bytes);
+  // Token rows of seq_len + 1: inputs and next-token targets.
+  const size_t row = size_t(seq_len) + 1;
+  if (bytes.size() % (row * sizeof(int32_t)) != 0)
+    fail(ExitCode::kData, "{}: its verification batch is not rows of seq_len + 1 = {} tokens",
+         checkpoint.dir(), row);
+  std::vector<int32_t> tokens(bytes.size() / sizeof(int32_t));
+  std::memcpy(tokens.data(), bytes.data(), bytes.size());
+  MicroBatch b;
+  b.resize(int(tokens.size() / row), seq_len);
+  for (int r = 0; r < b.rows; ++r) b.set_window(r, tokens.data() + size_t(r) * row, 0, 0);
+  return b;
+}
 
 ckpt::SaverOptions saver_options(const Config& c, const trainer::TrainSpec& spec) {
   ckpt::SaverOptions o;
@@ -62,10 +105,6 @@ RunCheckpoints::RunCheckpoints(const Config& config, const trainer::TrainSpec& s
     config.reject("guard.nonfinite",
                   "rewind needs recovery checkpoints to go back to: set ckpt.recovery_every or "
                   "ckpt.recovery_every_s, or use skip");
-}
-
-double RunCheckpoints::loss_of(std::span<const int32_t> rows) {
-  return trainer_.loss_of(rows);
 }
 
 ckpt::Expectations RunCheckpoints::expectations() const {
@@ -108,31 +147,28 @@ int64_t RunCheckpoints::load(const ckpt::Checkpoint& checkpoint, const char* ver
   trainer::load_checkpoint(checkpoint, trainer_.model(), &trainer_.optimizer());
   trainer_.optimizer().restore_steps(m.meta.step);
   // The verification step: the batch saved with the checkpoint must give the loss it gave at save time.
-  const std::string bytes = checkpoint.verification_bytes();
-  const size_t micro_batch =
-      size_t(spec_.parallel.dp) * size_t(spec_.batch) * size_t(spec_.model.seq_len + 1);
-  if (!bytes.empty() && bytes.size() != micro_batch * sizeof(int32_t)) {
+  // It is one micro-batch of the whole data-parallel group; each rank checks its part.
+  const std::optional<MicroBatch> global = verification_batch(checkpoint, spec_.model.seq_len);
+  const int dp = spec_.layout.dp, rows = spec_.batch;
+  if (global && global->rows != dp * rows) {
     spdlog::warn(
         "{}: its verification batch is not one micro-batch of this layout (dp x data.batch changed); "
         "resuming without the verification step",
         checkpoint.dir());
-  } else if (!bytes.empty()) {
-    std::vector<int32_t> rows(bytes.size() / sizeof(int32_t));
-    std::memcpy(rows.data(), bytes.data(), rows.size() * sizeof(int32_t));
+  } else if (global) {
+    const MicroBatch mine = global->slice_rows(trainer_.groups().dp_rank * rows, rows);
     const double want = m.meta.verification.value("loss", NAN);
-    const double got = loss_of(rows);
+    const double got = trainer_.loss_of(mine);
     // The same layout reproduces the loss to rounding; another one sums in another order (PARALLEL.md).
-    const ckpt::Layout& saved = m.meta.layout;
-    const trainer::Layout& now = trainer_.groups().layout;
-    const bool same_layout = saved.tp == now.tp && saved.pp == now.pp && saved.dp == now.dp;
+    const Layout& saved = m.meta.layout;
+    const Layout& now = trainer_.groups().layout;
+    const bool same_layout = saved == now;
     const double tolerance = same_layout ? 1e-6 : 1e-4;
     if (!(std::abs(got - want) <= tolerance * std::max(1.0, std::abs(want))))
       fail(ExitCode::kData,
-           "{}: verification step gave loss {:.9g}, the checkpoint recorded {:.9g} (saved on tp{},pp{},dp{})",
-           checkpoint.dir(), got, want, saved.tp, saved.pp, saved.dp);
-    if (!same_layout)
-      spdlog::info("checkpoint saved on tp{},pp{},dp{}, resumed on {}", saved.tp, saved.pp, saved.dp,
-                   now.str());
+           "{}: verification step gave loss {:.9g}, the checkpoint recorded {:.9g} (saved on {})",
+           checkpoint.dir(), got, want, saved.str());
+    if (!same_layout) spdlog::info("checkpoint saved on {}, resumed on {}", saved.str(), now.str());
     spdlog::info("{} {} (step {}); verification loss {:.6f} matches", verb, checkpoint.dir(), m.meta.step,
                  got);
   }
@@ -141,7 +177,7 @@ int64_t RunCheckpoints::load(const ckpt::Checkpoint& checkpoint, const char* ver
 }
 
 ckpt::CheckpointMeta RunCheckpoints::meta(const trainer::StepStats& stats, int64_t tokens,
-                                          std::span<const int32_t> batch) {
+                                          const MicroBatch& first) {
   ckpt::CheckpointMeta m;
   m.step = stats.step;
   m.tokens = tokens;
@@ -154,27 +190,26 @@ ckpt::CheckpointMeta RunCheckpoints::meta(const trainer::StepStats& stats, int64
   // Data order is a pure function of the step (synthetic stream, or the reader's cursor = step x batch) and
   // of the spec (data.order), which the spec check holds fixed across a resume.
   m.data_cursor = {{"step", stats.step}};
-  // The verification batch: the step's first micro-batch, all data-parallel ranks' rows of it.
-  const size_t dp = size_t(spec_.parallel.dp);
-  const auto rows = batch.first(dp * size_t(spec_.batch) * size_t(spec_.model.seq_len + 1));
-  m.verification = {{"loss", loss_of(rows)}, {"rows", dp * size_t(spec_.batch)}};
-  m.layout = {spec_.parallel.tp, spec_.parallel.pp, spec_.parallel.dp};
-  m.verification_bytes.assign(reinterpret_cast<const char*>(rows.data()), rows.size_bytes());
+  // The verification batch: the step's first micro-batch, every data-parallel rank's part of it.
+  const MicroBatch global = gather_micro_batch(*trainer_.groups().dp, first);
+  m.verification = {{"loss", trainer_.loss_of(first)}, {"rows", global.rows}, {"format", kBatchFormat}};
+  m.layout = spec_.layout;
+  m.verification_bytes = global.serialize();
   return m;
 }
 
 ckpt::SaveEvent RunCheckpoints::save(ckpt::Tier tier, const trainer::StepStats& stats, int64_t tokens,
-                                     std::span<const int32_t> batch, bool wait) {
+                                     std::span<const MicroBatch> batches, bool wait) {
   const auto tensors = trainer::checkpoint_tensors(trainer_.model(), &trainer_.optimizer(), role_);
-  ckpt::SaveEvent e = wait ? saver_.save(tier, meta(stats, tokens, batch), tensors)
-                           : saver_.save_async(tier, meta(stats, tokens, batch), tensors);
+  ckpt::SaveEvent e = wait ? saver_.save(tier, meta(stats, tokens, batches.front()), tensors)
+                           : saver_.save_async(tier, meta(stats, tokens, batches.front()), tensors);
   last_saved_step_ = stats.step;
   last_save_time_ = std::chrono::steady_clock::now();
   return e;
 }
 
 double RunCheckpoints::after_step(const trainer::StepStats& stats, int64_t tokens,
-                                  std::span<const int32_t> batch) {
+                                  std::span<const MicroBatch> batch) {
   const double since =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save_time_).count();
   ckpt::Due due = ckpt::due_at(tiers_, stats.step, last_saved_step_, since);
@@ -187,14 +222,15 @@ double RunCheckpoints::after_step(const trainer::StepStats& stats, int64_t token
 }
 
 void RunCheckpoints::save_now(const trainer::StepStats& stats, int64_t tokens,
-                              std::span<const int32_t> batch) {
+                              std::span<const MicroBatch> batch) {
   saver_.wait();
   const auto e = save(ckpt::Tier::kRecovery, stats, tokens, batch, true);
   if (e.outcome != ckpt::Outcome::kCommitted)
     fail(ExitCode::kIo, "could not save the preemption checkpoint of step {}: {}", stats.step, e.error);
 }
 
-void RunCheckpoints::finish(const trainer::StepStats& stats, int64_t tokens, std::span<const int32_t> batch) {
+void RunCheckpoints::finish(const trainer::StepStats& stats, int64_t tokens,
+                            std::span<const MicroBatch> batch) {
   saver_.wait();
   const auto committed = ckpt::list_checkpoints(spec_.dir, ckpt::Tier::kMilestone);
   if (!committed.empty() && committed.back().step == stats.step) return;

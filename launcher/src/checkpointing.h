@@ -38,15 +38,17 @@ class RunCheckpoints {
   // its verification step) and returns its step. No checkpoint to go back to is exit 71.
   int64_t rewind();
 
-  // After a finished step: saves a recovery or milestone checkpoint when one is due. `batch` holds the
-  // step's token rows (the first micro-batch becomes the verification batch). Returns the stall (s).
-  double after_step(const trainer::StepStats& stats, int64_t tokens_so_far, std::span<const int32_t> batch);
+  // After a finished step: saves a recovery or milestone checkpoint when one is due. `batches` are this
+  // rank's micro-batches of the step (the first one, gathered over the data-parallel group, becomes the
+  // verification batch). Returns the stall (s).
+  double after_step(const trainer::StepStats& stats, int64_t tokens_so_far,
+                    std::span<const MicroBatch> batches);
 
   // Saves a recovery checkpoint of the current state now and waits for it to commit (preemption).
-  void save_now(const trainer::StepStats& stats, int64_t tokens_so_far, std::span<const int32_t> batch);
+  void save_now(const trainer::StepStats& stats, int64_t tokens_so_far, std::span<const MicroBatch> batches);
 
   // Waits for the save in flight; saves a final milestone unless the last step has one.
-  void finish(const trainer::StepStats& stats, int64_t tokens_so_far, std::span<const int32_t> batch);
+  void finish(const trainer::StepStats& stats, int64_t tokens_so_far, std::span<const MicroBatch> batches);
 
   // Finished save events (for metrics).
   std::vector<ckpt::SaveEvent> take_events() { return saver_.take_events(); }
@@ -54,10 +56,9 @@ class RunCheckpoints {
  private:
   ckpt::Expectations expectations() const;
   int64_t load(const ckpt::Checkpoint& checkpoint, const char* verb);
-  ckpt::CheckpointMeta meta(const trainer::StepStats& stats, int64_t tokens, std::span<const int32_t> batch);
-  double loss_of(std::span<const int32_t> rows);
+  ckpt::CheckpointMeta meta(const trainer::StepStats& stats, int64_t tokens, const MicroBatch& first);
   ckpt::SaveEvent save(ckpt::Tier tier, const trainer::StepStats& stats, int64_t tokens,
-                       std::span<const int32_t> batch, bool wait);
+                       std::span<const MicroBatch> batches, bool wait);
 
   const Config& config_;
   const trainer::TrainSpec& spec_;

@@ -1,28 +1,33 @@
-// Where a run's token rows come from: the deterministic synthetic stream, or a prepared dataset
-// directory through the data layer's reader.
+// Where a rank's micro-batches come from: the deterministic synthetic stream, or a prepared dataset
+// directory through the data layer's reader. Each rank reads only its data-parallel slice.
 #pragma once
 
+#include "forge/common/batch.h"
 #include "forge/trainer/spec.h"
 
 #include <cstdint>
 #include <memory>
-#include <span>
 #include <string>
+#include <vector>
 
 namespace forge::launcher {
 
 class DataSource {
  public:
   virtual ~DataSource() = default;
-  // Fills `out` (rows x (seq_len + 1)) with the rows of optimizer step `step` (0-based), in order.
-  virtual void next(int64_t step, std::span<int32_t> out) = 0;
+  // Fills `out` with this rank's micro-batches of optimizer step `step` (0-based): spec.microbatches of
+  // them, each spec.batch rows of data-parallel rank dp_rank's slice. Micro-batch i of the step is global
+  // rows [i x dp x batch, (i + 1) x dp x batch) of the step, of which DP rank r trains the r-th part.
+  virtual void next(int64_t step, std::vector<MicroBatch>& out) = 0;
   virtual std::string describe() const = 0;
   // The dataset version checkpoints record ("" for the synthetic stream).
   virtual std::string version() const = 0;
+  // Bytes of token data this rank has read from the dataset so far (0 for the synthetic stream).
+  virtual uint64_t bytes_read() const = 0;
 };
 
 // Checks the dataset against the spec (vocabulary: a usage error naming model.vocab; unreadable or corrupt
-// data: a data error) and opens it. Rows per step: the global batch, microbatches x dp x batch.
-std::unique_ptr<DataSource> open_data(const Config& config, const trainer::TrainSpec& spec);
+// data: a data error) and opens it for data-parallel rank `dp_rank` of spec.layout.dp.
+std::unique_ptr<DataSource> open_data(const Config& config, const trainer::TrainSpec& spec, int dp_rank);
 
 }  // namespace forge::launcher

@@ -1,13 +1,13 @@
 // forge-train SPEC.ini [--section.key=value ...] [--print-config] [--force-new]
 // forge-train report RUN_DIR
 // Trains a GPT from a job spec on every rank of the job (srun --mpi=pmix, mpirun, or one process), or reports
-// on a run directory. Exit codes: ARCHITECTURE.md (64 bad spec, 65 bad data, 69 hang, 71 non-finite loss, 74
-// I/O, 75 preempted).
-#include "bootstrap.h"
+// on a run directory. Exit codes: docs/ARCHITECTURE.md (64 bad spec, 65 bad data, 69 hang, 71 non-finite
+// loss, 74 I/O, 75 preempted).
 #include "checkpointing.h"
 #include "forge/common/config.h"
 #include "forge/common/error.h"
 #include "forge/common/log.h"
+#include "forge/trainer/bootstrap.h"
 #include "forge/trainer/spec.h"
 #include "report.h"
 #include "train_run.h"
@@ -37,7 +37,7 @@ constexpr const char* kUsage =
 }  // namespace
 
 int main(int argc, char** argv) {
-  forge::launcher::Bootstrap boot;
+  forge::trainer::Bootstrap boot;
   const int code = forge::run_cli("forge-train", [&]() -> int {
     if (argc >= 2 && std::string(argv[1]) == "report") {
       if (argc != 3)
@@ -80,12 +80,13 @@ int main(int argc, char** argv) {
       fmt::print("# spec hash {}\n{}", config.hash(), config.to_ini());
       return 0;
     }
-    boot = forge::launcher::bootstrap(spec);
+    boot = forge::trainer::bootstrap();
     // FORGE_LOG_LEVEL (trace..off) and FORGE_LOG_ALL_RANKS=1 for debugging (scripts/sbatch/debug.sh).
     const char* level = std::getenv("FORGE_LOG_LEVEL");
     const char* all_ranks = std::getenv("FORGE_LOG_ALL_RANKS");
     forge::init_logging(boot.rank, boot.size, level != nullptr ? level : "info",
                         all_ranks != nullptr && std::string(all_ranks) == "1");
+    forge::trainer::check_layout(boot, spec.layout);
     return forge::launcher::train(config, spec, force_new, boot);
   });
   // A rank that failed alone would leave its peers blocked in a collective: end the whole job with its

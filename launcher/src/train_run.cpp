@@ -125,13 +125,15 @@ void compare_replicas(trainer::ProcessGroups& g, trainer::GPT& model, int64_t st
   trainer::check_replicas(step, all);
 }
 
-// Sample ids this data-parallel rank trains in a step: (step, global row). Exchanged across the DP
-// group so that a split that hands one sample to two replicas is caught.
-void check_samples(trainer::ProcessGroups& g, trainer::ParallelTrainer& trainer, int64_t step) {
-  const size_t per_rank = trainer.rows_trained().size();
+// The samples this data-parallel rank trained in a step, as the data gave them (dataset-global ids and
+// epochs): exchanged across the DP group so that a reader or split that hands one sample to two replicas
+// is caught.
+void check_samples(trainer::ProcessGroups& g, std::span<const MicroBatch> batches, int64_t step) {
   std::vector<uint64_t> mine;
-  for (const int64_t row : trainer.rows_trained())
-    mine.push_back(splitmix64(uint64_t(step) << 32 ^ uint64_t(row)));
+  for (const MicroBatch& b : batches)
+    for (size_t r = 0; r < b.sample_ids.size(); ++r)
+      mine.push_back(trainer::sample_key(b.sample_ids[r], b.epochs[r]));
+  const size_t per_rank = mine.size();
   std::vector<uint64_t> all(per_rank * size_t(g.layout.dp));
   g.dp->all_gather(mine.data(), all.data(), per_rank * sizeof(uint64_t), trainer::CommType::kU8)->wait();
   std::vector<std::vector<uint64_t>> ids(size_t(g.layout.dp));
@@ -142,16 +144,15 @@ void check_samples(trainer::ProcessGroups& g, trainer::ParallelTrainer& trainer,
 
 }  // namespace
 
-int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, Bootstrap& boot) {
+int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, trainer::Bootstrap& boot) {
   // Everything that can reject the spec or the data runs before the model's memory is allocated.
-  auto data = open_data(config, spec);
+  auto data = open_data(config, spec, spec.layout.coords(boot.rank).dp);
   check_resume_spec(config, spec.dir, force_new);
   std::error_code ec;
   fs::create_directories(fs::path(spec.dir) / "metrics", ec);
   if (ec) fail(ExitCode::kIo, "cannot create run directory {}/metrics: {}", spec.dir, ec.message());
 
-  trainer::ProcessGroups groups = trainer::make_groups(
-      boot.world->split(0, boot.rank, "world"), {spec.parallel.tp, spec.parallel.pp, spec.parallel.dp});
+  trainer::ProcessGroups groups = trainer::make_groups(boot.world->split(0, boot.rank, "world"), spec.layout);
   trainer::use_threads(spec.threads);
   RunInfo run{spec, groups, config, 0, trainer::flops_per_token(spec.model), Clock::now()};
   // MFU is the job's: its tokens against every rank's peak (rank 0 measures one rank's).
@@ -204,7 +205,7 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
   });
 
   const std::string spec_hash = config.hash();
-  std::vector<int32_t> tokens(trainer.tokens_per_step());
+  std::vector<MicroBatch> batches;
   trainer::StepStats st;
   bool resumed = first_step > 0;  // the next record is the first after a resume (report marks it)
   totals.startup_s = seconds_since(g_process_start);
@@ -212,15 +213,17 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
     for (int64_t step = first_step; step < spec.steps; ++step) {
       const auto t0 = Clock::now();
       trainer::mark_activity("data");
-      data->next(step, tokens);
+      const uint64_t bytes_before = data->bytes_read();
+      data->next(step, batches);
       const double data_s = seconds_since(t0);
+      const uint64_t data_bytes = data->bytes_read() - bytes_before;
       if (guard.inject_nan(step + 1)) trainer.inject_nan_once();
       if (spec.guard.inject_hang_step == step + 1 &&
           (spec.guard.inject_hang_rank < 0 || spec.guard.inject_hang_rank == groups.rank)) {
         trainer::mark_activity("forward_backward");
         for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
       }
-      st = trainer.step(tokens);
+      st = trainer.step(batches);
       const auto t1 = Clock::now();
       const trainer::GuardAction action = guard.after_step(st);  // exit 71 when non-finite steps persist
       totals.steps_run += 1;
@@ -249,11 +252,12 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
       const auto t2 = Clock::now();
       // A skipped step's weights are those of the step before: not worth a checkpoint of their own.
       const double stall_s =
-          action == trainer::GuardAction::kApply ? checkpoints.after_step(st, tokens_so_far, tokens) : 0.0;
+          action == trainer::GuardAction::kApply ? checkpoints.after_step(st, tokens_so_far, batches) : 0.0;
       const auto t3 = Clock::now();
       Json rec = trainer::metrics_record(st, tokens_so_far, run.fpt, run.peak);
       rec["spec_hash"] = spec_hash;
       rec["data_wait_ms"] = data_s * 1e3;
+      rec["data_bytes"] = data_bytes;
       rec["ckpt_stall_ms"] = stall_s * 1e3;
       rec["comm_ms"] = st.comm_s * 1e3;
       rec["bubble_ms"] = st.bubble_s * 1e3;
@@ -271,7 +275,7 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
         }
       }
       if (groups.layout.dp > 1) {
-        check_samples(groups, trainer, st.step);
+        check_samples(groups, batches, st.step);
         if (trainer::checksum_due(st.step, spec.guard.checksum_every))
           compare_replicas(groups, trainer.model(), st.step);
       }
@@ -310,7 +314,7 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
       publish();
       if (status.stop && st.step < spec.steps) {
         trainer::mark_activity("checkpoint");
-        checkpoints.save_now(st, tokens_so_far, tokens);
+        checkpoints.save_now(st, tokens_so_far, batches);
         // Ranks the signal did not reach stop because a peer got it (SIGUSR1 from srun or the batch script).
         fail(ExitCode::kPreempted,
              "stopped by signal {} after step {}; recovery checkpoint saved, requeue to resume",
@@ -318,7 +322,7 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
       }
     }
     trainer::mark_activity("checkpoint");
-    if (st.step > 0) checkpoints.finish(st, st.step * st.tokens, tokens);
+    if (st.step > 0) checkpoints.finish(st, st.step * st.tokens, batches);
     watchdog.stop();
   } catch (const Error& e) {
     watchdog.stop();

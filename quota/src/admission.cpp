@@ -1,5 +1,7 @@
 #include "forge/quota/admission.h"
 
+#include "forge/common/text.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -27,7 +29,8 @@ Decision reject(std::string message) {
 }
 
 // Checks shared by both moments: the choices are present and well-formed, the team exists and has the
-// user, the tier is allowed, the layout parses and obeys the topology and the team's GPU cap.
+// user, the tier is allowed, the layout parses and obeys the topology and the team's GPU cap, and a job
+// spec, when given, declares the same layout and a model the layout can split.
 Decision check_choices(const Policy& policy, const Choices& c, const Identity& who) {
   if (c.team.empty() || c.tier.empty() || c.layout.empty()) {
     std::vector<std::string> missing;
@@ -60,16 +63,21 @@ Decision check_choices(const Policy& policy, const Choices& c, const Identity& w
   if (!layout) return reject(fmt::format("--train-layout: {}", why));
   if (const auto v = topology_violation(*layout, policy.topology))
     return reject(fmt::format("--train-layout={}: {}", layout->str(), *v));
-  if (layout->gpus() > team->max_gpus)
+  if (layout->world() > team->max_gpus)
     return reject(
         fmt::format("--train-layout={} needs {} GPUs but team '{}' may hold at most {} at once; "
                     "lower dp or pp",
-                    layout->str(), layout->gpus(), team->name, team->max_gpus));
-  if (c.spec_layout && !(*c.spec_layout == *layout))
+                    layout->str(), layout->world(), team->name, team->max_gpus));
+  if (c.spec && !(c.spec->layout == *layout))
     return reject(
         fmt::format("--train-layout={} disagrees with the job spec's [parallel] ({}); make them "
                     "the same",
-                    layout->str(), c.spec_layout->str()));
+                    layout->str(), c.spec->layout.str()));
+  // The trainer makes the same check (forge::layout_problem); here it fails in sbatch, not after the wait.
+  if (c.spec)
+    if (const auto p = layout_problem(*layout, c.spec->model))
+      return reject(
+          fmt::format("--train-layout={} does not suit the job spec: {}: {}", layout->str(), p->key, p->why));
   Decision d;
   d.allowed = true;
   d.team = team;
@@ -100,14 +108,14 @@ Decision admit_submission(const Policy& policy, const Choices& choices, const Id
   const auto it = usage.snapshot->teams.find(d.team->name);
   const TeamUsage u = it == usage.snapshot->teams.end() ? TeamUsage{} : it->second;
   const double hours = d.tier->max_wall_s / 3600.0;
-  const double need = d.layout.gpus() * hours * d.tier->charge;
+  const double need = d.layout.world() * hours * d.tier->charge;
   const double left = d.team->budget_gpu_hours - u.used_gpu_hours - u.reserved_gpu_hours;
   if (need > left + 1e-9) {
     // Suggest the tier of this team that would fit, if any.
     std::string fits;
     for (const auto& name : d.team->tiers) {
       const Tier* t = policy.tier(name);
-      if (t && d.layout.gpus() * (t->max_wall_s / 3600.0) * t->charge <= left)
+      if (t && d.layout.world() * (t->max_wall_s / 3600.0) * t->charge <= left)
         fits = fmt::format(", or tier '{}' (max wall {}, charge {})", t->name,
                            format_wall_time(t->max_wall_s), t->charge);
     }
@@ -117,7 +125,7 @@ Decision admit_submission(const Policy& policy, const Choices& choices, const Id
         "{:.1f}) but this job may use {:.1f} ({} GPUs x {} max wall of tier '{}' x charge {}), over by "
         "{:.1f}; use at most {} GPUs{}, or ask for more budget",
         d.team->name, std::max(0.0, left), period_name(policy.period), d.team->budget_gpu_hours,
-        u.used_gpu_hours, u.reserved_gpu_hours, need, d.layout.gpus(), format_wall_time(d.tier->max_wall_s),
+        u.used_gpu_hours, u.reserved_gpu_hours, need, d.layout.world(), format_wall_time(d.tier->max_wall_s),
         d.tier->name, d.tier->charge, need - std::max(0.0, left), max_gpus, fits));
   }
   return d;
@@ -129,16 +137,16 @@ Decision check_allocation(const Policy& policy, const Choices& choices, const Id
   if (!d.allowed) return d;
   const Layout& l = d.layout;
   const int want_nodes = nodes_for(l, policy.topology);
-  if (a.gpus != l.gpus())
+  if (a.gpus != l.world())
     return reject(
-        fmt::format("the job was given {} GPUs but --train-layout={} needs tp*pp*dp = {}; submit "
+        fmt::format("the job was given {} GPUs but --train-layout={} needs tp*cp*dp*pp = {}; submit "
                     "with --gpus-per-node and --nodes that multiply to {}",
-                    a.gpus, l.str(), l.gpus(), l.gpus()));
+                    a.gpus, l.str(), l.world(), l.world()));
   if (a.nodes != want_nodes)
     return reject(
         fmt::format("the job runs on {} nodes but --train-layout={} ({} GPUs, {} per node) needs "
                     "{}; submit with --nodes={}",
-                    a.nodes, l.str(), l.gpus(), policy.topology.gpus_per_node, want_nodes, want_nodes));
+                    a.nodes, l.str(), l.world(), policy.topology.gpus_per_node, want_nodes, want_nodes));
   if (a.nodes > 0 && (a.gpus % a.nodes != 0 || l.tp > a.gpus / a.nodes))
     return reject(
         fmt::format("the job's {} GPUs over {} nodes cannot hold a TP group of {} inside a node; "
@@ -154,12 +162,12 @@ Decision check_allocation(const Policy& policy, const Choices& choices, const Id
         fmt::format("the job is charged to account '{}' but team '{}' uses account '{}'; submit "
                     "with --account={}",
                     printable(a.account), d.team->name, d.team->account, d.team->account));
-  if (const int limit = policy.topology.switches_for(l.gpus());
+  if (const int limit = policy.topology.switches_for(l.world());
       limit > 0 && a.nodes > 1 && (a.req_switches == 0 || a.req_switches > limit))
     return reject(fmt::format(
         "a {}-GPU job must sit under at most {} switch(es) but the job's limit is {}; "
         "submit with --switches={}",
-        l.gpus(), limit, a.req_switches == 0 ? std::string("none") : std::to_string(a.req_switches), limit));
+        l.world(), limit, a.req_switches == 0 ? std::string("none") : std::to_string(a.req_switches), limit));
   if (a.time_limit_s > d.tier->max_wall_s)
     return reject(
         fmt::format("the job's time limit {} exceeds tier '{}''s max wall {}; submit with --time={}",

@@ -1,7 +1,8 @@
 #include "forge/quota/apply.h"
 
 #include "forge/common/error.h"
-#include "ini.h"
+#include "forge/common/ini.h"
+#include "forge/common/text.h"
 
 #include <fmt/format.h>
 

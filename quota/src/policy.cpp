@@ -1,7 +1,8 @@
 #include "forge/quota/policy.h"
 
 #include "forge/common/error.h"
-#include "ini.h"
+#include "forge/common/ini.h"
+#include "forge/common/text.h"
 
 #include <algorithm>
 #include <cmath>

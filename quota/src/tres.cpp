@@ -1,7 +1,8 @@
 // TRES strings are read by both the ledger (sacct AllocTRES) and the SPANK plugin (the job record's
 // tres_alloc_str), so this lives in forge_quota_core.
+#include "forge/common/ini.h"
+#include "forge/common/text.h"
 #include "forge/quota/usage.h"
-#include "ini.h"
 
 #include <charconv>
 

@@ -1,8 +1,9 @@
 #include "forge/quota/usage.h"
 
 #include "forge/common/error.h"
+#include "forge/common/ini.h"
+#include "forge/common/text.h"
 #include "forge/quota/policy.h"
-#include "ini.h"
 
 #include <algorithm>
 #include <ctime>

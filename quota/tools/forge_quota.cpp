@@ -1,7 +1,9 @@
 // forge-quota: the admission and accounting policy, applied to Slurm, and the usage it accounts.
 #include "forge/common/error.h"
+#include "forge/common/text.h"
 #include "forge/quota/accounting.h"
 #include "forge/quota/apply.h"
+#include "forge/quota/layout.h"
 #include "forge/quota/ledger.h"
 #include "forge/quota/policy.h"
 #include "forge/quota/report.h"
@@ -10,6 +12,7 @@
 
 #include <boost/program_options.hpp>
 
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <iostream>
@@ -24,6 +27,8 @@ constexpr const char* kUsage = R"(usage: forge-quota COMMAND [options]   (docs/A
 
 commands:
   check-policy FILE          validate a policy file (exit 64 with file:line on the first error)
+  layout LAYOUT [--policy FILE]
+                             a layout's ranks and nodes for scripts (exit 64 with the parser's message)
   apply [--dry-run]          write the policy into Slurm (accounts, QOS) with sacctmgr; idempotent
   sync [-S START] [-E END]   sacct + squeue + run summaries -> ledger -> usage snapshot
   status [--team T] [--format table|json]
@@ -93,6 +98,47 @@ int cmd_check_policy(const std::vector<std::string>& args) {
   const Policy p = load_policy(args[0]);
   std::cout << fmt::format("{}: OK ({} teams, {} tiers, {} GPUs per node, budgets per {})\n", args[0],
                            p.teams.size(), p.tiers.size(), p.topology.gpus_per_node, period_name(p.period));
+  return 0;
+}
+
+// Facts about a layout for scripts (scripts/sbatch/submit-pipeline), so that they parse it with the one
+// parser rather than their own. Nodes and tasks per node as the plugin derives them (nodes_for), with
+// the policy's GPUs per node when --policy is given, else $FORGE_GPUS_PER_NODE, else 8.
+int cmd_layout(const std::vector<std::string>& args) {
+  std::string text, policy_path;
+  po::options_description d("options");
+  d.add_options()("help,h", "show help")("policy", po::value(&policy_path),
+                                         "take GPUs per node from this policy's [topology]");
+  po::options_description all;
+  all.add(d).add_options()("layout", po::value(&text));
+  po::positional_options_description positional;
+  positional.add("layout", 1);
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(all).positional(positional).run(), vm);
+  if (vm.count("help")) {
+    std::cout << "usage: forge-quota layout LAYOUT [--policy FILE]\n" << d;
+    return 0;
+  }
+  po::notify(vm);
+  if (!vm.count("layout")) fail(ExitCode::kUsage, "layout takes one argument, the layout (e.g. tp2,pp2,dp4)");
+  std::string why;
+  const auto layout = parse_layout(text, &why);
+  if (!layout) fail(ExitCode::kUsage, "{}", why);
+  Topology topo;
+  if (!policy_path.empty()) {
+    topo = load_policy(policy_path).topology;
+  } else if (const char* env = std::getenv("FORGE_GPUS_PER_NODE"); env && *env) {
+    const auto gpn = parse_int(env);
+    if (!gpn || *gpn < 1 || *gpn > 65536)
+      fail(ExitCode::kUsage, "FORGE_GPUS_PER_NODE={}: expected a whole number from 1 to 65536",
+           printable(env));
+    topo.gpus_per_node = static_cast<int>(*gpn);
+  }
+  const int nodes = nodes_for(*layout, topo);
+  const Layout& l = *layout;
+  std::cout << fmt::format("layout={} tp={} cp={} ep={} dp={} pp={} ranks={} nodes={} tasks_per_node={}\n",
+                           l.str(), l.tp, l.cp, l.ep, l.dp, l.pp, l.world(), nodes,
+                           (l.world() + nodes - 1) / nodes);
   return 0;
 }
 
@@ -196,6 +242,7 @@ int run(int argc, char** argv) {
   const std::string command = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "check-policy") return cmd_check_policy(args);
+  if (command == "layout") return cmd_layout(args);
 
   Common c;
   po::options_description d = common_options(c);
@@ -215,7 +262,8 @@ int run(int argc, char** argv) {
         "output,o", po::value(&c.output), "write to FILE instead of stdout");
   } else {
     fail(ExitCode::kUsage,
-         "unknown command '{}'; commands: check-policy, apply, sync, status, report (see --help)", command);
+         "unknown command '{}'; commands: check-policy, layout, apply, sync, status, report (see --help)",
+         command);
   }
   po::variables_map vm;
   po::store(po::command_line_parser(args).options(d).run(), vm);

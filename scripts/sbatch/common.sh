@@ -1,5 +1,5 @@
 # Shared by the SlurmForge batch scripts (sourced). Runs one srun step of a forge-* program, forwards
-# preemption/time-limit signals to it, and acts on its exit class (ARCHITECTURE.md):
+# preemption/time-limit signals to it, and acts on its exit class (docs/ARCHITECTURE.md, "Exit codes"):
 #   0 done · 75 preempted/time limit → requeue · 69 comm failure → requeue up to FORGE_MAX_COMM_RETRIES
 #   64 spec, 65 data, 71 numerics, anything else → fail, never requeue (a retry would fail the same way).
 # Slurm copies batch scripts into its spool, so the programs are found in the build tree named by

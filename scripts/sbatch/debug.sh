@@ -63,24 +63,25 @@ cmd_step() {
     esac
     shift
   done
-  local layout_re='^tp([0-9]+),pp([0-9]+),dp([0-9]+)$'
-  [ -z "$layout" ] || [[ $layout =~ $layout_re ]] || die "step: --layout must look like tp2,pp2,dp2, not '$layout'"
   local train
   train=$(forge_bin forge-train)
   # The layout: as given, else the spec's own [parallel] (what the job would run).
   if [ -z "$layout" ]; then
     layout=$("$train" "$spec" "${overrides[@]}" --print-config | awk -F' = ' '
       /^\[/ { s = substr($0, 2, length($0) - 2) }
-      s == "parallel" && $1 == "tp" { tp = $2 } s == "parallel" && $1 == "pp" { pp = $2 }
-      s == "parallel" && $1 == "dp" { dp = $2 }
-      END { printf "tp%s,pp%s,dp%s", tp ? tp : 1, pp ? pp : 1, dp ? dp : 1 }')
+      s == "parallel" && $1 ~ /^(tp|cp|ep|dp|pp)$/ { v[$1] = $2 }
+      END { printf "tp%s,pp%s,dp%s,cp%s,ep%s", v["tp"], v["pp"], v["dp"], v["cp"], v["ep"] }')
   fi
-  [[ $layout =~ $layout_re ]] || die "step: the spec's [parallel] gives no layout ('$layout')"
-  local tp=${BASH_REMATCH[1]} pp=${BASH_REMATCH[2]} dp=${BASH_REMATCH[3]}
-  local ranks=$((tp * pp * dp))
+  # Its dimensions from the one layout parser (forge-quota layout prints tp= cp= ep= dp= pp= ranks=).
+  local facts kv tp cp ep dp pp ranks
+  facts=$("$(forge_bin forge-quota)" layout "$layout" 2>&1) || die "step: --layout: ${facts#forge-quota: error: }"
+  for kv in $facts; do
+    case ${kv%%=*} in tp | cp | ep | dp | pp | ranks) printf -v "${kv%%=*}" %s "${kv#*=}" ;; esac
+  done
   # A scratch run directory: the step must neither resume from nor write into the real run's checkpoints.
   local scratch=${FORGE_DEBUG_DIR:-${TMPDIR:-/tmp}}/forge-debug-step.$$
-  local args=("$spec" "${overrides[@]}" --parallel.tp="$tp" --parallel.pp="$pp" --parallel.dp="$dp"
+  local args=("$spec" "${overrides[@]}" --parallel.tp="$tp" --parallel.cp="$cp" --parallel.ep="$ep"
+    --parallel.pp="$pp" --parallel.dp="$dp"
     --run.steps=1 --run.dir="$scratch" --ckpt.recovery_every=0 --ckpt.milestone_every=0)
 
   if [ -z "${SLURM_JOB_ID:-}" ]; then

@@ -8,7 +8,7 @@ slurmctld on the real request, is the lock:
 
   * a job asking for a tier's QOS must come with the plugin's choices;
   * the choices are re-derived from the policy file (never trusted as sent): team -> account,
-    tier -> QOS and max wall time, layout -> GPUs (tp*pp*dp), nodes, TP <= GPUs per node, switches;
+    tier -> QOS and max wall time, layout -> GPUs (tp*cp*dp*pp), nodes, TP <= GPUs per node, switches;
   * the request must match them: GPU count, node count, QOS, account; unset QOS, account, nodes, time
     and switch limits are filled in from the policy.
 
@@ -80,7 +80,8 @@ local function parse_policy(path)
       if name then
         section = trim(name)
       else
-        local k, v = t:match("^([^=]+)=(.*)$")
+        -- '#' ends a value, as in forge::parse_ini (common/include/forge/common/ini.h).
+        local k, v = t:gsub("#.*$", ""):match("^([^=]+)=(.*)$")
         if k then
           k, v = trim(k), trim(v)
           local tier = section and section:match("^tier%.(.+)$")
@@ -119,6 +120,33 @@ local function load_policy()
   cached = cached_path and parse_policy(cached_path) or nil
   cached_at = now
   return cached, cached_path
+end
+
+-- The plugin's FORGE_LAYOUT -> { tp, cp, ep, dp, pp, ranks }, or nil. The plugin parsed the user's
+-- --train-layout (forge::parse_layout) and sends its normalised spelling, Layout::str(): "tpA,ppB,dpC",
+-- then ",cpD" and ",epE" when they are not 1. Any other spelling did not come from the plugin, so this
+-- reads exactly that one and rejects the rest. ranks = tp*cp*dp*pp: ep is carved out of dp.
+-- Tested against the C++ parser's table of cases (test/spank_plugin/job_submit_lua_test.lua).
+local function parse_layout(text)
+  local tp, pp, dp, rest = (text or ""):match("^tp(%d+),pp(%d+),dp(%d+)(.*)$")
+  if not tp then return nil end
+  local cp = rest:match("^,cp(%d+)")
+  if cp then rest = rest:sub(#cp + 4) end
+  local ep = rest:match("^,ep(%d+)$")
+  if ep then rest = "" end
+  if rest ~= "" then return nil end
+  -- Numbers as str() writes them: no leading zero, 1..65536, cp and ep only when not 1.
+  local function dim(digits, optional)
+    if digits == nil then return optional and 1 or nil end
+    local n = digits:match("^[1-9]%d*$") and tonumber(digits)
+    if not n or n > 65536 or (optional and n == 1) then return nil end
+    return n
+  end
+  local l = { tp = dim(tp), pp = dim(pp), dp = dim(dp), cp = dim(cp, true), ep = dim(ep, true) }
+  if not (l.tp and l.pp and l.dp and l.cp and l.ep) then return nil end
+  l.ranks = l.tp * l.cp * l.dp * l.pp
+  if l.ranks > 1048576 then return nil end
+  return l
 end
 
 -- "FORGE_TEAM=x" entries (a SPANK_ prefix is accepted) -> { FORGE_TEAM = "x", ... }.
@@ -179,10 +207,9 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   end
 
   -- Expectations: from the policy when readable, else from what the plugin sent.
-  local tp, pp, dp = (c.FORGE_LAYOUT or ""):match("^tp(%d+),pp(%d+),dp(%d+)$")
-  if not tp then return reject("the plugin's layout is missing or malformed; resubmit with --train-layout=tpX,ppY,dpZ") end
-  tp, pp, dp = tonumber(tp), tonumber(pp), tonumber(dp)
-  local gpus = tp * pp * dp
+  local layout = parse_layout(c.FORGE_LAYOUT)
+  if not layout then return reject("the plugin's layout is missing or malformed; resubmit with --train-layout=tpX,ppY,dpZ") end
+  local tp, gpus = layout.tp, layout.ranks
   local want = {}
   if policy then
     local team, tier = policy.teams[c.FORGE_TEAM or ""], policy.tiers[c.FORGE_TIER]
@@ -254,7 +281,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     if per_task and tasks then asked = per_task * tasks end
   end
   if asked ~= gpus then
-    return reject(string.format("--train-layout=%s needs tp*pp*dp = %d GPUs but the job asks for %s; submit " ..
+    return reject(string.format("--train-layout=%s needs tp*cp*dp*pp = %d GPUs but the job asks for %s; submit " ..
       "with --nodes=%d --gpus-per-node=%d", c.FORGE_LAYOUT, gpus, asked and tostring(asked) or "none", nodes,
       math.floor(gpus / nodes)))
   end
@@ -298,4 +325,6 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
 end
 
 slurm.log_info("%s", "forge job_submit.lua loaded")
-return slurm.SUCCESS
+-- slurmctld keeps only the first value (the load status); the second is for the tests, which load this
+-- file with a stub `slurm` table (test/spank_plugin/job_submit_lua_test.lua).
+return slurm.SUCCESS, { parse_layout = parse_layout }

@@ -21,10 +21,10 @@ void set_control_env(spank_t sp, const quota::Policy& policy, const quota::Decis
   put("FORGE_PREEMPTIBLE", d.tier->preemptible ? "1" : "0");
   put("FORGE_QOS", d.tier->qos);
   put("FORGE_ACCOUNT", d.team->account);
-  put("FORGE_GPUS", std::to_string(d.layout.gpus()));
+  put("FORGE_GPUS", std::to_string(d.layout.world()));
   put("FORGE_NODES", std::to_string(quota::nodes_for(d.layout, policy.topology)));
   put("FORGE_GPUS_PER_NODE", std::to_string(policy.topology.gpus_per_node));
-  put("FORGE_MAX_SWITCHES", std::to_string(policy.topology.switches_for(d.layout.gpus())));
+  put("FORGE_MAX_SWITCHES", std::to_string(policy.topology.switches_for(d.layout.world())));
   put("FORGE_MAX_WALL_MIN", std::to_string(d.tier->max_wall_s / 60));
 }
 
@@ -49,8 +49,8 @@ int admit_local(spank_t sp, const char* tool) {
     quota::Choices choices{o.team, o.tier, o.layout, {}};
     if (!o.spec.empty()) {
       std::string why;
-      choices.spec_layout = quota::read_spec_layout(o.spec, &why);
-      if (!choices.spec_layout) return reject("--train-spec: " + why);
+      choices.spec = quota::read_spec_layout(o.spec, &why);
+      if (!choices.spec) return reject("--train-spec: " + why);
     }
     LoadedUsage usage;
     load_usage(policy, *state().config, usage);

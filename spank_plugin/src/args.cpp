@@ -47,9 +47,10 @@ struct spank_option kOptions[] = {
     {const_cast<char*>("train-tier"), const_cast<char*>("TIER"),
      const_cast<char*>("Tier: pretrain, finetune or explore (forge policy)."), 1, kTier, on_option},
     {const_cast<char*>("train-layout"), const_cast<char*>("tpX,ppY,dpZ"),
-     const_cast<char*>("Parallel layout; tp*pp*dp GPUs."), 1, kLayout, on_option},
+     const_cast<char*>("Parallel layout; tp*cp*dp*pp GPUs."), 1, kLayout, on_option},
     {const_cast<char*>("train-spec"), const_cast<char*>("FILE"),
-     const_cast<char*>("Job spec whose [parallel] must match --train-layout."), 1, kSpec, on_option},
+     const_cast<char*>("Job spec: [parallel] must match --train-layout, [model] fit it."), 1, kSpec,
+     on_option},
 };
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "plugin.h"
 
+#include "forge/common/text.h"
+
 #include <string_view>
 
 namespace forge::spank {
@@ -25,7 +27,7 @@ std::optional<PluginConfig> parse_config(int ac, char** av, std::string* why) {
       c.on_snapshot_problem = quota::SnapshotFailure::kClosed;
     } else {
       *why =
-          "plugstack.conf: unknown argument '" + quota::printable(arg) +
+          "plugstack.conf: unknown argument '" + printable(arg) +
           "' for forge_spank.so; allowed: policy=PATH snapshot=PATH mode=enforce|warn fail-open|fail-closed";
       return std::nullopt;
     }

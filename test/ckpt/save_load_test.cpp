@@ -245,3 +245,15 @@ TEST_CASE("saving the same step again replaces the committed checkpoint atomical
   CHECK(got[3] == value_at("param/emb", 3, 6));
   CHECK(list_checkpoints(run).size() == 1);
 }
+
+TEST_CASE("the manifest keeps all five layout dimensions; one written before cp and ep reads them as 1") {
+  Manifest m;
+  m.tier = "recovery";
+  m.meta = meta_for(3, 2, 2);
+  m.meta.layout.cp = 2, m.meta.layout.ep = 2, m.meta.layout.pp = 3;
+  forge::Json j = m.to_json();
+  CHECK(Manifest::from_json(j, "manifest.json").meta.layout == m.meta.layout);
+  j["layout"].erase("cp");
+  j["layout"].erase("ep");
+  CHECK(Manifest::from_json(j, "manifest.json").meta.layout == forge::Layout{.tp = 2, .dp = 2, .pp = 3});
+}

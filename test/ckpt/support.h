@@ -166,7 +166,7 @@ inline CheckpointMeta meta_for(int64_t step, int tp = 1, int dp = 1) {
   m.loss = 10.0 / static_cast<double>(step + 1);
   m.spec_hash = "spec-abc";
   m.dataset_version = "ds-1";
-  m.layout = Layout{tp, 1, dp};
+  m.layout = Layout{.tp = tp, .dp = dp};
   m.model_config = Json{{"layers", 1}, {"d_model", 16}, {"vocab", 32}};
   m.data_cursor = Json{{"shard", 0}, {"offset", step * 8}};
   m.rng = Json{{"seed", 7}, {"counter", step}};

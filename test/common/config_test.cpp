@@ -94,9 +94,8 @@ TEST_CASE("malformed lines, duplicates and missing files are usage errors") {
   CHECK(error_of([&] {
           forge::load_config(job_schema(), dir.write("c.ini", "[run]\nsteps=1\nsteps=2\n"), {});
         }).find("c.ini:3: run.steps is already set on line 2") != std::string::npos);
-  CHECK(error_of([&] {
-          forge::load_config(job_schema(), dir / "missing.ini", {});
-        }).find("cannot read config file") != std::string::npos);
+  CHECK(error_of([&] { forge::load_config(job_schema(), dir / "missing.ini", {}); }).find("cannot read '") !=
+        std::string::npos);
   CHECK(error_of([&] {
           forge::load_config(job_schema(), "", {"--run.steps=1", "--run.steps=2"});
         }) == "command line: run.steps given twice");
@@ -136,4 +135,21 @@ TEST_CASE("reject() cites where the value came from") {
 TEST_CASE("did_you_mean picks the closest key or nothing") {
   CHECK(forge::did_you_mean("model.dmodel", {"model.d_model", "model.heads"}) == "model.d_model");
   CHECK(forge::did_you_mean("xyz", {"model.d_model"}).empty());
+}
+
+TEST_CASE("the spec is read by the one INI reader: entries need a section, a section appears once") {
+  forge::test::TempDir dir;
+  CHECK(error_of([&] {
+          forge::load_config(job_schema(), dir.write("a.ini", "steps = 1\n[run]\n"), {});
+        }).find("a.ini:1: 'steps' is outside any [section]") != std::string::npos);
+  CHECK(error_of([&] {
+          forge::load_config(job_schema(), dir.write("b.ini", "[run]\nsteps = 1\n[optim]\n[run]\nname = x\n"),
+                             {});
+        }).find("b.ini:4: section [run] already appears on line 1; merge the two") != std::string::npos);
+  // A '#' ends the value, as in Boost's config files.
+  const Config c = forge::load_config(
+      job_schema(), dir.write("c.ini", "[run]\nname = demo # the demo run\nsteps=3#x\n"), {});
+  CHECK(c.get<std::string>("run.name") == "demo");
+  CHECK(c.get<int>("run.steps") == 3);
+  CHECK(c.source("run.steps") == dir / "c.ini" + ":3");
 }

@@ -3,6 +3,7 @@
 #include "forge/common/error.h"
 #include "support/temp_dir.h"
 
+#include <hdf5.h>
 #include <catch2/catch.hpp>
 
 #include <fstream>
@@ -10,7 +11,7 @@
 
 using forge::Error;
 using forge::ExitCode;
-using forge::data::Batch;
+using forge::MicroBatch;
 using forge::data::Cursor;
 using forge::data::Order;
 using forge::data::Reader;
@@ -39,27 +40,68 @@ ReaderOptions options(uint32_t batch, int rank, int size, int prefetch = 2, Orde
   return o;
 }
 
-// The global batches of `steps` steps, rank slices concatenated in rank order.
-std::vector<Batch> read_global(const std::string& dir, uint32_t batch, int dp, int steps,
-                               const Cursor* from = nullptr, Order order = Order::kBlock) {
+// The global batches of `steps` steps, rank slices concatenated in rank order. Each slice has
+// global_batch / dp rows.
+std::vector<MicroBatch> read_global(const std::string& dir, uint32_t batch, int dp, int steps,
+                                    const Cursor* from = nullptr, Order order = Order::kBlock,
+                                    bool document_mask = false) {
   std::vector<std::unique_ptr<Reader>> readers;
   for (int r = 0; r < dp; ++r) {
-    readers.push_back(std::make_unique<Reader>(dir, options(batch, r, dp, 2, order)));
+    ReaderOptions o = options(batch, r, dp, 2, order);
+    o.document_mask = document_mask;
+    readers.push_back(std::make_unique<Reader>(dir, o));
     if (from) readers.back()->seek(*from);
   }
-  std::vector<Batch> out;
+  std::vector<MicroBatch> out;
   for (int s = 0; s < steps; ++s) {
-    Batch global;
+    std::vector<MicroBatch> slices;
     for (auto& reader : readers) {
-      Batch b = reader->next();
-      global.step = b.step;
-      global.cols = b.cols;
-      global.rows += b.rows;
-      global.tokens.insert(global.tokens.end(), b.tokens.begin(), b.tokens.end());
-      global.sample_ids.insert(global.sample_ids.end(), b.sample_ids.begin(), b.sample_ids.end());
+      slices.push_back(reader->next());
+      REQUIRE(slices.back().rows == int(batch) / dp);
+      REQUIRE(slices.back().seq_len == 16);
     }
-    out.push_back(std::move(global));
+    out.push_back(MicroBatch::concat(slices));
   }
+  return out;
+}
+
+// Everything a batch carries, field by field.
+void require_same(const MicroBatch& a, const MicroBatch& b) {
+  REQUIRE(a.rows == b.rows);
+  REQUIRE(a.sample_ids == b.sample_ids);
+  REQUIRE(a.epochs == b.epochs);
+  REQUIRE(a.inputs == b.inputs);
+  REQUIRE(a.targets == b.targets);
+  REQUIRE(a.weights == b.weights);
+  REQUIRE(a.positions == b.positions);
+  REQUIRE(a.segments == b.segments);
+}
+
+// Row r against the window read_sample gives for its sample id: inputs are the first seq_len tokens,
+// targets the last seq_len.
+void require_shifted_window(Reader& reader, const MicroBatch& b, int r) {
+  const size_t T = size_t(b.seq_len);
+  std::vector<int32_t> window(T + 1);
+  reader.read_sample(b.sample_ids[size_t(r)], window);
+  const auto in = b.inputs.begin() + int64_t(size_t(r) * T), tg = b.targets.begin() + int64_t(size_t(r) * T);
+  REQUIRE(std::equal(window.begin(), window.end() - 1, in));
+  REQUIRE(std::equal(window.begin() + 1, window.end(), tg));
+}
+
+// /doc_offsets of a shard, read with HDF5 here rather than through the reader.
+std::vector<uint64_t> doc_offsets_of(const std::string& path) {
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  REQUIRE(file >= 0);
+  const hid_t ds = H5Dopen2(file, "doc_offsets", H5P_DEFAULT);
+  REQUIRE(ds >= 0);
+  const hid_t space = H5Dget_space(ds);
+  hsize_t n = 0;
+  H5Sget_simple_extent_dims(space, &n, nullptr);
+  std::vector<uint64_t> out(n);
+  REQUIRE(H5Dread(ds, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) >= 0);
+  H5Sclose(space);
+  H5Dclose(ds);
+  H5Fclose(file);
   return out;
 }
 
@@ -83,13 +125,19 @@ TEST_CASE("reader windows match the token streams across shard boundaries") {
     for (uint64_t k = 0; k < 17; ++k)
       REQUIRE(window[k] == int32_t(forge::test::fixture_token(d, start + k, 1000)));
   }
-  const Batch b = reader.next();
+  // Batch rows are the shifted windows, with the pretraining defaults left empty.
+  const MicroBatch b = reader.next();
   REQUIRE(b.rows == 4);
-  REQUIRE(b.cols == 17);
-  for (uint32_t i = 0; i < b.rows; ++i) {
-    reader.read_sample(b.sample_ids[i], window);
-    CHECK(std::equal(window.begin(), window.end(), b.row(i).begin()));
-  }
+  REQUIRE(b.seq_len == 16);
+  REQUIRE(b.inputs.size() == 4 * 16);
+  REQUIRE(b.targets.size() == 4 * 16);
+  CHECK(b.weights.empty());
+  CHECK(b.positions.empty());
+  CHECK(b.segments.empty());
+  CHECK(b.epochs == std::vector<uint32_t>(4, 0));
+  for (int i = 0; i < b.rows; ++i) require_shifted_window(reader, b, i);
+  CHECK(b.problem(1000, 16) == std::nullopt);
+  CHECK(b.weight_sum() == 4 * 16);
 }
 
 TEST_CASE(
@@ -120,10 +168,14 @@ TEST_CASE(
   CHECK(order_c != order0);
   // Prefetching and synchronous readers deliver the same batches.
   for (int s = 0; s < 60; ++s) {  // crosses an epoch boundary (188 samples / 4)
-    const Batch x = a.next(), y = b.next();
-    REQUIRE(x.sample_ids == y.sample_ids);
-    REQUIRE(x.tokens == y.tokens);
-    for (uint32_t i = 0; i < x.rows; ++i) REQUIRE(x.sample_ids[i] == a.sample_at(uint64_t(s) * 4 + i));
+    const MicroBatch x = a.next(), y = b.next();
+    require_same(x, y);
+    for (int i = 0; i < x.rows; ++i) {
+      const uint64_t position = uint64_t(s) * 4 + uint64_t(i);
+      REQUIRE(x.sample_ids[size_t(i)] == a.sample_at(position));
+      REQUIRE(x.epochs[size_t(i)] == position / e);
+      require_shifted_window(a, x, i);
+    }
   }
 }
 
@@ -133,16 +185,24 @@ TEST_CASE("reader DP ranks are disjoint and together read the global batch") {
   forge::test::make_fixture_dataset(dir, two_domains());
   for (Order order : {Order::kBlock, Order::kGlobal}) {
     INFO("order " << forge::data::order_name(order));
-    const auto one = read_global(dir, 8, 1, 20, nullptr, order);
+    // 30 steps of 8: step 23 holds positions 184..191 and so the boundary of the 188-sample epoch.
+    const auto one = read_global(dir, 8, 1, 30, nullptr, order);
     for (int dp : {2, 4, 8}) {
-      const auto many = read_global(dir, 8, dp, 20, nullptr, order);
+      const auto many = read_global(dir, 8, dp, 30, nullptr, order);
       std::set<uint64_t> seen;
-      for (int s = 0; s < 20; ++s) {
-        REQUIRE(many[s].sample_ids == one[s].sample_ids);
-        REQUIRE(many[s].tokens == one[s].tokens);
-        // within one epoch (20 * 8 = 160 < 188) no sample repeats across ranks or steps
-        for (uint64_t id : many[s].sample_ids) REQUIRE(seen.insert(id).second);
+      std::set<std::pair<uint64_t, uint32_t>> seen_pairs;
+      for (int s = 0; s < 30; ++s) {
+        require_same(many[size_t(s)], one[size_t(s)]);
+        for (int i = 0; i < 8; ++i) {
+          const uint64_t id = many[size_t(s)].sample_ids[size_t(i)];
+          const uint32_t epoch = many[size_t(s)].epochs[size_t(i)];
+          REQUIRE(epoch == (uint64_t(s) * 8 + uint64_t(i)) / 188);
+          // within one epoch no sample repeats across ranks or steps; across epochs the pair is unique
+          if (epoch == 0) REQUIRE(seen.insert(id).second);
+          REQUIRE(seen_pairs.insert({id, epoch}).second);
+        }
       }
+      CHECK(seen.size() == 188);
     }
   }
 }
@@ -163,11 +223,7 @@ TEST_CASE("reader resumes from a cursor exactly, also with another DP size") {
         CHECK(cursor.samples == 13 * 8);
         CHECK(cursor.order == order);
         const auto resumed = read_global(dir, 8, second_dp, 27, &cursor, order);
-        for (int s = 0; s < 27; ++s) {
-          REQUIRE(resumed[s].step == uninterrupted[13 + s].step);
-          REQUIRE(resumed[s].sample_ids == uninterrupted[13 + s].sample_ids);
-          REQUIRE(resumed[s].tokens == uninterrupted[13 + s].tokens);
-        }
+        for (int s = 0; s < 27; ++s) require_same(resumed[size_t(s)], uninterrupted[size_t(13 + s)]);
       }
     }
   }
@@ -262,8 +318,8 @@ TEST_CASE("reader cursor records the block order; a cursor from before it resume
   CHECK_THROWS_AS(block.seek(c), Error);
   Reader global(dir, options(4, 0, 1, 2, Order::kGlobal));
   global.seek(c);
-  const Batch b = global.next();
-  for (uint32_t i = 0; i < b.rows; ++i) CHECK(b.sample_ids[i] == global.sample_at(40 + i));
+  const MicroBatch b = global.next();
+  for (int i = 0; i < b.rows; ++i) CHECK(b.sample_ids[size_t(i)] == global.sample_at(40 + uint64_t(i)));
   CHECK(global.cursor().to_json().at("order") == "global");
   // The global order is the one of the release before the block order (values recorded from it), so
   // such a cursor resumes into exactly the samples the interrupted run would have read.
@@ -361,27 +417,193 @@ TEST_CASE("reader checks options, tokenizer and shards") {
   CHECK(code_of(options(8, 0, 1)) == ExitCode::kData);
 }
 
-TEST_CASE("reader reports an out-of-vocabulary token from the prefetch thread, naming the shard") {
-  forge::test::TempDir tmp;
-  const std::string dir = tmp / "ds";
-  auto m = forge::test::make_fixture_dataset(dir, {{"only", {400}, 1}});
-  // Rewrite the train shard with a bad token and a matching checksum: only the read-time check sees it.
-  const std::string path = dir + "/" + m.shards[0].file;
-  forge::data::ShardData data = forge::data::read_shard(path);
-  for (auto& t : data.tokens) t = 5000;
-  forge::data::write_shard(path, data,
-                           {forge::data::kShardSchemaVersion, "train", "only", m.tokenizer_sha256, 1000}, 2);
-  m.shards[0].xxh3 = forge::xxh3_file_hex(path);
-  m.shards[0].bytes = std::filesystem::file_size(path);
-  forge::data::write_manifest(dir, m);
-  Reader r(dir, options(4, 0, 1, 2));
-  for (int attempt = 0; attempt < 2; ++attempt) {  // a retry fails again instead of hanging
-    try {
-      r.next();
-      FAIL("a token outside the vocabulary was delivered");
-    } catch (const Error& e) {
+TEST_CASE("reader reports an out-of-vocabulary token from the prefetch thread, naming shard and sample") {
+  // 400 tokens: 24 windows of 16 (+1) tokens. Token 100 lies inside window 6 only; token 0 is only the
+  // first input of window 0; token 384 only the last target of window 23.
+  for (const auto& [bad, sample] : {std::pair<size_t, uint64_t>{100, 6}, {0, 0}, {384, 23}}) {
+    INFO("bad token " << bad);
+    forge::test::TempDir tmp;
+    const std::string dir = tmp / "ds";
+    auto m = forge::test::make_fixture_dataset(dir, {{"only", {400}, 1}});
+    // Rewrite the train shard with one bad token and a matching checksum: only the read-time check sees it.
+    const std::string path = dir + "/" + m.shards[0].file;
+    forge::data::ShardData data = forge::data::read_shard(path);
+    data.tokens[bad] = 5000;
+    forge::data::write_shard(
+        path, data, {forge::data::kShardSchemaVersion, "train", "only", m.tokenizer_sha256, 1000}, 2);
+    m.shards[0].xxh3 = forge::xxh3_file_hex(path);
+    m.shards[0].bytes = std::filesystem::file_size(path);
+    forge::data::write_manifest(dir, m);
+    const auto names_shard_and_sample = [&](const Error& e) {
+      const std::string what = e.what();
+      INFO(what);
       CHECK(e.code() == ExitCode::kData);
-      CHECK(std::string(e.what()).find(m.shards[0].file) != std::string::npos);
+      CHECK(static_cast<int>(e.code()) == 65);
+      CHECK(what.find(m.shards[0].file) != std::string::npos);
+      CHECK(what.find(fmt::format("sample {}: token 5000 outside the vocabulary (1000)", sample)) !=
+            std::string::npos);
+    };
+    for (int prefetch : {2, 0}) {
+      Reader r(dir, options(4, 0, 1, prefetch));
+      uint64_t position = 0;  // the batch holding the sample (6 batches per epoch)
+      while (r.sample_at(position) != sample) ++position;
+      for (uint64_t s = 0; s < position / 4; ++s) REQUIRE_NOTHROW(r.next());
+      for (int attempt = 0; attempt < 2; ++attempt) {  // a retry fails again instead of hanging
+        try {
+          r.next();
+          FAIL("a token outside the vocabulary was delivered");
+        } catch (const Error& e) {
+          names_shard_and_sample(e);
+        }
+      }
+      std::vector<int32_t> window(17);
+      try {
+        r.read_sample(sample, window);
+        FAIL("read_sample delivered a token outside the vocabulary");
+      } catch (const Error& e) {
+        names_shard_and_sample(e);
+      }
+      REQUIRE_NOTHROW(r.read_sample(sample == 0 ? 1 : sample - 1, window));
     }
   }
+}
+
+TEST_CASE("reader recycles the batch buffers") {
+  forge::test::TempDir tmp;
+  const std::string dir = tmp / "ds";
+  forge::test::make_fixture_dataset(dir, two_domains());
+  for (bool mask : {false, true}) {
+    for (int prefetch : {0, 2}) {
+      ReaderOptions o = options(8, 1, 2, prefetch);
+      o.document_mask = mask;
+      Reader r(dir, o);
+      MicroBatch b;
+      std::set<const void*> buffers;
+      for (int s = 0; s < 40; ++s) {
+        r.next(b);
+        buffers.insert(b.inputs.data());
+        buffers.insert(b.targets.data());
+        if (mask) buffers.insert(b.segments.data());
+      }
+      // The caller's buffer and those cycling through the prefetch queue, nothing allocated afresh.
+      CHECK(buffers.size() <= size_t(mask ? 3 : 2) * size_t(prefetch + 2));
+    }
+  }
+}
+
+TEST_CASE("reader epochs: (sample, epoch) is unique even when one global batch spans epochs") {
+  forge::test::TempDir tmp;
+  const std::string dir = tmp / "ds";
+  forge::test::make_fixture_dataset(dir, two_domains());
+  // A global batch of 192 > 188 samples per epoch: every step spans an epoch boundary, so some sample id
+  // necessarily occurs twice in a step, once per epoch.
+  for (Order order : {Order::kBlock, Order::kGlobal}) {
+    INFO("order " << forge::data::order_name(order));
+    const auto one = read_global(dir, 192, 1, 3, nullptr, order);
+    const auto four = read_global(dir, 192, 4, 3, nullptr, order);
+    std::set<std::pair<uint64_t, uint32_t>> pairs;
+    for (int s = 0; s < 3; ++s) {
+      require_same(four[size_t(s)], one[size_t(s)]);
+      std::set<uint64_t> ids;
+      bool repeated = false;
+      for (size_t i = 0; i < 192; ++i) {
+        const uint64_t position = uint64_t(s) * 192 + i;
+        REQUIRE(one[size_t(s)].epochs[i] == position / 188);
+        repeated = !ids.insert(one[size_t(s)].sample_ids[i]).second || repeated;
+        REQUIRE(pairs.insert({one[size_t(s)].sample_ids[i], one[size_t(s)].epochs[i]}).second);
+      }
+      CHECK(repeated);
+    }
+    // Epochs never decrease along the stream and step by one at each boundary.
+    CHECK(one[0].epochs.front() == 0);
+    CHECK(one[0].epochs.back() == 1);
+    CHECK(one[2].epochs.back() == 575 / 188);
+  }
+}
+
+TEST_CASE("reader document_mask marks the shards' document boundaries") {
+  forge::test::TempDir tmp;
+  const std::string dir = tmp / "ds";
+  // Documents shorter and longer than a 16-token row, several per shard and shards cut inside windows,
+  // and one document ending exactly where a window does.
+  const std::vector<forge::test::FixtureDomain> domains = {
+      {"prose", {5, 3, 40, 16, 1, 29, 7, 64, 2, 33, 17, 9}, 3}, {"code", {48, 11, 20, 6, 31}, 2}};
+  const forge::data::Manifest m = forge::test::make_fixture_dataset(dir, domains, 64);
+  // The document starts of each domain's stream, from the shards' /doc_offsets.
+  std::vector<std::set<uint64_t>> starts(domains.size());
+  for (size_t d = 0; d < domains.size(); ++d) {
+    uint64_t base = 0;
+    for (const auto* e : m.shards_of("train", domains[d].name)) {
+      const std::vector<uint64_t> offsets = doc_offsets_of(dir + "/" + e->file);
+      for (size_t k = 0; k + 1 < offsets.size(); ++k) starts[d].insert(base + offsets[k]);
+      base += offsets.back();
+    }
+  }
+  // This fixture's documents do not end with the EOS id; with a vocabulary of 64 the id (2) occurs inside
+  // documents instead, so boundaries found from the EOS token would be wrong.
+  bool eos_inside = false;
+
+  for (Order order : {Order::kBlock, Order::kGlobal}) {
+    INFO("order " << forge::data::order_name(order));
+    ReaderOptions o = options(8, 0, 1, 2, order);
+    o.document_mask = true;
+    Reader masked(dir, o);
+    o.document_mask = false;
+    Reader plain(dir, o);
+    const uint64_t prose_windows = (5 + 3 + 40 + 16 + 1 + 29 + 7 + 64 + 2 + 33 + 17 + 9 - 1) / 16;
+    REQUIRE(masked.num_samples() == prose_windows + (48 + 11 + 20 + 6 + 31 - 1) / 16);
+    const uint64_t steps = masked.samples_per_epoch() / 8 + 2;  // a whole epoch and a bit
+    int boundaries = 0;
+    for (uint64_t s = 0; s < steps; ++s) {
+      const MicroBatch b = masked.next(), p = plain.next();
+      REQUIRE(b.problem(64, 16) == std::nullopt);
+      REQUIRE(b.sample_ids == p.sample_ids);
+      REQUIRE(b.epochs == p.epochs);
+      REQUIRE(b.inputs == p.inputs);
+      REQUIRE(b.weights.size() == b.size());
+      REQUIRE(b.positions.size() == b.size());
+      REQUIRE(b.segments.size() == b.size());
+      for (int r = 0; r < b.rows; ++r) {
+        const uint64_t id = b.sample_ids[size_t(r)];
+        const size_t d = id < prose_windows ? 0 : 1;
+        const uint64_t first = (d == 0 ? id : id - prose_windows) * 16;  // the window's first stream token
+        std::vector<int32_t> window(17);
+        masked.read_sample(id, window);
+        int32_t segment = 0, position = 0;
+        for (size_t t = 0; t < 16; ++t) {
+          const size_t i = size_t(r) * 16 + t;
+          const bool opens = t > 0 && starts[d].count(first + t);  // a document starts at this input
+          const bool next_opens = starts[d].count(first + t + 1);  // ... or at this position's target
+          if (opens) segment += 1, position = 0, ++boundaries;
+          INFO("sample " << id << " position " << t);
+          REQUIRE(b.inputs[i] == window[t]);
+          REQUIRE(b.segments[i] == segment);
+          REQUIRE(b.positions[i] == position);
+          // The attention-relevant fact: the segment changes exactly where a document starts.
+          if (t > 0) REQUIRE((b.segments[i] != b.segments[i - 1]) == opens);
+          REQUIRE(b.targets[i] == (next_opens ? MicroBatch::kIgnore : window[t + 1]));
+          REQUIRE(b.weight(i) == (next_opens ? 0.0f : 1.0f));
+          REQUIRE(p.targets[i] == window[t + 1]);
+          if (window[t] == 2 && !next_opens) eos_inside = true;  // an EOS id that ends no document
+          ++position;
+        }
+      }
+    }
+    CHECK(boundaries >= 15);  // 17 documents, most starting inside a window
+    // Random access (the gate's pass) gives the row next() gave, also into a reused one-row batch.
+    const MicroBatch again = masked.next();
+    MicroBatch one_row;
+    one_row.resize(1, 16);
+    for (int r = again.rows - 1; r >= 0; --r) {
+      masked.read_sample(again.sample_ids[size_t(r)], one_row, 0);
+      MicroBatch want = again.slice_rows(r, 1);
+      want.epochs = {0};  // random access has no stream position
+      require_same(one_row, want);
+    }
+    // The DP slices of masked readers concatenate to the same batches.
+    const auto one = read_global(dir, 8, 1, 6, nullptr, order, true);
+    const auto four = read_global(dir, 8, 4, 6, nullptr, order, true);
+    for (size_t s = 0; s < one.size(); ++s) require_same(four[s], one[s]);
+  }
+  CHECK(eos_inside);
 }

@@ -9,7 +9,7 @@
 #include "forge/common/error.h"
 #include "forge/dataio/reader.h"
 #include "forge/trainer/checkpoint_io.h"
-#include "forge/trainer/trainer.h"
+#include "forge/trainer/parallel.h"
 
 #include <cstdio>
 #include <random>
@@ -17,7 +17,7 @@
 
 namespace {
 
-void save(const std::string& run, forge::trainer::Trainer& t, const forge::trainer::TrainSpec& spec,
+void save(const std::string& run, forge::trainer::ParallelTrainer& t, const forge::trainer::TrainSpec& spec,
           const std::string& dataset_version) {
   forge::ckpt::SingleProcessCoordinator coord;
   forge::ckpt::Saver saver(coord, {.run_dir = run});
@@ -59,10 +59,12 @@ int main(int argc, char** argv) {
     forge::data::Reader reader(dataset, ro);
     spec.model.vocab = static_cast<int>(reader.manifest().vocab_size);
 
-    forge::trainer::Trainer t(spec);
+    forge::trainer::ProcessGroups groups =
+        forge::trainer::make_groups(forge::trainer::self_comm(), spec.layout);
+    forge::trainer::ParallelTrainer t(spec, groups);
     while (t.steps_taken() < child_steps) {
-      const forge::data::Batch batch = reader.next();
-      t.step(batch.tokens);
+      const forge::MicroBatch batch = reader.next();
+      t.step({&batch, 1});
       if (t.steps_taken() == parent_steps) save(run, t, spec, reader.manifest().version);
     }
     save(run, t, spec, reader.manifest().version);

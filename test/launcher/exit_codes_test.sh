@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# forge-train's exit codes (ARCHITECTURE.md), each provoked on the real binary: bad spec 64, a checkpoint
+# forge-train's exit codes (docs/ARCHITECTURE.md, "Exit codes"), each provoked on the real binary: bad spec 64, a checkpoint
 # of another spec 64 (and --force-new), corrupt shard 65, hang 69 (watchdog), persisting NaN 71 (and the
 # skip and rewind policies recovering from a single one), unwritable checkpoint directory 74, SIGUSR1 75.
 # Every failure prints one line "forge-train: error: ..." and writes summary.json with its exit class.

@@ -1,11 +1,12 @@
 // Layout invariance, the proof that the hybrid-parallel runtime is right: on `tp*pp*dp` MPI ranks, 20
-// steps of ParallelTrainer on a small GPT must give the loss of every step, and the final value of every
-// parameter, of the single-process Trainer on the same global batches and seed. Every rank runs that
-// reference itself (the model is tiny) and compares its own shard against the matching part of it.
+// steps of ParallelTrainer on a small GPT, each rank given only its data-parallel slice of every
+// micro-batch, must give the loss of every step, and the final value of every parameter, of the
+// one-process trainer (layout 1,1,1) on the same global batches and seed. Every rank runs that reference
+// itself (the model is tiny) and compares its own shard against the matching part of it.
 //   layout_test TP PP DP ZERO
 #include "forge/trainer/groups.h"
 #include "forge/trainer/parallel.h"
-#include "forge/trainer/trainer.h"
+#include "support/training.h"
 
 #include <fmt/format.h>
 
@@ -38,7 +39,7 @@ TrainSpec make_spec(int global_batch, int dp, int microbatches) {
   s.optim.min_lr = 1e-3;
   s.optim.warmup_steps = 2;
   s.optim.grad_clip = 1.0;
-  s.parallel.dp = dp;
+  s.layout.dp = dp;
   return s;
 }
 
@@ -87,25 +88,37 @@ int main(int argc, char** argv) {
     return 2;
   }
   auto world = mpi_world();
-  const Layout layout{std::atoi(argv[1]), std::atoi(argv[2]), std::atoi(argv[3])};
+  forge::Layout layout;
+  layout.tp = std::atoi(argv[1]);
+  layout.pp = std::atoi(argv[2]);
+  layout.dp = std::atoi(argv[3]);
   const int zero = std::atoi(argv[4]);
   const int global_batch = 4, microbatches = 4;
 
   TrainSpec spec = make_spec(global_batch, layout.dp, microbatches);
-  spec.parallel.tp = layout.tp;
-  spec.parallel.pp = layout.pp;
+  spec.layout = layout;
   spec.parallel.zero = zero;
   ProcessGroups groups = make_groups(std::move(world), layout);
   ParallelTrainer parallel(spec, groups);
   const std::string plan = parallel.describe_plan();
   if (groups.rank == 0) std::fputs(plan.c_str(), stdout);
 
-  Trainer serial(make_spec(global_batch, 1, microbatches));
+  forge::test::OneProcess serial(make_spec(global_batch, 1, microbatches));
+  const int T = spec.model.seq_len;
+  const size_t window = size_t(T) + 1, per_micro_batch = size_t(global_batch) * window;
   double worst_loss = 0, worst_param = 0;
   for (int step = 0; step < kSteps; ++step) {
-    const auto tokens = step_tokens(step, parallel.tokens_per_step(), spec.model.vocab);
-    const StepStats p = parallel.step(tokens);
-    const StepStats s = serial.step(tokens);
+    const auto tokens = step_tokens(step, size_t(microbatches) * per_micro_batch, spec.model.vocab);
+    // Micro-batch i is global rows [i x global_batch, (i + 1) x global_batch); DP rank r trains its r-th
+    // part, the reference all of it.
+    std::vector<forge::MicroBatch> mine, whole;
+    for (int i = 0; i < microbatches; ++i) {
+      const auto rows = std::span(tokens).subspan(size_t(i) * per_micro_batch, per_micro_batch);
+      whole.push_back(forge::test::window_batch(rows, global_batch, T, uint64_t(i * global_batch)));
+      mine.push_back(whole.back().slice_rows(groups.dp_rank * spec.batch, spec.batch));
+    }
+    const StepStats p = parallel.step(mine);
+    const StepStats s = serial->step(whole);
     const double rel = std::abs(p.loss - s.loss) / std::abs(s.loss);
     worst_loss = std::max(worst_loss, rel);
     if (groups.rank == 0)
@@ -114,7 +127,7 @@ int main(int argc, char** argv) {
   }
   for (const ParamInfo& p : parallel.model().params()) {
     const auto mine = parallel.model().weight(p.name);
-    const auto ref = shard_of(p, groups.tp_rank, layout.tp, serial.model().weight(p.name));
+    const auto ref = shard_of(p, groups.tp_rank, layout.tp, serial->model().weight(p.name));
     for (size_t i = 0; i < mine.size(); ++i)
       worst_param = std::max(worst_param, double(std::abs(mine[i] - ref[i])));
   }

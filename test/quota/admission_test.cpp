@@ -4,6 +4,10 @@
 
 #include <string>
 
+#include "../support/temp_dir.h"
+
+using forge::Layout;
+using forge::ModelDims;
 using namespace forge::quota;
 
 namespace {
@@ -25,39 +29,18 @@ Decision submit(const Choices& c, const UsageSnapshot& s, const std::string& use
 
 }  // namespace
 
-TEST_CASE("layouts parse strictly") {
-  std::string why;
-  CHECK(parse_layout("tp2,pp2,dp4", &why) == Layout{2, 2, 4});
-  CHECK(parse_layout("dp4,tp2,pp1", &why) == Layout{2, 1, 4});
-  for (const char* bad : {"", "tp2,pp2", "tp2,pp2,dp2,tp1", "tp0,pp1,dp1", "tp2,pp2,dp-1", "tp2 ,pp2,dp2",
-                          "tp+2,pp2,dp2", "tp2,pp2,dp99999999999", "xx2,pp2,dp2", "tp2,,pp2,dp2",
-                          "tp2,pp2,dp2,", "%n%s%n%s", "tp1;rm -rf /,pp1,dp1"}) {
-    INFO(bad);
-    CHECK_FALSE(parse_layout(bad, &why));
-    CHECK_THAT(why, Catch::Contains("expected tpX,ppY,dpZ"));
-  }
-  CHECK_FALSE(parse_layout(std::string(4096, 'A'), &why));
-  CHECK(why.size() < 300);
-  CHECK_FALSE(parse_layout("tp1024,pp1024,dp1024", &why));
-}
-
-TEST_CASE("printable escapes what a terminal or log should not see") {
-  CHECK(printable("team-a") == "team-a");
-  CHECK(printable("a\nb\xff") == "a\\x0ab\\xff");
-  CHECK(printable(std::string(4096, 'x'), 8) == "xxxxxxxx...(4096 bytes)");
-}
-
 TEST_CASE("topology rules: TP inside a node, whole nodes, aligned pipeline stages") {
   const Topology& t = policy().topology;
-  CHECK_FALSE(topology_violation({8, 2, 1}, t));
-  CHECK_FALSE(topology_violation({2, 2, 2}, t));
-  CHECK_FALSE(topology_violation({4, 4, 2}, t));
-  CHECK_THAT(*topology_violation({16, 1, 1}, t), Catch::Contains("TP=16 does not fit inside one node of 8"));
-  CHECK_THAT(*topology_violation({3, 1, 1}, t), Catch::Contains("TP=3"));
-  CHECK_THAT(*topology_violation({2, 1, 5}, t), Catch::Contains("multiple of 8"));
-  CHECK_THAT(*topology_violation({1, 8, 3}, t), Catch::Contains("pipeline stage of 3 GPUs"));
-  CHECK(nodes_for({2, 2, 2}, t) == 1);
-  CHECK(nodes_for({8, 2, 2}, t) == 4);
+  CHECK_FALSE(topology_violation({.tp = 8, .dp = 1, .pp = 2}, t));
+  CHECK_FALSE(topology_violation({.tp = 2, .dp = 2, .pp = 2}, t));
+  CHECK_FALSE(topology_violation({.tp = 4, .dp = 2, .pp = 4}, t));
+  CHECK_THAT(*topology_violation({.tp = 16}, t), Catch::Contains("TP=16 does not fit inside one node of 8"));
+  CHECK_THAT(*topology_violation({.tp = 3}, t), Catch::Contains("TP=3"));
+  CHECK_THAT(*topology_violation({.tp = 2, .dp = 5}, t), Catch::Contains("multiple of 8"));
+  CHECK_THAT(*topology_violation({.tp = 1, .dp = 3, .pp = 8}, t),
+             Catch::Contains("pipeline stage of 3 GPUs"));
+  CHECK(nodes_for({.tp = 2, .dp = 2, .pp = 2}, t) == 1);
+  CHECK(nodes_for({.tp = 8, .dp = 2, .pp = 2}, t) == 4);
 }
 
 TEST_CASE("an allowed submission carries team, tier and layout") {
@@ -65,7 +48,7 @@ TEST_CASE("an allowed submission carries team, tier and layout") {
   REQUIRE(d.allowed);
   CHECK(d.team->name == "team-a");
   CHECK(d.tier->qos == "pretrain");
-  CHECK(d.layout == Layout{2, 2, 2});
+  CHECK(d.layout == Layout{.tp = 2, .dp = 2, .pp = 2});
   CHECK(d.warnings.empty());
 }
 
@@ -87,8 +70,49 @@ TEST_CASE("each rejection says what is wrong and what to change") {
   CHECK_THAT(submit({"team-a", "pretrain", "tp8,pp1,dp8", {}}, s).message,
              Catch::Contains("needs 64 GPUs but team 'team-a' may hold at most 32"));
   CHECK_THAT(submit({"team-a", "", "tp1,pp1,dp1", {}}, s).message, Catch::Contains("missing --train-tier"));
-  CHECK_THAT(submit({"team-a", "pretrain", "tp2,pp1,dp2", Layout{2, 1, 4}}, s).message,
-             Catch::Contains("disagrees with the job spec's [parallel] (tp2,pp1,dp4)"));
+  CHECK_THAT(
+      submit({"team-a", "pretrain", "tp2,pp1,dp2", SpecLayout{.layout = {.tp = 2, .dp = 4}}}, s).message,
+      Catch::Contains("disagrees with the job spec's [parallel] (tp2,pp1,dp4)"));
+}
+
+TEST_CASE("a job spec's model must suit the layout: the trainer's check, made in sbatch") {
+  const UsageSnapshot s = snapshot(0, 0);
+  const auto spec = [](Layout l, ModelDims m) { return SpecLayout{l, m}; };
+  const ModelDims model{.layers = 6, .heads = 6, .vocab = 8192};
+  CHECK(submit({"team-a", "pretrain", "tp2,pp2,dp2", spec({.tp = 2, .dp = 2, .pp = 2}, model)}, s).allowed);
+  CHECK_THAT(submit({"team-a", "pretrain", "tp4,pp1,dp2", spec({.tp = 4, .dp = 2}, model)}, s).message,
+             Catch::Equals("--train-layout=tp4,pp1,dp2 does not suit the job spec: parallel.tp: must divide "
+                           "model.heads = 6 (each rank holds whole heads)"));
+  CHECK_THAT(submit({"team-a", "pretrain", "tp1,pp8,dp1", spec({.pp = 8}, model)}, s).message,
+             Catch::Contains("parallel.pp: 8 stages need at least one block each but model.layers is 6"));
+  CHECK_THAT(submit({"team-a", "pretrain", "tp1,pp1,dp2,cp2", spec({.cp = 2, .dp = 2}, model)}, s).message,
+             Catch::Contains("parallel.cp: context parallelism is not implemented yet"));
+  // Without a spec there is no model to check against.
+  CHECK(submit({"team-a", "pretrain", "tp4,pp1,dp2", {}}, s).allowed);
+}
+
+TEST_CASE("read_spec_layout: [parallel] and [model] in one read, with the trainer's defaults") {
+  forge::test::TempDir dir;
+  auto spec = read_spec_layout(
+      dir.write("a.ini", "[run]\nname = x\n[model]\nheads = 12\n[parallel]\ntp = 4\ndp = 2\ncp = 2\n"),
+      nullptr);
+  REQUIRE(spec);
+  CHECK(spec->layout == Layout{.tp = 4, .cp = 2, .dp = 2});
+  CHECK((spec->model.layers == 6 && spec->model.heads == 12 && spec->model.vocab == 8192));
+  spec = read_spec_layout(dir.write("b.ini", "[model]\nlayers = 2\nvocab = 50257\n"), nullptr);
+  REQUIRE(spec);
+  CHECK(spec->layout == Layout{});
+  CHECK((spec->model.layers == 2 && spec->model.heads == 6 && spec->model.vocab == 50257));
+
+  std::string why;
+  CHECK_FALSE(read_spec_layout(dir.write("c.ini", "[parallel]\ntp = 2\npp = 0\n"), &why));
+  CHECK(why == dir / "c.ini" + ":3: parallel.pp = 0: expected a whole number from 1 to 65536");
+  CHECK_FALSE(read_spec_layout(dir.write("d.ini", "[model]\nheads = six\n"), &why));
+  CHECK(why == dir / "d.ini" + ":2: model.heads = six: expected a whole number from 1 to 2147483647");
+  CHECK_FALSE(read_spec_layout(dir.write("e.ini", "[parallel]\ntp = 2\n[parallel]\n"), &why));
+  CHECK_THAT(why, Catch::Contains("e.ini:3: section [parallel] already appears on line 1"));
+  CHECK_FALSE(read_spec_layout(dir / "missing.ini", &why));
+  CHECK_THAT(why, Catch::StartsWith("cannot read '" + dir / "missing.ini" + "'"));
 }
 
 TEST_CASE("hostile option values are rejected without echoing raw bytes") {

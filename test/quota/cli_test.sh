@@ -46,6 +46,22 @@ out=$("$bin" check-policy "$tmp/bad.ini" 2>&1)
 rc=$?
 [ $rc -eq 64 ] || fail "check-policy of a bad file exited $rc, expected 64"
 [[ $out == *"$tmp/bad.ini:3: period = weekly: must be one of: month, quarter, year"* ]] || fail "check-policy said: $out"
+# layout: the one parser's facts for scripts; nodes from --policy, else FORGE_GPUS_PER_NODE, else 8
+out=$(FORGE_GPUS_PER_NODE= "$bin" layout dp4,tp2,pp2) || fail "layout dp4,tp2,pp2 failed: $out"
+[ "$out" = "layout=tp2,pp2,dp4 tp=2 cp=1 ep=1 dp=4 pp=2 ranks=16 nodes=2 tasks_per_node=8" ] || fail "layout said: $out"
+out=$(FORGE_GPUS_PER_NODE=4 "$bin" layout tp2,pp1,dp5) || fail "layout with 4 GPUs per node failed: $out"
+[[ $out == *" ranks=10 nodes=3 tasks_per_node=4" ]] || fail "layout with FORGE_GPUS_PER_NODE=4 said: $out"
+out=$(FORGE_GPUS_PER_NODE=4 "$bin" layout tp2,pp1,dp4 --policy "$policy") || fail "layout --policy failed: $out"
+[[ $out == *" nodes=1 tasks_per_node=8" ]] || fail "layout --policy (8 GPUs per node) said: $out"
+out=$("$bin" layout tp2,tp2,pp1,dp1 2>&1)
+rc=$?
+[ $rc -eq 64 ] || fail "a bad layout exited $rc, expected 64"
+[ "$out" = "forge-quota: error: 'tp2,tp2,pp1,dp1' is not a layout: tp is given twice; expected tpX,ppY,dpZ (and optionally cpN, epN) such as tp2,pp2,dp4" ] ||
+  fail "a bad layout said: $out"
+out=$(FORGE_GPUS_PER_NODE=x "$bin" layout tp1,pp1,dp1 2>&1)
+[ $? -eq 64 ] && [[ $out == *"FORGE_GPUS_PER_NODE=x: expected a whole number"* ]] || fail "FORGE_GPUS_PER_NODE=x said: $out"
+"$bin" layout >/dev/null 2>&1
+[ $? -eq 64 ] || fail "layout without an argument is not exit 64"
 "$bin" frobnicate >/dev/null 2>&1
 [ $? -eq 64 ] || fail "an unknown command is not exit 64"
 "$bin" report --policy "$policy" --by colour >/dev/null 2>&1

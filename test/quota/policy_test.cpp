@@ -100,7 +100,7 @@ TEST_CASE("policy errors name file:line, the key and what is allowed") {
   CHECK_THAT(error_of(with("preemptible = true", "preemptible = maybe")),
              Catch::Contains("expected true or false"));
   CHECK_THAT(error_of(with("max_gpus = 16", "max_gpus = 16\nmax_gpus = 8")),
-             Catch::Contains("p.ini:19: max_gpus is already set on line 18"));
+             Catch::Contains("p.ini:19: team.t.max_gpus is already set on line 18"));
   CHECK_THAT(error_of(with("[policy]\ncluster = c", "[policy]")),
              Catch::Contains("[policy] needs 'cluster = ...'"));
   CHECK_THAT(error_of(with("[team.t]", "[teams.t]")), Catch::Contains("p.ini:14: unknown section [teams.t]"));

@@ -116,7 +116,7 @@ check_usage "JOBID must be a number" stacks abc
 check_usage "is not running" stacks 999999999
 check_usage "need SPEC.ini" step
 check_usage "no such file" step "$WORK/absent.ini"
-check_usage "must look like tp2,pp2,dp2" step "$SRC/configs/tiny.ini" --layout 2x2
+check_usage "'2x2' is not a layout: unknown part" step "$SRC/configs/tiny.ini" --layout 2x2
 
 if [ $fails -eq 0 ]; then
   echo "PASS: debug.sh env (4 ranks, 2 nodes), stacks (2 ranks, gdb), step, usage errors"

@@ -209,14 +209,28 @@ TEST_CASE("sbatch: plugstack.conf mistakes and a broken policy reject with the r
   CHECK_THAT(last_error(), Catch::Contains(bad + ":3: unknown key 'bogus'"));
 }
 
-TEST_CASE("sbatch: --train-spec must agree with --train-layout") {
+TEST_CASE("sbatch: --train-spec must agree with --train-layout and its model suit it") {
   Fixture f;
   const std::string spec = f.dir.write("job.ini", "[run]\nname = x\n[parallel]\ntp = 2\npp = 1\ndp = 4\n");
   CHECK(f.sbatch("team-a", "pretrain", "tp2,pp1,dp4", "", spec) == 0);
   CHECK(f.sbatch("team-a", "pretrain", "tp2,pp1,dp2", "", spec) == -1);
   CHECK_THAT(last_error(), Catch::Contains("disagrees with the job spec's [parallel] (tp2,pp1,dp4)"));
   CHECK(f.sbatch("team-a", "pretrain", "tp2,pp1,dp2", "", f.dir / "missing.ini") == -1);
-  CHECK_THAT(last_error(), Catch::Contains("--train-spec: cannot read job spec"));
+  CHECK_THAT(last_error(), Catch::Contains("--train-spec: cannot read '" + f.dir / "missing.ini" + "'"));
+  // [model] from the same file, the trainer's defaults (6 heads) where absent.
+  const std::string tp4 = f.dir.write("tp4.ini", "[parallel]\ntp = 4\ndp = 2\n");
+  CHECK(f.sbatch("team-a", "pretrain", "tp4,pp1,dp2", "", tp4) == -1);
+  CHECK(last_error() ==
+        "forge: --train-layout=tp4,pp1,dp2 does not suit the job spec: parallel.tp: must divide model.heads "
+        "= 6 "
+        "(each rank holds whole heads)");
+  CHECK(f.sbatch("team-a", "pretrain", "tp4,pp1,dp2", "",
+                 f.dir.write("h8.ini",
+                             "[model]\nheads = 8\n[parallel]\n"
+                             "tp = 4\ndp = 2\n")) == 0);
+  CHECK(f.sbatch("team-a", "pretrain", "tp2,pp1,dp4", "", f.dir.write("bad.ini", "[model]\nvocab = 0\n")) ==
+        -1);
+  CHECK_THAT(last_error(), Catch::Contains("bad.ini:2: model.vocab = 0: expected a whole number"));
 }
 
 TEST_CASE("hostile option values are rejected cleanly and never reach a format string") {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Admission on the dev cluster with real sbatch/srun: an allowed job runs with FORGE_* set; each kind of
 # rejection (plugin in sbatch, job_submit.lua in slurmctld, the plugin again in slurmstepd) gives its
-# message and a non-zero exit; hostile option values are refused cleanly; no node is ever drained.
+# message and a non-zero exit; hostile option values are refused cleanly; no node is ever drained; a bad
+# layout gets the same message from sbatch and from forge-train, whose parser is shared.
 # Usage: slurm_admission.sh FORGE_QUOTA_BINARY
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=slurm_lib.sh
@@ -54,6 +55,10 @@ expect_reject "tier not allowed" "team 'team-a' may not use tier 'finetune'" --t
 expect_reject "bad layout (TP across nodes)" "TP=16 does not fit inside one node" --train-team=team-a --train-tier=pretrain --train-layout=tp16,pp1,dp1
 expect_reject "bad layout (syntax)" "expected tpX,ppY,dpZ" --train-team=team-a --train-tier=pretrain --train-layout=tp2,pp2
 expect_reject "missing option" "missing --train-layout" --train-team=team-a --train-tier=pretrain
+printf '[model]\nheads = 6\n[parallel]\ntp = 4\ndp = 2\n' >"$WORK/tp4.ini"
+expect_reject "layout does not suit the spec's model" \
+  "--train-layout=tp4,pp1,dp2 does not suit the job spec: parallel.tp: must divide model.heads = 6" \
+  --train-team=team-a --train-tier=explore --train-layout=tp4,pp1,dp2 --train-spec="$WORK/tp4.ini" "${node8[@]}"
 
 # over quota: a snapshot in which team-a has spent its budget
 /usr/bin/python3 - "$SNAPSHOT" "$WORK/spent.json" <<'PY' || fail "cannot write a spent snapshot"
@@ -71,7 +76,7 @@ sbatch --test-only "${ok_opts[@]}" "${node8[@]}" --wrap true >/dev/null 2>&1 || 
 # --- rejections in slurmctld (job_submit.lua): the real request against the plugin's choices ---------
 expect_reject "QOS not the tier's" "--qos=pretrain does not match tier 'explore'" "${ok_opts[@]}" "${node8[@]}" --qos=pretrain
 expect_reject "nodes != layout" "needs 1 node(s) but the job asks for 2" "${ok_opts[@]}" -N2 --gpus-per-node=8
-expect_reject "GPUs != layout" "needs tp*pp*dp = 8 GPUs but the job asks for 4" "${ok_opts[@]}" -N1 --gpus-per-node=4
+expect_reject "GPUs != layout" "needs tp*cp*dp*pp = 8 GPUs but the job asks for 4" "${ok_opts[@]}" -N1 --gpus-per-node=4
 expect_reject "account != team" "--account=team-b does not match team 'team-a'" "${ok_opts[@]}" "${node8[@]}" -A team-b
 expect_reject "tier QOS without the plugin" "QOS 'pretrain' is for training jobs" -N1 --qos=pretrain
 expect_reject "time over the tier's max wall" "exceeds tier 'explore''s max wall" "${ok_opts[@]}" "${node8[@]}" -t 5:00:00
@@ -119,3 +124,24 @@ echo "ok: fail-closed, fail-open and mode=warn"
 
 check_no_drain "all rejections"
 echo "ok: no node drained"
+
+# --- one parser, one message: a layout with an unknown dimension, a zero, a duplicate or an overflowing
+# product is rejected by sbatch (the plugin) and by forge-train (exit 64, FORGE_LAYOUT as srun would set it)
+# with forge::parse_layout's message, here taken from `forge-quota layout` -------------------------------
+forge_train=${FORGE_BUILD_DIR:?}/launcher/forge-train
+[ -x "$forge_train" ] || fail "no $forge_train: build the forge-train target"
+bad_layouts=(tq2,pp1,dp1 tp0,pp1,dp1 tp2,tp2,pp1,dp1 tp1024,pp1024,dp1024)
+for bad in "${bad_layouts[@]}"; do
+  why=$("$FORGE_QUOTA" layout "$bad" 2>&1) && fail "forge-quota layout accepted $bad"
+  why=${why#forge-quota: error: }
+  [[ $why == "'$bad' is not a layout: "* ]] || fail "forge-quota layout $bad said: $why"
+  expect_reject "layout $bad in sbatch" "forge: --train-layout: $why" --train-team=team-a --train-tier=explore \
+    --train-layout="$bad" "${node8[@]}" >/dev/null
+  out=$(FORGE_LAYOUT=$bad timeout 120 "$forge_train" "${FORGE_SOURCE_DIR:?}/configs/tiny.ini" \
+    --run.dir="$WORK/train-$bad" 2>&1)
+  rc=$?
+  [ $rc -eq 64 ] || fail "forge-train with FORGE_LAYOUT=$bad exited $rc, expected 64: $(tail -n1 <<<"$out")"
+  [[ $out == *"FORGE_LAYOUT: $why"* ]] ||
+    fail "forge-train with FORGE_LAYOUT=$bad lacks the parser's message '$why': $(tail -n1 <<<"$out")"
+done
+echo "ok: ${#bad_layouts[@]} bad layouts rejected by sbatch and by forge-train (64) with the same message"

@@ -1,6 +1,9 @@
 // Each fast kernel against a plain double-precision reference at shapes that cross the kernels' internal
 // blocks (attention row blocks of 64, classifier chunks of 256 rows).
 #include "cpu/kernels.h"
+#include "forge/common/batch.h"
+#include "forge/trainer/layers.h"
+#include "forge/trainer/model.h"
 
 #include <catch2/catch.hpp>
 
@@ -34,9 +37,11 @@ double max_rel(const std::vector<float>& a, const std::vector<double>& b) {
   return diff / scale;
 }
 
-// Naive causal attention on qkv [B*T, 3C]; returns out and, given dout, dqkv.
-void reference_attention(const std::vector<float>& qkv, const std::vector<float>& dout, int B, int T, int C,
-                         int NH, std::vector<double>& out, std::vector<double>& dqkv) {
+// Naive causal attention on qkv [B*T, 3C], the query at row position t seeing keys [first[b*T + t], t]
+// (first empty: [0, t]); returns out and, given dout, dqkv.
+void reference_attention(const std::vector<float>& qkv, const std::vector<float>& dout,
+                         const std::vector<int32_t>& first, int B, int T, int C, int NH,
+                         std::vector<double>& out, std::vector<double>& dqkv) {
   const int hd = C / NH, C3 = 3 * C;
   const double scale = 1.0 / std::sqrt(double(hd));
   out.assign(size_t(B) * T * C, 0.0);
@@ -50,28 +55,29 @@ void reference_attention(const std::vector<float>& qkv, const std::vector<float>
         const auto Vv = [&](int i, int c) {
           return double(qkv[(size_t(b) * T + i) * C3 + 2 * C + h * hd + c]);
         };
+        const int j0 = first.empty() ? 0 : first[size_t(b) * T + t];
         double mx = -1e300;
-        for (int j = 0; j <= t; ++j) {
+        for (int j = j0; j <= t; ++j) {
           double s = 0;
           for (int c = 0; c < hd; ++c) s += Q(t, c) * K(j, c);
           p[j] = s * scale;
           mx = std::max(mx, p[j]);
         }
         double sum = 0;
-        for (int j = 0; j <= t; ++j) sum += (p[j] = std::exp(p[j] - mx));
-        for (int j = 0; j <= t; ++j) p[j] /= sum;
+        for (int j = j0; j <= t; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        for (int j = j0; j <= t; ++j) p[j] /= sum;
         const float* g = dout.data() + (size_t(b) * T + t) * C + h * hd;
         double* o = out.data() + (size_t(b) * T + t) * C + h * hd;
         for (int c = 0; c < hd; ++c)
-          for (int j = 0; j <= t; ++j) o[c] += p[j] * Vv(j, c);
+          for (int j = j0; j <= t; ++j) o[c] += p[j] * Vv(j, c);
         // backward of row t
         double dot = 0;
-        for (int j = 0; j <= t; ++j) {
+        for (int j = j0; j <= t; ++j) {
           dp[j] = 0;
           for (int c = 0; c < hd; ++c) dp[j] += g[c] * Vv(j, c);
           dot += p[j] * dp[j];
         }
-        for (int j = 0; j <= t; ++j) {
+        for (int j = j0; j <= t; ++j) {
           const double ds = p[j] * (dp[j] - dot) * scale;
           for (int c = 0; c < hd; ++c) {
             dqkv[(size_t(b) * T + t) * C3 + h * hd + c] += ds * K(j, c);
@@ -88,23 +94,41 @@ TEST_CASE("attention matches the naive reference across row blocks", "[trainer][
   const int B = 2, T = 150, C = 32, NH = 4;
   const auto qkv = randn(size_t(B) * T * 3 * C, 1);
   const auto dout = randn(size_t(B) * T * C, 2);
-  std::vector<double> ref_out, ref_dqkv;
-  reference_attention(qkv, dout, B, T, C, NH, ref_out, ref_dqkv);
-  for (int threads : {1, 2}) {
-    omp_set_num_threads(threads);
-    std::vector<float> out(size_t(B) * T * C), lse(size_t(B) * NH * T), dqkv(qkv.size(), 123.0f);
-    k::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
-    CHECK(max_rel(out, ref_out) < 1e-5);
-    k::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
-    CHECK(max_rel(dqkv, ref_dqkv) < 1e-5);
+  // Packed documents: row 0 has boundaries inside and across the 64-row blocks, row 1 is one document.
+  std::vector<int32_t> first(size_t(B) * T);
+  for (int t = 0, start = 0; t < T; ++t) {
+    if (t == 5 || t == 63 || t == 64 || t == 100) start = t;
+    first[size_t(t)] = start;
+    first[size_t(T + t)] = 0;
+  }
+  for (const bool documents : {false, true}) {
+    INFO((documents ? "packed documents" : "causal"));
+    const std::vector<int32_t> starts = documents ? first : std::vector<int32_t>{};
+    std::vector<double> ref_out, ref_dqkv;
+    reference_attention(qkv, dout, starts, B, T, C, NH, ref_out, ref_dqkv);
+    for (int threads : {1, 2}) {
+      omp_set_num_threads(threads);
+      std::vector<float> out(size_t(B) * T * C), lse(size_t(B) * NH * T), dqkv(qkv.size(), 123.0f);
+      const int32_t* ds = documents ? first.data() : nullptr;
+      k::attention_forward(out.data(), lse.data(), qkv.data(), ds, B, T, C, NH);
+      CHECK(max_rel(out, ref_out) < 1e-5);
+      k::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), ds, B, T, C, NH);
+      CHECK(max_rel(dqkv, ref_dqkv) < 1e-5);
+    }
   }
 }
 
-TEST_CASE("classifier with cross-entropy matches the naive reference across chunks", "[trainer][kernels]") {
+TEST_CASE("classifier with weighted cross-entropy matches the naive reference across chunks",
+          "[trainer][kernels]") {
+  namespace t = forge::trainer;
   const int N = 600, C = 16, V = 50;
   const auto x = randn(size_t(N) * C, 3), wte = randn(size_t(V) * C, 4, 0.5f);
   std::vector<int32_t> targets(N);
-  for (int i = 0; i < N; ++i) targets[size_t(i)] = (i * 7) % V;
+  std::vector<float> weights(N);
+  for (int i = 0; i < N; ++i) {
+    targets[size_t(i)] = i % 11 == 0 ? forge::MicroBatch::kIgnore : (i * 7) % V;
+    weights[size_t(i)] = float(i % 4) * 0.5f;  // 0, 0.5, 1, 1.5
+  }
   std::vector<double> ref_logits(size_t(N) * V), ref_dx(size_t(N) * C, 0.0), ref_dw(size_t(V) * C, 0.0);
   double ref_loss = 0;
   const double g = 1.0 / N;
@@ -116,30 +140,40 @@ TEST_CASE("classifier with cross-entropy matches the naive reference across chun
       ref_logits[size_t(i) * V + v] = s;
       mx = std::max(mx, s);
     }
+    const int tg = targets[size_t(i)];
+    if (tg == forge::MicroBatch::kIgnore) continue;
+    const double w = weights[size_t(i)];
     double sum = 0;
     for (int v = 0; v < V; ++v) sum += std::exp(ref_logits[size_t(i) * V + v] - mx);
-    ref_loss += mx + std::log(sum) - ref_logits[size_t(i) * V + targets[size_t(i)]];
+    ref_loss += w * (mx + std::log(sum) - ref_logits[size_t(i) * V + tg]);
     for (int v = 0; v < V; ++v) {
-      const double d = g * (std::exp(ref_logits[size_t(i) * V + v] - mx) / sum - (v == targets[size_t(i)]));
+      const double d = g * w * (std::exp(ref_logits[size_t(i) * V + v] - mx) / sum - (v == tg));
       for (int c = 0; c < C; ++c) {
         ref_dx[size_t(i) * C + c] += d * wte[size_t(v) * C + c];
         ref_dw[size_t(v) * C + c] += d * x[size_t(i) * C + c];
       }
     }
   }
+  t::ParamInfo info;
+  info.name = "wte.weight";
+  info.shape = info.local_shape = {V, C};
   std::vector<float> logits(size_t(N) * V), dx(size_t(N) * C, 7.0f), dw(size_t(V) * C, 0.0f);
-  const double loss = k::classifier_forward_backward(dx.data(), dw.data(), x.data(), wte.data(),
-                                                     targets.data(), N, C, V, float(g), logits.data());
+  t::Classifier classifier(t::cpu_backend(), {&info, wte.data(), dw.data()}, 0);
+  t::DeviceBatch batch;
+  batch.targets = targets.data();
+  batch.weights = weights.data();
+  const t::LmCrossEntropy loss_fn;
+  const double loss =
+      classifier.forward_backward(dx.data(), x.data(), batch, N, loss_fn, float(g), logits.data());
   CHECK(std::abs(loss - ref_loss) / ref_loss < 1e-5);
   CHECK(max_rel(logits, ref_logits) < 1e-5);
   CHECK(max_rel(dx, ref_dx) < 1e-5);
   CHECK(max_rel(dw, ref_dw) < 1e-5);
   // Loss only: no gradients touched.
-  std::vector<float> dw2(dw.size(), 0.0f);
-  const double loss_only = k::classifier_forward_backward(nullptr, dw2.data(), x.data(), wte.data(),
-                                                          targets.data(), N, C, V, 1.0f, nullptr);
+  std::fill(dw.begin(), dw.end(), 0.0f);
+  const double loss_only = classifier.forward_backward(nullptr, x.data(), batch, N, loss_fn, 1.0f, nullptr);
   CHECK(loss_only == Approx(loss).epsilon(1e-6));
-  CHECK(std::all_of(dw2.begin(), dw2.end(), [](float v) { return v == 0.0f; }));
+  CHECK(std::all_of(dw.begin(), dw.end(), [](float v) { return v == 0.0f; }));
 }
 
 TEST_CASE("layernorm backward matches the naive reference and accumulates", "[trainer][kernels]") {

@@ -1,6 +1,6 @@
 // Learning, shown: a tiny GPT trained on the bytes of the repository's LICENSE (a real English text)
 // drives its loss far below the text's unigram entropy, which is the best a model ignoring context can do.
-#include "forge/trainer/trainer.h"
+#include "support/training.h"
 
 #include <catch2/catch.hpp>
 
@@ -32,9 +32,9 @@ TEST_CASE("a tiny GPT learns LICENSE far below its unigram entropy", "[trainer][
   s.optim.min_lr = 3e-4;
   s.optim.warmup_steps = 10;
   s.optim.weight_decay = 0.0;
-  Trainer trainer(s);
+  forge::test::OneProcess trainer(s);
   std::mt19937 rng(5);
-  std::vector<int32_t> rows(trainer.tokens_per_step());
+  std::vector<int32_t> rows(size_t(s.batch) * size_t(s.model.seq_len + 1));
   const size_t cols = size_t(s.model.seq_len) + 1;
   double first = 0, last = 0;
   for (int64_t step = 0; step < s.steps; ++step) {
@@ -43,7 +43,8 @@ TEST_CASE("a tiny GPT learns LICENSE far below its unigram entropy", "[trainer][
       for (size_t i = 0; i < cols; ++i)
         rows[size_t(b) * cols + i] = static_cast<unsigned char>(text[start + i]);
     }
-    const double loss = trainer.step(rows).loss;
+    const forge::MicroBatch batch = forge::test::window_batch(rows, s.batch, s.model.seq_len);
+    const double loss = trainer->step({&batch, 1}).loss;
     if (step == 0) first = loss;
     if (step >= s.steps - 20) last += loss / 20;
   }

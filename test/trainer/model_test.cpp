@@ -2,7 +2,7 @@
 // accumulation and BF16 storage.
 #include "forge/common/error.h"
 #include "forge/trainer/optimizer.h"
-#include "forge/trainer/trainer.h"
+#include "support/training.h"
 
 #include <catch2/catch.hpp>
 
@@ -11,6 +11,8 @@
 #include <random>
 
 using namespace forge::trainer;
+using forge::MicroBatch;
+using forge::test::micro_batch;
 
 namespace {
 
@@ -152,11 +154,97 @@ TEST_CASE("accumulating micro-batches equals one large batch", "[trainer][model]
   small.init(3);
   big.zero_grad();
   small.zero_grad();
-  const float l4 = big.forward_backward(tok, tgt);
-  const float l0 = small.forward_backward(std::span(tok).first(2 * T), std::span(tgt).first(2 * T), 0.5f);
-  const float l1 = small.forward_backward(std::span(tok).last(2 * T), std::span(tgt).last(2 * T), 0.5f);
-  CHECK((l0 + l1) / 2 == Approx(l4).epsilon(1e-6));
+  // Every micro-batch is scaled by the whole step's weight (4T scored tokens), not by its own.
+  const float scale = 1.0f / float(4 * T);
+  const LossSums l4 = big.forward_backward(micro_batch(tok, tgt, 4, cfg.seq_len), scale);
+  const LossSums l0 = small.forward_backward(
+      micro_batch(std::span(tok).first(2 * T), std::span(tgt).first(2 * T), 2, cfg.seq_len), scale);
+  const LossSums l1 = small.forward_backward(
+      micro_batch(std::span(tok).last(2 * T), std::span(tgt).last(2 * T), 2, cfg.seq_len), scale);
+  CHECK(l4.weight == double(4 * T));
+  CHECK(l0.weight + l1.weight == l4.weight);
+  CHECK((l0.loss + l1.loss) == Approx(l4.loss).epsilon(1e-6));
   CHECK(rel_diff(small.grads(), big.grads()) < 1e-5);
+}
+
+TEST_CASE("the loss is weighted per token, and an ignored target counts nothing", "[trainer][loss]") {
+  const ModelConfig cfg = small_config();
+  const size_t T = size_t(cfg.seq_len);
+  const auto tok = random_tokens(2 * T, cfg.vocab, 6), tgt = random_tokens(2 * T, cfg.vocab, 7);
+  GPT m(cfg, 2);
+  m.init(5);
+  MicroBatch plain = micro_batch(tok, tgt, 2, cfg.seq_len);
+  std::vector<double> per_token(2 * T);
+  // Each position's own loss, from a batch that scores only that position.
+  const auto only = [&](size_t i, float w) {
+    MicroBatch b = plain;
+    b.weights.assign(b.size(), 0.0f);
+    b.weights[i] = w;
+    return m.forward_loss(b);
+  };
+  for (size_t i : {size_t(0), size_t(5), T + 3}) per_token[i] = only(i, 1.0f).loss;
+  // Weights scale a position's contribution; the normaliser is their sum.
+  const LossSums two = only(5, 2.0f);
+  CHECK(two.loss == Approx(2 * per_token[5]).epsilon(1e-6));
+  CHECK(two.weight == 2.0);
+  MicroBatch mixed = plain;
+  mixed.weights.assign(mixed.size(), 0.0f);
+  mixed.weights[0] = 0.5f;
+  mixed.weights[T + 3] = 1.5f;
+  mixed.targets[5] = MicroBatch::kIgnore;  // ignored even where a weight would say otherwise
+  mixed.weights[5] = 3.0f;
+  const LossSums s = m.forward_loss(mixed);
+  CHECK(s.weight == 2.0);
+  CHECK(s.loss == Approx(0.5 * per_token[0] + 1.5 * per_token[T + 3]).epsilon(1e-6));
+
+  SECTION("and an unscored position gets no gradient") {
+    MicroBatch b = plain;
+    b.weights.assign(b.size(), 1.0f);
+    for (size_t i = T; i < 2 * T; ++i) b.weights[i] = 0.0f;  // row 1 unscored
+    GPT a(cfg, 2), one(cfg, 1);
+    a.init(5);
+    one.init(5);
+    a.zero_grad();
+    one.zero_grad();
+    a.forward_backward(b, 1.0f / float(T));
+    one.forward_backward(micro_batch(std::span(tok).first(T), std::span(tgt).first(T), 1, cfg.seq_len),
+                         1.0f / float(T));
+    CHECK(rel_diff(a.grads(), one.grads()) < 1e-5);
+  }
+}
+
+TEST_CASE("packed documents do not see each other", "[trainer][model][documents]") {
+  const ModelConfig cfg = small_config();  // seq_len 24
+  const int T = cfg.seq_len, A = 14, Bn = T - A;
+  const auto a = random_tokens(size_t(A), cfg.vocab, 8), b = random_tokens(size_t(Bn), cfg.vocab, 9),
+             other = random_tokens(size_t(A), cfg.vocab, 10);
+  GPT m(cfg, 1);
+  m.init(21);
+  const auto logits_of = [&](const std::vector<int32_t>& first, const std::vector<int32_t>& second) {
+    std::vector<int32_t> window(first);
+    window.insert(window.end(), second.begin(), second.end());
+    window.push_back(0);
+    MicroBatch batch = forge::test::window_batch(window, 1, T);
+    const int32_t start = int32_t(first.size());
+    batch.set_documents(0, std::span(&start, 1));
+    std::vector<float> out(size_t(T) * size_t(cfg.vocab));
+    m.forward_logits(batch, out);
+    return out;
+  };
+  // Document b after document a, and b alone at the start of a row (positions restart at b either way).
+  const auto packed = logits_of(a, b), changed = logits_of(other, b);
+  const auto alone = logits_of(b, other);
+  const size_t V = size_t(cfg.vocab);
+  const std::span<const float> b_packed(packed.data() + size_t(A) * V, size_t(Bn) * V);
+  CHECK(rel_diff(std::span(changed.data() + size_t(A) * V, size_t(Bn) * V), b_packed) == 0);
+  CHECK(rel_diff(std::span(alone.data(), size_t(Bn) * V), b_packed) < 1e-5);
+  // And without the mask, b does see a.
+  std::vector<int32_t> window(a);
+  window.insert(window.end(), b.begin(), b.end());
+  window.push_back(0);
+  std::vector<float> unmasked(size_t(T) * V);
+  m.forward_logits(forge::test::window_batch(window, 1, T), unmasked);
+  CHECK(rel_diff(std::span(unmasked.data() + size_t(A) * V, size_t(Bn) * V), b_packed) > 1e-3);
 }
 
 TEST_CASE("bad token ids are data errors, not crashes", "[trainer][model]") {
@@ -164,8 +252,16 @@ TEST_CASE("bad token ids are data errors, not crashes", "[trainer][model]") {
   GPT m(cfg, 1);
   std::vector<int32_t> tok(size_t(cfg.seq_len), 1), tgt(size_t(cfg.seq_len), 1);
   tgt[3] = cfg.vocab;
-  CHECK_THROWS_AS(m.forward_backward(tok, tgt), forge::Error);
-  CHECK_THROWS_AS(m.forward_backward(std::span(tok).first(3), std::span(tgt).first(3)), forge::Error);
+  MicroBatch bad = micro_batch(tok, tgt, 1, cfg.seq_len);
+  bad.sample_ids[0] = 77;
+  CHECK_THROWS_WITH(m.forward_backward(bad, 1.0f),
+                    Catch::Contains("sample 77 (row 0, position 3): target id 64 is outside the vocabulary"));
+  tgt[3] = 1;
+  tok[5] = -2;
+  CHECK_THROWS_AS(m.forward_backward(micro_batch(tok, tgt, 1, cfg.seq_len), 1.0f), forge::Error);
+  CHECK_THROWS_AS(
+      m.forward_backward(micro_batch(std::span(tok).first(3), std::span(tgt).first(3), 1, 3), 1.0f),
+      forge::Error);
 }
 
 TEST_CASE("BF16 storage matches FP32 within BF16 tolerance", "[trainer][bf16]") {
@@ -179,7 +275,9 @@ TEST_CASE("BF16 storage matches FP32 within BF16 tolerance", "[trainer][bf16]") 
   CHECK(std::equal(f32.weights().begin(), f32.weights().end(), b16.weights().begin()));
   f32.zero_grad();
   b16.zero_grad();
-  const float lf = f32.forward_backward(tok, tgt), lb = b16.forward_backward(tok, tgt);
+  const MicroBatch batch = micro_batch(tok, tgt, 2, cfg.seq_len);
+  const double lf = f32.forward_backward(batch, 1.0f / float(n)).loss / double(n);
+  const double lb = b16.forward_backward(batch, 1.0f / float(n)).loss / double(n);
   CHECK(lf != lb);  // BF16 rounding did happen
   // BF16 keeps 8 significant bits (relative step 2^-8 = 0.4%); losses agree far closer as errors average.
   CHECK(std::abs(lf - lb) / lf < 4e-3);
@@ -207,11 +305,12 @@ TEST_CASE("BF16 storage matches FP32 within BF16 tolerance", "[trainer][bf16]") 
     s.optim.lr = 3e-3;
     TrainSpec sb = s;
     sb.dtype = DType::kBF16;
-    Trainer a(s), b(sb);
-    std::vector<int32_t> rows(a.tokens_per_step());
+    forge::test::OneProcess a(s), b(sb);
+    std::vector<int32_t> rows(size_t(s.batch) * size_t(cfg.seq_len + 1));
     for (int step = 0; step < 20; ++step) {
       for (size_t i = 0; i < rows.size(); ++i) rows[i] = int32_t((i * 7 + size_t(step)) % 13);
-      const double la = a.step(rows).loss, lb2 = b.step(rows).loss;
+      const MicroBatch mb = forge::test::window_batch(rows, s.batch, cfg.seq_len);
+      const double la = a->step({&mb, 1}).loss, lb2 = b->step({&mb, 1}).loss;
       CHECK(std::abs(la - lb2) / la < 2e-2);
     }
   }

@@ -1,6 +1,7 @@
 // Numerical parity with PyTorch (fixture written by reference/make_fixture.py): logits, loss, every
 // gradient, and ten AdamW steps with warm-up + cosine schedule, clipping and two accumulated
-// micro-batches. Tolerances (FP32), relative to the largest magnitude of the reference tensor:
+// micro-batches; and logits, weighted loss and gradients of a batch of packed documents. Tolerances (FP32),
+// relative to the largest magnitude of the reference tensor:
 //   logits 1e-5, gradients 2e-5, loss 1e-5 (relative), step losses and gradient norms 1e-5 (relative),
 //   weights after ten steps 1e-3.
 // Measured: logits and gradients <= 1e-6, step losses <= 1e-7, weights <= 3e-4. Reductions run in a
@@ -8,7 +9,7 @@
 // zero turn that rounding into visible weight differences, hence the looser weight tolerance.
 #include "h5_fixture.h"
 
-#include "forge/trainer/trainer.h"
+#include "support/training.h"
 
 #include <catch2/catch.hpp>
 
@@ -16,6 +17,7 @@
 #include <cmath>
 #include <string>
 
+using forge::MicroBatch;
 using forge::test::H5Fixture;
 using namespace forge::trainer;
 
@@ -68,17 +70,19 @@ void load_initial(GPT& model, const H5Fixture& f) {
 TEST_CASE("GPT matches PyTorch: logits, loss and every gradient", "[trainer][parity]") {
   const H5Fixture f(fixture_path());
   const TrainSpec spec = fixture_spec(f);
-  Trainer trainer(spec);
-  GPT& model = trainer.model();
+  forge::test::OneProcess trainer(spec);
+  GPT& model = trainer->model();
   load_initial(model, f);
   const auto tokens = f.ints("tokens"), targets = f.ints("targets");
+  const MicroBatch batch = forge::test::micro_batch(tokens, targets, spec.batch, spec.model.seq_len);
 
   std::vector<float> logits(tokens.size() * size_t(spec.model.vocab));
-  model.forward_logits(tokens, logits);
+  model.forward_logits(batch, logits);
   CHECK(rel_diff(logits, f.floats("logits")) < 1e-5);
 
   model.zero_grad();
-  const float loss = model.forward_backward(tokens, targets);
+  const double n = double(tokens.size());
+  const double loss = model.forward_backward(batch, float(1.0 / n)).loss / n;
   const double ref_loss = f.floats("loss")[0];
   CHECK(std::abs(loss - ref_loss) / ref_loss < 1e-5);
   for (const auto& p : model.params()) {
@@ -90,20 +94,61 @@ TEST_CASE("GPT matches PyTorch: logits, loss and every gradient", "[trainer][par
 TEST_CASE("Ten AdamW steps match PyTorch", "[trainer][parity]") {
   const H5Fixture f(fixture_path());
   const TrainSpec spec = fixture_spec(f);
-  Trainer trainer(spec);
-  load_initial(trainer.model(), f);
+  forge::test::OneProcess trainer(spec);
+  load_initial(trainer->model(), f);
   const auto stream = f.ints("steps/tokens");
   const auto ref_loss = f.doubles("steps/loss"), ref_norm = f.doubles("steps/grad_norm");
-  const size_t per_step = trainer.tokens_per_step();
+  const size_t per_batch = size_t(spec.batch) * size_t(spec.model.seq_len + 1);
+  const size_t per_step = per_batch * size_t(spec.microbatches);
   REQUIRE(stream.size() == per_step * size_t(spec.steps));
   for (int64_t s = 0; s < spec.steps; ++s) {
-    const StepStats st = trainer.step(std::span(stream).subspan(size_t(s) * per_step, per_step));
+    std::vector<MicroBatch> batches;
+    for (int k = 0; k < spec.microbatches; ++k)
+      batches.push_back(forge::test::window_batch(
+          std::span(stream).subspan(size_t(s) * per_step + size_t(k) * per_batch, per_batch), spec.batch,
+          spec.model.seq_len));
+    const StepStats st = trainer->step(batches);
     INFO("step " << st.step);
     CHECK(std::abs(st.loss - ref_loss[size_t(s)]) / ref_loss[size_t(s)] < 1e-5);
     CHECK(std::abs(st.grad_norm - ref_norm[size_t(s)]) / ref_norm[size_t(s)] < 1e-5);
   }
-  for (const auto& p : trainer.model().params()) {
+  for (const auto& p : trainer->model().params()) {
     INFO(p.name);
-    CHECK(rel_diff(trainer.model().weight(p.name), f.floats("final/" + p.name)) < 1e-3);
+    CHECK(rel_diff(trainer->model().weight(p.name), f.floats("final/" + p.name)) < 1e-3);
+  }
+}
+
+TEST_CASE("GPT matches PyTorch on packed documents with loss weights", "[trainer][parity][documents]") {
+  // Positions restart at each document, attention is masked to it, some targets are ignored and the
+  // loss is sum(weight x cross-entropy) / sum(weight).
+  const H5Fixture f(fixture_path());
+  TrainSpec spec = fixture_spec(f);
+  const auto tokens = f.ints("packed/tokens");
+  spec.batch = int(tokens.size()) / spec.model.seq_len;
+  forge::test::OneProcess trainer(spec);
+  GPT& model = trainer->model();
+  load_initial(model, f);
+  MicroBatch batch =
+      forge::test::micro_batch(tokens, f.ints("packed/targets"), spec.batch, spec.model.seq_len);
+  const auto weights = f.floats("packed/weights");
+  batch.weights.assign(weights.begin(), weights.end());
+  const auto positions = f.ints("packed/positions"), segments = f.ints("packed/segments");
+  batch.positions.assign(positions.begin(), positions.end());
+  batch.segments.assign(segments.begin(), segments.end());
+  REQUIRE_FALSE(batch.problem(spec.model.vocab, spec.model.max_positions));
+
+  std::vector<float> logits(tokens.size() * size_t(spec.model.vocab));
+  model.forward_logits(batch, logits);
+  CHECK(rel_diff(logits, f.floats("packed/logits")) < 1e-5);
+
+  model.zero_grad();
+  const double weight = batch.weight_sum();
+  const LossSums sums = model.forward_backward(batch, float(1.0 / weight));
+  CHECK(sums.weight == weight);
+  const double ref_loss = f.doubles("packed/loss")[0];
+  CHECK(std::abs(sums.loss / weight - ref_loss) / ref_loss < 1e-5);
+  for (const auto& p : model.params()) {
+    INFO(p.name);
+    CHECK(rel_diff(model.grad(p.name), f.floats("packed/grad/" + p.name)) < 2e-5);
   }
 }

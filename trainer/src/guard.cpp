@@ -4,7 +4,7 @@
 
 #include "forge/common/error.h"
 #include "forge/common/hash.h"
-#include "forge/trainer/trainer.h"
+#include "forge/trainer/step_stats.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -241,9 +241,10 @@ void check_no_duplicate_samples(int64_t step, std::span<const std::vector<uint64
   const auto dup = duplicate_samples(ids);
   if (dup.empty()) return;
   fail(ExitCode::kData,
-       "step {}: data-parallel ranks {} and {} both trained sample {:016x} ({} duplicate{} in all); the data "
-       "is not sharded by DP rank: check data.* and the reader's rank/world settings",
-       step, dup[0].rank_a, dup[0].rank_b, dup[0].sample, dup.size(), dup.size() == 1 ? "" : "s");
+       "step {}: data-parallel ranks {} and {} both trained sample {} of epoch {} ({} duplicate{} in all); "
+       "the data is not sharded by DP rank: check data.* and the reader's rank/world settings",
+       step, dup[0].rank_a, dup[0].rank_b, dup[0].sample & ((uint64_t(1) << 48) - 1), dup[0].sample >> 48,
+       dup.size(), dup.size() == 1 ? "" : "s");
 }
 
 }  // namespace forge::trainer

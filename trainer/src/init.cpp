@@ -53,9 +53,4 @@ void init_parameter(const ParamInfo& p, int tp_rank, uint64_t seed, std::span<fl
     w[i] = float(p.init_std * normal_at(key, logical_index(p, tp_rank, uint64_t(i))));
 }
 
-void GPT::init(uint64_t seed) {
-  for (const auto& p : params_) init_parameter(p, slice_.tp_rank, seed, weight(p.name));
-  weights_changed();
-}
-
 }  // namespace forge::trainer

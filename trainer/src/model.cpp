@@ -1,14 +1,10 @@
-// The GPT's forward and backward passes over the CPU kernels, and its buffers. A model object holds one
-// slice of the logical model (ModelSlice): a range of blocks, optionally the embedding and the head, and
-// one tensor-parallel shard of each, with the shard's group reductions made through the Comm interface
-// (Megatron's scheme: column-parallel qkv and MLP-in, row-parallel projections, one reduction after each
-// in forward and one after each input-gradient product in backward; vocabulary-parallel embedding and
-// classifier).
+// The GPT's forward and backward passes over a backend's ops, and its buffers. A model object holds one
+// slice of the logical model (ModelSlice): a range of blocks, optionally the embedding and the head. How
+// its layers are split, and the collectives that go with the split, belong to the layers the factory made
+// (layers.h); this file never talks to another process.
 #include "forge/trainer/model.h"
 
-#include "cpu/kernels.h"
 #include "forge/common/error.h"
-#include "forge/trainer/comm.h"
 
 #include <algorithm>
 #include <cstring>
@@ -18,93 +14,100 @@ namespace forge::trainer {
 
 namespace {
 
-struct LayerOffsets {
-  size_t ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b, fcw, fcb, fc2w, fc2b;
-};
-
-// The classifier's softmax statistics combined across the tensor-parallel group.
-class TpReduce final : public cpu::GroupReduce {
+// An input of a matrix product that backward reads again (one layer, one micro-batch in flight). FP32
+// mode keeps it as computed. BF16 mode keeps it as 2-byte BF16 values (the values the BF16 model computes
+// with, so nothing changes numerically): the layer being computed, or differentiated, works in one FP32
+// buffer (`work`, in the Workspace) shared by every layer and micro-batch.
+class Saved {
  public:
-  explicit TpReduce(Comm& comm) : comm_(comm) {}
-  void max(float* v, int n) override {
-    comm_.all_reduce(v, size_t(n), CommType::kF32, ReduceOp::kMax)->wait();
+  Saved() = default;
+  Saved(Backend& backend, size_t n, float* work) : backend_(&backend), work_(work), n_(n) {
+    if (work_ == nullptr)
+      f32_ = backend.alloc<float>(n);
+    else
+      bf16_ = backend.alloc<uint16_t>(n);
   }
-  void sum(float* v, int n) override { comm_.all_reduce_sum(v, size_t(n)); }
+  // Where the values are computed.
+  float* at() { return work_ != nullptr ? work_ : f32_.data(); }
+  // Keeps the values just computed at at(): rounded to BF16 in BF16 mode, in place too (the rest of the
+  // layer computes with what is kept).
+  void keep() {
+    if (work_ != nullptr) backend_->to_bf16(bf16_.data(), work_, n_);
+  }
+  // The values for backward.
+  const float* load() {
+    if (work_ == nullptr) return f32_.data();
+    backend_->from_bf16(work_, bf16_.data(), n_);
+    return work_;
+  }
+  size_t bytes() const { return f32_.size() * sizeof(float) + bf16_.size() * sizeof(uint16_t); }
 
  private:
-  Comm& comm_;
+  Backend* backend_ = nullptr;
+  float* work_ = nullptr;
+  size_t n_ = 0;
+  Buffer<float> f32_;
+  Buffer<uint16_t> bf16_;
 };
 
-}  // namespace
-
-namespace {
-
-// An input of a matrix product that backward reads again, one slab per layer of the slice. FP32 mode keeps
-// it as computed. BF16 mode keeps it as 2-byte BF16 values (the values the BF16 model computes with, so
-// nothing changes numerically): the layer being computed, or differentiated, works in one FP32 buffer
-// (`work`, in Scratch) shared by every layer and micro-batch.
-struct Saved {
-  HugeBuffer<float> f32;
-  HugeBuffer<uint16_t> bf16;
-  HugeBuffer<float>* work = nullptr;
-  int64_t per_layer = 0;
-
-  Saved() = default;
-  Saved(int64_t layers, int64_t n, HugeBuffer<float>* work_buffer) : work(work_buffer), per_layer(n) {
-    if (work == nullptr)
-      f32 = HugeBuffer<float>(size_t(layers * n));
-    else
-      bf16 = HugeBuffer<uint16_t>(size_t(layers * n));
+// The dense MLP: fc (column-parallel when split), GELU, proj (row-parallel when split).
+class DenseMLP final : public FeedForward {
+ public:
+  DenseMLP(Backend& backend, std::unique_ptr<Linear> fc, std::unique_ptr<Linear> proj, int slots, int rows,
+           float* dfc, float* work_pre, float* work_act)
+      : backend_(backend), fc_(std::move(fc)), proj_(std::move(proj)), dfc_(dfc) {
+    const size_t n = size_t(rows) * size_t(fc_->out_features());
+    for (int s = 0; s < slots; ++s) {
+      pre_.emplace_back(backend, n, work_pre);
+      act_.emplace_back(backend, n, work_act);
+    }
   }
-  // Where layer l's values are computed.
-  float* at(int l) { return work != nullptr ? work->data() : f32.data() + l * per_layer; }
-  // Keeps layer l's values, just computed at at(l): rounded to BF16 in BF16 mode.
-  void keep(int l) {
-    if (work == nullptr) return;
-    // Rounded in place too: the rest of the layer computes with what is kept.
-    cpu::to_bf16(bf16.data() + l * per_layer, work->data(), per_layer);
+  void forward(int slot, const float* in, float* out, int rows) override {
+    Saved &pre = pre_[size_t(slot)], &act = act_[size_t(slot)];
+    fc_->forward(pre.at(), in, rows);
+    backend_.bias_gelu_forward(act.at(), pre.at(), fc_->bias(), rows, fc_->out_features());
+    pre.keep();
+    act.keep();
+    proj_->forward(out, act.at(), rows);
   }
-  // Layer l's values for backward.
-  const float* load(int l) {
-    if (work == nullptr) return f32.data() + l * per_layer;
-    cpu::from_bf16(work->data(), bf16.data() + l * per_layer, per_layer);
-    return work->data();
+  void backward(int slot, const float* in, const float* dout, float* din, int rows) override {
+    const float* pre = pre_[size_t(slot)].load();
+    const float* act = act_[size_t(slot)].load();
+    proj_->backward(dfc_, dout, act, rows);
+    backend_.gelu_backward(dfc_, pre, rows, fc_->out_features());
+    fc_->backward(din, dfc_, in, rows);
   }
-  size_t bytes() const { return f32.size() * sizeof(float) + bf16.size() * sizeof(uint16_t); }
-};
-
-}  // namespace
-
-// Activations of one micro-batch in flight: per layer of the slice, what backward needs.
-struct GPT::Acts {
-  HugeBuffer<float> res;      // (L + 1) x [N, C]: stream entering each block, and leaving the last
-  HugeBuffer<float> res_mid;  // L x [N, C]: after the attention residual
-  Saved ln1, ln2;             // L x [N, C]
-  HugeBuffer<float> ln1_stats, ln2_stats;  // L x 2 x [N] (mean, rstd)
-  Saved qkv;                               // L x [N, 3C/tp]
-  Saved att;                               // L x [N, C/tp]
-  HugeBuffer<float> lse;                   // L x [B, NH/tp, T]
-  Saved fc_pre, fc_act;                    // L x [N, 4C/tp]
-  HugeBuffer<float> lnf, lnf_stats, dlnf;  // head: [N, C], 2 x [N], classifier gradient [N, C]
-  HugeBuffer<float> dres;                  // [N, C]: gradient of the stream; after backward, of the input
-
-  size_t bytes() const {
+  const float* output_bias() const override { return proj_->bias(); }
+  size_t activation_bytes() const override {
     size_t n = 0;
-    for (const auto* v : {&res, &res_mid, &ln1_stats, &ln2_stats, &lse, &lnf, &lnf_stats, &dlnf, &dres})
-      n += v->size() * sizeof(float);
-    for (const auto* v : {&ln1, &ln2, &qkv, &att, &fc_pre, &fc_act}) n += v->bytes();
+    for (size_t s = 0; s < pre_.size(); ++s) n += pre_[s].bytes() + act_[s].bytes();
     return n;
   }
+
+ private:
+  Backend& backend_;
+  std::unique_ptr<Linear> fc_, proj_;
+  float* dfc_;
+  std::vector<Saved> pre_, act_;  // per slot: fc output before and after the GELU
 };
 
-// Buffers reused by every layer and micro-batch, and the parameter offsets.
-struct GPT::Scratch {
-  HugeBuffer<float> delta, dln, datt, dqkv, dfc;
+// First position of each position's document: what attention needs of the segment ids.
+void document_starts(const MicroBatch& b, std::vector<int32_t>& out) {
+  out.resize(b.size());
+  for (size_t i = 0; i < b.size(); ++i) {
+    const bool opens = i % size_t(b.seq_len) == 0 || b.segments[i] != b.segments[i - 1];
+    out[i] = opens ? int32_t(i % size_t(b.seq_len)) : out[i - 1];
+  }
+}
+
+}  // namespace
+
+// Buffers reused by every block and micro-batch.
+struct GPT::Workspace {
+  Buffer<float> delta, dln, datt, dqkv, dfc;
   // BF16 mode: the FP32 working buffers of the Saved activations, one layer each.
-  HugeBuffer<float> ln1, ln2, qkv, att, fc_pre, fc_act;
-  std::vector<LayerOffsets> layer;
-  size_t wte = 0, wpe = 0, lnfw = 0, lnfb = 0;
-  std::unique_ptr<TpReduce> vocab_group;
+  Buffer<float> ln1, ln2, qkv, att, fc_pre, fc_act;
+  std::vector<int32_t> doc_start;  // host staging
 
   size_t bytes() const {
     size_t n = 0;
@@ -114,83 +117,141 @@ struct GPT::Scratch {
   }
 };
 
-GPT::GPT(const ModelConfig& config, int batch, DType dtype, const ModelSlice& slice, int slots, Comm* tp,
-         size_t flat_multiple)
-    : config_(config), slice_(slice), batch_(batch), dtype_(dtype), tp_(tp) {
+// One block of the slice: its layers and, per activation set, what its backward reads.
+struct GPT::Block {
+  ParamRef ln1w, ln1b, ln2w, ln2b;
+  std::unique_ptr<Linear> qkv, proj;
+  std::unique_ptr<FeedForward> ffn;
+  struct Acts {
+    Buffer<float> res_mid;               // after the attention residual
+    Buffer<float> ln1_stats, ln2_stats;  // 2 x [N] (mean, rstd)
+    Buffer<float> lse;                   // [B, NH/tp, T]
+    Saved ln1, ln2, qkv, att;
+  };
+  std::vector<Acts> acts;
+
+  size_t bytes() const {
+    size_t n = ffn->activation_bytes();
+    for (const Acts& a : acts) {
+      for (const auto* v : {&a.res_mid, &a.ln1_stats, &a.ln2_stats, &a.lse}) n += v->size() * sizeof(float);
+      for (const auto* v : {&a.ln1, &a.ln2, &a.qkv, &a.att}) n += v->bytes();
+    }
+    return n;
+  }
+};
+
+// One micro-batch in flight: the residual stream, the head's activations, and the batch itself.
+struct GPT::Slot {
+  Buffer<float> res;                   // (L + 1) x [N, C]: stream entering each block, and leaving the last
+  Buffer<float> lnf, lnf_stats, dlnf;  // head: [N, C], 2 x [N], classifier gradient [N, C]
+  Buffer<float> dres;                  // [N, C]: gradient of the stream; after backward, of the input
+  Buffer<int32_t> inputs, targets, positions, doc_start;
+  Buffer<float> weights;
+  DeviceBatch batch;
+
+  size_t bytes() const {
+    size_t n = 0;
+    for (const auto* v : {&res, &lnf, &lnf_stats, &dlnf, &dres, &weights}) n += v->size() * sizeof(float);
+    for (const auto* v : {&inputs, &targets, &positions, &doc_start}) n += v->size() * sizeof(int32_t);
+    return n;
+  }
+};
+
+GPT::GPT(const ModelConfig& config, int batch, DType dtype, const ModelSlice& slice, int slots,
+         Backend& backend, const LayerFactory& layers, size_t flat_multiple, std::shared_ptr<const Loss> loss)
+    : config_(config),
+      slice_(slice),
+      batch_(batch),
+      dtype_(dtype),
+      backend_(backend),
+      loss_(loss != nullptr ? std::move(loss) : std::make_shared<LmCrossEntropy>()) {
   if (slice_.last_layer < 0) slice_.last_layer = config.layers;
   params_ = parameter_table(config_, slice_);
   if (batch < 1) throw std::invalid_argument("GPT: batch must be >= 1");
   if (slots < 1) throw std::invalid_argument("GPT: slots must be >= 1");
   const int tps = slice_.tp_size;
-  if (tps > 1 && (tp == nullptr || tp->size() != tps || tp->rank() != slice_.tp_rank))
-    throw std::invalid_argument("GPT: a tensor-parallel slice needs its group's communicator");
   if (config.heads % tps != 0)
     throw std::invalid_argument("GPT: heads must divide by the tensor-parallel size");
-  if (tps == 1) tp_ = nullptr;
   layers_ = slice_.last_layer - slice_.first_layer;
   const ParamInfo& last = params_.back();
   const size_t m = std::max<size_t>(flat_multiple, 1);
   const size_t flat = (last.offset + last.numel + m - 1) / m * m;
-  weights_ = HugeBuffer<float>(flat);
-  grads_ = HugeBuffer<float>(flat);
-  if (dtype_ == DType::kBF16) work_ = HugeBuffer<float>(flat);
-
-  const int64_t L = layers_, C = config.d_model, N = rows(), Cl = C / tps;
-  scratch_ = std::make_unique<Scratch>();
-  Scratch& s = *scratch_;
-  s.delta = HugeBuffer<float>(size_t(N * C));
-  s.dln = HugeBuffer<float>(size_t(N * C));
-  s.datt = HugeBuffer<float>(size_t(N * Cl));
-  s.dqkv = HugeBuffer<float>(size_t(N * 3 * Cl));
-  s.dfc = HugeBuffer<float>(size_t(N * 4 * Cl));
+  weights_ = backend.alloc<float>(flat);
+  grads_ = backend.alloc<float>(flat);
   const bool bf16 = dtype_ == DType::kBF16;
-  // The working buffer of a Saved activation of n values per layer (BF16 mode), or none (FP32).
-  const auto work = [&](HugeBuffer<float>& buffer, int64_t n) -> HugeBuffer<float>* {
+  if (bf16) work_ = backend.alloc<float>(flat);
+
+  const size_t L = size_t(layers_), C = size_t(config.d_model), N = size_t(rows()), Cl = C / size_t(tps);
+  ws_ = std::make_unique<Workspace>();
+  Workspace& w = *ws_;
+  w.delta = backend.alloc<float>(N * C);
+  w.dln = backend.alloc<float>(N * C);
+  w.datt = backend.alloc<float>(N * Cl);
+  w.dqkv = backend.alloc<float>(N * 3 * Cl);
+  w.dfc = backend.alloc<float>(N * 4 * Cl);
+  // The working buffer of a Saved activation of n values (BF16 mode), or none (FP32).
+  const auto work = [&](Buffer<float>& buffer, size_t n) -> float* {
     if (!bf16) return nullptr;
-    buffer = HugeBuffer<float>(size_t(n));
-    return &buffer;
+    buffer = backend.alloc<float>(n);
+    return buffer.data();
   };
-  HugeBuffer<float>*w_ln1 = work(s.ln1, N * C), *w_ln2 = work(s.ln2, N * C), *w_qkv = work(s.qkv, N * 3 * Cl),
-  *w_att = work(s.att, N * Cl), *w_fc_pre = work(s.fc_pre, N * 4 * Cl),
-  *w_fc_act = work(s.fc_act, N * 4 * Cl);
-  for (int slot = 0; slot < slots; ++slot) {
-    auto a = std::make_unique<Acts>();
-    a->res = HugeBuffer<float>(size_t((L + 1) * N * C));
-    a->res_mid = HugeBuffer<float>(size_t(L * N * C));
-    a->ln1 = Saved(L, N * C, w_ln1);
-    a->ln2 = Saved(L, N * C, w_ln2);
-    a->ln1_stats = HugeBuffer<float>(size_t(L * 2 * N));
-    a->ln2_stats = HugeBuffer<float>(size_t(L * 2 * N));
-    a->qkv = Saved(L, N * 3 * Cl, w_qkv);
-    a->att = Saved(L, N * Cl, w_att);
-    a->lse = HugeBuffer<float>(size_t(L * N * (config.heads / tps)));
-    a->fc_pre = Saved(L, N * 4 * Cl, w_fc_pre);
-    a->fc_act = Saved(L, N * 4 * Cl, w_fc_act);
+  float *w_ln1 = work(w.ln1, N * C), *w_ln2 = work(w.ln2, N * C), *w_qkv = work(w.qkv, N * 3 * Cl),
+        *w_att = work(w.att, N * Cl), *w_fc_pre = work(w.fc_pre, N * 4 * Cl),
+        *w_fc_act = work(w.fc_act, N * 4 * Cl);
+
+  for (int s = 0; s < slots; ++s) {
+    auto slot = std::make_unique<Slot>();
+    slot->res = backend.alloc<float>((L + 1) * N * C);
     if (slice_.head) {
-      a->lnf = HugeBuffer<float>(size_t(N * C));
-      a->lnf_stats = HugeBuffer<float>(size_t(2 * N));
-      a->dlnf = HugeBuffer<float>(size_t(N * C));
+      slot->lnf = backend.alloc<float>(N * C);
+      slot->lnf_stats = backend.alloc<float>(2 * N);
+      slot->dlnf = backend.alloc<float>(N * C);
     }
-    a->dres = HugeBuffer<float>(size_t(N * C));
-    acts_.push_back(std::move(a));
-  }
-  if (slice_.embedding || slice_.head) s.wte = param("wte.weight").offset;
-  if (slice_.embedding) s.wpe = param("wpe.weight").offset;
-  if (slice_.head) {
-    s.lnfw = param("lnf.weight").offset;
-    s.lnfb = param("lnf.bias").offset;
+    slot->dres = backend.alloc<float>(N * C);
+    slots_.push_back(std::move(slot));
   }
   for (int l = slice_.first_layer; l < slice_.last_layer; ++l) {
     const std::string b = "blocks." + std::to_string(l) + ".";
-    const auto at = [&](const char* n) { return param(b + n).offset; };
-    s.layer.push_back({at("ln1.weight"), at("ln1.bias"), at("attn.qkv.weight"), at("attn.qkv.bias"),
-                       at("attn.proj.weight"), at("attn.proj.bias"), at("ln2.weight"), at("ln2.bias"),
-                       at("mlp.fc.weight"), at("mlp.fc.bias"), at("mlp.proj.weight"), at("mlp.proj.bias")});
+    auto block = std::make_unique<Block>();
+    block->ln1w = ref(b + "ln1.weight");
+    block->ln1b = ref(b + "ln1.bias");
+    block->ln2w = ref(b + "ln2.weight");
+    block->ln2b = ref(b + "ln2.bias");
+    block->qkv = layers.linear(backend, ref(b + "attn.qkv.weight"), ref(b + "attn.qkv.bias"), true);
+    block->proj = layers.linear(backend, ref(b + "attn.proj.weight"), ref(b + "attn.proj.bias"), false);
+    block->ffn = std::make_unique<DenseMLP>(
+        backend, layers.linear(backend, ref(b + "mlp.fc.weight"), ref(b + "mlp.fc.bias"), false),
+        layers.linear(backend, ref(b + "mlp.proj.weight"), ref(b + "mlp.proj.bias"), false), slots, int(N),
+        w.dfc.data(), w_fc_pre, w_fc_act);
+    for (int s = 0; s < slots; ++s) {
+      Block::Acts a;
+      a.res_mid = backend.alloc<float>(N * C);
+      a.ln1_stats = backend.alloc<float>(2 * N);
+      a.ln2_stats = backend.alloc<float>(2 * N);
+      a.lse = backend.alloc<float>(N * size_t(config.heads / tps));
+      a.ln1 = Saved(backend, N * C, w_ln1);
+      a.ln2 = Saved(backend, N * C, w_ln2);
+      a.qkv = Saved(backend, N * 3 * Cl, w_qkv);
+      a.att = Saved(backend, N * Cl, w_att);
+      block->acts.push_back(std::move(a));
+    }
+    blocks_.push_back(std::move(block));
   }
-  if (tp_ != nullptr) s.vocab_group = std::make_unique<TpReduce>(*tp_);
+  if (slice_.embedding) embedding_ = layers.embedding(backend, ref("wte.weight"), ref("wpe.weight"));
+  if (slice_.head) {
+    classifier_ = layers.classifier(backend, ref("wte.weight"));
+    lnf_w_ = ref("lnf.weight");
+    lnf_b_ = ref("lnf.bias");
+  }
 }
 
 GPT::~GPT() = default;
+
+ParamRef GPT::ref(const std::string& name) {
+  const ParamInfo& p = param(name);
+  const float* values = (dtype_ == DType::kBF16 ? work_.data() : weights_.data()) + p.offset;
+  return {&p, values, grads_.data() + p.offset};
+}
 
 const ParamInfo& GPT::param(const std::string& name) const {
   for (const auto& p : params_)
@@ -208,216 +269,217 @@ std::span<float> GPT::grad(const std::string& name) {
   return {grads_.data() + p.offset, p.numel};
 }
 
+void GPT::init(uint64_t seed) {
+  std::vector<float> staging;
+  for (const auto& p : params_) {
+    if (backend_.host_memory()) {
+      init_parameter(p, slice_.tp_rank, seed, weight(p.name));
+      continue;
+    }
+    staging.resize(p.numel);
+    init_parameter(p, slice_.tp_rank, seed, staging);
+    backend_.copy_from_host(weights_.data() + p.offset, staging.data(), p.numel * sizeof(float));
+  }
+  weights_changed();
+}
+
 void GPT::zero_grad() {
-  std::fill(grads_.begin(), grads_.end(), 0.0f);
+  backend_.fill(grads_.data(), 0.0f, grads_.size());
 }
 
 void GPT::weights_changed() {
-  if (dtype_ == DType::kBF16) cpu::round_to_bf16(work_.data(), weights_.data(), int64_t(weights_.size()));
+  if (dtype_ == DType::kBF16) backend_.round_to_bf16(work_.data(), weights_.data(), weights_.size());
 }
 
 size_t GPT::activation_bytes() const {
-  size_t n = scratch_->bytes();
-  for (const auto& a : acts_) n += a->bytes();
+  size_t n = ws_->bytes();
+  for (const auto& s : slots_) n += s->bytes();
+  for (const auto& b : blocks_) n += b->bytes();
   return n;
 }
 
-void GPT::tp_sum(float* data, int64_t n) {
-  if (tp_ != nullptr) tp_->all_reduce_sum(data, size_t(n));
-}
-
 std::span<const float> GPT::output(int slot) const {
-  const Acts& a = *acts_.at(size_t(slot));
+  const Slot& s = *slots_.at(size_t(slot));
   const size_t nc = size_t(rows()) * size_t(config_.d_model);
-  return {a.res.data() + size_t(layers_) * nc, nc};
+  return {s.res.data() + size_t(layers_) * nc, nc};
 }
 
 std::span<const float> GPT::input_grad(int slot) const {
-  return acts_.at(size_t(slot))->dres;
+  return slots_.at(size_t(slot))->dres.span();
 }
 
-void GPT::check_tokens(std::span<const int32_t> tokens, std::span<const int32_t> targets) const {
-  if (!slice_.embedding || !slice_.head)
-    throw std::invalid_argument("GPT: the whole-model calls need a slice with the embedding and the head");
-  const size_t n = size_t(batch_) * size_t(config_.seq_len);
-  if (tokens.size() != n || (!targets.empty() && targets.size() != n))
-    fail(ExitCode::kData, "GPT: expected {} tokens (batch {} x seq_len {}), got {} inputs and {} targets", n,
-         batch_, config_.seq_len, tokens.size(), targets.size());
-  for (const auto* s : {&tokens, &targets})
-    for (int32_t t : *s)
-      if (t < 0 || t >= config_.vocab)
-        fail(ExitCode::kData, "GPT: token id {} is outside the vocabulary [0, {})", t, config_.vocab);
-}
+LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input, float loss_scale,
+                          bool backward, float* logits_out) {
+  Slot& s = *slots_.at(size_t(slot));
+  Workspace& w = *ws_;
+  if (batch.rows != batch_ || batch.seq_len != config_.seq_len)
+    throw std::invalid_argument("GPT: the micro-batch is not batch x seq_len");
+  // The micro-batch into the backend's memory, for this forward and the backward that follows.
+  const size_t n = batch.size();
+  const auto upload = [&](auto& buffer, const auto& values) {
+    using T = typename std::decay_t<decltype(values)>::value_type;
+    if (values.empty()) return static_cast<const T*>(nullptr);
+    if (buffer.size() != n) buffer = backend_.alloc<T>(n);
+    backend_.copy_from_host(buffer.data(), values.data(), n * sizeof(T));
+    return static_cast<const T*>(buffer.data());
+  };
+  s.batch.inputs = upload(s.inputs, batch.inputs);
+  s.batch.targets = upload(s.targets, batch.targets);
+  s.batch.weights = upload(s.weights, batch.weights);
+  s.batch.positions = upload(s.positions, batch.positions);
+  if (!batch.segments.empty()) document_starts(batch, w.doc_start);
+  s.batch.doc_start = upload(s.doc_start, batch.segments.empty() ? std::vector<int32_t>{} : w.doc_start);
 
-float GPT::run_forward(int slot, const int32_t* tokens, const float* input, const int32_t* targets,
-                       float grad_scale, bool backward, float* logits_out) {
-  Acts& a = *acts_.at(size_t(slot));
-  Scratch& s = *scratch_;
   const bool bf16 = dtype_ == DType::kBF16;
-  const float* w = bf16 ? work_.data() : weights_.data();
   const int tps = slice_.tp_size;
   const int B = batch_, T = config_.seq_len, C = config_.d_model, L = layers_;
-  const int Cl = C / tps, NHl = config_.heads / tps, Vl = config_.vocab / tps, v0 = slice_.tp_rank * Vl;
+  const int Cl = C / tps, NHl = config_.heads / tps;
   const int N = B * T;
   const int64_t NC = int64_t(N) * C;
   // BF16 mode keeps what backward reads from the matrix products (their inputs) as BF16 values (Saved);
   // the residual stream, statistics and all accumulation stay FP32.
-  if (slice_.embedding) {
-    // Vocabulary-parallel lookup: each rank adds the rows it holds, rank 0 the positions; the sum over
-    // the group is the full embedding.
-    cpu::embedding_forward(a.res.data(), tokens, w + s.wte, slice_.tp_rank == 0 ? w + s.wpe : nullptr, B, T,
-                           C, v0, v0 + Vl);
-    tp_sum(a.res.data(), NC);
-  } else {
-    std::memcpy(a.res.data(), input, sizeof(float) * size_t(NC));
-  }
+  if (slice_.embedding)
+    embedding_->forward(s.res.data(), s.batch.inputs, s.batch.positions, B, T);
+  else
+    backend_.copy(s.res.data(), input, sizeof(float) * size_t(NC));
   for (int l = 0; l < L; ++l) {
-    const LayerOffsets& o = s.layer[size_t(l)];
-    float* x = a.res.data() + l * NC;
-    float* ln1 = a.ln1.at(l);
-    float* ln1s = a.ln1_stats.data() + int64_t(l) * 2 * N;
-    float* qkv = a.qkv.at(l);
-    float* att = a.att.at(l);
-    float* mid = a.res_mid.data() + l * NC;
-    float* ln2 = a.ln2.at(l);
-    float* ln2s = a.ln2_stats.data() + int64_t(l) * 2 * N;
-    float* fc_pre = a.fc_pre.at(l);
-    float* fc_act = a.fc_act.at(l);
+    Block& k = *blocks_[size_t(l)];
+    Block::Acts& a = k.acts[size_t(slot)];
+    float* x = s.res.data() + l * NC;
+    float* ln1s = a.ln1_stats.data();
+    float* ln2s = a.ln2_stats.data();
     if (l == 0) {
-      cpu::layernorm_forward(ln1, ln1s, ln1s + N, x, w + o.ln1w, w + o.ln1b, N, C);
-      a.ln1.keep(l);
+      backend_.layernorm_forward(a.ln1.at(), ln1s, ln1s + N, x, k.ln1w.value, k.ln1b.value, N, C);
+      a.ln1.keep();
     }
-    cpu::matmul_forward(qkv, ln1, w + o.qkvw, w + o.qkvb, N, C, 3 * Cl);
-    a.qkv.keep(l);
-    cpu::attention_forward(att, a.lse.data() + int64_t(l) * N * NHl, qkv, B, T, Cl, NHl);
-    a.att.keep(l);
-    cpu::matmul_forward(s.delta.data(), att, w + o.projw, nullptr, N, Cl, C);
-    tp_sum(s.delta.data(), NC);
-    cpu::residual_layernorm_forward(mid, ln2, ln2s, ln2s + N, x, s.delta.data(), w + o.projb, w + o.ln2w,
-                                    w + o.ln2b, N, C);
-    a.ln2.keep(l);
-    cpu::matmul_forward(fc_pre, ln2, w + o.fcw, nullptr, N, C, 4 * Cl);
-    cpu::bias_gelu_forward(fc_act, fc_pre, w + o.fcb, N, 4 * Cl);
-    a.fc_pre.keep(l);
-    a.fc_act.keep(l);
-    cpu::matmul_forward(s.delta.data(), fc_act, w + o.fc2w, nullptr, N, 4 * Cl, C);
-    tp_sum(s.delta.data(), NC);
+    k.qkv->forward(a.qkv.at(), a.ln1.at(), N);
+    a.qkv.keep();
+    backend_.attention_forward(a.att.at(), a.lse.data(), a.qkv.at(), s.batch.doc_start, B, T, Cl, NHl);
+    a.att.keep();
+    k.proj->forward(w.delta.data(), a.att.at(), N);
+    backend_.residual_layernorm_forward(a.res_mid.data(), a.ln2.at(), ln2s, ln2s + N, x, w.delta.data(),
+                                        k.proj->bias(), k.ln2w.value, k.ln2b.value, N, C);
+    a.ln2.keep();
+    k.ffn->forward(slot, a.ln2.at(), w.delta.data(), N);
     // The next LayerNorm (the next block's ln1, or lnf) is fused with this residual add; a stage's last
     // block without the head hands the plain stream to the next stage, which owns that LayerNorm.
     if (l + 1 < L || slice_.head) {
       const bool last = l + 1 == L;
-      const LayerOffsets* next = last ? nullptr : &s.layer[size_t(l) + 1];
-      float* ln_next = last ? a.lnf.data() : a.ln1.at(l + 1);
-      float* stats_next = last ? a.lnf_stats.data() : a.ln1_stats.data() + int64_t(l + 1) * 2 * N;
-      cpu::residual_layernorm_forward(x + NC, ln_next, stats_next, stats_next + N, mid, s.delta.data(),
-                                      w + o.fc2b, w + (last ? s.lnfw : next->ln1w),
-                                      w + (last ? s.lnfb : next->ln1b), N, C);
+      Block* next = last ? nullptr : blocks_[size_t(l) + 1].get();
+      Block::Acts* na = last ? nullptr : &next->acts[size_t(slot)];
+      float* ln_next = last ? s.lnf.data() : na->ln1.at();
+      float* stats_next = last ? s.lnf_stats.data() : na->ln1_stats.data();
+      backend_.residual_layernorm_forward(
+          x + NC, ln_next, stats_next, stats_next + N, a.res_mid.data(), w.delta.data(), k.ffn->output_bias(),
+          last ? lnf_w_.value : next->ln1w.value, last ? lnf_b_.value : next->ln1b.value, N, C);
       if (!last)
-        a.ln1.keep(l + 1);
+        na->ln1.keep();
       else if (bf16)
-        cpu::round_to_bf16(ln_next, NC);
+        backend_.round_to_bf16(ln_next, ln_next, size_t(NC));
     } else {
-      cpu::residual_forward(x + NC, mid, s.delta.data(), w + o.fc2b, N, C);
+      backend_.residual_forward(x + NC, a.res_mid.data(), w.delta.data(), k.ffn->output_bias(), N, C);
     }
   }
-  if (!slice_.head) return 0.0f;
+  if (!slice_.head) return {};
   if (L == 0) {
-    cpu::layernorm_forward(a.lnf.data(), a.lnf_stats.data(), a.lnf_stats.data() + N, a.res.data(), w + s.lnfw,
-                           w + s.lnfb, N, C);
-    if (bf16) cpu::round_to_bf16(a.lnf.data(), NC);
+    backend_.layernorm_forward(s.lnf.data(), s.lnf_stats.data(), s.lnf_stats.data() + N, s.res.data(),
+                               lnf_w_.value, lnf_b_.value, N, C);
+    if (bf16) backend_.round_to_bf16(s.lnf.data(), s.lnf.data(), size_t(NC));
   }
-  const double total = cpu::classifier_forward_backward(
-      backward ? a.dlnf.data() : nullptr, grads_.data() + s.wte, a.lnf.data(), w + s.wte, targets, N, C, Vl,
-      grad_scale / float(N), logits_out, s.vocab_group.get(), v0);
-  if (backward) tp_sum(a.dlnf.data(), NC);
-  return float(total / N);
+  const double loss = classifier_->forward_backward(backward ? s.dlnf.data() : nullptr, s.lnf.data(), s.batch,
+                                                    N, *loss_, loss_scale, logits_out);
+  return {loss, batch.weight_sum()};
 }
 
-float GPT::forward(int slot, const int32_t* tokens, const float* input, const int32_t* targets,
-                   float grad_scale, bool backward) {
-  return run_forward(slot, tokens, input, targets, grad_scale, backward, nullptr);
+LossSums GPT::forward(int slot, const MicroBatch& batch, const float* input, float loss_scale,
+                      bool backward) {
+  return run_forward(slot, batch, input, loss_scale, backward, nullptr);
 }
 
-void GPT::backward(int slot, const int32_t* tokens, const float* d_output,
-                   const std::function<void(int)>& on_grads) {
-  Acts& a = *acts_.at(size_t(slot));
-  Scratch& s = *scratch_;
-  const float* w = dtype_ == DType::kBF16 ? work_.data() : weights_.data();
-  float* g = grads_.data();
-  const int tps = slice_.tp_size;
+void GPT::backward(int slot, const float* d_output, const std::function<void(int)>& on_grads) {
+  Slot& s = *slots_.at(size_t(slot));
+  Workspace& w = *ws_;
   const int B = batch_, T = config_.seq_len, C = config_.d_model, L = layers_;
-  const int Cl = C / tps, NHl = config_.heads / tps, Vl = config_.vocab / tps, v0 = slice_.tp_rank * Vl;
+  const int Cl = C / slice_.tp_size, NHl = config_.heads / slice_.tp_size;
   const int N = B * T;
   const int64_t NC = int64_t(N) * C;
-  float* dres = a.dres.data();
+  float* dres = s.dres.data();
   const auto done = [&](int layer) {
     if (on_grads) on_grads(layer);
   };
   if (slice_.head) {
-    std::fill(a.dres.begin(), a.dres.end(), 0.0f);
-    // a.dlnf holds dL/d(lnf output) from the classifier.
-    cpu::layernorm_backward(dres, g + s.lnfw, g + s.lnfb, a.dlnf.data(), a.res.data() + L * NC, w + s.lnfw,
-                            a.lnf_stats.data(), a.lnf_stats.data() + N, N, C);
+    backend_.fill(dres, 0.0f, size_t(NC));
+    // s.dlnf holds dL/d(lnf output) from the classifier.
+    backend_.layernorm_backward(dres, lnf_w_.grad, lnf_b_.grad, s.dlnf.data(), s.res.data() + L * NC,
+                                lnf_w_.value, s.lnf_stats.data(), s.lnf_stats.data() + N, N, C);
     done(config_.layers);
   } else {
-    std::memcpy(dres, d_output, sizeof(float) * size_t(NC));
+    backend_.copy(dres, d_output, sizeof(float) * size_t(NC));
   }
   for (int l = L - 1; l >= 0; --l) {
-    const LayerOffsets& o = s.layer[size_t(l)];
-    const float* x = a.res.data() + l * NC;
-    const float* ln1 = a.ln1.load(l);
-    const float* ln1s = a.ln1_stats.data() + int64_t(l) * 2 * N;
-    const float* qkv = a.qkv.load(l);
-    const float* att = a.att.load(l);
-    const float* mid = a.res_mid.data() + l * NC;
-    const float* ln2 = a.ln2.load(l);
-    const float* ln2s = a.ln2_stats.data() + int64_t(l) * 2 * N;
-    const float* fc_pre = a.fc_pre.load(l);
-    const float* fc_act = a.fc_act.load(l);
-    // dres = dL/d(block output) = dL/d(mlp delta): MLP backward.
-    cpu::matmul_backward(s.dfc.data(), g + o.fc2w, g + o.fc2b, dres, fc_act, w + o.fc2w, N, 4 * Cl, C);
-    cpu::gelu_backward(s.dfc.data(), fc_pre, N, 4 * Cl);
-    cpu::matmul_backward(s.dln.data(), g + o.fcw, g + o.fcb, s.dfc.data(), ln2, w + o.fcw, N, C, 4 * Cl);
-    tp_sum(s.dln.data(), NC);
-    cpu::layernorm_backward(dres, g + o.ln2w, g + o.ln2b, s.dln.data(), mid, w + o.ln2w, ln2s, ln2s + N, N,
-                            C);
+    Block& k = *blocks_[size_t(l)];
+    Block::Acts& a = k.acts[size_t(slot)];
+    const float* x = s.res.data() + l * NC;
+    const float* ln1 = a.ln1.load();
+    const float* qkv = a.qkv.load();
+    const float* att = a.att.load();
+    const float* ln2 = a.ln2.load();
+    const float* ln1s = a.ln1_stats.data();
+    const float* ln2s = a.ln2_stats.data();
+    // dres = dL/d(block output) = dL/d(FFN output): FFN backward, then its LayerNorm.
+    k.ffn->backward(slot, ln2, dres, w.dln.data(), N);
+    backend_.layernorm_backward(dres, k.ln2w.grad, k.ln2b.grad, w.dln.data(), a.res_mid.data(), k.ln2w.value,
+                                ln2s, ln2s + N, N, C);
     // dres = dL/d(res_mid): attention backward.
-    cpu::matmul_backward(s.datt.data(), g + o.projw, g + o.projb, dres, att, w + o.projw, N, Cl, C);
-    cpu::attention_backward(s.dqkv.data(), s.datt.data(), qkv, att, a.lse.data() + int64_t(l) * N * NHl, B, T,
-                            Cl, NHl);
-    cpu::matmul_backward(s.dln.data(), g + o.qkvw, g + o.qkvb, s.dqkv.data(), ln1, w + o.qkvw, N, C, 3 * Cl);
-    tp_sum(s.dln.data(), NC);
-    cpu::layernorm_backward(dres, g + o.ln1w, g + o.ln1b, s.dln.data(), x, w + o.ln1w, ln1s, ln1s + N, N, C);
+    k.proj->backward(w.datt.data(), dres, att, N);
+    backend_.attention_backward(w.dqkv.data(), w.datt.data(), qkv, att, a.lse.data(), s.batch.doc_start, B, T,
+                                Cl, NHl);
+    k.qkv->backward(w.dln.data(), w.dqkv.data(), ln1, N);
+    backend_.layernorm_backward(dres, k.ln1w.grad, k.ln1b.grad, w.dln.data(), x, k.ln1w.value, ln1s, ln1s + N,
+                                N, C);
     done(slice_.first_layer + l);
   }
   if (slice_.embedding) {
-    cpu::embedding_backward(g + s.wte, g + s.wpe, dres, tokens, B, T, C, v0, v0 + Vl);
+    embedding_->backward(dres, s.batch.inputs, s.batch.positions, B, T);
     done(-1);
   }
 }
 
-float GPT::forward_backward(std::span<const int32_t> tokens, std::span<const int32_t> targets,
-                            float grad_scale) {
-  check_tokens(tokens, targets);
-  const float loss = run_forward(0, tokens.data(), nullptr, targets.data(), grad_scale, true, nullptr);
-  backward(0, tokens.data(), nullptr);
-  return loss;
+void GPT::check(const MicroBatch& batch) const {
+  if (batch.rows != batch_ || batch.seq_len != config_.seq_len)
+    fail(ExitCode::kData,
+         "a micro-batch of {} x {} positions, but the model trains {} x {} (data.batch x "
+         "model.seq_len)",
+         batch.rows, batch.seq_len, batch_, config_.seq_len);
+  if (const auto problem = batch.problem(config_.vocab, config_.max_positions))
+    fail(ExitCode::kData, "{}", *problem);
 }
 
-float GPT::forward_loss(std::span<const int32_t> tokens, std::span<const int32_t> targets) {
-  check_tokens(tokens, targets);
-  return run_forward(0, tokens.data(), nullptr, targets.data(), 1.0f, false, nullptr);
+void GPT::check_whole(const MicroBatch& batch) const {
+  if (!slice_.embedding || !slice_.head)
+    throw std::invalid_argument("GPT: the whole-model calls need a slice with the embedding and the head");
+  check(batch);
 }
 
-void GPT::forward_logits(std::span<const int32_t> tokens, std::span<float> logits) {
-  check_tokens(tokens, {});
-  if (slice_.tp_size != 1 || !slice_.embedding || !slice_.head)
+LossSums GPT::forward_backward(const MicroBatch& batch, float loss_scale) {
+  check_whole(batch);
+  const LossSums sums = run_forward(0, batch, nullptr, loss_scale, true, nullptr);
+  backward(0, nullptr);
+  return sums;
+}
+
+LossSums GPT::forward_loss(const MicroBatch& batch) {
+  check_whole(batch);
+  return run_forward(0, batch, nullptr, 1.0f, false, nullptr);
+}
+
+void GPT::forward_logits(const MicroBatch& batch, std::span<float> logits) {
+  check_whole(batch);
+  if (slice_.tp_size != 1)
     throw std::invalid_argument("GPT::forward_logits: needs the whole model on one rank");
   if (logits.size() != size_t(batch_) * config_.seq_len * config_.vocab)
     throw std::invalid_argument("GPT::forward_logits: logits must hold batch x seq_len x vocab values");
-  // Targets only feed the loss, which is discarded here: class 0 for every row.
-  std::vector<int32_t> zeros(size_t(batch_) * config_.seq_len, 0);
-  run_forward(0, tokens.data(), nullptr, zeros.data(), 1.0f, false, logits.data());
+  run_forward(0, batch, nullptr, 1.0f, false, logits.data());
 }
 
 }  // namespace forge::trainer

@@ -35,8 +35,8 @@ double clip_grad_norm(std::span<float> g, double max_norm) {
 }
 
 AdamW::AdamW(const OptimConfig& optim, const std::vector<ParamInfo>& params, size_t size,
-             std::vector<FlatRange> ranges)
-    : optim_(optim), ranges_(std::move(ranges)), size_(size) {
+             std::vector<FlatRange> ranges, Backend& backend)
+    : optim_(optim), backend_(backend), ranges_(std::move(ranges)), size_(size) {
   if (ranges_.empty()) ranges_.push_back({0, size});
   size_t at = 0;
   for (const FlatRange& r : ranges_) {
@@ -47,36 +47,22 @@ AdamW::AdamW(const OptimConfig& optim, const std::vector<ParamInfo>& params, siz
     }
     at += r.hi - r.lo;
   }
-  m_ = HugeBuffer<float>(at);
-  v_ = HugeBuffer<float>(at);
+  m_ = backend.alloc<float>(at);
+  v_ = backend.alloc<float>(at);
 }
 
 void AdamW::step(std::span<float> w, std::span<const float> g, double lr) {
   if (w.size() != size_ || g.size() != size_)
     throw std::invalid_argument("AdamW::step: buffer sizes do not match the optimizer state");
   ++t_;
-  const float b1 = float(optim_.beta1), b2 = float(optim_.beta2), eps = float(optim_.eps);
-  const double bc1 = 1.0 - std::pow(optim_.beta1, double(t_));
-  const double bc2 = 1.0 - std::pow(optim_.beta2, double(t_));
-  const float step_size = float(lr / bc1);
-  const float inv_sqrt_bc2 = float(1.0 / std::sqrt(bc2));
-  // One parallel region for all segments (each split statically), not a fork/join per tensor.
-#pragma omp parallel
-  for (const Segment& s : segments_) {
-    const float keep = s.decay ? float(1.0 - lr * optim_.weight_decay) : 1.0f;
-    float* pw = w.data() + s.lo;
-    const float* pg = g.data() + s.lo;
-    float* pm = m_.data() + s.at;
-    float* pv = v_.data() + s.at;
-    const size_t n = s.hi - s.lo;
-#pragma omp for simd schedule(static) nowait
-    for (size_t i = 0; i < n; ++i) {
-      pm[i] = b1 * pm[i] + (1.0f - b1) * pg[i];
-      pv[i] = b2 * pv[i] + (1.0f - b2) * pg[i] * pg[i];
-      const float denom = std::sqrt(pv[i]) * inv_sqrt_bc2 + eps;
-      pw[i] = pw[i] * keep - step_size * pm[i] / denom;
-    }
-  }
+  AdamWStep s;
+  s.beta1 = float(optim_.beta1);
+  s.beta2 = float(optim_.beta2);
+  s.eps = float(optim_.eps);
+  s.step_size = float(lr / (1.0 - std::pow(optim_.beta1, double(t_))));
+  s.inv_sqrt_bc2 = float(1.0 / std::sqrt(1.0 - std::pow(optim_.beta2, double(t_))));
+  s.keep = float(1.0 - lr * optim_.weight_decay);
+  backend_.adamw(w.data(), g.data(), m_.data(), v_.data(), segments_, s);
 }
 
 }  // namespace forge::trainer

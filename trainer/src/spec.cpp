@@ -29,7 +29,9 @@ void add_trainer_keys(ConfigSchema& s) {
       .add<int>("data.batch", 8, "sequences per micro-batch (per data-parallel rank)")
       .add<std::string>(
           "data.order", "block",
-          "sample order of a prepared dataset: block (block-local shuffle) or global (docs/DATA.md)");
+          "sample order of a prepared dataset: block (block-local shuffle) or global (docs/DATA.md)")
+      .add<bool>("data.document_mask", false,
+                 "packed documents: attention stays inside each document, positions restart (docs/DATA.md)");
   s.add<double>("optim.lr", 3e-4, "peak learning rate")
       .add<double>("optim.min_lr", 3e-5, "learning rate at the end of the cosine decay")
       .add<int64_t>("optim.warmup_steps", 0, "linear warm-up steps")
@@ -41,6 +43,8 @@ void add_trainer_keys(ConfigSchema& s) {
   s.add_choice("precision.dtype", "fp32", {"fp32", "bf16"},
                "storage of weights and activations (bf16 keeps FP32 master weights and accumulation)");
   s.add<int>("parallel.tp", 1, "tensor-parallel ranks")
+      .add<int>("parallel.cp", 1, "context-parallel ranks (1: not implemented yet)")
+      .add<int>("parallel.ep", 1, "expert-parallel ranks, carved out of dp (1: not implemented yet)")
       .add<int>("parallel.pp", 1, "pipeline stages")
       .add<int>("parallel.dp", 1, "data-parallel ranks")
       .add<int>("parallel.microbatches", 1, "micro-batches per optimizer step (gradient accumulation)")
@@ -118,10 +122,24 @@ TrainSpec train_spec(const Config& c) {
   s.batch = positive<int>(c, "data.batch");
   s.data_order = c.get<std::string>("data.order");
   if (s.data_order != "block" && s.data_order != "global") c.reject("data.order", "must be block or global");
+  s.document_mask = c.get<bool>("data.document_mask");
   s.dtype = c.get<std::string>("precision.dtype") == "bf16" ? DType::kBF16 : DType::kF32;
-  s.parallel.tp = positive<int>(c, "parallel.tp");
-  s.parallel.pp = positive<int>(c, "parallel.pp");
-  s.parallel.dp = positive<int>(c, "parallel.dp");
+  s.layout.tp = positive<int>(c, "parallel.tp");
+  s.layout.cp = positive<int>(c, "parallel.cp");
+  s.layout.ep = positive<int>(c, "parallel.ep");
+  s.layout.pp = positive<int>(c, "parallel.pp");
+  s.layout.dp = positive<int>(c, "parallel.dp");
+  // The limits of the --train-layout spelling (forge/common/layout.h), through its parser; the message
+  // names the dimension, the key is the first one out of range (else the product is too large).
+  if (std::string why; !parse_layout(s.layout.str(), &why)) {
+    std::string key = "parallel.dp";
+    for (const char* k : {"parallel.tp", "parallel.cp", "parallel.ep", "parallel.dp", "parallel.pp"})
+      if (c.get<int>(k) > 65536) {
+        key = k;
+        break;
+      }
+    c.reject(key, why);
+  }
   s.parallel.zero = c.get<int>("parallel.zero");
   s.microbatches = positive<int>(c, "parallel.microbatches");
   const std::string stages = c.get<std::string>("parallel.stage_layers");
@@ -135,28 +153,19 @@ TrainSpec train_spec(const Config& c) {
     s.parallel.stage_layers.push_back(int(n));
     at = comma + 1;
   }
-  if (const auto problem = layout_problem(s.model, s.parallel)) c.reject(problem->first, problem->second);
+  if (const auto problem = parallel_problem(s.model, s.layout, s.parallel))
+    c.reject(problem->key, problem->why);
   s.guard = guard_config(c);
   s.threads = resolve_threads(threads);
   return s;
 }
 
-std::optional<std::pair<std::string, std::string>> layout_problem(const ModelConfig& m,
-                                                                  const ParallelConfig& p) {
+std::optional<LayoutProblem> parallel_problem(const ModelConfig& m, const Layout& l,
+                                              const ParallelConfig& p) {
+  if (auto problem = layout_problem(l, m.dims())) return problem;
   const auto problem = [](std::string key, std::string why) {
-    return std::optional<std::pair<std::string, std::string>>(std::in_place, std::move(key), std::move(why));
+    return std::optional<LayoutProblem>(LayoutProblem{std::move(key), std::move(why)});
   };
-  if (m.heads % p.tp != 0)
-    return problem("parallel.tp",
-                   fmt::format("must divide model.heads = {} (each rank holds whole heads)", m.heads));
-  if (m.vocab % p.tp != 0)
-    return problem(
-        "parallel.tp",
-        fmt::format("must divide model.vocab = {} (vocabulary-parallel embedding; pad the vocabulary)",
-                    m.vocab));
-  if (p.pp > m.layers)
-    return problem("parallel.pp", fmt::format("{} stages need at least one block each but model.layers is {}",
-                                              p.pp, m.layers));
   if (p.zero != 0 && p.zero != 1) return problem("parallel.zero", "must be 0 or 1");
   if (!p.stage_layers.empty()) {
     int total = 0;
@@ -164,9 +173,9 @@ std::optional<std::pair<std::string, std::string>> layout_problem(const ModelCon
       if (n < 1) return problem("parallel.stage_layers", "every stage needs at least one block");
       total += n;
     }
-    if (int(p.stage_layers.size()) != p.pp)
+    if (int(p.stage_layers.size()) != l.pp)
       return problem("parallel.stage_layers",
-                     fmt::format("lists {} stages but parallel.pp is {}", p.stage_layers.size(), p.pp));
+                     fmt::format("lists {} stages but parallel.pp is {}", p.stage_layers.size(), l.pp));
     if (total != m.layers)
       return problem("parallel.stage_layers",
                      fmt::format("adds up to {} blocks but model.layers is {}", total, m.layers));

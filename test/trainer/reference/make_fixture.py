@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """Writes gpt_parity.h5: a small GPT built in PyTorch from fixed initial weights, with its inputs, logits,
 loss, every gradient, and ten AdamW steps (warm-up + cosine schedule, clipping, two accumulated
-micro-batches). test/trainer/parity_test.cpp checks the C++ trainer against it.
+micro-batches); and a batch of packed documents (positions restarting per document, attention masked to
+each document, per-token loss weights, ignored targets) with its logits, weighted loss and gradients.
+test/trainer/parity_test.cpp checks the C++ trainer against it.
 
 Run with Debian's torch:  /usr/bin/python3 test/trainer/reference/make_fixture.py
 """
@@ -115,6 +117,47 @@ for s in range(OPT["steps"]):
     opt.step()
     losses.append(total)
 
+# Packed documents, from the initial weights: two rows; row 0 holds three documents (boundaries inside and
+# across the 64-row attention blocks), row 1 one. Loss = sum of weight x cross-entropy / sum of weights.
+final = {k: v.detach().clone() for k, v in params.items()}
+with torch.no_grad():
+    for k, p in params.items(): p.copy_(init[k]); p.grad = None
+PB = 2
+p_idx = torch.randint(0, V, (PB, T)); p_tgt = torch.randint(0, V, (PB, T))
+starts = [[20, 70], []]
+p_seg = torch.zeros(PB, T, dtype=torch.long); p_pos = torch.zeros(PB, T, dtype=torch.long)
+for r, cuts in enumerate(starts):
+    for t in range(T):
+        seg = sum(1 for c in cuts if c <= t)
+        p_seg[r, t] = seg
+        p_pos[r, t] = t - max([0] + [c for c in cuts if c <= t])
+p_w = torch.tensor([0.0, 0.5, 1.0, 2.0])[torch.randint(0, 4, (PB, T))]
+p_tgt[0, 19] = -1; p_tgt[0, 69] = -1; p_w[0, 19] = 0.0; p_w[0, 69] = 0.0  # the targets that open a document
+p_tgt[1, 5] = -1; p_w[1, 5] = 0.0
+
+
+def packed_logits(idx, pos, seg):
+    x = m.wte(idx) + m.wpe(pos)
+    same = seg[:, None, :, None] == seg[:, None, None, :]  # [B, 1, T, T]
+    causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    allowed = same & causal
+    for b in m.blocks:
+        q, k, v = b.qkv(b.ln1(x)).split(C, dim=2)
+        q, k, v = [t.view(PB, T, NH, C // NH).transpose(1, 2) for t in (q, k, v)]
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(C // NH)
+        att = att.masked_fill(~allowed, float("-inf")).softmax(-1)
+        y = (att @ v).transpose(1, 2).reshape(PB, T, C)
+        x = x + b.proj(y)
+        x = x + b.fc2(F.gelu(b.fc(b.ln2(x)), approximate="tanh"))
+    return m.lnf(x) @ m.wte.weight.t()
+
+
+p_logits = packed_logits(p_idx, p_pos, p_seg)
+ce = F.cross_entropy(p_logits.reshape(-1, V), p_tgt.reshape(-1).clamp(min=0), reduction="none")
+p_loss = (ce * p_w.reshape(-1)).sum() / p_w.sum()
+p_loss.backward()
+p_grads = {k: v.grad.detach().clone() for k, v in params.items()}
+
 path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpt_parity.h5")
 with h5py.File(path, "w") as f:
     for k, v in CFG.items(): f.attrs[k] = v
@@ -125,9 +168,15 @@ with h5py.File(path, "w") as f:
     for k in params:
         f[f"init/{k}"] = init[k].numpy()
         f[f"grad/{k}"] = grads[k].numpy()
-        f[f"final/{k}"] = params[k].detach().numpy()
+        f[f"final/{k}"] = final[k].numpy()
     f["steps/tokens"] = stream.numpy().astype(np.int32)
     f["steps/loss"] = np.array(losses, dtype=np.float64)
     f["steps/grad_norm"] = np.array(norms, dtype=np.float64)
+    f["packed/tokens"] = p_idx.numpy().astype(np.int32); f["packed/targets"] = p_tgt.numpy().astype(np.int32)
+    f["packed/weights"] = p_w.numpy().astype(np.float32)
+    f["packed/positions"] = p_pos.numpy().astype(np.int32); f["packed/segments"] = p_seg.numpy().astype(np.int32)
+    f["packed/logits"] = p_logits.detach().numpy().astype(np.float32)
+    f["packed/loss"] = np.float64(p_loss.item())
+    for k in params: f[f"packed/grad/{k}"] = p_grads[k].numpy()
 print(f"wrote {path}: loss {loss.item():.6f}, step losses {[round(x, 4) for x in losses]}, norms "
       f"{[round(x, 3) for x in norms]}")

@@ -1,38 +1,13 @@
 #include "forge/common/error.h"
+#include "forge/common/local_rank.h"
+#include "forge/common/text.h"
 #include "forge/trainer/cuda/device.h"
 
-#include <charconv>
 #include <cstdlib>
 
 namespace forge::trainer::cuda {
 
 namespace {
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    const size_t comma = s.find(',', start);
-    const size_t end = comma == std::string::npos ? s.size() : comma;
-    std::string item = s.substr(start, end - start);
-    const size_t a = item.find_first_not_of(" \t"), b = item.find_last_not_of(" \t");
-    if (a != std::string::npos) out.push_back(item.substr(a, b - a + 1));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
-
-int parse_count(const char* name, const char* value) {
-  int v = 0;
-  const char* end = value + std::char_traits<char>::length(value);
-  const auto [ptr, ec] = std::from_chars(value, end, v);
-  if (ec != std::errc() || ptr != end || v < 0)
-    fail(ExitCode::kUsage,
-         "device selection: {}='{}' is not a non-negative integer; fix the launcher's environment", name,
-         value);
-  return v;
-}
 
 std::string join(const std::vector<std::string>& items) {
   std::string s;
@@ -45,17 +20,12 @@ std::string join(const std::vector<std::string>& items) {
 DeviceEnv read_device_env(const std::function<const char*(const char*)>& get_fn) {
   const auto get = [&](const char* name) -> const char* { return get_fn ? get_fn(name) : std::getenv(name); };
   DeviceEnv env;
-  for (const char* name : {"SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"})
-    if (const char* v = get(name); v != nullptr && *v != '\0') {
-      env.local_rank = parse_count(name, v);
-      env.local_rank_from = name;
-      break;
-    }
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE", "MPI_LOCALNRANKS"})
-    if (const char* v = get(name); v != nullptr && *v != '\0') {
-      env.local_size = parse_count(name, v);
-      break;
-    }
+  const LocalRank local = local_rank(get);
+  if (!local.from.empty()) {
+    env.local_rank = local.rank;
+    env.local_rank_from = local.from;
+  }
+  env.local_size = local.size;
   if (const char* v = get("CUDA_VISIBLE_DEVICES"); v != nullptr) {
     env.has_visible = true;
     env.visible = split_list(v);

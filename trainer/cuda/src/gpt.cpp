@@ -366,8 +366,12 @@ StepStats CudaTrainer::step(std::span<const int32_t> tokens) {
   model_.zero_grad();
   double loss = 0;
   for (int mb = 0; mb < spec_.microbatches; ++mb) {
-    split_rows(tokens.data() + size_t(mb) * size_t(spec_.batch) * row, size_t(spec_.batch), T, inputs_.data(),
-               targets_.data());
+    // Rows of seq_len + 1 tokens: the first seq_len are the inputs, the last seq_len the targets.
+    for (size_t r = 0; r < size_t(spec_.batch); ++r) {
+      const int32_t* src = tokens.data() + (size_t(mb) * size_t(spec_.batch) + r) * row;
+      std::copy(src, src + T, inputs_.begin() + int64_t(r) * T);
+      std::copy(src + 1, src + 1 + T, targets_.begin() + int64_t(r) * T);
+    }
     loss += model_.forward_backward(inputs_, targets_, 1.0f / float(spec_.microbatches));
   }
   loss /= spec_.microbatches;

@@ -7,6 +7,8 @@
 #include "forge/trainer/cuda/context.h"
 #include "forge/trainer/cuda/nccl_comm.h"
 #include "forge/trainer/cuda/ops.h"
+#include "forge/trainer/layers.h"
+#include "forge/trainer/model.h"
 #include "forge/trainer/optimizer.h"
 
 #include <fmt/format.h>
@@ -114,7 +116,7 @@ struct Checker {
     const auto tokens = rng.ints(size_t(B) * T_, V);
     const Vec wte = in(size_t(V) * C), wpe = in(size_t(T_) * C);
     Vec out(size_t(B) * T_ * C);
-    cpu::embedding_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T_, C);
+    cpu::embedding_forward(out.data(), tokens.data(), nullptr, wte.data(), wpe.data(), B, T_, C);
     DeviceBuffer dt = up_ints(tokens);
     DeviceBuffer dwte = up<T>(wte), dwpe = up<T>(wpe);
     DeviceBuffer dout(out.size() * sizeof(float));
@@ -123,7 +125,7 @@ struct Checker {
     if (kBf16) return;  // the backward has FP32 inputs and outputs only
     const Vec g = rng.vec(out.size()), gwte0 = rng.vec(wte.size()), gwpe0 = rng.vec(wpe.size());
     Vec gwte = gwte0, gwpe = gwpe0;
-    cpu::embedding_backward(gwte.data(), gwpe.data(), g.data(), tokens.data(), B, T_, C);
+    cpu::embedding_backward(gwte.data(), gwpe.data(), g.data(), tokens.data(), nullptr, B, T_, C);
     DeviceBuffer dg = up<float>(g), dgwte = up<float>(gwte0), dgwpe = up<float>(gwpe0);
     embedding_backward(dgwte.as<float>(), dgwpe.as<float>(), dg.as<float>(), dt.as<int32_t>(), B, T_, C);
     cmp("embedding backward dwte", down<float>(dgwte, gwte.size()), gwte);
@@ -242,7 +244,7 @@ struct Checker {
     const std::string tag = " (hd " + std::to_string(hd) + (path.empty() ? "" : ", " + path) + ")";
     const Vec qkv = in(size_t(B) * T_ * 3 * C, -2, 2);
     Vec out(size_t(B) * T_ * C), lse(size_t(B) * NH * T_);
-    cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T_, C, NH);
+    cpu::attention_forward(out.data(), lse.data(), qkv.data(), nullptr, B, T_, C, NH);
     DeviceBuffer dqkv_in = up<T>(qkv);
     DeviceBuffer dout(out.size() * sizeof(T)), dlse(lse.size() * 4);
     attention_forward<T>(dout.as<T>(), dlse.as<float>(), dqkv_in.as<T>(), B, T_, C, NH);
@@ -253,7 +255,7 @@ struct Checker {
     if (kBf16) cpu::round_to_bf16(o.data(), int64_t(o.size()));
     const Vec g = in(out.size());
     Vec dqkv(qkv.size());
-    cpu::attention_backward(dqkv.data(), g.data(), qkv.data(), o.data(), lse.data(), B, T_, C, NH);
+    cpu::attention_backward(dqkv.data(), g.data(), qkv.data(), o.data(), lse.data(), nullptr, B, T_, C, NH);
     DeviceBuffer dg = up<T>(g), dO = up<T>(o), dL = up<float>(lse);
     DeviceBuffer ddqkv(qkv.size() * sizeof(T)), scratch(lse.size() * 4);
     attention_backward<T>(ddqkv.as<T>(), scratch.as<float>(), dg.as<T>(), dqkv_in.as<T>(), dO.as<T>(),
@@ -286,8 +288,15 @@ struct Checker {
     const auto targets = rng.ints(size_t(N), V);
     const float scale = 1.0f / N;
     Vec dx(x.size()), gw = gw0;
-    const double loss = cpu::classifier_forward_backward(dx.data(), gw.data(), x.data(), wte.data(),
-                                                         targets.data(), N, C, V, scale, nullptr);
+    // The CPU model's classifier and loss (layers.h) as the reference.
+    ParamInfo info;
+    info.name = "wte.weight";
+    info.shape = info.local_shape = {V, C};
+    Classifier reference(cpu_backend(), {&info, wte.data(), gw.data()}, 0);
+    DeviceBatch batch;
+    batch.targets = targets.data();
+    const double loss =
+        reference.forward_backward(dx.data(), x.data(), batch, N, LmCrossEntropy(), scale, nullptr);
     DeviceBuffer ddx(dx.size() * sizeof(T));
     DeviceBuffer dxin = up<T>(x), dw = up<T>(wte), dgw = up<float>(gw0), dt = up_ints(targets);
     const double got = classifier_forward_backward<T>(ddx.as<T>(), dgw.as<float>(), dxin.as<T>(), dw.as<T>(),

@@ -1,14 +1,14 @@
-// Training runs: the small benchmark config on the CPU (FP32, forge::trainer::Trainer) and on the GPU (FP32
-// and BF16) on the same token stream, losses compared step by step; then the GPT-2-124M-class config on the
-// GPU for throughput. The throughput table is printed last.
+// Training runs: the small benchmark config on the CPU (FP32, forge::trainer::ParallelTrainer) and on the GPU
+// (FP32 and BF16) on the same token stream, losses compared step by step; then the GPT-2-124M-class config on
+// the GPU for throughput. The throughput table is printed last.
 #include "check.h"
 #include "forge/common/config.h"
 #include "forge/common/error.h"
 #include "forge/common/hash.h"
 #include "forge/trainer/cuda/context.h"
 #include "forge/trainer/cuda/gpt.h"
+#include "forge/trainer/parallel.h"
 #include "forge/trainer/spec.h"
-#include "forge/trainer/trainer.h"
 
 #include <cuda_profiler_api.h>
 #include <fmt/format.h>
@@ -92,12 +92,22 @@ std::vector<double> run_cpu(TrainSpec spec, int steps, int total_steps) {
   spec.dtype = DType::kF32;
   spec.steps = total_steps;  // the same schedule as the GPU runs
   spec.threads = int(std::max(1u, std::thread::hardware_concurrency()));
-  Trainer trainer(spec);
+  // The one-process CPU trainer (ParallelTrainer at layout 1,1,1).
+  ProcessGroups groups = make_groups(self_comm(), spec.layout);
+  ParallelTrainer trainer(spec, groups);
   std::vector<int32_t> tokens;
+  std::vector<MicroBatch> batches(size_t(spec.microbatches));
   std::vector<double> losses;
+  const size_t row = size_t(spec.model.seq_len) + 1;
   for (int s = 0; s < steps; ++s) {
     fill_tokens(spec, s, tokens);
-    losses.push_back(trainer.step(tokens).loss);
+    for (int mb = 0; mb < spec.microbatches; ++mb) {
+      batches[size_t(mb)].resize(spec.batch, spec.model.seq_len);
+      for (int r = 0; r < spec.batch; ++r)
+        batches[size_t(mb)].set_window(r, tokens.data() + (size_t(mb) * size_t(spec.batch) + size_t(r)) * row,
+                                       uint64_t(r), 0);
+    }
+    losses.push_back(trainer.step(batches).loss);
   }
   return losses;
 }

@@ -1,9 +1,11 @@
-// Causal multi-head attention. Per (batch, head), query rows are processed in blocks of kBlock: scores
-// for a block against the keys it may see (causal, so later blocks see more) are formed by sgemm in
-// per-thread scratch, softmaxed in place, and multiplied with V. Only the row log-sum-exp survives the
-// forward; backward recomputes the probabilities from it (FlashAttention's trade: one extra Q.K^T
-// product instead of keeping B*NH*T*T probabilities per layer). Masked (future) keys are never
-// multiplied: a block only touches keys [0, block end).
+// Causal multi-head attention, optionally inside packed documents: a query sees the keys of its own
+// document up to itself. Per (batch, head), query rows are processed in blocks of kBlock: scores for a
+// block against the keys it may see are formed by sgemm in per-thread scratch, softmaxed in place, and
+// multiplied with V. Only the row log-sum-exp survives the forward; backward recomputes the probabilities
+// from it (FlashAttention's trade: one extra Q.K^T product instead of keeping B*NH*T*T probabilities per
+// layer). Masked keys are mostly never multiplied: a block touches keys [its first row's document start,
+// block end), so future keys and earlier documents cost nothing. Without documents that range is
+// [0, block end) and the arithmetic is exactly the plain causal kernel's.
 //
 // OpenMP splits (batch, head) pairs over threads; OpenBLAS runs single-threaded inside each, so the two
 // thread pools never run at the same time.
@@ -38,7 +40,8 @@ class BlasSingleThread {
 
 }  // namespace
 
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+void attention_forward(float* out, float* lse, const float* qkv, const int32_t* doc_start, int B, int T,
+                       int C, int NH) {
   const int hd = C / NH, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(float(hd));
   BlasSingleThread single;
@@ -53,37 +56,44 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
       const float* v = q + 2 * C;
       float* o = out + int64_t(b) * T * C + h * hd;
       float* l = lse + int64_t(bh) * T;
+      const int32_t* first_key = doc_start != nullptr ? doc_start + int64_t(b) * T : nullptr;
       for (int r0 = 0; r0 < T; r0 += kBlock) {
+        // Keys [lo, keys): the block's first row starts the earliest document (starts never decrease).
         const int rows = std::min(kBlock, T - r0), keys = r0 + rows;
+        const int lo = first_key != nullptr ? first_key[r0] : 0, nk = keys - lo;
         float* s = scores.data();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, hd, scale, q + int64_t(r0) * C3, C3,
-                    k, C3, 0.0f, s, keys);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nk, hd, scale, q + int64_t(r0) * C3, C3,
+                    k + int64_t(lo) * C3, C3, 0.0f, s, nk);
         for (int i = 0; i < rows; ++i) {
-          float* row = s + int64_t(i) * keys;
-          const int visible = r0 + i + 1;
+          float* row = s + int64_t(i) * nk;
+          const int first = (first_key != nullptr ? first_key[r0 + i] : 0) - lo;
+          const int visible = r0 + i + 1 - lo;
+          float* seen = row + first;  // the keys this query may attend to
+          const int n = visible - first;
           float mx = -std::numeric_limits<float>::infinity();
-          for (int j = 0; j < visible; ++j) mx = std::max(mx, row[j]);
+          for (int j = 0; j < n; ++j) mx = std::max(mx, seen[j]);
           float sum = 0;
 #pragma omp simd reduction(+ : sum)
-          for (int j = 0; j < visible; ++j) {
-            row[j] = fast_exp(row[j] - mx);
-            sum += row[j];
+          for (int j = 0; j < n; ++j) {
+            seen[j] = fast_exp(seen[j] - mx);
+            sum += seen[j];
           }
           const float inv = 1.0f / sum;
 #pragma omp simd
-          for (int j = 0; j < visible; ++j) row[j] *= inv;
-          std::fill(row + visible, row + keys, 0.0f);
+          for (int j = 0; j < n; ++j) seen[j] *= inv;
+          std::fill(row, seen, 0.0f);
+          std::fill(row + visible, row + nk, 0.0f);
           l[r0 + i] = mx + std::log(sum);
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, keys, 1.0f, s, keys, v, C3, 0.0f,
-                    o + int64_t(r0) * C, C);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, nk, 1.0f, s, nk,
+                    v + int64_t(lo) * C3, C3, 0.0f, o + int64_t(r0) * C, C);
       }
     }
   }
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                        int B, int T, int C, int NH) {
+                        const int32_t* doc_start, int B, int T, int C, int NH) {
   const int hd = C / NH, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(float(hd));
   BlasSingleThread single;
@@ -99,6 +109,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
       const float* o = out + int64_t(b) * T * C + h * hd;
       const float* dO = dout + int64_t(b) * T * C + h * hd;
       const float* l = lse + int64_t(bh) * T;
+      const int32_t* first_key = doc_start != nullptr ? doc_start + int64_t(b) * T : nullptr;
       for (int t = 0; t < T; ++t) {
         float d = 0;
         const float* a = o + int64_t(t) * C;
@@ -111,37 +122,43 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
       }
       for (int r0 = 0; r0 < T; r0 += kBlock) {
         const int rows = std::min(kBlock, T - r0), keys = r0 + rows;
+        const int lo = first_key != nullptr ? first_key[r0] : 0, nk = keys - lo;
+        const float* k_lo = k + int64_t(lo) * C3;
         float* p = probs.data();
         float* dp = dprobs.data();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, hd, scale, q + int64_t(r0) * C3, C3,
-                    k, C3, 0.0f, p, keys);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nk, hd, scale, q + int64_t(r0) * C3, C3,
+                    k_lo, C3, 0.0f, p, nk);
         for (int i = 0; i < rows; ++i) {
-          float* row = p + int64_t(i) * keys;
-          const int visible = r0 + i + 1;
+          float* row = p + int64_t(i) * nk;
+          const int first = (first_key != nullptr ? first_key[r0 + i] : 0) - lo;
+          const int visible = r0 + i + 1 - lo;
+          float* seen = row + first;
+          const int n = visible - first;
           const float li = l[r0 + i];
 #pragma omp simd
-          for (int j = 0; j < visible; ++j) row[j] = fast_exp(row[j] - li);
-          std::fill(row + visible, row + keys, 0.0f);
+          for (int j = 0; j < n; ++j) seen[j] = fast_exp(seen[j] - li);
+          std::fill(row, seen, 0.0f);
+          std::fill(row + visible, row + nk, 0.0f);
         }
-        // dV[0:keys] += P^T dO_block
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, hd, rows, 1.0f, p, keys,
-                    dO + int64_t(r0) * C, C, 1.0f, dv, C3);
-        // dP = dO_block V^T
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, hd, 1.0f, dO + int64_t(r0) * C, C, v,
-                    C3, 0.0f, dp, keys);
+        // dV[lo:keys] += P^T dO_block
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hd, rows, 1.0f, p, nk, dO + int64_t(r0) * C,
+                    C, 1.0f, dv + int64_t(lo) * C3, C3);
+        // dP = dO_block V[lo:keys]^T
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nk, hd, 1.0f, dO + int64_t(r0) * C, C,
+                    v + int64_t(lo) * C3, C3, 0.0f, dp, nk);
         // dS = P * (dP - delta) * scale (the 1/sqrt(hd) of the forward folded in)
         for (int i = 0; i < rows; ++i) {
-          float* ds = dp + int64_t(i) * keys;
-          const float* pr = p + int64_t(i) * keys;
+          float* ds = dp + int64_t(i) * nk;
+          const float* pr = p + int64_t(i) * nk;
           const float di = delta[r0 + i];
 #pragma omp simd
-          for (int j = 0; j < keys; ++j) ds[j] = pr[j] * (ds[j] - di) * scale;
+          for (int j = 0; j < nk; ++j) ds[j] = pr[j] * (ds[j] - di) * scale;
         }
-        // dQ_block = dS K ; dK[0:keys] += dS^T Q_block
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, keys, 1.0f, dp, keys, k, C3, 0.0f,
+        // dQ_block = dS K[lo:keys] ; dK[lo:keys] += dS^T Q_block
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, nk, 1.0f, dp, nk, k_lo, C3, 0.0f,
                     dq + int64_t(r0) * C3, C3);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, hd, rows, 1.0f, dp, keys,
-                    q + int64_t(r0) * C3, C3, 1.0f, dk, C3);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hd, rows, 1.0f, dp, nk, q + int64_t(r0) * C3,
+                    C3, 1.0f, dk + int64_t(lo) * C3, C3);
       }
     }
   }

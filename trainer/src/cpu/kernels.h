@@ -4,19 +4,24 @@
 // or channels for the memory-bound ops and over output panels for the matrix products (sgemm below).
 #pragma once
 
+#include "forge/trainer/backend.h"
+
 #include <cstdint>
+#include <span>
 
 namespace forge::trainer::cpu {
 
 // ---- embedding.cpp ----
-// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]. Vocabulary-parallel: this rank holds rows
-// [vocab_begin, vocab_end) of the table (wte points at row vocab_begin); other tokens contribute zeros, and
-// wpe may be null (one rank of the group adds it) so that the sum over the group is the full embedding.
-void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
-                       int C, int vocab_begin = 0, int vocab_end = 1 << 30);
-// dwte[tokens[b,t],:] += dout[b,t,:] (rows this rank holds); dwpe[t,:] += sum_b dout[b,t,:]
-void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
-                        int C, int vocab_begin = 0, int vocab_end = 1 << 30);
+// out[b,t,:] = wte[tokens[b,t],:] + wpe[p,:] with p = positions[b,t] (null: t). Vocabulary-parallel: this
+// rank holds rows [vocab_begin, vocab_end) of the table (wte points at row vocab_begin); other tokens
+// contribute zeros, and wpe may be null (one rank of the group adds it) so that the sum over the group is
+// the full embedding.
+void embedding_forward(float* out, const int32_t* tokens, const int32_t* positions, const float* wte,
+                       const float* wpe, int B, int T, int C, int vocab_begin = 0, int vocab_end = 1 << 30);
+// dwte[tokens[b,t],:] += dout[b,t,:] (rows this rank holds); dwpe[p,:] += dout[b,t,:] (dwpe may be null)
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                        const int32_t* positions, int B, int T, int C, int vocab_begin = 0,
+                        int vocab_end = 1 << 30);
 
 // ---- layernorm.cpp ----
 void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* weight,
@@ -48,16 +53,20 @@ void matmul_forward(float* out, const float* in, const float* w, const float* bi
 // din = dout @ w (overwrites; skipped if null); dw += dout^T @ in; dbias += column sums of dout (if not null)
 void matmul_backward(float* din, float* dw, float* dbias, const float* dout, const float* in, const float* w,
                      int N, int C, int OC);
+// out[i, j] += bias[j]
+void add_bias(float* out, const float* bias, int N, int OC);
 // dbias[j] += sum_i dout[i, j]
 void bias_backward(float* dbias, const float* dout, int N, int OC);
 
 // ---- attention.cpp ---- causal multi-head attention on the fused qkv [B*T, 3C] (q | k | v, head h at
-// columns h*hd of each). out: [B*T, C]. Keeps only the row log-sum-exp lse [B, NH, T] for backward;
-// scores are recomputed there, in row blocks, in per-thread scratch.
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+// columns h*hd of each). out: [B*T, C]. A query at position t of row b sees keys [doc_start[b*T + t], t]
+// (doc_start null: [0, t]). Keeps only the row log-sum-exp lse [B, NH, T] for backward; scores are
+// recomputed there, in row blocks, in per-thread scratch.
+void attention_forward(float* out, float* lse, const float* qkv, const int32_t* doc_start, int B, int T,
+                       int C, int NH);
 // dqkv = gradient of the attention inputs (overwrites).
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                        int B, int T, int C, int NH);
+                        const int32_t* doc_start, int B, int T, int C, int NH);
 
 // ---- gelu.cpp ---- (tanh approximation, as GPT-2)
 // pre += bias (row-wise); out = gelu(pre). `pre` keeps the biased pre-activation for backward.
@@ -65,22 +74,17 @@ void bias_gelu_forward(float* out, float* pre, const float* bias, int N, int C);
 // dinout: dL/d(out) in, dL/d(pre) out.
 void gelu_backward(float* dinout, const float* pre, int N, int C);
 
-// ---- classifier.cpp ---- logits = x @ wte^T fused with softmax cross-entropy, in chunks of rows so the
-// logits of all rows never exist at once. Returns the sum of the per-row losses. If dx is not null:
-// dx = dL/dx (overwrites) and dwte += dL/dwte for L = grad_scale * sum of losses. If logits_out is not
-// null the full logits are also written there ([N, V]).
-//
-// Vocabulary-parallel (`group` not null): this rank holds V rows of the table starting at vocab_begin;
-// the softmax statistics of each chunk are combined across the group through `group`, the returned loss
-// is the full one on every rank, and dx is this rank's partial sum (the caller sums it over the group).
-struct GroupReduce {
-  virtual ~GroupReduce() = default;
-  virtual void max(float* values, int n) = 0;
-  virtual void sum(float* values, int n) = 0;
-};
-double classifier_forward_backward(float* dx, float* dwte, const float* x, const float* wte,
-                                   const int32_t* targets, int N, int C, int V, float grad_scale,
-                                   float* logits_out, GroupReduce* group = nullptr, int vocab_begin = 0);
+// ---- cross_entropy.cpp ---- Backend::cross_entropy (backend.h): softmax cross-entropy of a chunk of
+// logits, with the softmax statistics combined over `group` when the vocabulary is split.
+double cross_entropy(float* logits, const int32_t* targets, const float* weights, int rows, int V,
+                     int vocab_begin, float scale, bool backward, VocabGroup* group);
+
+// ---- optimizer.cpp ---- the optimizer's element-wise passes over ranges of the flat buffers, each in one
+// parallel region.
+double sum_squares(const float* x, std::span<const FlatRange> ranges);
+void scale(float* x, float factor, std::span<const FlatRange> ranges);
+void adamw(float* w, const float* g, float* m, float* v, std::span<const AdamWSegment> segments,
+           const AdamWStep& step);
 
 // ---- bf16 storage (bf16.cpp) ----
 // Rounds each value to the nearest BF16 (ties to even), keeping it in an fp32 container.

@@ -39,7 +39,10 @@ void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const f
 
 void matmul_forward(float* out, const float* in, const float* w, const float* bias, int N, int C, int OC) {
   sgemm(false, true, N, OC, C, 1.0f, in, C, w, C, 0.0f, out, OC);
-  if (bias == nullptr) return;
+  if (bias != nullptr) add_bias(out, bias, N, OC);
+}
+
+void add_bias(float* out, const float* bias, int N, int OC) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < N; ++r) {
     float* o = out + r * OC;

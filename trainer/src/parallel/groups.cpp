@@ -2,32 +2,82 @@
 
 #include "forge/common/error.h"
 
-#include <fmt/format.h>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
 
 namespace forge::trainer {
 
-std::string Layout::str() const {
-  return fmt::format("tp{},pp{},dp{}", tp, pp, dp);
+namespace {
+
+class DoneRequest final : public Request {
+ public:
+  void wait() override {}
+  bool test() override { return true; }
+};
+
+class SelfComm final : public Comm {
+ public:
+  explicit SelfComm(std::string name) : name_(std::move(name)) {}
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  const std::string& name() const override { return name_; }
+  RequestPtr all_reduce(void*, size_t, CommType, ReduceOp) override { return done(); }
+  RequestPtr reduce_scatter(const void* in, void* out, size_t count, CommType type) override {
+    return copy(in, out, count, type);
+  }
+  RequestPtr all_gather(const void* in, void* out, size_t count, CommType type) override {
+    return copy(in, out, count, type);
+  }
+  RequestPtr broadcast(void*, size_t, CommType, int) override { return done(); }
+  RequestPtr send(const void*, size_t, CommType, int, int) override { return no_peer("send"); }
+  RequestPtr recv(void*, size_t, CommType, int, int) override { return no_peer("recv"); }
+  void barrier() override {}
+  std::unique_ptr<Comm> split(int color, int, const std::string& name) override {
+    return color < 0 ? nullptr : std::make_unique<SelfComm>(name);  // as MPI_UNDEFINED
+  }
+  void abort(int exit_code) override { std::_Exit(exit_code); }
+
+ private:
+  static RequestPtr done() { return std::make_unique<DoneRequest>(); }
+  RequestPtr copy(const void* in, void* out, size_t count, CommType type) {
+    if (in != out) std::memmove(out, in, count * comm_type_size(type));
+    return done();
+  }
+  [[noreturn]] RequestPtr no_peer(const char* op) {
+    throw std::logic_error(std::string("self communicator '") + name_ + "': " + op + " has no peer");
+  }
+  std::string name_;
+};
+
+}  // namespace
+
+std::unique_ptr<Comm> self_comm(const std::string& name) {
+  return std::make_unique<SelfComm>(name);
 }
 
 ProcessGroups make_groups(std::unique_ptr<Comm> world, const Layout& layout) {
   if (world->size() != layout.world())
     fail(ExitCode::kUsage,
-         "layout {} needs tp*pp*dp = {} ranks but the job has {} (set parallel.* or the "
-         "number of tasks so they agree)",
+         "layout {} needs {} ranks but the job has {} (set parallel.* or the number of tasks so they agree)",
          layout.str(), layout.world(), world->size());
   ProcessGroups g;
   g.layout = layout;
   g.rank = world->rank();
-  g.tp_rank = g.rank % layout.tp;
-  g.dp_rank = (g.rank / layout.tp) % layout.dp;
-  g.pp_rank = g.rank / (layout.tp * layout.dp);
-  // Colors name the position in the other two dimensions; keys order ranks within the group.
-  g.tp = world->split(g.pp_rank * layout.dp + g.dp_rank, g.tp_rank, "tp");
-  g.dp = world->split(g.pp_rank * layout.tp + g.tp_rank, g.dp_rank, "dp");
-  g.pp = world->split(g.dp_rank * layout.tp + g.tp_rank, g.pp_rank, "pp");
+  const Layout::Coords c = layout.coords(g.rank);
+  g.tp_rank = c.tp;
+  g.cp_rank = c.cp;
+  g.dp_rank = c.dp;
+  g.pp_rank = c.pp;
+  // Colors name the position in the other dimensions; keys order ranks within the group.
+  const int tp = layout.tp, cp = layout.cp;
+  g.tp = world->split(c.cp + cp * (c.dp + layout.dp * c.pp), c.tp, "tp");
+  g.dp = world->split(c.tp + tp * (c.cp + cp * c.pp), c.dp, "dp");
+  const int stage_color = c.tp + tp * (c.cp + cp * c.dp);
+  g.pp = world->split(stage_color, c.pp, "pp");
   const bool holds_wte = layout.pp > 1 && (g.first_stage() || g.last_stage());
-  g.embed = world->split(holds_wte ? g.dp_rank * layout.tp + g.tp_rank : -1, g.pp_rank, "embed");
+  g.embed = world->split(holds_wte ? stage_color : -1, c.pp, "embed");
   g.world = std::move(world);
   return g;
 }

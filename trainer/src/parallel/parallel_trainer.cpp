@@ -10,6 +10,7 @@
 #include "forge/trainer/runtime.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -38,6 +39,13 @@ struct CommTotals {
   uint64_t bytes = 0;
 };
 
+// This process's host name (without MPI: the one-process trainer has none).
+std::string host_name() {
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  return name;
+}
+
 CommTotals totals(std::initializer_list<Comm*> comms) {
   CommTotals t;
   for (Comm* c : comms)
@@ -51,12 +59,9 @@ CommTotals totals(std::initializer_list<Comm*> comms) {
 }  // namespace
 
 std::vector<int> stage_bounds(const ModelConfig& cfg, int pp, const std::vector<int>& counts) {
-  ParallelConfig p;
-  p.pp = pp;
-  p.stage_layers = counts;
-  if (const auto problem = layout_problem(cfg, p))
-    fail(ExitCode::kUsage, "{} {}", problem->first, problem->second);
   const int L = cfg.layers;
+  if (pp < 1 || pp > L || (!counts.empty() && int(counts.size()) != pp))
+    throw std::invalid_argument("stage_bounds: the layout was not validated (parallel_problem)");
   std::vector<int> bounds{0};
   if (!counts.empty()) {
     for (int c : counts) bounds.push_back(bounds.back() + c);
@@ -89,22 +94,22 @@ std::vector<int> stage_bounds(const ModelConfig& cfg, int pp, const std::vector<
   return bounds;
 }
 
-ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups)
-    : spec_(spec), groups_(groups), threads_(spec.threads) {
-  if (const auto problem = layout_problem(spec.model, spec.parallel))
-    fail(ExitCode::kUsage, "{} {}", problem->first, problem->second);
+ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups, Backend& backend)
+    : spec_(spec), groups_(groups), backend_(backend) {
   const Layout& lay = groups.layout;
-  if (lay.tp != spec.parallel.tp || lay.pp != spec.parallel.pp || lay.dp != spec.parallel.dp)
-    fail(ExitCode::kUsage, "the process groups ({}) differ from the spec's [parallel] layout", lay.str());
+  if (!(lay == spec.layout))
+    throw std::invalid_argument("ParallelTrainer: the process groups' layout " + lay.str() +
+                                " is not the spec's " + spec.layout.str());
   bounds_ = stage_bounds(spec.model, lay.pp, spec.parallel.stage_layers);
-  use_threads(threads_);  // before the model's buffers are touched by OpenMP
+  use_threads(spec.threads);  // before the model's buffers are touched by OpenMP
   const int s = groups.pp_rank;
   ModelSlice slice{bounds_[size_t(s)],  bounds_[size_t(s) + 1], groups.first_stage(),
                    groups.last_stage(), groups.tp_rank,         lay.tp};
   // 1F1B keeps at most pp - s micro-batches in flight on stage s.
   slots_ = std::min(spec.microbatches, lay.pp - s);
   const size_t dp = size_t(lay.dp);
-  model_ = std::make_unique<GPT>(spec.model, spec.batch, spec.dtype, slice, slots_, groups.tp.get(), dp);
+  tp_plan_ = std::make_unique<TensorParallelPlan>(*groups.tp);
+  model_ = std::make_unique<GPT>(spec.model, spec.batch, spec.dtype, slice, slots_, backend, *tp_plan_, dp);
   model_->init(spec.seed);
 
   // Buckets: one per block (plus the embeddings and the final LayerNorm), boundaries rounded up to a
@@ -133,7 +138,7 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups)
     owned_.push_back({b.lo + size_t(groups.dp_rank) * part, b.lo + size_t(groups.dp_rank + 1) * part});
     at += part;
   }
-  shard_ = HugeBuffer<float>(at);
+  shard_ = backend.alloc<float>(at);
   // Each gradient element counts once in the global norm: replicated tensors on tensor-parallel rank 0
   // only, the tied embedding on the first stage only.
   for (const ParamInfo& p : model_->params()) {
@@ -146,24 +151,13 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups)
     }
   }
   optimizer_ = std::make_unique<AdamW>(spec.optim, model_->params(), flat,
-                                       spec.parallel.zero == 1 ? owned_ : std::vector<FlatRange>{});
-  const size_t rows = size_t(model_->rows());
-  inputs_.assign(size_t(slots_), std::vector<int32_t>(rows));
-  targets_.assign(size_t(slots_), std::vector<int32_t>(rows));
-  const size_t nc = rows * size_t(spec.model.d_model);
-  for (int mb = 0; mb < spec.microbatches; ++mb)
-    for (int r = 0; r < spec.batch; ++r)
-      rows_trained_.push_back((int64_t(mb) * lay.dp + groups.dp_rank) * spec.batch + r);
-  if (!groups.first_stage()) recv_act_ = HugeBuffer<float>(nc);
-  if (!groups.last_stage()) recv_grad_ = HugeBuffer<float>(nc);
+                                       spec.parallel.zero == 1 ? owned_ : std::vector<FlatRange>{}, backend);
+  const size_t nc = size_t(model_->rows()) * size_t(spec.model.d_model);
+  if (!groups.first_stage()) recv_act_ = backend.alloc<float>(nc);
+  if (!groups.last_stage()) recv_grad_ = backend.alloc<float>(nc);
 }
 
 ParallelTrainer::~ParallelTrainer() = default;
-
-size_t ParallelTrainer::tokens_per_step() const {
-  return size_t(spec_.microbatches) * size_t(groups_.layout.dp) * size_t(spec_.batch) *
-         size_t(spec_.model.seq_len + 1);
-}
 
 void ParallelTrainer::launch(Bucket& b) {
   if (groups_.layout.dp == 1 || b.request) return;
@@ -188,36 +182,36 @@ void ParallelTrainer::finish_gradients() {
   if (spec_.parallel.zero == 1 && groups_.layout.dp > 1) {
     float* g = model_->grads().data();
     for (size_t i = 0; i < buckets_.size(); ++i)
-      std::memcpy(g + owned_[i].lo, shard_.data() + buckets_[i].shard_at,
-                  sizeof(float) * (owned_[i].hi - owned_[i].lo));
+      backend_.copy(g + owned_[i].lo, shard_.data() + buckets_[i].shard_at,
+                    sizeof(float) * (owned_[i].hi - owned_[i].lo));
   }
 }
 
-double ParallelTrainer::owned_sum_squares() const {
-  const float* g = model_->grads().data();
-  double sum = 0;
-  for (const FlatRange& r : norm_ranges_) {
-    const int64_t lo = int64_t(r.lo), hi = int64_t(r.hi);
-#pragma omp parallel for simd reduction(+ : sum) schedule(static)
-    for (int64_t i = lo; i < hi; ++i) sum += double(g[i]) * double(g[i]);
-  }
-  return sum;
-}
-
-StepStats ParallelTrainer::step(std::span<const int32_t> tokens) {
-  if (tokens.size() != tokens_per_step())
-    throw std::invalid_argument(
-        "ParallelTrainer::step: expected microbatches x dp x batch x (seq_len + 1) tokens");
+StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
+  const int m = spec_.microbatches;
+  if (int(batches.size()) != m)
+    throw std::invalid_argument("ParallelTrainer::step: expected parallel.microbatches micro-batches");
+  for (const MicroBatch& b : batches) model_->check(b);
   const auto t0 = std::chrono::steady_clock::now();
   ProcessGroups& g = groups_;
   const CommTotals comm0 = totals({g.tp.get(), g.dp.get(), g.embed.get(), g.world.get()});
   const CommTotals pipe0 = totals({g.pp.get()});
   const int64_t step = optimizer_->steps_taken() + 1;
-  const int m = spec_.microbatches, b = spec_.batch, T = spec_.model.seq_len, dpn = g.layout.dp;
+  const int T = spec_.model.seq_len, dpn = g.layout.dp;
   const size_t nc = size_t(model_->rows()) * size_t(spec_.model.d_model);
   const bool first = g.first_stage(), last = g.last_stage();
   const int stage = g.pp_rank;
-  const float grad_scale = 1.0f / float(m * dpn);
+  // The loss is normalised by the scored weight of the whole step (every micro-batch, every DP rank),
+  // known before the first backward so every gradient is scaled once.
+  double weight = 0;
+  for (const MicroBatch& b : batches) weight += b.weight_sum();
+  if (dpn > 1) weight = g.dp->all_reduce_sum(weight);
+  if (!(weight > 0))
+    fail(ExitCode::kData,
+         "step {}: no position of the global batch is scored (every loss weight is 0 or "
+         "every target ignored); check the data's loss masks",
+         step);
+  const float loss_scale = 1.0f / float(weight);
   model_->zero_grad();
   for (Bucket& bk : buckets_) bk.request.reset();
 
@@ -225,12 +219,10 @@ StepStats ParallelTrainer::step(std::span<const int32_t> tokens) {
   double loss_sum = 0;
   const auto forward = [&](int i) {
     const int slot = i % slots_;
-    load_rows(slot, tokens.data(), std::span(rows_trained_).subspan(size_t(i) * size_t(b), size_t(b)));
     if (sent_act[size_t(slot)]) sent_act[size_t(slot)]->wait();  // the slot's output is about to change
     if (!first) g.pp->recv(recv_act_.data(), nc, CommType::kF32, stage - 1, 2 * i)->wait();
     mark_activity("forward");
-    loss_sum += model_->forward(slot, inputs_[size_t(slot)].data(), recv_act_.data(),
-                                targets_[size_t(slot)].data(), grad_scale, true);
+    loss_sum += model_->forward(slot, batches[size_t(i)], recv_act_.data(), loss_scale, true).loss;
     if (!last)
       sent_act[size_t(slot)] = g.pp->send(model_->output(slot).data(), nc, CommType::kF32, stage + 1, 2 * i);
   };
@@ -246,7 +238,7 @@ StepStats ParallelTrainer::step(std::span<const int32_t> tokens) {
     if (!last) g.pp->recv(recv_grad_.data(), nc, CommType::kF32, stage + 1, 2 * i + 1)->wait();
     if (sent_grad[size_t(slot)]) sent_grad[size_t(slot)]->wait();
     mark_activity("backward");
-    model_->backward(slot, inputs_[size_t(slot)].data(), recv_grad_.data(),
+    model_->backward(slot, recv_grad_.data(),
                      i == m - 1 ? std::function<void(int)>(on_grads) : std::function<void(int)>());
     if (!first)
       sent_grad[size_t(slot)] =
@@ -266,31 +258,26 @@ StepStats ParallelTrainer::step(std::span<const int32_t> tokens) {
       if (r) r->wait();
   finish_gradients();
 
-  // Loss (the last stage's, once per data-parallel rank) and the squared norm in one reduction.
-  double sums[2] = {last && g.tp_rank == 0 ? loss_sum / m : 0.0, owned_sum_squares()};
+  // The loss sum (the last stage's, once per data-parallel rank) and the squared norm in one reduction.
+  double sums[2] = {last && g.tp_rank == 0 ? loss_sum : 0.0,
+                    backend_.sum_squares(model_->grads().data(), norm_ranges_)};
   mark_activity("all_reduce world (loss, norm)");
   g.world->all_reduce(sums, 2, CommType::kF64, ReduceOp::kSum)->wait();
-  double loss = sums[0] / dpn;
+  // Reported at FP32, the precision the model computes in (and what earlier releases printed).
+  double loss = double(float(sums[0] / weight));
   if (inject_nan_) {
     inject_nan_ = false;
     loss = std::numeric_limits<double>::quiet_NaN();
   }
-  // As Trainer::step: a non-finite loss makes the step's gradients meaningless, norm included.
+  // A non-finite loss makes the step's gradients meaningless, norm included.
   const double norm = std::isfinite(loss) ? std::sqrt(sums[1]) : std::numeric_limits<double>::quiet_NaN();
   const double lr = learning_rate(spec_.optim, step - 1, spec_.steps);
   const bool finite = std::isfinite(loss) && std::isfinite(norm);
   mark_activity("optimizer");
   if (finite) {
     const double clip = spec_.optim.grad_clip;
-    float* grads = model_->grads().data();
-    if (clip > 0 && clip / (norm + 1e-6) < 1.0) {
-      const float c = float(clip / (norm + 1e-6));
-      for (const FlatRange& r : optimizer_->ranges()) {
-        const int64_t lo = int64_t(r.lo), hi = int64_t(r.hi);
-#pragma omp parallel for simd schedule(static)
-        for (int64_t i = lo; i < hi; ++i) grads[i] *= c;
-      }
-    }
+    if (clip > 0 && clip / (norm + 1e-6) < 1.0)
+      backend_.scale(model_->grads().data(), float(clip / (norm + 1e-6)), optimizer_->ranges());
     optimizer_->step(model_->weights(), model_->grads(), lr);
     if (spec_.parallel.zero == 1 && dpn > 1) {
       float* w = model_->weights().data();
@@ -302,7 +289,8 @@ StepStats ParallelTrainer::step(std::span<const int32_t> tokens) {
     }
     model_->weights_changed();
   } else {
-    // The update is dropped, the step is not (as Trainer::step).
+    // The update is dropped, the step is not: step numbers, the schedule and the data stay functions
+    // of the step whatever the guard decides.
     optimizer_->restore_steps(step);
   }
   const CommTotals comm1 = totals({g.tp.get(), g.dp.get(), g.embed.get(), g.world.get()});
@@ -313,7 +301,7 @@ StepStats ParallelTrainer::step(std::span<const int32_t> tokens) {
   st.grad_norm = norm;
   st.lr = lr;
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  st.tokens = int64_t(m) * dpn * b * T;
+  st.tokens = int64_t(m) * dpn * spec_.batch * T;
   st.finite = finite;
   st.comm_s = comm1.wait - comm0.wait;
   st.bubble_s = pipe1.wait - pipe0.wait;
@@ -321,29 +309,18 @@ StepStats ParallelTrainer::step(std::span<const int32_t> tokens) {
   return st;
 }
 
-void ParallelTrainer::load_rows(int slot, const int32_t* tokens, std::span<const int64_t> rows) {
-  const int T = spec_.model.seq_len;
-  for (size_t r = 0; r < rows.size(); ++r)
-    split_rows(tokens + size_t(rows[r]) * size_t(T + 1), 1, T, inputs_[size_t(slot)].data() + r * size_t(T),
-               targets_[size_t(slot)].data() + r * size_t(T));
-}
-
-double ParallelTrainer::loss_of(std::span<const int32_t> rows) {
+double ParallelTrainer::loss_of(const MicroBatch& mine) {
+  model_->check(mine);
   ProcessGroups& g = groups_;
-  const int b = spec_.batch;
   const size_t nc = size_t(model_->rows()) * size_t(spec_.model.d_model);
-  if (rows.size() != size_t(g.layout.dp) * size_t(b) * size_t(spec_.model.seq_len + 1))
-    throw std::invalid_argument("ParallelTrainer::loss_of: expected dp x batch x (seq_len + 1) tokens");
-  std::vector<int64_t> mine(static_cast<size_t>(b));
-  for (int r = 0; r < b; ++r) mine[size_t(r)] = int64_t(g.dp_rank) * b + r;
-  load_rows(0, rows.data(), mine);
   if (!g.first_stage()) g.pp->recv(recv_act_.data(), nc, CommType::kF32, g.pp_rank - 1, 0)->wait();
-  const double loss =
-      model_->forward(0, inputs_[0].data(), recv_act_.data(), targets_[0].data(), 1.0f, false);
+  const LossSums sums = model_->forward(0, mine, recv_act_.data(), 1.0f, false);
   if (!g.last_stage()) g.pp->send(model_->output(0).data(), nc, CommType::kF32, g.pp_rank + 1, 0)->wait();
-  double sum = g.last_stage() && g.tp_rank == 0 ? loss : 0.0;
-  g.world->all_reduce(&sum, 1, CommType::kF64, ReduceOp::kSum)->wait();
-  return sum / g.layout.dp;
+  // Every rank knows its batch's weight; the loss sum is the last stage's (once per DP rank).
+  double both[2] = {g.last_stage() && g.tp_rank == 0 ? sums.loss : 0.0,
+                    g.first_stage() && g.tp_rank == 0 ? mine.weight_sum() : 0.0};
+  g.world->all_reduce(both, 2, CommType::kF64, ReduceOp::kSum)->wait();
+  return both[0] / both[1];
 }
 
 size_t ParallelTrainer::parameter_bytes() const {
@@ -362,15 +339,16 @@ std::string ParallelTrainer::describe_plan() {
   const double mib = 1.0 / (1024.0 * 1024.0);
   std::string mine =
       fmt::format("{:>4} {:<12} {:>2} {:>2} {:>2}  {:>2}-{:<2} {:>10} {:>9.1f} {:>9.1f} {:>9.1f}",
-                  groups_.rank, mpi_host_name().substr(0, 12), groups_.tp_rank, groups_.dp_rank,
-                  groups_.pp_rank, s.first_layer, s.last_layer - 1, model_->weights().size(),
-                  parameter_bytes() * mib, optimizer_bytes() * mib, model_->activation_bytes() * mib);
+                  groups_.rank, host_name().substr(0, 12), groups_.tp_rank, groups_.dp_rank, groups_.pp_rank,
+                  s.first_layer, s.last_layer - 1, model_->weights().size(), parameter_bytes() * mib,
+                  optimizer_bytes() * mib, model_->activation_bytes() * mib);
   mine.resize(kRecord, ' ');
   std::string all(kRecord * size_t(groups_.world->size()), ' ');
   groups_.world->all_gather(mine.data(), all.data(), kRecord, CommType::kU8)->wait();
   if (groups_.rank != 0) return {};
-  std::string out = fmt::format("plan: layout {} on {} ranks; rank = tp_rank + tp*(dp_rank + dp*pp_rank)\n",
-                                groups_.layout.str(), groups_.world->size());
+  std::string out =
+      fmt::format("plan: layout {} on {} ranks; rank = tp_rank + tp*(cp_rank + cp*(dp_rank + dp*pp_rank))\n",
+                  groups_.layout.str(), groups_.world->size());
   for (size_t st = 0; st + 1 < bounds_.size(); ++st)
     out += fmt::format("  stage {}: blocks {}-{}{}{}\n", st, bounds_[st], bounds_[st + 1] - 1,
                        st == 0 ? " + embeddings" : "",

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "forge/common/json.h"
+#include "forge/common/layout.h"
 
 #include <cstdint>
 #include <map>
@@ -13,13 +14,6 @@
 namespace forge::ckpt {
 
 inline constexpr int kFormatVersion = 1;
-
-struct Layout {
-  int tp = 1;
-  int pp = 1;
-  int dp = 1;
-  int world() const { return tp * pp * dp; }
-};
 
 // What the caller tells a save. Fields the checkpoint module checks are typed; the others are stored as
 // given (the data cursor and RNG streams belong to the reader and the trainer).

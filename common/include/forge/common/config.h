@@ -1,6 +1,6 @@
-// Job specs and tool configs: INI files with [section] key = value, overridable on the command line as
-// --section.key=value. Typed and validated by Boost.Program_options; every error names the key, where it
-// came from (file:line or the command line) and what is allowed.
+// Job specs and tool configs: INI files with [section] key = value (read by forge::parse_ini, ini.h),
+// overridable on the command line as --section.key=value. Typed and validated by Boost.Program_options;
+// every error names the key, where it came from (file:line or the command line) and what is allowed.
 #pragma once
 
 #include <boost/any.hpp>

@@ -1,4 +1,5 @@
-// Errors that end a program carry the exit code the sbatch scripts act on (ARCHITECTURE.md).
+// Errors that end a program carry the exit code the sbatch scripts act on (docs/ARCHITECTURE.md,
+// "Exit codes").
 #pragma once
 
 #include <fmt/format.h>

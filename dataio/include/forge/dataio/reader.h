@@ -7,11 +7,13 @@
 // so it needs no table and no state beyond p. The block order (default) shuffles windows within groups of
 // G blocks of W consecutive windows, so that reads stay in about 1 MiB at a time; the global order
 // shuffles the whole epoch at once. Step s of the run reads positions [s*B, (s+1)*B) for a global
-// batch B; DP rank r gets the r-th of the dp_size equal slices. The cursor is the number of global samples
-// consumed, so a run resumed from it reads exactly what an uninterrupted run would have read, with any
-// DP size (and any global batch) — see docs/DATA.md.
+// batch B; DP rank r gets the r-th of the dp_size equal slices, as a forge::MicroBatch (inputs, targets,
+// and per row the sample id and epoch). The cursor is the number of global samples consumed, so a run
+// resumed from it reads exactly what an uninterrupted run would have read, with any DP size (and any
+// global batch) — see docs/DATA.md.
 #pragma once
 
+#include "forge/common/batch.h"
 #include "forge/common/json.h"
 #include "forge/dataio/manifest.h"
 
@@ -45,6 +47,10 @@ struct ReaderOptions {
   Order order = Order::kBlock;
   uint32_t block_windows = 0;  // block order: W, windows per block (0 = about 64 KiB of tokens)
   uint32_t group_blocks = 16;  // block order: G, blocks shuffled together
+  // Packed documents with explicit boundaries: from each shard's /doc_offsets, positions restart and
+  // segments count at every document start inside a row, and the target that opens the next document is
+  // not scored (MicroBatch::set_documents). Off: a row is one document (the pretraining default).
+  bool document_mask = false;
 };
 
 struct Cursor {
@@ -63,15 +69,6 @@ struct Cursor {
   static Cursor from_json(const Json& j);
 };
 
-struct Batch {
-  uint64_t step = 0;                 // global samples before this batch / global_batch
-  uint32_t rows = 0;                 // local batch = global_batch / dp_size
-  uint32_t cols = 0;                 // seq_len + 1
-  std::vector<int32_t> tokens;       // rows x cols, row-major
-  std::vector<uint64_t> sample_ids;  // one per row
-  std::span<const int32_t> row(uint32_t i) const { return {tokens.data() + size_t(i) * cols, cols}; }
-};
-
 class Reader {
  public:
   // Opens and checks the dataset (manifest version, shard structure and checksums, tokenizer). Bad data:
@@ -81,9 +78,12 @@ class Reader {
   Reader(const Reader&) = delete;
   Reader& operator=(const Reader&) = delete;
 
-  Batch next();
+  // The next global batch's slice of this DP rank: global_batch / dp_size rows of seq_len positions, row
+  // i from the window at stream position (consumed + dp_rank * rows + i), with its sample id and epoch.
+  // Bad data (a token outside the vocabulary): forge::Error(kData) naming the shard and the sample.
+  MicroBatch next();
   // The same, refilling `batch` in place: its buffers are recycled, so a steady loop allocates nothing.
-  void next(Batch& batch);
+  void next(MicroBatch& batch);
   Cursor cursor() const;
   void seek(const Cursor& cursor);
 
@@ -91,12 +91,17 @@ class Reader {
   const std::string& dataset_dir() const;
   std::string tokenizer_path() const;
   uint64_t samples_per_epoch() const;
+  // Token bytes of the windows next() has delivered: this rank's slice only, the I/O a DP rank does.
+  uint64_t bytes_read() const;
   // Distinct windows in the selection; sample ids are [0, num_samples()).
   uint64_t num_samples() const;
   // The sample id at a global stream position.
   uint64_t sample_at(uint64_t position) const;
   // The seq_len+1 tokens of one sample (random access, e.g. the gate's full pass over a split).
   void read_sample(uint64_t sample_id, std::span<int32_t> out) const;
+  // The same sample as row `row` of `batch` (seq_len positions), as next() would deliver it (documents
+  // marked when document_mask is on); its epoch is 0.
+  void read_sample(uint64_t sample_id, MicroBatch& batch, int row) const;
   // Domain name of a sample.
   const std::string& sample_domain(uint64_t sample_id) const;
 

@@ -49,6 +49,10 @@ struct ShardLayout {
 // token bytes lie inside the file). Anything wrong: forge::Error(kData) naming the shard and the problem.
 ShardLayout read_shard_layout(const std::string& path);
 
+// Reads /doc_offsets only (the reader's document boundaries) and checks them: documents + 1 values from 0
+// to the token count, never decreasing. Anything wrong: forge::Error(kData) naming the shard.
+std::vector<uint64_t> read_doc_offsets(const std::string& path, const ShardLayout& layout);
+
 // Reads everything through HDF5 (verify, inspect, tests).
 ShardData read_shard(const std::string& path, ShardLayout* layout = nullptr);
 

@@ -16,7 +16,7 @@ namespace forge::quota {
 // What the user declared with --train-team/--train-tier/--train-layout (raw, untrusted text).
 struct Choices {
   std::string team, tier, layout;
-  std::optional<Layout> spec_layout;  // [parallel] of --train-spec, when given
+  std::optional<SpecLayout> spec;  // what --train-spec declares, when given
 };
 
 struct Identity {

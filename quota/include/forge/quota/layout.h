@@ -1,38 +1,31 @@
-// The parallel layout a job declares (--train-layout=tp2,pp2,dp4; [parallel] in the job spec) and the
-// topology rules it must obey. Rank order is TP fastest, then DP, then PP (ARCHITECTURE.md), so a
-// pipeline stage is tp*dp consecutive ranks.
+// The topology rules a job's parallel layout (forge/common/layout.h: --train-layout, [parallel] in the
+// job spec) must obey on the cluster. A pipeline stage is tp*cp*dp consecutive ranks (the rank order).
 #pragma once
 
+#include "forge/common/layout.h"
 #include "forge/quota/policy.h"
 
 #include <optional>
 #include <string>
-#include <string_view>
 
 namespace forge::quota {
 
-struct Layout {
-  int tp = 1, pp = 1, dp = 1;
-  int gpus() const { return tp * pp * dp; }
-  std::string str() const;  // "tp2,pp2,dp4"
-  bool operator==(const Layout&) const = default;
+// What admission reads of a job spec (--train-spec), in one read of the file: the layout of its
+// [parallel] section (1 where a dimension is absent) and the [model] sizes the layout must divide (the
+// trainer's defaults where absent, trainer/src/spec.cpp).
+struct SpecLayout {
+  Layout layout;
+  ModelDims model{.layers = 6, .heads = 6, .vocab = 8192};
 };
 
-// Parses "tpX,ppY,dpZ" (each exactly once, any order, 1..65536, total <= 1048576). On failure returns
-// nullopt and sets `why` to a message that names the expected form.
-std::optional<Layout> parse_layout(std::string_view text, std::string* why);
+// nullopt with `why` set (one line, file:line where there is one) when the file cannot be read, is not
+// INI, or one of those values is not a whole number in its range.
+std::optional<SpecLayout> read_spec_layout(const std::string& path, std::string* why);
 
-// The layout of a job spec's [parallel] section (tp, pp, dp; 1 when absent). nullopt with `why` set
-// when the file cannot be read or its values are not positive whole numbers.
-std::optional<Layout> read_spec_layout(const std::string& path, std::string* why);
-
-// Nodes a layout needs: one when it fits in a node, else gpus / gpus_per_node.
+// Nodes a layout needs: one when it fits in a node, else world / gpus_per_node.
 int nodes_for(const Layout& layout, const Topology& topo);
 
 // The first topology rule the layout breaks, as one actionable sentence; nullopt when it obeys them all.
 std::optional<std::string> topology_violation(const Layout& layout, const Topology& topo);
-
-// User-supplied text made safe to print: at most `max` bytes, control and non-ASCII bytes as \xNN.
-std::string printable(std::string_view text, size_t max = 64);
 
 }  // namespace forge::quota

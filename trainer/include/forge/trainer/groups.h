@@ -1,9 +1,10 @@
-// Process groups of a (tp, pp, dp) layout, built in one place. Rank order (ARCHITECTURE.md): tensor
-// parallel fastest, then data parallel, then pipeline outermost, so consecutive ranks (one node's) form a
-// TP group and a TP group never spans nodes:
-//   rank = tp_rank + tp * (dp_rank + dp * pp_rank)
+// Process groups of a layout, built in one place (Megatron's parallel_state). The rank order is the
+// Layout's (forge/common/layout.h): tensor parallel fastest, then context, then data parallel, pipeline
+// outermost, so consecutive ranks (one node's) form a TP group and a TP group never spans nodes:
+//   rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank))
 #pragma once
 
+#include "forge/common/layout.h"
 #include "forge/trainer/comm.h"
 
 #include <memory>
@@ -11,28 +12,20 @@
 
 namespace forge::trainer {
 
-struct Layout {
-  int tp = 1, pp = 1, dp = 1;
-  int world() const { return tp * pp * dp; }
-  std::string str() const;  // "tp2,pp2,dp2" (the --train-layout spelling)
-};
-
 struct ProcessGroups {
   Layout layout;
-  int rank = 0, tp_rank = 0, dp_rank = 0, pp_rank = 0;
+  int rank = 0, tp_rank = 0, cp_rank = 0, dp_rank = 0, pp_rank = 0;
   std::unique_ptr<Comm> world, tp, dp, pp;
-  // The first and the last pipeline stage at the same (tp, dp) position, which both hold the tied token
-  // embedding; null on other stages and when pp is 1.
+  // The first and the last pipeline stage at the same (tp, cp, dp) position, which both hold the tied
+  // token embedding; null on other stages and when pp is 1.
   std::unique_ptr<Comm> embed;
 
   bool first_stage() const { return pp_rank == 0; }
   bool last_stage() const { return pp_rank == layout.pp - 1; }
-  // World rank of the same (tp, dp) position on pipeline stage `stage`.
-  int stage_rank(int stage) const { return tp_rank + layout.tp * (dp_rank + layout.dp * stage); }
 };
 
 // Splits `world` into the layout's groups (collective over `world`). Throws forge::Error(kUsage) when
-// the world size is not tp * pp * dp.
+// the world size is not the layout's.
 ProcessGroups make_groups(std::unique_ptr<Comm> world, const Layout& layout);
 
 // MPI: initializes MPI once per process (MPI_THREAD_FUNNELED; finalized at exit) and returns
@@ -40,5 +33,9 @@ ProcessGroups make_groups(std::unique_ptr<Comm> world, const Layout& layout);
 std::unique_ptr<Comm> mpi_world();
 // This process's host name as MPI reports it.
 std::string mpi_host_name();
+
+// A communicator of one rank, without MPI: the one-process trainer (layout 1,1,1) and tools. Its
+// collectives are copies of host memory.
+std::unique_ptr<Comm> self_comm(const std::string& name = "world");
 
 }  // namespace forge::trainer

@@ -132,12 +132,18 @@ std::vector<int> diverging_replicas(std::span<const uint64_t> checksums);
 // replica diverges.
 void check_replicas(int64_t step, std::span<const uint64_t> checksums);
 
-// A sample id trained by two DP ranks in the same window.
+// How the duplicate-sample guard names a trained sample: its dataset-global id (below 2^48) and the epoch
+// it was drawn in, since a sample legitimately recurs once per epoch.
+constexpr uint64_t sample_key(uint64_t sample_id, uint32_t epoch) {
+  return uint64_t(epoch) << 48 | (sample_id & ((uint64_t(1) << 48) - 1));
+}
+
+// A sample key trained by two DP ranks in the same window.
 struct SampleCollision {
   uint64_t sample = 0;
   int rank_a = 0, rank_b = 0;  // rank_a < rank_b
 };
-// `ids[r]` holds the sample-id hashes DP rank r trained (a step or a window of steps). Returns every
+// `ids[r]` holds the sample keys DP rank r trained (a step or a window of steps). Returns every
 // id found on more than one rank (one entry per extra rank), in order of rank_a, then sample.
 std::vector<SampleCollision> duplicate_samples(std::span<const std::vector<uint64_t>> ids);
 // Throws forge::Error(kData) naming the step, the first collision's ranks and sample, and the count.

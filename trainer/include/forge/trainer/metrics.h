@@ -20,7 +20,7 @@
 #pragma once
 
 #include "forge/common/json.h"
-#include "forge/trainer/trainer.h"
+#include "forge/trainer/step_stats.h"
 
 #include <cstdint>
 #include <fstream>

@@ -1,13 +1,18 @@
-// A GPT-2-style decoder on CPU: learned token and position embeddings, pre-LayerNorm blocks with causal
-// multi-head attention and a 4x GELU MLP, final LayerNorm, classifier tied to the token embedding.
+// A GPT-2-style decoder: learned token and position embeddings, pre-LayerNorm blocks of (causal multi-head
+// attention, feed-forward network), final LayerNorm, classifier tied to the token embedding, and a loss.
 //
 // The model knows nothing about parallelism. It is described by a parameter table: every parameter is a
 // named logical tensor with its logical shape and the rule by which tensor parallelism may shard it, so a
-// checkpoint stores it independent of the layout and a later parallel plan needs no model change.
+// checkpoint stores it independent of the layout. Its layers come from a LayerFactory (layers.h): whole
+// by default, split by the parallel runtime's plan. Its ops and buffers come from a Backend (backend.h).
 // Parameters, and their gradients, live in one contiguous buffer each, with a view per parameter.
 #pragma once
 
-#include "forge/common/huge_buffer.h"
+#include "forge/common/batch.h"
+#include "forge/common/layout.h"
+#include "forge/trainer/backend.h"
+#include "forge/trainer/layers.h"
+#include "forge/trainer/loss.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -19,8 +24,6 @@
 
 namespace forge::trainer {
 
-class Comm;
-
 struct ModelConfig {
   int layers = 0;
   int d_model = 0;
@@ -29,6 +32,7 @@ struct ModelConfig {
   int seq_len = 0;        // tokens per training sequence
   int max_positions = 0;  // rows of the position embedding (>= seq_len)
   int head_dim() const { return d_model / heads; }
+  ModelDims dims() const { return {layers, heads, vocab}; }
 };
 
 enum class DType { kF32, kBF16 };
@@ -74,15 +78,30 @@ void init_parameter(const ParamInfo& p, int tp_rank, uint64_t seed, std::span<fl
 // Model FLOPs per token (PaLM appendix B): 6*N + 12*L*T*d, N excluding position embeddings.
 double flops_per_token(const ModelConfig& config);
 
+// The feed-forward half of a block (the FFN slot): reads the block's second LayerNorm output and writes
+// its update to the residual stream, without the output bias, which the block fuses into the residual
+// add. The dense MLP fills it now; a Mixture-of-Experts layer plugs in the same way.
+class FeedForward {
+ public:
+  virtual ~FeedForward() = default;
+  virtual void forward(int slot, const float* in, float* out, int rows) = 0;
+  // din = dL/d(in) (overwrites) from dout = dL/d(out), for the micro-batch forward() ran on `slot`.
+  virtual void backward(int slot, const float* in, const float* dout, float* din, int rows) = 0;
+  virtual const float* output_bias() const = 0;
+  virtual size_t activation_bytes() const = 0;
+};
+
 class GPT {
  public:
   // Allocates parameters, gradients and activations of `slice` for micro-batches of `batch` sequences,
-  // with `slots` activation sets (the micro-batches a pipeline stage holds in flight). A slice with
-  // slice.tp_size > 1 needs `tp`, the tensor-parallel group it is rank slice.tp_rank of. The flat buffers
-  // are padded to a multiple of `flat_multiple` elements (data-parallel sharding splits them evenly).
-  // Throws std::invalid_argument when the slice does not fit the config.
+  // with `slots` activation sets (the micro-batches a pipeline stage holds in flight), on `backend`, with
+  // layers made by `layers` (a split slice, slice.tp_size > 1, needs the parallel runtime's plan). The
+  // flat buffers are padded to a multiple of `flat_multiple` elements (data-parallel sharding splits
+  // them evenly). `loss` (LM cross-entropy when null) is the head's objective. Throws
+  // std::invalid_argument when the slice does not fit the config.
   GPT(const ModelConfig& config, int batch, DType dtype = DType::kF32, const ModelSlice& slice = {},
-      int slots = 1, Comm* tp = nullptr, size_t flat_multiple = 1);
+      int slots = 1, Backend& backend = cpu_backend(), const LayerFactory& layers = LayerFactory::whole(),
+      size_t flat_multiple = 1, std::shared_ptr<const Loss> loss = nullptr);
   ~GPT();
   GPT(const GPT&) = delete;
   GPT& operator=(const GPT&) = delete;
@@ -91,11 +110,14 @@ class GPT {
   const ModelSlice& slice() const { return slice_; }
   int batch() const { return batch_; }
   DType dtype() const { return dtype_; }
+  Backend& backend() { return backend_; }
+  const Loss& loss() const { return *loss_; }
   const std::vector<ParamInfo>& params() const { return params_; }
   const ParamInfo& param(const std::string& name) const;
 
-  std::span<float> weights() { return weights_; }
-  std::span<float> grads() { return grads_; }
+  // The flat buffers, in the backend's memory (host-readable on the CPU backend).
+  std::span<float> weights() { return weights_.span(); }
+  std::span<float> grads() { return grads_.span(); }
   std::span<float> weight(const std::string& name);
   std::span<float> grad(const std::string& name);
 
@@ -105,55 +127,62 @@ class GPT {
   // Call after changing weights() (optimizer step, loading): refreshes the BF16 working copy.
   void weights_changed();
 
-  // Whole-model conveniences (slot 0). tokens, targets: batch x seq_len. Forward and backward of the
-  // mean cross-entropy; gradients of `grad_scale` x loss are added to grads(). Returns the mean loss.
-  float forward_backward(std::span<const int32_t> tokens, std::span<const int32_t> targets,
-                         float grad_scale = 1.0f);
-  // Mean loss only.
-  float forward_loss(std::span<const int32_t> tokens, std::span<const int32_t> targets);
-  // All logits, batch x seq_len x vocab (tests and evaluation; tp_size 1).
-  void forward_logits(std::span<const int32_t> tokens, std::span<float> logits);
-
-  // Pipeline-stage primitives on activation set `slot`. rows() = batch x seq_len.
-  // forward: a slice with the embedding reads `tokens`, any other reads `input` ([rows, d_model], the
-  // residual stream from the previous stage). A slice with the head returns the mean loss of `targets`
-  // and, if `backward`, prepares the classifier's gradient (grad_scale x mean loss) for backward();
-  // any other returns 0 and leaves its output in output(slot).
-  float forward(int slot, const int32_t* tokens, const float* input, const int32_t* targets, float grad_scale,
-                bool backward);
+  // Pipeline-stage primitives on activation set `slot`, for `batch`, this rank's micro-batch (batch()
+  // rows of config.seq_len). rows() = batch x seq_len.
+  // forward: a slice with the embedding reads the batch's inputs, any other reads `input` ([rows,
+  // d_model] in the backend's memory, the residual stream from the previous stage). A slice with the head
+  // returns the loss sums of the batch and, if `backward`, prepares the classifier's gradient for
+  // backward() (of loss_scale x the loss sum: the trainer passes 1 / the step's global weight); any other
+  // returns zeros and leaves its output in output(slot).
+  LossSums forward(int slot, const MicroBatch& batch, const float* input, float loss_scale, bool backward);
   std::span<const float> output(int slot) const;
   // backward of the micro-batch forward() ran on `slot`: from the classifier gradient (head) or from
   // `d_output` (the next stage's input gradient). Leaves the gradient of the slice's input in
   // input_grad(slot) (slices without the embedding). Calls on_grads(l) as soon as the gradients of layer l
   // are complete for this micro-batch; l = config.layers for the final LayerNorm, -1 for the embeddings.
-  void backward(int slot, const int32_t* tokens, const float* d_output,
-                const std::function<void(int)>& on_grads = {});
+  void backward(int slot, const float* d_output, const std::function<void(int)>& on_grads = {});
   std::span<const float> input_grad(int slot) const;
   int64_t rows() const { return int64_t(batch_) * config_.seq_len; }
+  // A batch this model cannot take (another shape; a token, target, weight or position out of range) is
+  // forge::Error(kData) naming the sample and position.
+  void check(const MicroBatch& batch) const;
+
+  // Whole-model conveniences (slot 0; the slice must hold the embedding and the head). forward_backward
+  // adds the gradients of loss_scale x the loss sum to grads(); a batch that does not fit the model is
+  // forge::Error(kData).
+  LossSums forward_backward(const MicroBatch& batch, float loss_scale);
+  LossSums forward_loss(const MicroBatch& batch);
+  // All logits, batch x seq_len x vocab, into host memory (tests and evaluation; an unsplit model).
+  void forward_logits(const MicroBatch& batch, std::span<float> logits);
 
   // Bytes held by activations and scratch (for memory reports).
   size_t activation_bytes() const;
 
  private:
-  struct Acts;
-  struct Scratch;
-  float run_forward(int slot, const int32_t* tokens, const float* input, const int32_t* targets,
-                    float grad_scale, bool backward, float* logits_out);
-  void tp_sum(float* data, int64_t n);
-  void check_tokens(std::span<const int32_t> tokens, std::span<const int32_t> targets) const;
+  struct Block;
+  struct Slot;
+  struct Workspace;
+  LossSums run_forward(int slot, const MicroBatch& batch, const float* input, float loss_scale, bool backward,
+                       float* logits_out);
+  void check_whole(const MicroBatch& batch) const;
+  ParamRef ref(const std::string& name);
 
   ModelConfig config_;
   ModelSlice slice_;
   int batch_;
   DType dtype_;
-  Comm* tp_;
+  Backend& backend_;
+  std::shared_ptr<const Loss> loss_;
   int layers_;  // blocks in this slice
   std::vector<ParamInfo> params_;
-  // Large buffers in huge pages (huge_buffer.h): first touch of ~0.6 GB was most of the start-up.
-  HugeBuffer<float> weights_, grads_;
-  HugeBuffer<float> work_;  // BF16 mode: weights rounded to BF16 (the copy forward/backward use)
-  std::vector<std::unique_ptr<Acts>> acts_;
-  std::unique_ptr<Scratch> scratch_;
+  Buffer<float> weights_, grads_;
+  Buffer<float> work_;  // BF16 mode: weights rounded to BF16 (the copy forward/backward use)
+  std::unique_ptr<Workspace> ws_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::vector<std::unique_ptr<Block>> blocks_;
+  std::unique_ptr<Embedding> embedding_;
+  std::unique_ptr<Classifier> classifier_;
+  ParamRef lnf_w_, lnf_b_;
 };
 
 }  // namespace forge::trainer

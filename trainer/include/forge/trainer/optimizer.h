@@ -1,7 +1,7 @@
 // AdamW over the model's flat parameter buffer, the learning-rate schedule and gradient clipping.
 #pragma once
 
-#include "forge/common/huge_buffer.h"
+#include "forge/trainer/backend.h"
 #include "forge/trainer/model.h"
 #include "forge/trainer/spec.h"
 
@@ -22,39 +22,30 @@ double grad_norm(std::span<const float> grads);
 // max_norm / (norm + 1e-6) when below 1). max_norm <= 0: no clipping. Returns the norm before clipping.
 double clip_grad_norm(std::span<float> grads, double max_norm);
 
-// A range [lo, hi) of the flat parameter buffer.
-struct FlatRange {
-  size_t lo = 0, hi = 0;
-};
-
 // AdamW with decoupled weight decay (applied only to parameters marked `decay`) and bias correction,
 // the update PyTorch's torch.optim.AdamW computes. It owns the moments of `ranges` of the flat buffer
-// (all of it by default; a ZeRO-1 shard otherwise), stored back to back in range order, and updates only
-// those elements.
+// (all of it by default; a ZeRO-1 shard otherwise), stored back to back in range order in the backend's
+// memory, and updates only those elements (Backend::adamw).
 class AdamW {
  public:
   AdamW(const OptimConfig& optim, const std::vector<ParamInfo>& params, size_t size,
-        std::vector<FlatRange> ranges = {});
+        std::vector<FlatRange> ranges = {}, Backend& backend = cpu_backend());
   void step(std::span<float> weights, std::span<const float> grads, double lr);
   const std::vector<FlatRange>& ranges() const { return ranges_; }
   int64_t steps_taken() const { return t_; }
   // Resuming from a checkpoint: the step count drives bias correction and the schedule.
   void restore_steps(int64_t steps) { t_ = steps; }
-  // First and second moments, flat like the parameters (for checkpoints).
-  std::span<float> m() { return m_; }
-  std::span<float> v() { return v_; }
+  // First and second moments, packed like ranges() (for checkpoints).
+  std::span<float> m() { return m_.span(); }
+  std::span<float> v() { return v_.span(); }
 
  private:
-  // A stretch of one parameter inside an owned range: flat [lo, hi), moments at `at`.
-  struct Segment {
-    size_t lo, hi, at;
-    bool decay;
-  };
   OptimConfig optim_;
+  Backend& backend_;
   std::vector<FlatRange> ranges_;
-  std::vector<Segment> segments_;
+  std::vector<AdamWSegment> segments_;  // each owned stretch of one parameter
   size_t size_;
-  HugeBuffer<float> m_, v_;
+  Buffer<float> m_, v_;
   int64_t t_ = 0;
 };
 

@@ -1,16 +1,18 @@
-// The hybrid-parallel training step: one process's slice of the model (its pipeline stage's layers, its
+// The training step, on every layout: one process's slice of the model (its pipeline stage's layers, its
 // tensor-parallel shard), the 1F1B pipeline schedule over micro-batches, data-parallel gradient
-// reduction in buckets launched as backward finishes each layer, and ZeRO-1 (optimizer state sharded
-// across the data-parallel group: reduce-scatter gradients, update the local shard, all-gather
-// parameters). The math is the single-process Trainer's: the same spec gives the same losses on every
-// layout, up to floating-point summation order.
+// reduction in buckets launched as backward finishes each layer, ZeRO-1 (optimizer state sharded across
+// the data-parallel group: reduce-scatter gradients, update the local shard, all-gather parameters),
+// clipping, the schedule and AdamW. At layout 1,1,1 (self_comm, groups.h) it is the one-process trainer.
+// The same spec gives the same losses on every layout, up to floating-point summation order.
 #pragma once
 
+#include "forge/common/batch.h"
 #include "forge/trainer/groups.h"
 #include "forge/trainer/model.h"
 #include "forge/trainer/optimizer.h"
 #include "forge/trainer/spec.h"
-#include "forge/trainer/trainer.h"
+#include "forge/trainer/step_stats.h"
+#include "forge/trainer/tensor_parallel.h"
 
 #include <memory>
 #include <span>
@@ -20,14 +22,15 @@
 namespace forge::trainer {
 
 // Layer boundaries of `pp` pipeline stages: stage s holds blocks [bounds[s], bounds[s+1]). `counts`
-// (blocks per stage) overrides; empty: balanced by forward FLOPs, the classifier counted on the last stage.
-// Throws forge::Error(kUsage) when a stage would get no block or the counts do not add up (layout_problem).
+// (blocks per stage, as validated by parallel_problem) overrides; empty: balanced by forward FLOPs, the
+// classifier counted on the last stage.
 std::vector<int> stage_bounds(const ModelConfig& config, int pp, const std::vector<int>& counts = {});
 
 class ParallelTrainer {
  public:
-  // Builds this rank's slice, initialized from spec.seed exactly as the whole model would be.
-  ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups);
+  // Builds this rank's slice on `backend`, initialized from spec.seed exactly as the whole model would
+  // be. The spec has passed train_spec's validation; the groups are spec.layout's.
+  ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups, Backend& backend = cpu_backend());
   ~ParallelTrainer();
 
   GPT& model() { return *model_; }
@@ -36,18 +39,15 @@ class ParallelTrainer {
   int64_t steps_taken() const { return optimizer_->steps_taken(); }
   const std::vector<int>& bounds() const { return bounds_; }
 
-  // Token ids of one global step: microbatches x (dp x batch) x (seq_len + 1). Every rank is given the
-  // same global step and takes its data-parallel rank's rows of each micro-batch.
-  size_t tokens_per_step() const;
-  // One optimizer step (collective over the world). loss is the global mean, identical on every rank;
-  // a non-finite loss or norm drops the update on every rank (finite = false).
-  StepStats step(std::span<const int32_t> tokens);
-  // Mean loss of one global micro-batch (dp x batch rows of seq_len + 1 tokens), forward only, through the
-  // pipeline (collective; the same value on every rank). Checkpoint resumes verify with it.
-  double loss_of(std::span<const int32_t> rows);
-  // Rows of the global step (micro-batch major: mb x dp x batch + dp_rank x batch + r) this rank's data
-  // parallel replica trains: the duplicate-sample guard exchanges them.
-  const std::vector<int64_t>& rows_trained() const { return rows_trained_; }
+  // One optimizer step (collective over the world) on this rank's micro-batches: spec.microbatches of
+  // them, each spec.batch rows of this data-parallel rank's data. The loss is normalised by the scored
+  // weight of the whole step over every data-parallel rank (loss.h) and is identical on every rank; a
+  // non-finite loss or norm drops the update on every rank (finite = false). A batch that does not fit
+  // the model, or a step with nothing scored, is forge::Error(kData).
+  StepStats step(std::span<const MicroBatch> micro_batches);
+  // The loss of one micro-batch of the step (this rank's part), forward only, through the pipeline
+  // (collective; the same value on every rank). Checkpoint resumes verify with it.
+  double loss_of(const MicroBatch& mine);
   // Testing hook (guard.inject_nan_step): the next step's loss is NaN on every rank.
   void inject_nan_once() { inject_nan_ = true; }
 
@@ -66,26 +66,22 @@ class ParallelTrainer {
     size_t shard_at;  // where this rank's part sits in shard_
     RequestPtr request;
   };
-  // Splits rows `rows` of a (seq_len + 1)-token batch into slot `slot`'s inputs and targets.
-  void load_rows(int slot, const int32_t* tokens, std::span<const int64_t> rows);
   void launch(Bucket& bucket);
   void finish_gradients();
-  double owned_sum_squares() const;
 
   TrainSpec spec_;
   ProcessGroups& groups_;
+  Backend& backend_;
   std::vector<int> bounds_;
-  int threads_;
   int slots_;
+  std::unique_ptr<TensorParallelPlan> tp_plan_;
   std::unique_ptr<GPT> model_;
   std::unique_ptr<AdamW> optimizer_;
   std::vector<Bucket> buckets_;
-  std::vector<FlatRange> owned_;                        // this rank's shard: part dp_rank of every bucket
-  std::vector<FlatRange> norm_ranges_;                  // owned elements counted once in the global norm
-  HugeBuffer<float> shard_;                             // reduce-scatter output, back to back
-  std::vector<std::vector<int32_t>> inputs_, targets_;  // per slot
-  HugeBuffer<float> recv_act_, recv_grad_;
-  std::vector<int64_t> rows_trained_;
+  std::vector<FlatRange> owned_;        // this rank's shard: part dp_rank of every bucket
+  std::vector<FlatRange> norm_ranges_;  // owned elements counted once in the global norm
+  Buffer<float> shard_;                 // reduce-scatter output, back to back
+  Buffer<float> recv_act_, recv_grad_;
   bool inject_nan_ = false;
 };
 

@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 namespace forge::trainer {
@@ -25,8 +24,9 @@ struct OptimConfig {
   double grad_clip = 1.0;  // global L2 norm; 0 disables clipping
 };
 
+// How the layout's ranks work, beyond the layout itself.
 struct ParallelConfig {
-  int tp = 1, pp = 1, dp = 1, zero = 0;
+  int zero = 0;                   // ZeRO stage: 0, or 1 (optimizer state sharded across dp)
   std::vector<int> stage_layers;  // blocks per pipeline stage; empty: balanced
 };
 
@@ -36,13 +36,15 @@ struct TrainSpec {
   std::string data_order = "block";  // the reader's sample order: "block" or "global"
   int64_t steps = 0;
   uint64_t seed = 0;
-  int threads = 0;         // resolved: > 0
-  double peak_gflops = 0;  // 0: measure at start
-  int batch = 0;           // sequences per micro-batch
-  int microbatches = 1;    // micro-batches accumulated per optimizer step
+  int threads = 0;             // resolved: > 0
+  double peak_gflops = 0;      // 0: measure at start
+  int batch = 0;               // sequences per micro-batch and data-parallel rank
+  int microbatches = 1;        // micro-batches accumulated per optimizer step
+  bool document_mask = false;  // packed documents: attention and positions stop at document boundaries
   ModelConfig model;
   OptimConfig optim;
   DType dtype = DType::kF32;
+  Layout layout;
   ParallelConfig parallel;
   GuardConfig guard;
 };
@@ -56,10 +58,11 @@ ModelConfig model_config(const Config& config);
 OptimConfig optim_config(const Config& config);
 TrainSpec train_spec(const Config& config);
 
-// The first rule a parallel layout breaks for this model, as (key, why): heads and vocab divisible by tp,
-// at least one block per pipeline stage, stage_layers consistent, ZeRO stage 0 or 1. nullopt: it can run.
-std::optional<std::pair<std::string, std::string>> layout_problem(const ModelConfig& model,
-                                                                  const ParallelConfig& parallel);
+// The first rule the layout and its options break for this model, as the key to change and why: the
+// layout's own rules (forge::layout_problem), stage_layers consistent with pp and the layers, ZeRO stage
+// 0 or 1. nullopt: it can run. train_spec applies it; the runtime assumes a spec that passed.
+std::optional<LayoutProblem> parallel_problem(const ModelConfig& model, const Layout& layout,
+                                              const ParallelConfig& parallel);
 
 // Worker threads: `requested` > 0 as is; 0 means SLURM_CPUS_PER_TASK when set, else all cores.
 int resolve_threads(int requested);

@@ -10,7 +10,7 @@
 #include "forge/trainer/model.h"
 #include "forge/trainer/optimizer.h"
 #include "forge/trainer/spec.h"
-#include "forge/trainer/trainer.h"
+#include "forge/trainer/step_stats.h"
 
 #include <cstdint>
 #include <memory>

@@ -1,0 +1,65 @@
+// The batch contract between the data layer and the trainer (docs/ARCHITECTURE.md, "The batch"): what one
+// data-parallel rank trains on in one micro-batch. `rows` sequences of `seq_len` positions, row-major.
+//
+// Pretraining is the special case: targets are the next tokens, every one scored with weight 1, positions
+// count from 0 and each row is one document. The optional fields are then left empty, and every consumer
+// reads an empty field as that default, so the common case costs nothing to build or to ship.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace forge {
+
+struct MicroBatch {
+  static constexpr int32_t kIgnore = -1;  // the target of a position that is not scored
+
+  int rows = 0, seq_len = 0;
+  std::vector<int32_t> inputs;   // token ids the model reads
+  std::vector<int32_t> targets;  // the token each position must predict, or kIgnore
+  // Optional, one value per position; empty = the default.
+  std::vector<float> weights;      // loss weight (default 1; a kIgnore target always weighs 0)
+  std::vector<int32_t> positions;  // position-embedding row (default: the index in the row)
+  // The document each position belongs to, numbered from 0 in each row and never decreasing; attention
+  // never crosses a change (default: the row is one document).
+  std::vector<int32_t> segments;
+  // One per row: the dataset-global sample the row came from, and the pass over the data it was drawn in
+  // (a sample recurs once per epoch; the duplicate-sample guard compares (sample, epoch)).
+  std::vector<uint64_t> sample_ids;
+  std::vector<uint32_t> epochs;
+
+  size_t size() const { return size_t(rows) * size_t(seq_len); }
+  // Sizes inputs, targets, sample_ids and epochs for `rows` x `seq_len`; clears the optional fields.
+  void resize(int rows, int seq_len);
+  float weight(size_t i) const { return targets[i] == kIgnore ? 0.0f : weights.empty() ? 1.0f : weights[i]; }
+  // The sum of the weights: how many scored tokens this batch adds to the loss's normaliser.
+  double weight_sum() const;
+
+  // Row r from a window of seq_len + 1 tokens: its first seq_len are the inputs, the last seq_len the
+  // targets (the pretraining sample).
+  void set_window(int r, const int32_t* window, uint64_t sample_id, uint32_t epoch);
+  // Packed documents in row r: `starts` are the window offsets in (0, seq_len] where a new document
+  // begins, ascending. Positions restart at each document and segments count them; a target that is the
+  // first token of the next document is not scored (its context is another document). Materializes the
+  // optional fields for the whole batch.
+  void set_documents(int r, std::span<const int32_t> starts);
+
+  // The first thing wrong with the batch for a model of `vocab` tokens and `max_positions` positions, as
+  // "sample S (row R, position P): ..."; nullopt when it can be trained on.
+  std::optional<std::string> problem(int vocab, int max_positions) const;
+
+  // Rows [first, first + count) as a batch of their own; and batches of one seq_len stacked.
+  MicroBatch slice_rows(int first, int count) const;
+  static MicroBatch concat(std::span<const MicroBatch> parts);
+
+  // Self-describing bytes (the verification batch a checkpoint keeps), and back: forge::Error(kData) on
+  // bytes that are not a serialized batch.
+  std::string serialize() const;
+  static MicroBatch deserialize(std::string_view bytes);
+};
+
+}  // namespace forge

@@ -1,0 +1,201 @@
+#include "forge/common/batch.h"
+
+#include "forge/common/error.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace forge {
+
+namespace {
+
+// Serialized form: magic, rows, seq_len, which optional fields follow, then the arrays in field order.
+constexpr char kMagic[8] = {'F', 'M', 'B', 'A', 'T', 'C', 'H', '1'};
+constexpr uint32_t kHasWeights = 1, kHasPositions = 2, kHasSegments = 4;
+
+template <typename T>
+void put(std::string& out, const std::vector<T>& v) {
+  out.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+template <typename T>
+void take(std::string_view& in, std::vector<T>& v, size_t n) {
+  if (in.size() < n * sizeof(T)) fail(ExitCode::kData, "serialized micro-batch is truncated");
+  v.resize(n);
+  std::memcpy(v.data(), in.data(), n * sizeof(T));
+  in.remove_prefix(n * sizeof(T));
+}
+
+template <typename T>
+void append_rows(std::vector<T>& out, const std::vector<T>& in, size_t first, size_t count) {
+  out.insert(out.end(), in.begin() + int64_t(first), in.begin() + int64_t(first + count));
+}
+
+}  // namespace
+
+void MicroBatch::resize(int r, int t) {
+  rows = r;
+  seq_len = t;
+  inputs.resize(size());
+  targets.resize(size());
+  sample_ids.resize(size_t(r));
+  epochs.resize(size_t(r));
+  weights.clear();
+  positions.clear();
+  segments.clear();
+}
+
+double MicroBatch::weight_sum() const {
+  double sum = 0;
+  for (size_t i = 0; i < size(); ++i) sum += weight(i);
+  return sum;
+}
+
+void MicroBatch::set_window(int r, const int32_t* window, uint64_t sample_id, uint32_t epoch) {
+  const size_t T = size_t(seq_len), at = size_t(r) * T;
+  std::copy(window, window + T, inputs.begin() + int64_t(at));
+  std::copy(window + 1, window + 1 + T, targets.begin() + int64_t(at));
+  sample_ids[size_t(r)] = sample_id;
+  epochs[size_t(r)] = epoch;
+}
+
+void MicroBatch::set_documents(int r, std::span<const int32_t> starts) {
+  if (segments.empty()) {
+    weights.assign(size(), 1.0f);
+    positions.resize(size());
+    segments.assign(size(), 0);
+    for (size_t i = 0; i < size(); ++i) positions[i] = int32_t(i % size_t(seq_len));
+  }
+  const size_t at = size_t(r) * size_t(seq_len);
+  size_t next = 0;
+  int32_t segment = 0, start = 0;
+  for (int32_t t = 0; t < seq_len; ++t) {
+    while (next < starts.size() && starts[next] <= t) {
+      start = starts[next++];
+      ++segment;
+    }
+    positions[at + size_t(t)] = t - start;
+    segments[at + size_t(t)] = segment;
+    // Position t predicts window token t + 1: not scored when that token opens the next document.
+    if (next < starts.size() && starts[next] == t + 1) {
+      targets[at + size_t(t)] = kIgnore;
+      weights[at + size_t(t)] = 0.0f;
+    }
+  }
+}
+
+std::optional<std::string> MicroBatch::problem(int vocab, int max_positions) const {
+  const size_t n = size();
+  const auto where = [&](size_t i, const std::string& what) {
+    const size_t r = i / size_t(seq_len);
+    return fmt::format("sample {} (row {}, position {}): {}", r < sample_ids.size() ? sample_ids[r] : 0, r,
+                       i % size_t(seq_len), what);
+  };
+  if (inputs.size() != n || targets.size() != n || sample_ids.size() != size_t(rows) ||
+      (!weights.empty() && weights.size() != n) || (!positions.empty() && positions.size() != n) ||
+      (!segments.empty() && segments.size() != n))
+    return fmt::format("a micro-batch of {} x {} positions has fields of the wrong length", rows, seq_len);
+  for (size_t i = 0; i < n; ++i) {
+    if (inputs[i] < 0 || inputs[i] >= vocab)
+      return where(i, fmt::format("input id {} is outside the vocabulary [0, {})", inputs[i], vocab));
+    if (targets[i] != kIgnore && (targets[i] < 0 || targets[i] >= vocab))
+      return where(i, fmt::format("target id {} is outside the vocabulary [0, {})", targets[i], vocab));
+    if (!weights.empty() && !(std::isfinite(weights[i]) && weights[i] >= 0))
+      return where(i, fmt::format("loss weight {} is not a finite value >= 0", weights[i]));
+    const int32_t pos = positions.empty() ? int32_t(i % size_t(seq_len)) : positions[i];
+    if (pos < 0 || pos >= max_positions)
+      return where(i, fmt::format("position {} is outside [0, {})", pos, max_positions));
+    if (!segments.empty()) {
+      const bool row_start = i % size_t(seq_len) == 0;
+      const int32_t before = row_start ? 0 : segments[i - 1];
+      if (segments[i] != before && segments[i] != before + 1)
+        return where(i, fmt::format("document id {} after {}: ids must count up from 0 in each row",
+                                    segments[i], before));
+    }
+  }
+  return std::nullopt;
+}
+
+MicroBatch MicroBatch::slice_rows(int first, int count) const {
+  MicroBatch out;
+  out.rows = count;
+  out.seq_len = seq_len;
+  const size_t T = size_t(seq_len), lo = size_t(first) * T, n = size_t(count) * T;
+  append_rows(out.inputs, inputs, lo, n);
+  append_rows(out.targets, targets, lo, n);
+  if (!weights.empty()) append_rows(out.weights, weights, lo, n);
+  if (!positions.empty()) append_rows(out.positions, positions, lo, n);
+  if (!segments.empty()) append_rows(out.segments, segments, lo, n);
+  append_rows(out.sample_ids, sample_ids, size_t(first), size_t(count));
+  append_rows(out.epochs, epochs, size_t(first), size_t(count));
+  return out;
+}
+
+MicroBatch MicroBatch::concat(std::span<const MicroBatch> parts) {
+  MicroBatch out;
+  if (parts.empty()) return out;
+  out.seq_len = parts[0].seq_len;
+  bool weights = false, positions = false, segments = false;
+  for (const MicroBatch& p : parts) {
+    if (p.seq_len != out.seq_len) throw std::invalid_argument("MicroBatch::concat: seq_len differs");
+    weights = weights || !p.weights.empty();
+    positions = positions || !p.positions.empty();
+    segments = segments || !p.segments.empty();
+  }
+  for (const MicroBatch& p : parts) {
+    out.rows += p.rows;
+    append_rows(out.inputs, p.inputs, 0, p.size());
+    append_rows(out.targets, p.targets, 0, p.size());
+    append_rows(out.sample_ids, p.sample_ids, 0, size_t(p.rows));
+    append_rows(out.epochs, p.epochs, 0, size_t(p.rows));
+    // A part without an optional field contributes its default values.
+    for (size_t i = 0; i < p.size(); ++i) {
+      if (weights) out.weights.push_back(p.weights.empty() ? 1.0f : p.weights[i]);
+      if (positions)
+        out.positions.push_back(p.positions.empty() ? int32_t(i % size_t(p.seq_len)) : p.positions[i]);
+      if (segments) out.segments.push_back(p.segments.empty() ? 0 : p.segments[i]);
+    }
+  }
+  return out;
+}
+
+std::string MicroBatch::serialize() const {
+  std::string out(kMagic, sizeof kMagic);
+  const uint32_t flags = (weights.empty() ? 0 : kHasWeights) | (positions.empty() ? 0 : kHasPositions) |
+                         (segments.empty() ? 0 : kHasSegments);
+  const uint32_t header[3] = {uint32_t(rows), uint32_t(seq_len), flags};
+  out.append(reinterpret_cast<const char*>(header), sizeof header);
+  put(out, inputs);
+  put(out, targets);
+  put(out, weights);
+  put(out, positions);
+  put(out, segments);
+  put(out, sample_ids);
+  put(out, epochs);
+  return out;
+}
+
+MicroBatch MicroBatch::deserialize(std::string_view in) {
+  uint32_t header[3];
+  if (in.size() < sizeof kMagic + sizeof header || std::memcmp(in.data(), kMagic, sizeof kMagic) != 0)
+    fail(ExitCode::kData, "not a serialized micro-batch (bad magic)");
+  in.remove_prefix(sizeof kMagic);
+  std::memcpy(header, in.data(), sizeof header);
+  in.remove_prefix(sizeof header);
+  MicroBatch b;
+  b.rows = int(header[0]);
+  b.seq_len = int(header[1]);
+  const size_t n = b.size();
+  take(in, b.inputs, n);
+  take(in, b.targets, n);
+  take(in, b.weights, header[2] & kHasWeights ? n : 0);
+  take(in, b.positions, header[2] & kHasPositions ? n : 0);
+  take(in, b.segments, header[2] & kHasSegments ? n : 0);
+  take(in, b.sample_ids, size_t(b.rows));
+  take(in, b.epochs, size_t(b.rows));
+  if (!in.empty()) fail(ExitCode::kData, "serialized micro-batch has {} trailing bytes", in.size());
+  return b;
+}
+
+}  // namespace forge

@@ -1,0 +1,49 @@
+// Test helpers for the trainer: micro-batches from plain token arrays, and the one-process trainer
+// (ParallelTrainer at layout 1,1,1 over a self communicator).
+#pragma once
+
+#include "forge/common/batch.h"
+#include "forge/trainer/parallel.h"
+
+#include <memory>
+#include <span>
+#include <vector>
+
+namespace forge::test {
+
+// `rows` x `seq_len` inputs and targets (targets may be MicroBatch::kIgnore), pretraining defaults.
+inline MicroBatch micro_batch(std::span<const int32_t> inputs, std::span<const int32_t> targets, int rows,
+                              int seq_len) {
+  MicroBatch b;
+  b.resize(rows, seq_len);
+  std::copy(inputs.begin(), inputs.end(), b.inputs.begin());
+  std::copy(targets.begin(), targets.end(), b.targets.begin());
+  for (int r = 0; r < rows; ++r) b.sample_ids[size_t(r)] = uint64_t(r);
+  return b;
+}
+
+// Rows of seq_len + 1 tokens (window r starts at windows[r * (seq_len + 1)]) as one micro-batch.
+inline MicroBatch window_batch(std::span<const int32_t> windows, int rows, int seq_len,
+                               uint64_t first_id = 0) {
+  MicroBatch b;
+  b.resize(rows, seq_len);
+  for (int r = 0; r < rows; ++r)
+    b.set_window(r, windows.data() + size_t(r) * size_t(seq_len + 1), first_id + uint64_t(r), 0);
+  return b;
+}
+
+// The trainer on one process, with its groups.
+class OneProcess {
+ public:
+  explicit OneProcess(const trainer::TrainSpec& spec)
+      : groups_(trainer::make_groups(trainer::self_comm(), spec.layout)),
+        trainer_(std::make_unique<trainer::ParallelTrainer>(spec, groups_)) {}
+  trainer::ParallelTrainer& operator*() { return *trainer_; }
+  trainer::ParallelTrainer* operator->() { return trainer_.get(); }
+
+ private:
+  trainer::ProcessGroups groups_;
+  std::unique_ptr<trainer::ParallelTrainer> trainer_;
+};
+
+}  // namespace forge::test

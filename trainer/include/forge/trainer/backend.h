@@ -1,0 +1,160 @@
+// The backend seam (docs/ARCHITECTURE.md, "Backends"): where the model's buffers live and how its ops run.
+// One model (model.h) and one trainer (parallel.h) are written against this interface; the CPU backend
+// implements it over OpenMP and OpenBLAS (trainer/src/cpu/), a GPU backend over its own kernels and
+// device memory.
+//
+// Every op takes pointers into memory the same backend allocated (device memory for a GPU backend, where
+// the host must go through copy_to_host / copy_from_host). Activations are flat row-major
+// [rows, channels] with rows = batch x time; weights are [out, in] as PyTorch's Linear. Backward ops add
+// into parameter gradients; what they do to input gradients is stated per op.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace forge::trainer {
+
+// Memory of one backend; released with the object.
+class Allocation {
+ public:
+  virtual ~Allocation() = default;
+  virtual void* data() = 0;
+};
+
+// A fixed-size, zero-initialised typed array in a backend's memory. Move-only.
+template <typename T>
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(std::unique_ptr<Allocation> memory, size_t size) : memory_(std::move(memory)), size_(size) {}
+  T* data() { return memory_ ? static_cast<T*>(memory_->data()) : nullptr; }
+  const T* data() const { return memory_ ? static_cast<const T*>(memory_->data()) : nullptr; }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  // A span over the elements: host-readable only on a backend with host memory.
+  std::span<T> span() { return {data(), size_}; }
+  std::span<const T> span() const { return {data(), size_}; }
+
+ private:
+  std::unique_ptr<Allocation> memory_;
+  size_t size_ = 0;
+};
+
+// Combines per-row softmax statistics across the ranks that hold the shards of a split vocabulary
+// (VocabParallelCrossEntropy, tensor_parallel.h). Called inside the cross-entropy op, on its buffers.
+class VocabGroup {
+ public:
+  virtual ~VocabGroup() = default;
+  virtual void max(float* values, int n) = 0;
+  virtual void sum(float* values, int n) = 0;
+};
+
+// A range [lo, hi) of a flat buffer (the model's parameters, gradients).
+struct FlatRange {
+  size_t lo = 0, hi = 0;
+};
+
+// One step of AdamW over a stretch of the flat buffers (optimizer.h).
+struct AdamWSegment {
+  size_t lo = 0, hi = 0;  // flat range of weights and gradients
+  size_t at = 0;          // where its moments start
+  bool decay = true;
+};
+struct AdamWStep {
+  float beta1 = 0, beta2 = 0, eps = 0;
+  float step_size = 0;     // lr / (1 - beta1^t)
+  float inv_sqrt_bc2 = 0;  // 1 / sqrt(1 - beta2^t)
+  float keep = 1;          // 1 - lr * weight_decay, for segments that decay
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  // Whether the host can read and write the backend's buffers directly.
+  virtual bool host_memory() const = 0;
+
+  template <typename T>
+  Buffer<T> alloc(size_t n) {
+    return Buffer<T>(allocate(n * sizeof(T)), n);
+  }
+  virtual std::unique_ptr<Allocation> allocate(size_t bytes) = 0;  // zero-filled
+  virtual void copy_from_host(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual void fill(float* x, float value, size_t n) = 0;
+
+  // ---- layers
+  // out[r,:] = wte[tokens[r] - vocab_begin,:] + wpe[positions[r],:] for the vocabulary rows
+  // [vocab_begin, vocab_end) this rank holds (others contribute zeros); wpe may be null (another rank
+  // of the group adds it); positions null: r % T.
+  virtual void embedding_forward(float* out, const int32_t* tokens, const int32_t* positions,
+                                 const float* wte, const float* wpe, int B, int T, int C, int vocab_begin,
+                                 int vocab_end) = 0;
+  virtual void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                                  const int32_t* positions, int B, int T, int C, int vocab_begin,
+                                  int vocab_end) = 0;
+  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* weight,
+                                 const float* bias, int N, int C) = 0;
+  // din += dL/din (the residual stream's gradient accumulates); dweight, dbias +=.
+  virtual void layernorm_backward(float* din, float* dweight, float* dbias, const float* dout,
+                                  const float* in, const float* weight, const float* mean, const float* rstd,
+                                  int N, int C) = 0;
+  // res_out = res_in + delta + delta_bias; ln_out = LayerNorm(res_out).
+  virtual void residual_layernorm_forward(float* res_out, float* ln_out, float* mean, float* rstd,
+                                          const float* res_in, const float* delta, const float* delta_bias,
+                                          const float* weight, const float* bias, int N, int C) = 0;
+  // res_out = res_in + delta + delta_bias.
+  virtual void residual_forward(float* res_out, const float* res_in, const float* delta,
+                                const float* delta_bias, int N, int C) = 0;
+  // out = in @ w^T (+ bias if not null).
+  virtual void matmul_forward(float* out, const float* in, const float* w, const float* bias, int N, int C,
+                              int OC) = 0;
+  // din = dout @ w (overwrites; skipped if null); dw += dout^T @ in; dbias += column sums (if not null).
+  virtual void matmul_backward(float* din, float* dw, float* dbias, const float* dout, const float* in,
+                               const float* w, int N, int C, int OC) = 0;
+  // out[r,:] += bias.
+  virtual void add_bias(float* out, const float* bias, int N, int OC) = 0;
+  // Causal attention on the fused qkv [B*T, 3C] (q | k | v), out [B*T, C], row log-sum-exp lse
+  // [B, NH, T]. A query at row position t sees keys [doc_start[b*T + t], t] (its document); doc_start
+  // null: [0, t].
+  virtual void attention_forward(float* out, float* lse, const float* qkv, const int32_t* doc_start, int B,
+                                 int T, int C, int NH) = 0;
+  // dqkv = gradient of the attention inputs (overwrites).
+  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                                  const float* lse, const int32_t* doc_start, int B, int T, int C,
+                                  int NH) = 0;
+  // pre += bias; out = gelu(pre) (tanh approximation).
+  virtual void bias_gelu_forward(float* out, float* pre, const float* bias, int N, int C) = 0;
+  // dinout: dL/d(out) in, dL/d(pre) out.
+  virtual void gelu_backward(float* dinout, const float* pre, int N, int C) = 0;
+
+  // ---- the loss
+  // Softmax cross-entropy of a chunk of logits [rows, V] (vocabulary columns [vocab_begin, vocab_begin +
+  // V) of a split vocabulary, combined through `group` when not null). Row i's loss is weighted by
+  // weights[i] (null: 1); a target of MicroBatch::kIgnore weighs 0. Returns the weighted sum. When
+  // `backward`, the logits are replaced by dL/dlogits of scale x that sum.
+  virtual double cross_entropy(float* logits, const int32_t* targets, const float* weights, int rows, int V,
+                               int vocab_begin, float scale, bool backward, VocabGroup* group) = 0;
+
+  // ---- precision (BF16 storage of FP32 values)
+  virtual void round_to_bf16(float* out, const float* in, size_t n) = 0;
+  // Rounds `values` in place and stores them as 2-byte BF16 in `out`; and back (exact).
+  virtual void to_bf16(uint16_t* out, float* values, size_t n) = 0;
+  virtual void from_bf16(float* out, const uint16_t* in, size_t n) = 0;
+
+  // ---- the optimizer step
+  // Sum of squares of x over the ranges, accumulated in double.
+  virtual double sum_squares(const float* x, std::span<const FlatRange> ranges) = 0;
+  virtual void scale(float* x, float factor, std::span<const FlatRange> ranges) = 0;
+  virtual void adamw(float* weights, const float* grads, float* m, float* v,
+                     std::span<const AdamWSegment> segments, const AdamWStep& step) = 0;
+};
+
+// The process's CPU backend.
+Backend& cpu_backend();
+
+}  // namespace forge::trainer

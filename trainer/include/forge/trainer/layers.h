@@ -1,0 +1,108 @@
+// The model's layers that hold parameters, and the seam through which a parallel plan splits them.
+//
+// The GPT (model.h) is built from these and knows nothing about parallelism: it asks a LayerFactory for
+// each one. LayerFactory::whole() makes them whole, as one process holding every parameter. The parallel
+// runtime's TensorParallelPlan (tensor_parallel.h) makes Megatron's layers instead — ColumnParallelLinear,
+// RowParallelLinear, VocabParallelEmbedding, VocabParallelCrossEntropy — each of which owns its collective.
+// Which weights are split how is the parameter table's ShardRule (model.h), so the plan needs no list of
+// layer names.
+#pragma once
+
+#include "forge/trainer/backend.h"
+#include "forge/trainer/loss.h"
+
+#include <memory>
+
+namespace forge::trainer {
+
+struct ParamInfo;
+
+// A parameter as a layer uses it: its table entry, the values forward and backward compute with (in BF16
+// mode the rounded working copy) and its gradient. Either may be null for a layer without that parameter.
+struct ParamRef {
+  const ParamInfo* info = nullptr;
+  const float* value = nullptr;
+  float* grad = nullptr;
+};
+
+// y = x W^T (+ b) over [rows, in] activations; W is the local [out, in] (PyTorch's Linear layout).
+class Linear {
+ public:
+  // add_bias = false leaves the bias to the caller, who fuses it into the op that follows (Megatron's
+  // skip_bias_add); backward computes its gradient either way.
+  Linear(Backend& backend, ParamRef weight, ParamRef bias, bool add_bias);
+  virtual ~Linear() = default;
+  Linear(const Linear&) = delete;
+  Linear& operator=(const Linear&) = delete;
+
+  int in_features() const { return in_; }  // as this rank holds them
+  int out_features() const { return out_; }
+  const float* bias() const { return bias_.value; }
+
+  // out [rows, out_features] = in @ W^T (+ b).
+  virtual void forward(float* out, const float* in, int rows);
+  // din = dout @ W (overwrites; skipped when null); dW += dout^T in; db += column sums of dout.
+  virtual void backward(float* din, const float* dout, const float* in, int rows);
+
+ protected:
+  Backend& backend_;
+  ParamRef weight_, bias_;
+  bool add_bias_;
+  int in_ = 0, out_ = 0;
+};
+
+// Token embedding rows [vocab_begin, vocab_end) of the vocabulary plus the position embedding (when
+// `wpe.value` is set): out = wte[token] + wpe[position].
+class Embedding {
+ public:
+  Embedding(Backend& backend, ParamRef wte, ParamRef wpe, int vocab_begin, int vocab_end);
+  virtual ~Embedding() = default;
+  Embedding(const Embedding&) = delete;
+  Embedding& operator=(const Embedding&) = delete;
+
+  virtual void forward(float* out, const int32_t* tokens, const int32_t* positions, int B, int T);
+  // Adds dout into the gradients of the rows used.
+  void backward(const float* dout, const int32_t* tokens, const int32_t* positions, int B, int T);
+
+ protected:
+  Backend& backend_;
+  ParamRef wte_, wpe_;
+  int vocab_begin_, vocab_end_, C_;
+};
+
+// The classifier tied to the token embedding (logits = x wte^T over the vocabulary rows this rank holds)
+// and the loss over its logits, chunk by chunk of positions: the logits of all positions never exist at
+// once. dx is the gradient of x, for the whole vocabulary.
+class Classifier {
+ public:
+  Classifier(Backend& backend, ParamRef wte, int vocab_begin, VocabGroup* group = nullptr);
+  virtual ~Classifier() = default;
+  Classifier(const Classifier&) = delete;
+  Classifier& operator=(const Classifier&) = delete;
+
+  // The loss of the micro-batch's positions (`rows` of them) from x [rows, C]. When dx is not null,
+  // dx = dL/dx and the embedding's gradient gets dL/dwte, for L = scale x the loss's sum. logits_out
+  // (host memory, [rows, V], the whole vocabulary only) receives the logits when not null.
+  virtual double forward_backward(float* dx, const float* x, const DeviceBatch& batch, int rows,
+                                  const Loss& loss, float scale, float* logits_out);
+
+ protected:
+  Backend& backend_;
+  ParamRef wte_;
+  int vocab_begin_, V_, C_;
+  VocabGroup* vocab_group_;
+  Buffer<float> chunk_;
+};
+
+class LayerFactory {
+ public:
+  virtual ~LayerFactory() = default;
+  virtual std::unique_ptr<Linear> linear(Backend& backend, ParamRef weight, ParamRef bias,
+                                         bool add_bias) const;
+  virtual std::unique_ptr<Embedding> embedding(Backend& backend, ParamRef wte, ParamRef wpe) const;
+  virtual std::unique_ptr<Classifier> classifier(Backend& backend, ParamRef wte) const;
+  // Layers with every parameter whole, in this process.
+  static const LayerFactory& whole();
+};
+
+}  // namespace forge::trainer

@@ -1,0 +1,26 @@
+// What one training step reports (ParallelTrainer::step): the guards, metrics and the launcher read it.
+#pragma once
+
+#include <cstdint>
+
+namespace forge::trainer {
+
+struct StepStats {
+  int64_t step = 0;      // 1-based index of the step just taken
+  double loss = 0;       // the step's loss: weighted sum over every micro-batch and rank / scored weight
+  double grad_norm = 0;  // before clipping
+  double lr = 0;
+  double seconds = 0;
+  int64_t tokens = 0;  // positions trained in this step, over all data-parallel ranks
+  // False when the loss or the gradient norm is NaN/Inf: the update was dropped (weights and optimizer
+  // moments unchanged) but the step still counts (its data is consumed and the schedule advances). The
+  // guard (guard.h) decides what happens next. The same on every rank.
+  bool finite = true;
+  // Where the step's time went: exposed communication (time blocked on tensor/data-parallel
+  // collectives), pipeline bubble (time blocked on the neighbouring stages), and the bytes this rank sent.
+  double comm_s = 0;
+  double bubble_s = 0;
+  uint64_t comm_bytes = 0;
+};
+
+}  // namespace forge::trainer

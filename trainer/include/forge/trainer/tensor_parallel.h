@@ -1,0 +1,69 @@
+// Tensor parallelism applied to the model from outside (Megatron-LM's megatron/core/tensor_parallel,
+// same names, same placement of the collectives). TensorParallelPlan is the LayerFactory the parallel
+// runtime hands the GPT; it reads each weight's ShardRule from the parameter table and makes:
+//   ColumnParallelLinear    output features split; input replicated; backward all-reduces dL/d(input)
+//   RowParallelLinear       input features split; forward all-reduces the output, then adds the bias
+//   VocabParallelEmbedding  vocabulary rows split; forward all-reduces the (partial) embeddings
+//   VocabParallelCrossEntropy  the tied classifier over a split vocabulary: softmax statistics and
+//                           dL/d(input) all-reduced
+// Each owns its collective over the tensor-parallel group; the model never sees the group.
+#pragma once
+
+#include "forge/trainer/comm.h"
+#include "forge/trainer/layers.h"
+
+namespace forge::trainer {
+
+class ColumnParallelLinear final : public Linear {
+ public:
+  ColumnParallelLinear(Backend& backend, ParamRef weight, ParamRef bias, bool add_bias, Comm& group);
+  void backward(float* din, const float* dout, const float* in, int rows) override;
+
+ private:
+  Comm& group_;
+};
+
+class RowParallelLinear final : public Linear {
+ public:
+  RowParallelLinear(Backend& backend, ParamRef weight, ParamRef bias, bool add_bias, Comm& group);
+  void forward(float* out, const float* in, int rows) override;
+
+ private:
+  Comm& group_;
+};
+
+class VocabParallelEmbedding final : public Embedding {
+ public:
+  // The group's rank 0 adds the position embedding; every rank accumulates its gradient.
+  VocabParallelEmbedding(Backend& backend, ParamRef wte, ParamRef wpe, Comm& group);
+  void forward(float* out, const int32_t* tokens, const int32_t* positions, int B, int T) override;
+
+ private:
+  Comm& group_;
+};
+
+class VocabParallelCrossEntropy final : public Classifier, private VocabGroup {
+ public:
+  VocabParallelCrossEntropy(Backend& backend, ParamRef wte, Comm& group);
+  double forward_backward(float* dx, const float* x, const DeviceBatch& batch, int rows, const Loss& loss,
+                          float scale, float* logits_out) override;
+
+ private:
+  void max(float* values, int n) override;
+  void sum(float* values, int n) override;
+  Comm& group_;
+};
+
+class TensorParallelPlan final : public LayerFactory {
+ public:
+  explicit TensorParallelPlan(Comm& group) : group_(group) {}
+  std::unique_ptr<Linear> linear(Backend& backend, ParamRef weight, ParamRef bias,
+                                 bool add_bias) const override;
+  std::unique_ptr<Embedding> embedding(Backend& backend, ParamRef wte, ParamRef wpe) const override;
+  std::unique_ptr<Classifier> classifier(Backend& backend, ParamRef wte) const override;
+
+ private:
+  Comm& group_;
+};
+
+}  // namespace forge::trainer

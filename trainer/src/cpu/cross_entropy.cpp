@@ -1,0 +1,62 @@
+// Softmax cross-entropy of one chunk of logits, turned into its own gradient in place (the classifier
+// layer, model.cpp, forms the logits chunk by chunk so no full [rows, vocab] buffer ever exists).
+#include "fast_math.h"
+#include "forge/common/batch.h"
+#include "kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace forge::trainer::cpu {
+
+double cross_entropy(float* logits, const int32_t* targets, const float* weights, int rows, int V,
+                     int vocab_begin, float scale, bool backward, VocabGroup* group) {
+  // Per row: max, then (sum of exponentials, target logit) next to each other so a group combines both
+  // with one reduction.
+  thread_local std::vector<float> stats;
+  stats.resize(size_t(3) * size_t(rows));
+  float* mx = stats.data();
+  float* sum_tgt = mx + rows;
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < rows; ++i) {
+    const float* row = logits + int64_t(i) * V;
+    float m = row[0];
+    for (int j = 1; j < V; ++j) m = std::max(m, row[j]);
+    mx[i] = m;
+  }
+  if (group != nullptr) group->max(mx, rows);
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < rows; ++i) {
+    float* row = logits + int64_t(i) * V;
+    const int t = targets[i] - vocab_begin;
+    sum_tgt[2 * i + 1] = t >= 0 && t < V ? row[t] : 0.0f;
+    const float m = mx[i];
+    float sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int j = 0; j < V; ++j) {
+      row[j] = fast_exp(row[j] - m);
+      sum += row[j];
+    }
+    sum_tgt[2 * i] = sum;
+  }
+  if (group != nullptr) group->sum(sum_tgt, 2 * rows);
+  double total = 0;
+#pragma omp parallel for schedule(static) reduction(+ : total)
+  for (int i = 0; i < rows; ++i) {
+    const float w = targets[i] == MicroBatch::kIgnore ? 0.0f : weights != nullptr ? weights[i] : 1.0f;
+    const float sum = sum_tgt[2 * i];
+    if (w != 0.0f) total += double(w) * (std::log(sum) - (sum_tgt[2 * i + 1] - mx[i]));  // lse - logit
+    if (!backward) continue;
+    float* row = logits + int64_t(i) * V;
+    const float c = w * scale;  // dL/dlogit = c * (softmax - onehot(target))
+    const float inv = c / sum;
+#pragma omp simd
+    for (int j = 0; j < V; ++j) row[j] *= inv;
+    const int t = targets[i] - vocab_begin;
+    if (t >= 0 && t < V) row[t] -= c;
+  }
+  return total;
+}
+
+}  // namespace forge::trainer::cpu

@@ -1,0 +1,102 @@
+// The whole (unsplit) layers and the language-model loss. Split versions: parallel/tensor_parallel.cpp.
+#include "forge/trainer/layers.h"
+
+#include "forge/trainer/model.h"
+
+#include <algorithm>
+
+namespace forge::trainer {
+
+namespace {
+// Positions per classifier chunk: the logits of 256 rows at vocabulary 8192 are 8 MiB.
+constexpr int kChunkRows = 256;
+}  // namespace
+
+Linear::Linear(Backend& backend, ParamRef weight, ParamRef bias, bool add_bias)
+    : backend_(backend),
+      weight_(weight),
+      bias_(bias),
+      add_bias_(add_bias),
+      in_(int(weight.info->local_shape[1])),
+      out_(int(weight.info->local_shape[0])) {}
+
+void Linear::forward(float* out, const float* in, int rows) {
+  backend_.matmul_forward(out, in, weight_.value, add_bias_ ? bias_.value : nullptr, rows, in_, out_);
+}
+
+void Linear::backward(float* din, const float* dout, const float* in, int rows) {
+  backend_.matmul_backward(din, weight_.grad, bias_.grad, dout, in, weight_.value, rows, in_, out_);
+}
+
+Embedding::Embedding(Backend& backend, ParamRef wte, ParamRef wpe, int vocab_begin, int vocab_end)
+    : backend_(backend),
+      wte_(wte),
+      wpe_(wpe),
+      vocab_begin_(vocab_begin),
+      vocab_end_(vocab_end),
+      C_(int(wte.info->local_shape[1])) {}
+
+void Embedding::forward(float* out, const int32_t* tokens, const int32_t* positions, int B, int T) {
+  backend_.embedding_forward(out, tokens, positions, wte_.value, wpe_.value, B, T, C_, vocab_begin_,
+                             vocab_end_);
+}
+
+void Embedding::backward(const float* dout, const int32_t* tokens, const int32_t* positions, int B, int T) {
+  backend_.embedding_backward(wte_.grad, wpe_.grad, dout, tokens, positions, B, T, C_, vocab_begin_,
+                              vocab_end_);
+}
+
+Classifier::Classifier(Backend& backend, ParamRef wte, int vocab_begin, VocabGroup* group)
+    : backend_(backend),
+      wte_(wte),
+      vocab_begin_(vocab_begin),
+      V_(int(wte.info->local_shape[0])),
+      C_(int(wte.info->local_shape[1])),
+      vocab_group_(group) {}
+
+double Classifier::forward_backward(float* dx, const float* x, const DeviceBatch& batch, int rows,
+                                    const Loss& loss, float scale, float* logits_out) {
+  if (const size_t need = size_t(std::min(rows, kChunkRows)) * size_t(V_); chunk_.size() < need)
+    chunk_ = backend_.alloc<float>(need);
+  float* logits = chunk_.data();
+  double total = 0;
+  for (int r0 = 0; r0 < rows; r0 += kChunkRows) {
+    const int n = std::min(kChunkRows, rows - r0);
+    const float* xr = x + int64_t(r0) * C_;
+    backend_.matmul_forward(logits, xr, wte_.value, nullptr, n, C_, V_);
+    if (logits_out != nullptr)
+      backend_.copy_to_host(logits_out + int64_t(r0) * V_, logits, sizeof(float) * size_t(n) * size_t(V_));
+    total += loss.chunk(backend_, logits, batch, r0, n, V_, vocab_begin_, scale, dx != nullptr, vocab_group_);
+    if (dx == nullptr) continue;
+    // dx = dlogits wte, dwte += dlogits^T x: the classifier's matrix product backward.
+    backend_.matmul_backward(dx + int64_t(r0) * C_, wte_.grad, nullptr, logits, xr, wte_.value, n, C_, V_);
+  }
+  return total;
+}
+
+double LmCrossEntropy::chunk(Backend& backend, float* logits, const DeviceBatch& batch, int row0, int rows,
+                             int V, int vocab_begin, float scale, bool backward, VocabGroup* group) const {
+  return backend.cross_entropy(logits, batch.targets + row0,
+                               batch.weights != nullptr ? batch.weights + row0 : nullptr, rows, V,
+                               vocab_begin, scale, backward, group);
+}
+
+std::unique_ptr<Linear> LayerFactory::linear(Backend& backend, ParamRef weight, ParamRef bias,
+                                             bool add_bias) const {
+  return std::make_unique<Linear>(backend, weight, bias, add_bias);
+}
+
+std::unique_ptr<Embedding> LayerFactory::embedding(Backend& backend, ParamRef wte, ParamRef wpe) const {
+  return std::make_unique<Embedding>(backend, wte, wpe, 0, int(wte.info->shape[0]));
+}
+
+std::unique_ptr<Classifier> LayerFactory::classifier(Backend& backend, ParamRef wte) const {
+  return std::make_unique<Classifier>(backend, wte, 0);
+}
+
+const LayerFactory& LayerFactory::whole() {
+  static const LayerFactory factory;
+  return factory;
+}
+
+}  // namespace forge::trainer

@@ -1,0 +1,89 @@
+#include "forge/trainer/tensor_parallel.h"
+
+#include "forge/trainer/model.h"
+
+namespace forge::trainer {
+
+ColumnParallelLinear::ColumnParallelLinear(Backend& backend, ParamRef weight, ParamRef bias, bool add_bias,
+                                           Comm& group)
+    : Linear(backend, weight, bias, add_bias), group_(group) {}
+
+void ColumnParallelLinear::backward(float* din, const float* dout, const float* in, int rows) {
+  Linear::backward(din, dout, in, rows);
+  // Each rank's output columns contribute to the input gradient: sum them.
+  if (din != nullptr) group_.all_reduce_sum(din, size_t(rows) * size_t(in_));
+}
+
+RowParallelLinear::RowParallelLinear(Backend& backend, ParamRef weight, ParamRef bias, bool add_bias,
+                                     Comm& group)
+    : Linear(backend, weight, bias, add_bias), group_(group) {}
+
+void RowParallelLinear::forward(float* out, const float* in, int rows) {
+  // Each rank's input features give a partial product; the bias (replicated) goes on after the sum.
+  backend_.matmul_forward(out, in, weight_.value, nullptr, rows, in_, out_);
+  group_.all_reduce_sum(out, size_t(rows) * size_t(out_));
+  if (add_bias_) backend_.add_bias(out, bias_.value, rows, out_);
+}
+
+namespace {
+// The vocabulary rows rank r of the group holds.
+int vocab_begin(const ParamRef& wte, const Comm& group) {
+  return group.rank() * int(wte.info->local_shape[0]);
+}
+}  // namespace
+
+VocabParallelEmbedding::VocabParallelEmbedding(Backend& backend, ParamRef wte, ParamRef wpe, Comm& group)
+    : Embedding(backend, wte, wpe, vocab_begin(wte, group),
+                vocab_begin(wte, group) + int(wte.info->local_shape[0])),
+      group_(group) {
+  if (group.rank() != 0) wpe_.value = nullptr;
+}
+
+void VocabParallelEmbedding::forward(float* out, const int32_t* tokens, const int32_t* positions, int B,
+                                     int T) {
+  // Tokens outside this rank's rows contribute zeros: the sum over the group is the full embedding.
+  Embedding::forward(out, tokens, positions, B, T);
+  group_.all_reduce_sum(out, size_t(B) * size_t(T) * size_t(C_));
+}
+
+VocabParallelCrossEntropy::VocabParallelCrossEntropy(Backend& backend, ParamRef wte, Comm& group)
+    : Classifier(backend, wte, vocab_begin(wte, group)), group_(group) {
+  vocab_group_ = this;  // the softmax statistics are combined over the group (max, sum below)
+}
+
+double VocabParallelCrossEntropy::forward_backward(float* dx, const float* x, const DeviceBatch& batch,
+                                                   int rows, const Loss& loss, float scale,
+                                                   float* logits_out) {
+  const double total = Classifier::forward_backward(dx, x, batch, rows, loss, scale, logits_out);
+  if (dx != nullptr) group_.all_reduce_sum(dx, size_t(rows) * size_t(C_));
+  return total;
+}
+
+void VocabParallelCrossEntropy::max(float* values, int n) {
+  group_.all_reduce(values, size_t(n), CommType::kF32, ReduceOp::kMax)->wait();
+}
+
+void VocabParallelCrossEntropy::sum(float* values, int n) {
+  group_.all_reduce_sum(values, size_t(n));
+}
+
+std::unique_ptr<Linear> TensorParallelPlan::linear(Backend& backend, ParamRef weight, ParamRef bias,
+                                                   bool add_bias) const {
+  const ShardRule& rule = weight.info->shard;
+  if (group_.size() == 1 || rule.kind == ShardRule::Kind::kReplicated)
+    return LayerFactory::linear(backend, weight, bias, add_bias);
+  if (rule.dim == 0) return std::make_unique<ColumnParallelLinear>(backend, weight, bias, add_bias, group_);
+  return std::make_unique<RowParallelLinear>(backend, weight, bias, add_bias, group_);
+}
+
+std::unique_ptr<Embedding> TensorParallelPlan::embedding(Backend& backend, ParamRef wte, ParamRef wpe) const {
+  if (group_.size() == 1) return LayerFactory::embedding(backend, wte, wpe);
+  return std::make_unique<VocabParallelEmbedding>(backend, wte, wpe, group_);
+}
+
+std::unique_ptr<Classifier> TensorParallelPlan::classifier(Backend& backend, ParamRef wte) const {
+  if (group_.size() == 1) return LayerFactory::classifier(backend, wte);
+  return std::make_unique<VocabParallelCrossEntropy>(backend, wte, group_);
+}
+
+}  // namespace forge::trainer
