@@ -23,7 +23,7 @@ template <typename T>
 void take(std::string_view& in, std::vector<T>& v, size_t n) {
   if (in.size() < n * sizeof(T)) fail(ExitCode::kData, "serialized micro-batch is truncated");
   v.resize(n);
-  std::memcpy(v.data(), in.data(), n * sizeof(T));
+  if (n != 0) std::memcpy(v.data(), in.data(), n * sizeof(T));  // an empty vector's data() may be null
   in.remove_prefix(n * sizeof(T));
 }
 

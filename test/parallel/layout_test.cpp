@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 using namespace forge::trainer;
@@ -80,11 +81,28 @@ std::vector<float> shard_of(const ParamInfo& p, int tp_rank, int tp, std::span<c
   return out;
 }
 
+// Documents of varied length, weights in {0, 0.5, 1, 2} and a few ignored targets, a pure function of
+// (batch, row, position): every rank builds the same global batch.
+void pack(forge::MicroBatch& b, int salt) {
+  for (int r = 0; r < b.rows; ++r) {
+    std::vector<int32_t> starts;
+    for (int t = 3 + (r + salt) % 5; t < b.seq_len; t += 4 + (r * 3 + salt) % 7) starts.push_back(t);
+    b.set_documents(r, starts);
+    for (int t = 0; t < b.seq_len; ++t) {
+      const size_t i = size_t(r) * size_t(b.seq_len) + size_t(t);
+      const int k = (r * 31 + t * 7 + salt * 13) % 16;
+      b.weights[i] =
+          b.targets[i] == forge::MicroBatch::kIgnore ? 0.0f : float(k % 4) * 0.5f + (r == 0 ? 0.5f : 0.0f);
+      if (k == 5) b.targets[i] = forge::MicroBatch::kIgnore;
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 5) {
-    std::fprintf(stderr, "usage: layout_test TP PP DP ZERO\n");
+  if (argc != 5 && !(argc == 6 && std::string(argv[5]) == "packed")) {
+    std::fprintf(stderr, "usage: layout_test TP PP DP ZERO [packed]\n");
     return 2;
   }
   auto world = mpi_world();
@@ -93,6 +111,9 @@ int main(int argc, char** argv) {
   layout.pp = std::atoi(argv[2]);
   layout.dp = std::atoi(argv[3]);
   const int zero = std::atoi(argv[4]);
+  // packed: documents packed in the rows, per-token loss weights (some 0) and ignored targets, so the
+  // ranks' shares of the scored weight differ: the loss must be normalised by the step's global weight.
+  const bool packed = argc == 6;
   const int global_batch = 4, microbatches = 4;
 
   TrainSpec spec = make_spec(global_batch, layout.dp, microbatches);
@@ -115,6 +136,7 @@ int main(int argc, char** argv) {
     for (int i = 0; i < microbatches; ++i) {
       const auto rows = std::span(tokens).subspan(size_t(i) * per_micro_batch, per_micro_batch);
       whole.push_back(forge::test::window_batch(rows, global_batch, T, uint64_t(i * global_batch)));
+      if (packed) pack(whole.back(), step * microbatches + i);
       mine.push_back(whole.back().slice_rows(groups.dp_rank * spec.batch, spec.batch));
     }
     const StepStats p = parallel.step(mine);
@@ -141,9 +163,9 @@ int main(int argc, char** argv) {
   const bool ok = worst[0] <= kLossRelTol && worst[1] <= kParamAbsTol && sharded_ok;
   if (groups.rank == 0)
     std::printf(
-        "layout %s zero %d: worst loss rel diff %.2e (tol %.0e), worst parameter diff %.2e (tol %.0e), "
+        "layout %s zero %d%s: worst loss rel diff %.2e (tol %.0e), worst parameter diff %.2e (tol %.0e), "
         "optimizer state %zu of %.0f bytes: %s\n",
-        layout.str().c_str(), zero, worst[0], kLossRelTol, worst[1], kParamAbsTol, parallel.optimizer_bytes(),
-        unsharded, ok ? "PASS" : "FAIL");
+        layout.str().c_str(), zero, packed ? " packed" : "", worst[0], kLossRelTol, worst[1], kParamAbsTol,
+        parallel.optimizer_bytes(), unsharded, ok ? "PASS" : "FAIL");
   return ok ? 0 : 1;
 }

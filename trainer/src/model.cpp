@@ -107,7 +107,6 @@ struct GPT::Workspace {
   Buffer<float> delta, dln, datt, dqkv, dfc;
   // BF16 mode: the FP32 working buffers of the Saved activations, one layer each.
   Buffer<float> ln1, ln2, qkv, att, fc_pre, fc_act;
-  std::vector<int32_t> doc_start;  // host staging
 
   size_t bytes() const {
     size_t n = 0;
@@ -145,8 +144,9 @@ struct GPT::Slot {
   Buffer<float> res;                   // (L + 1) x [N, C]: stream entering each block, and leaving the last
   Buffer<float> lnf, lnf_stats, dlnf;  // head: [N, C], 2 x [N], classifier gradient [N, C]
   Buffer<float> dres;                  // [N, C]: gradient of the stream; after backward, of the input
-  Buffer<int32_t> inputs, targets, positions, doc_start;
+  Buffer<int32_t> inputs, targets, positions, doc_start;  // device backends: the batch's copies
   Buffer<float> weights;
+  std::vector<int32_t> doc_start_host;
   DeviceBatch batch;
 
   size_t bytes() const {
@@ -314,21 +314,24 @@ LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input,
   Workspace& w = *ws_;
   if (batch.rows != batch_ || batch.seq_len != config_.seq_len)
     throw std::invalid_argument("GPT: the micro-batch is not batch x seq_len");
-  // The micro-batch into the backend's memory, for this forward and the backward that follows.
+  // The micro-batch where the backend reads it, for this forward and the backward that follows: the
+  // caller's own vectors on a host backend (the batch outlives the step), copies in device memory else.
   const size_t n = batch.size();
-  const auto upload = [&](auto& buffer, const auto& values) {
+  const auto place = [&](auto& buffer, const auto& values) {
     using T = typename std::decay_t<decltype(values)>::value_type;
     if (values.empty()) return static_cast<const T*>(nullptr);
+    if (backend_.host_memory()) return values.data();
     if (buffer.size() != n) buffer = backend_.alloc<T>(n);
     backend_.copy_from_host(buffer.data(), values.data(), n * sizeof(T));
     return static_cast<const T*>(buffer.data());
   };
-  s.batch.inputs = upload(s.inputs, batch.inputs);
-  s.batch.targets = upload(s.targets, batch.targets);
-  s.batch.weights = upload(s.weights, batch.weights);
-  s.batch.positions = upload(s.positions, batch.positions);
-  if (!batch.segments.empty()) document_starts(batch, w.doc_start);
-  s.batch.doc_start = upload(s.doc_start, batch.segments.empty() ? std::vector<int32_t>{} : w.doc_start);
+  s.batch.inputs = place(s.inputs, batch.inputs);
+  s.batch.targets = place(s.targets, batch.targets);
+  s.batch.weights = place(s.weights, batch.weights);
+  s.batch.positions = place(s.positions, batch.positions);
+  s.doc_start_host.clear();
+  if (!batch.segments.empty()) document_starts(batch, s.doc_start_host);
+  s.batch.doc_start = place(s.doc_start, s.doc_start_host);
 
   const bool bf16 = dtype_ == DType::kBF16;
   const int tps = slice_.tp_size;

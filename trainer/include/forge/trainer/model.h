@@ -133,7 +133,8 @@ class GPT {
   // d_model] in the backend's memory, the residual stream from the previous stage). A slice with the head
   // returns the loss sums of the batch and, if `backward`, prepares the classifier's gradient for
   // backward() (of loss_scale x the loss sum: the trainer passes 1 / the step's global weight); any other
-  // returns zeros and leaves its output in output(slot).
+  // returns zeros and leaves its output in output(slot). `batch` must stay alive and unchanged until
+  // backward(slot) returns: a host backend reads it in place.
   LossSums forward(int slot, const MicroBatch& batch, const float* input, float loss_scale, bool backward);
   std::span<const float> output(int slot) const;
   // backward of the micro-batch forward() ran on `slot`: from the classifier gradient (head) or from
