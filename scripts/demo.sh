@@ -81,9 +81,12 @@ scripts/slurm/write-plugstack.sh "$bin" "$FORGE_SPANK_PLUGSTACK"
 scripts/devcluster/up
 # shellcheck source=/dev/null
 source "$FORGE_DEVCLUSTER_DIR/env.sh"
-policy=$root/configs/quota.example.ini
-quota() { "$bin/quota/forge-quota" "$@" --policy "$policy" --snapshot "$FORGE_DEVCLUSTER_DIR/forge-quota/usage.json"; }
+# forge-quota without --policy: the dev cluster's policy (configs/quota.example.ini with its ledger and the
+# snapshot the SPANK plugin reads under $FORGE_DEVCLUSTER_DIR; FORGE_QUOTA_POLICY in env.sh).
+quota() { "$bin/quota/forge-quota" "$@"; }
 quota apply
+# A first sync writes the usage snapshot, so the first sbatch is checked against the budgets (not fail-open).
+quota sync >/dev/null
 
 rm -rf "$work" && mkdir -p "$work" && : > "$work/.forge-demo"
 cd "$work"
@@ -140,7 +143,7 @@ for _ in $(seq 1 1200); do
   sleep 1
 done
 [ "$state" = COMPLETED ] || { cat "$work"/forge-forge-pretrain-"$train".out >&2; echo "training job ended $state" >&2; exit 1; }
-grep -E "exit class|requeue|resumed|verification" "$work"/forge-forge-pretrain-"$train".out "$run"/*.log 2>/dev/null || true
+grep -E "exit class|stopped:|requeue|resumed|verification" "$work"/forge-forge-pretrain-"$train".out "$run"/*.log 2>/dev/null || true
 python3 - "$metrics" "$run/metrics" "$dp" <<'PY'
 import glob, json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
@@ -171,6 +174,7 @@ quota sync --runs "$work/runs"
 quota status
 quota report --by team
 quota report --by job --format html -o "$work/quota-report.html"
+quota report --by job --format json -o "$work/quota-report.json"
 
 # The run's own report: loss, throughput and MFU per step, resumes and checkpoints marked.
 "$bin/launcher/forge-train" report "$run" >/dev/null
@@ -178,5 +182,5 @@ quota report --by job --format html -o "$work/quota-report.html"
 stage "done"
 echo "demo: dataset $work/dataset (quality report $work/dataset/quality.json)"
 echo "demo: run $run (metrics, summary.json, checkpoints, gate/verdict.json)"
-echo "demo: training report $run/report.html"
+echo "demo: training report $run/report.html; TensorBoard: tensorboard --logdir $run/tb"
 echo "demo: cost report $work/quota-report.html"

@@ -32,7 +32,11 @@ int run_cli(std::string_view program, const std::function<int()>& body) {
   try {
     return body();
   } catch (const Error& e) {
-    std::cerr << program << ": error: " << e.what() << '\n';
+    // A preemption is the planned path, not an error; an empty message was already said by another rank.
+    const std::string_view what = e.what();
+    if (!what.empty())
+      std::cerr << program << (e.code() == ExitCode::kPreempted ? ": stopped: " : ": error: ") << what
+                << '\n';
     return static_cast<int>(e.code());
   } catch (const boost::program_options::error& e) {
     std::cerr << program << ": error: " << e.what() << " (see --help)\n";

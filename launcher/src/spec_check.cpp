@@ -83,7 +83,7 @@ void move_aside(const std::string& run_dir) {
   fs::path dest = root / "superseded" / stamp;
   for (int n = 1; fs::exists(dest); ++n) dest = root / "superseded" / fmt::format("{}-{}", stamp, n);
   std::vector<std::string> moved;
-  for (const char* name : {"checkpoints", "metrics", "summary.json", "report.html"}) {
+  for (const char* name : {"checkpoints", "metrics", "tb", "summary.json", "report.html"}) {
     if (!fs::exists(root / name)) continue;
     std::error_code ec;
     fs::create_directories(dest, ec);

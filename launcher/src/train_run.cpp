@@ -12,16 +12,19 @@
 #include "forge/trainer/runtime.h"
 #include "forge/trainer/watchdog.h"
 #include "spec_check.h"
+#include "tensorboard_log.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -54,6 +57,9 @@ struct Totals {
   double mfu_sum = 0, last_loss = 0;
   double startup_s = 0, train_s = 0, bookkeeping_s = 0;
   int64_t skipped = 0, rewinds = 0, spikes = 0;
+  // What ending now would lose: the work after this process's newest committed checkpoint.
+  double committed_at_s = -1;  // seconds since process start at that commit; -1: none yet
+  double kept_train_s = 0;     // step time of the steps that checkpoint holds
 };
 
 struct RunInfo {
@@ -62,6 +68,7 @@ struct RunInfo {
   const Config& config;
   double peak = 0, fpt = 0;
   Clock::time_point start;
+  int64_t resumed_from = 0;  // the checkpoint step this process started from (0: fresh)
 };
 
 // Rank 0 writes the run's summary; the other ranks' view is in their metrics.
@@ -69,6 +76,36 @@ void write_summary(const RunInfo& run, const Totals& t, ExitCode code) {
   if (run.groups.rank != 0) return;
   const char* job = std::getenv("SLURM_JOB_ID");
   const double wall_s = seconds_since(run.start);
+  // This process is one segment of the run (a requeue starts the next): what it cost and what it kept,
+  // for the cost report's waste and ETTR (docs/ADMISSION.md, "Waste").
+  const double process_s = seconds_since(g_process_start);
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const bool done = code == ExitCode::kOk;
+  const char* restarts = std::getenv("SLURM_RESTART_COUNT");
+  Json segment{{"job_id", job != nullptr ? Json(job) : Json(nullptr)},
+               {"restart", restarts != nullptr ? std::atoi(restarts) : 0},
+               {"resumed_from", run.resumed_from},
+               {"start", now - process_s},
+               {"end", now},
+               {"startup_s", t.startup_s},
+               {"train_s", t.train_s},
+               {"kept_train_s", done ? t.train_s : t.kept_train_s},
+               {"lost_s", done ? 0.0 : process_s - std::max(0.0, t.committed_at_s)},
+               {"exit_class", std::string(exit_class_name(code))}};
+  const std::string path = (fs::path(run.spec.dir) / "summary.json").string();
+  Json segments = Json::array();
+  std::error_code ec;
+  if (fs::exists(path, ec)) {
+    try {
+      const Json previous = read_json(path);
+      if (previous.contains("segments") && previous.at("segments").is_array())
+        segments = previous.at("segments");
+    } catch (const std::exception&) {
+      // A damaged summary loses the earlier segments' detail only; the cost report falls back to sacct.
+    }
+  }
+  segments.push_back(std::move(segment));
   Json s{{"name", run.spec.name},
          {"job_id", job != nullptr ? Json(job) : Json(nullptr)},
          {"spec_hash", run.config.hash()},
@@ -89,8 +126,16 @@ void write_summary(const RunInfo& run, const Totals& t, ExitCode code) {
          {"bookkeeping_s", t.bookkeeping_s},
          {"guard", {{"skipped_steps", t.skipped}, {"rewinds", t.rewinds}, {"loss_spikes", t.spikes}}},
          {"exit_code", int(code)},
-         {"exit_class", std::string(exit_class_name(code))}};
-  write_json_atomic((fs::path(run.spec.dir) / "summary.json").string(), s);
+         {"exit_class", std::string(exit_class_name(code))},
+         {"segments", std::move(segments)}};
+  write_json_atomic(path, s);
+}
+
+// The process's peak resident memory (host; device memory joins it with the CUDA backend).
+double peak_rss_mib() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return double(usage.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
 }
 
 std::string metrics_path(const trainer::TrainSpec& spec, int rank) {
@@ -167,8 +212,10 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
   if (groups.rank == 0) fmt::print(stderr, "{}", plan);
   RunCheckpoints checkpoints(config, spec, trainer, data->version());
   const int64_t first_step = checkpoints.resume();
+  run.resumed_from = first_step;
   std::optional<trainer::MetricsWriter> metrics;
   metrics.emplace(metrics_path(spec, groups.rank), first_step);
+  TensorBoardLog tensorboard(spec.dir, groups.rank, first_step);
   spdlog::info(
       "run '{}': steps {}..{} on {}, layout {} ({}), {} threads per rank, {} parameters on this rank, "
       "peak {:.0f} GFLOP/s, spec {}",
@@ -207,7 +254,8 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
   const std::string spec_hash = config.hash();
   std::vector<MicroBatch> batches;
   trainer::StepStats st;
-  bool resumed = first_step > 0;  // the next record is the first after a resume (report marks it)
+  std::map<int64_t, double> train_s_at;  // step -> train_s when it finished, back to the newest commit
+  bool resumed = first_step > 0;         // the next record is the first after a resume (report marks it)
   totals.startup_s = seconds_since(g_process_start);
   try {
     for (int64_t step = first_step; step < spec.steps; ++step) {
@@ -228,6 +276,7 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
       const trainer::GuardAction action = guard.after_step(st);  // exit 71 when non-finite steps persist
       totals.steps_run += 1;
       totals.train_s += st.seconds;
+      train_s_at[st.step] = totals.train_s;
       totals.skipped = guard.skipped();
       totals.rewinds = guard.rewinds();
       if (action == trainer::GuardAction::kRewind) {
@@ -239,6 +288,7 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
         // The metrics tell one story: records after the checkpoint are trained again.
         metrics.reset();
         metrics.emplace(metrics_path(spec, groups.rank), back);
+        tensorboard.restart(back);
         totals.steps = back;
         publish();
         step = back - 1;
@@ -263,6 +313,7 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
       rec["bubble_ms"] = st.bubble_s * 1e3;
       rec["compute_ms"] = (st.seconds - st.comm_s - st.bubble_s) * 1e3;
       rec["comm_bytes"] = st.comm_bytes;
+      rec["peak_rss_mib"] = peak_rss_mib();
       const RankStatus status = exchange_status(*groups.world, st.seconds, g_stop_signal != 0);
       if (groups.layout.world() > 1) {
         const auto slow = stragglers.observe(status.step_seconds);
@@ -284,6 +335,11 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
       resumed = false;
       for (const auto& e : checkpoints.take_events()) {
         rec["ckpt_events"].push_back(e.to_json());
+        if (e.outcome == ckpt::Outcome::kCommitted && train_s_at.contains(e.step)) {
+          totals.committed_at_s = seconds_since(g_process_start);
+          totals.kept_train_s = train_s_at[e.step];
+          train_s_at.erase(train_s_at.begin(), train_s_at.find(e.step));
+        }
         // Training on without the checkpoints the schedule promises would waste what a failure costs.
         if (e.outcome == ckpt::Outcome::kFailed)
           fail(ExitCode::kIo,
@@ -304,6 +360,7 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
       totals.spikes = guard.spikes();
       totals.mfu_sum += rec["mfu"].get<double>();
       metrics->write(rec);
+      tensorboard.write(rec);
       if (groups.rank == 0)
         fmt::print(stderr,
                    "step {}/{} loss {:.4f} gnorm {:.3f} lr {:.2e} {:.0f} ms {:.0f} tok/s mfu {:.1f}%\n",
@@ -315,9 +372,15 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
       if (status.stop && st.step < spec.steps) {
         trainer::mark_activity("checkpoint");
         checkpoints.save_now(st, tokens_so_far, batches);
+        totals.committed_at_s = seconds_since(g_process_start);
+        totals.kept_train_s = totals.train_s;
+        publish();
         // Ranks the signal did not reach stop because a peer got it (SIGUSR1 from srun or the batch script).
+        // One line per job, from rank 0: every rank saying it would repeat it once per rank.
+        if (groups.rank != 0) throw Error(ExitCode::kPreempted, "");
         fail(ExitCode::kPreempted,
-             "stopped by signal {} after step {}; recovery checkpoint saved, requeue to resume",
+             "preempted (signal {}) after step {}: recovery checkpoint saved; the requeued job resumes from "
+             "it",
              g_stop_signal != 0 ? int(g_stop_signal) : SIGUSR1, st.step);
       }
     }

@@ -32,7 +32,36 @@ struct Acc {
   ReportRow row;
   std::set<std::string> jobs;
   std::map<std::string, double> job_hours, job_cost;
+  double productive_hours = 0, ettr_hours = 0;  // over runs whose processes recorded segments
 };
+
+// What a run (one sacct row: one allocation of a job) lost and kept, as fractions of its GPU-hours. With
+// forge-train's segments of that allocation: the work after the newest committed checkpoint of a process
+// that did not finish, plus the start-up of a process that resumed (restart cost); kept = step time that
+// a checkpoint or the finished run holds. Without them, sacct's state alone: all of a failed, preempted
+// or requeued run is lost, and the run adds nothing to ETTR.
+struct RunShare {
+  double wasted = 0;
+  std::optional<double> productive;
+};
+
+RunShare share_of(const RunRecord& r, const std::map<std::string, RunSummary>& summaries) {
+  const auto it = summaries.find(r.job_id);
+  const int64_t end = r.end > 0 ? r.end : r.start + r.elapsed_s;
+  double lost_s = 0, kept_s = 0;
+  bool found = false;
+  if (it != summaries.end())
+    for (const RunSegment& g : it->second.segments) {
+      // The process starts a moment after the allocation and ends before sacct's End.
+      if (g.job_id != r.job_id || g.start < double(r.start) - 1 || g.start > double(end) + 1) continue;
+      found = true;
+      lost_s += g.lost_s + (g.resumed ? g.startup_s : 0.0);
+      kept_s += g.kept_train_s;
+    }
+  if (!found || r.elapsed_s <= 0) return {is_wasted_state(r.state) ? 1.0 : 0.0, std::nullopt};
+  const double elapsed = double(r.elapsed_s);
+  return {std::min(1.0, lost_s / elapsed), std::min(1.0, kept_s / elapsed)};
+}
 
 void finish(const std::map<std::string, RunSummary>& summaries, Acc& a) {
   a.row.jobs = static_cast<int64_t>(a.jobs.size());
@@ -51,6 +80,7 @@ void finish(const std::map<std::string, RunSummary>& summaries, Acc& a) {
   }
   if (a.row.tokens > 0) a.row.cost_per_mtoken = costed / a.row.tokens * 1e6;
   if (mfu_hours > 0) a.row.mfu = mfu_sum / mfu_hours;
+  if (a.ettr_hours > 0) a.row.ettr = a.productive_hours / a.ettr_hours;
 }
 
 std::string opt(const std::optional<double>& v, int digits) {
@@ -83,10 +113,15 @@ Report build_report(const Policy& policy, const std::vector<RunRecord>& runs,
     if (h <= 0 && !(r.start >= from && r.start < to)) continue;
     const double cost =
         h * policy.prices.per_gpu_hour(r.partition, r.gpu_type) * charge_for_qos(policy, r.qos);
+    const RunShare share = share_of(r, summaries);
     for (Acc* a : {&groups[group_key(policy, r, by)], &total}) {
       a->row.gpu_hours += h;
       a->row.cost += cost;
-      if (is_wasted_state(r.state)) a->row.wasted_gpu_hours += h;
+      a->row.wasted_gpu_hours += h * share.wasted;
+      if (share.productive) {
+        a->productive_hours += h * *share.productive;
+        a->ettr_hours += h;
+      }
       a->jobs.insert(r.job_id);
       a->job_hours[r.job_id] += h;
       a->job_cost[r.job_id] += cost;
@@ -108,18 +143,18 @@ Report build_report(const Policy& policy, const std::vector<RunRecord>& runs,
 }
 
 std::string render_report_table(const Report& r) {
-  const std::string rule(104, '-');
+  const std::string rule(111, '-');
   std::string out = rule + "\n";
   out +=
       fmt::format("GPU usage by {} {} - {} (UTC)\n", group_name(r.by), format_utc(r.from), format_utc(r.to));
   out += rule + "\n";
   const auto line = [](const ReportRow& x) {
-    return fmt::format("{:<20} {:>12.2f} {:>12.2f} {:>6} {:>12.2f} {:>14.0f} {:>12} {:>6}\n", x.key,
+    return fmt::format("{:<20} {:>12.2f} {:>12.2f} {:>6} {:>12.2f} {:>14.0f} {:>12} {:>6} {:>6}\n", x.key,
                        x.gpu_hours, x.cost, x.jobs, x.wasted_gpu_hours, x.tokens, opt(x.cost_per_mtoken, 4),
-                       opt(x.mfu, 3));
+                       opt(x.mfu, 3), opt(x.ettr, 3));
   };
-  out += fmt::format("{:<20} {:>12} {:>12} {:>6} {:>12} {:>14} {:>12} {:>6}\n", group_name(r.by), "gpu_hours",
-                     "cost", "jobs", "wasted_gpu_h", "tokens", "cost/Mtoken", "mfu");
+  out += fmt::format("{:<20} {:>12} {:>12} {:>6} {:>12} {:>14} {:>12} {:>6} {:>6}\n", group_name(r.by),
+                     "gpu_hours", "cost", "jobs", "wasted_gpu_h", "tokens", "cost/Mtoken", "mfu", "ettr");
   for (const auto& row : r.rows) out += line(row);
   out += line(r.total);
   return out;
@@ -132,11 +167,12 @@ std::string render_report_csv(const Report& r) {
     for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
     return q + "\"";
   };
-  std::string out =
-      fmt::format("{},gpu_hours,cost,jobs,wasted_gpu_hours,tokens,cost_per_mtoken,mfu\n", group_name(r.by));
+  std::string out = fmt::format("{},gpu_hours,cost,jobs,wasted_gpu_hours,tokens,cost_per_mtoken,mfu,ettr\n",
+                                group_name(r.by));
   for (const auto& x : r.rows)
-    out += fmt::format("{},{:.6f},{:.6f},{},{:.6f},{:.0f},{},{}\n", quote(x.key), x.gpu_hours, x.cost, x.jobs,
-                       x.wasted_gpu_hours, x.tokens, opt(x.cost_per_mtoken, 6), opt(x.mfu, 6));
+    out +=
+        fmt::format("{},{:.6f},{:.6f},{},{:.6f},{:.0f},{},{},{}\n", quote(x.key), x.gpu_hours, x.cost, x.jobs,
+                    x.wasted_gpu_hours, x.tokens, opt(x.cost_per_mtoken, 6), opt(x.mfu, 6), opt(x.ettr, 6));
   return out;
 }
 
@@ -151,7 +187,8 @@ std::string render_report_json(const Report& r) {
                     {"wasted_gpu_hours", x.wasted_gpu_hours},
                     {"tokens", x.tokens},
                     {"cost_per_mtoken", nullable(x.cost_per_mtoken)},
-                    {"mfu", nullable(x.mfu)}});
+                    {"mfu", nullable(x.mfu)},
+                    {"ettr", nullable(x.ettr)}});
   return rows.dump(2) + "\n";
 }
 

@@ -58,21 +58,23 @@ std::string render_report_html(const Report& r) {
   out += bar_chart("Cost", r.rows, &ReportRow::cost, nullptr, "");
   out += fmt::format(
       "<table>\n<tr><th>{}</th><th>GPU-hours</th><th>cost</th><th>jobs</th><th>wasted GPU-hours</th>"
-      "<th>tokens</th><th>cost per M tokens</th><th>MFU</th></tr>\n",
+      "<th>tokens</th><th>cost per M tokens</th><th>MFU</th><th>ETTR</th></tr>\n",
       group_name(r.by));
   const auto row = [&](const ReportRow& x, bool total) {
     const char* tag = total ? "th" : "td";
     return fmt::format(
         "<tr><{0}>{1}</{0}><{0}>{2:.2f}</{0}><{0}>{3:.2f}</{0}><{0}>{4}</{0}><{0}>{5:.2f}</{0}>"
-        "<{0}>{6:.0f}</{0}><{0}>{7}</{0}><{0}>{8}</{0}></tr>\n",
+        "<{0}>{6:.0f}</{0}><{0}>{7}</{0}><{0}>{8}</{0}><{0}>{9}</{0}></tr>\n",
         tag, html_escape(x.key), x.gpu_hours, x.cost, x.jobs, x.wasted_gpu_hours, x.tokens,
-        opt(x.cost_per_mtoken, 4), opt(x.mfu, 3));
+        opt(x.cost_per_mtoken, 4), opt(x.mfu, 3), opt(x.ettr, 3));
   };
   for (const auto& x : r.rows) out += row(x, false);
   out += row(r.total, true);
   out +=
       "</table>\n<p>GPU-hours are clipped to the window (sreport's convention); cost is GPU-hours x price x "
-      "the tier's charge.</p>\n</body></html>\n";
+      "the tier's charge. Wasted: the work after a run's newest committed checkpoint when it did not finish, "
+      "plus the start-up of a resumed run; ETTR: step time that a checkpoint or the finished run keeps, over "
+      "GPU-hours (runs that recorded it).</p>\n</body></html>\n";
   return out;
 }
 

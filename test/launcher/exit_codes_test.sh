@@ -118,7 +118,7 @@ kill -USR1 "$pid"
 rc=0
 wait "$pid" || rc=$?
 [ "$rc" -eq 75 ] || fail "SIGUSR1: exit $rc, want 75"
-tail -n1 "$work/sig.err" | grep -q "^forge-train: error: stopped by signal 10 after step .*recovery checkpoint saved" \
+tail -n1 "$work/sig.err" | grep -q "^forge-train: stopped: preempted (signal 10) after step .*recovery checkpoint saved" \
   || fail "SIGUSR1: last line '$(tail -n1 "$work/sig.err")'"
 [ "$(summary_class "$work/sig")" = preempted ] || fail "SIGUSR1: summary.json does not say preempted"
 ls "$work"/sig/checkpoints/recovery/step-* > /dev/null || fail "SIGUSR1: no recovery checkpoint"

@@ -34,6 +34,18 @@ stopped=$(wc -l < "$work/b/metrics/rank-0.jsonl")
 grep -q "verification loss .* matches" "$work/b2.log" || fail "resume did not run the verification step"
 diff <(losses "$work/a/metrics/rank-0.jsonl") <(losses "$work/b/metrics/rank-0.jsonl") \
   || fail "resumed loss trajectory differs from the uninterrupted run"
+# summary.json keeps both processes as segments: the preempted one lost nothing after its checkpoint at
+# the signal (kept = its step time), the resumed one finished (the cost report's waste and ETTR).
+python3 - "$work/b/summary.json" <<'PY' || fail "summary.json segments are wrong: $(cat "$work/b/summary.json")"
+import json, sys
+segments = json.load(open(sys.argv[1]))["segments"]
+assert [g["exit_class"] for g in segments] == ["preempted", "ok"], segments
+first, second = segments
+assert first["resumed_from"] == 0 and second["resumed_from"] > 0, segments
+assert first["kept_train_s"] == first["train_s"] > 0 and first["lost_s"] < first["end"] - first["start"], first
+assert second["lost_s"] == 0 and second["kept_train_s"] == second["train_s"], second
+assert first["end"] <= second["start"] and second["startup_s"] > 0, segments
+PY
 
 # A damaged newest checkpoint: resume falls back to the one before it and still ends on the same losses.
 # Run b is complete now; damage its newest recovery checkpoint, drop the final milestone, and run again.

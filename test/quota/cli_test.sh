@@ -37,7 +37,7 @@ printf '%s\n' '#!/usr/bin/env bash' \
   'esac' >"$tmp/bin/sacctmgr"
 chmod +x "$tmp/bin/sacct" "$tmp/bin/squeue" "$tmp/bin/sacctmgr"
 export PATH="$tmp/bin:$PATH"
-echo '{"job_id": "101", "tokens": 4000000, "mfu": 0.5}' >"$tmp/runs/run-1/summary.json"
+echo '{"job_id": "101", "tokens": 4000000, "mean_mfu": 0.5}' >"$tmp/runs/run-1/summary.json"
 
 # check-policy
 "$bin" check-policy "$policy" >/dev/null || fail "check-policy rejects the example policy"

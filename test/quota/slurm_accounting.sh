@@ -29,7 +29,7 @@ for j in "$j1" "$j2" "$j3"; do wait_done "$j" 90 >/dev/null || fail "job $j did 
 sleep 1
 t1=$(date -u +%Y-%m-%dT%H:%M:%S)
 
-echo '{"job_id": "'"$j1"'", "tokens": 2000000, "mfu": 0.42}' >"$WORK/summary.json"
+echo '{"job_id": "'"$j1"'", "tokens": 2000000, "mean_mfu": 0.42}' >"$WORK/summary.json"
 mkdir -p "$WORK/runs/r1" && mv "$WORK/summary.json" "$WORK/runs/r1/summary.json"
 "$FORGE_QUOTA" sync --policy "$POLICY" --ledger "$LEDGER" --snapshot "$SNAPSHOT" --runs "$WORK/runs" \
   -S "$t0" -E "$t1" >"$WORK/sync.out" 2>&1 || fail "sync failed: $(cat "$WORK/sync.out")"
@@ -72,6 +72,12 @@ for k in ("budget_gpu_hours", "used_gpu_hours", "reserved_gpu_hours", "remaining
 assert a["budget_gpu_hours"] == 20000 and a["used_gpu_hours"] > 0, a
 assert abs(a["remaining_gpu_hours"] - (a["budget_gpu_hours"] - a["used_gpu_hours"] - a["reserved_gpu_hours"])) < 1e-6
 PY
+# Bare, as a user types it: the policy the dev cluster installs (FORGE_QUOTA_POLICY from env.sh) names the
+# same ledger, so the answer is the same.
+[ -n "${FORGE_QUOTA_POLICY:-}" ] || fail "env.sh does not set FORGE_QUOTA_POLICY (scripts/devcluster/up)"
+(cd / && "$FORGE_QUOTA" status --format json) >"$WORK/bare.json" 2>"$WORK/bare.err" ||
+  fail "a bare 'forge-quota status' failed: $(cat "$WORK/bare.err")"
+cmp -s "$WORK/bare.json" "$WORK/status.json" || fail "a bare 'forge-quota status' differs: $(cat "$WORK/bare.json")"
 [ "$(stat -c '%a %U' "$SNAPSHOT")" = "644 root" ] || fail "snapshot $SNAPSHOT is not root-owned mode 644"
 "$FORGE_QUOTA" report --policy "$POLICY" --ledger "$LEDGER" --by team -S "$t0" -E "$t1" --format html >"$WORK/r.html" ||
   fail "html report failed"

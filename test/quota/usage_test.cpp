@@ -93,8 +93,8 @@ TEST_CASE("the ledger is idempotent: re-syncing the same rows counts nothing twi
   const auto runs = parse_sacct(kSacct);
   {
     Ledger l(dir / "ledger.db");
-    l.record(runs, {}, {{"101", {2e6, 0.4}}}, 1000);
-    l.record(runs, {}, {{"101", {2e6, 0.4}}}, 2000);
+    l.record(runs, {}, {{"101", {2e6, 0.4, {}}}}, 1000);
+    l.record(runs, {}, {{"101", {2e6, 0.4, {}}}}, 2000);
   }
   Ledger l(dir / "ledger.db");
   CHECK(l.last_sync() == 2000);
@@ -162,7 +162,7 @@ TEST_CASE("the snapshot round-trips and is written world-readable") {
 
 TEST_CASE("report: GPU-hours, cost, jobs, waste, tokens and MFU per group") {
   const auto runs = parse_sacct(kSacct);
-  const std::map<std::string, RunSummary> sums = {{"101", {4e6, 0.5}}, {"102", {1e6, 0.3}}};
+  const std::map<std::string, RunSummary> sums = {{"101", {4e6, 0.5, {}}}, {"102", {1e6, 0.3, {}}}};
   const int64_t from = ts("2026-02-01T00:00:00"), to = ts("2026-03-01T00:00:00");
   const Report r = build_report(policy(), runs, sums, GroupBy::kTeam, from, to);
   REQUIRE(r.rows.size() == 2);
@@ -183,17 +183,52 @@ TEST_CASE("report: GPU-hours, cost, jobs, waste, tokens and MFU per group") {
 
   const auto json = forge::Json::parse(render_report_json(r));
   for (const char* key :
-       {"team", "gpu_hours", "cost", "jobs", "wasted_gpu_hours", "tokens", "cost_per_mtoken", "mfu"})
+       {"team", "gpu_hours", "cost", "jobs", "wasted_gpu_hours", "tokens", "cost_per_mtoken", "mfu", "ettr"})
     CHECK(json[0].contains(key));
   CHECK(json[1]["cost_per_mtoken"].is_null());
   const std::string csv = render_report_csv(r);
-  CHECK(csv.rfind("team,gpu_hours,cost,jobs,wasted_gpu_hours,tokens,cost_per_mtoken,mfu\n", 0) == 0);
+  CHECK(csv.rfind("team,gpu_hours,cost,jobs,wasted_gpu_hours,tokens,cost_per_mtoken,mfu,ettr\n", 0) == 0);
   const std::string html = render_report_html(r);
   CHECK_THAT(html, Catch::Contains("<svg") && Catch::Contains("</html>"));
   const Report by_job = build_report(policy(), runs, sums, GroupBy::kJob, from, to);
   CHECK(by_job.rows.size() == 4);
   const Report by_tier = build_report(policy(), runs, sums, GroupBy::kTier, from, to);
   CHECK(by_tier.rows.size() == 4);  // pretrain, explore, finetune, normal
+}
+
+TEST_CASE("waste: the work after the last committed checkpoint plus restart time; ETTR from kept step time") {
+  const auto runs = parse_sacct(kSacct);
+  const double t0 = double(ts("2026-02-02T00:00:00")), t1 = double(ts("2026-02-02T01:00:00"));
+  // Job 102 (8 GPUs): preempted after 1800 s with a checkpoint 2 s before the end, requeued, resumed (30 s
+  // start-up) and finished in 7200 s.
+  const RunSegment preempted{"102", t0 + 5, t0 + 1799, false, 20, 1700, 1700, 2, "preempted"};
+  const RunSegment resumed{"102", t1 + 3, t1 + 7199, true, 30, 7000, 7000, 0, "ok"};
+  const std::map<std::string, RunSummary> sums = {{"102", {1e6, 0.3, {preempted, resumed}}}};
+  const int64_t from = ts("2026-02-01T00:00:00"), to = ts("2026-03-01T00:00:00");
+  const Report r = build_report(policy(), runs, sums, GroupBy::kTeam, from, to);
+  REQUIRE(r.rows.size() == 2);
+  const ReportRow& a = r.rows[0];
+  // Not the preempted run's 4 GPU-hours: 2 s of it, and the resumed run's 30 s start-up.
+  CHECK(a.wasted_gpu_hours == Approx(8 * 2 / 3600.0 + 8 * 30 / 3600.0));
+  CHECK(*a.ettr == Approx((8 * 1700 + 8 * 7000) / 3600.0 / 20.0));
+  // Job 103 recorded nothing: sacct says FAILED, all of it is lost, and it has no ETTR.
+  CHECK(r.rows[1].wasted_gpu_hours == Approx(4 * 600 / 3600.0));
+  CHECK_FALSE(r.rows[1].ettr);
+  CHECK(forge::Json::parse(render_report_json(r))[0]["ettr"].get<double>() == Approx(*a.ettr));
+
+  // The ledger keeps each segment under its own job id: a run directory continued by a later job holds
+  // the earlier job's segments too.
+  forge::test::TempDir dir;
+  RunSegment earlier = preempted;
+  earlier.job_id = "99";
+  {
+    Ledger l(dir / "ledger.db");
+    l.record(runs, {}, {{"102", {1e6, 0.3, {earlier, preempted, resumed}}}}, 1000);
+  }
+  const auto back = Ledger(dir / "ledger.db").summaries();
+  CHECK(back.at("102").segments == std::vector<RunSegment>{preempted, resumed});
+  CHECK(back.at("99").segments == std::vector<RunSegment>{earlier});
+  CHECK(back.at("99").tokens == 0);
 }
 
 TEST_CASE("report HTML escapes names") {

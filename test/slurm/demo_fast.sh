@@ -51,6 +51,32 @@ grep -q "<svg" "$run/report.html" 2>/dev/null || fail "no training report with p
 python3 -c "import json,sys; s=json.load(open(sys.argv[1])); sys.exit(0 if s.get('layout') == 'tp2,pp2,dp4' and s.get('ranks') == 16 else 'summary says ' + str(s.get('layout')))" \
   "$run/summary.json" || fail "the run did not train on tp2,pp2,dp4 (16 ranks)"
 
+grep -q "quota not checked" "$LOG" && fail "a submission was not checked against the quota: $(grep -m1 'quota not checked' "$LOG")"
+# The preemption is the planned path: one line for the 16-rank job, not one per rank, and not an error.
+train_out=$(ls "$FORGE_DEMO_DIR"/forge-forge-pretrain-*.out 2>/dev/null | head -n1)
+n=$(grep -c ": stopped: preempted" "$train_out" 2>/dev/null)
+[ "$n" = 1 ] || fail "the preempted job's output has $n 'stopped: preempted' lines, want 1 (${train_out:-no output file})"
+grep -q "forge-train: error:" "$train_out" 2>/dev/null && fail "the preemption printed as an error: $(grep -m1 'forge-train: error:' "$train_out")"
+# The cost report carries the run's MFU (from the summary.json forge-train wrote) for the training job and
+# its ETTR; the preempted allocation is not all waste: it checkpointed at the signal.
+train_job=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["job_id"])' "$run/summary.json")
+sacct -X -D -n -P -j "$train_job" -o State,ElapsedRaw,AllocTRES >"$WORK/train-sacct.txt" 2>&1
+python3 - "$FORGE_DEMO_DIR/quota-report.json" "$run/summary.json" "$WORK/train-sacct.txt" <<'PY' ||
+import json, re, sys
+rows, summary = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+row = [r for r in rows if r["job"] == str(summary["job_id"])]
+assert row and row[0]["mfu"] is not None and abs(row[0]["mfu"] - summary["mean_mfu"]) < 1e-9, (row, summary["mean_mfu"])
+assert row[0]["ettr"] is not None and 0 < row[0]["ettr"] <= 1, row[0]
+requeued = 0.0
+for line in open(sys.argv[3]):
+    state, elapsed, tres = line.strip().split("|")
+    if state in ("REQUEUED", "PREEMPTED"):
+        requeued += int(elapsed) * int(re.search(r"gres/gpu=(\d+)", tres).group(1)) / 3600
+assert requeued > 0, "sacct shows no requeued allocation of the training job"
+assert row[0]["wasted_gpu_hours"] < requeued, (row[0]["wasted_gpu_hours"], requeued)
+PY
+  fail "the cost report's MFU, ETTR or waste of the training job is wrong: $(cat "$WORK/train-sacct.txt")"
+
 # Nothing left queued or running: the next test needs the nodes.
 for id in $(job_ids); do
   state=$(squeue -h -j "$id" -o %T 2>/dev/null)

@@ -15,9 +15,24 @@ struct sqlite3;
 
 namespace forge::quota {
 
+// One process of a run (a requeue starts the next), as forge-train records it in summary.json
+// "segments": what its time went to and what a failure of it lost (docs/ADMISSION.md, "Waste").
+struct RunSegment {
+  std::string job_id;
+  double start = 0, end = 0;  // Unix seconds of the process
+  bool resumed = false;       // started from a checkpoint: its start-up is restart cost
+  double startup_s = 0;       // process start to the first step
+  double train_s = 0;         // step time
+  double kept_train_s = 0;    // step time of the steps a committed checkpoint (or the finished run) holds
+  double lost_s = 0;          // time after the newest committed checkpoint, when the process did not finish
+  std::string exit_class;
+  bool operator==(const RunSegment&) const = default;
+};
+
 struct RunSummary {
   double tokens = 0;
-  std::optional<double> mfu;  // fraction of peak, 0..1
+  std::optional<double> mfu;         // fraction of peak, 0..1
+  std::vector<RunSegment> segments;  // scanned: the file's; from the ledger: this job's
 };
 
 class Ledger {
@@ -29,13 +44,15 @@ class Ledger {
   Ledger& operator=(const Ledger&) = delete;
 
   // Records one sync in one transaction: runs are upserted by (JobID, Start), the queue is replaced,
-  // summaries are upserted by job id.
+  // summaries are upserted by job id, their segments by (their own job id, start).
   void record(const std::vector<RunRecord>& runs, const std::vector<QueuedJob>& queue,
               const std::map<std::string, RunSummary>& summaries, int64_t synced_at);
 
   // Runs whose span overlaps [from, to).
   std::vector<RunRecord> runs(int64_t from, int64_t to) const;
   std::vector<QueuedJob> queue() const;
+  // Keyed by job id; a job with segments but no summary of its own (an earlier job of a run directory
+  // that a later job continued) has tokens 0 and no MFU.
   std::map<std::string, RunSummary> summaries() const;
   int64_t last_sync() const;  // 0 if never synced
 

@@ -20,10 +20,12 @@ struct ReportRow {
   double gpu_hours = 0;                   // raw GPU-hours inside the window
   double cost = 0;                        // gpu_hours x price x tier charge
   int64_t jobs = 0;                       // distinct job ids
-  double wasted_gpu_hours = 0;            // of runs that failed or were preempted/requeued
+  double wasted_gpu_hours = 0;            // lost work and restart cost (docs/ADMISSION.md, "Waste")
   double tokens = 0;                      // from the runs' summary.json
   std::optional<double> cost_per_mtoken;  // cost of jobs with a token count / their tokens x 1e6
   std::optional<double> mfu;              // mean MFU weighted by GPU-hours, over jobs that report one
+  std::optional<double> ettr;             // effective training time ratio: kept step time / GPU-hours,
+                                          // over runs whose processes recorded segments
 };
 
 struct Report {

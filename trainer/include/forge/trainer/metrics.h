@@ -11,6 +11,8 @@
 //   spec_hash     Config::hash of the resolved spec
 //   data_wait_ms  time spent fetching the step's tokens
 //   ckpt_stall_ms time the step waited for a checkpoint save to start
+//   compute_ms, comm_ms, bubble_ms  the step's time split; comm_bytes what it sent
+//   peak_rss_mib  the process's peak resident memory so far
 // and, only when they apply:
 //   skipped       true: the step was non-finite and its update dropped (guard.nonfinite = skip)
 //   resumed_from  the checkpoint step this process resumed from (first record after a resume)

@@ -1,0 +1,88 @@
+#include "tensorboard_log.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <span>
+#include <utility>
+
+namespace forge::launcher {
+
+namespace {
+
+// Metrics record field -> TensorBoard tag (rank 0's file); the step-time split shares the time/ family.
+constexpr std::pair<const char*, const char*> kRunScalars[] = {
+    {"loss", "train/loss"},
+    {"grad_norm", "train/grad_norm"},
+    {"lr", "train/lr"},
+    {"tokens", "train/tokens"},
+    {"tokens_per_s", "throughput/tokens_per_s"},
+    {"mfu", "throughput/mfu"},
+    {"step_ms", "time/step_ms"},
+    {"compute_ms", "time/compute_ms"},
+    {"comm_ms", "time/comm_ms"},
+    {"bubble_ms", "time/bubble_ms"},
+    {"data_wait_ms", "time/data_wait_ms"},
+    {"ckpt_stall_ms", "time/ckpt_stall_ms"},
+    {"peak_rss_mib", "memory/peak_rss_mib"},
+};
+// What each rank writes about itself, to compare ranks.
+constexpr std::pair<const char*, const char*> kRankScalars[] = {
+    {"step_ms", "rank/step_ms"},
+    {"compute_ms", "rank/compute_ms"},
+    {"comm_ms", "rank/comm_ms"},
+    {"data_wait_ms", "rank/data_wait_ms"},
+};
+
+}  // namespace
+
+template <typename F>
+void TensorBoardLog::guarded(std::optional<trainer::EventFileWriter>& file, F&& body) {
+  if (!file) return;
+  try {
+    body(*file);
+    file->flush();
+  } catch (const std::exception& e) {
+    spdlog::warn("TensorBoard events stop: {}; training continues", e.what());
+    file.reset();
+  }
+}
+
+TensorBoardLog::TensorBoardLog(const std::string& run_dir, int rank, int64_t resumed_step) {
+  const std::filesystem::path tb = std::filesystem::path(run_dir) / "tb";
+  try {
+    if (rank == 0) run_.emplace(tb.string());
+    rank_.emplace((tb / fmt::format("rank-{:05d}", rank)).string());
+  } catch (const std::exception& e) {
+    spdlog::warn("no TensorBoard events: {}; training continues", e.what());
+    run_.reset();
+    rank_.reset();
+  }
+  if (resumed_step > 0) restart(resumed_step);
+}
+
+void TensorBoardLog::restart(int64_t step) {
+  guarded(run_, [&](auto& f) { f.restart(step); });
+  guarded(rank_, [&](auto& f) { f.restart(step); });
+}
+
+void TensorBoardLog::write(const Json& record) {
+  const int64_t step = record.at("step").get<int64_t>();
+  using Table = std::span<const std::pair<const char*, const char*>>;
+  const auto scalars = [&](trainer::EventFileWriter& file, Table table) {
+    for (const auto& [field, tag] : table)
+      if (record.contains(field) && record.at(field).is_number())
+        file.scalar(tag, step, record.at(field).get<double>());
+  };
+  guarded(run_, [&](auto& f) {
+    scalars(f, kRunScalars);
+    for (const char* events : {"guard_events", "ckpt_events"})
+      if (record.contains(events))
+        for (const Json& e : record.at(events)) f.text(fmt::format("events/{}", events), step, e.dump());
+    if (record.value("skipped", false)) f.text("events/guard_events", step, "update skipped (non-finite)");
+  });
+  guarded(rank_, [&](auto& f) { scalars(f, kRankScalars); });
+}
+
+}  // namespace forge::launcher
