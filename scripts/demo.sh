@@ -125,6 +125,8 @@ for _ in $(seq 1 600); do
   [ -f "$metrics" ] && [ "$(wc -l < "$metrics")" -ge $((steps / 4)) ] && break
   sleep 0.5
 done
+# While it runs, each node's first rank keeps its gauges where node_exporter's textfile collector reads.
+grep -h "^forge_job_\(step\|tokens_per_second\|mfu\)" "$FORGE_PROMETHEUS_DIR"/forge_job_"$train"_*.prom 2>/dev/null | head -n 3 || true
 scancel --signal=USR1 --batch "$train"
 # The batch script saves, exits 75 and requeues the job; make it eligible at once (not after ~2 min).
 for _ in $(seq 1 120); do
@@ -175,6 +177,8 @@ quota status
 quota report --by team
 quota report --by job --format html -o "$work/quota-report.html"
 quota report --by job --format json -o "$work/quota-report.json"
+quota status --format prom -o "$FORGE_PROMETHEUS_DIR/forge_quota.prom"
+echo "prometheus: $FORGE_PROMETHEUS_DIR/forge_quota.prom ($(grep -c '^forge_quota_' "$FORGE_PROMETHEUS_DIR/forge_quota.prom") team gauges)"
 
 # The run's own report: loss, throughput and MFU per step, resumes and checkpoints marked.
 "$bin/launcher/forge-train" report "$run" >/dev/null

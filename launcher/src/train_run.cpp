@@ -11,6 +11,7 @@
 #include "forge/trainer/progress.h"
 #include "forge/trainer/runtime.h"
 #include "forge/trainer/watchdog.h"
+#include "job_gauges.h"
 #include "spec_check.h"
 #include "tensorboard_log.h"
 
@@ -216,6 +217,7 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
   std::optional<trainer::MetricsWriter> metrics;
   metrics.emplace(metrics_path(spec, groups.rank), first_step);
   TensorBoardLog tensorboard(spec.dir, groups.rank, first_step);
+  JobGauges gauges(groups);
   spdlog::info(
       "run '{}': steps {}..{} on {}, layout {} ({}), {} threads per rank, {} parameters on this rank, "
       "peak {:.0f} GFLOP/s, spec {}",
@@ -361,6 +363,8 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
       totals.mfu_sum += rec["mfu"].get<double>();
       metrics->write(rec);
       tensorboard.write(rec);
+      const double process_s = seconds_since(g_process_start);
+      gauges.update(rec, {process_s - std::max(0.0, totals.committed_at_s), totals.kept_train_s / process_s});
       if (groups.rank == 0)
         fmt::print(stderr,
                    "step {}/{} loss {:.4f} gnorm {:.3f} lr {:.2e} {:.0f} ms {:.0f} tok/s mfu {:.1f}%\n",

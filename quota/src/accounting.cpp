@@ -1,6 +1,7 @@
 #include "forge/quota/accounting.h"
 
 #include "forge/common/json.h"
+#include "forge/common/prometheus.h"
 
 #include <fmt/format.h>
 
@@ -82,6 +83,27 @@ std::string render_status_table(const std::vector<TeamStatus>& status, const Pol
   out +=
       fmt::format("(charged GPU-hours this {}; budgets from {})\n", period_name(policy.period), policy.path);
   return out;
+}
+
+std::string render_status_prom(const std::vector<TeamStatus>& status, const Policy& policy,
+                               int64_t last_sync) {
+  // Prometheus wants base units: GPU-seconds (GPU-hours x 3600; Grafana divides back).
+  PromGauges g;
+  for (const auto& s : status) {
+    const PromLabels labels{{"cluster", policy.cluster}, {"team", s.team}};
+    g.set("forge_quota_budget_gpu_seconds", "GPU-time budget of the team this period.", labels,
+          s.budget_gpu_hours * 3600);
+    g.set("forge_quota_used_gpu_seconds", "Charged GPU-time the team used this period.", labels,
+          s.used_gpu_hours * 3600);
+    g.set("forge_quota_reserved_gpu_seconds", "GPU-time the team's running and pending jobs may still use.",
+          labels, s.reserved_gpu_hours * 3600);
+    g.set("forge_quota_remaining_gpu_seconds", "Budget minus used minus reserved (may be negative).", labels,
+          s.remaining_gpu_hours * 3600);
+    g.set("forge_quota_running_gpus", "GPUs the team's running jobs hold.", labels, s.running_gpus);
+  }
+  g.set("forge_quota_last_sync_timestamp_seconds", "Unix time of the ledger's last sync.",
+        {{"cluster", policy.cluster}}, double(last_sync));
+  return g.text();
 }
 
 std::string render_status_json(const std::vector<TeamStatus>& status) {

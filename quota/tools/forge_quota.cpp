@@ -1,5 +1,6 @@
 // forge-quota: the admission and accounting policy, applied to Slurm, and the usage it accounts.
 #include "forge/common/error.h"
+#include "forge/common/json.h"
 #include "forge/common/text.h"
 #include "forge/quota/accounting.h"
 #include "forge/quota/apply.h"
@@ -14,7 +15,6 @@
 
 #include <cstdlib>
 #include <ctime>
-#include <fstream>
 #include <iostream>
 
 namespace po = boost::program_options;
@@ -31,10 +31,11 @@ commands:
                              a layout's ranks and nodes for scripts (exit 64 with the parser's message)
   apply [--dry-run]          write the policy into Slurm (accounts, QOS) with sacctmgr; idempotent
   sync [-S START] [-E END]   sacct + squeue + run summaries -> ledger -> usage snapshot
-  status [--team T] [--format table|json]
-                             budget, used, reserved, remaining per team and tier (from the ledger)
+  status [--team T] [--format table|json|prom] [-o FILE]
+                             budget, used, reserved, remaining per team and tier (from the ledger);
+                             prom: gauges for node_exporter's textfile collector (-o DIR/forge_quota.prom)
   report --by team|tier|user|job [-S START] [-E END] [--format table|csv|json|html] [-o FILE]
-                             GPU-hours, cost, jobs, wasted GPU-hours, cost per M tokens, MFU
+                             GPU-hours, cost, jobs, wasted GPU-hours, cost per M tokens, MFU, ETTR
 
 common options:
   --policy FILE    policy file (default: $FORGE_QUOTA_POLICY or /etc/forge/quota.ini)
@@ -88,8 +89,7 @@ void write_output(const std::string& path, const std::string& text) {
     std::cout << text;
     return;
   }
-  std::ofstream out(path, std::ios::binary);
-  if (!(out << text)) fail(ExitCode::kIo, "cannot write '{}'", path);
+  write_file_atomic(path, text);  // a reader (a browser, node_exporter) never sees half a file
 }
 
 int cmd_check_policy(const std::vector<std::string>& args) {
@@ -190,7 +190,7 @@ int cmd_sync(const Policy& policy, const Common& c) {
 }
 
 int cmd_status(const Policy& policy, const Common& c) {
-  check_format(c.format, {"table", "json"});
+  check_format(c.format, {"table", "json", "prom"});
   if (!c.team.empty() && !policy.team(c.team))
     fail(ExitCode::kUsage, "--team {}: no such team in {}; teams: {}", c.team, policy.path,
          policy.team_names());
@@ -200,9 +200,12 @@ int cmd_status(const Policy& policy, const Common& c) {
   const auto [start, end] = period_bounds(policy.period, now_s());
   auto status = compute_status(policy, ledger.runs(start, end), ledger.queue(), start, end);
   if (!c.team.empty()) std::erase_if(status, [&](const TeamStatus& s) { return s.team != c.team; });
-  std::cout << (c.format == "json" ? render_status_json(status) : render_status_table(status, policy));
   if (c.format == "table")
-    std::cout << fmt::format("(ledger synced {} UTC)\n", format_utc(ledger.last_sync()));
+    write_output(c.output, render_status_table(status, policy) +
+                               fmt::format("(ledger synced {} UTC)\n", format_utc(ledger.last_sync())));
+  else
+    write_output(c.output, c.format == "json" ? render_status_json(status)
+                                              : render_status_prom(status, policy, ledger.last_sync()));
   return 0;
 }
 
@@ -254,7 +257,8 @@ int run(int argc, char** argv) {
                                                         "directory with run summaries (repeatable)");
   } else if (command == "status") {
     d.add_options()("team", po::value(&c.team), "one team")(
-        "format", po::value(&c.format)->default_value("table"), "table or json");
+        "format", po::value(&c.format)->default_value("table"), "table, json or prom")(
+        "output,o", po::value(&c.output), "write to FILE (atomically) instead of stdout");
   } else if (command == "report") {
     d.add_options()("by", po::value(&c.by)->required(), "team, tier, user or job")(
         "start,S", po::value(&c.start), "window start (UTC)")("end,E", po::value(&c.end), "window end (UTC)")(

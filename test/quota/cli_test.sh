@@ -110,6 +110,14 @@ assert abs(b["reserved_gpu_hours"] - 8.0) < 1e-9, b  # 8 GPUs x 2 h x explore's 
 PY
 "$bin" status "${common[@]}" --team team-z >/dev/null 2>&1
 [ $? -eq 64 ] || fail "status --team team-z is not exit 64"
+# The same status as gauges for node_exporter's textfile collector, written atomically with -o.
+"$bin" status "${common[@]}" --format prom -o "$tmp/forge_quota.prom" || fail "status --format prom failed"
+promtool check metrics <"$tmp/forge_quota.prom" >"$tmp/promtool.out" 2>&1 ||
+  fail "promtool rejects the status gauges: $(cat "$tmp/promtool.out")"
+grep -qx 'forge_quota_reserved_gpu_seconds{cluster="forge",team="team-b"} 28800' "$tmp/forge_quota.prom" ||
+  fail "no team-b reserved gauge of 8 GPU-hours: $(cat "$tmp/forge_quota.prom")"
+grep -q '^forge_quota_budget_gpu_seconds{cluster="forge",team="team-a"} 72000000$' "$tmp/forge_quota.prom" ||
+  fail "no team-a budget gauge"
 
 # apply: the dry run prints the plan, apply runs exactly that plan
 "$bin" apply --policy "$policy" --dry-run >"$tmp/dry.out" || fail "apply --dry-run failed"

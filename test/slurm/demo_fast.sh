@@ -51,6 +51,8 @@ grep -q "<svg" "$run/report.html" 2>/dev/null || fail "no training report with p
 python3 -c "import json,sys; s=json.load(open(sys.argv[1])); sys.exit(0 if s.get('layout') == 'tp2,pp2,dp4' and s.get('ranks') == 16 else 'summary says ' + str(s.get('layout')))" \
   "$run/summary.json" || fail "the run did not train on tp2,pp2,dp4 (16 ranks)"
 
+grep -q "^forge_job_tokens_per_second{job_id=" "$LOG" || fail "the running job's Prometheus gauges were not shown"
+grep -q "^prometheus: .*forge_quota.prom" "$LOG" || fail "no forge-quota Prometheus textfile"
 grep -q "quota not checked" "$LOG" && fail "a submission was not checked against the quota: $(grep -m1 'quota not checked' "$LOG")"
 # The preemption is the planned path: one line for the 16-rank job, not one per rank, and not an error.
 train_out=$(ls "$FORGE_DEMO_DIR"/forge-forge-pretrain-*.out 2>/dev/null | head -n1)

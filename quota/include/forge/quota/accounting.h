@@ -43,5 +43,9 @@ UsageSnapshot make_snapshot(const Policy& policy, const std::vector<TeamStatus>&
 
 std::string render_status_table(const std::vector<TeamStatus>& status, const Policy& policy);
 std::string render_status_json(const std::vector<TeamStatus>& status);
+// Prometheus gauges per team (budget, used, reserved, remaining GPU-seconds; running GPUs) and the ledger's
+// last sync time, labelled with the policy's cluster.
+std::string render_status_prom(const std::vector<TeamStatus>& status, const Policy& policy,
+                               int64_t last_sync);
 
 }  // namespace forge::quota
