@@ -269,4 +269,24 @@ std::map<std::string, RunSummary> scan_summaries(const std::vector<std::string>&
   return out;
 }
 
+std::map<std::string, RunSummary> parse_job_comments(const std::string& text) {
+  std::map<std::string, RunSummary> out;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t eol = text.find('\n', at);
+    if (eol == std::string::npos) eol = text.size();
+    const std::string_view line(text.data() + at, eol - at);
+    at = eol + 1;
+    const size_t bar = line.find('|');  // JobID never holds one; the comment may (not ours, escaped)
+    if (bar == std::string_view::npos || line.substr(bar + 1, 6) != "forge:") continue;
+    const Json doc = Json::parse(line.substr(bar + 7), nullptr, /*allow_exceptions=*/false);
+    if (!doc.is_object()) continue;
+    RunSummary s;
+    if (doc.contains("tokens") && doc.at("tokens").is_number()) s.tokens = doc.at("tokens").get<double>();
+    if (doc.contains("mfu") && doc.at("mfu").is_number()) s.mfu = doc.at("mfu").get<double>();
+    out[std::string(line.substr(0, bar))] = s;
+  }
+  return out;
+}
+
 }  // namespace forge::quota

@@ -23,7 +23,11 @@ SyncResult sync_usage(const Policy& policy, const SyncOptions& o, int64_t now) {
   const std::vector<RunRecord> runs = parse_sacct(run_checked(sacct_args(o.from, o.to), {"TZ=UTC"}));
   const std::vector<QueuedJob> queue = parse_squeue(run_checked(squeue_args(), {"TZ=UTC"}));
   SyncResult result;
-  const auto summaries = scan_summaries(o.runs_dirs, &result.warnings);
+  auto summaries = scan_summaries(o.runs_dirs, &result.warnings);
+  // Jobs whose run directories are out of reach still left their summary in the job's comment.
+  std::vector<std::string> comments = sacct_args(o.from, o.to);
+  comments.back() = "JobID,Comment";
+  for (auto& [job, s] : parse_job_comments(run_checked(comments, {"TZ=UTC"}))) summaries.try_emplace(job, s);
   Ledger ledger(o.ledger_path);
   ledger.record(runs, queue, summaries, now);
   result.runs = runs.size();

@@ -37,6 +37,31 @@ forge_run_step() {
   trap - USR1 TERM
 }
 
+# forge_job_comment RUN_DIR CLASS: leaves the run's summary where `sacct -o Comment` shows it (jobstats
+# style; the cluster stores comments with AccountingStoreFlags=job_comment), one line of compact JSON
+# after "forge:": tokens, steps, MFU, ETTR of this job's processes, exit class, run directory. '|' is
+# escaped so that sacct's parsable output stays parsable. Best effort: a job that ran no forge-train
+# process in the run (the gate job) leaves none.
+forge_job_comment() {
+  local comment
+  [ -n "${SLURM_JOB_ID:-}" ] && [ -f "$1/summary.json" ] || return 0
+  comment=$(python3 - "$1" "$2" "$SLURM_JOB_ID" <<'PY' 2>/dev/null
+import json, sys
+run, cls, job = sys.argv[1:]
+s = json.load(open(run + "/summary.json"))
+mine = [g for g in s.get("segments", []) if str(g.get("job_id")) == job]
+if not mine:
+    sys.exit(1)  # this job trained nothing in the run (the gate job): no summary of its own
+span = sum(g["end"] - g["start"] for g in mine)
+c = {"tokens": s.get("tokens"), "steps": s.get("steps"), "mfu": round(s.get("mean_mfu", 0), 4),
+     "ettr": round(sum(g["kept_train_s"] for g in mine) / span, 4) if span > 0 else None,
+     "class": cls, "run": run}
+print("forge:" + json.dumps(c, separators=(",", ":")).replace("|", "\\u007c"))
+PY
+  ) || return 0
+  scontrol update JobId="$SLURM_JOB_ID" Comment="$comment" 2>/dev/null || true
+}
+
 # forge_finish RUN_DIR: prints the run directory and exit class, requeues when the class asks for it,
 # and exits with the step's code.
 forge_finish() {
@@ -54,6 +79,7 @@ forge_finish() {
     rc=69
   fi
   class=$(forge_exit_class "$rc")
+  forge_job_comment "$run_dir" "$class"
   echo "forge: run directory: $run_dir"
   echo "forge: exit class: $class (exit $rc, restart ${SLURM_RESTART_COUNT:-0})"
   local requeue=0

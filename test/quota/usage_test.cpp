@@ -231,6 +231,18 @@ TEST_CASE("waste: the work after the last committed checkpoint plus restart time
   CHECK(back.at("99").tokens == 0);
 }
 
+TEST_CASE("job comments: the batch scripts' run summaries, other comments ignored") {
+  const auto c = parse_job_comments(
+      "201|forge:{\"tokens\":4096,\"steps\":8,\"mfu\":0.25,\"ettr\":0.5,\"class\":\"ok\",\"run\":\"/"
+      "r\\u007cx\"}\n"
+      "202|someone else's note | with a bar\n"
+      "203|\n"
+      "204|forge:{not json\n");
+  REQUIRE(c.size() == 1);
+  CHECK(c.at("201").tokens == 4096);
+  CHECK(*c.at("201").mfu == 0.25);
+}
+
 TEST_CASE("report HTML escapes names") {
   RunRecord r;
   r.job_id = "1";

@@ -63,6 +63,10 @@ grep -q "forge-train: error:" "$train_out" 2>/dev/null && fail "the preemption p
 # its ETTR; the preempted allocation is not all waste: it checkpointed at the signal.
 train_job=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["job_id"])' "$run/summary.json")
 sacct -X -D -n -P -j "$train_job" -o State,ElapsedRaw,AllocTRES >"$WORK/train-sacct.txt" 2>&1
+# The job's summary where sacct shows it (jobstats style): the batch script's Comment.
+comment=$(sacct -X -n -P -j "$train_job" -o Comment 2>&1 | tail -n1)
+python3 -c 'import json,sys; c=json.loads(sys.argv[1][len("forge:"):]); assert sys.argv[1].startswith("forge:") and c["class"] == "ok" and c["tokens"] > 0 and c["steps"] == 20, c' "$comment" 2>/dev/null ||
+  fail "sacct -o Comment of job $train_job does not hold the run summary: '$comment'"
 python3 - "$FORGE_DEMO_DIR/quota-report.json" "$run/summary.json" "$WORK/train-sacct.txt" <<'PY' ||
 import json, re, sys
 rows, summary = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))

@@ -67,4 +67,9 @@ class Ledger {
 std::map<std::string, RunSummary> scan_summaries(const std::vector<std::string>& dirs,
                                                  std::vector<std::string>* skipped);
 
+// `sacct --parsable2 --noheader -o JobID,Comment`: the summaries the batch scripts leave in job comments
+// ("forge:" + compact JSON with tokens and mfu, scripts/sbatch/common.sh), for runs whose directories
+// `sync` cannot see. Other comments are not ours and are ignored; so is a comment that does not parse.
+std::map<std::string, RunSummary> parse_job_comments(const std::string& text);
+
 }  // namespace forge::quota
