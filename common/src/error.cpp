@@ -32,11 +32,8 @@ int run_cli(std::string_view program, const std::function<int()>& body) {
   try {
     return body();
   } catch (const Error& e) {
-    // A preemption is the planned path, not an error; an empty message was already said by another rank.
-    const std::string_view what = e.what();
-    if (!what.empty())
-      std::cerr << program << (e.code() == ExitCode::kPreempted ? ": stopped: " : ": error: ") << what
-                << '\n';
+    // An empty message: the program already said what happened (forge-train's preemption, once per job).
+    if (*e.what() != '\0') std::cerr << program << ": error: " << e.what() << '\n';
     return static_cast<int>(e.code());
   } catch (const boost::program_options::error& e) {
     std::cerr << program << ": error: " << e.what() << " (see --help)\n";

@@ -256,6 +256,7 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
   const std::string spec_hash = config.hash();
   std::vector<MicroBatch> batches;
   trainer::StepStats st;
+  bool summary_written = false;
   std::map<int64_t, double> train_s_at;  // step -> train_s when it finished, back to the newest commit
   bool resumed = first_step > 0;         // the next record is the first after a resume (report marks it)
   totals.startup_s = seconds_since(g_process_start);
@@ -380,12 +381,18 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
         totals.kept_train_s = totals.train_s;
         publish();
         // Ranks the signal did not reach stop because a peer got it (SIGUSR1 from srun or the batch script).
-        // One line per job, from rank 0: every rank saying it would repeat it once per rank.
-        if (groups.rank != 0) throw Error(ExitCode::kPreempted, "");
-        fail(ExitCode::kPreempted,
-             "preempted (signal {}) after step {}: recovery checkpoint saved; the requeued job resumes from "
-             "it",
-             g_stop_signal != 0 ? int(g_stop_signal) : SIGUSR1, st.step);
+        // The planned path, said once for the job by rank 0, after its summary is written and before any
+        // rank leaves: srun --kill-on-bad-exit ends the whole step at the first rank that exits 75.
+        write_summary(run, totals, ExitCode::kPreempted);
+        summary_written = true;
+        if (groups.rank == 0)
+          fmt::print(
+              stderr,
+              "forge-train: stopped: preempted (signal {}) after step {}: recovery checkpoint saved; the "
+              "requeued job resumes from it\n",
+              g_stop_signal != 0 ? int(g_stop_signal) : SIGUSR1, st.step);
+        groups.world->barrier();
+        throw Error(ExitCode::kPreempted, "");  // exit 75; the line above said why
       }
     }
     trainer::mark_activity("checkpoint");
@@ -393,7 +400,7 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
     watchdog.stop();
   } catch (const Error& e) {
     watchdog.stop();
-    write_summary(run, totals, e.code());
+    if (!summary_written) write_summary(run, totals, e.code());
     throw;
   }
   write_summary(run, totals, ExitCode::kOk);

@@ -40,9 +40,8 @@ template <typename... Args>
 }
 
 // Runs a CLI body and turns any exception into one line on stderr, "<program>: error: <what>", and the
-// matching exit code. Exceptions that are not forge::Error are internal failures (exit 1). A preemption
-// (exit 75) reads "<program>: stopped: <what>"; an Error with an empty message prints nothing (the
-// ranks of one job that leave the line to rank 0).
+// matching exit code. Exceptions that are not forge::Error are internal failures (exit 1). An Error with
+// an empty message prints nothing: the program said it its own way (forge-train's preemption line).
 int run_cli(std::string_view program, const std::function<int()>& body);
 
 }  // namespace forge
