@@ -3,6 +3,8 @@
 #include "forge/common/error.h"
 #include "forge/common/text.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 
 namespace forge {
@@ -29,6 +31,11 @@ LocalRank local_rank(const std::function<const char*(const char*)>& get_fn) {
       break;
     }
   return out;
+}
+
+std::string host_name() {
+  char name[256] = {};
+  return ::gethostname(name, sizeof name - 1) == 0 ? name : "localhost";
 }
 
 }  // namespace forge

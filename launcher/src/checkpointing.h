@@ -52,6 +52,8 @@ class RunCheckpoints {
 
   // Finished save events (for metrics).
   std::vector<ckpt::SaveEvent> take_events() { return saver_.take_events(); }
+  // The step of the newest checkpoint saved or started (or resumed from).
+  int64_t last_saved_step() const { return last_saved_step_; }
 
  private:
   ckpt::Expectations expectations() const;

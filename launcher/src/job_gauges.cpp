@@ -5,7 +5,6 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -20,9 +19,8 @@ std::string env_or(const char* name, const char* fallback) {
 }
 
 std::string node_name() {
-  if (const char* n = std::getenv("SLURMD_NODENAME"); n != nullptr && *n != '\0') return n;
-  char host[256] = {};
-  return gethostname(host, sizeof host - 1) == 0 ? host : "localhost";
+  const char* n = std::getenv("SLURMD_NODENAME");  // Slurm's name for the node (several per host in tests)
+  return n != nullptr && *n != '\0' ? n : host_name();
 }
 
 constexpr auto kMinInterval = std::chrono::seconds(5);

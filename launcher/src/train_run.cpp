@@ -83,9 +83,7 @@ void write_summary(const RunInfo& run, const Totals& t, ExitCode code) {
   const double now =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   const bool done = code == ExitCode::kOk;
-  const char* restarts = std::getenv("SLURM_RESTART_COUNT");
   Json segment{{"job_id", job != nullptr ? Json(job) : Json(nullptr)},
-               {"restart", restarts != nullptr ? std::atoi(restarts) : 0},
                {"resumed_from", run.resumed_from},
                {"start", now - process_s},
                {"end", now},
@@ -257,8 +255,12 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
   std::vector<MicroBatch> batches;
   trainer::StepStats st;
   bool summary_written = false;
-  std::map<int64_t, double> train_s_at;  // step -> train_s when it finished, back to the newest commit
-  bool resumed = first_step > 0;         // the next record is the first after a resume (report marks it)
+  std::map<int64_t, double> train_s_at;  // saves in flight: their step -> train_s when it finished
+  const auto committed = [&](double kept_train_s) {
+    totals.committed_at_s = seconds_since(g_process_start);
+    totals.kept_train_s = kept_train_s;
+  };
+  bool resumed = first_step > 0;  // the next record is the first after a resume (report marks it)
   totals.startup_s = seconds_since(g_process_start);
   try {
     for (int64_t step = first_step; step < spec.steps; ++step) {
@@ -279,7 +281,6 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
       const trainer::GuardAction action = guard.after_step(st);  // exit 71 when non-finite steps persist
       totals.steps_run += 1;
       totals.train_s += st.seconds;
-      train_s_at[st.step] = totals.train_s;
       totals.skipped = guard.skipped();
       totals.rewinds = guard.rewinds();
       if (action == trainer::GuardAction::kRewind) {
@@ -306,6 +307,7 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
       // A skipped step's weights are those of the step before: not worth a checkpoint of their own.
       const double stall_s =
           action == trainer::GuardAction::kApply ? checkpoints.after_step(st, tokens_so_far, batches) : 0.0;
+      if (checkpoints.last_saved_step() == st.step) train_s_at[st.step] = totals.train_s;
       const auto t3 = Clock::now();
       Json rec = trainer::metrics_record(st, tokens_so_far, run.fpt, run.peak);
       rec["spec_hash"] = spec_hash;
@@ -339,9 +341,8 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
       for (const auto& e : checkpoints.take_events()) {
         rec["ckpt_events"].push_back(e.to_json());
         if (e.outcome == ckpt::Outcome::kCommitted && train_s_at.contains(e.step)) {
-          totals.committed_at_s = seconds_since(g_process_start);
-          totals.kept_train_s = train_s_at[e.step];
-          train_s_at.erase(train_s_at.begin(), train_s_at.find(e.step));
+          committed(train_s_at[e.step]);
+          train_s_at.erase(train_s_at.begin(), std::next(train_s_at.find(e.step)));
         }
         // Training on without the checkpoints the schedule promises would waste what a failure costs.
         if (e.outcome == ckpt::Outcome::kFailed)
@@ -377,8 +378,7 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
       if (status.stop && st.step < spec.steps) {
         trainer::mark_activity("checkpoint");
         checkpoints.save_now(st, tokens_so_far, batches);
-        totals.committed_at_s = seconds_since(g_process_start);
-        totals.kept_train_s = totals.train_s;
+        committed(totals.train_s);
         publish();
         // Ranks the signal did not reach stop because a peer got it (SIGUSR1 from srun or the batch script).
         // The planned path, said once for the job by rank 0, after its summary is written and before any

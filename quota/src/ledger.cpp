@@ -71,7 +71,7 @@ CREATE TABLE IF NOT EXISTS queue (
 CREATE TABLE IF NOT EXISTS summaries (job_id TEXT PRIMARY KEY, tokens REAL NOT NULL, mfu REAL);
 CREATE TABLE IF NOT EXISTS segments (
   job_id TEXT NOT NULL, start REAL NOT NULL, end_time REAL NOT NULL, resumed INTEGER NOT NULL,
-  startup_s REAL NOT NULL, train_s REAL NOT NULL, kept_train_s REAL NOT NULL, lost_s REAL NOT NULL,
+  startup_s REAL NOT NULL, kept_train_s REAL NOT NULL, lost_s REAL NOT NULL,
   exit_class TEXT NOT NULL, PRIMARY KEY (job_id, start));
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 )sql";
@@ -141,7 +141,7 @@ void Ledger::record(const std::vector<RunRecord>& runs, const std::vector<Queued
         s.bind_null(3);
       s.step(path_);
     }
-    Stmt seg(db_, "INSERT OR REPLACE INTO segments VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9)", path_);
+    Stmt seg(db_, "INSERT OR REPLACE INTO segments VALUES (?1,?2,?3,?4,?5,?6,?7,?8)", path_);
     for (const auto& [id, sum] : summaries)
       for (const RunSegment& g : sum.segments) {
         seg.bind(1, g.job_id)
@@ -149,7 +149,7 @@ void Ledger::record(const std::vector<RunRecord>& runs, const std::vector<Queued
             .bind(3, g.end)
             .bind(4, int64_t(g.resumed))
             .bind(5, g.startup_s);
-        seg.bind(6, g.train_s).bind(7, g.kept_train_s).bind(8, g.lost_s).bind(9, g.exit_class);
+        seg.bind(6, g.kept_train_s).bind(7, g.lost_s).bind(8, g.exit_class);
         seg.step(path_);
       }
     Stmt m(db_, "INSERT OR REPLACE INTO meta VALUES ('last_sync', ?1)", path_);
@@ -210,14 +210,13 @@ std::map<std::string, RunSummary> Ledger::summaries() const {
     if (!s.is_null(2)) r.mfu = s.real(2);
     out[s.text(0)] = r;
   }
-  Stmt g(
-      db_,
-      "SELECT job_id,start,end_time,resumed,startup_s,train_s,kept_train_s,lost_s,exit_class FROM segments "
-      "ORDER BY job_id, start",
-      path_);
+  Stmt g(db_,
+         "SELECT job_id,start,end_time,resumed,startup_s,kept_train_s,lost_s,exit_class FROM segments "
+         "ORDER BY job_id, start",
+         path_);
   while (g.step(path_)) {
-    RunSegment seg{g.text(0), g.real(1), g.real(2), g.integer(3) != 0, g.real(4),
-                   g.real(5), g.real(6), g.real(7), g.text(8)};
+    RunSegment seg{g.text(0), g.real(1), g.real(2), g.integer(3) != 0,
+                   g.real(4), g.real(5), g.real(6), g.text(7)};
     out[seg.job_id].segments.push_back(std::move(seg));
   }
   return out;
@@ -257,8 +256,8 @@ std::map<std::string, RunSummary> scan_summaries(const std::vector<std::string>&
           s.segments.push_back({gid.is_string() ? gid.get<std::string>() : std::to_string(gid.get<int64_t>()),
                                 g.at("start").get<double>(), g.at("end").get<double>(),
                                 g.at("resumed_from").get<int64_t>() > 0, g.at("startup_s").get<double>(),
-                                g.at("train_s").get<double>(), g.at("kept_train_s").get<double>(),
-                                g.at("lost_s").get<double>(), g.at("exit_class").get<std::string>()});
+                                g.at("kept_train_s").get<double>(), g.at("lost_s").get<double>(),
+                                g.at("exit_class").get<std::string>()});
         }
         out[job] = s;
       } catch (const std::exception& e) {

@@ -82,8 +82,12 @@ grep -q "in forward_backward — aborting (exit 69)" "$work/hang.err" || fail "h
 # 71: NaN for more consecutive steps than guard.max_bad_steps.
 expect nan 71 "step 5: loss NaN, gradient norm NaN: 3 consecutive non-finite steps, more than guard.max_bad_steps = 2" -- \
   "$src/configs/tiny.ini" --run.dir="$work/nan" "${tiny[@]}" --run.steps=8 --guard.inject_nan_step=3 --guard.inject_nan_count=5 \
-  --guard.max_bad_steps=2
+  --guard.max_bad_steps=2 --ckpt.recovery_every=1
 [ "$(summary_class "$work/nan")" = numeric ] || fail "NaN: summary.json does not say numeric"
+# Its segment keeps the step time up to the last committed checkpoint (step 2: the NaN steps 3-5 were
+# skipped, not saved) and counts the rest as lost (the cost report's waste and ETTR).
+json "$work/nan/summary.json" "(lambda g: 0 < g['kept_train_s'] < g['train_s'] and 0 < g['lost_s'] < g['end'] - g['start'])(d['segments'][-1])" |
+  grep -qx True || fail "NaN: the segment's kept/lost time is wrong: $(json "$work/nan/summary.json" "d['segments']")"
 # A single NaN under skip: the run finishes, the step is marked skipped and counted.
 "$train" "$src/configs/tiny.ini" --run.dir="$work/skip" "${tiny[@]}" --run.steps=8 --guard.inject_nan_step=3 2>"$work/skip.err" \
   || fail "skip policy: a single NaN stopped the run: $(tail -n1 "$work/skip.err")"

@@ -20,12 +20,20 @@ cat >"$tmp/sacct.txt" <<'ROWS'
 104|bob|team-b|finetune|gpu|CANCELLED by 0|0||Unknown|Unknown|None assigned|never-ran
 ROWS
 
+# Job comments (sacct -o JobID,Comment): job 103's run directory is out of reach, its batch script left
+# the summary; job 102's comment is somebody else's.
+cat >"$tmp/comments.txt" <<'ROWS'
+102|resubmitted after | maintenance
+103|forge:{"tokens":1000000,"steps":50,"mfu":0.2,"ettr":0.9,"class":"failure","run":"/elsewhere/run"}
+ROWS
+
 # Fake commands: written with printf so no here-document nests inside this script.
 printf '%s\n' '#!/usr/bin/env bash' \
   '[ "${TZ:-}" = UTC ] || { echo "sacct: TZ is not UTC" >&2; exit 1; }' \
   'for want in -a -X -D --parsable2 --noheader; do' \
   '  case " $* " in *" $want "*) ;; *) echo "sacct: missing $want in: $*" >&2; exit 1 ;; esac' \
   'done' \
+  'case " $* " in *" JobID,Comment "*) cat "'"$tmp/comments.txt"'"; exit 0 ;; esac' \
   "cat '$tmp/sacct.txt'" >"$tmp/bin/sacct"
 printf '%s\n' '#!/usr/bin/env bash' \
   'echo "300|bob|team-b|explore|gpu|PENDING|0:00|2:00:00|cpu=1,gres/gpu=8,node=1"' >"$tmp/bin/squeue"
@@ -90,6 +98,8 @@ for k in ("gpu_hours", "cost", "jobs", "wasted_gpu_hours", "tokens", "cost_per_m
     assert k in a, k
 assert a["jobs"] == 2 and a["tokens"] == 4e6 and abs(a["wasted_gpu_hours"] - 4.0) < 1e-9, a
 assert abs(a["mfu"] - 0.5) < 1e-9, a
+b = [r for r in rows if r["team"] == "team-b"][0]  # from job 103's comment
+assert b["tokens"] == 1e6 and abs(b["mfu"] - 0.2) < 1e-9, b
 PY
 for fmt in table csv html; do
   "$bin" report "${common[@]}" --by user -S 2026-02-01 -E 2026-03-01 --format $fmt >"$tmp/r.$fmt" ||

@@ -201,8 +201,8 @@ TEST_CASE("waste: the work after the last committed checkpoint plus restart time
   const double t0 = double(ts("2026-02-02T00:00:00")), t1 = double(ts("2026-02-02T01:00:00"));
   // Job 102 (8 GPUs): preempted after 1800 s with a checkpoint 2 s before the end, requeued, resumed (30 s
   // start-up) and finished in 7200 s.
-  const RunSegment preempted{"102", t0 + 5, t0 + 1799, false, 20, 1700, 1700, 2, "preempted"};
-  const RunSegment resumed{"102", t1 + 3, t1 + 7199, true, 30, 7000, 7000, 0, "ok"};
+  const RunSegment preempted{"102", t0 + 5, t0 + 1799, false, 20, 1700, 2, "preempted"};
+  const RunSegment resumed{"102", t1 + 3, t1 + 7199, true, 30, 7000, 0, "ok"};
   const std::map<std::string, RunSummary> sums = {{"102", {1e6, 0.3, {preempted, resumed}}}};
   const int64_t from = ts("2026-02-01T00:00:00"), to = ts("2026-03-01T00:00:00");
   const Report r = build_report(policy(), runs, sums, GroupBy::kTeam, from, to);

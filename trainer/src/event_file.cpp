@@ -1,5 +1,7 @@
 #include "forge/trainer/event_file.h"
 
+#include "forge/common/local_rank.h"
+
 #include <fmt/format.h>
 #include <unistd.h>
 #include <boost/crc.hpp>
@@ -51,12 +53,6 @@ std::string summary_of(const std::string& value) {
   std::string event;
   bytes_field(event, kSummary, summary);
   return event;
-}
-
-std::string host_name() {
-  char name[256] = {};
-  if (gethostname(name, sizeof name - 1) != 0) return "localhost";
-  return name;
 }
 
 }  // namespace

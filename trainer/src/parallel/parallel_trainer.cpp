@@ -6,11 +6,11 @@
 #include "forge/trainer/parallel.h"
 
 #include "forge/common/error.h"
+#include "forge/common/local_rank.h"
 #include "forge/trainer/progress.h"
 #include "forge/trainer/runtime.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -38,13 +38,6 @@ struct CommTotals {
   double wait = 0;
   uint64_t bytes = 0;
 };
-
-// This process's host name (without MPI: the one-process trainer has none).
-std::string host_name() {
-  char name[256] = {};
-  ::gethostname(name, sizeof name - 1);
-  return name;
-}
 
 CommTotals totals(std::initializer_list<Comm*> comms) {
   CommTotals t;

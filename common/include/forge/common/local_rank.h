@@ -18,4 +18,7 @@ struct LocalRank {
 // tests pass their own). A value that is not a non-negative integer is forge::Error(kUsage) naming it.
 LocalRank local_rank(const std::function<const char*(const char*)>& get = nullptr);
 
+// This host's name (gethostname; "localhost" when it fails).
+std::string host_name();
+
 }  // namespace forge

@@ -22,7 +22,6 @@ struct RunSegment {
   double start = 0, end = 0;  // Unix seconds of the process
   bool resumed = false;       // started from a checkpoint: its start-up is restart cost
   double startup_s = 0;       // process start to the first step
-  double train_s = 0;         // step time
   double kept_train_s = 0;    // step time of the steps a committed checkpoint (or the finished run) holds
   double lost_s = 0;          // time after the newest committed checkpoint, when the process did not finish
   std::string exit_class;
