@@ -1,6 +1,7 @@
 #include "forge/ckpt/export.h"
 
 #include "forge/common/error.h"
+#include "forge/common/progress_line.h"
 
 #include <fcntl.h>
 #include <hdf5.h>
@@ -93,9 +94,17 @@ void write_file(const Checkpoint& ckpt, const std::string& path, bool with_optim
   H5 lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose, "create a link property list");
   check(H5Pset_create_intermediate_group(lcpl.get(), 1), "allow intermediate groups");
   check(H5Pset_char_encoding(lcpl.get(), H5T_CSET_UTF8), "set UTF-8 names");
+  const auto wanted = [&](const std::string& name) { return with_optimizer || name.rfind("param/", 0) == 0; };
+  uint64_t tensors = 0, bytes = 0;
+  for (const auto& [name, t] : ckpt.tensors())
+    if (wanted(name)) {
+      ++tensors;
+      bytes += Slice::whole(name, t.shape, t.dtype).bytes();
+    }
+  ProgressLine progress("export " + path.substr(0, path.rfind(".tmp.")), "tensors", tensors, bytes);
   std::vector<char> buf;
   for (const auto& [name, t] : ckpt.tensors()) {
-    if (!with_optimizer && name.rfind("param/", 0) != 0) continue;
+    if (!wanted(name)) continue;
     const Slice whole = Slice::whole(name, t.shape, t.dtype);
     buf.resize(whole.bytes());
     ckpt.read({TensorRequest{whole, buf.data()}});
@@ -110,6 +119,7 @@ void write_file(const Checkpoint& ckpt, const std::string& path, bool with_optim
     if (!buf.empty())
       check(H5Dwrite(ds.get(), types.memory, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()), "write /" + name);
     string_attr(ds.get(), "dtype", std::string(dtype_name(t.dtype)));
+    progress.add(1, buf.size());
   }
   check(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), "flush " + path);
 }

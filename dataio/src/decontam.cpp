@@ -1,9 +1,9 @@
 #include "forge/dataio/decontam.h"
 
+#include "forge/common/progress_line.h"
 #include "forge/dataio/ingest.h"
 #include "forge/dataio/normalize.h"
 #include "forge/dataio/text.h"
-#include "progress.h"
 
 namespace forge::data {
 
@@ -49,7 +49,7 @@ NgramIndex load_eval_sets(const std::vector<std::string>& files, int n) {
 }
 
 Json decontaminate(Corpus& corpus, const NgramIndex& index, const std::vector<std::string>& eval_files) {
-  Progress progress("decontam", 0);
+  ProgressLine progress("prepare decontam", "docs");
   const uint64_t in = corpus.docs.size();
   std::vector<uint64_t> removed_by_domain(corpus.domains.size());
   Json examples = Json::array();

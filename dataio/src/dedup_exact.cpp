@@ -1,13 +1,13 @@
 #include "forge/common/hash.h"
+#include "forge/common/progress_line.h"
 #include "forge/dataio/dedup.h"
-#include "progress.h"
 
 #include <unordered_map>
 
 namespace forge::data {
 
 Json exact_dedup(Corpus& corpus) {
-  Progress progress("exact-dedup", 0);
+  ProgressLine progress("prepare exact-dedup", "docs");
   // Keyed by the 128-bit content hash; the value is the index (in the output) of the kept document.
   std::unordered_map<std::string, size_t> seen;
   std::vector<uint64_t> cluster_size;  // by kept index

@@ -1,7 +1,7 @@
 #include "forge/dataio/filters.h"
 
+#include "forge/common/progress_line.h"
 #include "forge/dataio/text.h"
-#include "progress.h"
 
 #include <algorithm>
 #include <map>
@@ -210,7 +210,7 @@ std::string detect_license(std::string_view text) {
 }
 
 Json apply_filters(Corpus& corpus, const FilterOptions& options) {
-  Progress progress("filters", 0);
+  ProgressLine progress("prepare filters", "docs");
   std::vector<bool> is_code(corpus.domains.size());
   for (size_t d = 0; d < corpus.domains.size(); ++d)
     is_code[d] = std::find(options.code_domains.begin(), options.code_domains.end(), corpus.domains[d]) !=

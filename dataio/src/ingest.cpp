@@ -1,7 +1,7 @@
 #include "forge/dataio/ingest.h"
 
 #include "forge/common/error.h"
-#include "progress.h"
+#include "forge/common/progress_line.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -222,7 +222,7 @@ uint64_t input_bytes(const std::vector<InputSpec>& inputs, const IngestOptions& 
 
 void ingest(const std::vector<InputSpec>& inputs, const IngestOptions& options, Corpus& corpus,
             IngestStats& stats) {
-  Progress progress("ingest", input_bytes(inputs, options));
+  ProgressLine progress("prepare ingest", "docs", 0, input_bytes(inputs, options));
   for (const auto& in : inputs) {
     for (const auto& file : expand(in, options, &stats.skipped_files)) {
       const std::string path = file.string();

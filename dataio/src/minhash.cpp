@@ -1,8 +1,8 @@
 #include "forge/common/error.h"
 #include "forge/common/hash.h"
+#include "forge/common/progress_line.h"
 #include "forge/dataio/dedup.h"
 #include "forge/dataio/text.h"
-#include "progress.h"
 
 #include <algorithm>
 #include <limits>
@@ -77,7 +77,7 @@ double estimated_jaccard(const std::vector<uint32_t>& x, const std::vector<uint3
 
 Json near_dedup(Corpus& corpus, const MinHashOptions& options) {
   const MinHasher hasher(options);
-  Progress progress("near-dedup", 0);
+  ProgressLine progress("prepare near-dedup", "docs");
   const size_t n = corpus.docs.size();
   // Memory: one signature per document plus one bucket entry per band and document; nothing scales
   // with document length.

@@ -1,6 +1,6 @@
 #include "forge/dataio/normalize.h"
 
-#include "progress.h"
+#include "forge/common/progress_line.h"
 
 #include <algorithm>
 
@@ -85,7 +85,7 @@ std::string normalize_text(std::string_view in) {
 
 Json normalize(Corpus& corpus) {
   uint64_t changed = 0, emptied = 0, bytes_in = 0, bytes_out = 0;
-  Progress progress("normalize", 0);
+  ProgressLine progress("prepare normalize", "docs");
   for (auto& doc : corpus.docs) {
     bytes_in += doc.text.size();
     std::string n = normalize_text(doc.text);

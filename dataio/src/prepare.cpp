@@ -2,12 +2,12 @@
 
 #include "forge/common/error.h"
 #include "forge/common/hash.h"
+#include "forge/common/progress_line.h"
 #include "forge/dataio/decontam.h"
 #include "forge/dataio/manifest.h"
 #include "forge/dataio/normalize.h"
 #include "forge/dataio/shard.h"
 #include "forge/dataio/split.h"
-#include "progress.h"
 #include "report.h"
 
 #include <time.h>
@@ -131,7 +131,7 @@ std::vector<std::vector<uint32_t>> encode_all(const Corpus& corpus, const Tokeni
   };
   uint64_t total = 0;
   for (const auto& d : corpus.docs) total += d.text.size();
-  Progress progress("encode", total);
+  ProgressLine progress("prepare encode", "docs", 0, total);
   std::vector<std::thread> pool;
   for (int t = 1; t < threads; ++t) pool.emplace_back(work);
   work();

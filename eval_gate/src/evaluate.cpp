@@ -2,6 +2,7 @@
 
 #include "forge/ckpt/checkpoint.h"
 #include "forge/common/error.h"
+#include "forge/common/progress_line.h"
 #include "forge/dataio/reader.h"
 #include "forge/dataio/tokenizer.h"
 #include "forge/trainer/checkpoint_io.h"
@@ -11,6 +12,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <optional>
 #include <regex>
 #include <vector>
 
@@ -87,12 +89,17 @@ DomainResults evaluate_checkpoint(const std::string& checkpoint_dir, const std::
     data::Reader reader(dataset_dir, ro);
     uint64_t n = reader.num_samples();
     if (options.max_sequences > 0) n = std::min<uint64_t>(n, static_cast<uint64_t>(options.max_sequences));
+    // Rank 0's share stands for every rank's (they evaluate n / world sequences each).
+    std::optional<ProgressLine> progress;
+    if (rank == 0)
+      progress.emplace("evaluate " + domain, "sequences", (n + uint64_t(world) - 1) / uint64_t(world));
     for (uint64_t id = static_cast<uint64_t>(rank); id < n; id += static_cast<uint64_t>(world)) {
       reader.read_sample(id, batch, 0);
       double bytes = 0;
       for (int32_t t : batch.targets)
         if (t != MicroBatch::kIgnore) bytes += token_bytes.at(static_cast<size_t>(t));
       const trainer::LossSums sums = model.forward_loss(batch);
+      if (progress) progress->add(1);
       if (sums.weight == 0) continue;  // nothing scored (documents of one token each)
       // Every scored target weighs 1 here: the weight is the number of tokens scored.
       local[domain].add_sequence(sums.loss / sums.weight, int64_t(sums.weight), bytes);

@@ -64,6 +64,25 @@ release=$(json "$v" 'd["promoted_to"]')
 [ -f "$release/COMMITTED" ] || fail "promoted checkpoint $release is not committed"
 [ "$(json "$v" 'd["candidate"]["checksum"] != "" and d["dataset_version"] != ""')" = True ] || fail "verdict lacks checksum/version"
 
+# Long operations say they are alive in a log (stderr not a terminal): with FORGE_PROGRESS_S=0 every update
+# is a line, ending with "done in"; evaluation (rank 0's share), export and prepare.
+export FORGE_PROGRESS_S=0
+extra=(--no-promote)
+run_gate 0 "$child" none "$work/g-progress"
+grep -q "^evaluate code: 1/32 sequences, ETA" "$work/g-progress.log" &&
+  grep -q "^evaluate legal: 32/32 sequences, done in" "$work/g-progress.log" ||
+  fail "evaluation progress lines: $(grep -m3 "^evaluate" "$work/g-progress.log")"
+"$build/ckpt/forge-ckpt" export "$child" --out "$work/child.h5" 2>"$work/export.log" >/dev/null || fail "export"
+grep -qE "^export $work/child.h5: ([0-9]+)/[0-9]+ tensors, .* done in" "$work/export.log" ||
+  fail "export progress lines: $(tail -n2 "$work/export.log")"
+"$build/dataio/forge-data" prepare --input "$work/corpus/code=code" --out "$work/ds-progress" --vocab 400 \
+  --valid-fraction 0.1 2>"$work/prepare.log" >/dev/null || fail "prepare with progress lines"
+for stage in ingest normalize exact-dedup near-dedup filters encode; do
+  grep -q "^prepare $stage: [0-9]* docs.*done in" "$work/prepare.log" || fail "no closing progress line for prepare $stage"
+done
+unset FORGE_PROGRESS_S
+extra=()
+
 # The release is now the run's baseline; its recorded results are reused on the same dataset version.
 extra=(--no-promote)
 run_gate 0 "$child" release "$work/g-release"
