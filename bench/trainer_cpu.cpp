@@ -4,18 +4,22 @@
 // against the analytic minimum. bench/trainer_cpu.sh runs this and the PyTorch peer in one invocation.
 //
 // Usage: bench_trainer_cpu [--threads N] [--steps N] [--layers N] [--dmodel N] [--heads N] [--vocab N]
-//                          [--seq N] [--batch N] [--dtype fp32|bf16] [--no-profile]
+//                          [--seq N] [--batch N] [--dtype fp32|bf16] [--no-profile] [--trace-rounds N]
+// --trace-rounds N: what tracing (trace.h) costs, in N rounds alternating 3 steps untraced and 3 traced.
 #include "cpu/kernels.h"
 #include "forge/trainer/parallel.h"
 #include "forge/trainer/runtime.h"
+#include "forge/trainer/trace.h"
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <random>
 #include <string>
@@ -151,6 +155,54 @@ void profile(const ModelConfig& m, int B, double step_s) {
               "", sum * 1e3, 100.0 * sum / step_s);
 }
 
+// Tracing on against off, same process, same batches (best round of each); and the off path's cost: the
+// number of trace points a step passes times the measured cost of one that is off.
+void trace_overhead(ParallelTrainer& trainer, const std::vector<MicroBatch>& batches, int rounds) {
+  constexpr int kSteps = 3;
+  double off_s = 1e30, on_s = 1e30, write_s = 1e30;
+  size_t events = 0;
+  const std::string dir = "/tmp/forge-bench-trace-" + std::to_string(::getpid());
+  for (int r = 0; r < rounds; ++r)
+    for (const bool on : {false, true}) {
+      if (on) Trace::start();
+      double s = 0;
+      for (int i = 0; i < kSteps; ++i) s += trainer.step(batches).seconds;
+      (on ? on_s : off_s) = std::min(on ? on_s : off_s, s / kSteps);
+      if (!on) continue;
+      events = Trace::events() / kSteps;
+      const auto t0 = std::chrono::steady_clock::now();
+      Trace::stop_and_write(dir, 0, "bench");
+      write_s =
+          std::min(write_s, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  // One trace point that is off, as the step meets it: a load of the flag that the compiler cannot hoist.
+  constexpr int kPoints = 100'000'000;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kPoints; ++i) {
+    TraceSpan span("bench", "compute", i);
+    asm volatile("" ::: "memory");
+  }
+  const double point_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kPoints;
+  // And one that is on: a span's two events recorded.
+  constexpr int kSpans = 100'000;
+  Trace::start();
+  const auto t1 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kSpans; ++i) TraceSpan span("bench", "compute", i);
+  const double span_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count() / kSpans;
+  Trace::stop_and_write(dir, 0, "bench");
+  std::filesystem::remove_all(dir);
+  // Each span is two events when on; each trace point off costs one check.
+  const double off_cost = double(events) / 2 * point_s / off_s;
+  std::printf("trace off: %zu trace points per step x %.2f ns = %.1e%% of the %.1f ms step (goal < 0.5%%)\n",
+              events / 2, point_s * 1e9, 100 * off_cost, off_s * 1e3);
+  std::printf(
+      "trace on: step %.1f ms against %.1f ms off = %+.2f%% (goal < 5%%); %zu events per step x %.0f ns = "
+      "%.1e%% of the step, written in %.2f ms per %d steps\n",
+      on_s * 1e3, off_s * 1e3, 100 * (on_s / off_s - 1), events, span_s / 2 * 1e9,
+      100 * double(events) * span_s / 2 / off_s, write_s * 1e3, kSteps);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -160,6 +212,7 @@ int main(int argc, char** argv) {
   s.threads = 2;
   int steps = 8;
   bool do_profile = true;
+  int trace_rounds = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const auto next = [&]() -> int {
@@ -189,6 +242,8 @@ int main(int argc, char** argv) {
       s.dtype = std::strcmp(argv[++i], "bf16") == 0 ? DType::kBF16 : DType::kF32;
     else if (a == "--no-profile")
       do_profile = false;
+    else if (a == "--trace-rounds")
+      trace_rounds = next();
     else {
       std::fprintf(stderr,
                    "bench_trainer_cpu: unknown option %s (see the usage comment in bench/trainer_cpu.cpp)\n",
@@ -241,5 +296,6 @@ int main(int argc, char** argv) {
   std::printf("peak_rss_mib=%.0f analytic_min_mib=%.0f (weights+grads+adam %.0f, activations %.0f)\n",
               double(ru.ru_maxrss) / 1024.0, analytic / 1048576.0, 16.0 * n_all / 1048576.0, act / 1048576.0);
   if (do_profile) profile(s.model, s.batch, step_s);
+  if (trace_rounds > 0) trace_overhead(trainer, batches, trace_rounds);
   return 0;
 }

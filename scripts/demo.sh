@@ -107,7 +107,8 @@ run=$work/runs/demo
 spec=$work/demo.ini
 # The spec names the run directory and dataset itself (the gate job resolves them from the spec), and
 # carries the layout the job is submitted with (the launcher checks that they agree).
-sed -e "s/^steps = .*/steps = $steps/" -e "s/^milestone_every = .*/milestone_every = $((steps / 2))/" \
+# Steps 3-4 are traced on every rank (run.trace_steps): one timeline of all ranks in trace/steps-3-4/.
+sed -e "s/^steps = .*/steps = $steps\ntrace_steps = 3-4/" -e "s/^milestone_every = .*/milestone_every = $((steps / 2))/" \
   -e "s/^recovery_every = .*/recovery_every = $((fast ? 5 : 10))/" \
   -e "s|^dir = .*|dir = $run|" -e "s|^dataset = .*|dataset = $work/dataset|" \
   -e "s/^batch = .*/batch = $batch/" "$root/configs/demo.ini" > "$spec"
@@ -161,6 +162,9 @@ mean = sum(per_rank.values()) / len(per_rank)
 print(f"data: {len(per_rank)} ranks in {sys.argv[3]} data-parallel groups; each read {mean / 1024:.1f} KiB of "
       f"tokens per step, 1/{sys.argv[3]} of the global batch")
 PY
+python3 -c 'import json, sys; e = json.load(open(sys.argv[1]))["traceEvents"]; ranks = len({x["pid"] for x in e})
+print(f"trace: steps 3-4 of {ranks} ranks on one timeline, {len(e)} events: {sys.argv[1]} (ui.perfetto.dev)")' \
+  "$run/trace/steps-3-4/merged.json"
 
 stage "gate: evaluate the final milestone, promote on pass"
 for _ in $(seq 1 600); do

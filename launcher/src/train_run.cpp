@@ -5,11 +5,13 @@
 #include "forge/common/error.h"
 #include "forge/common/hash.h"
 #include "forge/common/json.h"
+#include "forge/common/local_rank.h"
 #include "forge/trainer/guard.h"
 #include "forge/trainer/metrics.h"
 #include "forge/trainer/parallel.h"
 #include "forge/trainer/progress.h"
 #include "forge/trainer/runtime.h"
+#include "forge/trainer/trace.h"
 #include "forge/trainer/watchdog.h"
 #include "job_gauges.h"
 #include "spec_check.h"
@@ -71,6 +73,31 @@ struct RunInfo {
   Clock::time_point start;
   int64_t resumed_from = 0;  // the checkpoint step this process started from (0: fresh)
 };
+
+// The traced steps' timelines: every rank writes its own, then rank 0 puts them on one timeline. A trace
+// that cannot be written costs a warning, never the run.
+void finish_trace(const trainer::ProcessGroups& groups, const std::string& dir,
+                  const trainer::TraceSteps& w) {
+  const std::string label = fmt::format("rank {} (tp {} dp {} pp {}) {}", groups.rank, groups.tp_rank,
+                                        groups.dp_rank, groups.pp_rank, host_name());
+  double failed = 0;
+  try {
+    trainer::Trace::stop_and_write(dir, groups.rank, label);
+  } catch (const Error& e) {
+    spdlog::warn("trace not written: {}", e.what());
+    failed = 1;
+  }
+  // Also the barrier before rank 0 reads every rank's file.
+  if (groups.world->all_reduce_sum(failed) > 0 || groups.rank != 0) return;
+  try {
+    const int ranks = trainer::merge_traces(dir);
+    spdlog::info(
+        "trace of steps {}-{}: {}/merged.json ({} ranks; open it in ui.perfetto.dev or chrome://tracing)",
+        w.first, w.last, dir, ranks);
+  } catch (const Error& e) {
+    spdlog::warn("trace not merged: {}", e.what());
+  }
+}
 
 // Rank 0 writes the run's summary; the other ranks' view is in their metrics.
 void write_summary(const RunInfo& run, const Totals& t, ExitCode code) {
@@ -261,13 +288,25 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
     totals.kept_train_s = kept_train_s;
   };
   bool resumed = first_step > 0;  // the next record is the first after a resume (report marks it)
+  const trainer::TraceSteps tracing = spec.trace.window(first_step, spec.steps);
+  const std::string trace_dir =
+      (fs::path(spec.dir) / "trace" / fmt::format("steps-{}-{}", tracing.first, tracing.last)).string();
   totals.startup_s = seconds_since(g_process_start);
   try {
     for (int64_t step = first_step; step < spec.steps; ++step) {
+      if (step + 1 == tracing.first) {
+        // A window traced before (a resumed run) is replaced whole: its ranks may have been others.
+        if (groups.rank == 0) fs::remove_all(trace_dir, ec);
+        trainer::Trace::start();
+      }
+      trainer::TraceSpan step_span("step", "step", int(step + 1));
       const auto t0 = Clock::now();
       trainer::mark_activity("data");
       const uint64_t bytes_before = data->bytes_read();
-      data->next(step, batches);
+      {
+        trainer::TraceSpan span("data fetch", "data");
+        data->next(step, batches);
+      }
       const double data_s = seconds_since(t0);
       const uint64_t data_bytes = data->bytes_read() - bytes_before;
       if (guard.inject_nan(step + 1)) trainer.inject_nan_once();
@@ -305,8 +344,11 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
       trainer::mark_activity("checkpoint");
       const auto t2 = Clock::now();
       // A skipped step's weights are those of the step before: not worth a checkpoint of their own.
-      const double stall_s =
-          action == trainer::GuardAction::kApply ? checkpoints.after_step(st, tokens_so_far, batches) : 0.0;
+      double stall_s = 0;
+      if (action == trainer::GuardAction::kApply) {
+        trainer::TraceSpan span("checkpoint snapshot", "checkpoint");
+        stall_s = checkpoints.after_step(st, tokens_so_far, batches);
+      }
       if (checkpoints.last_saved_step() == st.step) train_s_at[st.step] = totals.train_s;
       const auto t3 = Clock::now();
       Json rec = trainer::metrics_record(st, tokens_so_far, run.fpt, run.peak);
@@ -375,6 +417,7 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
       // Bookkeeping: everything in the step that is neither data, compute nor a checkpoint stall.
       totals.bookkeeping_s += std::chrono::duration<double>(t2 - t1).count() + seconds_since(t3);
       publish();
+      if (st.step == tracing.last) finish_trace(groups, trace_dir, tracing);
       if (status.stop && st.step < spec.steps) {
         trainer::mark_activity("checkpoint");
         checkpoints.save_now(st, tokens_so_far, batches);

@@ -51,6 +51,11 @@ grep -q "<svg" "$run/report.html" 2>/dev/null || fail "no training report with p
 python3 -c "import json,sys; s=json.load(open(sys.argv[1])); sys.exit(0 if s.get('layout') == 'tp2,pp2,dp4' and s.get('ranks') == 16 else 'summary says ' + str(s.get('layout')))" \
   "$run/summary.json" || fail "the run did not train on tp2,pp2,dp4 (16 ranks)"
 
+# Steps 3-4 traced on all 16 ranks and merged (test/launcher/check_trace.py: balanced, every block,
+# collectives with groups and bytes, compute spans = the metrics' compute time within 5%).
+grep -q "^trace: steps 3-4 of 16 ranks on one timeline" "$LOG" || fail "no merged trace of the 16 ranks reported"
+python3 "$SRC/test/launcher/check_trace.py" "$run/trace/steps-3-4" "$run" 3 4 >"$WORK/trace-check.txt" 2>&1 ||
+  fail "the demo's trace: $(tail -n1 "$WORK/trace-check.txt")"
 grep -q "^forge_job_tokens_per_second{job_id=" "$LOG" || fail "the running job's Prometheus gauges were not shown"
 grep -q "^prometheus: .*forge_quota.prom" "$LOG" || fail "no forge-quota Prometheus textfile"
 grep -q "quota not checked" "$LOG" && fail "a submission was not checked against the quota: $(grep -m1 'quota not checked' "$LOG")"

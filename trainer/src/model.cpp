@@ -5,6 +5,7 @@
 #include "forge/trainer/model.h"
 
 #include "forge/common/error.h"
+#include "forge/trainer/trace.h"
 
 #include <algorithm>
 #include <cstring>
@@ -341,11 +342,14 @@ LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input,
   const int64_t NC = int64_t(N) * C;
   // BF16 mode keeps what backward reads from the matrix products (their inputs) as BF16 values (Saved);
   // the residual stream, statistics and all accumulation stay FP32.
-  if (slice_.embedding)
+  if (slice_.embedding) {
+    TraceSpan span("forward embedding", "compute");
     embedding_->forward(s.res.data(), s.batch.inputs, s.batch.positions, B, T);
-  else
+  } else {
     backend_.copy(s.res.data(), input, sizeof(float) * size_t(NC));
+  }
   for (int l = 0; l < L; ++l) {
+    TraceSpan span("forward block", "compute", slice_.first_layer + l);
     Block& k = *blocks_[size_t(l)];
     Block::Acts& a = k.acts[size_t(slot)];
     float* x = s.res.data() + l * NC;
@@ -384,6 +388,7 @@ LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input,
     }
   }
   if (!slice_.head) return {};
+  TraceSpan span("forward head + loss", "compute");
   if (L == 0) {
     backend_.layernorm_forward(s.lnf.data(), s.lnf_stats.data(), s.lnf_stats.data() + N, s.res.data(),
                                lnf_w_.value, lnf_b_.value, N, C);
@@ -411,6 +416,7 @@ void GPT::backward(int slot, const float* d_output, const std::function<void(int
     if (on_grads) on_grads(layer);
   };
   if (slice_.head) {
+    TraceSpan span("backward head", "compute");
     backend_.fill(dres, 0.0f, size_t(NC));
     // s.dlnf holds dL/d(lnf output) from the classifier.
     backend_.layernorm_backward(dres, lnf_w_.grad, lnf_b_.grad, s.dlnf.data(), s.res.data() + L * NC,
@@ -420,6 +426,7 @@ void GPT::backward(int slot, const float* d_output, const std::function<void(int
     backend_.copy(dres, d_output, sizeof(float) * size_t(NC));
   }
   for (int l = L - 1; l >= 0; --l) {
+    TraceSpan span("backward block", "compute", slice_.first_layer + l);
     Block& k = *blocks_[size_t(l)];
     Block::Acts& a = k.acts[size_t(slot)];
     const float* x = s.res.data() + l * NC;
@@ -443,6 +450,7 @@ void GPT::backward(int slot, const float* d_output, const std::function<void(int
     done(slice_.first_layer + l);
   }
   if (slice_.embedding) {
+    TraceSpan span("backward embedding", "compute");
     embedding_->backward(dres, s.batch.inputs, s.batch.positions, B, T);
     done(-1);
   }

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -18,7 +19,11 @@ void add_trainer_keys(ConfigSchema& s) {
       .add<int64_t>("run.steps", 100, "optimizer steps to train")
       .add<int64_t>("run.seed", 1234, "seed of initialization and synthetic data")
       .add<int>("run.threads", 0, "CPU threads (0: SLURM_CPUS_PER_TASK, else all cores)")
-      .add<double>("run.peak_gflops", 0.0, "matrix-product peak for MFU in GFLOP/s (0: measure at start)");
+      .add<double>("run.peak_gflops", 0.0, "matrix-product peak for MFU in GFLOP/s (0: measure at start)")
+      .add<std::string>(
+          "run.trace_steps", "",
+          "steps to trace per rank into <run.dir>/trace/ (A-B, 1-based; auto: the 3 steps after "
+          "the first; empty: none)");
   s.add<int>("model.layers", 6, "transformer blocks")
       .add<int>("model.d_model", 384, "width of the residual stream")
       .add<int>("model.heads", 6, "attention heads (must divide d_model)")
@@ -64,7 +69,45 @@ T positive(const Config& c, const std::string& key) {
   return v;
 }
 
+TraceSteps trace_steps(const Config& c, int64_t steps) {
+  const std::string v = c.get<std::string>("run.trace_steps");
+  TraceSteps t;
+  if (v.empty()) return t;
+  if (v == "auto") {
+    t.after_start = true;
+    return t;
+  }
+  const auto number = [&](std::string_view part) -> int64_t {
+    int64_t n = 0;
+    const auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), n);
+    return ec == std::errc() && end == part.data() + part.size() && !part.empty() ? n : -1;
+  };
+  const size_t dash = v.find('-');
+  t.first = number(std::string_view(v).substr(0, dash));
+  t.last = dash == std::string::npos ? t.first : number(std::string_view(v).substr(dash + 1));
+  if (!(t.first >= 1 && t.first <= t.last && t.last <= steps))
+    c.reject(
+        "run.trace_steps",
+        fmt::format("'{}' is not a step range inside the run: give A-B (or one step A) with 1 <= A <= B <= "
+                    "run.steps = {}, or auto",
+                    v, steps));
+  return t;
+}
+
 }  // namespace
+
+TraceSteps TraceSteps::window(int64_t done, int64_t steps) const {
+  TraceSteps w;
+  if (after_start) {
+    w.first = std::min(done + 2, steps);
+    w.last = std::min(done + 4, steps);
+  } else {
+    w.first = std::max(first, done + 1);
+    w.last = last;
+  }
+  if (w.first <= done || w.first > w.last) w = {};
+  return w;
+}
 
 ModelConfig model_config(const Config& c) {
   ModelConfig m;
@@ -116,6 +159,7 @@ TrainSpec train_spec(const Config& c) {
   if (threads < 0) c.reject("run.threads", "must be >= 0 (0: SLURM_CPUS_PER_TASK, else all cores)");
   s.peak_gflops = c.get<double>("run.peak_gflops");
   if (!(s.peak_gflops >= 0)) c.reject("run.peak_gflops", "must be >= 0 (0: measure at start)");
+  s.trace = trace_steps(c, s.steps);
   s.model = model_config(c);
   s.optim = optim_config(c);
   s.dataset = c.get<std::string>("data.dataset");

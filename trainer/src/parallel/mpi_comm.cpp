@@ -4,9 +4,11 @@
 #include "forge/common/error.h"
 #include "forge/trainer/groups.h"
 #include "forge/trainer/progress.h"
+#include "forge/trainer/trace.h"
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
@@ -68,10 +70,25 @@ int count_of(size_t n) {
   return int(n);
 }
 
+// Time in an MPI call counts as communication, not compute (CommStats::wait_s), and shows in the trace:
+// blocking waits as "wait" spans, issuing and testing (where MPI progresses other operations) as "issue".
+class InMpi {
+ public:
+  InMpi(CommStats& stats, const char* what, const char* cat)
+      : stats_(stats), span_(what, cat), t0_(std::chrono::steady_clock::now()) {}
+  ~InMpi() { stats_.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
+
+ private:
+  CommStats& stats_;
+  TraceSpan span_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
 class MpiRequest final : public Request {
  public:
-  MpiRequest(MPI_Request r, CommStats& stats, const char* what, const std::string& group, int peer)
-      : r_(r), stats_(stats), what_(what), group_(group), peer_(peer) {}
+  MpiRequest(MPI_Request r, CommStats& stats, const char* what, const std::string& group, int peer,
+             uint64_t trace_id)
+      : r_(r), stats_(stats), what_(what), group_(group), peer_(peer), trace_id_(trace_id) {}
   ~MpiRequest() override {
     // A request dropped unfinished (an exception unwinding) is completed, not leaked.
     if (r_ != MPI_REQUEST_NULL) MPI_Wait(&r_, MPI_STATUS_IGNORE);
@@ -79,15 +96,21 @@ class MpiRequest final : public Request {
   void wait() override {
     if (r_ == MPI_REQUEST_NULL) return;
     mark_activity(what_, peer_);
-    const auto t0 = std::chrono::steady_clock::now();
-    check(MPI_Wait(&r_, MPI_STATUS_IGNORE), what_, group_);
-    stats_.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    {
+      InMpi in(stats_, what_, "wait");
+      check(MPI_Wait(&r_, MPI_STATUS_IGNORE), what_, group_);
+    }
+    completed();
     mark_activity("compute");
   }
   bool test() override {
     if (r_ == MPI_REQUEST_NULL) return true;
     int done = 0;
-    check(MPI_Test(&r_, &done, MPI_STATUS_IGNORE), what_, group_);
+    {
+      InMpi in(stats_, what_, "issue");
+      check(MPI_Test(&r_, &done, MPI_STATUS_IGNORE), what_, group_);
+    }
+    if (done != 0) completed();
     return done != 0;
   }
 
@@ -95,8 +118,14 @@ class MpiRequest final : public Request {
   MPI_Request r_;
   CommStats& stats_;
   const char* what_;
+  void completed() {
+    if (trace_id_ != 0) Trace::async_end(trace_id_, what_);
+    trace_id_ = 0;
+  }
+
   const std::string& group_;
   int peer_;
+  uint64_t trace_id_;  // the operation's trace event, 0 when not traced or already ended
 };
 
 class MpiComm final : public Comm {
@@ -125,41 +154,47 @@ class MpiComm final : public Comm {
 
   RequestPtr all_reduce(void* data, size_t count, CommType type, ReduceOp op) override {
     if (type == CommType::kBF16) throw std::invalid_argument("MPI communicator: no BF16 reductions on CPU");
-    MPI_Request r;
-    check(MPI_Iallreduce(MPI_IN_PLACE, data, count_of(count), mpi_type(type), mpi_op(op), comm_, &r),
-          "MPI_Iallreduce", name_);
-    return made(r, "all_reduce", count * comm_type_size(type));
+    return issue("all_reduce", count * comm_type_size(type), [&](MPI_Request* r) {
+      check(MPI_Iallreduce(MPI_IN_PLACE, data, count_of(count), mpi_type(type), mpi_op(op), comm_, r),
+            "MPI_Iallreduce", name_);
+    });
   }
   RequestPtr reduce_scatter(const void* in, void* out, size_t count, CommType type) override {
-    MPI_Request r;
-    check(MPI_Ireduce_scatter_block(in, out, count_of(count), mpi_type(type), MPI_SUM, comm_, &r),
-          "MPI_Ireduce_scatter_block", name_);
-    return made(r, "reduce_scatter", count * size_t(size_) * comm_type_size(type));
+    return issue("reduce_scatter", count * size_t(size_) * comm_type_size(type), [&](MPI_Request* r) {
+      check(MPI_Ireduce_scatter_block(in, out, count_of(count), mpi_type(type), MPI_SUM, comm_, r),
+            "MPI_Ireduce_scatter_block", name_);
+    });
   }
   RequestPtr all_gather(const void* in, void* out, size_t count, CommType type) override {
-    MPI_Request r;
     // `in` may alias this rank's block of `out` (ZeRO gathers parameters in place).
     const char* mine = static_cast<const char*>(out) + size_t(rank_) * count * comm_type_size(type);
     const void* send = in == mine ? MPI_IN_PLACE : in;
-    check(MPI_Iallgather(send, count_of(count), mpi_type(type), out, count_of(count), mpi_type(type), comm_,
-                         &r),
-          "MPI_Iallgather", name_);
-    return made(r, "all_gather", count * size_t(size_) * comm_type_size(type));
+    return issue("all_gather", count * size_t(size_) * comm_type_size(type), [&](MPI_Request* r) {
+      check(MPI_Iallgather(send, count_of(count), mpi_type(type), out, count_of(count), mpi_type(type), comm_,
+                           r),
+            "MPI_Iallgather", name_);
+    });
   }
   RequestPtr broadcast(void* data, size_t count, CommType type, int root) override {
-    MPI_Request r;
-    check(MPI_Ibcast(data, count_of(count), mpi_type(type), root, comm_, &r), "MPI_Ibcast", name_);
-    return made(r, "broadcast", rank_ == root ? count * comm_type_size(type) : 0);
+    return issue("broadcast", rank_ == root ? count * comm_type_size(type) : 0, [&](MPI_Request* r) {
+      check(MPI_Ibcast(data, count_of(count), mpi_type(type), root, comm_, r), "MPI_Ibcast", name_);
+    });
   }
   RequestPtr send(const void* data, size_t count, CommType type, int peer, int tag) override {
-    MPI_Request r;
-    check(MPI_Isend(data, count_of(count), mpi_type(type), peer, tag, comm_, &r), "MPI_Isend", name_);
-    return made(r, "send", count * comm_type_size(type), peer);
+    return issue(
+        "send", count * comm_type_size(type),
+        [&](MPI_Request* r) {
+          check(MPI_Isend(data, count_of(count), mpi_type(type), peer, tag, comm_, r), "MPI_Isend", name_);
+        },
+        peer);
   }
   RequestPtr recv(void* data, size_t count, CommType type, int peer, int tag) override {
-    MPI_Request r;
-    check(MPI_Irecv(data, count_of(count), mpi_type(type), peer, tag, comm_, &r), "MPI_Irecv", name_);
-    return made(r, "recv", 0, peer);
+    return issue(
+        "recv", 0,
+        [&](MPI_Request* r) {
+          check(MPI_Irecv(data, count_of(count), mpi_type(type), peer, tag, comm_, r), "MPI_Irecv", name_);
+        },
+        peer, count * comm_type_size(type));
   }
   void barrier() override {
     mark_activity("barrier");
@@ -174,11 +209,21 @@ class MpiComm final : public Comm {
   void abort(int exit_code) override { MPI_Abort(comm_, exit_code); }
 
  private:
-  RequestPtr made(MPI_Request r, const char* what, size_t bytes, int peer = -1) {
-    stats_.bytes += bytes;
+  // Starts an operation: `sent` is the payload this rank sends (the metrics' bytes), `moved` what the trace
+  // shows when more (a receive counts what arrives).
+  template <typename Start>
+  RequestPtr issue(const char* what, size_t sent, Start&& start, int peer = -1, size_t moved = 0) {
+    stats_.bytes += sent;
     ++stats_.calls;
-    return std::make_unique<MpiRequest>(r, stats_, describe(what, name_), name_,
-                                        peer < 0 ? -1 : world_ranks_[size_t(peer)]);
+    const char* described = describe(what, name_);
+    const int world_peer = peer < 0 ? -1 : world_ranks_[size_t(peer)];
+    const uint64_t id = Trace::on() ? Trace::async_begin(described, std::max(sent, moved), world_peer) : 0;
+    MPI_Request r = MPI_REQUEST_NULL;
+    {
+      InMpi in(stats_, described, "issue");
+      start(&r);
+    }
+    return std::make_unique<MpiRequest>(r, stats_, described, name_, world_peer, id);
   }
 
   MPI_Comm comm_;

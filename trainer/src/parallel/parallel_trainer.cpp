@@ -9,6 +9,7 @@
 #include "forge/common/local_rank.h"
 #include "forge/trainer/progress.h"
 #include "forge/trainer/runtime.h"
+#include "forge/trainer/trace.h"
 
 #include <fmt/format.h>
 
@@ -173,6 +174,7 @@ void ParallelTrainer::finish_gradients() {
   for (Bucket& b : buckets_)
     if (b.request) b.request->wait();
   if (spec_.parallel.zero == 1 && groups_.layout.dp > 1) {
+    TraceSpan span("gradient shards", "compute");
     float* g = model_->grads().data();
     for (size_t i = 0; i < buckets_.size(); ++i)
       backend_.copy(g + owned_[i].lo, shard_.data() + buckets_[i].shard_at,
@@ -205,7 +207,10 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
          "every target ignored); check the data's loss masks",
          step);
   const float loss_scale = 1.0f / float(weight);
-  model_->zero_grad();
+  {
+    TraceSpan span("zero gradients", "compute");
+    model_->zero_grad();
+  }
   for (Bucket& bk : buckets_) bk.request.reset();
 
   std::vector<RequestPtr> sent_act(static_cast<size_t>(slots_)), sent_grad(static_cast<size_t>(slots_));
@@ -215,6 +220,7 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
     if (sent_act[size_t(slot)]) sent_act[size_t(slot)]->wait();  // the slot's output is about to change
     if (!first) g.pp->recv(recv_act_.data(), nc, CommType::kF32, stage - 1, 2 * i)->wait();
     mark_activity("forward");
+    TraceSpan span("forward micro-batch", "schedule", i);
     loss_sum += model_->forward(slot, batches[size_t(i)], recv_act_.data(), loss_scale, true).loss;
     if (!last)
       sent_act[size_t(slot)] = g.pp->send(model_->output(slot).data(), nc, CommType::kF32, stage + 1, 2 * i);
@@ -231,6 +237,7 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
     if (!last) g.pp->recv(recv_grad_.data(), nc, CommType::kF32, stage + 1, 2 * i + 1)->wait();
     if (sent_grad[size_t(slot)]) sent_grad[size_t(slot)]->wait();
     mark_activity("backward");
+    TraceSpan span("backward micro-batch", "schedule", i);
     model_->backward(slot, recv_grad_.data(),
                      i == m - 1 ? std::function<void(int)>(on_grads) : std::function<void(int)>());
     if (!first)
@@ -252,8 +259,11 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   finish_gradients();
 
   // The loss sum (the last stage's, once per data-parallel rank) and the squared norm in one reduction.
-  double sums[2] = {last && g.tp_rank == 0 ? loss_sum : 0.0,
-                    backend_.sum_squares(model_->grads().data(), norm_ranges_)};
+  double sums[2] = {last && g.tp_rank == 0 ? loss_sum : 0.0, 0.0};
+  {
+    TraceSpan span("gradient norm", "compute");
+    sums[1] = backend_.sum_squares(model_->grads().data(), norm_ranges_);
+  }
   mark_activity("all_reduce world (loss, norm)");
   g.world->all_reduce(sums, 2, CommType::kF64, ReduceOp::kSum)->wait();
   // Reported at FP32, the precision the model computes in (and what earlier releases printed).
@@ -268,6 +278,7 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   const bool finite = std::isfinite(loss) && std::isfinite(norm);
   mark_activity("optimizer");
   if (finite) {
+    TraceSpan span("optimizer", "compute");
     const double clip = spec_.optim.grad_clip;
     if (clip > 0 && clip / (norm + 1e-6) < 1.0)
       backend_.scale(model_->grads().data(), float(clip / (norm + 1e-6)), optimizer_->ranges());

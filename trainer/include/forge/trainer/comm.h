@@ -46,7 +46,7 @@ using RequestPtr = std::unique_ptr<Request>;
 // What a communicator moved and how long its callers waited for it (for the per-step metrics).
 struct CommStats {
   uint64_t bytes = 0;  // payload bytes this rank sent (collectives: its input size; all_gather: output)
-  double wait_s = 0;   // time spent blocked in wait() (exposed communication)
+  double wait_s = 0;   // time spent in the communicator's calls: issuing, testing, blocked in wait()
   uint64_t calls = 0;
 };
 

@@ -30,14 +30,23 @@ struct ParallelConfig {
   std::vector<int> stage_layers;  // blocks per pipeline stage; empty: balanced
 };
 
+// The steps a run traces (run.trace_steps; trace.h): 1-based, inclusive.
+struct TraceSteps {
+  int64_t first = 0, last = 0;  // first == 0: none
+  bool after_start = false;     // "auto": the 3 steps after this process's first (warm caches, resumes)
+  // This process's window when it trains steps (done, steps]; first == 0 when it traces nothing.
+  TraceSteps window(int64_t done, int64_t steps) const;
+};
+
 // Everything one training process needs, validated.
 struct TrainSpec {
   std::string name, dir, dataset;
   std::string data_order = "block";  // the reader's sample order: "block" or "global"
   int64_t steps = 0;
   uint64_t seed = 0;
-  int threads = 0;             // resolved: > 0
-  double peak_gflops = 0;      // 0: measure at start
+  int threads = 0;         // resolved: > 0
+  double peak_gflops = 0;  // 0: measure at start
+  TraceSteps trace;
   int batch = 0;               // sequences per micro-batch and data-parallel rank
   int microbatches = 1;        // micro-batches accumulated per optimizer step
   bool document_mask = false;  // packed documents: attention and positions stop at document boundaries

@@ -16,8 +16,8 @@ struct StepStats {
   // moments unchanged) but the step still counts (its data is consumed and the schedule advances). The
   // guard (guard.h) decides what happens next. The same on every rank.
   bool finite = true;
-  // Where the step's time went: exposed communication (time blocked on tensor/data-parallel
-  // collectives), pipeline bubble (time blocked on the neighbouring stages), and the bytes this rank sent.
+  // Where the step's time went: communication (time in tensor/data-parallel communicator calls, issuing
+  // and blocked), pipeline bubble (time in calls to the neighbouring stages), and the bytes this rank sent.
   double comm_s = 0;
   double bubble_s = 0;
   uint64_t comm_bytes = 0;
