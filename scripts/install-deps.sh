@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs every Debian package SlurmForge needs to build, test and run its demo.
+# Installs every Debian package SlurmForge needs to build, test and run its demo; with --browser also what
+# the browser tests need (headless Chromium driven by Selenium; scripts/test.sh asks for it).
 # Idempotent: when every package is already installed it returns at once without touching apt.
 set -euo pipefail
 
@@ -25,6 +26,9 @@ packages=(
   lua5.1                              # runs job_submit.lua in its test (Slurm's job_submit_lua.so links Lua 5.1)
   prometheus                          # promtool checks the textfile-collector output (the server is not started)
 )
+if [ "${1:-}" = --browser ]; then
+  packages+=(chromium chromium-driver python3-selenium python3-pil)  # the reports as a browser renders them
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -10,7 +10,7 @@ stage() { printf '\n== %s ==\n' "$*"; }
 jobs=$(nproc)
 
 stage "dependencies"
-scripts/install-deps.sh
+scripts/install-deps.sh --browser
 
 stage "build (release)"
 cmake --preset release >/dev/null
@@ -41,8 +41,8 @@ if [ -x build/release/quota/forge-quota ] && [ -f configs/quota.example.ini ]; t
   build/release/quota/forge-quota apply --policy configs/quota.example.ini
 fi
 
-stage "tests (release: unit, mpi, slurm, lint)"
-ctest --preset release -L 'unit|mpi|slurm|lint' -j "$jobs"
+stage "tests (release: unit, mpi, slurm, browser, lint)"
+ctest --preset release -L 'unit|mpi|slurm|browser|lint' -j "$jobs"
 
 if [ "${FORGE_SKIP_ASAN:-0}" != 1 ]; then
   stage "build (asan: the Catch2 unit tests under AddressSanitizer + UBSan)"

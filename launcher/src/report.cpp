@@ -26,6 +26,11 @@ struct Point {
   double step, loss, tps, mfu;
 };
 
+// The step-time split of the metrics records (compute, communication, bubble, data wait, checkpoint
+// stall), in the order the charts stack it.
+constexpr const char* kSplitKeys[] = {"compute_ms", "comm_ms", "bubble_ms", "data_wait_ms", "ckpt_stall_ms"};
+constexpr const char* kSplitNames[] = {"compute", "communication", "bubble", "data wait", "checkpoint stall"};
+
 struct Marker {
   int64_t step = 0;
   std::string kind;  // "resume", "ckpt", "guard"
@@ -88,55 +93,177 @@ std::vector<double> ticks(double lo, double hi, int n) {
   return out;
 }
 
-std::string svg_plot(const std::string& title, const std::vector<std::pair<double, double>>& all,
-                     const std::vector<Marker>& markers, double x_lo, double x_hi) {
-  constexpr double W = 760, H = 260, L = 70, R = 16, T = 28, B = 36;
+// One plotted quantity: its name (the legend, and data-series for whoever checks the page) and points.
+struct Series {
+  std::string name;
   std::vector<std::pair<double, double>> pts;
-  for (const auto& p : all)
-    if (std::isfinite(p.second)) pts.push_back(p);
-  std::string svg = fmt::format(
+};
+
+// Colours of a chart's series in order (colour-blind safe, Okabe-Ito).
+constexpr const char* kColors[] = {"#0072b2", "#e69f00", "#009e73", "#cc79a7", "#d55e00", "#56b4e9"};
+
+// Title on the first line, the legend of a multi-series chart on the second, then the plot.
+constexpr double kW = 760, kH = 280, kL = 70, kR = 16, kT = 44, kB = 36;
+
+std::string svg_open(const std::string& title, double height = kH) {
+  return fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
       "role=\"img\" aria-label=\"{2}\">\n<text x=\"{3}\" y=\"18\" class=\"title\">{2}</text>\n",
-      W, H, html_escape(title), L);
-  if (pts.empty()) return svg + fmt::format("<text x=\"{}\" y=\"{}\">no data</text>\n</svg>\n", L, H / 2);
-  double y_lo = pts[0].second, y_hi = pts[0].second;
-  for (const auto& p : pts) y_lo = std::min(y_lo, p.second), y_hi = std::max(y_hi, p.second);
+      kW, height, html_escape(title), kL);
+}
+
+// The legend of a multi-series chart, under the title.
+std::string svg_legend(const std::vector<std::string>& names) {
+  std::string out;
+  double x = kL;
+  for (size_t i = 0; i < names.size(); ++i) {
+    out += fmt::format(
+        "<rect x=\"{:.0f}\" y=\"26\" width=\"10\" height=\"10\" fill=\"{}\"/><text x=\"{:.0f}\" y=\"35\" "
+        "class=\"legend\">{}</text>\n",
+        x, kColors[i % std::size(kColors)], x + 14, html_escape(names[i]));
+    x += 14 + 7.0 * double(names[i].size()) + 18;
+  }
+  return out;
+}
+
+// Lines against the step, or areas stacked in order (each series on top of the ones before it), with the
+// run's markers; non-finite points are left out.
+std::string svg_chart(const std::string& title, std::vector<Series> series,
+                      const std::vector<Marker>& markers, double x_lo, double x_hi, bool stacked = false) {
+  for (Series& sr : series) std::erase_if(sr.pts, [](const auto& p) { return !std::isfinite(p.second); });
+  if (stacked)  // cumulative: series i is the sum of series 0..i at each step
+    for (size_t i = 1; i < series.size(); ++i) {
+      std::map<double, double> below(series[i - 1].pts.begin(), series[i - 1].pts.end());
+      for (auto& p : series[i].pts) p.second += below.contains(p.first) ? below[p.first] : 0.0;
+    }
+  std::string svg = svg_open(title);
+  std::vector<std::string> names;
+  size_t n = 0;
+  double y_lo = INFINITY, y_hi = -INFINITY;
+  for (const Series& sr : series) {
+    names.push_back(sr.name);
+    n += sr.pts.size();
+    for (const auto& p : sr.pts) y_lo = std::min(y_lo, p.second), y_hi = std::max(y_hi, p.second);
+  }
+  if (n == 0) return svg + fmt::format("<text x=\"{}\" y=\"{}\">no data</text>\n</svg>\n", kL, kH / 2);
+  if (series.size() > 1) svg += svg_legend(names);
+  if (stacked) y_lo = 0;
   const double pad = y_hi > y_lo ? 0.05 * (y_hi - y_lo) : std::max(0.5 * std::abs(y_hi), 1e-9);
-  y_lo -= pad, y_hi += pad;
+  y_lo -= stacked ? 0 : pad, y_hi += pad;
   if (x_hi <= x_lo) x_hi = x_lo + 1;
-  const auto X = [&](double x) { return L + (x - x_lo) / (x_hi - x_lo) * (W - L - R); };
-  const auto Y = [&](double y) { return T + (y_hi - y) / (y_hi - y_lo) * (H - T - B); };
-  svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" class=\"frame\"/>\n", L, T,
-                     W - L - R, H - T - B);
+  const auto X = [&](double x) { return kL + (x - x_lo) / (x_hi - x_lo) * (kW - kL - kR); };
+  const auto Y = [&](double y) { return kT + (y_hi - y) / (y_hi - y_lo) * (kH - kT - kB); };
+  svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" class=\"frame\"/>\n", kL, kT,
+                     kW - kL - kR, kH - kT - kB);
   for (const double v : ticks(y_lo, y_hi, 5))
     svg += fmt::format(
         "<line x1=\"{0}\" x2=\"{1}\" y1=\"{2:.1f}\" y2=\"{2:.1f}\" class=\"grid\"/><text x=\"{3}\" "
-        "y=\"{4:.1f}\" "
-        "class=\"ytick\">{5:.4g}</text>\n",
-        L, W - R, Y(v), L - 6, Y(v) + 4, v);
+        "y=\"{4:.1f}\" class=\"ytick\">{5:.4g}</text>\n",
+        kL, kW - kR, Y(v), kL - 6, Y(v) + 4, v);
   for (const double v : ticks(x_lo, x_hi, 8))
-    svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" class=\"xtick\">{:.0f}</text>\n", X(v), H - B + 16, v);
-  svg += fmt::format("<text x=\"{}\" y=\"{}\" class=\"xtick\">step</text>\n", W - R, H - 4);
+    svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" class=\"xtick\">{:.0f}</text>\n", X(v), kH - kB + 16, v);
+  svg += fmt::format("<text x=\"{}\" y=\"{}\" class=\"xtick\">step</text>\n", kW - kR, kH - 4);
   for (const auto& m : markers)
     svg += fmt::format(
         "<line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{1}\" y2=\"{2}\" class=\"m-{3}\"><title>step {4}: "
-        "{5}</title>"
-        "</line>\n",
-        X(double(m.step)), T, H - B, m.kind, m.step, html_escape(m.label));
+        "{5}</title></line>\n",
+        X(double(m.step)), kT, kH - kB, m.kind, m.step, html_escape(m.label));
   // Long runs: every k-th point keeps the page small; the shape of a 100k-step curve survives it.
-  const size_t stride = std::max<size_t>(1, pts.size() / 4000);
-  svg += "<polyline class=\"series\" points=\"";
-  for (size_t i = 0; i < pts.size(); i += stride)
-    svg += fmt::format("{:.1f},{:.1f} ", X(pts[i].first), Y(pts[i].second));
-  svg += "\"/>\n</svg>\n";
-  return svg;
+  for (size_t i = stacked ? series.size() : 0; i-- > 0;) {  // top area first, the ones below over it
+    const auto& pts = series[i].pts;
+    if (pts.empty()) continue;
+    const size_t stride = std::max<size_t>(1, pts.size() / 4000);
+    std::string outline;
+    for (size_t k = 0; k < pts.size(); k += stride)
+      outline += fmt::format("{:.1f},{:.1f} ", X(pts[k].first), Y(pts[k].second));
+    outline +=
+        fmt::format("{:.1f},{:.1f} {:.1f},{:.1f}", X(pts.back().first), Y(0), X(pts.front().first), Y(0));
+    svg += fmt::format("<polygon class=\"area\" data-series=\"{}\" fill=\"{}\" points=\"{}\"/>\n",
+                       html_escape(series[i].name), kColors[i % std::size(kColors)], outline);
+  }
+  if (!stacked)
+    for (size_t i = 0; i < series.size(); ++i) {
+      const auto& pts = series[i].pts;
+      const size_t stride = std::max<size_t>(1, pts.size() / 4000);
+      svg += fmt::format("<polyline class=\"series\" data-series=\"{}\" stroke=\"{}\" points=\"",
+                         html_escape(series[i].name),
+                         series.size() > 1 ? kColors[i % std::size(kColors)] : "#222");
+      for (size_t k = 0; k < pts.size(); k += stride)
+        svg += fmt::format("{:.1f},{:.1f} ", X(pts[k].first), Y(pts[k].second));
+      svg += "\"/>\n";
+    }
+  return svg + "</svg>\n";
+}
+
+// One stacked bar per rank (the straggler view): each series' value per rank, flagged ranks outlined red.
+std::string svg_rank_bars(const std::string& title, const std::vector<Series>& series,
+                          const std::set<int>& flagged) {
+  std::map<int, std::vector<double>> by_rank;
+  for (size_t i = 0; i < series.size(); ++i)
+    for (const auto& [rank, v] : series[i].pts) {
+      auto& vals = by_rank[int(rank)];
+      vals.resize(series.size(), 0.0);
+      vals[i] = std::isfinite(v) ? v : 0.0;
+    }
+  std::string svg = svg_open(title);
+  if (by_rank.empty())
+    return svg + fmt::format("<text x=\"{}\" y=\"{}\">no data</text>\n</svg>\n", kL, kH / 2);
+  std::vector<std::string> names;
+  for (const Series& sr : series) names.push_back(sr.name);
+  svg += svg_legend(names);
+  double y_hi = 0;
+  for (const auto& [rank, vals] : by_rank) {
+    double total = 0;
+    for (double v : vals) total += v;
+    y_hi = std::max(y_hi, total);
+  }
+  y_hi = y_hi > 0 ? 1.05 * y_hi : 1;
+  const auto Y = [&](double y) { return kT + (y_hi - y) / y_hi * (kH - kT - kB); };
+  svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" class=\"frame\"/>\n", kL, kT,
+                     kW - kL - kR, kH - kT - kB);
+  for (const double v : ticks(0, y_hi, 5))
+    svg += fmt::format(
+        "<line x1=\"{0}\" x2=\"{1}\" y1=\"{2:.1f}\" y2=\"{2:.1f}\" class=\"grid\"/><text x=\"{3}\" "
+        "y=\"{4:.1f}\" class=\"ytick\">{5:.4g}</text>\n",
+        kL, kW - kR, Y(v), kL - 6, Y(v) + 4, v);
+  const double slot = (kW - kL - kR) / double(by_rank.size());
+  const double bar = std::max(1.0, 0.8 * slot);
+  const size_t label_every = std::max<size_t>(1, by_rank.size() / 16);
+  size_t k = 0;
+  for (const auto& [rank, vals] : by_rank) {
+    const double x = kL + slot * (double(k) + 0.1);
+    double base = 0;
+    svg += fmt::format("<g class=\"rank\" data-rank=\"{}\">", rank);
+    std::string tip = fmt::format("rank {}", rank);
+    for (size_t i = 0; i < vals.size(); ++i) {
+      svg += fmt::format(
+          "<rect data-series=\"{}\" x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" "
+          "fill=\"{}\"/>",
+          html_escape(series[i].name), x, Y(base + vals[i]), bar, Y(base) - Y(base + vals[i]),
+          kColors[i % std::size(kColors)]);
+      base += vals[i];
+      tip += fmt::format(", {} {:.3g}", series[i].name, vals[i]);
+    }
+    if (flagged.contains(rank))
+      svg += fmt::format(
+          "<rect class=\"straggler\" x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\"/>", x,
+          Y(base), bar, Y(0) - Y(base));
+    svg += fmt::format("<title>{}{}</title></g>\n", tip, flagged.contains(rank) ? " (straggler)" : "");
+    if (k % label_every == 0)
+      svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" class=\"xtick\">{}</text>\n", x + bar / 2, kH - kB + 16,
+                         rank);
+    ++k;
+  }
+  svg += fmt::format("<text x=\"{}\" y=\"{}\" class=\"xtick\">rank</text>\n", kW - kR, kH - 4);
+  return svg + "</svg>\n";
 }
 
 constexpr const char* kStyle = R"(body{font-family:sans-serif;margin:2em;color:#222}
 table{border-collapse:collapse}td,th{padding:2px 10px;text-align:left;border-bottom:1px solid #ddd}
 svg{display:block;margin:1em 0}.title{font-weight:bold;font-size:14px}
 .frame{fill:none;stroke:#888}.grid{stroke:#eee}.ytick{font-size:11px;text-anchor:end}
-.xtick{font-size:11px;text-anchor:middle}.series{fill:none;stroke:#222;stroke-width:1.2}
+.xtick{font-size:11px;text-anchor:middle}.series{fill:none;stroke-width:1.2}.legend{font-size:11px}
+.area{stroke:none;opacity:.9}.straggler{fill:none;stroke:#d62728;stroke-width:2}
 .m-resume{stroke:#1f77b4;stroke-width:2;stroke-dasharray:6 3}.m-ckpt{stroke:#9a9;stroke-dasharray:2 3}
 .m-guard{stroke:#d62728;stroke-width:1.5}.key span{margin-right:2em}
 )";
@@ -172,16 +299,32 @@ RunReport write_report(const std::string& run_dir) {
 
   std::vector<Point> points;
   std::set<Marker> markers;
+  std::vector<Series> split(std::size(kSplitKeys)), per_rank(std::size(kSplitKeys));
+  for (size_t i = 0; i < split.size(); ++i) split[i].name = per_rank[i].name = kSplitNames[i];
+  std::map<double, double> peak_rss;  // step -> the largest rank's peak resident memory
+  std::set<int> stragglers;
+  std::vector<Json> saves;
   for (const auto& [rank, file] : files) {
     const auto records = read_metrics(file);
     const bool plotted = rank == files.begin()->first;
+    std::vector<double> sums(std::size(kSplitKeys), 0.0);
     for (const auto& rec : records) {
       const int64_t step = rec["step"].is_number() ? rec["step"].get<int64_t>() : 0;
+      for (size_t i = 0; i < sums.size(); ++i) {
+        const double v = number(rec, kSplitKeys[i]);
+        if (plotted) split[i].pts.emplace_back(double(step), v);
+        if (std::isfinite(v)) sums[i] += v / double(records.size());
+      }
+      if (const double rss = number(rec, "peak_rss_mib"); std::isfinite(rss))
+        peak_rss[double(step)] = std::max(peak_rss[double(step)], rss);
       if (plotted) {
         points.push_back(
             {double(step), number(rec, "loss"), number(rec, "tokens_per_s"), number(rec, "mfu")});
         ++r.records;
+        for (const auto& e : rec.value("ckpt_events", Json::array())) saves.push_back(e);
       }
+      for (const auto& k : rec.value("stragglers", Json::array()))
+        if (k.is_number_integer()) stragglers.insert(k.get<int>());
       if (rec.contains("resumed_from"))
         markers.insert({rec.value("resumed_from", int64_t{0}), "resume",
                         fmt::format("resumed from step {}", rec.value("resumed_from", int64_t{0}))});
@@ -196,6 +339,7 @@ RunReport write_report(const std::string& run_dir) {
       if (rec.contains("stragglers") && !rec["stragglers"].empty())
         markers.insert({step, "guard", "stragglers: ranks " + rec["stragglers"].dump()});
     }
+    for (size_t i = 0; i < sums.size(); ++i) per_rank[i].pts.emplace_back(double(rank), sums[i]);
   }
   for (const auto& m : markers) {
     r.resumes += m.kind == "resume";
@@ -217,10 +361,10 @@ RunReport write_report(const std::string& run_dir) {
   const std::vector<Marker> mark(markers.begin(), markers.end());
   const double x_lo = points.empty() ? 0 : std::min(0.0, points.front().step - 1);
   const double x_hi = points.empty() ? 1 : points.back().step;
-  const auto series = [&](double Point::*field) {
-    std::vector<std::pair<double, double>> s;
-    for (const auto& p : points) s.emplace_back(p.step, p.*field);
-    return s;
+  const auto series = [&](const char* title, double Point::*field) {
+    Series out{title, {}};
+    for (const auto& p : points) out.pts.emplace_back(p.step, p.*field);
+    return std::vector<Series>{out};
   };
   const Json& s = r.summary;
   const std::string name =
@@ -251,10 +395,47 @@ RunReport write_report(const std::string& run_dir) {
   html +=
       "</table>\n<p class=\"key\"><span style=\"color:#1f77b4\">- - resume</span><span style=\"color:#9a9\">"
       "&#183;&#183; checkpoint save</span><span style=\"color:#d62728\">| guard event</span></p>\n";
-  html += svg_plot("training loss", series(&Point::loss), mark, x_lo, x_hi);
-  html += svg_plot("throughput (tokens/s)", series(&Point::tps), mark, x_lo, x_hi);
-  html += svg_plot("model FLOPs utilisation", series(&Point::mfu), mark, x_lo, x_hi);
-  html += "<h2>Checkpoints</h2>\n<ul>\n";
+  html += svg_chart("training loss", series("loss", &Point::loss), mark, x_lo, x_hi);
+  html += svg_chart("throughput (tokens/s)", series("tokens/s", &Point::tps), mark, x_lo, x_hi);
+  html += svg_chart("model FLOPs utilisation", series("MFU", &Point::mfu), mark, x_lo, x_hi);
+  html +=
+      svg_chart(fmt::format("step time split, rank {} (ms)", files.begin()->first), split, mark, x_lo, x_hi,
+                /*stacked=*/true);
+  html += svg_rank_bars("mean step time by rank (ms): a straggler computes longer, the others wait", per_rank,
+                        stragglers);
+  html += svg_chart("peak resident memory, largest rank (MiB)",
+                    {Series{"peak RSS", {peak_rss.begin(), peak_rss.end()}}}, mark, x_lo, x_hi);
+  if (s.is_object() && s.contains("segments") && s["segments"].is_array()) {
+    html +=
+        "<h2>Segments</h2>\n<p>One per process of the run: a requeue or resume starts the next, on the "
+        "same layout or another.</p>\n<table>\n<tr><th>#</th><th>job</th><th>layout</th><th>ranks</th>"
+        "<th>steps</th><th>start-up s</th><th>train s</th><th>lost s</th><th>exit</th></tr>\n";
+    int k = 0;
+    for (const Json& g : s["segments"]) {
+      const Json job = g.value("job_id", Json());
+      html += fmt::format(
+          "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}-{}</td><td>{:.1f}</td><td>{:.1f}</td>"
+          "<td>{:.1f}</td><td>{}</td></tr>\n",
+          ++k, html_escape(job.is_string() ? job.get<std::string>() : "-"),
+          html_escape(g.value("layout", std::string("?"))), g.value("ranks", 0),
+          g.value("resumed_from", int64_t{0}) + 1, g.value("last_step", int64_t{0}), number(g, "startup_s"),
+          number(g, "train_s"), number(g, "lost_s"), html_escape(g.value("exit_class", std::string("?"))));
+    }
+    html += "</table>\n";
+  }
+  html +=
+      "<h2>Checkpoint saves while "
+      "training</h2>\n<table>\n<tr><th>step</th><th>tier</th><th>outcome</th><th>size</th>"
+      "<th>stall s</th><th>copy s</th><th>write s</th></tr>\n";
+  for (const Json& e : saves)
+    html += fmt::format(
+        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.3f}</td><td>{:.3f}</td>"
+        "<td>{:.3f}</td></tr>\n",
+        e.value("step", int64_t{0}), html_escape(e.value("tier", std::string("?"))),
+        html_escape(e.value("outcome", std::string("?"))), format_bytes(e.value("bytes", uint64_t{0})),
+        number(e, "stall_s"), number(e, "copy_s"), number(e, "write_s"));
+  if (saves.empty()) html += "<tr><td colspan=\"7\">none</td></tr>\n";
+  html += "</table>\n<h2>Checkpoints</h2>\n<ul>\n";
   for (const auto& c : r.checkpoints) html += "<li>" + html_escape(c) + "</li>\n";
   if (r.checkpoints.empty()) html += "<li>none</li>\n";
   html += "</ul>\n<h2>Events</h2>\n<table>\n<tr><th>step</th><th>kind</th><th>what</th></tr>\n";

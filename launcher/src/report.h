@@ -1,6 +1,9 @@
-// forge-train report RUN_DIR: a self-contained HTML page (inline SVG plots of loss, tokens/s and MFU
-// against the step, with resumes, checkpoint saves and guard events marked; no scripts, no network) and
-// a text summary, from metrics/rank-*.jsonl, summary.json and the checkpoint tree.
+// forge-train report RUN_DIR: a self-contained HTML page (no scripts, no network) and a text summary, from
+// metrics/rank-*.jsonl, summary.json and the checkpoint tree. Inline SVG charts against the step, with
+// resumes, checkpoint saves and guard events marked: loss, tokens/s, MFU, the step-time split stacked
+// (compute, communication, bubble, data wait, checkpoint stall), peak memory; the straggler view (each
+// rank's mean split as one stacked bar, flagged ranks outlined); tables of the run's segments (job,
+// layout, steps, lost time) and checkpoint saves.
 #pragma once
 
 #include "forge/common/json.h"

@@ -112,6 +112,9 @@ void write_summary(const RunInfo& run, const Totals& t, ExitCode code) {
   const bool done = code == ExitCode::kOk;
   Json segment{{"job_id", job != nullptr ? Json(job) : Json(nullptr)},
                {"resumed_from", run.resumed_from},
+               {"last_step", t.steps},
+               {"layout", run.groups.layout.str()},
+               {"ranks", run.groups.layout.world()},
                {"start", now - process_s},
                {"end", now},
                {"startup_s", t.startup_s},

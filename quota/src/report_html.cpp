@@ -7,17 +7,21 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 
 namespace forge::quota {
 namespace {
 
-// Horizontal bars, one per row; `wasted` (optional) is drawn over the start of each bar in red.
-std::string bar_chart(const std::string& title, const std::vector<ReportRow>& rows, double ReportRow::*value,
-                      double ReportRow::*wasted, const std::string& unit) {
+// Horizontal bars, one per row (data-series names what a bar shows, data-key its row); `wasted` (optional)
+// is drawn over the start of each bar in red. Rows without the value (an optional one unset) get no bar.
+template <typename Value>
+std::string bar_chart(const std::string& title, const std::vector<ReportRow>& rows, Value ReportRow::*value,
+                      double ReportRow::*wasted, const std::string& unit, int digits = 1) {
+  const auto get = [&](const ReportRow& r) -> std::optional<double> { return r.*value; };
   const int label_w = 160, bar_w = 420, row_h = 22, top = 28;
   const int height = top + row_h * static_cast<int>(rows.size()) + 10;
   double max = 0;
-  for (const auto& r : rows) max = std::max(max, r.*value);
+  for (const auto& r : rows) max = std::max(max, get(r).value_or(0.0));
   std::string svg = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" role=\"img\" aria-label=\"{}\">\n"
       "<text x=\"0\" y=\"18\" font-weight=\"bold\">{}</text>\n",
@@ -25,14 +29,24 @@ std::string bar_chart(const std::string& title, const std::vector<ReportRow>& ro
   for (size_t i = 0; i < rows.size(); ++i) {
     const auto& r = rows[i];
     const int y = top + static_cast<int>(i) * row_h;
-    const double w = max > 0 ? r.*value / max * bar_w : 0;
+    const std::string key = html_escape(r.key);
     svg += fmt::format("<text x=\"0\" y=\"{}\">{}</text>\n", y + 15, html_escape(r.key.substr(0, 24)));
-    svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{:.1f}\" height=\"16\" fill=\"#4878a8\"/>\n", label_w,
-                       y + 2, w);
+    const std::optional<double> v = get(r);
+    if (!v) {
+      svg += fmt::format("<text x=\"{}\" y=\"{}\">&ndash;</text>\n", label_w, y + 15);
+      continue;
+    }
+    const double w = max > 0 ? *v / max * bar_w : 0;
+    svg += fmt::format(
+        "<rect data-series=\"{}\" data-key=\"{}\" x=\"{}\" y=\"{}\" width=\"{:.1f}\" height=\"16\" "
+        "fill=\"#4878a8\"/>\n",
+        html_escape(title), key, label_w, y + 2, w);
     if (wasted && max > 0 && r.*wasted > 0)
-      svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{:.1f}\" height=\"16\" fill=\"#c0392b\"/>\n",
-                         label_w, y + 2, r.*wasted / max * bar_w);
-    svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\">{:.1f} {}</text>\n", label_w + w + 6, y + 15, r.*value,
+      svg += fmt::format(
+          "<rect data-series=\"wasted\" data-key=\"{}\" x=\"{}\" y=\"{}\" width=\"{:.1f}\" height=\"16\" "
+          "fill=\"#c0392b\"/>\n",
+          key, label_w, y + 2, r.*wasted / max * bar_w);
+    svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\">{:.{}f} {}</text>\n", label_w + w + 6, y + 15, *v, digits,
                        html_escape(unit));
   }
   return svg + "</svg>\n";
@@ -56,6 +70,7 @@ std::string render_report_html(const Report& r) {
   out += bar_chart("GPU-hours (red: lost to failed and preempted runs)", r.rows, &ReportRow::gpu_hours,
                    &ReportRow::wasted_gpu_hours, "GPU-h");
   out += bar_chart("Cost", r.rows, &ReportRow::cost, nullptr, "");
+  out += bar_chart("Effective training time ratio (ETTR)", r.rows, &ReportRow::ettr, nullptr, "", 3);
   out += fmt::format(
       "<table>\n<tr><th>{}</th><th>GPU-hours</th><th>cost</th><th>jobs</th><th>wasted GPU-hours</th>"
       "<th>tokens</th><th>cost per M tokens</th><th>MFU</th><th>ETTR</th></tr>\n",

@@ -37,7 +37,7 @@ size_t count(const std::string& s, const std::string& what) {
 // The points of every <polyline> in order, each as (x, y) numbers.
 std::vector<std::vector<std::pair<double, double>>> polylines(const std::string& html) {
   std::vector<std::vector<std::pair<double, double>>> out;
-  const std::regex line("<polyline class=\"series\" points=\"([^\"]*)\"");
+  const std::regex line("<polyline class=\"series\"[^>]* points=\"([^\"]*)\"");
   for (auto it = std::sregex_iterator(html.begin(), html.end(), line); it != std::sregex_iterator(); ++it) {
     std::istringstream in((*it)[1].str());
     std::vector<std::pair<double, double>> pts;
@@ -77,8 +77,8 @@ TEST_CASE("report: plots with resume, checkpoint and guard markers, and a text s
   REQUIRE(in);
   const std::string html((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   CHECK(html.rfind("<!DOCTYPE html>", 0) == 0);
-  CHECK(count(html, "<svg ") == 3);
-  CHECK(count(html, "</svg>") == 3);
+  CHECK(count(html, "<svg ") == 6);
+  CHECK(count(html, "</svg>") == 6);
   CHECK(count(html, "<html") == count(html, "</html>"));
   CHECK(count(html, "<table") == count(html, "</table>"));
   // Self-contained: no scripts, no external resources.
@@ -86,10 +86,18 @@ TEST_CASE("report: plots with resume, checkpoint and guard markers, and a text s
   CHECK(count(html, "src=") == 0);
   CHECK(count(html, "<link") == 0);
   const auto lines = polylines(html);
-  REQUIRE(lines.size() == 3);
+  REQUIRE(lines.size() == 4);
   CHECK(lines[0].size() == 5);  // loss: step 5's NaN is not plotted
   CHECK(lines[1].size() == 6);  // tokens/s
   CHECK(lines[2].size() == 6);  // MFU
+  CHECK(lines[3].size() == 6);  // peak resident memory
+  // The step-time split stacked: five areas, each over the 6 steps and closed along the baseline.
+  for (const char* part : {"compute", "communication", "bubble", "data wait", "checkpoint stall"})
+    CHECK(count(html, std::string("<polygon class=\"area\" data-series=\"") + part + "\"") == 1);
+  // The per-rank view: one bar group for the one rank; the segments: the first process and the resumed one.
+  CHECK(count(html, "<g class=\"rank\" data-rank=\"0\">") == 1);
+  CHECK_THAT(html, Catch::Contains("<td>1</td><td>-</td><td>tp1,pp1,dp1</td><td>1</td><td>1-4</td>") &&
+                       Catch::Contains("<td>2</td><td>-</td><td>tp1,pp1,dp1</td><td>1</td><td>5-6</td>"));
   for (const auto& l : lines)
     for (size_t i = 1; i < l.size(); ++i) CHECK(l[i].first > l[i - 1].first);  // steps ascend
   CHECK_THAT(html, Catch::Contains("class=\"m-resume\"><title>step 4: resumed from step 4</title>"));

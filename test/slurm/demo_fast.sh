@@ -52,9 +52,10 @@ python3 -c "import json,sys; s=json.load(open(sys.argv[1])); sys.exit(0 if s.get
   "$run/summary.json" || fail "the run did not train on tp2,pp2,dp4 (16 ranks)"
 
 # Steps 3-4 traced on all 16 ranks and merged (test/launcher/check_trace.py: balanced, every block,
-# collectives with groups and bytes, compute spans = the metrics' compute time within 5%).
+# collectives with groups and bytes, compute spans = the metrics' compute time within 5%; 16 ranks share
+# 2 cores here, so one rank may lose a time slice between two spans).
 grep -q "^trace: steps 3-4 of 16 ranks on one timeline" "$LOG" || fail "no merged trace of the 16 ranks reported"
-python3 "$SRC/test/launcher/check_trace.py" "$run/trace/steps-3-4" "$run" 3 4 >"$WORK/trace-check.txt" 2>&1 ||
+python3 "$SRC/test/launcher/check_trace.py" "$run/trace/steps-3-4" "$run" 3 4 --outliers 1 >"$WORK/trace-check.txt" 2>&1 ||
   fail "the demo's trace: $(tail -n1 "$WORK/trace-check.txt")"
 grep -q "^forge_job_tokens_per_second{job_id=" "$LOG" || fail "the running job's Prometheus gauges were not shown"
 grep -q "^prometheus: .*forge_quota.prom" "$LOG" || fail "no forge-quota Prometheus textfile"
@@ -87,6 +88,11 @@ assert requeued > 0, "sacct shows no requeued allocation of the training job"
 assert row[0]["wasted_gpu_hours"] < requeued, (row[0]["wasted_gpu_hours"], requeued)
 PY
   fail "the cost report's MFU, ETTR or waste of the training job is wrong: $(cat "$WORK/train-sacct.txt")"
+
+# The two reports, kept for the browser test (browser_test.py; its screenshots land next to them).
+pages=$FORGE_BUILD_DIR/test/artifacts/demo
+rm -rf "$pages" && mkdir -p "$pages" &&
+  cp "$run/report.html" "$FORGE_DEMO_DIR/quota-report.html" "$pages/" || fail "cannot keep the reports in $pages"
 
 # Nothing left queued or running: the next test needs the nodes.
 for id in $(job_ids); do
