@@ -115,14 +115,14 @@ class MpiRequest final : public Request {
   }
 
  private:
-  MPI_Request r_;
-  CommStats& stats_;
-  const char* what_;
   void completed() {
     if (trace_id_ != 0) Trace::async_end(trace_id_, what_);
     trace_id_ = 0;
   }
 
+  MPI_Request r_;
+  CommStats& stats_;
+  const char* what_;
   const std::string& group_;
   int peer_;
   uint64_t trace_id_;  // the operation's trace event, 0 when not traced or already ended
