@@ -367,6 +367,16 @@ RunReport write_report(const std::string& run_dir) {
     return std::vector<Series>{out};
   };
   const Json& s = r.summary;
+  if (s.is_object() && s.contains("segments") && s["segments"].is_array() && !s["segments"].empty()) {
+    double kept = 0, wall = 0;
+    for (const Json& g : s["segments"]) {
+      kept += number(g, "kept_train_s");
+      wall += number(g, "end") - number(g, "start");
+      r.lost_s +=
+          number(g, "lost_s") + (g.value("resumed_from", int64_t{0}) > 0 ? number(g, "startup_s") : 0.0);
+    }
+    if (std::isfinite(kept) && wall > 0) r.ettr = kept / wall;
+  }
   const std::string name =
       s.is_object() ? s.value("name", root.filename().string()) : root.filename().string();
   std::string html = fmt::format(
@@ -385,6 +395,9 @@ RunReport write_report(const std::string& run_dir) {
     row("wall time", fmt::format("{:.1f} s", number(s, "wall_s")));
     row("final loss", fmt::format("{:.4f}", number(s, "final_loss")));
     row("mean MFU", fmt::format("{:.2f}%", 100 * number(s, "mean_mfu")));
+    if (r.ettr >= 0)
+      row("effective training time (ETTR)",
+          fmt::format("{:.1f}%; lost {:.1f} s after checkpoints and in restarts", 100 * r.ettr, r.lost_s));
     row("spec hash", s.value("spec_hash", std::string("?")));
   } else {
     row("summary", "no summary.json: the run is still going, or was killed before it could write one");
@@ -457,6 +470,9 @@ void print_report(const RunReport& r) {
     fmt::print("steps {}, tokens {}, wall {:.1f} s, final loss {:.4f}, mean MFU {:.2f}%\n",
                s.value("steps", int64_t{0}), s.value("tokens", int64_t{0}), number(s, "wall_s"),
                number(s, "final_loss"), 100 * number(s, "mean_mfu"));
+    if (r.ettr >= 0)
+      fmt::print("effective training time {:.1f}% (ETTR), lost {:.1f} s after checkpoints and in restarts\n",
+                 100 * r.ettr, r.lost_s);
   } else {
     fmt::print("run {}: no summary.json (still going, or killed before it could write one)\n", r.run_dir);
   }

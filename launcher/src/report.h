@@ -19,6 +19,10 @@ struct RunReport {
   Json summary;  // summary.json, null when the run has not written one (running, or killed)
   int64_t records = 0, resumes = 0, guard_events = 0, ckpt_saves = 0;
   int64_t first_step = 0, last_step = 0;
+  // Over the run's segments (summary.json): step time kept by a committed checkpoint or the finished run
+  // over the processes' wall time, and the time lost (after the last committed checkpoint, and restarts:
+  // the cost report's waste, docs/ADMISSION.md). -1: no segments recorded.
+  double ettr = -1, lost_s = 0;
   std::vector<std::string> checkpoints;  // "milestone step 50: loss 2.3456, 1.2 MiB"
 };
 
@@ -27,7 +31,7 @@ struct RunReport {
 // error (65) naming file and line; an unwritable report is 74.
 RunReport write_report(const std::string& run_dir);
 
-// The text summary on stdout: steps, tokens, wall time, final loss, mean MFU, exit class, checkpoints.
+// The text summary on stdout: steps, tokens, wall time, final loss, mean MFU, ETTR, exit class, checkpoints.
 void print_report(const RunReport& report);
 
 }  // namespace forge::launcher

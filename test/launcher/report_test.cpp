@@ -72,6 +72,14 @@ TEST_CASE("report: plots with resume, checkpoint and guard markers, and a text s
                            Catch::Contains("6 records (steps 1..6), 1 resumes") &&
                            Catch::Contains("milestone step 6: loss ") && Catch::Contains("recovery step 4") &&
                            Catch::Contains("report: " + rd + "/report.html"));
+  // Two finished processes: everything they trained is kept, so the ratio is their step time over their
+  // wall time; nothing was lost after a checkpoint, only the resumed process's start-up.
+  const std::regex ettr("effective training time ([0-9.]+)% \\(ETTR\\), lost ([0-9.]+) s");
+  std::smatch m;
+  REQUIRE(std::regex_search(r.output, m, ettr));
+  CHECK(std::stod(m[1]) > 0.0);
+  CHECK(std::stod(m[1]) <= 100.0);
+  CHECK(std::stod(m[2]) > 0.0);
 
   std::ifstream in(rd + "/report.html");
   REQUIRE(in);
