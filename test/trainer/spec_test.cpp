@@ -94,3 +94,24 @@ TEST_CASE("threads come from the spec, SLURM_CPUS_PER_TASK, or the machine", "[t
   ::unsetenv("SLURM_CPUS_PER_TASK");
   CHECK(resolve_threads(0) >= 1);
 }
+
+TEST_CASE("run.trace_steps: a range inside the run, one step, or auto after this process's first",
+          "[trainer][spec]") {
+  const auto window = [](const std::string& v, int64_t done) {
+    const TraceSteps w =
+        train_spec(load({"--run.steps=10", "--run.trace_steps=" + v})).trace.window(done, 10);
+    return std::pair{w.first, w.last};
+  };
+  CHECK(window("3-5", 0) == std::pair<int64_t, int64_t>{3, 5});
+  CHECK(window("3-5", 3) == std::pair<int64_t, int64_t>{4, 5});  // resumed inside the window: the rest
+  CHECK(window("3-5", 5) == std::pair<int64_t, int64_t>{0, 0});  // resumed past it: nothing
+  CHECK(window("7", 0) == std::pair<int64_t, int64_t>{7, 7});
+  CHECK(window("auto", 0) == std::pair<int64_t, int64_t>{2, 4});
+  CHECK(window("auto", 6) == std::pair<int64_t, int64_t>{8, 10});
+  CHECK(window("auto", 8) == std::pair<int64_t, int64_t>{10, 10});
+  CHECK(window("auto", 10) == std::pair<int64_t, int64_t>{0, 0});
+  CHECK(train_spec(load({})).trace.window(0, 100).first == 0);  // off by default
+  for (const char* bad : {"5-11", "0-2", "4-3", "x-2", "3-", "-3", "3-5-7"})
+    CHECK_THAT(usage_error({"--run.steps=10", std::string("--run.trace_steps=") + bad}),
+               Catch::Contains("run.trace_steps") && Catch::Contains("run.steps = 10"));
+}

@@ -44,9 +44,9 @@ struct TrainSpec {
   std::string data_order = "block";  // the reader's sample order: "block" or "global"
   int64_t steps = 0;
   uint64_t seed = 0;
-  int threads = 0;         // resolved: > 0
-  double peak_gflops = 0;  // 0: measure at start
-  TraceSteps trace;
+  int threads = 0;             // resolved: > 0
+  double peak_gflops = 0;      // 0: measure at start
+  TraceSteps trace;            // run.trace_steps
   int batch = 0;               // sequences per micro-batch and data-parallel rank
   int microbatches = 1;        // micro-batches accumulated per optimizer step
   bool document_mask = false;  // packed documents: attention and positions stop at document boundaries
