@@ -4,6 +4,7 @@
 #include "forge/ckpt/store.h"
 #include "forge/common/error.h"
 #include "forge/common/html.h"
+#include "forge/common/run_segment.h"
 
 #include <fmt/format.h>
 
@@ -105,11 +106,37 @@ constexpr const char* kColors[] = {"#0072b2", "#e69f00", "#009e73", "#cc79a7", "
 // Title on the first line, the legend of a multi-series chart on the second, then the plot.
 constexpr double kW = 760, kH = 280, kL = 70, kR = 16, kT = 44, kB = 36;
 
-std::string svg_open(const std::string& title, double height = kH) {
+std::string svg_open(const std::string& title) {
   return fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
       "role=\"img\" aria-label=\"{2}\">\n<text x=\"{3}\" y=\"18\" class=\"title\">{2}</text>\n",
-      kW, height, html_escape(title), kL);
+      kW, kH, html_escape(title), kL);
+}
+
+constexpr const char* kNoData = "<text x=\"70\" y=\"140\">no data</text>\n</svg>\n";
+
+// The plot's frame and its value grid, for y = Y(value) over [y_lo, y_hi].
+template <typename ToY>
+std::string svg_frame(double y_lo, double y_hi, const ToY& Y) {
+  std::string out = fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" class=\"frame\"/>\n", kL,
+                                kT, kW - kL - kR, kH - kT - kB);
+  for (const double v : ticks(y_lo, y_hi, 5))
+    out += fmt::format(
+        "<line x1=\"{0}\" x2=\"{1}\" y1=\"{2:.1f}\" y2=\"{2:.1f}\" class=\"grid\"/><text x=\"{3}\" "
+        "y=\"{4:.1f}\" class=\"ytick\">{5:.4g}</text>\n",
+        kL, kW - kR, Y(v), kL - 6, Y(v) + 4, v);
+  return out;
+}
+
+// "x,y x,y ..." of a series; long runs keep every k-th point, which keeps the page small and the shape of a
+// 100k-step curve.
+template <typename ToX, typename ToY>
+std::string svg_points(const std::vector<std::pair<double, double>>& pts, const ToX& X, const ToY& Y) {
+  std::string out;
+  const size_t stride = std::max<size_t>(1, pts.size() / 4000);
+  for (size_t k = 0; k < pts.size(); k += stride)
+    out += fmt::format("{:.1f},{:.1f} ", X(pts[k].first), Y(pts[k].second));
+  return out;
 }
 
 // The legend of a multi-series chart, under the title.
@@ -145,7 +172,7 @@ std::string svg_chart(const std::string& title, std::vector<Series> series,
     n += sr.pts.size();
     for (const auto& p : sr.pts) y_lo = std::min(y_lo, p.second), y_hi = std::max(y_hi, p.second);
   }
-  if (n == 0) return svg + fmt::format("<text x=\"{}\" y=\"{}\">no data</text>\n</svg>\n", kL, kH / 2);
+  if (n == 0) return svg + kNoData;
   if (series.size() > 1) svg += svg_legend(names);
   if (stacked) y_lo = 0;
   const double pad = y_hi > y_lo ? 0.05 * (y_hi - y_lo) : std::max(0.5 * std::abs(y_hi), 1e-9);
@@ -153,13 +180,7 @@ std::string svg_chart(const std::string& title, std::vector<Series> series,
   if (x_hi <= x_lo) x_hi = x_lo + 1;
   const auto X = [&](double x) { return kL + (x - x_lo) / (x_hi - x_lo) * (kW - kL - kR); };
   const auto Y = [&](double y) { return kT + (y_hi - y) / (y_hi - y_lo) * (kH - kT - kB); };
-  svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" class=\"frame\"/>\n", kL, kT,
-                     kW - kL - kR, kH - kT - kB);
-  for (const double v : ticks(y_lo, y_hi, 5))
-    svg += fmt::format(
-        "<line x1=\"{0}\" x2=\"{1}\" y1=\"{2:.1f}\" y2=\"{2:.1f}\" class=\"grid\"/><text x=\"{3}\" "
-        "y=\"{4:.1f}\" class=\"ytick\">{5:.4g}</text>\n",
-        kL, kW - kR, Y(v), kL - 6, Y(v) + 4, v);
+  svg += svg_frame(y_lo, y_hi, Y);
   for (const double v : ticks(x_lo, x_hi, 8))
     svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" class=\"xtick\">{:.0f}</text>\n", X(v), kH - kB + 16, v);
   svg += fmt::format("<text x=\"{}\" y=\"{}\" class=\"xtick\">step</text>\n", kW - kR, kH - 4);
@@ -168,30 +189,20 @@ std::string svg_chart(const std::string& title, std::vector<Series> series,
         "<line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{1}\" y2=\"{2}\" class=\"m-{3}\"><title>step {4}: "
         "{5}</title></line>\n",
         X(double(m.step)), kT, kH - kB, m.kind, m.step, html_escape(m.label));
-  // Long runs: every k-th point keeps the page small; the shape of a 100k-step curve survives it.
   for (size_t i = stacked ? series.size() : 0; i-- > 0;) {  // top area first, the ones below over it
     const auto& pts = series[i].pts;
     if (pts.empty()) continue;
-    const size_t stride = std::max<size_t>(1, pts.size() / 4000);
-    std::string outline;
-    for (size_t k = 0; k < pts.size(); k += stride)
-      outline += fmt::format("{:.1f},{:.1f} ", X(pts[k].first), Y(pts[k].second));
-    outline +=
-        fmt::format("{:.1f},{:.1f} {:.1f},{:.1f}", X(pts.back().first), Y(0), X(pts.front().first), Y(0));
-    svg += fmt::format("<polygon class=\"area\" data-series=\"{}\" fill=\"{}\" points=\"{}\"/>\n",
-                       html_escape(series[i].name), kColors[i % std::size(kColors)], outline);
+    svg += fmt::format(
+        "<polygon class=\"area\" data-series=\"{}\" fill=\"{}\" points=\"{}{:.1f},{:.1f} {:.1f},{:.1f}\"/>\n",
+        html_escape(series[i].name), kColors[i % std::size(kColors)], svg_points(pts, X, Y),
+        X(pts.back().first), Y(0), X(pts.front().first), Y(0));
   }
   if (!stacked)
-    for (size_t i = 0; i < series.size(); ++i) {
-      const auto& pts = series[i].pts;
-      const size_t stride = std::max<size_t>(1, pts.size() / 4000);
-      svg += fmt::format("<polyline class=\"series\" data-series=\"{}\" stroke=\"{}\" points=\"",
+    for (size_t i = 0; i < series.size(); ++i)
+      svg += fmt::format("<polyline class=\"series\" data-series=\"{}\" stroke=\"{}\" points=\"{}\"/>\n",
                          html_escape(series[i].name),
-                         series.size() > 1 ? kColors[i % std::size(kColors)] : "#222");
-      for (size_t k = 0; k < pts.size(); k += stride)
-        svg += fmt::format("{:.1f},{:.1f} ", X(pts[k].first), Y(pts[k].second));
-      svg += "\"/>\n";
-    }
+                         series.size() > 1 ? kColors[i % std::size(kColors)] : "#222",
+                         svg_points(series[i].pts, X, Y));
   return svg + "</svg>\n";
 }
 
@@ -206,8 +217,7 @@ std::string svg_rank_bars(const std::string& title, const std::vector<Series>& s
       vals[i] = std::isfinite(v) ? v : 0.0;
     }
   std::string svg = svg_open(title);
-  if (by_rank.empty())
-    return svg + fmt::format("<text x=\"{}\" y=\"{}\">no data</text>\n</svg>\n", kL, kH / 2);
+  if (by_rank.empty()) return svg + kNoData;
   std::vector<std::string> names;
   for (const Series& sr : series) names.push_back(sr.name);
   svg += svg_legend(names);
@@ -219,13 +229,7 @@ std::string svg_rank_bars(const std::string& title, const std::vector<Series>& s
   }
   y_hi = y_hi > 0 ? 1.05 * y_hi : 1;
   const auto Y = [&](double y) { return kT + (y_hi - y) / y_hi * (kH - kT - kB); };
-  svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" class=\"frame\"/>\n", kL, kT,
-                     kW - kL - kR, kH - kT - kB);
-  for (const double v : ticks(0, y_hi, 5))
-    svg += fmt::format(
-        "<line x1=\"{0}\" x2=\"{1}\" y1=\"{2:.1f}\" y2=\"{2:.1f}\" class=\"grid\"/><text x=\"{3}\" "
-        "y=\"{4:.1f}\" class=\"ytick\">{5:.4g}</text>\n",
-        kL, kW - kR, Y(v), kL - 6, Y(v) + 4, v);
+  svg += svg_frame(0, y_hi, Y);
   const double slot = (kW - kL - kR) / double(by_rank.size());
   const double bar = std::max(1.0, 0.8 * slot);
   const size_t label_every = std::max<size_t>(1, by_rank.size() / 16);
@@ -369,13 +373,17 @@ RunReport write_report(const std::string& run_dir) {
   const Json& s = r.summary;
   if (s.is_object() && s.contains("segments") && s["segments"].is_array() && !s["segments"].empty()) {
     double kept = 0, wall = 0;
-    for (const Json& g : s["segments"]) {
-      kept += number(g, "kept_train_s");
-      wall += number(g, "end") - number(g, "start");
-      r.lost_s +=
-          number(g, "lost_s") + (g.value("resumed_from", int64_t{0}) > 0 ? number(g, "startup_s") : 0.0);
+    try {
+      for (const Json& g : s["segments"]) {
+        const RunSegment seg = RunSegment::from_json(g);
+        kept += seg.kept_train_s;
+        wall += seg.end - seg.start;
+        r.lost_s += seg.wasted_s();
+      }
+      if (wall > 0) r.ettr = kept / wall;
+    } catch (const Json::exception&) {
+      r.lost_s = 0;  // segments of another shape (an older release): no ETTR
     }
-    if (std::isfinite(kept) && wall > 0) r.ettr = kept / wall;
   }
   const std::string name =
       s.is_object() ? s.value("name", root.filename().string()) : root.filename().string();

@@ -251,13 +251,8 @@ std::map<std::string, RunSummary> scan_summaries(const std::vector<std::string>&
         if (doc.contains("mean_mfu") && doc.at("mean_mfu").is_number())
           s.mfu = doc.at("mean_mfu").get<double>();
         for (const Json& g : doc.value("segments", Json::array())) {
-          const Json& gid = g.at("job_id");
-          if (gid.is_null()) continue;  // a process outside Slurm holds no allocation
-          s.segments.push_back({gid.is_string() ? gid.get<std::string>() : std::to_string(gid.get<int64_t>()),
-                                g.at("start").get<double>(), g.at("end").get<double>(),
-                                g.at("resumed_from").get<int64_t>() > 0, g.at("startup_s").get<double>(),
-                                g.at("kept_train_s").get<double>(), g.at("lost_s").get<double>(),
-                                g.at("exit_class").get<std::string>()});
+          RunSegment seg = RunSegment::from_json(g);
+          if (!seg.job_id.empty()) s.segments.push_back(std::move(seg));  // outside Slurm: no allocation
         }
         out[job] = s;
       } catch (const std::exception& e) {

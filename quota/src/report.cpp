@@ -55,7 +55,7 @@ RunShare share_of(const RunRecord& r, const std::map<std::string, RunSummary>& s
       // The process starts a moment after the allocation and ends before sacct's End.
       if (g.job_id != r.job_id || g.start < double(r.start) - 1 || g.start > double(end) + 1) continue;
       found = true;
-      lost_s += g.lost_s + (g.resumed ? g.startup_s : 0.0);
+      lost_s += g.wasted_s();
       kept_s += g.kept_train_s;
     }
   if (!found || r.elapsed_s <= 0) return {is_wasted_state(r.state) ? 1.0 : 0.0, std::nullopt};

@@ -3,6 +3,7 @@
 // window again changes nothing: a run is (JobID, Start) — a requeued job's runs stay apart.
 #pragma once
 
+#include "forge/common/run_segment.h"
 #include "forge/quota/usage.h"
 
 #include <cstdint>
@@ -15,18 +16,7 @@ struct sqlite3;
 
 namespace forge::quota {
 
-// One process of a run (a requeue starts the next), as forge-train records it in summary.json
-// "segments": what its time went to and what a failure of it lost (docs/ADMISSION.md, "Waste").
-struct RunSegment {
-  std::string job_id;
-  double start = 0, end = 0;  // Unix seconds of the process
-  bool resumed = false;       // started from a checkpoint: its start-up is restart cost
-  double startup_s = 0;       // process start to the first step
-  double kept_train_s = 0;    // step time of the steps a committed checkpoint (or the finished run) holds
-  double lost_s = 0;          // time after the newest committed checkpoint, when the process did not finish
-  std::string exit_class;
-  bool operator==(const RunSegment&) const = default;
-};
+using forge::RunSegment;  // common/include/forge/common/run_segment.h
 
 struct RunSummary {
   double tokens = 0;
