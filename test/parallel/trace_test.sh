@@ -23,9 +23,9 @@ grep -q "trace of steps 3-5: .*merged.json (4 ranks" "$work/a.log" || fail "rank
 check "$work/a/trace/steps-3-5" "$work/a" 3 5 || exit 1
 
 mpi 4 --run.dir="$work/b" "${common[@]}" --run.steps=4 --parallel.tp=2 --parallel.pp=2 --parallel.microbatches=2 \
-  --ckpt.recovery_every=2 --run.trace_steps=2-3 2>"$work/b.log" || fail "tp2 x pp2 run failed: $(tail -n3 "$work/b.log")"
-check "$work/b/trace/steps-2-3" "$work/b" 2 3 || exit 1
-grep -q '"name":"all_reduce tp"' "$work/b/trace/steps-2-3/rank-00000.json" || fail "no tensor-parallel sum traced"
+  --ckpt.recovery_every=2 --run.trace_steps=2-4 2>"$work/b.log" || fail "tp2 x pp2 run failed: $(tail -n3 "$work/b.log")"
+check "$work/b/trace/steps-2-4" "$work/b" 2 4 || exit 1
+grep -q '"name":"all_reduce tp"' "$work/b/trace/steps-2-4/rank-00000.json" || fail "no tensor-parallel sum traced"
 
 # --trace on the resumed run (from step 4): the 3 steps after its first, 6-8; merged again by the CLI.
 mpi 4 --run.dir="$work/b" "${common[@]}" --run.steps=9 --parallel.tp=2 --parallel.pp=2 --parallel.microbatches=2 \
