@@ -19,6 +19,7 @@ RUN=$STATE/run          # <name>.pid: written by `up` from $! -- the only pid fi
 SPOOL=$STATE/spool      # slurmctld StateSaveLocation and one SlurmdSpoolDir per node
 DBDIR=$STATE/mysql      # MariaDB datadir (its own, so a system MariaDB is never touched)
 GPUDIR=$STATE/gpu       # plain files standing in for /dev/nvidia0..7
+GPU_HEALTH_DIR=$STATE/gpu-health  # <node>/gpu<i>: each fake GPU's health ("ok" or a fault), read by forge-health
 TMPFS_DIR=$STATE/tmpfs  # slurm TmpFS; each slurmd mounts its own private tmpfs here (PMIx dirs)
 ENV_FILE=$STATE/env.sh
 

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Slurm's node hooks -> forge-health (docs/HEALTH.md).
+#   usage: health-hook.sh prolog|epilog|periodic
+# Slurm runs Prolog, Epilog and HealthCheckProgram with almost no environment (no PATH; HealthCheckProgram
+# gets SLURMD_NODENAME only) and no arguments, so a site points them at small launchers that set
+# FORGE_HEALTH_BIN, FORGE_HEALTH_CONFIG, FORGE_HEALTH_LOG, SLURM_CONF and PATH, then exec this script
+# (scripts/devcluster/up writes them into its etc/).
+#
+#   prolog    quick check. Exits 1 only when forge-health found the node unhealthy: forge-health has then
+#             already drained it with "forge-health: <check>: <detail>", and Slurm's own drain for the
+#             failed Prolog keeps an existing drain and its reason (drain_nodes is a no-op on a drained
+#             node), while the job is requeued (SchedulerParameters=nohold_on_prolog_fail: not held).
+#             Any other outcome (healthy, bad config, forge-health missing or broken) exits 0: a Prolog
+#             failure drains the node, and a healthy node must never be drained by a hook.
+#   epilog    deep check, only after a failed job (SLURM_JOB_EXIT_CODE / SLURM_JOB_DERIVED_EC non-zero).
+#             Always exits 0: a failed Epilog would drain with Slurm's reason; forge-health drains itself.
+#   periodic  periodic check (HealthCheckProgram); drains and resumes its own drains. Exits 0.
+set -u
+mode=${1:-}
+bin=${FORGE_HEALTH_BIN:-}
+node=${SLURMD_NODENAME:-}
+log=${FORGE_HEALTH_LOG:-/dev/null}
+
+note() { printf '%s %s %s job=%s: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$node" "$mode" "${SLURM_JOB_ID:--}" "$*" >>"$log" 2>/dev/null; }
+
+case $mode in
+  prolog) check_mode=quick ;;
+  periodic) check_mode=periodic ;;
+  epilog)
+    # wait() status and the highest step exit code: both 0 for a job that succeeded.
+    if [ "${SLURM_JOB_EXIT_CODE:-0}" = 0 ] && [ "${SLURM_JOB_DERIVED_EC:-0}" = 0 ]; then exit 0; fi
+    check_mode=deep ;;
+  *) echo "usage: health-hook.sh prolog|epilog|periodic" >&2; exit 0 ;;
+esac
+[ -n "$node" ] || { note "no SLURMD_NODENAME: skipped"; exit 0; }
+[ -x "$bin" ] || { note "no forge-health at '$bin': skipped"; exit 0; }
+
+out=$("$bin" check --mode "$check_mode" --node "$node" 2>&1)
+rc=$?
+# Healthy runs leave no trace (the periodic check runs every HealthCheckInterval on every node).
+if [ $rc -ne 0 ] || [ "$mode" = epilog ] || [[ $out == *warning* ]]; then
+  while IFS= read -r line; do note "rc=$rc $line"; done <<<"$out"
+fi
+if [ "$mode" = prolog ] && [ $rc -eq 1 ]; then exit 1; fi
+exit 0
