@@ -38,4 +38,9 @@ std::string host_name() {
   return ::gethostname(name, sizeof name - 1) == 0 ? name : "localhost";
 }
 
+std::string node_name() {
+  const char* n = std::getenv("SLURMD_NODENAME");
+  return n != nullptr && *n != '\0' ? n : host_name();
+}
+
 }  // namespace forge

@@ -62,9 +62,10 @@ NodeQuery query_node(const std::string& node, Probes& probes, double timeout_s) 
 }
 
 std::string scontrol_drain(const std::string& node, const std::string& reason, Probes& probes,
-                           double timeout_s) {
+                           double timeout_s, bool down) {
   const CommandOutput r = probes.run(
-      {"scontrol", "update", "NodeName=" + node, "State=DRAIN", "Reason=" + reason}, "", timeout_s);
+      {"scontrol", "update", "NodeName=" + node, down ? "State=DOWN" : "State=DRAIN", "Reason=" + reason}, "",
+      timeout_s);
   return r.not_found || r.timed_out || r.status != 0 ? one_line(r) : "";
 }
 
@@ -114,18 +115,19 @@ CheckReport check_node(const LoadedConfig& loaded, Mode mode, const std::string&
 }
 
 std::string drain_command(const std::string& node, const std::string& check, const std::string& detail,
-                          Probes& probes, double timeout_s) {
+                          Probes& probes, double timeout_s, bool down) {
   if (sanitize_check(check).empty())
     fail(ExitCode::kUsage, "--check '{}': expected a check name of letters, digits, '_' or '-' (e.g. gpu)",
          printable(check));
   const NodeQuery q = query_node(node, probes, timeout_s);
   if (q.unknown) fail(ExitCode::kUsage, "--node {}: Slurm has no such node ({})", node, q.error);
   if (!q.ok) fail(ExitCode::kComm, "cannot read node {}'s state: {}", node, q.error);
-  if (q.state.drain) return fmt::format("{}: already drained ('{}'); reason kept", node, q.state.reason);
-  const std::string reason = make_reason(check, detail);
-  const std::string err = scontrol_drain(node, reason, probes, timeout_s);
-  if (!err.empty()) fail(ExitCode::kComm, "cannot drain {}: {}", node, err);
-  return fmt::format("{}: drained: {}", node, reason);
+  if (q.state.drain && !down)
+    return fmt::format("{}: already drained ('{}'); reason kept", node, q.state.reason);
+  const std::string reason = q.state.drain ? q.state.reason : make_reason(check, detail);
+  const std::string err = scontrol_drain(node, reason, probes, timeout_s, down);
+  if (!err.empty()) fail(ExitCode::kComm, "cannot {} {}: {}", down ? "mark DOWN" : "drain", node, err);
+  return fmt::format("{}: {}: {}", node, down ? "down" : "drained", reason);
 }
 
 }  // namespace forge::health

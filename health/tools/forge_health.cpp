@@ -24,8 +24,9 @@ commands:
   check [--mode quick|periodic|deep] [--node NAME] [--config FILE] [--no-drain] [--json]
         run the mode's checks; one line per failed check and a summary; drain the node on a failure
         (reason "forge-health: <check>: <detail>"), resume it when healthy and drained by forge-health
-  drain --node NAME --check CHECK --detail TEXT
-        drain with forge-health's reason (the detail is sanitized); an existing drain is kept
+  drain --node NAME --check CHECK --detail TEXT [--down]
+        drain with forge-health's reason (the detail is sanitized); an existing drain is kept;
+        --down: mark it DOWN (a node that no longer answers: its jobs are requeued now)
   resume [--node NAME] [--mode MODE] [--config FILE]
         resume the node if and only if forge-health drained it and it is healthy now
 
@@ -60,7 +61,7 @@ std::string_view action_name(Action a) {
 
 struct Options {
   std::string mode = "quick", node, config, check, detail;
-  bool no_drain = false, json = false;
+  bool no_drain = false, json = false, down = false;
 };
 
 Options parse(const std::string& command, const std::vector<std::string>& args) {
@@ -73,8 +74,8 @@ Options parse(const std::string& command, const std::vector<std::string>& args) 
   if (command == "check")
     d.add_options()("no-drain", po::bool_switch(&o.no_drain))("json", po::bool_switch(&o.json));
   if (command == "drain")
-    d.add_options()("check", po::value(&o.check), "check name")("detail", po::value(&o.detail),
-                                                                "what failed");
+    d.add_options()("check", po::value(&o.check), "check name")(
+        "detail", po::value(&o.detail), "what failed")("down", po::bool_switch(&o.down), "mark it DOWN");
   po::variables_map vm;
   po::store(po::command_line_parser(args).options(d).run(), vm);
   po::notify(vm);
@@ -157,7 +158,7 @@ int run(int argc, char** argv) {
   const Options o = parse(command, std::vector<std::string>(argv + 2, argv + argc));
   auto probes = system_probes();
   if (command == "drain") {
-    std::cout << "forge-health: " << drain_command(o.node, o.check, o.detail, *probes, 10) << '\n';
+    std::cout << "forge-health: " << drain_command(o.node, o.check, o.detail, *probes, 10, o.down) << '\n';
     return 0;
   }
   return run_check(o, *probes, command == "resume");

@@ -150,15 +150,20 @@ int64_t RunCheckpoints::load(const ckpt::Checkpoint& checkpoint, const char* ver
   // It is one micro-batch of the whole data-parallel group; each rank checks its part.
   const std::optional<MicroBatch> global = verification_batch(checkpoint, spec_.model.seq_len);
   const int dp = spec_.layout.dp, rows = spec_.batch;
-  if (global && global->rows != dp * rows) {
+  if (global && global->rows % (dp * rows) != 0) {
     spdlog::warn(
-        "{}: its verification batch is not one micro-batch of this layout (dp x data.batch changed); "
-        "resuming without the verification step",
-        checkpoint.dir());
+        "{}: its verification batch of {} sequences is not whole micro-batches of this layout (dp x "
+        "data.batch = {}); resuming without the verification step",
+        checkpoint.dir(), global->rows, dp * rows);
   } else if (global) {
-    const MicroBatch mine = global->slice_rows(trainer_.groups().dp_rank * rows, rows);
+    // A smaller data-parallel group (an elastic restart) sees the saved micro-batch as several of its own,
+    // all of one size: their mean loss is the saved one.
+    const int parts = global->rows / (dp * rows);
+    double got = 0;
+    for (int p = 0; p < parts; ++p)
+      got += trainer_.loss_of(global->slice_rows(p * dp * rows + trainer_.groups().dp_rank * rows, rows)) /
+             parts;
     const double want = m.meta.verification.value("loss", NAN);
-    const double got = trainer_.loss_of(mine);
     // The same layout reproduces the loss to rounding; another one sums in another order (PARALLEL.md).
     const Layout& saved = m.meta.layout;
     const Layout& now = trainer_.groups().layout;

@@ -18,11 +18,6 @@ std::string env_or(const char* name, const char* fallback) {
   return v != nullptr && *v != '\0' ? v : fallback;
 }
 
-std::string node_name() {
-  const char* n = std::getenv("SLURMD_NODENAME");  // Slurm's name for the node (several per host in tests)
-  return n != nullptr && *n != '\0' ? n : host_name();
-}
-
 constexpr auto kMinInterval = std::chrono::seconds(5);
 
 }  // namespace

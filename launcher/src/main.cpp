@@ -1,12 +1,15 @@
 // forge-train SPEC.ini [--section.key=value ...] [--print-config] [--force-new] [--trace]
 // forge-train report RUN_DIR
 // forge-train trace-merge TRACE_DIR
+// forge-train failure RUN_DIR --exit RC [--srun-log FILE] [--lost-node NODE ...]
 // Trains a GPT from a job spec on every rank of the job (srun --mpi=pmix, mpirun, or one process), or reports
 // on a run directory. Exit codes: docs/ARCHITECTURE.md (64 bad spec, 65 bad data, 69 hang, 71 non-finite
 // loss, 74 I/O, 75 preempted).
 #include "checkpointing.h"
+#include "failure_record.h"
 #include "forge/common/config.h"
 #include "forge/common/error.h"
+#include "forge/common/local_rank.h"
 #include "forge/common/log.h"
 #include "forge/trainer/bootstrap.h"
 #include "forge/trainer/spec.h"
@@ -18,6 +21,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -27,6 +31,7 @@ constexpr const char* kUsage =
     "usage: forge-train SPEC.ini [--section.key=value ...] [--print-config] [--force-new] [--trace]\n"
     "       forge-train report RUN_DIR\n"
     "       forge-train trace-merge TRACE_DIR\n"
+    "       forge-train failure RUN_DIR --exit RC [--srun-log FILE] [--lost-node NODE ...]\n"
     "  Trains a GPT from the job spec; every key can be overridden as --section.key=value.\n"
     "  --print-config  print the resolved spec (and its hash) and exit\n"
     "  --force-new     start afresh even if run.dir holds checkpoints of another spec (the old\n"
@@ -37,13 +42,59 @@ constexpr const char* kUsage =
     "  <run.dir>/checkpoints/; resumes from the newest valid one. SIGUSR1/SIGTERM: save and exit 75.\n"
     "  report: writes RUN_DIR/report.html (loss, throughput and MFU plots) and prints a summary.\n"
     "  trace-merge: puts the rank-*.json of TRACE_DIR on one timeline again (merged.json).\n"
+    "  failure: for the batch scripts, after the step: completes RUN_DIR/failures/<job>-<restart>.json\n"
+    "  and prints what to do (class, requeue, drain, deep_check, advice) as key=value lines.\n"
     "  Exit: 0 done, 64 bad spec, 65 bad data, 69 no progress (guard.watchdog_s), 71 non-finite loss\n"
-    "  beyond [guard], 74 I/O failure, 75 preempted (checkpoint saved; requeue).\n";
+    "  beyond [guard], 74 I/O failure, 75 preempted (checkpoint saved; requeue); every other exit\n"
+    "  leaves <run.dir>/failures/<job>-<restart>.json with its class, suspects and evidence.\n";
+
+// Leaves the failure record of an exit that has a run directory to leave it in.
+void record_exit(const std::string& run_dir, const std::string& spec_hash, int rank, forge::ExitCode code,
+                 forge::Fault fault, const std::string& what) {
+  namespace L = forge::launcher;
+  if (run_dir.empty() || code == forge::ExitCode::kOk) return;
+  L::FailureRecord r;
+  r.cls = L::failure_class(code, fault);
+  r.exit_code = int(code);
+  r.step = L::last_finished_step();
+  // A fault of this rank's memory or device names it; a job-wide class (spec, preemption) names nobody.
+  if (fault != forge::Fault::kNone || code == forge::ExitCode::kIo || code == forge::ExitCode::kFailure)
+    r.suspects.push_back({rank, forge::node_name()});
+  r.evidence.push_back(what.empty() && code == forge::ExitCode::kPreempted
+                           ? "stopped by a signal (preemption or time limit) with a recovery checkpoint"
+                           : what);
+  L::write_failure_record(run_dir, L::JobKey::from_environment(), r, spec_hash);
+}
+
+// Validates the spec, starts the ranks and trains.
+int train_command(const forge::Config& config, bool print_config, bool force_new,
+                  forge::trainer::Bootstrap& boot) {
+  forge::trainer::TrainSpec spec = forge::trainer::train_spec(config);
+  if (print_config) {
+    fmt::print("# spec hash {}\n{}", config.hash(), config.to_ini());
+    return 0;
+  }
+  boot = forge::trainer::bootstrap();
+  // FORGE_LOG_LEVEL (trace..off) and FORGE_LOG_ALL_RANKS=1 for debugging (scripts/sbatch/debug.sh).
+  const char* level = std::getenv("FORGE_LOG_LEVEL");
+  const char* all_ranks = std::getenv("FORGE_LOG_ALL_RANKS");
+  forge::init_logging(boot.rank, boot.size, level != nullptr ? level : "info",
+                      all_ranks != nullptr && std::string(all_ranks) == "1");
+  if (spec.parallel.elastic) {
+    // The job's layout (--train-layout) is the largest it may run on; its dp follows the ranks started.
+    forge::trainer::check_layout_of_job(spec.layout);
+    spec = forge::trainer::elastic_spec(spec, boot.size);
+  } else {
+    forge::trainer::check_layout(boot, spec.layout);
+  }
+  return forge::launcher::train(config, spec, force_new, boot);
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   forge::trainer::Bootstrap boot;
+  std::string run_dir, spec_hash;  // known once the spec is read: where the failure record goes
   const int code = forge::run_cli("forge-train", [&]() -> int {
     if (argc >= 2 && std::string(argv[1]) == "report") {
       if (argc != 3)
@@ -51,6 +102,7 @@ int main(int argc, char** argv) {
       forge::launcher::print_report(forge::launcher::write_report(argv[2]));
       return 0;
     }
+    if (argc >= 2 && std::string(argv[1]) == "failure") return forge::launcher::failure_command(argc, argv);
     if (argc >= 2 && std::string(argv[1]) == "trace-merge") {
       if (argc != 3)
         forge::fail(forge::ExitCode::kUsage,
@@ -91,19 +143,26 @@ int main(int argc, char** argv) {
     forge::trainer::add_trainer_keys(schema);
     forge::launcher::add_checkpoint_keys(schema);
     const forge::Config config = forge::load_config(schema, spec_path, overrides);
-    const forge::trainer::TrainSpec spec = forge::trainer::train_spec(config);
-    if (print_config) {
-      fmt::print("# spec hash {}\n{}", config.hash(), config.to_ini());
-      return 0;
+    run_dir = config.get<std::string>("run.dir");
+    spec_hash = config.hash();
+    try {
+      return train_command(config, print_config, force_new, boot);
+    } catch (const forge::Error& e) {
+      record_exit(run_dir, spec_hash, boot.rank, e.code(), e.fault(), e.what());
+      throw;
+    } catch (const std::bad_alloc&) {
+      const forge::Error oom(
+          forge::ExitCode::kFailure,
+          fmt::format("rank {} on {}: out of host memory; {}", boot.rank, forge::node_name(),
+                      forge::launcher::reaction(forge::launcher::FailureClass::kOomHost).advice),
+          forge::Fault::kOomHost);
+      record_exit(run_dir, spec_hash, boot.rank, oom.code(), oom.fault(), oom.what());
+      throw oom;
+    } catch (const std::exception& e) {
+      record_exit(run_dir, spec_hash, boot.rank, forge::ExitCode::kFailure, forge::Fault::kNone,
+                  std::string("internal error: ") + e.what());
+      throw;
     }
-    boot = forge::trainer::bootstrap();
-    // FORGE_LOG_LEVEL (trace..off) and FORGE_LOG_ALL_RANKS=1 for debugging (scripts/sbatch/debug.sh).
-    const char* level = std::getenv("FORGE_LOG_LEVEL");
-    const char* all_ranks = std::getenv("FORGE_LOG_ALL_RANKS");
-    forge::init_logging(boot.rank, boot.size, level != nullptr ? level : "info",
-                        all_ranks != nullptr && std::string(all_ranks) == "1");
-    forge::trainer::check_layout(boot, spec.layout);
-    return forge::launcher::train(config, spec, force_new, boot);
   });
   // A rank that failed alone would leave its peers blocked in a collective: end the whole job with its
   // code (the ranks that fail together, e.g. on a bad spec, get here all with the same one).

@@ -2,10 +2,12 @@
 
 #include "checkpointing.h"
 #include "data_source.h"
+#include "failure_record.h"
 #include "forge/common/error.h"
 #include "forge/common/hash.h"
 #include "forge/common/json.h"
 #include "forge/common/local_rank.h"
+#include "forge/common/text.h"
 #include "forge/trainer/guard.h"
 #include "forge/trainer/metrics.h"
 #include "forge/trainer/parallel.h"
@@ -27,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -216,9 +219,91 @@ void check_samples(trainer::ProcessGroups& g, std::span<const MicroBatch> batche
   trainer::check_no_duplicate_samples(step, ids);
 }
 
+// Each rank's node, for failure records that name a peer (every rank learns every host).
+std::vector<std::string> gather_hosts(trainer::Comm& world) {
+  constexpr size_t kHost = 64;
+  std::string mine = node_name().substr(0, kHost - 1);
+  mine.resize(kHost, '\0');
+  std::string all(kHost * size_t(world.size()), '\0');
+  world.all_gather(mine.data(), all.data(), kHost, trainer::CommType::kU8)->wait();
+  std::vector<std::string> hosts;
+  for (int r = 0; r < world.size(); ++r) hosts.emplace_back(all.c_str() + size_t(r) * kHost);
+  return hosts;
+}
+
+// MemAvailable of this host, bytes (0 when /proc/meminfo cannot say).
+double host_memory_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024.0;
+  return 0;
+}
+
+// The memory plan against the hosts: the ranks of each host together need their weights, gradients,
+// optimizer state and activations. A plan that cannot fit stops every rank at once, before the first step,
+// with the numbers and what to change (class oom_host), instead of the kernel's OOM killer mid-run.
+void check_memory_plan(trainer::ProcessGroups& g, trainer::ParallelTrainer& t, double available_at_start) {
+  const double mine[2] = {double(t.parameter_bytes() + t.optimizer_bytes() + t.model().activation_bytes()),
+                          available_at_start};
+  std::vector<double> all(2 * size_t(g.world->size()));
+  g.world->all_gather(mine, all.data(), 2, trainer::CommType::kF64)->wait();
+  std::map<std::string, std::pair<double, double>> hosts;  // need, available
+  for (int r = 0; r < g.world->size(); ++r) {
+    auto& [need, available] = hosts[rank_host(r)];
+    need += all[2 * size_t(r)];
+    available = std::max(available, all[2 * size_t(r) + 1]);
+  }
+  for (const auto& [host, plan] : hosts) {
+    if (plan.second <= 0 || plan.first <= plan.second) continue;
+    constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+    throw Error(
+        ExitCode::kUsage,
+        fmt::format("memory plan: the ranks on {} need {:.1f} GiB (weights, gradients, optimizer "
+                    "state, activations; the plan above) but {:.1f} GiB are available; {}",
+                    host, plan.first / kGiB, plan.second / kGiB, reaction(FailureClass::kOomHost).advice),
+        Fault::kOomHost);
+  }
+}
+
+// The dev cluster's stand-in for a failing GPU (docs/HEALTH.md): every fake GPU has a health file,
+// $FORGE_DEVCLUSTER_DIR/gpu-health/<node>/gpu<i>, that forge-health reads and tests flip. A rank driving
+// one that turned bad stops the way a CUDA error would, with class gpu, so the whole recovery chain runs
+// without a GPU. Slurm sets no CUDA_VISIBLE_DEVICES for fake devices: rank L of a node drives gpuL, as
+// on a node of its own. Empty outside the dev cluster or without GPUs.
+std::string fake_gpu_health_file(const trainer::Bootstrap& boot) {
+  const char* cluster = std::getenv("FORGE_DEVCLUSTER_DIR");
+  const char* node = std::getenv("SLURMD_NODENAME");
+  if (cluster == nullptr || node == nullptr || std::getenv("SLURM_GPUS_ON_NODE") == nullptr) return {};
+  return (fs::path(cluster) / "gpu-health" / node / fmt::format("gpu{}", boot.local_rank)).string();
+}
+
+void check_fake_gpu(const std::string& file, int rank) {
+  if (file.empty()) return;
+  std::ifstream in(file);
+  std::string text;
+  std::getline(in, text);
+  if (text.empty() || text == "ok") return;
+  throw Error(ExitCode::kFailure,
+              fmt::format("rank {} on {}: GPU error: {} ({})", rank, node_name(), printable(text, 200), file),
+              Fault::kGpu);
+}
+
 }  // namespace
 
 int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, trainer::Bootstrap& boot) {
+  // An elastic job may have more ranks than its layout uses (elastic_spec): the rest leave the job's
+  // communicator and wait for the others at the exit.
+  const double memory_available = host_memory_available();
+  const bool idle = boot.rank >= spec.layout.world();
+  std::unique_ptr<trainer::Comm> world = boot.world->split(idle ? 1 : 0, boot.rank, "world");
+  if (idle) {
+    spdlog::info("rank {} idle: the elastic layout {} uses {} of the {} ranks started", boot.rank,
+                 spec.layout.str(), spec.layout.world(), boot.size);
+    return 0;
+  }
   // Everything that can reject the spec or the data runs before the model's memory is allocated.
   auto data = open_data(config, spec, spec.layout.coords(boot.rank).dp);
   check_resume_spec(config, spec.dir, force_new);
@@ -226,7 +311,8 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
   fs::create_directories(fs::path(spec.dir) / "metrics", ec);
   if (ec) fail(ExitCode::kIo, "cannot create run directory {}/metrics: {}", spec.dir, ec.message());
 
-  trainer::ProcessGroups groups = trainer::make_groups(boot.world->split(0, boot.rank, "world"), spec.layout);
+  set_rank_hosts(gather_hosts(*world));
+  trainer::ProcessGroups groups = trainer::make_groups(std::move(world), spec.layout);
   trainer::use_threads(spec.threads);
   RunInfo run{spec, groups, config, 0, trainer::flops_per_token(spec.model), Clock::now()};
   // MFU is the job's: its tokens against every rank's peak (rank 0 measures one rank's).
@@ -239,9 +325,12 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
   trainer::ParallelTrainer trainer(spec, groups);
   const std::string plan = trainer.describe_plan();
   if (groups.rank == 0) fmt::print(stderr, "{}", plan);
+  check_memory_plan(groups, trainer, memory_available);
+  const std::string gpu_health = fake_gpu_health_file(boot);
   RunCheckpoints checkpoints(config, spec, trainer, data->version());
   const int64_t first_step = checkpoints.resume();
   run.resumed_from = first_step;
+  set_last_finished_step(first_step);
   std::optional<trainer::MetricsWriter> metrics;
   metrics.emplace(metrics_path(spec, groups.rank), first_step);
   TensorBoardLog tensorboard(spec.dir, groups.rank, first_step);
@@ -278,6 +367,15 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
     } catch (const std::exception&) {
       // The exit code still says what happened.
     }
+    // A rank waiting on a peer names that peer when it knows it (send/recv); a rank stuck in its own work
+    // (compute, data, a checkpoint) names itself; one waiting in a collective leaves the naming to the
+    // stuck rank's own record.
+    FailureRecord r{FailureClass::kComm, int(ExitCode::kComm), t.steps, {}, {hang.line}};
+    if (hang.peer >= 0)
+      r.suspects.push_back({hang.peer, rank_host(hang.peer)});
+    else if (!trainer::is_communication(hang.what))
+      r.suspects.push_back({groups.rank, node_name()});
+    write_failure_record(spec.dir, JobKey::from_environment(), r, config.hash());
     trainer::exit_on_hang(hang);
   });
 
@@ -312,6 +410,7 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
       }
       const double data_s = seconds_since(t0);
       const uint64_t data_bytes = data->bytes_read() - bytes_before;
+      check_fake_gpu(gpu_health, groups.rank);
       if (guard.inject_nan(step + 1)) trainer.inject_nan_once();
       if (spec.guard.inject_hang_step == step + 1 &&
           (spec.guard.inject_hang_rank < 0 || spec.guard.inject_hang_rank == groups.rank)) {
@@ -341,6 +440,7 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
         continue;
       }
       totals.steps = st.step;
+      set_last_finished_step(st.step);
       totals.tokens += st.tokens;
       if (st.finite) totals.last_loss = st.loss;
       const int64_t tokens_so_far = st.step * st.tokens;

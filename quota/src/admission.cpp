@@ -137,12 +137,17 @@ Decision check_allocation(const Policy& policy, const Choices& choices, const Id
   if (!d.allowed) return d;
   const Layout& l = d.layout;
   const int want_nodes = nodes_for(l, policy.topology);
-  if (a.gpus != l.world())
+  // An elastic job (sbatch -N MIN-MAX, which job_submit.lua admits and marks) may run on fewer whole nodes
+  // than its layout, down to one model replica: forge-train fits dp to what it got (parallel.elastic).
+  const int per_node = l.world() / want_nodes, replica = l.tp * l.cp * l.pp;
+  const bool elastic =
+      a.elastic && a.nodes > 0 && a.nodes < want_nodes && a.gpus == a.nodes * per_node && a.gpus >= replica;
+  if (!elastic && a.gpus != l.world())
     return reject(
         fmt::format("the job was given {} GPUs but --train-layout={} needs tp*cp*dp*pp = {}; submit "
                     "with --gpus-per-node and --nodes that multiply to {}",
                     a.gpus, l.str(), l.world(), l.world()));
-  if (a.nodes != want_nodes)
+  if (!elastic && a.nodes != want_nodes)
     return reject(
         fmt::format("the job runs on {} nodes but --train-layout={} ({} GPUs, {} per node) needs "
                     "{}; submit with --nodes={}",

@@ -1,13 +1,15 @@
 # Shared by the SlurmForge batch scripts (sourced). Runs one srun step of a forge-* program, forwards
-# preemption/time-limit signals to it, and acts on its exit class (docs/ARCHITECTURE.md, "Exit codes"):
-#   0 done · 75 preempted/time limit → requeue · 69 comm failure → requeue up to FORGE_MAX_COMM_RETRIES
-#   64 spec, 65 data, 71 numerics, anything else → fail, never requeue (a retry would fail the same way).
+# preemption/time-limit signals to it, and acts on the run's failure record (docs/ARCHITECTURE.md,
+# "Failures"; `forge-train failure` classifies, this file acts):
+#   preempted → requeue · comm → requeue up to FORGE_MAX_COMM_RETRIES, the deep health check after two in
+#   a row on the same nodes · gpu, node_lost → drain the suspect node (forge-health) and requeue without it
+#   config, data, numeric, oom_host, oom_device, io → stop, with one line saying what to change.
 # Slurm copies batch scripts into its spool, so the programs are found in the build tree named by
 # FORGE_BUILD_DIR (exported by submit-pipeline; each forge-* program in its module's folder) or on PATH.
 
 forge_bin() {
   local name=$1 dir
-  for dir in launcher eval_gate dataio ckpt quota; do
+  for dir in launcher eval_gate dataio ckpt quota health; do
     [ -x "${FORGE_BUILD_DIR:-/nonexistent}/$dir/$name" ] && { echo "$FORGE_BUILD_DIR/$dir/$name"; return; }
   done
   command -v "$name" || { echo "forge: cannot find $name: set FORGE_BUILD_DIR or PATH" >&2; return 1; }
@@ -20,18 +22,42 @@ forge_exit_class() {
   esac
 }
 
-# forge_run_step PROGRAM ARGS...: runs PROGRAM on every task of the allocation and sets FORGE_STEP_RC.
+# forge_run_step RUN_DIR PROGRAM ARGS...: runs PROGRAM on every task of the allocation and sets
+# FORGE_STEP_RC; srun's own lines (killed tasks, node failures) are also kept in FORGE_STEP_LOG for
+# forge_finish. A node that dies takes its part of the step along, and srun then waits for it until Slurm
+# marks the node DOWN and requeues the whole job, this script included, before it could say why. So once
+# a rank has left a failure record in RUN_DIR and the step still runs FORGE_STEP_GRACE_S (10) seconds
+# later, the nodes are asked; if one is gone, the step is given up (class node_lost, FORGE_LOST_NODES).
 forge_run_step() {
-  local step_pid
+  local run_dir=$1 step_pid record failed_at=""
+  shift
+  record=$run_dir/failures/${SLURM_JOB_ID:-local}-${SLURM_RESTART_COUNT:-0}.json
+  FORGE_STEP_LOG=$(mktemp "${TMPDIR:-/tmp}/forge-step-${SLURM_JOB_ID:-local}.XXXXXX")
+  FORGE_LOST_NODES=""
   # The batch shell gets USR1 (--signal=B:USR1@N, or preemption with GraceTime); the ranks run in the
   # srun step, so pass it on and keep waiting for the step to save its checkpoint and exit.
   trap 'echo "forge: caught USR1/TERM, asking ranks to checkpoint and stop"; kill -USR1 "$step_pid" 2>/dev/null' USR1 TERM
-  srun --mpi="${FORGE_SRUN_MPI:-pmix}" --kill-on-bad-exit=1 "$@" &
+  srun --mpi="${FORGE_SRUN_MPI:-pmix}" --kill-on-bad-exit=1 "$@" 2> >(tee -a "$FORGE_STEP_LOG" >&2) &
   step_pid=$!
   FORGE_STEP_RC=0
+  while kill -0 "$step_pid" 2>/dev/null; do
+    sleep 1
+    [ -e "$record" ] || continue
+    [ -n "$failed_at" ] || failed_at=$SECONDS
+    if [ $((SECONDS - failed_at)) -ge "${FORGE_STEP_GRACE_S:-10}" ] && kill -0 "$step_pid" 2>/dev/null; then
+      FORGE_LOST_NODES=$(forge_lost_nodes)
+      if [ -n "$FORGE_LOST_NODES" ]; then
+        echo "forge: the step still runs ${FORGE_STEP_GRACE_S:-10}s after a rank failed and a node is gone ($FORGE_LOST_NODES); giving it up"
+        FORGE_STEP_RC=69
+        trap - USR1 TERM
+        return
+      fi
+      failed_at=$SECONDS   # every node answers: a slow exit, keep waiting
+    fi
+  done
+  # The exit status; wait returns >128 when interrupted by a trapped signal while the step still runs.
   while true; do
     wait "$step_pid" && FORGE_STEP_RC=0 || FORGE_STEP_RC=$?
-    # wait returns >128 when interrupted by a trapped signal while the step still runs.
     kill -0 "$step_pid" 2>/dev/null || break
   done
   trap - USR1 TERM
@@ -62,33 +88,66 @@ PY
   scontrol update JobId="$SLURM_JOB_ID" Comment="$comment" 2>/dev/null || true
 }
 
-# forge_finish RUN_DIR: prints the run directory and exit class, requeues when the class asks for it,
-# and exits with the step's code.
+# forge_lost_nodes: the allocation's nodes whose slurmd no longer accepts a connection (a node that died
+# takes its slurmd along; Slurm itself notices only after SlurmdTimeout). Printed as --lost-node NODE
+# pairs. A TCP connect, not an srun: a new step waits while the failed one cannot complete on a dead node.
+forge_lost_nodes() {
+  local n info addr port
+  for n in $(scontrol show hostnames "${SLURM_JOB_NODELIST:-}" 2>/dev/null); do
+    info=$(scontrol show node -o "$n" 2>/dev/null) || continue
+    addr=$(sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p' <<<"$info")
+    port=$(sed -n 's/.* Port=\([0-9]*\).*/\1/p' <<<"$info")
+    [ -n "$addr" ] || continue
+    timeout "${FORGE_NODE_PROBE_S:-5}" bash -c 'exec 3<>"/dev/tcp/$0/$1"' "$addr" "${port:-6818}" 2>/dev/null ||
+      printf -- '--lost-node %s ' "$n"
+  done
+}
+
+# forge_finish RUN_DIR: classifies the step's exit (forge-train failure: the run's failure record plus what
+# srun saw), drains suspect nodes, requeues when the class asks for it, and exits with the step's code.
 forge_finish() {
-  local run_dir=$1 rc=$FORGE_STEP_RC class
+  local run_dir=$1 rc=$FORGE_STEP_RC lost="" key value class=ok requeue=0 drain="" deep=0 advice="" n
   # forge-train writes summary.json at every exit: a step that "succeeded" without finishing the run
   # (e.g. a launch that never started the program) takes the summary's class instead.
   if [ "$rc" -eq 0 ] && [ -f "$run_dir/summary.json" ]; then
     rc=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("exit_code", 0))' "$run_dir/summary.json" 2>/dev/null || echo 0)
   fi
-  # A rank killed by a signal (a node lost, an OOM kill, a peer crash): srun or mpirun ends the other
-  # ranks and reports 128+signal. That is a communication-class failure: requeue a bounded number of
-  # times like a watchdog exit, which resumes from the last checkpoint.
-  if [ "$rc" -gt 128 ] && [ "$rc" -lt 160 ]; then
-    echo "forge: a rank was killed by signal $((rc - 128)); treating it as a communication failure (69)"
-    rc=69
-  fi
-  class=$(forge_exit_class "$rc")
+  case $rc in
+    0 | 64 | 65 | 71 | 74 | 75) ;;
+    *) lost=${FORGE_LOST_NODES:-$(forge_lost_nodes)} ;;   # a peer may have vanished: ask every node
+  esac
+  # shellcheck disable=SC2086  # $lost is option pairs
+  while IFS='=' read -r key value; do
+    case $key in
+      class) class=$value ;; requeue) requeue=$value ;; drain) drain=$value ;;
+      deep_check) deep=$value ;; advice) advice=$value ;;
+    esac
+  done < <("$(forge_bin forge-train)" failure "$run_dir" --exit "$rc" --srun-log "${FORGE_STEP_LOG:-/dev/null}" $lost)
+  rm -f "${FORGE_STEP_LOG:-}"
   forge_job_comment "$run_dir" "$class"
   echo "forge: run directory: $run_dir"
   echo "forge: exit class: $class (exit $rc, restart ${SLURM_RESTART_COUNT:-0})"
-  local requeue=0
-  if [ "$rc" -eq 75 ]; then
-    requeue=1
-  elif [ "$rc" -eq 69 ] && [ "${SLURM_RESTART_COUNT:-0}" -lt "${FORGE_MAX_COMM_RETRIES:-2}" ]; then
-    requeue=1
+  # A suspect node is drained before the requeue, so the scheduler cannot hand it back: a running job
+  # cannot change its own excluded nodes, and Slurm's requeue ends this script. A lost node is marked
+  # DOWN: Slurm then ends this allocation's part on it and requeues now, not after SlurmdTimeout.
+  local down=()
+  [ "$class" != node_lost ] || down=(--down)
+  for n in ${drain//,/ }; do
+    "$(forge_bin forge-health)" drain --node "$n" --check "$class" "${down[@]}" \
+      --detail "job ${SLURM_JOB_ID:-?} failed on it (see $run_dir/failures)" ||
+      echo "forge: warning: could not drain $n"
+  done
+  if [ "$class" = comm ] && [ "${SLURM_RESTART_COUNT:-0}" -ge "${FORGE_MAX_COMM_RETRIES:-2}" ]; then
+    requeue=0
+    advice="communication failed ${FORGE_MAX_COMM_RETRIES:-2} times in a row; see $run_dir/failures and resubmit"
   fi
-  if [ $requeue -eq 1 ]; then
+  if [ "$deep" = 1 ]; then
+    echo "forge: second communication failure in a row on the same nodes: deep health check"
+    srun --overlap --ntasks-per-node=1 -N "${SLURM_NNODES:-1}" --mpi=none \
+      "$(forge_bin forge-health)" check --mode deep || true
+  fi
+  [ "$requeue" = 1 ] || [ -z "$advice" ] || echo "forge: $class: $advice"
+  if [ "$requeue" = 1 ]; then
     # A batch script that exits by itself is recorded FAILED and not requeued by Slurm (FIELD-NOTES):
     # requeue explicitly; the job comes back with SLURM_RESTART_COUNT incremented and resumes.
     # Let the step's slurmstepd finish first: a restart that reuses the step id while the old step is
@@ -97,8 +156,14 @@ forge_finish() {
       squeue -h -s -j "$SLURM_JOB_ID" -o %i 2>/dev/null | grep -q "^$SLURM_JOB_ID\.[0-9]" || break
       sleep 1
     done
+    # A step stuck on a node that died keeps the job from being requeued until Slurm has marked that node
+    # DOWN (SlurmdTimeout): try again meanwhile. Slurm may requeue the job itself first (its node failed),
+    # which ends this script here.
     echo "forge: requeueing job $SLURM_JOB_ID"
-    scontrol requeue "$SLURM_JOB_ID"
+    for _ in $(seq 1 "${FORGE_REQUEUE_TRIES:-60}"); do
+      scontrol requeue "$SLURM_JOB_ID" 2>/dev/null && break
+      sleep 2
+    done
   fi
   exit "$rc"
 }

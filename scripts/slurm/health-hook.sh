@@ -14,6 +14,7 @@
 #             failure drains the node, and a healthy node must never be drained by a hook.
 #   epilog    deep check, only after a failed job (SLURM_JOB_EXIT_CODE / SLURM_JOB_DERIVED_EC non-zero).
 #             Always exits 0: a failed Epilog would drain with Slurm's reason; forge-health drains itself.
+#             Before that, a requeued forge job is made eligible at once (see release_requeued).
 #   periodic  periodic check (HealthCheckProgram); drains and resumes its own drains. Exits 0.
 set -u
 mode=${1:-}
@@ -23,10 +24,47 @@ log=${FORGE_HEALTH_LOG:-/dev/null}
 
 note() { printf '%s %s %s job=%s: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$node" "$mode" "${SLURM_JOB_ID:--}" "$*" >>"$log" 2>/dev/null; }
 
+# A job the forge batch scripts (or Slurm, for a failed node) requeued would wait for Slurm's requeue delay
+# (~2 minutes of BeginTime) before it may start again. Forge jobs carry their run summary in the Comment
+# ("forge:{...}"): make them eligible at once. The Epilog may run before slurmctld has finished the
+# requeue, so a detached watcher asks for up to a minute and releases the job two seconds after it is
+# pending (slurmd refuses a launch whose credential is from the second of the requeue that revoked the old
+# one), or gives up as soon as the job has ended for good or runs again. Other jobs keep Slurm's delay. An
+# elastic job also gets its node range back (see below).
+release_requeued() {
+  local info
+  info=$(scontrol show job -o "${SLURM_JOB_ID:-none}" 2>/dev/null) || return 0
+  [[ $info == *"Comment=forge:"* ]] || return 0
+  # shellcheck disable=SC2016  # the watcher expands its own variables
+  setsid bash -c '
+    for _ in $(seq 1 60); do
+      info=$(scontrol show job -o "$0" 2>/dev/null) || exit 0
+      case $info in
+        *"JobState=PENDING"*"Reason=BeginTime"*)
+          # An elastic job (job_submit.lua kept its node range in AdminComment): Slurm pinned its node and
+          # task counts at the last allocation; give it back the range, with the tasks of its minimum.
+          range=$(sed -n "s/.*AdminComment=forge-elastic:nodes=\([0-9]*\)-\([0-9]*\).*/\1 \2/p" <<<"$info")
+          per_node=$(sed -n "s/.*NtasksPerN:B:S:C=\([0-9]*\):.*/\1/p" <<<"$info")
+          if [ -n "$range" ] && [ "${per_node:-0}" -gt 0 ]; then
+            read -r lo hi <<<"$range"
+            scontrol update JobId="$0" NumNodes="$lo-$hi" NumTasks=$((lo * per_node)) >/dev/null 2>&1 &&
+              echo "elastic forge job $0: node range $lo-$hi restored"
+          fi
+          sleep 2
+          scontrol update JobId="$0" StartTime=now >/dev/null 2>&1 && echo "released requeued forge job $0"
+          exit 0 ;;
+        *"JobState=COMPLETED"* | *"JobState=FAILED"* | *"JobState=CANCELLED"* | *"JobState=TIMEOUT"* | \
+        *"JobState=RUNNING"*) exit 0 ;;
+      esac
+      sleep 1
+    done' "$SLURM_JOB_ID" </dev/null >>"$log" 2>&1 &
+}
+
 case $mode in
   prolog) check_mode=quick ;;
   periodic) check_mode=periodic ;;
   epilog)
+    release_requeued
     # wait() status and the highest step exit code: both 0 for a job that succeeded.
     if [ "${SLURM_JOB_EXIT_CODE:-0}" = 0 ] && [ "${SLURM_JOB_DERIVED_EC:-0}" = 0 ]; then exit 0; fi
     check_mode=deep ;;

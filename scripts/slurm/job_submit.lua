@@ -258,11 +258,34 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   -- Nodes.
   local min_nodes = set_value(job_desc.min_nodes) and job_desc.min_nodes or nil
   local max_nodes = set_value(job_desc.max_nodes) and job_desc.max_nodes or nil
-  if (min_nodes and min_nodes ~= nodes) or (max_nodes and max_nodes ~= nodes) then
-    return reject(string.format("--train-layout=%s needs %d node(s) but the job asks for %s; use --nodes=%d",
-      c.FORGE_LAYOUT, nodes, tostring(min_nodes or max_nodes), nodes))
+  if min_nodes and max_nodes and min_nodes < max_nodes then
+    -- A node range (-N MIN-MAX): an elastic job (parallel.elastic), which trains on what it gets with tp, cp
+    -- and pp fixed and dp from the allocation. The layout is its largest size; every size down to MIN must
+    -- hold at least one model replica, with whole TP groups in each node.
+    local per_node = math.floor(gpus / nodes)
+    local replica = layout.ranks / layout.dp
+    if max_nodes ~= nodes then
+      return reject(string.format("--train-layout=%s is the elastic job's largest size, %d node(s), but the range " ..
+        "ends at %d; use --nodes=%d-%d", c.FORGE_LAYOUT, nodes, max_nodes, min_nodes, nodes))
+    end
+    if min_nodes * per_node < replica or gpus % nodes ~= 0 then
+      local least = math.ceil(replica / math.max(per_node, 1))
+      return reject(string.format("--nodes=%d-%d: at %d node(s) the job has %d GPUs, fewer than one model replica " ..
+        "of --train-layout=%s (tp*cp*pp = %d); use --nodes=%d-%d", min_nodes, max_nodes, min_nodes,
+        min_nodes * per_node, c.FORGE_LAYOUT, replica, least, nodes))
+    end
+    job_desc.min_nodes, job_desc.max_nodes = min_nodes, nodes
+    -- Slurm pins an allocated job's node and task counts: after a requeue it would wait for the full size
+    -- again. The range is kept where only root writes, for the Epilog to restore (scripts/slurm/
+    -- health-hook.sh, release_requeued).
+    job_desc.admin_comment = string.format("forge-elastic:nodes=%d-%d", min_nodes, nodes)
+  else
+    if (min_nodes and min_nodes ~= nodes) or (max_nodes and max_nodes ~= nodes) then
+      return reject(string.format("--train-layout=%s needs %d node(s) but the job asks for %s; use --nodes=%d",
+        c.FORGE_LAYOUT, nodes, tostring(min_nodes or max_nodes), nodes))
+    end
+    job_desc.min_nodes, job_desc.max_nodes = nodes, nodes
   end
-  job_desc.min_nodes, job_desc.max_nodes = nodes, nodes
 
   -- GPUs: per job, or per node x nodes, or per task x tasks.
   local asked = gpus_in(job_desc.tres_per_job)

@@ -43,6 +43,7 @@ std::optional<quota::Allocation> load_allocation(uint32_t job_id, std::string* w
   a.qos = job.qos ? job.qos : "";
   a.account = job.account ? job.account : "";
   a.req_switches = job.req_switch == NO_VAL ? 0 : static_cast<int>(job.req_switch);
+  a.elastic = job.admin_comment != nullptr && std::string(job.admin_comment).rfind("forge-elastic:", 0) == 0;
   // INFINITE: no limit at all, which no tier allows.
   a.time_limit_s = job.time_limit == INFINITE || job.time_limit == NO_VAL
                        ? INT64_MAX / 2

@@ -646,6 +646,11 @@ TEST_CASE("drain command: sanitized reason; an existing drain keeps its reason")
         "node4: drained: forge-health: gpu: CUDA error: _unspecified launch failure_ at rank 3_ _(reboot)");
   CHECK(drain_command("node4", "node_lost", "again", p, 5).find("already drained") != std::string::npos);
   CHECK(slurm.updates.size() == 1);
+  // --down on a drained node: DOWN, with the drain's reason.
+  slurm.state = "IDLE+DRAIN";
+  slurm.reason = "forge-health: gpu: old";
+  CHECK(drain_command("node4", "node_lost", "gone", p, 5, true) == "node4: down: forge-health: gpu: old");
+  CHECK(slurm.updates.back() == "NodeName=node4 State=DOWN Reason=forge-health: gpu: old");
   CHECK_THROWS_AS(drain_command("node4", "%%", "x", p, 5), Error);
   try {
     drain_command("node9", "gpu", "x", p, 5);

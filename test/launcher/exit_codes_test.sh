@@ -2,7 +2,9 @@
 # forge-train's exit codes (docs/ARCHITECTURE.md, "Exit codes"), each provoked on the real binary: bad spec 64, a checkpoint
 # of another spec 64 (and --force-new), corrupt shard 65, hang 69 (watchdog), persisting NaN 71 (and the
 # skip and rewind policies recovering from a single one), unwritable checkpoint directory 74, SIGUSR1 75.
-# Every failure prints one line "forge-train: error: ..." and writes summary.json with its exit class.
+# Every failure prints one line "forge-train: error: ..." and writes summary.json with its exit class, and
+# failures/local-0.json with its failure class (launcher/src/failure_record.h); an impossible memory plan
+# is class oom_host; `forge-train failure` completes a record from srun's lines and the nodes lost.
 # Usage: exit_codes_test.sh FORGE_TRAIN FORGE_DATA SOURCE_DIR
 set -uo pipefail
 train=$1 forge_data=$2 src=$3
@@ -15,6 +17,12 @@ json() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval
 base=(--run.threads=1 --run.peak_gflops=50 --model.layers=1 --model.d_model=32 --model.heads=2
   --model.seq_len=32)
 tiny=("${base[@]}" --model.vocab=128)
+# record_is DIR CLASS: the run's failure record (outside Slurm: job "local", restart 0) has that class.
+record_is() {
+  local got
+  got=$(json "$1/failures/local-0.json" "d['class']" 2>/dev/null)
+  [ "$got" = "$2" ] || fail "$1: failure record class '$got', want '$2'"
+}
 
 # expect NAME CODE PATTERN -- forge-train arguments...: exit code, and the last stderr line is the one
 # error line and contains PATTERN.
@@ -37,6 +45,7 @@ expect bad-spec 64 "optim.min_lr = 1: must be in [0, optim.lr]" -- \
 [ ! -e "$work/bad" ] || fail "bad spec: the run directory was created"
 expect bad-guard 64 "guard.nonfinite = rewind: rewind needs recovery checkpoints" -- \
   "$src/configs/tiny.ini" --run.dir="$work/bad" "${tiny[@]}" --run.steps=8 --guard.nonfinite=rewind
+record_is "$work/bad" config
 
 # 64: resuming a run directory whose checkpoints another spec wrote names the keys; keys that may change
 # on resume (run.steps, ckpt.*, guard.*) do not count; --force-new moves the old run aside.
@@ -45,6 +54,9 @@ expect bad-guard 64 "guard.nonfinite = rewind: rewind needs recovery checkpoints
 expect spec-differs 64 "optim.lr: 0.003 -> 0.001" -- \
   "$src/configs/tiny.ini" --run.dir="$work/spec" "${tiny[@]}" --ckpt.recovery_every=2 --run.steps=6 --optim.lr=0.001
 grep -q -- "--force-new" "$work/spec-differs.err" || fail "the refusal does not mention --force-new"
+record_is "$work/spec" config
+json "$work/spec/failures/local-0.json" "d['evidence'][0]" | grep -q "optim.lr: 0.003 -> 0.001" ||
+  fail "the config record does not carry the error line as evidence"
 grep -q "run.steps" "$work/spec-differs.err" && fail "run.steps reported as a difference"
 "$train" "$src/configs/tiny.ini" --run.dir="$work/spec" "${tiny[@]}" --ckpt.recovery_every=3 --run.steps=6 \
   --guard.spike_z=9 2>"$work/spec-ok.err" || fail "resume with only resumable keys changed failed: $(tail -n1 "$work/spec-ok.err")"
@@ -76,6 +88,7 @@ expect corrupt-shard 65 "$(basename "$shard")" -- \
 expect hang 69 "rank 0: no progress for" -- \
   "$src/configs/tiny.ini" --run.dir="$work/hang" "${tiny[@]}" --run.steps=8 --guard.inject_hang_step=3 --guard.watchdog_s=1
 grep -q "in forward_backward — aborting (exit 69)" "$work/hang.err" || fail "hang line does not name the operation"
+record_is "$work/hang" comm
 [ "$(summary_class "$work/hang")" = comm ] || fail "hang: summary.json does not say comm"
 [ "$(json "$work/hang/summary.json" "d['steps']")" = 2 ] || fail "hang: summary does not count the 2 steps done"
 
@@ -84,6 +97,8 @@ expect nan 71 "step 5: loss NaN, gradient norm NaN: 3 consecutive non-finite ste
   "$src/configs/tiny.ini" --run.dir="$work/nan" "${tiny[@]}" --run.steps=8 --guard.inject_nan_step=3 --guard.inject_nan_count=5 \
   --guard.max_bad_steps=2 --ckpt.recovery_every=1
 [ "$(summary_class "$work/nan")" = numeric ] || fail "NaN: summary.json does not say numeric"
+record_is "$work/nan" numeric
+[ "$(json "$work/nan/failures/local-0.json" "d['step']")" = 4 ] || fail "NaN: the record's last finished step is not 4"
 # Its segment keeps the step time up to the last committed checkpoint (step 2: the NaN steps 3-5 were
 # skipped, not saved) and counts the rest as lost (the cost report's waste and ETTR).
 json "$work/nan/summary.json" "(lambda g: 0 < g['kept_train_s'] < g['train_s'] and 0 < g['lost_s'] < g['end'] - g['start'])(d['segments'][-1])" |
@@ -113,6 +128,42 @@ echo "not a directory" > "$work/io/checkpoints"
 expect unwritable 74 "checkpoint" -- \
   "$src/configs/tiny.ini" --run.dir="$work/io" "${tiny[@]}" --run.steps=8 --ckpt.recovery_every=2
 [ "$(summary_class "$work/io")" = io ] || fail "unwritable: summary.json does not say io"
+record_is "$work/io" io
+
+# An impossible memory plan: stopped before the first step, exit 64, class oom_host, saying what to change.
+# Twice this host's available memory in activations (0.118 MiB per sequence of this model): in buffers
+# that each fit, so the plan is what refuses it, not the first allocation.
+rows=$(awk '/^MemAvailable:/ { printf "%d", $2 / 1024 * 2 / 0.118 }' /proc/meminfo)
+expect memory-plan 64 "lower data.batch" -- \
+  "$src/configs/tiny.ini" --run.dir="$work/oom" "${tiny[@]}" --run.steps=8 --data.batch="$rows"
+record_is "$work/oom" oom_host
+[ ! -e "$work/oom/metrics/rank-0.jsonl" ] || [ ! -s "$work/oom/metrics/rank-0.jsonl" ] || fail "memory plan: a step ran"
+
+# forge-train failure: what the batch script adds (docs/ARCHITECTURE.md, "Failures").
+decide() { SLURM_JOB_ID=${job:-77} SLURM_RESTART_COUNT=${restart:-0} SLURM_JOB_NODELIST=node[1-2] "$train" failure "$@"; }
+mkdir -p "$work/fr"
+printf 'srun: error: node2: tasks 2-3: Killed\nsrun: Terminating StepId=77.0\n' >"$work/fr/killed.log"
+out=$(decide "$work/fr" --exit 137 --srun-log "$work/fr/killed.log")
+grep -qx "class=comm" <<<"$out" && grep -qx "requeue=1" <<<"$out" && grep -qx "drain=" <<<"$out" ||
+  fail "a killed task without a record is not a requeued comm failure: $out"
+json "$work/fr/failures/77-0.json" "[(s['rank'], s['host']) for s in d['suspects']]" | grep -qF "[(2, 'node2'), (3, 'node2')]" ||
+  fail "the killed tasks are not the suspects: $(cat "$work/fr/failures/77-0.json")"
+out=$(restart=1 decide "$work/fr" --exit 137 --srun-log "$work/fr/killed.log")
+grep -qx "deep_check=1" <<<"$out" || fail "two comm failures in a row on the same nodes ask for no deep check: $out"
+out=$(job=78 decide "$work/fr" --exit 69 --srun-log "$work/fr/killed.log" --lost-node node2)
+grep -qx "class=node_lost" <<<"$out" && grep -qx "drain=node2" <<<"$out" && grep -qx "requeue=1" <<<"$out" ||
+  fail "a node that does not answer is not node_lost, drained and requeued: $out"
+printf 'slurmstepd: error: Detected 1 oom_kill event in StepId=79.0. Some of the step tasks have been OOM Killed.\n' >"$work/fr/oom.log"
+out=$(job=79 decide "$work/fr" --exit 137 --srun-log "$work/fr/oom.log")
+grep -qx "class=oom_host" <<<"$out" && grep -qx "requeue=0" <<<"$out" && grep -q "^advice=.*lower data.batch" <<<"$out" ||
+  fail "an OOM kill is not oom_host without requeue and advice: $out"
+# A record another job left under this job's name is not believed: the exit code decides.
+sed 's/"job_id": "78"/"job_id": "12345"/' "$work/fr/failures/78-0.json" >"$work/fr/failures/80-0.json"
+out=$(job=80 decide "$work/fr" --exit 65 2>"$work/fr/foreign.err")
+grep -qx "class=data" <<<"$out" || fail "a foreign record was believed: $out"
+grep -q "not of this job; ignored" "$work/fr/foreign.err" || fail "a foreign record was ignored silently"
+out=$(decide "$work/fr" --exit 0)
+grep -qx "class=ok" <<<"$out" || fail "exit 0 is not ok: $out"
 
 # 75: SIGUSR1 mid-run saves a recovery checkpoint and exits 75.
 "$train" "$src/configs/tiny.ini" --run.dir="$work/sig" "${tiny[@]}" --run.steps=100000 2>"$work/sig.err" &
@@ -125,5 +176,6 @@ wait "$pid" || rc=$?
 tail -n1 "$work/sig.err" | grep -q "^forge-train: stopped: preempted (signal 10) after step .*recovery checkpoint saved" \
   || fail "SIGUSR1: last line '$(tail -n1 "$work/sig.err")'"
 [ "$(summary_class "$work/sig")" = preempted ] || fail "SIGUSR1: summary.json does not say preempted"
+record_is "$work/sig" preempted
 ls "$work"/sig/checkpoints/recovery/step-* > /dev/null || fail "SIGUSR1: no recovery checkpoint"
 echo "exit code test passed"

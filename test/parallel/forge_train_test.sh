@@ -70,4 +70,28 @@ rc=$?
 [ $rc -eq 69 ] || fail "hung rank: exit $rc, want 69 ($(grep error "$work/hang.log" | head -2))"
 [ $(( $(date +%s) - start )) -lt 60 ] || fail "the hang took over a minute to detect"
 grep -q "rank 0: no progress for" "$work/hang.log" || fail "rank 0 did not name the hang: $(grep error "$work/hang.log" | head -2)"
+# Rank 0 waited for rank 1 in a collective; rank 1, stuck in its own work, names itself: the record says comm
+# and names rank 1 and its host.
+python3 -c "
+import json, sys; d = json.load(open(sys.argv[1]))
+assert d['class'] == 'comm' and [s['rank'] for s in d['suspects']] == [1] and d['suspects'][0]['host'], d" \
+  "$work/hang/failures/local-0.json" || fail "the hang's failure record does not name rank 1"
+
+# parallel.elastic: a dp4 run that loses a rank resumes on 3 ranks as dp2 (the largest dp that divides its
+# 4 micro-batches per step) with 2 micro-batches each; the third rank idles. The verification step passes
+# and the loss curve is the uninterrupted dp4 run's.
+elastic=("${common[@]/--ckpt.recovery_every=0/--ckpt.recovery_every=4}" --data.batch=1 --parallel.dp=4)
+mpi 4 --run.dir="$work/e-ref" "${elastic[@]}" --run.steps=8 2>"$work/e-ref.log" || fail "dp4 reference failed: $(tail -n2 "$work/e-ref.log")"
+mpi 4 --run.dir="$work/e" "${elastic[@]}" --run.steps=4 --parallel.elastic=true 2>"$work/e1.log" ||
+  fail "elastic dp4 failed: $(tail -n2 "$work/e1.log")"
+FORGE_LOG_ALL_RANKS=1 mpi 3 --run.dir="$work/e" "${elastic[@]}" --run.steps=8 --parallel.elastic=true 2>"$work/e2.log" ||
+  fail "elastic resume on 3 ranks failed: $(tail -n2 "$work/e2.log")"
+grep -q "resumed on tp1,pp1,dp2" "$work/e2.log" || fail "the elastic resume did not run dp2: $(grep -m1 plan: "$work/e2.log")"
+grep -q "micro-batches 2 of 1 sequences" "$work/e2.log" || fail "the elastic resume did not double the micro-batches"
+grep -q "verification loss .* matches" "$work/e2.log" || fail "the elastic resume skipped the verification step"
+grep -q "rank 2 idle" "$work/e2.log" || fail "rank 2 did not idle"
+compare "$work/e-ref" "$work/e" 5
+mpi 1 --run.dir="$work/e3" "${elastic[@]}" --parallel.tp=2 --parallel.elastic=true >/dev/null 2>"$work/e3.log"
+[ $? -eq 64 ] || fail "elastic with fewer ranks than one replica: want exit 64"
+grep -q "parallel.elastic: 1 ranks cannot hold one model replica" "$work/e3.log" || fail "elastic message: $(grep error "$work/e3.log")"
 echo "PASS"

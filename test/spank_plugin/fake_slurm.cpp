@@ -98,6 +98,7 @@ int slurm_load_job(job_info_msg_t** resp, uint32_t, uint16_t) {
   fake::g_job.tres_alloc_str = const_cast<char*>(h.tres.c_str());
   fake::g_job.qos = const_cast<char*>(h.qos.c_str());
   fake::g_job.account = const_cast<char*>(h.account.c_str());
+  fake::g_job.admin_comment = h.admin_comment.empty() ? nullptr : const_cast<char*>(h.admin_comment.c_str());
   fake::g_msg.record_count = 1;
   fake::g_msg.job_array = &fake::g_job;
   *resp = &fake::g_msg;

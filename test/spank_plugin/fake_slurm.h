@@ -25,7 +25,7 @@ struct Host {
   bool job_loads = true;
   // The job record slurm_load_job returns.
   uint32_t num_nodes = 1, req_switch = 0, time_limit = 60;
-  std::string tres = "cpu=1,gres/gpu=8,node=1", qos = "pretrain", account = "team-a";
+  std::string tres = "cpu=1,gres/gpu=8,node=1", qos = "pretrain", account = "team-a", admin_comment;
 };
 
 Host& host();

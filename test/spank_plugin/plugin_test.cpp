@@ -95,6 +95,7 @@ struct Fixture {
     fake::Host& h = fake::host();
     h.num_nodes = job.num_nodes, h.tres = job.tres, h.qos = job.qos, h.account = job.account;
     h.req_switch = job.req_switch, h.time_limit = job.time_limit, h.job_loads = job.job_loads;
+    h.admin_comment = job.admin_comment;
     h.uid = getuid(), h.gid = getgid();
     REQUIRE(plugin().post_opt(nullptr, 0, nullptr) == 0);  // never fails remotely: it would drain the node
     REQUIRE(plugin().user_init(nullptr, 0, nullptr) == 0);
@@ -272,6 +273,12 @@ TEST_CASE("slurmstepd: the real allocation must match; violations fail the job i
   CHECK(f.stepd("team-a", "pretrain", "tp4,pp2,dp2") == -1);
   CHECK_THAT(last_error(), Catch::Contains("job 42 rejected at start: the job was given 8 GPUs"));
   CHECK(fake::host().job_env.empty());
+  // The same allocation for an elastic job (job_submit.lua's mark): one whole node holds a replica (tp4,pp2).
+  fake::host().admin_comment = "forge-elastic:nodes=1-2";
+  CHECK(f.stepd("team-a", "pretrain", "tp4,pp2,dp2") == 0);
+  fake::host().tres = "cpu=2,gres/gpu=4,node=1";  // half a node: no replica
+  CHECK(f.stepd("team-a", "pretrain", "tp4,pp2,dp2") == -1);
+  fake::host().admin_comment.clear();
 
   fake::host().tres = "cpu=2,gres/gpu=16,node=2";
   fake::host().num_nodes = 2;

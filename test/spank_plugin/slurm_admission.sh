@@ -77,6 +77,18 @@ sbatch --test-only "${ok_opts[@]}" "${node8[@]}" --wrap true >/dev/null 2>&1 || 
 expect_reject "QOS not the tier's" "--qos=pretrain does not match tier 'explore'" "${ok_opts[@]}" "${node8[@]}" --qos=pretrain
 expect_reject "nodes != layout" "needs 1 node(s) but the job asks for 2" "${ok_opts[@]}" -N2 --gpus-per-node=8
 expect_reject "GPUs != layout" "needs tp*cp*dp*pp = 8 GPUs but the job asks for 4" "${ok_opts[@]}" -N1 --gpus-per-node=4
+# Node ranges (elastic jobs, parallel.elastic): the maximum is the layout's size, the minimum holds a replica.
+el_opts=(--train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp16 --gpus-per-node=8 --ntasks-per-node=8)
+expect_reject "range beyond the layout" "the range ends at 3; use --nodes=1-2" "${el_opts[@]}" -N 1-3
+expect_reject "range minimum below a replica" "at 1 node(s) the job has 8 GPUs, fewer than one model replica" \
+  --train-team=team-a --train-tier=explore --train-layout=tp1,pp16,dp1 --gpus-per-node=8 -N 1-2
+job=$(sbatch --parsable --hold "${el_opts[@]}" -N 1-2 -o /dev/null --wrap true) || fail "an elastic range was rejected: $job"
+cleanup_jobs+=("$job")
+info=$(scontrol show job -o "$job")
+[[ $info == *"NumNodes=1-2"* && $info == *"AdminComment=forge-elastic:nodes=1-2"* ]] ||
+  fail "the elastic job lost its range or its record: $(grep -oE '(NumNodes|AdminComment)=[^ ]*' <<<"$info" | tr '\n' ' ')"
+scancel "$job"
+echo "ok: node ranges: 1-2 admitted with its range kept for requeues, 1-3 and a range below a replica rejected"
 expect_reject "account != team" "--account=team-b does not match team 'team-a'" "${ok_opts[@]}" "${node8[@]}" -A team-b
 expect_reject "tier QOS without the plugin" "QOS 'pretrain' is for training jobs" -N1 --qos=pretrain
 expect_reject "time over the tier's max wall" "exceeds tier 'explore''s max wall" "${ok_opts[@]}" "${node8[@]}" -t 5:00:00

@@ -56,7 +56,10 @@ void add_trainer_keys(ConfigSchema& s) {
       .add<int>("parallel.zero", 0,
                 "ZeRO stage: 0 none, 1 optimizer state sharded across data-parallel ranks")
       .add<std::string>("parallel.stage_layers", "",
-                        "blocks per pipeline stage, e.g. 3,5 (empty: balanced by compute)");
+                        "blocks per pipeline stage, e.g. 3,5 (empty: balanced by compute)")
+      .add<bool>("parallel.elastic", false,
+                 "run on the ranks the job got (sbatch -N MIN-MAX): tp, cp and pp fixed, dp up to "
+                 "parallel.dp, micro-batches raised to keep the global batch");
   add_guard_keys(s);
 }
 
@@ -186,6 +189,7 @@ TrainSpec train_spec(const Config& c) {
   }
   s.parallel.zero = c.get<int>("parallel.zero");
   s.microbatches = positive<int>(c, "parallel.microbatches");
+  s.parallel.elastic = c.get<bool>("parallel.elastic");
   const std::string stages = c.get<std::string>("parallel.stage_layers");
   for (size_t at = 0; at < stages.size();) {
     const size_t comma = std::min(stages.find(',', at), stages.size());
@@ -202,6 +206,25 @@ TrainSpec train_spec(const Config& c) {
   s.guard = guard_config(c);
   s.threads = resolve_threads(threads);
   return s;
+}
+
+TrainSpec elastic_spec(const TrainSpec& spec, int ranks) {
+  const Layout& full = spec.layout;
+  const int replica = full.tp * full.cp * full.pp;
+  // The global batch is dp x microbatches micro-batches of data.batch sequences: any dp that divides
+  // their count keeps it, with the micro-batches that make up the rest.
+  const int count = full.dp * spec.microbatches;
+  int dp = std::min(full.dp, ranks / replica);
+  while (dp > 0 && (count % dp != 0 || dp % full.ep != 0)) --dp;  // expert groups are carved out of dp
+  if (dp < 1)
+    fail(ExitCode::kUsage,
+         "parallel.elastic: {} ranks cannot hold one model replica of tp*cp*pp = {} ranks ({}); submit with "
+         "at least {} tasks",
+         ranks, replica, full.str(), replica);
+  TrainSpec out = spec;
+  out.layout.dp = dp;
+  out.microbatches = count / dp;
+  return out;
 }
 
 std::optional<LayoutProblem> parallel_problem(const ModelConfig& m, const Layout& l,

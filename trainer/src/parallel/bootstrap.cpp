@@ -34,9 +34,13 @@ Bootstrap bootstrap() {
   return b;
 }
 
-void check_layout(const Bootstrap& b, const Layout& layout) {
+void check_layout_of_job(const Layout& layout) {
   if (const std::string problem = layout_mismatch(std::getenv("FORGE_LAYOUT"), layout); !problem.empty())
     fail(ExitCode::kUsage, "{}", problem);
+}
+
+void check_layout(const Bootstrap& b, const Layout& layout) {
+  check_layout_of_job(layout);
   const int want = layout.world();
   if (b.size != want)
     fail(ExitCode::kUsage,

@@ -25,13 +25,21 @@ enum class ExitCode : int {
 // Short lower-case name of an exit class, as printed in summaries ("usage", "data", ...).
 std::string_view exit_class_name(ExitCode code);
 
+// What broke, where the exit code cannot say it: memory or a device. The failure record
+// (launcher/failure_record.h) and the batch scripts act on it: a GPU fault drains the node, an OOM asks for
+// a smaller plan. kNone: the exit code says all.
+enum class Fault : unsigned char { kNone, kOomHost, kOomDevice, kGpu };
+
 class Error : public std::runtime_error {
  public:
-  Error(ExitCode code, std::string message) : std::runtime_error(std::move(message)), code_(code) {}
+  Error(ExitCode code, std::string message, Fault fault = Fault::kNone)
+      : std::runtime_error(std::move(message)), code_(code), fault_(fault) {}
   ExitCode code() const { return code_; }
+  Fault fault() const { return fault_; }
 
  private:
   ExitCode code_;
+  Fault fault_;
 };
 
 template <typename... Args>

@@ -20,5 +20,8 @@ LocalRank local_rank(const std::function<const char*(const char*)>& get = nullpt
 
 // This host's name (gethostname; "localhost" when it fails).
 std::string host_name();
+// Slurm's name for this node (SLURMD_NODENAME: several per host on the dev cluster), else host_name(). The
+// name to drain, exclude or report a node by.
+std::string node_name();
 
 }  // namespace forge

@@ -24,9 +24,10 @@ struct NodeQuery {
   std::string error;  // !ok: why scontrol could not tell
 };
 NodeQuery query_node(const std::string& node, Probes& probes, double timeout_s);
-// `scontrol update NodeName=... State=DRAIN Reason=...` (argv, no shell); "" or the error.
+// `scontrol update NodeName=... State=DRAIN Reason=...` (argv, no shell), or State=DOWN when `down`; ""
+// or the error.
 std::string scontrol_drain(const std::string& node, const std::string& reason, Probes& probes,
-                           double timeout_s);
+                           double timeout_s, bool down = false);
 std::string scontrol_resume(const std::string& node, Probes& probes, double timeout_s);
 
 struct CheckReport {
@@ -47,9 +48,11 @@ CheckReport check_node(const LoadedConfig& loaded, Mode mode, const std::string&
                        Probes& probes);
 
 // `forge-health drain`: drains with make_reason(check, detail) unless the node is already drained (whose
-// reason is kept). Returns the one line to print; forge::Error(kUsage) for an empty check name, kComm when
-// scontrol fails.
+// reason is kept). `down` (--down, for a node that no longer answers: the batch scripts' node_lost) marks
+// it DOWN instead, drained or not, so that Slurm ends and requeues its jobs now rather than after
+// SlurmdTimeout; a node that registers again returns through ReturnToService and its health checks.
+// Returns the one line to print; forge::Error(kUsage) for an empty check name, kComm when scontrol fails.
 std::string drain_command(const std::string& node, const std::string& check, const std::string& detail,
-                          Probes& probes, double timeout_s);
+                          Probes& probes, double timeout_s, bool down = false);
 
 }  // namespace forge::health

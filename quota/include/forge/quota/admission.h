@@ -41,6 +41,9 @@ struct Allocation {
   std::string account;
   int req_switches = 0;      // the job's switch limit (0 = none)
   int64_t time_limit_s = 0;  // 0 = unknown
+  // A node range admitted by job_submit.lua (AdminComment "forge-elastic:nodes=A-B", which only root and
+  // the controller write): the job may run on fewer whole nodes than its layout (parallel.elastic).
+  bool elastic = false;
 };
 
 struct Decision {

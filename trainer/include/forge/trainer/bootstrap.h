@@ -27,6 +27,8 @@ Bootstrap bootstrap();
 // number of ranks started must be the spec's `layout`: forge::Error(kUsage) (exit 64, on every rank,
 // before any large allocation) naming what disagrees.
 void check_layout(const Bootstrap& boot, const Layout& layout);
+// The FORGE_LAYOUT half of that, for an elastic job: its ranks may be fewer than the layout's.
+void check_layout_of_job(const Layout& layout);
 
 // Pure part of the above, for tests: the problem with a FORGE_LAYOUT value against the spec's layout
 // (empty when it agrees or is unset).

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <string_view>
 
 namespace forge::trainer {
 
@@ -17,6 +18,15 @@ struct Activity {
 
 // The process-wide activity record.
 Activity& activity();
+
+// Whether an activity is a wait on other ranks (a collective, a send or receive, a barrier) rather than
+// this rank's own work: the watchdog's failure record blames the peer of the first, the rank of the second.
+inline bool is_communication(std::string_view what) {
+  for (std::string_view op :
+       {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "send", "recv", "barrier"})
+    if (what.substr(0, op.size()) == op) return true;
+  return false;
+}
 
 // Marks the start of an operation (`what` must be a string literal or otherwise outlive the process).
 inline void mark_activity(const char* what, int peer = -1) {

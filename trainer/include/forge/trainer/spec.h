@@ -28,6 +28,7 @@ struct OptimConfig {
 struct ParallelConfig {
   int zero = 0;                   // ZeRO stage: 0, or 1 (optimizer state sharded across dp)
   std::vector<int> stage_layers;  // blocks per pipeline stage; empty: balanced
+  bool elastic = false;           // parallel.elastic: dp follows the ranks started (elastic_spec)
 };
 
 // The steps a run traces (run.trace_steps; trace.h): 1-based, inclusive.
@@ -72,6 +73,13 @@ TrainSpec train_spec(const Config& config);
 // 0 or 1. nullopt: it can run. train_spec applies it; the runtime assumes a spec that passed.
 std::optional<LayoutProblem> parallel_problem(const ModelConfig& model, const Layout& layout,
                                               const ParallelConfig& parallel);
+
+// parallel.elastic: what `ranks` started ranks train. tp, cp and pp stay; dp is the largest that the ranks
+// hold, at most the spec's, and that divides the spec's global batch (parallel.dp x parallel.microbatches
+// micro-batches of data.batch); micro-batches rise to keep that batch, so the samples of every step and
+// the loss curve stay those of the full size. Ranks beyond the new layout's world stay idle. A usage
+// error when not one replica fits.
+TrainSpec elastic_spec(const TrainSpec& spec, int ranks);
 
 // Worker threads: `requested` > 0 as is; 0 means SLURM_CPUS_PER_TASK when set, else all cores.
 int resolve_threads(int requested);
