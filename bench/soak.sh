@@ -41,7 +41,7 @@ job=$(sbatch --parsable --train-team=team-a --train-tier=explore --train-layout=
   --ntasks-per-node=8 --gres=gpu:8 -o "$work/job-%j.out" "$root/scripts/sbatch/pretrain.sbatch" \
   "$root/configs/tiny.ini" --run.dir="$run" --run.threads=1 --run.peak_gflops=100 --model.layers=2 \
   --model.d_model=64 --model.heads=4 --model.vocab=256 --model.seq_len=32 --data.batch=1 --parallel.dp=16 \
-  --parallel.elastic=true --ckpt.recovery_every=50 --ckpt.milestone_every=0 --guard.watchdog_s=30 \
+  --parallel.elastic=true --ckpt.recovery_every=25 --ckpt.milestone_every=0 --guard.watchdog_s=10 \
   --run.steps="$steps") || die "job not submitted"
 echo "job $job"
 metrics=$run/metrics/rank-0.jsonl

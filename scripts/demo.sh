@@ -50,12 +50,12 @@ scripts/install-deps.sh
 
 stage "build"
 # Only the programs the demo runs (the tests and benchmarks are scripts/test.sh's).
-targets=(forge-train forge-data forge-gate forge-quota forge_spank)
+targets=(forge-train forge-data forge-gate forge-quota forge-health forge_spank)
 if [ -n "${FORGE_BUILD_DIR:-}" ]; then
   # A build tree given is used as it is (the test suite runs the demo on the build it tests).
   bin=$(realpath "$FORGE_BUILD_DIR")
   for prog in launcher/forge-train dataio/forge-data eval_gate/forge-gate quota/forge-quota \
-    spank_plugin/forge_spank.so; do
+    health/forge-health spank_plugin/forge_spank.so; do
     [ -f "$bin/$prog" ] || { echo "demo: $bin/$prog missing: cmake --build $bin --target ${targets[*]}" >&2; exit 66; }
   done
   echo "demo: using the build in $bin"
@@ -77,6 +77,7 @@ stage "dev cluster up (with the SPANK plugin) and the example quota policy"
 export FORGE_DEVCLUSTER_DIR=${FORGE_DEVCLUSTER_DIR:-/var/lib/forge-devcluster}
 mkdir -p "$FORGE_DEVCLUSTER_DIR"
 export FORGE_SPANK_PLUGSTACK="$FORGE_DEVCLUSTER_DIR/forge-plugstack.conf"
+export FORGE_HEALTH_BIN=$bin/health/forge-health   # the node health hooks (Prolog, Epilog, periodic)
 scripts/slurm/write-plugstack.sh "$bin" "$FORGE_SPANK_PLUGSTACK"
 scripts/devcluster/up
 # shellcheck source=/dev/null
@@ -140,13 +141,43 @@ for _ in $(seq 1 60); do
 done
 sleep 3
 scontrol update JobId="$train" StartTime=now || true
+
+stage "a GPU fails mid-run: its node is drained (forge-health), the job requeued on healthy nodes and resumed"
+# Once the resumed job is halfway, one of its nodes' fake GPUs reports Xid 79: the rank driving it stops
+# (class gpu), the batch script drains that node and requeues, slurmctld's Epilog releases the job at once,
+# and it resumes from its newest checkpoint on two healthy nodes.
+sick=""
+for _ in $(seq 1 1200); do
+  if grep -q resumed_from "$metrics" 2>/dev/null && [ "$(wc -l <"$metrics")" -ge $((steps / 2)) ] &&
+    [ "$(squeue -h -j "$train" -o %T)" = RUNNING ]; then
+    sick=$(scontrol show hostnames "$(squeue -h -j "$train" -o %N)" | tail -n1)
+    [ -n "$sick" ] && break
+  fi
+  sleep 0.2
+done
+[ -n "$sick" ] || { echo "the resumed training job is not running" >&2; exit 1; }
+echo "xid 79: GPU has fallen off the bus (injected by the demo)" >"$FORGE_DEVCLUSTER_DIR/gpu-health/$sick/gpu0"
+for _ in $(seq 1 1200); do
+  [ "$(scontrol show job "$train" | grep -o 'Restarts=[0-9]*' | cut -d= -f2)" -ge 2 ] && break
+  sleep 0.5
+done
+echo "node $sick: $(sinfo -h -n "$sick" -o '%t: %E')"
+echo ok >"$FORGE_DEVCLUSTER_DIR/gpu-health/$sick/gpu0"
 for _ in $(seq 1 1200); do
   state=$(sacct -X -n -P -j "$train" -o State | tail -n1)
   case $state in COMPLETED|FAILED|CANCELLED*|TIMEOUT|OUT_OF_MEMORY) break ;; esac
   sleep 1
 done
 [ "$state" = COMPLETED ] || { cat "$work"/forge-forge-pretrain-"$train".out >&2; echo "training job ended $state" >&2; exit 1; }
-grep -E "exit class|stopped:|requeue|resumed|verification" "$work"/forge-forge-pretrain-"$train".out "$run"/*.log 2>/dev/null || true
+grep -E "exit class|stopped:|requeue|resumed|verification|drained|gpu:" "$work"/forge-forge-pretrain-"$train".out "$run"/*.log 2>/dev/null || true
+"$bin/health/forge-health" resume --node "$sick" || true   # healthy again: forge-health lifts its own drain
+python3 - "$run/failures" <<'PY'
+import glob, json, sys
+for f in sorted(glob.glob(sys.argv[1] + "/*.json")):
+    r = json.load(open(f))
+    who = ", ".join(f"rank {s['rank']} on {s['host']}" for s in r["suspects"]) or "nobody"
+    print(f"failure record {f.split('/')[-1]}: class {r['class']} after step {r['step']}, suspects: {who}")
+PY
 python3 - "$metrics" "$run/metrics" "$dp" <<'PY'
 import glob, json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Slurm's node hooks -> forge-health (docs/HEALTH.md).
-#   usage: health-hook.sh prolog|epilog|periodic
+#   usage: health-hook.sh prolog|epilog|periodic|ctld-epilog
 # Slurm runs Prolog, Epilog and HealthCheckProgram with almost no environment (no PATH; HealthCheckProgram
 # gets SLURMD_NODENAME only) and no arguments, so a site points them at small launchers that set
 # FORGE_HEALTH_BIN, FORGE_HEALTH_CONFIG, FORGE_HEALTH_LOG, SLURM_CONF and PATH, then exec this script
@@ -14,8 +14,10 @@
 #             failure drains the node, and a healthy node must never be drained by a hook.
 #   epilog    deep check, only after a failed job (SLURM_JOB_EXIT_CODE / SLURM_JOB_DERIVED_EC non-zero).
 #             Always exits 0: a failed Epilog would drain with Slurm's reason; forge-health drains itself.
-#             Before that, a requeued forge job is made eligible at once (see release_requeued).
 #   periodic  periodic check (HealthCheckProgram); drains and resumes its own drains. Exits 0.
+#   ctld-epilog  slurmctld's EpilogSlurmctld, at the end of every allocation: a requeued forge job is made
+#             eligible at once (release_requeued). On the controller, not the nodes: a node's Epilog may
+#             never run when the requeue came from another node's failure. Exits 0.
 set -u
 mode=${1:-}
 bin=${FORGE_HEALTH_BIN:-}
@@ -26,7 +28,7 @@ note() { printf '%s %s %s job=%s: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$node"
 
 # A job the forge batch scripts (or Slurm, for a failed node) requeued would wait for Slurm's requeue delay
 # (~2 minutes of BeginTime) before it may start again. Forge jobs carry their run summary in the Comment
-# ("forge:{...}"): make them eligible at once. The Epilog may run before slurmctld has finished the
+# ("forge:{...}"): make them eligible at once. The hook may run before slurmctld has finished the
 # requeue, so a detached watcher asks for up to a minute and releases the job two seconds after it is
 # pending (slurmd refuses a launch whose credential is from the second of the requeue that revoked the old
 # one), or gives up as soon as the job has ended for good or runs again. Other jobs keep Slurm's delay. An
@@ -63,12 +65,12 @@ release_requeued() {
 case $mode in
   prolog) check_mode=quick ;;
   periodic) check_mode=periodic ;;
+  ctld-epilog) release_requeued; exit 0 ;;
   epilog)
-    release_requeued
     # wait() status and the highest step exit code: both 0 for a job that succeeded.
     if [ "${SLURM_JOB_EXIT_CODE:-0}" = 0 ] && [ "${SLURM_JOB_DERIVED_EC:-0}" = 0 ]; then exit 0; fi
     check_mode=deep ;;
-  *) echo "usage: health-hook.sh prolog|epilog|periodic" >&2; exit 0 ;;
+  *) echo "usage: health-hook.sh prolog|epilog|periodic|ctld-epilog" >&2; exit 0 ;;
 esac
 [ -n "$node" ] || { note "no SLURMD_NODENAME: skipped"; exit 0; }
 [ -x "$bin" ] || { note "no forge-health at '$bin': skipped"; exit 0; }

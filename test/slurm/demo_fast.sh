@@ -37,7 +37,7 @@ if [ $rc -ne 0 ]; then
 fi
 
 for s in "install dependencies" "build" "dev cluster up" "demo corpus and dataset" "submit the pipeline" \
-  "preempt the training job" "gate: evaluate" "accounting: forge-quota sync and report" "done"; do
+  "preempt the training job" "a GPU fails mid-run" "gate: evaluate" "accounting: forge-quota sync and report" "done"; do
   grep -qE "^\[demo [0-9:]+\] == $s" "$LOG" || fail "no progress line for stage '$s'"
 done
 run=$FORGE_DEMO_DIR/runs/demo
@@ -64,7 +64,13 @@ grep -q "quota not checked" "$LOG" && fail "a submission was not checked against
 train_out=$(ls "$FORGE_DEMO_DIR"/forge-forge-pretrain-*.out 2>/dev/null | head -n1)
 n=$(grep -c ": stopped: preempted" "$train_out" 2>/dev/null)
 [ "$n" = 1 ] || fail "the preempted job's output has $n 'stopped: preempted' lines, want 1 (${train_out:-no output file})"
-grep -q "forge-train: error:" "$train_out" 2>/dev/null && fail "the preemption printed as an error: $(grep -m1 'forge-train: error:' "$train_out")"
+grep "forge-train: error:" "$train_out" 2>/dev/null | grep -v "GPU error: xid 79" | grep -q . &&
+  fail "the preemption printed as an error: $(grep -m1 'forge-train: error:' "$train_out")"
+# The injected GPU fault: class gpu, its node drained by forge-health (then resumed), the job resumed.
+grep -q "exit class: gpu" "$train_out" || fail "the GPU fault was not classed gpu: $(grep 'exit class' "$train_out")"
+grep -qE "^node node[0-9]: (drain|drng)[a-z]*: forge-health: gpu" "$LOG" || fail "the sick node was not drained by forge-health"
+grep -qE "^failure record [0-9]+-1.json: class gpu after step [0-9]+, suspects: rank [0-9]+ on node[0-9]" "$LOG" ||
+  fail "no gpu failure record naming the suspect rank and node"
 # The cost report carries the run's MFU (from the summary.json forge-train wrote) for the training job and
 # its ETTR; the preempted allocation is not all waste: it checkpointed at the signal.
 train_job=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["job_id"])' "$run/summary.json")
