@@ -10,12 +10,12 @@
 # allocated wall time of its segments, docs/ADMISSION.md "Waste") and checks that no committed step was
 # lost (every step 1..N in the metrics, the last one N). Restores the nodes at the end.
 #
-# usage: bench/soak.sh [BUILD_DIR] [STEPS]   (default build/release, 6000 steps: ~20 minutes here)
+# usage: bench/soak.sh [BUILD_DIR] [STEPS]   (default build/release, 1800 steps: ~20 minutes here)
 # Needs scripts/devcluster/up (root); not part of the CI suite (test/slurm/recovery_test.sh is its short form).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build/release}
-steps=${2:-6000}
+steps=${2:-1800}
 STATE=${FORGE_DEVCLUSTER_DIR:-/var/lib/forge-devcluster}
 # shellcheck source=/dev/null
 source "$STATE/env.sh" || { echo "soak.sh: no dev cluster ($STATE/env.sh); run scripts/devcluster/up" >&2; exit 64; }
@@ -45,7 +45,7 @@ job=$(sbatch --parsable --train-team=team-a --train-tier=explore --train-layout=
   --run.steps="$steps") || die "job not submitted"
 echo "job $job"
 metrics=$run/metrics/rank-0.jsonl
-last_step() { tail -n1 "$metrics" 2>/dev/null | python3 -c "import json,sys; print(json.loads(sys.stdin.read() or '{\"step\":0}')['step'])" 2>/dev/null || echo 0; }
+last_step() { python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readlines()[-1])['step'])" "$metrics" 2>/dev/null || echo 0; }
 # trained_again SINCE_LINES: waits for a record with resumed_from after line SINCE_LINES; prints the time.
 trained_again() {
   for _ in $(seq 1 6000); do

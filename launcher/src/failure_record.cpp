@@ -207,7 +207,7 @@ Reaction reaction(FailureClass c) {
     case FailureClass::kPreempted:
       return {true, false, ""};
     case FailureClass::kComm:
-      return {true, false, "requeued; a third communication failure in a row stops"};
+      return {true, false, "requeued up to FORGE_MAX_COMM_RETRIES times (default 2) in a row"};
     case FailureClass::kGpu:
     case FailureClass::kNodeLost:
       return {true, true, "the suspect node is drained; the job requeues without it"};
@@ -223,12 +223,13 @@ Reaction reaction(FailureClass c) {
               "checkpoint)"};
     case FailureClass::kOomHost:
       return {false, false,
-              "needs less host memory per node: lower data.batch (raise data.microbatches to keep the "
+              "needs less host memory per node: lower data.batch (raise parallel.microbatches to keep the "
               "batch), raise parallel.tp or parallel.pp, set parallel.zero = 1, or ask for more --mem"};
     case FailureClass::kOomDevice:
-      return {false, false,
-              "needs less device memory: lower data.batch (raise data.microbatches to keep the batch), raise "
-              "parallel.tp or parallel.pp, or set parallel.zero = 1"};
+      return {
+          false, false,
+          "needs less device memory: lower data.batch (raise parallel.microbatches to keep the batch), raise "
+          "parallel.tp or parallel.pp, or set parallel.zero = 1"};
     case FailureClass::kIo:
       return {false, false,
               "free space or fix permissions under run.dir, then resubmit (the run resumes from its last "
@@ -295,11 +296,11 @@ SrunEvidence read_srun_log(const std::string& path) {
 int failure_command(int argc, char** argv) {
   const char* usage =
       "usage: forge-train failure RUN_DIR --exit RC [--srun-log FILE] [--lost-node NODE ...] "
-      "[--hash SPEC_HASH]";
+      "[--max-comm-retries N] [--hash SPEC_HASH]";
   if (argc < 3) fail(ExitCode::kUsage, "{}", usage);
   init_logging(0, 1, "info", false);  // warnings to stderr: stdout is the decision the script reads
   const std::string run_dir = argv[2];
-  int rc = -1;
+  int rc = -1, max_comm_retries = 2;
   std::string srun_log, spec_hash;
   std::vector<std::string> lost;
   for (int i = 3; i < argc; ++i) {
@@ -318,6 +319,10 @@ int failure_command(int argc, char** argv) {
       lost.push_back(v);
     } else if (a == "--hash") {
       spec_hash = v;
+    } else if (a == "--max-comm-retries") {
+      const auto n = parse_int(v);
+      if (!n || *n < 0 || *n > 1000) fail(ExitCode::kUsage, "--max-comm-retries {}: expected 0..1000", v);
+      max_comm_retries = int(*n);
     } else {
       fail(ExitCode::kUsage, "unknown option {} ({})", a, usage);
     }
@@ -370,15 +375,24 @@ int failure_command(int argc, char** argv) {
     r.suspects = ev.killed;
   write_failure_record(run_dir, key, r, spec_hash, /*replace=*/true);
 
-  // Two communication failures in a row on the same nodes: the network or a node is suspect, run the
-  // deep health check before trying again.
+  // Communication failures are bounded in a row (other restarts in between reset the count), and two in a
+  // row on the same nodes make the network or a node suspect: the deep health check runs first.
+  Reaction what = reaction(r.cls);
   bool deep = false;
-  if (r.cls == FailureClass::kComm && key.restart > 0) {
-    const std::optional<Json> before = read_failure_record(run_dir, {key.job, key.restart - 1});
-    deep = before && before->value("class", std::string()) == "comm" &&
-           before->value("nodes", std::string()) == env_or("SLURM_JOB_NODELIST", node_name());
+  if (r.cls == FailureClass::kComm) {
+    int in_a_row = 1;
+    for (int k = key.restart - 1; k >= 0; --k, ++in_a_row) {
+      const std::optional<Json> before = read_failure_record(run_dir, {key.job, k});
+      if (!before || before->value("class", std::string()) != "comm") break;
+      if (k == key.restart - 1)
+        deep = before->value("nodes", std::string()) == env_or("SLURM_JOB_NODELIST", node_name());
+    }
+    if (in_a_row > max_comm_retries) {
+      what.requeue = false;
+      what.advice = fmt::format("communication failed {} times in a row; see {}/failures and resubmit",
+                                in_a_row, run_dir);
+    }
   }
-  const Reaction what = reaction(r.cls);
   std::set<std::string> drain;
   if (what.drain_suspects)
     for (const Suspect& s : r.suspects)

@@ -122,7 +122,8 @@ forge_finish() {
       class) class=$value ;; requeue) requeue=$value ;; drain) drain=$value ;;
       deep_check) deep=$value ;; advice) advice=$value ;;
     esac
-  done < <("$(forge_bin forge-train)" failure "$run_dir" --exit "$rc" --srun-log "${FORGE_STEP_LOG:-/dev/null}" $lost)
+  done < <("$(forge_bin forge-train)" failure "$run_dir" --exit "$rc" --srun-log "${FORGE_STEP_LOG:-/dev/null}" \
+    --max-comm-retries "${FORGE_MAX_COMM_RETRIES:-2}" $lost)
   rm -f "${FORGE_STEP_LOG:-}"
   forge_job_comment "$run_dir" "$class"
   echo "forge: run directory: $run_dir"
@@ -137,10 +138,6 @@ forge_finish() {
       --detail "job ${SLURM_JOB_ID:-?} failed on it (see $run_dir/failures)" ||
       echo "forge: warning: could not drain $n"
   done
-  if [ "$class" = comm ] && [ "${SLURM_RESTART_COUNT:-0}" -ge "${FORGE_MAX_COMM_RETRIES:-2}" ]; then
-    requeue=0
-    advice="communication failed ${FORGE_MAX_COMM_RETRIES:-2} times in a row; see $run_dir/failures and resubmit"
-  fi
   if [ "$deep" = 1 ]; then
     echo "forge: second communication failure in a row on the same nodes: deep health check"
     srun --overlap --ntasks-per-node=1 -N "${SLURM_NNODES:-1}" --mpi=none \

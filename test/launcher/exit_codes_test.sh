@@ -149,7 +149,11 @@ grep -qx "class=comm" <<<"$out" && grep -qx "requeue=1" <<<"$out" && grep -qx "d
 json "$work/fr/failures/77-0.json" "[(s['rank'], s['host']) for s in d['suspects']]" | grep -qF "[(2, 'node2'), (3, 'node2')]" ||
   fail "the killed tasks are not the suspects: $(cat "$work/fr/failures/77-0.json")"
 out=$(restart=1 decide "$work/fr" --exit 137 --srun-log "$work/fr/killed.log")
-grep -qx "deep_check=1" <<<"$out" || fail "two comm failures in a row on the same nodes ask for no deep check: $out"
+grep -qx "deep_check=1" <<<"$out" && grep -qx "requeue=1" <<<"$out" ||
+  fail "two comm failures in a row on the same nodes: want a deep check and a requeue: $out"
+out=$(restart=2 decide "$work/fr" --exit 137 --srun-log "$work/fr/killed.log" --max-comm-retries 2)
+grep -qx "requeue=0" <<<"$out" && grep -q "^advice=communication failed 3 times in a row" <<<"$out" ||
+  fail "a third comm failure in a row is requeued: $out"
 out=$(job=78 decide "$work/fr" --exit 69 --srun-log "$work/fr/killed.log" --lost-node node2)
 grep -qx "class=node_lost" <<<"$out" && grep -qx "drain=node2" <<<"$out" && grep -qx "requeue=1" <<<"$out" ||
   fail "a node that does not answer is not node_lost, drained and requeued: $out"
