@@ -296,7 +296,7 @@ SrunEvidence read_srun_log(const std::string& path) {
 int failure_command(int argc, char** argv) {
   const char* usage =
       "usage: forge-train failure RUN_DIR --exit RC [--srun-log FILE] [--lost-node NODE ...] "
-      "[--max-comm-retries N] [--hash SPEC_HASH]";
+      "[--max-comm-retries N]";
   if (argc < 3) fail(ExitCode::kUsage, "{}", usage);
   init_logging(0, 1, "info", false);  // warnings to stderr: stdout is the decision the script reads
   const std::string run_dir = argv[2];
@@ -317,8 +317,6 @@ int failure_command(int argc, char** argv) {
       srun_log = v;
     } else if (a == "--lost-node") {
       lost.push_back(v);
-    } else if (a == "--hash") {
-      spec_hash = v;
     } else if (a == "--max-comm-retries") {
       const auto n = parse_int(v);
       if (!n || *n < 0 || *n > 1000) fail(ExitCode::kUsage, "--max-comm-retries {}: expected 0..1000", v);
@@ -341,7 +339,7 @@ int failure_command(int argc, char** argv) {
   if (own) {
     r.cls = *parse_failure_class(own->at("class").get<std::string>());
     r.step = own->value("step", int64_t(-1));
-    if (spec_hash.empty()) spec_hash = own->value("spec_hash", std::string());
+    spec_hash = own->value("spec_hash", std::string());
     for (const Json& s : own->value("suspects", Json::array()))
       r.suspects.push_back({s.value("rank", -1), s.value("host", std::string())});
     for (const Json& e : own->value("evidence", Json::array())) r.evidence.push_back(e.get<std::string>());

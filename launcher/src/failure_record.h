@@ -86,10 +86,10 @@ struct Reaction {
 };
 Reaction reaction(FailureClass c);
 
-// `forge-train failure RUN_DIR --exit RC [--srun-log FILE] [--lost-node NODE ...]`, run by the batch
-// script after the step: completes this job's record from what only the script sees (srun's lines about
-// killed tasks and node failures, nodes that no longer answer), writes it, and prints the decision as
-// key=value lines (class, requeue, drain, deep_check, advice) for the script to act on.
+// `forge-train failure RUN_DIR --exit RC [--srun-log FILE] [--lost-node NODE ...] [--max-comm-retries N]`,
+// run by the batch script after the step: completes this job's record from what only the script sees (srun's
+// lines about killed tasks and node failures, nodes that no longer answer), writes it, and prints the
+// decision as key=value lines (class, requeue, drain, deep_check, advice) for the script to act on.
 int failure_command(int argc, char** argv);
 
 }  // namespace forge::launcher

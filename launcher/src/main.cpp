@@ -1,7 +1,7 @@
 // forge-train SPEC.ini [--section.key=value ...] [--print-config] [--force-new] [--trace]
 // forge-train report RUN_DIR
 // forge-train trace-merge TRACE_DIR
-// forge-train failure RUN_DIR --exit RC [--srun-log FILE] [--lost-node NODE ...]
+// forge-train failure RUN_DIR --exit RC [--srun-log FILE] [--lost-node NODE ...] [--max-comm-retries N]
 // Trains a GPT from a job spec on every rank of the job (srun --mpi=pmix, mpirun, or one process), or reports
 // on a run directory. Exit codes: docs/ARCHITECTURE.md (64 bad spec, 65 bad data, 69 hang, 71 non-finite
 // loss, 74 I/O, 75 preempted).
@@ -31,7 +31,8 @@ constexpr const char* kUsage =
     "usage: forge-train SPEC.ini [--section.key=value ...] [--print-config] [--force-new] [--trace]\n"
     "       forge-train report RUN_DIR\n"
     "       forge-train trace-merge TRACE_DIR\n"
-    "       forge-train failure RUN_DIR --exit RC [--srun-log FILE] [--lost-node NODE ...]\n"
+    "       forge-train failure RUN_DIR --exit RC [--srun-log FILE] [--lost-node NODE ...] "
+    "[--max-comm-retries N]\n"
     "  Trains a GPT from the job spec; every key can be overridden as --section.key=value.\n"
     "  --print-config  print the resolved spec (and its hash) and exit\n"
     "  --force-new     start afresh even if run.dir holds checkpoints of another spec (the old\n"
