@@ -39,38 +39,39 @@ echo "machine: $(nproc) cores, $(uname -m), load before: $(cut -d' ' -f1-3 /proc
 
 job=$(sbatch --parsable --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp16 -N 1-2 \
   --ntasks-per-node=8 --gres=gpu:8 -o "$work/job-%j.out" "$root/scripts/sbatch/pretrain.sbatch" \
-  "$root/configs/tiny.ini" --run.dir="$run" --run.threads=1 --run.peak_gflops=100 --model.layers=2 \
-  --model.d_model=64 --model.heads=4 --model.vocab=256 --model.seq_len=32 --data.batch=1 --parallel.dp=16 \
+  "$root/configs/tiny.ini" --run.dir="$run" --run.threads=1 --run.peak_gflops=100 --model.layers=4 \
+  --model.d_model=128 --model.heads=4 --model.vocab=512 --model.seq_len=256 --data.batch=1 --parallel.dp=16 \
   --parallel.elastic=true --ckpt.recovery_every=25 --ckpt.milestone_every=0 --guard.watchdog_s=10 \
   --run.steps="$steps") || die "job not submitted"
 echo "job $job"
 metrics=$run/metrics/rank-0.jsonl
 last_step() { python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readlines()[-1])['step'])" "$metrics" 2>/dev/null || echo 0; }
-# trained_again SINCE_LINES: waits for a record with resumed_from after line SINCE_LINES; prints the time.
+# trained_again BEFORE: waits for a record with resumed_from that is not in the file BEFORE (the metrics
+# are cut back to the checkpoint on a resume, so a line count says nothing); prints the time.
 trained_again() {
   for _ in $(seq 1 6000); do
-    if tail -n +"$(($1 + 1))" "$metrics" 2>/dev/null | grep -q resumed_from; then date +%s.%N; return 0; fi
+    if grep resumed_from "$metrics" 2>/dev/null | grep -qvxF -f "$1"; then date +%s.%N; return 0; fi
     [ -n "$(squeue -h -j "$job" -o %T)" ] || return 1
     sleep 0.1
   done
   return 1
 }
 inject() {   # inject WHAT AT_STEP: waits for the step, injects, waits for training again
-  local what=$1 at=$2 nodes node lines t0 t1
+  local what=$1 at=$2 nodes node t0 t1
   until [ "$(last_step)" -ge "$at" ]; do
     [ -n "$(squeue -h -j "$job" -o %T)" ] || die "the job ended before step $at: $(grep '^forge' "$work"/job-*.out | tail -n3)"
     sleep 1
   done
   nodes=$(squeue -h -j "$job" -o %N)
   node=$(scontrol show hostnames "$nodes" | head -n1)
-  lines=$(wc -l <"$metrics")
+  grep resumed_from "$metrics" >"$work/resumed-before" || echo none >"$work/resumed-before"
   case $what in
     gpu) echo "xid 79: GPU has fallen off the bus (bench/soak.sh)" >"$STATE/gpu-health/$node/gpu0" ;;
     node_lost) node=$(scontrol show hostnames "$nodes" | tail -n1); "$root/scripts/devcluster/kill-node" "$node" >/dev/null ;;
     comm) pkill -9 -f -n "run.dir=$run" ;;
   esac
   t0=$(date +%s.%N)
-  t1=$(trained_again "$lines") || die "no training after the $what failure: $(grep '^forge' "$work"/job-*.out | tail -n3)"
+  t1=$(trained_again "$work/resumed-before") || die "no training after the $what failure: $(grep '^forge' "$work"/job-*.out | tail -n3)"
   echo "$what at step $at on $nodes ($node): training again after $(python3 -c "print(f'{$t1 - $t0:.1f}')") s"
   # Put the node back for what comes next (the drain stays until forge-health sees it healthy).
   echo ok >"$STATE/gpu-health/$node/gpu0"
@@ -82,9 +83,16 @@ inject comm $((steps * 3 / 4))
 while [ -n "$(squeue -h -j "$job" -o %T)" ]; do sleep 2; done
 state=$(sacct -n -X -P -j "$job" -o State | tail -n1)
 [ "$state" = COMPLETED ] || die "the job ended $state"
-python3 - "$run" "$steps" <<'PY' || exit 1
+# Every instance of the job (a requeue starts a new one): its allocated wall time.
+sacct -n -X -P --duplicates -j "$job" -o JobID,Start,End,Elapsed,State >"$work/instances"
+python3 - "$run" "$steps" "$work/instances" <<'PY' || exit 1
 import json, sys
-run, steps = sys.argv[1], int(sys.argv[2])
+run, steps, instances = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+def seconds(elapsed):  # [D-]HH:MM:SS
+    d, _, hms = elapsed.rpartition("-")
+    h, m, s = (int(x) for x in hms.split(":"))
+    return int(d or 0) * 86400 + h * 3600 + m * 60 + s
+allocated = sum(seconds(l.split("|")[3]) for l in open(instances) if l.strip())
 recs = [json.loads(l) for l in open(run + "/metrics/rank-0.jsonl")]
 seen = {r["step"] for r in recs}
 missing = [s for s in range(1, steps + 1) if s not in seen]
@@ -96,8 +104,9 @@ lost = sum(g.get("lost_s", 0) for g in segs)
 for g in segs:
     print(f"  segment job {g['job_id']}: {g['layout']} on {g['ranks']} ranks, steps {g['resumed_from'] + 1}-{g['last_step']}, "
           f"{g['end'] - g['start']:.0f} s, kept {g['kept_train_s']:.0f} s, lost {g.get('lost_s', 0):.0f} s, {g['exit_class']}")
-print(f"segments {len(segs)}, final step {s['steps']}, steps missing {len(missing)}; "
-      f"allocated {wall:.0f} s, committed training {kept:.0f} s, lost {lost:.0f} s: ETTR {kept / wall:.3f}")
+print(f"segments {len(segs)}, final step {s['steps']}, steps missing {len(missing)}; job instances "
+      f"{sum(1 for l in open(instances) if l.strip())}, allocated {allocated} s (segments {wall:.0f} s), "
+      f"committed training {kept:.0f} s, lost {lost:.0f} s: ETTR {kept / allocated:.3f}")
 sys.exit(0 if not missing and s["steps"] == steps and s["exit_class"] == "ok" else 1)
 PY
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -429,6 +429,7 @@ void Saver::commit(Job& job, const std::string& own_xxh3) {
   detail::write_new_file((staging / kCommittedFile).string(), detail::committed_text(xxh3_64_hex(manifest)));
   fsync_dir(job.staging);
   detail::publish_dir(job.staging, job.final_dir);
+  committed_step_.store(job.meta.step);
   job.staging_lock.reset();
   try {
     for (const auto& gone :

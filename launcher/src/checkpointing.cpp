@@ -213,17 +213,17 @@ ckpt::SaveEvent RunCheckpoints::save(ckpt::Tier tier, const trainer::StepStats& 
   return e;
 }
 
-double RunCheckpoints::after_step(const trainer::StepStats& stats, int64_t tokens,
-                                  std::span<const MicroBatch> batch) {
+void RunCheckpoints::after_step(const trainer::StepStats& stats, int64_t tokens,
+                                std::span<const MicroBatch> batch) {
   const double since =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save_time_).count();
   ckpt::Due due = ckpt::due_at(tiers_, stats.step, last_saved_step_, since);
   // A save is collective: when it depends on the clock, rank 0's clock decides for every rank.
   if (tiers_.recovery_every_s > 0 && coord_.size() > 1)
     due = ckpt::Due(std::stoi(coord_.broadcast(std::to_string(int(due)))));
-  if (due == ckpt::Due::kNone) return 0;
+  if (due == ckpt::Due::kNone) return;
   const auto tier = due == ckpt::Due::kMilestone ? ckpt::Tier::kMilestone : ckpt::Tier::kRecovery;
-  return save(tier, stats, tokens, batch, false).stall_s;
+  save(tier, stats, tokens, batch, false);
 }
 
 void RunCheckpoints::save_now(const trainer::StepStats& stats, int64_t tokens,

@@ -40,9 +40,9 @@ class RunCheckpoints {
 
   // After a finished step: saves a recovery or milestone checkpoint when one is due. `batches` are this
   // rank's micro-batches of the step (the first one, gathered over the data-parallel group, becomes the
-  // verification batch). Returns the stall (s).
-  double after_step(const trainer::StepStats& stats, int64_t tokens_so_far,
-                    std::span<const MicroBatch> batches);
+  // verification batch).
+  void after_step(const trainer::StepStats& stats, int64_t tokens_so_far,
+                  std::span<const MicroBatch> batches);
 
   // Saves a recovery checkpoint of the current state now and waits for it to commit (preemption).
   void save_now(const trainer::StepStats& stats, int64_t tokens_so_far, std::span<const MicroBatch> batches);
@@ -54,6 +54,8 @@ class RunCheckpoints {
   std::vector<ckpt::SaveEvent> take_events() { return saver_.take_events(); }
   // The step of the newest checkpoint saved or started (or resumed from).
   int64_t last_saved_step() const { return last_saved_step_; }
+  // Rank 0: the step of the newest checkpoint this process has committed, as soon as it is on disk.
+  int64_t committed_step() const { return saver_.committed_step(); }
 
  private:
   ckpt::Expectations expectations() const;

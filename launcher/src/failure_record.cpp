@@ -95,17 +95,31 @@ FailureClass failure_class(ExitCode code, Fault fault) {
 JobKey JobKey::from_environment() {
   JobKey k;
   k.job = env_or("SLURM_JOB_ID", "local");
-  try {
-    k.restart = std::stoi(env_or("SLURM_RESTART_COUNT", "0"));
-  } catch (const std::exception&) {
-    k.restart = 0;
-  }
+  k.restart = int(parse_int(env_or("SLURM_RESTART_COUNT", "0")).value_or(0));
+  k.attempt = int(parse_int(env_or("FORGE_STEP_ATTEMPT", "0")).value_or(0));
   return k;
 }
 
 std::string failure_record_path(const std::string& run_dir, const JobKey& key) {
-  return (fs::path(run_dir) / "failures" / fmt::format("{}-{}.json", key.job, key.restart)).string();
+  const std::string name = key.attempt == 0 ? fmt::format("{}-{}.json", key.job, key.restart)
+                                            : fmt::format("{}-{}.{}.json", key.job, key.restart, key.attempt);
+  return (fs::path(run_dir) / "failures" / name).string();
 }
+
+namespace {
+
+// The attempt before `key` in this job: the step before it in the same allocation, or the last step of the
+// instance before the requeue (the newest attempt of that restart with a record).
+std::optional<JobKey> previous_attempt(const std::string& run_dir, const JobKey& key) {
+  if (key.attempt > 0) return JobKey{key.job, key.restart, key.attempt - 1};
+  if (key.restart == 0) return std::nullopt;
+  JobKey k{key.job, key.restart - 1, 0};
+  std::error_code ec;
+  while (fs::exists(failure_record_path(run_dir, {k.job, k.restart, k.attempt + 1}), ec)) ++k.attempt;
+  return k;
+}
+
+}  // namespace
 
 void set_rank_hosts(std::vector<std::string> hosts) {
   g_rank_hosts = std::move(hosts);
@@ -139,6 +153,7 @@ bool write_failure_record(const std::string& run_dir, const JobKey& key, const F
                    {"spec_hash", spec_hash},
                    {"job_id", key.job},
                    {"restart", key.restart},
+                   {"attempt", key.attempt},
                    {"nodes", env_or("SLURM_JOB_NODELIST", node_name())},
                    {"class", std::string(failure_class_name(record.cls))},
                    {"exit_code", record.exit_code},
@@ -185,7 +200,7 @@ std::optional<Json> read_failure_record(const std::string& run_dir, const JobKey
     Json doc = read_json(path);
     const std::string run = fs::absolute(run_dir).lexically_normal().string();
     if (doc.value("job_id", std::string()) != key.job || doc.value("restart", -1) != key.restart ||
-        doc.value("run", std::string()) != run) {
+        doc.value("attempt", 0) != key.attempt || doc.value("run", std::string()) != run) {
       spdlog::warn("{}: a failure record of job {} restart {} in {}, not of this job; ignored", path,
                    doc.value("job_id", std::string("?")), doc.value("restart", -1),
                    doc.value("run", std::string("?")));
@@ -207,7 +222,7 @@ Reaction reaction(FailureClass c) {
     case FailureClass::kPreempted:
       return {true, false, ""};
     case FailureClass::kComm:
-      return {true, false, "requeued up to FORGE_MAX_COMM_RETRIES times (default 2) in a row"};
+      return {true, false, "run again up to FORGE_MAX_COMM_RETRIES times (default 2) in a row"};
     case FailureClass::kGpu:
     case FailureClass::kNodeLost:
       return {true, true, "the suspect node is drained; the job requeues without it"};
@@ -244,7 +259,7 @@ namespace {
 
 // What srun and slurmstepd said about the step, in their own words (Slurm 22.05).
 struct SrunEvidence {
-  std::vector<Suspect> killed;  // tasks killed by a signal
+  std::vector<Suspect> killed;  // tasks killed by a signal before srun began to end the step
   std::set<std::string> failed_nodes;
   bool oom_kill = false;
   std::vector<std::string> lines;
@@ -266,13 +281,16 @@ SrunEvidence read_srun_log(const std::string& path) {
   const std::regex killed(
       R"(srun: error: (\S+): tasks? ([0-9,\-]+): (Killed|Terminated|Segmentation fault|Aborted))");
   std::string line;
+  bool ending = false;  // srun is ending the step: later deaths are its doing (or the batch script's)
   while (std::getline(in, line)) {
     std::smatch m;
     bool keep = false;
     if (std::regex_search(line, m, killed)) {
-      for (int t : task_list(m[2])) ev.killed.push_back({t, m[1]});
+      if (!ending)
+        for (int t : task_list(m[2])) ev.killed.push_back({t, m[1]});
       keep = true;
     }
+    if (line.find("Terminating StepId=") != std::string::npos) ending = true;
     if (line.find("Node failure on ") != std::string::npos) {
       const auto at = line.find("Node failure on ") + 16;
       ev.failed_nodes.insert(line.substr(at, line.find_first_of(" ,.", at) - at));
@@ -296,11 +314,12 @@ SrunEvidence read_srun_log(const std::string& path) {
 int failure_command(int argc, char** argv) {
   const char* usage =
       "usage: forge-train failure RUN_DIR --exit RC [--srun-log FILE] [--lost-node NODE ...] "
-      "[--max-comm-retries N]";
+      "[--max-comm-retries N] [--job-signalled 0|1]";
   if (argc < 3) fail(ExitCode::kUsage, "{}", usage);
   init_logging(0, 1, "info", false);  // warnings to stderr: stdout is the decision the script reads
   const std::string run_dir = argv[2];
   int rc = -1, max_comm_retries = 2;
+  bool job_signalled = true;  // unknown: take a preemption for what it says
   std::string srun_log, spec_hash;
   std::vector<std::string> lost;
   for (int i = 3; i < argc; ++i) {
@@ -317,6 +336,9 @@ int failure_command(int argc, char** argv) {
       srun_log = v;
     } else if (a == "--lost-node") {
       lost.push_back(v);
+    } else if (a == "--job-signalled") {
+      if (v != "0" && v != "1") fail(ExitCode::kUsage, "--job-signalled {}: expected 0 or 1", v);
+      job_signalled = v == "1";
     } else if (a == "--max-comm-retries") {
       const auto n = parse_int(v);
       if (!n || *n < 0 || *n > 1000) fail(ExitCode::kUsage, "--max-comm-retries {}: expected 0..1000", v);
@@ -327,7 +349,7 @@ int failure_command(int argc, char** argv) {
   }
   if (rc < 0 || rc > 255) fail(ExitCode::kUsage, "--exit must be given, 0..255 ({})", usage);
   if (rc == 0) {
-    fmt::print("class=ok\nrequeue=0\ndrain=\ndeep_check=0\nadvice=\n");
+    fmt::print("class=ok\nrestart=0\nrequeue=0\ndrain=\ndeep_check=0\nadvice=\n");
     return 0;
   }
   const JobKey key = JobKey::from_environment();
@@ -371,25 +393,36 @@ int failure_command(int argc, char** argv) {
   }
   if (r.suspects.empty() && (r.cls == FailureClass::kComm || r.cls == FailureClass::kOomHost))
     r.suspects = ev.killed;
+  // A stop signal the ranks got and the job did not: not a preemption, a time limit or a scancel, which
+  // signal the batch shell as well, but a kill meant for an earlier step on the same step id (Slurm retries
+  // one a node was slow to take, 60 s on). The checkpoint is saved: the step carries on in this allocation.
+  const bool stray_stop = r.cls == FailureClass::kPreempted && !job_signalled;
+  if (stray_stop)
+    r.evidence.push_back("the step got a stop signal the job did not: a late kill of an earlier step");
   write_failure_record(run_dir, key, r, spec_hash, /*replace=*/true);
 
-  // Communication failures are bounded in a row (other restarts in between reset the count), and two in a
-  // row on the same nodes make the network or a node suspect: the deep health check runs first.
   Reaction what = reaction(r.cls);
   bool deep = false;
   if (r.cls == FailureClass::kComm) {
+    // Communication failures are bounded in a row (another class in between resets the count). The first
+    // runs the step again in this allocation: the fastest way back, and a new step id, which a kill of the
+    // failed step that Slurm retries later (it does, 60 s on, when a node was slow to answer) cannot reach.
+    // The second in a row is requeued, after the deep health check when it failed on the same nodes.
     int in_a_row = 1;
-    for (int k = key.restart - 1; k >= 0; --k, ++in_a_row) {
-      const std::optional<Json> before = read_failure_record(run_dir, {key.job, k});
+    for (auto k = previous_attempt(run_dir, key); k; k = previous_attempt(run_dir, *k), ++in_a_row) {
+      const std::optional<Json> before = read_failure_record(run_dir, *k);
       if (!before || before->value("class", std::string()) != "comm") break;
-      if (k == key.restart - 1)
+      if (in_a_row == 1)
         deep = before->value("nodes", std::string()) == env_or("SLURM_JOB_NODELIST", node_name());
     }
-    if (in_a_row > max_comm_retries) {
-      what.requeue = false;
+    const bool again = in_a_row <= max_comm_retries;
+    what.restart = again && in_a_row == 1;
+    what.requeue = again && in_a_row > 1;
+    if (!again)
       what.advice = fmt::format("communication failed {} times in a row; see {}/failures and resubmit",
                                 in_a_row, run_dir);
-    }
+  } else if (stray_stop && key.attempt < max_comm_retries) {
+    what = {false, false, "", true};
   }
   std::set<std::string> drain;
   if (what.drain_suspects)
@@ -397,9 +430,9 @@ int failure_command(int argc, char** argv) {
       if (!s.host.empty()) drain.insert(s.host);
   std::string drain_list;
   for (const std::string& n : drain) drain_list += (drain_list.empty() ? "" : ",") + n;
-  fmt::print("class={}\nrequeue={}\ndrain={}\ndeep_check={}\nadvice={}\nrecord={}\n",
-             failure_class_name(r.cls), what.requeue ? 1 : 0, drain_list, deep ? 1 : 0, what.advice,
-             failure_record_path(run_dir, key));
+  fmt::print("class={}\nrestart={}\nrequeue={}\ndrain={}\ndeep_check={}\nadvice={}\nrecord={}\n",
+             failure_class_name(r.cls), what.restart ? 1 : 0, what.requeue ? 1 : 0, drain_list, deep ? 1 : 0,
+             what.advice, failure_record_path(run_dir, key));
   return 0;
 }
 

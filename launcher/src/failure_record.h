@@ -50,11 +50,13 @@ struct FailureRecord {
   std::vector<std::string> evidence;  // what was seen, one line each (error messages, srun's lines)
 };
 
-// The job and restart this process belongs to: SLURM_JOB_ID and SLURM_RESTART_COUNT, or "local" and 0
-// outside Slurm.
+// The job, restart and attempt this process belongs to: SLURM_JOB_ID and SLURM_RESTART_COUNT, or "local"
+// and 0 outside Slurm; FORGE_STEP_ATTEMPT counts the steps the batch script ran again in the same allocation
+// (0: the first).
 struct JobKey {
   std::string job = "local";
   int restart = 0;
+  int attempt = 0;
   static JobKey from_environment();
 };
 
@@ -83,13 +85,15 @@ struct Reaction {
   bool requeue = false;
   bool drain_suspects = false;  // drain the suspects' nodes (forge-health) and requeue without them
   std::string advice;           // the one line for the user when the job stops for good
+  bool restart = false;         // instead of a requeue: the step again in this allocation, on the same nodes
 };
 Reaction reaction(FailureClass c);
 
-// `forge-train failure RUN_DIR --exit RC [--srun-log FILE] [--lost-node NODE ...] [--max-comm-retries N]`,
-// run by the batch script after the step: completes this job's record from what only the script sees (srun's
-// lines about killed tasks and node failures, nodes that no longer answer), writes it, and prints the
-// decision as key=value lines (class, requeue, drain, deep_check, advice) for the script to act on.
+// `forge-train failure RUN_DIR --exit RC [--srun-log FILE] [--lost-node NODE ...] [--max-comm-retries N]
+// [--job-signalled 0|1]`, run by the batch script after the step: completes this job's record from what only
+// the script sees (srun's lines about killed tasks and node failures, nodes that no longer answer, whether
+// the job itself got a stop signal), writes it, and prints the decision as key=value lines (class, restart,
+// requeue, drain, deep_check, advice, record) for the script to act on.
 int failure_command(int argc, char** argv);
 
 }  // namespace forge::launcher

@@ -24,6 +24,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 
+#include <bit>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -33,7 +34,9 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 namespace forge::launcher {
@@ -64,8 +67,20 @@ struct Totals {
   double startup_s = 0, train_s = 0, bookkeeping_s = 0;
   int64_t skipped = 0, rewinds = 0, spikes = 0;
   // What ending now would lose: the work after this process's newest committed checkpoint.
-  double committed_at_s = -1;  // seconds since process start at that commit; -1: none yet
+  double committed_at_s = -1;  // seconds since process start when its step ended; -1: none yet
   double kept_train_s = 0;     // step time of the steps that checkpoint holds
+  // Checkpoints saved and not yet known to be on disk: step -> {train_s, seconds since process start} when
+  // that step ended.
+  std::map<int64_t, std::pair<double, double>> saved;
+
+  // The saver has committed the checkpoints up to `step` (rank 0 learns it from its background write, the
+  // moment it happens): the newest of them is what a failure from now on keeps.
+  void committed_up_to(int64_t step) {
+    const auto end = saved.upper_bound(step);
+    if (end == saved.begin()) return;
+    std::tie(kept_train_s, committed_at_s) = std::prev(end)->second;
+    saved.erase(saved.begin(), end);
+  }
 };
 
 struct RunInfo {
@@ -175,20 +190,37 @@ std::string metrics_path(const trainer::TrainSpec& spec, int rank) {
 }
 
 // What the ranks tell each other after every step, in one exchange: their step times (stragglers are
-// judged from them) and whether a stop signal reached them. A signal may reach the ranks at different
-// steps: they stop together, after the first step any of them saw it.
+// judged from them), whether a stop signal reached them (a signal may reach the ranks at different steps:
+// they stop together, after the first step any of them saw it), and the samples each trained, as the data
+// gave them (dataset-global ids and epochs), so that a reader or split that hands one sample to two
+// data-parallel replicas is caught. Every rank reads the same number of samples per step.
 struct RankStatus {
   std::vector<double> step_seconds;
   bool stop = false;
 };
-RankStatus exchange_status(trainer::Comm& world, double seconds, bool stop) {
-  const double mine[2] = {seconds, stop ? 1.0 : 0.0};
-  std::vector<double> all(2 * size_t(world.size()));
-  world.all_gather(mine, all.data(), 2, trainer::CommType::kF64)->wait();
+RankStatus exchange_status(trainer::ProcessGroups& g, double seconds, bool stop,
+                           std::span<const MicroBatch> batches, int64_t step) {
+  std::vector<uint64_t> mine{std::bit_cast<uint64_t>(seconds), stop ? 1u : 0u};
+  for (const MicroBatch& b : batches)
+    for (size_t r = 0; r < b.sample_ids.size(); ++r)
+      mine.push_back(trainer::sample_key(b.sample_ids[r], b.epochs[r]));
+  const size_t per_rank = mine.size();
+  std::vector<uint64_t> all(per_rank * size_t(g.world->size()));
+  g.world->all_gather(mine.data(), all.data(), per_rank * sizeof(uint64_t), trainer::CommType::kU8)->wait();
   RankStatus status;
-  for (size_t r = 0; r < all.size(); r += 2) {
-    status.step_seconds.push_back(all[r]);
+  for (size_t r = 0; r < all.size(); r += per_rank) {
+    status.step_seconds.push_back(std::bit_cast<double>(all[r]));
     status.stop = status.stop || all[r + 1] != 0;
+  }
+  if (g.layout.dp > 1) {
+    // The replicas of this rank's place in the other dimensions, one per data-parallel rank.
+    std::vector<std::vector<uint64_t>> ids(size_t(g.layout.dp));
+    Layout::Coords c = g.layout.coords(g.rank);
+    for (c.dp = 0; c.dp < g.layout.dp; ++c.dp) {
+      const auto first = all.begin() + int64_t(size_t(g.layout.rank(c)) * per_rank + 2);
+      ids[size_t(c.dp)].assign(first, first + int64_t(per_rank - 2));
+    }
+    trainer::check_no_duplicate_samples(step, ids);
   }
   return status;
 }
@@ -200,23 +232,6 @@ void compare_replicas(trainer::ProcessGroups& g, trainer::GPT& model, int64_t st
   std::vector<uint64_t> all(size_t(g.layout.dp));
   g.dp->all_gather(&mine, all.data(), sizeof mine, trainer::CommType::kU8)->wait();
   trainer::check_replicas(step, all);
-}
-
-// The samples this data-parallel rank trained in a step, as the data gave them (dataset-global ids and
-// epochs): exchanged across the DP group so that a reader or split that hands one sample to two replicas
-// is caught.
-void check_samples(trainer::ProcessGroups& g, std::span<const MicroBatch> batches, int64_t step) {
-  std::vector<uint64_t> mine;
-  for (const MicroBatch& b : batches)
-    for (size_t r = 0; r < b.sample_ids.size(); ++r)
-      mine.push_back(trainer::sample_key(b.sample_ids[r], b.epochs[r]));
-  const size_t per_rank = mine.size();
-  std::vector<uint64_t> all(per_rank * size_t(g.layout.dp));
-  g.dp->all_gather(mine.data(), all.data(), per_rank * sizeof(uint64_t), trainer::CommType::kU8)->wait();
-  std::vector<std::vector<uint64_t>> ids(size_t(g.layout.dp));
-  for (size_t r = 0; r < ids.size(); ++r)
-    ids[r].assign(all.begin() + int64_t(r * per_rank), all.begin() + int64_t((r + 1) * per_rank));
-  trainer::check_no_duplicate_samples(step, ids);
 }
 
 // Each rank's node, for failure records that name a peer (every rank learns every host).
@@ -362,6 +377,7 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
       std::lock_guard lock(snapshot_mutex);
       t = snapshot;
     }
+    t.committed_up_to(checkpoints.committed_step());  // a save may have committed since the last step
     try {
       write_summary(run, t, ExitCode::kComm);
     } catch (const std::exception&) {
@@ -383,11 +399,6 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
   std::vector<MicroBatch> batches;
   trainer::StepStats st;
   bool summary_written = false;
-  std::map<int64_t, double> train_s_at;  // saves in flight: their step -> train_s when it finished
-  const auto committed = [&](double kept_train_s) {
-    totals.committed_at_s = seconds_since(g_process_start);
-    totals.kept_train_s = kept_train_s;
-  };
   bool resumed = first_step > 0;  // the next record is the first after a resume (report marks it)
   const trainer::TraceSteps tracing = spec.trace.window(first_step, spec.steps);
   const std::string trace_dir =
@@ -407,6 +418,10 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
       {
         trainer::TraceSpan span("data fetch", "data");
         data->next(step, batches);
+      }
+      if (spec.guard.inject_duplicate_step == step + 1 && !batches.empty() && batches[0].rows > 0) {
+        batches[0].sample_ids[0] = 0;
+        batches[0].epochs[0] = 0;
       }
       const double data_s = seconds_since(t0);
       const uint64_t data_bytes = data->bytes_read() - bytes_before;
@@ -447,13 +462,17 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
       trainer::mark_activity("checkpoint");
       const auto t2 = Clock::now();
       // A skipped step's weights are those of the step before: not worth a checkpoint of their own.
-      double stall_s = 0;
       if (action == trainer::GuardAction::kApply) {
         trainer::TraceSpan span("checkpoint snapshot", "checkpoint");
-        stall_s = checkpoints.after_step(st, tokens_so_far, batches);
+        checkpoints.after_step(st, tokens_so_far, batches);
       }
-      if (checkpoints.last_saved_step() == st.step) train_s_at[st.step] = totals.train_s;
+      const bool saved = checkpoints.last_saved_step() == st.step;
+      if (saved)
+        totals.saved[st.step] = {totals.train_s, std::chrono::duration<double>(t1 - g_process_start).count()};
       const auto t3 = Clock::now();
+      // What a save held training up: the snapshot and everything around it (the verification batch's
+      // forward pass, the ranks agreeing on the plan), not only the copy the saver times.
+      const double stall_s = saved ? std::chrono::duration<double>(t3 - t2).count() : 0.0;
       Json rec = trainer::metrics_record(st, tokens_so_far, run.fpt, run.peak);
       rec["spec_hash"] = spec_hash;
       rec["data_wait_ms"] = data_s * 1e3;
@@ -464,7 +483,8 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
       rec["compute_ms"] = (st.seconds - st.comm_s - st.bubble_s) * 1e3;
       rec["comm_bytes"] = st.comm_bytes;
       rec["peak_rss_mib"] = peak_rss_mib();
-      const RankStatus status = exchange_status(*groups.world, st.seconds, g_stop_signal != 0);
+      std::optional<trainer::TraceSpan> bookkeeping_span(std::in_place, "status exchange", "bookkeeping");
+      const RankStatus status = exchange_status(groups, st.seconds, g_stop_signal != 0, batches, st.step);
       if (groups.layout.world() > 1) {
         const auto slow = stragglers.observe(status.step_seconds);
         if (!slow.empty()) {
@@ -475,20 +495,18 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
                 st.step, fmt::join(slow, ","), 100 * spec.guard.straggler_margin, spec.guard.straggler_steps);
         }
       }
-      if (groups.layout.dp > 1) {
-        check_samples(groups, batches, st.step);
-        if (trainer::checksum_due(st.step, spec.guard.checksum_every))
-          compare_replicas(groups, trainer.model(), st.step);
+      if (groups.layout.dp > 1 && trainer::checksum_due(st.step, spec.guard.checksum_every)) {
+        bookkeeping_span.emplace("replica checksums", "bookkeeping");
+        compare_replicas(groups, trainer.model(), st.step);
       }
+      bookkeeping_span.emplace("metrics", "bookkeeping");
       if (!st.finite) rec["skipped"] = true;
       if (resumed) rec["resumed_from"] = first_step;
       resumed = false;
+      totals.committed_up_to(checkpoints.committed_step());  // rank 0, as soon as it is on disk
       for (const auto& e : checkpoints.take_events()) {
         rec["ckpt_events"].push_back(e.to_json());
-        if (e.outcome == ckpt::Outcome::kCommitted && train_s_at.contains(e.step)) {
-          committed(train_s_at[e.step]);
-          train_s_at.erase(train_s_at.begin(), std::next(train_s_at.find(e.step)));
-        }
+        if (e.outcome == ckpt::Outcome::kCommitted) totals.committed_up_to(e.step);  // every rank, later
         // Training on without the checkpoints the schedule promises would waste what a failure costs.
         if (e.outcome == ckpt::Outcome::kFailed)
           fail(ExitCode::kIo,
@@ -519,12 +537,14 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
                    rec["tokens_per_s"].get<double>(), 100.0 * rec["mfu"].get<double>());
       // Bookkeeping: everything in the step that is neither data, compute nor a checkpoint stall.
       totals.bookkeeping_s += std::chrono::duration<double>(t2 - t1).count() + seconds_since(t3);
+      bookkeeping_span.reset();
       publish();
       if (st.step == tracing.last) finish_trace(groups, trace_dir, tracing);
       if (status.stop && st.step < spec.steps) {
         trainer::mark_activity("checkpoint");
         checkpoints.save_now(st, tokens_so_far, batches);
-        committed(totals.train_s);
+        totals.saved[st.step] = {totals.train_s, seconds_since(g_process_start)};
+        totals.committed_up_to(st.step);  // save_now returns once it is committed
         publish();
         // Ranks the signal did not reach stop because a peer got it (SIGUSR1 from srun or the batch script).
         // The planned path, said once for the job by rank 0, after its summary is written and before any
@@ -546,6 +566,7 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
     watchdog.stop();
   } catch (const Error& e) {
     watchdog.stop();
+    totals.committed_up_to(checkpoints.committed_step());
     if (!summary_written) write_summary(run, totals, e.code());
     throw;
   }

@@ -1,9 +1,12 @@
 # Shared by the SlurmForge batch scripts (sourced). Runs one srun step of a forge-* program, forwards
 # preemption/time-limit signals to it, and acts on the run's failure record (docs/ARCHITECTURE.md,
 # "Failures"; `forge-train failure` classifies, this file acts):
-#   preempted → requeue · comm → requeue up to FORGE_MAX_COMM_RETRIES, the deep health check after two in
-#   a row on the same nodes · gpu, node_lost → drain the suspect node (forge-health) and requeue without it
-#   config, data, numeric, oom_host, oom_device, io → stop, with one line saying what to change.
+#   preempted → requeue · comm → the step again in this allocation, then (the second in a row) the deep
+#   health check and a requeue, then stop (FORGE_MAX_COMM_RETRIES, 2) · gpu, node_lost → drain the suspect
+#   node (forge-health) and requeue without it · config, data, numeric, oom_host, oom_device, io → stop, with
+#   one line saying what to change · a stop signal the ranks got and the job did not → the step again.
+# A batch script runs `while true; do forge_run_step ...; forge_finish RUN_DIR; done`: forge_finish exits,
+# or returns when the step is to run again in this allocation.
 # Slurm copies batch scripts into its spool, so the programs are found in the build tree named by
 # FORGE_BUILD_DIR (exported by submit-pipeline; each forge-* program in its module's folder) or on PATH.
 
@@ -26,33 +29,39 @@ forge_exit_class() {
 # FORGE_STEP_RC; srun's own lines (killed tasks, node failures) are also kept in FORGE_STEP_LOG for
 # forge_finish. A node that dies takes its part of the step along, and srun then waits for it until Slurm
 # marks the node DOWN and requeues the whole job, this script included, before it could say why. So once
-# a rank has left a failure record in RUN_DIR and the step still runs FORGE_STEP_GRACE_S (10) seconds
-# later, the nodes are asked; if one is gone, the step is given up (class node_lost, FORGE_LOST_NODES).
+# a rank has left a failure record in RUN_DIR while the step still runs, the nodes are asked (again every
+# FORGE_STEP_GRACE_S, 10, seconds); if one is gone, the step is given up (class node_lost, FORGE_LOST_NODES).
+# Each step of the job instance is an attempt (FORGE_STEP_ATTEMPT, from 0), which names its failure record.
+FORGE_STEP_ATTEMPT=-1
+FORGE_JOB_SIGNALLED=0
 forge_run_step() {
-  local run_dir=$1 step_pid record failed_at=""
+  local run_dir=$1 step_pid record probed_at=""
   shift
+  export FORGE_STEP_ATTEMPT=$((FORGE_STEP_ATTEMPT + 1))
   record=$run_dir/failures/${SLURM_JOB_ID:-local}-${SLURM_RESTART_COUNT:-0}.json
+  [ "$FORGE_STEP_ATTEMPT" -eq 0 ] || record=${record%.json}.$FORGE_STEP_ATTEMPT.json
   FORGE_STEP_LOG=$(mktemp "${TMPDIR:-/tmp}/forge-step-${SLURM_JOB_ID:-local}.XXXXXX")
   FORGE_LOST_NODES=""
   # The batch shell gets USR1 (--signal=B:USR1@N, or preemption with GraceTime); the ranks run in the
   # srun step, so pass it on and keep waiting for the step to save its checkpoint and exit.
-  trap 'echo "forge: caught USR1/TERM, asking ranks to checkpoint and stop"; kill -USR1 "$step_pid" 2>/dev/null' USR1 TERM
+  trap 'echo "forge: caught USR1/TERM, asking ranks to checkpoint and stop"; FORGE_JOB_SIGNALLED=1
+    kill -USR1 "$step_pid" 2>/dev/null' USR1 TERM
   srun --mpi="${FORGE_SRUN_MPI:-pmix}" --kill-on-bad-exit=1 "$@" 2> >(tee -a "$FORGE_STEP_LOG" >&2) &
   step_pid=$!
   FORGE_STEP_RC=0
   while kill -0 "$step_pid" 2>/dev/null; do
     sleep 1
     [ -e "$record" ] || continue
-    [ -n "$failed_at" ] || failed_at=$SECONDS
-    if [ $((SECONDS - failed_at)) -ge "${FORGE_STEP_GRACE_S:-10}" ] && kill -0 "$step_pid" 2>/dev/null; then
-      FORGE_LOST_NODES=$(forge_lost_nodes)
-      if [ -n "$FORGE_LOST_NODES" ]; then
-        echo "forge: the step still runs ${FORGE_STEP_GRACE_S:-10}s after a rank failed and a node is gone ($FORGE_LOST_NODES); giving it up"
-        FORGE_STEP_RC=69
-        trap - USR1 TERM
-        return
-      fi
-      failed_at=$SECONDS   # every node answers: a slow exit, keep waiting
+    # A rank failed: if a node is gone the step cannot end, so it is given up at once; while every node
+    # answers it is a slow exit, and the nodes are asked again every FORGE_STEP_GRACE_S.
+    [ -z "$probed_at" ] || [ $((SECONDS - probed_at)) -ge "${FORGE_STEP_GRACE_S:-10}" ] || continue
+    probed_at=$SECONDS
+    FORGE_LOST_NODES=$(forge_lost_nodes)
+    if [ -n "$FORGE_LOST_NODES" ] && kill -0 "$step_pid" 2>/dev/null; then
+      echo "forge: a rank failed and a node is gone ($FORGE_LOST_NODES); giving the step up"
+      FORGE_STEP_RC=69
+      trap - USR1 TERM
+      return
     fi
   done
   # The exit status; wait returns >128 when interrupted by a trapped signal while the step still runs.
@@ -104,9 +113,10 @@ forge_lost_nodes() {
 }
 
 # forge_finish RUN_DIR: classifies the step's exit (forge-train failure: the run's failure record plus what
-# srun saw), drains suspect nodes, requeues when the class asks for it, and exits with the step's code.
+# srun saw), drains suspect nodes, requeues when the class asks for it, and exits with the step's code;
+# returns (status 0) instead when the step is to run again in this allocation.
 forge_finish() {
-  local run_dir=$1 rc=$FORGE_STEP_RC lost="" key value class=ok requeue=0 drain="" deep=0 advice="" n
+  local run_dir=$1 rc=$FORGE_STEP_RC lost="" key value class=ok restart=0 requeue=0 drain="" deep=0 advice="" n
   # forge-train writes summary.json at every exit: a step that "succeeded" without finishing the run
   # (e.g. a launch that never started the program) takes the summary's class instead.
   if [ "$rc" -eq 0 ] && [ -f "$run_dir/summary.json" ]; then
@@ -119,15 +129,15 @@ forge_finish() {
   # shellcheck disable=SC2086  # $lost is option pairs
   while IFS='=' read -r key value; do
     case $key in
-      class) class=$value ;; requeue) requeue=$value ;; drain) drain=$value ;;
+      class) class=$value ;; restart) restart=$value ;; requeue) requeue=$value ;; drain) drain=$value ;;
       deep_check) deep=$value ;; advice) advice=$value ;;
     esac
   done < <("$(forge_bin forge-train)" failure "$run_dir" --exit "$rc" --srun-log "${FORGE_STEP_LOG:-/dev/null}" \
-    --max-comm-retries "${FORGE_MAX_COMM_RETRIES:-2}" $lost)
+    --max-comm-retries "${FORGE_MAX_COMM_RETRIES:-2}" --job-signalled "$FORGE_JOB_SIGNALLED" $lost)
   rm -f "${FORGE_STEP_LOG:-}"
   forge_job_comment "$run_dir" "$class"
   echo "forge: run directory: $run_dir"
-  echo "forge: exit class: $class (exit $rc, restart ${SLURM_RESTART_COUNT:-0})"
+  echo "forge: exit class: $class (exit $rc, restart ${SLURM_RESTART_COUNT:-0}, attempt $FORGE_STEP_ATTEMPT)"
   # A suspect node is drained before the requeue, so the scheduler cannot hand it back: a running job
   # cannot change its own excluded nodes, and Slurm's requeue ends this script. A lost node is marked
   # DOWN: Slurm then ends this allocation's part on it and requeues now, not after SlurmdTimeout.
@@ -143,16 +153,22 @@ forge_finish() {
     srun --overlap --ntasks-per-node=1 -N "${SLURM_NNODES:-1}" --mpi=none \
       "$(forge_bin forge-health)" check --mode deep || true
   fi
-  [ "$requeue" = 1 ] || [ -z "$advice" ] || echo "forge: $class: $advice"
-  if [ "$requeue" = 1 ]; then
-    # A batch script that exits by itself is recorded FAILED and not requeued by Slurm (FIELD-NOTES):
-    # requeue explicitly; the job comes back with SLURM_RESTART_COUNT incremented and resumes.
+  [ "$requeue" = 1 ] || [ "$restart" = 1 ] || [ -z "$advice" ] || echo "forge: $class: $advice"
+  if [ "$requeue" = 1 ] || [ "$restart" = 1 ]; then
     # Let the step's slurmstepd finish first: a restart that reuses the step id while the old step is
-    # still terminating on the node fails to launch.
+    # still terminating on the node fails to launch, and a new step waits for the old one's resources.
     for _ in $(seq 1 60); do
       squeue -h -s -j "$SLURM_JOB_ID" -o %i 2>/dev/null | grep -q "^$SLURM_JOB_ID\.[0-9]" || break
       sleep 1
     done
+  fi
+  if [ "$restart" = 1 ]; then
+    echo "forge: running the step again in this allocation (attempt $((FORGE_STEP_ATTEMPT + 1)))"
+    return 0
+  fi
+  if [ "$requeue" = 1 ]; then
+    # A batch script that exits by itself is recorded FAILED and not requeued by Slurm (FIELD-NOTES):
+    # requeue explicitly; the job comes back with SLURM_RESTART_COUNT incremented and resumes.
     # A step stuck on a node that died keeps the job from being requeued until Slurm has marked that node
     # DOWN (SlurmdTimeout): try again meanwhile. Slurm may requeue the job itself first (its node failed),
     # which ends this script here.

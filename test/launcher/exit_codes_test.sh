@@ -140,20 +140,34 @@ record_is "$work/oom" oom_host
 [ ! -e "$work/oom/metrics/rank-0.jsonl" ] || [ ! -s "$work/oom/metrics/rank-0.jsonl" ] || fail "memory plan: a step ran"
 
 # forge-train failure: what the batch script adds (docs/ARCHITECTURE.md, "Failures").
-decide() { SLURM_JOB_ID=${job:-77} SLURM_RESTART_COUNT=${restart:-0} SLURM_JOB_NODELIST=node[1-2] "$train" failure "$@"; }
+decide() { SLURM_JOB_ID=${job:-77} SLURM_RESTART_COUNT=${restart:-0} FORGE_STEP_ATTEMPT=${attempt:-0} SLURM_JOB_NODELIST=node[1-2] "$train" failure "$@"; }
 mkdir -p "$work/fr"
-printf 'srun: error: node2: tasks 2-3: Killed\nsrun: Terminating StepId=77.0\n' >"$work/fr/killed.log"
+# Tasks 0-1 die after srun began ending the step: its doing, not suspects.
+printf 'srun: error: node2: tasks 2-3: Killed\nsrun: Terminating StepId=77.0\nsrun: error: node1: tasks 0-1: Killed\n' >"$work/fr/killed.log"
+# Communication failures in a row: the first runs again in the allocation, the second (the same nodes: after
+# the deep check) is requeued, the third stops. The count runs across attempts and requeues.
 out=$(decide "$work/fr" --exit 137 --srun-log "$work/fr/killed.log")
-grep -qx "class=comm" <<<"$out" && grep -qx "requeue=1" <<<"$out" && grep -qx "drain=" <<<"$out" ||
-  fail "a killed task without a record is not a requeued comm failure: $out"
+grep -qx "class=comm" <<<"$out" && grep -qx "restart=1" <<<"$out" && grep -qx "requeue=0" <<<"$out" &&
+  grep -qx "drain=" <<<"$out" || fail "a killed task without a record is not a comm failure run again in place: $out"
 json "$work/fr/failures/77-0.json" "[(s['rank'], s['host']) for s in d['suspects']]" | grep -qF "[(2, 'node2'), (3, 'node2')]" ||
   fail "the killed tasks are not the suspects: $(cat "$work/fr/failures/77-0.json")"
-out=$(restart=1 decide "$work/fr" --exit 137 --srun-log "$work/fr/killed.log")
-grep -qx "deep_check=1" <<<"$out" && grep -qx "requeue=1" <<<"$out" ||
+out=$(attempt=1 decide "$work/fr" --exit 137 --srun-log "$work/fr/killed.log")
+grep -qx "deep_check=1" <<<"$out" && grep -qx "requeue=1" <<<"$out" && grep -qx "restart=0" <<<"$out" ||
   fail "two comm failures in a row on the same nodes: want a deep check and a requeue: $out"
-out=$(restart=2 decide "$work/fr" --exit 137 --srun-log "$work/fr/killed.log" --max-comm-retries 2)
-grep -qx "requeue=0" <<<"$out" && grep -q "^advice=communication failed 3 times in a row" <<<"$out" ||
-  fail "a third comm failure in a row is requeued: $out"
+[ "$(json "$work/fr/failures/77-0.1.json" "d['attempt']")" = 1 ] || fail "the second attempt's record is not its own"
+out=$(restart=1 decide "$work/fr" --exit 137 --srun-log "$work/fr/killed.log" --max-comm-retries 2)
+grep -qx "requeue=0" <<<"$out" && grep -qx "restart=0" <<<"$out" &&
+  grep -q "^advice=communication failed 3 times in a row" <<<"$out" || fail "a third comm failure in a row runs again: $out"
+out=$(job=81 decide "$work/fr" --exit 137 --srun-log "$work/fr/killed.log" --max-comm-retries 0)
+grep -qx "requeue=0" <<<"$out" && grep -qx "restart=0" <<<"$out" || fail "--max-comm-retries 0 runs again: $out"
+# A stop the ranks got and the job did not (a late kill of an earlier step): carry on in the allocation; a
+# stop the job got too is a preemption, requeued.
+out=$(job=82 decide "$work/fr" --exit 75 --job-signalled 0)
+grep -qx "class=preempted" <<<"$out" && grep -qx "restart=1" <<<"$out" && grep -qx "requeue=0" <<<"$out" ||
+  fail "a stop signal the job did not get is not carried on in place: $out"
+grep -q "a late kill of an earlier step" "$work/fr/failures/82-0.json" || fail "the stray stop is not in the record"
+out=$(job=83 decide "$work/fr" --exit 75 --job-signalled 1)
+grep -qx "restart=0" <<<"$out" && grep -qx "requeue=1" <<<"$out" || fail "a preemption is not requeued: $out"
 out=$(job=78 decide "$work/fr" --exit 69 --srun-log "$work/fr/killed.log" --lost-node node2)
 grep -qx "class=node_lost" <<<"$out" && grep -qx "drain=node2" <<<"$out" && grep -qx "requeue=1" <<<"$out" ||
   fail "a node that does not answer is not node_lost, drained and requeued: $out"

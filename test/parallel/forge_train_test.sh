@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # forge-train on real MPI ranks: the tp2,pp2,dp2 run reproduces the single-process losses; a run saved on
 # one layout resumes on another and continues the same loss curve; bad layouts exit 64 on every rank; a
-# hung rank makes every rank exit 69 within the watchdog timeout.
+# hung rank makes every rank exit 69 within the watchdog timeout; a sample trained by two data-parallel
+# replicas stops the run (65).
 # Usage: forge_train_test.sh FORGE_TRAIN SOURCE_DIR MPIEXEC
 set -uo pipefail
 train=$1 src=$2 mpiexec=$3
@@ -76,6 +77,17 @@ python3 -c "
 import json, sys; d = json.load(open(sys.argv[1]))
 assert d['class'] == 'comm' and [s['rank'] for s in d['suspects']] == [1] and d['suspects'][0]['host'], d" \
   "$work/hang/failures/local-0.json" || fail "the hang's failure record does not name rank 1"
+
+# The duplicate-sample guard, with the ids the ranks exchange after every step: at tp2,dp2 steps 1-2 pass
+# (each replica trained its own samples), and in step 3, where every replica claims sample 0 of epoch 0, the
+# run stops with exit 65 naming the step, the data-parallel ranks and the sample.
+mpi 4 --run.dir="$work/dup" "${common[@]}" --data.batch=2 --parallel.tp=2 --parallel.dp=2 \
+  --guard.inject_duplicate_step=3 >/dev/null 2>"$work/dup.log"
+rc=$?
+[ $rc -eq 65 ] || fail "duplicate sample: exit $rc, want 65 ($(grep error "$work/dup.log" | head -2))"
+grep -q "step 3: data-parallel ranks 0 and 1 both trained sample 0 of epoch 0" "$work/dup.log" ||
+  fail "duplicate sample message: $(grep error "$work/dup.log" | head -1)"
+[ "$(wc -l <"$work/dup/metrics/rank-0.jsonl")" -eq 2 ] || fail "the duplicate-sample guard did not pass steps 1-2"
 
 # parallel.elastic: a dp4 run that loses a rank resumes on 3 ranks as dp2 (the largest dp that divides its
 # 4 micro-batches per step) with 2 micro-batches each; the third rank idles. The verification step passes

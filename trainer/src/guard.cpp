@@ -31,6 +31,8 @@ void add_guard_keys(ConfigSchema& s) {
       .add<int64_t>("guard.inject_nan_step", 0, "testing: poison this step's loss with NaN (0: off)")
       .add<int>("guard.inject_nan_count", 1, "testing: step computations poisoned from inject_nan_step on")
       .add<int64_t>("guard.inject_hang_step", 0, "testing: hang in this step (0: off)")
+      .add<int64_t>("guard.inject_duplicate_step", 0,
+                    "testing: every data-parallel rank claims sample 0 in this step (0: off)")
       .add<int>("guard.inject_hang_rank", -1, "testing: only this rank hangs (-1: every rank)");
 }
 
@@ -48,6 +50,7 @@ GuardConfig guard_config(const Config& c) {
   g.inject_nan_step = c.get<int64_t>("guard.inject_nan_step");
   g.inject_nan_count = c.get<int>("guard.inject_nan_count");
   g.inject_hang_step = c.get<int64_t>("guard.inject_hang_step");
+  g.inject_duplicate_step = c.get<int64_t>("guard.inject_duplicate_step");
   g.inject_hang_rank = c.get<int>("guard.inject_hang_rank");
   if (g.max_bad_steps < 0)
     c.reject("guard.max_bad_steps", "must be >= 0 (0: the first non-finite step exits 71)");
@@ -60,6 +63,7 @@ GuardConfig guard_config(const Config& c) {
   if (g.inject_nan_step < 0) c.reject("guard.inject_nan_step", "must be >= 0 (0: off)");
   if (g.inject_nan_count < 1) c.reject("guard.inject_nan_count", "must be at least 1");
   if (g.inject_hang_step < 0) c.reject("guard.inject_hang_step", "must be >= 0 (0: off)");
+  if (g.inject_duplicate_step < 0) c.reject("guard.inject_duplicate_step", "must be >= 0 (0: off)");
   return g;
 }
 

@@ -80,6 +80,9 @@ class Saver {
   // Finished saves (committed, failed, skipped) not taken yet, oldest first: write them to the metrics.
   std::vector<SaveEvent> take_events();
   int consecutive_failures() const { return failures_; }
+  // Rank 0 only (it commits): the step of the newest checkpoint this saver has published, as soon as the
+  // background write commits it, before any collective call reports it (0: none). Any thread.
+  int64_t committed_step() const { return committed_step_.load(); }
 
  private:
   struct Job;
@@ -97,6 +100,7 @@ class Saver {
   std::thread worker_;
   std::atomic<bool> busy_{false};
   std::atomic<bool> abort_{false};
+  std::atomic<int64_t> committed_step_{0};
   std::unique_ptr<char[]> buffer_;
   size_t capacity_ = 0;
   int failures_ = 0;

@@ -31,11 +31,13 @@ struct GuardConfig {
   int64_t checksum_every = 0;     // steps between DP-replica parameter checksum comparisons (0: off)
   double watchdog_s = 600;        // no heartbeat for this long: exit 69 (0: no watchdog)
   // Testing hooks: the first inject_nan_count step computations from the first computation of step
-  // inject_nan_step get a NaN loss; step inject_hang_step hangs in "forward_backward" (0: off).
+  // inject_nan_step get a NaN loss; step inject_hang_step hangs in "forward_backward"; in step
+  // inject_duplicate_step every data-parallel rank reports sample 0 of epoch 0 as its first (0: off).
   int64_t inject_nan_step = 0;
   int inject_nan_count = 1;
   int64_t inject_hang_step = 0;
   int inject_hang_rank = -1;  // the rank that hangs (-1: all)
+  int64_t inject_duplicate_step = 0;
 };
 
 // Registers the [guard] keys (called by add_trainer_keys).
