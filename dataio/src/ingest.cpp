@@ -2,6 +2,8 @@
 
 #include "forge/common/error.h"
 #include "forge/common/progress_line.h"
+#include "forge/dataio/chat.h"
+#include "forge/dataio/normalize.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -145,6 +147,66 @@ void ingest_jsonl(const std::string& data, const std::string& path, const InputS
   }
 }
 
+// Chat: every non-blank line is one conversation, or a counted malformed line, or a counted degenerate
+// record. Each message's content is normalized before its markers are neutralized: normalization removes
+// characters (controls, U+200B), so run after the check it could join "<\x01|user|>" into a live marker.
+void ingest_chat_jsonl(const std::string& data, const std::string& path, const InputSpec& in,
+                       const IngestOptions& options, Corpus& corpus, IngestStats& stats) {
+  ChatIngestStats& cs = stats.chat;
+  ChatRecord rec;
+  size_t start = 0;
+  for (int line_no = 1; start < data.size(); ++line_no) {
+    size_t nl = data.find('\n', start);
+    if (nl == std::string::npos) nl = data.size();
+    const std::string_view raw(data.data() + start, nl - start);
+    start = nl + 1;
+    if (raw.find_first_not_of(" \t\r") == std::string_view::npos) {
+      ++cs.blank_lines;
+      continue;
+    }
+    ++cs.lines;
+    ++stats.jsonl_records;
+    const auto bad = [&](const std::string& why) {
+      ++cs.malformed_lines;
+      ++stats.bad_jsonl_records;
+      std::string where = fmt::format("{}:{}: {}", path, line_no, why);
+      if (stats.first_bad_jsonl.empty()) stats.first_bad_jsonl = where;
+      if (cs.first_malformed.size() < ChatIngestStats::kListedBadLines)
+        cs.first_malformed.push_back(std::move(where));
+    };
+    // Invalid UTF-8 is repaired as in text documents (JSON syntax is ASCII, so repair cannot break it).
+    size_t invalid = 0;
+    const std::string line = repair_utf8(raw, &invalid);
+    if (invalid > 0 &&
+        static_cast<double>(invalid) > options.max_invalid_utf8 * static_cast<double>(raw.size())) {
+      bad(fmt::format("{} bytes of invalid UTF-8", invalid));
+      continue;
+    }
+    if (const std::string why = parse_chat_line(line, rec); !why.empty()) {
+      bad(why);
+      continue;
+    }
+    if (invalid > 0) ++stats.utf8_repaired;
+    for (auto& m : rec.messages) {
+      m.content = normalize_text(m.content);
+      cs.markers_neutralized += neutralize_markers(m.content);
+    }
+    if (const std::string why = chat_degenerate_reason(rec.messages); !why.empty()) {
+      ++cs.degenerate[why];
+      continue;
+    }
+    std::string domain = in.domain;
+    if (domain.empty()) {
+      domain = rec.domain.empty() ? options.default_domain : rec.domain;
+      check_domain_name(domain, fmt::format("{}:{}", path, line_no));
+    }
+    const size_t before = corpus.docs.size();
+    admit(render_chat(rec.messages), rec.source.empty() ? fmt::format("{}:{}", path, line_no) : rec.source,
+          domain, rec.license, options, corpus, stats);
+    cs.conversations += corpus.docs.size() - before;
+  }
+}
+
 }  // namespace
 
 InputSpec parse_input_spec(const std::string& arg) {
@@ -230,7 +292,9 @@ void ingest(const std::vector<InputSpec>& inputs, const IngestOptions& options, 
       ++stats.files;
       const uint64_t before = corpus.docs.size();
       const uint64_t size = data.size();
-      if (lower_extension(file) == "jsonl") {
+      if (options.format == "chat") {
+        ingest_chat_jsonl(data, path, in, options, corpus, stats);
+      } else if (lower_extension(file) == "jsonl") {
         ingest_jsonl(data, path, in, options, corpus, stats);
       } else {
         admit(std::move(data), path, in.domain.empty() ? options.default_domain : in.domain, "", options,
@@ -240,6 +304,30 @@ void ingest(const std::vector<InputSpec>& inputs, const IngestOptions& options, 
     }
   }
   progress.finish();
+  const ChatIngestStats& cs = stats.chat;
+  if (options.format == "chat" &&
+      static_cast<double>(cs.malformed_lines) > options.max_bad_lines * static_cast<double>(cs.lines))
+    fail(ExitCode::kData,
+         "{} of {} chat lines are malformed ({:.3g}%, above --max-bad-lines {:.3g}%); first: {}; fix or "
+         "remove them, or raise --max-bad-lines; nothing written",
+         cs.malformed_lines, cs.lines, 100.0 * double(cs.malformed_lines) / double(cs.lines),
+         100.0 * options.max_bad_lines, cs.first_malformed.empty() ? "-" : cs.first_malformed.front());
+}
+
+Json ChatIngestStats::to_json() const {
+  Json degenerate_json = Json::object();
+  for (const char* reason : {"empty_conversation", "no_assistant_turn", "empty_assistant_reply"})
+    degenerate_json[reason] = 0;
+  for (const auto& [k, v] : degenerate) degenerate_json[k] = v;
+  return {{"lines", lines},
+          {"blank_lines", blank_lines},
+          {"malformed_lines",
+           {{"count", malformed_lines},
+            {"fraction", lines ? double(malformed_lines) / double(lines) : 0.0},
+            {"first", first_malformed}}},
+          {"degenerate", degenerate_json},
+          {"markers_neutralized", markers_neutralized},
+          {"conversations_ingested", conversations}};
 }
 
 Json IngestStats::to_json() const {

@@ -28,6 +28,7 @@ Json Manifest::to_json() const {
             {"licenses", licenses},
             {"settings", settings},
             {"shards", shards_json}};
+  if (format != "text") j["format"] = format;
   if (!version.empty()) j["version"] = version;
   return j;
 }
@@ -49,6 +50,9 @@ Manifest Manifest::from_json(const Json& j, const std::string& where) {
     if (dtype != "uint16" && dtype != "uint32")
       fail(ExitCode::kData, "{}: token_dtype '{}' unknown", where, dtype);
     m.token_bytes = dtype == "uint16" ? 2 : 4;
+    m.format = j.value("format", std::string("text"));
+    if (m.format != "text" && m.format != "chat")
+      fail(ExitCode::kData, "{}: format '{}' unknown (this build reads text and chat)", where, m.format);
     m.domains = j.at("domains").get<std::vector<std::string>>();
     m.licenses = j.at("licenses").get<std::vector<std::string>>();
     m.settings = j.at("settings");

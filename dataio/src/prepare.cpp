@@ -3,6 +3,7 @@
 #include "forge/common/error.h"
 #include "forge/common/hash.h"
 #include "forge/common/progress_line.h"
+#include "forge/dataio/chat.h"
 #include "forge/dataio/decontam.h"
 #include "forge/dataio/manifest.h"
 #include "forge/dataio/normalize.h"
@@ -42,12 +43,15 @@ void add_cpu_rate(Json& stage, uint64_t bytes, double cpu_seconds) {
   stage["mb_per_cpu_s"] = bytes / 1e6 / std::max(1e-9, cpu_seconds);
 }
 
+constexpr const char* kChatFiltersSkipped =
+    "chat: the prose quality filters judge web text, not conversations; they are not run";
+
 // Everything that decides the dataset's content besides the input bytes; recorded in the manifest and so
 // part of the version. Input paths are left out: the same corpus at another path is the same dataset.
 Json settings_json(const PrepareOptions& o, const std::vector<std::string>& eval_hashes,
                    const std::string& tok_source) {
   const auto& f = o.filters;
-  return {
+  Json s = {
       {"normalize_rules", kNormalizeRules},
       {"ingest",
        {{"extensions", o.ingest.extensions},
@@ -88,6 +92,17 @@ Json settings_json(const PrepareOptions& o, const std::vector<std::string>& eval
        {{"source", tok_source}, {"vocab", o.tokenizer.vocab}, {"sample_bytes", o.tokenizer.sample_bytes}}},
       {"split", {{"valid_fraction", o.valid_fraction}, {"seed", o.split_seed}}},
       {"shards", {{"shard_tokens", o.shard_tokens}}}};
+  // Chat keys only for chat datasets, so the settings (and versions) of text datasets stay as they were.
+  if (o.ingest.format == "chat") {
+    s["ingest"]["format"] = "chat";
+    s["ingest"]["max_bad_lines"] = o.ingest.max_bad_lines;
+    s["filters"] = {{"applied", false}, {"why", kChatFiltersSkipped}};
+    s["chat"] = {{"template", chat_template_json()},
+                 {"template_sha256", chat_template_sha256()},
+                 {"max_tokens", o.chat.max_tokens},
+                 {"truncate", o.chat.drop_long ? "drop" : "truncate"}};
+  }
+  return s;
 }
 
 void check_options(const PrepareOptions& o) {
@@ -96,6 +111,11 @@ void check_options(const PrepareOptions& o) {
   if (!(o.valid_fraction >= 0 && o.valid_fraction <= 0.5))
     fail(ExitCode::kUsage, "--valid-fraction {}: must be between 0 and 0.5", o.valid_fraction);
   if (o.shard_tokens == 0) fail(ExitCode::kUsage, "--shard-tokens must be positive");
+  if (o.ingest.format != "text" && o.ingest.format != "chat")
+    fail(ExitCode::kUsage, "--format {}: must be text or chat", o.ingest.format);
+  if (o.chat.max_tokens == 1)
+    fail(ExitCode::kUsage,
+         "--max-tokens 1: must be 0 (no limit) or at least 2 (one token is end-of-sequence)");
   if (!o.tokenizer_model.empty() && !fs::is_regular_file(o.tokenizer_model))
     fail(ExitCode::kUsage, "--tokenizer {}: no such file", o.tokenizer_model);
   for (const auto& e : o.eval_sets)
@@ -142,10 +162,85 @@ std::vector<std::vector<uint32_t>> encode_all(const Corpus& corpus, const Tokeni
   return out;
 }
 
+// The loss mask of each encoded conversation, then the --max-tokens policy; conversations left out are
+// removed from `corpus` and `encoded` (the returned masks match the survivors). `report` gets the counts
+// and the token means of what is kept.
+std::vector<std::vector<uint8_t>> chat_masks_and_truncation(Corpus& corpus,
+                                                            std::vector<std::vector<uint32_t>>& encoded,
+                                                            const ChatMarkerIds& markers, uint32_t eos,
+                                                            const ChatPrepareOptions& o, Json& report) {
+  std::vector<std::vector<uint8_t>> masks(encoded.size());
+  uint64_t truncated = 0, dropped_long = 0, dropped_unscored = 0;
+  size_t kept = 0;
+  for (size_t i = 0; i < encoded.size(); ++i) {
+    auto& ids = encoded[i];
+    auto& mask = masks[i];
+    chat_loss_mask(ids, markers, mask);
+    if (o.max_tokens > 0 && ids.size() > o.max_tokens) {
+      if (o.drop_long) {
+        ++dropped_long;
+        continue;
+      }
+      // Every document still ends with the end-of-sequence id: the reader does not need it (boundaries
+      // come from /doc_offsets), but decoders and `inspect` expect it.
+      ids.resize(o.max_tokens - 1);
+      mask.resize(o.max_tokens - 1);
+      ids.push_back(eos);
+      mask.push_back(0);
+      if (std::find(mask.begin(), mask.end(), uint8_t{1}) == mask.end()) {
+        ++dropped_unscored;
+        continue;
+      }
+      ++truncated;
+    }
+    if (kept != i) {
+      corpus.docs[kept] = std::move(corpus.docs[i]);
+      encoded[kept] = std::move(ids);
+      masks[kept] = std::move(mask);
+    }
+    ++kept;
+  }
+  const uint64_t conversations_encoded = encoded.size();
+  corpus.docs.resize(kept);
+  encoded.resize(kept);
+  masks.resize(kept);
+  if (kept == 0)
+    fail(ExitCode::kData,
+         "no conversation left after --max-tokens {} ({} dropped as too long, {} cut to no scored token); "
+         "raise --max-tokens or use --truncate truncate; nothing written",
+         o.max_tokens, dropped_long, dropped_unscored);
+  uint64_t tokens = 0, scored = 0;
+  for (size_t i = 0; i < kept; ++i) {
+    tokens += encoded[i].size();
+    scored += static_cast<uint64_t>(std::count(masks[i].begin(), masks[i].end(), uint8_t{1}));
+  }
+  const uint64_t prompt = tokens - scored - kept;  // the rest, less one end-of-sequence id each
+  const double n = static_cast<double>(kept);
+  report = {{"conversations_encoded", conversations_encoded},
+            {"conversations", kept},
+            {"truncation",
+             {{"max_tokens", o.max_tokens},
+              {"policy", o.drop_long ? "drop" : "truncate"},
+              {"truncated", truncated},
+              {"dropped_too_long", dropped_long},
+              {"dropped_no_scored_token_after_cut", dropped_unscored}}},
+            {"tokens", tokens},
+            {"scored_tokens", scored},
+            {"scored_token_share", tokens ? double(scored) / double(tokens) : 0.0},
+            {"mean_tokens_per_conversation", double(tokens) / n},
+            {"mean_prompt_tokens", double(prompt) / n},
+            {"mean_response_tokens", double(scored) / n}};
+  return masks;
+}
+
 }  // namespace
 
 PrepareResult prepare_dataset(const PrepareOptions& o) {
   check_options(o);
+  const bool chat = o.ingest.format == "chat";
+  // A given tokenizer without the chat markers is a usage error; say so before any work is done.
+  if (chat && !o.tokenizer_model.empty())
+    chat_marker_ids(Tokenizer::load(o.tokenizer_model), o.tokenizer_model);
   const double t_start = now_s(), cpu_start = cpu_s();
   Json stages = Json::object();
   const auto require_docs = [](const Corpus& c, const char* stage, const Json& counters) {
@@ -167,6 +262,12 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
   stages["ingest"]["seconds"] = now_s() - t;
   stages["ingest"]["mb_per_s"] = ist.bytes_in / 1e6 / std::max(1e-9, now_s() - t);
   add_cpu_rate(stages["ingest"], ist.bytes_in, cpu_s() - cpu);
+  if (chat && corpus.docs.empty())
+    fail(ExitCode::kData,
+         "the inputs hold no usable conversation ({} files, {} lines: {} malformed, degenerate {}, ingest "
+         "removed {}); nothing written",
+         ist.files, ist.chat.lines, ist.chat.malformed_lines, ist.chat.to_json()["degenerate"].dump(),
+         stages["ingest"]["removed"].dump());
   if (ist.documents_in == 0)
     fail(ExitCode::kData,
          "the inputs hold no documents ({} files read, {} skipped by extension); nothing written", ist.files,
@@ -187,8 +288,12 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
   require_docs(corpus, "normalize", stages["normalize"]);
   run("exact_dedup", [&] { return exact_dedup(corpus); });
   if (o.near_dedup) run("near_dedup", [&] { return near_dedup(corpus, o.minhash); });
-  run("filters", [&] { return apply_filters(corpus, o.filters); });
-  require_docs(corpus, "the quality filters", stages["filters"]);
+  if (chat) {
+    stages["filters"] = {{"skipped", kChatFiltersSkipped}, {"removed", Json::object()}};
+  } else {
+    run("filters", [&] { return apply_filters(corpus, o.filters); });
+    require_docs(corpus, "the quality filters", stages["filters"]);
+  }
   run("decontam", [&] { return decontaminate(corpus, eval_index, o.eval_sets); });
   require_docs(corpus, "decontamination", stages["decontam"]);
 
@@ -217,13 +322,14 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
                            {"train_seconds", train_seconds},
                            {"train_cpu_seconds", train_cpu_seconds}};
 
-    // Split and encode.
-    const std::vector<uint8_t> valid = assign_valid_split(corpus, o.valid_fraction, o.split_seed);
+    // Encode (then, for chat, mask and truncate), then split: the split only looks at the documents'
+    // text, so for text datasets the order does not matter, and chat conversations dropped by truncation
+    // must not take a place in the validation split.
     t = now_s();
     cpu = cpu_s();
     const int threads =
         o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    const auto encoded = encode_all(corpus, tok, threads);
+    auto encoded = encode_all(corpus, tok, threads);
     stages["tokenizer"]["encode_seconds"] = now_s() - t;
     {
       uint64_t bytes = 0;
@@ -234,6 +340,19 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
       stages["tokenizer"]["encode_mb_per_cpu_s"] = bytes / 1e6 / std::max(1e-9, cpu_s() - cpu);
     }
     stages["tokenizer"]["encode_threads"] = threads;
+    std::vector<std::vector<uint8_t>> masks;
+    Json chat_report;
+    if (chat) {
+      masks = chat_masks_and_truncation(
+          corpus, encoded, chat_marker_ids(tok, o.tokenizer_model.empty() ? model_path : o.tokenizer_model),
+          static_cast<uint32_t>(tok.eos_id()), o.chat, chat_report);
+      chat_report.update(ist.chat.to_json());
+      chat_report["malformed_lines"]["max_fraction"] = o.ingest.max_bad_lines;
+      chat_report["template"] = kChatTemplateName;
+      chat_report["template_sha256"] = chat_template_sha256();
+      chat_report["filters"] = kChatFiltersSkipped;
+    }
+    const std::vector<uint8_t> valid = assign_valid_split(corpus, o.valid_fraction, o.split_seed);
 
     // Licenses: index 0 is "unknown", the rest sorted so ids do not depend on document order.
     std::set<std::string> license_set;
@@ -248,6 +367,7 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
     m.vocab_size = tok.vocab_size();
     m.eos_id = tok.eos_id();
     m.token_bytes = token_bytes_for_vocab(m.vocab_size);
+    m.format = chat ? "chat" : "text";
 
     // Shards: one stream per (split, domain), cut at document boundaries every shard_tokens tokens.
     t = now_s();
@@ -273,6 +393,7 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
           const Document& doc = corpus.docs[i];
           if (doc.domain != d || (valid[i] == 1) != (split == "valid")) continue;
           data.tokens.insert(data.tokens.end(), encoded[i].begin(), encoded[i].end());
+          if (chat) data.loss_mask.insert(data.loss_mask.end(), masks[i].begin(), masks[i].end());
           data.doc_offsets.push_back(data.tokens.size());
           data.doc_domains.push_back(d);
           const auto lic =
@@ -323,6 +444,7 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
                           {"mb_per_cpu_s_excluding_tokenizer_training",
                            ist.bytes_in / 1e6 / std::max(1e-9, total_cpu_s - train_cpu_seconds)},
                           {"peak_rss_bytes", peak_rss_bytes()}};
+    if (chat) quality["chat"] = chat_report;
     quality["inputs"] = Json::array();
     for (const auto& in : o.inputs) quality["inputs"].push_back({{"path", in.path}, {"domain", in.domain}});
     const std::string summary = quality_summary(quality);

@@ -37,6 +37,10 @@ ConfigSchema prepare_schema() {
                    "fraction of invalid UTF-8 bytes above which a document is dropped (below: repaired)")
       .add<double>("ingest.max_nul", in.max_nul, "fraction of NUL bytes above which a document is binary")
       .add<std::string>("ingest.default_domain", in.default_domain, "domain of inputs given without =DOMAIN")
+      .add<std::string>("ingest.format", in.format,
+                        "text (documents) or chat (JSONL conversations, every input file; docs/DATA.md)")
+      .add<double>("ingest.max_bad_lines", in.max_bad_lines,
+                   "chat: fraction of malformed lines above which prepare fails (exit 65)")
       .add<bool>("near_dedup.enabled", true, "run MinHash near dedup")
       .add<int>("near_dedup.ngram", mh.ngram, "words per shingle")
       .add<int>("near_dedup.bands", mh.bands, "LSH bands")
@@ -71,7 +75,11 @@ ConfigSchema prepare_schema() {
                     "bytes of cleaned text the tokenizer is trained on")
       .add<int>("tokenizer.threads", tok.threads, "threads for tokenizer training")
       .add<int64_t>("split.seed", 0, "seed of the document hash that picks the validation split")
-      .add<int>("prepare.threads", 0, "threads for encoding (0 = all cores)");
+      .add<int>("prepare.threads", 0, "threads for encoding (0 = all cores)")
+      .add<int64_t>("chat.max_tokens", 0,
+                    "chat: most tokens of a conversation, end-of-sequence id included (0 = no limit)")
+      .add<std::string>("chat.truncate", "truncate",
+                        "chat: a longer conversation is cut to max_tokens (truncate) or left out (drop)");
   return s;
 }
 
@@ -94,6 +102,10 @@ void apply_config(const Config& c, PrepareOptions& o) {
   o.ingest.max_nul = fraction("ingest.max_nul");
   o.ingest.default_domain = c.get<std::string>("ingest.default_domain");
   check_domain_name(o.ingest.default_domain, c.source("ingest.default_domain") + ": ingest.default_domain");
+  o.ingest.format = c.get<std::string>("ingest.format");
+  if (o.ingest.format != "text" && o.ingest.format != "chat")
+    c.reject("ingest.format", "must be text or chat");
+  o.ingest.max_bad_lines = fraction("ingest.max_bad_lines");
   o.near_dedup = c.get<bool>("near_dedup.enabled");
   o.minhash.ngram = positive("near_dedup.ngram", c.get<int>("near_dedup.ngram"));
   o.minhash.bands = positive("near_dedup.bands", c.get<int>("near_dedup.bands"));
@@ -129,6 +141,13 @@ void apply_config(const Config& c, PrepareOptions& o) {
   o.split_seed = static_cast<uint64_t>(c.get<int64_t>("split.seed"));
   o.threads = c.get<int>("prepare.threads");
   if (o.threads < 0) c.reject("prepare.threads", "must be >= 0");
+  const int64_t max_tokens = c.get<int64_t>("chat.max_tokens");
+  // One token is the end-of-sequence id, so a limit of 1 would leave no room for the conversation.
+  if (max_tokens < 0 || max_tokens == 1) c.reject("chat.max_tokens", "must be 0 (no limit) or at least 2");
+  o.chat.max_tokens = static_cast<uint64_t>(max_tokens);
+  const std::string policy = c.get<std::string>("chat.truncate");
+  if (policy != "truncate" && policy != "drop") c.reject("chat.truncate", "must be truncate or drop");
+  o.chat.drop_long = policy == "drop";
 }
 
 }  // namespace forge::data

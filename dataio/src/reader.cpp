@@ -30,6 +30,7 @@ struct Mapping {
   const uint8_t* base = nullptr;
   size_t size = 0;
   uint64_t token_offset = 0, tokens = 0;
+  uint64_t loss_mask_offset = 0;  // of /loss_mask, when the reader applies it
 
   Mapping() = default;
   Mapping(const Mapping&) = delete;
@@ -40,6 +41,7 @@ struct Mapping {
     std::swap(size, o.size);
     token_offset = o.token_offset;
     tokens = o.tokens;
+    loss_mask_offset = o.loss_mask_offset;
     return *this;
   }
   ~Mapping() {
@@ -54,6 +56,10 @@ struct DomainStream {
   uint64_t tokens = 0, windows = 0, first_id = 0;
   // With ReaderOptions::document_mask: the stream token where each document starts, ascending, distinct.
   std::vector<uint64_t> doc_starts;
+  // With ReaderOptions::loss_mask: the samples are bins of whole conversations, not windows at multiples
+  // of seq_len: where each bin starts in the stream and how many of its window's tokens it holds.
+  std::vector<uint64_t> bin_starts;
+  std::vector<uint32_t> bin_tokens;
 };
 
 // Widens stored tokens to int32, storing each twice: as an input and as the target of the position
@@ -97,6 +103,7 @@ struct WindowAt {
   const DomainStream* domain = nullptr;
   size_t shard = 0;
   uint64_t local = 0;
+  uint32_t bin_tokens = 0;  // a conversation bin's tokens (loss_mask), the rest of the window unscored
 };
 
 // Windows are fetched kAhead ahead of the one being copied: enough to cover DRAM latency and the page
@@ -105,6 +112,25 @@ constexpr uint32_t kAhead = 4;
 
 // The block order's default block size, in token bytes.
 constexpr uint64_t kBlockBytes = 64 << 10;
+
+// Conversations packed whole into windows of seq_len + 1 tokens, in stream order: a bin starts at a
+// conversation and takes the ones after it while they fit; one longer than the window fills a bin alone,
+// cut at its end (the rest is never scored). The window reads on past the bin's last conversation (the
+// first tokens of the next bin, unscored there), and a bin whose window would run past the stream's end is
+// left out, as the last partial window of a text stream is.
+void pack_conversations(DomainStream& d, uint32_t seq_len) {
+  const std::vector<uint64_t>& starts = d.doc_starts;
+  const auto end_of = [&](size_t i) { return i + 1 < starts.size() ? starts[i + 1] : d.tokens; };
+  for (size_t i = 0; i < starts.size();) {
+    const uint64_t first = starts[i], limit = first + seq_len + 1;
+    if (limit > d.tokens) break;
+    size_t j = i + 1;
+    while (j < starts.size() && end_of(j) <= limit) ++j;
+    d.bin_starts.push_back(first);
+    d.bin_tokens.push_back(static_cast<uint32_t>(std::min(end_of(j - 1), limit) - first));
+    i = j;
+  }
+}
 
 }  // namespace
 
@@ -152,6 +178,9 @@ struct Reader::Impl {
   void copy_row(const WindowAt& w, uint64_t sample_id, int32_t* inputs, int32_t* targets) const;
   // The window offsets in (0, seq_len] where a document starts, for the window at `w`.
   void document_starts(const WindowAt& w, std::vector<int32_t>& out) const;
+  // What document_mask and loss_mask add to row `row` of `b` (copied from the window at `w`): segments and
+  // positions, and the targets not scored. `starts` is scratch.
+  void mark_row(const WindowAt& w, MicroBatch& b, int row, std::vector<int32_t>& starts) const;
   [[noreturn]] void bad_token(const Mapping& m, uint64_t sample_id, uint32_t token, uint64_t local) const;
   void build(uint64_t position, MicroBatch& b);
   void start_worker();
@@ -163,10 +192,11 @@ WindowAt Reader::Impl::locate(uint64_t sample_id) const {
   const auto d_it = std::upper_bound(domains.begin(), domains.end(), sample_id,
                                      [](uint64_t id, const DomainStream& d) { return id < d.first_id; });
   const DomainStream& d = *(d_it - 1);
-  const uint64_t pos = (sample_id - d.first_id) * opt.seq_len;
+  const uint64_t k = sample_id - d.first_id;
+  const uint64_t pos = d.bin_starts.empty() ? k * opt.seq_len : d.bin_starts[k];
   const size_t s =
       static_cast<size_t>(std::upper_bound(d.starts.begin(), d.starts.end(), pos) - d.starts.begin() - 1);
-  return {&d, s, pos - d.starts[s]};
+  return {&d, s, pos - d.starts[s], d.bin_starts.empty() ? 0 : d.bin_tokens[k]};
 }
 
 // noipa: the function has no visible side effect, so GCC's pure/const analysis would otherwise drop the
@@ -215,6 +245,30 @@ void Reader::Impl::document_starts(const WindowAt& w, std::vector<int32_t>& out)
     out.push_back(static_cast<int32_t>(*it - first));
 }
 
+void Reader::Impl::mark_row(const WindowAt& w, MicroBatch& b, int row, std::vector<int32_t>& starts) const {
+  if (!opt.document_mask) return;
+  document_starts(w, starts);
+  b.set_documents(row, starts);
+  if (!opt.loss_mask) return;
+  // Target t is window token t + 1: scored only where the shard's mask marks that token.
+  const uint32_t T = opt.seq_len;
+  int32_t* targets = b.targets.data() + size_t(row) * T;
+  uint32_t done = 0;  // window tokens 1..T, read shard by shard like copy_row
+  uint64_t local = w.local + 1;
+  for (size_t s = w.shard; done < T; ++s, local = 0) {
+    const Mapping& m = maps[w.domain->shards[s]];
+    if (local == m.tokens) continue;  // the window's first token was this shard's last
+    const uint32_t take = static_cast<uint32_t>(std::min<uint64_t>(T - done, m.tokens - local));
+    const uint8_t* mask = m.base + m.loss_mask_offset + local;
+    for (uint32_t k = 0; k < take; ++k)
+      if (mask[k] == 0) targets[done + k] = MicroBatch::kIgnore;
+    done += take;
+  }
+  // The window's tokens after its bin belong to the conversation that opens the next bin: unscored here.
+  if (w.bin_tokens > 0 && w.bin_tokens <= T)
+    std::fill(targets + w.bin_tokens - 1, targets + T, MicroBatch::kIgnore);
+}
+
 void Reader::Impl::build(uint64_t position, MicroBatch& b) {
   const uint32_t rows = opt.global_batch / opt.dp_size;
   b.resize(static_cast<int>(rows), static_cast<int>(opt.seq_len));
@@ -253,10 +307,7 @@ void Reader::Impl::build(uint64_t position, MicroBatch& b) {
     fetch(i + lookahead);
     if (ahead) prefetch<2>(locate(pipe.ahead_ids[i]));
     copy_row(w, b.sample_ids[i], b.inputs.data() + i * T, b.targets.data() + i * T);
-    if (opt.document_mask) {
-      document_starts(w, pipe.doc_starts);
-      b.set_documents(static_cast<int>(i), pipe.doc_starts);
-    }
+    mark_row(w, b, static_cast<int>(i), pipe.doc_starts);
   }
   // The pass over the data each row was drawn in: its global position's epoch.
   const uint64_t epoch_length = order->epoch_length();
@@ -335,7 +386,14 @@ Reader::Reader(const std::string& dataset_dir, const ReaderOptions& options)
     fail(ExitCode::kUsage, "reader: group_blocks must be at least 1 for the block order");
   if (options.split != "train" && options.split != "valid")
     fail(ExitCode::kUsage, "reader: split '{}' must be train or valid", options.split);
+  if (options.loss_mask && !options.document_mask)
+    fail(ExitCode::kUsage, "reader: loss_mask needs document_mask (the mask follows the conversations)");
   s.manifest = load_manifest(dataset_dir);
+  if (options.loss_mask && s.manifest.format != "chat")
+    fail(ExitCode::kUsage,
+         "dataset {} is format {}, without loss masks: prepare the data with `forge-data prepare --format "
+         "chat`, or train every token (run.objective = lm)",
+         dataset_dir, s.manifest.format);
   if (!options.expected_tokenizer_sha256.empty() &&
       options.expected_tokenizer_sha256 != s.manifest.tokenizer_sha256)
     fail(ExitCode::kData, "{}: dataset {} was tokenized with tokenizer {}, the job expects {}", dataset_dir,
@@ -380,6 +438,11 @@ Reader::Reader(const std::string& dataset_dir, const ReaderOptions& options)
       m.base = static_cast<const uint8_t*>(p);
       m.token_offset = layout.token_offset;
       m.tokens = layout.tokens;
+      if (options.loss_mask) {
+        if (!layout.has_loss_mask)
+          fail(ExitCode::kData, "shard {}: a chat dataset's shard without /loss_mask (corrupted?)", m.path);
+        m.loss_mask_offset = layout.loss_mask_offset;
+      }
       if (options.document_mask) {
         // Shards are cut at document boundaries, so a shard's first document starts where it does.
         const std::vector<uint64_t> offsets = read_doc_offsets(m.path, layout);
@@ -392,7 +455,12 @@ Reader::Reader(const std::string& dataset_dir, const ReaderOptions& options)
       d.shards.push_back(s.maps.size());
       s.maps.push_back(std::move(m));
     }
-    d.windows = d.tokens > options.seq_len ? (d.tokens - 1) / options.seq_len : 0;
+    if (options.loss_mask) {
+      pack_conversations(d, options.seq_len);
+      d.windows = d.bin_starts.size();
+    } else {
+      d.windows = d.tokens > options.seq_len ? (d.tokens - 1) / options.seq_len : 0;
+    }
     double w = static_cast<double>(d.windows);
     if (!options.domain_weights.empty()) {
       const auto it = options.domain_weights.find(domain);
@@ -477,6 +545,7 @@ Cursor Reader::cursor() const {
   c.seed = s.opt.seed;
   c.domain_weights = s.opt.domain_weights;
   c.order = s.opt.order;
+  c.conversations = s.opt.loss_mask;
   if (c.order == Order::kBlock) {
     c.block_windows = s.block_windows;
     c.group_blocks = s.opt.group_blocks;
@@ -504,6 +573,9 @@ void Reader::seek(const Cursor& c) {
   if (c.domain != s.opt.domain) mismatch("domain", c.domain, s.opt.domain);
   if (c.seq_len != s.opt.seq_len)
     mismatch("seq_len", std::to_string(c.seq_len), std::to_string(s.opt.seq_len));
+  if (c.conversations != s.opt.loss_mask)
+    mismatch("loss_mask (samples are conversation bins)", c.conversations ? "true" : "false",
+             s.opt.loss_mask ? "true" : "false");
   if (c.seed != s.opt.seed) mismatch("seed", std::to_string(c.seed), std::to_string(s.opt.seed));
   if (c.domain_weights != s.opt.domain_weights)
     mismatch("domain weights", Json(c.domain_weights).dump(), Json(s.opt.domain_weights).dump());
@@ -560,13 +632,10 @@ void Reader::read_sample(uint64_t sample_id, MicroBatch& batch, int row) const {
   s.copy_row(w, sample_id, batch.inputs.data() + at, batch.targets.data() + at);
   batch.sample_ids[size_t(row)] = sample_id;
   batch.epochs[size_t(row)] = 0;
-  if (s.opt.document_mask) {
-    // A row read before may have left unscored positions behind: this sample's weights start at 1.
-    if (!batch.weights.empty()) std::fill_n(batch.weights.begin() + int64_t(at), s.opt.seq_len, 1.0f);
-    std::vector<int32_t> starts;
-    s.document_starts(w, starts);
-    batch.set_documents(row, starts);
-  }
+  // A row read before may have left unscored positions behind: this sample's weights start at 1.
+  if (!batch.weights.empty()) std::fill_n(batch.weights.begin() + int64_t(at), s.opt.seq_len, 1.0f);
+  std::vector<int32_t> starts;
+  s.mark_row(w, batch, row, starts);
 }
 
 const std::string& Reader::sample_domain(uint64_t sample_id) const {
@@ -595,6 +664,7 @@ Json Cursor::to_json() const {
             {"seed", seed},
             {"domain_weights", domain_weights},
             {"order", order_name(order)}};
+  if (conversations) j["conversations"] = true;
   if (order == Order::kBlock) {
     j["block_windows"] = block_windows;
     j["group_blocks"] = group_blocks;
@@ -612,6 +682,7 @@ Cursor Cursor::from_json(const Json& j) {
     c.seq_len = j.at("seq_len").get<uint32_t>();
     c.seed = j.at("seed").get<uint64_t>();
     c.domain_weights = j.at("domain_weights").get<std::map<std::string, double>>();
+    c.conversations = j.value("conversations", false);
     c.order = Order::kGlobal;
     c.block_windows = c.group_blocks = 0;
     if (j.contains("order")) {

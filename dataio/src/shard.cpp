@@ -148,6 +148,11 @@ void write_shard(const std::string& path, const ShardData& data, const ShardAttr
                   data.doc_domains.size(), tmp);
     write_dataset(file, "doc_licenses", H5T_NATIVE_UINT16, H5T_STD_U16LE, data.doc_licenses.data(),
                   data.doc_licenses.size(), tmp);
+    if (!data.loss_mask.empty()) {
+      if (data.loss_mask.size() != n)
+        fail(ExitCode::kIo, "{}: {} loss-mask values for {} tokens", tmp, data.loss_mask.size(), n);
+      write_dataset(file, "loss_mask", H5T_NATIVE_UINT8, H5T_STD_U8LE, data.loss_mask.data(), n, tmp);
+    }
     write_int_attr(file, "schema_version", attrs.schema_version, tmp);
     write_string_attr(file, "split", attrs.split, tmp);
     write_string_attr(file, "domain", attrs.domain, tmp);
@@ -217,6 +222,20 @@ ShardLayout read_shard_layout(const std::string& path) {
     fail(ExitCode::kData, "shard {}: {} doc_offsets, {} doc_domains, {} doc_licenses do not match", path,
          n_offsets, n_domains, n_licenses);
   layout.documents = n_domains;
+  if (H5Lexists(file, "loss_mask", H5P_DEFAULT) > 0) {
+    hid_t mask_raw = -1;
+    const uint64_t n_mask = dataset_length(file, "loss_mask", 1, path, &mask_raw);
+    Handle mask(mask_raw, H5Dclose);
+    Handle dcpl(H5Dget_create_plist(mask), H5Pclose);
+    if (n_mask != layout.tokens || H5Pget_layout(dcpl) != H5D_CONTIGUOUS)
+      fail(ExitCode::kData, "shard {}: /loss_mask must hold one contiguous byte per token ({} for {} tokens)",
+           path, n_mask, layout.tokens);
+    const haddr_t mask_at = H5Dget_offset(mask);
+    if (n_mask > 0 && (mask_at == HADDR_UNDEF || uint64_t(mask_at) + n_mask > layout.file_bytes))
+      fail(ExitCode::kData, "shard {}: truncated: /loss_mask lies outside the file", path);
+    layout.has_loss_mask = true;
+    layout.loss_mask_offset = n_mask > 0 ? uint64_t(mask_at) : 0;
+  }
   return layout;
 }
 
@@ -256,6 +275,10 @@ ShardData read_shard(const std::string& path, ShardLayout* layout_out) {
       fail(ExitCode::kData, "shard {}: cannot read dataset '{}' (corrupted?)", path, name);
   };
   if (layout.tokens > 0) read("tokens", H5T_NATIVE_UINT32, data.tokens.data());
+  if (layout.has_loss_mask) {
+    data.loss_mask.resize(layout.tokens);
+    if (layout.tokens > 0) read("loss_mask", H5T_NATIVE_UINT8, data.loss_mask.data());
+  }
   read("doc_offsets", H5T_NATIVE_UINT64, data.doc_offsets.data());
   if (layout.documents > 0) {
     read("doc_domains", H5T_NATIVE_UINT16, data.doc_domains.data());

@@ -3,6 +3,7 @@
 #include "forge/common/error.h"
 #include "forge/common/hash.h"
 #include "forge/common/json.h"
+#include "forge/dataio/chat.h"
 
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
@@ -84,6 +85,11 @@ Tokenizer Tokenizer::load(const std::string& model_path) {
 
 Tokenizer Tokenizer::train(const Corpus& corpus, const TokenizerTrainOptions& options,
                            const std::string& model_path) {
+  // User-defined symbols are whole pieces wherever they occur in text and are never merged with their
+  // neighbours: "\n" (so line structure survives BPE) and the chat markers. SentencePiece splits the list
+  // at commas; no symbol contains one.
+  std::string symbols = "\n";
+  for (const std::string_view marker : kChatMarkers) (symbols += ',') += marker;
   if (options.vocab < 260 || options.vocab > (1u << 24))
     fail(ExitCode::kUsage, "--vocab {}: must be between 260 (256 byte pieces + specials) and 16777216",
          options.vocab);
@@ -99,7 +105,7 @@ Tokenizer Tokenizer::train(const Corpus& corpus, const TokenizerTrainOptions& op
       {"remove_extra_whitespaces", "false"},
       {"split_digits", "true"},
       {"allow_whitespace_only_pieces", "true"},
-      {"user_defined_symbols", "\n"},
+      {"user_defined_symbols", symbols},
       {"max_sentence_length", std::to_string(SampleIterator::kMaxPiece * 4)},
       {"num_threads", std::to_string(std::max(1, options.threads))},
       {"minloglevel", "2"},
@@ -247,6 +253,11 @@ std::string Tokenizer::decode(std::span<const int> ids) const {
 
 std::string Tokenizer::piece(int id) const {
   return sp_->IdToPiece(id);
+}
+std::optional<uint32_t> Tokenizer::piece_id(std::string_view piece) const {
+  const int id = sp_->PieceToId(piece);  // the unknown id when there is no such piece
+  if (id < 0 || sp_->IdToPiece(id) != piece) return std::nullopt;
+  return static_cast<uint32_t>(id);
 }
 uint32_t Tokenizer::vocab_size() const {
   return static_cast<uint32_t>(sp_->GetPieceSize());

@@ -1,6 +1,7 @@
 // forge-data: prepare, verify, inspect and compare token datasets (docs/DATA.md).
 #include "forge/common/config.h"
 #include "forge/common/error.h"
+#include "forge/dataio/chat.h"
 #include "forge/dataio/compare.h"
 #include "forge/dataio/manifest.h"
 #include "forge/dataio/prepare.h"
@@ -27,8 +28,9 @@ constexpr const char* kUsage = R"(usage: forge-data <command> [options]
 commands:
   prepare --input PATH[=DOMAIN] ... --out DATASET_DIR [--tokenizer MODEL | --vocab N]
           [--eval-set FILE ...] [--valid-fraction F] [--shard-tokens N] [--config prepare.ini]
+          [--format text|chat] [--max-bad-lines F] [--max-tokens N] [--truncate drop|truncate]
           [--section.key=value ...]
-  verify  DATASET_DIR                 checksums and schema; exit 65 naming what differs
+  verify  DATASET_DIR                 checksums, schema, chat loss masks; exit 65 naming what differs
   inspect DATASET_DIR [--docs N]      manifest summary and decoded sample documents
   compare A B [--threshold T] [--json]  drift between two datasets; exit 1 when over the threshold
 Run 'forge-data <command> --help' for a command's options.
@@ -81,7 +83,9 @@ class Command {
 int cmd_prepare(const std::vector<std::string>& args) {
   std::vector<std::string> inputs, eval_sets, overrides;
   PrepareOptions o;
-  std::string config_path;
+  std::string config_path, format, truncate;
+  double max_bad_lines = 0;
+  int64_t max_tokens = 0;
   int64_t vocab = 8192, shard_tokens = static_cast<int64_t>(o.shard_tokens);
   Command c("forge-data prepare options");
   c.options()("input", po::value(&inputs)->required()->composing(),
@@ -94,7 +98,16 @@ int cmd_prepare(const std::vector<std::string>& args) {
       "valid-fraction", po::value(&o.valid_fraction)->default_value(0.01),
       "held-out validation share per domain")("shard-tokens", po::value(&shard_tokens),
                                               "tokens per shard before a new one starts (default 64Mi)")(
-      "config", po::value(&config_path), "prepare.ini with stage settings (configs/prepare.example.ini)");
+      "config", po::value(&config_path), "prepare.ini with stage settings (configs/prepare.example.ini)")(
+      "format", po::value(&format),
+      "text (default) or chat: every input is JSONL of {\"messages\": [{\"role\", \"content\"}, ...]} "
+      "(ingest.format)")("max-bad-lines", po::value(&max_bad_lines),
+                         "chat: fail (exit 65) above this fraction of malformed lines (default 0.001; "
+                         "ingest.max_bad_lines)")(
+      "max-tokens", po::value(&max_tokens),
+      "chat: most tokens per conversation, end-of-sequence included (default 0 = no limit; chat.max_tokens)")(
+      "truncate", po::value(&truncate),
+      "chat: a longer conversation is cut (truncate, the default) or left out (drop) (chat.truncate)");
   std::string stage_keys = "\nStage settings (INI keys, also as --section.key=value):\n";
   for (const auto& key : prepare_schema().keys()) stage_keys += "  " + key + "\n";
   if (!c.pass_through(&overrides).help_tail(stage_keys).parse(args)) return 0;
@@ -102,6 +115,14 @@ int cmd_prepare(const std::vector<std::string>& args) {
     fail(ExitCode::kUsage, "--tokenizer and --vocab exclude each other (the model fixes the vocabulary)");
   if (vocab <= 0 || vocab > (1 << 24)) fail(ExitCode::kUsage, "--vocab {}: out of range", vocab);
   if (shard_tokens <= 0) fail(ExitCode::kUsage, "--shard-tokens {}: must be positive", shard_tokens);
+  // The named options are the INI keys under a short name; put first, they win over the file and over a
+  // --section.key given as well (the config loader keeps the first value).
+  std::vector<std::string> named;
+  if (c.given("format")) named.push_back("--ingest.format=" + format);
+  if (c.given("max-bad-lines")) named.push_back(fmt::format("--ingest.max_bad_lines={}", max_bad_lines));
+  if (c.given("max-tokens")) named.push_back(fmt::format("--chat.max_tokens={}", max_tokens));
+  if (c.given("truncate")) named.push_back("--chat.truncate=" + truncate);
+  overrides.insert(overrides.begin(), named.begin(), named.end());
   const Config config = load_config(prepare_schema(), config_path, overrides);
   apply_config(config, o);
   o.tokenizer.vocab = static_cast<uint32_t>(vocab);
@@ -119,9 +140,10 @@ int cmd_verify(const std::vector<std::string>& args) {
   c.options()("dataset", po::value(&dir)->required(), "dataset directory");
   if (!c.positional("dataset", 1).parse(args)) return 0;
   const VerifyResult r = verify_dataset(dir);
+  verify_chat_masks(dir);
   const Manifest m = load_manifest(dir);
-  std::cout << fmt::format("ok: {} shards, {} documents, {} tokens, version {}\n", r.shards, r.documents,
-                           r.tokens, m.version);
+  std::cout << fmt::format("ok: {} shards, {} documents, {} tokens, format {}, version {}\n", r.shards,
+                           r.documents, r.tokens, m.format, m.version);
   return 0;
 }
 
@@ -133,9 +155,13 @@ int cmd_inspect(const std::vector<std::string>& args) {
       "docs", po::value(&docs)->default_value(3), "sample documents to decode");
   if (!c.positional("dataset", 1).parse(args)) return 0;
   const Manifest m = load_manifest(dir);
-  std::cout << fmt::format("dataset {}\nversion {}\ntokenizer {} (sha256 {}), vocab {}, tokens {}\n", dir,
-                           m.version, m.tokenizer_file, m.tokenizer_sha256, m.vocab_size,
-                           m.token_bytes == 2 ? "uint16" : "uint32");
+  std::cout << fmt::format(
+      "dataset {}\nversion {}\nformat {}\ntokenizer {} (sha256 {}), vocab {}, tokens {}\n", dir, m.version,
+      m.format, m.tokenizer_file, m.tokenizer_sha256, m.vocab_size, m.token_bytes == 2 ? "uint16" : "uint32");
+  if (m.format == "chat" && m.settings.contains("chat"))
+    std::cout << fmt::format("chat template {} (sha256 {}); decoded documents show scored tokens in [[ ]]\n",
+                             m.settings["chat"]["template"].value("name", "?"),
+                             m.settings["chat"].value("template_sha256", "?"));
   std::cout << fmt::format("{:<8} {:<12} {:>8} {:>12} {:>12}\n", "split", "domain", "shards", "documents",
                            "tokens");
   for (const std::string split : {"train", "valid"}) {
@@ -149,10 +175,22 @@ int cmd_inspect(const std::vector<std::string>& args) {
   const Tokenizer tok = Tokenizer::load((fs::path(dir) / m.tokenizer_file).string());
   const ShardData data = read_shard((fs::path(dir) / m.shards.front().file).string());
   for (uint64_t i = 0; i < std::min<uint64_t>(docs, data.documents()); ++i) {
-    std::vector<int> ids(data.tokens.begin() + data.doc_offsets[i],
-                         data.tokens.begin() + data.doc_offsets[i + 1]);
+    const uint64_t begin = data.doc_offsets[i], end = data.doc_offsets[i + 1];
+    std::vector<int> ids(data.tokens.begin() + begin, data.tokens.begin() + end);
     if (!ids.empty() && ids.back() == m.eos_id) ids.pop_back();
-    std::string text = tok.decode(ids);
+    std::string text;
+    if (data.loss_mask.empty()) {
+      text = tok.decode(ids);
+    } else {
+      // Decode runs of equal mask value, so the scored spans (what the model learns to say) are visible.
+      for (size_t a = 0; a < ids.size();) {
+        size_t b = a;
+        while (b < ids.size() && data.loss_mask[begin + b] == data.loss_mask[begin + a]) ++b;
+        const std::string part = tok.decode(std::span<const int>(ids.data() + a, b - a));
+        text += data.loss_mask[begin + a] ? "[[" + part + "]]" : part;
+        a = b;
+      }
+    }
     if (text.size() > 600) text = text.substr(0, 600) + " [...]";
     std::cout << fmt::format("\n--- {} document {} ({} tokens, domain {}, license {})\n{}\n",
                              m.shards.front().file, i, ids.size(), m.domains.at(data.doc_domains[i]),

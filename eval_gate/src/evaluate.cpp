@@ -42,8 +42,17 @@ std::vector<double> bytes_per_token(const std::string& tokenizer_path) {
 
 }  // namespace
 
+EvalOptions as_trained(const std::string& checkpoint_dir, EvalOptions options) {
+  const ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(checkpoint_dir);
+  const Json& spec = checkpoint.manifest().meta.extra.value("spec", Json::object());
+  options.replies_only = spec.value("run.objective", std::string("lm")) == "sft";
+  options.document_mask =
+      options.replies_only || spec.value("data.document_mask", std::string("false")) == "true";
+  return options;
+}
+
 DomainResults evaluate_checkpoint(const std::string& checkpoint_dir, const std::string& dataset_dir,
-                                  const EvalOptions& options, trainer::Comm& comm) {
+                                  const EvalOptions& options, trainer::Comm& comm, bool own_dataset) {
   const int rank = comm.rank(), world = comm.size();
 
   const ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(checkpoint_dir);
@@ -53,7 +62,7 @@ DomainResults evaluate_checkpoint(const std::string& checkpoint_dir, const std::
 
   const data::Manifest manifest = data::load_manifest(dataset_dir);
   const std::string& trained_on = checkpoint.manifest().meta.dataset_version;
-  if (!trained_on.empty() && trained_on != manifest.version)
+  if (own_dataset && !trained_on.empty() && trained_on != manifest.version)
     fail(ExitCode::kData,
          "{} was trained on dataset version {} but {} is version {}: evaluate on the dataset the run used",
          checkpoint_dir, trained_on, dataset_dir, manifest.version);
@@ -69,10 +78,6 @@ DomainResults evaluate_checkpoint(const std::string& checkpoint_dir, const std::
   trainer::load_checkpoint(checkpoint, model, nullptr);
   const std::vector<double> token_bytes = bytes_per_token(dataset_dir + "/" + manifest.tokenizer_file);
 
-  // Evaluated as the run trained: with packed-document masking when its spec had it.
-  const Json& spec = checkpoint.manifest().meta.extra.value("spec", Json::object());
-  const bool document_mask = spec.value("data.document_mask", std::string("false")) == "true";
-
   DomainResults local;
   MicroBatch batch;
   batch.resize(1, config.seq_len);
@@ -85,7 +90,8 @@ DomainResults evaluate_checkpoint(const std::string& checkpoint_dir, const std::
     ro.domain = domain;
     ro.prefetch = 0;
     ro.verify_checksums = rank == 0;
-    ro.document_mask = document_mask;
+    ro.document_mask = options.document_mask;
+    ro.loss_mask = options.replies_only;
     data::Reader reader(dataset_dir, ro);
     uint64_t n = reader.num_samples();
     if (options.max_sequences > 0) n = std::min<uint64_t>(n, static_cast<uint64_t>(options.max_sequences));

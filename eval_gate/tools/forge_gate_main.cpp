@@ -90,13 +90,16 @@ Json describe(const std::string& dir) {
 // A baseline promoted by an earlier gate carries its own results; reuse them when they were measured on
 // this dataset version, otherwise evaluate the baseline now.
 forge::gate::DomainResults baseline_results(const std::string& dir, const std::string& dataset_version,
-                                            const Args& a, forge::trainer::Comm& comm, bool& reused) {
+                                            const Args& a, const forge::gate::EvalOptions& eval,
+                                            forge::trainer::Comm& comm, bool& reused) {
   const auto c = forge::ckpt::Checkpoint::open(dir);
   const Json& verdict =
       c.manifest().promotion.is_object() ? c.manifest().promotion.value("verdict", Json()) : Json();
   reused = verdict.is_object() && verdict.value("dataset_version", "") == dataset_version &&
-           verdict.contains("domains") && verdict.value("max_sequences", int64_t{-1}) == a.eval.max_sequences;
-  if (!reused) return forge::gate::evaluate_checkpoint(dir, a.dataset, a.eval, comm);
+           verdict.contains("domains") && verdict.value("max_sequences", int64_t{-1}) == eval.max_sequences &&
+           verdict.value("replies_only", false) == eval.replies_only &&
+           verdict.value("document_mask", eval.document_mask) == eval.document_mask;
+  if (!reused) return forge::gate::evaluate_checkpoint(dir, a.dataset, eval, comm, /*own_dataset=*/false);
   forge::gate::DomainResults out;
   for (const auto& [domain, s] : verdict.at("domains").items())
     out[domain] = forge::gate::DomainStats::from_json(s);
@@ -112,11 +115,12 @@ int run(int argc, char** argv, forge::trainer::Comm& comm) {
       forge::fail(ExitCode::kData, "required domain '{}' has no validation data in {} (domains: {})", d,
                   a.dataset, fmt::format("{}", fmt::join(dataset.domains, ", ")));
 
-  const auto candidate = forge::gate::evaluate_checkpoint(a.checkpoint, a.dataset, a.eval, comm);
+  const forge::gate::EvalOptions eval = forge::gate::as_trained(a.checkpoint, a.eval);
+  const auto candidate = forge::gate::evaluate_checkpoint(a.checkpoint, a.dataset, eval, comm);
   const auto baseline_dir = resolve_baseline(a);
   std::optional<forge::gate::DomainResults> baseline;
   bool reused = false;
-  if (baseline_dir) baseline = baseline_results(*baseline_dir, dataset.version, a, comm, reused);
+  if (baseline_dir) baseline = baseline_results(*baseline_dir, dataset.version, a, eval, comm, reused);
   const auto judgement = forge::gate::judge(policy, candidate, baseline ? &*baseline : nullptr);
   if (comm.rank() != 0) return judgement.pass ? 0 : 1;
 
@@ -128,6 +132,8 @@ int run(int argc, char** argv, forge::trainer::Comm& comm) {
                   {"dataset_version", dataset.version},
                   {"policy", a.policy},
                   {"max_sequences", a.eval.max_sequences},
+                  {"document_mask", eval.document_mask},
+                  {"replies_only", eval.replies_only},
                   {"domains", Json::object()},
                   {"checks", Json::array()},
                   {"promoted_to", nullptr}};

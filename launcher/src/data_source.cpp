@@ -72,7 +72,9 @@ class Dataset final : public DataSource {
 }  // namespace
 
 std::unique_ptr<DataSource> open_data(const Config& config, const trainer::TrainSpec& spec, int dp_rank) {
+  const bool sft = spec.objective == trainer::Objective::kSft;
   if (spec.dataset == "synthetic") {
+    if (sft) config.reject("run.objective", "sft needs a chat dataset (the synthetic stream has no replies)");
     if (spec.document_mask)
       config.reject("data.document_mask", "needs a prepared dataset (the synthetic stream has no documents)");
     return std::make_unique<Synthetic>(spec, dp_rank);
@@ -82,6 +84,11 @@ std::unique_ptr<DataSource> open_data(const Config& config, const trainer::Train
     config.reject("model.vocab", fmt::format("must equal the vocabulary of the dataset's tokenizer ({}, from "
                                              "{}/manifest.json)",
                                              manifest.vocab_size, spec.dataset));
+  if (sft && manifest.format != "chat")
+    config.reject("run.objective",
+                  fmt::format("sft needs a chat dataset, and {} is format {}: prepare one with `forge-data "
+                              "prepare --format chat`, or train every token with lm",
+                              spec.dataset, manifest.format));
   data::ReaderOptions options;
   options.seq_len = uint32_t(spec.model.seq_len);
   // One read is one micro-batch across the data-parallel group; this rank gets its slice of it.
@@ -91,6 +98,7 @@ std::unique_ptr<DataSource> open_data(const Config& config, const trainer::Train
   options.seed = spec.seed;
   options.order = data::parse_order(spec.data_order);
   options.document_mask = spec.document_mask;
+  options.loss_mask = sft;
   return std::make_unique<Dataset>(spec.dataset, options, spec.microbatches);
 }
 

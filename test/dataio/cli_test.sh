@@ -101,4 +101,32 @@ cp -r ds ds_trunc
 victim=$(ls ds_trunc/shards/*.h5 | tail -1)
 truncate -s 1000 "$victim"
 expect_exit 65 "$(basename "$victim")" -- "$forge_data" verify ds_trunc
+# Chat: --format chat end to end through the CLI (the C++ test checks the mask token by token).
+python3 - <<'PY'
+import json
+words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet"]
+def text(i, n): return " ".join(words[(i * 7 + k * 3) % 10] + str((i * 31 + k) % 97) for k in range(n))
+with open("chat.jsonl", "w") as f:
+    for i in range(60):
+        m = [{"role": "system", "content": "Be brief."}] if i % 3 == 0 else []
+        m += [{"role": "user", "content": text(i, 8 + i % 11)}, {"role": "assistant", "content": text(i + 100, 6 + i % 13)}]
+        f.write(json.dumps({"messages": m}) + "\n")
+    f.write('{"messages": [{"role": "bot", "content": "x"}]}\n')
+    f.write('{"messages": [{"role": "user", "content": "no reply"}]}\n')
+PY
+expect_exit 65 "chat.jsonl:61: messages\[0\] has unknown role" -- \
+  "$forge_data" prepare --input chat.jsonl=qa --out chatds --vocab 400 --format chat
+[ ! -e chatds ] || fail "a failed chat prepare left chatds"
+"$forge_data" prepare --input chat.jsonl=qa --out chatds --vocab 400 --format chat --max-bad-lines 0.05 \
+  --max-tokens 90 --truncate drop > chat_prepare.txt || fail "chat prepare failed: $(cat chat_prepare.txt)"
+[ "$(json chatds/manifest.json 'd["format"]')" = chat ] || fail "manifest format is not chat"
+[ "$(json chatds/manifest.json 'd["settings"]["chat"]["template"]["name"]')" = forge-chat-1 ] || fail "template not recorded"
+[ "$(json chatds/quality.json 'd["chat"]["malformed_lines"]["count"]')" = 1 ] || fail "malformed line not counted"
+[ "$(json chatds/quality.json 'd["chat"]["degenerate"]["no_assistant_turn"]')" = 1 ] || fail "degenerate record not counted"
+[ "$(json chatds/quality.json 'd["chat"]["truncation"]["dropped_too_long"] > 0')" = True ] || fail "nothing dropped at --max-tokens 90"
+"$forge_data" verify chatds | grep -q 'format chat' || fail "verify does not show the chat format"
+"$forge_data" inspect chatds --docs 1 | grep -q '<|assistant|>\[\[' || fail "inspect does not mark the scored reply"
+h5dump -H "$(ls chatds/shards/*.h5 | head -1)" | grep -q loss_mask || fail "chat shard has no /loss_mask"
+expect_exit 64 "chat.truncate" -- "$forge_data" prepare --input chat.jsonl --out x --format chat --truncate cut
+expect_exit 64 "ingest.format" -- "$forge_data" prepare --input chat.jsonl --out x --format dialog
 echo "cli test passed"

@@ -18,15 +18,22 @@ inline uint32_t fixture_token(size_t domain, uint64_t i, uint32_t vocab) {
   return static_cast<uint32_t>((i * 7919 + domain * 104729 + (i >> 3)) % vocab);
 }
 
+// With `chat`, whether token i of domain d's stream is scored (its /loss_mask byte): runs of scored and
+// unscored tokens of varying lengths, as replies and prompts make them.
+inline bool fixture_scored(size_t domain, uint64_t i) {
+  return ((i + domain) / 3 + (i >> 4)) % 3 != 0;
+}
+
 struct FixtureDomain {
   std::string name;
   std::vector<uint64_t> doc_lengths;  // per split "train"
   uint64_t docs_per_shard = 2;
 };
 
-// Writes a dataset with the given train domains (valid split: one 40-token document per domain).
+// Writes a dataset with the given train domains (valid split: one 40-token document per domain); `chat`
+// makes it a chat dataset whose shards carry loss masks (fixture_scored).
 inline data::Manifest make_fixture_dataset(const std::string& dir, const std::vector<FixtureDomain>& domains,
-                                           uint32_t vocab = 1000) {
+                                           uint32_t vocab = 1000, bool chat = false) {
   namespace fs = std::filesystem;
   fs::create_directories(fs::path(dir) / "shards");
   const std::string tok_bytes = "fixture tokenizer " + std::to_string(vocab);
@@ -38,6 +45,7 @@ inline data::Manifest make_fixture_dataset(const std::string& dir, const std::ve
   m.eos_id = 2;
   m.token_bytes = data::token_bytes_for_vocab(vocab);
   m.licenses = {"unknown"};
+  if (chat) m.format = "chat";
   for (const auto& d : domains) m.domains.push_back(d.name);
   for (const std::string split : {"train", "valid"}) {
     for (size_t d = 0; d < domains.size(); ++d) {
@@ -48,7 +56,10 @@ inline data::Manifest make_fixture_dataset(const std::string& dir, const std::ve
       for (size_t first = 0; first < lengths.size(); first += domains[d].docs_per_shard) {
         data::ShardData sd;
         for (size_t k = first; k < std::min(lengths.size(), first + domains[d].docs_per_shard); ++k) {
-          for (uint64_t t = 0; t < lengths[k]; ++t) sd.tokens.push_back(fixture_token(d, pos++, vocab));
+          for (uint64_t t = 0; t < lengths[k]; ++t, ++pos) {
+            sd.tokens.push_back(fixture_token(d, pos, vocab));
+            if (chat) sd.loss_mask.push_back(fixture_scored(d, pos) ? 1 : 0);
+          }
           sd.doc_offsets.push_back(sd.tokens.size());
           sd.doc_domains.push_back(static_cast<uint16_t>(d));
           sd.doc_licenses.push_back(0);

@@ -607,3 +607,129 @@ TEST_CASE("reader document_mask marks the shards' document boundaries") {
   }
   CHECK(eos_inside);
 }
+
+TEST_CASE("reader loss_mask trains every reply once per epoch, with its prompt, in whole conversations") {
+  forge::test::TempDir tmp;
+  const std::string dir = tmp / "chat", text = tmp / "text";
+  // Conversations shorter and longer than a 16-token row (one exactly 17 tokens: a full window), shards cut
+  // inside windows.
+  const std::vector<forge::test::FixtureDomain> domains = {
+      {"chat", {5, 3, 40, 16, 1, 29, 7, 64, 2, 33, 17, 9, 4, 12, 6, 8, 3}, 3}};
+  const forge::data::Manifest m = forge::test::make_fixture_dataset(dir, domains, 64, /*chat=*/true);
+  forge::test::make_fixture_dataset(text, domains, 64);
+  std::vector<uint64_t> starts;  // of the conversations in the stream, and its end
+  uint64_t base = 0;
+  for (const auto* e : m.shards_of("train", "chat")) {
+    const std::vector<uint64_t> offsets = doc_offsets_of(dir + "/" + e->file);
+    for (size_t k = 0; k + 1 < offsets.size(); ++k) starts.push_back(base + offsets[k]);
+    base += offsets.back();
+  }
+  const uint64_t stream = base;
+  const auto conversation_of = [&](uint64_t token) {
+    return size_t(std::upper_bound(starts.begin(), starts.end(), token) - starts.begin() - 1);
+  };
+  for (Order order : {Order::kBlock, Order::kGlobal}) {
+    INFO("order " << forge::data::order_name(order));
+    ReaderOptions o = options(4, 0, 1, 2, order);
+    o.document_mask = o.loss_mask = true;
+    Reader masked(dir, o);
+    std::vector<int> scored(stream, 0);  // times each stream token was a scored target in one epoch
+    std::set<uint64_t> ids;
+    for (uint64_t s = 0; s < masked.samples_per_epoch() / 4; ++s) {
+      const MicroBatch b = masked.next();
+      REQUIRE(b.problem(64, 16) == std::nullopt);
+      for (int r = 0; r < b.rows; ++r) {
+        const uint64_t id = b.sample_ids[size_t(r)];
+        ids.insert(id);
+        std::vector<int32_t> window(17);
+        masked.read_sample(id, window);
+        // The row opens a conversation: find its stream offset from the tokens (fixture_token is unique
+        // enough over 17 tokens at vocabulary 64 only by position, so match the whole window).
+        uint64_t first = stream;
+        for (uint64_t c : starts) {
+          bool same = c + 17 <= stream;
+          for (uint64_t t = 0; same && t < 17; ++t)
+            same = window[t] == int32_t(forge::test::fixture_token(0, c + t, 64));
+          if (same) first = c;
+        }
+        INFO("sample " << id);
+        REQUIRE(first < stream);  // every sample starts where a conversation does
+        REQUIRE(b.positions[size_t(r) * 16] == 0);
+        for (size_t t = 0; t < 16; ++t) {
+          const size_t i = size_t(r) * 16 + t;
+          REQUIRE(b.inputs[i] == window[t]);
+          if (b.targets[i] == MicroBatch::kIgnore) continue;
+          REQUIRE(b.targets[i] == window[t + 1]);
+          const uint64_t k = first + t + 1;  // the scored token
+          REQUIRE(forge::test::fixture_scored(0, k));
+          // The row's first conversation, or a later one whole in the window.
+          const size_t c = conversation_of(k);
+          const uint64_t end = c + 1 < starts.size() ? starts[c + 1] : stream;
+          REQUIRE((starts[c] == first || (starts[c] > first && end <= first + 17)));
+          ++scored[k];
+        }
+      }
+    }
+    REQUIRE(ids.size() == masked.num_samples());
+    // Every marked token of a conversation whose first 17 tokens lie in the stream is scored exactly once,
+    // unless it is the conversation's first token or beyond its first window.
+    int once = 0;
+    for (uint64_t k = 0; k < stream; ++k) {
+      const uint64_t c = starts[conversation_of(k)];
+      const bool want = forge::test::fixture_scored(0, k) && k != c && k - c <= 16;
+      INFO("token " << k << " of the conversation at " << c);
+      if (c + 17 <= stream)
+        REQUIRE(scored[k] == (want ? 1 : 0));
+      else
+        REQUIRE(scored[k] <= 1);
+      once += scored[k];
+    }
+    CHECK(once > 60);
+    // Random access (the gate's held-out pass) gives the same rows.
+    const MicroBatch again = masked.next();
+    MicroBatch one_row;
+    one_row.resize(1, 16);
+    for (int r = 0; r < again.rows; ++r) {
+      masked.read_sample(again.sample_ids[size_t(r)], one_row, 0);
+      MicroBatch want = again.slice_rows(r, 1);
+      want.epochs = {0};
+      require_same(one_row, want);
+    }
+    // DP slices concatenate to the same batches, and a cursor of windows does not seek a reader of bins.
+    std::vector<MicroBatch> one, four;
+    for (int dp : {1, 4}) {
+      std::vector<std::unique_ptr<Reader>> readers;
+      for (int r = 0; r < dp; ++r) {
+        ReaderOptions ro = options(4, r, dp, 2, order);
+        ro.document_mask = ro.loss_mask = true;
+        readers.push_back(std::make_unique<Reader>(dir, ro));
+      }
+      for (int st = 0; st < 5; ++st) {
+        std::vector<MicroBatch> slices;
+        for (auto& rd : readers) slices.push_back(rd->next());
+        (dp == 1 ? one : four).push_back(MicroBatch::concat(slices));
+      }
+    }
+    for (size_t st = 0; st < one.size(); ++st) require_same(four[st], one[st]);
+    ReaderOptions windows = o;
+    windows.loss_mask = false;
+    Reader plain(dir, windows);
+    CHECK_THROWS_AS(masked.seek(plain.cursor()), Error);
+  }
+  // A text dataset has no masks, and the mask follows the documents.
+  ReaderOptions o = options(8, 0, 1);
+  o.document_mask = o.loss_mask = true;
+  const auto refusal = [](const std::string& at, const ReaderOptions& with) -> std::string {
+    try {
+      Reader r(at, with);
+    } catch (const Error& e) {
+      CHECK(e.code() == ExitCode::kUsage);
+      return e.what();
+    }
+    FAIL("the reader opened " << at);
+    return "";
+  };
+  CHECK_THAT(refusal(text, o), Catch::Contains("--format chat"));
+  o.document_mask = false;
+  CHECK_THAT(refusal(dir, o), Catch::Contains("needs document_mask"));
+}

@@ -146,3 +146,44 @@ TEST_CASE("a NaN loss exits 71 naming the step, with a summary that says so", "[
   CHECK(summary["steps"] == 4);
   CHECK(summary["guard"]["skipped_steps"] == 3);
 }
+
+TEST_CASE("run.objective = sft trains the replies a chat dataset's loss masks mark", "[launcher][sft]") {
+  forge::test::TempDir dir;
+  forge::test::make_fixture_dataset(dir / "chat", {{"chat", {400, 30, 500, 45, 200, 90, 64}, 2}}, 128, true);
+  forge::test::make_fixture_dataset(dir / "text", {{"web", {400, 300, 500, 200}, 2}}, 128);
+  // Scored tokens per step, from the metrics.
+  const auto scored = [&](const std::string& objective) {
+    fs::remove_all(dir / "run");
+    const Result r =
+        run(tiny(dir) + " --run.steps=3 --data.document_mask=true --data.dataset=" + (dir / "chat") +
+            " --run.objective=" + objective);
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    std::vector<double> out;
+    std::ifstream metrics(dir / "run/metrics/rank-0.jsonl");
+    for (std::string line; std::getline(metrics, line);)
+      out.push_back(forge::Json::parse(line)["scored_tokens"]);
+    REQUIRE(out.size() == 3);
+    return out;
+  };
+  const std::vector<double> lm = scored("lm"), sft = scored("sft");
+  for (size_t s = 0; s < 3; ++s) {
+    INFO("step " << s + 1);
+    CHECK(lm[s] > 4 * 32 - 4 * 4);  // every target but those opening a document (a few per row)
+    CHECK(sft[s] > 0);
+    CHECK(sft[s] < 0.8 * lm[s]);  // the fixture masks about a third, and each row's head before its start
+  }
+  // What sft needs, refused before training: a chat dataset.
+  fs::remove_all(dir / "run");
+  Result r = run(tiny(dir) + " --run.objective=sft --data.dataset=" + (dir / "text"));
+  CHECK(r.code == 64);
+  CHECK_THAT(r.output, Catch::Contains("run.objective = sft: sft needs a chat dataset") &&
+                           Catch::Contains("--format chat"));
+  r = run(tiny(dir) + " --run.objective=sft");
+  CHECK(r.code == 64);
+  CHECK_THAT(r.output, Catch::Contains("sft needs a chat dataset (the synthetic stream has no replies)"));
+  r = run(tiny(dir) + " --run.objective=dpo");
+  CHECK(r.code == 64);
+  CHECK_THAT(r.output, Catch::Contains("run.objective"));
+  CHECK_FALSE(fs::exists(dir / "run"));
+}

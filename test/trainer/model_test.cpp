@@ -247,6 +247,55 @@ TEST_CASE("packed documents do not see each other", "[trainer][model][documents]
   CHECK(rel_diff(std::span(unmasked.data() + size_t(A) * V, size_t(Bn) * V), b_packed) > 1e-3);
 }
 
+TEST_CASE("two packed documents train as the two run alone", "[trainer][model][documents]") {
+  // What packing conversations for fine-tuning relies on: with the document mask, the loss and every
+  // gradient of [a | b] in one row are the sums of a alone and b alone; without it, b's part sees a.
+  const ModelConfig cfg = small_config();  // seq_len 24
+  const int T = cfg.seq_len, A = 10, Bn = T - A;
+  const auto a = random_tokens(size_t(A) + 1, cfg.vocab, 31),
+             b = random_tokens(size_t(Bn) + 1, cfg.vocab, 32), pad = random_tokens(size_t(T), cfg.vocab, 33);
+  // A row of documents `docs` (each with its next token as the last target) followed by unscored padding.
+  const auto run = [&](std::initializer_list<const std::vector<int32_t>*> docs, bool mask) {
+    std::vector<int32_t> window;
+    std::vector<int32_t> starts;
+    for (const auto* d : docs) {
+      if (!window.empty()) starts.push_back(int32_t(window.size()));
+      window.insert(window.end(), d->begin(), d->end() - 1);
+    }
+    const int32_t used = int32_t(window.size());
+    if (used < T) starts.push_back(used);
+    window.insert(window.end(), pad.begin(), pad.begin() + (T + 1 - used));
+    MicroBatch batch = forge::test::window_batch(window, 1, T);
+    batch.weights.assign(size_t(T), 1.0f);
+    if (mask) batch.set_documents(0, starts);
+    size_t at = 0;
+    for (const auto* d :
+         docs) {  // each document's last target is its own next token, not the next document's
+      at += d->size() - 1;
+      batch.targets[at - 1] = d->back();
+      batch.weights[at - 1] = 1.0f;
+    }
+    for (size_t i = at; i < size_t(T); ++i) batch.weights[i] = 0.0f;
+    GPT m(cfg, 1);
+    m.init(21);
+    m.zero_grad();
+    const LossSums sums = m.forward_backward(batch, 1.0f);
+    return std::pair(sums, std::vector<float>(m.grads().begin(), m.grads().end()));
+  };
+  const auto [packed, packed_grads] = run({&a, &b}, true);
+  const auto [alone_a, grads_a] = run({&a}, true);
+  const auto [alone_b, grads_b] = run({&b}, true);
+  CHECK(packed.weight == double(T));
+  CHECK(alone_a.weight + alone_b.weight == packed.weight);
+  CHECK(packed.loss == Approx(alone_a.loss + alone_b.loss).epsilon(1e-6));
+  std::vector<float> sum(grads_a.size());
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] = grads_a[i] + grads_b[i];
+  CHECK(rel_diff(packed_grads, sum) < 1e-5);
+  const auto [unmasked, unmasked_grads] = run({&a, &b}, false);
+  CHECK(std::abs(unmasked.loss - packed.loss) > 1e-4 * packed.loss);
+  CHECK(rel_diff(unmasked_grads, sum) > 1e-3);
+}
+
 TEST_CASE("bad token ids are data errors, not crashes", "[trainer][model]") {
   const ModelConfig cfg = small_config();
   GPT m(cfg, 1);

@@ -15,6 +15,7 @@ Json metrics_record(const StepStats& s, int64_t tokens_so_far, double flops_per_
               {"grad_norm", s.grad_norm},
               {"lr", s.lr},
               {"tokens", tokens_so_far},
+              {"scored_tokens", s.scored},
               {"step_ms", s.seconds * 1e3},
               {"tokens_per_s", tps},
               {"mfu", peak_gflops > 0 ? tps * flops_per_token / (peak_gflops * 1e9) : 0.0}};

@@ -19,6 +19,9 @@ void add_trainer_keys(ConfigSchema& s) {
       .add<int64_t>("run.steps", 100, "optimizer steps to train")
       .add<int64_t>("run.seed", 1234, "seed of initialization and synthetic data")
       .add<int>("run.threads", 0, "CPU threads (0: SLURM_CPUS_PER_TASK, else all cores)")
+      .add_choice("run.objective", "lm", {"lm", "sft"},
+                  "what the run learns: lm, every token of the data; sft, the replies a chat dataset's loss "
+                  "mask marks (docs/TRAINER.md)")
       .add<double>("run.peak_gflops", 0.0, "matrix-product peak for MFU in GFLOP/s (0: measure at start)")
       .add<std::string>(
           "run.trace_steps", "",
@@ -169,7 +172,9 @@ TrainSpec train_spec(const Config& c) {
   s.batch = positive<int>(c, "data.batch");
   s.data_order = c.get<std::string>("data.order");
   if (s.data_order != "block" && s.data_order != "global") c.reject("data.order", "must be block or global");
-  s.document_mask = c.get<bool>("data.document_mask");
+  s.objective = c.get<std::string>("run.objective") == "sft" ? Objective::kSft : Objective::kLm;
+  // Fine-tuning packs conversations with their boundaries always: a reply attends to its own prompt only.
+  s.document_mask = c.get<bool>("data.document_mask") || s.objective == Objective::kSft;
   s.dtype = c.get<std::string>("precision.dtype") == "bf16" ? DType::kBF16 : DType::kF32;
   s.layout.tp = positive<int>(c, "parallel.tp");
   s.layout.cp = positive<int>(c, "parallel.cp");

@@ -306,6 +306,7 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   st.lr = lr;
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   st.tokens = int64_t(m) * dpn * spec_.batch * T;
+  st.scored = weight;
   st.finite = finite;
   st.comm_s = comm1.wait - comm0.wait;
   st.bubble_s = pipe1.wait - pipe0.wait;

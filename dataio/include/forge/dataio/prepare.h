@@ -15,6 +15,14 @@
 
 namespace forge::data {
 
+// Chat datasets (IngestOptions::format "chat"): a conversation longer than `max_tokens` tokens (its
+// end-of-sequence id included; 0 = no limit) is dropped, or cut to its first max_tokens - 1 tokens plus the
+// end-of-sequence id, keeping their mask; a cut conversation that keeps no scored token is dropped.
+struct ChatPrepareOptions {
+  uint64_t max_tokens = 0;
+  bool drop_long = false;  // "drop" policy; false = "truncate"
+};
+
 struct PrepareOptions {
   std::vector<InputSpec> inputs;
   std::string out;
@@ -30,6 +38,7 @@ struct PrepareOptions {
   MinHashOptions minhash;
   FilterOptions filters;
   TokenizerTrainOptions tokenizer;
+  ChatPrepareOptions chat;
 };
 
 // The INI keys of prepare.ini (and --section.key overrides), with their defaults.

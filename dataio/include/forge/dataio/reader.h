@@ -1,7 +1,8 @@
 // The dataset reader used by the trainer and the eval gate.
 //
 // Samples are windows of seq_len+1 tokens (inputs and shifted targets) cut from each domain's token
-// stream (its shards of the split, concatenated) at multiples of seq_len. The global order of samples is a
+// stream (its shards of the split, concatenated) at multiples of seq_len (chat data under loss_mask: at
+// the starts of bins of whole conversations). The global order of samples is a
 // pure function of (dataset, split, domain selection, seq_len, seed, domain weights, order): position p of
 // the stream lies in epoch p / E (E = samples per epoch) and maps to a sample through seeded permutations,
 // so it needs no table and no state beyond p. The block order (default) shuffles windows within groups of
@@ -51,6 +52,12 @@ struct ReaderOptions {
   // segments count at every document start inside a row, and the target that opens the next document is
   // not scored (MicroBatch::set_documents). Off: a row is one document (the pretraining default).
   bool document_mask = false;
+  // Chat datasets (manifest format "chat", shards with /loss_mask): a sample is a bin of whole
+  // conversations packed in stream order (one longer than the window is cut at its end), so every reply is
+  // trained once per epoch with its prompt; a target is scored only where the mask marks its token (an
+  // assistant's reply and its end of turn). Needs document_mask. Off: windows at multiples of seq_len,
+  // every target scored (pretraining on the same data).
+  bool loss_mask = false;
 };
 
 struct Cursor {
@@ -62,6 +69,7 @@ struct Cursor {
   std::map<std::string, double> domain_weights;
   Order order = Order::kBlock;
   uint32_t block_windows = 0, group_blocks = 0;  // the block order's resolved W and G (0 for global)
+  bool conversations = false;                    // samples are conversation bins (ReaderOptions::loss_mask)
 
   Json to_json() const;
   // forge::Error(kData) on a malformed cursor. A cursor without "order" was written before the block

@@ -1,11 +1,14 @@
 // Stage 6: the SentencePiece tokenizer (BPE with byte fallback). Trained on a deterministic sample of the
 // cleaned corpus, or loaded from an existing model; the model file's SHA-256 identifies it everywhere.
+// A trained model reserves "\n" and the chat markers (forge/dataio/chat.h) as user-defined symbols, for
+// text datasets too: a model pretrained on text can then be fine-tuned on chat with the same tokenizer.
 #pragma once
 
 #include "forge/dataio/document.h"
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -68,6 +71,9 @@ class Tokenizer {
   void encode(std::string_view text, std::vector<int>& ids, EncodeCache& cache) const;
   std::string decode(std::span<const int> ids) const;
   std::string piece(int id) const;
+  // The id of the vocabulary piece spelled exactly `piece` (SentencePiece's spelling: U+2581 for a space),
+  // if the model has one.
+  std::optional<uint32_t> piece_id(std::string_view piece) const;
   uint32_t vocab_size() const;
   int eos_id() const;
   const std::string& sha256() const { return sha256_; }

@@ -39,6 +39,10 @@ struct TraceSteps {
   TraceSteps window(int64_t done, int64_t steps) const;
 };
 
+// What a run learns (run.objective): every token of the data, or, fine-tuning on a chat dataset, the
+// tokens its loss mask scores (the assistant's replies).
+enum class Objective { kLm, kSft };
+
 // Everything one training process needs, validated.
 struct TrainSpec {
   std::string name, dir, dataset;
@@ -51,6 +55,7 @@ struct TrainSpec {
   int batch = 0;               // sequences per micro-batch and data-parallel rank
   int microbatches = 1;        // micro-batches accumulated per optimizer step
   bool document_mask = false;  // packed documents: attention and positions stop at document boundaries
+  Objective objective = Objective::kLm;
   ModelConfig model;
   OptimConfig optim;
   DType dtype = DType::kF32;

@@ -12,6 +12,9 @@ struct StepStats {
   double lr = 0;
   double seconds = 0;
   int64_t tokens = 0;  // positions trained in this step, over all data-parallel ranks
+  // The loss's normaliser: the scored targets' summed weight over every micro-batch and data-parallel rank
+  // (pretraining: the positions less the ones opening a document; fine-tuning: the masked replies).
+  double scored = 0;
   // False when the loss or the gradient norm is NaN/Inf: the update was dropped (weights and optimizer
   // moments unchanged) but the step still counts (its data is consumed and the schedule advances). The
   // guard (guard.h) decides what happens next. The same on every rank.

@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Builds the demo's chat set from the demo corpus's man pages (scripts/make-demo-corpus.sh docs/): no
+downloads, the same machine gives the same set.
+
+Usage: scripts/make-demo-chat.py DOCS_DIR OUT.jsonl
+
+Every page gives a conversation about its command (what it is for, then more detail) and one per option it
+documents (what the option does); every third has a system turn. The replies are the page's own words, so a
+model fine-tuned on them learns to answer in the pages' terms. Output: JSONL records {"messages": [{"role",
+"content"}, ...]}, the input of `forge-data prepare --format chat` (docs/DATA.md, "Chat data").
+"""
+import json
+import os
+import re
+import sys
+
+SYSTEM = "You answer questions about the commands of this machine, in the words of their manual pages."
+
+
+def sections(lines):
+    """The page's lines under each upper-case heading (NAME, SYNOPSIS, DESCRIPTION, OPTIONS, ...)."""
+    out, current = {}, None
+    for line in lines:
+        if re.fullmatch(r"[A-Z][A-Z ]+", line.strip()):
+            current = line.strip()
+            out.setdefault(current, [])
+        elif current:
+            out[current].append(line.strip())
+    return out
+
+
+def sentence(text, limit):
+    """The text up to its first full stop after 40 characters, at most `limit` characters."""
+    text = re.sub(r"\s+", " ", text).strip()
+    stop = text.find(". ", 40)
+    if 0 < stop < limit:
+        return text[: stop + 1]
+    return text[:limit].rstrip() + ("" if text[:limit].endswith(".") else ".")
+
+
+def conversations(page):
+    lines = page.splitlines()
+    s = sections(lines)
+    name = next((l for l in s.get("NAME", []) if " - " in l), None)
+    if not name:
+        return []
+    command, purpose = (x.strip() for x in name.split(" - ", 1))
+    command = command.split(",")[0].strip()
+    if not command or not purpose:
+        return []
+    body = s.get("DESCRIPTION", []) + s.get("OPTIONS", [])
+    detail = " ".join(l for l in body if l and not l.startswith("-"))
+    out = []
+    turns = [("user", f"What is {command} for?"), ("assistant", f"{command}: {purpose}.")]
+    if len(detail) > 60:
+        turns += [("user", f"Tell me more about {command}."), ("assistant", sentence(detail, 300))]
+    out.append(turns)
+    for i, line in enumerate(body[:-1]):
+        option, meaning = line.split(" ")[0], body[i + 1]
+        if re.fullmatch(r"--?[A-Za-z][-A-Za-z0-9]*", option) and meaning and not meaning.startswith("-"):
+            out.append([("user", f"What does {option} do in {command}?"), ("assistant", sentence(meaning, 200))])
+        if len(out) > 8:
+            break
+    return out
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit("usage: make-demo-chat.py DOCS_DIR OUT.jsonl")
+    docs, out_path = sys.argv[1:]
+    n = 0
+    with open(out_path, "w", encoding="utf-8") as out:
+        for name in sorted(os.listdir(docs)):
+            with open(os.path.join(docs, name), encoding="utf-8", errors="replace") as f:
+                page = f.read()
+            for turns in conversations(page):
+                messages = [{"role": "system", "content": SYSTEM}] if n % 3 == 0 else []
+                messages += [{"role": r, "content": c} for r, c in turns]
+                out.write(json.dumps({"messages": messages}) + "\n")
+                n += 1
+    if n == 0:
+        sys.exit(f"make-demo-chat.py: no manual page in {docs} gave a conversation")
+    print(f"{n} conversations from {docs} -> {out_path}")
+
+
+if __name__ == "__main__":
+    main()
