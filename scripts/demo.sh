@@ -205,6 +205,42 @@ for _ in $(seq 1 600); do
 done
 cat "$run/gate/summary.txt"
 
+stage "post-training: SFT on chat data, fine-tuned from the release, gated against it (team-a, explore tier)"
+# A chat set from the corpus's man pages (scripts/make-demo-chat.py), prepared with the pretraining
+# tokenizer (it reserves the chat markers), then run.objective = sft from the release the gate just
+# promoted; the second gate compares the held-out masked loss of the fine-tune with its parent's.
+release=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["promoted_to"] or "")' "$run/gate/verdict.json")
+[ -n "$release" ] || { echo "demo: the gate promoted no release to fine-tune from" >&2; exit 1; }
+python3 "$root/scripts/make-demo-chat.py" "$work/corpus/docs" "$work/chat.jsonl"
+"$bin/dataio/forge-data" prepare --format chat --input "$work/chat.jsonl=chat" \
+  --tokenizer "$work/dataset/tokenizer.model" --valid-fraction 0.1 --out "$work/chat-dataset" | grep -E "^chat|^  (truncation|per conversation)"
+sft_run=$work/runs/sft
+sft_steps=$((fast ? 20 : 60))
+sed -e "s|^dir = .*|dir = $sft_run|" -e "s|^dataset = .*|dataset = $work/chat-dataset|" \
+  -e "s/^steps = .*/steps = $sft_steps/" -e "s/^milestone_every = .*/milestone_every = $sft_steps/" \
+  -e "s/^recovery_every = .*/recovery_every = $((sft_steps / 2))/" "$root/configs/sft.ini" > "$work/sft.ini"
+ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp2 \
+  --gate-policy="$root/configs/gate.sft.ini" --baseline="$release" --finetune-from="$release" \
+  "$work/sft.ini" "$work/chat-dataset")
+echo "$ids"
+train=$(awk '/train job/ {print $3}' <<<"$ids")
+gate=$(awk '/gate job/ {print $3}' <<<"$ids")
+for _ in $(seq 1 900); do
+  state=$(sacct -X -n -P -j "$gate" -o State | tail -n1)
+  case $state in COMPLETED|FAILED|CANCELLED*|TIMEOUT) break ;; esac
+  sleep 1
+done
+python3 - "$sft_run/metrics/rank-0.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+scored = sum(r["scored_tokens"] for r in rows) / len(rows)
+print(f"sft: {len(rows)} steps, loss {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f} on the replies: "
+      f"{scored:.0f} scored tokens per step of {rows[0]['tokens']} positions")
+PY
+cat "$sft_run/gate/summary.txt"
+[ "$state" = COMPLETED ] || { echo "demo: the fine-tune's gate ended $state" >&2; exit 1; }
+"$bin/launcher/forge-train" report "$sft_run" >/dev/null
+
 stage "accounting: forge-quota sync and report"
 # --runs: the run's summary.json gives the report its tokens and MFU columns.
 quota sync --runs "$work/runs"
@@ -221,5 +257,6 @@ echo "prometheus: $FORGE_PROMETHEUS_DIR/forge_quota.prom ($(grep -c '^forge_quot
 stage "done"
 echo "demo: dataset $work/dataset (quality report $work/dataset/quality.json)"
 echo "demo: run $run (metrics, summary.json, checkpoints, gate/verdict.json)"
+echo "demo: fine-tune $sft_run on $work/chat-dataset (report.html, gate/verdict.json against $release)"
 echo "demo: training report $run/report.html; TensorBoard: tensorboard --logdir $run/tb"
 echo "demo: cost report $work/quota-report.html"

@@ -37,7 +37,8 @@ if [ $rc -ne 0 ]; then
 fi
 
 for s in "install dependencies" "build" "dev cluster up" "demo corpus and dataset" "submit the pipeline" \
-  "preempt the training job" "a GPU fails mid-run" "gate: evaluate" "accounting: forge-quota sync and report" "done"; do
+  "preempt the training job" "a GPU fails mid-run" "gate: evaluate" "post-training: SFT on chat data" \
+  "accounting: forge-quota sync and report" "done"; do
   grep -qE "^\[demo [0-9:]+\] == $s" "$LOG" || fail "no progress line for stage '$s'"
 done
 run=$FORGE_DEMO_DIR/runs/demo
@@ -96,6 +97,24 @@ assert requeued > 0, "sacct shows no requeued allocation of the training job"
 assert row[0]["wasted_gpu_hours"] < requeued, (row[0]["wasted_gpu_hours"], requeued)
 PY
   fail "the cost report's MFU, ETTR or waste of the training job is wrong: $(cat "$WORK/train-sacct.txt")"
+
+# The fine-tune: a chat dataset with loss masks, SFT from the promoted release on the replies only, gated
+# on the held-out replies against that release (measured alike) and promoted.
+sft=$FORGE_DEMO_DIR/runs/sft
+grep -qE "^chat \(forge-chat-1\): [0-9]+ conversations" "$LOG" || fail "no chat dataset report"
+grep -qE "^sft: 20 steps, loss .* on the replies: [0-9]+ scored tokens per step of 2048 positions" "$LOG" ||
+  fail "the SFT run's line is missing: $(grep -m1 '^sft:' "$LOG")"
+python3 - "$sft/gate/verdict.json" "$run/gate/verdict.json" "$sft/metrics/rank-0.jsonl" <<'PY' ||
+import json, sys
+v, parent = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert v["pass"] and v["promoted_to"], v
+assert v["replies_only"] and v["document_mask"], "the fine-tune was not judged on its replies"
+assert v["baseline"]["path"] == parent["promoted_to"], (v["baseline"], parent["promoted_to"])
+assert v["domains"]["chat"]["loss"] < v["baseline_domains"]["chat"]["loss"], "the fine-tune answers no better"
+rows = [json.loads(l) for l in open(sys.argv[3])]
+assert all(0 < r["scored_tokens"] < 2048 for r in rows), [r["scored_tokens"] for r in rows]
+PY
+  fail "the fine-tune's gate verdict or metrics are wrong: $(cat "$sft/gate/summary.txt" 2>&1 | head -n 3)"
 
 # The two reports, kept for the browser test (browser_test.py; its screenshots land next to them).
 pages=$FORGE_BUILD_DIR/test/artifacts/demo
