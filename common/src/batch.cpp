@@ -12,7 +12,7 @@ namespace {
 
 // Serialized form: magic, rows, seq_len, which optional fields follow, then the arrays in field order.
 constexpr char kMagic[8] = {'F', 'M', 'B', 'A', 'T', 'C', 'H', '1'};
-constexpr uint32_t kHasWeights = 1, kHasPositions = 2, kHasSegments = 4;
+constexpr uint32_t kHasWeights = 1, kHasPositions = 2, kHasSegments = 4, kHasReference = 8;
 
 template <typename T>
 void put(std::string& out, const std::vector<T>& v) {
@@ -44,6 +44,7 @@ void MicroBatch::resize(int r, int t) {
   weights.clear();
   positions.clear();
   segments.clear();
+  reference_logps.clear();
 }
 
 double MicroBatch::weight_sum() const {
@@ -103,6 +104,15 @@ std::optional<std::string> MicroBatch::problem(int vocab, int max_positions) con
       return where(i, fmt::format("target id {} is outside the vocabulary [0, {})", targets[i], vocab));
     if (!weights.empty() && !(std::isfinite(weights[i]) && weights[i] >= 0))
       return where(i, fmt::format("loss weight {} is not a finite value >= 0", weights[i]));
+    if (!reference_logps.empty() && i % size_t(seq_len) == 0) {
+      const size_t r = i / size_t(seq_len);
+      if (segments.empty() || reference_logps.size() != 2 * size_t(rows))
+        return where(i,
+                     "a batch of preference pairs needs documents and two reference log-probabilities a row");
+      for (const double lp : {reference_logps[2 * r], reference_logps[2 * r + 1]})
+        if (!(std::isfinite(lp) && lp <= 0))
+          return where(i, fmt::format("reference log-probability {} is not a finite value <= 0", lp));
+    }
     const int32_t pos = positions.empty() ? int32_t(i % size_t(seq_len)) : positions[i];
     if (pos < 0 || pos >= max_positions)
       return where(i, fmt::format("position {} is outside [0, {})", pos, max_positions));
@@ -129,6 +139,8 @@ MicroBatch MicroBatch::slice_rows(int first, int count) const {
   if (!segments.empty()) append_rows(out.segments, segments, lo, n);
   append_rows(out.sample_ids, sample_ids, size_t(first), size_t(count));
   append_rows(out.epochs, epochs, size_t(first), size_t(count));
+  if (!reference_logps.empty())
+    append_rows(out.reference_logps, reference_logps, 2 * size_t(first), 2 * size_t(count));
   return out;
 }
 
@@ -149,6 +161,9 @@ MicroBatch MicroBatch::concat(std::span<const MicroBatch> parts) {
     append_rows(out.targets, p.targets, 0, p.size());
     append_rows(out.sample_ids, p.sample_ids, 0, size_t(p.rows));
     append_rows(out.epochs, p.epochs, 0, size_t(p.rows));
+    if (p.reference_logps.size() != (parts[0].reference_logps.empty() ? 0 : 2 * size_t(p.rows)))
+      throw std::invalid_argument("MicroBatch::concat: preference pairs mixed with other rows");
+    append_rows(out.reference_logps, p.reference_logps, 0, p.reference_logps.size());
     // A part without an optional field contributes its default values.
     for (size_t i = 0; i < p.size(); ++i) {
       if (weights) out.weights.push_back(p.weights.empty() ? 1.0f : p.weights[i]);
@@ -163,7 +178,8 @@ MicroBatch MicroBatch::concat(std::span<const MicroBatch> parts) {
 std::string MicroBatch::serialize() const {
   std::string out(kMagic, sizeof kMagic);
   const uint32_t flags = (weights.empty() ? 0 : kHasWeights) | (positions.empty() ? 0 : kHasPositions) |
-                         (segments.empty() ? 0 : kHasSegments);
+                         (segments.empty() ? 0 : kHasSegments) |
+                         (reference_logps.empty() ? 0 : kHasReference);
   const uint32_t header[3] = {uint32_t(rows), uint32_t(seq_len), flags};
   out.append(reinterpret_cast<const char*>(header), sizeof header);
   put(out, inputs);
@@ -173,6 +189,7 @@ std::string MicroBatch::serialize() const {
   put(out, segments);
   put(out, sample_ids);
   put(out, epochs);
+  put(out, reference_logps);
   return out;
 }
 
@@ -194,6 +211,7 @@ MicroBatch MicroBatch::deserialize(std::string_view in) {
   take(in, b.segments, header[2] & kHasSegments ? n : 0);
   take(in, b.sample_ids, size_t(b.rows));
   take(in, b.epochs, size_t(b.rows));
+  take(in, b.reference_logps, header[2] & kHasReference ? 2 * size_t(b.rows) : 0);
   if (!in.empty()) fail(ExitCode::kData, "serialized micro-batch has {} trailing bytes", in.size());
   return b;
 }

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 
 namespace fs = std::filesystem;
 
@@ -27,46 +28,96 @@ std::string_view role_marker(ChatRole role) {
   return kChatUser;
 }
 
+// "" when `rec` is a parsed JSON object, else why the line is malformed.
+std::string check_record(const Json& rec) {
+  if (rec.is_discarded()) return "not valid JSON";
+  if (!rec.is_object()) return "not a JSON object";
+  return "";
+}
+
+// One {"role", "content"} object; `where` names it in the reason ("messages[2]").
+std::string parse_message(const Json& m, const std::string& where, ChatMessage& msg) {
+  if (!m.is_object()) return where + " is not an object";
+  const auto role = m.find("role");
+  if (role == m.end() || !role->is_string()) return where + " has no string \"role\"";
+  const auto content = m.find("content");
+  if (content == m.end() || !content->is_string()) return where + " has no string \"content\"";
+  const std::string& r = role->get_ref<const std::string&>();
+  if (r == "system") {
+    msg.role = ChatRole::kSystem;
+  } else if (r == "user") {
+    msg.role = ChatRole::kUser;
+  } else if (r == "assistant") {
+    msg.role = ChatRole::kAssistant;
+  } else {
+    // Clip what we quote: the reason lands in quality.json and on a terminal.
+    return fmt::format("{} has unknown role {} (system, user or assistant)", where,
+                       Json(r.substr(0, 40)).dump());
+  }
+  msg.content = content->get<std::string>();
+  return "";
+}
+
+std::string parse_messages(const Json& list, const char* name, std::vector<ChatMessage>& out) {
+  for (size_t i = 0; i < list.size(); ++i) {
+    ChatMessage msg;
+    if (std::string why = parse_message(list[i], fmt::format("{}[{}]", name, i), msg); !why.empty())
+      return why;
+    out.push_back(std::move(msg));
+  }
+  return "";
+}
+
+// The optional string fields every record may carry ("" when absent or not a string).
+void read_meta(const Json& rec, std::string& domain, std::string& source, std::string& license) {
+  const auto str = [&](const char* key) {
+    const auto it = rec.find(key);
+    return it != rec.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  domain = str("domain");
+  source = str("source");
+  license = str("license");
+}
+
+// A preference reply: a string, one assistant message, or a list holding one assistant message.
+std::string parse_reply(const Json& rec, const char* name, std::string& content) {
+  const auto it = rec.find(name);
+  if (it == rec.end()) return fmt::format("no \"{}\" reply", name);
+  if (it->is_string()) {
+    content = it->get<std::string>();
+    return "";
+  }
+  const Json* m = &*it;
+  std::string where = name;
+  if (it->is_array()) {
+    if (it->size() != 1)
+      return fmt::format(
+          "\"{}\" is a list of {} messages (give only the assistant reply; the prompt goes "
+          "in \"prompt\")",
+          name, it->size());
+    m = &(*it)[0];
+    where += "[0]";
+  } else if (!it->is_object()) {
+    return fmt::format("\"{}\" is not a string, an assistant message or a list of one", name);
+  }
+  ChatMessage msg;
+  if (std::string why = parse_message(*m, where, msg); !why.empty()) return why;
+  if (msg.role != ChatRole::kAssistant)
+    return fmt::format("{} has role {} (a reply is an assistant message)", where, (*m)["role"].dump());
+  content = std::move(msg.content);
+  return "";
+}
+
 }  // namespace
 
 std::string parse_chat_line(std::string_view line, ChatRecord& record) {
   record = ChatRecord{};
   const Json rec = Json::parse(line, nullptr, false);
-  if (rec.is_discarded()) return "not valid JSON";
-  if (!rec.is_object()) return "not a JSON object";
+  if (const std::string why = check_record(rec); !why.empty()) return why;
   const auto msgs = rec.find("messages");
   if (msgs == rec.end() || !msgs->is_array()) return "no \"messages\" array";
-  for (size_t i = 0; i < msgs->size(); ++i) {
-    const Json& m = (*msgs)[i];
-    if (!m.is_object()) return fmt::format("messages[{}] is not an object", i);
-    const auto role = m.find("role");
-    if (role == m.end() || !role->is_string()) return fmt::format("messages[{}] has no string \"role\"", i);
-    const auto content = m.find("content");
-    if (content == m.end() || !content->is_string())
-      return fmt::format("messages[{}] has no string \"content\"", i);
-    ChatMessage msg;
-    const std::string& r = role->get_ref<const std::string&>();
-    if (r == "system") {
-      msg.role = ChatRole::kSystem;
-    } else if (r == "user") {
-      msg.role = ChatRole::kUser;
-    } else if (r == "assistant") {
-      msg.role = ChatRole::kAssistant;
-    } else {
-      // Clip what we quote: the reason lands in quality.json and on a terminal.
-      return fmt::format("messages[{}] has unknown role {} (system, user or assistant)", i,
-                         Json(r.substr(0, 40)).dump());
-    }
-    msg.content = content->get<std::string>();
-    record.messages.push_back(std::move(msg));
-  }
-  const auto str = [&](const char* key) {
-    const auto it = rec.find(key);
-    return it != rec.end() && it->is_string() ? it->get<std::string>() : std::string();
-  };
-  record.domain = str("domain");
-  record.source = str("source");
-  record.license = str("license");
+  if (std::string why = parse_messages(*msgs, "messages", record.messages); !why.empty()) return why;
+  read_meta(rec, record.domain, record.source, record.license);
   return "";
 }
 
@@ -177,21 +228,70 @@ void chat_loss_mask(std::span<const uint32_t> ids, const ChatMarkerIds& markers,
   }
 }
 
+void final_reply_loss_mask(std::span<const uint32_t> ids, const ChatMarkerIds& markers,
+                           std::vector<uint8_t>& mask) {
+  chat_loss_mask(ids, markers, mask);
+  const auto last = std::find(ids.rbegin(), ids.rend(), markers.assistant);
+  const auto reply = static_cast<std::ptrdiff_t>(ids.rend() - last);  // 0 when there is no assistant marker
+  std::fill(mask.begin(), mask.begin() + reply, uint8_t{0});
+}
+
+namespace {
+
+// The preference checks of one shard (masks already known to be one 0/1 value per token): pairs whole, each
+// half's mask exactly its final reply, both halves on the same prompt tokens.
+void verify_pairs(const std::string& path, const ShardData& data, const ChatMarkerIds& markers) {
+  const uint64_t docs = data.documents();
+  if (docs % 2 != 0)
+    fail(ExitCode::kData,
+         "shard {}: {} documents, but a preference shard holds whole pairs (chosen, rejected); rebuild it "
+         "with 'forge-data prepare --format preference'",
+         path, docs);
+  std::vector<uint8_t> want;
+  std::span<const uint32_t> prompt[2];
+  for (uint64_t d = 0; d < docs; ++d) {
+    const uint64_t a = data.doc_offsets[d], b = data.doc_offsets[d + 1];
+    // The end-of-sequence id closes every document unscored, also one cut inside its reply.
+    const std::span<const uint32_t> ids(data.tokens.data() + a, b - a - (b > a ? 1 : 0));
+    final_reply_loss_mask(ids, markers, want);
+    want.push_back(0);
+    for (uint64_t i = 0; i < b - a; ++i)
+      if (data.loss_mask[a + i] != want[i])
+        fail(ExitCode::kData,
+             "shard {}: document {} ({} of pair {}) has mask {} at its token {}, the final-reply rule gives "
+             "{}",
+             path, d, d % 2 ? "rejected" : "chosen", d / 2, data.loss_mask[a + i], i, want[i]);
+    const auto last = std::find(ids.rbegin(), ids.rend(), markers.assistant);
+    prompt[d % 2] = ids.first(static_cast<size_t>(ids.rend() - last));
+    if (d % 2 == 1 && !std::equal(prompt[0].begin(), prompt[0].end(), prompt[1].begin(), prompt[1].end()))
+      fail(ExitCode::kData,
+           "shard {}: documents {} and {} (pair {}) do not start with the same prompt tokens", path, d - 1, d,
+           d / 2);
+  }
+}
+
+}  // namespace
+
 void verify_chat_masks(const std::string& dataset_dir) {
   const Manifest m = load_manifest(dataset_dir);
-  const bool chat = m.format == "chat";
+  const bool masked = m.format == "chat" || m.format == "preference";
+  std::optional<ChatMarkerIds> markers;
+  if (m.format == "preference") {
+    const std::string model = (fs::path(dataset_dir) / m.tokenizer_file).string();
+    markers = chat_marker_ids(Tokenizer::load(model), model);
+  }
   for (const auto& e : m.shards) {
     const std::string path = (fs::path(dataset_dir) / e.file).string();
     const ShardData data = read_shard(path);
-    if (!chat) {
+    if (!masked) {
       if (!data.loss_mask.empty())
         fail(ExitCode::kData, "shard {}: has a /loss_mask but the manifest's format is text", path);
       continue;
     }
     if (data.loss_mask.size() != data.tokens.size())
       fail(ExitCode::kData,
-           "shard {}: a chat shard needs a /loss_mask of one value per token ({} for {} tokens)", path,
-           data.loss_mask.size(), data.tokens.size());
+           "shard {}: a {} shard needs a /loss_mask of one value per token ({} for {} tokens)", path,
+           m.format, data.loss_mask.size(), data.tokens.size());
     for (size_t d = 0; d + 1 < data.doc_offsets.size(); ++d) {
       uint64_t scored = 0;
       for (uint64_t i = data.doc_offsets[d]; i < data.doc_offsets[d + 1]; ++i) {
@@ -202,9 +302,80 @@ void verify_chat_masks(const std::string& dataset_dir) {
       }
       if (scored == 0)
         fail(ExitCode::kData,
-             "shard {}: document {} scores no token (a chat document needs an assistant reply)", path, d);
+             "shard {}: document {} scores no token (a {} document needs an assistant reply)", path, d,
+             m.format);
     }
+    if (markers) verify_pairs(path, data, *markers);
   }
+}
+
+// ---- Preference pairs ----
+
+std::string parse_preference_line(std::string_view line, PreferenceRecord& record) {
+  record = PreferenceRecord{};
+  const Json rec = Json::parse(line, nullptr, false);
+  if (const std::string why = check_record(rec); !why.empty()) return why;
+  const auto prompt = rec.find("prompt");
+  if (prompt == rec.end()) return "no \"prompt\"";
+  if (prompt->is_string()) {
+    record.prompt.push_back({ChatRole::kUser, prompt->get<std::string>()});
+  } else if (prompt->is_array()) {
+    if (std::string why = parse_messages(*prompt, "prompt", record.prompt); !why.empty()) return why;
+  } else {
+    return "\"prompt\" is not a string or a list of messages";
+  }
+  if (std::string why = parse_reply(rec, "chosen", record.chosen); !why.empty()) return why;
+  if (std::string why = parse_reply(rec, "rejected", record.rejected); !why.empty()) return why;
+  read_meta(rec, record.domain, record.source, record.license);
+  return "";
+}
+
+std::string preference_degenerate_reason(const PreferenceRecord& r) {
+  if (std::all_of(r.prompt.begin(), r.prompt.end(), [](const ChatMessage& m) { return m.content.empty(); }))
+    return kPreferenceDegenerateReasons[0];
+  // The reply would follow a reply: there is no question the pair ranks answers to.
+  if (r.prompt.back().role == ChatRole::kAssistant) return kPreferenceDegenerateReasons[1];
+  if (r.chosen.empty()) return kPreferenceDegenerateReasons[2];
+  if (r.rejected.empty()) return kPreferenceDegenerateReasons[3];
+  // Identical halves give DPO a zero margin and no gradient; they only dilute the batch.
+  if (r.chosen == r.rejected) return kPreferenceDegenerateReasons[4];
+  return "";
+}
+
+std::string render_preference_pair(const PreferenceRecord& r) {
+  std::vector<ChatMessage> conv = r.prompt;
+  conv.push_back({ChatRole::kAssistant, r.chosen});
+  std::string out = render_chat(conv);
+  out += kPairSeparator;
+  conv.back().content = r.rejected;
+  out += render_chat(conv);
+  return out;
+}
+
+std::pair<std::string_view, std::string_view> split_preference_pair(std::string_view text,
+                                                                    const std::string& where) {
+  const std::string junction = std::string(kChatEnd) + std::string(kPairSeparator);
+  const size_t at = text.find(junction);
+  if (at == std::string_view::npos)
+    fail(ExitCode::kData,
+         "{}: a preference pair without the separator between its halves (internal: a "
+         "stage changed the rendered pair)",
+         where);
+  return {text.substr(0, at + kChatEnd.size()), text.substr(at + junction.size())};
+}
+
+Json preference_rules_json() {
+  return {{"pairs",
+           "documents 2k and 2k + 1 of each (split, domain) stream are the chosen and the rejected "
+           "conversation of pair k, in the same shard"},
+          {"render", "each half: the prompt messages, then the reply as one assistant turn (chat template)"},
+          {"loss_mask",
+           "only the final assistant reply of each half and its end_of_turn; assistant turns in the prompt "
+           "are context"},
+          {"cleaning",
+           "dedup, near dedup, decontamination and the validation split see a pair as one unit (prompt plus "
+           "both replies)"},
+          {"max_tokens", "applies to each half; a pair is dropped when either half is dropped"}};
 }
 
 }  // namespace forge::data

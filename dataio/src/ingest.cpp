@@ -147,13 +147,13 @@ void ingest_jsonl(const std::string& data, const std::string& path, const InputS
   }
 }
 
-// Chat: every non-blank line is one conversation, or a counted malformed line, or a counted degenerate
-// record. Each message's content is normalized before its markers are neutralized: normalization removes
-// characters (controls, U+200B), so run after the check it could join "<\x01|user|>" into a live marker.
-void ingest_chat_jsonl(const std::string& data, const std::string& path, const InputSpec& in,
-                       const IngestOptions& options, Corpus& corpus, IngestStats& stats) {
+// Chat and preference: every non-blank line is one record, or a counted malformed line, or a counted
+// degenerate record. `record(line, line_no)` parses and admits one line and returns "" or why it is
+// malformed; the loop does the counting, the line numbers and the UTF-8 repair both formats share.
+template <typename Record>
+void ingest_records(const std::string& data, const std::string& path, const IngestOptions& options,
+                    IngestStats& stats, const Record& record) {
   ChatIngestStats& cs = stats.chat;
-  ChatRecord rec;
   size_t start = 0;
   for (int line_no = 1; start < data.size(); ++line_no) {
     size_t nl = data.find('\n', start);
@@ -182,29 +182,77 @@ void ingest_chat_jsonl(const std::string& data, const std::string& path, const I
       bad(fmt::format("{} bytes of invalid UTF-8", invalid));
       continue;
     }
-    if (const std::string why = parse_chat_line(line, rec); !why.empty()) {
+    if (const std::string why = record(line, line_no); !why.empty()) {
       bad(why);
       continue;
     }
     if (invalid > 0) ++stats.utf8_repaired;
-    for (auto& m : rec.messages) {
-      m.content = normalize_text(m.content);
-      cs.markers_neutralized += neutralize_markers(m.content);
-    }
+  }
+}
+
+// Each message's content is normalized before its markers are neutralized: normalization removes
+// characters (controls, U+200B), so run after the check it could join "<\x01|user|>" into a live marker.
+void clean_content(std::string& content, ChatIngestStats& cs) {
+  content = normalize_text(content);
+  cs.markers_neutralized += neutralize_markers(content);
+}
+
+// The domain of a record: the input's, else the record's, else the default.
+std::string record_domain(const InputSpec& in, const std::string& from_record, const IngestOptions& options,
+                          const std::string& path, int line_no) {
+  if (!in.domain.empty()) return in.domain;
+  std::string domain = from_record.empty() ? options.default_domain : from_record;
+  check_domain_name(domain, fmt::format("{}:{}", path, line_no));
+  return domain;
+}
+
+// Appends one rendered record (a conversation or a pair) through the byte-level checks.
+void admit_record(std::string rendered, const std::string& source, const std::string& domain,
+                  const std::string& license, const std::string& path, int line_no,
+                  const IngestOptions& options, Corpus& corpus, IngestStats& stats) {
+  const size_t before = corpus.docs.size();
+  admit(std::move(rendered), source.empty() ? fmt::format("{}:{}", path, line_no) : source, domain, license,
+        options, corpus, stats);
+  stats.chat.records += corpus.docs.size() - before;
+}
+
+void ingest_chat_jsonl(const std::string& data, const std::string& path, const InputSpec& in,
+                       const IngestOptions& options, Corpus& corpus, IngestStats& stats) {
+  ChatIngestStats& cs = stats.chat;
+  ChatRecord rec;
+  ingest_records(data, path, options, stats, [&](const std::string& line, int line_no) {
+    if (std::string why = parse_chat_line(line, rec); !why.empty()) return why;
+    for (auto& m : rec.messages) clean_content(m.content, cs);
     if (const std::string why = chat_degenerate_reason(rec.messages); !why.empty()) {
       ++cs.degenerate[why];
-      continue;
+      return std::string();
     }
-    std::string domain = in.domain;
-    if (domain.empty()) {
-      domain = rec.domain.empty() ? options.default_domain : rec.domain;
-      check_domain_name(domain, fmt::format("{}:{}", path, line_no));
+    admit_record(render_chat(rec.messages), rec.source, record_domain(in, rec.domain, options, path, line_no),
+                 rec.license, path, line_no, options, corpus, stats);
+    return std::string();
+  });
+}
+
+// Preference: one Document per pair, holding both rendered halves (render_preference_pair), so that every
+// later stage keeps, removes or moves the pair whole; prepare splits it into two documents at encoding.
+void ingest_preference_jsonl(const std::string& data, const std::string& path, const InputSpec& in,
+                             const IngestOptions& options, Corpus& corpus, IngestStats& stats) {
+  ChatIngestStats& cs = stats.chat;
+  PreferenceRecord rec;
+  ingest_records(data, path, options, stats, [&](const std::string& line, int line_no) {
+    if (std::string why = parse_preference_line(line, rec); !why.empty()) return why;
+    for (auto& m : rec.prompt) clean_content(m.content, cs);
+    clean_content(rec.chosen, cs);
+    clean_content(rec.rejected, cs);
+    if (const std::string why = preference_degenerate_reason(rec); !why.empty()) {
+      ++cs.degenerate[why];
+      return std::string();
     }
-    const size_t before = corpus.docs.size();
-    admit(render_chat(rec.messages), rec.source.empty() ? fmt::format("{}:{}", path, line_no) : rec.source,
-          domain, rec.license, options, corpus, stats);
-    cs.conversations += corpus.docs.size() - before;
-  }
+    admit_record(render_preference_pair(rec), rec.source,
+                 record_domain(in, rec.domain, options, path, line_no), rec.license, path, line_no, options,
+                 corpus, stats);
+    return std::string();
+  });
 }
 
 }  // namespace
@@ -285,6 +333,7 @@ uint64_t input_bytes(const std::vector<InputSpec>& inputs, const IngestOptions& 
 void ingest(const std::vector<InputSpec>& inputs, const IngestOptions& options, Corpus& corpus,
             IngestStats& stats) {
   ProgressLine progress("prepare ingest", "docs", 0, input_bytes(inputs, options));
+  stats.chat.preference = options.format == "preference";
   for (const auto& in : inputs) {
     for (const auto& file : expand(in, options, &stats.skipped_files)) {
       const std::string path = file.string();
@@ -294,6 +343,8 @@ void ingest(const std::vector<InputSpec>& inputs, const IngestOptions& options, 
       const uint64_t size = data.size();
       if (options.format == "chat") {
         ingest_chat_jsonl(data, path, in, options, corpus, stats);
+      } else if (options.format == "preference") {
+        ingest_preference_jsonl(data, path, in, options, corpus, stats);
       } else if (lower_extension(file) == "jsonl") {
         ingest_jsonl(data, path, in, options, corpus, stats);
       } else {
@@ -305,19 +356,24 @@ void ingest(const std::vector<InputSpec>& inputs, const IngestOptions& options, 
   }
   progress.finish();
   const ChatIngestStats& cs = stats.chat;
-  if (options.format == "chat" &&
+  if (options.format != "text" &&
       static_cast<double>(cs.malformed_lines) > options.max_bad_lines * static_cast<double>(cs.lines))
     fail(ExitCode::kData,
-         "{} of {} chat lines are malformed ({:.3g}%, above --max-bad-lines {:.3g}%); first: {}; fix or "
+         "{} of {} {} lines are malformed ({:.3g}%, above --max-bad-lines {:.3g}%); first: {}; fix or "
          "remove them, or raise --max-bad-lines; nothing written",
-         cs.malformed_lines, cs.lines, 100.0 * double(cs.malformed_lines) / double(cs.lines),
+         cs.malformed_lines, cs.lines, options.format, 100.0 * double(cs.malformed_lines) / double(cs.lines),
          100.0 * options.max_bad_lines, cs.first_malformed.empty() ? "-" : cs.first_malformed.front());
 }
 
 Json ChatIngestStats::to_json() const {
+  // Every reason of the format is listed, 0 or not, so a report reader need not know which can occur.
   Json degenerate_json = Json::object();
-  for (const char* reason : {"empty_conversation", "no_assistant_turn", "empty_assistant_reply"})
-    degenerate_json[reason] = 0;
+  if (preference) {
+    for (const char* reason : kPreferenceDegenerateReasons) degenerate_json[reason] = 0;
+  } else {
+    for (const char* reason : {"empty_conversation", "no_assistant_turn", "empty_assistant_reply"})
+      degenerate_json[reason] = 0;
+  }
   for (const auto& [k, v] : degenerate) degenerate_json[k] = v;
   return {{"lines", lines},
           {"blank_lines", blank_lines},
@@ -327,7 +383,7 @@ Json ChatIngestStats::to_json() const {
             {"first", first_malformed}}},
           {"degenerate", degenerate_json},
           {"markers_neutralized", markers_neutralized},
-          {"conversations_ingested", conversations}};
+          {preference ? "pairs_ingested" : "conversations_ingested", records}};
 }
 
 Json IngestStats::to_json() const {

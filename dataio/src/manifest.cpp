@@ -51,8 +51,9 @@ Manifest Manifest::from_json(const Json& j, const std::string& where) {
       fail(ExitCode::kData, "{}: token_dtype '{}' unknown", where, dtype);
     m.token_bytes = dtype == "uint16" ? 2 : 4;
     m.format = j.value("format", std::string("text"));
-    if (m.format != "text" && m.format != "chat")
-      fail(ExitCode::kData, "{}: format '{}' unknown (this build reads text and chat)", where, m.format);
+    if (m.format != "text" && m.format != "chat" && m.format != "preference")
+      fail(ExitCode::kData, "{}: format '{}' unknown (this build reads text, chat and preference)", where,
+           m.format);
     m.domains = j.at("domains").get<std::vector<std::string>>();
     m.licenses = j.at("licenses").get<std::vector<std::string>>();
     m.settings = j.at("settings");

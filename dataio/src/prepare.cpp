@@ -45,6 +45,12 @@ void add_cpu_rate(Json& stage, uint64_t bytes, double cpu_seconds) {
 
 constexpr const char* kChatFiltersSkipped =
     "chat: the prose quality filters judge web text, not conversations; they are not run";
+constexpr const char* kPreferenceFiltersSkipped =
+    "preference: the prose quality filters judge web text, not conversations; they are not run";
+
+const char* filters_skipped(const std::string& format) {
+  return format == "preference" ? kPreferenceFiltersSkipped : kChatFiltersSkipped;
+}
 
 // Everything that decides the dataset's content besides the input bytes; recorded in the manifest and so
 // part of the version. Input paths are left out: the same corpus at another path is the same dataset.
@@ -92,16 +98,18 @@ Json settings_json(const PrepareOptions& o, const std::vector<std::string>& eval
        {{"source", tok_source}, {"vocab", o.tokenizer.vocab}, {"sample_bytes", o.tokenizer.sample_bytes}}},
       {"split", {{"valid_fraction", o.valid_fraction}, {"seed", o.split_seed}}},
       {"shards", {{"shard_tokens", o.shard_tokens}}}};
-  // Chat keys only for chat datasets, so the settings (and versions) of text datasets stay as they were.
-  if (o.ingest.format == "chat") {
-    s["ingest"]["format"] = "chat";
+  // Chat keys only for chat and preference datasets, so the settings (and versions) of text datasets stay
+  // as they were.
+  if (o.ingest.format != "text") {
+    s["ingest"]["format"] = o.ingest.format;
     s["ingest"]["max_bad_lines"] = o.ingest.max_bad_lines;
-    s["filters"] = {{"applied", false}, {"why", kChatFiltersSkipped}};
+    s["filters"] = {{"applied", false}, {"why", filters_skipped(o.ingest.format)}};
     s["chat"] = {{"template", chat_template_json()},
                  {"template_sha256", chat_template_sha256()},
                  {"max_tokens", o.chat.max_tokens},
                  {"truncate", o.chat.drop_long ? "drop" : "truncate"}};
   }
+  if (o.ingest.format == "preference") s["preference"] = preference_rules_json();
   return s;
 }
 
@@ -111,8 +119,8 @@ void check_options(const PrepareOptions& o) {
   if (!(o.valid_fraction >= 0 && o.valid_fraction <= 0.5))
     fail(ExitCode::kUsage, "--valid-fraction {}: must be between 0 and 0.5", o.valid_fraction);
   if (o.shard_tokens == 0) fail(ExitCode::kUsage, "--shard-tokens must be positive");
-  if (o.ingest.format != "text" && o.ingest.format != "chat")
-    fail(ExitCode::kUsage, "--format {}: must be text or chat", o.ingest.format);
+  if (o.ingest.format != "text" && o.ingest.format != "chat" && o.ingest.format != "preference")
+    fail(ExitCode::kUsage, "--format {}: must be text, chat or preference", o.ingest.format);
   if (o.chat.max_tokens == 1)
     fail(ExitCode::kUsage,
          "--max-tokens 1: must be 0 (no limit) or at least 2 (one token is end-of-sequence)");
@@ -162,82 +170,163 @@ std::vector<std::vector<uint32_t>> encode_all(const Corpus& corpus, const Tokeni
   return out;
 }
 
-// The loss mask of each encoded conversation, then the --max-tokens policy; conversations left out are
-// removed from `corpus` and `encoded` (the returned masks match the survivors). `report` gets the counts
-// and the token means of what is kept.
-std::vector<std::vector<uint8_t>> chat_masks_and_truncation(Corpus& corpus,
-                                                            std::vector<std::vector<uint32_t>>& encoded,
-                                                            const ChatMarkerIds& markers, uint32_t eos,
-                                                            const ChatPrepareOptions& o, Json& report) {
+enum class Fit { kFits, kCut, kTooLong, kNoScoredToken };
+
+// The --max-tokens policy on one encoded document and its mask.
+Fit fit_to_limit(std::vector<uint32_t>& ids, std::vector<uint8_t>& mask, uint32_t eos,
+                 const ChatPrepareOptions& o) {
+  if (o.max_tokens == 0 || ids.size() <= o.max_tokens) return Fit::kFits;
+  if (o.drop_long) return Fit::kTooLong;
+  // Every document still ends with the end-of-sequence id: the reader does not need it (boundaries come
+  // from /doc_offsets), but decoders and `inspect` expect it.
+  ids.resize(o.max_tokens - 1);
+  mask.resize(o.max_tokens - 1);
+  ids.push_back(eos);
+  mask.push_back(0);
+  return std::find(mask.begin(), mask.end(), uint8_t{1}) == mask.end() ? Fit::kNoScoredToken : Fit::kCut;
+}
+
+uint64_t scored_in(const std::vector<uint8_t>& mask) {
+  return static_cast<uint64_t>(std::count(mask.begin(), mask.end(), uint8_t{1}));
+}
+
+// The loss mask of each encoded document, then the --max-tokens policy, per unit: a conversation (chat) or
+// the two halves of a pair (preference: documents 2k and 2k + 1; each half scores only its final reply,
+// and the pair goes when either half goes). Units left out are removed from `corpus` and `encoded` (the
+// returned masks match the survivors). `report` gets the counts and the token means of what is kept.
+std::vector<std::vector<uint8_t>> masks_and_truncation(Corpus& corpus,
+                                                       std::vector<std::vector<uint32_t>>& encoded,
+                                                       const ChatMarkerIds& markers, uint32_t eos,
+                                                       const ChatPrepareOptions& o, bool preference,
+                                                       Json& report) {
+  const size_t unit = preference ? 2 : 1;
+  const char* what = preference ? "pairs" : "conversations";
   std::vector<std::vector<uint8_t>> masks(encoded.size());
-  uint64_t truncated = 0, dropped_long = 0, dropped_unscored = 0;
+  uint64_t truncated = 0, units_truncated = 0, dropped_long = 0, dropped_unscored = 0;
   size_t kept = 0;
-  for (size_t i = 0; i < encoded.size(); ++i) {
-    auto& ids = encoded[i];
-    auto& mask = masks[i];
-    chat_loss_mask(ids, markers, mask);
-    if (o.max_tokens > 0 && ids.size() > o.max_tokens) {
-      if (o.drop_long) {
-        ++dropped_long;
-        continue;
-      }
-      // Every document still ends with the end-of-sequence id: the reader does not need it (boundaries
-      // come from /doc_offsets), but decoders and `inspect` expect it.
-      ids.resize(o.max_tokens - 1);
-      mask.resize(o.max_tokens - 1);
-      ids.push_back(eos);
-      mask.push_back(0);
-      if (std::find(mask.begin(), mask.end(), uint8_t{1}) == mask.end()) {
-        ++dropped_unscored;
-        continue;
-      }
-      ++truncated;
+  for (size_t first = 0; first < encoded.size(); first += unit) {
+    bool too_long = false, unscored = false;
+    uint64_t cut = 0;
+    for (size_t i = first; i < first + unit; ++i) {
+      if (preference)
+        final_reply_loss_mask(encoded[i], markers, masks[i]);
+      else
+        chat_loss_mask(encoded[i], markers, masks[i]);
+      const Fit fit = fit_to_limit(encoded[i], masks[i], eos, o);
+      too_long |= fit == Fit::kTooLong;
+      unscored |= fit == Fit::kNoScoredToken;
+      cut += fit == Fit::kCut;
     }
-    if (kept != i) {
+    if (too_long || unscored) {
+      ++(too_long ? dropped_long : dropped_unscored);
+      continue;
+    }
+    truncated += cut;
+    units_truncated += cut > 0;
+    for (size_t i = first; i < first + unit; ++i, ++kept) {
+      if (kept == i) continue;
       corpus.docs[kept] = std::move(corpus.docs[i]);
-      encoded[kept] = std::move(ids);
-      masks[kept] = std::move(mask);
+      encoded[kept] = std::move(encoded[i]);
+      masks[kept] = std::move(masks[i]);
     }
-    ++kept;
   }
-  const uint64_t conversations_encoded = encoded.size();
+  const uint64_t units_encoded = encoded.size() / unit;
   corpus.docs.resize(kept);
   encoded.resize(kept);
   masks.resize(kept);
   if (kept == 0)
     fail(ExitCode::kData,
-         "no conversation left after --max-tokens {} ({} dropped as too long, {} cut to no scored token); "
-         "raise --max-tokens or use --truncate truncate; nothing written",
-         o.max_tokens, dropped_long, dropped_unscored);
+         "no {} left after --max-tokens {} ({} dropped as too long, {} cut to no scored token); raise "
+         "--max-tokens or use --truncate truncate; nothing written",
+         preference ? "pair" : "conversation", o.max_tokens, dropped_long, dropped_unscored);
   uint64_t tokens = 0, scored = 0;
   for (size_t i = 0; i < kept; ++i) {
     tokens += encoded[i].size();
-    scored += static_cast<uint64_t>(std::count(masks[i].begin(), masks[i].end(), uint8_t{1}));
+    scored += scored_in(masks[i]);
   }
-  const uint64_t prompt = tokens - scored - kept;  // the rest, less one end-of-sequence id each
-  const double n = static_cast<double>(kept);
-  report = {{"conversations_encoded", conversations_encoded},
-            {"conversations", kept},
-            {"truncation",
-             {{"max_tokens", o.max_tokens},
-              {"policy", o.drop_long ? "drop" : "truncate"},
-              {"truncated", truncated},
-              {"dropped_too_long", dropped_long},
-              {"dropped_no_scored_token_after_cut", dropped_unscored}}},
+  const double units = static_cast<double>(kept / unit);
+  Json truncation = {{"max_tokens", o.max_tokens},
+                     {"policy", o.drop_long ? "drop" : "truncate"},
+                     {"truncated", truncated},
+                     {"dropped_too_long", dropped_long},
+                     {"dropped_no_scored_token_after_cut", dropped_unscored}};
+  report = {{fmt::format("{}_encoded", what), units_encoded},
+            {what, kept / unit},
+            {"truncation", truncation},
             {"tokens", tokens},
             {"scored_tokens", scored},
-            {"scored_token_share", tokens ? double(scored) / double(tokens) : 0.0},
-            {"mean_tokens_per_conversation", double(tokens) / n},
-            {"mean_prompt_tokens", double(prompt) / n},
-            {"mean_response_tokens", double(scored) / n}};
+            {"scored_token_share", tokens ? double(scored) / double(tokens) : 0.0}};
+  if (!preference) {
+    const uint64_t prompt = tokens - scored - kept;  // the rest, less one end-of-sequence id each
+    report["mean_tokens_per_conversation"] = double(tokens) / units;
+    report["mean_prompt_tokens"] = double(prompt) / units;
+    report["mean_response_tokens"] = double(scored) / units;
+    return masks;
+  }
+  // Preference: "truncated" counts halves cut, the drops count pairs. The prompt is counted once per pair
+  // (its halves share it); the length figures are of the replies as trained, after any cut.
+  report["truncation"]["pairs_with_a_cut_half"] = units_truncated;
+  uint64_t prompt = 0, chosen = 0, rejected = 0, chosen_longer = 0, rejected_longer = 0;
+  for (size_t i = 0; i < kept; i += 2) {
+    const uint64_t c = scored_in(masks[i]), r = scored_in(masks[i + 1]);
+    prompt += encoded[i].size() - c - 1;  // the chosen half less its reply and end-of-sequence id
+    chosen += c;
+    rejected += r;
+    chosen_longer += c > r;
+    rejected_longer += r > c;
+  }
+  report["mean_tokens_per_pair"] = double(tokens) / units;
+  report["mean_prompt_tokens"] = double(prompt) / units;
+  report["mean_chosen_response_tokens"] = double(chosen) / units;
+  report["mean_rejected_response_tokens"] = double(rejected) / units;
+  report["length_bias"] = {{"chosen_longer_share", double(chosen_longer) / units},
+                           {"rejected_longer_share", double(rejected_longer) / units},
+                           {"same_length_share", double(kept / 2 - chosen_longer - rejected_longer) / units}};
   return masks;
+}
+
+// Preference: each pair Document (both rendered halves) becomes its two halves, chosen then rejected, with
+// the pair's source, license and domain. Done after the cleaning stages, which must see pairs whole.
+Corpus split_pairs(Corpus&& pairs) {
+  Corpus halves;
+  halves.domains = std::move(pairs.domains);
+  halves.docs.reserve(2 * pairs.docs.size());
+  for (Document& pair : pairs.docs) {
+    const auto [chosen, rejected] = split_preference_pair(pair.text, pair.source);
+    Document half{std::string(chosen), pair.source, pair.license, pair.domain};
+    Document other{std::string(rejected), std::move(pair.source), std::move(pair.license), pair.domain};
+    halves.docs.push_back(std::move(half));
+    halves.docs.push_back(std::move(other));
+  }
+  return halves;
+}
+
+// The validation split of a preference corpus (halves, in pairs): decided per pair on the text the
+// cleaning stages saw, so both halves go the same way.
+std::vector<uint8_t> pair_valid_split(const Corpus& halves, double fraction, uint64_t seed) {
+  Corpus pairs;
+  pairs.domains = halves.domains;
+  pairs.docs.reserve(halves.docs.size() / 2);
+  for (size_t i = 0; i + 1 < halves.docs.size(); i += 2) {
+    const Document& c = halves.docs[i];
+    pairs.docs.push_back(
+        {c.text + std::string(kPairSeparator) + halves.docs[i + 1].text, c.source, c.license, c.domain});
+  }
+  const std::vector<uint8_t> per_pair = assign_valid_split(pairs, fraction, seed);
+  std::vector<uint8_t> valid(halves.docs.size());
+  for (size_t i = 0; i < valid.size(); ++i) valid[i] = per_pair[i / 2];
+  return valid;
 }
 
 }  // namespace
 
 PrepareResult prepare_dataset(const PrepareOptions& o) {
   check_options(o);
-  const bool chat = o.ingest.format == "chat";
+  // Chat and preference data: the chat template, a loss mask, no prose filters. A preference dataset's
+  // documents go in pairs.
+  const bool preference = o.ingest.format == "preference";
+  const bool chat = o.ingest.format == "chat" || preference;
+  const std::string unit = preference ? "pair" : "conversation";
   // A given tokenizer without the chat markers is a usage error; say so before any work is done.
   if (chat && !o.tokenizer_model.empty())
     chat_marker_ids(Tokenizer::load(o.tokenizer_model), o.tokenizer_model);
@@ -264,9 +353,9 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
   add_cpu_rate(stages["ingest"], ist.bytes_in, cpu_s() - cpu);
   if (chat && corpus.docs.empty())
     fail(ExitCode::kData,
-         "the inputs hold no usable conversation ({} files, {} lines: {} malformed, degenerate {}, ingest "
-         "removed {}); nothing written",
-         ist.files, ist.chat.lines, ist.chat.malformed_lines, ist.chat.to_json()["degenerate"].dump(),
+         "the inputs hold no usable {} ({} files, {} lines: {} malformed, degenerate {}, ingest removed {}); "
+         "nothing written",
+         unit, ist.files, ist.chat.lines, ist.chat.malformed_lines, ist.chat.to_json()["degenerate"].dump(),
          stages["ingest"]["removed"].dump());
   if (ist.documents_in == 0)
     fail(ExitCode::kData,
@@ -289,13 +378,16 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
   run("exact_dedup", [&] { return exact_dedup(corpus); });
   if (o.near_dedup) run("near_dedup", [&] { return near_dedup(corpus, o.minhash); });
   if (chat) {
-    stages["filters"] = {{"skipped", kChatFiltersSkipped}, {"removed", Json::object()}};
+    stages["filters"] = {{"skipped", filters_skipped(o.ingest.format)}, {"removed", Json::object()}};
   } else {
     run("filters", [&] { return apply_filters(corpus, o.filters); });
     require_docs(corpus, "the quality filters", stages["filters"]);
   }
   run("decontam", [&] { return decontaminate(corpus, eval_index, o.eval_sets); });
   require_docs(corpus, "decontamination", stages["decontam"]);
+  // From here on a preference corpus holds the halves, in pairs: the tokenizer trains on what is encoded.
+  const uint64_t pairs_cleaned = preference ? corpus.docs.size() : 0;
+  if (preference) corpus = split_pairs(std::move(corpus));
 
   const fs::path out(o.out);
   const fs::path partial =
@@ -322,9 +414,9 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
                            {"train_seconds", train_seconds},
                            {"train_cpu_seconds", train_cpu_seconds}};
 
-    // Encode (then, for chat, mask and truncate), then split: the split only looks at the documents'
-    // text, so for text datasets the order does not matter, and chat conversations dropped by truncation
-    // must not take a place in the validation split.
+    // Encode (then, for chat and preference, mask and truncate), then split: the split only looks at the
+    // documents' text, so for text datasets the order does not matter, and conversations or pairs dropped
+    // by truncation must not take a place in the validation split.
     t = now_s();
     cpu = cpu_s();
     const int threads =
@@ -343,16 +435,19 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
     std::vector<std::vector<uint8_t>> masks;
     Json chat_report;
     if (chat) {
-      masks = chat_masks_and_truncation(
+      masks = masks_and_truncation(
           corpus, encoded, chat_marker_ids(tok, o.tokenizer_model.empty() ? model_path : o.tokenizer_model),
-          static_cast<uint32_t>(tok.eos_id()), o.chat, chat_report);
+          static_cast<uint32_t>(tok.eos_id()), o.chat, preference, chat_report);
       chat_report.update(ist.chat.to_json());
       chat_report["malformed_lines"]["max_fraction"] = o.ingest.max_bad_lines;
       chat_report["template"] = kChatTemplateName;
       chat_report["template_sha256"] = chat_template_sha256();
-      chat_report["filters"] = kChatFiltersSkipped;
+      chat_report["filters"] = filters_skipped(o.ingest.format);
+      if (preference) chat_report["pairs_after_cleaning"] = pairs_cleaned;
     }
-    const std::vector<uint8_t> valid = assign_valid_split(corpus, o.valid_fraction, o.split_seed);
+    const std::vector<uint8_t> valid = preference
+                                           ? pair_valid_split(corpus, o.valid_fraction, o.split_seed)
+                                           : assign_valid_split(corpus, o.valid_fraction, o.split_seed);
 
     // Licenses: index 0 is "unknown", the rest sorted so ids do not depend on document order.
     std::set<std::string> license_set;
@@ -367,9 +462,11 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
     m.vocab_size = tok.vocab_size();
     m.eos_id = tok.eos_id();
     m.token_bytes = token_bytes_for_vocab(m.vocab_size);
-    m.format = chat ? "chat" : "text";
+    m.format = o.ingest.format;
 
-    // Shards: one stream per (split, domain), cut at document boundaries every shard_tokens tokens.
+    // Shards: one stream per (split, domain), cut at document boundaries every shard_tokens tokens; in a
+    // preference stream only after a rejected half, so a pair never straddles two shards (the reader
+    // batches pairs within a shard).
     t = now_s();
     cpu = cpu_s();
     std::vector<uint64_t> unigram(m.vocab_size);
@@ -410,7 +507,7 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
             ds["valid_tokens"] = ds["valid_tokens"].get<uint64_t>() + encoded[i].size();
           }
           tokens_out += encoded[i].size();
-          if (data.tokens.size() >= o.shard_tokens) flush();
+          if (data.tokens.size() >= o.shard_tokens && (!preference || data.documents() % 2 == 0)) flush();
         }
         flush();
       }
@@ -444,7 +541,7 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
                           {"mb_per_cpu_s_excluding_tokenizer_training",
                            ist.bytes_in / 1e6 / std::max(1e-9, total_cpu_s - train_cpu_seconds)},
                           {"peak_rss_bytes", peak_rss_bytes()}};
-    if (chat) quality["chat"] = chat_report;
+    if (chat) quality[o.ingest.format] = chat_report;
     quality["inputs"] = Json::array();
     for (const auto& in : o.inputs) quality["inputs"].push_back({{"path", in.path}, {"domain", in.domain}});
     const std::string summary = quality_summary(quality);

@@ -37,10 +37,12 @@ ConfigSchema prepare_schema() {
                    "fraction of invalid UTF-8 bytes above which a document is dropped (below: repaired)")
       .add<double>("ingest.max_nul", in.max_nul, "fraction of NUL bytes above which a document is binary")
       .add<std::string>("ingest.default_domain", in.default_domain, "domain of inputs given without =DOMAIN")
-      .add<std::string>("ingest.format", in.format,
-                        "text (documents) or chat (JSONL conversations, every input file; docs/DATA.md)")
+      .add<std::string>(
+          "ingest.format", in.format,
+          "text (documents), chat (JSONL conversations) or preference (JSONL prompt/chosen/rejected "
+          "pairs); chat and preference read every input file as JSONL (docs/DATA.md)")
       .add<double>("ingest.max_bad_lines", in.max_bad_lines,
-                   "chat: fraction of malformed lines above which prepare fails (exit 65)")
+                   "chat, preference: fraction of malformed lines above which prepare fails (exit 65)")
       .add<bool>("near_dedup.enabled", true, "run MinHash near dedup")
       .add<int>("near_dedup.ngram", mh.ngram, "words per shingle")
       .add<int>("near_dedup.bands", mh.bands, "LSH bands")
@@ -77,9 +79,11 @@ ConfigSchema prepare_schema() {
       .add<int64_t>("split.seed", 0, "seed of the document hash that picks the validation split")
       .add<int>("prepare.threads", 0, "threads for encoding (0 = all cores)")
       .add<int64_t>("chat.max_tokens", 0,
-                    "chat: most tokens of a conversation, end-of-sequence id included (0 = no limit)")
+                    "chat, preference: most tokens of a conversation (of each half of a pair), "
+                    "end-of-sequence id included (0 = no limit)")
       .add<std::string>("chat.truncate", "truncate",
-                        "chat: a longer conversation is cut to max_tokens (truncate) or left out (drop)");
+                        "chat, preference: a longer conversation is cut to max_tokens (truncate) or left out "
+                        "(drop; a pair with a longer half)");
   return s;
 }
 
@@ -103,8 +107,8 @@ void apply_config(const Config& c, PrepareOptions& o) {
   o.ingest.default_domain = c.get<std::string>("ingest.default_domain");
   check_domain_name(o.ingest.default_domain, c.source("ingest.default_domain") + ": ingest.default_domain");
   o.ingest.format = c.get<std::string>("ingest.format");
-  if (o.ingest.format != "text" && o.ingest.format != "chat")
-    c.reject("ingest.format", "must be text or chat");
+  if (o.ingest.format != "text" && o.ingest.format != "chat" && o.ingest.format != "preference")
+    c.reject("ingest.format", "must be text, chat or preference");
   o.ingest.max_bad_lines = fraction("ingest.max_bad_lines");
   o.near_dedup = c.get<bool>("near_dedup.enabled");
   o.minhash.ngram = positive("near_dedup.ngram", c.get<int>("near_dedup.ngram"));

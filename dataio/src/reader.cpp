@@ -132,6 +132,23 @@ void pack_conversations(DomainStream& d, uint32_t seq_len) {
   }
 }
 
+// Preference pairs, one to a window: documents 2k (chosen) and 2k + 1 (rejected) of the stream, whole. A
+// pair longer than the window is left out (never cut: DPO compares whole replies); returns how many.
+uint64_t pack_pairs(DomainStream& d, uint32_t seq_len) {
+  const std::vector<uint64_t>& starts = d.doc_starts;
+  uint64_t left_out = 0;
+  for (size_t i = 0; i + 1 < starts.size(); i += 2) {
+    const uint64_t first = starts[i], end = i + 2 < starts.size() ? starts[i + 2] : d.tokens;
+    if (end - first > seq_len + 1 || first + seq_len + 1 > d.tokens) {
+      ++left_out;
+      continue;
+    }
+    d.bin_starts.push_back(first);
+    d.bin_tokens.push_back(static_cast<uint32_t>(end - first));
+  }
+  return left_out;
+}
+
 }  // namespace
 
 struct Reader::Impl {
@@ -141,9 +158,10 @@ struct Reader::Impl {
   std::vector<Mapping> maps;
   std::vector<DomainStream> domains;
   std::unique_ptr<SampleOrder> order;
-  uint32_t block_windows = 0;  // the block order's W (0 under the global order)
-  uint64_t consumed = 0;       // global samples handed out by next()
-  uint64_t bytes_read = 0;     // token bytes of the windows handed out by next() (this rank's slice)
+  uint32_t block_windows = 0;   // the block order's W (0 under the global order)
+  uint64_t pairs_left_out = 0;  // preference pairs longer than a window
+  uint64_t consumed = 0;        // global samples handed out by next()
+  uint64_t bytes_read = 0;      // token bytes of the windows handed out by next() (this rank's slice)
 
   // The first windows of the batch after the last one built, already located and prefetched, so the
   // prefetch pipeline runs across batch boundaries; and the order's memos of the sample stream and of the
@@ -389,11 +407,12 @@ Reader::Reader(const std::string& dataset_dir, const ReaderOptions& options)
   if (options.loss_mask && !options.document_mask)
     fail(ExitCode::kUsage, "reader: loss_mask needs document_mask (the mask follows the conversations)");
   s.manifest = load_manifest(dataset_dir);
-  if (options.loss_mask && s.manifest.format != "chat")
+  if (options.loss_mask && s.manifest.format == "text")
     fail(ExitCode::kUsage,
-         "dataset {} is format {}, without loss masks: prepare the data with `forge-data prepare --format "
-         "chat`, or train every token (run.objective = lm)",
-         dataset_dir, s.manifest.format);
+         "dataset {} is format text, without loss masks: prepare the data with `forge-data prepare --format "
+         "chat` (or preference), or train every token (run.objective = lm)",
+         dataset_dir);
+  const bool pairs = options.loss_mask && s.manifest.format == "preference";
   if (!options.expected_tokenizer_sha256.empty() &&
       options.expected_tokenizer_sha256 != s.manifest.tokenizer_sha256)
     fail(ExitCode::kData, "{}: dataset {} was tokenized with tokenizer {}, the job expects {}", dataset_dir,
@@ -440,12 +459,19 @@ Reader::Reader(const std::string& dataset_dir, const ReaderOptions& options)
       m.tokens = layout.tokens;
       if (options.loss_mask) {
         if (!layout.has_loss_mask)
-          fail(ExitCode::kData, "shard {}: a chat dataset's shard without /loss_mask (corrupted?)", m.path);
+          fail(ExitCode::kData, "shard {}: a {} dataset's shard without /loss_mask (corrupted?)", m.path,
+               s.manifest.format);
         m.loss_mask_offset = layout.loss_mask_offset;
       }
       if (options.document_mask) {
         // Shards are cut at document boundaries, so a shard's first document starts where it does.
         const std::vector<uint64_t> offsets = read_doc_offsets(m.path, layout);
+        if (pairs &&
+            (offsets.size() % 2 == 0 || std::adjacent_find(offsets.begin(), offsets.end()) != offsets.end()))
+          fail(ExitCode::kData,
+               "shard {}: a preference shard must hold whole pairs of non-empty documents "
+               "(corrupted? forge-data verify names the problem)",
+               m.path);
         for (size_t k = 0; k + 1 < offsets.size(); ++k)
           if (d.doc_starts.empty() || d.doc_starts.back() != d.tokens + offsets[k])
             d.doc_starts.push_back(d.tokens + offsets[k]);  // an empty document adds no boundary
@@ -455,7 +481,10 @@ Reader::Reader(const std::string& dataset_dir, const ReaderOptions& options)
       d.shards.push_back(s.maps.size());
       s.maps.push_back(std::move(m));
     }
-    if (options.loss_mask) {
+    if (pairs) {
+      s.pairs_left_out += pack_pairs(d, options.seq_len);
+      d.windows = d.bin_starts.size();
+    } else if (options.loss_mask) {
       pack_conversations(d, options.seq_len);
       d.windows = d.bin_starts.size();
     } else {
@@ -599,6 +628,10 @@ uint64_t Reader::samples_per_epoch() const {
 uint64_t Reader::bytes_read() const {
   return impl_->bytes_read;
 }
+uint64_t Reader::pairs_left_out() const {
+  return impl_->pairs_left_out;
+}
+
 uint64_t Reader::num_samples() const {
   return impl_->order->windows();
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <string_view>
 
 namespace forge::data {
 
@@ -73,31 +74,47 @@ std::string quality_summary(const Json& q) {
                      d.at("documents").get<uint64_t>(), 100 * d.at("document_share").get<double>(),
                      d.at("tokens").get<uint64_t>(), 100 * d.at("token_share").get<double>(),
                      d.at("valid_documents").get<uint64_t>()));
-  if (q.contains("chat")) {
-    const Json& c = q["chat"];
+  // Chat and preference share the ingest and truncation lines; their token figures differ.
+  for (const char* format : {"chat", "preference"}) {
+    if (!q.contains(format)) continue;
+    const bool pairs = std::string_view(format) == "preference";
+    const Json& c = q[format];
     const Json& bad = c.at("malformed_lines");
     const Json& tr = c.at("truncation");
     std::string degenerate;
     for (const auto& [reason, n] : c.at("degenerate").items())
       degenerate += fmt::format(" {}={}", reason, n.get<uint64_t>());
     line(fmt::format(
-        "chat ({}): {} conversations from {} lines; malformed {} ({:.2f}%); degenerate{}; "
-        "markers neutralized {}",
-        c.value("template", ""), c.at("conversations").get<uint64_t>(), c.at("lines").get<uint64_t>(),
-        bad.at("count").get<uint64_t>(), 100 * bad.at("fraction").get<double>(), degenerate,
-        c.at("markers_neutralized").get<uint64_t>()));
+        "{} ({}): {} {} from {} lines; malformed {} ({:.2f}%); degenerate{}; markers neutralized {}", format,
+        c.value("template", ""), c.at(pairs ? "pairs" : "conversations").get<uint64_t>(),
+        pairs ? "pairs" : "conversations", c.at("lines").get<uint64_t>(), bad.at("count").get<uint64_t>(),
+        100 * bad.at("fraction").get<double>(), degenerate, c.at("markers_neutralized").get<uint64_t>()));
     if (!bad.at("first").empty()) line("  first malformed: " + bad["first"][0].get<std::string>());
     line(
-        fmt::format("  truncation ({}, max {} tokens, 0 = none): {} cut, {} dropped as too long, {} dropped "
-                    "with no scored token left",
+        fmt::format("  truncation ({}, max {} tokens{}, 0 = none): {} {}cut, {} {}dropped as too long, {} {}"
+                    "dropped with no scored token left",
                     tr.at("policy").get<std::string>(), tr.at("max_tokens").get<uint64_t>(),
-                    tr.at("truncated").get<uint64_t>(), tr.at("dropped_too_long").get<uint64_t>(),
-                    tr.at("dropped_no_scored_token_after_cut").get<uint64_t>()));
-    line(fmt::format(
-        "  per conversation: {:.1f} tokens, {:.1f} prompt, {:.1f} response; {:.1f}% of tokens "
-        "scored; quality filters not run on chat",
-        c.at("mean_tokens_per_conversation").get<double>(), c.at("mean_prompt_tokens").get<double>(),
-        c.at("mean_response_tokens").get<double>(), 100 * c.at("scored_token_share").get<double>()));
+                    pairs ? " per half" : "", tr.at("truncated").get<uint64_t>(), pairs ? "halves " : "",
+                    tr.at("dropped_too_long").get<uint64_t>(), pairs ? "pairs " : "",
+                    tr.at("dropped_no_scored_token_after_cut").get<uint64_t>(), pairs ? "pairs " : ""));
+    if (pairs) {
+      const Json& bias = c.at("length_bias");
+      line(fmt::format(
+          "  per pair: {:.1f} prompt tokens, {:.1f} chosen and {:.1f} rejected response tokens; "
+          "chosen longer in {:.1f}%, rejected longer in {:.1f}%; {:.1f}% of tokens scored; quality "
+          "filters not run",
+          c.at("mean_prompt_tokens").get<double>(), c.at("mean_chosen_response_tokens").get<double>(),
+          c.at("mean_rejected_response_tokens").get<double>(),
+          100 * bias.at("chosen_longer_share").get<double>(),
+          100 * bias.at("rejected_longer_share").get<double>(),
+          100 * c.at("scored_token_share").get<double>()));
+    } else {
+      line(fmt::format(
+          "  per conversation: {:.1f} tokens, {:.1f} prompt, {:.1f} response; {:.1f}% of tokens "
+          "scored; quality filters not run on chat",
+          c.at("mean_tokens_per_conversation").get<double>(), c.at("mean_prompt_tokens").get<double>(),
+          c.at("mean_response_tokens").get<double>(), 100 * c.at("scored_token_share").get<double>()));
+    }
   }
   const Json& dist = s.at("token_distribution");
   std::string tops;

@@ -28,10 +28,11 @@ constexpr const char* kUsage = R"(usage: forge-data <command> [options]
 commands:
   prepare --input PATH[=DOMAIN] ... --out DATASET_DIR [--tokenizer MODEL | --vocab N]
           [--eval-set FILE ...] [--valid-fraction F] [--shard-tokens N] [--config prepare.ini]
-          [--format text|chat] [--max-bad-lines F] [--max-tokens N] [--truncate drop|truncate]
+          [--format text|chat|preference] [--max-bad-lines F] [--max-tokens N]
+          [--truncate drop|truncate]
           [--section.key=value ...]
-  verify  DATASET_DIR                 checksums, schema, chat loss masks; exit 65 naming what differs
-  inspect DATASET_DIR [--docs N]      manifest summary and decoded sample documents
+  verify  DATASET_DIR                 checksums, schema, loss masks and pairs; exit 65 naming what differs
+  inspect DATASET_DIR [--docs N]      manifest summary and decoded sample documents (pairs)
   compare A B [--threshold T] [--json]  drift between two datasets; exit 1 when over the threshold
 Run 'forge-data <command> --help' for a command's options.
 )";
@@ -100,14 +101,16 @@ int cmd_prepare(const std::vector<std::string>& args) {
                                               "tokens per shard before a new one starts (default 64Mi)")(
       "config", po::value(&config_path), "prepare.ini with stage settings (configs/prepare.example.ini)")(
       "format", po::value(&format),
-      "text (default) or chat: every input is JSONL of {\"messages\": [{\"role\", \"content\"}, ...]} "
-      "(ingest.format)")("max-bad-lines", po::value(&max_bad_lines),
-                         "chat: fail (exit 65) above this fraction of malformed lines (default 0.001; "
-                         "ingest.max_bad_lines)")(
-      "max-tokens", po::value(&max_tokens),
-      "chat: most tokens per conversation, end-of-sequence included (default 0 = no limit; chat.max_tokens)")(
+      "text (default); chat: every input is JSONL of {\"messages\": [{\"role\", \"content\"}, ...]}; "
+      "preference: every input is JSONL of {\"prompt\", \"chosen\", \"rejected\"} (ingest.format)")(
+      "max-bad-lines", po::value(&max_bad_lines),
+      "chat, preference: fail (exit 65) above this fraction of malformed lines (default 0.001; "
+      "ingest.max_bad_lines)")("max-tokens", po::value(&max_tokens),
+                               "chat, preference: most tokens per conversation (per half of a pair), "
+                               "end-of-sequence included (default 0 = no limit; chat.max_tokens)")(
       "truncate", po::value(&truncate),
-      "chat: a longer conversation is cut (truncate, the default) or left out (drop) (chat.truncate)");
+      "chat, preference: a longer conversation is cut (truncate, the default) or left out (drop; the whole "
+      "pair) (chat.truncate)");
   std::string stage_keys = "\nStage settings (INI keys, also as --section.key=value):\n";
   for (const auto& key : prepare_schema().keys()) stage_keys += "  " + key + "\n";
   if (!c.pass_through(&overrides).help_tail(stage_keys).parse(args)) return 0;
@@ -158,7 +161,7 @@ int cmd_inspect(const std::vector<std::string>& args) {
   std::cout << fmt::format(
       "dataset {}\nversion {}\nformat {}\ntokenizer {} (sha256 {}), vocab {}, tokens {}\n", dir, m.version,
       m.format, m.tokenizer_file, m.tokenizer_sha256, m.vocab_size, m.token_bytes == 2 ? "uint16" : "uint32");
-  if (m.format == "chat" && m.settings.contains("chat"))
+  if (m.format != "text" && m.settings.contains("chat"))
     std::cout << fmt::format("chat template {} (sha256 {}); decoded documents show scored tokens in [[ ]]\n",
                              m.settings["chat"]["template"].value("name", "?"),
                              m.settings["chat"].value("template_sha256", "?"));
@@ -174,7 +177,13 @@ int cmd_inspect(const std::vector<std::string>& args) {
   if (docs <= 0 || m.shards.empty()) return 0;
   const Tokenizer tok = Tokenizer::load((fs::path(dir) / m.tokenizer_file).string());
   const ShardData data = read_shard((fs::path(dir) / m.shards.front().file).string());
-  for (uint64_t i = 0; i < std::min<uint64_t>(docs, data.documents()); ++i) {
+  // A preference dataset shows whole pairs: --docs N decodes the halves of the first N pairs.
+  const bool pairs = m.format == "preference";
+  if (pairs)
+    std::cout << "documents 2k and 2k+1 are the chosen and the rejected half of pair k; each scores only its "
+                 "final reply\n";
+  const uint64_t shown = std::min<uint64_t>(pairs ? 2 * uint64_t(docs) : uint64_t(docs), data.documents());
+  for (uint64_t i = 0; i < shown; ++i) {
     const uint64_t begin = data.doc_offsets[i], end = data.doc_offsets[i + 1];
     std::vector<int> ids(data.tokens.begin() + begin, data.tokens.begin() + end);
     if (!ids.empty() && ids.back() == m.eos_id) ids.pop_back();
@@ -191,9 +200,18 @@ int cmd_inspect(const std::vector<std::string>& args) {
         a = b;
       }
     }
-    if (text.size() > 600) text = text.substr(0, 600) + " [...]";
-    std::cout << fmt::format("\n--- {} document {} ({} tokens, domain {}, license {})\n{}\n",
-                             m.shards.front().file, i, ids.size(), m.domains.at(data.doc_domains[i]),
+    if (text.size() > 600 && pairs) {
+      // A half's point is its final reply, which is at the end: keep the tail (from a character start).
+      size_t from = text.size() - 600;
+      while (from < text.size() && (static_cast<unsigned char>(text[from]) & 0xC0) == 0x80) ++from;
+      text = "[...] " + text.substr(from);
+    } else if (text.size() > 600) {
+      text = text.substr(0, 600) + " [...]";
+    }
+    const std::string half =
+        pairs ? fmt::format(", pair {} {}", i / 2, i % 2 == 0 ? "chosen" : "rejected") : std::string();
+    std::cout << fmt::format("\n--- {} document {}{} ({} tokens, domain {}, license {})\n{}\n",
+                             m.shards.front().file, i, half, ids.size(), m.domains.at(data.doc_domains[i]),
                              m.licenses.at(data.doc_licenses[i]), text);
   }
   return 0;

@@ -1,9 +1,12 @@
 #include "data_source.h"
 
+#include "dpo_reference.h"
 #include "forge/common/error.h"
 #include "forge/dataio/manifest.h"
 #include "forge/dataio/reader.h"
 #include "forge/dataio/synthetic.h"
+
+#include <spdlog/spdlog.h>
 
 namespace forge::launcher {
 
@@ -45,6 +48,9 @@ class Dataset final : public DataSource {
  public:
   Dataset(const std::string& dir, const data::ReaderOptions& options, int microbatches)
       : reader_(dir, options), dir_(dir), global_batch_(options.global_batch), microbatches_(microbatches) {}
+  const data::Reader& reader() const { return reader_; }
+  // DPO: the reference log-probabilities of every sample, two per pair, attached to each row read.
+  void set_reference(std::vector<double> logps) { reference_ = std::move(logps); }
   void next(int64_t step, std::vector<MicroBatch>& out) override {
     // The cursor counts samples, so step s starts at s x (samples per step): a resumed run (or one that
     // skipped steps) reads exactly what an uninterrupted run reads at that step.
@@ -54,7 +60,14 @@ class Dataset final : public DataSource {
       reader_.seek(c);
     }
     out.resize(size_t(microbatches_));
-    for (MicroBatch& batch : out) reader_.next(batch);
+    for (MicroBatch& batch : out) {
+      reader_.next(batch);
+      if (reference_.empty()) continue;
+      batch.reference_logps.resize(2 * size_t(batch.rows));
+      for (size_t r = 0; r < size_t(batch.rows); ++r)
+        for (size_t k = 0; k < 2; ++k)
+          batch.reference_logps[2 * r + k] = reference_[2 * batch.sample_ids[r] + k];
+    }
   }
   std::string describe() const override {
     return "dataset " + dir_ + " (" + reader_.manifest().version + ")";
@@ -67,14 +80,20 @@ class Dataset final : public DataSource {
   std::string dir_;
   uint64_t global_batch_;
   int microbatches_;
+  std::vector<double> reference_;
 };
 
 }  // namespace
 
-std::unique_ptr<DataSource> open_data(const Config& config, const trainer::TrainSpec& spec, int dp_rank) {
-  const bool sft = spec.objective == trainer::Objective::kSft;
+std::unique_ptr<DataSource> open_data(const Config& config, const trainer::TrainSpec& spec, int dp_rank,
+                                      trainer::Comm& world) {
+  const bool sft = spec.objective == trainer::Objective::kSft,
+             dpo = spec.objective == trainer::Objective::kDpo;
+  const char* wanted = sft ? "chat" : "preference";
   if (spec.dataset == "synthetic") {
-    if (sft) config.reject("run.objective", "sft needs a chat dataset (the synthetic stream has no replies)");
+    if (sft || dpo)
+      config.reject("run.objective", fmt::format("{} needs a {} dataset (the synthetic stream has none)",
+                                                 sft ? "sft" : "dpo", wanted));
     if (spec.document_mask)
       config.reject("data.document_mask", "needs a prepared dataset (the synthetic stream has no documents)");
     return std::make_unique<Synthetic>(spec, dp_rank);
@@ -84,11 +103,17 @@ std::unique_ptr<DataSource> open_data(const Config& config, const trainer::Train
     config.reject("model.vocab", fmt::format("must equal the vocabulary of the dataset's tokenizer ({}, from "
                                              "{}/manifest.json)",
                                              manifest.vocab_size, spec.dataset));
-  if (sft && manifest.format != "chat")
+  if ((sft || dpo) && manifest.format != wanted)
     config.reject("run.objective",
-                  fmt::format("sft needs a chat dataset, and {} is format {}: prepare one with `forge-data "
-                              "prepare --format chat`, or train every token with lm",
-                              spec.dataset, manifest.format));
+                  fmt::format("{} needs a {} dataset, and {} is format {}: prepare one with `forge-data "
+                              "prepare --format {}`, or train every token with lm",
+                              sft ? "sft" : "dpo", wanted, spec.dataset, manifest.format, wanted));
+  std::string reference = spec.dpo.reference;
+  if (dpo && reference.empty()) reference = config.get<std::string>("ckpt.init_from");
+  if (dpo && reference.empty())
+    config.reject("run.objective",
+                  "dpo needs a reference model: set ckpt.init_from (the model the run starts "
+                  "from, scripts/sbatch/finetune.sbatch) or dpo.reference");
   data::ReaderOptions options;
   options.seq_len = uint32_t(spec.model.seq_len);
   // One read is one micro-batch across the data-parallel group; this rank gets its slice of it.
@@ -98,8 +123,17 @@ std::unique_ptr<DataSource> open_data(const Config& config, const trainer::Train
   options.seed = spec.seed;
   options.order = data::parse_order(spec.data_order);
   options.document_mask = spec.document_mask;
-  options.loss_mask = sft;
-  return std::make_unique<Dataset>(spec.dataset, options, spec.microbatches);
+  options.loss_mask = sft || dpo;
+  auto dataset = std::make_unique<Dataset>(spec.dataset, options, spec.microbatches);
+  if (dpo) {
+    if (const uint64_t left = dataset->reader().pairs_left_out(); left > 0 && world.rank() == 0)
+      spdlog::warn(
+          "{} preference pairs of {} are longer than model.seq_len + 1 = {} tokens and are left out "
+          "(prepare with --max-tokens {} to cut them instead)",
+          left, spec.dataset, spec.model.seq_len + 1, (spec.model.seq_len + 1) / 2);
+    dataset->set_reference(reference_logps(spec, reference, world));
+  }
+  return dataset;
 }
 
 }  // namespace forge::launcher

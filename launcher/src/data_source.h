@@ -3,6 +3,7 @@
 #pragma once
 
 #include "forge/common/batch.h"
+#include "forge/trainer/comm.h"
 #include "forge/trainer/spec.h"
 
 #include <cstdint>
@@ -26,8 +27,11 @@ class DataSource {
   virtual uint64_t bytes_read() const = 0;
 };
 
-// Checks the dataset against the spec (vocabulary: a usage error naming model.vocab; unreadable or corrupt
-// data: a data error) and opens it for data-parallel rank `dp_rank` of spec.layout.dp.
-std::unique_ptr<DataSource> open_data(const Config& config, const trainer::TrainSpec& spec, int dp_rank);
+// Checks the dataset against the spec (vocabulary: a usage error naming model.vocab; the objective's format;
+// unreadable or corrupt data: a data error) and opens it for data-parallel rank `dp_rank` of
+// spec.layout.dp. run.objective = dpo: the reference log-probabilities are found or computed here, by all
+// the ranks of `world` together (dpo_reference.h).
+std::unique_ptr<DataSource> open_data(const Config& config, const trainer::TrainSpec& spec, int dp_rank,
+                                      trainer::Comm& world);
 
 }  // namespace forge::launcher

@@ -320,7 +320,7 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
     return 0;
   }
   // Everything that can reject the spec or the data runs before the model's memory is allocated.
-  auto data = open_data(config, spec, spec.layout.coords(boot.rank).dp);
+  auto data = open_data(config, spec, spec.layout.coords(boot.rank).dp, *world);
   check_resume_spec(config, spec.dir, force_new);
   std::error_code ec;
   fs::create_directories(fs::path(spec.dir) / "metrics", ec);

@@ -1,6 +1,7 @@
 // The chat format: template, parsing, neutralization, the loss mask, and `prepare --format chat` end to end
 // on a small generated JSONL (the tokenizer trains on it).
 #include "forge/dataio/chat.h"
+#include "chat_test_support.h"
 #include "forge/common/error.h"
 #include "forge/common/hash.h"
 #include "forge/dataio/ingest.h"
@@ -23,36 +24,10 @@
 #include <set>
 
 using namespace forge::data;
+using namespace forge::test::chat;
 namespace fs = std::filesystem;
 
 namespace {
-
-ChatMessage msg(ChatRole role, std::string content) {
-  return {role, std::move(content)};
-}
-
-size_t count_of(std::string_view text, std::string_view what) {
-  size_t n = 0;
-  for (size_t at = text.find(what); at != std::string_view::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
-
-size_t markers_in(std::string_view text) {
-  size_t n = 0;
-  for (const auto m : kChatMarkers) n += count_of(text, m);
-  return n;
-}
-
-std::string words(std::mt19937& rng, int n) {
-  std::string out;
-  for (int i = 0; i < n; ++i) {
-    std::string w;
-    for (uint32_t x = rng() % 3000 + 1; x > 0; x /= 26) w.push_back(static_cast<char>('a' + x % 26));
-    if (i > 0) out += (i % 9 == 0) ? ".\n" : " ";
-    out += w;
-  }
-  return out;
-}
 
 // A few dozen varied conversations: some with a system prompt, some multi-turn, some long prompts.
 std::vector<std::vector<ChatMessage>> make_conversations(int n, uint32_t seed) {
@@ -161,71 +136,6 @@ PrepareOptions chat_options(const std::string& input, const std::string& out) {
   o.valid_fraction = 0.1;
   o.threads = 1;
   return o;
-}
-
-// Every document of the dataset, in manifest order: ids (end-of-sequence included) and mask.
-struct Doc {
-  std::vector<uint32_t> ids;
-  std::vector<uint8_t> mask;
-};
-std::vector<Doc> read_docs(const std::string& dir) {
-  const Manifest m = load_manifest(dir);
-  std::vector<Doc> docs;
-  for (const auto& e : m.shards) {
-    const ShardData data = read_shard((fs::path(dir) / e.file).string());
-    REQUIRE(data.loss_mask.size() == data.tokens.size());
-    for (size_t d = 0; d + 1 < data.doc_offsets.size(); ++d) {
-      const auto a = static_cast<std::ptrdiff_t>(data.doc_offsets[d]),
-                 b = static_cast<std::ptrdiff_t>(data.doc_offsets[d + 1]);
-      docs.push_back({{data.tokens.begin() + a, data.tokens.begin() + b},
-                      {data.loss_mask.begin() + a, data.loss_mask.begin() + b}});
-    }
-  }
-  return docs;
-}
-
-std::string decode(const Tokenizer& tok, std::span<const uint32_t> ids) {
-  const std::vector<int> v(ids.begin(), ids.end());
-  return tok.decode(v);
-}
-
-// Decodes the tokens whose mask equals `value` (runs decoded separately: runs end at markers).
-std::string decode_masked(const Tokenizer& tok, const Doc& d, uint8_t value, size_t n) {
-  std::string out;
-  for (size_t a = 0; a < n;) {
-    size_t b = a;
-    while (b < n && d.mask[b] == d.mask[a]) ++b;
-    if (d.mask[a] == value) out += decode(tok, std::span<const uint32_t>(d.ids.data() + a, b - a));
-    a = b;
-  }
-  return out;
-}
-
-void expect_error(forge::ExitCode code, const std::function<void()>& f,
-                  const std::vector<std::string>& needles) {
-  try {
-    f();
-    FAIL("no error");
-  } catch (const forge::Error& e) {
-    INFO(e.what());
-    CHECK(e.code() == code);
-    for (const auto& n : needles) CHECK(std::string(e.what()).find(n) != std::string::npos);
-  }
-}
-
-// A SentencePiece model like prepare's but without the chat markers (e.g. from an older release).
-std::string model_without_markers(const forge::test::TempDir& tmp) {
-  std::string text;
-  std::mt19937 rng(3);
-  for (int i = 0; i < 300; ++i) text += words(rng, 20) + "\n";
-  tmp.write("plain.txt", text);
-  const std::string args = "--input=" + (tmp / "plain.txt") + " --model_prefix=" + (tmp / "plain") +
-                           " --vocab_size=300 --model_type=bpe --byte_fallback=true "
-                           "--normalization_rule_name=identity --add_dummy_prefix=false --minloglevel=2";
-  const auto status = sentencepiece::SentencePieceTrainer::Train(args);
-  INFO(status.ToString());
-  REQUIRE(status.ok());
-  return tmp / "plain.model";
 }
 
 }  // namespace
@@ -411,9 +321,9 @@ TEST_CASE("ingest --format chat counts malformed lines with line numbers and deg
   CHECK(st.chat.degenerate.at("no_assistant_turn") == 2);
   CHECK(st.chat.degenerate.at("empty_assistant_reply") == 1);
   CHECK(st.chat.markers_neutralized == 3);
-  CHECK(st.chat.conversations == 40);
+  CHECK(st.chat.records == 40);
   // Every line accounted for: good + malformed + degenerate.
-  CHECK(st.chat.conversations + st.chat.malformed_lines + 4 == st.chat.lines);
+  CHECK(st.chat.records + st.chat.malformed_lines + 4 == st.chat.lines);
   REQUIRE(corpus.docs.size() == 40);
   CHECK(corpus.docs[0].text == render_chat(cleaned(cc.good[0])));
   CHECK(corpus.domains[corpus.docs[0].domain] == "text");

@@ -129,4 +129,41 @@ expect_exit 65 "chat.jsonl:61: messages\[0\] has unknown role" -- \
 h5dump -H "$(ls chatds/shards/*.h5 | head -1)" | grep -q loss_mask || fail "chat shard has no /loss_mask"
 expect_exit 64 "chat.truncate" -- "$forge_data" prepare --input chat.jsonl --out x --format chat --truncate cut
 expect_exit 64 "ingest.format" -- "$forge_data" prepare --input chat.jsonl --out x --format dialog
+# Preference: --format preference end to end through the CLI (the C++ test checks pairs and masks token by
+# token). 60 pairs, every reply shape, a duplicate pair, an identical-halves pair, a malformed line.
+python3 - <<'PY'
+import json
+words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet"]
+def text(i, n): return " ".join(words[(i * 7 + k * 3) % 10] + str((i * 31 + k) % 97) for k in range(n))
+with open("pref.jsonl", "w") as f:
+    lines = []
+    for i in range(60):
+        prompt = text(i, 6 + i % 9) if i % 2 else [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": text(i, 5)}, {"role": "assistant", "content": text(i + 50, 4)},
+            {"role": "user", "content": text(i + 60, 7)}]
+        chosen = text(i + 100, 5 + i % 13)
+        rejected = {"role": "assistant", "content": text(i + 200, 4 + i % 7)} if i % 3 else [{"role": "assistant", "content": text(i + 200, 4 + i % 7)}]
+        lines.append(json.dumps({"prompt": prompt, "chosen": chosen, "rejected": rejected}))
+    lines.append(lines[5])
+    lines.append('{"prompt": "same?", "chosen": "yes", "rejected": "yes"}')
+    lines.append('{"prompt": "q", "chosen": {"role": "user", "content": "x"}, "rejected": "y"}')
+    f.write("\n".join(lines) + "\n")
+PY
+expect_exit 65 "pref.jsonl:63: chosen has role" -- \
+  "$forge_data" prepare --input pref.jsonl=qa --out prefds --vocab 400 --format preference
+[ ! -e prefds ] || fail "a failed preference prepare left prefds"
+"$forge_data" prepare --input pref.jsonl=qa --out prefds --vocab 400 --format preference --max-bad-lines 0.05 \
+  --shard-tokens 500 > pref_prepare.txt || fail "preference prepare failed: $(cat pref_prepare.txt)"
+grep -q 'preference (forge-chat-1): 60 pairs' pref_prepare.txt || fail "summary lacks the pair count: $(cat pref_prepare.txt)"
+[ "$(json prefds/manifest.json 'd["format"]')" = preference ] || fail "manifest format is not preference"
+[ "$(json prefds/manifest.json 'all(s["documents"] % 2 == 0 for s in d["shards"])')" = True ] || fail "a shard splits a pair"
+[ "$(json prefds/manifest.json 'len(d["shards"]) > 4')" = True ] || fail "too few shards to test the cut rule"
+[ "$(json prefds/quality.json 'd["preference"]["pairs"]')" = 60 ] || fail "duplicate pair not removed"
+[ "$(json prefds/quality.json 'd["preference"]["degenerate"]["identical_replies"]')" = 1 ] || fail "identical halves not counted"
+[ "$(json prefds/quality.json 'd["preference"]["malformed_lines"]["count"]')" = 1 ] || fail "malformed line not counted"
+[ "$(json prefds/quality.json '0 < d["preference"]["length_bias"]["chosen_longer_share"] < 1')" = True ] || fail "no length-bias figure"
+"$forge_data" verify prefds | grep -q 'format preference' || fail "verify does not show the preference format"
+"$forge_data" inspect prefds --docs 1 > pref_inspect.txt
+grep -q 'pair 0 chosen' pref_inspect.txt && grep -q 'pair 0 rejected' pref_inspect.txt || fail "inspect does not show a pair's halves"
+expect_exit 64 "chat.truncate" -- "$forge_data" prepare --input pref.jsonl --out x --format preference --truncate cut
 echo "cli test passed"

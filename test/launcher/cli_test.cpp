@@ -181,8 +181,8 @@ TEST_CASE("run.objective = sft trains the replies a chat dataset's loss masks ma
                            Catch::Contains("--format chat"));
   r = run(tiny(dir) + " --run.objective=sft");
   CHECK(r.code == 64);
-  CHECK_THAT(r.output, Catch::Contains("sft needs a chat dataset (the synthetic stream has no replies)"));
-  r = run(tiny(dir) + " --run.objective=dpo");
+  CHECK_THAT(r.output, Catch::Contains("sft needs a chat dataset (the synthetic stream has none)"));
+  r = run(tiny(dir) + " --run.objective=ppo");
   CHECK(r.code == 64);
   CHECK_THAT(r.output, Catch::Contains("run.objective"));
   CHECK_FALSE(fs::exists(dir / "run"));

@@ -22,9 +22,13 @@ class H5Fixture {
   std::vector<double> doubles(const std::string& name) const { return read<double>(name, H5T_NATIVE_DOUBLE); }
   std::vector<int32_t> ints(const std::string& name) const { return read<int32_t>(name, H5T_NATIVE_INT32); }
 
+  // An attribute of the file, or of a group: "group/name".
   double attr(const std::string& name) const {
     double v = 0;
-    const hid_t a = H5Aopen(file_, name.c_str(), H5P_DEFAULT);
+    const size_t slash = name.rfind('/');
+    const std::string object = slash == std::string::npos ? "/" : name.substr(0, slash);
+    const std::string attribute = slash == std::string::npos ? name : name.substr(slash + 1);
+    const hid_t a = H5Aopen_by_name(file_, object.c_str(), attribute.c_str(), H5P_DEFAULT, H5P_DEFAULT);
     if (a < 0 || H5Aread(a, H5T_NATIVE_DOUBLE, &v) < 0) throw std::runtime_error("fixture attribute " + name);
     H5Aclose(a);
     return v;

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <string>
 
 using forge::MicroBatch;
@@ -151,4 +152,77 @@ TEST_CASE("GPT matches PyTorch on packed documents with loss weights", "[trainer
     INFO(p.name);
     CHECK(rel_diff(model.grad(p.name), f.floats("packed/grad/" + p.name)) < 2e-5);
   }
+}
+
+TEST_CASE("DPO matches PyTorch on two preference pairs, label smoothing on", "[trainer][parity][dpo]") {
+  const H5Fixture f(fixture_path());
+  TrainSpec spec = fixture_spec(f);
+  const auto tokens = f.ints("dpo/tokens");
+  spec.batch = int(tokens.size()) / spec.model.seq_len;
+  spec.objective = forge::trainer::Objective::kDpo;
+  spec.dpo.beta = f.attr("dpo/beta");
+  spec.dpo.label_smoothing = f.attr("dpo/label_smoothing");
+  forge::test::OneProcess trainer(spec);
+  GPT& model = trainer->model();
+  load_initial(model, f);
+  MicroBatch batch = forge::test::micro_batch(tokens, f.ints("dpo/targets"), spec.batch, spec.model.seq_len);
+  const auto weights = f.floats("dpo/weights");
+  batch.weights.assign(weights.begin(), weights.end());
+  const auto positions = f.ints("dpo/positions"), segments = f.ints("dpo/segments");
+  batch.positions.assign(positions.begin(), positions.end());
+  batch.segments.assign(segments.begin(), segments.end());
+  batch.reference_logps = f.doubles("dpo/reference_logps");
+  REQUIRE_FALSE(batch.problem(spec.model.vocab, spec.model.max_positions));
+
+  model.zero_grad();
+  const LossSums sums = model.forward_backward(batch, float(1.0 / batch.rows));
+  CHECK(sums.weight == batch.rows);  // normalised by the pairs
+  const double ref_loss = f.doubles("dpo/loss")[0];
+  CHECK(std::abs(sums.loss / sums.weight - ref_loss) / ref_loss < 1e-5);
+  for (const auto& p : model.params()) {
+    INFO(p.name);
+    CHECK(rel_diff(model.grad(p.name), f.floats("dpo/grad/" + p.name)) < 2e-5);
+  }
+}
+
+TEST_CASE("DPO with the policy as its own reference: loss ln 2, margin 0", "[trainer][dpo]") {
+  // The reference pass (ReplyLogps) and the policy compute the same log-probabilities from the same
+  // weights and batch, so every z is exactly 0.
+  const H5Fixture f(fixture_path());
+  TrainSpec spec = fixture_spec(f);
+  const auto tokens = f.ints("dpo/tokens");
+  spec.batch = int(tokens.size()) / spec.model.seq_len;
+  spec.microbatches = 1;
+  spec.objective = forge::trainer::Objective::kDpo;
+  spec.dpo.beta = 0.3;
+  MicroBatch batch = forge::test::micro_batch(tokens, f.ints("dpo/targets"), spec.batch, spec.model.seq_len);
+  const auto weights = f.floats("dpo/weights");
+  batch.weights.assign(weights.begin(), weights.end());
+  const auto positions = f.ints("dpo/positions"), segments = f.ints("dpo/segments");
+  batch.positions.assign(positions.begin(), positions.end());
+  batch.segments.assign(segments.begin(), segments.end());
+
+  const auto logps = std::make_shared<forge::trainer::ReplyLogps>();
+  GPT reference(spec.model, spec.batch, forge::trainer::DType::kF32, {}, 1, forge::trainer::cpu_backend(),
+                forge::trainer::LayerFactory::whole(), 1, logps);
+  load_initial(reference, f);
+  reference.forward_loss(batch);
+  batch.reference_logps = logps->last();
+  REQUIRE(batch.reference_logps.size() == 4);
+  for (double lp : batch.reference_logps) CHECK(lp < -10);
+
+  forge::test::OneProcess trainer(spec);
+  load_initial(trainer->model(), f);
+  const StepStats st = trainer->step(std::span(&batch, 1));
+  CHECK(st.loss == double(float(std::log(2.0))));  // reported at FP32, as every loss
+  const std::map<std::string, double> figures(st.objective.begin(), st.objective.end());
+  CHECK(figures.at("reward_margin") == 0.0);
+  CHECK(figures.at("reward_chosen") == 0.0);
+  CHECK(figures.at("accuracy") == 0.0);
+  // And a step later the policy has moved away from its reference: the chosen reply gains.
+  const StepStats next = trainer->step(std::span(&batch, 1));
+  const std::map<std::string, double> after(next.objective.begin(), next.objective.end());
+  CHECK(next.loss < st.loss);
+  CHECK(after.at("reward_margin") > 0.0);
+  CHECK(after.at("accuracy") == 1.0);
 }

@@ -60,13 +60,43 @@ double Classifier::forward_backward(float* dx, const float* x, const DeviceBatch
     chunk_ = backend_.alloc<float>(need);
   float* logits = chunk_.data();
   double total = 0;
+  const float* coeff = nullptr;  // a sequence loss's per-position gradient weights (second pass)
+  if (loss.per_sequence()) {
+    // First pass: the targets' negative log-likelihoods, chunk by chunk (the logits are formed twice: no
+    // [rows, V] buffer ever exists); then the loss and each position's weight, on the host.
+    if (nll_.size() < size_t(rows)) nll_ = backend_.alloc<float>(size_t(rows));
+    nll_host_.resize(size_t(rows));
+    coeff_host_.resize(size_t(rows));
+    for (int r0 = 0; r0 < rows; r0 += kChunkRows) {
+      const int n = std::min(kChunkRows, rows - r0);
+      backend_.matmul_forward(logits, x + int64_t(r0) * C_, wte_.value, nullptr, n, C_, V_);
+      backend_.cross_entropy(logits, batch.targets + r0,
+                             batch.weights != nullptr ? batch.weights + r0 : nullptr, n, V_, vocab_begin_,
+                             1.0f, false, vocab_group_, nll_.data() + r0);
+    }
+    backend_.copy_to_host(nll_host_.data(), nll_.data(), sizeof(float) * size_t(rows));
+    total = loss.sequences(*batch.host, nll_host_.data(), coeff_host_.data());
+    if (dx == nullptr && logits_out == nullptr) return total;
+    if (backend_.host_memory()) {
+      coeff = coeff_host_.data();
+    } else {
+      if (coeff_.size() < size_t(rows)) coeff_ = backend_.alloc<float>(size_t(rows));
+      backend_.copy_from_host(coeff_.data(), coeff_host_.data(), sizeof(float) * size_t(rows));
+      coeff = coeff_.data();
+    }
+  }
   for (int r0 = 0; r0 < rows; r0 += kChunkRows) {
     const int n = std::min(kChunkRows, rows - r0);
     const float* xr = x + int64_t(r0) * C_;
     backend_.matmul_forward(logits, xr, wte_.value, nullptr, n, C_, V_);
     if (logits_out != nullptr)
       backend_.copy_to_host(logits_out + int64_t(r0) * V_, logits, sizeof(float) * size_t(n) * size_t(V_));
-    total += loss.chunk(backend_, logits, batch, r0, n, V_, vocab_begin_, scale, dx != nullptr, vocab_group_);
+    if (coeff != nullptr)  // the gradient of the sequence loss: cross-entropy's, weighted by `coeff`
+      backend_.cross_entropy(logits, batch.targets + r0, coeff + r0, n, V_, vocab_begin_, scale,
+                             dx != nullptr, vocab_group_);
+    else
+      total +=
+          loss.chunk(backend_, logits, batch, r0, n, V_, vocab_begin_, scale, dx != nullptr, vocab_group_);
     if (dx == nullptr) continue;
     // dx = dlogits wte, dwte += dlogits^T x: the classifier's matrix product backward.
     backend_.matmul_backward(dx + int64_t(r0) * C_, wte_.grad, nullptr, logits, xr, wte_.value, n, C_, V_);

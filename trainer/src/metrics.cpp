@@ -10,7 +10,7 @@ namespace forge::trainer {
 
 Json metrics_record(const StepStats& s, int64_t tokens_so_far, double flops_per_token, double peak_gflops) {
   const double tps = s.seconds > 0 ? double(s.tokens) / s.seconds : 0.0;
-  return Json{{"step", s.step},
+  Json record{{"step", s.step},
               {"loss", s.loss},
               {"grad_norm", s.grad_norm},
               {"lr", s.lr},
@@ -19,6 +19,8 @@ Json metrics_record(const StepStats& s, int64_t tokens_so_far, double flops_per_
               {"step_ms", s.seconds * 1e3},
               {"tokens_per_s", tps},
               {"mfu", peak_gflops > 0 ? tps * flops_per_token / (peak_gflops * 1e9) : 0.0}};
+  for (const auto& [name, value] : s.objective) record[name] = value;
+  return record;
 }
 
 MetricsWriter::MetricsWriter(const std::string& path, int64_t resumed_step) : path_(path) {

@@ -333,6 +333,7 @@ LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input,
   s.doc_start_host.clear();
   if (!batch.segments.empty()) document_starts(batch, s.doc_start_host);
   s.batch.doc_start = place(s.doc_start, s.doc_start_host);
+  s.batch.host = &batch;
 
   const bool bf16 = dtype_ == DType::kBF16;
   const int tps = slice_.tp_size;
@@ -396,7 +397,7 @@ LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input,
   }
   const double loss = classifier_->forward_backward(backward ? s.dlnf.data() : nullptr, s.lnf.data(), s.batch,
                                                     N, *loss_, loss_scale, logits_out);
-  return {loss, batch.weight_sum()};
+  return {loss, loss_->weight(batch)};
 }
 
 LossSums GPT::forward(int slot, const MicroBatch& batch, const float* input, float loss_scale,

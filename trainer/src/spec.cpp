@@ -2,6 +2,7 @@
 #include "forge/trainer/spec.h"
 
 #include "forge/common/error.h"
+#include "forge/trainer/loss.h"
 
 #include <fmt/format.h>
 
@@ -19,9 +20,9 @@ void add_trainer_keys(ConfigSchema& s) {
       .add<int64_t>("run.steps", 100, "optimizer steps to train")
       .add<int64_t>("run.seed", 1234, "seed of initialization and synthetic data")
       .add<int>("run.threads", 0, "CPU threads (0: SLURM_CPUS_PER_TASK, else all cores)")
-      .add_choice("run.objective", "lm", {"lm", "sft"},
+      .add_choice("run.objective", "lm", {"lm", "sft", "dpo"},
                   "what the run learns: lm, every token of the data; sft, the replies a chat dataset's loss "
-                  "mask marks (docs/TRAINER.md)")
+                  "mask marks; dpo, the preferences of a preference dataset (docs/TRAINER.md)")
       .add<double>("run.peak_gflops", 0.0, "matrix-product peak for MFU in GFLOP/s (0: measure at start)")
       .add<std::string>(
           "run.trace_steps", "",
@@ -40,6 +41,12 @@ void add_trainer_keys(ConfigSchema& s) {
           "sample order of a prepared dataset: block (block-local shuffle) or global (docs/DATA.md)")
       .add<bool>("data.document_mask", false,
                  "packed documents: attention stays inside each document, positions restart (docs/DATA.md)");
+  s.add<double>("dpo.beta", 0.1, "DPO: strength of the pull away from the reference (beta)")
+      .add<double>("dpo.label_smoothing", 0.0,
+                   "DPO: share of preferences taken as flipped (conservative DPO)")
+      .add<std::string>(
+          "dpo.reference", "",
+          "DPO: the reference checkpoint (empty: ckpt.init_from, the model the run starts from)");
   s.add<double>("optim.lr", 3e-4, "peak learning rate")
       .add<double>("optim.min_lr", 3e-5, "learning rate at the end of the cosine decay")
       .add<int64_t>("optim.warmup_steps", 0, "linear warm-up steps")
@@ -172,9 +179,16 @@ TrainSpec train_spec(const Config& c) {
   s.batch = positive<int>(c, "data.batch");
   s.data_order = c.get<std::string>("data.order");
   if (s.data_order != "block" && s.data_order != "global") c.reject("data.order", "must be block or global");
-  s.objective = c.get<std::string>("run.objective") == "sft" ? Objective::kSft : Objective::kLm;
+  const std::string objective = c.get<std::string>("run.objective");
+  s.objective = objective == "sft" ? Objective::kSft : objective == "dpo" ? Objective::kDpo : Objective::kLm;
   // Fine-tuning packs conversations with their boundaries always: a reply attends to its own prompt only.
-  s.document_mask = c.get<bool>("data.document_mask") || s.objective == Objective::kSft;
+  s.document_mask = c.get<bool>("data.document_mask") || s.objective != Objective::kLm;
+  s.dpo.beta = c.get<double>("dpo.beta");
+  if (!(s.dpo.beta > 0 && s.dpo.beta <= 100)) c.reject("dpo.beta", "must be in (0, 100]");
+  s.dpo.label_smoothing = c.get<double>("dpo.label_smoothing");
+  if (!(s.dpo.label_smoothing >= 0 && s.dpo.label_smoothing < 0.5))
+    c.reject("dpo.label_smoothing", "must be in [0, 0.5)");
+  s.dpo.reference = c.get<std::string>("dpo.reference");  // empty: the launcher takes ckpt.init_from
   s.dtype = c.get<std::string>("precision.dtype") == "bf16" ? DType::kBF16 : DType::kF32;
   s.layout.tp = positive<int>(c, "parallel.tp");
   s.layout.cp = positive<int>(c, "parallel.cp");
@@ -211,6 +225,12 @@ TrainSpec train_spec(const Config& c) {
   s.guard = guard_config(c);
   s.threads = resolve_threads(threads);
   return s;
+}
+
+std::shared_ptr<const Loss> objective_loss(const TrainSpec& spec) {
+  if (spec.objective == Objective::kDpo)
+    return std::make_shared<DpoLoss>(spec.dpo.beta, spec.dpo.label_smoothing);
+  return std::make_shared<LmCrossEntropy>();
 }
 
 TrainSpec elastic_spec(const TrainSpec& spec, int ranks) {

@@ -2,7 +2,8 @@
 """Writes gpt_parity.h5: a small GPT built in PyTorch from fixed initial weights, with its inputs, logits,
 loss, every gradient, and ten AdamW steps (warm-up + cosine schedule, clipping, two accumulated
 micro-batches); and a batch of packed documents (positions restarting per document, attention masked to
-each document, per-token loss weights, ignored targets) with its logits, weighted loss and gradients.
+each document, per-token loss weights, ignored targets) with its logits, weighted loss and gradients; and
+the DPO loss of two preference pairs (label smoothing on) with its gradients.
 test/trainer/parity_test.cpp checks the C++ trainer against it.
 
 Run with Debian's torch:  /usr/bin/python3 test/trainer/reference/make_fixture.py
@@ -158,6 +159,34 @@ p_loss = (ce * p_w.reshape(-1)).sum() / p_w.sum()
 p_loss.backward()
 p_grads = {k: v.grad.detach().clone() for k, v in params.items()}
 
+# DPO, from the initial weights: two rows, each a pair (chosen = document 0, rejected = document 1, then
+# unscored filler); a prompt part of each reply unscored. Per pair z = beta((pi_c - ref_c) - (pi_r - ref_r)),
+# loss = mean over pairs of -(1 - eps) logsigmoid(z) - eps logsigmoid(-z).
+with torch.no_grad():
+    for k, p in params.items(): p.copy_(init[k]); p.grad = None
+DPO = dict(beta=0.5, label_smoothing=0.1)
+d_idx = torch.randint(0, V, (PB, T)); d_tgt = torch.randint(0, V, (PB, T))
+d_cuts = [(30, 66), (41, 80)]  # rejected starts, filler starts (80 = none)
+d_seg = torch.zeros(PB, T, dtype=torch.long); d_pos = torch.zeros(PB, T, dtype=torch.long)
+d_w = torch.ones(PB, T)
+for r, (c, e) in enumerate(d_cuts):
+    for t in range(T):
+        seg = 0 if t < c else 1 if t < e else 2
+        start = 0 if seg == 0 else c if seg == 1 else e
+        d_seg[r, t] = seg; d_pos[r, t] = t - start
+        if t - start < 10 or seg == 2: d_w[r, t] = 0.0  # the prompt and the filler are not scored
+    d_tgt[r, c - 1] = -1; d_w[r, c - 1] = 0.0
+    if e < T: d_tgt[r, e - 1] = -1; d_w[r, e - 1] = 0.0
+d_logits = packed_logits(d_idx, d_pos, d_seg)
+d_logp = -F.cross_entropy(d_logits.reshape(-1, V), d_tgt.reshape(-1).clamp(min=0), reduction="none").view(PB, T)
+pi_c = (d_logp * d_w * (d_seg == 0)).sum(1); pi_r = (d_logp * d_w * (d_seg == 1)).sum(1)
+d_ref = torch.stack([pi_c.detach() + torch.tensor([0.4, -0.2]), pi_r.detach() + torch.tensor([-0.3, 0.5])], 1).double()
+z = DPO["beta"] * ((pi_c.double() - d_ref[:, 0]) - (pi_r.double() - d_ref[:, 1]))
+eps = DPO["label_smoothing"]
+d_loss = (-(1 - eps) * F.logsigmoid(z) - eps * F.logsigmoid(-z)).mean()
+d_loss.backward()
+d_grads = {k: v.grad.detach().clone() for k, v in params.items()}
+
 path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpt_parity.h5")
 with h5py.File(path, "w") as f:
     for k, v in CFG.items(): f.attrs[k] = v
@@ -178,5 +207,13 @@ with h5py.File(path, "w") as f:
     f["packed/logits"] = p_logits.detach().numpy().astype(np.float32)
     f["packed/loss"] = np.float64(p_loss.item())
     for k in params: f[f"packed/grad/{k}"] = p_grads[k].numpy()
+    g = f.create_group("dpo") if "dpo" not in f else f["dpo"]
+    for k, v in DPO.items(): g.attrs[k] = v
+    g["tokens"] = d_idx.numpy().astype(np.int32); g["targets"] = d_tgt.numpy().astype(np.int32)
+    g["weights"] = d_w.numpy().astype(np.float32)
+    g["positions"] = d_pos.numpy().astype(np.int32); g["segments"] = d_seg.numpy().astype(np.int32)
+    g["reference_logps"] = d_ref.reshape(-1).numpy().astype(np.float64)
+    g["loss"] = np.float64(d_loss.item())
+    for k in params: g[f"grad/{k}"] = d_grads[k].numpy()
 print(f"wrote {path}: loss {loss.item():.6f}, step losses {[round(x, 4) for x in losses]}, norms "
       f"{[round(x, 3) for x in norms]}")

@@ -84,8 +84,8 @@ class CpuBackend final : public Backend {
     cpu::gelu_backward(dinout, pre, N, C);
   }
   double cross_entropy(float* logits, const int32_t* targets, const float* weights, int rows, int V,
-                       int vocab_begin, float scale, bool backward, VocabGroup* group) override {
-    return cpu::cross_entropy(logits, targets, weights, rows, V, vocab_begin, scale, backward, group);
+                       int vocab_begin, float scale, bool backward, VocabGroup* group, float* nll) override {
+    return cpu::cross_entropy(logits, targets, weights, rows, V, vocab_begin, scale, backward, group, nll);
   }
   void round_to_bf16(float* out, const float* in, size_t n) override {
     cpu::round_to_bf16(out, in, int64_t(n));

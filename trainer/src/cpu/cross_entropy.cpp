@@ -11,7 +11,7 @@
 namespace forge::trainer::cpu {
 
 double cross_entropy(float* logits, const int32_t* targets, const float* weights, int rows, int V,
-                     int vocab_begin, float scale, bool backward, VocabGroup* group) {
+                     int vocab_begin, float scale, bool backward, VocabGroup* group, float* nll) {
   // Per row: max, then (sum of exponentials, target logit) next to each other so a group combines both
   // with one reduction.
   thread_local std::vector<float> stats;
@@ -46,7 +46,9 @@ double cross_entropy(float* logits, const int32_t* targets, const float* weights
   for (int i = 0; i < rows; ++i) {
     const float w = targets[i] == MicroBatch::kIgnore ? 0.0f : weights != nullptr ? weights[i] : 1.0f;
     const float sum = sum_tgt[2 * i];
-    if (w != 0.0f) total += double(w) * (std::log(sum) - (sum_tgt[2 * i + 1] - mx[i]));  // lse - logit
+    const float loss = w != 0.0f ? std::log(sum) - (sum_tgt[2 * i + 1] - mx[i]) : 0.0f;  // lse - logit
+    if (w != 0.0f) total += double(w) * loss;
+    if (nll != nullptr) nll[i] = loss;
     if (!backward) continue;
     float* row = logits + int64_t(i) * V;
     const float c = w * scale;  // dL/dlogit = c * (softmax - onehot(target))

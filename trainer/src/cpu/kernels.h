@@ -77,7 +77,7 @@ void gelu_backward(float* dinout, const float* pre, int N, int C);
 // ---- cross_entropy.cpp ---- Backend::cross_entropy (backend.h): softmax cross-entropy of a chunk of
 // logits, with the softmax statistics combined over `group` when the vocabulary is split.
 double cross_entropy(float* logits, const int32_t* targets, const float* weights, int rows, int V,
-                     int vocab_begin, float scale, bool backward, VocabGroup* group);
+                     int vocab_begin, float scale, bool backward, VocabGroup* group, float* nll = nullptr);
 
 // ---- optimizer.cpp ---- the optimizer's element-wise passes over ranges of the flat buffers, each in one
 // parallel region.

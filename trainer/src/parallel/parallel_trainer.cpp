@@ -103,7 +103,9 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups, B
   slots_ = std::min(spec.microbatches, lay.pp - s);
   const size_t dp = size_t(lay.dp);
   tp_plan_ = std::make_unique<TensorParallelPlan>(*groups.tp);
-  model_ = std::make_unique<GPT>(spec.model, spec.batch, spec.dtype, slice, slots_, backend, *tp_plan_, dp);
+  loss_ = objective_loss(spec);
+  model_ =
+      std::make_unique<GPT>(spec.model, spec.batch, spec.dtype, slice, slots_, backend, *tp_plan_, dp, loss_);
   model_->init(spec.seed);
 
   // Buckets: one per block (plus the embeddings and the final LayerNorm), boundaries rounded up to a
@@ -199,7 +201,7 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   // The loss is normalised by the scored weight of the whole step (every micro-batch, every DP rank),
   // known before the first backward so every gradient is scaled once.
   double weight = 0;
-  for (const MicroBatch& b : batches) weight += b.weight_sum();
+  for (const MicroBatch& b : batches) weight += loss_->weight(b);
   if (dpn > 1) weight = g.dp->all_reduce_sum(weight);
   if (!(weight > 0))
     fail(ExitCode::kData,
@@ -258,14 +260,18 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
       if (r) r->wait();
   finish_gradients();
 
-  // The loss sum (the last stage's, once per data-parallel rank) and the squared norm in one reduction.
-  double sums[2] = {last && g.tp_rank == 0 ? loss_sum : 0.0, 0.0};
+  // The loss sum (the last stage's, once per data-parallel rank), the squared norm and the loss's own
+  // figures (same rule as the loss) in one reduction.
+  std::vector<std::pair<std::string, double>> figures = loss_->take_metrics();
+  std::vector<double> sums = {last && g.tp_rank == 0 ? loss_sum : 0.0, 0.0};
+  for (const auto& f : figures) sums.push_back(last && g.tp_rank == 0 ? f.second : 0.0);
   {
     TraceSpan span("gradient norm", "compute");
     sums[1] = backend_.sum_squares(model_->grads().data(), norm_ranges_);
   }
   mark_activity("all_reduce world (loss, norm)");
-  g.world->all_reduce(sums, 2, CommType::kF64, ReduceOp::kSum)->wait();
+  g.world->all_reduce(sums.data(), sums.size(), CommType::kF64, ReduceOp::kSum)->wait();
+  for (size_t i = 0; i < figures.size(); ++i) figures[i].second = sums[2 + i] / weight;
   // Reported at FP32, the precision the model computes in (and what earlier releases printed).
   double loss = double(float(sums[0] / weight));
   if (inject_nan_) {
@@ -307,6 +313,7 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   st.tokens = int64_t(m) * dpn * spec_.batch * T;
   st.scored = weight;
+  st.objective = std::move(figures);
   st.finite = finite;
   st.comm_s = comm1.wait - comm0.wait;
   st.bubble_s = pipe1.wait - pipe0.wait;
@@ -323,7 +330,7 @@ double ParallelTrainer::loss_of(const MicroBatch& mine) {
   if (!g.last_stage()) g.pp->send(model_->output(0).data(), nc, CommType::kF32, g.pp_rank + 1, 0)->wait();
   // Every rank knows its batch's weight; the loss sum is the last stage's (once per DP rank).
   double both[2] = {g.last_stage() && g.tp_rank == 0 ? sums.loss : 0.0,
-                    g.first_stage() && g.tp_rank == 0 ? mine.weight_sum() : 0.0};
+                    g.first_stage() && g.tp_rank == 0 ? loss_->weight(mine) : 0.0};
   g.world->all_reduce(both, 2, CommType::kF64, ReduceOp::kSum)->wait();
   return both[0] / both[1];
 }

@@ -2,6 +2,8 @@
 // markers and end-of-turn marker are single tokens reserved in every tokenizer `prepare` trains, and the
 // loss mask that scores only the assistant's replies. The template's description and its SHA-256 are part
 // of the dataset's settings, so changing the template changes every chat dataset's version.
+// The preference format (docs/DATA.md, "Preference data") reuses the template: a pair is a prompt with a
+// chosen and a rejected reply, rendered as two conversations whose masks score only that final reply.
 #pragma once
 
 #include "forge/common/json.h"
@@ -11,6 +13,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace forge::data {
@@ -73,9 +76,58 @@ ChatMarkerIds chat_marker_ids(const Tokenizer& tokenizer, const std::string& mod
 // assistant marker itself, and whatever follows the last end-of-turn (the end-of-sequence id).
 void chat_loss_mask(std::span<const uint32_t> ids, const ChatMarkerIds& markers, std::vector<uint8_t>& mask);
 
+// The mask of one half of a preference pair: chat_loss_mask restricted to the final assistant reply (from
+// the token after the last assistant marker up to and including its end-of-turn). Assistant turns inside
+// the prompt are context; DPO sums log-probabilities over the reply alone.
+void final_reply_loss_mask(std::span<const uint32_t> ids, const ChatMarkerIds& markers,
+                           std::vector<uint8_t>& mask);
+
 // For a chat dataset (manifest format "chat"): every shard has a /loss_mask of 0s and 1s that scores at
-// least one token of each document; for a text dataset: no shard has one. forge::Error(kData) names the
-// shard and the document otherwise.
+// least one token of each document; for a preference dataset besides: every shard holds an even number of
+// documents, each document's mask is exactly final_reply_loss_mask of its tokens (end-of-sequence
+// unscored) and the two halves of a pair share their prompt tokens; for a text dataset: no shard has a
+// mask. forge::Error(kData) names the shard and the document otherwise.
 void verify_chat_masks(const std::string& dataset_dir);
+
+// ---- Preference pairs ----
+
+// One JSONL record: {"prompt", "chosen", "rejected", "domain"?, "source"?, "license"?}. The prompt is a
+// string (one user message) or a list of messages; each reply a string, an assistant message object or a
+// list holding one assistant message.
+struct PreferenceRecord {
+  std::vector<ChatMessage> prompt;
+  std::string chosen, rejected;  // the replies' content
+  std::string domain, source, license;
+};
+
+// Parses one line. Returns "" on success, else why the line is malformed, as for parse_chat_line. Empty
+// strings and an empty prompt list parse (they are degenerate).
+std::string parse_preference_line(std::string_view line, PreferenceRecord& record);
+
+// The degenerate reasons, in the order preference_degenerate_reason checks them.
+inline constexpr std::array<const char*, 5> kPreferenceDegenerateReasons = {
+    "empty_prompt", "prompt_ends_with_assistant", "empty_chosen_reply", "empty_rejected_reply",
+    "identical_replies"};
+
+// Why a well-formed (and cleaned) pair cannot be trained on, or "": one of kPreferenceDegenerateReasons.
+// An empty prompt has no message with content.
+std::string preference_degenerate_reason(const PreferenceRecord& record);
+
+// Between the two rendered halves of a pair while it is one Document: a bare end-of-turn. A rendered
+// conversation never holds two end-of-turn markers in a row (every turn opens with a role marker) and
+// content cannot hold a marker (neutralize_markers), so the first "<|end|><|end|>" of a pair's text is the
+// end of its chosen half; normalization leaves markers alone, so the separator survives every stage.
+inline constexpr std::string_view kPairSeparator = kChatEnd;
+
+// render_chat(prompt + chosen) + kPairSeparator + render_chat(prompt + rejected).
+std::string render_preference_pair(const PreferenceRecord& record);
+
+// The chosen and the rejected half of a text made by render_preference_pair; forge::Error(kData) naming
+// `where` when the text holds no separator.
+std::pair<std::string_view, std::string_view> split_preference_pair(std::string_view text,
+                                                                    const std::string& where);
+
+// The pair rule as JSON, for the dataset's settings.
+Json preference_rules_json();
 
 }  // namespace forge::data

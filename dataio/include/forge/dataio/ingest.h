@@ -1,7 +1,9 @@
 // Stage 1: read plain-text files, JSONL records and directories (recursively, by extension) into a Corpus.
 // Broken input is repaired or dropped, never passed on silently: every case has a counter.
 // With format "chat" every file is JSONL of conversations (forge/dataio/chat.h); each usable one becomes
-// one Document holding the rendered template.
+// one Document holding the rendered template. With format "preference" every file is JSONL of pairs; each
+// usable one becomes one Document holding both rendered halves (render_preference_pair), so the cleaning
+// stages keep or remove a pair whole.
 #pragma once
 
 #include "forge/common/json.h"
@@ -29,17 +31,20 @@ struct IngestOptions {
   double max_invalid_utf8 = 0.01;       // above this fraction of bad bytes a document is dropped
   double max_nul = 0.001;               // above this fraction of NUL bytes a document is binary
   std::string default_domain = "text";
-  std::string format = "text";  // "text" or "chat"
-  // chat: above this fraction of malformed (non-blank) lines `ingest` fails with kData, naming the count,
-  // the fraction and the first bad line; at or below it they are counted and listed.
+  std::string format = "text";  // "text", "chat" or "preference"
+  // chat and preference: above this fraction of malformed (non-blank) lines `ingest` fails with kData, naming
+  // the count, the fraction and the first bad line; at or below it they are counted and listed.
   double max_bad_lines = 0.001;
 };
 
-// What chat ingestion saw; every line not turned into a conversation is counted under one reason.
+// What chat or preference ingestion saw; every line not turned into a conversation (a pair) is counted
+// under one reason.
 struct ChatIngestStats {
   static constexpr size_t kListedBadLines = 20;
-  uint64_t lines = 0, blank_lines = 0, malformed_lines = 0, conversations = 0, markers_neutralized = 0;
-  std::map<std::string, uint64_t> degenerate;  // by chat_degenerate_reason
+  bool preference = false;  // the lines are preference pairs
+  uint64_t lines = 0, blank_lines = 0, malformed_lines = 0, markers_neutralized = 0;
+  uint64_t records = 0;                        // conversations (chat) or pairs (preference) ingested
+  std::map<std::string, uint64_t> degenerate;  // by chat_degenerate_reason / preference_degenerate_reason
   std::vector<std::string> first_malformed;    // "file:line: why", the first kListedBadLines
   Json to_json() const;
 };
@@ -50,7 +55,7 @@ struct IngestStats {
   uint64_t utf8_repaired = 0, dropped_invalid_utf8 = 0, dropped_binary = 0, dropped_long_lines = 0,
            dropped_too_large = 0, dropped_empty = 0;
   std::string first_bad_jsonl;  // "file:line: why"
-  ChatIngestStats chat;         // format "chat" only
+  ChatIngestStats chat;         // formats "chat" and "preference" only
   Json to_json() const;
 };
 
@@ -58,8 +63,8 @@ struct IngestStats {
 // `invalid_bytes` counts the bytes replaced.
 std::string repair_utf8(std::string_view in, size_t* invalid_bytes);
 
-// Reads every input. Missing or unreadable paths throw forge::Error (kUsage / kIo) naming the path; chat
-// input with too many malformed lines throws kData (IngestOptions::max_bad_lines).
+// Reads every input. Missing or unreadable paths throw forge::Error (kUsage / kIo) naming the path; chat or
+// preference input with too many malformed lines throws kData (IngestOptions::max_bad_lines).
 void ingest(const std::vector<InputSpec>& inputs, const IngestOptions& options, Corpus& corpus,
             IngestStats& stats);
 

@@ -27,9 +27,11 @@ struct Manifest {
   uint32_t vocab_size = 0;
   int token_bytes = 2;
   int eos_id = -1;
-  // What the documents are: "text" (pretraining: every token is a target) or "chat" (conversations in
-  // the chat template, forge/dataio/chat.h; the shards carry a loss mask). Absent in the JSON = "text",
-  // so the versions of text datasets did not change when the field came.
+  // What the documents are: "text" (pretraining: every token is a target), "chat" (conversations in the
+  // chat template, forge/dataio/chat.h; the shards carry a loss mask) or "preference" (pairs: documents
+  // 2k and 2k + 1 of each domain's stream are the chosen and the rejected conversation of pair k, always
+  // in the same shard; loss masks as chat). Absent in the JSON = "text", so the versions of text datasets
+  // did not change when the field came.
   std::string format = "text";
   std::vector<std::string> domains;   // per-document domain ids index this
   std::vector<std::string> licenses;  // per-document license ids index this; [0] = "unknown"

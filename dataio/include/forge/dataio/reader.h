@@ -55,8 +55,10 @@ struct ReaderOptions {
   // Chat datasets (manifest format "chat", shards with /loss_mask): a sample is a bin of whole
   // conversations packed in stream order (one longer than the window is cut at its end), so every reply is
   // trained once per epoch with its prompt; a target is scored only where the mask marks its token (an
-  // assistant's reply and its end of turn). Needs document_mask. Off: windows at multiples of seq_len,
-  // every target scored (pretraining on the same data).
+  // assistant's reply and its end of turn). Preference datasets: a sample is one pair, its chosen
+  // conversation as document 0 and its rejected one as document 1 (a pair longer than the window is left
+  // out, pairs_left_out()). Needs document_mask. Off: windows at multiples of seq_len, every target scored
+  // (pretraining on the same data).
   bool loss_mask = false;
 };
 
@@ -103,6 +105,8 @@ class Reader {
   uint64_t bytes_read() const;
   // Distinct windows in the selection; sample ids are [0, num_samples()).
   uint64_t num_samples() const;
+  // Preference pairs (loss_mask) left out of the selection because they do not fit seq_len + 1 tokens.
+  uint64_t pairs_left_out() const;
   // The sample id at a global stream position.
   uint64_t sample_at(uint64_t position) const;
   // The seq_len+1 tokens of one sample (random access, e.g. the gate's full pass over a split).

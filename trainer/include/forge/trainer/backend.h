@@ -136,9 +136,11 @@ class Backend {
   // Softmax cross-entropy of a chunk of logits [rows, V] (vocabulary columns [vocab_begin, vocab_begin +
   // V) of a split vocabulary, combined through `group` when not null). Row i's loss is weighted by
   // weights[i] (null: 1); a target of MicroBatch::kIgnore weighs 0. Returns the weighted sum. When
-  // `backward`, the logits are replaced by dL/dlogits of scale x that sum.
+  // `backward`, the logits are replaced by dL/dlogits of scale x that sum. `nll` (when not null, [rows])
+  // receives each row's unweighted loss, 0 where it weighs 0.
   virtual double cross_entropy(float* logits, const int32_t* targets, const float* weights, int rows, int V,
-                               int vocab_begin, float scale, bool backward, VocabGroup* group) = 0;
+                               int vocab_begin, float scale, bool backward, VocabGroup* group,
+                               float* nll = nullptr) = 0;
 
   // ---- precision (BF16 storage of FP32 values)
   virtual void round_to_bf16(float* out, const float* in, size_t n) = 0;

@@ -92,6 +92,8 @@ class Classifier {
   int vocab_begin_, V_, C_;
   VocabGroup* vocab_group_;
   Buffer<float> chunk_;
+  Buffer<float> nll_, coeff_;  // sequence losses: per position, in the backend's memory
+  std::vector<float> nll_host_, coeff_host_;
 };
 
 class LayerFactory {

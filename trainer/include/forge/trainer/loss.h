@@ -9,7 +9,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace forge {
 struct MicroBatch;
@@ -37,17 +40,30 @@ struct DeviceBatch {
   const float* weights = nullptr;
   const int32_t* positions = nullptr;
   const int32_t* doc_start = nullptr;
+  const MicroBatch* host = nullptr;  // the batch as the reader made it (sequence losses read it on the host)
 };
 
 class Loss {
  public:
   virtual ~Loss() = default;
   virtual std::string name() const = 0;
+  // The micro-batch's share of the step's normaliser: its scored weight (per-token losses), or its pairs.
+  virtual double weight(const MicroBatch& batch) const;
   // The summed loss of positions [row0, row0 + rows) of the batch from their logits [rows, V] (this rank's
   // vocabulary shard, columns from vocab_begin, combined across the shards through `group` when not null).
   // When `backward`, the logits are replaced by the gradient of scale x that sum.
   virtual double chunk(Backend& backend, float* logits, const DeviceBatch& batch, int row0, int rows, int V,
                        int vocab_begin, float scale, bool backward, VocabGroup* group) const = 0;
+
+  // A loss of whole sequences (DPO) needs the log-probability of every target before any gradient: the
+  // classifier then runs twice over the chunks, first for the targets' negative log-likelihoods `nll`
+  // (one per position, 0 where not scored), which `sequences` turns into the loss sum and each position's
+  // gradient weight `coeff` (dL/dlogits = coeff x (softmax - onehot(target))); then with those weights.
+  virtual bool per_sequence() const { return false; }
+  virtual double sequences(const MicroBatch& batch, const float* nll, float* coeff) const;
+  // The loss's own figures summed over what it saw since the last call (DPO: rewards, margin, accuracy per
+  // pair), in a fixed order; the trainer sums them over the ranks and divides by the step's weight.
+  virtual std::vector<std::pair<std::string, double>> take_metrics() const { return {}; }
 };
 
 // Cross-entropy of every target, weighted by the batch's loss weights (pretraining: all 1).
@@ -56,6 +72,50 @@ class LmCrossEntropy final : public Loss {
   std::string name() const override { return "lm"; }
   double chunk(Backend& backend, float* logits, const DeviceBatch& batch, int row0, int rows, int V,
                int vocab_begin, float scale, bool backward, VocabGroup* group) const override;
+};
+
+// Per row of a batch of preference pairs, from the targets' negative log-likelihoods `nll` (one per
+// position): the summed log-probability of the chosen reply (document 0) and of the rejected one
+// (document 1) over their scored tokens, as out[2r] and out[2r + 1].
+void reply_logps(const MicroBatch& batch, const float* nll, std::vector<double>& out);
+
+// The reference model's side of DPO: a sequence "loss" of 0 that keeps the reply log-probabilities of the
+// last batch it saw (`last`), which the reference pass stores for the run.
+class ReplyLogps final : public Loss {
+ public:
+  std::string name() const override { return "reply-logps"; }
+  double weight(const MicroBatch& batch) const override;
+  double chunk(Backend&, float*, const DeviceBatch&, int, int, int, int, float, bool,
+               VocabGroup*) const override;
+  bool per_sequence() const override { return true; }
+  double sequences(const MicroBatch& batch, const float* nll, float* coeff) const override;
+  const std::vector<double>& last() const { return last_; }
+
+ private:
+  mutable std::vector<double> last_;
+};
+
+// Direct preference optimisation (Rafailov et al., 2023) on batches of pairs (MicroBatch::reference_logps;
+// row r: chosen conversation as document 0, rejected as document 1). Per pair, with log-probabilities
+// summed over each reply's scored tokens, z = beta x ((logp(chosen) - ref(chosen)) - (logp(rejected) -
+// ref(rejected))) and loss = -(1 - eps) log sigmoid(z) - eps log sigmoid(-z) (eps: label smoothing,
+// "conservative" DPO); normalised by the number of pairs of the step. Metrics: the implicit rewards
+// beta x (logp - ref) of both replies, their margin and the share of pairs it ranks right.
+class DpoLoss final : public Loss {
+ public:
+  DpoLoss(double beta, double label_smoothing) : beta_(beta), smoothing_(label_smoothing) {}
+  std::string name() const override { return "dpo"; }
+  double weight(const MicroBatch& batch) const override;
+  double chunk(Backend&, float*, const DeviceBatch&, int, int, int, int, float, bool,
+               VocabGroup*) const override;
+  bool per_sequence() const override { return true; }
+  double sequences(const MicroBatch& batch, const float* nll, float* coeff) const override;
+  std::vector<std::pair<std::string, double>> take_metrics() const override;
+
+ private:
+  double beta_, smoothing_;
+  mutable std::mutex mu_;  // the sums below; a step runs its micro-batches one after another
+  mutable double chosen_ = 0, rejected_ = 0, margin_ = 0, correct_ = 0;
 };
 
 }  // namespace forge::trainer

@@ -75,6 +75,7 @@ class ParallelTrainer {
   std::vector<int> bounds_;
   int slots_;
   std::unique_ptr<TensorParallelPlan> tp_plan_;
+  std::shared_ptr<const Loss> loss_;  // the spec's objective (run.objective)
   std::unique_ptr<GPT> model_;
   std::unique_ptr<AdamW> optimizer_;
   std::vector<Bucket> buckets_;

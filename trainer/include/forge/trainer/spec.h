@@ -41,7 +41,14 @@ struct TraceSteps {
 
 // What a run learns (run.objective): every token of the data, or, fine-tuning on a chat dataset, the
 // tokens its loss mask scores (the assistant's replies).
-enum class Objective { kLm, kSft };
+enum class Objective { kLm, kSft, kDpo };
+
+// run.objective = dpo: the loss's settings and the reference model (its checkpoint directory).
+struct DpoConfig {
+  double beta = 0.1;
+  double label_smoothing = 0.0;
+  std::string reference;  // dpo.reference; empty: ckpt.init_from (forge-train resolves it)
+};
 
 // Everything one training process needs, validated.
 struct TrainSpec {
@@ -56,6 +63,7 @@ struct TrainSpec {
   int microbatches = 1;        // micro-batches accumulated per optimizer step
   bool document_mask = false;  // packed documents: attention and positions stop at document boundaries
   Objective objective = Objective::kLm;
+  DpoConfig dpo;
   ModelConfig model;
   OptimConfig optim;
   DType dtype = DType::kF32;
@@ -72,6 +80,8 @@ void add_trainer_keys(ConfigSchema& schema);
 ModelConfig model_config(const Config& config);
 OptimConfig optim_config(const Config& config);
 TrainSpec train_spec(const Config& config);
+// The loss of the spec's objective (the LM cross-entropy for lm and sft, DpoLoss for dpo).
+std::shared_ptr<const Loss> objective_loss(const TrainSpec& spec);
 
 // The first rule the layout and its options break for this model, as the key to change and why: the
 // layout's own rules (forge::layout_problem), stage_layers consistent with pp and the layers, ZeRO stage

@@ -2,6 +2,9 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace forge::trainer {
 
@@ -15,6 +18,8 @@ struct StepStats {
   // The loss's normaliser: the scored targets' summed weight over every micro-batch and data-parallel rank
   // (pretraining: the positions less the ones opening a document; fine-tuning: the masked replies).
   double scored = 0;
+  // The objective's own figures, per unit of `scored` (DPO: per pair), e.g. reward_margin, accuracy.
+  std::vector<std::pair<std::string, double>> objective = {};
   // False when the loss or the gradient norm is NaN/Inf: the update was dropped (weights and optimizer
   // moments unchanged) but the step still counts (its data is consumed and the schedule advances). The
   // guard (guard.h) decides what happens next. The same on every rank.

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# run.objective = dpo end to end on the real binaries: a preference dataset (forge-data prepare --format
+# preference), a base model trained on it, then DPO from that model as its own reference: step 1's loss is
+# ln 2 (policy = reference), the loss falls and the chosen replies gain; the reference log-probabilities are
+# computed once and kept beside the dataset, a second run reuses them, a damaged or foreign file exits 65; a
+# preempted DPO run resumes with exactly the uninterrupted run's losses; what dpo needs is refused with 64.
+# Usage: dpo_test.sh FORGE_TRAIN FORGE_DATA SOURCE_DIR
+set -uo pipefail
+train=$1 data=$2 src=$3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+# shellcheck source=test/support/metrics.sh
+source "$src/test/support/metrics.sh"
+# Pairs whose chosen reply follows the prompt's instruction and whose rejected one does not.
+python3 - "$work/pairs.jsonl" <<'PY'
+import json, random, sys
+random.seed(3)
+words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
+with open(sys.argv[1], "w") as f:
+    for i in range(300):
+        a, b = random.sample(words, 2)
+        n = random.randint(2, 5)
+        f.write(json.dumps({"prompt": f"Repeat {a} {n} times, then say {b}. ({i})",
+                            "chosen": " ".join([a] * n) + " and " + b + ".",
+                            "rejected": " ".join(random.sample(words, n)) + "?"}) + "\n")
+PY
+"$data" prepare --format preference --input "$work/pairs.jsonl=pref" --vocab 400 --valid-fraction 0.1 \
+  --out "$work/ds" >/dev/null 2>"$work/prepare.log" || fail "prepare failed: $(tail -n1 "$work/prepare.log")"
+model=(--run.threads=1 --run.peak_gflops=100 --model.layers=1 --model.d_model=32 --model.heads=2
+  --model.seq_len=64 --model.vocab=400 --data.dataset="$work/ds")
+"$train" "$src/configs/tiny.ini" --run.dir="$work/base" "${model[@]}" --run.steps=20 --ckpt.milestone_every=20 \
+  2>"$work/base.log" || fail "base run failed: $(tail -n1 "$work/base.log")"
+base=$(ls -d "$work"/base/checkpoints/milestone/step-* | tail -n1)
+dpo=("${model[@]}" --run.objective=dpo --ckpt.init_from="$base" --dpo.beta=0.5 --optim.weight_decay=0
+  --optim.lr=2e-3 --ckpt.recovery_every=5)
+
+"$train" "$src/configs/tiny.ini" --run.dir="$work/a" "${dpo[@]}" --run.steps=30 2>"$work/a.log" ||
+  fail "dpo run failed: $(tail -n1 "$work/a.log")"
+grep -q "reference log-probabilities of [0-9]* pairs" "$work/a.log" || fail "no reference pass reported"
+refs=$(ls "$work"/ds/references/*.logps 2>/dev/null)
+[ -n "$refs" ] && [ -s "$refs.json" ] || fail "no reference log-probabilities kept beside the dataset"
+python3 - "$work/a/metrics/rank-0.jsonl" <<'PY' || fail "the DPO metrics are wrong"
+import json, math, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+first, last = rows[0], rows[-1]
+assert abs(first["loss"] - math.log(2)) < 1e-6, ("step 1 is not ln 2", first["loss"])
+assert abs(first["reward_margin"]) < 1e-5, first
+assert last["loss"] < 0.8 * first["loss"], ("the loss did not fall", first["loss"], last["loss"])
+assert last["reward_margin"] > 0.2 and last["accuracy"] > 0.7, last
+assert all(r["scored_tokens"] == 4 for r in rows), "not normalised by the pairs (data.batch = 4)"
+PY
+
+# A second run finds the stored values instead of computing them.
+"$train" "$src/configs/tiny.ini" --run.dir="$work/b" "${dpo[@]}" --run.steps=30 2>"$work/b.log" ||
+  fail "second dpo run failed: $(tail -n1 "$work/b.log")"
+grep -q "reference log-probabilities of" "$work/b.log" && fail "the second run computed the reference again"
+cmp -s <(grep -o '"loss":[^,]*' "$work/a/metrics/rank-0.jsonl") <(grep -o '"loss":[^,]*' "$work/b/metrics/rank-0.jsonl") ||
+  fail "stored reference: other losses"
+
+# Preempted at step ~12 and resumed: every loss equals the uninterrupted run's.
+"$train" "$src/configs/tiny.ini" --run.dir="$work/c" "${dpo[@]}" --run.steps=30 2>"$work/c.log" &
+pid=$!
+wait_for_steps "$work/c" 12 600 0.02
+kill -USR1 "$pid"
+wait "$pid"
+[ $? -eq 75 ] || fail "SIGUSR1 did not stop the DPO run with 75"
+"$train" "$src/configs/tiny.ini" --run.dir="$work/c" "${dpo[@]}" --run.steps=30 2>>"$work/c.log" ||
+  fail "resumed dpo run failed: $(tail -n1 "$work/c.log")"
+cmp -s <(grep -o '"loss":[^,]*' "$work/a/metrics/rank-0.jsonl") <(grep -o '"loss":[^,]*' "$work/c/metrics/rank-0.jsonl") ||
+  fail "the resumed DPO run's losses differ from the uninterrupted run's"
+
+# A damaged or foreign reference file: 65, naming it.
+cp "$refs.json" "$work/sidecar"
+python3 -c 'import json,sys; m=json.load(open(sys.argv[1])); m["dataset_version"]="0"*64; json.dump(m, open(sys.argv[1], "w"))' "$refs.json"
+"$train" "$src/configs/tiny.ini" --run.dir="$work/d" "${dpo[@]}" --run.steps=2 >"$work/d.log" 2>&1
+rc=$?
+[ $rc -eq 65 ] && grep -q "reference log-probabilities for dataset_version" "$work/d.log" ||
+  fail "a foreign reference file: exit $rc: $(tail -n1 "$work/d.log")"
+cp "$work/sidecar" "$refs.json"
+printf 'x' >>"$refs"
+"$train" "$src/configs/tiny.ini" --run.dir="$work/d" "${dpo[@]}" --run.steps=2 >"$work/d.log" 2>&1
+rc=$?
+[ $rc -eq 65 ] && grep -q "damaged reference log-probabilities" "$work/d.log" ||
+  fail "a damaged reference file: exit $rc: $(tail -n1 "$work/d.log")"
+
+# What dpo needs: a reference model, a preference dataset, the reference's architecture.
+expect64() {
+  local what=$1 pattern=$2
+  shift 2
+  "$train" "$src/configs/tiny.ini" --run.dir="$work/e" "$@" --run.steps=2 >"$work/e.log" 2>&1
+  local rc=$?
+  [ $rc -eq 64 ] && grep -q -- "$pattern" "$work/e.log" || fail "$what: exit $rc: $(tail -n1 "$work/e.log")"
+  [ ! -e "$work/e/checkpoints" ] || fail "$what: a refused run left checkpoints"
+}
+expect64 "dpo without a reference" "dpo needs a reference model" "${model[@]}" --run.objective=dpo
+expect64 "sft on preference data" "sft needs a chat dataset" "${model[@]}" --run.objective=sft
+expect64 "dpo on the synthetic stream" "dpo needs a preference dataset" --model.vocab=400 --run.objective=dpo \
+  --ckpt.init_from="$base"
+expect64 "a reference of another architecture" "d_model" "${model[@]}" --model.d_model=64 --run.objective=dpo \
+  --ckpt.init_from="$base"
+echo "PASS: dpo from ln 2 to $(tail -n1 "$work/a/metrics/rank-0.jsonl" | grep -o '"loss":[0-9.]*'), reference kept and reused, exact resume, bad input refused"

@@ -1,0 +1,109 @@
+// The loss seam's defaults and the preference loss (loss.h); the per-token cross-entropy is in layers.cpp.
+#include "forge/trainer/loss.h"
+
+#include "forge/common/batch.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+namespace forge::trainer {
+
+double Loss::weight(const MicroBatch& batch) const {
+  return batch.weight_sum();
+}
+
+double Loss::sequences(const MicroBatch&, const float*, float*) const {
+  throw std::logic_error("Loss::sequences: " + name() + " is a per-token loss");
+}
+
+double DpoLoss::weight(const MicroBatch& batch) const {
+  return double(batch.rows);  // one pair a row
+}
+
+double DpoLoss::chunk(Backend&, float*, const DeviceBatch&, int, int, int, int, float, bool,
+                      VocabGroup*) const {
+  throw std::logic_error("DpoLoss::chunk: a sequence loss (the classifier calls sequences)");
+}
+
+double ReplyLogps::weight(const MicroBatch& batch) const {
+  return double(batch.rows);
+}
+
+double ReplyLogps::chunk(Backend&, float*, const DeviceBatch&, int, int, int, int, float, bool,
+                         VocabGroup*) const {
+  throw std::logic_error("ReplyLogps::chunk: a sequence loss (the classifier calls sequences)");
+}
+
+double ReplyLogps::sequences(const MicroBatch& batch, const float* nll, float* coeff) const {
+  reply_logps(batch, nll, last_);
+  std::fill_n(coeff, batch.size(), 0.0f);
+  return 0;
+}
+
+void reply_logps(const MicroBatch& b, const float* nll, std::vector<double>& out) {
+  if (b.segments.size() != b.size())
+    throw std::invalid_argument("reply_logps: a batch of pairs needs its documents (segments)");
+  const size_t T = size_t(b.seq_len);
+  out.assign(2 * size_t(b.rows), 0.0);
+  for (size_t i = 0; i < b.size(); ++i) {
+    const float w = b.weight(i);
+    if (w == 0.0f) continue;
+    if (b.segments[i] > 1)
+      throw std::invalid_argument("reply_logps: a scored token outside the pair's two documents");
+    out[2 * (i / T) + size_t(b.segments[i])] -= double(w) * double(nll[i]);
+  }
+}
+
+namespace {
+
+// log(1 + exp(x)) without overflow: -log sigmoid(-x).
+double softplus(double x) {
+  return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
+}
+
+double sigmoid(double x) {
+  return x >= 0 ? 1.0 / (1.0 + std::exp(-x)) : std::exp(x) / (1.0 + std::exp(x));
+}
+
+}  // namespace
+
+double DpoLoss::sequences(const MicroBatch& b, const float* nll, float* coeff) const {
+  if (b.reference_logps.size() != 2 * size_t(b.rows) || b.segments.size() != b.size())
+    throw std::invalid_argument("DpoLoss: the batch holds no preference pairs (reference log-probabilities)");
+  const size_t T = size_t(b.seq_len);
+  std::vector<double> logp;
+  reply_logps(b, nll, logp);
+  double total = 0;
+  for (size_t r = 0; r < size_t(b.rows); ++r) {
+    const double chosen = beta_ * (logp[2 * r] - b.reference_logps[2 * r]);
+    const double rejected = beta_ * (logp[2 * r + 1] - b.reference_logps[2 * r + 1]);
+    const double z = chosen - rejected;
+    // -(1 - eps) log sigmoid(z) - eps log sigmoid(-z) = (1 - eps) softplus(-z) + eps softplus(z).
+    total += (1 - smoothing_) * softplus(-z) + smoothing_ * softplus(z);
+    const double dz = -(1 - smoothing_) * sigmoid(-z) + smoothing_ * sigmoid(z);  // dL/dz
+    // logp = -sum w nll: dL/dnll = -beta dz w for the chosen reply's tokens, +beta dz w for the rejected.
+    for (size_t i = r * T; i < (r + 1) * T; ++i) {
+      const float w = b.weight(i);
+      coeff[i] = w == 0.0f ? 0.0f : float((b.segments[i] == 0 ? -beta_ : beta_) * dz * double(w));
+    }
+    std::lock_guard lock(mu_);
+    chosen_ += chosen;
+    rejected_ += rejected;
+    margin_ += z;
+    correct_ += z > 0 ? 1.0 : 0.0;
+  }
+  return total;
+}
+
+std::vector<std::pair<std::string, double>> DpoLoss::take_metrics() const {
+  std::lock_guard lock(mu_);
+  std::vector<std::pair<std::string, double>> out = {{"reward_chosen", chosen_},
+                                                     {"reward_rejected", rejected_},
+                                                     {"reward_margin", margin_},
+                                                     {"accuracy", correct_}};
+  chosen_ = rejected_ = margin_ = correct_ = 0;
+  return out;
+}
+
+}  // namespace forge::trainer
