@@ -98,11 +98,29 @@ void pack(forge::MicroBatch& b, int salt) {
   }
 }
 
+// Preference pairs (run.objective = dpo): row r is a pair, chosen [0, c), rejected [c, e), unscored filler
+// after e; the first tokens of each reply (its prompt) unscored; reference log-probabilities of the
+// magnitude a model's are. A pure function of (batch, row), like pack().
+void pair_up(forge::MicroBatch& b, int salt) {
+  b.reference_logps.resize(2 * size_t(b.rows));
+  for (int r = 0; r < b.rows; ++r) {
+    const int c = b.seq_len / 3 + (r + salt) % 5, e = b.seq_len - 2 - (r * 3 + salt) % 4;
+    const int32_t starts[2] = {c, e};
+    b.set_documents(r, starts);
+    for (int t = 0; t < b.seq_len; ++t) {
+      const size_t i = size_t(r) * size_t(b.seq_len) + size_t(t);
+      if (t < 4 || (t >= c && t < c + 4) || t >= e - 1) b.weights[i] = 0.0f;
+    }
+    b.reference_logps[2 * size_t(r)] = -1.0 - 3.8 * std::max(1, c - 4) + 0.3 * ((r + salt) % 3);
+    b.reference_logps[2 * size_t(r) + 1] = -1.0 - 3.8 * std::max(1, e - c - 5) - 0.2 * ((r * 2 + salt) % 3);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 5 && !(argc == 6 && std::string(argv[5]) == "packed")) {
-    std::fprintf(stderr, "usage: layout_test TP PP DP ZERO [packed]\n");
+  if (argc != 5 && !(argc == 6 && (std::string(argv[5]) == "packed" || std::string(argv[5]) == "dpo"))) {
+    std::fprintf(stderr, "usage: layout_test TP PP DP ZERO [packed|dpo]\n");
     return 2;
   }
   auto world = mpi_world();
@@ -113,10 +131,17 @@ int main(int argc, char** argv) {
   const int zero = std::atoi(argv[4]);
   // packed: documents packed in the rows, per-token loss weights (some 0) and ignored targets, so the
   // ranks' shares of the scored weight differ: the loss must be normalised by the step's global weight.
-  const bool packed = argc == 6;
+  // dpo: a batch of preference pairs and the DPO loss, normalised by the step's pairs.
+  const std::string mode = argc == 6 ? argv[5] : "";
+  const bool packed = mode == "packed", dpo = mode == "dpo";
   const int global_batch = 4, microbatches = 4;
 
   TrainSpec spec = make_spec(global_batch, layout.dp, microbatches);
+  const auto objective = [&](TrainSpec s) {
+    if (dpo) s.objective = forge::trainer::Objective::kDpo, s.dpo.beta = 0.5, s.dpo.label_smoothing = 0.05;
+    return s;
+  };
+  spec = objective(spec);
   spec.layout = layout;
   spec.parallel.zero = zero;
   ProcessGroups groups = make_groups(std::move(world), layout);
@@ -124,7 +149,7 @@ int main(int argc, char** argv) {
   const std::string plan = parallel.describe_plan();
   if (groups.rank == 0) std::fputs(plan.c_str(), stdout);
 
-  forge::test::OneProcess serial(make_spec(global_batch, 1, microbatches));
+  forge::test::OneProcess serial(objective(make_spec(global_batch, 1, microbatches)));
   const int T = spec.model.seq_len;
   const size_t window = size_t(T) + 1, per_micro_batch = size_t(global_batch) * window;
   double worst_loss = 0, worst_param = 0;
@@ -137,6 +162,7 @@ int main(int argc, char** argv) {
       const auto rows = std::span(tokens).subspan(size_t(i) * per_micro_batch, per_micro_batch);
       whole.push_back(forge::test::window_batch(rows, global_batch, T, uint64_t(i * global_batch)));
       if (packed) pack(whole.back(), step * microbatches + i);
+      if (dpo) pair_up(whole.back(), step * microbatches + i);
       mine.push_back(whole.back().slice_rows(groups.dp_rank * spec.batch, spec.batch));
     }
     const StepStats p = parallel.step(mine);
@@ -165,7 +191,7 @@ int main(int argc, char** argv) {
     std::printf(
         "layout %s zero %d%s: worst loss rel diff %.2e (tol %.0e), worst parameter diff %.2e (tol %.0e), "
         "optimizer state %zu of %.0f bytes: %s\n",
-        layout.str().c_str(), zero, packed ? " packed" : "", worst[0], kLossRelTol, worst[1], kParamAbsTol,
-        parallel.optimizer_bytes(), unsharded, ok ? "PASS" : "FAIL");
+        layout.str().c_str(), zero, mode.empty() ? "" : (" " + mode).c_str(), worst[0], kLossRelTol, worst[1],
+        kParamAbsTol, parallel.optimizer_bytes(), unsharded, ok ? "PASS" : "FAIL");
   return ok ? 0 : 1;
 }
