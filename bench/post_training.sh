@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Post-training throughput, in one invocation: SFT and DPO (precomputed reference) on the same pairs, the
+# same model (the trainer benchmark's GPT: 6 layers, d_model 384, vocabulary 8192, seq_len 256) and batch
+# (8 rows), one process; prints tokens/s of each (median over the steps after the first), the ratio DPO /
+# SFT (issue 17's goal: >= 0.9), and the reference pass's cost in steps' worth of time.
+# The data: pairs from the demo corpus's man pages (scripts/make-demo-chat.py): the chosen reply is the
+# page's own answer, the rejected one another page's; SFT trains on the same conversations (chosen and
+# rejected, as a chat dataset), tokenized with one tokenizer trained on the corpus.
+#
+# usage: bench/post_training.sh [BUILD_DIR]    (default build/release; needs forge-train and forge-data)
+#   THREADS=2 STEPS=12 override the defaults.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$root/build/release}
+threads=${THREADS:-2}
+steps=${STEPS:-12}
+train=$build/launcher/forge-train data=$build/dataio/forge-data
+for b in "$train" "$data"; do
+  [ -x "$b" ] || { echo "post_training.sh: $b not found; build it: cmake --build $build" >&2; exit 64; }
+done
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+echo "machine: $(nproc) cores, $(uname -m), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+"$root/scripts/make-demo-corpus.sh" "$work/corpus" 2 >/dev/null
+"$data" prepare --input "$work/corpus/code=code" --input "$work/corpus/docs=docs" --vocab 8192 \
+  --valid-fraction 0.01 --out "$work/text" >/dev/null 2>&1
+/usr/bin/python3 "$root/scripts/make-demo-chat.py" "$work/corpus/docs" "$work/chat.jsonl" >/dev/null
+/usr/bin/python3 - "$work/chat.jsonl" "$work/pairs.jsonl" "$work/both.jsonl" <<'PY'
+import json, sys
+convs = [json.loads(l)["messages"] for l in open(sys.argv[1])]
+with open(sys.argv[2], "w") as pairs, open(sys.argv[3], "w") as both:
+    for i, m in enumerate(convs):
+        other = convs[(i + 7) % len(convs)][-1]["content"]
+        if other == m[-1]["content"]:
+            continue
+        pairs.write(json.dumps({"prompt": m[:-1], "chosen": m[-1]["content"], "rejected": other}) + "\n")
+        for reply in (m[-1]["content"], other):
+            both.write(json.dumps({"messages": m[:-1] + [{"role": "assistant", "content": reply}]}) + "\n")
+PY
+common=(--tokenizer "$work/text/tokenizer.model" --valid-fraction 0.05 --max-tokens 128)
+"$data" prepare --format preference --input "$work/pairs.jsonl=pairs" "${common[@]}" --out "$work/pref" >/dev/null 2>&1
+"$data" prepare --format chat --input "$work/both.jsonl=chat" "${common[@]}" --out "$work/chat" >/dev/null 2>&1
+
+model=(--run.threads="$threads" --model.layers=6 --model.d_model=384 --model.heads=6
+  --model.vocab=8192 --model.seq_len=256 --data.batch=8 --run.peak_gflops=100)
+# The reference (and the model both runs start from): the benchmark model after one step.
+"$train" "$root/configs/tiny.ini" --run.dir="$work/base" "${model[@]}" --run.steps=1 --ckpt.milestone_every=1 \
+  --data.dataset="$work/text" >/dev/null 2>&1
+base=$(ls -d "$work"/base/checkpoints/milestone/step-* | tail -n1)
+"$train" "$root/configs/tiny.ini" --run.dir="$work/sft" "${model[@]}" --run.steps="$steps" --data.dataset="$work/chat" \
+  --run.objective=sft --ckpt.init_from="$base" >/dev/null 2>&1
+start=$(date +%s.%N)
+"$train" "$root/configs/tiny.ini" --run.dir="$work/dpo" "${model[@]}" --run.steps="$steps" --data.dataset="$work/pref" \
+  --run.objective=dpo --ckpt.init_from="$base" 2>"$work/dpo.log" >/dev/null
+total=$(echo "$(date +%s.%N) - $start" | bc)
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+/usr/bin/python3 - "$work" "$total" <<'PY'
+import json, statistics, sys
+work, total = sys.argv[1], float(sys.argv[2])
+def figures(run):
+    rows = [json.loads(l) for l in open(f"{work}/{run}/metrics/rank-0.jsonl")][1:]
+    return statistics.median(r["tokens_per_s"] for r in rows), sum(r["step_ms"] for r in rows) / len(rows) / 1e3
+sft, sft_step = figures("sft")
+dpo, dpo_step = figures("dpo")
+pairs = json.load(open(f"{work}/pref/quality.json"))["preference"]
+train_s = sum(json.loads(l)["step_ms"] for l in open(f"{work}/dpo/metrics/rank-0.jsonl")) / 1e3
+print(f"pairs: {pairs.get('pairs_written', pairs.get('pairs', '?'))} written; model 6 x 384, vocabulary 8192, seq_len 256, batch 8")
+print(f"sft  tokens_per_s={sft:.0f} step_s={sft_step:.3f}")
+print(f"dpo  tokens_per_s={dpo:.0f} step_s={dpo_step:.3f} (precomputed reference)")
+print(f"ratio dpo/sft = {dpo / sft:.3f} (goal >= 0.9)")
+print(f"dpo run: {total:.1f} s wall, {train_s:.1f} s in steps; the rest (start-up and the reference pass over every training pair) {total - train_s:.1f} s")
+PY
