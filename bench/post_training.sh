@@ -25,18 +25,15 @@ echo "machine: $(nproc) cores, $(uname -m), load before: $(cut -d' ' -f1-3 /proc
 "$root/scripts/make-demo-corpus.sh" "$work/corpus" 2 >/dev/null
 "$data" prepare --input "$work/corpus/code=code" --input "$work/corpus/docs=docs" --vocab 8192 \
   --valid-fraction 0.01 --out "$work/text" >/dev/null 2>&1
-/usr/bin/python3 "$root/scripts/make-demo-chat.py" "$work/corpus/docs" "$work/chat.jsonl" >/dev/null
-/usr/bin/python3 - "$work/chat.jsonl" "$work/pairs.jsonl" "$work/both.jsonl" <<'PY'
+/usr/bin/python3 "$root/scripts/make-demo-chat.py" "$work/corpus/docs" "$work/chat.jsonl" "$work/pairs.jsonl" >/dev/null
+# SFT sees the pairs' conversations: each prompt with its chosen and with its rejected reply.
+/usr/bin/python3 - "$work/pairs.jsonl" "$work/both.jsonl" <<'PY'
 import json, sys
-convs = [json.loads(l)["messages"] for l in open(sys.argv[1])]
-with open(sys.argv[2], "w") as pairs, open(sys.argv[3], "w") as both:
-    for i, m in enumerate(convs):
-        other = convs[(i + 7) % len(convs)][-1]["content"]
-        if other == m[-1]["content"]:
-            continue
-        pairs.write(json.dumps({"prompt": m[:-1], "chosen": m[-1]["content"], "rejected": other}) + "\n")
-        for reply in (m[-1]["content"], other):
-            both.write(json.dumps({"messages": m[:-1] + [{"role": "assistant", "content": reply}]}) + "\n")
+with open(sys.argv[2], "w") as both:
+    for line in open(sys.argv[1]):
+        p = json.loads(line)
+        for reply in (p["chosen"], p["rejected"]):
+            both.write(json.dumps({"messages": p["prompt"] + [{"role": "assistant", "content": reply}]}) + "\n")
 PY
 common=(--tokenizer "$work/text/tokenizer.model" --valid-fraction 0.05 --max-tokens 128)
 "$data" prepare --format preference --input "$work/pairs.jsonl=pairs" "${common[@]}" --out "$work/pref" >/dev/null 2>&1

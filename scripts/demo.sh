@@ -211,7 +211,7 @@ stage "post-training: SFT on chat data, fine-tuned from the release, gated again
 # promoted; the second gate compares the held-out masked loss of the fine-tune with its parent's.
 release=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["promoted_to"] or "")' "$run/gate/verdict.json")
 [ -n "$release" ] || { echo "demo: the gate promoted no release to fine-tune from" >&2; exit 1; }
-python3 "$root/scripts/make-demo-chat.py" "$work/corpus/docs" "$work/chat.jsonl"
+python3 "$root/scripts/make-demo-chat.py" "$work/corpus/docs" "$work/chat.jsonl" "$work/pairs.jsonl"
 "$bin/dataio/forge-data" prepare --format chat --input "$work/chat.jsonl=chat" \
   --tokenizer "$work/dataset/tokenizer.model" --valid-fraction 0.1 --out "$work/chat-dataset" | grep -E "^chat|^  (truncation|per conversation)"
 sft_run=$work/runs/sft
@@ -241,6 +241,38 @@ cat "$sft_run/gate/summary.txt"
 [ "$state" = COMPLETED ] || { echo "demo: the fine-tune's gate ended $state" >&2; exit 1; }
 "$bin/launcher/forge-train" report "$sft_run" >/dev/null
 
+stage "post-training: DPO on preference pairs from the fine-tune (its own reference; team-a, explore tier)"
+# Pairs from the same pages: each question's own answer chosen, another page's rejected. The reference
+# log-probabilities are computed by the job's ranks at its start and kept beside the dataset.
+sft_release=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["promoted_to"] or "")' "$sft_run/gate/verdict.json")
+"$bin/dataio/forge-data" prepare --format preference --input "$work/pairs.jsonl=pairs" --max-tokens 64 \
+  --tokenizer "$work/dataset/tokenizer.model" --valid-fraction 0.05 --out "$work/pairs-dataset" | grep -E "^preference|^  per pair"
+dpo_run=$work/runs/dpo
+dpo_steps=$((fast ? 20 : 60))
+sed -e "s|^dir = .*|dir = $dpo_run|" -e "s|^dataset = .*|dataset = $work/pairs-dataset|" \
+  -e "s/^steps = .*/steps = $dpo_steps/" -e "s/^milestone_every = .*/milestone_every = $dpo_steps/" \
+  -e "s/^recovery_every = .*/recovery_every = $((dpo_steps / 2))/" -e "s/^lr = .*/lr = 3e-4/" \
+  "$root/configs/dpo.ini" > "$work/dpo.ini"
+ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp2 \
+  --gate-policy=none --finetune-from="$sft_release" "$work/dpo.ini" "$work/pairs-dataset")
+echo "$ids"
+train=$(awk '/train job/ {print $3}' <<<"$ids")
+gate=""
+for _ in $(seq 1 900); do
+  state=$(sacct -X -n -P -j "$train" -o State | tail -n1)
+  case $state in COMPLETED|FAILED|CANCELLED*|TIMEOUT) break ;; esac
+  sleep 1
+done
+[ "$state" = COMPLETED ] || { echo "demo: the DPO job ended $state" >&2; exit 1; }
+python3 - "$dpo_run/metrics/rank-0.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+f, l = rows[0], rows[-1]
+print(f"dpo: {len(rows)} steps, loss {f['loss']:.4f} (ln 2 = 0.6931) -> {l['loss']:.4f}; reward margin "
+      f"{f['reward_margin']:.3f} -> {l['reward_margin']:.3f}, preference accuracy {l['accuracy']:.2f}")
+PY
+"$bin/launcher/forge-train" report "$dpo_run" >/dev/null
+
 stage "accounting: forge-quota sync and report"
 # --runs: the run's summary.json gives the report its tokens and MFU columns.
 quota sync --runs "$work/runs"
@@ -258,5 +290,6 @@ stage "done"
 echo "demo: dataset $work/dataset (quality report $work/dataset/quality.json)"
 echo "demo: run $run (metrics, summary.json, checkpoints, gate/verdict.json)"
 echo "demo: fine-tune $sft_run on $work/chat-dataset (report.html, gate/verdict.json against $release)"
+echo "demo: preference tuning $dpo_run on $work/pairs-dataset (report.html; references in $work/pairs-dataset/references)"
 echo "demo: training report $run/report.html; TensorBoard: tensorboard --logdir $run/tb"
 echo "demo: cost report $work/quota-report.html"

@@ -2,12 +2,14 @@
 """Builds the demo's chat set from the demo corpus's man pages (scripts/make-demo-corpus.sh docs/): no
 downloads, the same machine gives the same set.
 
-Usage: scripts/make-demo-chat.py DOCS_DIR OUT.jsonl
+Usage: scripts/make-demo-chat.py DOCS_DIR OUT.jsonl [PAIRS.jsonl]
 
 Every page gives a conversation about its command (what it is for, then more detail) and one per option it
 documents (what the option does); every third has a system turn. The replies are the page's own words, so a
 model fine-tuned on them learns to answer in the pages' terms. Output: JSONL records {"messages": [{"role",
-"content"}, ...]}, the input of `forge-data prepare --format chat` (docs/DATA.md, "Chat data").
+"content"}, ...]}, the input of `forge-data prepare --format chat` (docs/DATA.md, "Chat data"). With
+PAIRS.jsonl, also preference pairs for `--format preference`: each conversation's last question with its own
+reply as the chosen one and the reply of another page's conversation as the rejected one.
 """
 import json
 import os
@@ -65,10 +67,11 @@ def conversations(page):
 
 
 def main():
-    if len(sys.argv) != 3:
-        sys.exit("usage: make-demo-chat.py DOCS_DIR OUT.jsonl")
-    docs, out_path = sys.argv[1:]
+    if len(sys.argv) not in (3, 4):
+        sys.exit("usage: make-demo-chat.py DOCS_DIR OUT.jsonl [PAIRS.jsonl]")
+    docs, out_path = sys.argv[1:3]
     n = 0
+    convs = []
     with open(out_path, "w", encoding="utf-8") as out:
         for name in sorted(os.listdir(docs)):
             with open(os.path.join(docs, name), encoding="utf-8", errors="replace") as f:
@@ -77,10 +80,20 @@ def main():
                 messages = [{"role": "system", "content": SYSTEM}] if n % 3 == 0 else []
                 messages += [{"role": r, "content": c} for r, c in turns]
                 out.write(json.dumps({"messages": messages}) + "\n")
+                convs.append(messages)
                 n += 1
     if n == 0:
         sys.exit(f"make-demo-chat.py: no manual page in {docs} gave a conversation")
     print(f"{n} conversations from {docs} -> {out_path}")
+    if len(sys.argv) == 4:
+        pairs = 0
+        with open(sys.argv[3], "w", encoding="utf-8") as out:
+            for i, m in enumerate(convs):
+                other = convs[(i + 7) % len(convs)][-1]["content"]
+                if other != m[-1]["content"]:
+                    out.write(json.dumps({"prompt": m[:-1], "chosen": m[-1]["content"], "rejected": other}) + "\n")
+                    pairs += 1
+        print(f"{pairs} preference pairs -> {sys.argv[3]}")
 
 
 if __name__ == "__main__":

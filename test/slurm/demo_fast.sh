@@ -38,6 +38,7 @@ fi
 
 for s in "install dependencies" "build" "dev cluster up" "demo corpus and dataset" "submit the pipeline" \
   "preempt the training job" "a GPU fails mid-run" "gate: evaluate" "post-training: SFT on chat data" \
+  "post-training: DPO on preference pairs" \
   "accounting: forge-quota sync and report" "done"; do
   grep -qE "^\[demo [0-9:]+\] == $s" "$LOG" || fail "no progress line for stage '$s'"
 done
@@ -115,6 +116,17 @@ rows = [json.loads(l) for l in open(sys.argv[3])]
 assert all(0 < r["scored_tokens"] < 2048 for r in rows), [r["scored_tokens"] for r in rows]
 PY
   fail "the fine-tune's gate verdict or metrics are wrong: $(cat "$sft/gate/summary.txt" 2>&1 | head -n 3)"
+
+# DPO from the fine-tune as its own reference: ln 2 at step 1, the loss falls, the reference kept.
+python3 - "$FORGE_DEMO_DIR/runs/dpo/metrics/rank-0.jsonl" <<'PY' ||
+import json, math, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 20 and abs(rows[0]["loss"] - math.log(2)) < 1e-4, rows[0]
+assert rows[-1]["loss"] < rows[0]["loss"] and rows[-1]["reward_margin"] > 0, rows[-1]
+PY
+  fail "the DPO run did not start at ln 2 and improve: $(grep -m1 '^dpo:' "$LOG")"
+ls "$FORGE_DEMO_DIR"/pairs-dataset/references/*.logps.json >/dev/null 2>&1 ||
+  fail "no reference log-probabilities kept beside the preference dataset"
 
 # The two reports, kept for the browser test (browser_test.py; its screenshots land next to them).
 pages=$FORGE_BUILD_DIR/test/artifacts/demo
