@@ -32,13 +32,13 @@ def fail(msg):
 def spans(events, where):
     """Closed spans as (name, cat, start, end, depth) from B/E events; checks balance and nesting."""
     stack, out = [], []
-    last_ts = None
+    last = None
     for e in events:
         if e["ph"] not in "BE":
             continue
-        if last_ts is not None and e["ts"] < last_ts:
-            fail(f"{where}: span events out of time order at {e}")
-        last_ts = e["ts"]
+        if last is not None and e["ts"] < last["ts"]:
+            fail(f"{where}: span events out of time order: {e} after {last} (open: {[b['name'] for b in stack]})")
+        last = e
         if e["ph"] == "B":
             stack.append(e)
         else:

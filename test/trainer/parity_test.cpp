@@ -154,6 +154,18 @@ TEST_CASE("GPT matches PyTorch on packed documents with loss weights", "[trainer
   }
 }
 
+// The fixture's two preference pairs (without their reference log-probabilities).
+MicroBatch fixture_pairs(const H5Fixture& f, const TrainSpec& spec) {
+  MicroBatch batch =
+      forge::test::micro_batch(f.ints("dpo/tokens"), f.ints("dpo/targets"), spec.batch, spec.model.seq_len);
+  const auto weights = f.floats("dpo/weights");
+  batch.weights.assign(weights.begin(), weights.end());
+  const auto positions = f.ints("dpo/positions"), segments = f.ints("dpo/segments");
+  batch.positions.assign(positions.begin(), positions.end());
+  batch.segments.assign(segments.begin(), segments.end());
+  return batch;
+}
+
 TEST_CASE("DPO matches PyTorch on two preference pairs, label smoothing on", "[trainer][parity][dpo]") {
   const H5Fixture f(fixture_path());
   TrainSpec spec = fixture_spec(f);
@@ -165,12 +177,7 @@ TEST_CASE("DPO matches PyTorch on two preference pairs, label smoothing on", "[t
   forge::test::OneProcess trainer(spec);
   GPT& model = trainer->model();
   load_initial(model, f);
-  MicroBatch batch = forge::test::micro_batch(tokens, f.ints("dpo/targets"), spec.batch, spec.model.seq_len);
-  const auto weights = f.floats("dpo/weights");
-  batch.weights.assign(weights.begin(), weights.end());
-  const auto positions = f.ints("dpo/positions"), segments = f.ints("dpo/segments");
-  batch.positions.assign(positions.begin(), positions.end());
-  batch.segments.assign(segments.begin(), segments.end());
+  MicroBatch batch = fixture_pairs(f, spec);
   batch.reference_logps = f.doubles("dpo/reference_logps");
   REQUIRE_FALSE(batch.problem(spec.model.vocab, spec.model.max_positions));
 
@@ -195,12 +202,7 @@ TEST_CASE("DPO with the policy as its own reference: loss ln 2, margin 0", "[tra
   spec.microbatches = 1;
   spec.objective = forge::trainer::Objective::kDpo;
   spec.dpo.beta = 0.3;
-  MicroBatch batch = forge::test::micro_batch(tokens, f.ints("dpo/targets"), spec.batch, spec.model.seq_len);
-  const auto weights = f.floats("dpo/weights");
-  batch.weights.assign(weights.begin(), weights.end());
-  const auto positions = f.ints("dpo/positions"), segments = f.ints("dpo/segments");
-  batch.positions.assign(positions.begin(), positions.end());
-  batch.segments.assign(segments.begin(), segments.end());
+  MicroBatch batch = fixture_pairs(f, spec);
 
   const auto logps = std::make_shared<forge::trainer::ReplyLogps>();
   GPT reference(spec.model, spec.batch, forge::trainer::DType::kF32, {}, 1, forge::trainer::cpu_backend(),
