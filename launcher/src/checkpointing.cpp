@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 
 namespace forge::launcher {
@@ -125,6 +126,12 @@ int64_t RunCheckpoints::resume() {
     ckpt::check_expectations(source.manifest(), {.model_config = expect.model_config, .dataset_version = {}},
                              init_from_);
     trainer::load_checkpoint(source, trainer_.model(), nullptr);
+    const ckpt::CheckpointMeta& parent = source.manifest().meta;
+    lineage_ = {{"parent", std::filesystem::absolute(init_from_).lexically_normal().string()},
+                {"parent_step", parent.step},
+                {"parent_dataset_version", parent.dataset_version},
+                {"parent_spec_hash", parent.spec_hash},
+                {"parent_lineage", parent.extra.value("lineage", Json())}};
     spdlog::info("initialised weights from {}", init_from_);
     return 0;
   }
@@ -145,6 +152,7 @@ int64_t RunCheckpoints::rewind() {
 int64_t RunCheckpoints::load(const ckpt::Checkpoint& checkpoint, const char* verb) {
   const auto& m = checkpoint.manifest();
   trainer::load_checkpoint(checkpoint, trainer_.model(), &trainer_.optimizer());
+  lineage_ = m.meta.extra.value("lineage", Json());
   trainer_.optimizer().restore_steps(m.meta.step);
   // The verification step: the batch saved with the checkpoint must give the loss it gave at save time.
   // It is one micro-batch of the whole data-parallel group; each rank checks its part.
@@ -190,6 +198,7 @@ ckpt::CheckpointMeta RunCheckpoints::meta(const trainer::StepStats& stats, int64
   m.spec_hash = config_.hash();
   // The resolved spec itself, so a resume with another spec can say which keys differ (spec_check.h).
   m.extra["spec"] = config_.values();
+  if (!lineage_.is_null()) m.extra["lineage"] = lineage_;
   m.dataset_version = dataset_version_;
   m.model_config = trainer::model_config_json(spec_.model);
   // Data order is a pure function of the step (synthetic stream, or the reader's cursor = step x batch) and

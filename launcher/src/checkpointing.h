@@ -69,6 +69,9 @@ class RunCheckpoints {
   trainer::ParallelTrainer& trainer_;
   trainer::SaveRole role_;
   std::string dataset_version_, init_from_;
+  // Where the run's weights came from (ckpt.init_from): that checkpoint, its dataset version and spec, and
+  // its own lineage; kept in every checkpoint's manifest (extra.lineage) and carried across resumes.
+  Json lineage_;
   ckpt::TierPolicy tiers_;
   trainer::CommCoordinator coord_;
   ckpt::Saver saver_;

@@ -51,6 +51,23 @@ assert last["reward_margin"] > 0.2 and last["accuracy"] > 0.7, last
 assert all(r["scored_tokens"] == 4 for r in rows), "not normalised by the pairs (data.batch = 4)"
 PY
 
+# Lineage: every checkpoint of the run names the model it started from and that model's dataset version,
+# also after a resume (run c below).
+lineage_of() {
+  python3 - "$1" "$base" <<'PY'
+import glob, json, os, sys
+run, base = sys.argv[1], sys.argv[2]
+manifests = sorted(glob.glob(f"{run}/checkpoints/*/step-*/manifest.json"))
+assert manifests, "no checkpoint"
+parent_version = json.load(open(f"{base}/manifest.json"))["dataset_version"]
+for m in manifests:
+    lineage = json.load(open(m))["extra"].get("lineage")
+    assert lineage and lineage["parent"] == os.path.normpath(os.path.abspath(base)), (m, lineage)
+    assert lineage["parent_dataset_version"] == parent_version and parent_version, (m, lineage)
+PY
+}
+lineage_of "$work/a" || fail "the DPO run's checkpoints do not name their parent"
+
 # A second run finds the stored values instead of computing them.
 "$train" "$src/configs/tiny.ini" --run.dir="$work/b" "${dpo[@]}" --run.steps=30 2>"$work/b.log" ||
   fail "second dpo run failed: $(tail -n1 "$work/b.log")"
@@ -69,6 +86,7 @@ wait "$pid"
   fail "resumed dpo run failed: $(tail -n1 "$work/c.log")"
 cmp -s <(grep -o '"loss":[^,]*' "$work/a/metrics/rank-0.jsonl") <(grep -o '"loss":[^,]*' "$work/c/metrics/rank-0.jsonl") ||
   fail "the resumed DPO run's losses differ from the uninterrupted run's"
+lineage_of "$work/c" || fail "the resumed DPO run's checkpoints lost their lineage"
 
 # A damaged or foreign reference file: 65, naming it.
 cp "$refs.json" "$work/sidecar"

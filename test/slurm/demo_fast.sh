@@ -127,6 +127,18 @@ PY
   fail "the DPO run did not start at ln 2 and improve: $(grep -m1 '^dpo:' "$LOG")"
 ls "$FORGE_DEMO_DIR"/pairs-dataset/references/*.logps.json >/dev/null 2>&1 ||
   fail "no reference log-probabilities kept beside the preference dataset"
+# Lineage: the DPO model's checkpoint names the fine-tune it came from, and that one the pretrained release,
+# each with the dataset version it was trained on (pretraining corpus, then the chat set).
+python3 - "$FORGE_DEMO_DIR" <<'PY' || fail "the DPO checkpoint's lineage does not lead back to the pretraining run"
+import glob, json, sys
+work = sys.argv[1]
+m = json.load(open(sorted(glob.glob(f"{work}/runs/dpo/checkpoints/milestone/step-*/manifest.json"))[-1]))
+chain = m["extra"]["lineage"]
+versions = [json.load(open(f"{work}/{d}/manifest.json"))["version"] for d in ("chat-dataset", "dataset")]
+assert "/runs/sft/" in chain["parent"] and chain["parent_dataset_version"] == versions[0], chain
+grand = chain["parent_lineage"]
+assert "/runs/demo/" in grand["parent"] and grand["parent_dataset_version"] == versions[1], grand
+PY
 
 # The two reports, kept for the browser test (browser_test.py; its screenshots land next to them).
 pages=$FORGE_BUILD_DIR/test/artifacts/demo
