@@ -131,7 +131,7 @@ std::unique_ptr<DataSource> open_data(const Config& config, const trainer::Train
           "{} preference pairs of {} are longer than model.seq_len + 1 = {} tokens and are left out "
           "(prepare with --max-tokens {} to cut them instead)",
           left, spec.dataset, spec.model.seq_len + 1, (spec.model.seq_len + 1) / 2);
-    dataset->set_reference(reference_logps(spec, reference, world));
+    dataset->set_reference(reference_logps(spec, dataset->reader(), reference, world));
   }
   return dataset;
 }

@@ -22,18 +22,6 @@ namespace forge::launcher {
 
 namespace {
 
-// The reader of the training split as the run reads it, one rank reading everything.
-data::ReaderOptions reader_options(const trainer::TrainSpec& spec) {
-  data::ReaderOptions o;
-  o.seq_len = uint32_t(spec.model.seq_len);
-  o.global_batch = 1;
-  o.seed = spec.seed;
-  o.prefetch = 0;
-  o.order = data::parse_order(spec.data_order);
-  o.document_mask = o.loss_mask = true;
-  return o;
-}
-
 // What the values depend on; its hash names the file.
 Json key_of(const trainer::TrainSpec& spec, const std::string& reference_dir,
             const data::Manifest& manifest) {
@@ -63,8 +51,7 @@ std::optional<std::vector<double>> load(const std::string& path, const Json& key
     if (meta.value(name, Json()) != value)
       fail(ExitCode::kData,
            "{}: reference log-probabilities for {} = {}, but this run needs {}: remove the file to compute "
-           "them "
-           "again",
+           "them again",
            path, name, meta.value(name, Json()).dump(), value.dump());
   const std::string bytes = read_file(path);
   if (meta.value("samples", uint64_t{0}) != samples || bytes.size() != 2 * samples * sizeof(double) ||
@@ -78,11 +65,8 @@ std::optional<std::vector<double>> load(const std::string& path, const Json& key
   return out;
 }
 
-}  // namespace
-
-std::string reference_logps_path(const trainer::TrainSpec& spec, const std::string& reference_dir) {
-  const data::Manifest manifest = data::load_manifest(spec.dataset);
-  const Json key = key_of(spec, reference_dir, manifest);
+// Where the values for `key` are kept: the existing file, else the first writable place ("" when none).
+std::string place_for(const trainer::TrainSpec& spec, const Json& key) {
   std::error_code ec;
   for (const std::string& dir : {spec.dataset, spec.dir}) {
     const std::string path = file_for(dir, key);
@@ -93,17 +77,18 @@ std::string reference_logps_path(const trainer::TrainSpec& spec, const std::stri
   return "";
 }
 
-std::vector<double> reference_logps(const trainer::TrainSpec& spec, const std::string& reference_dir,
-                                    trainer::Comm& world) {
+}  // namespace
+
+std::vector<double> reference_logps(const trainer::TrainSpec& spec, const data::Reader& reader,
+                                    const std::string& reference_dir, trainer::Comm& world) {
   const ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(reference_dir);
   ckpt::check_expectations(checkpoint.manifest(),
                            {.model_config = trainer::model_config_json(spec.model), .dataset_version = {}},
                            reference_dir);
-  const data::Reader reader(spec.dataset, reader_options(spec));
   const uint64_t n = reader.num_samples();
   const Json key = key_of(spec, reference_dir, reader.manifest());
   // Rank 0 decides where they are, so every rank reads or writes the same file.
-  std::string path = world.rank() == 0 ? reference_logps_path(spec, reference_dir) : std::string();
+  std::string path = world.rank() == 0 ? place_for(spec, key) : std::string();
   {
     std::vector<char> buf(4096, 0);
     if (world.rank() == 0) std::copy_n(path.begin(), std::min(path.size(), buf.size() - 1), buf.begin());

@@ -5,6 +5,7 @@
 // dataset's directory is read-only); every later run and resume reads them.
 #pragma once
 
+#include "forge/dataio/reader.h"
 #include "forge/trainer/comm.h"
 #include "forge/trainer/spec.h"
 
@@ -13,15 +14,12 @@
 
 namespace forge::launcher {
 
-// Two values per training sample (pair) of `spec`'s dataset: its chosen and its rejected reply's summed
-// log-probability under the checkpoint at `reference_dir`, found or computed. `world` holds every rank of
-// the job. Usage error (64) when the reference's model is not the spec's; data error (65) when a stored
-// file does not match its key (another dataset version, reference or seq_len) or is damaged.
-std::vector<double> reference_logps(const trainer::TrainSpec& spec, const std::string& reference_dir,
-                                    trainer::Comm& world);
-
-// The file reference_logps keeps them in, for this spec and reference ("" when neither place is writable
-// and nothing is stored yet).
-std::string reference_logps_path(const trainer::TrainSpec& spec, const std::string& reference_dir);
+// Two values per training sample (pair) of the run's reader (any DP rank's: the pairs are read by id):
+// its chosen and its rejected reply's summed log-probability under the checkpoint at `reference_dir`,
+// found or computed. `world` holds every rank of the job. Usage error (64) when the reference's model is
+// not the spec's; data error (65) when a stored file does not match its key (another dataset version,
+// reference or seq_len) or is damaged.
+std::vector<double> reference_logps(const trainer::TrainSpec& spec, const data::Reader& reader,
+                                    const std::string& reference_dir, trainer::Comm& world);
 
 }  // namespace forge::launcher
