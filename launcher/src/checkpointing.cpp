@@ -22,7 +22,10 @@ void add_checkpoint_keys(ConfigSchema& s) {
                     "steps between milestone checkpoints (0: off; the last step always saves one)")
       .add_choice("ckpt.async_policy", "wait", {"wait", "skip"},
                   "a save due while one is in flight waits or is skipped")
-      .add<std::string>("ckpt.init_from", "", "checkpoint whose weights start a fresh run (fine-tuning)");
+      .add<std::string>("ckpt.init_from", "", "checkpoint whose weights start a fresh run (fine-tuning)")
+      .add_choice("ckpt.init_optimizer", "reset", {"reset", "keep"},
+                  "with ckpt.init_from: a fresh optimizer (reset), or the checkpoint's AdamW moments (keep: "
+                  "continued pretraining); the schedule and its warm-up start again either way");
 }
 
 namespace {
@@ -30,6 +33,10 @@ namespace {
 // How the verification batch is stored: a serialized MicroBatch (forge/common/batch.h). Checkpoints
 // without this format hold token rows of seq_len + 1, the pretraining batch of earlier releases.
 constexpr const char* kBatchFormat = "micro-batch";
+
+// Manifest key: the updates the optimizer's moments averaged before the run's first step, when they came
+// from its parent (ckpt.init_optimizer = keep; AdamW::set_moment_steps_before).
+constexpr const char* kMomentStepsBefore = "moment_steps_before";
 
 // One micro-batch of the whole data-parallel group: every rank's part, in rank order (collective).
 MicroBatch gather_micro_batch(trainer::Comm& dp, const MicroBatch& mine) {
@@ -80,11 +87,12 @@ ckpt::SaverOptions saver_options(const Config& c, const trainer::TrainSpec& spec
 }  // namespace
 
 RunCheckpoints::RunCheckpoints(const Config& config, const trainer::TrainSpec& spec,
-                               trainer::ParallelTrainer& trainer, std::string dataset_version)
+                               trainer::ParallelTrainer& trainer, const DataSource& data)
     : config_(config),
       spec_(spec),
       trainer_(trainer),
-      dataset_version_(std::move(dataset_version)),
+      dataset_version_(data.version()),
+      tokenizer_(data.tokenizer()),
       init_from_(config.get<std::string>("ckpt.init_from")),
       coord_(*trainer.groups().world),
       saver_(coord_, saver_options(config, spec)) {
@@ -120,19 +128,24 @@ int64_t RunCheckpoints::resume() {
   auto checkpoint = ckpt::open_for_resume(coord_, spec_.dir, expect);
   if (!checkpoint) {
     if (init_from_.empty()) return 0;
-    // Fine-tuning: the weights of another run's checkpoint, a fresh optimizer and step count.
+    // Fine-tuning and continued pretraining: the weights of another run's checkpoint (and, kept, its
+    // optimizer's moments), a fresh step count and schedule.
     const auto source = ckpt::Checkpoint::open(init_from_);
     source.verify();
     ckpt::check_expectations(source.manifest(), {.model_config = expect.model_config, .dataset_version = {}},
                              init_from_);
-    trainer::load_checkpoint(source, trainer_.model(), nullptr);
     const ckpt::CheckpointMeta& parent = source.manifest().meta;
+    const bool keep = config_.get<std::string>("ckpt.init_optimizer") == "keep";
+    trainer::load_checkpoint(source, trainer_.model(), keep ? &trainer_.optimizer() : nullptr);
+    if (keep)
+      trainer_.optimizer().set_moment_steps_before(parent.step +
+                                                   parent.extra.value(kMomentStepsBefore, int64_t{0}));
     lineage_ = {{"parent", std::filesystem::absolute(init_from_).lexically_normal().string()},
                 {"parent_step", parent.step},
                 {"parent_dataset_version", parent.dataset_version},
                 {"parent_spec_hash", parent.spec_hash},
                 {"parent_lineage", parent.extra.value("lineage", Json())}};
-    spdlog::info("initialised weights from {}", init_from_);
+    spdlog::info("initialised weights{} from {}", keep ? " and optimizer moments" : "", init_from_);
     return 0;
   }
   return load(*checkpoint, "resumed from");
@@ -154,6 +167,7 @@ int64_t RunCheckpoints::load(const ckpt::Checkpoint& checkpoint, const char* ver
   trainer::load_checkpoint(checkpoint, trainer_.model(), &trainer_.optimizer());
   lineage_ = m.meta.extra.value("lineage", Json());
   trainer_.optimizer().restore_steps(m.meta.step);
+  trainer_.optimizer().set_moment_steps_before(m.meta.extra.value(kMomentStepsBefore, int64_t{0}));
   // The verification step: the batch saved with the checkpoint must give the loss it gave at save time.
   // It is one micro-batch of the whole data-parallel group; each rank checks its part.
   const std::optional<MicroBatch> global = verification_batch(checkpoint, spec_.model.seq_len);
@@ -199,6 +213,10 @@ ckpt::CheckpointMeta RunCheckpoints::meta(const trainer::StepStats& stats, int64
   // The resolved spec itself, so a resume with another spec can say which keys differ (spec_check.h).
   m.extra["spec"] = config_.values();
   if (!lineage_.is_null()) m.extra["lineage"] = lineage_;
+  // Which tokenizer the weights speak: a run that uses this model as a teacher checks it (teacher.h).
+  m.extra["tokenizer_sha256"] = tokenizer_;
+  if (const int64_t before = trainer_.optimizer().moment_steps_before(); before > 0)
+    m.extra[kMomentStepsBefore] = before;
   m.dataset_version = dataset_version_;
   m.model_config = trainer::model_config_json(spec_.model);
   // Data order is a pure function of the step (synthetic stream, or the reader's cursor = step x batch) and

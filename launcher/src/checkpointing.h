@@ -13,6 +13,8 @@
 #include "forge/trainer/comm_coordinator.h"
 #include "forge/trainer/parallel.h"
 
+#include "data_source.h"
+
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -27,7 +29,7 @@ class RunCheckpoints {
  public:
   // Collective over the trainer's world: every rank saves its pieces and loads what it holds.
   RunCheckpoints(const Config& config, const trainer::TrainSpec& spec, trainer::ParallelTrainer& trainer,
-                 std::string dataset_version);
+                 const DataSource& data);
 
   // Loads the newest valid checkpoint of the run directory (or, on a fresh run, ckpt.init_from's
   // weights) and returns the number of steps already done. A checkpoint of another model or dataset
@@ -68,7 +70,7 @@ class RunCheckpoints {
   const trainer::TrainSpec& spec_;
   trainer::ParallelTrainer& trainer_;
   trainer::SaveRole role_;
-  std::string dataset_version_, init_from_;
+  std::string dataset_version_, tokenizer_, init_from_;
   // Where the run's weights came from (ckpt.init_from): that checkpoint, its dataset version and spec, and
   // its own lineage; kept in every checkpoint's manifest (extra.lineage) and carried across resumes.
   Json lineage_;

@@ -35,6 +35,7 @@ class Synthetic final : public DataSource {
   }
   std::string describe() const override { return "synthetic stream"; }
   std::string version() const override { return ""; }
+  std::string tokenizer() const override { return ""; }
   uint64_t bytes_read() const override { return 0; }
 
  private:
@@ -51,6 +52,7 @@ class Dataset final : public DataSource {
   const data::Reader& reader() const { return reader_; }
   // DPO: the reference log-probabilities of every sample, two per pair, attached to each row read.
   void set_reference(std::vector<double> logps) { reference_ = std::move(logps); }
+  void set_reference(std::unique_ptr<LiveReference> live) { live_ = std::move(live); }
   void next(int64_t step, std::vector<MicroBatch>& out) override {
     // The cursor counts samples, so step s starts at s x (samples per step): a resumed run (or one that
     // skipped steps) reads exactly what an uninterrupted run reads at that step.
@@ -62,6 +64,7 @@ class Dataset final : public DataSource {
     out.resize(size_t(microbatches_));
     for (MicroBatch& batch : out) {
       reader_.next(batch);
+      if (live_) live_->fill(batch);
       if (reference_.empty()) continue;
       batch.reference_logps.resize(2 * size_t(batch.rows));
       for (size_t r = 0; r < size_t(batch.rows); ++r)
@@ -73,6 +76,7 @@ class Dataset final : public DataSource {
     return "dataset " + dir_ + " (" + reader_.manifest().version + ")";
   }
   std::string version() const override { return reader_.manifest().version; }
+  std::string tokenizer() const override { return reader_.manifest().tokenizer_sha256; }
   uint64_t bytes_read() const override { return reader_.bytes_read(); }
 
  private:
@@ -81,6 +85,7 @@ class Dataset final : public DataSource {
   uint64_t global_batch_;
   int microbatches_;
   std::vector<double> reference_;
+  std::unique_ptr<LiveReference> live_;
 };
 
 }  // namespace
@@ -88,7 +93,8 @@ class Dataset final : public DataSource {
 std::unique_ptr<DataSource> open_data(const Config& config, const trainer::TrainSpec& spec, int dp_rank,
                                       trainer::Comm& world) {
   const bool sft = spec.objective == trainer::Objective::kSft,
-             dpo = spec.objective == trainer::Objective::kDpo;
+             dpo = spec.objective == trainer::Objective::kDpo,
+             distill = spec.objective == trainer::Objective::kDistill;
   const char* wanted = sft ? "chat" : "preference";
   if (spec.dataset == "synthetic") {
     if (sft || dpo)
@@ -108,6 +114,12 @@ std::unique_ptr<DataSource> open_data(const Config& config, const trainer::Train
                   fmt::format("{} needs a {} dataset, and {} is format {}: prepare one with `forge-data "
                               "prepare --format {}`, or train every token with lm",
                               sft ? "sft" : "dpo", wanted, spec.dataset, manifest.format, wanted));
+  if (distill && manifest.format == "preference")
+    config.reject(
+        "run.objective",
+        fmt::format("distill reads a text or chat dataset, and {} is format preference", spec.dataset));
+  // Distilling on chat data scores the replies, as sft does.
+  const bool replies = sft || dpo || (distill && manifest.format == "chat");
   std::string reference = spec.dpo.reference;
   if (dpo && reference.empty()) reference = config.get<std::string>("ckpt.init_from");
   if (dpo && reference.empty())
@@ -122,8 +134,8 @@ std::unique_ptr<DataSource> open_data(const Config& config, const trainer::Train
   options.dp_size = spec.layout.dp;
   options.seed = spec.seed;
   options.order = data::parse_order(spec.data_order);
-  options.document_mask = spec.document_mask;
-  options.loss_mask = sft || dpo;
+  options.document_mask = spec.document_mask || replies;
+  options.loss_mask = replies;
   auto dataset = std::make_unique<Dataset>(spec.dataset, options, spec.microbatches);
   if (dpo) {
     if (const uint64_t left = dataset->reader().pairs_left_out(); left > 0 && world.rank() == 0)
@@ -131,7 +143,10 @@ std::unique_ptr<DataSource> open_data(const Config& config, const trainer::Train
           "{} preference pairs of {} are longer than model.seq_len + 1 = {} tokens and are left out "
           "(prepare with --max-tokens {} to cut them instead)",
           left, spec.dataset, spec.model.seq_len + 1, (spec.model.seq_len + 1) / 2);
-    dataset->set_reference(reference_logps(spec, dataset->reader(), reference, world));
+    if (spec.dpo.live)
+      dataset->set_reference(std::make_unique<LiveReference>(spec, reference));
+    else
+      dataset->set_reference(reference_logps(spec, dataset->reader(), reference, world));
   }
   return dataset;
 }

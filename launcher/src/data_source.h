@@ -23,6 +23,8 @@ class DataSource {
   virtual std::string describe() const = 0;
   // The dataset version checkpoints record ("" for the synthetic stream).
   virtual std::string version() const = 0;
+  // The SHA-256 of the dataset's tokenizer ("" for the synthetic stream).
+  virtual std::string tokenizer() const = 0;
   // Bytes of token data this rank has read from the dataset so far (0 for the synthetic stream).
   virtual uint64_t bytes_read() const = 0;
 };
@@ -30,7 +32,9 @@ class DataSource {
 // Checks the dataset against the spec (vocabulary: a usage error naming model.vocab; the objective's format;
 // unreadable or corrupt data: a data error) and opens it for data-parallel rank `dp_rank` of
 // spec.layout.dp. run.objective = dpo: the reference log-probabilities are found or computed here, by all
-// the ranks of `world` together (dpo_reference.h).
+// the ranks of `world` together, or come from a frozen copy of the reference as batches are read
+// (dpo.reference_mode = live; dpo_reference.h). run.objective = distill reads a text dataset (every
+// token) or a chat one (the replies).
 std::unique_ptr<DataSource> open_data(const Config& config, const trainer::TrainSpec& spec, int dp_rank,
                                       trainer::Comm& world);
 

@@ -77,14 +77,28 @@ std::string place_for(const trainer::TrainSpec& spec, const Json& key) {
   return "";
 }
 
+// The reference checkpoint, which must hold the spec's model.
+ckpt::Checkpoint open_reference(const trainer::TrainSpec& spec, const std::string& reference_dir) {
+  ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(reference_dir);
+  ckpt::check_expectations(checkpoint.manifest(),
+                           {.model_config = trainer::model_config_json(spec.model), .dataset_version = {}},
+                           reference_dir);
+  return checkpoint;
+}
+
+// A whole model of the spec's shape whose loss keeps the reply log-probabilities of what it sees.
+std::unique_ptr<trainer::GPT> reference_model(const trainer::TrainSpec& spec,
+                                              std::shared_ptr<trainer::ReplyLogps> logps) {
+  return std::make_unique<trainer::GPT>(spec.model, spec.batch, trainer::DType::kF32, trainer::ModelSlice{},
+                                        1, trainer::cpu_backend(), trainer::LayerFactory::whole(), 1,
+                                        std::move(logps));
+}
+
 }  // namespace
 
 std::vector<double> reference_logps(const trainer::TrainSpec& spec, const data::Reader& reader,
                                     const std::string& reference_dir, trainer::Comm& world) {
-  const ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(reference_dir);
-  ckpt::check_expectations(checkpoint.manifest(),
-                           {.model_config = trainer::model_config_json(spec.model), .dataset_version = {}},
-                           reference_dir);
+  const ckpt::Checkpoint checkpoint = open_reference(spec, reference_dir);
   const uint64_t n = reader.num_samples();
   const Json key = key_of(spec, reference_dir, reader.manifest());
   // Rank 0 decides where they are, so every rank reads or writes the same file.
@@ -101,9 +115,8 @@ std::vector<double> reference_logps(const trainer::TrainSpec& spec, const data::
   // Computed: rank r takes pairs r, r + size, ... in micro-batches of data.batch rows on a whole model.
   checkpoint.verify(world.rank(), world.size());
   const auto logps = std::make_shared<trainer::ReplyLogps>();
-  trainer::GPT model(spec.model, spec.batch, trainer::DType::kF32, {}, 1, trainer::cpu_backend(),
-                     trainer::LayerFactory::whole(), 1, logps);
-  trainer::load_checkpoint(checkpoint, model, nullptr);
+  const std::unique_ptr<trainer::GPT> model = reference_model(spec, logps);
+  trainer::load_checkpoint(checkpoint, *model, nullptr);
   std::vector<double> values(2 * n, 0.0);
   std::vector<uint64_t> ids;
   MicroBatch batch;
@@ -116,7 +129,7 @@ std::vector<double> reference_logps(const trainer::TrainSpec& spec, const data::
     for (; id < n && ids.size() < size_t(spec.batch); id += uint64_t(world.size())) ids.push_back(id);
     for (int r = 0; r < spec.batch; ++r)
       reader.read_sample(ids[std::min(size_t(r), ids.size() - 1)], batch, r);
-    model.forward_loss(batch);
+    model->forward_loss(batch);
     for (size_t r = 0; r < ids.size(); ++r) {
       values[2 * ids[r]] = logps->last()[2 * r];
       values[2 * ids[r] + 1] = logps->last()[2 * r + 1];
@@ -135,6 +148,19 @@ std::vector<double> reference_logps(const trainer::TrainSpec& spec, const data::
     spdlog::info("reference log-probabilities of {} pairs under {}: {}", n, reference_dir, path);
   }
   return values;
+}
+
+LiveReference::LiveReference(const trainer::TrainSpec& spec, const std::string& reference_dir)
+    : logps_(std::make_shared<trainer::ReplyLogps>()), model_(reference_model(spec, logps_)) {
+  const ckpt::Checkpoint checkpoint = open_reference(spec, reference_dir);
+  checkpoint.verify();
+  trainer::load_checkpoint(checkpoint, *model_, nullptr);
+  spdlog::info("dpo reference {}: a frozen copy computes its log-probabilities every step", reference_dir);
+}
+
+void LiveReference::fill(MicroBatch& batch) {
+  model_->forward_loss(batch);
+  batch.reference_logps = logps_->last();
 }
 
 }  // namespace forge::launcher

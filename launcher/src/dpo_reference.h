@@ -7,8 +7,11 @@
 
 #include "forge/dataio/reader.h"
 #include "forge/trainer/comm.h"
+#include "forge/trainer/loss.h"
+#include "forge/trainer/model.h"
 #include "forge/trainer/spec.h"
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,5 +24,19 @@ namespace forge::launcher {
 // reference or seq_len) or is damaged.
 std::vector<double> reference_logps(const trainer::TrainSpec& spec, const data::Reader& reader,
                                     const std::string& reference_dir, trainer::Comm& world);
+
+// dpo.reference_mode = live: a frozen copy of the reference on this rank computes the log-probabilities of
+// each micro-batch's pairs as it is read (every rank: each keeps the batches whole, and a checkpoint's
+// verification batch carries them). Costs a reference forward per micro-batch instead of a file read;
+// needs no writable place and no pass before the first step. The same checks as reference_logps.
+class LiveReference {
+ public:
+  LiveReference(const trainer::TrainSpec& spec, const std::string& reference_dir);
+  void fill(MicroBatch& batch);  // batch.reference_logps, two per row
+
+ private:
+  std::shared_ptr<trainer::ReplyLogps> logps_;
+  std::unique_ptr<trainer::GPT> model_;
+};
 
 }  // namespace forge::launcher

@@ -17,6 +17,7 @@
 #include "forge/trainer/watchdog.h"
 #include "job_gauges.h"
 #include "spec_check.h"
+#include "teacher.h"
 #include "tensorboard_log.h"
 
 #include <fmt/format.h>
@@ -321,6 +322,9 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
   }
   // Everything that can reject the spec or the data runs before the model's memory is allocated.
   auto data = open_data(config, spec, spec.layout.coords(boot.rank).dp, *world);
+  std::optional<trainer::ModelConfig> teacher_config;
+  if (spec.objective == trainer::Objective::kDistill)
+    teacher_config = check_teacher(config, spec, data->tokenizer());
   check_resume_spec(config, spec.dir, force_new);
   std::error_code ec;
   fs::create_directories(fs::path(spec.dir) / "metrics", ec);
@@ -337,12 +341,15 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
     groups.world->all_reduce(&peak, 1, trainer::CommType::kF64, trainer::ReduceOp::kMax)->wait();
   }
   run.peak = peak * groups.layout.world();
-  trainer::ParallelTrainer trainer(spec, groups);
+  // The teacher runs where the student's classifier is (teacher.h).
+  std::shared_ptr<trainer::GPT> teacher;
+  if (teacher_config && groups.last_stage()) teacher = load_teacher(spec, *teacher_config);
+  trainer::ParallelTrainer trainer(spec, groups, trainer::cpu_backend(), std::move(teacher));
   const std::string plan = trainer.describe_plan();
   if (groups.rank == 0) fmt::print(stderr, "{}", plan);
   check_memory_plan(groups, trainer, memory_available);
   const std::string gpu_health = fake_gpu_health_file(boot);
-  RunCheckpoints checkpoints(config, spec, trainer, data->version());
+  RunCheckpoints checkpoints(config, spec, trainer, *data);
   const int64_t first_step = checkpoints.resume();
   run.resumed_from = first_step;
   set_last_finished_step(first_step);

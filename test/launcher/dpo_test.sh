@@ -3,7 +3,8 @@
 # preference), a base model trained on it, then DPO from that model as its own reference: step 1's loss is
 # ln 2 (policy = reference), the loss falls and the chosen replies gain; the reference log-probabilities are
 # computed once and kept beside the dataset, a second run reuses them, a damaged or foreign file exits 65; a
-# preempted DPO run resumes with exactly the uninterrupted run's losses; what dpo needs is refused with 64.
+# preempted DPO run resumes with exactly the uninterrupted run's losses; a live reference (a frozen copy)
+# trains as the stored one and resumes exactly; what dpo needs is refused with 64.
 # Usage: dpo_test.sh FORGE_TRAIN FORGE_DATA SOURCE_DIR
 set -uo pipefail
 train=$1 data=$2 src=$3
@@ -87,6 +88,33 @@ wait "$pid"
 cmp -s <(grep -o '"loss":[^,]*' "$work/a/metrics/rank-0.jsonl") <(grep -o '"loss":[^,]*' "$work/c/metrics/rank-0.jsonl") ||
   fail "the resumed DPO run's losses differ from the uninterrupted run's"
 lineage_of "$work/c" || fail "the resumed DPO run's checkpoints lost their lineage"
+
+# A live reference (dpo.reference_mode = live): a frozen copy of the reference computes the log-probabilities
+# as batches are read, without the pass; step 1 is exactly ln 2 and the losses are the stored reference's up
+# to rounding (the pass sums another arrangement of rows), and a preempted live run
+# resumes with exactly the uninterrupted live run's losses.
+live=("${dpo[@]}" --dpo.reference_mode=live --run.steps=30)
+"$train" "$src/configs/tiny.ini" --run.dir="$work/f" "${live[@]}" 2>"$work/f.log" ||
+  fail "live-reference dpo run failed: $(tail -n1 "$work/f.log")"
+grep -q "a frozen copy computes its log-probabilities every step" "$work/f.log" || fail "no live reference reported"
+grep -q "reference log-probabilities of" "$work/f.log" && fail "the live run ran the reference pass"
+python3 - "$work/a/metrics/rank-0.jsonl" "$work/f/metrics/rank-0.jsonl" <<'PY' || fail "live and stored references train differently"
+import json, sys
+stored, live = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:])
+assert live[0] == float.fromhex("0x1.62e430p-1"), ("step 1 is not ln 2 in FP32", live[0])
+assert len(live) == 30 and all(abs(a - b) <= 1e-4 * abs(a) for a, b in zip(stored, live)), (stored, live)
+PY
+"$train" "$src/configs/tiny.ini" --run.dir="$work/g" "${live[@]}" 2>"$work/g.log" &
+pid=$!
+wait_for_steps "$work/g" 12 600 0.02
+kill -USR1 "$pid"
+wait "$pid"
+[ $? -eq 75 ] || fail "SIGUSR1 did not stop the live-reference run with 75"
+"$train" "$src/configs/tiny.ini" --run.dir="$work/g" "${live[@]}" 2>>"$work/g.log" ||
+  fail "resumed live-reference run failed: $(tail -n1 "$work/g.log")"
+grep -q "resumed from" "$work/g.log" || fail "the live-reference run did not resume"
+cmp -s <(grep -o '"loss":[^,]*' "$work/f/metrics/rank-0.jsonl") <(grep -o '"loss":[^,]*' "$work/g/metrics/rank-0.jsonl") ||
+  fail "the resumed live-reference run's losses differ from the uninterrupted run's"
 
 # A damaged or foreign reference file: 65, naming it.
 cp "$refs.json" "$work/sidecar"

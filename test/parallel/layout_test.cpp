@@ -3,7 +3,7 @@
 // micro-batch, must give the loss of every step, and the final value of every parameter, of the
 // one-process trainer (layout 1,1,1) on the same global batches and seed. Every rank runs that reference
 // itself (the model is tiny) and compares its own shard against the matching part of it.
-//   layout_test TP PP DP ZERO
+//   layout_test TP PP DP ZERO [packed|dpo|distill]
 #include "forge/trainer/groups.h"
 #include "forge/trainer/parallel.h"
 #include "support/training.h"
@@ -116,11 +116,23 @@ void pair_up(forge::MicroBatch& b, int salt) {
   }
 }
 
+// A distillation teacher larger than the student (5 blocks of width 48), of its own seed: what every rank
+// that holds the student's classifier runs beside it.
+std::shared_ptr<GPT> make_teacher(const TrainSpec& spec) {
+  ModelConfig config = spec.model;
+  config.layers = 5;
+  config.d_model = 48;
+  auto teacher = std::make_shared<GPT>(config, spec.batch);
+  teacher->init(99);
+  return teacher;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 5 && !(argc == 6 && (std::string(argv[5]) == "packed" || std::string(argv[5]) == "dpo"))) {
-    std::fprintf(stderr, "usage: layout_test TP PP DP ZERO [packed|dpo]\n");
+  const std::string mode = argc == 6 ? argv[5] : "";
+  if (argc != 5 && !(argc == 6 && (mode == "packed" || mode == "dpo" || mode == "distill"))) {
+    std::fprintf(stderr, "usage: layout_test TP PP DP ZERO [packed|dpo|distill]\n");
     return 2;
   }
   auto world = mpi_world();
@@ -131,25 +143,28 @@ int main(int argc, char** argv) {
   const int zero = std::atoi(argv[4]);
   // packed: documents packed in the rows, per-token loss weights (some 0) and ignored targets, so the
   // ranks' shares of the scored weight differ: the loss must be normalised by the step's global weight.
-  // dpo: a batch of preference pairs and the DPO loss, normalised by the step's pairs.
-  const std::string mode = argc == 6 ? argv[5] : "";
-  const bool packed = mode == "packed", dpo = mode == "dpo";
+  // dpo: a batch of preference pairs and the DPO loss, normalised by the step's pairs. distill: the packed
+  // batches under the distillation loss from a larger teacher (vocabulary columns split under TP).
+  const bool distill = mode == "distill", packed = mode == "packed" || distill, dpo = mode == "dpo";
   const int global_batch = 4, microbatches = 4;
 
   TrainSpec spec = make_spec(global_batch, layout.dp, microbatches);
   const auto objective = [&](TrainSpec s) {
     if (dpo) s.objective = forge::trainer::Objective::kDpo, s.dpo.beta = 0.5, s.dpo.label_smoothing = 0.05;
+    if (distill) s.objective = forge::trainer::Objective::kDistill, s.distill = {"", 0.6, 2.0};
     return s;
   };
   spec = objective(spec);
   spec.layout = layout;
   spec.parallel.zero = zero;
   ProcessGroups groups = make_groups(std::move(world), layout);
-  ParallelTrainer parallel(spec, groups);
+  ParallelTrainer parallel(spec, groups, cpu_backend(),
+                           distill && groups.last_stage() ? make_teacher(spec) : nullptr);
   const std::string plan = parallel.describe_plan();
   if (groups.rank == 0) std::fputs(plan.c_str(), stdout);
 
-  forge::test::OneProcess serial(objective(make_spec(global_batch, 1, microbatches)));
+  const TrainSpec serial_spec = objective(make_spec(global_batch, 1, microbatches));
+  forge::test::OneProcess serial(serial_spec, distill ? make_teacher(serial_spec) : nullptr);
   const int T = spec.model.seq_len;
   const size_t window = size_t(T) + 1, per_micro_batch = size_t(global_batch) * window;
   double worst_loss = 0, worst_param = 0;

@@ -35,9 +35,10 @@ inline MicroBatch window_batch(std::span<const int32_t> windows, int rows, int s
 // The trainer on one process, with its groups.
 class OneProcess {
  public:
-  explicit OneProcess(const trainer::TrainSpec& spec)
+  explicit OneProcess(const trainer::TrainSpec& spec, std::shared_ptr<trainer::GPT> teacher = nullptr)
       : groups_(trainer::make_groups(trainer::self_comm(), spec.layout)),
-        trainer_(std::make_unique<trainer::ParallelTrainer>(spec, groups_)) {}
+        trainer_(std::make_unique<trainer::ParallelTrainer>(spec, groups_, trainer::cpu_backend(),
+                                                            std::move(teacher))) {}
   trainer::ParallelTrainer& operator*() { return *trainer_; }
   trainer::ParallelTrainer* operator->() { return trainer_.get(); }
 

@@ -66,6 +66,18 @@ void load_initial(GPT& model, const H5Fixture& f) {
   model.weights_changed();
 }
 
+// The fixture's batch of packed documents with loss weights.
+MicroBatch fixture_packed(const H5Fixture& f, const TrainSpec& spec) {
+  MicroBatch batch = forge::test::micro_batch(f.ints("packed/tokens"), f.ints("packed/targets"), spec.batch,
+                                              spec.model.seq_len);
+  const auto weights = f.floats("packed/weights");
+  batch.weights.assign(weights.begin(), weights.end());
+  const auto positions = f.ints("packed/positions"), segments = f.ints("packed/segments");
+  batch.positions.assign(positions.begin(), positions.end());
+  batch.segments.assign(segments.begin(), segments.end());
+  return batch;
+}
+
 }  // namespace
 
 TEST_CASE("GPT matches PyTorch: logits, loss and every gradient", "[trainer][parity]") {
@@ -129,13 +141,7 @@ TEST_CASE("GPT matches PyTorch on packed documents with loss weights", "[trainer
   forge::test::OneProcess trainer(spec);
   GPT& model = trainer->model();
   load_initial(model, f);
-  MicroBatch batch =
-      forge::test::micro_batch(tokens, f.ints("packed/targets"), spec.batch, spec.model.seq_len);
-  const auto weights = f.floats("packed/weights");
-  batch.weights.assign(weights.begin(), weights.end());
-  const auto positions = f.ints("packed/positions"), segments = f.ints("packed/segments");
-  batch.positions.assign(positions.begin(), positions.end());
-  batch.segments.assign(segments.begin(), segments.end());
+  const MicroBatch batch = fixture_packed(f, spec);
   REQUIRE_FALSE(batch.problem(spec.model.vocab, spec.model.max_positions));
 
   std::vector<float> logits(tokens.size() * size_t(spec.model.vocab));
@@ -227,4 +233,80 @@ TEST_CASE("DPO with the policy as its own reference: loss ln 2, margin 0", "[tra
   CHECK(next.loss < st.loss);
   CHECK(after.at("reward_margin") > 0.0);
   CHECK(after.at("accuracy") == 1.0);
+}
+
+namespace {
+
+// The fixture's distillation teacher (3 blocks of width 48, the student's vocabulary and positions).
+std::shared_ptr<GPT> fixture_teacher(const H5Fixture& f, const TrainSpec& spec) {
+  ModelConfig config = spec.model;
+  config.layers = int(f.attr("distill/layers"));
+  config.d_model = int(f.attr("distill/d_model"));
+  auto teacher = std::make_shared<GPT>(config, spec.batch);
+  for (const auto& p : teacher->params()) {
+    const auto w = f.floats("distill/teacher/" + p.name);
+    REQUIRE(w.size() == p.numel);
+    std::copy(w.begin(), w.end(), teacher->weight(p.name).begin());
+  }
+  teacher->weights_changed();
+  return teacher;
+}
+
+}  // namespace
+
+TEST_CASE("Distillation matches PyTorch: a larger teacher, temperature 2, packed documents",
+          "[trainer][parity][distill]") {
+  const H5Fixture f(fixture_path());
+  TrainSpec spec = fixture_spec(f);
+  spec.batch = int(f.ints("packed/tokens").size()) / spec.model.seq_len;
+  spec.objective = Objective::kDistill;
+  spec.distill.alpha = f.attr("distill/alpha");
+  spec.distill.temperature = f.attr("distill/temperature");
+  forge::test::OneProcess trainer(spec, fixture_teacher(f, spec));
+  GPT& model = trainer->model();
+  load_initial(model, f);
+  const MicroBatch batch = fixture_packed(f, spec);
+
+  model.zero_grad();
+  const double weight = batch.weight_sum();
+  const LossSums sums = model.forward_backward(batch, float(1.0 / weight));
+  CHECK(sums.weight == weight);
+  const double ref_loss = f.doubles("distill/loss")[0];
+  CHECK(std::abs(sums.loss / weight - ref_loss) / ref_loss < 1e-5);
+  const auto figures = model.loss().take_metrics();
+  REQUIRE(figures.size() == 1);
+  CHECK(figures[0].first == "kl_teacher");
+  CHECK(std::abs(figures[0].second / weight - f.doubles("distill/kl")[0]) < 1e-5);
+  for (const auto& p : model.params()) {
+    INFO(p.name);
+    CHECK(rel_diff(model.grad(p.name), f.floats("distill/grad/" + p.name)) < 2e-5);
+  }
+}
+
+TEST_CASE("Distillation from a teacher equal to the student: KL 0, the loss its cross-entropy share",
+          "[trainer][distill]") {
+  // The teacher's logits are formed by the same products from the same weights, so every KL term is
+  // exactly 0 (the kernel's b - a is 0), at any temperature.
+  const H5Fixture f(fixture_path());
+  TrainSpec spec = fixture_spec(f);
+  spec.batch = int(f.ints("packed/tokens").size()) / spec.model.seq_len;
+  spec.microbatches = 1;
+  spec.objective = Objective::kDistill;
+  spec.distill.alpha = 0.7;
+  spec.distill.temperature = 3.0;
+  auto teacher = std::make_shared<GPT>(spec.model, spec.batch);
+  load_initial(*teacher, f);
+  const MicroBatch batch = fixture_packed(f, spec);
+  forge::test::OneProcess trainer(spec, teacher);
+  load_initial(trainer->model(), f);
+  const StepStats st = trainer->step(std::span(&batch, 1));
+  const std::map<std::string, double> figures(st.objective.begin(), st.objective.end());
+  CHECK(figures.at("kl_teacher") == 0.0);
+  // The loss is (1 - alpha) x the cross-entropy the LM objective gives on the same batch.
+  const double ce = f.doubles("packed/loss")[0];
+  CHECK(std::abs(st.loss - 0.3 * ce) / (0.3 * ce) < 1e-5);
+  // A step later the student has moved and the KL is positive.
+  const StepStats next = trainer->step(std::span(&batch, 1));
+  const std::map<std::string, double> after(next.objective.begin(), next.objective.end());
+  CHECK(after.at("kl_teacher") > 0.0);
 }

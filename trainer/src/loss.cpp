@@ -2,6 +2,7 @@
 #include "forge/trainer/loss.h"
 
 #include "forge/common/batch.h"
+#include "forge/trainer/model.h"
 
 #include <algorithm>
 #include <cmath>
@@ -103,6 +104,37 @@ std::vector<std::pair<std::string, double>> DpoLoss::take_metrics() const {
                                                      {"reward_margin", margin_},
                                                      {"accuracy", correct_}};
   chosen_ = rejected_ = margin_ = correct_ = 0;
+  return out;
+}
+
+DistillLoss::DistillLoss(double alpha, double temperature, std::shared_ptr<GPT> teacher)
+    : alpha_(alpha), temperature_(temperature), teacher_(std::move(teacher)) {}
+
+DistillLoss::~DistillLoss() = default;
+
+void DistillLoss::begin(const MicroBatch& batch) const {
+  if (teacher_ == nullptr)
+    throw std::logic_error("DistillLoss: this rank holds the classifier but no teacher");
+  teacher_->forward_features(batch);
+}
+
+double DistillLoss::chunk(Backend& backend, float* logits, const DeviceBatch& batch, int row0, int rows,
+                          int V, int vocab_begin, float scale, bool backward, VocabGroup* group) const {
+  if (const size_t need = size_t(rows) * size_t(V); teacher_logits_.size() < need)
+    teacher_logits_ = backend.alloc<float>(need);
+  teacher_->feature_logits(teacher_logits_.data(), row0, rows, vocab_begin, V);
+  double kl = 0;
+  const double total =
+      backend.distillation(logits, teacher_logits_.data(), batch.targets + row0,
+                           batch.weights != nullptr ? batch.weights + row0 : nullptr, rows, V, vocab_begin,
+                           float(temperature_), float(alpha_), scale, backward, group, &kl);
+  kl_ += kl;
+  return total;
+}
+
+std::vector<std::pair<std::string, double>> DistillLoss::take_metrics() const {
+  std::vector<std::pair<std::string, double>> out = {{"kl_teacher", kl_}};
+  kl_ = 0;
   return out;
 }
 

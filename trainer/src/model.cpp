@@ -310,7 +310,7 @@ std::span<const float> GPT::input_grad(int slot) const {
 }
 
 LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input, float loss_scale,
-                          bool backward, float* logits_out) {
+                          bool backward, float* logits_out, bool classify) {
   Slot& s = *slots_.at(size_t(slot));
   Workspace& w = *ws_;
   if (batch.rows != batch_ || batch.seq_len != config_.seq_len)
@@ -395,6 +395,7 @@ LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input,
                                lnf_w_.value, lnf_b_.value, N, C);
     if (bf16) backend_.round_to_bf16(s.lnf.data(), s.lnf.data(), size_t(NC));
   }
+  if (!classify) return {};
   const double loss = classifier_->forward_backward(backward ? s.dlnf.data() : nullptr, s.lnf.data(), s.batch,
                                                     N, *loss_, loss_scale, logits_out);
   return {loss, loss_->weight(batch)};
@@ -492,6 +493,23 @@ void GPT::forward_logits(const MicroBatch& batch, std::span<float> logits) {
   if (logits.size() != size_t(batch_) * config_.seq_len * config_.vocab)
     throw std::invalid_argument("GPT::forward_logits: logits must hold batch x seq_len x vocab values");
   run_forward(0, batch, nullptr, 1.0f, false, logits.data());
+}
+
+void GPT::forward_features(const MicroBatch& batch) {
+  check_whole(batch);
+  TraceSpan span("teacher forward", "compute");
+  run_forward(0, batch, nullptr, 1.0f, false, nullptr, false);
+}
+
+void GPT::feature_logits(float* out, int row0, int rows, int vocab_begin, int V) {
+  if (slice_.tp_size != 1 || row0 < 0 || rows < 0 || row0 + rows > this->rows() || vocab_begin < 0 ||
+      vocab_begin + V > config_.vocab)
+    throw std::invalid_argument("GPT::feature_logits: positions or columns outside the whole model");
+  const int C = config_.d_model;
+  const ParamRef wte = ref("wte.weight");
+  // The classifier's product (Classifier::forward_backward), on the columns asked for.
+  backend_.matmul_forward(out, slots_[0]->lnf.data() + int64_t(row0) * C,
+                          wte.value + int64_t(vocab_begin) * C, nullptr, rows, C, V);
 }
 
 }  // namespace forge::trainer

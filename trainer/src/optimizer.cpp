@@ -59,8 +59,9 @@ void AdamW::step(std::span<float> w, std::span<const float> g, double lr) {
   s.beta1 = float(optim_.beta1);
   s.beta2 = float(optim_.beta2);
   s.eps = float(optim_.eps);
-  s.step_size = float(lr / (1.0 - std::pow(optim_.beta1, double(t_))));
-  s.inv_sqrt_bc2 = float(1.0 / std::sqrt(1.0 - std::pow(optim_.beta2, double(t_))));
+  const double seen = double(t_ + moment_steps_before_);  // updates the moments have averaged
+  s.step_size = float(lr / (1.0 - std::pow(optim_.beta1, seen)));
+  s.inv_sqrt_bc2 = float(1.0 / std::sqrt(1.0 - std::pow(optim_.beta2, seen)));
   s.keep = float(1.0 - lr * optim_.weight_decay);
   backend_.adamw(w.data(), g.data(), m_.data(), v_.data(), segments_, s);
 }

@@ -20,9 +20,10 @@ void add_trainer_keys(ConfigSchema& s) {
       .add<int64_t>("run.steps", 100, "optimizer steps to train")
       .add<int64_t>("run.seed", 1234, "seed of initialization and synthetic data")
       .add<int>("run.threads", 0, "CPU threads (0: SLURM_CPUS_PER_TASK, else all cores)")
-      .add_choice("run.objective", "lm", {"lm", "sft", "dpo"},
+      .add_choice("run.objective", "lm", {"lm", "sft", "dpo", "distill"},
                   "what the run learns: lm, every token of the data; sft, the replies a chat dataset's loss "
-                  "mask marks; dpo, the preferences of a preference dataset (docs/TRAINER.md)")
+                  "mask marks; dpo, the preferences of a preference dataset; distill, a teacher model's "
+                  "distributions (docs/TRAINER.md)")
       .add<double>("run.peak_gflops", 0.0, "matrix-product peak for MFU in GFLOP/s (0: measure at start)")
       .add<std::string>(
           "run.trace_steps", "",
@@ -46,7 +47,14 @@ void add_trainer_keys(ConfigSchema& s) {
                    "DPO: share of preferences taken as flipped (conservative DPO)")
       .add<std::string>(
           "dpo.reference", "",
-          "DPO: the reference checkpoint (empty: ckpt.init_from, the model the run starts from)");
+          "DPO: the reference checkpoint (empty: ckpt.init_from, the model the run starts from)")
+      .add_choice("dpo.reference_mode", "precomputed", {"precomputed", "live"},
+                  "DPO: the reference's log-probabilities computed once and stored beside the dataset, or "
+                  "by a frozen copy of the reference at every step");
+  s.add<std::string>("distill.teacher", "",
+                     "distillation: the teacher's checkpoint (any size and layout, the same tokenizer)")
+      .add<double>("distill.alpha", 0.5, "distillation: weight of the KL term (1 - alpha: the cross-entropy)")
+      .add<double>("distill.temperature", 1.0, "distillation: softmax temperature of both distributions");
   s.add<double>("optim.lr", 3e-4, "peak learning rate")
       .add<double>("optim.min_lr", 3e-5, "learning rate at the end of the cosine decay")
       .add<int64_t>("optim.warmup_steps", 0, "linear warm-up steps")
@@ -180,15 +188,28 @@ TrainSpec train_spec(const Config& c) {
   s.data_order = c.get<std::string>("data.order");
   if (s.data_order != "block" && s.data_order != "global") c.reject("data.order", "must be block or global");
   const std::string objective = c.get<std::string>("run.objective");
-  s.objective = objective == "sft" ? Objective::kSft : objective == "dpo" ? Objective::kDpo : Objective::kLm;
+  s.objective = objective == "sft"       ? Objective::kSft
+                : objective == "dpo"     ? Objective::kDpo
+                : objective == "distill" ? Objective::kDistill
+                                         : Objective::kLm;
   // Fine-tuning packs conversations with their boundaries always: a reply attends to its own prompt only.
-  s.document_mask = c.get<bool>("data.document_mask") || s.objective != Objective::kLm;
+  s.document_mask =
+      c.get<bool>("data.document_mask") || s.objective == Objective::kSft || s.objective == Objective::kDpo;
   s.dpo.beta = c.get<double>("dpo.beta");
   if (!(s.dpo.beta > 0 && s.dpo.beta <= 100)) c.reject("dpo.beta", "must be in (0, 100]");
   s.dpo.label_smoothing = c.get<double>("dpo.label_smoothing");
   if (!(s.dpo.label_smoothing >= 0 && s.dpo.label_smoothing < 0.5))
     c.reject("dpo.label_smoothing", "must be in [0, 0.5)");
   s.dpo.reference = c.get<std::string>("dpo.reference");  // empty: the launcher takes ckpt.init_from
+  s.dpo.live = c.get<std::string>("dpo.reference_mode") == "live";
+  s.distill.teacher = c.get<std::string>("distill.teacher");
+  if (s.objective == Objective::kDistill && s.distill.teacher.empty())
+    c.reject("distill.teacher", "run.objective = distill needs the teacher's checkpoint directory");
+  s.distill.alpha = c.get<double>("distill.alpha");
+  if (!(s.distill.alpha >= 0 && s.distill.alpha <= 1)) c.reject("distill.alpha", "must be in [0, 1]");
+  s.distill.temperature = c.get<double>("distill.temperature");
+  if (!(s.distill.temperature >= 0.05 && s.distill.temperature <= 100))
+    c.reject("distill.temperature", "must be in [0.05, 100]");
   s.dtype = c.get<std::string>("precision.dtype") == "bf16" ? DType::kBF16 : DType::kF32;
   s.layout.tp = positive<int>(c, "parallel.tp");
   s.layout.cp = positive<int>(c, "parallel.cp");
@@ -227,9 +248,11 @@ TrainSpec train_spec(const Config& c) {
   return s;
 }
 
-std::shared_ptr<const Loss> objective_loss(const TrainSpec& spec) {
+std::shared_ptr<const Loss> objective_loss(const TrainSpec& spec, std::shared_ptr<GPT> teacher) {
   if (spec.objective == Objective::kDpo)
     return std::make_shared<DpoLoss>(spec.dpo.beta, spec.dpo.label_smoothing);
+  if (spec.objective == Objective::kDistill)
+    return std::make_shared<DistillLoss>(spec.distill.alpha, spec.distill.temperature, std::move(teacher));
   return std::make_shared<LmCrossEntropy>();
 }
 

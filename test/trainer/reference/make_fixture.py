@@ -3,7 +3,8 @@
 loss, every gradient, and ten AdamW steps (warm-up + cosine schedule, clipping, two accumulated
 micro-batches); and a batch of packed documents (positions restarting per document, attention masked to
 each document, per-token loss weights, ignored targets) with its logits, weighted loss and gradients; and
-the DPO loss of two preference pairs (label smoothing on) with its gradients.
+the DPO loss of two preference pairs (label smoothing on) with its gradients; and the distillation loss of
+the packed batch from a teacher of another size (temperature 2) with the student's gradients.
 test/trainer/parity_test.cpp checks the C++ trainer against it.
 
 Run with Debian's torch:  /usr/bin/python3 test/trainer/reference/make_fixture.py
@@ -22,7 +23,7 @@ L, C, NH, V, T, B = (CFG[k] for k in ("layers", "d_model", "heads", "vocab", "se
 
 
 class Block(nn.Module):
-    def __init__(s):
+    def __init__(s, C=C):
         super().__init__()
         s.ln1 = nn.LayerNorm(C); s.qkv = nn.Linear(C, 3 * C); s.proj = nn.Linear(C, C)
         s.ln2 = nn.LayerNorm(C); s.fc = nn.Linear(C, 4 * C); s.fc2 = nn.Linear(4 * C, C)
@@ -38,10 +39,10 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(s):
+    def __init__(s, L=L, C=C):
         super().__init__()
         s.wte = nn.Embedding(V, C); s.wpe = nn.Embedding(T, C)
-        s.blocks = nn.ModuleList([Block() for _ in range(L)]); s.lnf = nn.LayerNorm(C)
+        s.blocks = nn.ModuleList([Block(C) for _ in range(L)]); s.lnf = nn.LayerNorm(C)
 
     def logits(s, idx):
         x = s.wte(idx) + s.wpe(torch.arange(T))
@@ -137,7 +138,8 @@ p_tgt[0, 19] = -1; p_tgt[0, 69] = -1; p_w[0, 19] = 0.0; p_w[0, 69] = 0.0  # the 
 p_tgt[1, 5] = -1; p_w[1, 5] = 0.0
 
 
-def packed_logits(idx, pos, seg):
+def packed_logits(idx, pos, seg, m=m):
+    C = m.lnf.weight.shape[0]
     x = m.wte(idx) + m.wpe(pos)
     same = seg[:, None, :, None] == seg[:, None, None, :]  # [B, 1, T, T]
     causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
@@ -187,6 +189,27 @@ d_loss = (-(1 - eps) * F.logsigmoid(z) - eps * F.logsigmoid(-z)).mean()
 d_loss.backward()
 d_grads = {k: v.grad.detach().clone() for k, v in params.items()}
 
+# Distillation of the packed batch, from the initial weights, by a teacher with 3 blocks of width 48 (its
+# own random weights, sharpened so its distribution is far from the student's). Per scored position
+# alpha T^2 KL(softmax(t / T) || softmax(s / T)) + (1 - alpha) CE, weighted, over the sum of weights.
+with torch.no_grad():
+    for k, p in params.items(): p.copy_(init[k]); p.grad = None
+DISTILL = dict(alpha=0.3, temperature=2.0, layers=3, d_model=48)
+teacher = GPT(DISTILL["layers"], DISTILL["d_model"])
+with torch.no_grad(): teacher.wte.weight.mul_(3.0)
+t_params = named(teacher)
+with torch.no_grad(): t_logits = packed_logits(p_idx, p_pos, p_seg, teacher)
+s_logits = packed_logits(p_idx, p_pos, p_seg)
+Tm, alpha = DISTILL["temperature"], DISTILL["alpha"]
+log_pt = F.log_softmax(t_logits / Tm, -1); log_ps = F.log_softmax(s_logits / Tm, -1)
+kl = (log_pt.exp() * (log_pt - log_ps)).sum(-1).reshape(-1)
+ce = F.cross_entropy(s_logits.reshape(-1, V), p_tgt.reshape(-1).clamp(min=0), reduction="none")
+w = p_w.reshape(-1)
+t_loss = ((alpha * Tm * Tm * kl + (1 - alpha) * ce) * w).sum() / w.sum()
+t_kl = (kl * w).sum() / w.sum()
+t_loss.backward()
+t_grads = {k: v.grad.detach().clone() for k, v in params.items()}
+
 path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpt_parity.h5")
 with h5py.File(path, "w") as f:
     for k, v in CFG.items(): f.attrs[k] = v
@@ -215,5 +238,10 @@ with h5py.File(path, "w") as f:
     g["reference_logps"] = d_ref.reshape(-1).numpy().astype(np.float64)
     g["loss"] = np.float64(d_loss.item())
     for k in params: g[f"grad/{k}"] = d_grads[k].numpy()
+    g = f.create_group("distill")
+    for k, v in DISTILL.items(): g.attrs[k] = v
+    for k, p in t_params.items(): g[f"teacher/{k}"] = p.detach().numpy()
+    g["loss"] = np.float64(t_loss.item()); g["kl"] = np.float64(t_kl.item())
+    for k in params: g[f"grad/{k}"] = t_grads[k].numpy()
 print(f"wrote {path}: loss {loss.item():.6f}, step losses {[round(x, 4) for x in losses]}, norms "
       f"{[round(x, 3) for x in norms]}")

@@ -87,6 +87,12 @@ class CpuBackend final : public Backend {
                        int vocab_begin, float scale, bool backward, VocabGroup* group, float* nll) override {
     return cpu::cross_entropy(logits, targets, weights, rows, V, vocab_begin, scale, backward, group, nll);
   }
+  double distillation(float* logits, float* teacher, const int32_t* targets, const float* weights, int rows,
+                      int V, int vocab_begin, float temperature, float alpha, float scale, bool backward,
+                      VocabGroup* group, double* kl_sum) override {
+    return cpu::distillation(logits, teacher, targets, weights, rows, V, vocab_begin, temperature, alpha,
+                             scale, backward, group, kl_sum);
+  }
   void round_to_bf16(float* out, const float* in, size_t n) override {
     cpu::round_to_bf16(out, in, int64_t(n));
   }

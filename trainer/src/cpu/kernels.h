@@ -79,6 +79,12 @@ void gelu_backward(float* dinout, const float* pre, int N, int C);
 double cross_entropy(float* logits, const int32_t* targets, const float* weights, int rows, int V,
                      int vocab_begin, float scale, bool backward, VocabGroup* group, float* nll = nullptr);
 
+// ---- distillation.cpp ---- Backend::distillation (backend.h): cross-entropy plus KL divergence from a
+// teacher's logits, combined over `group` like cross_entropy; `teacher` is overwritten (scratch).
+double distillation(float* logits, float* teacher, const int32_t* targets, const float* weights, int rows,
+                    int V, int vocab_begin, float temperature, float alpha, float scale, bool backward,
+                    VocabGroup* group, double* kl_sum);
+
 // ---- optimizer.cpp ---- the optimizer's element-wise passes over ranges of the flat buffers, each in one
 // parallel region.
 double sum_squares(const float* x, std::span<const FlatRange> ranges);

@@ -88,7 +88,8 @@ std::vector<int> stage_bounds(const ModelConfig& cfg, int pp, const std::vector<
   return bounds;
 }
 
-ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups, Backend& backend)
+ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups, Backend& backend,
+                                 std::shared_ptr<GPT> teacher)
     : spec_(spec), groups_(groups), backend_(backend) {
   const Layout& lay = groups.layout;
   if (!(lay == spec.layout))
@@ -103,7 +104,7 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups, B
   slots_ = std::min(spec.microbatches, lay.pp - s);
   const size_t dp = size_t(lay.dp);
   tp_plan_ = std::make_unique<TensorParallelPlan>(*groups.tp);
-  loss_ = objective_loss(spec);
+  loss_ = objective_loss(spec, std::move(teacher));
   model_ =
       std::make_unique<GPT>(spec.model, spec.batch, spec.dtype, slice, slots_, backend, *tp_plan_, dp, loss_);
   model_->init(spec.seed);

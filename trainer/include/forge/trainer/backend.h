@@ -141,6 +141,15 @@ class Backend {
   virtual double cross_entropy(float* logits, const int32_t* targets, const float* weights, int rows, int V,
                                int vocab_begin, float scale, bool backward, VocabGroup* group,
                                float* nll = nullptr) = 0;
+  // Knowledge distillation of a chunk: row i's loss is alpha x T^2 x KL(softmax(teacher_i / T) ||
+  // softmax(logits_i / T)) + (1 - alpha) x the cross-entropy of logits_i to targets[i] (T: temperature),
+  // weighted as cross_entropy's; the teacher's logits are the same columns of the same positions.
+  // Returns the weighted sum, and the weighted sum of the KL terms alone in *kl_sum (host memory, when
+  // not null). When `backward`, the logits are replaced by dL/dlogits of scale x the sum; the teacher's
+  // logits are overwritten either way.
+  virtual double distillation(float* logits, float* teacher, const int32_t* targets, const float* weights,
+                              int rows, int V, int vocab_begin, float temperature, float alpha, float scale,
+                              bool backward, VocabGroup* group, double* kl_sum) = 0;
 
   // ---- precision (BF16 storage of FP32 values)
   virtual void round_to_bf16(float* out, const float* in, size_t n) = 0;

@@ -20,6 +20,8 @@ struct MicroBatch;
 
 namespace forge::trainer {
 
+class GPT;
+
 // What a loss adds up: the weighted sum of per-token losses and the weight that normalises it. A step's
 // loss is the sum of `loss` over its micro-batches and data-parallel ranks divided by the sum of `weight`.
 struct LossSums {
@@ -47,6 +49,8 @@ class Loss {
  public:
   virtual ~Loss() = default;
   virtual std::string name() const = 0;
+  // Called once per micro-batch before its chunks (distillation runs its teacher here).
+  virtual void begin(const MicroBatch&) const {}
   // The micro-batch's share of the step's normaliser: its scored weight (per-token losses), or its pairs.
   virtual double weight(const MicroBatch& batch) const;
   // The summed loss of positions [row0, row0 + rows) of the batch from their logits [rows, V] (this rank's
@@ -116,6 +120,30 @@ class DpoLoss final : public Loss {
   double beta_, smoothing_;
   mutable std::mutex mu_;  // the sums below; a step runs its micro-batches one after another
   mutable double chosen_ = 0, rejected_ = 0, margin_ = 0, correct_ = 0;
+};
+
+// Knowledge distillation (Hinton et al., 2015) from a frozen teacher with the same tokenizer: per scored
+// position, alpha x T^2 x KL(softmax(teacher / T) || softmax(student / T)) + (1 - alpha) x cross-entropy
+// to the target, weighted and normalised as LmCrossEntropy. The teacher (a whole GPT of any size with the
+// same vocabulary, on every rank that holds the student's classifier; null elsewhere) runs over each
+// micro-batch in begin(), and its logits are formed chunk by chunk beside the student's, over the same
+// vocabulary columns: neither model's logits of a whole batch ever exist. Metric: kl_teacher, the mean
+// KL per scored token.
+class DistillLoss final : public Loss {
+ public:
+  DistillLoss(double alpha, double temperature, std::shared_ptr<GPT> teacher);
+  ~DistillLoss() override;
+  std::string name() const override { return "distill"; }
+  void begin(const MicroBatch& batch) const override;
+  double chunk(Backend& backend, float* logits, const DeviceBatch& batch, int row0, int rows, int V,
+               int vocab_begin, float scale, bool backward, VocabGroup* group) const override;
+  std::vector<std::pair<std::string, double>> take_metrics() const override;
+
+ private:
+  double alpha_, temperature_;
+  std::shared_ptr<GPT> teacher_;
+  mutable Buffer<float> teacher_logits_;  // one chunk
+  mutable double kl_ = 0;                 // weighted KL since the last take_metrics
 };
 
 }  // namespace forge::trainer

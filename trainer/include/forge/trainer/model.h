@@ -156,6 +156,13 @@ class GPT {
   // All logits, batch x seq_len x vocab, into host memory (tests and evaluation; an unsplit model).
   void forward_logits(const MicroBatch& batch, std::span<float> logits);
 
+  // A frozen model's forward (a distillation teacher, loss.h; the whole model): runs `batch` up to the
+  // final LayerNorm and keeps that; feature_logits then forms the logits of positions [row0, row0 + rows)
+  // over vocabulary columns [vocab_begin, vocab_begin + V) into `out` (backend memory) — the chunk the
+  // student's classifier is at, so the teacher's logits of a whole batch never exist either.
+  void forward_features(const MicroBatch& batch);
+  void feature_logits(float* out, int row0, int rows, int vocab_begin, int V);
+
   // Bytes held by activations and scratch (for memory reports).
   size_t activation_bytes() const;
 
@@ -164,7 +171,7 @@ class GPT {
   struct Slot;
   struct Workspace;
   LossSums run_forward(int slot, const MicroBatch& batch, const float* input, float loss_scale, bool backward,
-                       float* logits_out);
+                       float* logits_out, bool classify = true);
   void check_whole(const MicroBatch& batch) const;
   ParamRef ref(const std::string& name);
 

@@ -35,6 +35,11 @@ class AdamW {
   int64_t steps_taken() const { return t_; }
   // Resuming from a checkpoint: the step count drives bias correction and the schedule.
   void restore_steps(int64_t steps) { t_ = steps; }
+  // Continued training on moments loaded from another run (ckpt.init_optimizer = keep): bias correction
+  // counts the `steps` updates they averaged before this run's first, while steps_taken(), the step of
+  // the schedule and the data, starts again from 0.
+  void set_moment_steps_before(int64_t steps) { moment_steps_before_ = steps; }
+  int64_t moment_steps_before() const { return moment_steps_before_; }
   // First and second moments, packed like ranges() (for checkpoints).
   std::span<float> m() { return m_.span(); }
   std::span<float> v() { return v_.span(); }
@@ -47,6 +52,7 @@ class AdamW {
   size_t size_;
   Buffer<float> m_, v_;
   int64_t t_ = 0;
+  int64_t moment_steps_before_ = 0;
 };
 
 }  // namespace forge::trainer

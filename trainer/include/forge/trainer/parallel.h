@@ -29,8 +29,10 @@ std::vector<int> stage_bounds(const ModelConfig& config, int pp, const std::vect
 class ParallelTrainer {
  public:
   // Builds this rank's slice on `backend`, initialized from spec.seed exactly as the whole model would
-  // be. The spec has passed train_spec's validation; the groups are spec.layout's.
-  ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups, Backend& backend = cpu_backend());
+  // be. The spec has passed train_spec's validation; the groups are spec.layout's. run.objective =
+  // distill: `teacher` is the frozen teacher on a rank of the last stage (objective_loss).
+  ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups, Backend& backend = cpu_backend(),
+                  std::shared_ptr<GPT> teacher = nullptr);
   ~ParallelTrainer();
 
   GPT& model() { return *model_; }

@@ -39,15 +39,24 @@ struct TraceSteps {
   TraceSteps window(int64_t done, int64_t steps) const;
 };
 
-// What a run learns (run.objective): every token of the data, or, fine-tuning on a chat dataset, the
-// tokens its loss mask scores (the assistant's replies).
-enum class Objective { kLm, kSft, kDpo };
+// What a run learns (run.objective): every token of the data; fine-tuning on a chat dataset, the tokens
+// its loss mask scores (the assistant's replies); preferences between pairs of replies; or a teacher's
+// distributions (docs/TRAINER.md, "Objectives").
+enum class Objective { kLm, kSft, kDpo, kDistill };
 
 // run.objective = dpo: the loss's settings and the reference model (its checkpoint directory).
 struct DpoConfig {
   double beta = 0.1;
   double label_smoothing = 0.0;
   std::string reference;  // dpo.reference; empty: ckpt.init_from (forge-train resolves it)
+  bool live = false;      // dpo.reference_mode = live: a frozen copy computes them every step
+};
+
+// run.objective = distill: the teacher's checkpoint and the loss's settings (DistillLoss, loss.h).
+struct DistillConfig {
+  std::string teacher;
+  double alpha = 0.5;
+  double temperature = 1.0;
 };
 
 // Everything one training process needs, validated.
@@ -64,6 +73,7 @@ struct TrainSpec {
   bool document_mask = false;  // packed documents: attention and positions stop at document boundaries
   Objective objective = Objective::kLm;
   DpoConfig dpo;
+  DistillConfig distill;
   ModelConfig model;
   OptimConfig optim;
   DType dtype = DType::kF32;
@@ -80,8 +90,9 @@ void add_trainer_keys(ConfigSchema& schema);
 ModelConfig model_config(const Config& config);
 OptimConfig optim_config(const Config& config);
 TrainSpec train_spec(const Config& config);
-// The loss of the spec's objective (the LM cross-entropy for lm and sft, DpoLoss for dpo).
-std::shared_ptr<const Loss> objective_loss(const TrainSpec& spec);
+// The loss of the spec's objective (the LM cross-entropy for lm and sft, DpoLoss for dpo, DistillLoss with
+// `teacher` for distill: the launcher loads it on the ranks that hold the classifier).
+std::shared_ptr<const Loss> objective_loss(const TrainSpec& spec, std::shared_ptr<GPT> teacher = nullptr);
 
 // The first rule the layout and its options break for this model, as the key to change and why: the
 // layout's own rules (forge::layout_problem), stage_layers consistent with pp and the layers, ZeRO stage

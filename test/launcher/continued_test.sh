@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Continued pretraining end to end on the real binaries: a model pretrained on one dataset version and
+# promoted to a release, then trained further on a new version (the same tokenizer) from that release,
+# with its optimizer reset or kept (ckpt.init_optimizer). Both re-warm the learning rate from step 1 of
+# their own schedule; keep carries the AdamW moments (the runs part after step 1) and bias correction
+# counts the parent's steps, recorded in every checkpoint and restored on resume: a preempted keep run
+# resumes with exactly the uninterrupted run's losses. Every checkpoint names its parent and the parent's
+# dataset version.
+# Usage: continued_test.sh FORGE_TRAIN FORGE_DATA FORGE_CKPT SOURCE_DIR
+set -uo pipefail
+train=$1 data=$2 ckpt=$3 src=$4
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+# shellcheck source=test/support/metrics.sh
+source "$src/test/support/metrics.sh"
+python3 - "$work" <<'PY'
+import os, random, sys
+words = "the cat sat on a warm mat and then ran off to see what it could find in the big old house".split()
+for name, seed in (("old", 1), ("new", 2)):
+    random.seed(seed)
+    os.makedirs(f"{sys.argv[1]}/{name}")
+    for d in range(30):
+        with open(f"{sys.argv[1]}/{name}/doc{d}.txt", "w") as f:
+            for s in range(50):
+                i = random.randrange(len(words))
+                f.write(" ".join(words[(i + k * seed) % len(words)] for k in range(random.randint(4, 9))) + ".\n")
+PY
+"$data" prepare --input "$work/old" --out "$work/v1" --vocab 300 >/dev/null 2>"$work/prepare.log" ||
+  fail "prepare v1 failed: $(tail -n1 "$work/prepare.log")"
+tokenizer=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["tokenizer"]["file"])' "$work/v1/manifest.json")
+"$data" prepare --input "$work/new" --out "$work/v2" --tokenizer "$work/v1/$tokenizer" >/dev/null 2>"$work/prepare.log" ||
+  fail "prepare v2 failed: $(tail -n1 "$work/prepare.log")"
+model=(--run.threads=1 --run.peak_gflops=100 --model.layers=1 --model.d_model=32 --model.heads=2 --model.seq_len=64
+  --model.vocab=300)
+"$train" "$src/configs/tiny.ini" --run.dir="$work/base" "${model[@]}" --data.dataset="$work/v1" --run.steps=20 \
+  --ckpt.milestone_every=20 2>"$work/base.log" || fail "base run failed: $(tail -n1 "$work/base.log")"
+echo '{"decision": "promote"}' >"$work/verdict.json"
+release=$("$ckpt" promote "$work/base/checkpoints/milestone/step-00000020" --verdict "$work/verdict.json" --json |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["release"])') || fail "promote failed"
+more=("${model[@]}" --data.dataset="$work/v2" --ckpt.init_from="$release" --optim.lr=2e-3 --optim.warmup_steps=4
+  --run.steps=12 --ckpt.recovery_every=3)
+for mode in reset keep; do
+  "$train" "$src/configs/tiny.ini" --run.dir="$work/$mode" "${more[@]}" --ckpt.init_optimizer=$mode \
+    2>"$work/$mode.log" || fail "continued run ($mode) failed: $(tail -n1 "$work/$mode.log")"
+done
+grep -q "initialised weights and optimizer moments from $release" "$work/keep.log" || fail "keep did not load the moments"
+python3 - "$work" "$release" <<'PY' || fail "continued pretraining is wrong"
+import glob, json, sys
+work, release = sys.argv[1], sys.argv[2]
+rows = {m: [json.loads(l) for l in open(f"{work}/{m}/metrics/rank-0.jsonl")] for m in ("reset", "keep")}
+for m, r in rows.items():
+    assert abs(r[0]["lr"] - 2e-3 / 4) < 1e-12, (m, "the learning rate does not re-warm", r[0]["lr"])
+assert rows["reset"][0]["loss"] == rows["keep"][0]["loss"], "step 1: the same weights and data"
+assert rows["reset"][1]["loss"] != rows["keep"][1]["loss"], "keep trained as reset: the moments were not used"
+v1 = json.load(open(f"{release}/manifest.json"))["dataset_version"]
+v2 = json.load(open(f"{work}/v2/manifest.json"))["version"]
+assert v1 and v1 != v2, (v1, v2)
+for m in ("reset", "keep"):
+    manifests = sorted(glob.glob(f"{work}/{m}/checkpoints/*/step-*/manifest.json"))
+    assert manifests, m
+    for path in manifests:
+        man = json.load(open(path))
+        lineage = man["extra"]["lineage"]
+        assert lineage["parent"] == release and lineage["parent_dataset_version"] == v1, (path, lineage)
+        assert man["dataset_version"] == v2, path
+        assert man["extra"].get("moment_steps_before", 0) == (20 if m == "keep" else 0), (path, man["extra"])
+PY
+# Preempted at step ~6 and resumed: the moments' step count comes back with them.
+"$train" "$src/configs/tiny.ini" --run.dir="$work/keep2" "${more[@]}" --ckpt.init_optimizer=keep 2>"$work/keep2.log" &
+pid=$!
+wait_for_steps "$work/keep2" 6 600 0.02
+kill -USR1 "$pid"
+wait "$pid"
+[ $? -eq 75 ] || fail "SIGUSR1 did not stop the continued run with 75"
+"$train" "$src/configs/tiny.ini" --run.dir="$work/keep2" "${more[@]}" --ckpt.init_optimizer=keep 2>>"$work/keep2.log" ||
+  fail "resumed continued run failed: $(tail -n1 "$work/keep2.log")"
+grep -q "resumed from" "$work/keep2.log" || fail "the continued run did not resume"
+cmp -s <(grep -o '"loss":[^,]*' "$work/keep/metrics/rank-0.jsonl") <(grep -o '"loss":[^,]*' "$work/keep2/metrics/rank-0.jsonl") ||
+  fail "the resumed continued run's losses differ from the uninterrupted run's"
+echo "PASS: continued pretraining from a release on a new dataset version, optimizer reset and kept, re-warm-up, lineage, exact resume"
