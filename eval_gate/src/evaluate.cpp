@@ -6,12 +6,17 @@
 #include "forge/dataio/reader.h"
 #include "forge/dataio/tokenizer.h"
 #include "forge/trainer/checkpoint_io.h"
+#include "forge/trainer/loss.h"
 #include "forge/trainer/model.h"
 #include "forge/trainer/runtime.h"
 #include "forge/trainer/spec.h"
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <memory>
 #include <optional>
 #include <regex>
 #include <vector>
@@ -40,27 +45,106 @@ std::vector<double> bytes_per_token(const std::string& tokenizer_path) {
   return bytes;
 }
 
+// A checkpoint's model with `config` and `loss` (null: the LM cross-entropy) for rows of one sequence,
+// its files verified (each rank a share) and its weights loaded.
+std::unique_ptr<trainer::GPT> load_model(const ckpt::Checkpoint& checkpoint,
+                                         const trainer::ModelConfig& config,
+                                         std::shared_ptr<const trainer::Loss> loss, trainer::Comm& comm) {
+  checkpoint.verify(comm.rank(), comm.size());
+  auto model = std::make_unique<trainer::GPT>(config, /*batch=*/1, trainer::DType::kF32,
+                                              trainer::ModelSlice{}, 1, trainer::cpu_backend(),
+                                              trainer::LayerFactory::whole(), 1, std::move(loss));
+  trainer::load_checkpoint(checkpoint, *model, nullptr);
+  return model;
+}
+
+// The model a candidate is measured against (`role`: its DPO reference, its distillation teacher): any
+// size with the evaluated model's vocabulary, reading the evaluated model's sequences.
+std::unique_ptr<trainer::GPT> load_companion(const std::string& dir, const char* role, const std::string& of,
+                                             const trainer::ModelConfig& evaluated,
+                                             std::shared_ptr<const trainer::Loss> loss, trainer::Comm& comm) {
+  const ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(dir);
+  trainer::ModelConfig config = trainer::model_config_from_json(checkpoint.manifest().meta.model_config, dir);
+  if (config.vocab != evaluated.vocab)
+    fail(ExitCode::kUsage,
+         "the {} {} has a vocabulary of {} tokens but {} has {}: they must share a tokenizer", role, dir,
+         config.vocab, of, evaluated.vocab);
+  if (config.max_positions < evaluated.seq_len)
+    fail(ExitCode::kUsage, "the {} {} has {} positions, fewer than the {} of {}'s sequences", role, dir,
+         config.max_positions, evaluated.seq_len, of);
+  config.seq_len = evaluated.seq_len;
+  return load_model(checkpoint, config, std::move(loss), comm);
+}
+
+// log sum exp of a row of logits, in double.
+double log_sum_exp(std::span<const float> row) {
+  const double top = *std::max_element(row.begin(), row.end());
+  double sum = 0;
+  for (float x : row) sum += std::exp(double(x) - top);
+  return top + std::log(sum);
+}
+
 }  // namespace
 
-EvalOptions as_trained(const std::string& checkpoint_dir, EvalOptions options) {
+TokenScores score_token(std::span<const float> model, std::span<const float> teacher, int32_t target) {
+  const double lse_m = log_sum_exp(model), lse_t = log_sum_exp(teacher);
+  TokenScores out;
+  out.loss = lse_m - double(model[size_t(target)]);
+  for (size_t v = 0; v < model.size(); ++v) {
+    const double log_t = double(teacher[v]) - lse_t, log_m = double(model[v]) - lse_m;
+    out.kl += std::exp(log_t) * (log_t - log_m);
+  }
+  return out;
+}
+
+EvalOptions as_trained(const std::string& checkpoint_dir, const std::string& dataset_format,
+                       EvalOptions options) {
   const ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(checkpoint_dir);
-  const Json& spec = checkpoint.manifest().meta.extra.value("spec", Json::object());
-  options.replies_only = spec.value("run.objective", std::string("lm")) == "sft";
-  options.document_mask =
-      options.replies_only || spec.value("data.document_mask", std::string("false")) == "true";
+  const Json& extra = checkpoint.manifest().meta.extra;
+  const Json spec = extra.value("spec", Json::object());
+  const auto key = [&](const char* name) { return spec.value(name, std::string()); };
+  // A model the run was measured against must be here to measure the candidate against it again.
+  const auto companion = [&](const std::string& dir, const char* keys) {
+    std::error_code ec;
+    if (dir.empty() || !std::filesystem::exists(std::filesystem::path(dir) / ckpt::kManifestFile, ec))
+      fail(ExitCode::kUsage,
+           "{} was trained with run.objective = {} against {}, which is not a checkpoint here ({}): run the "
+           "gate where that checkpoint is",
+           checkpoint_dir, options.objective, dir.empty() ? "no model" : dir, keys);
+    return dir;
+  };
+  options.objective = spec.value("run.objective", std::string("lm"));
+  options.replies_only = options.objective == "sft" || options.objective == "dpo" ||
+                         (options.objective == "distill" && dataset_format == "chat");
+  options.document_mask = options.replies_only || key("data.document_mask") == "true";
+  if (options.objective == "dpo") {
+    options.dpo_beta = std::stod(spec.value("dpo.beta", std::string("0.1")));
+    // Empty dpo.reference: the model the run started from, whose absolute path its lineage keeps.
+    std::string reference = key("dpo.reference");
+    if (reference.empty())
+      reference = extra.value("lineage", Json::object()).value("parent", key("ckpt.init_from"));
+    options.dpo_reference = companion(reference, "dpo.reference, else ckpt.init_from");
+  }
+  if (options.objective == "distill")
+    options.distill_teacher = companion(key("distill.teacher"), "distill.teacher");
   return options;
 }
 
 DomainResults evaluate_checkpoint(const std::string& checkpoint_dir, const std::string& dataset_dir,
                                   const EvalOptions& options, trainer::Comm& comm, bool own_dataset) {
   const int rank = comm.rank(), world = comm.size();
+  const bool dpo = !options.dpo_reference.empty(), distill = !options.distill_teacher.empty();
 
   const ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(checkpoint_dir);
-  checkpoint.verify(rank, world);  // each rank checks a share of the files
   const trainer::ModelConfig config =
       trainer::model_config_from_json(checkpoint.manifest().meta.model_config, checkpoint_dir);
 
   const data::Manifest manifest = data::load_manifest(dataset_dir);
+  if (dpo && manifest.format != "preference")
+    fail(ExitCode::kUsage,
+         "{} is measured on preference pairs (run.objective = dpo) but {} is a {} dataset: give the "
+         "preference dataset (forge-data prepare --format preference)",
+         checkpoint_dir, dataset_dir, manifest.format);
   const std::string& trained_on = checkpoint.manifest().meta.dataset_version;
   if (own_dataset && !trained_on.empty() && trained_on != manifest.version)
     fail(ExitCode::kData,
@@ -74,13 +158,73 @@ DomainResults evaluate_checkpoint(const std::string& checkpoint_dir, const std::
          dataset_dir);
 
   trainer::use_threads(trainer::resolve_threads(options.threads));
-  trainer::GPT model(config, /*batch=*/1);
-  trainer::load_checkpoint(checkpoint, model, nullptr);
+  // DPO: both models keep each reply's summed log-probability (reply_logps) instead of a loss.
+  using Logps = std::shared_ptr<trainer::ReplyLogps>;
+  const Logps logps = dpo ? std::make_shared<trainer::ReplyLogps>() : Logps();
+  const Logps reference_logps = dpo ? std::make_shared<trainer::ReplyLogps>() : Logps();
+  const auto model = load_model(checkpoint, config, logps, comm);
+  std::unique_ptr<trainer::GPT> other;  // the reference or the teacher
+  if (dpo)
+    other =
+        load_companion(options.dpo_reference, "DPO reference", checkpoint_dir, config, reference_logps, comm);
+  if (distill)
+    other = load_companion(options.distill_teacher, "teacher", checkpoint_dir, config, nullptr, comm);
   const std::vector<double> token_bytes = bytes_per_token(dataset_dir + "/" + manifest.tokenizer_file);
 
-  DomainResults local;
+  const size_t T = size_t(config.seq_len), V = size_t(config.vocab);
+  std::vector<float> logits(distill ? T * V : 0), teacher_logits(distill ? T * V : 0);
   MicroBatch batch;
   batch.resize(1, config.seq_len);
+  // Each scores the sequence in `batch` into `s`.
+  const auto score_lm = [&](DomainStats& s) {
+    double bytes = 0;
+    for (int32_t t : batch.targets)
+      if (t != MicroBatch::kIgnore) bytes += token_bytes.at(static_cast<size_t>(t));
+    const trainer::LossSums sums = model->forward_loss(batch);
+    if (sums.weight == 0) return;  // nothing scored (documents of one token each)
+    // Every scored target weighs 1 here: the weight is the number of tokens scored.
+    s.add_sequence(sums.loss / sums.weight, int64_t(sums.weight), bytes);
+  };
+  const auto score_pair = [&](DomainStats& s) {
+    model->forward_loss(batch);
+    other->forward_loss(batch);
+    const std::vector<double>&lp = logps->last(), &ref = reference_logps->last();
+    // The chosen reply (document 0) gives the LM figures: its masked loss, tokens and bytes.
+    int64_t tokens[2] = {0, 0};
+    double bytes = 0;
+    for (size_t i = 0; i < T; ++i) {
+      if (batch.weight(i) == 0) continue;
+      ++tokens[batch.segments[i] == 0 ? 0 : 1];
+      if (batch.segments[i] == 0) bytes += token_bytes.at(static_cast<size_t>(batch.targets[i]));
+    }
+    if (tokens[0] == 0 || tokens[1] == 0) return;  // not a pair: a reply with nothing scored
+    const double margin = options.dpo_beta * ((lp[0] - ref[0]) - (lp[1] - ref[1]));
+    s.add_sequence(-lp[0] / double(tokens[0]), tokens[0], bytes);
+    s.margin.add(margin);
+    s.correct.add(margin > 0 ? 1 : 0);
+  };
+  const auto score_distill = [&](DomainStats& s) {
+    model->forward_logits(batch, logits);
+    other->forward_logits(batch, teacher_logits);
+    double loss = 0, kl = 0, bytes = 0;
+    int64_t tokens = 0;
+    for (size_t i = 0; i < T; ++i) {
+      const int32_t t = batch.targets[i];
+      if (batch.weight(i) == 0) continue;
+      const TokenScores token =
+          score_token({logits.data() + i * V, V}, {teacher_logits.data() + i * V, V}, t);
+      loss += token.loss;
+      kl += token.kl;
+      bytes += token_bytes.at(static_cast<size_t>(t));
+      ++tokens;
+    }
+    if (tokens == 0) return;
+    s.add_sequence(loss / double(tokens), tokens, bytes);
+    s.kl_sum += kl;
+    s.kl_seq.add(kl / double(tokens));
+  };
+
+  DomainResults local;
   for (const auto& domain : manifest.domains) {
     if (manifest.tokens("valid", domain) <= static_cast<uint64_t>(config.seq_len)) continue;
     data::ReaderOptions ro;
@@ -101,14 +245,13 @@ DomainResults evaluate_checkpoint(const std::string& checkpoint_dir, const std::
       progress.emplace("evaluate " + domain, "sequences", (n + uint64_t(world) - 1) / uint64_t(world));
     for (uint64_t id = static_cast<uint64_t>(rank); id < n; id += static_cast<uint64_t>(world)) {
       reader.read_sample(id, batch, 0);
-      double bytes = 0;
-      for (int32_t t : batch.targets)
-        if (t != MicroBatch::kIgnore) bytes += token_bytes.at(static_cast<size_t>(t));
-      const trainer::LossSums sums = model.forward_loss(batch);
+      if (dpo)
+        score_pair(local[domain]);
+      else if (distill)
+        score_distill(local[domain]);
+      else
+        score_lm(local[domain]);
       if (progress) progress->add(1);
-      if (sums.weight == 0) continue;  // nothing scored (documents of one token each)
-      // Every scored target weighs 1 here: the weight is the number of tokens scored.
-      local[domain].add_sequence(sums.loss / sums.weight, int64_t(sums.weight), bytes);
     }
   }
   std::vector<double> sums = pack(local, manifest.domains);

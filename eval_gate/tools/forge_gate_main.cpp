@@ -87,8 +87,18 @@ Json describe(const std::string& dir) {
           {"checksum", forge::xxh3_file_hex(dir + "/" + forge::ckpt::kManifestFile)}};
 }
 
+// What the objective's figures were measured against (the DPO reference and beta, the distillation
+// teacher): the verdict records it, and a baseline's recorded results count only under the same.
+Json scoring(const forge::gate::EvalOptions& eval) {
+  Json s = {{"objective", eval.objective}};
+  if (!eval.dpo_reference.empty())
+    s["dpo"] = {{"beta", eval.dpo_beta}, {"reference", describe(eval.dpo_reference)}};
+  if (!eval.distill_teacher.empty()) s["distill"] = {{"teacher", describe(eval.distill_teacher)}};
+  return s;
+}
+
 // A baseline promoted by an earlier gate carries its own results; reuse them when they were measured on
-// this dataset version, otherwise evaluate the baseline now.
+// this dataset version the same way, otherwise evaluate the baseline now.
 forge::gate::DomainResults baseline_results(const std::string& dir, const std::string& dataset_version,
                                             const Args& a, const forge::gate::EvalOptions& eval,
                                             forge::trainer::Comm& comm, bool& reused) {
@@ -98,7 +108,9 @@ forge::gate::DomainResults baseline_results(const std::string& dir, const std::s
   reused = verdict.is_object() && verdict.value("dataset_version", "") == dataset_version &&
            verdict.contains("domains") && verdict.value("max_sequences", int64_t{-1}) == eval.max_sequences &&
            verdict.value("replies_only", false) == eval.replies_only &&
-           verdict.value("document_mask", eval.document_mask) == eval.document_mask;
+           verdict.value("document_mask", eval.document_mask) == eval.document_mask &&
+           // Verdicts from before the objectives' figures: lm and sft, scored by the loss alone.
+           verdict.value("scoring", Json{{"objective", eval.objective}}) == scoring(eval);
   if (!reused) return forge::gate::evaluate_checkpoint(dir, a.dataset, eval, comm, /*own_dataset=*/false);
   forge::gate::DomainResults out;
   for (const auto& [domain, s] : verdict.at("domains").items())
@@ -115,7 +127,7 @@ int run(int argc, char** argv, forge::trainer::Comm& comm) {
       forge::fail(ExitCode::kData, "required domain '{}' has no validation data in {} (domains: {})", d,
                   a.dataset, fmt::format("{}", fmt::join(dataset.domains, ", ")));
 
-  const forge::gate::EvalOptions eval = forge::gate::as_trained(a.checkpoint, a.eval);
+  const forge::gate::EvalOptions eval = forge::gate::as_trained(a.checkpoint, dataset.format, a.eval);
   const auto candidate = forge::gate::evaluate_checkpoint(a.checkpoint, a.dataset, eval, comm);
   const auto baseline_dir = resolve_baseline(a);
   std::optional<forge::gate::DomainResults> baseline;
@@ -134,6 +146,7 @@ int run(int argc, char** argv, forge::trainer::Comm& comm) {
                   {"max_sequences", a.eval.max_sequences},
                   {"document_mask", eval.document_mask},
                   {"replies_only", eval.replies_only},
+                  {"scoring", scoring(eval)},
                   {"domains", Json::object()},
                   {"checks", Json::array()},
                   {"promoted_to", nullptr}};

@@ -3,10 +3,13 @@
 //   RUN/checkpoints/milestone/step-<B>   (trained further on the same data)
 //   DAMAGED/checkpoints/milestone/step-<B> (the step-B weights with heavy noise: a valid checkpoint of a
 //                                         broken model)
-// Usage: make_checkpoints DATASET RUN DAMAGED A B
+// each recording the spec entries KEY=VALUE given (manifest extra.spec, what forge-gate reads the
+// objective from: run.objective=distill distill.teacher=DIR makes distillation candidates).
+// Usage: make_checkpoints DATASET RUN DAMAGED A B [KEY=VALUE ...]
 #include "forge/ckpt/coordinator.h"
 #include "forge/ckpt/saver.h"
 #include "forge/common/error.h"
+#include "forge/common/json.h"
 #include "forge/dataio/reader.h"
 #include "forge/trainer/checkpoint_io.h"
 #include "forge/trainer/parallel.h"
@@ -18,13 +21,14 @@
 namespace {
 
 void save(const std::string& run, forge::trainer::ParallelTrainer& t, const forge::trainer::TrainSpec& spec,
-          const std::string& dataset_version) {
+          const std::string& dataset_version, const forge::Json& spec_entries) {
   forge::ckpt::SingleProcessCoordinator coord;
   forge::ckpt::Saver saver(coord, {.run_dir = run});
   forge::ckpt::CheckpointMeta meta;
   meta.step = t.steps_taken();
   meta.dataset_version = dataset_version;
   meta.model_config = forge::trainer::model_config_json(spec.model);
+  if (!spec_entries.empty()) meta.extra["spec"] = spec_entries;
   const auto event = saver.save(forge::ckpt::Tier::kMilestone, meta,
                                 forge::trainer::checkpoint_tensors(t.model(), &t.optimizer()));
   if (event.outcome != forge::ckpt::Outcome::kCommitted)
@@ -34,13 +38,21 @@ void save(const std::string& run, forge::trainer::ParallelTrainer& t, const forg
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 6) {
-    std::fprintf(stderr, "usage: make_checkpoints DATASET RUN DAMAGED A B\n");
+  if (argc < 6) {
+    std::fprintf(stderr, "usage: make_checkpoints DATASET RUN DAMAGED A B [KEY=VALUE ...]\n");
     return 64;
   }
   return forge::run_cli("make_checkpoints", [&] {
     const std::string dataset = argv[1], run = argv[2], damaged = argv[3];
     const int64_t parent_steps = std::stoll(argv[4]), child_steps = std::stoll(argv[5]);
+    forge::Json spec_entries = forge::Json::object();
+    for (int i = 6; i < argc; ++i) {
+      const std::string entry = argv[i];
+      const size_t eq = entry.find('=');
+      if (eq == std::string::npos)
+        forge::fail(forge::ExitCode::kUsage, "spec entry '{}': expected KEY=VALUE", entry);
+      spec_entries[entry.substr(0, eq)] = entry.substr(eq + 1);
+    }
 
     forge::trainer::TrainSpec spec;
     spec.steps = child_steps;
@@ -65,15 +77,15 @@ int main(int argc, char** argv) {
     while (t.steps_taken() < child_steps) {
       const forge::MicroBatch batch = reader.next();
       t.step({&batch, 1});
-      if (t.steps_taken() == parent_steps) save(run, t, spec, reader.manifest().version);
+      if (t.steps_taken() == parent_steps) save(run, t, spec, reader.manifest().version, spec_entries);
     }
-    save(run, t, spec, reader.manifest().version);
+    save(run, t, spec, reader.manifest().version, spec_entries);
 
     std::mt19937 rng(1);
     std::normal_distribution<float> noise(0.0f, 1.0f);
     for (float& w : t.model().weights()) w += noise(rng);
     t.model().weights_changed();
-    save(damaged, t, spec, reader.manifest().version);
+    save(damaged, t, spec, reader.manifest().version, spec_entries);
     return 0;
   });
 }

@@ -7,6 +7,7 @@
 #include "forge/trainer/comm.h"
 
 #include <cstdint>
+#include <span>
 #include <string>
 
 namespace forge::gate {
@@ -15,22 +16,44 @@ struct EvalOptions {
   int64_t max_sequences = 0;  // per domain; 0 = the whole validation split
   int threads = 0;            // 0: SLURM_CPUS_PER_TASK or all cores
   // How sequences are read and scored (as_trained): packed documents with their boundaries, and only the
-  // replies a chat dataset's loss mask marks (a fine-tuned model's held-out masked loss).
+  // replies a chat or preference dataset's loss mask marks (a fine-tuned model's held-out masked loss).
   bool document_mask = false;
   bool replies_only = false;
+  // The objective's own figures (as_trained), measured against a model the candidate's spec names.
+  std::string objective = "lm";  // run.objective
+  // dpo: per held-out pair (a row of a preference dataset), the implicit reward margin
+  // dpo_beta x ((logp - ref)(chosen) - (logp - ref)(rejected)), ref from `dpo_reference`; the LM figures
+  // are then the chosen replies' masked loss.
+  std::string dpo_reference;
+  double dpo_beta = 0;
+  // distill: per scored token, KL(teacher || model) at temperature 1, the teacher from `distill_teacher`.
+  std::string distill_teacher;
 };
 
-// `options` with the reading and scoring the checkpoint's run trained with (its spec's data.document_mask
-// and run.objective). The gate measures the candidate and its baseline (e.g. the model it was fine-tuned
-// from) alike, the candidate's way.
-EvalOptions as_trained(const std::string& checkpoint_dir, EvalOptions options);
+// `options` with the reading and scoring the checkpoint's run trained with on a dataset of
+// `dataset_format` (its spec's data.document_mask and run.objective: sft and dpo score the replies, and
+// distill does on chat data; dpo: dpo.beta and dpo.reference, else the model the run started from;
+// distill: distill.teacher). The gate measures the candidate and its baseline (e.g. the model it was
+// fine-tuned from) alike, the candidate's way. Throws forge::Error(kUsage) when the reference or the
+// teacher is not a checkpoint here.
+EvalOptions as_trained(const std::string& checkpoint_dir, const std::string& dataset_format,
+                       EvalOptions options);
 
 // Loads the checkpoint's model (its manifest's model config) and evaluates it. With `own_dataset` the
 // checkpoint must have been trained on this dataset version (the candidate); a baseline may come from
 // another (the parent of a fine-tune), with the same tokenizer. Throws forge::Error: kData when the
 // checkpoint is damaged or (own_dataset) was trained on another dataset version, or the dataset lacks a
-// validation split; kUsage when the dataset's vocabulary does not fit the model.
+// validation split; kUsage when the dataset's vocabulary does not fit the model, a DPO candidate's dataset
+// holds no preference pairs, or a reference or teacher has another vocabulary than the model.
 DomainResults evaluate_checkpoint(const std::string& checkpoint_dir, const std::string& dataset_dir,
                                   const EvalOptions& options, trainer::Comm& comm, bool own_dataset = true);
+
+// One position's figures from a model's logits and its teacher's over the same vocabulary: the model's
+// cross-entropy of `target` and KL(softmax(teacher) || softmax(model)), in nats; the KL of equal logits
+// is exactly 0.
+struct TokenScores {
+  double loss = 0, kl = 0;
+};
+TokenScores score_token(std::span<const float> model, std::span<const float> teacher, int32_t target);
 
 }  // namespace forge::gate

@@ -8,12 +8,15 @@
 
 namespace forge::gate {
 
-// Checks on one metric (lower is better for every metric the gate computes). A value < 0 turns a check
-// off. `domains` lists where it applies; empty means every evaluated domain.
+// Checks on one metric, in the metric's direction: loss, bpb and kl are better lower, accuracy and
+// reward_margin higher ("worse" and "better" below follow that). A value < 0 turns a check off.
+// `domains` lists where it applies; empty means every evaluated domain.
 struct MetricChecks {
-  double max_absolute = -1;             // candidate <= max_absolute
-  double max_relative_regression = -1;  // candidate <= baseline * (1 + x)
-  double max_stderr_regression = -1;    // candidate - baseline <= x * combined standard error
+  double max_absolute = -1;             // lower-is-better metrics: candidate <= max_absolute
+  double min_absolute = -1;             // higher-is-better metrics: candidate >= min_absolute
+  double max_relative_regression = -1;  // candidate no worse than baseline * (1 + x)
+  double max_stderr_regression = -1;    // candidate no worse than baseline by more than x combined se
+  double min_stderr_improvement = -1;   // candidate better than baseline by more than x combined se
   std::vector<std::string> domains;
 };
 
@@ -22,7 +25,13 @@ struct GatePolicy {
   int64_t min_tokens = 1;                     // evaluated tokens per domain
   MetricChecks loss;                          // mean token cross-entropy (nats)
   MetricChecks bpb;                           // bits per byte
+  MetricChecks kl;                            // distillation: mean token KL(teacher || model) (nats)
+  MetricChecks accuracy;                      // DPO: share of held-out pairs ranked right
+  MetricChecks reward_margin;                 // DPO: mean implicit reward margin
 };
+
+// accuracy and reward_margin; false for the others.
+bool higher_is_better(const std::string& metric);
 
 // Throws forge::Error(kUsage) naming file:line for unknown keys and bad values.
 GatePolicy load_policy(const std::string& path);

@@ -11,13 +11,14 @@
 namespace forge::gate {
 
 struct Check {
-  std::string metric;  // "loss", "bpb" or "tokens"
+  std::string metric;  // "loss", "bpb", "kl", "accuracy", "reward_margin" or "tokens"
   std::string domain;
-  std::string kind;  // "max_absolute", "max_relative_regression", "max_stderr_regression", "min_tokens"
+  std::string kind;  // a MetricChecks field ("max_absolute", "min_stderr_improvement", ...) or "min_tokens"
   double value = 0;  // the candidate's
-  double baseline = 0;
-  double limit = 0;  // the value the candidate had to stay within
+  double baseline = 0;  // what the candidate was compared with (NaN: a fixed bound)
+  double limit = 0;     // the value the candidate had to stay within
   bool pass = false;
+  bool higher_is_better = false;  // pass means value >= limit (an improvement check: >), else value <= limit
   Json to_json() const;
 };
 
@@ -28,7 +29,12 @@ struct Judgement {
 
 // Every check the policy asks for, on every domain it applies to. `baseline` may be null (no baseline:
 // only absolute bounds and token minimums apply). Required domains must be present in `candidate`
-// (the caller turns a domain missing from the dataset into an error before evaluating).
+// (the caller turns a domain missing from the dataset into an error before evaluating). The DPO figures
+// have a floor, what a model with no preference scores: chance (accuracy 0.5) and the reference's own
+// margin (0). A baseline below it, or none, is replaced by it, so a DPO candidate must beat chance and
+// its reference whatever the baseline, and the baseline too when that is better. Against a baseline the
+// standard error of a difference is the two combined (hypot); against a floor the candidate's, but not
+// less than chance's own on as many pairs, 0.5 / sqrt(pairs).
 Judgement judge(const GatePolicy& policy, const DomainResults& candidate, const DomainResults* baseline);
 
 // A few lines a person reads: per-domain metrics, each check, and the verdict.
