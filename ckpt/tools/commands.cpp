@@ -4,6 +4,7 @@
 #include "forge/ckpt/export.h"
 #include "forge/ckpt/maintenance.h"
 #include "forge/ckpt/policy.h"
+#include "forge/ckpt/registry.h"
 #include "forge/ckpt/store.h"
 #include "forge/common/error.h"
 
@@ -22,9 +23,6 @@ namespace forge::ckpt::cli {
 namespace po = boost::program_options;
 namespace fs = std::filesystem;
 
-namespace {
-
-// Parses `args` against `desc` plus one positional; prints help and returns false for --help.
 bool parse(const Args& args, po::options_description& desc, const char* positional, const char* usage,
            po::variables_map& vm) {
   desc.add_options()("help,h", "this help");
@@ -38,6 +36,8 @@ bool parse(const Args& args, po::options_description& desc, const char* position
   po::notify(vm);
   return true;
 }
+
+namespace {
 
 std::string human_bytes(uint64_t b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -197,15 +197,42 @@ int inspect(const Args& args) {
 
 int promote(const Args& args) {
   po::options_description desc("promote options");
-  std::string dir, verdict;
+  std::string dir, verdict, registry, name, team;
   desc.add_options()("ckpt", po::value(&dir)->required(), "checkpoint directory (recovery or milestone)")(
       "verdict", po::value(&verdict)->required(),
-      "the gate's verdict.json, recorded in the release manifest")("json", "JSON output");
+      "the gate's verdict.json, recorded in the release manifest")(
+      "name", po::value(&name), "model name in the registry (default: run.name)")(
+      "team", po::value(&team), "team in the registry (default: $SLURM_JOB_ACCOUNT)")(
+      "no-register", "leave the release out of the registry")("json", "JSON output");
+  add_registry_option(desc, registry);
   po::variables_map vm;
-  if (!parse(args, desc, "ckpt", "promote CKPT --verdict FILE [--json]", vm)) return 0;
+  if (!parse(args, desc, "ckpt",
+             "promote CKPT --verdict FILE [--registry DB] [--name N] [--team T] [--no-register] [--json]",
+             vm))
+    return 0;
   const std::string target = ckpt::promote(dir, read_json(verdict));
+  Json out{{"release", target}, {"source", dir}};
+  if (!vm.count("no-register")) {
+    // The release is committed whatever happens here: a registry that cannot be written costs a warning
+    // and a later `registry add`, not the promotion.
+    try {
+      Registry reg(registry_path(registry), Registry::Mode::kCreate);
+      out["registered"] = reg.add(target, {.name = name, .team = team, .promote_job = ""}).ref();
+      out["registry"] = reg.path();
+    } catch (const Error& e) {
+      out["registered"] = nullptr;
+      out["registry_error"] = e.what();
+      fmt::print(
+          stderr,
+          "forge-ckpt: warning: {} is not registered: {}; register it later: forge-ckpt registry add {}\n",
+          target, e.what(), target);
+    }
+  }
   if (vm.count("json"))
-    fmt::print("{}\n", Json{{"release", target}, {"source", dir}}.dump());
+    fmt::print("{}\n", out.dump());
+  else if (out.value("registered", Json()).is_string())
+    fmt::print("promoted {} -> {}, registered as {} in {}\n", dir, target,
+               out["registered"].get<std::string>(), out["registry"].get<std::string>());
   else
     fmt::print("promoted {} -> {}\n", dir, target);
   return 0;

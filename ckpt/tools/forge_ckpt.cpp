@@ -1,4 +1,5 @@
-// forge-ckpt: look after a run's checkpoints (list, verify, inspect, promote, gc, export, advise).
+// forge-ckpt: look after a run's checkpoints (list, verify, inspect, promote, gc, export, advise) and the
+// model registry of promoted releases (registry ...).
 #include "commands.h"
 
 #include "forge/common/error.h"
@@ -16,10 +17,11 @@ constexpr const char* kUsage =
   list RUN_DIR            checkpoints of a run: tier, step, size, loss, age
   verify CKPT|RUN_DIR     check every file against the manifest's checksums (exit 65 naming the damaged file)
   inspect CKPT            tensors, shapes, layout, spec and data position of one checkpoint
-  promote CKPT --verdict FILE   commit a copy to the release tier with the gate's verdict
+  promote CKPT --verdict FILE   commit a copy to the release tier with the gate's verdict; register it
   gc RUN_DIR              remove crash leftovers and apply retention
   export CKPT --out FILE  one self-describing HDF5 file (docs/CHECKPOINTS.md), readable with h5py
   advise RUN_DIR --mtbf-hours H   Young/Daly recovery interval from the measured save stall
+  registry COMMAND        the model registry: add, list, show, lineage, export (forge-ckpt registry --help)
 
 exit status: 0 ok, 64 usage or another model config, 65 damaged checkpoint or another dataset, 74 I/O
 )";
@@ -31,7 +33,7 @@ int main(int argc, char** argv) {
     using namespace forge::ckpt::cli;
     const std::map<std::string, std::function<int(const Args&)>> commands = {
         {"list", list}, {"verify", verify},  {"inspect", inspect}, {"promote", promote},
-        {"gc", gc},     {"export", export_}, {"advise", advise}};
+        {"gc", gc},     {"export", export_}, {"advise", advise},   {"registry", registry}};
     if (argc < 2) {
       fmt::print(stderr, "{}", kUsage);
       return static_cast<int>(forge::ExitCode::kUsage);
@@ -44,7 +46,8 @@ int main(int argc, char** argv) {
     const auto it = commands.find(command);
     if (it == commands.end())
       forge::fail(forge::ExitCode::kUsage,
-                  "unknown command '{}': use list, verify, inspect, promote, gc, export or advise", command);
+                  "unknown command '{}': use list, verify, inspect, promote, gc, export, advise or registry",
+                  command);
     return it->second(Args(argv + 2, argv + argc));
   });
 }

@@ -92,11 +92,27 @@ TEST_CASE("forge-ckpt promote, gc and advise") {
   const std::string run = tmp.path().string();
   save_steps(run, {1, 2, 3, 4});
   const std::string verdict = tmp.write("verdict.json", R"({"pass": true, "gate": "unit"})");
-  Result r =
-      run_cli("promote " + checkpoint_dir(run, Tier::kRecovery, 4) + " --verdict " + verdict + " --json");
+  const std::string registry = tmp / "registry/registry.db";
+  Result r = run_cli("promote " + checkpoint_dir(run, Tier::kRecovery, 4) + " --verdict " + verdict +
+                     " --registry " + registry + " --name unit --json");
   REQUIRE(r.code == 0);
-  CHECK(forge::Json::parse(r.output)["release"] == checkpoint_dir(run, Tier::kRelease, 4));
-  CHECK(run_cli("promote " + checkpoint_dir(run, Tier::kRecovery, 4) + " --verdict " + verdict).code == 64);
+  const auto promoted = forge::Json::parse(r.output);
+  CHECK(promoted["release"] == checkpoint_dir(run, Tier::kRelease, 4));
+  CHECK(promoted["registered"] == "unit:1");  // promotion registers the release
+  CHECK(run_cli("promote " + checkpoint_dir(run, Tier::kRecovery, 4) + " --verdict " + verdict +
+                " --registry " + registry)
+            .code == 64);
+  // A registry that cannot be written: promoted all the same, with a warning naming the remedy.
+  const std::string other = tmp / "other";
+  save_steps(other, {1});
+  r = run_cli("promote " + checkpoint_dir(other, Tier::kRecovery, 1) + " --verdict " + verdict +
+              " --registry " + verdict + "/registry.db");
+  CHECK(r.code == 0);
+  CHECK(r.output.find("is not registered") != std::string::npos);
+  CHECK(r.output.find("forge-ckpt registry add") != std::string::npos);
+  r = run_cli("registry list --registry " + registry + " --json");
+  REQUIRE(r.code == 0);
+  CHECK(forge::Json::parse(r.output)["ref"] == "unit:1");
 
   fs::create_directories(tier_dir(run, Tier::kRecovery) + "/.step-00000005.partial-x");
   r = run_cli("gc " + run + " --keep 2 --json");

@@ -1,0 +1,544 @@
+#include "forge/ckpt/registry.h"
+
+#include "forge/ckpt/checkpoint.h"
+#include "forge/common/error.h"
+
+#include <sqlite3.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <set>
+
+namespace forge::ckpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int kSchemaVersion = 1;
+
+constexpr const char* kSchema = R"sql(
+CREATE TABLE IF NOT EXISTS releases (
+  id INTEGER PRIMARY KEY, name TEXT NOT NULL, version INTEGER NOT NULL, path TEXT NOT NULL UNIQUE,
+  source TEXT NOT NULL, team TEXT NOT NULL, run_dir TEXT NOT NULL, objective TEXT NOT NULL,
+  step INTEGER NOT NULL, train_jobs TEXT NOT NULL, promote_job TEXT NOT NULL, dataset_version TEXT NOT NULL,
+  tokenizer_sha256 TEXT NOT NULL, spec_hash TEXT NOT NULL, parent TEXT NOT NULL,
+  parent_id INTEGER REFERENCES releases(id), lineage TEXT NOT NULL, verdict TEXT NOT NULL,
+  metrics TEXT NOT NULL, export_path TEXT NOT NULL, registered_unix REAL NOT NULL, UNIQUE (name, version));
+CREATE INDEX IF NOT EXISTS releases_source ON releases(source);
+CREATE INDEX IF NOT EXISTS releases_parent ON releases(parent);
+)sql";
+
+constexpr const char* kColumns =
+    "id,name,version,path,source,team,run_dir,objective,step,train_jobs,promote_job,dataset_version,"
+    "tokenizer_sha256,spec_hash,parent,parent_id,lineage,verdict,metrics,export_path,registered_unix";
+
+// SQLite's primary result code as the project's exit classes: a file that is not (or no longer) a
+// database is damaged data; everything else is I/O.
+[[noreturn]] void fail_sql(sqlite3* db, const std::string& path, const char* what) {
+  const int code = db ? sqlite3_errcode(db) & 0xff : SQLITE_NOMEM;
+  const std::string why = db ? sqlite3_errmsg(db) : "out of memory";
+  switch (code) {
+    case SQLITE_CORRUPT:
+    case SQLITE_NOTADB:
+      fail(ExitCode::kData,
+           "registry '{}' is damaged ({}: {}): restore it from a backup, or move it aside and register the "
+           "releases again (forge-ckpt registry add)",
+           path, what, why);
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+      fail(ExitCode::kIo, "registry '{}' stayed locked by another process ({}: {}): try again", path, what,
+           why);
+    case SQLITE_READONLY:
+    case SQLITE_CANTOPEN:
+    case SQLITE_PERM:
+      fail(ExitCode::kIo,
+           "cannot use registry '{}' ({}: {}): check its permissions, or name another with --registry or "
+           "FORGE_REGISTRY",
+           path, what, why);
+    default:
+      fail(ExitCode::kIo, "registry '{}': {}: {}", path, what, why);
+  }
+}
+
+// A prepared statement that finalizes itself; text parameters only (SQLite compares them with the
+// integer columns numerically).
+class Stmt {
+ public:
+  Stmt(sqlite3* db, const std::string& sql, const std::string& path) : db_(db), path_(path) {
+    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &s_, nullptr) != SQLITE_OK) fail_sql(db_, path_, "prepare");
+  }
+  ~Stmt() { sqlite3_finalize(s_); }
+  Stmt(const Stmt&) = delete;
+  Stmt& operator=(const Stmt&) = delete;
+  Stmt& bind(int i, const std::string& v) {
+    sqlite3_bind_text(s_, i, v.c_str(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  Stmt& bind(int i, int64_t v) {
+    sqlite3_bind_int64(s_, i, v);
+    return *this;
+  }
+  Stmt& bind(int i, double v) {
+    sqlite3_bind_double(s_, i, v);
+    return *this;
+  }
+  Stmt& bind(int i, const std::optional<int64_t>& v) {
+    if (v) return bind(i, *v);
+    sqlite3_bind_null(s_, i);
+    return *this;
+  }
+  bool step() {
+    const int rc = sqlite3_step(s_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc != SQLITE_DONE) fail_sql(db_, path_, "step");
+    return false;
+  }
+  std::string text(int c) const {
+    const auto* p = sqlite3_column_text(s_, c);
+    return p ? reinterpret_cast<const char*>(p) : "";
+  }
+  int64_t integer(int c) const { return sqlite3_column_int64(s_, c); }
+  double real(int c) const { return sqlite3_column_double(s_, c); }
+  bool is_null(int c) const { return sqlite3_column_type(s_, c) == SQLITE_NULL; }
+  // A JSON column; a value that does not parse is a damaged registry.
+  Json json(int c) const {
+    try {
+      return Json::parse(text(c));
+    } catch (const Json::exception& e) {
+      fail(ExitCode::kData, "registry '{}' is damaged: column {} holds no JSON ({})", path_,
+           sqlite3_column_name(s_, c), e.what());
+    }
+  }
+
+ private:
+  sqlite3* db_;
+  const std::string& path_;
+  sqlite3_stmt* s_ = nullptr;
+};
+
+// Paths are compared as the launcher records them (lineage.parent, promotion.source): absolute and
+// lexically normal, without a trailing separator.
+std::string normal_path(const std::string& p) {
+  fs::path n = fs::absolute(p).lexically_normal();
+  if (!n.has_filename() && n.has_parent_path() && n != n.root_path()) n = n.parent_path();
+  return n.string();
+}
+
+std::string str(const Json& j, const char* key) {
+  if (!j.is_object()) return "";
+  const auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+double now_unix() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// The run's Slurm jobs from its summary.json (forge-train: the last job, and every segment's); none when
+// it is missing or damaged.
+std::vector<std::string> train_jobs(const std::string& run_dir) {
+  std::vector<std::string> jobs;
+  const fs::path file = fs::path(run_dir) / "summary.json";
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec)) return jobs;
+  auto add = [&](const Json& id) {
+    std::string job = id.is_string() ? id.get<std::string>() : id.is_number_integer() ? id.dump() : "";
+    if (!job.empty() && std::find(jobs.begin(), jobs.end(), job) == jobs.end()) jobs.push_back(job);
+  };
+  try {
+    const Json s = read_json(file.string());
+    if (s.contains("segments") && s.at("segments").is_array())
+      for (const Json& g : s.at("segments"))
+        if (g.is_object() && g.contains("job_id")) add(g.at("job_id"));
+    if (s.contains("job_id")) add(s.at("job_id"));
+  } catch (const std::exception&) {
+    // A damaged summary costs the entry its job ids only.
+  }
+  return jobs;
+}
+
+void check_name(const std::string& name) {
+  if (name.empty() || name.find_first_of(":/ \t\n") != std::string::npos)
+    fail(ExitCode::kUsage,
+         "model name '{}' is not usable in NAME:VERSION: give a non-empty name without ':', '/' or spaces "
+         "(--name)",
+         name);
+}
+
+Generation generation_of(const Release& r) {
+  return Generation{
+      r.ref(),     r.path, r.run_dir, r.step, r.objective, r.dataset_version, r.tokenizer_sha256,
+      r.spec_hash, true};
+}
+
+std::optional<Manifest> read_manifest(const std::string& dir) {
+  const fs::path file = fs::path(dir) / kManifestFile;
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec)) return std::nullopt;
+  try {
+    return Manifest::from_json(read_json(file.string()), file.string());
+  } catch (const Error&) {
+    return std::nullopt;  // then what the child recorded of it
+  }
+}
+
+// Owns BEGIN IMMEDIATE ... COMMIT; rolls back when left by an exception.
+class Transaction {
+ public:
+  Transaction(sqlite3* db, const std::string& path) : db_(db), path_(path) {
+    if (sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr) != SQLITE_OK)
+      fail_sql(db_, path_, "begin");
+  }
+  ~Transaction() {
+    if (!done_) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+  }
+  Transaction(const Transaction&) = delete;
+  Transaction& operator=(const Transaction&) = delete;
+  void commit() {
+    if (sqlite3_exec(db_, "COMMIT", nullptr, nullptr, nullptr) != SQLITE_OK) fail_sql(db_, path_, "commit");
+    done_ = true;
+  }
+
+ private:
+  sqlite3* db_;
+  const std::string& path_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+std::string registry_path(const std::string& given) {
+  if (!given.empty()) return given;
+  const std::string from_env = env("FORGE_REGISTRY");
+  return from_env.empty() ? kDefaultRegistry : from_env;
+}
+
+Json Release::to_json() const {
+  return Json{{"ref", ref()},
+              {"id", id},
+              {"name", name},
+              {"version", version},
+              {"path", path},
+              {"source", source},
+              {"team", team},
+              {"run_dir", run_dir},
+              {"objective", objective},
+              {"step", step},
+              {"train_jobs", train_jobs},
+              {"promote_job", promote_job},
+              {"dataset_version", dataset_version},
+              {"tokenizer_sha256", tokenizer_sha256},
+              {"spec_hash", spec_hash},
+              {"parent", parent},
+              {"parent_id", parent_id ? Json(*parent_id) : Json(nullptr)},
+              {"lineage", lineage},
+              {"verdict", verdict},
+              {"metrics", metrics},
+              {"export_path", export_path},
+              {"registered_unix", registered_unix}};
+}
+
+Json Generation::to_json() const {
+  return Json{{"ref", ref},
+              {"path", path},
+              {"run_dir", run_dir},
+              {"step", step},
+              {"objective", objective},
+              {"dataset_version", dataset_version},
+              {"tokenizer_sha256", tokenizer_sha256},
+              {"spec_hash", spec_hash},
+              {"on_disk", on_disk}};
+}
+
+Registry::Registry(const std::string& path, Mode mode) : path_(path) {
+  std::error_code ec;
+  if (mode == Mode::kExisting && !fs::exists(path, ec))
+    fail(ExitCode::kUsage,
+         "no registry at '{}': nothing was registered there (name another with --registry or FORGE_REGISTRY)",
+         path);
+  const fs::path dir = fs::path(path).parent_path();
+  if (mode == Mode::kCreate && !dir.empty() && !fs::is_directory(dir, ec)) {
+    fs::create_directories(dir, ec);
+    if (ec)
+      fail(ExitCode::kIo,
+           "cannot create the registry directory '{}': {} (an admin creates it, writable by the users whose "
+           "jobs promote models; or name another registry with --registry or FORGE_REGISTRY)",
+           dir.string(), ec.message());
+  }
+  const int flags = SQLITE_OPEN_READWRITE | (mode == Mode::kCreate ? SQLITE_OPEN_CREATE : 0);
+  if (sqlite3_open_v2(path.c_str(), &db_, flags, nullptr) != SQLITE_OK) {
+    try {
+      fail_sql(db_, path_, "open");
+    } catch (...) {
+      sqlite3_close(db_);
+      db_ = nullptr;
+      throw;
+    }
+  }
+  try {
+    sqlite3_busy_timeout(db_, 10000);  // a concurrent registration waits instead of failing
+    exec("PRAGMA journal_mode=WAL", "journal mode");
+    exec("PRAGMA synchronous=NORMAL", "synchronous");
+    Stmt v(db_, "PRAGMA user_version", path_);
+    const int64_t version = v.step() ? v.integer(0) : 0;
+    if (version > kSchemaVersion)
+      fail(ExitCode::kData,
+           "registry '{}' has schema version {}; this forge-ckpt knows version {} and below: use a newer one",
+           path_, version, kSchemaVersion);
+    if (version == 0) {
+      // Not ours yet: an empty file becomes a registry; another program's database (the quota ledger
+      // given by mistake) is left alone.
+      Stmt t(db_, "SELECT count(*) FROM sqlite_master WHERE name <> 'releases'", path_);
+      if (t.step() && t.integer(0) > 0)
+        fail(ExitCode::kUsage,
+             "'{}' is another SQLite database, not a model registry: name the registry's file", path_);
+    }
+    exec(kSchema, "schema");
+    if (version < kSchemaVersion)
+      exec(fmt::format("PRAGMA user_version={}", kSchemaVersion).c_str(), "schema version");
+  } catch (...) {
+    sqlite3_close(db_);
+    db_ = nullptr;
+    throw;
+  }
+}
+
+Registry::~Registry() {
+  sqlite3_close(db_);
+}
+
+void Registry::exec(const char* sql, const char* what) const {
+  if (sqlite3_exec(db_, sql, nullptr, nullptr, nullptr) != SQLITE_OK) fail_sql(db_, path_, what);
+}
+
+std::vector<Release> Registry::select(const std::string& where,
+                                      const std::vector<std::string>& params) const {
+  Stmt s(db_, fmt::format("SELECT {} FROM releases {}", kColumns, where), path_);
+  for (size_t i = 0; i < params.size(); ++i) s.bind(static_cast<int>(i + 1), params[i]);
+  std::vector<Release> out;
+  while (s.step()) {
+    Release r;
+    r.id = s.integer(0);
+    r.name = s.text(1);
+    r.version = s.integer(2);
+    r.path = s.text(3);
+    r.source = s.text(4);
+    r.team = s.text(5);
+    r.run_dir = s.text(6);
+    r.objective = s.text(7);
+    r.step = s.integer(8);
+    const Json jobs = s.json(9);
+    if (jobs.is_array())
+      for (const Json& j : jobs)
+        if (j.is_string()) r.train_jobs.push_back(j.get<std::string>());
+    r.promote_job = s.text(10);
+    r.dataset_version = s.text(11);
+    r.tokenizer_sha256 = s.text(12);
+    r.spec_hash = s.text(13);
+    r.parent = s.text(14);
+    if (!s.is_null(15)) r.parent_id = s.integer(15);
+    r.lineage = s.json(16);
+    r.verdict = s.json(17);
+    r.metrics = s.json(18);
+    r.export_path = s.text(19);
+    r.registered_unix = s.real(20);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+Release Registry::add(const std::string& release_dir, const RegisterOptions& options) {
+  std::error_code ec;
+  if (!fs::is_directory(release_dir, ec)) fail(ExitCode::kUsage, "no release directory '{}'", release_dir);
+  const std::string path = normal_path(release_dir);
+  const Checkpoint c = Checkpoint::open(path);
+  const Manifest& m = c.manifest();
+  if (m.tier != tier_name(Tier::kRelease))
+    fail(ExitCode::kUsage,
+         "'{}' is a {} checkpoint, not a release: promote it first (forge-ckpt promote CKPT --verdict FILE)",
+         release_dir, m.tier);
+  const Json spec = m.meta.extra.value("spec", Json::object());
+
+  Release r;
+  r.path = path;
+  r.source = str(m.promotion, "source");
+  r.run_dir = run_dir_of(path);
+  r.name = !options.name.empty() ? options.name : str(spec, "run.name");
+  if (r.name.empty()) r.name = fs::path(r.run_dir).filename().string();
+  check_name(r.name);
+  r.team = !options.team.empty() ? options.team : env("SLURM_JOB_ACCOUNT");
+  r.promote_job = !options.promote_job.empty() ? options.promote_job : env("SLURM_JOB_ID");
+  r.objective = str(spec, "run.objective");
+  r.step = m.meta.step;
+  r.train_jobs = train_jobs(r.run_dir);
+  r.dataset_version = m.meta.dataset_version;
+  r.tokenizer_sha256 = str(m.meta.extra, "tokenizer_sha256");
+  r.spec_hash = m.meta.spec_hash;
+  r.lineage = m.meta.extra.value("lineage", Json());
+  if (const std::string parent = str(r.lineage, "parent"); !parent.empty()) r.parent = normal_path(parent);
+  r.verdict = m.promotion.is_object() ? m.promotion.value("verdict", Json()) : Json();
+  if (r.verdict.is_object() && r.verdict.contains("domains")) r.metrics = r.verdict.at("domains");
+  r.registered_unix = now_unix();
+
+  Transaction tx(db_, path_);
+  if (!r.parent.empty())
+    if (const auto parent = find_path(r.parent); parent && parent->path != r.path) r.parent_id = parent->id;
+  const auto existing = select("WHERE path = ?1", {r.path});
+  if (!existing.empty()) {
+    // The same release again (a retried gate job, or promote's registration followed by `add`): keep its
+    // identity and what was known of it.
+    const Release& old = existing.front();
+    if (!options.name.empty() && options.name != old.name)
+      fail(ExitCode::kUsage, "'{}' is registered already as {}: it cannot also be '{}'", release_dir,
+           old.ref(), options.name);
+    r.id = old.id;
+    r.name = old.name;
+    r.version = old.version;
+    if (options.team.empty() && !old.team.empty()) r.team = old.team;
+    if (options.promote_job.empty() && !old.promote_job.empty()) r.promote_job = old.promote_job;
+    for (const auto& j : old.train_jobs)
+      if (std::find(r.train_jobs.begin(), r.train_jobs.end(), j) == r.train_jobs.end())
+        r.train_jobs.insert(r.train_jobs.begin(), j);
+    if (!r.parent_id) r.parent_id = old.parent_id;
+    r.export_path = old.export_path;
+    r.registered_unix = old.registered_unix;
+  } else {
+    Stmt v(db_, "SELECT COALESCE(MAX(version), 0) + 1 FROM releases WHERE name = ?1", path_);
+    v.bind(1, r.name);
+    r.version = v.step() ? v.integer(0) : 1;
+  }
+  Stmt up(db_,
+          "INSERT INTO releases (name,version,path,source,team,run_dir,objective,step,train_jobs,promote_job,"
+          "dataset_version,tokenizer_sha256,spec_hash,parent,parent_id,lineage,verdict,metrics,export_path,"
+          "registered_unix) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20) "
+          "ON CONFLICT(path) DO UPDATE SET source=?4,team=?5,run_dir=?6,objective=?7,step=?8,train_jobs=?9,"
+          "promote_job=?10,dataset_version=?11,tokenizer_sha256=?12,spec_hash=?13,parent=?14,parent_id=?15,"
+          "lineage=?16,verdict=?17,metrics=?18",
+          path_);
+  up.bind(1, r.name).bind(2, r.version).bind(3, r.path).bind(4, r.source).bind(5, r.team).bind(6, r.run_dir);
+  up.bind(7, r.objective).bind(8, r.step).bind(9, Json(r.train_jobs).dump()).bind(10, r.promote_job);
+  up.bind(11, r.dataset_version).bind(12, r.tokenizer_sha256).bind(13, r.spec_hash).bind(14, r.parent);
+  up.bind(15, r.parent_id).bind(16, r.lineage.dump()).bind(17, r.verdict.dump()).bind(18, r.metrics.dump());
+  up.bind(19, r.export_path).bind(20, r.registered_unix);
+  up.step();
+  // Children registered before their parent get their link now.
+  Stmt link(db_,
+            "UPDATE releases SET parent_id = (SELECT id FROM releases WHERE path = ?1) "
+            "WHERE parent_id IS NULL AND parent <> '' AND parent IN (?1, ?2) AND path <> ?1",
+            path_);
+  link.bind(1, r.path).bind(2, r.source.empty() ? r.path : normal_path(r.source));
+  link.step();
+  tx.commit();
+  return select("WHERE path = ?1", {r.path}).front();
+}
+
+std::vector<Release> Registry::list() const {
+  return select("ORDER BY name, version", {});
+}
+
+std::optional<Release> Registry::find_path(const std::string& dir) const {
+  const std::string p = normal_path(dir);
+  auto found = select("WHERE path = ?1 OR source = ?1 ORDER BY path = ?1 DESC, id DESC LIMIT 1", {p});
+  if (found.empty()) return std::nullopt;
+  return std::move(found.front());
+}
+
+Release Registry::find(const std::string& ref) const {
+  if (ref.find('/') != std::string::npos) {
+    if (auto r = find_path(ref)) return *r;
+    fail(ExitCode::kUsage, "'{}' is not a registered release in '{}' (forge-ckpt registry add RELEASE_DIR)",
+         ref, path_);
+  }
+  std::string name = ref;
+  std::optional<int64_t> version;
+  if (const auto colon = ref.rfind(':'); colon != std::string::npos) {
+    name = ref.substr(0, colon);
+    const std::string v = ref.substr(colon + 1);
+    char* end = nullptr;
+    const long long n = v.empty() ? 0 : std::strtoll(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || n < 1)
+      fail(ExitCode::kUsage, "'{}': give NAME, NAME:VERSION with a version from 1, or a path with a '/'",
+           ref);
+    version = n;
+  }
+  auto all = select("WHERE name = ?1 ORDER BY version DESC", {name});
+  if (all.empty())
+    fail(ExitCode::kUsage, "no model '{}' in registry '{}' (forge-ckpt registry list shows what is there)",
+         name, path_);
+  if (!version) return all.front();
+  for (auto& r : all)
+    if (r.version == *version) return std::move(r);
+  fail(ExitCode::kUsage, "no version {} of '{}' in registry '{}' (the newest is {})", *version, name, path_,
+       all.front().ref());
+}
+
+void Registry::set_export(int64_t id, const std::string& export_path) {
+  Stmt s(db_, "UPDATE releases SET export_path = ?1 WHERE id = ?2", path_);
+  s.bind(1, normal_path(export_path)).bind(2, id);
+  s.step();
+}
+
+std::vector<Generation> Registry::lineage(const std::string& checkpoint_dir) const {
+  std::vector<Generation> out;
+  std::set<std::string> seen;
+  std::string path = normal_path(checkpoint_dir);
+  std::optional<Release> release = find_path(path);
+  Json record;  // what the child recorded of `path` (its lineage), for a parent that is gone
+  while (!path.empty()) {
+    if (!seen.insert(path).second)
+      fail(ExitCode::kData, "the lineage of '{}' comes back to '{}': a manifest's lineage is damaged",
+           checkpoint_dir, path);
+    Generation g;
+    Json next;
+    if (release) {
+      g = generation_of(*release);
+      next = release->lineage;
+    } else if (const auto m = read_manifest(path)) {
+      const Json spec = m->meta.extra.value("spec", Json::object());
+      g = Generation{"",
+                     path,
+                     run_dir_of(path),
+                     m->meta.step,
+                     str(spec, "run.objective"),
+                     m->meta.dataset_version,
+                     str(m->meta.extra, "tokenizer_sha256"),
+                     m->meta.spec_hash,
+                     true};
+      next = m->meta.extra.value("lineage", Json());
+    } else if (record.is_object()) {
+      g.path = path;
+      g.run_dir = run_dir_of(path);
+      g.step = record.value("parent_step", int64_t{0});
+      g.dataset_version = str(record, "parent_dataset_version");
+      g.spec_hash = str(record, "parent_spec_hash");
+      g.on_disk = false;
+      next = record.value("parent_lineage", Json());
+    } else {
+      fail(ExitCode::kUsage, "'{}' is neither a registered release in '{}' nor a checkpoint (no {})",
+           checkpoint_dir, path_, kManifestFile);
+    }
+    // A registered release links its parent's entry; otherwise the parent may be registered all the same.
+    const int64_t parent_id = release ? release->parent_id.value_or(0) : 0;  // ids start at 1
+    out.push_back(std::move(g));
+    const std::string parent = str(next, "parent");
+    path = parent.empty() ? "" : normal_path(parent);
+    record = next;
+    release.reset();
+    if (parent_id > 0) {
+      auto by_id = select("WHERE id = ?1", {std::to_string(parent_id)});
+      if (!by_id.empty()) release = std::move(by_id.front());
+    }
+    if (!release && !path.empty()) release = find_path(path);
+  }
+  return out;
+}
+
+}  // namespace forge::ckpt
