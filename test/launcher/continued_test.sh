@@ -14,6 +14,7 @@ trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 # shellcheck source=test/support/metrics.sh
 source "$src/test/support/metrics.sh"
+export FORGE_REGISTRY=$work/registry.db  # forge-ckpt promote registers the release
 python3 - "$work" <<'PY'
 import os, random, sys
 words = "the cat sat on a warm mat and then ran off to see what it could find in the big old house".split()
@@ -67,15 +68,8 @@ for m in ("reset", "keep"):
         assert man["extra"].get("moment_steps_before", 0) == (20 if m == "keep" else 0), (path, man["extra"])
 PY
 # Preempted at step ~6 and resumed: the moments' step count comes back with them.
-"$train" "$src/configs/tiny.ini" --run.dir="$work/keep2" "${more[@]}" --ckpt.init_optimizer=keep 2>"$work/keep2.log" &
-pid=$!
-wait_for_steps "$work/keep2" 6 600 0.02
-kill -USR1 "$pid"
-wait "$pid"
-[ $? -eq 75 ] || fail "SIGUSR1 did not stop the continued run with 75"
-"$train" "$src/configs/tiny.ini" --run.dir="$work/keep2" "${more[@]}" --ckpt.init_optimizer=keep 2>>"$work/keep2.log" ||
-  fail "resumed continued run failed: $(tail -n1 "$work/keep2.log")"
-grep -q "resumed from" "$work/keep2.log" || fail "the continued run did not resume"
+preempt_and_resume "$work/keep2" 6 "$work/keep2.log" "$train" "$src/configs/tiny.ini" --run.dir="$work/keep2" \
+  "${more[@]}" --ckpt.init_optimizer=keep || fail "the preempted continued run"
 cmp -s <(grep -o '"loss":[^,]*' "$work/keep/metrics/rank-0.jsonl") <(grep -o '"loss":[^,]*' "$work/keep2/metrics/rank-0.jsonl") ||
   fail "the resumed continued run's losses differ from the uninterrupted run's"
 echo "PASS: continued pretraining from a release on a new dataset version, optimizer reset and kept, re-warm-up, lineage, exact resume"

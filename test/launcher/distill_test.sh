@@ -55,15 +55,8 @@ assert last["loss"] < first["loss"], (first["loss"], last["loss"])
 PY
 
 # Preempted at step ~10 and resumed: every loss and KL equals the uninterrupted run's.
-"$train" "$src/configs/tiny.ini" --run.dir="$work/c" "${distill[@]}" 2>"$work/c.log" &
-pid=$!
-wait_for_steps "$work/c" 10 600 0.02
-kill -USR1 "$pid"
-wait "$pid"
-[ $? -eq 75 ] || fail "SIGUSR1 did not stop the distillation run with 75"
-"$train" "$src/configs/tiny.ini" --run.dir="$work/c" "${distill[@]}" 2>>"$work/c.log" ||
-  fail "resumed distillation run failed: $(tail -n1 "$work/c.log")"
-grep -q "resumed from" "$work/c.log" || fail "the distillation run did not resume"
+preempt_and_resume "$work/c" 10 "$work/c.log" "$train" "$src/configs/tiny.ini" --run.dir="$work/c" "${distill[@]}" ||
+  fail "the preempted distillation run"
 for key in loss kl_teacher; do
   cmp -s <(grep -o "\"$key\":[^,]*" "$work/a/metrics/rank-0.jsonl") <(grep -o "\"$key\":[^,]*" "$work/c/metrics/rank-0.jsonl") ||
     fail "the resumed distillation run's $key differs from the uninterrupted run's"

@@ -77,16 +77,12 @@ cmp -s <(grep -o '"loss":[^,]*' "$work/a/metrics/rank-0.jsonl") <(grep -o '"loss
   fail "stored reference: other losses"
 
 # Preempted at step ~12 and resumed: every loss equals the uninterrupted run's.
-"$train" "$src/configs/tiny.ini" --run.dir="$work/c" "${dpo[@]}" --run.steps=30 2>"$work/c.log" &
-pid=$!
-wait_for_steps "$work/c" 12 600 0.02
-kill -USR1 "$pid"
-wait "$pid"
-[ $? -eq 75 ] || fail "SIGUSR1 did not stop the DPO run with 75"
-"$train" "$src/configs/tiny.ini" --run.dir="$work/c" "${dpo[@]}" --run.steps=30 2>>"$work/c.log" ||
-  fail "resumed dpo run failed: $(tail -n1 "$work/c.log")"
-cmp -s <(grep -o '"loss":[^,]*' "$work/a/metrics/rank-0.jsonl") <(grep -o '"loss":[^,]*' "$work/c/metrics/rank-0.jsonl") ||
-  fail "the resumed DPO run's losses differ from the uninterrupted run's"
+preempt_and_resume "$work/c" 12 "$work/c.log" "$train" "$src/configs/tiny.ini" --run.dir="$work/c" "${dpo[@]}" \
+  --run.steps=30 || fail "the preempted DPO run"
+for key in loss reward_margin accuracy; do
+  cmp -s <(grep -o "\"$key\":[^,]*" "$work/a/metrics/rank-0.jsonl") <(grep -o "\"$key\":[^,]*" "$work/c/metrics/rank-0.jsonl") ||
+    fail "the resumed DPO run's $key differs from the uninterrupted run's"
+done
 lineage_of "$work/c" || fail "the resumed DPO run's checkpoints lost their lineage"
 
 # A live reference (dpo.reference_mode = live): a frozen copy of the reference computes the log-probabilities
@@ -104,15 +100,8 @@ stored, live = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:])
 assert live[0] == float.fromhex("0x1.62e430p-1"), ("step 1 is not ln 2 in FP32", live[0])
 assert len(live) == 30 and all(abs(a - b) <= 1e-4 * abs(a) for a, b in zip(stored, live)), (stored, live)
 PY
-"$train" "$src/configs/tiny.ini" --run.dir="$work/g" "${live[@]}" 2>"$work/g.log" &
-pid=$!
-wait_for_steps "$work/g" 12 600 0.02
-kill -USR1 "$pid"
-wait "$pid"
-[ $? -eq 75 ] || fail "SIGUSR1 did not stop the live-reference run with 75"
-"$train" "$src/configs/tiny.ini" --run.dir="$work/g" "${live[@]}" 2>>"$work/g.log" ||
-  fail "resumed live-reference run failed: $(tail -n1 "$work/g.log")"
-grep -q "resumed from" "$work/g.log" || fail "the live-reference run did not resume"
+preempt_and_resume "$work/g" 12 "$work/g.log" "$train" "$src/configs/tiny.ini" --run.dir="$work/g" "${live[@]}" ||
+  fail "the preempted live-reference run"
 cmp -s <(grep -o '"loss":[^,]*' "$work/f/metrics/rank-0.jsonl") <(grep -o '"loss":[^,]*' "$work/g/metrics/rank-0.jsonl") ||
   fail "the resumed live-reference run's losses differ from the uninterrupted run's"
 

@@ -190,6 +190,10 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   if (int(batches.size()) != m)
     throw std::invalid_argument("ParallelTrainer::step: expected parallel.microbatches micro-batches");
   for (const MicroBatch& b : batches) model_->check(b);
+  // The loss's figures are this step's: drop what forward-only passes since the last step added (the
+  // verification loss of a checkpoint's save or resume, loss_of), which an uninterrupted run and a
+  // resumed one do at different steps.
+  loss_->take_metrics();
   const auto t0 = std::chrono::steady_clock::now();
   ProcessGroups& g = groups_;
   const CommTotals comm0 = totals({g.tp.get(), g.dp.get(), g.embed.get(), g.world.get()});
