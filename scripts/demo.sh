@@ -29,6 +29,17 @@ if [ -n "${FORGE_DEMO_DIR:-}" ] && [ -n "$(ls -A "$work" 2>/dev/null)" ] && [ ! 
 fi
 
 current=""
+# The state a job ends in (COMPLETED, FAILED, ...), waiting up to $2 seconds for it to end.
+final_state() {
+  local state=""
+  for _ in $(seq 1 "$2"); do
+    state=$(sacct -X -n -P -j "$1" -o State | tail -n1)
+    case $state in COMPLETED|FAILED|CANCELLED*|TIMEOUT|OUT_OF_MEMORY) break ;; esac
+    sleep 1
+  done
+  echo "$state"
+}
+
 stage() {
   current="$*"
   printf '\n[demo %s] == %s ==\n' "$(date -u +%H:%M:%S)" "$current"
@@ -163,11 +174,7 @@ for _ in $(seq 1 1200); do
 done
 echo "node $sick: $(sinfo -h -n "$sick" -o '%t: %E')"
 echo ok >"$FORGE_DEVCLUSTER_DIR/gpu-health/$sick/gpu0"
-for _ in $(seq 1 1200); do
-  state=$(sacct -X -n -P -j "$train" -o State | tail -n1)
-  case $state in COMPLETED|FAILED|CANCELLED*|TIMEOUT|OUT_OF_MEMORY) break ;; esac
-  sleep 1
-done
+state=$(final_state "$train" 1200)
 [ "$state" = COMPLETED ] || { cat "$work"/forge-forge-pretrain-"$train".out >&2; echo "training job ended $state" >&2; exit 1; }
 grep -E "exit class|stopped:|requeue|resumed|verification|drained|gpu:" "$work"/forge-forge-pretrain-"$train".out "$run"/*.log 2>/dev/null || true
 "$bin/health/forge-health" resume --node "$sick" || true   # healthy again: forge-health lifts its own drain
@@ -198,11 +205,7 @@ print(f"trace: steps 3-4 of {ranks} ranks on one timeline, {len(e)} events: {sys
   "$run/trace/steps-3-4/merged.json"
 
 stage "gate: evaluate the final milestone, promote on pass"
-for _ in $(seq 1 600); do
-  state=$(sacct -X -n -P -j "$gate" -o State | tail -n1)
-  case $state in COMPLETED|FAILED|CANCELLED*|TIMEOUT) break ;; esac
-  sleep 1
-done
+state=$(final_state "$gate" 600)
 cat "$run/gate/summary.txt"
 
 stage "post-training: SFT on chat data, fine-tuned from the release, gated against it (team-a, explore tier)"
@@ -225,11 +228,7 @@ ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=ex
 echo "$ids"
 train=$(awk '/train job/ {print $3}' <<<"$ids")
 gate=$(awk '/gate job/ {print $3}' <<<"$ids")
-for _ in $(seq 1 900); do
-  state=$(sacct -X -n -P -j "$gate" -o State | tail -n1)
-  case $state in COMPLETED|FAILED|CANCELLED*|TIMEOUT) break ;; esac
-  sleep 1
-done
+state=$(final_state "$gate" 900)
 python3 - "$sft_run/metrics/rank-0.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
@@ -241,29 +240,28 @@ cat "$sft_run/gate/summary.txt"
 [ "$state" = COMPLETED ] || { echo "demo: the fine-tune's gate ended $state" >&2; exit 1; }
 "$bin/launcher/forge-train" report "$sft_run" >/dev/null
 
-stage "post-training: DPO on preference pairs from the fine-tune (its own reference; team-a, explore tier)"
-# Pairs from the same pages: each question's own answer chosen, another page's rejected. The reference
-# log-probabilities are computed by the job's ranks at its start and kept beside the dataset.
+stage "post-training: DPO on preference pairs from the fine-tune (its own reference), gated against it (team-a, explore tier)"
+# Pairs from the same pages: each question's own answer chosen, its words out of order rejected. The reference
+# log-probabilities are computed by the job's ranks at its start and kept beside the dataset. The gate
+# measures preference accuracy and reward margin on the held-out pairs against the fine-tune (which, as the
+# reference, scores margin 0: the DPO model must rank pairs better than chance with confidence).
 sft_release=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["promoted_to"] or "")' "$sft_run/gate/verdict.json")
 "$bin/dataio/forge-data" prepare --format preference --input "$work/pairs.jsonl=pairs" --max-tokens 64 \
-  --tokenizer "$work/dataset/tokenizer.model" --valid-fraction 0.05 --out "$work/pairs-dataset" | grep -E "^preference|^  per pair"
+  --tokenizer "$work/dataset/tokenizer.model" --valid-fraction 0.15 --out "$work/pairs-dataset" | grep -E "^preference|^  per pair"
 dpo_run=$work/runs/dpo
 dpo_steps=$((fast ? 20 : 60))
 sed -e "s|^dir = .*|dir = $dpo_run|" -e "s|^dataset = .*|dataset = $work/pairs-dataset|" \
   -e "s/^steps = .*/steps = $dpo_steps/" -e "s/^milestone_every = .*/milestone_every = $dpo_steps/" \
-  -e "s/^recovery_every = .*/recovery_every = $((dpo_steps / 2))/" -e "s/^lr = .*/lr = 3e-4/" \
+  -e "s/^recovery_every = .*/recovery_every = $((dpo_steps / 2))/" -e "s/^lr = .*/lr = 1e-3/" \
   "$root/configs/dpo.ini" > "$work/dpo.ini"
 ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp2 \
-  --gate-policy=none --finetune-from="$sft_release" "$work/dpo.ini" "$work/pairs-dataset")
+  --gate-policy="$root/configs/gate.dpo.ini" --baseline="$sft_release" --finetune-from="$sft_release" \
+  "$work/dpo.ini" "$work/pairs-dataset")
 echo "$ids"
 train=$(awk '/train job/ {print $3}' <<<"$ids")
-gate=""
-for _ in $(seq 1 900); do
-  state=$(sacct -X -n -P -j "$train" -o State | tail -n1)
-  case $state in COMPLETED|FAILED|CANCELLED*|TIMEOUT) break ;; esac
-  sleep 1
-done
-[ "$state" = COMPLETED ] || { echo "demo: the DPO job ended $state" >&2; exit 1; }
+gate=$(awk '/gate job/ {print $3}' <<<"$ids")
+state=$(final_state "$gate" 900)
+[ "$(sacct -X -n -P -j "$train" -o State | tail -n1)" = COMPLETED ] || { echo "demo: the DPO job did not complete" >&2; exit 1; }
 python3 - "$dpo_run/metrics/rank-0.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
@@ -271,7 +269,43 @@ f, l = rows[0], rows[-1]
 print(f"dpo: {len(rows)} steps, loss {f['loss']:.4f} (ln 2 = 0.6931) -> {l['loss']:.4f}; reward margin "
       f"{f['reward_margin']:.3f} -> {l['reward_margin']:.3f}, preference accuracy {l['accuracy']:.2f}")
 PY
+cat "$dpo_run/gate/summary.txt"
+[ "$state" = COMPLETED ] || { echo "demo: the DPO model's gate ended $state" >&2; exit 1; }
 "$bin/launcher/forge-train" report "$dpo_run" >/dev/null
+# Each gate registered its release (docs/CHECKPOINTS.md, "Registry"): the DPO model's lineage leads back
+# through the fine-tune to the pretraining run, with every dataset version on the way.
+dpo_release=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["promoted_to"])' "$dpo_run/gate/verdict.json")
+"$bin/ckpt/forge-ckpt" registry lineage "$dpo_release"
+
+stage "post-training: distillation of the release into a student half its width (team-a, explore tier, tp2)"
+# run.objective = distill: a fresh student (2 blocks of width 64) learns the release's distributions at
+# temperature 2 on the pretraining text; the teacher runs whole beside the classifier on both
+# tensor-parallel ranks, each forming the logits of its own vocabulary half. The gate measures the
+# held-out KL to the teacher with its standard error (no parent: --baseline=none).
+distill_run=$work/runs/distill
+distill_steps=$((fast ? 20 : 80))
+sed -e "s|^dir = .*|dir = $distill_run|" -e "s|^dataset = .*|dataset = $work/dataset|" \
+  -e "s/^steps = .*/steps = $distill_steps/" -e "s/^milestone_every = .*/milestone_every = $distill_steps/" \
+  -e "s/^recovery_every = .*/recovery_every = $((distill_steps / 2))/" -e "s/^d_model = .*/d_model = 64/" \
+  -e "s|^teacher = .*|teacher = $release|" -e "s/^lr = .*/lr = 3e-3/" -e "s/^dp = .*/tp = 2/" \
+  -e "s/^batch = .*/batch = 8\ndocument_mask = true/" "$root/configs/distill.ini" > "$work/distill.ini"
+ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=explore --train-layout=tp2,pp1,dp1 \
+  --gate-policy="$root/configs/gate.distill.ini" --baseline=none "$work/distill.ini" "$work/dataset")
+echo "$ids"
+train=$(awk '/train job/ {print $3}' <<<"$ids")
+gate=$(awk '/gate job/ {print $3}' <<<"$ids")
+state=$(final_state "$gate" 900)
+[ "$(sacct -X -n -P -j "$train" -o State | tail -n1)" = COMPLETED ] || { echo "demo: the distillation job did not complete" >&2; exit 1; }
+python3 - "$distill_run/metrics/rank-0.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+f, l = rows[0], rows[-1]
+print(f"distill: {len(rows)} steps, KL to the teacher {f['kl_teacher']:.3f} -> {l['kl_teacher']:.3f} nats per token, "
+      f"loss {f['loss']:.3f} -> {l['loss']:.3f}")
+PY
+cat "$distill_run/gate/summary.txt"
+[ "$state" = COMPLETED ] || { echo "demo: the distilled student's gate ended $state" >&2; exit 1; }
+"$bin/launcher/forge-train" report "$distill_run" >/dev/null
 
 stage "accounting: forge-quota sync and report"
 # --runs: the run's summary.json gives the report its tokens and MFU columns.
@@ -290,6 +324,7 @@ stage "done"
 echo "demo: dataset $work/dataset (quality report $work/dataset/quality.json)"
 echo "demo: run $run (metrics, summary.json, checkpoints, gate/verdict.json)"
 echo "demo: fine-tune $sft_run on $work/chat-dataset (report.html, gate/verdict.json against $release)"
-echo "demo: preference tuning $dpo_run on $work/pairs-dataset (report.html; references in $work/pairs-dataset/references)"
+echo "demo: preference tuning $dpo_run on $work/pairs-dataset (report.html, gate/verdict.json against $sft_release; references in $work/pairs-dataset/references)"
+echo "demo: distillation $distill_run from $release (report.html, gate/verdict.json)"
 echo "demo: training report $run/report.html; TensorBoard: tensorboard --logdir $run/tb"
 echo "demo: cost report $work/quota-report.html"

@@ -9,10 +9,12 @@ documents (what the option does); every third has a system turn. The replies are
 model fine-tuned on them learns to answer in the pages' terms. Output: JSONL records {"messages": [{"role",
 "content"}, ...]}, the input of `forge-data prepare --format chat` (docs/DATA.md, "Chat data"). With
 PAIRS.jsonl, also preference pairs for `--format preference`: each conversation's last question with its own
-reply as the chosen one and the reply of another page's conversation as the rejected one.
+reply as the chosen one and the same words out of order as the rejected one (a preference for fluent
+answers, which a small model can learn and carry over to held-out pairs).
 """
 import json
 import os
+import random
 import re
 import sys
 
@@ -89,9 +91,11 @@ def main():
         pairs = 0
         with open(sys.argv[3], "w", encoding="utf-8") as out:
             for i, m in enumerate(convs):
-                other = convs[(i + 7) % len(convs)][-1]["content"]
-                if other != m[-1]["content"]:
-                    out.write(json.dumps({"prompt": m[:-1], "chosen": m[-1]["content"], "rejected": other}) + "\n")
+                words = m[-1]["content"].split()
+                random.Random(i).shuffle(words)
+                scrambled = " ".join(words)
+                if scrambled != " ".join(m[-1]["content"].split()):
+                    out.write(json.dumps({"prompt": m[:-1], "chosen": m[-1]["content"], "rejected": scrambled}) + "\n")
                     pairs += 1
         print(f"{pairs} preference pairs -> {sys.argv[3]}")
 

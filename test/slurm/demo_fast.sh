@@ -139,6 +139,46 @@ assert "/runs/sft/" in chain["parent"] and chain["parent_dataset_version"] == ve
 grand = chain["parent_lineage"]
 assert "/runs/demo/" in grand["parent"] and grand["parent_dataset_version"] == versions[1], grand
 PY
+# The DPO model's gate: measured on the held-out pairs against the fine-tune (its reference, margin 0),
+# accuracy and margin with their standard errors, passed and promoted.
+python3 - "$FORGE_DEMO_DIR/runs/dpo/gate/verdict.json" <<'PY' ||
+import json, sys
+v = json.load(open(sys.argv[1]))
+d, b = v["domains"]["pairs"], v["baseline_domains"]["pairs"]
+assert v["pass"] and v["promoted_to"], v["checks"] if "checks" in v else v
+assert b["reward_margin"] == 0 and b["accuracy"] == 0, ("the reference does not score 0 against itself", b)
+assert d["accuracy"] > 0.5 and d["reward_margin"] > 2 * d["reward_margin_se"] > 0, d
+PY
+  fail "the DPO gate's verdict is wrong: $(cat "$FORGE_DEMO_DIR/runs/dpo/gate/summary.txt" 2>&1 | head -n 5)"
+# The registry (the gates registered each release): the DPO model's lineage is the fine-tune and the
+# pretrained model, with the pairs', the chat set's and the pretraining dataset's versions.
+python3 - "$FORGE_DEMO_DIR" "$FORGE_BUILD_DIR/ckpt/forge-ckpt" <<'PY' || fail "the registry's lineage of the DPO model is wrong"
+import json, subprocess, sys
+work, forge_ckpt = sys.argv[1], sys.argv[2]
+release = json.load(open(f"{work}/runs/dpo/gate/verdict.json"))["promoted_to"]
+out = json.loads(subprocess.run([forge_ckpt, "registry", "lineage", release, "--json"], check=True,
+                                capture_output=True, text=True).stdout)
+gens = out["generations"]
+assert [g["objective"] for g in gens] == ["dpo", "sft", "lm"], gens
+versions = [json.load(open(f"{work}/{d}/manifest.json"))["version"] for d in ("pairs-dataset", "chat-dataset", "dataset")]
+assert [g["dataset_version"] for g in gens] == versions, (gens, versions)
+assert all(g["ref"] for g in gens), ("a generation is not registered", gens)
+PY
+
+# Distillation of the release into a half-width student on two tensor-parallel ranks: the KL to the teacher
+# falls, and the gate measures it on the held-out split with its standard error.
+grep -qE "^distill: 20 steps, KL to the teacher" "$LOG" || fail "the distillation run's line is missing"
+python3 - "$FORGE_DEMO_DIR/runs/distill" <<'PY' ||
+import json, sys
+run = sys.argv[1]
+rows = [json.loads(l) for l in open(f"{run}/metrics/rank-0.jsonl")]
+assert len(rows) == 20 and rows[-1]["kl_teacher"] < 0.8 * rows[0]["kl_teacher"], (rows[0], rows[-1])
+v = json.load(open(f"{run}/gate/verdict.json"))
+assert v["pass"], v
+for name, d in v["domains"].items():
+    assert 0 < d["kl"] < rows[0]["kl_teacher"] and d["kl_se"] > 0, (name, d)
+PY
+  fail "the distillation run or its gate is wrong: $(cat "$FORGE_DEMO_DIR/runs/distill/gate/summary.txt" 2>&1 | head -n 5)"
 
 # The two reports, kept for the browser test (browser_test.py; its screenshots land next to them).
 pages=$FORGE_BUILD_DIR/test/artifacts/demo
