@@ -40,7 +40,7 @@ echo '{"decision": "promote"}' >"$work/verdict.json"
 release=$("$ckpt" promote "$work/base/checkpoints/milestone/step-00000020" --verdict "$work/verdict.json" --json |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["release"])') || fail "promote failed"
 more=("${model[@]}" --data.dataset="$work/v2" --ckpt.init_from="$release" --optim.lr=2e-3 --optim.warmup_steps=4
-  --run.steps=12 --ckpt.recovery_every=3)
+  --run.steps=40 --ckpt.recovery_every=3)
 for mode in reset keep; do
   "$train" "$src/configs/tiny.ini" --run.dir="$work/$mode" "${more[@]}" --ckpt.init_optimizer=$mode \
     2>"$work/$mode.log" || fail "continued run ($mode) failed: $(tail -n1 "$work/$mode.log")"

@@ -76,8 +76,8 @@ grep -q "reference log-probabilities of" "$work/b.log" && fail "the second run c
 cmp -s <(grep -o '"loss":[^,]*' "$work/a/metrics/rank-0.jsonl") <(grep -o '"loss":[^,]*' "$work/b/metrics/rank-0.jsonl") ||
   fail "stored reference: other losses"
 
-# Preempted at step ~12 and resumed: every loss equals the uninterrupted run's.
-preempt_and_resume "$work/c" 12 "$work/c.log" "$train" "$src/configs/tiny.ini" --run.dir="$work/c" "${dpo[@]}" \
+# Preempted at step ~6 and resumed: every loss equals the uninterrupted run's.
+preempt_and_resume "$work/c" 6 "$work/c.log" "$train" "$src/configs/tiny.ini" --run.dir="$work/c" "${dpo[@]}" \
   --run.steps=30 || fail "the preempted DPO run"
 for key in loss reward_margin accuracy; do
   cmp -s <(grep -o "\"$key\":[^,]*" "$work/a/metrics/rank-0.jsonl") <(grep -o "\"$key\":[^,]*" "$work/c/metrics/rank-0.jsonl") ||
@@ -100,7 +100,7 @@ stored, live = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:])
 assert live[0] == float.fromhex("0x1.62e430p-1"), ("step 1 is not ln 2 in FP32", live[0])
 assert len(live) == 30 and all(abs(a - b) <= 1e-4 * abs(a) for a, b in zip(stored, live)), (stored, live)
 PY
-preempt_and_resume "$work/g" 12 "$work/g.log" "$train" "$src/configs/tiny.ini" --run.dir="$work/g" "${live[@]}" ||
+preempt_and_resume "$work/g" 6 "$work/g.log" "$train" "$src/configs/tiny.ini" --run.dir="$work/g" "${live[@]}" ||
   fail "the preempted live-reference run"
 cmp -s <(grep -o '"loss":[^,]*' "$work/f/metrics/rank-0.jsonl") <(grep -o '"loss":[^,]*' "$work/g/metrics/rank-0.jsonl") ||
   fail "the resumed live-reference run's losses differ from the uninterrupted run's"
