@@ -145,7 +145,8 @@ TEST_CASE("DPO decision against a better baseline: its own figures and standard 
   const DomainResults candidate{{"pref", pairs({1.0, 0.8, 1.2, 0.9, 1.1, -0.2, 1.0, 0.7})}};
   GatePolicy improve;
   improve.accuracy.min_stderr_improvement = 2;
-  const Check* c = find(judge(improve, candidate, &baseline), "accuracy", "min_stderr_improvement");
+  const Judgement judgement = judge(improve, candidate, &baseline);  // find() points into it
+  const Check* c = find(judgement, "accuracy", "min_stderr_improvement");
   REQUIRE(c);
   CHECK(c->baseline == Approx(0.95));
   CHECK_FALSE(c->pass);

@@ -59,7 +59,7 @@ double Classifier::forward_backward(float* dx, const float* x, const DeviceBatch
   if (const size_t need = size_t(std::min(rows, kChunkRows)) * size_t(V_); chunk_.size() < need)
     chunk_ = backend_.alloc<float>(need);
   float* logits = chunk_.data();
-  loss.begin(*batch.host);
+  loss.begin(batch);
   double total = 0;
   const float* coeff = nullptr;  // a sequence loss's per-position gradient weights (second pass)
   if (loss.per_sequence()) {

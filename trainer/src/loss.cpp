@@ -112,10 +112,13 @@ DistillLoss::DistillLoss(double alpha, double temperature, std::shared_ptr<GPT> 
 
 DistillLoss::~DistillLoss() = default;
 
-void DistillLoss::begin(const MicroBatch& batch) const {
+void DistillLoss::begin(const DeviceBatch& batch) const {
   if (teacher_ == nullptr)
     throw std::logic_error("DistillLoss: this rank holds the classifier but no teacher");
-  teacher_->forward_features(batch);
+  if (batch.host == nullptr)
+    throw std::logic_error(
+        "DistillLoss: the teacher reads the batch as the reader made it (DeviceBatch::host)");
+  teacher_->forward_features(*batch.host);
 }
 
 double DistillLoss::chunk(Backend& backend, float* logits, const DeviceBatch& batch, int row0, int rows,

@@ -50,7 +50,7 @@ class Loss {
   virtual ~Loss() = default;
   virtual std::string name() const = 0;
   // Called once per micro-batch before its chunks (distillation runs its teacher here).
-  virtual void begin(const MicroBatch&) const {}
+  virtual void begin(const DeviceBatch&) const {}
   // The micro-batch's share of the step's normaliser: its scored weight (per-token losses), or its pairs.
   virtual double weight(const MicroBatch& batch) const;
   // The summed loss of positions [row0, row0 + rows) of the batch from their logits [rows, V] (this rank's
@@ -134,7 +134,7 @@ class DistillLoss final : public Loss {
   DistillLoss(double alpha, double temperature, std::shared_ptr<GPT> teacher);
   ~DistillLoss() override;
   std::string name() const override { return "distill"; }
-  void begin(const MicroBatch& batch) const override;
+  void begin(const DeviceBatch& batch) const override;
   double chunk(Backend& backend, float* logits, const DeviceBatch& batch, int row0, int rows, int V,
                int vocab_begin, float scale, bool backward, VocabGroup* group) const override;
   std::vector<std::pair<std::string, double>> take_metrics() const override;
