@@ -15,23 +15,9 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 # shellcheck source=test/support/metrics.sh
 source "$src/test/support/metrics.sh"
 export FORGE_REGISTRY=$work/registry.db  # forge-ckpt promote registers the release
-python3 - "$work" <<'PY'
-import os, random, sys
-words = "the cat sat on a warm mat and then ran off to see what it could find in the big old house".split()
-for name, seed in (("old", 1), ("new", 2)):
-    random.seed(seed)
-    os.makedirs(f"{sys.argv[1]}/{name}")
-    for d in range(30):
-        with open(f"{sys.argv[1]}/{name}/doc{d}.txt", "w") as f:
-            for s in range(50):
-                i = random.randrange(len(words))
-                f.write(" ".join(words[(i + k * seed) % len(words)] for k in range(random.randint(4, 9))) + ".\n")
-PY
-"$data" prepare --input "$work/old" --out "$work/v1" --vocab 300 >/dev/null 2>"$work/prepare.log" ||
-  fail "prepare v1 failed: $(tail -n1 "$work/prepare.log")"
-tokenizer=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["tokenizer"]["file"])' "$work/v1/manifest.json")
-"$data" prepare --input "$work/new" --out "$work/v2" --tokenizer "$work/v1/$tokenizer" >/dev/null 2>"$work/prepare.log" ||
-  fail "prepare v2 failed: $(tail -n1 "$work/prepare.log")"
+# shellcheck source=test/support/datasets.sh
+source "$src/test/support/datasets.sh"
+two_dataset_versions "$work" "$data" 30 50 || fail "the two dataset versions"
 model=(--run.threads=1 --run.peak_gflops=100 --model.layers=1 --model.d_model=32 --model.heads=2 --model.seq_len=64
   --model.vocab=300)
 "$train" "$src/configs/tiny.ini" --run.dir="$work/base" "${model[@]}" --data.dataset="$work/v1" --run.steps=20 \

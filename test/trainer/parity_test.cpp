@@ -57,9 +57,10 @@ TrainSpec fixture_spec(const H5Fixture& f) {
   return s;
 }
 
-void load_initial(GPT& model, const H5Fixture& f) {
+// The fixture's weights under `group` ("init/": the initial model's) into every parameter of `model`.
+void load_initial(GPT& model, const H5Fixture& f, const std::string& group = "init/") {
   for (const auto& p : model.params()) {
-    const auto w = f.floats("init/" + p.name);
+    const auto w = f.floats(group + p.name);
     REQUIRE(w.size() == p.numel);
     std::copy(w.begin(), w.end(), model.weight(p.name).begin());
   }
@@ -243,12 +244,7 @@ std::shared_ptr<GPT> fixture_teacher(const H5Fixture& f, const TrainSpec& spec) 
   config.layers = int(f.attr("distill/layers"));
   config.d_model = int(f.attr("distill/d_model"));
   auto teacher = std::make_shared<GPT>(config, spec.batch);
-  for (const auto& p : teacher->params()) {
-    const auto w = f.floats("distill/teacher/" + p.name);
-    REQUIRE(w.size() == p.numel);
-    std::copy(w.begin(), w.end(), teacher->weight(p.name).begin());
-  }
-  teacher->weights_changed();
+  load_initial(*teacher, f, "distill/teacher/");
   return teacher;
 }
 
