@@ -2,14 +2,21 @@
 
 #include "forge/ckpt/checkpoint.h"
 #include "forge/common/error.h"
+#include "forge/common/sqlite.h"
 
-#include <sqlite3.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <set>
+#include <vector>
 
 namespace forge::ckpt {
 
@@ -17,7 +24,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int kSchemaVersion = 1;
+// 1: the first; 2: owner_group.
+constexpr int kSchemaVersion = 2;
 
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS releases (
@@ -26,98 +34,40 @@ CREATE TABLE IF NOT EXISTS releases (
   step INTEGER NOT NULL, train_jobs TEXT NOT NULL, promote_job TEXT NOT NULL, dataset_version TEXT NOT NULL,
   tokenizer_sha256 TEXT NOT NULL, spec_hash TEXT NOT NULL, parent TEXT NOT NULL,
   parent_id INTEGER REFERENCES releases(id), lineage TEXT NOT NULL, verdict TEXT NOT NULL,
-  metrics TEXT NOT NULL, export_path TEXT NOT NULL, registered_unix REAL NOT NULL, UNIQUE (name, version));
+  metrics TEXT NOT NULL, export_path TEXT NOT NULL, registered_unix REAL NOT NULL,
+  owner_group TEXT NOT NULL DEFAULT '', UNIQUE (name, version));
 CREATE INDEX IF NOT EXISTS releases_source ON releases(source);
 CREATE INDEX IF NOT EXISTS releases_parent ON releases(parent);
 )sql";
 
 constexpr const char* kColumns =
     "id,name,version,path,source,team,run_dir,objective,step,train_jobs,promote_job,dataset_version,"
-    "tokenizer_sha256,spec_hash,parent,parent_id,lineage,verdict,metrics,export_path,registered_unix";
+    "tokenizer_sha256,spec_hash,parent,parent_id,lineage,verdict,metrics,export_path,registered_unix,owner_"
+    "group";
 
-// SQLite's primary result code as the project's exit classes: a file that is not (or no longer) a
-// database is damaged data; everything else is I/O.
-[[noreturn]] void fail_sql(sqlite3* db, const std::string& path, const char* what) {
-  const int code = db ? sqlite3_errcode(db) & 0xff : SQLITE_NOMEM;
-  const std::string why = db ? sqlite3_errmsg(db) : "out of memory";
-  switch (code) {
-    case SQLITE_CORRUPT:
-    case SQLITE_NOTADB:
-      fail(ExitCode::kData,
-           "registry '{}' is damaged ({}: {}): restore it from a backup, or move it aside and register the "
-           "releases again (forge-ckpt registry add)",
-           path, what, why);
-    case SQLITE_BUSY:
-    case SQLITE_LOCKED:
-      fail(ExitCode::kIo, "registry '{}' stayed locked by another process ({}: {}): try again", path, what,
-           why);
-    case SQLITE_READONLY:
-    case SQLITE_CANTOPEN:
-    case SQLITE_PERM:
-      fail(ExitCode::kIo,
-           "cannot use registry '{}' ({}: {}): check its permissions, or name another with --registry or "
-           "FORGE_REGISTRY",
-           path, what, why);
-    default:
-      fail(ExitCode::kIo, "registry '{}': {}: {}", path, what, why);
-  }
+// How the registry's SQLite failures read (forge/common/sqlite.h): a damaged file is kData, the rest kIo.
+sqlite::Errors registry_errors() {
+  sqlite::Errors e;
+  e.noun = "registry";
+  e.code = ExitCode::kIo;
+  e.damaged_hint =
+      "restore it from a backup, or move it aside and register the releases again (forge-ckpt registry add)";
+  e.access_hint = "check its permissions, or name another with --registry or FORGE_REGISTRY";
+  return e;
 }
 
-// A prepared statement that finalizes itself; text parameters only (SQLite compares them with the
-// integer columns numerically).
-class Stmt {
- public:
-  Stmt(sqlite3* db, const std::string& sql, const std::string& path) : db_(db), path_(path) {
-    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &s_, nullptr) != SQLITE_OK) fail_sql(db_, path_, "prepare");
-  }
-  ~Stmt() { sqlite3_finalize(s_); }
-  Stmt(const Stmt&) = delete;
-  Stmt& operator=(const Stmt&) = delete;
-  Stmt& bind(int i, const std::string& v) {
-    sqlite3_bind_text(s_, i, v.c_str(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
-    return *this;
-  }
-  Stmt& bind(int i, int64_t v) {
-    sqlite3_bind_int64(s_, i, v);
-    return *this;
-  }
-  Stmt& bind(int i, double v) {
-    sqlite3_bind_double(s_, i, v);
-    return *this;
-  }
-  Stmt& bind(int i, const std::optional<int64_t>& v) {
-    if (v) return bind(i, *v);
-    sqlite3_bind_null(s_, i);
-    return *this;
-  }
-  bool step() {
-    const int rc = sqlite3_step(s_);
-    if (rc == SQLITE_ROW) return true;
-    if (rc != SQLITE_DONE) fail_sql(db_, path_, "step");
-    return false;
-  }
-  std::string text(int c) const {
-    const auto* p = sqlite3_column_text(s_, c);
-    return p ? reinterpret_cast<const char*>(p) : "";
-  }
-  int64_t integer(int c) const { return sqlite3_column_int64(s_, c); }
-  double real(int c) const { return sqlite3_column_double(s_, c); }
-  bool is_null(int c) const { return sqlite3_column_type(s_, c) == SQLITE_NULL; }
-  // A JSON column; a value that does not parse is a damaged registry.
-  Json json(int c) const {
-    try {
-      return Json::parse(text(c));
-    } catch (const Json::exception& e) {
-      fail(ExitCode::kData, "registry '{}' is damaged: column {} holds no JSON ({})", path_,
-           sqlite3_column_name(s_, c), e.what());
-    }
-  }
+using sqlite::Stmt;
+using sqlite::Transaction;
 
- private:
-  sqlite3* db_;
-  const std::string& path_;
-  sqlite3_stmt* s_ = nullptr;
-};
+// A JSON column; a value that does not parse is a damaged registry.
+Json json_column(const Stmt& s, int c, const std::string& path) {
+  try {
+    return Json::parse(s.text(c));
+  } catch (const Json::exception& e) {
+    fail(ExitCode::kData, "registry '{}' is damaged: column {} holds no JSON ({})", path, s.column_name(c),
+         e.what());
+  }
+}
 
 // Paths are compared as the launcher records them (lineage.parent, promotion.source): absolute and
 // lexically normal, without a trailing separator.
@@ -179,6 +129,34 @@ Generation generation_of(const Release& r) {
       r.spec_hash, true};
 }
 
+// The name of the group that owns `dir`, or its gid when it has none; "" when `dir` cannot be examined.
+std::string owner_group_of(const std::string& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return "";
+  std::vector<char> buf(16384);
+  struct group g {};
+  struct group* found = nullptr;
+  if (::getgrgid_r(st.st_gid, &g, buf.data(), buf.size(), &found) == 0 && found) return found->gr_name;
+  return std::to_string(st.st_gid);
+}
+
+std::string user_name(uid_t uid) {
+  std::vector<char> buf(16384);
+  struct passwd p {};
+  struct passwd* found = nullptr;
+  if (::getpwuid_r(uid, &p, buf.data(), buf.size(), &found) == 0 && found) return found->pw_name;
+  return "uid " + std::to_string(uid);
+}
+
+bool in_group(gid_t gid) {
+  if (gid == ::getgid()) return true;
+  const int n = ::getgroups(0, nullptr);
+  if (n <= 0) return false;
+  std::vector<gid_t> groups(static_cast<size_t>(n));
+  const int got = ::getgroups(n, groups.data());
+  return got > 0 && std::find(groups.begin(), groups.begin() + got, gid) != groups.begin() + got;
+}
+
 std::optional<Manifest> read_manifest(const std::string& dir) {
   const fs::path file = fs::path(dir) / kManifestFile;
   std::error_code ec;
@@ -190,30 +168,27 @@ std::optional<Manifest> read_manifest(const std::string& dir) {
   }
 }
 
-// Owns BEGIN IMMEDIATE ... COMMIT; rolls back when left by an exception.
-class Transaction {
- public:
-  Transaction(sqlite3* db, const std::string& path) : db_(db), path_(path) {
-    if (sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr) != SQLITE_OK)
-      fail_sql(db_, path_, "begin");
-  }
-  ~Transaction() {
-    if (!done_) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
-  }
-  Transaction(const Transaction&) = delete;
-  Transaction& operator=(const Transaction&) = delete;
-  void commit() {
-    if (sqlite3_exec(db_, "COMMIT", nullptr, nullptr, nullptr) != SQLITE_OK) fail_sql(db_, path_, "commit");
-    done_ = true;
-  }
-
- private:
-  sqlite3* db_;
-  const std::string& path_;
-  bool done_ = false;
-};
-
 }  // namespace
+
+bool caller_can_write(const std::string& dir) {
+  if (::access(dir.c_str(), W_OK | X_OK) == 0) return true;
+  if (errno != EROFS) return false;
+  // A read-only mount (a snapshot of the runs): whom its permission bits let write.
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return false;
+  const uid_t uid = ::getuid();
+  if (uid == 0) return true;
+  if (st.st_uid == uid) return (st.st_mode & S_IWUSR) != 0;
+  if (in_group(st.st_gid)) return (st.st_mode & S_IWGRP) != 0;
+  return (st.st_mode & S_IWOTH) != 0;
+}
+
+void require_caller_can_write(const std::string& run_dir) {
+  if (!caller_can_write(run_dir))
+    fail(ExitCode::kIo,
+         "user {} cannot write {}: only its team (the group that owns it) registers its releases",
+         user_name(::getuid()), run_dir);
+}
 
 std::string registry_path(const std::string& given) {
   if (!given.empty()) return given;
@@ -230,6 +205,7 @@ Json Release::to_json() const {
               {"source", source},
               {"team", team},
               {"run_dir", run_dir},
+              {"owner_group", owner_group},
               {"objective", objective},
               {"step", step},
               {"train_jobs", train_jobs},
@@ -269,59 +245,65 @@ Registry::Registry(const std::string& path, Mode mode) : path_(path) {
     fs::create_directories(dir, ec);
     if (ec)
       fail(ExitCode::kIo,
-           "cannot create the registry directory '{}': {} (an admin creates it, writable by the users whose "
-           "jobs promote models; or name another registry with --registry or FORGE_REGISTRY)",
+           "cannot create the registry directory '{}': {} (an admin creates the system registry's: "
+           "docs/CHECKPOINTS.md, \"Registry\"; or name another registry with --registry or FORGE_REGISTRY)",
            dir.string(), ec.message());
   }
-  const int flags = SQLITE_OPEN_READWRITE | (mode == Mode::kCreate ? SQLITE_OPEN_CREATE : 0);
-  if (sqlite3_open_v2(path.c_str(), &db_, flags, nullptr) != SQLITE_OK) {
-    try {
-      fail_sql(db_, path_, "open");
-    } catch (...) {
-      sqlite3_close(db_);
-      db_ = nullptr;
-      throw;
-    }
+  // SQLite would create the file 0644 (minus the umask); the system registry's directory is a group's
+  // (root:forge-registry 2770), whose setgid forge-ckpt must be able to write it: 0660 minus the umask
+  // (forge-ckpt's 007). SQLite gives -wal and -shm the database's mode.
+  if (mode == Mode::kCreate)
+    if (const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0660); fd >= 0)
+      ::close(fd);
+  db_ = std::make_unique<sqlite::Db>(
+      path, mode == Mode::kCreate ? sqlite::Db::Mode::kCreate : sqlite::Db::Mode::kExisting,
+      registry_errors());
+  // -wal and -shm stay once created: a setgid forge-ckpt run by a user would otherwise recreate them
+  // owned by that user, who could then write them directly.
+  db_->keep_wal_files();
+  db_->exec("PRAGMA journal_mode=WAL", "journal mode");
+  db_->exec("PRAGMA synchronous=NORMAL", "synchronous");
+  auto user_version = [&] {
+    Stmt v(*db_, "PRAGMA user_version");
+    return v.step() ? v.integer(0) : 0;
+  };
+  const int64_t version = user_version();
+  if (version > kSchemaVersion)
+    fail(ExitCode::kData,
+         "registry '{}' has schema version {}; this forge-ckpt knows version {} and below: use a newer one",
+         path_, version, kSchemaVersion);
+  if (version == 0) {
+    // Not ours yet: an empty file becomes a registry; another program's database (the quota ledger
+    // given by mistake) is left alone.
+    Stmt t(*db_, "SELECT count(*) FROM sqlite_master WHERE name <> 'releases'");
+    if (t.step() && t.integer(0) > 0)
+      fail(ExitCode::kUsage,
+           "'{}' is another SQLite database, not a model registry: name the registry's file", path_);
   }
-  try {
-    sqlite3_busy_timeout(db_, 10000);  // a concurrent registration waits instead of failing
-    exec("PRAGMA journal_mode=WAL", "journal mode");
-    exec("PRAGMA synchronous=NORMAL", "synchronous");
-    Stmt v(db_, "PRAGMA user_version", path_);
-    const int64_t version = v.step() ? v.integer(0) : 0;
-    if (version > kSchemaVersion)
-      fail(ExitCode::kData,
-           "registry '{}' has schema version {}; this forge-ckpt knows version {} and below: use a newer one",
-           path_, version, kSchemaVersion);
-    if (version == 0) {
-      // Not ours yet: an empty file becomes a registry; another program's database (the quota ledger
-      // given by mistake) is left alone.
-      Stmt t(db_, "SELECT count(*) FROM sqlite_master WHERE name <> 'releases'", path_);
-      if (t.step() && t.integer(0) > 0)
-        fail(ExitCode::kUsage,
-             "'{}' is another SQLite database, not a model registry: name the registry's file", path_);
-    }
-    exec(kSchema, "schema");
-    if (version < kSchemaVersion)
-      exec(fmt::format("PRAGMA user_version={}", kSchemaVersion).c_str(), "schema version");
-  } catch (...) {
-    sqlite3_close(db_);
-    db_ = nullptr;
-    throw;
+  if (version == kSchemaVersion) return;
+  // Create or bring up to date under the write lock, so that two first connections do not both alter.
+  Transaction tx(*db_);
+  const int64_t now = user_version();
+  if (now < kSchemaVersion) {
+    db_->exec(kSchema, "schema");  // a table of version 1 stays as it was: it gains owner_group
+    const bool has_owner_group = [&] {
+      Stmt cols(*db_, "PRAGMA table_info(releases)");
+      bool found = false;
+      while (cols.step()) found = found || cols.text(1) == "owner_group";
+      return found;
+    }();
+    if (!has_owner_group)
+      db_->exec("ALTER TABLE releases ADD COLUMN owner_group TEXT NOT NULL DEFAULT ''", "schema upgrade");
+    db_->exec(fmt::format("PRAGMA user_version={}", kSchemaVersion), "schema version");
   }
+  tx.commit();
 }
 
-Registry::~Registry() {
-  sqlite3_close(db_);
-}
-
-void Registry::exec(const char* sql, const char* what) const {
-  if (sqlite3_exec(db_, sql, nullptr, nullptr, nullptr) != SQLITE_OK) fail_sql(db_, path_, what);
-}
+Registry::~Registry() = default;
 
 std::vector<Release> Registry::select(const std::string& where,
                                       const std::vector<std::string>& params) const {
-  Stmt s(db_, fmt::format("SELECT {} FROM releases {}", kColumns, where), path_);
+  Stmt s(*db_, fmt::format("SELECT {} FROM releases {}", kColumns, where));
   for (size_t i = 0; i < params.size(); ++i) s.bind(static_cast<int>(i + 1), params[i]);
   std::vector<Release> out;
   while (s.step()) {
@@ -335,7 +317,7 @@ std::vector<Release> Registry::select(const std::string& where,
     r.run_dir = s.text(6);
     r.objective = s.text(7);
     r.step = s.integer(8);
-    const Json jobs = s.json(9);
+    const Json jobs = json_column(s, 9, path_);
     if (jobs.is_array())
       for (const Json& j : jobs)
         if (j.is_string()) r.train_jobs.push_back(j.get<std::string>());
@@ -345,11 +327,12 @@ std::vector<Release> Registry::select(const std::string& where,
     r.spec_hash = s.text(13);
     r.parent = s.text(14);
     if (!s.is_null(15)) r.parent_id = s.integer(15);
-    r.lineage = s.json(16);
-    r.verdict = s.json(17);
-    r.metrics = s.json(18);
+    r.lineage = json_column(s, 16, path_);
+    r.verdict = json_column(s, 17, path_);
+    r.metrics = json_column(s, 18, path_);
     r.export_path = s.text(19);
     r.registered_unix = s.real(20);
+    r.owner_group = s.text(21);
     out.push_back(std::move(r));
   }
   return out;
@@ -371,6 +354,8 @@ Release Registry::add(const std::string& release_dir, const RegisterOptions& opt
   r.path = path;
   r.source = str(m.promotion, "source");
   r.run_dir = run_dir_of(path);
+  require_caller_can_write(r.run_dir);
+  r.owner_group = owner_group_of(r.run_dir);
   r.name = !options.name.empty() ? options.name : str(spec, "run.name");
   if (r.name.empty()) r.name = fs::path(r.run_dir).filename().string();
   check_name(r.name);
@@ -388,7 +373,7 @@ Release Registry::add(const std::string& release_dir, const RegisterOptions& opt
   if (r.verdict.is_object() && r.verdict.contains("domains")) r.metrics = r.verdict.at("domains");
   r.registered_unix = now_unix();
 
-  Transaction tx(db_, path_);
+  Transaction tx(*db_);
   if (!r.parent.empty())
     if (const auto parent = find_path(r.parent); parent && parent->path != r.path) r.parent_id = parent->id;
   const auto existing = select("WHERE path = ?1", {r.path});
@@ -411,29 +396,28 @@ Release Registry::add(const std::string& release_dir, const RegisterOptions& opt
     r.export_path = old.export_path;
     r.registered_unix = old.registered_unix;
   } else {
-    Stmt v(db_, "SELECT COALESCE(MAX(version), 0) + 1 FROM releases WHERE name = ?1", path_);
+    Stmt v(*db_, "SELECT COALESCE(MAX(version), 0) + 1 FROM releases WHERE name = ?1");
     v.bind(1, r.name);
     r.version = v.step() ? v.integer(0) : 1;
   }
-  Stmt up(db_,
-          "INSERT INTO releases (name,version,path,source,team,run_dir,objective,step,train_jobs,promote_job,"
-          "dataset_version,tokenizer_sha256,spec_hash,parent,parent_id,lineage,verdict,metrics,export_path,"
-          "registered_unix) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20) "
-          "ON CONFLICT(path) DO UPDATE SET source=?4,team=?5,run_dir=?6,objective=?7,step=?8,train_jobs=?9,"
-          "promote_job=?10,dataset_version=?11,tokenizer_sha256=?12,spec_hash=?13,parent=?14,parent_id=?15,"
-          "lineage=?16,verdict=?17,metrics=?18",
-          path_);
+  Stmt up(
+      *db_,
+      "INSERT INTO releases (name,version,path,source,team,run_dir,objective,step,train_jobs,promote_job,"
+      "dataset_version,tokenizer_sha256,spec_hash,parent,parent_id,lineage,verdict,metrics,export_path,"
+      "registered_unix,owner_group) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,"
+      "?19,?20,?21) ON CONFLICT(path) DO UPDATE SET source=?4,team=?5,run_dir=?6,objective=?7,step=?8,"
+      "train_jobs=?9,promote_job=?10,dataset_version=?11,tokenizer_sha256=?12,spec_hash=?13,parent=?14,"
+      "parent_id=?15,lineage=?16,verdict=?17,metrics=?18,owner_group=?21");
   up.bind(1, r.name).bind(2, r.version).bind(3, r.path).bind(4, r.source).bind(5, r.team).bind(6, r.run_dir);
   up.bind(7, r.objective).bind(8, r.step).bind(9, Json(r.train_jobs).dump()).bind(10, r.promote_job);
   up.bind(11, r.dataset_version).bind(12, r.tokenizer_sha256).bind(13, r.spec_hash).bind(14, r.parent);
   up.bind(15, r.parent_id).bind(16, r.lineage.dump()).bind(17, r.verdict.dump()).bind(18, r.metrics.dump());
-  up.bind(19, r.export_path).bind(20, r.registered_unix);
+  up.bind(19, r.export_path).bind(20, r.registered_unix).bind(21, r.owner_group);
   up.step();
   // Children registered before their parent get their link now.
-  Stmt link(db_,
+  Stmt link(*db_,
             "UPDATE releases SET parent_id = (SELECT id FROM releases WHERE path = ?1) "
-            "WHERE parent_id IS NULL AND parent <> '' AND parent IN (?1, ?2) AND path <> ?1",
-            path_);
+            "WHERE parent_id IS NULL AND parent <> '' AND parent IN (?1, ?2) AND path <> ?1");
   link.bind(1, r.path).bind(2, r.source.empty() ? r.path : normal_path(r.source));
   link.step();
   tx.commit();
@@ -481,7 +465,10 @@ Release Registry::find(const std::string& ref) const {
 }
 
 void Registry::set_export(int64_t id, const std::string& export_path) {
-  Stmt s(db_, "UPDATE releases SET export_path = ?1 WHERE id = ?2", path_);
+  const auto entry = select("WHERE id = ?1", {std::to_string(id)});
+  if (entry.empty()) fail(ExitCode::kUsage, "no release with id {} in registry '{}'", id, path_);
+  require_caller_can_write(entry.front().run_dir);
+  Stmt s(*db_, "UPDATE releases SET export_path = ?1 WHERE id = ?2");
   s.bind(1, normal_path(export_path)).bind(2, id);
   s.step();
 }

@@ -7,6 +7,7 @@
 #include "forge/ckpt/registry.h"
 #include "forge/ckpt/store.h"
 #include "forge/common/error.h"
+#include "forge/common/privilege.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -210,13 +211,21 @@ int promote(const Args& args) {
              "promote CKPT --verdict FILE [--registry DB] [--name N] [--team T] [--no-register] [--json]",
              vm))
     return 0;
-  const std::string target = ckpt::promote(dir, read_json(verdict));
+  // A registry a setgid forge-ckpt may not use is refused before anything is promoted.
+  const std::string registry_file = vm.count("no-register") ? "" : registry_for(registry);
+  std::string target;
+  {
+    // The release is the run's: copied with the caller's rights and umask, not the registry's group.
+    const privilege::AsCaller as_caller;
+    target = ckpt::promote(dir, read_json(verdict));
+  }
   Json out{{"release", target}, {"source", dir}};
   if (!vm.count("no-register")) {
-    // The release is committed whatever happens here: a registry that cannot be written costs a warning
-    // and a later `registry add`, not the promotion.
+    // The release is committed whatever happens here: a registry that cannot be written (or a run
+    // directory the caller may not register from) costs a warning and a later `registry add`, not the
+    // promotion.
     try {
-      Registry reg(registry_path(registry), Registry::Mode::kCreate);
+      Registry reg = open_registry(registry_file, Registry::Mode::kCreate);
       out["registered"] = reg.add(target, {.name = name, .team = team, .promote_job = ""}).ref();
       out["registry"] = reg.path();
     } catch (const Error& e) {

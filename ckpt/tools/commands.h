@@ -1,6 +1,8 @@
 // The subcommands of forge-ckpt; each parses its own options from `args` and returns the exit code.
 #pragma once
 
+#include "forge/ckpt/registry.h"
+
 #include <boost/program_options.hpp>
 
 #include <string>
@@ -20,6 +22,13 @@ int advise(const Args& args);
 int registry(const Args& args);  // registry_commands.cpp
 // --registry PATH (default: $FORGE_REGISTRY, else the admin's state directory) into `path`.
 void add_registry_option(boost::program_options::options_description& desc, std::string& path);
+// The registry a command uses: --registry (`given`), else $FORGE_REGISTRY, else the system registry. A
+// setgid forge-ckpt (AT_SECURE) uses only the system registry: another path is kUsage.
+std::string registry_for(const std::string& given);
+// Opens the registry at `path` (from registry_for). A setgid forge-ckpt first requires the database and
+// its -wal and -shm files to exist and be root's (kIo otherwise): a file SQLite made for the user who runs
+// it would be that user's to write.
+Registry open_registry(const std::string& path, Registry::Mode mode);
 
 // Parses `args` against `desc` plus --help and one positional option; prints the usage ("forge-ckpt "
 // + `usage`) and returns false for --help.

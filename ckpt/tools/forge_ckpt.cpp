@@ -3,8 +3,10 @@
 #include "commands.h"
 
 #include "forge/common/error.h"
+#include "forge/common/privilege.h"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 
 #include <functional>
 #include <map>
@@ -21,7 +23,7 @@ constexpr const char* kUsage =
   gc RUN_DIR              remove crash leftovers and apply retention
   export CKPT --out FILE  one self-describing HDF5 file (docs/CHECKPOINTS.md), readable with h5py
   advise RUN_DIR --mtbf-hours H   Young/Daly recovery interval from the measured save stall
-  registry COMMAND        the model registry: add, list, show, lineage, export (forge-ckpt registry --help)
+  registry COMMAND        the model registry: add, list, show, lineage, export, init (forge-ckpt registry --help)
 
 exit status: 0 ok, 64 usage or another model config, 65 damaged checkpoint or another dataset, 74 I/O
 )";
@@ -31,6 +33,16 @@ exit status: 0 ok, 64 usage or another model config, 65 damaged checkpoint or an
 int main(int argc, char** argv) {
   return forge::run_cli("forge-ckpt", [&] {
     using namespace forge::ckpt::cli;
+    namespace privilege = forge::privilege;
+    // umask 007: a registry file made in the registry's group directory stays the group's to write. What
+    // is the caller's is written with the caller's umask (and, installed setgid, without the group).
+    privilege::init_umask();
+    const std::string command = argc >= 2 ? argv[1] : "";
+    if (command != "registry" && command != "promote") {
+      // No registry here: the caller's rights only.
+      privilege::drop_group();
+      ::umask(privilege::caller_umask());
+    }
     const std::map<std::string, std::function<int(const Args&)>> commands = {
         {"list", list}, {"verify", verify},  {"inspect", inspect}, {"promote", promote},
         {"gc", gc},     {"export", export_}, {"advise", advise},   {"registry", registry}};
@@ -38,7 +50,6 @@ int main(int argc, char** argv) {
       fmt::print(stderr, "{}", kUsage);
       return static_cast<int>(forge::ExitCode::kUsage);
     }
-    const std::string command = argv[1];
     if (command == "--help" || command == "-h" || command == "help") {
       fmt::print("{}", kUsage);
       return 0;

@@ -1,10 +1,11 @@
-// forge-ckpt registry: the model registry's commands (add, list, show, lineage, export).
+// forge-ckpt registry: the model registry's commands (add, list, show, lineage, export, init).
 #include "commands.h"
 
 #include "forge/ckpt/checkpoint.h"
 #include "forge/ckpt/export.h"
 #include "forge/ckpt/registry.h"
 #include "forge/common/error.h"
+#include "forge/common/privilege.h"
 
 #include <fmt/chrono.h>
 #include <fmt/format.h>
@@ -31,10 +32,13 @@ constexpr const char* kRegistryUsage =
   show MODEL                  all fields of one release
   lineage MODEL               the model and its parents back to the run trained from scratch
   export MODEL --out FILE|DIR one HDF5 file (docs/CHECKPOINTS.md), recorded as the release's export
+  init                        create the registry (and its -wal and -shm files) if missing
 
 MODEL is NAME (its newest version), NAME:VERSION, or a release directory (a path with a '/').
 Every command takes --registry DB (default: $FORGE_REGISTRY, else {}).
-exit status: 0 ok, 64 unknown model or bad option, 65 damaged registry or checkpoint, 74 I/O
+Only who may write a release's run directory (its team) registers it or records its export.
+exit status: 0 ok, 64 unknown model or bad option, 65 damaged registry or checkpoint, 74 I/O or a run
+directory the caller cannot write
 )";
 
 // The first 12 hex digits of a hash, enough to tell versions apart in a table.
@@ -71,7 +75,10 @@ int registry_add(const Args& args) {
              vm))
     return 0;
   if (!verdict_file.empty()) {
-    const Json v = read_json(verdict_file);
+    const Json v = [&] {
+      const privilege::AsCaller as_caller;  // the caller's file, read with the caller's rights
+      return read_json(verdict_file);
+    }();
     const Json promoted = v.is_object() ? v.value("promoted_to", Json()) : Json();
     if (!promoted.is_string())
       fail(ExitCode::kUsage, "{} promoted nothing (promoted_to is {}): no release to register", verdict_file,
@@ -83,7 +90,7 @@ int registry_add(const Args& args) {
     release = promoted.get<std::string>();
   }
   if (release.empty()) fail(ExitCode::kUsage, "registry add: give RELEASE_DIR or --verdict FILE");
-  Registry reg(registry_path(registry), Registry::Mode::kCreate);
+  Registry reg = open_registry(registry_for(registry), Registry::Mode::kCreate);
   const Release r = reg.add(release, {.name = name, .team = team, .promote_job = ""});
   if (vm.count("json")) {
     Json out = r.to_json();
@@ -102,7 +109,7 @@ int registry_list(const Args& args) {
   add_registry_option(desc, registry);
   po::variables_map vm;
   if (!parse(args, desc, nullptr, "registry list [--registry DB] [--json]", vm)) return 0;
-  const Registry reg(registry_path(registry), Registry::Mode::kExisting);
+  const Registry reg = open_registry(registry_for(registry), Registry::Mode::kExisting);
   const bool json = vm.count("json") > 0;
   if (!json)
     fmt::print("{:<24} {:<12} {:>8} {:<9} {:<12} {:<4} {:<24} {}\n", "MODEL", "TEAM", "STEP", "OBJECTIVE",
@@ -127,7 +134,7 @@ int registry_show(const Args& args) {
   add_registry_option(desc, registry);
   po::variables_map vm;
   if (!parse(args, desc, "model", "registry show NAME[:VERSION]|PATH [--registry DB] [--json]", vm)) return 0;
-  const Registry reg(registry_path(registry), Registry::Mode::kExisting);
+  const Registry reg = open_registry(registry_for(registry), Registry::Mode::kExisting);
   const Release r = reg.find(model);
   const std::string parent = parent_ref(reg, r);
   if (vm.count("json")) {
@@ -137,8 +144,8 @@ int registry_show(const Args& args) {
     return 0;
   }
   fmt::print("model        {}\nrelease      {}\npromoted     from {}\n", r.ref(), r.path, or_dash(r.source));
-  fmt::print("team         {}\nrun          {}\nobjective    {}\nstep         {}\n", or_dash(r.team),
-             r.run_dir, or_dash(r.objective), r.step);
+  fmt::print("team         {}\nrun          {}\nowner group  {}\nobjective    {}\nstep         {}\n",
+             or_dash(r.team), r.run_dir, or_dash(r.owner_group), or_dash(r.objective), r.step);
   fmt::print("train jobs   {}\npromote job  {}\n",
              r.train_jobs.empty() ? "-" : fmt::format("{}", fmt::join(r.train_jobs, ", ")),
              or_dash(r.promote_job));
@@ -163,7 +170,7 @@ int registry_lineage(const Args& args) {
   po::variables_map vm;
   if (!parse(args, desc, "model", "registry lineage NAME[:VERSION]|PATH [--registry DB] [--json]", vm))
     return 0;
-  const Registry reg(registry_path(registry), Registry::Mode::kExisting);
+  const Registry reg = open_registry(registry_for(registry), Registry::Mode::kExisting);
   // A path needs no entry of its own: an unregistered checkpoint's lineage comes from its manifest.
   const bool is_path = model.find('/') != std::string::npos;
   const std::string dir = is_path ? model : reg.find(model).path;
@@ -201,21 +208,57 @@ int registry_export(const Args& args) {
   po::variables_map vm;
   if (!parse(args, desc, "model", "registry export NAME[:VERSION]|PATH --out FILE|DIR [--params-only]", vm))
     return 0;
-  Registry reg(registry_path(registry), Registry::Mode::kExisting);
+  Registry reg = open_registry(registry_for(registry), Registry::Mode::kExisting);
   const Release r = reg.find(model);
-  std::error_code ec;
-  const std::string file = fs::is_directory(out, ec)
-                               ? (fs::path(out) / fmt::format("{}-v{}.h5", r.name, r.version)).string()
-                               : out;
-  const Checkpoint c = Checkpoint::open(r.path);
-  c.verify();
-  export_hdf5(c, file, vm.count("params-only") == 0);
-  reg.set_export(r.id, file);
+  std::string file;
+  {
+    // The export is the caller's: read and written with the caller's rights and umask.
+    const privilege::AsCaller as_caller;
+    std::error_code ec;
+    file = fs::is_directory(out, ec) ? (fs::path(out) / fmt::format("{}-v{}.h5", r.name, r.version)).string()
+                                     : out;
+    const Checkpoint c = Checkpoint::open(r.path);
+    c.verify();
+    export_hdf5(c, file, vm.count("params-only") == 0);
+  }
   fmt::print("exported {} ({}, step {}) to {}\n", r.ref(), r.path, r.step, file);
+  // Anyone may export a release; only its team records the export in its entry.
+  if (caller_can_write(r.run_dir))
+    reg.set_export(r.id, file);
+  else
+    fmt::print(
+        stderr,
+        "forge-ckpt: note: the export is not recorded in the registry: only the team that owns {} (its "
+        "group) records the exports of {}\n",
+        r.run_dir, r.ref());
+  return 0;
+}
+
+int registry_init(const Args& args) {
+  po::options_description desc("registry init options");
+  std::string registry;
+  add_registry_option(desc, registry);
+  po::variables_map vm;
+  if (!parse(args, desc, nullptr, "registry init [--registry DB]", vm)) return 0;
+  const Registry reg = open_registry(registry_for(registry), Registry::Mode::kCreate);
+  fmt::print("registry {} is ready\n", reg.path());
   return 0;
 }
 
 }  // namespace
+
+std::string registry_for(const std::string& given) {
+  if (!privilege::privileged()) return registry_path(given);
+  const std::string named = !given.empty() ? given : registry_path("");
+  privilege::check_system_path("forge-ckpt", "registry", kDefaultRegistry, named);
+  return kDefaultRegistry;
+}
+
+Registry open_registry(const std::string& path, Registry::Mode mode) {
+  if (privilege::privileged())
+    privilege::require_root_owned_db("forge-ckpt", "registry", path, "forge-ckpt registry init");
+  return Registry(path, mode);
+}
 
 void add_registry_option(po::options_description& desc, std::string& path) {
   const std::string help =
@@ -224,11 +267,9 @@ void add_registry_option(po::options_description& desc, std::string& path) {
 }
 
 int registry(const Args& args) {
-  const std::map<std::string, std::function<int(const Args&)>> commands = {{"add", registry_add},
-                                                                           {"list", registry_list},
-                                                                           {"show", registry_show},
-                                                                           {"lineage", registry_lineage},
-                                                                           {"export", registry_export}};
+  const std::map<std::string, std::function<int(const Args&)>> commands = {
+      {"add", registry_add},         {"list", registry_list},     {"show", registry_show},
+      {"lineage", registry_lineage}, {"export", registry_export}, {"init", registry_init}};
   if (args.empty()) {
     fmt::print(stderr, fmt::runtime(kRegistryUsage), kDefaultRegistry);
     return static_cast<int>(ExitCode::kUsage);
@@ -240,7 +281,8 @@ int registry(const Args& args) {
   }
   const auto it = commands.find(command);
   if (it == commands.end())
-    fail(ExitCode::kUsage, "unknown registry command '{}': use add, list, show, lineage or export", command);
+    fail(ExitCode::kUsage, "unknown registry command '{}': use add, list, show, lineage, export or init",
+         command);
   return it->second(Args(args.begin() + 1, args.end()));
 }
 

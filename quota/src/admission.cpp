@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
 
 namespace forge::quota {
 namespace {
@@ -111,11 +112,14 @@ Decision admit_submission(const Policy& policy, const Choices& choices, const Id
   const double need = d.layout.world() * hours * d.tier->charge;
   const double left = d.team->budget_gpu_hours - u.used_gpu_hours - u.reserved_gpu_hours;
   if (need > left + 1e-9) {
-    // Suggest the tier of this team that would fit, if any.
+    // Suggest the tier of this team that would fit, if any, among those of the same pool (an evaluation
+    // tier is no place for a training job).
     std::string fits;
+    const Pool* pool = policy.pool_for_tier(d.tier->name);
     for (const auto& name : d.team->tiers) {
       const Tier* t = policy.tier(name);
-      if (t && d.layout.world() * (t->max_wall_s / 3600.0) * t->charge <= left)
+      if (t && (!pool || pool->allows_tier(t->name)) &&
+          d.layout.world() * (t->max_wall_s / 3600.0) * t->charge <= left)
         fits = fmt::format(", or tier '{}' (max wall {}, charge {})", t->name,
                            format_wall_time(t->max_wall_s), t->charge);
     }
@@ -187,6 +191,80 @@ Decision check_allocation(const Policy& policy, const Choices& choices, const Id
                     "job cannot start until the next period or a larger budget",
                     d.team->name, used, d.team->budget_gpu_hours, period_name(policy.period)));
   return d;
+}
+
+namespace {
+
+// "40:00:00": hours not folded into days, the form people write --time in.
+std::string hours_text(int64_t seconds) {
+  return fmt::format("{}:{:02}:{:02}", seconds / 3600, seconds / 60 % 60, seconds % 60);
+}
+
+// 960 -> "960", 2.5 -> "2.5".
+std::string number_text(double v) {
+  std::string s = fmt::format("{:.1f}", v);
+  if (s.size() > 2 && s.compare(s.size() - 2, 2, ".0") == 0) s.resize(s.size() - 2);
+  return s;
+}
+
+// The path with symlinks resolved as far as it exists, then lexically normal: a link inside the team's
+// root that points outside it is outside. When resolving fails (a component not searchable), the lexical
+// form is all there is.
+std::filesystem::path resolved(const std::filesystem::path& p) {
+  std::error_code ec;
+  const auto abs = std::filesystem::absolute(p, ec);
+  if (ec) return p.lexically_normal();
+  auto canon = std::filesystem::weakly_canonical(abs, ec);
+  auto out = (ec ? abs : canon).lexically_normal();
+  if (!out.has_filename() && out != out.root_path()) out = out.parent_path();
+  return out;
+}
+
+}  // namespace
+
+std::optional<std::string> approval_needed(const Policy& policy, const Tier& tier, int gpus,
+                                           std::optional<int64_t> time_limit_s) {
+  const ApprovalRules& rules = policy.approval;
+  std::vector<std::string> reasons;
+  if (rules.gpus > 0 && gpus > rules.gpus)
+    reasons.push_back(
+        fmt::format("{} GPUs is more than the {} a job may take without approval", gpus, rules.gpus));
+  if (rules.gpu_hours > 0 && time_limit_s) {
+    const double gpu_hours = gpus * (*time_limit_s / 3600.0);
+    if (gpu_hours > rules.gpu_hours)
+      reasons.push_back(fmt::format("an estimated {} GPU-hours ({} GPUs x {}) is more than {}",
+                                    number_text(gpu_hours), gpus, hours_text(*time_limit_s),
+                                    number_text(rules.gpu_hours)));
+  }
+  if (std::find(rules.tiers.begin(), rules.tiers.end(), tier.name) != rules.tiers.end())
+    reasons.push_back(fmt::format("tier '{}' always needs approval", tier.name));
+  if (reasons.empty()) return std::nullopt;
+  std::string out;
+  for (const auto& r : reasons) out += (out.empty() ? "" : "; ") + r;
+  return out;
+}
+
+std::string approval_request_command(const Team& team, const Tier& tier, int gpus,
+                                     std::optional<int64_t> time_limit_s) {
+  return fmt::format("forge-quota request --team {} --tier {} --gpus {} --time {} --reason \"...\"",
+                     team.name, tier.name, gpus, hours_text(time_limit_s.value_or(tier.max_wall_s)));
+}
+
+std::string approval_missing_message(const std::string& reason, const Team& team, const Tier& tier, int gpus,
+                                     std::optional<int64_t> time_limit_s) {
+  return fmt::format(
+      "this job needs an approval: {}; ask for one with '{}' and submit again with --train-approval=ID (the "
+      "id it prints)",
+      reason, approval_request_command(team, tier, gpus, time_limit_s));
+}
+
+std::optional<std::string> run_dir_violation(const Policy& policy, const Team& team, const Identity& who,
+                                             const std::string& run_dir) {
+  if (team.root.empty() || policy.is_admin(who)) return std::nullopt;
+  const std::filesystem::path root = resolved(team.root);
+  if (!run_dir.empty() && path_within(resolved(run_dir).string(), root.string())) return std::nullopt;
+  return fmt::format("run.dir '{}' is outside team {}'s directory {}; put the run under {}/runs",
+                     printable(run_dir, 200), team.name, team.root, team.root);
 }
 
 }  // namespace forge::quota

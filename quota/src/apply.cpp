@@ -160,7 +160,7 @@ std::vector<std::vector<std::string>> plan_apply(const Policy& policy, const Slu
       cmd.insert(cmd.end(), set.begin(), set.end());
       cmds.push_back(std::move(cmd));
     }
-    for (const auto& user : team.users)
+    for (const auto& user : team.members.users)
       if (!st.users.count({team.account, user}))
         cmds.push_back({"add", "user", user, "Account=" + team.account, "Cluster=" + policy.cluster});
     // Users' own QOS lists override the account's: keep them in step.

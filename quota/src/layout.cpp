@@ -29,6 +29,7 @@ std::optional<SpecLayout> read_spec_layout(const std::string& path, std::string*
                         {"model", "vocab", &spec.model.vocab, std::numeric_limits<int>::max()}};
   try {
     for (const auto& section : read_ini(path)) {
+      if (const IniEntry* e = section.name == "run" ? section.find("dir") : nullptr) spec.run_dir = e->value;
       for (const Slot& s : slots) {
         const IniEntry* e = section.name == s.section ? section.find(s.key) : nullptr;
         if (!e) continue;

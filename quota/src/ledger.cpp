@@ -2,60 +2,18 @@
 
 #include "forge/common/error.h"
 #include "forge/common/json.h"
+#include "forge/common/sqlite.h"
+#include "ledger_db.h"
 
-#include <sqlite3.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <filesystem>
 
 namespace forge::quota {
 namespace {
 
-// A prepared statement that finalizes itself.
-class Stmt {
- public:
-  Stmt(sqlite3* db, const char* sql, const std::string& path) : db_(db) {
-    if (sqlite3_prepare_v2(db, sql, -1, &s_, nullptr) != SQLITE_OK)
-      fail(ExitCode::kIo, "ledger '{}': {}", path, sqlite3_errmsg(db));
-  }
-  ~Stmt() { sqlite3_finalize(s_); }
-  Stmt(const Stmt&) = delete;
-  Stmt& operator=(const Stmt&) = delete;
-  Stmt& bind(int i, const std::string& v) {
-    sqlite3_bind_text(s_, i, v.c_str(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
-    return *this;
-  }
-  Stmt& bind(int i, int64_t v) {
-    sqlite3_bind_int64(s_, i, v);
-    return *this;
-  }
-  Stmt& bind(int i, double v) {
-    sqlite3_bind_double(s_, i, v);
-    return *this;
-  }
-  Stmt& bind_null(int i) {
-    sqlite3_bind_null(s_, i);
-    return *this;
-  }
-  bool step(const std::string& path) {
-    const int rc = sqlite3_step(s_);
-    if (rc == SQLITE_ROW) return true;
-    if (rc != SQLITE_DONE) fail(ExitCode::kIo, "ledger '{}': {}", path, sqlite3_errmsg(db_));
-    sqlite3_reset(s_);
-    sqlite3_clear_bindings(s_);
-    return false;
-  }
-  std::string text(int c) const {
-    const auto* p = sqlite3_column_text(s_, c);
-    return p ? reinterpret_cast<const char*>(p) : "";
-  }
-  int64_t integer(int c) const { return sqlite3_column_int64(s_, c); }
-  double real(int c) const { return sqlite3_column_double(s_, c); }
-  bool is_null(int c) const { return sqlite3_column_type(s_, c) == SQLITE_NULL; }
-
- private:
-  sqlite3* db_;
-  sqlite3_stmt* s_ = nullptr;
-};
+using sqlite::Stmt;
 
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS runs (
@@ -74,48 +32,60 @@ CREATE TABLE IF NOT EXISTS segments (
   startup_s REAL NOT NULL, kept_train_s REAL NOT NULL, lost_s REAL NOT NULL,
   exit_class TEXT NOT NULL, PRIMARY KEY (job_id, start));
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS approvals (
+  id TEXT PRIMARY KEY, team TEXT NOT NULL, tier TEXT NOT NULL, gpus INTEGER NOT NULL,
+  time_limit_s INTEGER NOT NULL, reason TEXT NOT NULL, requester TEXT NOT NULL,
+  requested_at INTEGER NOT NULL,
+  state TEXT NOT NULL CHECK (state IN ('pending', 'approved', 'denied')),
+  decided_by TEXT, decided_at INTEGER, note TEXT, expires_at INTEGER,
+  uses_allowed INTEGER NOT NULL DEFAULT 0, uses_left INTEGER NOT NULL DEFAULT 0 CHECK (uses_left >= 0));
+CREATE TABLE IF NOT EXISTS approval_uses (
+  id TEXT NOT NULL, used_at INTEGER NOT NULL, user TEXT NOT NULL, gpus INTEGER NOT NULL,
+  time_limit_s INTEGER NOT NULL, job_id TEXT);
+CREATE INDEX IF NOT EXISTS approval_uses_id ON approval_uses(id);
 )sql";
 
 }  // namespace
 
-Ledger::Ledger(const std::string& path) : path_(path) {
+std::unique_ptr<sqlite::Db> open_ledger(const std::string& path) {
   const auto dir = std::filesystem::path(path).parent_path();
   std::error_code ec;
   if (!dir.empty()) std::filesystem::create_directories(dir, ec);
-  if (sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) != SQLITE_OK) {
-    const std::string why = db_ ? sqlite3_errmsg(db_) : "out of memory";
-    sqlite3_close(db_);
-    db_ = nullptr;
-    fail(ExitCode::kIo, "cannot open ledger '{}': {}", path, why);
-  }
-  sqlite3_busy_timeout(db_, 10000);  // a concurrent `status` or `sync` waits instead of failing
-  exec("PRAGMA journal_mode=WAL");
-  exec("PRAGMA synchronous=NORMAL");
-  exec(kSchema);
+  // SQLite would create the file 0644 (minus the umask); the ledger directory's group must be able to
+  // write it (docs/ADMISSION.md, "Privilege model"), so create it 0660 minus the umask (forge-quota's 007).
+  if (const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0660); fd >= 0) ::close(fd);
+  sqlite::Errors errors;
+  errors.noun = "ledger";
+  errors.code = ExitCode::kIo;
+  errors.damaged_hint =
+      "restore it from a backup, or move it aside and run 'forge-quota sync' (usage comes back from sacct, "
+      "approvals do not)";
+  errors.access_hint =
+      "check its permissions: the ledger's directory is root:forge-quota 2771 and its files group "
+      "forge-quota "
+      "0660, and users reach them only through the setgid forge-quota";
+  auto db = std::make_unique<sqlite::Db>(path, sqlite::Db::Mode::kCreate, errors);
+  // -wal and -shm stay once created: a setgid forge-quota run by a user would otherwise recreate them
+  // owned by that user, who could then write them directly.
+  db->keep_wal_files();
+  db->exec("PRAGMA journal_mode=WAL", "journal mode");
+  db->exec("PRAGMA synchronous=NORMAL", "synchronous");
+  db->exec(kSchema, "schema");
+  return db;
 }
 
-Ledger::~Ledger() {
-  sqlite3_close(db_);
-}
+Ledger::Ledger(const std::string& path) : db_(open_ledger(path)) {}
 
-void Ledger::exec(const char* sql) const {
-  char* err = nullptr;
-  if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
-    const std::string why = err ? err : sqlite3_errmsg(db_);
-    sqlite3_free(err);
-    fail(ExitCode::kIo, "ledger '{}': {}", path_, why);
-  }
-}
+Ledger::~Ledger() = default;
 
 void Ledger::record(const std::vector<RunRecord>& runs, const std::vector<QueuedJob>& queue,
                     const std::map<std::string, RunSummary>& summaries, int64_t synced_at) {
-  exec("BEGIN IMMEDIATE");
-  try {
-    Stmt up(db_,
+  sqlite::Transaction tx(*db_);
+  {
+    Stmt up(*db_,
             "INSERT INTO runs VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13) "
             "ON CONFLICT(job_id, start) DO UPDATE SET end_time=?3, user=?4, account=?5, qos=?6, "
-            "partition=?7, state=?8, elapsed_s=?9, gpus=?10, gpu_type=?11, nodelist=?12, job_name=?13",
-            path_);
+            "partition=?7, state=?8, elapsed_s=?9, gpus=?10, gpu_type=?11, nodelist=?12, job_name=?13");
     for (const auto& r : runs) {
       up.bind(1, r.job_id).bind(2, r.start).bind(3, r.end).bind(4, r.user).bind(5, r.account);
       up.bind(6, r.qos).bind(7, r.partition).bind(8, r.state).bind(9, r.elapsed_s);
@@ -123,25 +93,25 @@ void Ledger::record(const std::vector<RunRecord>& runs, const std::vector<Queued
           .bind(11, r.gpu_type)
           .bind(12, r.nodelist)
           .bind(13, r.job_name);
-      up.step(path_);
+      up.step();
     }
-    exec("DELETE FROM queue");
-    Stmt q(db_, "INSERT OR REPLACE INTO queue VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9)", path_);
+    db_->exec("DELETE FROM queue", "clear queue");
+    Stmt q(*db_, "INSERT OR REPLACE INTO queue VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9)");
     for (const auto& j : queue) {
       q.bind(1, j.job_id).bind(2, j.user).bind(3, j.account).bind(4, j.qos).bind(5, j.partition);
       q.bind(6, j.state).bind(7, static_cast<int64_t>(j.gpus)).bind(8, j.elapsed_s).bind(9, j.time_limit_s);
-      q.step(path_);
+      q.step();
     }
-    Stmt s(db_, "INSERT OR REPLACE INTO summaries VALUES (?1,?2,?3)", path_);
+    Stmt s(*db_, "INSERT OR REPLACE INTO summaries VALUES (?1,?2,?3)");
     for (const auto& [id, sum] : summaries) {
       s.bind(1, id).bind(2, sum.tokens);
       if (sum.mfu)
         s.bind(3, *sum.mfu);
       else
         s.bind_null(3);
-      s.step(path_);
+      s.step();
     }
-    Stmt seg(db_, "INSERT OR REPLACE INTO segments VALUES (?1,?2,?3,?4,?5,?6,?7,?8)", path_);
+    Stmt seg(*db_, "INSERT OR REPLACE INTO segments VALUES (?1,?2,?3,?4,?5,?6,?7,?8)");
     for (const auto& [id, sum] : summaries)
       for (const RunSegment& g : sum.segments) {
         seg.bind(1, g.job_id)
@@ -150,26 +120,22 @@ void Ledger::record(const std::vector<RunRecord>& runs, const std::vector<Queued
             .bind(4, int64_t(g.resumed))
             .bind(5, g.startup_s);
         seg.bind(6, g.kept_train_s).bind(7, g.lost_s).bind(8, g.exit_class);
-        seg.step(path_);
+        seg.step();
       }
-    Stmt m(db_, "INSERT OR REPLACE INTO meta VALUES ('last_sync', ?1)", path_);
-    m.bind(1, std::to_string(synced_at)).step(path_);
-    exec("COMMIT");
-  } catch (...) {
-    sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
-    throw;
+    Stmt m(*db_, "INSERT OR REPLACE INTO meta VALUES ('last_sync', ?1)");
+    m.bind(1, std::to_string(synced_at)).step();
   }
+  tx.commit();
 }
 
 std::vector<RunRecord> Ledger::runs(int64_t from, int64_t to) const {
-  Stmt s(db_,
+  Stmt s(*db_,
          "SELECT job_id,start,end_time,user,account,qos,partition,state,elapsed_s,gpus,gpu_type,nodelist,"
          "job_name FROM runs WHERE start < ?2 AND (CASE WHEN end_time > 0 THEN end_time ELSE start + "
-         "elapsed_s END) >= ?1 ORDER BY start, job_id",
-         path_);
+         "elapsed_s END) >= ?1 ORDER BY start, job_id");
   s.bind(1, from).bind(2, to);
   std::vector<RunRecord> out;
-  while (s.step(path_)) {
+  while (s.step()) {
     RunRecord r;
     r.job_id = s.text(0);
     r.start = s.integer(1);
@@ -190,9 +156,9 @@ std::vector<RunRecord> Ledger::runs(int64_t from, int64_t to) const {
 }
 
 std::vector<QueuedJob> Ledger::queue() const {
-  Stmt s(db_, "SELECT job_id,user,account,qos,partition,state,gpus,elapsed_s,time_limit_s FROM queue", path_);
+  Stmt s(*db_, "SELECT job_id,user,account,qos,partition,state,gpus,elapsed_s,time_limit_s FROM queue");
   std::vector<QueuedJob> out;
-  while (s.step(path_)) {
+  while (s.step()) {
     QueuedJob j{
         s.text(0),    s.text(1),   s.text(2), s.text(3), s.text(4), s.text(5), static_cast<int>(s.integer(6)),
         s.integer(7), s.integer(8)};
@@ -202,19 +168,18 @@ std::vector<QueuedJob> Ledger::queue() const {
 }
 
 std::map<std::string, RunSummary> Ledger::summaries() const {
-  Stmt s(db_, "SELECT job_id,tokens,mfu FROM summaries", path_);
+  Stmt s(*db_, "SELECT job_id,tokens,mfu FROM summaries");
   std::map<std::string, RunSummary> out;
-  while (s.step(path_)) {
+  while (s.step()) {
     RunSummary r;
     r.tokens = s.real(1);
     if (!s.is_null(2)) r.mfu = s.real(2);
     out[s.text(0)] = r;
   }
-  Stmt g(db_,
+  Stmt g(*db_,
          "SELECT job_id,start,end_time,resumed,startup_s,kept_train_s,lost_s,exit_class FROM segments "
-         "ORDER BY job_id, start",
-         path_);
-  while (g.step(path_)) {
+         "ORDER BY job_id, start");
+  while (g.step()) {
     RunSegment seg{g.text(0), g.real(1), g.real(2), g.integer(3) != 0,
                    g.real(4), g.real(5), g.real(6), g.text(7)};
     out[seg.job_id].segments.push_back(std::move(seg));
@@ -223,9 +188,9 @@ std::map<std::string, RunSummary> Ledger::summaries() const {
 }
 
 int64_t Ledger::last_sync() const {
-  Stmt s(db_, "SELECT value FROM meta WHERE key='last_sync'", path_);
+  Stmt s(*db_, "SELECT value FROM meta WHERE key='last_sync'");
   int64_t v = 0;
-  if (s.step(path_)) v = std::stoll(s.text(0));
+  if (s.step()) v = std::stoll(s.text(0));
   return v;
 }
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -29,6 +30,7 @@ std::string join(const std::vector<std::string>& items) {
 }
 
 // Reads one section's entries against a list of allowed keys; errors cite file:line.
+
 class Reader {
  public:
   Reader(const IniSection& section, const std::string& file, std::vector<std::string> allowed,
@@ -130,32 +132,85 @@ Tier read_tier(const Reader& r, const std::string& name) {
   return t;
 }
 
+// "alice, @ml" -> users and groups; each name is recorded with its line for check-policy.
+Principals read_principals(const Reader& r, const IniEntry& e, const std::string& role,
+                           const std::string& team, std::vector<PolicyName>& names) {
+  Principals p;
+  for (const auto& m : split_list(e.value)) {
+    const bool group = m[0] == '@';
+    const std::string who = group ? m.substr(1) : m;
+    if (!is_name(who)) r.bad(e, fmt::format("'{}' is not a user or @group name", m));
+    (group ? p.groups : p.users).push_back(who);
+    names.push_back({who, group, role, team, e.line});
+  }
+  return p;
+}
+
+std::vector<std::string> read_tier_list(const IniEntry& e, const std::string& file,
+                                        const std::map<std::string, Tier>& tiers) {
+  const auto list = split_list(e.value);
+  for (const auto& tier : list)
+    if (!tiers.count(tier)) {
+      std::vector<std::string> known;
+      for (const auto& [n, _] : tiers) known.push_back(n);
+      fail(ExitCode::kUsage, "{}:{}: {} = {}: unknown tier '{}'; defined tiers: {}", file, e.line, e.key,
+           e.value, tier, join(known));
+    }
+  return list;
+}
+
+// An absolute directory, lexically normal, without a trailing '/'.
+std::string read_directory(const Reader& r, const IniEntry& e) {
+  if (e.value.empty() || e.value[0] != '/') r.bad(e, "must be an absolute path");
+  for (unsigned char c : e.value)
+    if (c < 0x20 || c == 0x7f) r.bad(e, "contains a control character");
+  std::filesystem::path p = std::filesystem::path(e.value).lexically_normal();
+  if (!p.has_filename() && p != p.root_path()) p = p.parent_path();
+  if (p == p.root_path()) r.bad(e, "must be a directory below /");
+  return p.string();
+}
+
 Team read_team(const Reader& r, const std::string& name, const std::string& file,
-               const std::map<std::string, Tier>& tiers) {
+               const std::map<std::string, Tier>& tiers, std::vector<PolicyName>& names) {
   Team t;
   t.name = name;
   t.account = r.name("account", "", true);
   const IniEntry& members = r.require("members");
-  for (const auto& m : split_list(members.value)) {
-    const bool group = m[0] == '@';
-    const std::string who = group ? m.substr(1) : m;
-    if (!is_name(who)) r.bad(members, fmt::format("'{}' is not a user or @group name", m));
-    (group ? t.groups : t.users).push_back(who);
-  }
-  if (t.users.empty() && t.groups.empty()) r.bad(members, "list at least one user or @group");
+  t.members = read_principals(r, members, "member", name, names);
+  if (t.members.empty()) r.bad(members, "list at least one user or @group");
   t.budget_gpu_hours = r.number("budget_gpu_hours", 0, 0, 1e12, true);
   t.max_gpus = static_cast<int>(r.integer("max_gpus", 0, 1, 1000000, true));
   const IniEntry& list = r.require("tiers");
-  t.tiers = split_list(list.value);
+  t.tiers = read_tier_list(list, file, tiers);
   if (t.tiers.empty()) r.bad(list, "list at least one tier");
-  for (const auto& tier : t.tiers)
-    if (!tiers.count(tier)) {
-      std::vector<std::string> known;
-      for (const auto& [n, _] : tiers) known.push_back(n);
-      fail(ExitCode::kUsage, "{}:{}: tiers = {}: unknown tier '{}'; defined tiers: {}", file, list.line,
-           list.value, tier, join(known));
-    }
+  if (const IniEntry* e = r.find("approvers")) t.approvers = read_principals(r, *e, "approver", name, names);
+  if (const IniEntry* e = r.find("root")) t.root = read_directory(r, *e);
+  if (const IniEntry* e = r.find("group")) {
+    t.group = r.name("group", "");
+    names.push_back({t.group, true, "group", name, e->line});
+  }
   return t;
+}
+
+// [approval]: thresholds may be empty or 0 (rule off).
+ApprovalRules read_approval(const Reader& r, const std::string& file,
+                            const std::map<std::string, Tier>& tiers) {
+  ApprovalRules a;
+  if (const IniEntry* e = r.find("gpus"); e && !e->value.empty())
+    a.gpus = static_cast<int>(r.integer(*e, 0, 1048576));
+  if (const IniEntry* e = r.find("gpu_hours"); e && !e->value.empty()) a.gpu_hours = r.number(*e, 0, 1e12);
+  if (const IniEntry* e = r.find("tiers")) a.tiers = read_tier_list(*e, file, tiers);
+  if (const IniEntry* e = r.find("ttl")) {
+    const auto secs = parse_wall_time(e->value);
+    if (!secs || *secs <= 0 || *secs > 366LL * 86400)
+      r.bad(*e, "expected a duration up to a year like 7-00:00:00 or 12:00:00");
+    a.ttl_s = *secs;
+  }
+  if (const IniEntry* e = r.find("checker")) {
+    if (e->value.empty() || e->value[0] != '/') r.bad(*e, "must be an absolute path");
+    a.checker = r.text("checker", a.checker);
+  }
+  return a;
 }
 
 }  // namespace
@@ -164,11 +219,23 @@ bool Team::allows_tier(const std::string& tier) const {
   return std::find(tiers.begin(), tiers.end(), tier) != tiers.end();
 }
 
-bool Team::has_member(const std::string& user, const std::vector<std::string>& user_groups) const {
+bool Principals::includes(const std::string& user, const std::vector<std::string>& user_groups) const {
   if (std::find(users.begin(), users.end(), user) != users.end()) return true;
   return std::any_of(groups.begin(), groups.end(), [&](const std::string& g) {
     return std::find(user_groups.begin(), user_groups.end(), g) != user_groups.end();
   });
+}
+
+bool Team::has_member(const std::string& user, const std::vector<std::string>& user_groups) const {
+  return members.includes(user, user_groups);
+}
+
+bool Team::has_approver(const std::string& user, const std::vector<std::string>& user_groups) const {
+  return approvers.includes(user, user_groups);
+}
+
+bool Pool::allows_tier(const std::string& tier) const {
+  return std::find(tiers.begin(), tiers.end(), tier) != tiers.end();
 }
 
 double Prices::per_gpu_hour(const std::string& partition_name, const std::string& gpu_type_name) const {
@@ -202,6 +269,22 @@ const Team* Policy::team_by_account(const std::string& account) const {
     if (t.account == account) return &t;
   return nullptr;
 }
+bool Policy::is_admin(const Identity& who) const {
+  return admins.includes(who.user, who.groups);
+}
+bool Policy::sees_team(const Identity& who, const Team& t) const {
+  return is_admin(who) || t.has_member(who.user, who.groups) || t.has_approver(who.user, who.groups);
+}
+const Pool* Policy::pool_for_tier(const std::string& tier_name) const {
+  for (const auto& p : pools)
+    if (p.allows_tier(tier_name)) return &p;
+  return nullptr;
+}
+const Pool* Policy::pool_by_partition(const std::string& partition) const {
+  for (const auto& p : pools)
+    if (p.partition == partition) return &p;
+  return nullptr;
+}
 std::string Policy::tier_names() const {
   std::vector<std::string> n;
   for (const auto& [k, _] : tiers) n.push_back(k);
@@ -211,6 +294,16 @@ std::string Policy::team_names() const {
   std::vector<std::string> n;
   for (const auto& [k, _] : teams) n.push_back(k);
   return join(n);
+}
+
+bool path_within(const std::string& inner, const std::string& outer) {
+  const std::filesystem::path i(inner), o(outer);
+  auto it = i.begin();
+  for (const auto& part : o) {
+    if (it == i.end() || *it != part) return false;
+    ++it;
+  }
+  return true;
 }
 
 std::optional<int64_t> parse_wall_time(const std::string& text) {
@@ -323,7 +416,8 @@ Policy parse_policy(const std::string& text, const std::string& file) {
     if (s.name == "policy") {
       saw_policy = true;
       Reader r(s, file,
-               {"cluster", "period", "ledger", "snapshot", "snapshot_max_age_s", "runs", "default_wall"});
+               {"cluster", "period", "ledger", "snapshot", "snapshot_max_age_s", "runs", "default_wall",
+                "admins"});
       p.cluster = r.name("cluster", "", true);
       if (const IniEntry* e = r.find("period")) {
         if (e->value == "month")
@@ -344,18 +438,42 @@ Policy parse_policy(const std::string& text, const std::string& file) {
         if (!secs || *secs <= 0) r.bad(*e, "expected a wall time like 1:00:00");
         p.default_wall_s = *secs;
       }
+      if (const IniEntry* e = r.find("admins")) p.admins = read_principals(r, *e, "admin", "", p.names);
     } else if (s.name.rfind("team.", 0) == 0) {
       const std::string name = s.name.substr(5);
       if (!is_name(name))
         fail(ExitCode::kUsage, "{}:{}: [{}]: a team name is 1-64 letters, digits, '.', '_' or '-'", file,
              s.line, s.name);
-      Reader r(s, file, {"members", "account", "budget_gpu_hours", "max_gpus", "tiers"});
-      Team t = read_team(r, name, file, p.tiers);
-      for (const auto& [other, o] : p.teams)
+      Reader r(s, file,
+               {"members", "account", "budget_gpu_hours", "max_gpus", "tiers", "approvers", "root", "group"});
+      Team t = read_team(r, name, file, p.tiers, p.names);
+      for (const auto& [other, o] : p.teams) {
         if (o.account == t.account)
           fail(ExitCode::kUsage, "{}:{}: account = {}: team '{}' already uses that account", file,
                r.require("account").line, t.account, other);
+        // Nested or shared roots would let one team's jobs write into the other's directory.
+        if (!t.root.empty() && !o.root.empty() &&
+            (path_within(t.root, o.root) || path_within(o.root, t.root)))
+          r.bad(*r.find("root"),
+                fmt::format("overlaps team '{}''s root {}; give each team its own", other, o.root));
+      }
       p.teams.emplace(name, std::move(t));
+    } else if (s.name == "approval") {
+      Reader r(s, file, {"gpus", "gpu_hours", "tiers", "ttl", "checker"});
+      p.approval = read_approval(r, file, p.tiers);
+    } else if (s.name.rfind("pool.", 0) == 0) {
+      Pool pool;
+      pool.name = s.name.substr(5);
+      if (!is_name(pool.name))
+        fail(ExitCode::kUsage, "{}:{}: [{}]: a pool name is 1-64 letters, digits, '.', '_' or '-'", file,
+             s.line, s.name);
+      Reader r(s, file, {"partition", "tiers"});
+      pool.partition = r.name("partition", "", true);
+      if (const IniEntry* e = r.find("tiers")) pool.tiers = read_tier_list(*e, file, p.tiers);
+      if (const Pool* other = p.pool_by_partition(pool.partition))
+        r.bad(r.require("partition"),
+              fmt::format("pool '{}' already uses that partition; give each pool its own", other->name));
+      p.pools.push_back(std::move(pool));
     } else if (s.name == "prices") {
       Reader r(s, file, {"default"}, {"partition.", "gpu_type."});
       p.prices.default_per_gpu_hour = r.number("default", 0, 0, 1e9);
@@ -386,8 +504,8 @@ Policy parse_policy(const std::string& text, const std::string& file) {
       }
     } else if (s.name.rfind("tier.", 0) != 0) {
       fail(ExitCode::kUsage,
-           "{}:{}: unknown section [{}]; allowed: [policy], [tier.<name>], [team.<name>], [prices], "
-           "[topology]",
+           "{}:{}: unknown section [{}]; allowed: [policy], [tier.<name>], [team.<name>], [approval], "
+           "[pool.<name>], [prices], [topology]",
            file, s.line, s.name);
     }
   }

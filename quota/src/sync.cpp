@@ -1,6 +1,7 @@
 #include "forge/quota/sync.h"
 
 #include "forge/quota/accounting.h"
+#include "forge/quota/approvals.h"
 #include "forge/quota/ledger.h"
 #include "forge/quota/slurm_cli.h"
 #include "forge/quota/snapshot.h"
@@ -28,8 +29,13 @@ SyncResult sync_usage(const Policy& policy, const SyncOptions& o, int64_t now) {
   std::vector<std::string> comments = sacct_args(o.from, o.to);
   comments.back() = "JobID,Comment";
   for (auto& [job, s] : parse_job_comments(run_checked(comments, {"TZ=UTC"}))) summaries.try_emplace(job, s);
+  // The controller appends " forge-approval=ID" to the AdminComment of a job it admitted with an approval.
+  std::vector<std::string> admin_comments = sacct_args(o.from, o.to);
+  admin_comments.back() = "JobID,AdminComment";
+  const std::string approval_jobs = run_checked(admin_comments, {"TZ=UTC"});
   Ledger ledger(o.ledger_path);
   ledger.record(runs, queue, summaries, now);
+  result.approval_jobs = ApprovalStore(o.ledger_path).record_job_ids(approval_jobs);
   result.runs = runs.size();
   result.queued = queue.size();
   result.summaries = summaries.size();

@@ -1,9 +1,12 @@
 // forge-quota: the admission and accounting policy, applied to Slurm, and the usage it accounts.
+#include "cli.h"
 #include "forge/common/error.h"
 #include "forge/common/json.h"
 #include "forge/common/text.h"
 #include "forge/quota/accounting.h"
 #include "forge/quota/apply.h"
+#include "forge/quota/approvals.h"
+#include "forge/quota/identity.h"
 #include "forge/quota/layout.h"
 #include "forge/quota/ledger.h"
 #include "forge/quota/policy.h"
@@ -20,13 +23,19 @@
 namespace po = boost::program_options;
 using namespace forge;
 using namespace forge::quota;
+using namespace forge::quota::cli;
 
 namespace {
+
+#ifndef FORGE_SYSTEM_POLICY
+#define FORGE_SYSTEM_POLICY "/etc/forge/quota.ini"
+#endif
 
 constexpr const char* kUsage = R"(usage: forge-quota COMMAND [options]   (docs/ADMISSION.md)
 
 commands:
-  check-policy FILE          validate a policy file (exit 64 with file:line on the first error)
+  check-policy FILE          validate a policy file and that its users and groups exist (exit 64 with
+                             file:line on the first error)
   layout LAYOUT [--policy FILE]
                              a layout's ranks and nodes for scripts (exit 64 with the parser's message)
   apply [--dry-run]          write the policy into Slurm (accounts, QOS) with sacctmgr; idempotent
@@ -36,18 +45,25 @@ commands:
                              prom: gauges for node_exporter's textfile collector (-o DIR/forge_quota.prom)
   report --by team|tier|user|job [-S START] [-E END] [--format table|csv|json|html] [-o FILE]
                              GPU-hours, cost, jobs, wasted GPU-hours, cost per M tokens, MFU, ETTR
+  report --approvals [--format table|csv|json] [-o FILE]
+                             approval requests: state, decision, expiry, uses and jobs
+  request --gpus N --time T --tier X [--team T] --reason TEXT
+                             ask for an approval of a large job; prints its id
+  approve ID [--uses N] [--expires DURATION] [--note TEXT]
+  deny ID [--note TEXT]      decide a request of a team you approve for (never your own)
+  admit --uid UID --team T --tier X --gpus N --minutes M [--partition P] [--approval ID]
+                             for job_submit.lua (root): one line, 'admit partition=P approval=ID|-'
+                             (exit 0) or 'reject MESSAGE' (exit 1)
 
 common options:
-  --policy FILE    policy file (default: $FORGE_QUOTA_POLICY or /etc/forge/quota.ini)
+  --policy FILE    policy file (default: $FORGE_QUOTA_POLICY or )" FORGE_SYSTEM_POLICY R"()
   --ledger PATH    ledger database (default: [policy] ledger)
   --snapshot PATH  usage snapshot (default: [policy] snapshot)
+status and report show the teams you belong to or approve for; admins and root see all. Installed
+setgid, forge-quota reads only the system policy and its ledger, and runs no apply or sync.
 times are UTC: YYYY-MM-DD, YYYY-MM-DDTHH:MM[:SS] or now; -S defaults to the start of the budget
 period, -E to now.
 )";
-
-int64_t now_s() {
-  return static_cast<int64_t>(std::time(nullptr));
-}
 
 int64_t parse_time_arg(const std::string& opt, const std::string& text) {
   if (text == "now") return now_s();
@@ -63,15 +79,15 @@ struct Common {
   std::string policy_path, ledger, snapshot, start, end, format, team, by, output;
   std::vector<std::string> runs;
   bool dry_run = false;
+  bool approvals = false;
 };
 
 po::options_description common_options(Common& c) {
   po::options_description d("options");
-  const char* env = std::getenv("FORGE_QUOTA_POLICY");
-  d.add_options()("help,h", "show help")(
-      "policy", po::value(&c.policy_path)->default_value(env ? env : "/etc/forge/quota.ini"), "policy file")(
-      "ledger", po::value(&c.ledger), "ledger database")("snapshot", po::value(&c.snapshot),
-                                                         "usage snapshot");
+  d.add_options()("help,h", "show help")("policy",
+                                         po::value(&c.policy_path)->default_value(default_policy_path()),
+                                         "policy file")("ledger", po::value(&c.ledger), "ledger database")(
+      "snapshot", po::value(&c.snapshot), "usage snapshot");
   return d;
 }
 
@@ -84,18 +100,11 @@ void check_format(const std::string& format, std::initializer_list<const char*> 
   fail(ExitCode::kUsage, "--format {}: must be one of {}", format, list);
 }
 
-void write_output(const std::string& path, const std::string& text) {
-  if (path.empty() || path == "-") {
-    std::cout << text;
-    return;
-  }
-  write_file_atomic(path, text);  // a reader (a browser, node_exporter) never sees half a file
-}
-
 int cmd_check_policy(const std::vector<std::string>& args) {
   if (args.size() != 1 || args[0].rfind("-", 0) == 0)
     fail(ExitCode::kUsage, "check-policy takes one argument, the policy file");
   const Policy p = load_policy(args[0]);
+  check_policy_names(p);  // the parser makes no OS lookups; an unknown name here is a typo or a missing user
   std::cout << fmt::format("{}: OK ({} teams, {} tiers, {} GPUs per node, budgets per {})\n", args[0],
                            p.teams.size(), p.tiers.size(), p.topology.gpus_per_node, period_name(p.period));
   return 0;
@@ -177,15 +186,16 @@ int cmd_sync(const Policy& policy, const Common& c) {
   o.to = c.end.empty() ? now : parse_time_arg("-E", c.end);
   if (o.to <= o.from)
     fail(ExitCode::kUsage, "-S {} is not before -E {}", format_utc(o.from), format_utc(o.to));
-  o.ledger_path = c.ledger.empty() ? policy.ledger_path : c.ledger;
-  o.snapshot_path = c.snapshot.empty() ? policy.snapshot_path : c.snapshot;
+  o.ledger_path = ledger_path(policy, c.ledger);
+  o.snapshot_path = snapshot_path(policy, c.snapshot);
   o.runs_dirs = c.runs.empty() ? policy.runs_dirs : c.runs;
   const SyncResult r = sync_usage(policy, o, now);
   for (const auto& w : r.warnings) std::cerr << "forge-quota sync: warning: skipped " << w << '\n';
   std::cout << fmt::format(
-      "forge-quota sync: {} runs ({} - {} UTC), {} queued jobs, {} run summaries -> {}; "
+      "forge-quota sync: {} runs ({} - {} UTC), {} queued jobs, {} run summaries, {} approved job(s) -> {}; "
       "snapshot {}\n",
-      r.runs, format_utc(o.from), format_utc(o.to), r.queued, r.summaries, o.ledger_path, o.snapshot_path);
+      r.runs, format_utc(o.from), format_utc(o.to), r.queued, r.summaries, r.approval_jobs, o.ledger_path,
+      o.snapshot_path);
   return 0;
 }
 
@@ -194,22 +204,54 @@ int cmd_status(const Policy& policy, const Common& c) {
   if (!c.team.empty() && !policy.team(c.team))
     fail(ExitCode::kUsage, "--team {}: no such team in {}; teams: {}", c.team, policy.path,
          policy.team_names());
-  const Ledger ledger(c.ledger.empty() ? policy.ledger_path : c.ledger);
+  const Identity who = caller();
+  const Ledger ledger(ledger_path(policy, c.ledger));
   if (ledger.last_sync() == 0)
     fail(ExitCode::kData, "the ledger has never been synced; run 'forge-quota sync' first");
   const auto [start, end] = period_bounds(policy.period, now_s());
   auto status = compute_status(policy, ledger.runs(start, end), ledger.queue(), start, end);
   if (!c.team.empty()) std::erase_if(status, [&](const TeamStatus& s) { return s.team != c.team; });
+  const auto visible = visible_teams(policy, who);
+  const bool filtered = !sees_all(policy, who);
+  if (filtered)
+    std::erase_if(status, [&](const TeamStatus& s) {
+      return std::find(visible.begin(), visible.end(), s.team) == visible.end();
+    });
+  std::string text;
   if (c.format == "table")
-    write_output(c.output, render_status_table(status, policy) +
-                               fmt::format("(ledger synced {} UTC)\n", format_utc(ledger.last_sync())));
+    text = render_status_table(status, policy) +
+           fmt::format("(ledger synced {} UTC)\n", format_utc(ledger.last_sync())) +
+           (filtered ? filter_note(visible) + "\n" : "");
   else
-    write_output(c.output, c.format == "json" ? render_status_json(status)
-                                              : render_status_prom(status, policy, ledger.last_sync()));
+    text = c.format == "json" ? render_status_json(status)
+                              : render_status_prom(status, policy, ledger.last_sync());
+  if (filtered && c.format != "table") std::cerr << "forge-quota status: " << filter_note(visible) << '\n';
+  write_output(c.output, text);
+  return 0;
+}
+
+int cmd_report_approvals(const Policy& policy, const Common& c) {
+  check_format(c.format, {"table", "csv", "json"});
+  const Identity who = caller();
+  const ApprovalStore store(ledger_path(policy, c.ledger));
+  const bool filtered = !sees_all(policy, who);
+  const auto rows = filtered ? store.list(policy, who) : store.list_all();
+  std::string text = render_approvals(rows, c.format, now_s());
+  if (filtered && c.format == "table") text += filter_note(visible_teams(policy, who)) + "\n";
+  if (filtered && c.format != "table")
+    std::cerr << "forge-quota report: " << filter_note(visible_teams(policy, who)) << '\n';
+  write_output(c.output, text);
   return 0;
 }
 
 int cmd_report(const Policy& policy, const Common& c) {
+  if (c.approvals) {
+    if (!c.by.empty() || !c.start.empty() || !c.end.empty())
+      fail(ExitCode::kUsage,
+           "report --approvals takes no --by, -S or -E: it lists every request you can see");
+    return cmd_report_approvals(policy, c);
+  }
+  if (c.by.empty()) fail(ExitCode::kUsage, "report needs --by team|tier|user|job (or --approvals)");
   check_format(c.format, {"table", "csv", "json", "html"});
   GroupBy by;
   if (c.by == "team")
@@ -227,12 +269,23 @@ int cmd_report(const Policy& policy, const Common& c) {
       c.start.empty() ? period_bounds(policy.period, now).first : parse_time_arg("-S", c.start);
   const int64_t to = c.end.empty() ? now : parse_time_arg("-E", c.end);
   if (to <= from) fail(ExitCode::kUsage, "-S {} is not before -E {}", format_utc(from), format_utc(to));
-  const Ledger ledger(c.ledger.empty() ? policy.ledger_path : c.ledger);
-  const Report rep = build_report(policy, ledger.runs(from, to), ledger.summaries(), by, from, to);
-  const std::string text = c.format == "csv"    ? render_report_csv(rep)
-                           : c.format == "json" ? render_report_json(rep)
-                           : c.format == "html" ? render_report_html(rep)
-                                                : render_report_table(rep);
+  const Identity who = caller();
+  const Ledger ledger(ledger_path(policy, c.ledger));
+  auto runs = ledger.runs(from, to);
+  const bool filtered = !sees_all(policy, who);
+  if (filtered)  // a run counts for the team whose account it ran under; other accounts are nobody's team
+    std::erase_if(runs, [&](const RunRecord& r) {
+      const Team* team = policy.team_by_account(r.account);
+      return !team || !policy.sees_team(who, *team);
+    });
+  const Report rep = build_report(policy, runs, ledger.summaries(), by, from, to);
+  std::string text = c.format == "csv"    ? render_report_csv(rep)
+                     : c.format == "json" ? render_report_json(rep)
+                     : c.format == "html" ? render_report_html(rep)
+                                          : render_report_table(rep);
+  if (filtered && c.format == "table") text += filter_note(visible_teams(policy, who)) + "\n";
+  if (filtered && c.format != "table")
+    std::cerr << "forge-quota report: " << filter_note(visible_teams(policy, who)) << '\n';
   write_output(c.output, text);
   return 0;
 }
@@ -244,8 +297,15 @@ int run(int argc, char** argv) {
   }
   const std::string command = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
-  if (command == "check-policy") return cmd_check_policy(args);
-  if (command == "layout") return cmd_layout(args);
+  check_command_allowed(command);
+  if (command == "check-policy" || command == "layout") {
+    // Neither needs the setgid group; without it they may read any file the caller can, and no other.
+    drop_group_privilege();
+    return command == "layout" ? cmd_layout(args) : cmd_check_policy(args);
+  }
+  if (command == "request") return cmd_request(args);
+  if (command == "approve" || command == "deny") return cmd_decide(command == "approve", args);
+  if (command == "admit") return cmd_admit(args);
 
   Common c;
   po::options_description d = common_options(c);
@@ -260,14 +320,18 @@ int run(int argc, char** argv) {
         "format", po::value(&c.format)->default_value("table"), "table, json or prom")(
         "output,o", po::value(&c.output), "write to FILE (atomically) instead of stdout");
   } else if (command == "report") {
-    d.add_options()("by", po::value(&c.by)->required(), "team, tier, user or job")(
+    d.add_options()("by", po::value(&c.by), "team, tier, user or job")(
+        "approvals", po::bool_switch(&c.approvals), "list approval requests instead")(
         "start,S", po::value(&c.start), "window start (UTC)")("end,E", po::value(&c.end), "window end (UTC)")(
-        "format", po::value(&c.format)->default_value("table"), "table, csv, json or html")(
-        "output,o", po::value(&c.output), "write to FILE instead of stdout");
+        "format", po::value(&c.format)->default_value("table"),
+        "table, csv, json or html (approvals: not html)")("output,o", po::value(&c.output),
+                                                          "write to FILE instead of stdout");
   } else {
     fail(ExitCode::kUsage,
-         "unknown command '{}'; commands: check-policy, layout, apply, sync, status, report (see --help)",
-         command);
+         "unknown command '{}'; commands: check-policy, layout, apply, sync, status, report, request, "
+         "approve, "
+         "deny, admit (see --help)",
+         printable(command));
   }
   po::variables_map vm;
   po::store(po::command_line_parser(args).options(d).run(), vm);
@@ -276,7 +340,7 @@ int run(int argc, char** argv) {
     return 0;
   }
   po::notify(vm);
-  const Policy policy = load_policy(c.policy_path);
+  const Policy policy = load_run_policy(c.policy_path);
   if (command == "apply") return cmd_apply(policy, c);
   if (command == "sync") return cmd_sync(policy, c);
   if (command == "status") return cmd_status(policy, c);
@@ -286,5 +350,6 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  init_process();
   return run_cli("forge-quota", [&] { return run(argc, argv); });
 }

@@ -1,5 +1,6 @@
 // The model registry: registration from a release's manifest, idempotence, versions per name, lineage
-// through registered and unregistered parents, and the exit codes of unknown names and damaged files.
+// through registered and unregistered parents, the exit codes of unknown names and damaged files, and who
+// may register (the run directory's writers, recorded as owner_group).
 #include "support.h"
 #include "support/temp_dir.h"
 
@@ -8,6 +9,9 @@
 #include "forge/ckpt/registry.h"
 #include "forge/common/error.h"
 
+#include <grp.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -230,4 +234,40 @@ TEST_CASE("registry: unknown names, non-releases and damaged files") {
   CHECK(registry_path("") == "/tmp/from-env.db");
   ::unsetenv("FORGE_REGISTRY");
   CHECK(registry_path("") == kDefaultRegistry);
+}
+
+TEST_CASE("registry: only who may write the run directory registers its releases") {
+  forge::test::TempDir tmp;
+  const std::string run = tmp / "base";
+  const std::string release = promote(train(run, 20, "base", "ds-1"), kVerdict);
+  Registry reg(tmp / "registry.db", Registry::Mode::kCreate);
+  for (const char* suffix : {"", "-wal", "-shm"})  // kept after the connection closes, made by their owner
+    CHECK(fs::is_regular_file(tmp / (std::string("registry.db") + suffix)));
+
+  // The entry records the group that owns the run directory.
+  struct stat st {};
+  REQUIRE(::stat(run.c_str(), &st) == 0);
+  const struct group* g = ::getgrgid(st.st_gid);
+  const Release r = reg.add(release);
+  CHECK(r.owner_group == (g ? std::string(g->gr_name) : std::to_string(st.st_gid)));
+  CHECK(reg.find("base").owner_group == r.owner_group);
+  CHECK(r.to_json().at("owner_group") == r.owner_group);
+  CHECK(caller_can_write(run));
+
+  // A run directory the caller may not write (root may write any): no registration, no recorded export.
+  if (::getuid() != 0) {
+    fs::permissions(run, fs::perms::owner_write, fs::perm_options::remove);
+    CHECK_FALSE(caller_can_write(run));
+    CHECK(code_of([&] { reg.add(release); }) == ExitCode::kIo);
+    CHECK(code_of([&] { reg.set_export(r.id, tmp / "out.h5"); }) == ExitCode::kIo);
+    try {
+      reg.add(release);
+    } catch (const forge::Error& e) {
+      CHECK_THAT(e.what(), Catch::Matchers::EndsWith(
+                               "cannot write " + fs::path(run).lexically_normal().string() +
+                               ": only its team (the group that owns it) registers its releases"));
+    }
+    fs::permissions(run, fs::perms::owner_write, fs::perm_options::add);
+  }
+  CHECK(reg.find("base").export_path.empty());
 }

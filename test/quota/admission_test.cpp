@@ -1,7 +1,9 @@
 #include "forge/quota/admission.h"
 
+#include <fmt/format.h>
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <string>
 
 #include "../support/temp_dir.h"
@@ -71,13 +73,15 @@ TEST_CASE("each rejection says what is wrong and what to change") {
              Catch::Contains("needs 64 GPUs but team 'team-a' may hold at most 32"));
   CHECK_THAT(submit({"team-a", "", "tp1,pp1,dp1", {}}, s).message, Catch::Contains("missing --train-tier"));
   CHECK_THAT(
-      submit({"team-a", "pretrain", "tp2,pp1,dp2", SpecLayout{.layout = {.tp = 2, .dp = 4}}}, s).message,
+      submit({"team-a", "pretrain", "tp2,pp1,dp2", SpecLayout{.layout = {.tp = 2, .dp = 4}, .run_dir = {}}},
+             s)
+          .message,
       Catch::Contains("disagrees with the job spec's [parallel] (tp2,pp1,dp4)"));
 }
 
 TEST_CASE("a job spec's model must suit the layout: the trainer's check, made in sbatch") {
   const UsageSnapshot s = snapshot(0, 0);
-  const auto spec = [](Layout l, ModelDims m) { return SpecLayout{l, m}; };
+  const auto spec = [](Layout l, ModelDims m) { return SpecLayout{l, m, {}}; };
   const ModelDims model{.layers = 6, .heads = 6, .vocab = 8192};
   CHECK(submit({"team-a", "pretrain", "tp2,pp2,dp2", spec({.tp = 2, .dp = 2, .pp = 2}, model)}, s).allowed);
   CHECK_THAT(submit({"team-a", "pretrain", "tp4,pp1,dp2", spec({.tp = 4, .dp = 2}, model)}, s).message,
@@ -207,4 +211,84 @@ TEST_CASE("at job start the real allocation must match the declared layout and t
   // The declared values are re-validated too: a user-edited option variable is not trusted.
   CHECK_FALSE(
       check_allocation(policy(), {"team-b", "finetune", "tp4,pp2,dp2", {}}, {"root", {}}, good, u).allowed);
+}
+
+TEST_CASE("approval_needed: each rule and its boundary") {
+  const Tier& pretrain = *policy().tier("pretrain");  // example: gpus = 16, gpu_hours = 300
+  CHECK_FALSE(approval_needed(policy(), pretrain, 16, 3600));
+  CHECK(approval_needed(policy(), pretrain, 17, 3600) ==
+        "17 GPUs is more than the 16 a job may take without approval");
+  // GPU-hours: GPUs x the time limit, more than 300 needs one; exactly 300 does not.
+  CHECK_FALSE(approval_needed(policy(), pretrain, 10, 30 * 3600));
+  CHECK(approval_needed(policy(), pretrain, 10, 30 * 3600 + 36) ==
+        "an estimated 300.1 GPU-hours (10 GPUs x 30:00:36) is more than 300");
+  // Both at once: both reasons.
+  CHECK(approval_needed(policy(), pretrain, 24, 40 * 3600) ==
+        "24 GPUs is more than the 16 a job may take without approval; an estimated 960 GPU-hours (24 GPUs x "
+        "40:00:00) is more than 300");
+  // An unknown time limit skips the GPU-hour rule.
+  CHECK_FALSE(approval_needed(policy(), pretrain, 16, std::nullopt));
+  CHECK(approval_needed(policy(), pretrain, 17, std::nullopt));
+
+  Policy p = policy();
+  p.approval.tiers = {"pretrain"};
+  CHECK(approval_needed(p, pretrain, 1, 60) == "tier 'pretrain' always needs approval");
+  CHECK_FALSE(approval_needed(p, *p.tier("explore"), 1, 60));
+  // Thresholds of 0 are rules that are off.
+  p.approval = {};
+  CHECK_FALSE(approval_needed(p, pretrain, 100000, 48 * 3600));
+}
+
+TEST_CASE("approval_request_command: the exact command, with the job's time or the tier's max wall") {
+  const Team& a = *policy().team("team-a");
+  CHECK(approval_request_command(a, *policy().tier("explore"), 24, 4 * 3600) ==
+        "forge-quota request --team team-a --tier explore --gpus 24 --time 4:00:00 --reason \"...\"");
+  CHECK(approval_request_command(a, *policy().tier("pretrain"), 32, std::nullopt) ==
+        "forge-quota request --team team-a --tier pretrain --gpus 32 --time 48:00:00 --reason \"...\"");
+}
+
+TEST_CASE("run_dir_violation: the team's directory, prefix tricks, symlinks and admins") {
+  namespace fs = std::filesystem;
+  forge::test::TempDir dir;
+  const std::string base = fs::canonical(dir.path()).string();
+  fs::create_directories(base + "/team-a/runs");
+  fs::create_directories(base + "/team-ab/runs");
+  fs::create_directories(base + "/elsewhere");
+  Policy p = policy();
+  Team& a = p.teams.at("team-a");
+  a.root = base + "/team-a";
+  const Identity alice{"alice", {}};
+
+  CHECK_FALSE(run_dir_violation(p, a, alice, base + "/team-a/runs/r1"));
+  CHECK_FALSE(run_dir_violation(p, a, alice, base + "/team-a/runs/new/deeper"));  // need not exist yet
+  CHECK_FALSE(run_dir_violation(p, a, alice, base + "/team-a/runs/../runs/r2/"));
+  const auto outside = run_dir_violation(p, a, alice, "/tmp/x");
+  REQUIRE(outside);
+  CHECK(*outside == fmt::format("run.dir '/tmp/x' is outside team team-a's directory {0}/team-a; put the run "
+                                "under {0}/team-a/runs",
+                                base));
+  // A sibling whose name starts with the root's is not inside it.
+  CHECK(run_dir_violation(p, a, alice, base + "/team-ab/runs/r1"));
+  // Dot-dot out of the root.
+  CHECK(run_dir_violation(p, a, alice, base + "/team-a/runs/../../elsewhere/r"));
+  // A symlink inside the root that points out of it: where the files land is outside.
+  fs::create_directory_symlink(base + "/elsewhere", base + "/team-a/runs/escape");
+  CHECK(run_dir_violation(p, a, alice, base + "/team-a/runs/escape/r1"));
+  // A relative run.dir is taken from the working directory.
+  const auto cwd = fs::current_path();
+  fs::current_path(base + "/team-a");
+  CHECK_FALSE(run_dir_violation(p, a, alice, "runs/r3"));
+  fs::current_path(base + "/elsewhere");
+  CHECK(run_dir_violation(p, a, alice, "runs/r3"));
+  fs::current_path(cwd);
+  // Admins may keep runs anywhere; a team without a root is not restricted.
+  CHECK_FALSE(run_dir_violation(p, a, {"dave", {}}, "/tmp/x"));
+  CHECK(run_dir_violation(p, *p.team("team-b"), {"bob", {}}, "/tmp/x"));
+  Team no_root = a;
+  no_root.root.clear();
+  CHECK_FALSE(run_dir_violation(p, no_root, alice, "/tmp/x"));
+  // A hostile run.dir is shown escaped.
+  const auto hostile = run_dir_violation(p, a, alice, "/tmp/\n%n%s");
+  REQUIRE(hostile);
+  CHECK(hostile->find('\n') == std::string::npos);
 }

@@ -23,16 +23,17 @@ const Policy& policy() {
 
 // Rows as `sacct -a -X -D -P -n -o kSacctFields` prints them (JobName last).
 const char* kSacct =
-    "101|root|team-a|pretrain|gpu|COMPLETED|3600|billing=16,cpu=16,gres/gpu=16,mem=16000M,node=2|"
+    "101|root|team-a|pretrain|train|COMPLETED|3600|billing=16,cpu=16,gres/gpu=16,mem=16000M,node=2|"
     "2026-02-02T00:00:00|2026-02-02T01:00:00|node[1-2]|train|a|b\n"
-    "102|alice|team-a|explore|gpu|PREEMPTED|1800|cpu=8,gres/gpu=8,node=1|2026-02-02T00:00:00|"
+    "102|alice|team-a|explore|train|PREEMPTED|1800|cpu=8,gres/gpu=8,node=1|2026-02-02T00:00:00|"
     "2026-02-02T00:30:00|node3|x\n"
-    "102|alice|team-a|explore|gpu|COMPLETED|7200|cpu=8,gres/gpu=8,node=1|2026-02-02T01:00:00|"
+    "102|alice|team-a|explore|train|COMPLETED|7200|cpu=8,gres/gpu=8,node=1|2026-02-02T01:00:00|"
     "2026-02-02T03:00:00|node3|x\n"
-    "103|bob|team-b|finetune|gpu|FAILED|600|cpu=4,gres/gpu:h100=4,node=1|2026-02-03T00:00:00|"
+    "103|bob|team-b|finetune|train|FAILED|600|cpu=4,gres/gpu:h100=4,node=1|2026-02-03T00:00:00|"
     "2026-02-03T00:10:00|node4|ft\n"
-    "104|bob|team-b|finetune|gpu|CANCELLED by 0|0||Unknown|Unknown|None assigned|never-ran\n"
-    "105|root|team-a|normal|gpu|RUNNING|900|cpu=1,gres/gpu=2,node=1|2026-02-04T00:00:00|Unknown|node1|run\n";
+    "104|bob|team-b|finetune|train|CANCELLED by 0|0||Unknown|Unknown|None assigned|never-ran\n"
+    "105|root|team-a|normal|train|RUNNING|900|cpu=1,gres/"
+    "gpu=2,node=1|2026-02-04T00:00:00|Unknown|node1|run\n";
 
 int64_t ts(const char* s) {
   return *parse_slurm_timestamp(s);
@@ -77,7 +78,7 @@ TEST_CASE("squeue rows parse, padded or not") {
   const auto q = parse_squeue(
       "200                 |root      |team-a    |pretrain  |gpu       |RUNNING   |1:00:00   |2-00:00:00|"
       "cpu=16,gres/gpu=16,node=2\n"
-      "201|bob|team-b|finetune|gpu|PENDING|0:00|UNLIMITED|cpu=1,gres/gpu=8,node=1\n");
+      "201|bob|team-b|finetune|train|PENDING|0:00|UNLIMITED|cpu=1,gres/gpu=8,node=1\n");
   REQUIRE(q.size() == 2);
   CHECK(q[0].elapsed_s == 3600);
   CHECK(q[0].time_limit_s == 48 * 3600);
@@ -117,7 +118,7 @@ TEST_CASE("the ledger is idempotent: re-syncing the same rows counts nothing twi
 
 TEST_CASE("status: used (charged) and reserved per team and tier") {
   const auto runs = parse_sacct(kSacct);
-  const auto q = parse_squeue("300|bob|team-b|explore|gpu|PENDING|0:00|2:00:00|gres/gpu=8\n");
+  const auto q = parse_squeue("300|bob|team-b|explore|train|PENDING|0:00|2:00:00|gres/gpu=8\n");
   const int64_t from = ts("2026-02-01T00:00:00"), to = ts("2026-03-01T00:00:00");
   const auto st = compute_status(policy(), runs, q, from, to);
   REQUIRE(st.size() == 2);
@@ -171,7 +172,7 @@ TEST_CASE("report: GPU-hours, cost, jobs, waste, tokens and MFU per group") {
   CHECK(a.gpu_hours == Approx(16 + 4 + 16 + 0.5));
   CHECK(a.jobs == 3);
   CHECK(a.wasted_gpu_hours == Approx(4.0));
-  // partition gpu: 2.50 per GPU-hour, times the tier's charge.
+  // partition train: 2.50 per GPU-hour, times the tier's charge.
   CHECK(a.cost == Approx(16 * 2.5 + 20 * 2.5 * 0.5 + 0.5 * 2.5));
   CHECK(a.tokens == 5e6);
   CHECK(*a.cost_per_mtoken == Approx((40.0 + 25.0) / 5.0));
@@ -274,22 +275,23 @@ TEST_CASE("apply plans QOS and accounts from scratch, and nothing once Slurm mat
   CHECK_THAT(all, Catch::Contains("add account team-a Cluster=forge 'Description=forge team team-a'"));
   CHECK_THAT(all,
              Catch::Contains("modify account where name=team-b cluster=forge set GrpTRESMins=gres/gpu=120000 "
-                             "GrpTRES=gres/gpu=16 QOS=explore,finetune,normal"));
+                             "GrpTRES=gres/gpu=16 QOS=eval,explore,finetune,normal"));
   CHECK_THAT(all, Catch::Contains("add user bob Account=team-b Cluster=forge"));
   // Every add comes before the modify that names it.
   CHECK(all.find("add qos explore") < all.find("Preempt=explore"));
 
   // What sacctmgr shows after that plan ran: nothing left to do.
   const std::string qos1 = qos0 +
+                           "eval|60|explore|requeue|00:00:00|DenyOnLimit|1.000000|04:00:00\n"
                            "explore|10||requeue|00:00:30|DenyOnLimit|0.500000|04:00:00\n"
                            "finetune|50|explore|requeue|00:00:00|DenyOnLimit|1.000000|1-00:00:00\n"
                            "pretrain|100|explore|requeue|00:00:00|DenyOnLimit|1.000000|2-00:00:00\n";
   const std::string assoc1 =
-      "team-a||gres/gpu=1200000|gres/gpu=32|explore,normal,pretrain\n"
-      "team-a|root|||explore,normal,pretrain\n"
-      "team-a|alice|||explore,normal,pretrain\n"
-      "team-b||gres/gpu=120000|gres/gpu=16|explore,finetune,normal\n"
-      "team-b|bob|||explore,finetune,normal\n";
+      "team-a||gres/gpu=1200000|gres/gpu=32|eval,explore,normal,pretrain\n"
+      "team-a|root|||eval,explore,normal,pretrain\n"
+      "team-a|alice|||eval,explore,normal,pretrain\n"
+      "team-b||gres/gpu=120000|gres/gpu=16|eval,explore,finetune,normal\n"
+      "team-b|bob|||eval,explore,finetune,normal\n";
   CHECK(plan_apply(policy(), parse_slurm_state(qos1, assoc1)).empty());
   // A drifted value is corrected, and only that value.
   std::string drift = assoc1;
@@ -302,8 +304,8 @@ TEST_CASE("apply plans QOS and accounts from scratch, and nothing once Slurm mat
   const auto strip =
       plan_apply(policy(), parse_slurm_state(qos1, assoc1 + "team-b|root|||explore,normal,pretrain\n"));
   REQUIRE(strip.size() == 1);
-  CHECK(
-      shell_line(strip[0]) ==
-      "sacctmgr -i modify user where name=root account=team-b cluster=forge set QOS=explore,finetune,normal");
+  CHECK(shell_line(strip[0]) ==
+        "sacctmgr -i modify user where name=root account=team-b cluster=forge set "
+        "QOS=eval,explore,finetune,normal");
   (void)assoc0;
 }

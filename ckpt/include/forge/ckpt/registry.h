@@ -2,20 +2,31 @@
 // directory, with what made it: run, jobs, team, dataset version, tokenizer, spec, parent model, the
 // gate's verdict and where it was exported. A release is known by its directory; registering it again
 // updates the entry, never adds another. Names carry versions (name:1, name:2, ...), one per release.
+// Only who may write a release's run directory (its team: the group that owns it) registers the release
+// or records its export (docs/CHECKPOINTS.md, "Registry").
 #pragma once
 
 #include "forge/common/json.h"
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-struct sqlite3;
+namespace forge::sqlite {
+class Db;
+}
 
 namespace forge::ckpt {
 
-inline constexpr const char* kDefaultRegistry = "/var/lib/forge-registry/registry.db";
+#ifndef FORGE_SYSTEM_REGISTRY
+#define FORGE_SYSTEM_REGISTRY "/var/lib/forge-registry/registry.db"
+#endif
+
+// The system registry (CMake cache variable FORGE_SYSTEM_REGISTRY): the default, and the only registry a
+// setgid forge-ckpt uses.
+inline constexpr const char* kDefaultRegistry = FORGE_SYSTEM_REGISTRY;
 
 // `given` (--registry) when set, else $FORGE_REGISTRY, else kDefaultRegistry.
 std::string registry_path(const std::string& given);
@@ -28,7 +39,9 @@ struct Release {
   std::string source;  // the checkpoint it was promoted from (a child run's init_from may name it)
   std::string team;    // the Slurm account, or given; "" when unknown
   std::string run_dir;
-  std::string objective;  // run.objective; "" when the manifest does not say
+  std::string owner_group;  // the group owning run_dir at registration (a gid when it has no name); "" in
+                            // entries from before schema version 2
+  std::string objective;    // run.objective; "" when the manifest does not say
   int64_t step = 0;
   std::vector<std::string> train_jobs;  // the run's Slurm jobs (its summary.json)
   std::string promote_job;              // the job that registered it (the gate's), "" outside Slurm
@@ -68,12 +81,21 @@ struct Generation {
   Json to_json() const;
 };
 
+// Whether the calling user may write `dir` (create entries in it): access(2), which checks the real
+// user and groups, not a setgid program's group.
+bool caller_can_write(const std::string& dir);
+// kIo "user U cannot write DIR: only its team (the group that owns it) registers its releases" unless
+// caller_can_write(run_dir).
+void require_caller_can_write(const std::string& run_dir);
+
 class Registry {
  public:
   enum class Mode { kExisting, kCreate };
-  // kCreate creates the file (and its directory) when missing; kExisting fails with kUsage instead, so
-  // that reading a mistyped path says so. Throws forge::Error naming the file: kData when it is damaged or
-  // newer than this program, kUsage when it is another SQLite database, kIo otherwise.
+  // kCreate creates the file (and its directory) when missing, mode 0660 minus the umask; kExisting fails
+  // with kUsage instead, so that reading a mistyped path says so. Every connection keeps the -wal and
+  // -shm files when it closes, so that they stay the owner's of the database (root's, for the system
+  // registry). An older schema is brought up to date. Throws forge::Error naming the file: kData when it
+  // is damaged or newer than this program, kUsage when it is another SQLite database, kIo otherwise.
   Registry(const std::string& path, Mode mode);
   ~Registry();
   Registry(const Registry&) = delete;
@@ -82,8 +104,9 @@ class Registry {
   const std::string& path() const { return path_; }
 
   // Registers the committed release at `release_dir` (kUsage when it is not a release, kData when its
-  // manifest is damaged) and returns its entry. Again for the same directory: the entry keeps its name
-  // and version, and gains the jobs, team and verdict it lacked; another --name is kUsage.
+  // manifest is damaged, kIo when the caller cannot write its run directory) and returns its entry. Again for
+  // the same directory: the entry keeps its name and version, and gains the jobs, team and verdict it lacked;
+  // another --name is kUsage.
   Release add(const std::string& release_dir, const RegisterOptions& options = {});
 
   std::vector<Release> list() const;  // by name, then version
@@ -93,6 +116,7 @@ class Registry {
   Release find(const std::string& ref) const;
   std::optional<Release> find_path(const std::string& dir) const;
 
+  // Records the release's newest export; kIo when the caller cannot write its run directory.
   void set_export(int64_t id, const std::string& export_path);
 
   // The model at `checkpoint_dir` and its ancestors back to the run trained from scratch, child first.
@@ -101,11 +125,10 @@ class Registry {
   std::vector<Generation> lineage(const std::string& checkpoint_dir) const;
 
  private:
-  void exec(const char* sql, const char* what) const;
   std::vector<Release> select(const std::string& where, const std::vector<std::string>& params) const;
 
-  sqlite3* db_ = nullptr;
   std::string path_;
+  std::unique_ptr<sqlite::Db> db_;  // forge/common/sqlite.h
 };
 
 }  // namespace forge::ckpt

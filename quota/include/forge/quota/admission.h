@@ -7,6 +7,7 @@
 #include "forge/quota/policy.h"
 #include "forge/quota/snapshot.h"
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,11 +18,6 @@ namespace forge::quota {
 struct Choices {
   std::string team, tier, layout;
   std::optional<SpecLayout> spec;  // what --train-spec declares, when given
-};
-
-struct Identity {
-  std::string user;
-  std::vector<std::string> groups;
 };
 
 enum class SnapshotFailure { kOpen, kClosed };
@@ -64,5 +60,28 @@ Decision admit_submission(const Policy& policy, const Choices& choices, const Id
 // real allocation against the declared layout and tier (GPUs, nodes, QOS, account, switches, time).
 Decision check_allocation(const Policy& policy, const Choices& choices, const Identity& who,
                           const Allocation& alloc, const UsageView& usage);
+
+// Approval of large requests ([approval]): the reason a job of `gpus` GPUs in `tier` needs one, in words,
+// or nullopt when no rule holds. The GPU-hour rule (GPUs x time limit) is skipped when the time limit is
+// unknown (nullopt).
+std::optional<std::string> approval_needed(const Policy& policy, const Tier& tier, int gpus,
+                                           std::optional<int64_t> time_limit_s);
+
+// The command a user runs to ask for that approval: "forge-quota request --team T --tier X --gpus N
+// --time H:MM:SS --reason "..."" (the job's time limit, else the tier's max wall).
+std::string approval_request_command(const Team& team, const Tier& tier, int gpus,
+                                     std::optional<int64_t> time_limit_s);
+
+// The rejection of a job that needs an approval and names none (`reason`: approval_needed's), the same
+// words from sbatch's plugin and from the controller.
+std::string approval_missing_message(const std::string& reason, const Team& team, const Tier& tier, int gpus,
+                                     std::optional<int64_t> time_limit_s);
+
+// Team isolation: nullopt when `run_dir` is allowed — the team has no root, `who` is an admin, or the
+// directory (absolute, normalised, symlinks resolved as far as it exists) lies within the team's root.
+// Else the sentence to show: "run.dir '/tmp/x' is outside team team-a's directory ...; put the run under
+// .../runs".
+std::optional<std::string> run_dir_violation(const Policy& policy, const Team& team, const Identity& who,
+                                             const std::string& run_dir);
 
 }  // namespace forge::quota

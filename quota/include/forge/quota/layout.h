@@ -16,6 +16,7 @@ namespace forge::quota {
 struct SpecLayout {
   Layout layout;
   ModelDims model{.layers = 6, .heads = 6, .vocab = 8192};
+  std::string run_dir;  // [run] dir as written (empty: not set)
 };
 
 // nullopt with `why` set (one line, file:line where there is one) when the file cannot be read, is not

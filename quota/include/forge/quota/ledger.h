@@ -12,7 +12,9 @@
 #include <string>
 #include <vector>
 
-struct sqlite3;
+namespace forge::sqlite {
+class Db;  // forge/common/sqlite.h
+}
 
 namespace forge::quota {
 
@@ -26,7 +28,8 @@ struct RunSummary {
 
 class Ledger {
  public:
-  // Opens (creating if needed) the ledger at `path`. Throws forge::Error(kIo) naming the file.
+  // Opens (creating if needed) the ledger at `path`. Throws forge::Error naming the file: kData when it
+  // is damaged, kIo otherwise.
   explicit Ledger(const std::string& path);
   ~Ledger();
   Ledger(const Ledger&) = delete;
@@ -46,9 +49,7 @@ class Ledger {
   int64_t last_sync() const;  // 0 if never synced
 
  private:
-  void exec(const char* sql) const;
-  sqlite3* db_ = nullptr;
-  std::string path_;
+  std::unique_ptr<sqlite::Db> db_;
 };
 
 // summary.json files under `dirs` (searched up to three levels deep), keyed by their job id. Files that

@@ -17,12 +17,15 @@ struct SyncOptions {
 
 struct SyncResult {
   size_t runs = 0, queued = 0, summaries = 0;
+  size_t approval_jobs = 0;  // approval uses that learnt their job id
   std::vector<std::string> warnings;
 };
 
 std::vector<std::string> sacct_args(int64_t from, int64_t to);
 std::vector<std::string> squeue_args();
 
+// Reads sacct (runs, job comments, admin comments) and squeue, records them in the ledger, sets the job
+// ids of approval uses (ApprovalStore::record_job_ids) and writes the snapshot.
 SyncResult sync_usage(const Policy& policy, const SyncOptions& options, int64_t now);
 
 }  // namespace forge::quota
