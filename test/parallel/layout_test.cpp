@@ -26,6 +26,11 @@ namespace {
 // parameter whose gradient is tiny can move by up to ~lr x (relative gradient error) per step.
 constexpr double kLossRelTol = 2e-5;
 constexpr double kParamAbsTol = 2e-4;
+// DPO's gradient is sigmoid(-beta x margin) times log-probability gradients, and the margin is a difference
+// of nearly equal log-ratios (0 at the start): its relative error is larger than cross-entropy's. Worst
+// measured: 2.0e-4 on the Intel VM of earlier sessions, 2.5e-4 on an AMD EPYC (OpenBLAS's Zen kernels sum
+// in another order) -- still 2.5% of one step's lr.
+constexpr double kDpoParamAbsTol = 5e-4;
 constexpr int kSteps = 20;
 
 TrainSpec make_spec(int global_batch, int dp, int microbatches) {
@@ -201,12 +206,13 @@ int main(int argc, char** argv) {
   const double unsharded = 2.0 * double(parallel.model().weights().size()) * sizeof(float);
   const bool sharded_ok =
       zero == 0 || double(parallel.optimizer_bytes()) <= unsharded / layout.dp + 64.0 * layout.dp;
-  const bool ok = worst[0] <= kLossRelTol && worst[1] <= kParamAbsTol && sharded_ok;
+  const double param_tol = dpo ? kDpoParamAbsTol : kParamAbsTol;
+  const bool ok = worst[0] <= kLossRelTol && worst[1] <= param_tol && sharded_ok;
   if (groups.rank == 0)
     std::printf(
         "layout %s zero %d%s: worst loss rel diff %.2e (tol %.0e), worst parameter diff %.2e (tol %.0e), "
         "optimizer state %zu of %.0f bytes: %s\n",
         layout.str().c_str(), zero, mode.empty() ? "" : (" " + mode).c_str(), worst[0], kLossRelTol, worst[1],
-        kParamAbsTol, parallel.optimizer_bytes(), unsharded, ok ? "PASS" : "FAIL");
+        param_tol, parallel.optimizer_bytes(), unsharded, ok ? "PASS" : "FAIL");
   return ok ? 0 : 1;
 }
