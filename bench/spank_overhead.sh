@@ -47,3 +47,15 @@ echo "                                 with forge_spank.so:    $w_med / $w_mean 
 echo "  cpu ms (median user+sys)       without: $wo_cpu   with: $w_cpu"
 awk -v a="$w_med" -v b="$wo_med" -v c="$w_mean" -v d="$wo_mean" -v e="$w_cpu" -v f="$wo_cpu" 'BEGIN {
   printf "  overhead: wall median %+.1f ms, wall mean %+.1f ms, cpu median %+.1f ms; ratio with/without (wall median) %.3f; budget 20 ms\n", a - b, c - d, e - f, a / b }'
+
+# The controller's part of "with": job_submit.lua runs the policy's checker (`forge-quota admit`: policy
+# parse, membership, pool, approval rules, a ledger read) once per training job, inside slurmctld.
+policy=$(sed -n 's/.*policy=\([^[:space:]]*\).*/\1/p' "$plugstack")
+checker=$(sed -n 's/^checker *= *//p' "$policy" 2>/dev/null)
+if [ -n "$checker" ] && [ -x "$checker" ]; then
+  for ((i = 0; i < N; i++)); do
+    run "$checker" admit --uid 0 --team team-a --tier explore --gpus 8 --minutes 60 >>"$tmp/admit"
+  done
+  read -r ad_med ad_mean _ <<<"$(stats "$tmp/admit" 1)"
+  echo "  of which the controller's checker ($checker admit, run $N times directly): wall median $ad_med ms, mean $ad_mean ms"
+fi

@@ -89,6 +89,7 @@ export FORGE_DEVCLUSTER_DIR=${FORGE_DEVCLUSTER_DIR:-/var/lib/forge-devcluster}
 mkdir -p "$FORGE_DEVCLUSTER_DIR"
 export FORGE_SPANK_PLUGSTACK="$FORGE_DEVCLUSTER_DIR/forge-plugstack.conf"
 export FORGE_HEALTH_BIN=$bin/health/forge-health   # the node health hooks (Prolog, Epilog, periodic)
+export FORGE_QUOTA_BIN=$bin/quota/forge-quota       # installed setgid as the approval store's front door
 scripts/slurm/write-plugstack.sh "$bin" "$FORGE_SPANK_PLUGSTACK"
 scripts/devcluster/up
 # shellcheck source=/dev/null
@@ -103,11 +104,23 @@ quota sync >/dev/null
 rm -rf "$work" && mkdir -p "$work" && : > "$work/.forge-demo"
 cd "$work"
 
-stage "demo corpus and dataset (forge-data prepare)"
+stage "demo corpus and dataset (forge-data prepare, a batch job on the data pool)"
 "$root/scripts/make-demo-corpus.sh" "$work/corpus" $((fast ? 1 : 3)) >/dev/null
-"$bin/dataio/forge-data" prepare --input "$work/corpus/code=code" --input "$work/corpus/legal=legal" \
+export FORGE_HOME=$root
+prep=$(sbatch --parsable --wait -A team-a -c 2 -o "$work/prepare-%j.out" "$root/scripts/sbatch/prepare.sbatch" \
+  --input "$work/corpus/code=code" --input "$work/corpus/legal=legal" \
   --input "$work/corpus/docs=docs" --eval-set /usr/share/common-licenses/GPL-3 --vocab 1000 \
-  --valid-fraction 0.05 --out "$work/dataset"
+  --valid-fraction 0.05 --out "$work/dataset") || { cat "$work"/prepare-*.out >&2; exit 1; }
+tail -n 3 "$work/prepare-$prep.out"
+echo "prepare job $prep ran on partition $(sacct -n -X -P -j "$prep" -o Partition), away from the training nodes"
+
+stage "approval: the pretraining job is over the policy's GPU-hour threshold; root asks, carol approves"
+# $ranks GPUs x the tier's 48 h. The installed (setgid) forge-quota writes the request into the ledger; the
+# identity is the caller's Unix user, and only an approver of team-a (carol) may decide. The controller
+# (job_submit.lua -> forge-quota admit) consumes the approval when the job is submitted.
+fq=$FORGE_DEVCLUSTER_DIR/bin/forge-quota
+approval=$("$fq" request --team team-a --tier pretrain --gpus "$ranks" --time 48:00:00 --reason "the demo's pretraining run")
+runuser -u carol -- "$fq" approve "$approval"
 
 stage "submit the pipeline: pretrain (team-a, pretrain tier, $layout), then the gate (afterok)"
 steps=$((fast ? 20 : 120))
@@ -127,7 +140,8 @@ sed -e "s/^steps = .*/steps = $steps\ntrace_steps = 3-4/" -e "s/^milestone_every
 printf '\n[parallel]\ntp = %s\ncp = %s\nep = %s\npp = %s\ndp = %s\nmicrobatches = %s\nzero = %s\n' "$tp" "$cp" "$ep" \
   "$pp" "$dp" "$microbatches" "$((dp > 1 ? 1 : 0))" >> "$spec"
 ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=pretrain \
-  --train-layout="$layout" --gate-policy="$root/configs/gate.example.ini" --baseline=none "$spec" "$work/dataset")
+  --train-layout="$layout" --gate-policy="$root/configs/gate.example.ini" --baseline=none \
+  -- --train-approval="$approval" "$spec" "$work/dataset")
 echo "$ids"
 train=$(awk '/train job/ {print $3}' <<<"$ids")
 gate=$(awk '/gate job/ {print $3}' <<<"$ids")
@@ -207,6 +221,8 @@ print(f"trace: steps 3-4 of {ranks} ranks on one timeline, {len(e)} events: {sys
 stage "gate: evaluate the final milestone, promote on pass"
 state=$(final_state "$gate" 600)
 cat "$run/gate/summary.txt"
+echo "pools: training job $train ran on partition $(sacct -n -X -P -j "$train" -o Partition | tail -n1)," \
+  "its gate $gate on $(sacct -n -X -P -j "$gate" -o Partition | tail -n1)"
 
 stage "post-training: SFT on chat data, fine-tuned from the release, gated against it (team-a, explore tier)"
 # A chat set from the corpus's man pages (scripts/make-demo-chat.py), prepared with the pretraining
@@ -316,6 +332,10 @@ quota report --by job --format html -o "$work/quota-report.html"
 quota report --by job --format json -o "$work/quota-report.json"
 quota status --format prom -o "$FORGE_PROMETHEUS_DIR/forge_quota.prom"
 echo "prometheus: $FORGE_PROMETHEUS_DIR/forge_quota.prom ($(grep -c '^forge_quota_' "$FORGE_PROMETHEUS_DIR/forge_quota.prom") team gauges)"
+# The audit trail of the approval: request, decision, use and the job it admitted. Seen as bob (team-b), the
+# same report is empty: users see only their own teams.
+quota report --approvals
+echo "as bob: $(runuser -u bob -- "$fq" report --approvals --format csv | grep -c "$approval") rows mention $approval"
 
 # The run's own report: loss, throughput and MFU per step, resumes and checkpoints marked.
 "$bin/launcher/forge-train" report "$run" >/dev/null

@@ -10,6 +10,10 @@
 # Slurm copies batch scripts into its spool, so the programs are found in the build tree named by
 # FORGE_BUILD_DIR (exported by submit-pipeline; each forge-* program in its module's folder) or on PATH.
 
+# What a job writes belongs to its team: the team directories are group-owned and setgid (docs/ADMISSION.md,
+# "Team isolation"), and this keeps the group's write bit and nothing for others.
+umask 007
+
 forge_bin() {
   local name=$1 dir
   for dir in launcher eval_gate dataio ckpt quota health; do

@@ -10,7 +10,11 @@ slurmctld on the real request, is the lock:
   * the choices are re-derived from the policy file (never trusted as sent): team -> account,
     tier -> QOS and max wall time, layout -> GPUs (tp*cp*dp*pp), nodes, TP <= GPUs per node, switches;
   * the request must match them: GPU count, node count, QOS, account; unset QOS, account, nodes, time
-    and switch limits are filled in from the policy.
+    and switch limits are filled in from the policy;
+  * then the policy's checker (`forge-quota admit`, run as SlurmUser) decides what needs the approval
+    store and the user's identity: team membership of the submitting uid, the pool (partition) of the
+    tier, and an approval for a large request (--train-approval=ID), which it consumes. An admitted
+    approval is recorded in the job's AdminComment ("forge-approval=ID"), which only root writes.
 
 The policy path comes from the forge_spank.so line of the plugstack.conf next to this file
 (policy=PATH). Messages go to the user with slurm.log_user("%s", msg), never as a format.
@@ -94,6 +98,8 @@ local function parse_policy(path)
             p.teams[team] = p.teams[team] or {}
             if k == "account" then p.teams[team].account = v end
             if k == "tiers" then p.teams[team].tiers = split(v, ",") end
+          elseif section == "approval" and k == "checker" then
+            p.checker = v
           elseif section == "policy" and k == "default_wall" then
             p.default_wall_min = wall_minutes(v)
           elseif section == "topology" and k == "gpus_per_node" then
@@ -176,6 +182,29 @@ local function gpus_in(tres)
 end
 
 local function set_value(v) return v ~= nil and v ~= NO_VAL and v ~= INFINITE and v ~= "" end
+
+-- A value passed to the checker's command line: a plain word (names, numbers, approval ids), never
+-- anything a shell would interpret; nil when it is not.
+local function word(v, max_len)
+  v = tostring(v or "")
+  if #v > (max_len or 64) or not v:match("^[%w._-]*$") then return nil end
+  return v
+end
+
+-- `forge-quota admit` (docs/ADMISSION.md): exactly one line, "admit partition=P|- approval=ID|-" or
+-- "reject MESSAGE". Returns the verdict table, or nil and why the checker could not be asked.
+local function run_checker(checker, args)
+  local f = io.popen(checker .. " admit " .. table.concat(args, " ") .. " 2>&1", "r")
+  if not f then return nil, "cannot run " .. checker end
+  local out = f:read("*a") or ""
+  f:close()
+  local line = out:match("^([^\n]*)")
+  local rest = line:match("^reject (.*)$")
+  if rest then return { admit = false, message = rest } end
+  local partition, approval = line:match("^admit partition=(%S*) approval=(%S+)$")
+  if partition then return { admit = true, partition = partition, approval = approval } end
+  return nil, checker .. " said: " .. out:sub(1, 300)
+end
 
 local function reject(msg)
   slurm.log_user("%s", "forge: " .. msg)
@@ -323,6 +352,42 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   if want.switches > 0 and nodes > 1 then
     if not set_value(job_desc.req_switch) or job_desc.req_switch == 0 or job_desc.req_switch > want.switches then
       job_desc.req_switch = want.switches
+    end
+  end
+
+  -- Membership, pool and approval: last, so that an approval is consumed only by a job that passed
+  -- everything above. Without a checker in the policy (an older policy) none of the three applies.
+  if policy and policy.checker then
+    local approval = c.FORGE_APPROVAL
+    if approval ~= nil and approval ~= "" and not word(approval) then
+      return reject("--train-approval: approval id is malformed (expected apr- and 12 hex digits, as " ..
+        "`forge-quota request` prints it)")
+    end
+    local partition = job_desc.partition
+    if partition ~= nil and partition ~= "" and not word(partition) then
+      return reject(string.format("--partition=%s: a training job runs in one partition (its tier's pool)",
+        tostring(partition):sub(1, 100)))
+    end
+    if not policy.checker:match("^/[%w._/-]+$") then
+      slurm.log_error("%s", "forge job_submit: [approval] checker must be an absolute plain path: " .. policy.checker)
+      return reject("the admission checker is misconfigured; ask an admin (slurmctld log)")
+    end
+    if not (word(c.FORGE_TEAM) and word(c.FORGE_TIER)) then return reject("team and tier must be plain names") end
+    local args = { "--uid", tostring(submit_uid), "--team", word(c.FORGE_TEAM), "--tier", word(c.FORGE_TIER),
+      "--gpus", tostring(gpus), "--minutes", tostring(job_desc.time_limit) }
+    -- "--key=value": a value that starts with '-' is never read as an option.
+    if partition ~= nil and partition ~= "" then args[#args + 1] = "--partition=" .. partition end
+    if approval ~= nil and approval ~= "" then args[#args + 1] = "--approval=" .. approval end
+    local verdict, why = run_checker(policy.checker, args)
+    if not verdict then
+      slurm.log_error("%s", "forge job_submit: approval checker failed: " .. why)
+      return reject("the admission checker failed; ask an admin (slurmctld log)")
+    end
+    if not verdict.admit then return reject(verdict.message) end
+    if verdict.partition ~= "-" and verdict.partition ~= "" then job_desc.partition = verdict.partition end
+    if verdict.approval ~= "-" then
+      local mark = "forge-approval=" .. verdict.approval
+      job_desc.admin_comment = job_desc.admin_comment and (job_desc.admin_comment .. " " .. mark) or mark
     end
   end
   return slurm.SUCCESS

@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # Writes a plugstack.conf that loads forge_spank.so from a build directory with a policy file.
 # Usage: scripts/slurm/write-plugstack.sh BUILD_DIR OUT [POLICY] [SNAPSHOT]
-#   POLICY   default: configs/quota.example.ini of this repository
+#   POLICY   default: the dev cluster's policy, $FORGE_DEVCLUSTER_DIR/forge-quota/quota.ini (the example
+#            policy with the cluster's paths, written by scripts/devcluster/up, which may run after this)
 #   SNAPSHOT default: $FORGE_DEVCLUSTER_DIR/forge-quota/usage.json (the dev cluster's), which
 #            `forge-quota sync --snapshot ...` writes; tests and bench use the same path.
 # The plugin is `required`: if it cannot load, Slurm refuses jobs rather than run them unchecked.
 set -euo pipefail
 [ $# -ge 2 ] || { echo "usage: $0 BUILD_DIR OUT [POLICY] [SNAPSHOT]" >&2; exit 64; }
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=$(cd "$1" && pwd)
 out=$2
-policy=${3:-$repo/configs/quota.example.ini}
+cluster_policy=${FORGE_DEVCLUSTER_DIR:-/var/lib/forge-devcluster}/forge-quota/quota.ini
+policy=${3:-$cluster_policy}
 snapshot=${4:-${FORGE_DEVCLUSTER_DIR:-/var/lib/forge-devcluster}/forge-quota/usage.json}
 so=$build/spank_plugin/forge_spank.so
 [ -f "$so" ] || { echo "write-plugstack: no $so; build the forge_spank target first" >&2; exit 66; }
-[ -f "$policy" ] || { echo "write-plugstack: no policy file $policy" >&2; exit 66; }
+[ -f "$policy" ] || [ "$policy" = "$cluster_policy" ] || { echo "write-plugstack: no policy file $policy" >&2; exit 66; }
 case "$so$policy$snapshot" in *[[:space:]]*)
   echo "write-plugstack: plugstack.conf arguments cannot contain spaces: $so $policy $snapshot" >&2; exit 64 ;;
 esac

@@ -26,6 +26,8 @@ void set_control_env(spank_t sp, const quota::Policy& policy, const quota::Decis
   put("FORGE_GPUS_PER_NODE", std::to_string(policy.topology.gpus_per_node));
   put("FORGE_MAX_SWITCHES", std::to_string(policy.topology.switches_for(d.layout.world())));
   put("FORGE_MAX_WALL_MIN", std::to_string(d.tier->max_wall_s / 60));
+  // Only named here; job_submit.lua has the controller's checker look it up in the approval store.
+  if (!options().approval.empty()) put("FORGE_APPROVAL", options().approval);
 }
 
 }  // namespace
@@ -54,10 +56,17 @@ int admit_local(spank_t sp, const char* tool) {
     }
     LoadedUsage usage;
     load_usage(policy, *state().config, usage);
-    const quota::Decision d =
-        quota::admit_submission(policy, choices, identity_of(getuid(), getgid()), usage.view);
+    const quota::Identity who = quota::identity_of_uid(getuid());
+    const quota::Decision d = quota::admit_submission(policy, choices, who, usage.view);
     for (const auto& w : d.warnings) slurm_info("forge: warning: %s", w.c_str());
     if (!d.allowed) return reject(d.message);
+    if (const auto bad = run_dir_problem(sp, policy, *d.team, who)) return reject(*bad);
+    // The early word on approval: sbatch does not see --time, so only the GPU and tier rules are judged
+    // here; the controller judges all of them and whether the approval is valid.
+    if (o.approval.empty())
+      if (const auto why = quota::approval_needed(policy, *d.tier, d.layout.world(), std::nullopt))
+        return reject(
+            quota::approval_missing_message(*why, *d.team, *d.tier, d.layout.world(), std::nullopt));
     set_control_env(sp, policy, d);
     return 0;
   } catch (const std::exception& e) {

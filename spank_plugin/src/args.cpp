@@ -1,17 +1,13 @@
 #include "plugin.h"
 
-#include <grp.h>
-#include <pwd.h>
 #include <sys/stat.h>
 
 #include <ctime>
 
-#include <vector>
-
 namespace forge::spank {
 namespace {
 
-enum Opt { kTeam = 1, kTier, kLayout, kSpec };
+enum Opt { kTeam = 1, kTier, kLayout, kSpec, kApproval };
 
 // Values longer than this are kept truncated (still rejected later): an option callback must not fail
 // in remote context, and nothing legitimate is this long.
@@ -35,6 +31,9 @@ int on_option(int val, const char* optarg, int /*remote*/) {
     case kSpec:
       o.spec = v;
       break;
+    case kApproval:
+      o.approval = v;
+      break;
     default:
       break;
   }
@@ -50,6 +49,9 @@ struct spank_option kOptions[] = {
      const_cast<char*>("Parallel layout; tp*cp*dp*pp GPUs."), 1, kLayout, on_option},
     {const_cast<char*>("train-spec"), const_cast<char*>("FILE"),
      const_cast<char*>("Job spec: [parallel] must match --train-layout, [model] fit it."), 1, kSpec,
+     on_option},
+    {const_cast<char*>("train-approval"), const_cast<char*>("ID"),
+     const_cast<char*>("Approval of a large request (forge-quota request / approve)."), 1, kApproval,
      on_option},
 };
 
@@ -72,29 +74,6 @@ int register_options(spank_t sp) {
       return -1;
     }
   return 0;
-}
-
-quota::Identity identity_of(uid_t uid, gid_t gid) {
-  quota::Identity who;
-  std::vector<char> buf(16384);
-  passwd pw{}, *pwp = nullptr;
-  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &pwp) == 0 && pwp)
-    who.user = pw.pw_name;
-  else
-    who.user = "uid " + std::to_string(uid);
-  std::vector<gid_t> gids(64);
-  int n = static_cast<int>(gids.size());
-  if (pwp && getgrouplist(pw.pw_name, gid, gids.data(), &n) < 0) {
-    gids.resize(static_cast<size_t>(n));
-    getgrouplist(pw.pw_name, gid, gids.data(), &n);
-  }
-  if (!pwp) gids = {gid}, n = 1;
-  for (int i = 0; i < n; ++i) {
-    group gr{}, *grp = nullptr;
-    if (getgrgid_r(gids[static_cast<size_t>(i)], &gr, buf.data(), buf.size(), &grp) == 0 && grp)
-      who.groups.push_back(gr.gr_name);
-  }
-  return who;
 }
 
 // A snapshot anyone could have written says nothing: it must belong to root or to the policy's owner
@@ -131,6 +110,33 @@ void load_usage(const quota::Policy& policy, const PluginConfig& config, LoadedU
     out.view.problem = *stale + " (" + path + ")";
   else
     out.view.snapshot = &*out.snapshot;
+}
+
+namespace {
+
+// A relative path as the job sees it: against the job's working directory (PWD in its environment, else
+// the submit directory). In sbatch (no job environment yet) it stays relative: the submitter's directory.
+std::string job_path(spank_t sp, const std::string& path) {
+  if (path.empty() || path.front() == '/') return path;
+  char dir[4096] = "";
+  if (spank_getenv(sp, "PWD", dir, sizeof dir) != ESPANK_SUCCESS &&
+      spank_getenv(sp, "SLURM_SUBMIT_DIR", dir, sizeof dir) != ESPANK_SUCCESS)
+    return path;
+  return std::string(dir) + "/" + path;
+}
+
+}  // namespace
+
+std::optional<std::string> run_dir_problem(spank_t sp, const quota::Policy& policy, const quota::Team& team,
+                                           const quota::Identity& who) {
+  const std::string& spec = options().spec;
+  if (team.root.empty() || spec.empty() || policy.is_admin(who)) return std::nullopt;
+  std::string why;
+  const auto declared = quota::read_spec_layout(job_path(sp, spec), &why);
+  if (!declared) return "--train-spec: " + why;
+  if (declared->run_dir.empty())
+    return "--train-spec " + spec + " sets no [run] dir; set it under " + team.root + "/runs";
+  return quota::run_dir_violation(policy, team, who, job_path(sp, declared->run_dir));
 }
 
 }  // namespace forge::spank

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "forge/quota/admission.h"
+#include "forge/quota/identity.h"
 
 // spank.h declares the slurm_spank_* callbacks outside its own extern "C" block: included bare from C++
 // they would get C++ linkage and Slurm could not find them by name.
@@ -30,8 +31,10 @@ std::optional<PluginConfig> parse_config(int ac, char** av, std::string* why);
 
 // The options as given (raw, untrusted). Filled by the option callbacks, which may run more than once.
 struct OptionValues {
-  std::string team, tier, layout, spec;
-  bool any() const { return !team.empty() || !tier.empty() || !layout.empty() || !spec.empty(); }
+  std::string team, tier, layout, spec, approval;
+  bool any() const {
+    return !team.empty() || !tier.empty() || !layout.empty() || !spec.empty() || !approval.empty();
+  }
 };
 OptionValues& options();
 int register_options(spank_t sp);
@@ -43,15 +46,19 @@ struct State {
 };
 State& state();
 
-// The identity of the submitting (local) or job (remote) user, with group names.
-quota::Identity identity_of(uid_t uid, gid_t gid);
-
 // The usage view for a decision: the snapshot if it is readable and fresh, else why not.
 struct LoadedUsage {
   std::optional<quota::UsageSnapshot> snapshot;
   quota::UsageView view;
 };
 void load_usage(const quota::Policy& policy, const PluginConfig& config, LoadedUsage& out);
+
+// A team with a directory keeps its runs there (docs/ADMISSION.md, "Team isolation"): the run.dir of the
+// job's --train-spec must lie under it (admins exempt; a job without --train-spec declares no run, and
+// scripts/sbatch/submit-pipeline always gives it). In slurmstepd user_init runs with the job user's
+// privileges: the spec is read as they would read it.
+std::optional<std::string> run_dir_problem(spank_t sp, const quota::Policy& policy, const quota::Team& team,
+                                           const quota::Identity& who);
 
 // Shared by sbatch/salloc and an allocating srun: the submission check. 0 to go on, -1 to reject.
 int admit_local(spank_t sp, const char* tool);

@@ -60,10 +60,8 @@ int stepd_user_init(spank_t sp) {
   if (!o.any()) return 0;
   uint32_t job_id = 0;
   uid_t uid = 0;
-  gid_t gid = 0;
   spank_get_item(sp, S_JOB_ID, &job_id);
   spank_get_item(sp, S_JOB_UID, &uid);
-  spank_get_item(sp, S_JOB_GID, &gid);
   const auto refuse = [&](const std::string& why) {
     verdict() = {true, "forge: job " + std::to_string(job_id) + " rejected at start: " + why};
     slurm_error("%s", verdict().message.c_str());  // to the node's log now; the job fails in task init
@@ -77,10 +75,12 @@ int stepd_user_init(spank_t sp) {
     if (!alloc) return refuse(why);
     LoadedUsage usage;
     load_usage(policy, *state().config, usage);
-    const quota::Decision d = quota::check_allocation(policy, {o.team, o.tier, o.layout, {}},
-                                                      identity_of(uid, gid), *alloc, usage.view);
+    const quota::Identity who = quota::identity_of_uid(uid);
+    const quota::Decision d =
+        quota::check_allocation(policy, {o.team, o.tier, o.layout, {}}, who, *alloc, usage.view);
     for (const auto& w : d.warnings) slurm_info("forge: job %u: warning: %s", job_id, w.c_str());
     if (!d.allowed) return refuse(d.message);
+    if (const auto bad = run_dir_problem(sp, policy, *d.team, who)) return refuse(*bad);
     spank_setenv(sp, "FORGE_TEAM", d.team->name.c_str(), 1);
     spank_setenv(sp, "FORGE_TIER", d.tier->name.c_str(), 1);
     spank_setenv(sp, "FORGE_LAYOUT", d.layout.str().c_str(), 1);

@@ -112,7 +112,7 @@ drained && fail "resume: $NODE still drained ($(reason))"
 # 7. the Prolog: a job on a node with a bad GPU does not run there, and the reason stays forge-health's
 #    (not Slurm's "Prolog error"; the periodic check may get there first, with the same reason)
 flip 6 "xid 79: GPU has fallen off the bus"
-job=$(sbatch --parsable -w "$NODE" -t 2 -o /dev/null -J health-prolog --wrap "touch $WORK/ran") && JOBS+=("$job")
+job=$(sbatch --parsable -p eval -w "$NODE" -t 2 -o /dev/null -J health-prolog --wrap "touch $WORK/ran") && JOBS+=("$job")
 wait_for 60 drained || fail "prolog: $NODE not drained within 60 s"
 [ "$(reason)" = "forge-health: gpu: gpu6: xid 79: GPU has fallen off the bus" ] || fail "prolog: reason '$(reason)'"
 sleep 2
@@ -124,7 +124,7 @@ heal
 drained && fail "after prolog: $NODE still drained ($(reason))"
 
 # 8. the Epilog: a failed job gets the deep check
-job=$(sbatch --parsable --wait -w "$NODE" -t 2 -o /dev/null -J health-epilog --wrap 'exit 3' 2>/dev/null; true)
+job=$(sbatch --parsable --wait -p eval -w "$NODE" -t 2 -o /dev/null -J health-epilog --wrap 'exit 3' 2>/dev/null; true)
 job=${job%%[^0-9]*}
 if [ -z "$job" ]; then fail "epilog: sbatch failed"; else
   wait_for 20 grep -q "$NODE epilog job=$job: rc=0 .*healthy (deep" "$HLOG" || fail "epilog: no deep check for failed job $job in $HLOG"

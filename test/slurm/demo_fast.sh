@@ -36,7 +36,7 @@ if [ $rc -ne 0 ]; then
   tail -n 40 "$LOG" | sed 's/^/    /'
 fi
 
-for s in "install dependencies" "build" "dev cluster up" "demo corpus and dataset" "submit the pipeline" \
+for s in "install dependencies" "build" "dev cluster up" "demo corpus and dataset" "approval: the pretraining job" "submit the pipeline" \
   "preempt the training job" "a GPU fails mid-run" "gate: evaluate" "post-training: SFT on chat data" \
   "post-training: DPO on preference pairs" \
   "accounting: forge-quota sync and report" "done"; do
@@ -46,6 +46,19 @@ run=$FORGE_DEMO_DIR/runs/demo
 grep -qE "^loss curve: [0-9]+ steps, .* continuous across the preemption" "$LOG" ||
   fail "no continuous loss curve reported"
 grep -q "resumed from" "$LOG" || fail "the training job did not report resuming from a checkpoint"
+# Pools and approval (docs/ADMISSION.md): data preparation on the data partition, training on train, the gate
+# on eval; the pretraining job admitted with carol's approval, which the ledger ties to the job.
+grep -qE "^prepare job [0-9]+ ran on partition data," "$LOG" || fail "the dataset was not prepared on the data pool"
+grep -qE "^pools: training job [0-9]+ ran on partition train, its gate [0-9]+ on eval$" "$LOG" ||
+  fail "training and gate pools: $(grep -m1 '^pools:' "$LOG")"
+approval=$(grep -oE 'apr-[0-9a-f]{12}' "$LOG" | head -n1)
+[ -n "$approval" ] || fail "no approval id in the demo's output"
+train_job=$(grep -m1 -oE '^train job: [0-9]+' "$LOG" | grep -oE '[0-9]+$')
+grep -E "^$approval\b|\b$approval\b" "$LOG" | grep -qw "carol" ||
+  fail "the approval report does not show carol's decision on $approval"
+grep -q "^as bob: 0 rows mention $approval" "$LOG" || fail "bob sees team-a's approval: $(grep -m1 '^as bob:' "$LOG")"
+sacct -n -X -P -j "$train_job" -o AdminComment | grep -q "forge-approval=$approval" ||
+  fail "training job $train_job does not carry forge-approval=$approval"
 [ -s "$run/summary.json" ] || fail "no $run/summary.json"
 [ -s "$run/gate/verdict.json" ] || fail "no gate verdict ($run/gate/verdict.json)"
 [ -s "$FORGE_DEMO_DIR/quota-report.html" ] || fail "no cost report ($FORGE_DEMO_DIR/quota-report.html)"

@@ -21,7 +21,7 @@ chmod 755 "$work"
 jobs=()
 trap 'scancel "${jobs[@]}" 2>/dev/null; rm -rf "$work"' EXIT
 export FORGE_HOME=$SRC FORGE_BUILD_DIR=$BUILD
-node=node4
+node=node3  # a node of the training pool (partition train)
 args=(--run.threads=1 --run.peak_gflops=100 --model.layers=2 --model.d_model=256 --model.heads=4
   --model.seq_len=256 --ckpt.recovery_every=5 --ckpt.milestone_every=0)
 # The explore job takes all CPUs of the node, so the pretrain job can only start by preempting it.

@@ -67,6 +67,15 @@ spank_err_t spank_setenv(spank_t, const char* name, const char* value, int) {
   return static_cast<spank_err_t>(ESPANK_SUCCESS);
 }
 
+spank_err_t spank_getenv(spank_t, const char* name, char* buf, int len) {
+  const auto& env = fake::host().job_env;
+  const auto it = env.find(name);
+  if (it == env.end()) return static_cast<spank_err_t>(ESPANK_ENV_NOEXIST);
+  if (static_cast<int>(it->second.size()) >= len) return static_cast<spank_err_t>(ESPANK_NOSPACE);
+  std::snprintf(buf, static_cast<size_t>(len), "%s", it->second.c_str());
+  return static_cast<spank_err_t>(ESPANK_SUCCESS);
+}
+
 spank_err_t spank_get_item(spank_t, spank_item_t item, ...) {
   va_list ap;
   va_start(ap, item);

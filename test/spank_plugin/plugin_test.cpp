@@ -45,7 +45,8 @@ std::string me() {
 struct Fixture {
   forge::test::TempDir dir;
   std::string policy, snapshot;
-  Fixture(double used_a = 0) {
+  // team_root: team-a keeps its runs in a directory of its own (docs/ADMISSION.md, "Team isolation").
+  Fixture(double used_a = 0, bool team_root = false) {
     policy =
         dir.write("policy.ini", "[policy]\ncluster = forge\nsnapshot = " + (dir / "usage.json") +
                                     "\n[tier.pretrain]\nqos = pretrain\npriority = 100\nmax_wall = 48:00:00\n"
@@ -54,10 +55,12 @@ struct Fixture {
                                     "[team.team-a]\nmembers = " +
                                     me() +
                                     "\naccount = team-a\n"
-                                    "budget_gpu_hours = 1000\nmax_gpus = 32\ntiers = pretrain, explore\n"
+                                    "budget_gpu_hours = 1000\nmax_gpus = 32\ntiers = pretrain, explore\n" +
+                                    (team_root ? "root = " + (dir / "team-a") + "\n" : std::string()) +
                                     "[team.team-b]\nmembers = nobody-here\naccount = team-b\n"
                                     "budget_gpu_hours = 1000\nmax_gpus = 32\ntiers = explore\n"
-                                    "[topology]\ngpus_per_node = 8\nmax_switches = 16:1\n");
+                                    "[topology]\ngpus_per_node = 8\nmax_switches = 16:1\n"
+                                    "[approval]\ngpus = 16\n");
     snapshot = dir / "usage.json";
     const auto p = forge::quota::load_policy(policy);
     forge::quota::UsageSnapshot s;
@@ -68,13 +71,14 @@ struct Fixture {
   }
   // Runs slurm_spank_init with plugstack arguments, then the given option values.
   int start(spank_context_t ctx, std::vector<std::string> args, const std::string& team,
-            const std::string& tier, const std::string& layout, const std::string& spec = "") {
+            const std::string& tier, const std::string& layout, const std::string& spec = "",
+            const std::string& approval = "") {
     fake::reset(ctx);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     const int rc = plugin().init(nullptr, static_cast<int>(argv.size()), argv.data());
-    const std::string values[] = {team, tier, layout, spec};
-    for (size_t i = 0; i < 4 && i < fake::host().options.size(); ++i)
+    const std::string values[] = {team, tier, layout, spec, approval};
+    for (size_t i = 0; i < 5 && i < fake::host().options.size(); ++i)
       fake::host().options[i].cb(fake::host().options[i].val, values[i].c_str(), ctx == S_CTX_REMOTE);
     return rc;
   }
@@ -84,19 +88,21 @@ struct Fixture {
     return a;
   }
   int sbatch(const std::string& team, const std::string& tier, const std::string& layout,
-             const std::string& extra = "", const std::string& spec = "") {
-    REQUIRE(start(S_CTX_ALLOCATOR, args(extra), team, tier, layout, spec) == 0);
+             const std::string& extra = "", const std::string& spec = "", const std::string& approval = "") {
+    REQUIRE(start(S_CTX_ALLOCATOR, args(extra), team, tier, layout, spec, approval) == 0);
     return plugin().post_opt(nullptr, 0, nullptr);
   }
   // The slurmstepd sequence: user_init decides, task_init_privileged reports. Returns the latter.
-  int stepd(const std::string& team, const std::string& tier, const std::string& layout) {
+  int stepd(const std::string& team, const std::string& tier, const std::string& layout,
+            const std::string& spec = "", const std::map<std::string, std::string>& env = {}) {
     const fake::Host job = fake::host();
-    REQUIRE(start(S_CTX_REMOTE, args(), team, tier, layout) == 0);
+    REQUIRE(start(S_CTX_REMOTE, args(), team, tier, layout, spec) == 0);
     fake::Host& h = fake::host();
     h.num_nodes = job.num_nodes, h.tres = job.tres, h.qos = job.qos, h.account = job.account;
     h.req_switch = job.req_switch, h.time_limit = job.time_limit, h.job_loads = job.job_loads;
     h.admin_comment = job.admin_comment;
     h.uid = getuid(), h.gid = getgid();
+    h.job_env = env;
     REQUIRE(plugin().post_opt(nullptr, 0, nullptr) == 0);  // never fails remotely: it would drain the node
     REQUIRE(plugin().user_init(nullptr, 0, nullptr) == 0);
     return plugin().task_priv(nullptr, 0, nullptr);
@@ -136,7 +142,7 @@ TEST_CASE("sbatch: options are registered and an allowed job passes its choices 
   Fixture f;
   CHECK(f.sbatch("team-a", "pretrain", "tp2,pp2,dp2") == 0);
   const auto& env = fake::host().control_env;
-  CHECK(fake::host().options.size() == 4);
+  CHECK(fake::host().options.size() == 5);
   CHECK(std::string(fake::host().options[0].name) == "train-team");
   CHECK(env.at("FORGE_TEAM") == "team-a");
   CHECK(env.at("FORGE_TIER") == "pretrain");
@@ -311,4 +317,50 @@ TEST_CASE("slurmstepd: the real allocation must match; violations fail the job i
   // A job without --train-* options is not touched.
   CHECK(f.stepd("", "", "") == 0);
   CHECK(fake::host().job_env.empty());
+}
+
+TEST_CASE("sbatch: a job over the approval threshold is told the request command; an id is passed on") {
+  Fixture f;
+  CHECK(f.sbatch("team-a", "explore", "tp1,pp1,dp16") == 0);  // 16 GPUs: at the threshold, not over it
+  CHECK(fake::host().control_env.count("FORGE_APPROVAL") == 0);
+  CHECK(f.sbatch("team-a", "explore", "tp1,pp1,dp24") == -1);
+  CHECK_THAT(last_error(), Catch::Contains("needs an approval: 24 GPUs"));
+  CHECK_THAT(last_error(), Catch::Contains("forge-quota request --team team-a --tier explore --gpus 24"));
+  CHECK_THAT(last_error(), Catch::Contains("submit again with --train-approval=ID"));
+  // sbatch only names the id; whether it is valid is the controller's judgement (job_submit.lua).
+  CHECK(f.sbatch("team-a", "explore", "tp1,pp1,dp24", "", "", "apr-0123456789ab") == 0);
+  CHECK(fake::host().control_env.at("FORGE_APPROVAL") == "apr-0123456789ab");
+  CHECK(f.sbatch("team-a", "explore", "tp1,pp1,dp24", "", "", "%n%s%x") == 0);
+  check_formats_are_ours();
+}
+
+TEST_CASE(
+    "slurmstepd: a team's run.dir must lie in its directory; a violation fails the job, never the node") {
+  Fixture f(0, true);
+  const std::string inside = f.dir / "team-a/runs/r1", outside = f.dir / "elsewhere";
+  const auto spec = [&](const std::string& name, const std::string& run_dir) {
+    return f.dir.write(name, "[run]\ndir = " + run_dir + "\n[parallel]\ntp = 1\npp = 1\ndp = 1\n");
+  };
+  fake::Host& h = fake::host();
+  h.num_nodes = 1, h.tres = "cpu=1,gres/gpu=1,node=1", h.qos = "explore", h.account = "team-a";
+  h.req_switch = 0, h.time_limit = 60;
+  CHECK(f.stepd("team-a", "explore", "tp1,pp1,dp1", spec("in.ini", inside)) == 0);
+  CHECK(f.stepd("team-a", "explore", "tp1,pp1,dp1", spec("out.ini", outside)) == -1);
+  CHECK_THAT(last_error(), Catch::Contains("is outside team team-a's directory"));
+  // A sibling whose name merely starts like the team's directory is outside it.
+  CHECK(f.stepd("team-a", "explore", "tp1,pp1,dp1", spec("sib.ini", f.dir / "team-ab/runs")) == -1);
+  // Relative paths are the job's: against its working directory.
+  CHECK(f.stepd("team-a", "explore", "tp1,pp1,dp1", "rel.ini", {{"PWD", f.dir.path().string()}}) ==
+        -1);  // no such spec
+  CHECK_THAT(last_error(), Catch::Contains("--train-spec"));
+  spec("rel.ini", "team-a/runs/r2");
+  CHECK(f.stepd("team-a", "explore", "tp1,pp1,dp1", "rel.ini", {{"PWD", f.dir.path().string()}}) == 0);
+  CHECK(f.stepd("team-a", "explore", "tp1,pp1,dp1", spec("none.ini", ""), {}) == -1);
+  CHECK_THAT(last_error(), Catch::Contains("sets no [run] dir"));
+  // Without --train-spec the job declares no run: nothing to check.
+  CHECK(f.stepd("team-a", "explore", "tp1,pp1,dp1") == 0);
+  // sbatch gives the same answer early.
+  CHECK(f.sbatch("team-a", "explore", "tp1,pp1,dp1", "", spec("early.ini", outside)) == -1);
+  CHECK_THAT(last_error(), Catch::Contains("is outside team team-a's directory"));
+  CHECK(f.sbatch("team-a", "explore", "tp1,pp1,dp1", "", spec("early-in.ini", inside)) == 0);
 }

@@ -1,0 +1,231 @@
+#!/usr/bin/env bash
+# Governance on the dev cluster, as real Unix users (docs/ADMISSION.md, "Approval", "Team isolation",
+# "Pools"): alice (team-a), bob (team-b), carol (approver of both), dave (admin), created by
+# scripts/devcluster/up. Every check runs as the user it is about (runuser), never as root:
+#   pools      alice prepares a dataset with scripts/sbatch/prepare.sbatch on the data partition and trains
+#              on it in team-a's directory; a training tier on the eval partition is refused;
+#   isolation  bob cannot read alice's checkpoints, submit as team-a (not even past the plugin with a
+#              forged environment), see her jobs in squeue or sacct, or approve; a run.dir outside the team's
+#              directory fails the job at start without draining the node;
+#   approval   a large job is refused with the request command in the message; approved by carol it runs
+#              once; a second use, an expired id, another team's id, a forged policy or environment and
+#              garbage ids are refused, the controller stays up and no node is drained; the ledger shows it.
+# Needs scripts/devcluster/up; FORGE_BUILD_DIR is the build under test.
+set -uo pipefail
+STATE=${FORGE_DEVCLUSTER_DIR:-/var/lib/forge-devcluster}
+SRC=${FORGE_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
+BUILD=${FORGE_BUILD_DIR:?FORGE_BUILD_DIR is not set (ctest sets it to the build tree)}
+fail() { echo "FAIL: $*"; exit 1; }
+# shellcheck source=/dev/null
+source "$STATE/env.sh" || fail "no dev cluster ($STATE/env.sh); run scripts/devcluster/up"
+for u in alice bob carol dave; do id -u "$u" >/dev/null 2>&1 || fail "no user $u: scripts/devcluster/up creates them"; done
+FQ=$STATE/bin/forge-quota
+[ -x "$FQ" ] && [ -g "$FQ" ] || fail "$FQ is not the setgid forge-quota scripts/devcluster/up installs"
+TEAM_A=$STATE/teams/team-a
+# The ledger (and its approval store) must exist, root-owned, before users write requests into it.
+"$BUILD/quota/forge-quota" sync >/dev/null || fail "forge-quota sync failed"
+"$BUILD/quota/forge-quota" check-policy "$FORGE_QUOTA_POLICY" >/dev/null || fail "the dev cluster's policy does not check"
+
+# The users cannot be assumed to reach this checkout (it may sit under /root): what their jobs run is copied
+# to a world-readable place, laid out as FORGE_HOME and FORGE_BUILD_DIR expect.
+work=$(mktemp -d /var/tmp/forge-governance.XXXXXX)
+chmod 755 "$work"
+jobs=()
+trap 'scancel "${jobs[@]}" 2>/dev/null; rm -rf "$work"; rm -rf "$TEAM_A/runs/gov-$$" "$TEAM_A/datasets/gov-$$"' EXIT
+home=$work/forge
+mkdir -p "$home/scripts" "$home/build/launcher" "$home/build/dataio" "$home/configs"
+cp -r "$SRC/scripts/sbatch" "$home/scripts/"
+cp "$BUILD/launcher/forge-train" "$home/build/launcher/"
+cp "$BUILD/dataio/forge-data" "$home/build/dataio/"
+chmod -R a+rX "$work"
+mkdir "$work/alice" && chown alice "$work/alice"  # where alice's jobs write their output
+
+# as USER CMD...: CMD as USER with a clean environment: the dev cluster's settings, no root leftovers.
+as() {
+  local user=$1
+  shift
+  runuser -u "$user" -- env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="/home/$user" USER="$user" \
+    SLURM_CONF="$SLURM_CONF" FORGE_HOME="$home" FORGE_BUILD_DIR="$home/build" \
+    OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo OMPI_MCA_pml=ob1 \
+    OMPI_MCA_osc=^ucx OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1 "$@"
+}
+expect_refused() {  # expect_refused WHAT PATTERN CMD...: CMD fails and says PATTERN
+  local what=$1 pattern=$2 out
+  shift 2
+  out=$("$@" 2>&1) && fail "$what: accepted: $out"
+  grep -qF -- "$pattern" <<<"$out" || fail "$what: refused without '$pattern': $out"
+  echo "  refused ($what): $({ grep -m1 -F -- "$pattern" <<<"$out" || tail -n1 <<<"$out"; } | cut -c1-160)"
+}
+no_drain() {
+  scontrol ping | grep -q UP || fail "slurmctld is not up after $1"
+  local bad
+  bad=$(sinfo -h -N -o '%N %t' | awk '$2 ~ /drain|drng|down/')
+  [ -z "$bad" ] || fail "nodes drained or down after $1: $bad"
+}
+final_state() {  # final_state JOB: waits for JOB to leave the queue, prints its sacct state
+  for _ in $(seq 1 180); do [ -z "$(squeue -h -j "$1" 2>/dev/null)" ] && break; sleep 1; done
+  sacct -n -X -P -j "$1" -o State | head -n1
+}
+partition_of() {  # partition_of JOB: as accounting recorded it (slurmdbd may take a moment after the end)
+  local p=""
+  for _ in $(seq 1 20); do
+    p=$(sacct -n -X -P -j "$1" -o Partition | head -n1)
+    [ -n "$p" ] && break
+    sleep 0.5
+  done
+  echo "$p"
+}
+
+echo "== pools: data preparation on the data partition, training in team-a's directory"
+"$SRC/scripts/make-demo-corpus.sh" "$work/corpus" 1 >/dev/null || fail "no corpus"
+chmod -R a+rX "$work/corpus"
+dataset=$TEAM_A/datasets/gov-$$
+prep=$(as alice sbatch --parsable -A team-a -o "$TEAM_A/prep-$$.out" -D "$TEAM_A" "$home/scripts/sbatch/prepare.sbatch" \
+  --input "$work/corpus/code=code" --input "$work/corpus/legal=legal" --vocab 512 --valid-fraction 0.1 \
+  --out "$dataset") || fail "alice could not submit prepare.sbatch"
+jobs+=("$prep")
+[ "$(final_state "$prep")" = COMPLETED ] || fail "prepare job $prep: $(cat "$TEAM_A/prep-$$.out")"
+[ "$(partition_of "$prep")" = data ] || fail "prepare job $prep did not run on the data partition"
+rm -f "$TEAM_A/prep-$$.out"
+[ "$(stat -c %G "$dataset")" = forge-a ] || fail "dataset not owned by team-a's group: $(stat -c '%U:%G %a' "$dataset")"
+run=$TEAM_A/runs/gov-$$
+sed -e "s|^dir = .*|dir = $run|" -e "s|^dataset = .*|dataset = $dataset|" -e "s/^steps = .*/steps = 4/" \
+  "$SRC/configs/tiny.ini" >"$work/alice.ini"
+printf '\n[ckpt]\nmilestone_every = 2\n' >>"$work/alice.ini"
+train=$(as alice sbatch --parsable --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp1 \
+  --train-spec="$work/alice.ini" -n1 --gres=gpu:1 -o "$work/alice/train-%j.out" -D "$work/alice" \
+  "$home/scripts/sbatch/pretrain.sbatch" "$work/alice.ini" --run.threads=1) || fail "alice's training job not submitted"
+jobs+=("$train")
+[ "$(final_state "$train")" = COMPLETED ] || fail "alice's training job $train: $(cat "$work/alice/train-$train.out")"
+[ "$(partition_of "$train")" = train ] || fail "training job $train not on the train partition"
+ckpt=$(ls -d "$run"/checkpoints/milestone/step-* | head -n1)
+[ -n "$ckpt" ] || fail "no milestone checkpoint in $run"
+perm=$(stat -c '%G %A' "$ckpt")
+[[ $perm == "forge-a drwxrws---" ]] || fail "checkpoint $ckpt: group/mode $perm, want forge-a drwxrws---"
+echo "  prepared on 'data' (job $prep), trained on 'train' (job $train): $ckpt is $perm"
+expect_refused "a training tier on the eval partition" "partition" \
+  as alice sbatch --test-only --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp1 -p eval -n1 \
+  --gres=gpu:1 --wrap true
+
+echo "== isolation: bob against team-a"
+expect_refused "bob lists alice's checkpoints" "Permission denied" as bob ls "$run/checkpoints"
+expect_refused "bob reads a checkpoint file" "Permission denied" as bob cat "$(find "$run" -type f | head -n1)"
+# The registry: only through the installed (setgid) forge-ckpt, only its system database, and only for a run
+# the caller's team can write (docs/CHECKPOINTS.md, "Registry").
+FC=$STATE/bin/forge-ckpt
+[ -x "$FC" ] && [ -g "$FC" ] || fail "$FC is not the setgid forge-ckpt scripts/devcluster/up installs"
+expect_refused "bob registers alice's checkpoint" "" as bob "$FC" registry add "$ckpt"
+expect_refused "bob points forge-ckpt at his own registry" "system registry" \
+  as bob env FORGE_REGISTRY="$work/forged-registry.db" "$FC" registry add "$ckpt"
+expect_refused "bob submits as team-a" "not a member" \
+  as bob sbatch --test-only --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp1 -n1 --gres=gpu:1 --wrap true
+# Past the plugin: a user's own SPANK plugin, loaded through a private slurm.conf, sends whatever choices
+# FORGED_* say in place of forge_spank.so's checked ones.
+cat >"$work/forger.c" <<'C'
+#include <slurm/spank.h>
+#include <stdio.h>
+#include <stdlib.h>
+SPANK_PLUGIN(forger, 1);
+int slurm_spank_init_post_opt(spank_t sp, int ac, char** av) {
+  static const char* names[] = {"TEAM", "TIER", "LAYOUT", "APPROVAL"};
+  for (int i = 0; i < 4; ++i) {
+    char in[32], out[32];
+    snprintf(in, sizeof in, "FORGED_%s", names[i]);
+    snprintf(out, sizeof out, "FORGE_%s", names[i]);
+    if (getenv(in)) spank_job_control_setenv(sp, out, getenv(in), 1);
+  }
+  return 0;
+}
+C
+gcc -shared -fPIC -o "$work/forger.so" "$work/forger.c" || fail "cannot build the forging plugin"
+echo "required $work/forger.so" >"$work/forger-plugstack.conf"
+sed "s|^PlugStackConfig=.*|PlugStackConfig=$work/forger-plugstack.conf|" "$SLURM_CONF" >"$work/forger.conf"
+chmod 644 "$work"/forger*
+forged() { local user=$1; shift; as "$user" env SLURM_CONF="$work/forger.conf" "$@"; }
+expect_refused "bob forges the plugin's choices" "not a member" \
+  forged bob FORGED_TEAM=team-a FORGED_TIER=explore FORGED_LAYOUT=tp1,pp1,dp1 sbatch --test-only -n1 --gres=gpu:1 --wrap true
+held=$(as alice sbatch --parsable -H -A team-a -t 1 -o /dev/null --wrap true) || fail "alice's held job not submitted"
+jobs+=("$held")
+[ -n "$(as alice squeue -h -j "$held" -o %i)" ] || fail "alice cannot see her own job $held"
+[ -z "$(as bob squeue -h -o '%i %u' | grep -w alice)" ] || fail "bob sees alice's jobs in squeue"
+[ -z "$(as bob sacct -a -X -n -P -S now-1hour -o User | grep -x alice)" ] || fail "bob sees alice's jobs in sacct"
+[ -n "$(as dave squeue -h -o '%u' | grep -x alice)" ] || fail "dave (admin) does not see alice's jobs"
+scancel "$held"
+echo "  bob sees none of alice's jobs in squeue or sacct; dave (admin) does"
+# run.dir outside the team's directory: sbatch refuses it at once; a spec changed after submission (held,
+# edited, released) is caught in slurmstepd, where the job fails at start and the node stays up.
+sed -e "s|^dir = .*|dir = /var/tmp/gov-escape-$$|" "$work/alice.ini" >"$work/outside.ini"
+cp "$work/alice.ini" "$work/escape.ini"
+chmod 644 "$work"/*.ini
+expect_refused "a run.dir outside team-a's directory" "is outside team team-a's directory" \
+  as alice sbatch --test-only --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp1 \
+  --train-spec="$work/outside.ini" -n1 --gres=gpu:1 --wrap true
+bad=$(as alice sbatch --parsable -H --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp1 \
+  --train-spec="$work/escape.ini" -n1 --gres=gpu:1 -o /dev/null -D "$work" --wrap true) || fail "escape job not submitted"
+jobs+=("$bad")
+cp "$work/outside.ini" "$work/escape.ini"
+scontrol release "$bad" || fail "cannot release job $bad"
+[ "$(final_state "$bad")" = FAILED ] || fail "job $bad with run.dir outside team-a's directory did not fail"
+[ ! -e "/var/tmp/gov-escape-$$" ] || fail "the escaping job wrote /var/tmp/gov-escape-$$"
+no_drain "a run.dir outside the team's directory"
+echo "  run.dir outside team-a's directory: refused by sbatch; edited after submission, job $bad FAILED at start, no node drained"
+
+echo "== approval"
+sed -e 's/^dp = .*/dp = 8/' "$work/alice.ini" >"$work/big.ini"
+chmod 644 "$work/big.ini"
+big=(--train-team=team-a --train-tier=pretrain --train-layout=tp1,pp1,dp8 --train-spec="$work/big.ini" -n8 --gres=gpu:8
+  -t 48:00:00 -o /dev/null -D "$work" --wrap true)
+forged_big=(FORGED_TEAM=team-a FORGED_TIER=pretrain FORGED_LAYOUT=tp1,pp1,dp8 sbatch --test-only -n8 --gres=gpu:8
+  -t 48:00:00 --wrap true)
+# 8 GPUs x 48 h is over the policy's GPU-hour threshold: judged by the controller (sbatch cannot see --time).
+expect_refused "unapproved large job" "forge-quota request" as alice sbatch --test-only "${big[@]}"
+# 24 GPUs is over the GPU threshold: sbatch's plugin already says so.
+expect_refused "unapproved 24-GPU job (plugin)" "forge-quota request" \
+  as alice sbatch --test-only --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp24 -N3 --wrap true
+request() { as "$1" "$FQ" request --tier "$2" --gpus 8 --time 48:00:00 --reason "$3" 2>/dev/null; }
+id1=$(request alice pretrain "governance test: one 8-GPU pretraining job") || fail "alice's request failed"
+[[ $id1 =~ ^apr-[0-9a-f]{12}$ ]] || fail "request printed '$id1', not an approval id"
+expect_refused "alice approves herself" "" as alice "$FQ" approve "$id1"
+expect_refused "bob approves" "" as bob "$FQ" approve "$id1"
+# A forged policy naming bob approver: the setgid forge-quota reads only the system policy.
+sed 's/^approvers = .*/approvers = bob/' "$FORGE_QUOTA_POLICY" >"$work/forged.ini"
+chmod 644 "$work/forged.ini"
+expect_refused "bob with a forged policy" "system policy" as bob env FORGE_QUOTA_POLICY="$work/forged.ini" "$FQ" approve "$id1"
+expect_refused "bob with --ledger" "" as bob "$FQ" approve "$id1" --ledger "$work/ledger.db"
+as carol "$FQ" approve "$id1" >/dev/null || fail "carol could not approve $id1"
+job1=$(as alice sbatch --parsable --train-approval="$id1" "${big[@]}") || fail "approved job refused"
+jobs+=("$job1")
+[ "$(final_state "$job1")" = COMPLETED ] || fail "approved job $job1 did not complete"
+grep -q "forge-approval=$id1" <<<"$(scontrol show job "$job1" 2>/dev/null; sacct -n -X -P -j "$job1" -o AdminComment)" ||
+  fail "job $job1 does not carry forge-approval=$id1 in its AdminComment"
+echo "  $id1 approved by carol, job $job1 ran"
+expect_refused "second use" "used up" as alice sbatch --test-only --train-approval="$id1" "${big[@]}"
+id2=$(request alice pretrain "governance test: expires") || fail "second request failed"
+as carol "$FQ" approve "$id2" --expires 0:00:01 >/dev/null || fail "carol could not approve $id2"
+sleep 2
+expect_refused "expired id" "expired" as alice sbatch --test-only --train-approval="$id2" "${big[@]}"
+id3=$(as bob "$FQ" request --tier finetune --gpus 8 --time 24:00:00 --reason "team-b's own" 2>/dev/null) || fail "bob's request failed"
+as carol "$FQ" approve "$id3" >/dev/null || fail "carol could not approve $id3"
+expect_refused "another team's id" "team-b" as alice sbatch --test-only --train-approval="$id3" "${big[@]}"
+expect_refused "an id that was never issued, forged past the plugin" "apr-000000000000" \
+  forged alice FORGED_APPROVAL=apr-000000000000 "${forged_big[@]}"
+long=$(head -c 4096 /dev/zero | tr '\0' 'x')
+for junk in garbage "$long" '%n%s%s%x%p' "apr-\$(touch /tmp/pwned)" "apr-123;reboot"; do
+  expect_refused "approval id '${junk:0:24}'" "approval" as alice sbatch --test-only --train-approval="$junk" "${big[@]}"
+  expect_refused "forged approval id '${junk:0:24}'" "approval" forged alice FORGED_APPROVAL="$junk" "${forged_big[@]}"
+done
+[ ! -e /tmp/pwned ] || fail "an approval id ran a command"
+no_drain "garbage approval ids"
+
+echo "== the ledger: requests, decisions, uses and jobs"
+"$BUILD/quota/forge-quota" sync >/dev/null || fail "forge-quota sync failed"
+report=$(as carol "$FQ" report --approvals --format csv) || fail "carol's approval report failed"
+grep "$id1" <<<"$report" | grep -q "$job1" || fail "the report does not tie $id1 to job $job1: $report"
+grep -q "$id3" <<<"$report" || fail "carol (approver of team-b) does not see $id3"
+alice_view=$(as alice "$FQ" report --approvals --format csv) || fail "alice's approval report failed"
+grep -q "$id1" <<<"$alice_view" || fail "alice does not see her own request"
+! grep -q "$id3" <<<"$alice_view" || fail "alice sees team-b's request $id3"
+as bob "$FQ" report --by team --format csv | grep -q team-a && fail "bob's report shows team-a"
+as dave "$FQ" report --by team --format csv | grep -q team-a || fail "dave's (admin) report lacks team-a"
+echo "  report --approvals: $id1 -> job $job1; alice sees team-a only, bob's team report hides team-a, dave sees all"
+echo "PASS: governance (pools, isolation, approval) as alice, bob, carol and dave"
