@@ -198,7 +198,12 @@ bool is_approval_id(std::string_view text) {
                      [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 
-ApprovalStore::ApprovalStore(const std::string& ledger_path) : db_(open_ledger(ledger_path)) {}
+ApprovalStore::ApprovalStore(const std::string& ledger_path) : path_(ledger_path) {}
+
+sqlite::Db& ApprovalStore::db() const {
+  if (!db_) db_ = open_ledger(path_);
+  return *db_;
+}
 
 ApprovalStore::~ApprovalStore() = default;
 
@@ -232,16 +237,16 @@ std::string ApprovalStore::request(const Policy& policy, const Identity& who, co
   // 48 random bits: a clash is next to impossible, but an id must never name two requests.
   for (int attempt = 0; attempt < 5; ++attempt) {
     const std::string id = new_approval_id();
-    Stmt s(*db_,
+    Stmt s(db(),
            "INSERT OR IGNORE INTO approvals "
            "(id,team,tier,gpus,time_limit_s,reason,requester,requested_at,state) "
            "VALUES (?1,?2,?3,?4,?5,?6,?7,?8,'pending')");
     s.bind(1, id).bind(2, team->name).bind(3, tier->name).bind(4, gpus).bind(5, time_limit_s);
     s.bind(6, reason).bind(7, who.user).bind(8, now);
     s.step();
-    if (db_->changes() == 1) return id;
+    if (db().changes() == 1) return id;
   }
-  fail(ExitCode::kIo, "ledger '{}': could not find an unused approval id", db_->path());
+  fail(ExitCode::kIo, "ledger '{}': could not find an unused approval id", db().path());
 }
 
 Approval ApprovalStore::decide(const Policy& policy, const Identity& who, const std::string& id,
@@ -255,8 +260,8 @@ Approval ApprovalStore::decide(const Policy& policy, const Identity& who, const 
     fail(ExitCode::kUsage, "--expires {}: expected a duration from 1 second to 366 days", expires_in);
   check_text(verdict.note, "--note", false);
 
-  Transaction tx(*db_);  // the check and the update see the same row: two approvers cannot both decide
-  const auto found = select(*db_, "WHERE id = ?1", id);
+  Transaction tx(db());  // the check and the update see the same row: two approvers cannot both decide
+  const auto found = select(db(), "WHERE id = ?1", id);
   if (found.empty())
     fail(ExitCode::kUsage, "no approval request {} (forge-quota report --approvals lists those you can see)",
          id);
@@ -275,7 +280,7 @@ Approval ApprovalStore::decide(const Policy& policy, const Identity& who, const 
          state_name(a.state), a.decided_by, utc_minute(a.decided_at));
 
   Stmt s(
-      *db_,
+      db(),
       "UPDATE approvals SET state=?2, decided_by=?3, decided_at=?4, note=?5, expires_at=?6, uses_allowed=?7, "
       "uses_left=?7 WHERE id=?1 AND state='pending'");
   s.bind(1, id).bind(2, std::string(verdict.approve ? "approved" : "denied")).bind(3, who.user).bind(4, now);
@@ -284,7 +289,7 @@ Approval ApprovalStore::decide(const Policy& policy, const Identity& who, const 
   s.bind(7, verdict.approve ? verdict.uses : 0);
   s.step();
   tx.commit();
-  return select(*db_, "WHERE id = ?1", id).front();
+  return select(db(), "WHERE id = ?1", id).front();
 }
 
 AdmitResult ApprovalStore::admit(const Policy& policy, const Identity& who, const JobRequest& job,
@@ -329,8 +334,8 @@ AdmitResult ApprovalStore::admit(const Policy& policy, const Identity& who, cons
   const std::string& id = given;
 
   // Read, check and take the use under the write lock: a concurrent admit waits, then sees the use gone.
-  Transaction tx(*db_);
-  const auto found = select(*db_, "WHERE id = ?1", id);
+  Transaction tx(db());
+  const auto found = select(db(), "WHERE id = ?1", id);
   if (found.empty())
     return reject(
         fmt::format("approval {} does not exist; check the id (forge-quota report --approvals)", id),
@@ -361,11 +366,11 @@ AdmitResult ApprovalStore::admit(const Policy& policy, const Identity& who, cons
                               hours_text(a.time_limit_s), hours_text(job.time_limit_s)),
                   partition);
 
-  Stmt take(*db_, "UPDATE approvals SET uses_left = uses_left - 1 WHERE id = ?1 AND uses_left > 0");
+  Stmt take(db(), "UPDATE approvals SET uses_left = uses_left - 1 WHERE id = ?1 AND uses_left > 0");
   take.bind(1, id).step();
-  if (db_->changes() != 1) return reject(fmt::format("approval {} is used up", id), partition);
+  if (db().changes() != 1) return reject(fmt::format("approval {} is used up", id), partition);
   Stmt use(
-      *db_,
+      db(),
       "INSERT INTO approval_uses (id,used_at,user,gpus,time_limit_s,job_id) VALUES (?1,?2,?3,?4,?5,NULL)");
   use.bind(1, id).bind(2, now).bind(3, who.user).bind(4, job.gpus).bind(5, job.time_limit_s).step();
   tx.commit();
@@ -381,10 +386,10 @@ AdmitResult ApprovalStore::admit(const Policy& policy, const Identity& who, cons
 
 size_t ApprovalStore::record_job_ids(const std::string& sacct_text) {
   static constexpr std::string_view kTag = "forge-approval=";
-  Transaction tx(*db_);
-  Stmt seen(*db_, "SELECT 1 FROM approval_uses WHERE id = ?1 AND job_id = ?2");
+  Transaction tx(db());
+  Stmt seen(db(), "SELECT 1 FROM approval_uses WHERE id = ?1 AND job_id = ?2");
   Stmt set(
-      *db_,
+      db(),
       "UPDATE approval_uses SET job_id = ?2 WHERE rowid = (SELECT rowid FROM approval_uses WHERE id = ?1 "
       "AND job_id IS NULL ORDER BY used_at, rowid LIMIT 1)");
   size_t updated = 0;
@@ -411,7 +416,7 @@ size_t ApprovalStore::record_job_ids(const std::string& sacct_text) {
         continue;
       }
       set.bind(1, id).bind(2, job).step();
-      updated += static_cast<size_t>(db_->changes());
+      updated += static_cast<size_t>(db().changes());
     }
   }
   tx.commit();
@@ -429,12 +434,12 @@ std::vector<Approval> ApprovalStore::list(const Policy& policy, const Identity& 
 }
 
 std::vector<Approval> ApprovalStore::list_all() const {
-  return select(*db_, "");
+  return select(db(), "");
 }
 
 std::optional<Approval> ApprovalStore::find(const std::string& id) const {
   if (!is_approval_id(id)) return std::nullopt;
-  auto found = select(*db_, "WHERE id = ?1", id);
+  auto found = select(db(), "WHERE id = ?1", id);
   if (found.empty()) return std::nullopt;
   return std::move(found.front());
 }

@@ -66,7 +66,9 @@ bool is_approval_id(std::string_view text);
 
 class ApprovalStore {
  public:
-  // Opens the ledger at `ledger_path` (creating it and the approval tables if needed).
+  // The ledger at `ledger_path`, opened (and created, with the approval tables, if needed) on first use:
+  // a job that needs no approval is admitted without touching it (job_submit.lua runs admit for every
+  // training job).
   explicit ApprovalStore(const std::string& ledger_path);
   ~ApprovalStore();
   ApprovalStore(const ApprovalStore&) = delete;
@@ -106,7 +108,9 @@ class ApprovalStore {
   std::optional<Approval> find(const std::string& id) const;
 
  private:
-  std::unique_ptr<sqlite::Db> db_;
+  sqlite::Db& db() const;
+  std::string path_;
+  mutable std::unique_ptr<sqlite::Db> db_;
 };
 
 }  // namespace forge::quota
