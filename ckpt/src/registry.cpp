@@ -4,14 +4,12 @@
 #include "forge/common/error.h"
 #include "forge/common/sqlite.h"
 
-#include <fcntl.h>
 #include <grp.h>
 #include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -148,15 +146,6 @@ std::string user_name(uid_t uid) {
   return "uid " + std::to_string(uid);
 }
 
-bool in_group(gid_t gid) {
-  if (gid == ::getgid()) return true;
-  const int n = ::getgroups(0, nullptr);
-  if (n <= 0) return false;
-  std::vector<gid_t> groups(static_cast<size_t>(n));
-  const int got = ::getgroups(n, groups.data());
-  return got > 0 && std::find(groups.begin(), groups.begin() + got, gid) != groups.begin() + got;
-}
-
 std::optional<Manifest> read_manifest(const std::string& dir) {
   const fs::path file = fs::path(dir) / kManifestFile;
   std::error_code ec;
@@ -171,16 +160,7 @@ std::optional<Manifest> read_manifest(const std::string& dir) {
 }  // namespace
 
 bool caller_can_write(const std::string& dir) {
-  if (::access(dir.c_str(), W_OK | X_OK) == 0) return true;
-  if (errno != EROFS) return false;
-  // A read-only mount (a snapshot of the runs): whom its permission bits let write.
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) return false;
-  const uid_t uid = ::getuid();
-  if (uid == 0) return true;
-  if (st.st_uid == uid) return (st.st_mode & S_IWUSR) != 0;
-  if (in_group(st.st_gid)) return (st.st_mode & S_IWGRP) != 0;
-  return (st.st_mode & S_IWOTH) != 0;
+  return ::access(dir.c_str(), W_OK | X_OK) == 0;
 }
 
 void require_caller_can_write(const std::string& run_dir) {
@@ -249,20 +229,10 @@ Registry::Registry(const std::string& path, Mode mode) : path_(path) {
            "docs/CHECKPOINTS.md, \"Registry\"; or name another registry with --registry or FORGE_REGISTRY)",
            dir.string(), ec.message());
   }
-  // SQLite would create the file 0644 (minus the umask); the system registry's directory is a group's
-  // (root:forge-registry 2770), whose setgid forge-ckpt must be able to write it: 0660 minus the umask
-  // (forge-ckpt's 007). SQLite gives -wal and -shm the database's mode.
-  if (mode == Mode::kCreate)
-    if (const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0660); fd >= 0)
-      ::close(fd);
-  db_ = std::make_unique<sqlite::Db>(
-      path, mode == Mode::kCreate ? sqlite::Db::Mode::kCreate : sqlite::Db::Mode::kExisting,
-      registry_errors());
-  // -wal and -shm stay once created: a setgid forge-ckpt run by a user would otherwise recreate them
-  // owned by that user, who could then write them directly.
-  db_->keep_wal_files();
-  db_->exec("PRAGMA journal_mode=WAL", "journal mode");
-  db_->exec("PRAGMA synchronous=NORMAL", "synchronous");
+  // The system registry is a group's (root:forge-registry 2770), written through the setgid forge-ckpt.
+  db_ = sqlite::open_shared(path,
+                            mode == Mode::kCreate ? sqlite::Db::Mode::kCreate : sqlite::Db::Mode::kExisting,
+                            registry_errors());
   auto user_version = [&] {
     Stmt v(*db_, "PRAGMA user_version");
     return v.step() ? v.integer(0) : 0;

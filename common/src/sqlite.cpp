@@ -1,6 +1,8 @@
 #include "forge/common/sqlite.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <unistd.h>
 
 namespace forge::sqlite {
 namespace {
@@ -152,6 +154,19 @@ Transaction::~Transaction() {
 void Transaction::commit() {
   db_.exec("COMMIT", "commit");
   done_ = true;
+}
+
+std::unique_ptr<Db> open_shared(const std::string& path, Db::Mode mode, Errors errors) {
+  if (mode == Db::Mode::kCreate)
+    if (const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0660); fd >= 0)
+      ::close(fd);
+  auto db = std::make_unique<Db>(path, mode, std::move(errors));
+  // -wal and -shm stay once created: a setgid tool run by a user would otherwise recreate them owned by
+  // that user, who could then write them directly.
+  db->keep_wal_files();
+  db->exec("PRAGMA journal_mode=WAL", "journal mode");
+  db->exec("PRAGMA synchronous=NORMAL", "synchronous");
+  return db;
 }
 
 }  // namespace forge::sqlite

@@ -195,11 +195,6 @@ Decision check_allocation(const Policy& policy, const Choices& choices, const Id
 
 namespace {
 
-// "40:00:00": hours not folded into days, the form people write --time in.
-std::string hours_text(int64_t seconds) {
-  return fmt::format("{}:{:02}:{:02}", seconds / 3600, seconds / 60 % 60, seconds % 60);
-}
-
 // 960 -> "960", 2.5 -> "2.5".
 std::string number_text(double v) {
   std::string s = fmt::format("{:.1f}", v);
@@ -233,21 +228,19 @@ std::optional<std::string> approval_needed(const Policy& policy, const Tier& tie
     const double gpu_hours = gpus * (*time_limit_s / 3600.0);
     if (gpu_hours > rules.gpu_hours)
       reasons.push_back(fmt::format("an estimated {} GPU-hours ({} GPUs x {}) is more than {}",
-                                    number_text(gpu_hours), gpus, hours_text(*time_limit_s),
+                                    number_text(gpu_hours), gpus, format_hours(*time_limit_s),
                                     number_text(rules.gpu_hours)));
   }
   if (std::find(rules.tiers.begin(), rules.tiers.end(), tier.name) != rules.tiers.end())
     reasons.push_back(fmt::format("tier '{}' always needs approval", tier.name));
   if (reasons.empty()) return std::nullopt;
-  std::string out;
-  for (const auto& r : reasons) out += (out.empty() ? "" : "; ") + r;
-  return out;
+  return fmt::format("{}", fmt::join(reasons, "; "));
 }
 
 std::string approval_request_command(const Team& team, const Tier& tier, int gpus,
                                      std::optional<int64_t> time_limit_s) {
   return fmt::format("forge-quota request --team {} --tier {} --gpus {} --time {} --reason \"...\"",
-                     team.name, tier.name, gpus, hours_text(time_limit_s.value_or(tier.max_wall_s)));
+                     team.name, tier.name, gpus, format_hours(time_limit_s.value_or(tier.max_wall_s)));
 }
 
 std::string approval_missing_message(const std::string& reason, const Team& team, const Tier& tier, int gpus,

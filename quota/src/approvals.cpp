@@ -55,27 +55,9 @@ std::string shown_id(std::string_view text) {
   return out;
 }
 
-std::string hours_text(int64_t seconds) {
-  return fmt::format("{}:{:02}:{:02}", seconds / 3600, seconds / 60 % 60, seconds % 60);
-}
-
 // "2026-12-09 10:00 UTC"
 std::string utc_minute(int64_t t) {
-  std::string s = format_utc(t);  // 2026-12-09T10:00:00
-  if (s.size() >= 16) s = s.substr(0, 10) + " " + s.substr(11, 5);
-  return s + " UTC";
-}
-
-std::string join(const std::vector<std::string>& v) {
-  std::string out;
-  for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
-  return out;
-}
-
-std::string approvers_of(const Team& team) {
-  std::vector<std::string> all = team.approvers.users;
-  for (const auto& g : team.approvers.groups) all.push_back("@" + g);
-  return all.empty() ? "none" : join(all);
+  return format_utc_minute(t) + " UTC";
 }
 
 // Free text a person wrote (reason, note): one line of at most 500 bytes.
@@ -114,16 +96,20 @@ Approval row_of(const Stmt& s) {
   return a;
 }
 
-std::vector<Approval> select(const sqlite::Db& db, const std::string& where, const std::string& param = "") {
+// The requests with `id` (empty: all of them), each with the jobs that used it.
+std::vector<Approval> select(const sqlite::Db& db, const std::string& id = "") {
+  const char* where = id.empty() ? "" : "WHERE id = ?1";
   Stmt s(db, fmt::format("SELECT {} FROM approvals {} ORDER BY requested_at, id", kColumns, where));
-  if (!param.empty()) s.bind(1, param);
+  Stmt jobs(db, fmt::format("SELECT id, job_id FROM approval_uses WHERE job_id IS NOT NULL {} "
+                            "ORDER BY used_at, rowid",
+                            id.empty() ? "" : "AND id = ?1"));
+  if (!id.empty()) s.bind(1, id), jobs.bind(1, id);
   std::vector<Approval> out;
   std::map<std::string, size_t> index;
   while (s.step()) {
     index[s.text(0)] = out.size();
     out.push_back(row_of(s));
   }
-  Stmt jobs(db, "SELECT id, job_id FROM approval_uses WHERE job_id IS NOT NULL ORDER BY used_at, rowid");
   while (jobs.step())
     if (const auto it = index.find(jobs.text(0)); it != index.end())
       out[it->second].job_ids.push_back(jobs.text(1));
@@ -170,10 +156,10 @@ std::optional<std::string> pool_problem(const Policy& policy, const Tier& tier, 
     if (!pool)
       return fmt::format(
           "partition '{}' is in no pool of the policy; tier '{}' jobs run in: {} (--partition)",
-          printable(part), tier.name, join(taking));
+          printable(part), tier.name, fmt::join(taking, ", "));
     if (!pool->allows_tier(tier.name))
       return fmt::format("partition '{}' (pool {}) does not take tier '{}' jobs; submit to {} (--partition)",
-                         part, pool->name, tier.name, join(taking));
+                         part, pool->name, tier.name, fmt::join(taking, ", "));
   }
   return std::nullopt;
 }
@@ -223,11 +209,11 @@ std::string ApprovalStore::request(const Policy& policy, const Identity& who, co
          policy.tier_names());
   if (!team->allows_tier(tier->name))
     fail(ExitCode::kUsage, "team {} may not use tier '{}'; its tiers are: {}", team->name, tier->name,
-         join(team->tiers));
+         fmt::join(team->tiers, ", "));
   if (time_limit_s <= 0) fail(ExitCode::kUsage, "--time must be a positive duration such as 12:00:00");
   if (time_limit_s > tier->max_wall_s)
     fail(ExitCode::kUsage, "--time {} is over tier '{}''s max wall {}; ask for at most that",
-         hours_text(time_limit_s), tier->name, hours_text(tier->max_wall_s));
+         format_hours(time_limit_s), tier->name, format_hours(tier->max_wall_s));
   if (gpus < 1 || gpus > kMaxGpus) fail(ExitCode::kUsage, "--gpus {}: expected 1 to {}", gpus, kMaxGpus);
   if (gpus > team->max_gpus)
     fail(ExitCode::kUsage, "--gpus {}: team {} may hold at most {} GPUs at once; ask for at most that", gpus,
@@ -261,7 +247,7 @@ Approval ApprovalStore::decide(const Policy& policy, const Identity& who, const 
   check_text(verdict.note, "--note", false);
 
   Transaction tx(db());  // the check and the update see the same row: two approvers cannot both decide
-  const auto found = select(db(), "WHERE id = ?1", id);
+  const auto found = select(db(), id);
   if (found.empty())
     fail(ExitCode::kUsage, "no approval request {} (forge-quota report --approvals lists those you can see)",
          id);
@@ -270,7 +256,7 @@ Approval ApprovalStore::decide(const Policy& policy, const Identity& who, const 
   if (!team) fail(ExitCode::kUsage, "{} is for team {}, which {} no longer has", id, a.team, policy.path);
   if (!team->has_approver(who.user, who.groups))
     fail(ExitCode::kUsage, "user {} may not decide requests of team {}; its approvers: {}",
-         printable(who.user), team->name, approvers_of(*team));
+         printable(who.user), team->name, team->approvers.text());
   if (who.user == a.requester)
     fail(ExitCode::kUsage,
          "{} asked for {} and may not decide it too: another approver of team {} must (four eyes)",
@@ -289,7 +275,7 @@ Approval ApprovalStore::decide(const Policy& policy, const Identity& who, const 
   s.bind(7, verdict.approve ? verdict.uses : 0);
   s.step();
   tx.commit();
-  return select(db(), "WHERE id = ?1", id).front();
+  return select(db(), id).front();
 }
 
 AdmitResult ApprovalStore::admit(const Policy& policy, const Identity& who, const JobRequest& job,
@@ -306,7 +292,7 @@ AdmitResult ApprovalStore::admit(const Policy& policy, const Identity& who, cons
         fmt::format("unknown tier '{}'; tiers in the policy: {}", printable(job.tier), policy.tier_names()));
   if (!team->allows_tier(tier->name))
     return reject(fmt::format("team {} may not use tier '{}'; its tiers are: {}", team->name, tier->name,
-                              join(team->tiers)));
+                              fmt::join(team->tiers, ", ")));
   if (job.gpus < 1 || job.time_limit_s < 1)
     return reject(fmt::format("the job asks for {} GPUs and a time limit of {} s; both must be positive",
                               job.gpus, job.time_limit_s));
@@ -326,16 +312,15 @@ AdmitResult ApprovalStore::admit(const Policy& policy, const Identity& who, cons
   }
   if (!job.approval_id)
     return reject(approval_missing_message(*needed, *team, *tier, job.gpus, job.time_limit_s), partition);
-  const std::string& given = *job.approval_id;
-  if (!is_approval_id(given))
+  const std::string& id = *job.approval_id;
+  if (!is_approval_id(id))
     return reject(
-        fmt::format("approval id '{}' is malformed (expected apr- and 12 hex digits)", shown_id(given)),
+        fmt::format("approval id '{}' is malformed (expected apr- and 12 hex digits)", shown_id(id)),
         partition);
-  const std::string& id = given;
 
   // Read, check and take the use under the write lock: a concurrent admit waits, then sees the use gone.
   Transaction tx(db());
-  const auto found = select(db(), "WHERE id = ?1", id);
+  const auto found = select(db(), id);
   if (found.empty())
     return reject(
         fmt::format("approval {} does not exist; check the id (forge-quota report --approvals)", id),
@@ -343,7 +328,7 @@ AdmitResult ApprovalStore::admit(const Policy& policy, const Identity& who, cons
   const Approval& a = found.front();
   if (a.state == ApprovalState::kPending)
     return reject(fmt::format("approval {} is not approved yet; approvers of team {}: {}", id, a.team,
-                              policy.team(a.team) ? approvers_of(*policy.team(a.team)) : "none"),
+                              policy.team(a.team) ? policy.team(a.team)->approvers.text() : "none"),
                   partition);
   if (a.state == ApprovalState::kDenied)
     return reject(fmt::format("approval {} was denied by {}{}", id, a.decided_by,
@@ -363,7 +348,7 @@ AdmitResult ApprovalStore::admit(const Policy& policy, const Identity& who, cons
                   partition);
   if (job.time_limit_s > a.time_limit_s)
     return reject(fmt::format("approval {} covers a time limit of {} and this job asks for {}", id,
-                              hours_text(a.time_limit_s), hours_text(job.time_limit_s)),
+                              format_hours(a.time_limit_s), format_hours(job.time_limit_s)),
                   partition);
 
   Stmt take(db(), "UPDATE approvals SET uses_left = uses_left - 1 WHERE id = ?1 AND uses_left > 0");
@@ -434,12 +419,12 @@ std::vector<Approval> ApprovalStore::list(const Policy& policy, const Identity& 
 }
 
 std::vector<Approval> ApprovalStore::list_all() const {
-  return select(db(), "");
+  return select(db());
 }
 
 std::optional<Approval> ApprovalStore::find(const std::string& id) const {
   if (!is_approval_id(id)) return std::nullopt;
-  auto found = select(db(), "WHERE id = ?1", id);
+  auto found = select(db(), id);
   if (found.empty()) return std::nullopt;
   return std::move(found.front());
 }

@@ -5,9 +5,6 @@
 #include "forge/common/sqlite.h"
 #include "ledger_db.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <filesystem>
 
 namespace forge::quota {
@@ -51,9 +48,6 @@ std::unique_ptr<sqlite::Db> open_ledger(const std::string& path) {
   const auto dir = std::filesystem::path(path).parent_path();
   std::error_code ec;
   if (!dir.empty()) std::filesystem::create_directories(dir, ec);
-  // SQLite would create the file 0644 (minus the umask); the ledger directory's group must be able to
-  // write it (docs/ADMISSION.md, "Privilege model"), so create it 0660 minus the umask (forge-quota's 007).
-  if (const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0660); fd >= 0) ::close(fd);
   sqlite::Errors errors;
   errors.noun = "ledger";
   errors.code = ExitCode::kIo;
@@ -64,12 +58,7 @@ std::unique_ptr<sqlite::Db> open_ledger(const std::string& path) {
       "check its permissions: the ledger's directory is root:forge-quota 2771 and its files group "
       "forge-quota "
       "0660, and users reach them only through the setgid forge-quota";
-  auto db = std::make_unique<sqlite::Db>(path, sqlite::Db::Mode::kCreate, errors);
-  // -wal and -shm stay once created: a setgid forge-quota run by a user would otherwise recreate them
-  // owned by that user, who could then write them directly.
-  db->keep_wal_files();
-  db->exec("PRAGMA journal_mode=WAL", "journal mode");
-  db->exec("PRAGMA synchronous=NORMAL", "synchronous");
+  auto db = sqlite::open_shared(path, sqlite::Db::Mode::kCreate, errors);  // the group's, through forge-quota
   db->exec(kSchema, "schema");
   return db;
 }

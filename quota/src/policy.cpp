@@ -226,6 +226,12 @@ bool Principals::includes(const std::string& user, const std::vector<std::string
   });
 }
 
+std::string Principals::text() const {
+  std::vector<std::string> all = users;
+  for (const auto& g : groups) all.push_back("@" + g);
+  return all.empty() ? "none" : fmt::format("{}", fmt::join(all, ", "));
+}
+
 bool Team::has_member(const std::string& user, const std::vector<std::string>& user_groups) const {
   return members.includes(user, user_groups);
 }
@@ -350,6 +356,10 @@ std::optional<int64_t> parse_wall_time(const std::string& text) {
 std::string format_wall_time(int64_t seconds) {
   const int64_t d = seconds / 86400, h = seconds / 3600 % 24, m = seconds / 60 % 60, s = seconds % 60;
   return d > 0 ? fmt::format("{}-{:02}:{:02}:{:02}", d, h, m, s) : fmt::format("{:02}:{:02}:{:02}", h, m, s);
+}
+
+std::string format_hours(int64_t seconds) {
+  return fmt::format("{}:{:02}:{:02}", seconds / 3600, seconds / 60 % 60, seconds % 60);
 }
 
 const char* period_name(Period p) {

@@ -68,6 +68,11 @@ std::string format_utc(int64_t t) {
   return buf;
 }
 
+std::string format_utc_minute(int64_t t) {
+  const std::string s = format_utc(t);
+  return s.substr(0, 10) + " " + s.substr(11, 5);
+}
+
 std::vector<RunRecord> parse_sacct(const std::string& text) {
   std::vector<RunRecord> runs;
   for_each_row(text, "sacct", 12, kSacctFields, [&](const std::vector<std::string>& f, int number) {

@@ -42,23 +42,12 @@ void add_common(po::options_description& d, std::string& policy, std::string& le
                                          "policy file")("ledger", po::value(&ledger), "ledger database");
 }
 
-std::string hours_text(int64_t seconds) {
-  return fmt::format("{}:{:02}:{:02}", seconds / 3600, seconds / 60 % 60, seconds % 60);
-}
-
 int64_t duration_arg(const char* option, const std::string& text) {
   const auto secs = parse_wall_time(text);
   if (!secs || *secs <= 0)
     fail(ExitCode::kUsage, "{} {}: expected a Slurm duration such as 12:00:00 or 2-00:00:00", option,
          printable(text));
   return *secs;
-}
-
-std::string approvers_of(const Team& team) {
-  std::string out;
-  for (const auto& u : team.approvers.users) out += (out.empty() ? "" : ", ") + u;
-  for (const auto& g : team.approvers.groups) out += (out.empty() ? "@" : ", @") + g;
-  return out;
 }
 
 // What the report shows as the state: an approval past its expiry or out of uses says so.
@@ -71,15 +60,7 @@ std::string shown_state(const Approval& a, int64_t now) {
 
 // "2026-12-09 10:00" (UTC), or "-".
 std::string minute(int64_t t) {
-  if (t <= 0) return "-";
-  const std::string s = format_utc(t);
-  return s.substr(0, 10) + " " + s.substr(11, 5);
-}
-
-std::string joined(const std::vector<std::string>& v, const char* sep) {
-  std::string out;
-  for (const auto& s : v) out += (out.empty() ? "" : sep) + s;
-  return out;
+  return t <= 0 ? "-" : format_utc_minute(t);
 }
 
 std::string csv_field(const std::string& s) {
@@ -100,7 +81,7 @@ std::string render_approvals(const std::vector<Approval>& approvals, const std::
                       {"tier", a.tier},
                       {"gpus", a.gpus},
                       {"time_limit_s", a.time_limit_s},
-                      {"time", hours_text(a.time_limit_s)},
+                      {"time", format_hours(a.time_limit_s)},
                       {"requester", a.requester},
                       {"reason", a.reason},
                       {"requested_at", format_utc(a.requested_at)},
@@ -120,10 +101,10 @@ std::string render_approvals(const std::vector<Approval>& approvals, const std::
         "job_ids\n";
     for (const auto& a : approvals)
       out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", a.id, a.team, a.tier, a.gpus,
-                         hours_text(a.time_limit_s), a.requester, csv_field(a.reason), shown_state(a, now),
+                         format_hours(a.time_limit_s), a.requester, csv_field(a.reason), shown_state(a, now),
                          a.decided_by, a.decided_at > 0 ? format_utc(a.decided_at) : "",
                          a.expires_at > 0 ? format_utc(a.expires_at) : "", a.uses_allowed - a.uses_left,
-                         a.uses_allowed, joined(a.job_ids, " "));
+                         a.uses_allowed, fmt::join(a.job_ids, " "));
     return out;
   }
   std::string out =
@@ -133,10 +114,11 @@ std::string render_approvals(const std::vector<Approval>& approvals, const std::
   for (const auto& a : approvals)
     out +=
         fmt::format("{:<16} {:<12} {:<10} {:>5} {:>10} {:<12} {:<8} {:<12} {:<16} {:<16} {:>5} {:<12} {}\n",
-                    a.id, a.team, a.tier, a.gpus, hours_text(a.time_limit_s), a.requester,
+                    a.id, a.team, a.tier, a.gpus, format_hours(a.time_limit_s), a.requester,
                     shown_state(a, now), a.decided_by.empty() ? "-" : a.decided_by, minute(a.decided_at),
                     minute(a.expires_at), fmt::format("{}/{}", a.uses_allowed - a.uses_left, a.uses_allowed),
-                    a.job_ids.empty() ? "-" : joined(a.job_ids, ","), printable(a.reason, 500));
+                    a.job_ids.empty() ? std::string("-") : fmt::format("{}", fmt::join(a.job_ids, ",")),
+                    printable(a.reason, 500));
   out += fmt::format("({} request(s); times UTC)\n", approvals.size());
   return out;
 }
@@ -163,7 +145,7 @@ int cmd_request(const std::vector<std::string>& args) {
            printable(who.user), policy.path);
     if (mine.size() > 1)
       fail(ExitCode::kUsage, "user {} is in teams {}: say which with --team", printable(who.user),
-           joined(mine, ", "));
+           fmt::join(mine, ", "));
     team = mine.front();
   }
   const int64_t secs = duration_arg("--time", time);
@@ -180,7 +162,7 @@ int cmd_request(const std::vector<std::string>& args) {
     std::cerr << fmt::format(
         "forge-quota request: {} asks for {} GPUs for {} in tier {} of team {}; an approver of the team ({}) "
         "runs: forge-quota approve {}\n",
-        id, gpus, hours_text(secs), tier, team, approvers_of(t), id);
+        id, gpus, format_hours(secs), tier, team, t.approvers.text(), id);
   return 0;
 }
 
@@ -207,10 +189,10 @@ int cmd_decide(bool approve, const std::vector<std::string>& args) {
   if (approve)
     std::cout << fmt::format(
         "approved {}: team {}, tier {}, up to {} GPUs for {}, {} use(s), expires {} UTC\n", a.id, a.team,
-        a.tier, a.gpus, hours_text(a.time_limit_s), a.uses_allowed, minute(a.expires_at));
+        a.tier, a.gpus, format_hours(a.time_limit_s), a.uses_allowed, minute(a.expires_at));
   else
     std::cout << fmt::format("denied {}: team {}, tier {}, {} GPUs for {} (asked by {})\n", a.id, a.team,
-                             a.tier, a.gpus, hours_text(a.time_limit_s), a.requester);
+                             a.tier, a.gpus, format_hours(a.time_limit_s), a.requester);
   return 0;
 }
 

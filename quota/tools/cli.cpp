@@ -23,6 +23,7 @@
 namespace forge::quota::cli {
 namespace {
 
+using privilege::privileged;
 using privilege::same_file;
 
 // A setgid forge-quota may be handed paths to the group's files (the ledger); it uses only the ones the
@@ -35,18 +36,6 @@ void check_system_path(const char* what, const std::string& system, const std::s
 
 int64_t now_s() {
   return static_cast<int64_t>(std::time(nullptr));
-}
-
-void init_process() {
-  privilege::init_umask();
-}
-
-bool privileged() {
-  return privilege::privileged();
-}
-
-void drop_group_privilege() {
-  privilege::drop_group();
 }
 
 void check_command_allowed(const std::string& command) {
@@ -133,9 +122,7 @@ std::vector<std::string> visible_teams(const Policy& policy, const Identity& who
 
 std::string filter_note(const std::vector<std::string>& teams) {
   if (teams.empty()) return "(showing no teams: you belong to and approve for none; admins see all)";
-  std::string list;
-  for (const auto& t : teams) list += (list.empty() ? "" : ", ") + t;
-  return fmt::format("(showing teams {}; admins see all)", list);
+  return fmt::format("(showing teams {}; admins see all)", fmt::join(teams, ", "));
 }
 
 void write_output(const std::string& path, const std::string& text) {
@@ -144,7 +131,7 @@ void write_output(const std::string& path, const std::string& text) {
     return;
   }
   // The file is the caller's: written with their rights and umask, never with the setgid group's.
-  drop_group_privilege();
+  privilege::drop_group();
   ::umask(privilege::caller_umask());
   write_file_atomic(path, text);  // a reader (a browser, node_exporter) never sees half a file
 }

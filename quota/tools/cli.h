@@ -15,15 +15,7 @@ namespace forge::quota::cli {
 
 int64_t now_s();
 
-// Called first thing: umask 007 (files made in the setgid ledger directory stay group-writable); the
-// caller's umask is kept for the files written for the caller (-o).
-void init_process();
-
-// True when the kernel started us with privileges we must not lend (AT_SECURE: setgid or setuid, even
-// when root runs it).
-bool privileged();
-// Gives the setgid group up for good (real, effective and saved gid = the real gid). A no-op otherwise.
-void drop_group_privilege();
+// The process-wide part (umask 007, giving the group up) is forge/common/privilege.h's.
 // Refuses commands a setgid forge-quota does not run (apply, sync: root runs the plain binary).
 void check_command_allowed(const std::string& command);
 

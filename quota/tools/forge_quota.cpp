@@ -2,6 +2,7 @@
 #include "cli.h"
 #include "forge/common/error.h"
 #include "forge/common/json.h"
+#include "forge/common/privilege.h"
 #include "forge/common/text.h"
 #include "forge/quota/accounting.h"
 #include "forge/quota/apply.h"
@@ -199,6 +200,20 @@ int cmd_sync(const Policy& policy, const Common& c) {
   return 0;
 }
 
+// Writes a view that `who` may see only part of: a filtered view says which teams it shows, after a table,
+// else on stderr (so that CSV, JSON, HTML and prom stay what they claim to be).
+void write_seen_by(const Identity& who, const Policy& policy, const char* command, const Common& c,
+                   std::string text) {
+  if (!sees_all(policy, who)) {
+    const std::string note = filter_note(visible_teams(policy, who));
+    if (c.format == "table")
+      text += note + "\n";
+    else
+      std::cerr << "forge-quota " << command << ": " << note << '\n';
+  }
+  write_output(c.output, text);
+}
+
 int cmd_status(const Policy& policy, const Common& c) {
   check_format(c.format, {"table", "json", "prom"});
   if (!c.team.empty() && !policy.team(c.team))
@@ -211,22 +226,17 @@ int cmd_status(const Policy& policy, const Common& c) {
   const auto [start, end] = period_bounds(policy.period, now_s());
   auto status = compute_status(policy, ledger.runs(start, end), ledger.queue(), start, end);
   if (!c.team.empty()) std::erase_if(status, [&](const TeamStatus& s) { return s.team != c.team; });
-  const auto visible = visible_teams(policy, who);
-  const bool filtered = !sees_all(policy, who);
-  if (filtered)
+  if (!sees_all(policy, who))
     std::erase_if(status, [&](const TeamStatus& s) {
-      return std::find(visible.begin(), visible.end(), s.team) == visible.end();
+      const Team* team = policy.team(s.team);
+      return !team || !policy.sees_team(who, *team);
     });
-  std::string text;
-  if (c.format == "table")
-    text = render_status_table(status, policy) +
-           fmt::format("(ledger synced {} UTC)\n", format_utc(ledger.last_sync())) +
-           (filtered ? filter_note(visible) + "\n" : "");
-  else
-    text = c.format == "json" ? render_status_json(status)
-                              : render_status_prom(status, policy, ledger.last_sync());
-  if (filtered && c.format != "table") std::cerr << "forge-quota status: " << filter_note(visible) << '\n';
-  write_output(c.output, text);
+  const std::string text = c.format == "table"
+                               ? render_status_table(status, policy) +
+                                     fmt::format("(ledger synced {} UTC)\n", format_utc(ledger.last_sync()))
+                           : c.format == "json" ? render_status_json(status)
+                                                : render_status_prom(status, policy, ledger.last_sync());
+  write_seen_by(who, policy, "status", c, text);
   return 0;
 }
 
@@ -234,13 +244,8 @@ int cmd_report_approvals(const Policy& policy, const Common& c) {
   check_format(c.format, {"table", "csv", "json"});
   const Identity who = caller();
   const ApprovalStore store(ledger_path(policy, c.ledger));
-  const bool filtered = !sees_all(policy, who);
-  const auto rows = filtered ? store.list(policy, who) : store.list_all();
-  std::string text = render_approvals(rows, c.format, now_s());
-  if (filtered && c.format == "table") text += filter_note(visible_teams(policy, who)) + "\n";
-  if (filtered && c.format != "table")
-    std::cerr << "forge-quota report: " << filter_note(visible_teams(policy, who)) << '\n';
-  write_output(c.output, text);
+  const auto rows = sees_all(policy, who) ? store.list_all() : store.list(policy, who);
+  write_seen_by(who, policy, "report", c, render_approvals(rows, c.format, now_s()));
   return 0;
 }
 
@@ -272,21 +277,17 @@ int cmd_report(const Policy& policy, const Common& c) {
   const Identity who = caller();
   const Ledger ledger(ledger_path(policy, c.ledger));
   auto runs = ledger.runs(from, to);
-  const bool filtered = !sees_all(policy, who);
-  if (filtered)  // a run counts for the team whose account it ran under; other accounts are nobody's team
+  if (!sees_all(policy, who))  // a run counts for the team whose account it ran under; others are nobody's
     std::erase_if(runs, [&](const RunRecord& r) {
       const Team* team = policy.team_by_account(r.account);
       return !team || !policy.sees_team(who, *team);
     });
   const Report rep = build_report(policy, runs, ledger.summaries(), by, from, to);
-  std::string text = c.format == "csv"    ? render_report_csv(rep)
-                     : c.format == "json" ? render_report_json(rep)
-                     : c.format == "html" ? render_report_html(rep)
-                                          : render_report_table(rep);
-  if (filtered && c.format == "table") text += filter_note(visible_teams(policy, who)) + "\n";
-  if (filtered && c.format != "table")
-    std::cerr << "forge-quota report: " << filter_note(visible_teams(policy, who)) << '\n';
-  write_output(c.output, text);
+  write_seen_by(who, policy, "report", c,
+                c.format == "csv"    ? render_report_csv(rep)
+                : c.format == "json" ? render_report_json(rep)
+                : c.format == "html" ? render_report_html(rep)
+                                     : render_report_table(rep));
   return 0;
 }
 
@@ -300,7 +301,7 @@ int run(int argc, char** argv) {
   check_command_allowed(command);
   if (command == "check-policy" || command == "layout") {
     // Neither needs the setgid group; without it they may read any file the caller can, and no other.
-    drop_group_privilege();
+    privilege::drop_group();
     return command == "layout" ? cmd_layout(args) : cmd_check_policy(args);
   }
   if (command == "request") return cmd_request(args);
@@ -350,6 +351,6 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  init_process();
+  privilege::init_umask();
   return run_cli("forge-quota", [&] { return run(argc, argv); });
 }

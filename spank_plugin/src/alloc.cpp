@@ -60,7 +60,8 @@ int admit_local(spank_t sp, const char* tool) {
     const quota::Decision d = quota::admit_submission(policy, choices, who, usage.view);
     for (const auto& w : d.warnings) slurm_info("forge: warning: %s", w.c_str());
     if (!d.allowed) return reject(d.message);
-    if (const auto bad = run_dir_problem(sp, policy, *d.team, who)) return reject(*bad);
+    if (const auto bad = run_dir_problem(sp, policy, *d.team, who, choices.spec ? &*choices.spec : nullptr))
+      return reject(*bad);
     // The early word on approval: sbatch does not see --time, so only the GPU and tier rules are judged
     // here; the controller judges all of them and whether the approval is valid.
     if (o.approval.empty())

@@ -128,11 +128,13 @@ std::string job_path(spank_t sp, const std::string& path) {
 }  // namespace
 
 std::optional<std::string> run_dir_problem(spank_t sp, const quota::Policy& policy, const quota::Team& team,
-                                           const quota::Identity& who) {
+                                           const quota::Identity& who,
+                                           const quota::SpecLayout* already_read) {
   const std::string& spec = options().spec;
   if (team.root.empty() || spec.empty() || policy.is_admin(who)) return std::nullopt;
   std::string why;
-  const auto declared = quota::read_spec_layout(job_path(sp, spec), &why);
+  const auto declared =
+      already_read ? std::optional(*already_read) : quota::read_spec_layout(job_path(sp, spec), &why);
   if (!declared) return "--train-spec: " + why;
   if (declared->run_dir.empty())
     return "--train-spec " + spec + " sets no [run] dir; set it under " + team.root + "/runs";

@@ -56,9 +56,10 @@ void load_usage(const quota::Policy& policy, const PluginConfig& config, LoadedU
 // A team with a directory keeps its runs there (docs/ADMISSION.md, "Team isolation"): the run.dir of the
 // job's --train-spec must lie under it (admins exempt; a job without --train-spec declares no run, and
 // scripts/sbatch/submit-pipeline always gives it). In slurmstepd user_init runs with the job user's
-// privileges: the spec is read as they would read it.
+// privileges: the spec is read as they would read it. `already_read`: the spec when the caller read it.
 std::optional<std::string> run_dir_problem(spank_t sp, const quota::Policy& policy, const quota::Team& team,
-                                           const quota::Identity& who);
+                                           const quota::Identity& who,
+                                           const quota::SpecLayout* already_read = nullptr);
 
 // Shared by sbatch/salloc and an allocating srun: the submission check. 0 to go on, -1 to reject.
 int admit_local(spank_t sp, const char* tool);

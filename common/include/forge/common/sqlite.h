@@ -7,6 +7,7 @@
 #include "forge/common/error.h"
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -52,6 +53,12 @@ class Db {
   std::string path_;
   Errors errors_;
 };
+
+// A database a group shares through a setgid tool (docs/ADMISSION.md, "Privilege model"): kCreate makes a
+// missing file 0660 minus the umask (SQLite's own would be 0644, which the group could not write); WAL
+// mode with -wal and -shm kept once made (keep_wal_files), synchronous=NORMAL. The quota ledger and the
+// model registry open themselves this way.
+std::unique_ptr<Db> open_shared(const std::string& path, Db::Mode mode, Errors errors);
 
 // A prepared statement that finalizes itself. After step() returns false (done) it is reset with its
 // bindings cleared, ready to be bound and run again.

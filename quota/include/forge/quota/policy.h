@@ -24,6 +24,8 @@ struct Principals {
   // Listed by name, or a member of a listed group (`user_groups`: all of the user's groups).
   bool includes(const std::string& user, const std::vector<std::string>& user_groups) const;
   bool empty() const { return users.empty() && groups.empty(); }
+  // As the policy writes them: "carol, @ml" ("none" when empty).
+  std::string text() const;
 };
 
 // A user or group the policy names and where, so `forge-quota check-policy` can resolve each on the
@@ -152,6 +154,8 @@ bool path_within(const std::string& inner, const std::string& outer);
 
 // Seconds -> Slurm's "D-HH:MM:SS" / "HH:MM:SS".
 std::string format_wall_time(int64_t seconds);
+// Seconds -> "40:00:00": hours not folded into days, the form people write --time in (Slurm reads it too).
+std::string format_hours(int64_t seconds);
 
 const char* period_name(Period p);
 // [start, end) of the period containing `now` (Unix seconds, UTC).

@@ -48,7 +48,8 @@ int gpus_in_tres(const std::string& tres, std::string* type = nullptr);
 
 // Slurm's "2026-01-31T12:00:00" read as UTC; nullopt for Unknown, None or malformed text.
 std::optional<int64_t> parse_slurm_timestamp(const std::string& text);
-std::string format_utc(int64_t t);  // "2026-01-31T12:00:00"
+std::string format_utc(int64_t t);         // "2026-01-31T12:00:00"
+std::string format_utc_minute(int64_t t);  // "2026-01-31 12:00"
 
 // GPU-hours of a run that fall inside [from, to): ElapsedRaw x GPUs / 3600, scaled by the share of the
 // run's wall span inside the window (sreport's convention). A running job's row ends at start + elapsed.
