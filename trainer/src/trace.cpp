@@ -31,7 +31,7 @@ struct Recording {
   std::vector<Event> events;
   uint64_t next_id = 1;
   int64_t steady0_ns = 0;
-  double wall0_us = 0;  // the wall clock at steady0: ranks on different nodes share it (NTP)
+  int64_t wall0_ns = 0;  // the wall clock at steady0: ranks on different nodes share it (NTP)
 };
 
 Recording& recording() {
@@ -56,8 +56,9 @@ void Trace::start() {
   r.events.clear();
   r.events.reserve(1 << 14);
   r.steady0_ns = now_ns();
-  r.wall0_us =
-      std::chrono::duration<double, std::micro>(std::chrono::system_clock::now().time_since_epoch()).count();
+  r.wall0_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                   std::chrono::system_clock::now().time_since_epoch())
+                   .count();
   on_ = true;
 }
 
@@ -91,7 +92,13 @@ size_t Trace::events() {
 void Trace::stop_and_write(const std::string& dir, int rank, const std::string& label) {
   on_ = false;
   Recording& r = recording();
-  const auto ts = [&](int64_t ns) { return r.wall0_us + double(ns - r.steady0_ns) * 1e-3; };
+  // Microseconds with three decimals, printed from integer nanoseconds: a double of today's epoch time
+  // in microseconds has a resolution of 0.25 us, and two ways of rounding it (one contracted into an
+  // FMA, one not) once put an event before the one it followed.
+  const auto ts = [&](int64_t ns) {
+    const int64_t t = r.wall0_ns + (ns - r.steady0_ns);
+    return fmt::format("{}.{:03d}", t / 1000, t % 1000);
+  };
   std::string out = fmt::format(
       "{{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n"
       "{{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":{0},\"tid\":0,\"args\":{{\"name\":{1}}}}},\n"
@@ -105,7 +112,7 @@ void Trace::stop_and_write(const std::string& dir, int rank, const std::string& 
   int64_t last = r.steady0_ns;
   for (const Event& e : r.events) {
     last = std::max(last, e.ns);
-    const std::string where = fmt::format("\"pid\":{},\"tid\":0,\"ts\":{:.3f}", rank, ts(e.ns));
+    const std::string where = fmt::format("\"pid\":{},\"tid\":0,\"ts\":{}", rank, ts(e.ns));
     if (e.ph == 'E') {
       --depth;
       out += fmt::format(",\n{{\"ph\":\"E\",{}}}", where);
@@ -131,7 +138,7 @@ void Trace::stop_and_write(const std::string& dir, int rank, const std::string& 
   }
   // Balanced whatever happened: spans still open (an exception unwound past them) and operations that
   // completed after recording stopped end at the last event.
-  const std::string at = fmt::format("\"pid\":{},\"tid\":0,\"ts\":{:.3f}", rank, ts(last));
+  const std::string at = fmt::format("\"pid\":{},\"tid\":0,\"ts\":{}", rank, ts(last));
   for (const Event* o : open_async)
     out += fmt::format(",\n{{\"ph\":\"e\",\"name\":{},\"cat\":\"comm\",\"id2\":{{\"local\":{}}},{}}}",
                        json_string(o->name), o->id, at);
