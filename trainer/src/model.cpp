@@ -149,11 +149,14 @@ struct GPT::Slot {
   Buffer<float> weights;
   std::vector<int32_t> doc_start_host;
   DeviceBatch batch;
+  std::vector<int32_t> decode_host;  // decode(): tokens, positions, cache sequences, cache positions
+  Buffer<int32_t> decode;            // device backends: their copy
 
   size_t bytes() const {
     size_t n = 0;
     for (const auto* v : {&res, &lnf, &lnf_stats, &dlnf, &dres, &weights}) n += v->size() * sizeof(float);
-    for (const auto* v : {&inputs, &targets, &positions, &doc_start}) n += v->size() * sizeof(int32_t);
+    for (const auto* v : {&inputs, &targets, &positions, &doc_start, &decode})
+      n += v->size() * sizeof(int32_t);
     return n;
   }
 };
@@ -312,7 +315,6 @@ std::span<const float> GPT::input_grad(int slot) const {
 LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input, float loss_scale,
                           bool backward, float* logits_out, bool classify) {
   Slot& s = *slots_.at(size_t(slot));
-  Workspace& w = *ws_;
   if (batch.rows != batch_ || batch.seq_len != config_.seq_len)
     throw std::invalid_argument("GPT: the micro-batch is not batch x seq_len");
   // The micro-batch where the backend reads it, for this forward and the backward that follows: the
@@ -335,20 +337,33 @@ LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input,
   s.batch.doc_start = place(s.doc_start, s.doc_start_host);
   s.batch.host = &batch;
 
-  const bool bf16 = dtype_ == DType::kBF16;
-  const int tps = slice_.tp_size;
-  const int B = batch_, T = config_.seq_len, C = config_.d_model, L = layers_;
-  const int Cl = C / tps, NHl = config_.heads / tps;
-  const int N = B * T;
-  const int64_t NC = int64_t(N) * C;
-  // BF16 mode keeps what backward reads from the matrix products (their inputs) as BF16 values (Saved);
-  // the residual stream, statistics and all accumulation stay FP32.
+  const int B = batch_, T = config_.seq_len, Cl = config_.d_model / slice_.tp_size;
+  const int NHl = config_.heads / slice_.tp_size;
   if (slice_.embedding) {
     TraceSpan span("forward embedding", "compute");
     embedding_->forward(s.res.data(), s.batch.inputs, s.batch.positions, B, T);
   } else {
-    backend_.copy(s.res.data(), input, sizeof(float) * size_t(NC));
+    backend_.copy(s.res.data(), input, sizeof(float) * size_t(rows()) * size_t(config_.d_model));
   }
+  run_blocks(slot, B * T, [&](int, float* att, float* lse, const float* qkv) {
+    backend_.attention_forward(att, lse, qkv, s.batch.doc_start, B, T, Cl, NHl);
+  });
+  if (!slice_.head) return {};
+  TraceSpan span("forward head + loss", "compute");
+  if (!classify) return {};
+  const double loss = classifier_->forward_backward(backward ? s.dlnf.data() : nullptr, s.lnf.data(), s.batch,
+                                                    int(rows()), *loss_, loss_scale, logits_out);
+  return {loss, loss_->weight(batch)};
+}
+
+void GPT::run_blocks(int slot, int N, const std::function<void(int, float*, float*, const float*)>& attend) {
+  Slot& s = *slots_.at(size_t(slot));
+  Workspace& w = *ws_;
+  const bool bf16 = dtype_ == DType::kBF16;
+  const int C = config_.d_model, L = layers_;
+  const int64_t NC = int64_t(N) * C;
+  // BF16 mode keeps what backward reads from the matrix products (their inputs) as BF16 values (Saved);
+  // the residual stream, statistics and all accumulation stay FP32.
   for (int l = 0; l < L; ++l) {
     TraceSpan span("forward block", "compute", slice_.first_layer + l);
     Block& k = *blocks_[size_t(l)];
@@ -362,7 +377,7 @@ LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input,
     }
     k.qkv->forward(a.qkv.at(), a.ln1.at(), N);
     a.qkv.keep();
-    backend_.attention_forward(a.att.at(), a.lse.data(), a.qkv.at(), s.batch.doc_start, B, T, Cl, NHl);
+    attend(l, a.att.at(), a.lse.data(), a.qkv.at());
     a.att.keep();
     k.proj->forward(w.delta.data(), a.att.at(), N);
     backend_.residual_layernorm_forward(a.res_mid.data(), a.ln2.at(), ln2s, ln2s + N, x, w.delta.data(),
@@ -388,17 +403,11 @@ LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input,
       backend_.residual_forward(x + NC, a.res_mid.data(), w.delta.data(), k.ffn->output_bias(), N, C);
     }
   }
-  if (!slice_.head) return {};
-  TraceSpan span("forward head + loss", "compute");
-  if (L == 0) {
+  if (slice_.head && L == 0) {
     backend_.layernorm_forward(s.lnf.data(), s.lnf_stats.data(), s.lnf_stats.data() + N, s.res.data(),
                                lnf_w_.value, lnf_b_.value, N, C);
     if (bf16) backend_.round_to_bf16(s.lnf.data(), s.lnf.data(), size_t(NC));
   }
-  if (!classify) return {};
-  const double loss = classifier_->forward_backward(backward ? s.dlnf.data() : nullptr, s.lnf.data(), s.batch,
-                                                    N, *loss_, loss_scale, logits_out);
-  return {loss, loss_->weight(batch)};
 }
 
 LossSums GPT::forward(int slot, const MicroBatch& batch, const float* input, float loss_scale,
@@ -493,6 +502,75 @@ void GPT::forward_logits(const MicroBatch& batch, std::span<float> logits) {
   if (logits.size() != size_t(batch_) * config_.seq_len * config_.vocab)
     throw std::invalid_argument("GPT::forward_logits: logits must hold batch x seq_len x vocab values");
   run_forward(0, batch, nullptr, 1.0f, false, logits.data());
+}
+
+KvCache::KvCache(GPT& model, int sequences, int max_len) : sequences_(sequences), max_len_(max_len) {
+  const ModelConfig& c = model.config();
+  if (sequences < 1 || max_len < 1 || max_len > c.max_positions)
+    throw std::invalid_argument("KvCache: needs >= 1 sequence and 1 to max_positions positions");
+  const size_t n = size_t(sequences) * size_t(max_len) * size_t(c.d_model);
+  for (int l = model.slice().first_layer; l < model.slice().last_layer; ++l) {
+    keys_.push_back(model.backend().alloc<float>(n));
+    values_.push_back(model.backend().alloc<float>(n));
+  }
+}
+
+size_t KvCache::bytes() const {
+  size_t n = 0;
+  for (const auto& b : keys_) n += 2 * b.size() * sizeof(float);
+  return n;
+}
+
+void GPT::decode(KvCache& cache, std::span<const DecodeRow> rows, std::span<const int> logit_rows,
+                 std::span<float> logits) {
+  if (!slice_.embedding || !slice_.head || slice_.tp_size != 1)
+    throw std::invalid_argument("GPT::decode: needs the whole model on one rank");
+  if (cache.keys_.size() != blocks_.size())
+    throw std::invalid_argument("GPT::decode: the cache was made for another model");
+  const int N = int(rows.size()), C = config_.d_model, V = config_.vocab;
+  if (N < 1 || N > this->rows()) throw std::invalid_argument("GPT::decode: 1 to rows() rows at a time");
+  if (logits.size() != logit_rows.size() * size_t(V))
+    throw std::invalid_argument("GPT::decode: logits must hold logit_rows x vocab values");
+  Slot& s = *slots_[0];
+  s.decode_host.resize(4 * size_t(N));
+  int32_t *tokens = s.decode_host.data(), *positions = tokens + N, *seq = positions + N, *pos = seq + N;
+  for (int r = 0; r < N; ++r) {
+    const DecodeRow& row = rows[size_t(r)];
+    if (row.sequence < 0 || row.sequence >= cache.sequences() || row.position < 0 ||
+        row.position >= cache.max_len() || row.token < 0 || row.token >= V)
+      throw std::invalid_argument("GPT::decode: a row outside the cache, the positions or the vocabulary");
+    tokens[r] = row.token;
+    positions[r] = row.position;
+    seq[r] = row.sequence;
+    pos[r] = row.position;
+  }
+  const int32_t* host = s.decode_host.data();
+  if (!backend_.host_memory()) {
+    if (s.decode.size() < s.decode_host.size()) s.decode = backend_.alloc<int32_t>(4 * size_t(this->rows()));
+    backend_.copy_from_host(s.decode.data(), host, s.decode_host.size() * sizeof(int32_t));
+    host = s.decode.data();
+  }
+  embedding_->forward(s.res.data(), host, host + N, 1, N);
+  run_blocks(0, N, [&](int l, float* att, float*, const float* qkv) {
+    backend_.attention_decode(att, qkv, cache.keys_[size_t(l)].data(), cache.values_[size_t(l)].data(),
+                              host + 2 * N, host + 3 * N, N, cache.max_len(), C, config_.heads);
+  });
+  // The classifier of the rows asked for: gathered next to each other, one product.
+  const int M = int(logit_rows.size());
+  float* gathered = ws_->delta.data();
+  for (int i = 0; i < M; ++i) {
+    const int r = logit_rows[size_t(i)];
+    if (r < 0 || r >= N) throw std::invalid_argument("GPT::decode: a logit row outside the rows");
+    backend_.copy(gathered + int64_t(i) * C, s.lnf.data() + int64_t(r) * C, sizeof(float) * size_t(C));
+  }
+  const ParamRef wte = ref("wte.weight");
+  if (backend_.host_memory()) {
+    backend_.matmul_forward(logits.data(), gathered, wte.value, nullptr, M, C, V);
+  } else {
+    Buffer<float> out = backend_.alloc<float>(logits.size());
+    backend_.matmul_forward(out.data(), gathered, wte.value, nullptr, M, C, V);
+    backend_.copy_to_host(logits.data(), out.data(), logits.size() * sizeof(float));
+  }
 }
 
 void GPT::forward_features(const MicroBatch& batch) {

@@ -164,4 +164,49 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   }
 }
 
+void attention_decode(float* out, const float* qkv, float* k_cache, float* v_cache, const int32_t* seq,
+                      const int32_t* pos, int rows, int max_len, int C, int NH) {
+  const int hd = C / NH, C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(float(hd));
+  const auto at = [&](int r) { return (int64_t(seq[r]) * max_len + pos[r]) * C; };
+  // Every key first: a prompt's rows, prefilled in one call, attend to each other's.
+  for (int r = 0; r < rows; ++r) {
+    std::copy_n(qkv + int64_t(r) * C3 + C, C, k_cache + at(r));
+    std::copy_n(qkv + int64_t(r) * C3 + 2 * C, C, v_cache + at(r));
+  }
+  // One query row and head at a time: a decoding step has one row per sequence, so the (row, head) pairs
+  // are what there is to split over threads; each reads its sequence's keys once, in order.
+#pragma omp parallel
+  {
+    std::vector<float> p(static_cast<size_t>(max_len));
+#pragma omp for schedule(dynamic, 1)
+    for (int rh = 0; rh < rows * NH; ++rh) {
+      const int r = rh / NH, h = rh % NH, n = pos[r] + 1;
+      const float* q = qkv + int64_t(r) * C3 + h * hd;
+      const float* k = k_cache + int64_t(seq[r]) * max_len * C + h * hd;
+      const float* v = v_cache + int64_t(seq[r]) * max_len * C + h * hd;
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int j = 0; j < n; ++j) {
+        float dot = 0;
+#pragma omp simd reduction(+ : dot)
+        for (int i = 0; i < hd; ++i) dot += q[i] * k[int64_t(j) * C + i];
+        p[size_t(j)] = dot * scale;
+        mx = std::max(mx, p[size_t(j)]);
+      }
+      float sum = 0;
+      for (int j = 0; j < n; ++j) {
+        p[size_t(j)] = fast_exp(p[size_t(j)] - mx);
+        sum += p[size_t(j)];
+      }
+      float* o = out + int64_t(r) * C + h * hd;
+      std::fill_n(o, hd, 0.0f);
+      for (int j = 0; j < n; ++j) {
+        const float w = p[size_t(j)] / sum;
+#pragma omp simd
+        for (int i = 0; i < hd; ++i) o[i] += w * v[int64_t(j) * C + i];
+      }
+    }
+  }
+}
+
 }  // namespace forge::trainer::cpu

@@ -77,6 +77,10 @@ class CpuBackend final : public Backend {
                           const float* lse, const int32_t* doc_start, int B, int T, int C, int NH) override {
     cpu::attention_backward(dqkv, dout, qkv, out, lse, doc_start, B, T, C, NH);
   }
+  void attention_decode(float* out, const float* qkv, float* k_cache, float* v_cache, const int32_t* seq,
+                        const int32_t* pos, int rows, int max_len, int C, int NH) override {
+    cpu::attention_decode(out, qkv, k_cache, v_cache, seq, pos, rows, max_len, C, NH);
+  }
   void bias_gelu_forward(float* out, float* pre, const float* bias, int N, int C) override {
     cpu::bias_gelu_forward(out, pre, bias, N, C);
   }

@@ -68,6 +68,12 @@ void attention_forward(float* out, float* lse, const float* qkv, const int32_t* 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                         const int32_t* doc_start, int B, int T, int C, int NH);
 
+// Incremental decoding: writes the keys and values of `rows` new positions (row r: sequence seq[r],
+// position pos[r]) into the caches [sequences, max_len, C], then attends each row's query over its
+// sequence's positions [0, pos[r]] (Backend::attention_decode).
+void attention_decode(float* out, const float* qkv, float* k_cache, float* v_cache, const int32_t* seq,
+                      const int32_t* pos, int rows, int max_len, int C, int NH);
+
 // ---- gelu.cpp ---- (tanh approximation, as GPT-2)
 // pre += bias (row-wise); out = gelu(pre). `pre` keeps the biased pre-activation for backward.
 void bias_gelu_forward(float* out, float* pre, const float* bias, int N, int C);

@@ -127,6 +127,13 @@ class Backend {
   virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                                   const float* lse, const int32_t* doc_start, int B, int T, int C,
                                   int NH) = 0;
+  // Incremental decoding (model.h, GPT::decode): `rows` new positions, row r being position pos[r] of
+  // sequence seq[r]. Writes each row's key and value (from qkv [rows, 3C]) into k_cache and v_cache
+  // ([sequences, max_len, C]) at (seq[r], pos[r]), then out[r] = the attention of row r's query over its
+  // sequence's cached positions [0, pos[r]]: rows of one sequence in one call see each other's keys.
+  virtual void attention_decode(float* out, const float* qkv, float* k_cache, float* v_cache,
+                                const int32_t* seq, const int32_t* pos, int rows, int max_len, int C,
+                                int NH) = 0;
   // pre += bias; out = gelu(pre) (tanh approximation).
   virtual void bias_gelu_forward(float* out, float* pre, const float* bias, int N, int C) = 0;
   // dinout: dL/d(out) in, dL/d(pre) out.

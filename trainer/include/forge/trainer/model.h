@@ -91,6 +91,29 @@ class FeedForward {
   virtual size_t activation_bytes() const = 0;
 };
 
+class GPT;
+
+// The keys and values of incremental decoding (GPT::decode): per block of the model, `sequences`
+// sequences of up to `max_len` positions, in the model's backend memory.
+class KvCache {
+ public:
+  // Throws std::invalid_argument unless 1 <= max_len <= the model's max_positions and sequences >= 1.
+  KvCache(GPT& model, int sequences, int max_len);
+  int sequences() const { return sequences_; }
+  int max_len() const { return max_len_; }
+  size_t bytes() const;
+
+ private:
+  friend class GPT;
+  int sequences_, max_len_;
+  std::vector<Buffer<float>> keys_, values_;  // per block: [sequences, max_len, d_model]
+};
+
+// One position run by GPT::decode: `token` at `position` of cache sequence `sequence`.
+struct DecodeRow {
+  int32_t sequence = 0, position = 0, token = 0;
+};
+
 class GPT {
  public:
   // Allocates parameters, gradients and activations of `slice` for micro-batches of `batch` sequences,
@@ -156,6 +179,16 @@ class GPT {
   // All logits, batch x seq_len x vocab, into host memory (tests and evaluation; an unsplit model).
   void forward_logits(const MicroBatch& batch, std::span<float> logits);
 
+  // Incremental decoding (the whole model): runs `rows` (at most rows() of them) through the model, each
+  // attending to the keys and values of its sequence's earlier positions in `cache` and of the rows
+  // before it in this call, and appends theirs. A sequence's positions must arrive in order from 0 (a
+  // prompt at once, then a token a step; a new sequence in a slot starts again at 0). Writes the logits of
+  // the rows `logit_rows` lists into `logits` (host memory, [logit_rows.size(), vocab]). The same
+  // arithmetic as forward() up to the attention's summation order: a token's logits match the full
+  // forward's at its position. Throws std::invalid_argument for a row outside the cache or the model.
+  void decode(KvCache& cache, std::span<const DecodeRow> rows, std::span<const int> logit_rows,
+              std::span<float> logits);
+
   // A frozen model's forward (a distillation teacher, loss.h; the whole model): runs `batch` up to the
   // final LayerNorm and keeps that; feature_logits then forms the logits of positions [row0, row0 + rows)
   // over vocabulary columns [vocab_begin, vocab_begin + V) into `out` (backend memory) — the chunk the
@@ -172,6 +205,9 @@ class GPT {
   struct Workspace;
   LossSums run_forward(int slot, const MicroBatch& batch, const float* input, float loss_scale, bool backward,
                        float* logits_out, bool classify = true);
+  // The blocks of slot `slot` over its first N rows (the stream entering them in res), and the final
+  // LayerNorm when the slice has the head; attend(layer, att, lse, qkv) is the attention of each block.
+  void run_blocks(int slot, int N, const std::function<void(int, float*, float*, const float*)>& attend);
   void check_whole(const MicroBatch& batch) const;
   ParamRef ref(const std::string& name);
 
