@@ -93,6 +93,17 @@ TEST_CASE("threads come from the spec, SLURM_CPUS_PER_TASK, or the machine", "[t
   CHECK_THROWS_AS(resolve_threads(0), forge::Error);
   ::unsetenv("SLURM_CPUS_PER_TASK");
   CHECK(resolve_threads(0) >= 1);
+  // A step without --cpus-per-task: the node's CPUs over its tasks (node 1 of "4(x2),2" holds 4).
+  ::setenv("SLURM_CPUS_ON_NODE", "8", 1);
+  ::setenv("SLURM_STEP_TASKS_PER_NODE", "4(x2),2", 1);
+  ::setenv("SLURM_NODEID", "1", 1);
+  CHECK(resolve_threads(0) == 2);
+  ::setenv("SLURM_NODEID", "2", 1);
+  CHECK(resolve_threads(0) == 4);
+  ::setenv("SLURM_STEP_TASKS_PER_NODE", "16", 1);  // more tasks than CPUs: one each
+  ::setenv("SLURM_NODEID", "0", 1);
+  CHECK(resolve_threads(0) == 1);
+  for (const char* v : {"SLURM_CPUS_ON_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID"}) ::unsetenv(v);
 }
 
 TEST_CASE("run.trace_steps: a range inside the run, one step, or auto after this process's first",

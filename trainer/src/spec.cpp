@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
 #include <cstdlib>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -298,6 +300,23 @@ std::optional<LayoutProblem> parallel_problem(const ModelConfig& m, const Layout
   return std::nullopt;
 }
 
+namespace {
+
+// The tasks of this step on node `node` from SLURM_STEP_TASKS_PER_NODE ("2(x3),1": 2 on each of the first
+// three nodes, 1 on the fourth); 0 when it does not say.
+long step_tasks_on_node(const char* spec, long node) {
+  std::istringstream in(spec);
+  for (std::string entry; std::getline(in, entry, ',');) {
+    long tasks = 0, repeat = 1;
+    if (std::sscanf(entry.c_str(), "%ld(x%ld)", &tasks, &repeat) < 1 || tasks < 1 || repeat < 1) return 0;
+    if (node < repeat) return tasks;
+    node -= repeat;
+  }
+  return 0;
+}
+
+}  // namespace
+
 int resolve_threads(int requested) {
   if (requested > 0) return requested;
   if (const char* env = std::getenv("SLURM_CPUS_PER_TASK")) {
@@ -305,6 +324,15 @@ int resolve_threads(int requested) {
     const long n = std::strtol(env, &end, 10);
     if (end != env && *end == '\0' && n > 0) return int(n);
     fail(ExitCode::kUsage, "SLURM_CPUS_PER_TASK = '{}' is not a positive integer; set run.threads", env);
+  }
+  // A Slurm step without --cpus-per-task: the CPUs Slurm gave this node, shared by the step's tasks on
+  // it. Not the machine's cores: tasks each spinning up a team of all of them oversubscribe the node, and
+  // OpenMP's waiting threads then take turns with the working ones.
+  const char *cpus = std::getenv("SLURM_CPUS_ON_NODE"), *tasks = std::getenv("SLURM_STEP_TASKS_PER_NODE"),
+             *node = std::getenv("SLURM_NODEID");
+  if (cpus != nullptr && tasks != nullptr) {
+    const long on_node = step_tasks_on_node(tasks, node != nullptr ? std::atol(node) : 0);
+    if (on_node > 0) return int(std::max(1L, std::atol(cpus) / on_node));
   }
   const unsigned hw = std::thread::hardware_concurrency();
   return hw > 0 ? int(hw) : 1;

@@ -107,7 +107,8 @@ std::optional<LayoutProblem> parallel_problem(const ModelConfig& model, const La
 // error when not one replica fits.
 TrainSpec elastic_spec(const TrainSpec& spec, int ranks);
 
-// Worker threads: `requested` > 0 as is; 0 means SLURM_CPUS_PER_TASK when set, else all cores.
+// Worker threads: `requested` > 0 as is; 0 means SLURM_CPUS_PER_TASK when set, else in a Slurm step the
+// node's allocated CPUs (SLURM_CPUS_ON_NODE) over the step's tasks on the node, else all cores.
 int resolve_threads(int requested);
 
 }  // namespace forge::trainer
