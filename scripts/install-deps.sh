@@ -23,6 +23,7 @@ packages=(
   slurm-wlm-mysql-plugin munge mariadb-server libpmix-dev libpmix-bin
   # --- tools the scripts and tests call
   util-linux procps iproute2 python3
+  bubblewrap                          # the evaluation gate's sandbox for candidate programs (bwrap)
   lua5.1                              # runs job_submit.lua in its test (Slurm's job_submit_lua.so links Lua 5.1)
   prometheus                          # promtool checks the textfile-collector output (the server is not started)
 )

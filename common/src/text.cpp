@@ -30,7 +30,7 @@ std::optional<int64_t> parse_int(std::string_view s) {
   return v;
 }
 
-std::string printable(std::string_view text, size_t max) {
+std::string printable(std::string_view text, size_t max, bool keep_newlines) {
   static const char* hex = "0123456789abcdef";
   std::string out;
   for (size_t i = 0; i < text.size(); ++i) {
@@ -39,7 +39,7 @@ std::string printable(std::string_view text, size_t max) {
       break;
     }
     const unsigned char c = static_cast<unsigned char>(text[i]);
-    if (c >= 0x20 && c < 0x7f && c != '\\') {
+    if ((c >= 0x20 && c < 0x7f && c != '\\') || (keep_newlines && c == '\n')) {
       out += static_cast<char>(c);
     } else {
       out += "\\x";

@@ -45,15 +45,16 @@ std::vector<double> bytes_per_token(const std::string& tokenizer_path) {
   return bytes;
 }
 
-// A checkpoint's model with `config` and `loss` (null: the LM cross-entropy) for rows of one sequence,
-// its files verified (each rank a share) and its weights loaded.
+// A checkpoint's model with `config` and `loss` (null: the LM cross-entropy) for `batch` rows, its files
+// verified (each rank a share) and its weights loaded, whatever layout wrote them.
 std::unique_ptr<trainer::GPT> load_model(const ckpt::Checkpoint& checkpoint,
                                          const trainer::ModelConfig& config,
-                                         std::shared_ptr<const trainer::Loss> loss, trainer::Comm& comm) {
+                                         std::shared_ptr<const trainer::Loss> loss, trainer::Comm& comm,
+                                         int batch = 1) {
   checkpoint.verify(comm.rank(), comm.size());
-  auto model = std::make_unique<trainer::GPT>(config, /*batch=*/1, trainer::DType::kF32,
-                                              trainer::ModelSlice{}, 1, trainer::cpu_backend(),
-                                              trainer::LayerFactory::whole(), 1, std::move(loss));
+  auto model = std::make_unique<trainer::GPT>(config, batch, trainer::DType::kF32, trainer::ModelSlice{}, 1,
+                                              trainer::cpu_backend(), trainer::LayerFactory::whole(), 1,
+                                              std::move(loss));
   trainer::load_checkpoint(checkpoint, *model, nullptr);
   return model;
 }
@@ -95,6 +96,15 @@ TokenScores score_token(std::span<const float> model, std::span<const float> tea
     out.kl += std::exp(log_t) * (log_t - log_m);
   }
   return out;
+}
+
+std::unique_ptr<trainer::GPT> load_for_generation(const std::string& checkpoint_dir, int batch,
+                                                  trainer::Comm& comm) {
+  const ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(checkpoint_dir);
+  trainer::ModelConfig config =
+      trainer::model_config_from_json(checkpoint.manifest().meta.model_config, checkpoint_dir);
+  config.seq_len = config.max_positions;
+  return load_model(checkpoint, config, nullptr, comm, batch);
 }
 
 EvalOptions as_trained(const std::string& checkpoint_dir, const std::string& dataset_format,

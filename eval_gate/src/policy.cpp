@@ -1,7 +1,11 @@
 #include "forge/eval_gate/policy.h"
 
 #include "forge/common/config.h"
+#include "forge/common/error.h"
+#include "forge/common/ini.h"
 
+#include <algorithm>
+#include <filesystem>
 #include <sstream>
 
 namespace forge::gate {
@@ -71,11 +75,52 @@ bool higher_is_better(const std::string& metric) {
   return false;
 }
 
+std::vector<std::string> SuitePolicy::suites_for(const std::string& objective,
+                                                 const std::string& tier) const {
+  std::vector<std::string> out = required;
+  for (const std::string& key : {objective, tier}) {
+    const auto it = required_for.find(key);
+    if (key.empty() || it == required_for.end()) continue;
+    for (const auto& s : it->second)
+      if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+  }
+  return out;
+}
+
 GatePolicy load_policy(const std::string& path) {
   ConfigSchema schema;
   schema.add<std::string>("gate.required_domains", "", "comma-separated domains that must be evaluated")
-      .add<int64_t>("gate.min_tokens", 1, "evaluated tokens each domain needs");
+      .add<int64_t>("gate.min_tokens", 1, "evaluated tokens each domain needs")
+      .add<std::string>("suites.dir", "suites", "where the suites are: DIR/NAME/suite.json")
+      .add<double>("suites.confidence", 0.95, "confidence level of every interval")
+      .add<std::string>("suites.required", "", "comma-separated suites every candidate needs");
   for (const auto& m : kSections) add_metric_keys(schema, m);
+  // The keys named by what the file holds: required.<objective or tier> in [suites], and per [suite.NAME]
+  // METRIC.KIND (a metric the suite does not have is an error once the suite is loaded).
+  std::vector<std::string> suite_names, required_keys;
+  std::vector<std::string> suite_keys;
+  for (const IniSection& section : read_ini(path)) {
+    if (section.name == "suites") {
+      for (const IniEntry& e : section.entries)
+        if (e.key.rfind("required.", 0) == 0) {
+          required_keys.push_back(e.key);
+          schema.add<std::string>("suites." + e.key, "", "suites candidates of this objective or tier need");
+        }
+    } else if (section.name.rfind("suite.", 0) == 0) {
+      suite_names.push_back(section.name.substr(6));
+      for (const IniEntry& e : section.entries) {
+        const auto dot = e.key.rfind('.');
+        const std::string kind = dot == std::string::npos ? "" : e.key.substr(dot + 1);
+        if (kind != "min_absolute" && kind != "max_absolute" && kind != "max_regression")
+          fail(ExitCode::kUsage,
+               "{}:{}: [{}] {}: a suite's keys are METRIC.min_absolute, METRIC.max_absolute or "
+               "METRIC.max_regression (e.g. accuracy.min_absolute = 0.5)",
+               path, e.line, section.name, e.key);
+        schema.add<double>(section.name + "." + e.key, -1, "a check on a suite metric");
+        suite_keys.push_back(section.name + "." + e.key);
+      }
+    }
+  }
   const Config c = load_config(schema, path, {});
   GatePolicy p;
   p.required_domains = split_list(c.get<std::string>("gate.required_domains"));
@@ -86,6 +131,30 @@ GatePolicy load_policy(const std::string& path) {
     const std::string key = std::string(m.name) + ".max_relative_regression";
     if (c.values().count(key) && c.get<double>(key) < 0 && c.get<double>(key) != -1)
       c.reject(key, "must be >= 0, or -1 to turn the check off");
+  }
+  SuitePolicy& sp = p.suites;
+  sp.dir = c.get<std::string>("suites.dir");
+  if (!sp.dir.empty() && sp.dir.front() != '/')
+    sp.dir = (std::filesystem::path(path).parent_path() / sp.dir).lexically_normal().string();
+  sp.confidence = c.get<double>("suites.confidence");
+  if (!(sp.confidence > 0 && sp.confidence < 1)) c.reject("suites.confidence", "must be between 0 and 1");
+  sp.required = split_list(c.get<std::string>("suites.required"));
+  for (const auto& key : required_keys)
+    sp.required_for[key.substr(9)] = split_list(c.get<std::string>("suites." + key));
+  for (const auto& name : suite_names) sp.checks[name];  // a section without keys still names a suite
+  for (const auto& key : suite_keys) {
+    // suite.NAME.METRIC.KIND (suite names hold no dot).
+    const std::string rest = key.substr(6);
+    const auto first = rest.find('.'), last = rest.rfind('.');
+    const std::string suite = rest.substr(0, first), metric = rest.substr(first + 1, last - first - 1),
+                      kind = rest.substr(last + 1);
+    const double v = c.get<double>(key);
+    if ((v < 0 && v != -1) || v > 1)
+      c.reject(key, "suite metrics are shares: give a value from 0 to 1, or -1 to turn the check off");
+    SuiteMetricChecks& checks = sp.checks[suite][metric];
+    (kind == "min_absolute"   ? checks.min_absolute
+     : kind == "max_absolute" ? checks.max_absolute
+                              : checks.max_regression) = v;
   }
   return p;
 }

@@ -1,15 +1,22 @@
 #include "forge/eval_gate/verdict.h"
 
+#include "forge/common/error.h"
+
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
+#include <ranges>
 
 namespace forge::gate {
 
 Json Check::to_json() const {
-  return {{"metric", metric},     {"domain", domain}, {"kind", kind}, {"value", value},
-          {"baseline", baseline}, {"limit", limit},   {"pass", pass}, {"higher_is_better", higher_is_better}};
+  Json j = {
+      {"metric", metric},     {"domain", domain}, {"kind", kind}, {"value", value},
+      {"baseline", baseline}, {"limit", limit},   {"pass", pass}, {"higher_is_better", higher_is_better}};
+  if (!std::isnan(lo)) j["interval"] = {lo, hi};
+  return j;
 }
 
 namespace {
@@ -101,6 +108,70 @@ Judgement judge(const GatePolicy& policy, const DomainResults& candidate, const 
   return j;
 }
 
+void judge_suites(const SuitePolicy& policy, const std::vector<std::string>& required,
+                  const std::map<std::string, SuiteResult>& candidate,
+                  const std::map<std::string, SuiteResult>* baseline, Judgement& out) {
+  for (const std::string& name : required) {
+    const auto c = candidate.find(name);
+    if (c == candidate.end()) {
+      out.checks.push_back({"tasks", "suite:" + name, "evaluated", 0, NAN, 1, false, true});
+      continue;
+    }
+    const auto checks = policy.checks.find(name);
+    if (checks == policy.checks.end()) continue;
+    for (const auto& [metric, m] : checks->second) {
+      const auto found = c->second.metrics.find(metric);
+      if (found == c->second.metrics.end())
+        fail(ExitCode::kUsage,
+             "gate policy: [suite.{}] checks {}, which a {} suite does not have (it has: {})", name, metric,
+             c->second.type, fmt::join(c->second.metrics | std::views::keys, ", "));
+      const SuiteMetric& cand = found->second;
+      const bool higher = suite_metric_higher_is_better(metric);
+      const double value = cand.value();
+      // NaN (no task scored) never passes.
+      if (higher && m.min_absolute >= 0)
+        out.checks.push_back({metric, "suite:" + name, "min_absolute", value, NAN, m.min_absolute,
+                              value >= m.min_absolute, true});
+      if (!higher && m.max_absolute >= 0)
+        out.checks.push_back({metric, "suite:" + name, "max_absolute", value, NAN, m.max_absolute,
+                              value <= m.max_absolute, false});
+      const SuiteResult* base = nullptr;
+      if (baseline) {
+        const auto b = baseline->find(name);
+        if (b != baseline->end() && b->second.metrics.count(metric)) base = &b->second;
+      }
+      if (m.max_regression < 0 || base == nullptr) continue;
+      // The tasks both were scored on (the same suite version: all of them).
+      const SuiteMetric& bm = base->metrics.at(metric);
+      std::vector<double> a, b;
+      for (const auto& [id, v] : cand.per_task) {
+        const auto it = bm.per_task.find(id);
+        if (it == bm.per_task.end()) continue;
+        a.push_back(v);
+        b.push_back(it->second);
+      }
+      Interval ci{NAN, NAN};
+      if (cand.rate && bm.rate) {
+        double sa = 0, sb = 0;
+        for (size_t i = 0; i < a.size(); ++i) sa += a[i], sb += b[i];
+        ci = newcombe_difference(sa, double(a.size()), sb, double(b.size()), policy.confidence);
+      } else if (!a.empty()) {
+        ci = bootstrap_paired_difference(a, b, policy.confidence, kBootstrapResamples, kBootstrapSeed);
+      }
+      double diff = 0;
+      for (size_t i = 0; i < a.size(); ++i) diff += (a[i] - b[i]) / double(a.size());
+      const double limit = higher ? -m.max_regression : m.max_regression;
+      // NaN (no common task) never passes.
+      const bool pass = higher ? ci.hi >= limit : ci.lo <= limit;
+      Check check{metric, "suite:" + name, "max_regression", diff, bm.value(), limit, pass, higher};
+      check.lo = ci.lo;
+      check.hi = ci.hi;
+      out.checks.push_back(check);
+    }
+  }
+  out.pass = std::all_of(out.checks.begin(), out.checks.end(), [](const Check& c) { return c.pass; });
+}
+
 std::string summary_text(const Json& v) {
   std::string out =
       fmt::format("gate verdict: {}\ncandidate: {}\nbaseline:  {}\ndataset:   {}\n\n",
@@ -126,13 +197,43 @@ std::string summary_text(const Json& v) {
                                                           b.at(metric).get<double>(), b.at(se).get<double>())
                                             : std::string());
     }
+  // The task suites: each metric with its interval, and the baseline's beside it.
+  const Json suites = v.value("suites", Json::object()),
+             base_suites = v.value("baseline_suites", Json::object());
+  if (!suites.empty()) {
+    // A metric no task was scored on (a refusal suite without benign prompts) has no value: null.
+    const auto num = [](const Json& x) { return x.is_number() ? x.get<double>() : NAN; };
+    const auto ci = [&](const Json& m) {
+      return fmt::format("{:.3f} [{:.3f}, {:.3f}]", num(m.at("value")), num(m.at("lo")), num(m.at("hi")));
+    };
+    out += fmt::format("\n{:<10} {:<16} {:>5}  {:<18} {:<24} {}\n", "suite", "type", "tasks", "metric",
+                       "value [interval]", "baseline");
+    for (const auto& [name, s] : suites.items()) {
+      for (const auto& [metric, m] : s.at("metrics").items()) {
+        const Json b =
+            base_suites.contains(name) ? base_suites.at(name).at("metrics").value(metric, Json()) : Json();
+        out += fmt::format("{:<10} {:<16} {:>5}  {:<18} {:<24} {}\n", name, s.at("type").get<std::string>(),
+                           s.at("tasks").get<int64_t>(), metric, ci(m), b.is_object() ? ci(b) : "-");
+      }
+      if (s.at("generation").at("new_tokens").get<int64_t>() > 0)
+        out += fmt::format("{:<10} generated {} tokens at {:.0f} tokens/s (rank 0), suite version {}\n", name,
+                           s.at("generation").at("new_tokens").get<int64_t>(),
+                           s.at("generation").at("tokens_per_second").get<double>(),
+                           s.at("version").get<std::string>());
+    }
+  }
   out += "\n";
   for (const auto& c : v.at("checks")) {
     const double base = c.at("baseline").is_number() ? c.at("baseline").get<double>() : NAN;
-    out += fmt::format("{} {:<13} {:<10} {:<24} value {:.4f} limit {:.4f}{}\n",
+    // A regression judged on an interval shows it.
+    const std::string interval =
+        c.contains("interval") ? fmt::format(" interval [{:.4f}, {:.4f}]", c.at("interval")[0].get<double>(),
+                                             c.at("interval")[1].get<double>())
+                               : std::string();
+    out += fmt::format("{} {:<13} {:<10} {:<24} value {:.4f}{} limit {:.4f}{}\n",
                        c.at("pass").get<bool>() ? "pass" : "FAIL", c.at("metric").get<std::string>(),
                        c.at("domain").get<std::string>(), c.at("kind").get<std::string>(),
-                       c.at("value").is_number() ? c.at("value").get<double>() : NAN,
+                       c.at("value").is_number() ? c.at("value").get<double>() : NAN, interval,
                        c.at("limit").is_number() ? c.at("limit").get<double>() : NAN,
                        std::isnan(base) ? std::string() : fmt::format(" (baseline {:.4f})", base));
   }

@@ -10,13 +10,20 @@
 #include "forge/common/log.h"
 #include "forge/dataio/manifest.h"
 #include "forge/eval_gate/evaluate.h"
+#include "forge/eval_gate/generate.h"
 #include "forge/eval_gate/policy.h"
+#include "forge/eval_gate/suite.h"
+#include "forge/eval_gate/tasks.h"
 #include "forge/eval_gate/verdict.h"
 #include "forge/trainer/bootstrap.h"
+#include "forge/trainer/runtime.h"
+#include "forge/trainer/spec.h"
 
 #include <boost/program_options.hpp>
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <optional>
 
@@ -30,12 +37,33 @@ struct Args {
   std::string checkpoint, dataset, baseline = "release", policy, out;
   forge::gate::EvalOptions eval;
   bool promote = true;
+  // Task suites
+  std::string suites, tier;
+  int batch = 8;
+  bool reevaluate_baseline = false;
 };
 
 constexpr const char* kUsage =
     "usage: forge-gate evaluate --checkpoint DIR --dataset DATASET_DIR --baseline DIR|release|none\n"
     "                           --policy gate.ini --out RUN/gate/ [--max-sequences N] [--threads N]\n"
-    "                           [--no-promote]\n";
+    "                           [--suites DIR] [--tier TIER] [--batch N] [--reevaluate-baseline]\n"
+    "                           [--no-promote]\n"
+    "       forge-gate generate --checkpoint DIR --dataset DATASET_DIR (--prompt TEXT ... | --prompts FILE)\n"
+    "                           [--chat] [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
+    "                           [--seed S] [--samples N] [--batch N] [--threads N] [--out FILE.jsonl]\n";
+
+[[noreturn]] void help(const po::options_description& desc, int code) {
+  std::cout << kUsage << desc;
+  std::exit(code);
+}
+
+po::variables_map parse_options(const po::options_description& desc, int argc, char** argv) {
+  po::variables_map vm;
+  po::store(po::command_line_parser(argc - 1, argv + 1).options(desc).run(), vm);
+  if (vm.count("help")) help(desc, 0);
+  po::notify(vm);
+  return vm;
+}
 
 Args parse(int argc, char** argv) {
   po::options_description desc("forge-gate evaluate");
@@ -49,17 +77,15 @@ Args parse(int argc, char** argv) {
       "out", po::value(&a.out)->required(), "directory for verdict.json and summary.txt")(
       "max-sequences", po::value(&a.eval.max_sequences), "sequences per domain (0 = all)")(
       "threads", po::value(&a.eval.threads), "threads per rank (0 = SLURM_CPUS_PER_TASK or all cores)")(
+      "suites", po::value(&a.suites), "directory of the task suites (default: the policy's [suites] dir)")(
+      "tier", po::value(&a.tier), "the candidate's quota tier: adds the policy's suites.required.TIER")(
+      "batch", po::value(&a.batch), "sequences generated at once per rank (task suites)")(
+      "reevaluate-baseline", po::bool_switch(&a.reevaluate_baseline),
+      "evaluate the baseline's suites again instead of reusing its recorded results")(
       "no-promote", po::bool_switch(&no_promote), "judge only; never promote");
-  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
-    std::cout << kUsage << desc;
-    std::exit(argc < 2 ? 64 : 0);
-  }
-  if (std::string(argv[1]) != "evaluate")
-    forge::fail(ExitCode::kUsage, "unknown command '{}'\n{}", argv[1], kUsage);
-  po::variables_map vm;
-  po::store(po::command_line_parser(argc - 1, argv + 1).options(desc).run(), vm);
-  po::notify(vm);
+  parse_options(desc, argc, argv);
   a.promote = !no_promote;
+  if (a.batch < 1) forge::fail(ExitCode::kUsage, "--batch {}: give at least 1", a.batch);
   return a;
 }
 
@@ -118,7 +144,75 @@ forge::gate::DomainResults baseline_results(const std::string& dir, const std::s
   return out;
 }
 
-int run(int argc, char** argv, forge::trainer::Comm& comm) {
+// The suites the policy asks of this candidate, loaded (every error before anything is evaluated), with
+// the policy's checks matched to their metrics.
+std::vector<forge::gate::Suite> load_suites(const forge::gate::GatePolicy& policy, const Args& a,
+                                            const std::string& objective) {
+  std::vector<forge::gate::Suite> suites;
+  const std::string dir = a.suites.empty() ? policy.suites.dir : a.suites;
+  for (const auto& name : policy.suites.suites_for(objective, a.tier)) {
+    suites.push_back(forge::gate::load_suite(dir + "/" + name));
+    const auto checks = policy.suites.checks.find(name);
+    if (checks == policy.suites.checks.end()) continue;
+    const auto metrics = forge::gate::suite_metrics(suites.back());
+    for (const auto& [metric, _] : checks->second)
+      if (std::find(metrics.begin(), metrics.end(), metric) == metrics.end())
+        forge::fail(ExitCode::kUsage,
+                    "{}: [suite.{}] checks {}, which the {} suite {} does not have (it has: {})", a.policy,
+                    name, metric, forge::gate::suite_type_name(suites.back().type), name,
+                    fmt::format("{}", fmt::join(metrics, ", ")));
+  }
+  return suites;
+}
+
+using SuiteResults = std::map<std::string, forge::gate::SuiteResult>;
+
+SuiteResults run_suites(const std::vector<forge::gate::Suite>& suites, const std::string& checkpoint,
+                        const forge::gate::PromptFormat& format, const Args& a, forge::trainer::Comm& comm) {
+  SuiteResults out;
+  if (suites.empty()) return out;  // no model to load
+  const auto model = forge::gate::load_for_generation(checkpoint, a.batch, comm);
+  forge::gate::SuiteRunOptions options;
+  options.batch = a.batch;
+  if (const char* tmp = std::getenv("TMPDIR"); tmp != nullptr && *tmp != '\0') options.scratch_parent = tmp;
+  for (const auto& suite : suites)
+    out[suite.name] = forge::gate::run_suite(suite, *model, format, options, comm);
+  return out;
+}
+
+// The baseline's suite results: those its own gate recorded, when of the same suite version (another
+// version is refused: its scores answer other questions), else measured now.
+SuiteResults baseline_suites(const std::vector<forge::gate::Suite>& suites, const std::string& dir,
+                             const forge::gate::PromptFormat& format, const Args& a,
+                             forge::trainer::Comm& comm, std::vector<std::string>& reused) {
+  const auto c = forge::ckpt::Checkpoint::open(dir);
+  const Json recorded =
+      c.manifest().promotion.is_object()
+          ? c.manifest().promotion.value("verdict", Json::object()).value("suites", Json::object())
+          : Json::object();
+  SuiteResults out;
+  std::vector<forge::gate::Suite> missing;
+  for (const auto& suite : suites) {
+    if (a.reevaluate_baseline || !recorded.contains(suite.name)) {
+      missing.push_back(suite);
+      continue;
+    }
+    const auto result = forge::gate::SuiteResult::from_json(recorded.at(suite.name));
+    if (result.version != suite.version)
+      forge::fail(
+          ExitCode::kData,
+          "suite {} is version {} here but the baseline {} was gated on version {}: the two cannot be "
+          "compared; restore that version of the suite, or measure the baseline on this one with "
+          "--reevaluate-baseline",
+          suite.name, suite.version, dir, result.version);
+    out[suite.name] = result;
+    reused.push_back(suite.name);
+  }
+  for (auto& [name, r] : run_suites(missing, dir, format, a, comm)) out[name] = std::move(r);
+  return out;
+}
+
+int evaluate(int argc, char** argv, forge::trainer::Comm& comm) {
   const Args a = parse(argc, argv);
   const forge::gate::GatePolicy policy = forge::gate::load_policy(a.policy);
   const forge::data::Manifest dataset = forge::data::load_manifest(a.dataset);
@@ -128,12 +222,27 @@ int run(int argc, char** argv, forge::trainer::Comm& comm) {
                   a.dataset, fmt::format("{}", fmt::join(dataset.domains, ", ")));
 
   const forge::gate::EvalOptions eval = forge::gate::as_trained(a.checkpoint, dataset.format, a.eval);
+  const std::vector<forge::gate::Suite> suites = load_suites(policy, a, eval.objective);
+  std::optional<forge::gate::PromptFormat> format;
+  if (!suites.empty()) format = forge::gate::PromptFormat::of_dataset(a.dataset);
   const auto candidate = forge::gate::evaluate_checkpoint(a.checkpoint, a.dataset, eval, comm);
+  SuiteResults candidate_suites;
+  if (format) candidate_suites = run_suites(suites, a.checkpoint, *format, a, comm);
   const auto baseline_dir = resolve_baseline(a);
   std::optional<forge::gate::DomainResults> baseline;
+  SuiteResults baseline_suite_results;
   bool reused = false;
-  if (baseline_dir) baseline = baseline_results(*baseline_dir, dataset.version, a, eval, comm, reused);
-  const auto judgement = forge::gate::judge(policy, candidate, baseline ? &*baseline : nullptr);
+  std::vector<std::string> reused_suites;
+  if (baseline_dir) {
+    baseline = baseline_results(*baseline_dir, dataset.version, a, eval, comm, reused);
+    if (format)
+      baseline_suite_results = baseline_suites(suites, *baseline_dir, *format, a, comm, reused_suites);
+  }
+  auto judgement = forge::gate::judge(policy, candidate, baseline ? &*baseline : nullptr);
+  std::vector<std::string> required;
+  for (const auto& s : suites) required.push_back(s.name);
+  forge::gate::judge_suites(policy.suites, required, candidate_suites,
+                            baseline_dir ? &baseline_suite_results : nullptr, judgement);
   if (comm.rank() != 0) return judgement.pass ? 0 : 1;
 
   Json verdict = {{"pass", judgement.pass},
@@ -147,13 +256,23 @@ int run(int argc, char** argv, forge::trainer::Comm& comm) {
                   {"document_mask", eval.document_mask},
                   {"replies_only", eval.replies_only},
                   {"scoring", scoring(eval)},
+                  {"tier", a.tier},
                   {"domains", Json::object()},
+                  {"suites", Json::object()},
                   {"checks", Json::array()},
                   {"promoted_to", nullptr}};
   for (const auto& [domain, s] : candidate) verdict["domains"][domain] = s.to_json();
   if (baseline) {
     verdict["baseline_domains"] = Json::object();
     for (const auto& [domain, s] : *baseline) verdict["baseline_domains"][domain] = s.to_json();
+  }
+  const double confidence = policy.suites.confidence;
+  for (const auto& [name, r] : candidate_suites) verdict["suites"][name] = r.to_json(confidence);
+  if (!baseline_suite_results.empty()) {
+    verdict["baseline_suites"] = Json::object();
+    for (const auto& [name, r] : baseline_suite_results)
+      verdict["baseline_suites"][name] = r.to_json(confidence);
+    verdict["baseline_suites_reused"] = reused_suites;
   }
   for (const auto& c : judgement.checks) verdict["checks"].push_back(c.to_json());
   if (judgement.pass && a.promote) verdict["promoted_to"] = forge::ckpt::promote(a.checkpoint, verdict);
@@ -168,6 +287,127 @@ int run(int argc, char** argv, forge::trainer::Comm& comm) {
   forge::write_file_atomic(a.out + "/summary.txt", summary);
   std::cout << summary;
   return judgement.pass ? 0 : 1;
+}
+
+// forge-gate generate: completions of prompts from a checkpoint, data parallel over the ranks.
+int generate(int argc, char** argv, forge::trainer::Comm& comm) {
+  std::string checkpoint, dataset, prompts_file, out;
+  std::vector<std::string> prompts;
+  bool chat = false;
+  int samples = 1, batch = 8, threads = 0;
+  forge::gate::Sampling s;
+  po::options_description desc("forge-gate generate");
+  desc.add_options()("help,h", "this help")("checkpoint", po::value(&checkpoint)->required(),
+                                            "checkpoint directory (any layout)")(
+      "dataset", po::value(&dataset)->required(), "the dataset whose tokenizer (and chat template) to use")(
+      "prompt", po::value(&prompts), "a prompt (repeatable)")("prompts", po::value(&prompts_file),
+                                                              "JSONL file, one {\"prompt\": ...} per line")(
+      "chat", po::bool_switch(&chat), "each prompt is a user turn; the reply ends at the end-of-turn marker")(
+      "max-new-tokens", po::value(&s.max_new_tokens), "tokens per completion at most (default 64)")(
+      "temperature", po::value(&s.temperature), "0 (default): greedy")(
+      "top-k", po::value(&s.top_k), "sample among the k most likely tokens (0: all)")(
+      "top-p", po::value(&s.top_p), "then among the most likely whose mass reaches p (1: all)")(
+      "seed", po::value(&s.seed), "seed of the draws (default 1)")("samples", po::value(&samples),
+                                                                   "completions per prompt (default 1)")(
+      "batch", po::value(&batch), "sequences in flight per rank (default 8)")(
+      "threads", po::value(&threads), "threads per rank (0 = SLURM_CPUS_PER_TASK or all cores)")(
+      "out", po::value(&out), "JSONL output (default: standard output)");
+  parse_options(desc, argc, argv);
+  if (s.max_new_tokens < 1 || samples < 1 || batch < 1 || s.temperature < 0 || s.top_k < 0 ||
+      !(s.top_p > 0 && s.top_p <= 1))
+    forge::fail(
+        ExitCode::kUsage,
+        "forge-gate generate: --max-new-tokens, --samples and --batch must be >= 1, --temperature and "
+        "--top-k >= 0, --top-p in (0, 1]");
+  if (!prompts_file.empty()) {
+    std::ifstream in(prompts_file);
+    if (!in) forge::fail(ExitCode::kUsage, "--prompts {}: cannot read it", prompts_file);
+    int line_no = 0;
+    for (std::string line; std::getline(in, line);) {
+      ++line_no;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      const Json j = Json::parse(line, nullptr, false);
+      if (!j.is_object() || !j.contains("prompt") || !j["prompt"].is_string())
+        forge::fail(ExitCode::kData, "{}:{}: not a JSON object with a string \"prompt\"", prompts_file,
+                    line_no);
+      prompts.push_back(j["prompt"].get<std::string>());
+    }
+  }
+  if (prompts.empty())
+    forge::fail(ExitCode::kUsage, "forge-gate generate: give --prompt TEXT or --prompts FILE");
+  forge::trainer::use_threads(forge::trainer::resolve_threads(threads));
+  const auto format = forge::gate::PromptFormat::of_dataset(dataset);
+  if (chat && !format.chat)
+    forge::fail(ExitCode::kUsage, "--chat: the tokenizer of {} has no chat markers", dataset);
+  const auto model = forge::gate::load_for_generation(checkpoint, batch, comm);
+  s.stop_tokens = {int32_t(format.tokenizer->eos_id())};
+  if (chat) s.stop_tokens.push_back(int32_t(format.chat->end));
+  // Request i = prompt i / samples, sample i % samples; rank r generates i = r, r + size, ...
+  const size_t n = prompts.size() * size_t(samples), width = size_t(s.max_new_tokens) + 2;
+  std::vector<forge::gate::Request> requests;
+  std::vector<size_t> mine;
+  for (size_t i = size_t(comm.rank()); i < n; i += size_t(comm.size())) {
+    std::string text = prompts[i / size_t(samples)];
+    if (chat) {
+      forge::data::neutralize_markers(text);
+      const forge::data::ChatMessage user{forge::data::ChatRole::kUser, text};
+      text = forge::data::render_chat(std::span(&user, 1)) + std::string(forge::data::kChatAssistant);
+    }
+    std::vector<int> ids;
+    format.tokenizer->encode(text, ids);
+    requests.push_back({{ids.begin(), ids.end()}, uint64_t(i)});
+    mine.push_back(i);
+  }
+  forge::gate::Generator generator(*model, batch);
+  const auto generated = generator.run(requests, s);
+  // Every completion to rank 0: per request its length, whether it stopped, its tokens.
+  std::vector<double> all(n * width, 0.0);
+  for (size_t j = 0; j < mine.size(); ++j) {
+    double* row = all.data() + mine[j] * width;
+    row[0] = double(generated[j].tokens.size());
+    row[1] = generated[j].stopped ? 1 : 0;
+    for (size_t t = 0; t < generated[j].tokens.size(); ++t) row[2 + t] = generated[j].tokens[t];
+  }
+  comm.all_reduce(all.data(), all.size(), forge::trainer::CommType::kF64, forge::trainer::ReduceOp::kSum)
+      ->wait();
+  std::vector<double> totals = {double(generator.stats().new_tokens), generator.stats().seconds};
+  comm.all_reduce(totals.data(), 1, forge::trainer::CommType::kF64, forge::trainer::ReduceOp::kSum)->wait();
+  if (comm.rank() != 0) return 0;
+  std::string text;
+  for (size_t i = 0; i < n; ++i) {
+    const double* row = all.data() + i * width;
+    std::vector<int> ids(static_cast<size_t>(row[0]));
+    for (size_t t = 0; t < ids.size(); ++t) ids[t] = int(row[2 + t]);
+    const Json line = {{"prompt", prompts[i / size_t(samples)]},
+                       {"sample", i % size_t(samples)},
+                       {"completion", format.tokenizer->decode(ids)},
+                       {"tokens", ids.size()},
+                       {"stopped", row[1] > 0}};
+    text += line.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
+  }
+  if (out.empty())
+    std::cout << text;
+  else
+    forge::write_file_atomic(out, text);
+  // Rank 0's rate stands for every rank's (they generate alike).
+  std::cerr << fmt::format(
+      "forge-gate generate: {} completions, {} new tokens on {} rank(s); decode {:.1f} tokens/s per rank "
+      "(batch "
+      "{})\n",
+      n, int64_t(totals[0]), comm.size(), generator.stats().tokens_per_second(), batch);
+  return 0;
+}
+
+int run(int argc, char** argv, forge::trainer::Comm& comm) {
+  const std::string command = argc < 2 ? "" : argv[1];
+  if (command == "evaluate") return evaluate(argc, argv, comm);
+  if (command == "generate") return generate(argc, argv, comm);
+  if (command == "--help" || command == "-h") {
+    std::cout << kUsage;
+    return 0;
+  }
+  forge::fail(ExitCode::kUsage, "{}\n{}",
+              command.empty() ? "no command" : "unknown command '" + command + "'", kUsage);
 }
 
 }  // namespace

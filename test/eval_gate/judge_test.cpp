@@ -3,9 +3,11 @@
 #include "forge/eval_gate/verdict.h"
 #include "support/temp_dir.h"
 
+#include <fmt/format.h>
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <fstream>
 
 using namespace forge::gate;
 
@@ -112,4 +114,150 @@ TEST_CASE("policy files: values, domain lists and errors with file:line") {
     CHECK(e.code() == forge::ExitCode::kUsage);
     CHECK(std::string(e.what()) == bad + ":2: gate.min_tokens = 0: must be at least 1");
   }
+}
+
+namespace {
+
+// A suite's results with `right` of `n` tasks scored 1 on `metric` (task ids t0, t1, ...).
+SuiteResult suite_result(const std::string& metric, int right, int n, const std::string& version = "v1") {
+  SuiteResult r;
+  r.name = "arith";
+  r.type = "exact_match";
+  r.version = version;
+  r.tasks = n;
+  SuiteMetric& m = r.metrics[metric];
+  for (int i = 0; i < n; ++i) m.per_task[fmt::format("t{}", i)] = i < right ? 1 : 0;
+  return r;
+}
+
+SuitePolicy arith_policy() {
+  SuitePolicy p;
+  p.required = {"arith"};
+  p.checks["arith"]["accuracy"] = {0.5, -1, 0.0};
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("suite verdicts: trained passes, untrained fails, noise passes, a real regression fails",
+          "[gate][suites]") {
+  const SuitePolicy p = arith_policy();
+  const auto judged = [&](const SuiteResult& cand, const SuiteResult* base) {
+    const std::map<std::string, SuiteResult> c{{"arith", cand}};
+    std::map<std::string, SuiteResult> b;
+    if (base) b["arith"] = *base;
+    Judgement j;
+    judge_suites(p, p.required, c, base ? &b : nullptr, j);
+    return j;
+  };
+  const SuiteResult trained = suite_result("accuracy", 80, 100), untrained = suite_result("accuracy", 2, 100);
+  // The trained model against the untrained one: above the bound, and no regression.
+  Judgement j = judged(trained, &untrained);
+  CHECK(j.pass);
+  REQUIRE(j.checks.size() == 2);
+  CHECK(j.checks[1].kind == "max_regression");
+  CHECK(j.checks[1].value == Approx(0.78));
+  CHECK(j.checks[1].lo > 0);  // the interval of the difference lies above 0
+  // The untrained model against the trained one: below the bound and a regression beyond the noise.
+  j = judged(untrained, &trained);
+  CHECK_FALSE(j.pass);
+  CHECK_FALSE(j.checks[0].pass);
+  CHECK_FALSE(j.checks[1].pass);
+  CHECK(j.checks[1].hi < 0);
+  // 76 against 80 right of 100: worse by 4 tasks, well inside the noise (the interval reaches above 0).
+  j = judged(suite_result("accuracy", 76, 100), &trained);
+  CHECK(j.pass);
+  CHECK(j.checks[1].value < 0);
+  CHECK(j.checks[1].hi > 0);
+  // 55 against 80: a real regression, though still above the absolute bound.
+  j = judged(suite_result("accuracy", 55, 100), &trained);
+  CHECK_FALSE(j.pass);
+  CHECK(j.checks[0].pass);
+  CHECK_FALSE(j.checks[1].pass);
+  // Without a baseline only the absolute bound applies.
+  CHECK(judged(suite_result("accuracy", 55, 100), nullptr).checks.size() == 1);
+  // A suite the policy requires but the candidate lacks fails.
+  Judgement missing;
+  judge_suites(p, {"arith", "copy"}, {{"arith", trained}}, nullptr, missing);
+  CHECK_FALSE(missing.pass);
+}
+
+TEST_CASE("suite verdicts: means are compared paired by task, a lower-is-better rate the other way",
+          "[gate][suites]") {
+  // pass@4 estimates per task (not a rate): the candidate a little worse on a few tasks is noise; worse on
+  // most is a regression.
+  SuitePolicy p;
+  p.required = {"code"};
+  p.checks["code"]["pass@4"] = {-1, -1, 0.0};
+  const auto code = [](std::initializer_list<double> scores) {
+    SuiteResult r;
+    r.name = "code";
+    r.type = "code";
+    r.version = "v";
+    SuiteMetric& m = r.metrics["pass@4"];
+    m.rate = false;
+    int i = 0;
+    for (double s : scores) m.per_task[fmt::format("t{}", i++)] = s;
+    return r;
+  };
+  const auto judge_code = [&](const SuiteResult& cand, const SuiteResult& base) {
+    Judgement j;
+    const std::map<std::string, SuiteResult> c{{"code", cand}}, b{{"code", base}};
+    judge_suites(p, p.required, c, &b, j);
+    return j;
+  };
+  const SuiteResult base = code({1, 1, 0.75, 1, 0.5, 1, 1, 0.25, 1, 1});
+  CHECK(judge_code(code({1, 1, 0.5, 1, 0.5, 1, 1, 0.25, 1, 0.75}), base).pass);
+  CHECK_FALSE(judge_code(code({0, 0.25, 0, 0.5, 0, 0.25, 0, 0, 0.5, 0}), base).pass);
+  CHECK(judge_code(base, base).checks[0].lo == 0);  // identical: exactly [0, 0]
+
+  // Over-refusal is better lower: more over-refusal than the baseline beyond the noise fails.
+  SuitePolicy r;
+  r.required = {"refusal"};
+  r.checks["refusal"]["over_refusal_rate"] = {-1, 0.3, 0.0};
+  const auto refusal = [](int over, int n) {
+    SuiteResult s;
+    s.name = "refusal";
+    s.type = "refusal";
+    for (int i = 0; i < n; ++i)
+      s.metrics["over_refusal_rate"].per_task[fmt::format("b{}", i)] = i < over ? 1 : 0;
+    return s;
+  };
+  const auto judge_refusal = [&](const SuiteResult& cand, const SuiteResult& base) {
+    Judgement j;
+    const std::map<std::string, SuiteResult> c{{"refusal", cand}}, b{{"refusal", base}};
+    judge_suites(r, r.required, c, &b, j);
+    return j;
+  };
+  CHECK(judge_refusal(refusal(2, 60), refusal(1, 60)).pass);
+  const Judgement worse = judge_refusal(refusal(15, 60), refusal(1, 60));
+  CHECK_FALSE(worse.pass);
+  CHECK(worse.checks[0].pass);  // 0.25 <= 0.3
+  CHECK_FALSE(worse.checks[1].pass);
+
+  // A policy checking a metric the suite does not have names it.
+  SuitePolicy bad = p;
+  bad.checks["code"]["accuracy"] = {0.5, -1, -1};
+  Judgement j;
+  CHECK_THROWS_WITH(judge_suites(bad, bad.required, {{"code", base}}, nullptr, j),
+                    Catch::Contains("[suite.code] checks accuracy"));
+}
+
+TEST_CASE("suite policy: required suites per objective and tier, checks per metric", "[gate][suites]") {
+  forge::test::TempDir dir;
+  const std::string path = dir / "gate.ini";
+  std::ofstream(path) << "[suites]\ndir = s\nrequired = arith\nrequired.sft = code, refusal\n"
+                         "required.release = copy\n[suite.arith]\naccuracy.min_absolute = 0.5\n"
+                         "[suite.code]\npass@1.max_regression = 0.05\n";
+  const GatePolicy p = load_policy(path);
+  CHECK(p.suites.dir == dir / "s");
+  CHECK(p.suites.suites_for("lm", "") == std::vector<std::string>{"arith"});
+  CHECK(p.suites.suites_for("sft", "release") ==
+        std::vector<std::string>{"arith", "code", "refusal", "copy"});
+  CHECK(p.suites.checks.at("arith").at("accuracy").min_absolute == 0.5);
+  CHECK(p.suites.checks.at("code").at("pass@1").max_regression == 0.05);
+  std::ofstream(path) << "[suite.arith]\naccuracy.minimum = 0.5\n";
+  CHECK_THROWS_WITH(load_policy(path), Catch::Contains("gate.ini:2") && Catch::Contains("min_absolute"));
+  std::ofstream(path) << "[suite.arith]\naccuracy.min_absolute = 1.5\n";
+  CHECK_THROWS_WITH(load_policy(path), Catch::Contains("from 0 to 1"));
 }

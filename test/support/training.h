@@ -6,6 +6,7 @@
 #include "forge/trainer/parallel.h"
 
 #include <memory>
+#include <random>
 #include <span>
 #include <vector>
 
@@ -30,6 +31,15 @@ inline MicroBatch window_batch(std::span<const int32_t> windows, int rows, int s
   for (int r = 0; r < rows; ++r)
     b.set_window(r, windows.data() + size_t(r) * size_t(seq_len + 1), first_id + uint64_t(r), 0);
   return b;
+}
+
+// Weights far from the near-uniform initialization (normal with standard deviation `std`): attention is
+// sharp and every logit depends on what came before, so comparisons of logits mean something.
+inline void randomize_weights(trainer::GPT& m, uint32_t seed, float std) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, std);
+  for (float& w : m.weights()) w = normal(rng);
+  m.weights_changed();
 }
 
 // The trainer on one process, with its groups.

@@ -12,15 +12,6 @@ using forge::MicroBatch;
 
 namespace {
 
-// Weights far from the near-uniform initialization (normal, std 0.3), so that attention is sharp and
-// every logit depends on what came before.
-void randomize(GPT& m, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 0.3f);
-  for (float& w : m.weights()) w = normal(rng);
-  m.weights_changed();
-}
-
 std::vector<int32_t> random_tokens(size_t n, int vocab, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<int32_t> v(n);
@@ -55,7 +46,7 @@ TEST_CASE("decoding with the KV cache gives the full forward's logits at every s
   const ModelConfig cfg{3, 64, 4, 96, 32, 32};
   const int V = cfg.vocab, T = cfg.seq_len;
   GPT full(cfg, 1);
-  randomize(full, 5);
+  forge::test::randomize_weights(full, 5, 0.3f);
   GPT decoder(cfg, 1);
   std::copy(full.weights().begin(), full.weights().end(), decoder.weights().begin());
   decoder.weights_changed();
@@ -94,7 +85,7 @@ TEST_CASE("sequences decoded together, prefilled and stepped in one call, match 
   const ModelConfig cfg{2, 32, 4, 64, 24, 24};
   const int V = cfg.vocab, T = cfg.seq_len;
   GPT full(cfg, 1);
-  randomize(full, 11);
+  forge::test::randomize_weights(full, 11, 0.3f);
   GPT decoder(cfg, 4);  // rows() = 4 x 24: room for three prompts at once
   std::copy(full.weights().begin(), full.weights().end(), decoder.weights().begin());
   decoder.weights_changed();

@@ -16,7 +16,8 @@ std::vector<std::string> split_list(std::string_view s, char sep = ',');
 // The whole of `s` as a decimal integer (an optional '-', no '+', no spaces); nullopt otherwise. Callers
 // check the range, so each error names its own bounds.
 std::optional<int64_t> parse_int(std::string_view s);
-// User-supplied text made safe to print: at most `max` bytes, control and non-ASCII bytes as \xNN.
-std::string printable(std::string_view text, size_t max = 64);
+// User-supplied text made safe to print: at most `max` bytes, control and non-ASCII bytes as \xNN
+// (newlines kept as they are with `keep_newlines`: a model's code in a report).
+std::string printable(std::string_view text, size_t max = 64, bool keep_newlines = false);
 
 }  // namespace forge

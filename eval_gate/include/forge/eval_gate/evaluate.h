@@ -5,8 +5,10 @@
 
 #include "forge/eval_gate/stats.h"
 #include "forge/trainer/comm.h"
+#include "forge/trainer/model.h"
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 
@@ -47,6 +49,11 @@ EvalOptions as_trained(const std::string& checkpoint_dir, const std::string& dat
 // holds no preference pairs, or a reference or teacher has another vocabulary than the model.
 DomainResults evaluate_checkpoint(const std::string& checkpoint_dir, const std::string& dataset_dir,
                                   const EvalOptions& options, trainer::Comm& comm, bool own_dataset = true);
+
+// A checkpoint's whole model (any layout it was trained at) for generation: `batch` sequences of up to
+// max_positions tokens in flight (Generator, generate.h). Throws forge::Error(kData) when it is damaged.
+std::unique_ptr<trainer::GPT> load_for_generation(const std::string& checkpoint_dir, int batch,
+                                                  trainer::Comm& comm);
 
 // One position's figures from a model's logits and its teacher's over the same vocabulary: the model's
 // cross-entropy of `target` and KL(softmax(teacher) || softmax(model)), in nats; the KL of equal logits

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,29 @@ struct MetricChecks {
   std::vector<std::string> domains;
 };
 
+// Checks on one metric of a task suite (the policy's [suite.NAME] section, keys METRIC.KIND). Absolute
+// bounds are on the point estimate; a regression is judged on the confidence interval of the difference
+// candidate - baseline (paired over the same tasks), so a difference inside the noise never fails.
+struct SuiteMetricChecks {
+  double min_absolute = -1;    // higher-is-better metrics: candidate >= x
+  double max_absolute = -1;    // lower-is-better metrics (over_refusal_rate): candidate <= x
+  double max_regression = -1;  // fail when the whole interval of the difference is worse than x
+};
+
+// Which task suites a candidate must be evaluated on ([suites]) and the checks on their metrics.
+struct SuitePolicy {
+  std::string dir;           // suites live at DIR/NAME/suite.json; relative to the policy file's directory
+  double confidence = 0.95;  // of every interval
+  std::vector<std::string> required;  // for every candidate
+  // required.<objective or tier> = ...: added for candidates of that run.objective (lm, sft, dpo,
+  // distill) or gated at that quota tier (forge-gate --tier).
+  std::map<std::string, std::vector<std::string>> required_for;
+  std::map<std::string, std::map<std::string, SuiteMetricChecks>> checks;  // suite -> metric -> checks
+
+  // The suites a candidate of `objective` gated at `tier` ("" : none given) needs, in policy order.
+  std::vector<std::string> suites_for(const std::string& objective, const std::string& tier) const;
+};
+
 struct GatePolicy {
   std::vector<std::string> required_domains;  // each must be present with >= min_tokens
   int64_t min_tokens = 1;                     // evaluated tokens per domain
@@ -28,6 +52,7 @@ struct GatePolicy {
   MetricChecks kl;                            // distillation: mean token KL(teacher || model) (nats)
   MetricChecks accuracy;                      // DPO: share of held-out pairs ranked right
   MetricChecks reward_margin;                 // DPO: mean implicit reward margin
+  SuitePolicy suites;
 };
 
 // accuracy and reward_margin; false for the others.

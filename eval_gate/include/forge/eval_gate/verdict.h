@@ -4,6 +4,10 @@
 #include "forge/common/json.h"
 #include "forge/eval_gate/policy.h"
 #include "forge/eval_gate/stats.h"
+#include "forge/eval_gate/tasks.h"
+
+#include <cmath>
+#include <map>
 
 #include <string>
 #include <vector>
@@ -19,6 +23,9 @@ struct Check {
   double limit = 0;     // the value the candidate had to stay within
   bool pass = false;
   bool higher_is_better = false;  // pass means value >= limit (an improvement check: >), else value <= limit
+  // A suite's regression check: value is the difference candidate - baseline and [lo, hi] its confidence
+  // interval, which must reach the limit (hi >= limit, or lo <= limit for a lower-is-better metric).
+  double lo = NAN, hi = NAN;
   Json to_json() const;
 };
 
@@ -36,6 +43,14 @@ struct Judgement {
 // standard error of a difference is the two combined (hypot); against a floor the candidate's, but not
 // less than chance's own on as many pairs, 0.5 / sqrt(pairs).
 Judgement judge(const GatePolicy& policy, const DomainResults& candidate, const DomainResults* baseline);
+
+// Adds the checks of the task suites: per suite the policy requires of this candidate, and per metric
+// with checks in its [suite.NAME] section, on `candidate`'s results and, for regressions, the baseline's
+// of the same suite version (the caller has refused other versions). A metric the suite does not have is
+// forge::Error(kUsage) naming the policy key. Domain of a suite check: "suite:NAME".
+void judge_suites(const SuitePolicy& policy, const std::vector<std::string>& required,
+                  const std::map<std::string, SuiteResult>& candidate,
+                  const std::map<std::string, SuiteResult>* baseline, Judgement& out);
 
 // A few lines a person reads: per-domain metrics, each check, and the verdict.
 std::string summary_text(const Json& verdict);

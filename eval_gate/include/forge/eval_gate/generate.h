@@ -1,0 +1,67 @@
+// Generation with the key/value cache (GPT::decode): batched, with greedy, temperature, top-k and top-p
+// sampling, stop tokens and a token limit. A sample is a pure function of the model, its prompt, the
+// settings, the seed and its key: the same whatever is generated beside it, in whichever batch, on
+// however many ranks (docs/ARCHITECTURE.md, "Evaluation").
+#pragma once
+
+#include "forge/trainer/model.h"
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace forge::gate {
+
+struct Sampling {
+  float temperature = 0;  // 0: greedy (the most likely token; the lowest id among equals)
+  int top_k = 0;          // keep the k most likely tokens (0: all)
+  float top_p = 1;        // then the fewest, most likely, whose probability reaches p (1: all)
+  int max_new_tokens = 64;
+  std::vector<int32_t> stop_tokens;  // ends a sample; not part of it
+  uint64_t seed = 1;
+};
+
+// The token `logits` give under `s`, for a uniform draw `u` in [0, 1) (unused when greedy). Candidates
+// are ordered by probability, then id, so a draw picks the same token on every machine.
+int32_t pick_token(std::span<const float> logits, const Sampling& s, double u);
+
+// The draw of step `step` of the sample keyed `key`: xxh3 of (seed, key, step) as a double in [0, 1).
+double sample_draw(uint64_t seed, uint64_t key, int step);
+
+struct Request {
+  std::vector<int32_t> prompt;  // at least one token
+  uint64_t key = 0;             // what keys its draws (e.g. the hash of a task id and sample index)
+};
+
+struct Generation {
+  std::vector<int32_t> tokens;
+  bool stopped = false;           // ended at a stop token
+  bool prompt_truncated = false;  // the prompt was cut from the left to leave room for one token
+};
+
+struct GenerationStats {
+  int64_t sequences = 0, prompt_tokens = 0, new_tokens = 0;
+  double seconds = 0;
+  double tokens_per_second() const { return seconds > 0 ? double(new_tokens) / seconds : 0; }
+};
+
+// Generates on `model` (whole, on one rank; its rows() bounds one call: build it with batch = the
+// sequences in flight and seq_len = max_positions), `batch` sequences at a time. A finished sequence's
+// slot takes the next request at once: its prompt is prefilled in the same call as the others' next
+// tokens. A sample ends at a stop token, after max_new_tokens, or at the model's last position.
+class Generator {
+ public:
+  Generator(trainer::GPT& model, int batch);
+  std::vector<Generation> run(std::span<const Request> requests, const Sampling& s);
+  // Everything run() generated so far.
+  const GenerationStats& stats() const { return stats_; }
+
+ private:
+  trainer::GPT& model_;
+  int batch_;
+  trainer::KvCache cache_;
+  GenerationStats stats_;
+};
+
+}  // namespace forge::gate
