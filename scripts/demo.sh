@@ -323,6 +323,56 @@ cat "$distill_run/gate/summary.txt"
 [ "$state" = COMPLETED ] || { echo "demo: the distilled student's gate ended $state" >&2; exit 1; }
 "$bin/launcher/forge-train" report "$distill_run" >/dev/null
 
+stage "evaluation: task suites (generation with a KV cache, code in a sandbox, refusal) gate a taught model"
+# Four suites from this machine (scripts/make-demo-suites.py): single-digit sums and copying (exact match),
+# small Python functions whose tests run in a bubblewrap sandbox (pass@1, pass@4) and a refusal set with a
+# marked class of requests. A model fine-tuned from the release on conversations that teach them is gated
+# against the release on every suite, each score with its confidence interval, on two ranks of the
+# evaluation pool (the suites required of an sft candidate: configs/gate.tasks.ini).
+/usr/bin/python3 "$root/scripts/make-demo-suites.py" "$work/corpus/docs" "$work/suites" "$work/tasks.jsonl"
+/usr/bin/python3 "$root/scripts/make-demo-suites.py" "$work/corpus/docs" "$work/suites-wrong" "$work/tasks-wrong.jsonl" \
+  --wrong-answers >/dev/null
+for set in tasks tasks-wrong; do
+  "$bin/dataio/forge-data" prepare --format chat --input "$work/$set.jsonl=tasks" --tokenizer "$work/dataset/tokenizer.model" \
+    --valid-fraction 0.05 --out "$work/$set-dataset" >/dev/null
+done
+sed "s|^dir = suites|dir = $work/suites|" "$root/configs/gate.tasks.ini" >"$work/gate.tasks.ini"
+tasks_steps=1000
+for set in tasks tasks-wrong; do
+  sed -e "s|^dir = .*|dir = $work/runs/$set|" -e "s|^dataset = .*|dataset = $work/$set-dataset|" \
+    -e "s/^steps = .*/steps = $tasks_steps/" -e "s/^milestone_every = .*/milestone_every = $tasks_steps/" \
+    -e "s/^recovery_every = .*/recovery_every = $((tasks_steps / 2))/" -e "s/^lr = .*/lr = 3e-3/" \
+    -e "s/^min_lr = .*/min_lr = 3e-4/" -e "s/^seed = .*/&\nthreads = 1/" "$root/configs/sft.ini" >"$work/$set.ini"
+done
+ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp2 \
+  --gate-policy="$work/gate.tasks.ini" --baseline="$release" --finetune-from="$release" \
+  "$work/tasks.ini" "$work/tasks-dataset")
+echo "$ids"
+gate=$(awk '/gate job/ {print $3}' <<<"$ids")
+state=$(final_state "$gate" 900)
+cat "$work/runs/tasks/gate/summary.txt"
+[ "$state" = COMPLETED ] || { echo "demo: the taught model's gate ended $state" >&2; exit 1; }
+tasks_release=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["promoted_to"])' "$work/runs/tasks/gate/verdict.json")
+# Generation on its own: batched, KV-cached, greedy; tokens/s on stderr.
+"$bin/eval_gate/forge-gate" generate --checkpoint "$tasks_release" --dataset "$work/tasks-dataset" --chat \
+  --prompt "What is two plus three?" --prompt "Repeat: apple table river" \
+  --prompt "Write a Python function square(x) that returns x squared." --max-new-tokens 40
+# The untrained model (the release itself) and a damaged one (taught wrong answers) are blocked against the
+# taught model; its suite results are reused from its verdict (the same suite versions).
+set +e
+"$bin/eval_gate/forge-gate" evaluate --checkpoint "$release" --dataset "$work/dataset" --baseline "$tasks_release" \
+  --policy "$work/gate.tasks.ini" --tier explore --out "$work/gate-untrained" --no-promote --threads 2 | grep -E "^(gate verdict|FAIL)"
+untrained=${PIPESTATUS[0]}
+set -e
+[ "$untrained" = 1 ] || { echo "demo: the gate did not block the untrained model (exit $untrained)" >&2; exit 1; }
+ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp2 \
+  --gate-policy="$work/gate.tasks.ini" --baseline="$tasks_release" --finetune-from="$release" \
+  "$work/tasks-wrong.ini" "$work/tasks-wrong-dataset")
+gate=$(awk '/gate job/ {print $3}' <<<"$ids")
+state=$(final_state "$gate" 900)
+grep -E "^(gate verdict|FAIL)" "$work/runs/tasks-wrong/gate/summary.txt"
+[ "$state" = FAILED ] || { echo "demo: the gate did not block the damaged model (job $gate ended $state)" >&2; exit 1; }
+
 stage "accounting: forge-quota sync and report"
 # --runs: the run's summary.json gives the report its tokens and MFU columns.
 quota sync --runs "$work/runs"
@@ -346,5 +396,6 @@ echo "demo: run $run (metrics, summary.json, checkpoints, gate/verdict.json)"
 echo "demo: fine-tune $sft_run on $work/chat-dataset (report.html, gate/verdict.json against $release)"
 echo "demo: preference tuning $dpo_run on $work/pairs-dataset (report.html, gate/verdict.json against $sft_release; references in $work/pairs-dataset/references)"
 echo "demo: distillation $distill_run from $release (report.html, gate/verdict.json)"
+echo "demo: task suites $work/suites; taught model $work/runs/tasks (gate/verdict.json: every suite with its intervals)"
 echo "demo: training report $run/report.html; TensorBoard: tensorboard --logdir $run/tb"
 echo "demo: cost report $work/quota-report.html"

@@ -38,7 +38,7 @@ fi
 
 for s in "install dependencies" "build" "dev cluster up" "demo corpus and dataset" "approval: the pretraining job" "submit the pipeline" \
   "preempt the training job" "a GPU fails mid-run" "gate: evaluate" "post-training: SFT on chat data" \
-  "post-training: DPO on preference pairs" \
+  "post-training: DPO on preference pairs" "evaluation: task suites" \
   "accounting: forge-quota sync and report" "done"; do
   grep -qE "^\[demo [0-9:]+\] == $s" "$LOG" || fail "no progress line for stage '$s'"
 done
@@ -192,6 +192,28 @@ for name, d in v["domains"].items():
     assert 0 < d["kl"] < rows[0]["kl_teacher"] and d["kl_se"] > 0, (name, d)
 PY
   fail "the distillation run or its gate is wrong: $(cat "$FORGE_DEMO_DIR/runs/distill/gate/summary.txt" 2>&1 | head -n 5)"
+
+# Task suites: the taught model passes against the release on all four suites, every metric with its
+# interval and the gate on two ranks; the untrained release and the model taught wrong answers are blocked.
+python3 - "$FORGE_DEMO_DIR" <<'PY' ||
+import json, sys
+work = sys.argv[1]
+v = json.load(open(f"{work}/runs/tasks/gate/verdict.json"))
+assert v["pass"] and v["promoted_to"], [c for c in v["checks"] if not c["pass"]]
+assert sorted(v["suites"]) == ["arith", "code", "copy", "refusal"], sorted(v["suites"])
+for name, s in v["suites"].items():
+    for metric, m in s["metrics"].items():
+        assert m["lo"] <= m["value"] <= m["hi"] and m["n"] > 0, (name, metric, m)
+        assert m["value"] >= v["baseline_suites"][name]["metrics"][metric]["value"] or metric == "over_refusal_rate"
+assert v["suites"]["arith"]["metrics"]["accuracy"]["value"] > 0.5 and v["suites"]["code"]["metrics"]["pass@4"]["value"] > 0
+for blocked in (f"{work}/gate-untrained", f"{work}/runs/tasks-wrong/gate"):
+    b = json.load(open(f"{blocked}/verdict.json"))
+    assert not b["pass"] and not b["promoted_to"], blocked
+    assert any(c["kind"] == "max_regression" and not c["pass"] for c in b["checks"]), blocked
+    assert b["baseline_suites_reused"], blocked  # the taught model's own results, same suite versions
+PY
+  fail "the task-suite gates are wrong: $(grep -A3 'evaluation: task suites' "$LOG" | head -n 5)"
+grep -qE "tokens/s per rank" "$LOG" || fail "forge-gate generate did not report tokens/s"
 
 # The two reports, kept for the browser test (browser_test.py; its screenshots land next to them).
 pages=$FORGE_BUILD_DIR/test/artifacts/demo
