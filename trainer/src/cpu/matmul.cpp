@@ -38,6 +38,23 @@ void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const f
 }
 
 void matmul_forward(float* out, const float* in, const float* w, const float* bias, int N, int C, int OC) {
+  if (N == 1 && !omp_in_parallel()) {
+    // One row (a decoding step): a matrix-vector product, bound by reading the weights once. sgemm's
+    // panels are made for many rows and stream the weights at half the memory bandwidth; sgemv over
+    // each thread's output rows reads them at its full rate.
+#pragma omp parallel
+    {
+      const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+      const int per = ((OC + nt - 1) / nt + 15) / 16 * 16;
+      const int o0 = std::min(OC, id * per), o1 = std::min(OC, o0 + per);
+      if (o1 > o0) {
+        if (bias != nullptr) std::copy(bias + o0, bias + o1, out + o0);
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, o1 - o0, C, 1.0f, w + int64_t(o0) * C, C, in, 1,
+                    bias != nullptr ? 1.0f : 0.0f, out + o0, 1);
+      }
+    }
+    return;
+  }
   sgemm(false, true, N, OC, C, 1.0f, in, C, w, C, 0.0f, out, OC);
   if (bias != nullptr) add_bias(out, bias, N, OC);
 }

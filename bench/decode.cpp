@@ -1,0 +1,544 @@
+// Decoding benchmark: greedy generation on the trainer benchmark's model (configs/bench-cpu.ini: 6 layers,
+// d_model 384, 6 heads, vocab 8192, 256 positions, FP32, random weights) with the key/value cache
+// (GPT::decode one token a step) against recomputing the whole prefix every step (GPT::decode from
+// position 0 of the cache over the prefix, the logits of its last row: the same kernels without the
+// cache), from a 1-token and from a 64-token prompt up to the last position; both must produce the same
+// tokens. Also forge::gate::Generator at batch 1 and batch 8, and the machine's memory read bandwidth
+// measured in the same process on the same threads: batch-1 decoding reads every weight once per token,
+// so weight bytes x tokens/s against it is how close decoding is to its limit.
+// bench/decode.sh runs this and the PyTorch peer in one invocation.
+//
+// Usage: bench_decode [--threads N] [--reps N] [--long-prompt N] [--batch N] [--seed N] [--bw-mib N]
+//                     [--no-generator] [--no-profile]
+// --reps: repetitions of the cached runs, the Generator runs and the bandwidth passes (the best is kept;
+// the recompute runs, ~30x longer, are run min(reps, 2) times). Prints key=value lines the script summarises;
+// exits 1 if the cached and the recomputed tokens differ.
+#include "cpu/kernels.h"
+#include "forge/common/batch.h"
+#include "forge/common/huge_buffer.h"
+#include "forge/eval_gate/generate.h"
+#include "forge/trainer/model.h"
+#include "forge/trainer/runtime.h"
+
+#include <cblas.h>
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace forge::trainer;
+using forge::gate::GenerationStats;
+using forge::gate::Generator;
+using forge::gate::Request;
+using forge::gate::Sampling;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+volatile double g_sink = 0;  // what the bandwidth passes summed, so their reads cannot be dropped
+
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+int32_t argmax(std::span<const float> logits) {  // greedy: the lowest id among equals (pick_token's rule)
+  return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+struct Run {
+  std::vector<int32_t> tokens;  // the new tokens
+  double seconds = 0;           // all of it, prefill included
+  double prefill_s = 0;         // the first call (the prompt's rows; its logits give the first new token)
+  std::vector<double> step_s;   // each call after the first (one row: the previous token)
+};
+
+// Greedy with the cache: the prompt in one call, then one row a step.
+Run run_cached(GPT& model, KvCache& cache, const std::vector<int32_t>& prompt, int n_new) {
+  const int V = model.config().vocab, P = int(prompt.size());
+  std::vector<float> logits(static_cast<size_t>(V));
+  std::vector<DecodeRow> rows;
+  Run run;
+  run.tokens.reserve(size_t(n_new));
+  run.step_s.reserve(size_t(n_new));
+  const auto t0 = Clock::now();
+  for (int i = 0; i < P; ++i) rows.push_back({0, i, prompt[size_t(i)]});
+  const int last = P - 1;
+  model.decode(cache, rows, std::span<const int>(&last, 1), logits);
+  run.tokens.push_back(argmax(logits));
+  run.prefill_s = since(t0);
+  for (int pos = P; int(run.tokens.size()) < n_new; ++pos) {
+    const auto t1 = Clock::now();
+    const DecodeRow row{0, pos, run.tokens.back()};
+    const int zero = 0;
+    model.decode(cache, std::span<const DecodeRow>(&row, 1), std::span<const int>(&zero, 1), logits);
+    run.tokens.push_back(argmax(logits));
+    run.step_s.push_back(since(t1));
+  }
+  run.seconds = since(t0);
+  return run;
+}
+
+// Greedy without the cache: every step runs the whole prefix from position 0 (the cache is only the
+// call's scratch for keys and values) and keeps the logits of its last row, or of every row with
+// `all_logits` (what a model without a cache API hands back).
+Run run_recompute(GPT& model, KvCache& cache, const std::vector<int32_t>& prompt, int n_new,
+                  bool all_logits) {
+  const int V = model.config().vocab;
+  std::vector<int32_t> seq = prompt;
+  std::vector<float> logits;
+  std::vector<DecodeRow> rows;
+  std::vector<int> logit_rows;
+  Run run;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < n_new; ++i) {
+    const auto t1 = Clock::now();
+    const int L = int(seq.size());
+    rows.clear();
+    for (int p = 0; p < L; ++p) rows.push_back({0, p, seq[size_t(p)]});
+    logit_rows.clear();
+    for (int p = all_logits ? 0 : L - 1; p < L; ++p) logit_rows.push_back(p);
+    logits.resize(logit_rows.size() * size_t(V));
+    model.decode(cache, rows, logit_rows, logits);
+    seq.push_back(argmax(std::span<const float>(logits).last(size_t(V))));
+    if (i == 0) run.prefill_s = since(t1);
+  }
+  run.seconds = since(t0);
+  run.tokens.assign(seq.begin() + ptrdiff_t(prompt.size()), seq.end());
+  return run;
+}
+
+// The same without the cache for `prompts.size()` sequences at once, as a batched generator without a
+// cache would run: each step one call over every sequence's whole prefix (each in its own slot), keeping
+// each prefix's last logits. Returns sequence 0's tokens.
+Run run_recompute_batch(GPT& model, KvCache& cache, const std::vector<std::vector<int32_t>>& prompts,
+                        int n_new) {
+  const int V = model.config().vocab, B = int(prompts.size());
+  std::vector<std::vector<int32_t>> seqs = prompts;
+  std::vector<float> logits(size_t(B) * size_t(V));
+  std::vector<DecodeRow> rows;
+  std::vector<int> last(static_cast<size_t>(B));
+  Run run;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < n_new; ++i) {
+    rows.clear();
+    for (int b = 0; b < B; ++b) {
+      for (size_t p = 0; p < seqs[size_t(b)].size(); ++p) rows.push_back({b, int32_t(p), seqs[size_t(b)][p]});
+      last[size_t(b)] = int(rows.size()) - 1;
+    }
+    model.decode(cache, rows, last, logits);
+    for (int b = 0; b < B; ++b)
+      seqs[size_t(b)].push_back(argmax(std::span<const float>(logits).subspan(size_t(b) * V, size_t(V))));
+  }
+  run.seconds = since(t0);
+  run.tokens.assign(seqs[0].begin() + ptrdiff_t(prompts[0].size()), seqs[0].end());
+  return run;
+}
+
+Run best_of(int reps, const std::function<Run()>& f) {
+  Run best = f();
+  for (int r = 1; r < reps; ++r) {
+    Run next = f();
+    if (next.seconds < best.seconds) best = std::move(next);
+  }
+  return best;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Read bandwidth: `threads` threads each summing its share of `buf` (best of `reps` passes after a
+// warm-up pass), in bytes/s.
+double read_bandwidth(const float* buf, size_t n, int threads, int reps) {
+  double best = 1e30;
+  for (int r = 0; r <= reps; ++r) {
+    std::vector<double> part(static_cast<size_t>(threads));
+    const auto t0 = Clock::now();
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        const size_t per = (n / size_t(threads) + 15) / 16 * 16;
+        const size_t b = std::min(n, size_t(t) * per), e = std::min(n, b + per);
+        float acc[16] = {};
+        size_t i = b;
+        for (; i + 16 <= e; i += 16)
+          for (int j = 0; j < 16; ++j) acc[j] += buf[i + size_t(j)];
+        for (; i < e; ++i) acc[0] += buf[i];
+        double s = 0;
+        for (float a : acc) s += a;
+        part[size_t(t)] = s;
+      });
+    for (auto& th : pool) th.join();
+    const double s = since(t0);
+    for (double p : part) g_sink = g_sink + p;
+    if (r > 0) best = std::min(best, s);
+  }
+  return double(n) * sizeof(float) / best;
+}
+
+// STREAM triad a = b + s c over three arrays, counted as STREAM counts it (3 x 4 bytes per element).
+double triad_bandwidth(float* a, const float* b, const float* c, size_t n, int threads, int reps) {
+  double best = 1e30;
+  for (int r = 0; r <= reps; ++r) {
+    const auto t0 = Clock::now();
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        const size_t per = (n / size_t(threads) + 15) / 16 * 16;
+        const size_t lo = std::min(n, size_t(t) * per), hi = std::min(n, lo + per);
+        for (size_t i = lo; i < hi; ++i) a[i] = b[i] + 3.0f * c[i];
+      });
+    for (auto& th : pool) th.join();
+    const double s = since(t0);
+    if (r > 0) best = std::min(best, s);
+  }
+  return 3.0 * double(n) * sizeof(float) / best;
+}
+
+void fill(float* p, size_t n, int threads) {  // first touch on the threads that read it
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([=] {
+      const size_t per = (n + size_t(threads) - 1) / size_t(threads);
+      for (size_t i = size_t(t) * per; i < std::min(n, size_t(t + 1) * per); ++i)
+        p[i] = float(i & 1023) * 1e-3f;
+    });
+  for (auto& th : pool) th.join();
+}
+
+std::vector<int32_t> prompt_of(int n, int vocab, uint64_t salt) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  uint64_t x = 0x9E3779B97F4A7C15ull * (salt + 1);
+  for (auto& t : p) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 29;
+    t = int32_t(x % uint64_t(vocab));
+  }
+  return p;
+}
+
+// One decoding step's matrix products at batch 1, replayed over the model's own weights in the model's
+// order (so they stream the same ~55 MB a real step reads), timed per product: through the kernel decode
+// uses (cpu::matmul_forward: sgemm split over the team) and, for comparison, as matrix-vector products
+// (cblas_sgemv, the rows split over the same threads). And the attention over a cache at position `pos`.
+void profile_step(GPT& model, int threads, double step_s, int steps) {
+  namespace k = forge::trainer::cpu;
+  const ModelConfig& m = model.config();
+  const int C = m.d_model, V = m.vocab, L = m.layers, NH = m.heads, T = m.max_positions;
+  struct Op {
+    const char* name;
+    int in, out;  // C and OC of the product
+    std::string weight, bias;
+  };
+  std::vector<Op> ops;
+  for (int l = 0; l < L; ++l) {
+    const std::string b = "blocks." + std::to_string(l) + ".";
+    ops.push_back({"qkv", C, 3 * C, b + "attn.qkv.weight", b + "attn.qkv.bias"});
+    ops.push_back({"attn.proj", C, C, b + "attn.proj.weight", b + "attn.proj.bias"});
+    ops.push_back({"mlp.fc", C, 4 * C, b + "mlp.fc.weight", b + "mlp.fc.bias"});
+    ops.push_back({"mlp.proj", 4 * C, C, b + "mlp.proj.weight", b + "mlp.proj.bias"});
+  }
+  ops.push_back({"classifier", C, V, "wte.weight", ""});
+  std::vector<float> x(static_cast<size_t>(4 * C), 0.01f), y(static_cast<size_t>(V));
+  const auto gemv = [&](float* out, const float* in, const float* w, const float* bias, int IC, int OC) {
+#pragma omp parallel num_threads(threads)
+    {
+      const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+      const int per = ((OC + nt - 1) / nt + 15) / 16 * 16, r0 = std::min(OC, id * per),
+                r1 = std::min(OC, r0 + per);
+      if (r1 > r0)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, r1 - r0, IC, 1.0f, w + int64_t(r0) * IC, IC, in, 1, 0.0f,
+                    out + r0, 1);
+      for (int j = r0; j < r1; ++j) out[j] += bias != nullptr ? bias[j] : 0.0f;
+    }
+  };
+  const char* names[] = {"qkv", "attn.proj", "mlp.fc", "mlp.proj", "classifier"};
+  double best_sgemm[5], best_gemv[5];
+  std::fill_n(best_sgemm, 5, 1e30);
+  std::fill_n(best_gemv, 5, 1e30);
+  for (int variant = 0; variant < 2; ++variant)
+    for (int rep = 0; rep <= steps; ++rep) {  // rep 0 warms up
+      double sum[5] = {};
+      for (const Op& op : ops) {
+        const float* w = model.weight(op.weight).data();
+        const float* bias = op.bias.empty() ? nullptr : model.weight(op.bias).data();
+        const auto t0 = Clock::now();
+        if (variant == 0)
+          k::matmul_forward(y.data(), x.data(), w, bias, 1, op.in, op.out);
+        else
+          gemv(y.data(), x.data(), w, bias, op.in, op.out);
+        const int i = int(
+            std::find_if(names, names + 5, [&](const char* n) { return std::string(n) == op.name; }) - names);
+        sum[i] += since(t0);
+      }
+      if (rep > 0)
+        for (int i = 0; i < 5; ++i)
+          (variant == 0 ? best_sgemm : best_gemv)[i] =
+              std::min((variant == 0 ? best_sgemm : best_gemv)[i], sum[i]);
+    }
+  // Attention of one row at position T / 2 over a cache of T positions, once per layer.
+  std::vector<float> kc(static_cast<size_t>(T) * C * L, 0.01f), vc(kc.size(), 0.01f),
+      qkv(static_cast<size_t>(3 * C), 0.02f), att(static_cast<size_t>(C));
+  const int32_t seq0 = 0, pos = T / 2;
+  double best_att = 1e30;
+  for (int rep = 0; rep <= steps; ++rep) {
+    const auto t0 = Clock::now();
+    for (int l = 0; l < L; ++l)
+      k::attention_decode(att.data(), qkv.data(), kc.data() + size_t(l) * T * C,
+                          vc.data() + size_t(l) * T * C, &seq0, &pos, 1, T, C, NH);
+    if (rep > 0) best_att = std::min(best_att, since(t0));
+  }
+  double total_sgemm = 0, total_gemv = 0, bytes_total = 0;
+  std::printf(
+      "\nper-step profile at batch 1 (best of %d replays over the model's weights; attention at "
+      "position %d):\n",
+      steps, pos);
+  std::printf("  %-12s %10s %12s %9s %12s %9s\n", "op", "weight MB", "sgemm ms", "GB/s", "sgemv ms", "GB/s");
+  for (int i = 0; i < 5; ++i) {
+    double bytes = 0;
+    for (const Op& op : ops)
+      if (std::string(op.name) == names[i]) bytes += double(op.in) * op.out * sizeof(float);
+    bytes_total += bytes;
+    total_sgemm += best_sgemm[i];
+    total_gemv += best_gemv[i];
+    std::printf("  %-12s %10.1f %12.3f %9.1f %12.3f %9.1f\n", names[i], bytes / 1e6, best_sgemm[i] * 1e3,
+                bytes / best_sgemm[i] / 1e9, best_gemv[i] * 1e3, bytes / best_gemv[i] / 1e9);
+  }
+  std::printf("  %-12s %10.1f %12.3f %9.1f %12.3f %9.1f\n", "products", bytes_total / 1e6, total_sgemm * 1e3,
+              bytes_total / total_sgemm / 1e9, total_gemv * 1e3, bytes_total / total_gemv / 1e9);
+  std::printf("  %-12s %10s %12.3f\n", "attention", "", best_att * 1e3);
+  std::printf(
+      "  %-12s %10s %12.3f   (measured median step; the rest: LayerNorms, GELU, residuals, "
+      "embedding, hand-offs)\n",
+      "step", "", step_s * 1e3);
+  std::printf(
+      "profile products_sgemm_ms=%.3f products_sgemv_ms=%.3f attention_ms=%.3f step_ms=%.3f "
+      "step_with_sgemv_tokens_per_s=%.1f\n",
+      total_sgemm * 1e3, total_gemv * 1e3, best_att * 1e3, step_s * 1e3,
+      1.0 / (step_s - total_sgemm + total_gemv));
+}
+
+void print_run(const char* name, int prompt, const Run& r) {
+  const double n = double(r.tokens.size());
+  std::printf("%s prompt=%d new_tokens=%zu seconds=%.3f tokens_per_s=%.1f ms_per_token=%.3f prefill_ms=%.2f",
+              name, prompt, r.tokens.size(), r.seconds, n / r.seconds, 1e3 * r.seconds / n,
+              1e3 * r.prefill_s);
+  if (!r.step_s.empty())
+    std::printf(" step_ms_median=%.3f step_ms_first=%.3f step_ms_last=%.3f", 1e3 * median(r.step_s),
+                1e3 * r.step_s.front(), 1e3 * r.step_s.back());
+  std::printf("\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ModelConfig cfg{6, 384, 6, 8192, 256, 256};
+  int threads = 2, reps = 3, long_prompt = 64, batch = 8, bw_mib = 1024;
+  uint64_t seed = 1234;
+  bool generator = true, profile = true;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const auto next = [&]() -> int {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "bench_decode: %s needs a value\n", a.c_str());
+        std::exit(64);
+      }
+      return std::atoi(argv[++i]);
+    };
+    if (a == "--threads")
+      threads = next();
+    else if (a == "--reps")
+      reps = next();
+    else if (a == "--long-prompt")
+      long_prompt = next();
+    else if (a == "--batch")
+      batch = next();
+    else if (a == "--seed")
+      seed = uint64_t(next());
+    else if (a == "--bw-mib")
+      bw_mib = next();
+    else if (a == "--no-generator")
+      generator = false;
+    else if (a == "--no-profile")
+      profile = false;
+    else {
+      std::fprintf(stderr, "bench_decode: unknown option %s (see the usage comment in bench/decode.cpp)\n",
+                   a.c_str());
+      return 64;
+    }
+  }
+  if (threads < 1 || reps < 1 || long_prompt < 1 || long_prompt >= cfg.max_positions || batch < 1 ||
+      bw_mib < 1) {
+    std::fprintf(stderr, "bench_decode: an option out of range\n");
+    return 64;
+  }
+  use_threads(threads);
+  const int T = cfg.max_positions, V = cfg.vocab;
+
+  GPT model(cfg, 1);  // rows() = 256: one call can run a whole 256-token prefix
+  model.init(seed);
+  KvCache cache(model, 1, T);
+  size_t weight_numel = 0, all_numel = 0;
+  for (const ParamInfo& p : model.params()) {
+    all_numel += p.numel;
+    if (p.name != "wpe.weight") weight_numel += p.numel;  // decoding reads one row of the positions
+  }
+  const double weight_bytes = double(weight_numel) * sizeof(float);
+  std::printf(
+      "config: layers=%d d_model=%d heads=%d vocab=%d positions=%d dtype=fp32 threads=%d params=%.2fM\n",
+      cfg.layers, cfg.d_model, cfg.heads, V, T, threads, double(all_numel) / 1e6);
+  std::printf("machine: cpus=%ld l3_reported_mib=%.0f\n", sysconf(_SC_NPROCESSORS_ONLN),
+              double(sysconf(_SC_LEVEL3_CACHE_SIZE)) / 1048576.0);
+
+  // Warm-up: fault the weights, activations and cache in.
+  run_cached(model, cache, prompt_of(1, V, 0), 32);
+  run_recompute(model, cache, prompt_of(128, V, 0), 2, false);
+
+  bool same = true;
+  double kv1_tps = 0, re1_tps = 0, kv_mean_kv_bytes = 0;
+  std::vector<int32_t> kv1_tokens;
+  double kv1_step_s = 0;
+  for (const int P : {1, long_prompt}) {
+    const std::vector<int32_t> prompt = prompt_of(P, V, 0);
+    const int n_new = T - P;  // up to the last position
+    const Run kv = best_of(reps, [&] { return run_cached(model, cache, prompt, n_new); });
+    const Run re =
+        best_of(std::min(reps, 2), [&] { return run_recompute(model, cache, prompt, n_new, false); });
+    print_run("kv_cache", P, kv);
+    print_run("recompute", P, re);
+    const bool match = kv.tokens == re.tokens;
+    size_t first_diff = 0;
+    while (first_diff < kv.tokens.size() && first_diff < re.tokens.size() &&
+           kv.tokens[first_diff] == re.tokens[first_diff])
+      ++first_diff;
+    std::printf("tokens prompt=%d: cached and recomputed sequences %s (%zu new tokens%s)\n", P,
+                match ? "identical" : "DIFFER", kv.tokens.size(),
+                match ? "" : (", first difference at new token " + std::to_string(first_diff)).c_str());
+    same = same && match;
+    std::printf("ratio prompt=%d kv_over_recompute=%.2f\n", P, re.seconds / kv.seconds);
+    if (P == 1) {
+      kv1_tps = double(kv.tokens.size()) / kv.seconds;
+      kv1_tokens = kv.tokens;
+      kv1_step_s = median(kv.step_s);
+      re1_tps = double(re.tokens.size()) / re.seconds;
+      // K and V bytes the attention reads per step, on average over the steps: 2 x layers x (pos + 1) x C.
+      for (int pos = P; pos < T; ++pos) kv_mean_kv_bytes += 2.0 * cfg.layers * (pos + 1) * cfg.d_model * 4;
+      kv_mean_kv_bytes /= double(T - P);
+    }
+  }
+  {  // A training-shaped forward instead: all 256 positions and all their logits every step (its cost
+     // does not depend on the step, so a few calls give its rate).
+    forge::MicroBatch mb;
+    mb.resize(1, T);
+    const std::vector<int32_t> window = prompt_of(T + 1, V, 7);
+    mb.set_window(0, window.data(), 0, 0);
+    std::vector<float> all(static_cast<size_t>(T) * V);
+    model.forward_logits(mb, all);
+    double best = 1e30;
+    for (int r = 0; r < reps; ++r) {
+      const auto t0 = Clock::now();
+      model.forward_logits(mb, all);
+      best = std::min(best, since(t0));
+    }
+    std::printf(
+        "fixed_window_forward positions=%d ms_per_token=%.3f tokens_per_s=%.1f ratio_kv_over_it=%.2f\n", T,
+        best * 1e3, 1.0 / best, kv1_tps * best);
+  }
+  {  // What a model without a cache API does: the logits of every row of the prefix, every step.
+    const std::vector<int32_t> prompt = prompt_of(1, V, 0);
+    const Run re = run_recompute(model, cache, prompt, T - 1, true);
+    print_run("recompute_all_logits", 1, re);
+    std::printf("ratio prompt=1 kv_over_recompute_all_logits=%.2f\n", re.seconds / (double(T - 1) / kv1_tps));
+  }
+
+  if (generator) {
+    Sampling s;
+    s.temperature = 0;
+    s.max_new_tokens = T - 1;
+    GenerationStats one{}, many{};
+    std::vector<int32_t> first_of_one, first_of_many;
+    const std::vector<Request> req{{prompt_of(1, V, 0), 0}};
+    for (int r = 0; r < reps; ++r) {
+      Generator gen(model, 1);
+      const auto out = gen.run(req, s);
+      if (r == 0 || gen.stats().seconds < one.seconds) one = gen.stats();
+      first_of_one = out[0].tokens;
+    }
+    GPT model_b(cfg, batch);  // rows() = batch x 256
+    model_b.init(seed);
+    std::vector<Request> reqs;
+    for (int b = 0; b < batch; ++b) reqs.push_back({prompt_of(1, V, uint64_t(b)), uint64_t(b)});
+    for (int r = 0; r < reps; ++r) {
+      Generator gen(model_b, batch);
+      const auto out = gen.run(reqs, s);
+      if (r == 0 || gen.stats().seconds < many.seconds) many = gen.stats();
+      first_of_many = out[0].tokens;
+    }
+    std::printf("generator batch=1 sequences=%lld new_tokens=%lld seconds=%.3f tokens_per_s=%.1f\n",
+                (long long)one.sequences, (long long)one.new_tokens, one.seconds, one.tokens_per_second());
+    std::printf(
+        "generator batch=%d sequences=%lld new_tokens=%lld seconds=%.3f tokens_per_s=%.1f "
+        "per_sequence_tokens_per_s=%.1f\n",
+        batch, (long long)many.sequences, (long long)many.new_tokens, many.seconds, many.tokens_per_second(),
+        many.tokens_per_second() / batch);
+    std::printf("generator: batch-1 tokens %s the kv_cache run's; batch-%d sequence 0 %s batch 1's\n",
+                first_of_one == kv1_tokens ? "equal" : "DIFFER from", batch,
+                first_of_many == first_of_one ? "equals" : "DIFFERS from");
+    // The batch without the cache (once: it is the long one), and the ratio at the gate's batch size.
+    std::vector<std::vector<int32_t>> prompts;
+    for (const Request& r : reqs) prompts.push_back(r.prompt);
+    KvCache scratch(model_b, batch, T);
+    const Run re = run_recompute_batch(model_b, scratch, prompts, T - 1);
+    const double re_tps = double(batch) * double(T - 1) / re.seconds;
+    std::printf(
+        "recompute batch=%d new_tokens=%d seconds=%.3f tokens_per_s=%.1f sequence 0 %s the generator's\n",
+        batch, batch * (T - 1), re.seconds, re_tps, re.tokens == first_of_many ? "equals" : "DIFFERS from");
+    std::printf("ratio batch=%d kv_over_recompute=%.2f\n", batch, many.tokens_per_second() / re_tps);
+    same = same && re.tokens == first_of_many;
+  }
+
+  // The machine's limit: read bandwidth over a buffer far larger than any cache, and over a buffer the
+  // size of the weights (what decoding reads; a cache of that size would hold part of it), and a triad.
+  const size_t big = size_t(bw_mib) * 1048576 / sizeof(float);
+  double dram_read = 0, triad = 0;
+  {
+    forge::HugeBuffer<float> a(big);
+    fill(a.data(), big, threads);
+    dram_read = read_bandwidth(a.data(), big, threads, reps);
+    const size_t third = big / 3;
+    triad = triad_bandwidth(a.data(), a.data() + third, a.data() + 2 * third, third, threads, reps);
+  }
+  forge::HugeBuffer<float> w(weight_numel);
+  fill(w.data(), weight_numel, threads);
+  const double weights_read = read_bandwidth(w.data(), weight_numel, threads, reps * 4);
+  std::printf("bandwidth: read_%dmib_gbs=%.2f triad_gbs=%.2f read_weight_sized_gbs=%.2f\n", bw_mib,
+              dram_read / 1e9, triad / 1e9, weights_read / 1e9);
+  const double bytes_per_token = weight_bytes + kv_mean_kv_bytes;
+  const double achieved = bytes_per_token * kv1_tps;
+  std::printf(
+      "limit: weight_mb_per_token=%.1f kv_mb_per_token_mean=%.2f achieved_gbs=%.2f "
+      "of_read_bandwidth=%.1f%% of_weight_sized_read=%.1f%% bound_tokens_per_s=%.1f\n",
+      weight_bytes / 1e6, kv_mean_kv_bytes / 1e6, achieved / 1e9, 100 * achieved / dram_read,
+      100 * achieved / weights_read, dram_read / bytes_per_token);
+  if (profile) profile_step(model, threads, kv1_step_s, 20);
+  std::printf("summary kv_tokens_per_s=%.1f recompute_tokens_per_s=%.1f ratio=%.2f (goal >= 20)\n", kv1_tps,
+              re1_tps, kv1_tps / re1_tps);
+  if (!same) {
+    std::fprintf(stderr, "bench_decode: the cached and the recomputed tokens differ\n");
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Decoding benchmark, in one invocation: greedy generation on the trainer benchmark's model
+# (configs/bench-cpu.ini: 6 layers, d_model 384, 6 heads, vocab 8192, 256 positions, FP32, 2 threads,
+# random weights) with the KV cache against recomputing the prefix every step (bench_decode: same
+# kernels, same tokens, checked), forge::gate::Generator at batch 1 and 8, the machine's read bandwidth
+# and how much of it batch-1 decoding uses, a per-step profile; then the PyTorch peer (Debian's
+# python3-torch, installed here if missing) decoding the same shapes with a past-key-values loop. Prints
+# tokens/s of each, the ratio KV / recompute (issue goal: >= 20x) and forge / PyTorch.
+#
+# usage: bench/decode.sh [BUILD_DIR]    (default build/release; configured and bench_decode built if needed)
+#   THREADS=2 REPS=3 JOBS=N (build parallelism) NO_TORCH=1 (skip the peer) override the defaults.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$root/build/release}
+threads=${THREADS:-2}
+reps=${REPS:-3}
+bin=$build/bench/bench_decode
+
+# Build what is missing or stale (ninja makes this a no-op when it is up to date).
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  log=$(cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release 2>&1) || { echo "$log" >&2; exit 1; }
+fi
+log=$(cmake --build "$build" --target bench_decode ${JOBS:+-j "$JOBS"} 2>&1) || { echo "$log" >&2; exit 1; }
+
+# The PyTorch peer's dependency, idempotently (as scripts/install-deps.sh does for the build's packages).
+torch_ok=0
+if [ -z "${NO_TORCH:-}" ]; then
+  if ! dpkg-query -W -f='${Status}' python3-torch 2>/dev/null | grep -q '^install ok installed$'; then
+    echo "decode.sh: installing python3-torch (the PyTorch peer)"
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
+    if ! { $SUDO apt-get update -qq &&
+      DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-torch \
+        >/tmp/forge-decode-torch.log 2>&1; }; then
+      echo "decode.sh: could not install python3-torch (see /tmp/forge-decode-torch.log); no PyTorch peer" >&2
+    fi
+  fi
+  /usr/bin/python3 -c 'import torch' 2>/dev/null && torch_ok=1
+fi
+
+echo "machine: $(nproc) cores, $(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)," \
+  "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+rc=0
+ours=$("$bin" --threads "$threads" --reps "$reps") || rc=$?
+echo "$ours"
+if [ $rc -ne 0 ]; then
+  echo "decode.sh: bench_decode failed (exit $rc)" >&2
+  exit $rc
+fi
+
+theirs=""
+if [ $torch_ok -eq 1 ]; then
+  # PyTorch: the trainer bench peer's GPT (shared/bench/torch_gpt_cpu.py), with a key/value cache
+  # preallocated per block and written in place; greedy, batch 1, 1-token prompt to the last position.
+  theirs=$(OMP_NUM_THREADS=$threads /usr/bin/python3 - "$threads" "$reps" <<'PY'
+import math, sys, time, torch, torch.nn as nn, torch.nn.functional as F
+threads, reps = int(sys.argv[1]), int(sys.argv[2])
+L, C, H, V, T = 6, 384, 6, 8192, 256
+torch.set_num_threads(threads)
+torch.manual_seed(0)
+
+class Block(nn.Module):
+    def __init__(s):
+        super().__init__()
+        s.ln1 = nn.LayerNorm(C); s.qkv = nn.Linear(C, 3 * C); s.proj = nn.Linear(C, C)
+        s.ln2 = nn.LayerNorm(C); s.fc = nn.Linear(C, 4 * C); s.fc2 = nn.Linear(4 * C, C)
+    def forward(s, x, pos, k_cache, v_cache):  # x [1, n, C] at positions pos .. pos + n - 1
+        B, n, _ = x.shape
+        q, k, v = [t.view(B, n, H, C // H).transpose(1, 2) for t in s.qkv(s.ln1(x)).split(C, dim=2)]
+        k_cache[:, :, pos:pos + n] = k; v_cache[:, :, pos:pos + n] = v
+        k, v = k_cache[:, :, :pos + n], v_cache[:, :, :pos + n]
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(C // H)
+        if n > 1:
+            att = att.masked_fill(torch.triu(torch.ones(n, pos + n, dtype=torch.bool), pos + 1), float('-inf'))
+        y = (att.softmax(-1) @ v).transpose(1, 2).reshape(B, n, C)
+        x = x + s.proj(y)
+        return x + s.fc2(F.gelu(s.fc(s.ln2(x)), approximate='tanh'))
+
+class GPT(nn.Module):
+    def __init__(s):
+        super().__init__()
+        s.wte = nn.Embedding(V, C); s.wpe = nn.Embedding(T, C)
+        s.blocks = nn.ModuleList([Block() for _ in range(L)]); s.lnf = nn.LayerNorm(C)
+    def forward(s, idx, pos, cache):  # logits of the last row
+        x = s.wte(idx) + s.wpe(torch.arange(pos, pos + idx.shape[1]))
+        for b, (kc, vc) in zip(s.blocks, cache): x = b(x, pos, kc, vc)
+        return s.lnf(x[:, -1]) @ s.wte.weight.t()
+
+m = GPT().eval()
+cache = [(torch.zeros(1, H, T, C // H), torch.zeros(1, H, T, C // H)) for _ in range(L)]
+
+def generate(n_new):
+    tok = torch.tensor([[1]])
+    out = []
+    t0 = time.perf_counter()
+    for pos in range(n_new):
+        tok = m(tok, pos, cache).argmax(-1, keepdim=True)
+        out.append(int(tok))
+    return time.perf_counter() - t0
+
+with torch.inference_mode():
+    generate(32)  # warm-up
+    best = min(generate(T - 1) for _ in range(reps))
+print(f"torch {torch.__version__} kv_cache prompt=1 new_tokens={T - 1} seconds={best:.3f} "
+      f"tokens_per_s={(T - 1) / best:.1f} ms_per_token={1e3 * best / (T - 1):.3f}")
+PY
+  )
+  echo "pytorch $theirs"
+fi
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+val() { sed -n "s/^$1 .*$2=\([0-9.]*\).*/\1/p" <<<"$3" | head -1; }
+kv=$(val kv_cache tokens_per_s "$ours")
+re=$(val recompute tokens_per_s "$ours")
+kv64=$(grep '^kv_cache prompt=64' <<<"$ours" | sed -n 's/.*tokens_per_s=\([0-9.]*\).*/\1/p')
+re64=$(grep '^recompute prompt=64' <<<"$ours" | sed -n 's/.*tokens_per_s=\([0-9.]*\).*/\1/p')
+g1=$(grep '^generator batch=1 ' <<<"$ours" | sed -n 's/.*tokens_per_s=\([0-9.]*\).*/\1/p')
+g8=$(grep '^generator batch=[0-9]* .*per_sequence' <<<"$ours" | sed -n 's/.* tokens_per_s=\([0-9.]*\) .*/\1/p')
+frac=$(sed -n 's/^limit: .*of_read_bandwidth=\([0-9.]*\)%.*/\1/p' <<<"$ours")
+bw=$(sed -n 's/^bandwidth: read_[0-9]*mib_gbs=\([0-9.]*\).*/\1/p' <<<"$ours")
+tt=$(sed -n 's/.*tokens_per_s=\([0-9.]*\).*/\1/p' <<<"$theirs")
+fw=$(val fixed_window_forward tokens_per_s "$ours")
+ra=$(val recompute_all_logits tokens_per_s "$ours")
+rb=$(grep '^recompute batch=' <<<"$ours" | sed -n 's/.* tokens_per_s=\([0-9.]*\) .*/\1/p')
+ratio_b=$(sed -n 's/^ratio batch=[0-9]* kv_over_recompute=\([0-9.]*\).*/\1/p' <<<"$ours")
+echo
+printf '%-38s %12s\n' "" "tokens/s"
+printf '%-38s %12s\n' "forge KV cache, batch 1, prompt 1" "$kv"
+printf '%-38s %12s\n' "forge recompute prefix, prompt 1" "$re"
+printf '%-38s %12s\n' "forge KV cache, batch 1, prompt 64" "$kv64"
+printf '%-38s %12s\n' "forge recompute prefix, prompt 64" "$re64"
+printf '%-38s %12s\n' "forge recompute, all logits, prompt 1" "$ra"
+printf '%-38s %12s\n' "forge 256-position forward per token" "$fw"
+printf '%-38s %12s\n' "Generator batch 1" "$g1"
+printf '%-38s %12s\n' "Generator batch 8 (all sequences)" "$g8"
+printf '%-38s %12s\n' "recompute batch 8 (all sequences)" "$rb"
+[ -n "$tt" ] && printf '%-38s %12s\n' "PyTorch KV cache, batch 1, prompt 1" "$tt"
+awk -v rb_ratio="$ratio_b" -v kv="$kv" -v re="$re" -v ra="$ra" -v fw="$fw" -v kv64="$kv64" -v re64="$re64" -v tt="$tt" -v f="$frac" -v bw="$bw" 'BEGIN {
+  printf "ratio KV / recompute = %.2fx at prompt 1, %.2fx at prompt 64, batch 1; %sx at batch 8 (goal >= 20x)\n", kv / re, kv64 / re64, rb_ratio
+  printf "  (against the recompute with all logits %.2fx, against a 256-position forward per token %.2fx)\n", kv / ra, kv / fw
+  printf "batch-1 decoding moves %.1f%% of the measured %.1f GB/s read bandwidth\n", f, bw
+  if (tt != "") printf "ratio forge / PyTorch (KV cache, batch 1) = %.2fx\n", kv / tt }'
