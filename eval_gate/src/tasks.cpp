@@ -31,9 +31,14 @@ std::vector<int32_t> encode(const data::Tokenizer& tok, const std::string& text)
   return {ids.begin(), ids.end()};
 }
 
-// A chat suite's prompt is the user's turn of a conversation that the assistant answers next.
+// A chat suite's prompt is the user's turn of a conversation that the assistant answers next. A text
+// prompt of no tokens starts from the end-of-sequence token, as a document does.
 std::vector<int32_t> prompt_tokens(const Suite& suite, const PromptFormat& f, const std::string& prompt) {
-  if (!suite.chat) return encode(*f.tokenizer, prompt);
+  if (!suite.chat) {
+    std::vector<int32_t> ids = encode(*f.tokenizer, prompt);
+    if (ids.empty()) ids.push_back(int32_t(f.tokenizer->eos_id()));
+    return ids;
+  }
   std::string content = prompt;
   data::neutralize_markers(content);
   const data::ChatMessage user{data::ChatRole::kUser, content};
