@@ -3,9 +3,10 @@
 // (GPT::decode one token a step) against recomputing the whole prefix every step (GPT::decode from
 // position 0 of the cache over the prefix, the logits of its last row: the same kernels without the
 // cache), from a 1-token and from a 64-token prompt up to the last position; both must produce the same
-// tokens. Also forge::gate::Generator at batch 1 and batch 8, and the machine's memory read bandwidth
-// measured in the same process on the same threads: batch-1 decoding reads every weight once per token,
-// so weight bytes x tokens/s against it is how close decoding is to its limit.
+// tokens. Also forge::gate::Generator at batch 1 and batch 8 (and the batch of 8 recomputed), and the
+// machine's memory read bandwidth measured in the same process on the same threads: batch-1 decoding
+// reads every weight once per token, so weight bytes x tokens/s against it is how close decoding is to
+// its limit.
 // bench/decode.sh runs this and the PyTorch peer in one invocation.
 //
 // Usage: bench_decode [--threads N] [--reps N] [--long-prompt N] [--batch N] [--seed N] [--bw-mib N]
@@ -20,8 +21,6 @@
 #include "forge/trainer/model.h"
 #include "forge/trainer/runtime.h"
 
-#include <cblas.h>
-#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -231,10 +230,10 @@ std::vector<int32_t> prompt_of(int n, int vocab, uint64_t salt) {
 }
 
 // One decoding step's matrix products at batch 1, replayed over the model's own weights in the model's
-// order (so they stream the same ~55 MB a real step reads), timed per product: through the kernel decode
-// uses (cpu::matmul_forward: sgemm split over the team) and, for comparison, as matrix-vector products
-// (cblas_sgemv, the rows split over the same threads). And the attention over a cache at position `pos`.
-void profile_step(GPT& model, int threads, double step_s, int steps) {
+// order (so they stream the same ~55 MB a real step reads), timed per product through the kernel decode
+// uses (cpu::matmul_forward: one row goes to sgemv over each thread's output rows); and the attention over
+// a cache at position T / 2. What is left of the measured step is the rest of the step.
+void profile_step(GPT& model, double step_s, int steps) {
   namespace k = forge::trainer::cpu;
   const ModelConfig& m = model.config();
   const int C = m.d_model, V = m.vocab, L = m.layers, NH = m.heads, T = m.max_positions;
@@ -253,42 +252,23 @@ void profile_step(GPT& model, int threads, double step_s, int steps) {
   }
   ops.push_back({"classifier", C, V, "wte.weight", ""});
   std::vector<float> x(static_cast<size_t>(4 * C), 0.01f), y(static_cast<size_t>(V));
-  const auto gemv = [&](float* out, const float* in, const float* w, const float* bias, int IC, int OC) {
-#pragma omp parallel num_threads(threads)
-    {
-      const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-      const int per = ((OC + nt - 1) / nt + 15) / 16 * 16, r0 = std::min(OC, id * per),
-                r1 = std::min(OC, r0 + per);
-      if (r1 > r0)
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, r1 - r0, IC, 1.0f, w + int64_t(r0) * IC, IC, in, 1, 0.0f,
-                    out + r0, 1);
-      for (int j = r0; j < r1; ++j) out[j] += bias != nullptr ? bias[j] : 0.0f;
-    }
-  };
   const char* names[] = {"qkv", "attn.proj", "mlp.fc", "mlp.proj", "classifier"};
-  double best_sgemm[5], best_gemv[5];
-  std::fill_n(best_sgemm, 5, 1e30);
-  std::fill_n(best_gemv, 5, 1e30);
-  for (int variant = 0; variant < 2; ++variant)
-    for (int rep = 0; rep <= steps; ++rep) {  // rep 0 warms up
-      double sum[5] = {};
-      for (const Op& op : ops) {
-        const float* w = model.weight(op.weight).data();
-        const float* bias = op.bias.empty() ? nullptr : model.weight(op.bias).data();
-        const auto t0 = Clock::now();
-        if (variant == 0)
-          k::matmul_forward(y.data(), x.data(), w, bias, 1, op.in, op.out);
-        else
-          gemv(y.data(), x.data(), w, bias, op.in, op.out);
-        const int i = int(
-            std::find_if(names, names + 5, [&](const char* n) { return std::string(n) == op.name; }) - names);
-        sum[i] += since(t0);
-      }
-      if (rep > 0)
-        for (int i = 0; i < 5; ++i)
-          (variant == 0 ? best_sgemm : best_gemv)[i] =
-              std::min((variant == 0 ? best_sgemm : best_gemv)[i], sum[i]);
+  double best[5];
+  std::fill_n(best, 5, 1e30);
+  for (int rep = 0; rep <= steps; ++rep) {  // rep 0 warms up
+    double sum[5] = {};
+    for (const Op& op : ops) {
+      const float* w = model.weight(op.weight).data();
+      const float* bias = op.bias.empty() ? nullptr : model.weight(op.bias).data();
+      const auto t0 = Clock::now();
+      k::matmul_forward(y.data(), x.data(), w, bias, 1, op.in, op.out);
+      const int i = int(
+          std::find_if(names, names + 5, [&](const char* n) { return std::string(n) == op.name; }) - names);
+      sum[i] += since(t0);
     }
+    if (rep > 0)
+      for (int i = 0; i < 5; ++i) best[i] = std::min(best[i], sum[i]);
+  }
   // Attention of one row at position T / 2 over a cache of T positions, once per layer.
   std::vector<float> kc(static_cast<size_t>(T) * C * L, 0.01f), vc(kc.size(), 0.01f),
       qkv(static_cast<size_t>(3 * C), 0.02f), att(static_cast<size_t>(C));
@@ -301,34 +281,29 @@ void profile_step(GPT& model, int threads, double step_s, int steps) {
                           vc.data() + size_t(l) * T * C, &seq0, &pos, 1, T, C, NH);
     if (rep > 0) best_att = std::min(best_att, since(t0));
   }
-  double total_sgemm = 0, total_gemv = 0, bytes_total = 0;
+  double total = 0, bytes_total = 0;
   std::printf(
       "\nper-step profile at batch 1 (best of %d replays over the model's weights; attention at "
       "position %d):\n",
       steps, pos);
-  std::printf("  %-12s %10s %12s %9s %12s %9s\n", "op", "weight MB", "sgemm ms", "GB/s", "sgemv ms", "GB/s");
+  std::printf("  %-12s %10s %12s %9s\n", "op", "weight MB", "ms", "GB/s");
   for (int i = 0; i < 5; ++i) {
     double bytes = 0;
     for (const Op& op : ops)
       if (std::string(op.name) == names[i]) bytes += double(op.in) * op.out * sizeof(float);
     bytes_total += bytes;
-    total_sgemm += best_sgemm[i];
-    total_gemv += best_gemv[i];
-    std::printf("  %-12s %10.1f %12.3f %9.1f %12.3f %9.1f\n", names[i], bytes / 1e6, best_sgemm[i] * 1e3,
-                bytes / best_sgemm[i] / 1e9, best_gemv[i] * 1e3, bytes / best_gemv[i] / 1e9);
+    total += best[i];
+    std::printf("  %-12s %10.1f %12.3f %9.1f\n", names[i], bytes / 1e6, best[i] * 1e3, bytes / best[i] / 1e9);
   }
-  std::printf("  %-12s %10.1f %12.3f %9.1f %12.3f %9.1f\n", "products", bytes_total / 1e6, total_sgemm * 1e3,
-              bytes_total / total_sgemm / 1e9, total_gemv * 1e3, bytes_total / total_gemv / 1e9);
+  std::printf("  %-12s %10.1f %12.3f %9.1f\n", "products", bytes_total / 1e6, total * 1e3,
+              bytes_total / total / 1e9);
   std::printf("  %-12s %10s %12.3f\n", "attention", "", best_att * 1e3);
   std::printf(
       "  %-12s %10s %12.3f   (measured median step; the rest: LayerNorms, GELU, residuals, "
       "embedding, hand-offs)\n",
       "step", "", step_s * 1e3);
-  std::printf(
-      "profile products_sgemm_ms=%.3f products_sgemv_ms=%.3f attention_ms=%.3f step_ms=%.3f "
-      "step_with_sgemv_tokens_per_s=%.1f\n",
-      total_sgemm * 1e3, total_gemv * 1e3, best_att * 1e3, step_s * 1e3,
-      1.0 / (step_s - total_sgemm + total_gemv));
+  std::printf("profile products_ms=%.3f attention_ms=%.3f step_ms=%.3f\n", total * 1e3, best_att * 1e3,
+              step_s * 1e3);
 }
 
 void print_run(const char* name, int prompt, const Run& r) {
@@ -533,7 +508,7 @@ int main(int argc, char** argv) {
       "of_read_bandwidth=%.1f%% of_weight_sized_read=%.1f%% bound_tokens_per_s=%.1f\n",
       weight_bytes / 1e6, kv_mean_kv_bytes / 1e6, achieved / 1e9, 100 * achieved / dram_read,
       100 * achieved / weights_read, dram_read / bytes_per_token);
-  if (profile) profile_step(model, threads, kv1_step_s, 20);
+  if (profile) profile_step(model, kv1_step_s, 20);
   std::printf("summary kv_tokens_per_s=%.1f recompute_tokens_per_s=%.1f ratio=%.2f (goal >= 20)\n", kv1_tps,
               re1_tps, kv1_tps / re1_tps);
   if (!same) {

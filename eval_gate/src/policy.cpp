@@ -72,7 +72,8 @@ MetricChecks metric_checks(const Config& c, const MetricSection& m) {
 bool higher_is_better(const std::string& metric) {
   for (const auto& m : kSections)
     if (metric == m.name) return m.higher_is_better;
-  return false;
+  // A suite metric is a share of tasks done right; over-refusal is the share done wrong.
+  return metric != "over_refusal_rate";
 }
 
 std::vector<std::string> SuitePolicy::suites_for(const std::string& objective,

@@ -161,10 +161,6 @@ std::vector<std::string> suite_metrics(const Suite& suite) {
   return {};
 }
 
-bool suite_metric_higher_is_better(const std::string& metric) {
-  return metric != "over_refusal_rate";
-}
-
 Json SuiteResult::to_json(double confidence) const {
   Json m = Json::object();
   for (const auto& [name, metric] : metrics) m[name] = metric.to_json(confidence);

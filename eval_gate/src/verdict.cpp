@@ -108,6 +108,16 @@ Judgement judge(const GatePolicy& policy, const DomainResults& candidate, const 
   return j;
 }
 
+void check_suite_policy(const SuitePolicy& policy, const std::string& suite, const std::string& type,
+                        const std::vector<std::string>& metrics) {
+  const auto checks = policy.checks.find(suite);
+  if (checks == policy.checks.end()) return;
+  for (const auto& [metric, _] : checks->second)
+    if (std::find(metrics.begin(), metrics.end(), metric) == metrics.end())
+      fail(ExitCode::kUsage, "gate policy: [suite.{}] checks {}, which a {} suite does not have (it has: {})",
+           suite, metric, type, fmt::join(metrics, ", "));
+}
+
 void judge_suites(const SuitePolicy& policy, const std::vector<std::string>& required,
                   const std::map<std::string, SuiteResult>& candidate,
                   const std::map<std::string, SuiteResult>* baseline, Judgement& out) {
@@ -120,13 +130,10 @@ void judge_suites(const SuitePolicy& policy, const std::vector<std::string>& req
     const auto checks = policy.checks.find(name);
     if (checks == policy.checks.end()) continue;
     for (const auto& [metric, m] : checks->second) {
-      const auto found = c->second.metrics.find(metric);
-      if (found == c->second.metrics.end())
-        fail(ExitCode::kUsage,
-             "gate policy: [suite.{}] checks {}, which a {} suite does not have (it has: {})", name, metric,
-             c->second.type, fmt::join(c->second.metrics | std::views::keys, ", "));
-      const SuiteMetric& cand = found->second;
-      const bool higher = suite_metric_higher_is_better(metric);
+      const auto keys = c->second.metrics | std::views::keys;
+      check_suite_policy(policy, name, c->second.type, {keys.begin(), keys.end()});
+      const SuiteMetric& cand = c->second.metrics.at(metric);
+      const bool higher = higher_is_better(metric);
       const double value = cand.value();
       // NaN (no task scored) never passes.
       if (higher && m.min_absolute >= 0)

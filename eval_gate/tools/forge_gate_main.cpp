@@ -152,15 +152,8 @@ std::vector<forge::gate::Suite> load_suites(const forge::gate::GatePolicy& polic
   const std::string dir = a.suites.empty() ? policy.suites.dir : a.suites;
   for (const auto& name : policy.suites.suites_for(objective, a.tier)) {
     suites.push_back(forge::gate::load_suite(dir + "/" + name));
-    const auto checks = policy.suites.checks.find(name);
-    if (checks == policy.suites.checks.end()) continue;
-    const auto metrics = forge::gate::suite_metrics(suites.back());
-    for (const auto& [metric, _] : checks->second)
-      if (std::find(metrics.begin(), metrics.end(), metric) == metrics.end())
-        forge::fail(ExitCode::kUsage,
-                    "{}: [suite.{}] checks {}, which the {} suite {} does not have (it has: {})", a.policy,
-                    name, metric, forge::gate::suite_type_name(suites.back().type), name,
-                    fmt::format("{}", fmt::join(metrics, ", ")));
+    forge::gate::check_suite_policy(policy.suites, name, forge::gate::suite_type_name(suites.back().type),
+                                    forge::gate::suite_metrics(suites.back()));
   }
   return suites;
 }
@@ -391,7 +384,7 @@ int generate(int argc, char** argv, forge::trainer::Comm& comm) {
     forge::write_file_atomic(out, text);
   // Rank 0's rate stands for every rank's (they generate alike).
   std::cerr << fmt::format(
-      "forge-gate generate: {} completions, {} new tokens on {} rank(s); decode {:.1f} tokens/s per rank "
+      "forge-gate generate: {} completions, {} new tokens on {} rank(s); {:.1f} tokens/s per rank "
       "(batch "
       "{})\n",
       n, int64_t(totals[0]), comm.size(), generator.stats().tokens_per_second(), batch);

@@ -149,7 +149,7 @@ struct GPT::Slot {
   Buffer<float> weights;
   std::vector<int32_t> doc_start_host;
   DeviceBatch batch;
-  std::vector<int32_t> decode_host;  // decode(): tokens, positions, cache sequences, cache positions
+  std::vector<int32_t> decode_host;  // decode(): tokens, positions, cache sequences
   Buffer<int32_t> decode;            // device backends: their copy
 
   size_t bytes() const {
@@ -532,8 +532,8 @@ void GPT::decode(KvCache& cache, std::span<const DecodeRow> rows, std::span<cons
   if (logits.size() != logit_rows.size() * size_t(V))
     throw std::invalid_argument("GPT::decode: logits must hold logit_rows x vocab values");
   Slot& s = *slots_[0];
-  s.decode_host.resize(4 * size_t(N));
-  int32_t *tokens = s.decode_host.data(), *positions = tokens + N, *seq = positions + N, *pos = seq + N;
+  s.decode_host.resize(3 * size_t(N));
+  int32_t *tokens = s.decode_host.data(), *positions = tokens + N, *seq = positions + N;
   for (int r = 0; r < N; ++r) {
     const DecodeRow& row = rows[size_t(r)];
     if (row.sequence < 0 || row.sequence >= cache.sequences() || row.position < 0 ||
@@ -542,18 +542,18 @@ void GPT::decode(KvCache& cache, std::span<const DecodeRow> rows, std::span<cons
     tokens[r] = row.token;
     positions[r] = row.position;
     seq[r] = row.sequence;
-    pos[r] = row.position;
   }
   const int32_t* host = s.decode_host.data();
   if (!backend_.host_memory()) {
-    if (s.decode.size() < s.decode_host.size()) s.decode = backend_.alloc<int32_t>(4 * size_t(this->rows()));
+    if (s.decode.size() < s.decode_host.size()) s.decode = backend_.alloc<int32_t>(3 * size_t(this->rows()));
     backend_.copy_from_host(s.decode.data(), host, s.decode_host.size() * sizeof(int32_t));
     host = s.decode.data();
   }
+  // A row's position is both the position embedding's row and its place in the cache.
   embedding_->forward(s.res.data(), host, host + N, 1, N);
   run_blocks(0, N, [&](int l, float* att, float*, const float* qkv) {
     backend_.attention_decode(att, qkv, cache.keys_[size_t(l)].data(), cache.values_[size_t(l)].data(),
-                              host + 2 * N, host + 3 * N, N, cache.max_len(), C, config_.heads);
+                              host + 2 * N, host + N, N, cache.max_len(), C, config_.heads);
   });
   // The classifier of the rows asked for: gathered next to each other, one product.
   const int M = int(logit_rows.size());

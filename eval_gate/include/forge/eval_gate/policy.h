@@ -55,7 +55,8 @@ struct GatePolicy {
   SuitePolicy suites;
 };
 
-// accuracy and reward_margin; false for the others.
+// Whether a larger value of `metric` is better: false for loss, bpb, kl and a suite's over_refusal_rate;
+// true for accuracy, reward_margin and the other suite metrics.
 bool higher_is_better(const std::string& metric);
 
 // Throws forge::Error(kUsage) naming file:line for unknown keys and bad values.

@@ -41,8 +41,6 @@ struct SuiteMetric {
 // (length-normalised), accuracy_raw; code: pass@k for each k of the suite; refusal: refusal_rate (on the
 // prompts that must be refused), over_refusal_rate (on those that must not be).
 std::vector<std::string> suite_metrics(const Suite& suite);
-// Whether a larger value of the metric is better (over_refusal_rate is the one that is not).
-bool suite_metric_higher_is_better(const std::string& metric);
 
 struct SuiteResult {
   std::string name, type, version;

@@ -44,10 +44,15 @@ struct Judgement {
 // less than chance's own on as many pairs, 0.5 / sqrt(pairs).
 Judgement judge(const GatePolicy& policy, const DomainResults& candidate, const DomainResults* baseline);
 
+// forge::Error(kUsage) naming the key when the policy's [suite.NAME] checks a metric a suite of `type` with
+// `metrics` does not have.
+void check_suite_policy(const SuitePolicy& policy, const std::string& suite, const std::string& type,
+                        const std::vector<std::string>& metrics);
+
 // Adds the checks of the task suites: per suite the policy requires of this candidate, and per metric
 // with checks in its [suite.NAME] section, on `candidate`'s results and, for regressions, the baseline's
 // of the same suite version (the caller has refused other versions). A metric the suite does not have is
-// forge::Error(kUsage) naming the policy key. Domain of a suite check: "suite:NAME".
+// check_suite_policy's error. Domain of a suite check: "suite:NAME".
 void judge_suites(const SuitePolicy& policy, const std::vector<std::string>& required,
                   const std::map<std::string, SuiteResult>& candidate,
                   const std::map<std::string, SuiteResult>* baseline, Judgement& out);
