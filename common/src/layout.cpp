@@ -99,10 +99,13 @@ std::optional<LayoutProblem> layout_problem(const Layout& l, const ModelDims& m)
     return problem("parallel.ep", "must divide parallel.dp = " + std::to_string(l.dp) +
                                       " (expert-parallel groups are carved out of the data-parallel ones)");
   if (l.cp != 1) return problem("parallel.cp", "context parallelism is not implemented yet: it must be 1");
-  if (l.ep != 1)
+  if (l.ep != 1 && m.experts == 0)
     return problem("parallel.ep",
-                   "expert parallelism needs a Mixture-of-Experts model, which is not "
-                   "implemented yet: it must be 1");
+                   "expert parallelism needs a Mixture-of-Experts model (model.ffn = moe): "
+                   "it must be 1 for a dense one");
+  if (l.ep != 1 && m.experts % l.ep != 0)
+    return problem("parallel.ep", "must divide model.experts = " + std::to_string(m.experts) +
+                                      " (each expert-parallel rank holds whole experts)");
   if (m.heads % l.tp != 0)
     return problem("parallel.tp",
                    "must divide model.heads = " + std::to_string(m.heads) + " (each rank holds whole heads)");

@@ -100,6 +100,8 @@ RunCheckpoints::RunCheckpoints(const Config& config, const trainer::TrainSpec& s
   const trainer::ProcessGroups& g = trainer.groups();
   role_.params = g.dp_rank == 0;
   role_.moments = spec.parallel.zero == 1 || g.dp_rank == 0;
+  role_.expert_params = g.expert_dp->rank() == 0;
+  role_.expert_moments = spec.parallel.zero == 1 || g.expert_dp->rank() == 0;
   role_.replicated = g.tp_rank == 0;
   role_.tied_copy = g.layout.pp == 1 || g.first_stage();
   tiers_.recovery_every = config.get<int64_t>("ckpt.recovery_every");

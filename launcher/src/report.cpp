@@ -51,6 +51,11 @@ std::string guard_label(const Json& e) {
   if (kind == "nonfinite") return "non-finite loss/gradient: " + e.value("action", std::string("?"));
   if (kind == "loss_spike") return fmt::format("loss spike (z = {:.1f})", number(e, "z"));
   if (kind == "rewind") return fmt::format("rewound to step {}", e.value("to_step", int64_t{0}));
+  if (kind == "dead_expert")
+    return fmt::format("dead expert {}/{}", e.value("layer", 0), e.value("expert", 0));
+  if (kind == "expert_imbalance")
+    return fmt::format("expert imbalance in block {} ({:.1f}x)", e.value("layer", 0),
+                       number(e, "max_over_mean"));
   return kind;
 }
 
@@ -306,6 +311,11 @@ RunReport write_report(const std::string& run_dir) {
   std::vector<Series> split(std::size(kSplitKeys)), per_rank(std::size(kSplitKeys));
   for (size_t i = 0; i < split.size(); ++i) split[i].name = per_rank[i].name = kSplitNames[i];
   std::map<double, double> peak_rss;  // step -> the largest rank's peak resident memory
+  // MoE blocks: per block, each expert's share of the block's assignments (or, past 8 experts, the
+  // smallest and the largest share), and the share capacity dropped.
+  std::map<int, std::vector<Series>> expert_load;
+  std::map<int, size_t> experts;
+  std::map<int, Series> dropped;
   std::set<int> stragglers;
   std::vector<Json> saves;
   for (const auto& [rank, file] : files) {
@@ -326,6 +336,32 @@ RunReport write_report(const std::string& run_dir) {
             {double(step), number(rec, "loss"), number(rec, "tokens_per_s"), number(rec, "mfu")});
         ++r.records;
         for (const auto& e : rec.value("ckpt_events", Json::array())) saves.push_back(e);
+        for (const auto& m : rec.value("moe", Json::array())) {
+          const auto tokens = m.value("tokens", std::vector<double>{});
+          double sum = 0;
+          for (double t : tokens) sum += t;
+          if (tokens.empty() || !(sum > 0)) continue;
+          auto& load = expert_load[m.value("layer", 0)];
+          experts[m.value("layer", 0)] = tokens.size();
+          const bool each = tokens.size() <= 8;
+          if (load.empty()) {
+            if (each)
+              for (size_t e = 0; e < tokens.size(); ++e) load.push_back({fmt::format("expert {}", e), {}});
+            else
+              load = {{"least loaded expert", {}}, {"most loaded expert", {}}};
+          }
+          if (each && load.size() == tokens.size())
+            for (size_t e = 0; e < tokens.size(); ++e)
+              load[e].pts.emplace_back(double(step), tokens[e] / sum);
+          if (!each) {
+            const auto [lo, hi] = std::minmax_element(tokens.begin(), tokens.end());
+            load[0].pts.emplace_back(double(step), *lo / sum);
+            load[1].pts.emplace_back(double(step), *hi / sum);
+          }
+          Series& d = dropped[m.value("layer", 0)];
+          d.name = fmt::format("block {}", m.value("layer", 0));
+          d.pts.emplace_back(double(step), number(m, "dropped_fraction"));
+        }
       }
       for (const auto& k : rec.value("stragglers", Json::array()))
         if (k.is_number_integer()) stragglers.insert(k.get<int>());
@@ -402,6 +438,11 @@ RunReport write_report(const std::string& run_dir) {
     row("tokens", fmt::format("{}", s.value("tokens", int64_t{0})));
     row("wall time", fmt::format("{:.1f} s", number(s, "wall_s")));
     row("final loss", fmt::format("{:.4f}", number(s, "final_loss")));
+    if (const Json p = s.value("parameters", Json()); p.is_object() && number(p, "total") > 0)
+      row("parameters", number(p, "active") < number(p, "total")
+                            ? fmt::format("{:.2f} M, {:.2f} M active per token", number(p, "total") / 1e6,
+                                          number(p, "active") / 1e6)
+                            : fmt::format("{:.2f} M", number(p, "total") / 1e6));
     row("mean MFU", fmt::format("{:.2f}%", 100 * number(s, "mean_mfu")));
     if (r.ettr >= 0)
       row("effective training time (ETTR)",
@@ -426,6 +467,15 @@ RunReport write_report(const std::string& run_dir) {
                         stragglers);
   html += svg_chart("peak resident memory, largest rank (MiB)",
                     {Series{"peak RSS", {peak_rss.begin(), peak_rss.end()}}}, mark, x_lo, x_hi);
+  for (auto& [layer, load] : expert_load)
+    html += svg_chart(fmt::format("expert load, MoE block {}: share of its assignments (even: 1/{})", layer,
+                                  experts[layer]),
+                      std::move(load), mark, x_lo, x_hi);
+  if (!dropped.empty()) {
+    std::vector<Series> d;
+    for (auto& [layer, series] : dropped) d.push_back(std::move(series));
+    html += svg_chart("MoE: share of assignments dropped at capacity", std::move(d), mark, x_lo, x_hi);
+  }
   if (s.is_object() && s.contains("segments") && s["segments"].is_array()) {
     html +=
         "<h2>Segments</h2>\n<p>One per process of the run: a requeue or resume starts the next, on the "

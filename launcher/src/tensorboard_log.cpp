@@ -81,6 +81,11 @@ void TensorBoardLog::write(const Json& record) {
       if (record.contains(events))
         for (const Json& e : record.at(events)) f.text(fmt::format("events/{}", events), step, e.dump());
     if (record.value("skipped", false)) f.text("events/guard_events", step, "update skipped (non-finite)");
+    for (const Json& m : record.value("moe", Json::array()))
+      for (const char* field : {"tokens_cv", "dropped_fraction", "router_entropy", "aux_loss", "z_loss"})
+        if (m.contains(field) && m.at(field).is_number())
+          f.scalar(fmt::format("moe/block{}/{}", m.value("layer", 0), field), step,
+                   m.at(field).get<double>());
   });
   guarded(rank_, [&](auto& f) { scalars(f, kRankScalars); });
 }

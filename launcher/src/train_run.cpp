@@ -154,6 +154,7 @@ void write_summary(const RunInfo& run, const Totals& t, ExitCode code) {
     }
   }
   segments.push_back(std::move(segment));
+  const trainer::ParameterCounts params = trainer::parameter_counts(run.spec.model);
   Json s{{"name", run.spec.name},
          {"job_id", job != nullptr ? Json(job) : Json(nullptr)},
          {"spec_hash", run.config.hash()},
@@ -165,6 +166,7 @@ void write_summary(const RunInfo& run, const Totals& t, ExitCode code) {
          {"final_loss", t.last_loss},
          {"peak_gflops", run.peak},
          {"flops_per_token", run.fpt},
+         {"parameters", {{"total", params.total}, {"active", params.active}}},
          {"threads", run.spec.threads},
          {"layout", run.groups.layout.str()},
          {"ranks", run.groups.layout.world()},
@@ -525,6 +527,14 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
         if (e["kind"] == "loss_spike")
           spdlog::warn("step {}: loss spike {:.4f} (z = {:.1f} over the last {} steps)", st.step, st.loss,
                        e["z"].get<double>(), spec.guard.spike_window);
+        else if (e["kind"] == "dead_expert")
+          spdlog::warn("step {}: dead expert {}/{}: no token for {} steps (guard.dead_expert_steps)", st.step,
+                       e["layer"].get<int>(), e["expert"].get<int>(), e["idle_steps"].get<int64_t>());
+        else if (e["kind"] == "expert_imbalance")
+          spdlog::warn(
+              "step {}: MoE block {}: the busiest expert gets {:.1f}x the mean (guard.expert_imbalance "
+              "= {})",
+              st.step, e["layer"].get<int>(), e["max_over_mean"].get<double>(), spec.guard.expert_imbalance);
         else if (e["kind"] == "nonfinite" && e["action"] == "skip")
           spdlog::warn(
               "step {}: loss {}, gradient norm {}: update skipped ({} in a row, guard.max_bad_steps = {})",

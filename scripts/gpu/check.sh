@@ -123,8 +123,11 @@ direct_build() {
   local cxx="g++ -std=c++20 -O3 -fPIC -fopenmp -march=native -fno-math-errno $inc -DFORGE_SOURCE_DIR=\"$root\""
   local nvcc_cmd="nvcc -std=c++20 -O3 --use_fast_math -Xcompiler=-fPIC -gencode arch=compute_90,code=sm_90"
   nvcc_cmd="$nvcc_cmd -gencode arch=compute_90,code=compute_90 $inc"
-  local sources=("$root"/common/src/{config,error,hash}.cpp "$root"/trainer/src/cpu/*.cpp
-    "$root"/trainer/src/{guard,init,model,optimizer,params,progress,runtime,spec,trainer}.cpp
+  # The sources of scripts/gpu/CMakeLists.txt.
+  local sources=("$root"/common/src/{batch,config,error,hash,huge_buffer,ini,json,layout,local_rank,text}.cpp
+    "$root"/trainer/src/cpu/*.cpp
+    "$root"/trainer/src/{guard,init,layers,loss,model,moe,optimizer,params,progress,runtime,spec,trace}.cpp
+    "$root"/trainer/src/parallel/{groups,parallel_trainer,tensor_parallel}.cpp
     "$root"/trainer/cuda/src/*.cpp "$root"/trainer/cuda/src/*.cu "$root"/trainer/cuda/tools/*.cpp)
   # shellcheck disable=SC2090
   export cxx nvcc_cmd obj

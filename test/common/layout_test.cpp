@@ -151,7 +151,10 @@ TEST_CASE("layout_problem names the first key to change and why") {
   check(Layout{.pp = 7}, model, "parallel.pp", "7 stages need at least one block each but model.layers is 6");
   check(Layout{.cp = 2}, model, "parallel.cp", "context parallelism is not implemented yet: it must be 1");
   check(Layout{.ep = 2, .dp = 2}, model, "parallel.ep",
-        "expert parallelism needs a Mixture-of-Experts model");
+        "expert parallelism needs a Mixture-of-Experts model (model.ffn = moe)");
+  const ModelDims moe{.layers = 6, .heads = 6, .vocab = 8192, .experts = 6};
+  CHECK_FALSE(forge::layout_problem(Layout{.tp = 2, .ep = 2, .dp = 4, .pp = 2}, moe));
+  check(Layout{.ep = 4, .dp = 4}, moe, "parallel.ep", "must divide model.experts = 6");
   check(Layout{.ep = 2, .dp = 3}, model, "parallel.ep", "must divide parallel.dp = 3");
   // The first problem: cp before the model's sizes.
   check(Layout{.tp = 4, .cp = 2}, model, "parallel.cp", "context parallelism");

@@ -8,25 +8,10 @@ set -uo pipefail
 train=$1 src=$2 mpiexec=$3
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_tcp_if_include=lo \
-  OMPI_MCA_oob_tcp_if_include=lo OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+source "$src/test/parallel/common.sh"
 mpi() { local np=$1; shift; "$mpiexec" --oversubscribe -np "$np" "$train" "$src/configs/tiny.ini" "$@"; }
 common=(--run.threads=1 --run.peak_gflops=100 --model.layers=2 --model.d_model=64
   --model.heads=4 --model.vocab=256 --model.seq_len=32 --ckpt.recovery_every=0 --ckpt.milestone_every=0)
-# compare A B FROM: every step >= FROM of run B has run A's loss within 2e-5 relative.
-compare() {
-  python3 - "$1/metrics/rank-0.jsonl" "$2/metrics/rank-0.jsonl" "${3:-1}" <<'PY' || fail "losses of $2 differ from $1"
-import json, sys
-a = {r["step"]: r["loss"] for r in map(json.loads, open(sys.argv[1]))}
-b = {r["step"]: r["loss"] for r in map(json.loads, open(sys.argv[2]))}
-steps = [s for s in b if s >= int(sys.argv[3])]
-assert steps and all(s in a for s in steps), (sorted(a), sorted(b))
-worst = max(abs(b[s] - a[s]) / abs(a[s]) for s in steps)
-print(f"{sys.argv[2]}: steps {min(steps)}-{max(steps)}, worst relative loss difference {worst:.1e}")
-sys.exit(0 if worst <= 2e-5 else 1)
-PY
-}
 
 # The reference: one process (MPI singleton), 4 sequences per step.
 "$train" "$src/configs/tiny.ini" --run.dir="$work/ref" "${common[@]}" --run.steps=8 --data.batch=4 2>"$work/ref.log" \

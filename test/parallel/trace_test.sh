@@ -9,9 +9,7 @@ set -uo pipefail
 train=$1 src=$2 mpiexec=$3
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_tcp_if_include=lo \
-  OMPI_MCA_oob_tcp_if_include=lo OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+source "$src/test/parallel/common.sh"
 mpi() { local np=$1; shift; "$mpiexec" --oversubscribe -np "$np" "$train" "$src/configs/tiny.ini" "$@"; }
 check() { python3 "$src/test/launcher/check_trace.py" "$@"; }
 common=(--run.threads=1 --run.peak_gflops=100 --model.layers=2 --model.d_model=128 --model.heads=4

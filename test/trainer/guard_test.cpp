@@ -217,6 +217,61 @@ TEST_CASE("[guard] keys are validated with the key named", "[guard]") {
   CHECK_THAT(message_of([&] { load({"--guard.max_bad_steps=-1"}); }), Catch::Contains("guard.max_bad_steps"));
   CHECK_THAT(message_of([&] { load({"--guard.nonfinite=panic"}); }), Catch::Contains("guard.nonfinite"));
   CHECK(code_of([&] { load({"--guard.watchdog_s=-1"}); }) == forge::ExitCode::kUsage);
+  CHECK_THAT(message_of([&] { load({"--guard.dead_expert_steps=0"}); }),
+             Catch::Contains("guard.dead_expert_steps"));
+  CHECK_THAT(message_of([&] { load({"--guard.expert_imbalance=0.5"}); }),
+             Catch::Contains("guard.expert_imbalance"));
+  const std::vector<std::string> moe = {"--model.ffn=moe", "--model.experts=4", "--model.layers=2"};
+  const auto with = [&](std::string hook) {
+    auto o = moe;
+    o.push_back(std::move(hook));
+    return load(o);
+  };
+  CHECK(with("--guard.inject_dead_expert=1/3").guard.inject_dead_expert == 3);
+  CHECK_THAT(message_of([&] { with("--guard.inject_dead_expert=2/0"); }),
+             Catch::Contains("guard.inject_dead_expert"));
+  CHECK_THAT(message_of([&] { with("--guard.inject_dead_expert=1/4"); }),
+             Catch::Contains("guard.inject_dead_expert"));
+  CHECK_THAT(message_of([&] { with("--guard.inject_dead_expert=x"); }),
+             Catch::Contains("guard.inject_dead_expert"));
+}
+
+TEST_CASE("a dead expert is reported once per death, or stops the run; imbalance is logged on crossing",
+          "[guard]") {
+  // Block 1 of 4 experts: expert 2 idle for steps 1-3, busy at 4, idle again from 5; expert 0 takes every
+  // token (4x the mean) at steps 2-3 only.
+  const auto moe_step = [](int64_t step) {
+    StepStats s = stats(step, 2.0);
+    std::vector<double> tokens = {10, 10, step == 4 ? 10.0 : 0.0, 10};
+    if (step == 2 || step == 3) tokens = {50, 0, 0, 0};
+    s.moe = {RouterStats{1, tokens}};
+    return s;
+  };
+  GuardConfig config;
+  config.dead_expert_steps = 3;
+  config.expert_imbalance = 2.0;
+  StepGuard guard(config);
+  std::vector<std::string> kinds;
+  for (int64_t step = 1; step <= 8; ++step) {
+    guard.after_step(moe_step(step));
+    for (const auto& e : guard.take_events()) {
+      kinds.push_back(fmt::format("{}@{}", e["kind"].get<std::string>(), step));
+      if (e["kind"] == "dead_expert") CHECK((e["layer"] == 1 && e["idle_steps"] == 3));
+    }
+  }
+  // Expert 2 dies at step 3 (experts 1 and 3, idle at steps 2-3 only, do not), and again at step 7.
+  CHECK(kinds == std::vector<std::string>{"expert_imbalance@2", "dead_expert@3", "dead_expert@7"});
+
+  config.dead_expert_stop = true;
+  StepGuard stopping(config);
+  stopping.after_step(moe_step(1));
+  stopping.after_step(moe_step(2));
+  const std::string why = message_of([&] { stopping.after_step(moe_step(3)); });
+  CHECK_THAT(why, Catch::Contains("step 3: dead expert 1/2") && Catch::Contains("guard.dead_expert_steps"));
+  StepGuard again(config);
+  again.after_step(moe_step(1));
+  again.after_step(moe_step(2));
+  CHECK(code_of([&] { again.after_step(moe_step(3)); }) == forge::ExitCode::kNumeric);
 }
 
 TEST_CASE("a non-finite step leaves weights and moments unchanged and still counts", "[guard]") {

@@ -3,11 +3,25 @@
 
 #include <hdf5.h>
 
+#include <algorithm>
+#include <cmath>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace forge::test {
+
+// max |a - b| / max(max |b|, tiny): a difference relative to the reference b's largest magnitude.
+inline double rel_diff(std::span<const float> a, std::span<const float> b) {
+  if (a.size() != b.size()) throw std::invalid_argument("rel_diff: the tensors differ in size");
+  double diff = 0, scale = 1e-12;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::abs(double(a[i]) - double(b[i])));
+    scale = std::max(scale, std::abs(double(b[i])));
+  }
+  return diff / scale;
+}
 
 class H5Fixture {
  public:

@@ -95,11 +95,12 @@ TEST_CASE("initialization is deterministic and independent of the layout", "[tra
 
   // Rank 1 of 2 holds rows [C/2, C) of each of q, k and v: exactly those rows of the whole tensor.
   const int C = cfg.d_model;
-  const auto sliced = parameter_table(cfg, ModelSlice{0, -1, true, true, 1, 2});
+  const ModelSlice rank1{0, -1, true, true, 1, 2};
+  const auto sliced = parameter_table(cfg, rank1);
   for (const auto& p : sliced) {
     if (p.name != "blocks.1.attn.qkv.weight") continue;
     std::vector<float> shard(p.numel);
-    init_parameter(p, 1, 7, shard);
+    init_parameter(p, rank1, 7, shard);
     const auto whole = a.weight(p.name);
     for (int part = 0; part < 3; ++part)
       for (int r = 0; r < C / 2; ++r)

@@ -20,23 +20,13 @@
 
 using forge::MicroBatch;
 using forge::test::H5Fixture;
+using forge::test::rel_diff;
 using namespace forge::trainer;
 
 namespace {
 
 std::string fixture_path() {
   return std::string(FORGE_SOURCE_DIR) + "/test/trainer/reference/gpt_parity.h5";
-}
-
-// max |a - b| / max(max |b|, tiny)
-double rel_diff(std::span<const float> a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double diff = 0, scale = 1e-12;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::abs(double(a[i]) - double(b[i])));
-    scale = std::max(scale, std::abs(double(b[i])));
-  }
-  return diff / scale;
 }
 
 TrainSpec fixture_spec(const H5Fixture& f) {

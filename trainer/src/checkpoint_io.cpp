@@ -18,9 +18,16 @@ struct Piece {
 };
 
 // The hyperslabs of parameter p's local shard, in local storage order.
-std::vector<Piece> shard_pieces(const std::string& kind, const ParamInfo& p, int tp_rank) {
+std::vector<Piece> shard_pieces(const std::string& kind, const ParamInfo& p, const ModelSlice& slice) {
   ckpt::Slice whole = ckpt::Slice::whole(kind + "/" + p.name, p.shape);
   if (p.local_shape == p.shape) return {{whole, p.offset, p.offset + p.numel}};
+  if (p.shard.kind == ShardRule::Kind::kExperts) {  // whole experts: one slab of dimension 0
+    whole.offset.assign(p.shape.size(), 0);
+    whole.count = p.local_shape;
+    whole.offset[0] = slice.ep_rank * p.local_shape[0];
+    return {{whole, p.offset, p.offset + p.numel}};
+  }
+  const int tp_rank = slice.tp_rank;
   const int d = p.shard.dim, groups = p.shard.groups;
   const int64_t tp = p.shape[size_t(d)] / p.local_shape[size_t(d)];
   const int64_t group_rows = p.shape[size_t(d)] / groups, part = group_rows / tp;
@@ -38,24 +45,28 @@ std::vector<Piece> shard_pieces(const std::string& kind, const ParamInfo& p, int
 }
 
 bool writes(const ParamInfo& p, const SaveRole& role) {
-  if (!role.replicated && p.shard.kind == ShardRule::Kind::kReplicated) return false;
+  if (!role.replicated && p.shard.kind != ShardRule::Kind::kSplit) return false;
   return role.tied_copy || p.name != "wte.weight";
+}
+
+bool expert(const ParamInfo& p) {
+  return p.shard.kind == ShardRule::Kind::kExperts;
 }
 
 // Visits (slice, pointer) for every piece this rank holds: parameters from the model's buffer, moments
 // from the optimizer's packed buffers, cut to the optimizer's owned ranges.
 template <typename Fn>
 void for_each_piece(GPT& model, AdamW* optimizer, bool saving, const SaveRole& role, Fn&& fn) {
-  const int tp_rank = model.slice().tp_rank;
+  const ModelSlice& slice = model.slice();
   for (const auto& p : model.params()) {
     if (saving && !writes(p, role)) continue;
-    if (!saving || role.params)
-      for (const Piece& piece : shard_pieces("param", p, tp_rank))
+    if (!saving || (expert(p) ? role.expert_params : role.params))
+      for (const Piece& piece : shard_pieces("param", p, slice))
         fn(piece.slice, model.weights().data() + piece.lo);
-    if (optimizer == nullptr || (saving && !role.moments)) continue;
+    if (optimizer == nullptr || (saving && !(expert(p) ? role.expert_moments : role.moments))) continue;
     for (const char* kind : {"adam_m", "adam_v"}) {
       float* moments = std::string_view(kind) == "adam_m" ? optimizer->m().data() : optimizer->v().data();
-      for (const Piece& piece : shard_pieces(kind, p, tp_rank)) {
+      for (const Piece& piece : shard_pieces(kind, p, slice)) {
         size_t packed = 0;
         for (const FlatRange& r : optimizer->ranges()) {
           const size_t lo = std::max(r.lo, piece.lo), hi = std::min(r.hi, piece.hi);
@@ -75,8 +86,17 @@ void for_each_piece(GPT& model, AdamW* optimizer, bool saving, const SaveRole& r
 }  // namespace
 
 Json model_config_json(const ModelConfig& c) {
-  return {{"layers", c.layers}, {"d_model", c.d_model}, {"heads", c.heads},
-          {"vocab", c.vocab},   {"seq_len", c.seq_len}, {"max_positions", c.max_positions}};
+  Json j = {{"layers", c.layers}, {"d_model", c.d_model}, {"heads", c.heads},
+            {"vocab", c.vocab},   {"seq_len", c.seq_len}, {"max_positions", c.max_positions}};
+  // The architecture of an MoE model (a dense model's record is as before MoE existed); capacity and the
+  // router losses are training settings, not part of the model.
+  if (c.ffn == Ffn::kMoe) {
+    j["ffn"] = "moe";
+    j["experts"] = c.experts;
+    j["top_k"] = c.top_k;
+    j["moe_every"] = c.moe_every;
+  }
+  return j;
 }
 
 ModelConfig model_config_from_json(const Json& j, const std::string& where) {
@@ -91,6 +111,20 @@ ModelConfig model_config_from_json(const Json& j, const std::string& where) {
   c.vocab = j.at("vocab").get<int>();
   c.seq_len = j.at("seq_len").get<int>();
   c.max_positions = j.at("max_positions").get<int>();
+  if (j.contains("ffn")) {
+    if (j.at("ffn") != "moe")
+      fail(ExitCode::kData, "{}: model config has ffn = {}; this build knows moe (or no ffn: dense)", where,
+           j.at("ffn").dump());
+    for (const char* field : {"experts", "top_k", "moe_every"})
+      if (!j.contains(field) || !j.at(field).is_number_integer() || j.at(field).get<int>() < 1)
+        fail(ExitCode::kData, "{}: MoE model config lacks a positive integer '{}'", where, field);
+    c.ffn = Ffn::kMoe;
+    c.experts = j.at("experts").get<int>();
+    c.top_k = j.at("top_k").get<int>();
+    c.moe_every = j.at("moe_every").get<int>();
+    if (c.top_k > c.experts || c.moe_every > c.layers)
+      fail(ExitCode::kData, "{}: MoE model config has top_k > experts or moe_every > layers", where);
+  }
   return c;
 }
 

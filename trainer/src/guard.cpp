@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <unordered_map>
 
@@ -33,7 +34,15 @@ void add_guard_keys(ConfigSchema& s) {
       .add<int64_t>("guard.inject_hang_step", 0, "testing: hang in this step (0: off)")
       .add<int64_t>("guard.inject_duplicate_step", 0,
                     "testing: every data-parallel rank claims sample 0 in this step (0: off)")
-      .add<int>("guard.inject_hang_rank", -1, "testing: only this rank hangs (-1: every rank)");
+      .add<int>("guard.inject_hang_rank", -1, "testing: only this rank hangs (-1: every rank)")
+      .add<int>("guard.dead_expert_steps", 100,
+                "MoE: steps an expert may go without a token before it is reported dead")
+      .add_choice("guard.dead_expert_action", "report", {"report", "stop"},
+                  "MoE: a dead expert is reported in the metrics and the log, or stops the run (exit 71)")
+      .add<double>("guard.expert_imbalance", 2.0,
+                   "MoE: log a block whose busiest expert gets more than this times the mean (0: off)")
+      .add<std::string>("guard.inject_dead_expert", "",
+                        "testing: L/E, the router of block L never chooses expert E (empty: off)");
 }
 
 GuardConfig guard_config(const Config& c) {
@@ -52,6 +61,21 @@ GuardConfig guard_config(const Config& c) {
   g.inject_hang_step = c.get<int64_t>("guard.inject_hang_step");
   g.inject_duplicate_step = c.get<int64_t>("guard.inject_duplicate_step");
   g.inject_hang_rank = c.get<int>("guard.inject_hang_rank");
+  g.dead_expert_steps = c.get<int>("guard.dead_expert_steps");
+  g.dead_expert_stop = c.get<std::string>("guard.dead_expert_action") == "stop";
+  g.expert_imbalance = c.get<double>("guard.expert_imbalance");
+  if (g.dead_expert_steps < 1) c.reject("guard.dead_expert_steps", "must be at least 1");
+  if (!(g.expert_imbalance == 0 || g.expert_imbalance > 1))
+    c.reject("guard.expert_imbalance",
+             "must be above 1 (a ratio of the busiest expert to the mean), or 0: off");
+  if (const std::string dead = c.get<std::string>("guard.inject_dead_expert"); !dead.empty()) {
+    int layer = -1, expert = -1, used = 0;
+    if (std::sscanf(dead.c_str(), "%d/%d%n", &layer, &expert, &used) != 2 || size_t(used) != dead.size() ||
+        layer < 0 || expert < 0)
+      c.reject("guard.inject_dead_expert", "expected L/E: a block and an expert index, e.g. 1/3");
+    g.inject_dead_layer = layer;
+    g.inject_dead_expert = expert;
+  }
   if (g.max_bad_steps < 0)
     c.reject("guard.max_bad_steps", "must be >= 0 (0: the first non-finite step exits 71)");
   if (g.spike_window < 2) c.reject("guard.spike_window", "must be at least 2");
@@ -117,7 +141,42 @@ std::string describe(double v) {
 }
 }  // namespace
 
+void StepGuard::watch_experts(const StepStats& s) {
+  idle_steps_.resize(s.moe.size());
+  imbalanced_.resize(s.moe.size(), 0);
+  for (size_t i = 0; i < s.moe.size(); ++i) {
+    const RouterStats& r = s.moe[i];
+    std::vector<int64_t>& idle = idle_steps_[i];
+    idle.resize(r.tokens.size(), 0);
+    double most = 0, sum = 0;
+    for (size_t e = 0; e < r.tokens.size(); ++e) {
+      most = std::max(most, r.tokens[e]);
+      sum += r.tokens[e];
+      idle[e] = r.tokens[e] > 0 ? 0 : idle[e] + 1;
+      if (idle[e] != config_.dead_expert_steps) continue;
+      if (config_.dead_expert_stop)
+        fail(ExitCode::kNumeric,
+             "step {}: dead expert {}/{}: the router of block {} sent it no token for {} steps "
+             "(guard.dead_expert_steps); raise model.router_aux_coef, lower optim.lr or resume from an "
+             "earlier checkpoint (guard.dead_expert_action = report trains on)",
+             s.step, r.layer, e, r.layer, idle[e]);
+      events_.push_back({{"kind", "dead_expert"},
+                         {"step", s.step},
+                         {"layer", r.layer},
+                         {"expert", e},
+                         {"idle_steps", idle[e]}});
+    }
+    const double ratio = sum > 0 ? most / (sum / double(r.tokens.size())) : 0;
+    const bool above = config_.expert_imbalance > 0 && ratio > config_.expert_imbalance;
+    if (above && !imbalanced_[i])
+      events_.push_back(
+          {{"kind", "expert_imbalance"}, {"step", s.step}, {"layer", r.layer}, {"max_over_mean", ratio}});
+    imbalanced_[i] = above;
+  }
+}
+
 GuardAction StepGuard::after_step(const StepStats& s) {
+  watch_experts(s);
   if (s.finite) {
     if (s.step >= last_bad_step_) consecutive_bad_ = 0;
     if (const auto z = spikes_detector_.observe(s.loss)) {

@@ -22,9 +22,11 @@ double normal_at(uint64_t key, uint64_t index) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
 }
 
-// Logical flat index of local flat index `i` of rank `tp_rank`'s shard of `p`.
-uint64_t logical_index(const ParamInfo& p, int tp_rank, uint64_t i) {
+// Logical flat index of local flat index `i` of `slice`'s shard of `p`.
+uint64_t logical_index(const ParamInfo& p, const ModelSlice& slice, uint64_t i) {
   if (p.shard.kind == ShardRule::Kind::kReplicated || p.local_shape == p.shape) return i;
+  if (p.shard.kind == ShardRule::Kind::kExperts) return uint64_t(slice.ep_rank) * p.numel + i;
+  const int tp_rank = slice.tp_rank;
   const size_t dims = p.shape.size();
   uint64_t inner = 1;  // elements per step of the split dimension
   for (size_t d = size_t(p.shard.dim) + 1; d < dims; ++d) inner *= uint64_t(p.shape[d]);
@@ -40,7 +42,7 @@ uint64_t logical_index(const ParamInfo& p, int tp_rank, uint64_t i) {
 
 }  // namespace
 
-void init_parameter(const ParamInfo& p, int tp_rank, uint64_t seed, std::span<float> out) {
+void init_parameter(const ParamInfo& p, const ModelSlice& slice, uint64_t seed, std::span<float> out) {
   if (out.size() != p.numel) throw std::invalid_argument("init_parameter: " + p.name + ": wrong size");
   if (p.init_std <= 0) {
     std::fill(out.begin(), out.end(), p.init_value);
@@ -50,7 +52,7 @@ void init_parameter(const ParamInfo& p, int tp_rank, uint64_t seed, std::span<fl
   float* w = out.data();
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < int64_t(p.numel); ++i)
-    w[i] = float(p.init_std * normal_at(key, logical_index(p, tp_rank, uint64_t(i))));
+    w[i] = float(p.init_std * normal_at(key, logical_index(p, slice, uint64_t(i))));
 }
 
 }  // namespace forge::trainer

@@ -125,6 +125,20 @@ std::unique_ptr<Classifier> LayerFactory::classifier(Backend& backend, ParamRef 
   return std::make_unique<Classifier>(backend, wte, 0);
 }
 
+void TokenExchange::exchange_counts(const int64_t* send, int64_t* recv, int per_rank) {
+  std::copy(send, send + per_rank, recv);
+}
+
+void TokenExchange::exchange_rows(Backend& backend, const float* in, const int64_t* send_rows, float* out,
+                                  const int64_t* recv_rows, int C) {
+  if (send_rows[0] != recv_rows[0]) throw std::logic_error("TokenExchange: one rank sends what it receives");
+  backend.copy(out, in, sizeof(float) * size_t(send_rows[0]) * size_t(C));
+}
+
+std::unique_ptr<TokenExchange> LayerFactory::token_exchange() const {
+  return std::make_unique<TokenExchange>();
+}
+
 const LayerFactory& LayerFactory::whole() {
   static const LayerFactory factory;
   return factory;

@@ -2,7 +2,9 @@
 
 #include "forge/common/error.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 
@@ -20,6 +22,28 @@ Json metrics_record(const StepStats& s, int64_t tokens_so_far, double flops_per_
               {"tokens_per_s", tps},
               {"mfu", peak_gflops > 0 ? tps * flops_per_token / (peak_gflops * 1e9) : 0.0}};
   for (const auto& [name, value] : s.objective) record[name] = value;
+  // Per MoE block: the load of its experts over the step, and what the router did.
+  for (const RouterStats& r : s.moe) {
+    if (r.tokens.empty()) continue;
+    const auto [lo, hi] = std::minmax_element(r.tokens.begin(), r.tokens.end());
+    double mean = 0, var = 0;
+    for (double t : r.tokens) mean += t / double(r.tokens.size());
+    for (double t : r.tokens) var += (t - mean) * (t - mean) / double(r.tokens.size());
+    const double mb = std::max(r.micro_batches, 1.0);
+    record["moe"].push_back({{"layer", r.layer},
+                             {"tokens", r.tokens},
+                             {"tokens_min", *lo},
+                             {"tokens_max", *hi},
+                             {"tokens_cv", mean > 0 ? std::sqrt(var) / mean : 0.0},
+                             {"dropped_fraction", r.assignments > 0 ? r.dropped / r.assignments : 0.0},
+                             {"router_entropy", r.token_count > 0 ? r.entropy / r.token_count : 0.0},
+                             {"aux_loss", r.aux / mb},
+                             {"z_loss", r.z / mb}});
+  }
+  if (!s.moe.empty()) {
+    record["expert_comm_ms"] = s.expert_comm_s * 1e3;
+    record["expert_comm_bytes"] = s.expert_comm_bytes;
+  }
   return record;
 }
 

@@ -5,6 +5,7 @@
 #include "forge/trainer/model.h"
 
 #include "forge/common/error.h"
+#include "forge/trainer/moe.h"
 #include "forge/trainer/trace.h"
 
 #include <algorithm>
@@ -170,7 +171,7 @@ GPT::GPT(const ModelConfig& config, int batch, DType dtype, const ModelSlice& sl
       backend_(backend),
       loss_(loss != nullptr ? std::move(loss) : std::make_shared<LmCrossEntropy>()) {
   if (slice_.last_layer < 0) slice_.last_layer = config.layers;
-  params_ = parameter_table(config_, slice_);
+  params_ = parameter_table(config_, slice_, std::max<size_t>(flat_multiple, 1));
   if (batch < 1) throw std::invalid_argument("GPT: batch must be >= 1");
   if (slots < 1) throw std::invalid_argument("GPT: slots must be >= 1");
   const int tps = slice_.tp_size;
@@ -223,10 +224,23 @@ GPT::GPT(const ModelConfig& config, int batch, DType dtype, const ModelSlice& sl
     block->ln2b = ref(b + "ln2.bias");
     block->qkv = layers.linear(backend, ref(b + "attn.qkv.weight"), ref(b + "attn.qkv.bias"), true);
     block->proj = layers.linear(backend, ref(b + "attn.proj.weight"), ref(b + "attn.proj.bias"), false);
-    block->ffn = std::make_unique<DenseMLP>(
-        backend, layers.linear(backend, ref(b + "mlp.fc.weight"), ref(b + "mlp.fc.bias"), false),
-        layers.linear(backend, ref(b + "mlp.proj.weight"), ref(b + "mlp.proj.bias"), false), slots, int(N),
-        w.dfc.data(), w_fc_pre, w_fc_act);
+    if (config.moe_block(l)) {
+      const MoeSettings moe{config.experts,         config.top_k,         config.capacity_factor,
+                            config.router_aux_coef, config.router_z_coef, bf16};
+      // The router computes in FP32: its master weights, also in BF16 mode.
+      const ParamInfo& router = param(b + "moe.router.weight");
+      auto layer = std::make_unique<MoeLayer>(
+          backend, moe, l, ParamRef{&router, weights_.data() + router.offset, grads_.data() + router.offset},
+          ref(b + "moe.fc.weight"), ref(b + "moe.fc.bias"), ref(b + "moe.proj.weight"),
+          ref(b + "moe.proj.bias"), layers.token_exchange(), slots, int(N));
+      moe_layers_.push_back(layer.get());
+      block->ffn = std::move(layer);
+    } else {
+      block->ffn = std::make_unique<DenseMLP>(
+          backend, layers.linear(backend, ref(b + "mlp.fc.weight"), ref(b + "mlp.fc.bias"), false),
+          layers.linear(backend, ref(b + "mlp.proj.weight"), ref(b + "mlp.proj.bias"), false), slots, int(N),
+          w.dfc.data(), w_fc_pre, w_fc_act);
+    }
     for (int s = 0; s < slots; ++s) {
       Block::Acts a;
       a.res_mid = backend.alloc<float>(N * C);
@@ -277,11 +291,11 @@ void GPT::init(uint64_t seed) {
   std::vector<float> staging;
   for (const auto& p : params_) {
     if (backend_.host_memory()) {
-      init_parameter(p, slice_.tp_rank, seed, weight(p.name));
+      init_parameter(p, slice_, seed, weight(p.name));
       continue;
     }
     staging.resize(p.numel);
-    init_parameter(p, slice_.tp_rank, seed, staging);
+    init_parameter(p, slice_, seed, staging);
     backend_.copy_from_host(weights_.data() + p.offset, staging.data(), p.numel * sizeof(float));
   }
   weights_changed();
@@ -293,6 +307,16 @@ void GPT::zero_grad() {
 
 void GPT::weights_changed() {
   if (dtype_ == DType::kBF16) backend_.round_to_bf16(work_.data(), weights_.data(), weights_.size());
+}
+
+void GPT::set_router_loss_weight(float weight) {
+  for (MoeLayer* m : moe_layers_) m->set_loss_weight(weight);
+}
+
+std::vector<RouterStats> GPT::take_router_stats() {
+  std::vector<RouterStats> out;
+  for (MoeLayer* m : moe_layers_) out.push_back(m->take_stats());
+  return out;
 }
 
 size_t GPT::activation_bytes() const {

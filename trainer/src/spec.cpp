@@ -36,7 +36,18 @@ void add_trainer_keys(ConfigSchema& s) {
       .add<int>("model.heads", 6, "attention heads (must divide d_model)")
       .add<int>("model.vocab", 8192, "vocabulary size (the dataset's tokenizer)")
       .add<int>("model.seq_len", 256, "tokens per training sequence")
-      .add<int>("model.max_positions", 0, "rows of the position embedding (0: seq_len)");
+      .add<int>("model.max_positions", 0, "rows of the position embedding (0: seq_len)")
+      .add_choice(
+          "model.ffn", "dense", {"dense", "moe"},
+          "the blocks' feed-forward network: the dense MLP, or Mixture-of-Experts blocks (docs/TRAINER.md)")
+      .add<int>("model.experts", 0, "moe: experts per MoE block (>= 2)")
+      .add<int>("model.top_k", 2, "moe: experts each token is routed to")
+      .add<int>("model.moe_every", 1, "moe: every k-th block is an MoE block (1: all of them)")
+      .add<double>("model.capacity_factor", 0.0,
+                   "moe: an expert takes at most factor x tokens x top_k / experts tokens of a micro-batch, "
+                   "the rest go around it (0: dropless)")
+      .add<double>("model.router_aux_coef", 1e-2, "moe: weight of the load-balancing loss")
+      .add<double>("model.router_z_coef", 1e-3, "moe: weight of the router z-loss");
   s.add<std::string>("data.dataset", "synthetic", "dataset directory, or 'synthetic'")
       .add<int>("data.batch", 8, "sequences per micro-batch (per data-parallel rank)")
       .add<std::string>(
@@ -69,7 +80,7 @@ void add_trainer_keys(ConfigSchema& s) {
                "storage of weights and activations (bf16 keeps FP32 master weights and accumulation)");
   s.add<int>("parallel.tp", 1, "tensor-parallel ranks")
       .add<int>("parallel.cp", 1, "context-parallel ranks (1: not implemented yet)")
-      .add<int>("parallel.ep", 1, "expert-parallel ranks, carved out of dp (1: not implemented yet)")
+      .add<int>("parallel.ep", 1, "expert-parallel ranks sharing out the experts, carved out of dp")
       .add<int>("parallel.pp", 1, "pipeline stages")
       .add<int>("parallel.dp", 1, "data-parallel ranks")
       .add<int>("parallel.microbatches", 1, "micro-batches per optimizer step (gradient accumulation)")
@@ -146,6 +157,25 @@ ModelConfig model_config(const Config& c) {
     c.reject("model.d_model", "must be divisible by model.heads = " + std::to_string(m.heads));
   if (m.seq_len > m.max_positions)
     c.reject("model.seq_len", "must not exceed model.max_positions = " + std::to_string(m.max_positions));
+  m.ffn = c.get<std::string>("model.ffn") == "moe" ? Ffn::kMoe : Ffn::kDense;
+  m.experts = c.get<int>("model.experts");
+  m.top_k = c.get<int>("model.top_k");
+  m.moe_every = c.get<int>("model.moe_every");
+  m.capacity_factor = c.get<double>("model.capacity_factor");
+  m.router_aux_coef = c.get<double>("model.router_aux_coef");
+  m.router_z_coef = c.get<double>("model.router_z_coef");
+  if (m.ffn == Ffn::kDense) {
+    if (m.experts != 0) c.reject("model.experts", "is set but model.ffn = dense: set model.ffn = moe");
+    return m;
+  }
+  if (m.experts < 2) c.reject("model.experts", "model.ffn = moe needs at least 2 experts");
+  if (m.top_k < 1 || m.top_k > m.experts)
+    c.reject("model.top_k", fmt::format("must be from 1 to model.experts = {}", m.experts));
+  if (m.moe_every < 1 || m.moe_every > m.layers)
+    c.reject("model.moe_every", fmt::format("must be from 1 to model.layers = {}", m.layers));
+  if (!(m.capacity_factor >= 0)) c.reject("model.capacity_factor", "must be >= 0 (0: dropless)");
+  if (!(m.router_aux_coef >= 0)) c.reject("model.router_aux_coef", "must be >= 0");
+  if (!(m.router_z_coef >= 0)) c.reject("model.router_z_coef", "must be >= 0");
   return m;
 }
 
@@ -246,6 +276,10 @@ TrainSpec train_spec(const Config& c) {
   if (const auto problem = parallel_problem(s.model, s.layout, s.parallel))
     c.reject(problem->key, problem->why);
   s.guard = guard_config(c);
+  if (s.guard.inject_dead_layer >= 0 &&
+      (!s.model.moe_block(s.guard.inject_dead_layer) || s.guard.inject_dead_layer >= s.model.layers ||
+       s.guard.inject_dead_expert >= s.model.experts))
+    c.reject("guard.inject_dead_expert", "names no expert of an MoE block of this model");
   s.threads = resolve_threads(threads);
   return s;
 }

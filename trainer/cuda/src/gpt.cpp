@@ -156,7 +156,7 @@ size_t CudaGPT::device_bytes() const {
 
 void CudaGPT::init(uint64_t seed) {
   std::vector<float> host(impl_->P);
-  for (const auto& p : impl_->params) init_parameter(p, 0, seed, {host.data() + p.offset, p.numel});
+  for (const auto& p : impl_->params) init_parameter(p, {}, seed, {host.data() + p.offset, p.numel});
   set_weights(host);
 }
 

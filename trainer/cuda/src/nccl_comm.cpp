@@ -94,6 +94,28 @@ class NcclComm final : public Comm {
     nccl("ncclBroadcast", ncclBroadcast(data, data, count, nccl_type(type), root, comm_, stream_));
     return finish("ncclBroadcast");
   }
+  RequestPtr all_to_all_v(const void* in, const size_t* send_counts, void* out, const size_t* recv_counts,
+                          CommType type) override {
+    // NCCL has no all-to-all: one send and one receive per peer, grouped so they run as one operation.
+    size_t sent = 0;
+    for (int r = 0; r < size_; ++r) sent += send_counts[r];
+    const size_t bytes = comm_type_size(type);
+    begin("nccl all_to_all_v", sent * bytes);
+    nccl("ncclGroupStart", ncclGroupStart());
+    size_t at_send = 0, at_recv = 0;
+    for (int r = 0; r < size_; ++r) {
+      if (send_counts[r] > 0)
+        nccl("ncclSend", ncclSend(static_cast<const char*>(in) + at_send * bytes, send_counts[r],
+                                  nccl_type(type), r, comm_, stream_));
+      if (recv_counts[r] > 0)
+        nccl("ncclRecv", ncclRecv(static_cast<char*>(out) + at_recv * bytes, recv_counts[r], nccl_type(type),
+                                  r, comm_, stream_));
+      at_send += send_counts[r];
+      at_recv += recv_counts[r];
+    }
+    nccl("ncclGroupEnd", ncclGroupEnd());
+    return finish("ncclGroupEnd (all_to_all_v)");
+  }
   RequestPtr send(const void* data, size_t count, CommType type, int peer, int /*tag*/) override {
     // NCCL matches point-to-point calls by order between the pair, which comm.h already requires.
     begin("nccl send", count * comm_type_size(type), peer);

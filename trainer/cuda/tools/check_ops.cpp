@@ -5,6 +5,7 @@
 #include "forge/common/hash.h"
 #include "forge/trainer/comm.h"
 #include "forge/trainer/cuda/context.h"
+#include "forge/trainer/cuda/grouped_gemm.h"
 #include "forge/trainer/cuda/nccl_comm.h"
 #include "forge/trainer/cuda/ops.h"
 #include "forge/trainer/layers.h"
@@ -205,6 +206,52 @@ struct Checker {
     cmp("matmul backward dbias", down<float>(dgb, gb.size()), gb);
   }
 
+  // The MoE experts' products (grouped_gemm.h): per expert its rows times its weight, against the CPU
+  // matmul per expert. Random group sizes, one expert without rows (its gradients must stay as they were),
+  // and odd row offsets (expert row blocks less aligned than cuBLASLt's default).
+  void grouped_matmul() {
+    const int E = 5, C = 128, OC = 192, empty = 2;
+    std::vector<int> begin(size_t(E) + 1, 0);
+    const auto sizes = rng.ints(size_t(E), 97);
+    for (int e = 0; e < E; ++e)
+      begin[size_t(e) + 1] = begin[size_t(e)] + (e == empty ? 0 : 1 + sizes[size_t(e)]);
+    const int R = begin[size_t(E)];
+    const Vec x = in(size_t(R) * C), w = in(size_t(E) * OC * C, -0.1f, 0.1f), bias = in(size_t(E) * OC);
+    const auto rows = [&](int e) { return begin[size_t(e) + 1] - begin[size_t(e)]; };
+    const auto at = [&](int e, int width) { return int64_t(begin[size_t(e)]) * width; };
+    Vec out(size_t(R) * OC), out2(out.size());
+    for (int e = 0; e < E; ++e) {
+      if (rows(e) == 0) continue;
+      cpu::matmul_forward(out.data() + at(e, OC), x.data() + at(e, C), w.data() + int64_t(e) * OC * C,
+                          bias.data() + int64_t(e) * OC, rows(e), C, OC);
+      cpu::matmul_forward(out2.data() + at(e, OC), x.data() + at(e, C), w.data() + int64_t(e) * OC * C,
+                          nullptr, rows(e), C, OC);
+    }
+    DeviceBuffer dx = up<T>(x), dw = up<T>(w), db = up<T>(bias);
+    DeviceBuffer dout(out.size() * sizeof(T)), dout2(out2.size() * sizeof(float));
+    grouped_matmul_forward<T, T>(dout.as<T>(), dx.as<T>(), dw.as<T>(), db.as<T>(), begin.data(), E, C, OC);
+    cmp("grouped matmul forward (+bias)", down<T>(dout, out.size()), out);
+    grouped_matmul_forward<T, float>(dout2.as<float>(), dx.as<T>(), dw.as<T>(), nullptr, begin.data(), E, C,
+                                     OC);
+    cmp("grouped matmul forward (fp32 out)", down<float>(dout2, out2.size()), out2);
+    // Backward, accumulating into weight and bias gradients that start non-zero.
+    const Vec g = in(out.size()), gw0 = rng.vec(w.size()), gb0 = rng.vec(bias.size());
+    Vec din(x.size()), gw = gw0, gb = gb0;
+    for (int e = 0; e < E; ++e) {
+      if (rows(e) == 0) continue;
+      cpu::matmul_backward(din.data() + at(e, C), gw.data() + int64_t(e) * OC * C,
+                           gb.data() + int64_t(e) * OC, g.data() + at(e, OC), x.data() + at(e, C),
+                           w.data() + int64_t(e) * OC * C, rows(e), C, OC);
+    }
+    DeviceBuffer dg = up<T>(g), dgw = up<float>(gw0), dgb = up<float>(gb0);
+    DeviceBuffer ddin(din.size() * sizeof(T));
+    grouped_matmul_backward<T>(ddin.as<T>(), dgw.as<float>(), dgb.as<float>(), dg.as<T>(), dx.as<T>(),
+                               dw.as<T>(), begin.data(), E, C, OC);
+    cmp("grouped matmul backward din", down<T>(ddin, din.size()), din);
+    cmp("grouped matmul backward dweight", down<float>(dgw, gw.size()), gw);
+    cmp("grouped matmul backward dbias", down<float>(dgb, gb.size()), gb);
+  }
+
   // The MLP's first product as the model runs it: bias and GELU fused into the forward product, GELU's
   // derivative into the backward one (cuBLASLt epilogues, or the separate kernels when `tag` says off).
   void fused_mlp(const std::string& tag) {
@@ -390,6 +437,7 @@ bool check_ops(uint64_t seed) {
   });
   run("residual+layernorm", [&] { f32.residual_layernorm(), b16.residual_layernorm(); });
   run("matmul", [&] { f32.matmul(), b16.matmul(); });
+  run("grouped matmul", [&] { f32.grouped_matmul(), b16.grouped_matmul(); });
   for (const auto& [nh, hd] : {std::pair{4, 32}, std::pair{3, 64}, std::pair{2, 128}})
     run("attention", [&] {
       f32.attention(nh, hd), b16.attention(nh, hd);

@@ -81,6 +81,18 @@ class CpuBackend final : public Backend {
                         const int32_t* pos, int rows, int max_len, int C, int NH) override {
     cpu::attention_decode(out, qkv, k_cache, v_cache, seq, pos, rows, max_len, C, NH);
   }
+  void gather_rows(float* out, const float* in, const int32_t* index, const float* scale, int rows,
+                   int C) override {
+    cpu::gather_rows(out, in, index, scale, rows, C);
+  }
+  void combine_rows(float* out, const float* in, const int32_t* index, const float* weight, int N, int k,
+                    int C, bool accumulate) override {
+    cpu::combine_rows(out, in, index, weight, N, k, C, accumulate);
+  }
+  void row_dots(float* dot, const float* a, const float* b, const int32_t* index, int N, int k,
+                int C) override {
+    cpu::row_dots(dot, a, b, index, N, k, C);
+  }
   void bias_gelu_forward(float* out, float* pre, const float* bias, int N, int C) override {
     cpu::bias_gelu_forward(out, pre, bias, N, C);
   }

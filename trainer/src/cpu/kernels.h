@@ -74,6 +74,12 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 void attention_decode(float* out, const float* qkv, float* k_cache, float* v_cache, const int32_t* seq,
                       const int32_t* pos, int rows, int max_len, int C, int NH);
 
+// ---- moe.cpp ---- (Backend's gather_rows, combine_rows, row_dots)
+void gather_rows(float* out, const float* in, const int32_t* index, const float* scale, int rows, int C);
+void combine_rows(float* out, const float* in, const int32_t* index, const float* weight, int N, int k, int C,
+                  bool accumulate);
+void row_dots(float* dot, const float* a, const float* b, const int32_t* index, int N, int k, int C);
+
 // ---- gelu.cpp ---- (tanh approximation, as GPT-2)
 // pre += bias (row-wise); out = gelu(pre). `pre` keeps the biased pre-activation for backward.
 void bias_gelu_forward(float* out, float* pre, const float* bias, int N, int C);

@@ -31,6 +31,12 @@ class SelfComm final : public Comm {
     return copy(in, out, count, type);
   }
   RequestPtr broadcast(void*, size_t, CommType, int) override { return done(); }
+  RequestPtr all_to_all_v(const void* in, const size_t* send_counts, void* out, const size_t* recv_counts,
+                          CommType type) override {
+    if (send_counts[0] != recv_counts[0])
+      throw std::logic_error("self communicator '" + name_ + "': all_to_all_v receives what it sends");
+    return copy(in, out, send_counts[0], type);
+  }
   RequestPtr send(const void*, size_t, CommType, int, int) override { return no_peer("send"); }
   RequestPtr recv(void*, size_t, CommType, int, int) override { return no_peer("recv"); }
   void barrier() override {}
@@ -78,6 +84,12 @@ ProcessGroups make_groups(std::unique_ptr<Comm> world, const Layout& layout) {
   g.pp = world->split(stage_color, c.pp, "pp");
   const bool holds_wte = layout.pp > 1 && (g.first_stage() || g.last_stage());
   g.embed = world->split(holds_wte ? stage_color : -1, c.pp, "embed");
+  // Expert parallelism carves dp into dp / ep groups of ep consecutive dp ranks (layout.h): the ep group
+  // shares out the experts; the ranks at the same place in every ep group hold the same experts.
+  const int ep = layout.ep, replica = c.tp + tp * (c.cp + cp * c.pp);
+  g.ep_rank = layout.ep_rank(c);
+  g.ep = world->split(replica + tp * cp * layout.pp * (c.dp / ep), g.ep_rank, "ep");
+  g.expert_dp = world->split(replica + tp * cp * layout.pp * g.ep_rank, c.dp / ep, "expert_dp");
   g.world = std::move(world);
   return g;
 }

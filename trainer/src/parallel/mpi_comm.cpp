@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -113,6 +114,8 @@ class MpiRequest final : public Request {
     if (done != 0) completed();
     return done != 0;
   }
+  // Keeps what MPI reads until the operation completes (the count arrays of MPI_Ialltoallv).
+  void keep(std::shared_ptr<void> state) { kept_ = std::move(state); }
 
  private:
   void completed() {
@@ -126,6 +129,7 @@ class MpiRequest final : public Request {
   const std::string& group_;
   int peer_;
   uint64_t trace_id_;  // the operation's trace event, 0 when not traced or already ended
+  std::shared_ptr<void> kept_;
 };
 
 class MpiComm final : public Comm {
@@ -179,6 +183,29 @@ class MpiComm final : public Comm {
     return issue("broadcast", rank_ == root ? count * comm_type_size(type) : 0, [&](MPI_Request* r) {
       check(MPI_Ibcast(data, count_of(count), mpi_type(type), root, comm_, r), "MPI_Ibcast", name_);
     });
+  }
+  RequestPtr all_to_all_v(const void* in, const size_t* send_counts, void* out, const size_t* recv_counts,
+                          CommType type) override {
+    // MPI takes int counts and displacements; they live with the request (MPI reads them until done).
+    auto counts = std::make_shared<std::vector<int>>(4 * size_t(size_));
+    int* sc = counts->data();
+    int *sd = sc + size_, *rc = sd + size_, *rd = rc + size_;
+    size_t sent = 0, at_send = 0, at_recv = 0;
+    for (int r = 0; r < size_; ++r) {
+      sc[r] = count_of(send_counts[r]);
+      rc[r] = count_of(recv_counts[r]);
+      sd[r] = count_of(at_send);
+      rd[r] = count_of(at_recv);
+      at_send += send_counts[r];
+      at_recv += recv_counts[r];
+      sent += send_counts[r];
+    }
+    RequestPtr request = issue("all_to_all_v", sent * comm_type_size(type), [&](MPI_Request* r) {
+      check(MPI_Ialltoallv(in, sc, sd, mpi_type(type), out, rc, rd, mpi_type(type), comm_, r),
+            "MPI_Ialltoallv", name_);
+    });
+    static_cast<MpiRequest&>(*request).keep(std::move(counts));
+    return request;
   }
   RequestPtr send(const void* data, size_t count, CommType type, int peer, int tag) override {
     return issue(

@@ -7,6 +7,7 @@
 
 #include "forge/common/error.h"
 #include "forge/common/local_rank.h"
+#include "forge/trainer/moe.h"
 #include "forge/trainer/progress.h"
 #include "forge/trainer/runtime.h"
 #include "forge/trainer/trace.h"
@@ -35,10 +36,22 @@ int bucket_key(const std::string& name, int layers) {
   return -1;
 }
 
+bool expert(const ParamInfo& p) {
+  return p.shard.kind == ShardRule::Kind::kExperts;
+}
+
 struct CommTotals {
   double wait = 0;
   uint64_t bytes = 0;
 };
+
+// One empty RouterStats per MoE block of the model, in block order.
+std::vector<RouterStats> router_layout(const ModelConfig& model) {
+  std::vector<RouterStats> out;
+  for (int l = 0; l < model.layers; ++l)
+    if (model.moe_block(l)) out.push_back({l, std::vector<double>(size_t(model.experts), 0.0)});
+  return out;
+}
 
 CommTotals totals(std::initializer_list<Comm*> comms) {
   CommTotals t;
@@ -98,48 +111,60 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups, B
   bounds_ = stage_bounds(spec.model, lay.pp, spec.parallel.stage_layers);
   use_threads(spec.threads);  // before the model's buffers are touched by OpenMP
   const int s = groups.pp_rank;
-  ModelSlice slice{bounds_[size_t(s)],  bounds_[size_t(s) + 1], groups.first_stage(),
-                   groups.last_stage(), groups.tp_rank,         lay.tp};
+  ModelSlice slice{bounds_[size_t(s)],   bounds_[size_t(s) + 1],
+                   groups.first_stage(), groups.last_stage(),
+                   groups.tp_rank,       lay.tp,
+                   groups.ep_rank,       lay.ep};
   // 1F1B keeps at most pp - s micro-batches in flight on stage s.
   slots_ = std::min(spec.microbatches, lay.pp - s);
   const size_t dp = size_t(lay.dp);
-  tp_plan_ = std::make_unique<TensorParallelPlan>(*groups.tp);
+  plan_ = std::make_unique<ParallelPlan>(*groups.tp, *groups.ep);
   loss_ = objective_loss(spec, std::move(teacher));
   model_ =
-      std::make_unique<GPT>(spec.model, spec.batch, spec.dtype, slice, slots_, backend, *tp_plan_, dp, loss_);
+      std::make_unique<GPT>(spec.model, spec.batch, spec.dtype, slice, slots_, backend, *plan_, dp, loss_);
   model_->init(spec.seed);
+  // The router losses of a step: the mean over its micro-batches on every data-parallel rank.
+  model_->set_router_loss_weight(1.0f / float(spec.microbatches * lay.dp));
+  for (MoeLayer* moe : model_->moe_layers())
+    if (moe->layer() == spec.guard.inject_dead_layer) moe->never_choose(spec.guard.inject_dead_expert);
 
-  // Buckets: one per block (plus the embeddings and the final LayerNorm), boundaries rounded up to a
-  // multiple of dp so each splits evenly; rounding up only ever moves elements into the bucket of a
-  // layer whose backward comes later, so a bucket is complete when its layer's callback fires.
+  // Buckets: one per block (plus the embeddings and the final LayerNorm) and one for the experts of an MoE
+  // block, which are reduced over expert_dp (the ranks holding the same experts) instead of dp.
+  // Boundaries are rounded up to a multiple of dp so each splits evenly over its group; rounding up only
+  // ever moves elements into the bucket of a layer whose backward comes later, so a bucket is complete
+  // when its layer's callback fires. The experts' stretch is aligned already (parameter_table), so no
+  // element changes group.
   const size_t flat = model_->weights().size();
-  int key = -2;
+  std::pair<int, bool> key{-2, false};
   for (const ParamInfo& p : model_->params()) {
-    const int k = bucket_key(p.name, spec.model.layers);
+    const std::pair<int, bool> k{bucket_key(p.name, spec.model.layers), expert(p)};
     if (k == key) continue;
     key = k;
     const size_t lo = buckets_.empty() ? 0 : round_up(p.offset, dp);
     if (!buckets_.empty()) {
-      if (lo == buckets_.back().lo) {
-        buckets_.back().key = k;  // an empty predecessor: fold it into this one
+      if (lo == buckets_.back().lo) {  // an empty predecessor: fold it into this one
+        buckets_.back().key = k.first;
+        buckets_.back().group = k.second ? groups.expert_dp.get() : groups.dp.get();
         continue;
       }
       buckets_.back().hi = lo;
     }
-    buckets_.push_back({lo, flat, k, 0, nullptr});
+    buckets_.push_back({lo, flat, k.first, k.second ? groups.expert_dp.get() : groups.dp.get(), 0, nullptr});
   }
   size_t at = 0;
   for (Bucket& b : buckets_) {
-    const size_t part = (b.hi - b.lo) / dp;
+    const size_t part = (b.hi - b.lo) / size_t(b.group->size());
+    const size_t r = size_t(b.group->rank());
     b.shard_at = at;
-    owned_.push_back({b.lo + size_t(groups.dp_rank) * part, b.lo + size_t(groups.dp_rank + 1) * part});
+    owned_.push_back({b.lo + r * part, b.lo + (r + 1) * part});
     at += part;
   }
   shard_ = backend.alloc<float>(at);
-  // Each gradient element counts once in the global norm: replicated tensors on tensor-parallel rank 0
-  // only, the tied embedding on the first stage only.
+  // Each gradient element counts once in the global norm: tensors not split by tensor parallelism on
+  // tensor-parallel rank 0 only, the tied embedding on the first stage only. Expert tensors differ across
+  // the ep group and are owned in parts across expert_dp, as the rest is across dp.
   for (const ParamInfo& p : model_->params()) {
-    const bool replicated = lay.tp > 1 && p.shard.kind == ShardRule::Kind::kReplicated;
+    const bool replicated = lay.tp > 1 && p.shard.kind != ShardRule::Kind::kSplit;
     const bool tied_copy = p.name == "wte.weight" && lay.pp > 1 && !groups.first_stage();
     if ((replicated && groups.tp_rank != 0) || tied_copy) continue;
     for (const FlatRange& r : owned_) {
@@ -157,14 +182,14 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups, B
 ParallelTrainer::~ParallelTrainer() = default;
 
 void ParallelTrainer::launch(Bucket& b) {
-  if (groups_.layout.dp == 1 || b.request) return;
+  if (b.group->size() == 1 || b.request) return;
   float* g = model_->grads().data();
   const size_t n = b.hi - b.lo;
   if (spec_.parallel.zero == 1)
-    b.request = groups_.dp->reduce_scatter(g + b.lo, shard_.data() + b.shard_at,
-                                           n / size_t(groups_.layout.dp), CommType::kF32);
+    b.request = b.group->reduce_scatter(g + b.lo, shard_.data() + b.shard_at, n / size_t(b.group->size()),
+                                        CommType::kF32);
   else
-    b.request = groups_.dp->all_reduce(g + b.lo, n, CommType::kF32, ReduceOp::kSum);
+    b.request = b.group->all_reduce(g + b.lo, n, CommType::kF32, ReduceOp::kSum);
 }
 
 void ParallelTrainer::finish_gradients() {
@@ -180,8 +205,9 @@ void ParallelTrainer::finish_gradients() {
     TraceSpan span("gradient shards", "compute");
     float* g = model_->grads().data();
     for (size_t i = 0; i < buckets_.size(); ++i)
-      backend_.copy(g + owned_[i].lo, shard_.data() + buckets_[i].shard_at,
-                    sizeof(float) * (owned_[i].hi - owned_[i].lo));
+      if (buckets_[i].group->size() > 1)
+        backend_.copy(g + owned_[i].lo, shard_.data() + buckets_[i].shard_at,
+                      sizeof(float) * (owned_[i].hi - owned_[i].lo));
   }
 }
 
@@ -194,9 +220,12 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   // verification loss of a checkpoint's save or resume, loss_of), which an uninterrupted run and a
   // resumed one do at different steps.
   loss_->take_metrics();
+  model_->take_router_stats();
   const auto t0 = std::chrono::steady_clock::now();
   ProcessGroups& g = groups_;
-  const CommTotals comm0 = totals({g.tp.get(), g.dp.get(), g.embed.get(), g.world.get()});
+  const CommTotals comm0 =
+      totals({g.tp.get(), g.dp.get(), g.embed.get(), g.world.get(), g.ep.get(), g.expert_dp.get()});
+  const CommTotals experts0 = totals({g.ep.get()});
   const CommTotals pipe0 = totals({g.pp.get()});
   const int64_t step = optimizer_->steps_taken() + 1;
   const int T = spec_.model.seq_len, dpn = g.layout.dp;
@@ -270,6 +299,21 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   std::vector<std::pair<std::string, double>> figures = loss_->take_metrics();
   std::vector<double> sums = {last && g.tp_rank == 0 ? loss_sum : 0.0, 0.0};
   for (const auto& f : figures) sums.push_back(last && g.tp_rank == 0 ? f.second : 0.0);
+  // Every MoE block's router figures, from the stage holding it (tensor-parallel rank 0).
+  const size_t router_at = sums.size();
+  std::vector<RouterStats> routers = router_layout(spec_.model);
+  const size_t per_router = size_t(spec_.model.experts) + 7;
+  sums.resize(router_at + routers.size() * per_router, 0.0);
+  for (const RouterStats& mine : model_->take_router_stats()) {
+    if (g.tp_rank != 0) continue;
+    size_t i = 0;
+    while (routers[i].layer != mine.layer) ++i;
+    double* out = sums.data() + router_at + i * per_router;
+    std::copy(mine.tokens.begin(), mine.tokens.end(), out);
+    const double rest[] = {mine.assignments, mine.dropped,     mine.entropy,      mine.aux,
+                           mine.z,           mine.token_count, mine.micro_batches};
+    std::copy(std::begin(rest), std::end(rest), out + spec_.model.experts);
+  }
   {
     TraceSpan span("gradient norm", "compute");
     sums[1] = backend_.sum_squares(model_->grads().data(), norm_ranges_);
@@ -277,6 +321,19 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   mark_activity("all_reduce world (loss, norm)");
   g.world->all_reduce(sums.data(), sums.size(), CommType::kF64, ReduceOp::kSum)->wait();
   for (size_t i = 0; i < figures.size(); ++i) figures[i].second = sums[2 + i] / weight;
+  for (size_t i = 0; i < routers.size(); ++i) {
+    const double* in = sums.data() + router_at + i * per_router;
+    RouterStats& r = routers[i];
+    r.tokens.assign(in, in + spec_.model.experts);
+    const double* rest = in + spec_.model.experts;
+    r.assignments = rest[0];
+    r.dropped = rest[1];
+    r.entropy = rest[2];
+    r.aux = rest[3];
+    r.z = rest[4];
+    r.token_count = rest[5];
+    r.micro_batches = rest[6];
+  }
   // Reported at FP32, the precision the model computes in (and what earlier releases printed).
   double loss = double(float(sums[0] / weight));
   if (inject_nan_) {
@@ -298,8 +355,9 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
       float* w = model_->weights().data();
       std::vector<RequestPtr> gathers;
       for (size_t i = 0; i < buckets_.size(); ++i)
-        gathers.push_back(g.dp->all_gather(w + owned_[i].lo, w + buckets_[i].lo, owned_[i].hi - owned_[i].lo,
-                                           CommType::kF32));
+        if (buckets_[i].group->size() > 1)
+          gathers.push_back(buckets_[i].group->all_gather(w + owned_[i].lo, w + buckets_[i].lo,
+                                                          owned_[i].hi - owned_[i].lo, CommType::kF32));
       for (auto& r : gathers) r->wait();
     }
     model_->weights_changed();
@@ -308,8 +366,10 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
     // of the step whatever the guard decides.
     optimizer_->restore_steps(step);
   }
-  const CommTotals comm1 = totals({g.tp.get(), g.dp.get(), g.embed.get(), g.world.get()});
+  const CommTotals comm1 =
+      totals({g.tp.get(), g.dp.get(), g.embed.get(), g.world.get(), g.ep.get(), g.expert_dp.get()});
   const CommTotals pipe1 = totals({g.pp.get()});
+  const CommTotals experts1 = totals({g.ep.get()});
   StepStats st;
   st.step = step;
   st.loss = loss;
@@ -323,6 +383,9 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   st.comm_s = comm1.wait - comm0.wait;
   st.bubble_s = pipe1.wait - pipe0.wait;
   st.comm_bytes = (comm1.bytes - comm0.bytes) + (pipe1.bytes - pipe0.bytes);
+  st.moe = std::move(routers);
+  st.expert_comm_s = experts1.wait - experts0.wait;
+  st.expert_comm_bytes = experts1.bytes - experts0.bytes;
   return st;
 }
 
@@ -370,6 +433,13 @@ std::string ParallelTrainer::describe_plan() {
     out += fmt::format("  stage {}: blocks {}-{}{}{}\n", st, bounds_[st], bounds_[st + 1] - 1,
                        st == 0 ? " + embeddings" : "",
                        st + 2 == bounds_.size() ? " + final LayerNorm, classifier" : "");
+  const ParameterCounts params = parameter_counts(spec_.model);
+  out += fmt::format(
+      "  parameters: {:.2f} M{}\n", params.total / 1e6,
+      spec_.model.ffn == Ffn::kMoe
+          ? fmt::format(", {:.2f} M active per token ({} experts, top {}, ep{})", params.active / 1e6,
+                        spec_.model.experts, spec_.model.top_k, groups_.layout.ep)
+          : std::string());
   out +=
       fmt::format("  ZeRO-{}: optimizer state {}; micro-batches {} of {} sequences per data-parallel rank\n",
                   spec_.parallel.zero, spec_.parallel.zero == 1 ? "sharded across dp" : "replicated",

@@ -67,23 +67,44 @@ void VocabParallelCrossEntropy::sum(float* values, int n) {
   group_.all_reduce_sum(values, size_t(n));
 }
 
-std::unique_ptr<Linear> TensorParallelPlan::linear(Backend& backend, ParamRef weight, ParamRef bias,
-                                                   bool add_bias) const {
+void AllToAllTokenExchange::exchange_counts(const int64_t* send, int64_t* recv, int per_rank) {
+  send_.assign(size_t(size()), size_t(per_rank) * sizeof(int64_t));
+  group_.all_to_all_v(send, send_.data(), recv, send_.data(), CommType::kU8)->wait();
+}
+
+void AllToAllTokenExchange::exchange_rows(Backend&, const float* in, const int64_t* send_rows, float* out,
+                                          const int64_t* recv_rows, int C) {
+  send_.resize(size_t(size()));
+  recv_.resize(size_t(size()));
+  for (size_t r = 0; r < send_.size(); ++r) {
+    send_[r] = size_t(send_rows[r]) * size_t(C);
+    recv_[r] = size_t(recv_rows[r]) * size_t(C);
+  }
+  group_.all_to_all_v(in, send_.data(), out, recv_.data(), CommType::kF32)->wait();
+}
+
+std::unique_ptr<Linear> ParallelPlan::linear(Backend& backend, ParamRef weight, ParamRef bias,
+                                             bool add_bias) const {
   const ShardRule& rule = weight.info->shard;
-  if (group_.size() == 1 || rule.kind == ShardRule::Kind::kReplicated)
+  if (tp_.size() == 1 || rule.kind != ShardRule::Kind::kSplit)
     return LayerFactory::linear(backend, weight, bias, add_bias);
-  if (rule.dim == 0) return std::make_unique<ColumnParallelLinear>(backend, weight, bias, add_bias, group_);
-  return std::make_unique<RowParallelLinear>(backend, weight, bias, add_bias, group_);
+  if (rule.dim == 0) return std::make_unique<ColumnParallelLinear>(backend, weight, bias, add_bias, tp_);
+  return std::make_unique<RowParallelLinear>(backend, weight, bias, add_bias, tp_);
 }
 
-std::unique_ptr<Embedding> TensorParallelPlan::embedding(Backend& backend, ParamRef wte, ParamRef wpe) const {
-  if (group_.size() == 1) return LayerFactory::embedding(backend, wte, wpe);
-  return std::make_unique<VocabParallelEmbedding>(backend, wte, wpe, group_);
+std::unique_ptr<Embedding> ParallelPlan::embedding(Backend& backend, ParamRef wte, ParamRef wpe) const {
+  if (tp_.size() == 1) return LayerFactory::embedding(backend, wte, wpe);
+  return std::make_unique<VocabParallelEmbedding>(backend, wte, wpe, tp_);
 }
 
-std::unique_ptr<Classifier> TensorParallelPlan::classifier(Backend& backend, ParamRef wte) const {
-  if (group_.size() == 1) return LayerFactory::classifier(backend, wte);
-  return std::make_unique<VocabParallelCrossEntropy>(backend, wte, group_);
+std::unique_ptr<Classifier> ParallelPlan::classifier(Backend& backend, ParamRef wte) const {
+  if (tp_.size() == 1) return LayerFactory::classifier(backend, wte);
+  return std::make_unique<VocabParallelCrossEntropy>(backend, wte, tp_);
+}
+
+std::unique_ptr<TokenExchange> ParallelPlan::token_exchange() const {
+  if (ep_.size() == 1) return LayerFactory::token_exchange();
+  return std::make_unique<AllToAllTokenExchange>(ep_);
 }
 
 }  // namespace forge::trainer

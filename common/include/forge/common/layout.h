@@ -5,7 +5,7 @@
 //   tp  tensor parallel: the matrices of each layer are split (innermost, so a TP group stays in a node)
 //   cp  context parallel: the sequence is split                     (must be 1 until it is implemented)
 //   dp  data parallel: replicas of the model on different data (ZeRO-1 shards their optimizer state)
-//   ep  expert parallel: carved out of dp, ep consecutive dp ranks share out the experts  (must be 1 yet)
+//   ep  expert parallel: carved out of dp, ep consecutive dp ranks share out the experts of MoE blocks
 //   pp  pipeline parallel: stages of consecutive layers (outermost)
 //
 //   rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank)),   ep_rank = dp_rank % ep
@@ -45,6 +45,7 @@ std::optional<Layout> parse_layout(std::string_view text, std::string* why);
 // What of a model a layout must divide.
 struct ModelDims {
   int layers = 0, heads = 0, vocab = 0;
+  int experts = 0;  // per Mixture-of-Experts block; 0: a dense model
 };
 
 // The first problem of running `model` on `layout`, as the job-spec key to change and why.

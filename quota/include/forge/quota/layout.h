@@ -12,7 +12,7 @@ namespace forge::quota {
 
 // What admission reads of a job spec (--train-spec), in one read of the file: the layout of its
 // [parallel] section (1 where a dimension is absent) and the [model] sizes the layout must divide (the
-// trainer's defaults where absent, trainer/src/spec.cpp).
+// trainer's defaults where absent, trainer/src/spec.cpp; model.experts: 0, a dense model).
 struct SpecLayout {
   Layout layout;
   ModelDims model{.layers = 6, .heads = 6, .vocab = 8192};

@@ -139,6 +139,18 @@ class Backend {
   // dinout: dL/d(out) in, dL/d(pre) out.
   virtual void gelu_backward(float* dinout, const float* pre, int N, int C) = 0;
 
+  // ---- Mixture-of-Experts (moe.h): token rows to and from their experts
+  // out[i,:] = scale[i] x in[index[i],:] for i < rows (scale null: 1).
+  virtual void gather_rows(float* out, const float* in, const int32_t* index, const float* scale, int rows,
+                           int C) = 0;
+  // out[t,:] (accumulate: +=) sum over j < k with index[t*k+j] >= 0 of weight[t*k+j] x in[index[t*k+j],:]
+  // (weight null: 1), for t < N; a token with no such j gets 0 (or keeps out[t,:]).
+  virtual void combine_rows(float* out, const float* in, const int32_t* index, const float* weight, int N,
+                            int k, int C, bool accumulate) = 0;
+  // dot[t*k+j] = <a[t,:], b[index[t*k+j],:]> (0 where index[t*k+j] < 0).
+  virtual void row_dots(float* dot, const float* a, const float* b, const int32_t* index, int N, int k,
+                        int C) = 0;
+
   // ---- the loss
   // Softmax cross-entropy of a chunk of logits [rows, V] (vocabulary columns [vocab_begin, vocab_begin +
   // V) of a split vocabulary, combined through `group` when not null). Row i's loss is weighted by

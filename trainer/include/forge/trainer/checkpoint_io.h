@@ -24,6 +24,10 @@ struct SaveRole {
   bool moments = true;     // its optimizer moments (every rank under ZeRO-1, else data-parallel rank 0)
   bool replicated = true;  // tensors replicated across the tensor-parallel group (its rank 0)
   bool tied_copy = true;   // the token embedding (false on the last pipeline stage's copy of it)
+  // The experts of MoE blocks (ShardRule::kExperts), held alike by the dp / ep ranks of an expert_dp
+  // group: their parameters (its rank 0) and moments (every rank under ZeRO-1, else its rank 0).
+  bool expert_params = true;
+  bool expert_moments = true;
 };
 
 // This process's pieces of the parameters and, with an optimizer, its moments (tensor-parallel shards

@@ -65,6 +65,11 @@ class Comm {
   // `out` receives size() blocks of `count` elements, block r from rank r.
   virtual RequestPtr all_gather(const void* in, void* out, size_t count, CommType type) = 0;
   virtual RequestPtr broadcast(void* data, size_t count, CommType type, int root) = 0;
+  // send_counts[r] elements of `in` (back to back, in rank order) go to rank r; recv_counts[r] elements
+  // arrive from rank r into `out`, back to back in rank order. Both count arrays (host memory, size()
+  // entries) must agree with the peers' and stay alive until wait() returns.
+  virtual RequestPtr all_to_all_v(const void* in, const size_t* send_counts, void* out,
+                                  const size_t* recv_counts, CommType type) = 0;
   virtual RequestPtr send(const void* data, size_t count, CommType type, int peer, int tag) = 0;
   virtual RequestPtr recv(void* data, size_t count, CommType type, int peer, int tag) = 0;
   virtual void barrier() = 0;

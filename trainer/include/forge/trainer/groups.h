@@ -14,8 +14,12 @@ namespace forge::trainer {
 
 struct ProcessGroups {
   Layout layout;
-  int rank = 0, tp_rank = 0, cp_rank = 0, dp_rank = 0, pp_rank = 0;
+  int rank = 0, tp_rank = 0, cp_rank = 0, dp_rank = 0, pp_rank = 0, ep_rank = 0;
   std::unique_ptr<Comm> world, tp, dp, pp;
+  // Expert parallelism (layout.ep, carved out of dp): `ep`, the ep consecutive dp ranks that share out the
+  // experts of MoE blocks (tokens move between them by all-to-all); `expert_dp`, the dp / ep ranks that
+  // hold the same experts, over which expert gradients are reduced. At ep = 1: one rank, and dp.
+  std::unique_ptr<Comm> ep, expert_dp;
   // The first and the last pipeline stage at the same (tp, cp, dp) position, which both hold the tied
   // token embedding; null on other stages and when pp is 1.
   std::unique_ptr<Comm> embed;

@@ -30,6 +30,12 @@ struct GuardConfig {
   int straggler_steps = 20;       // ...for this many consecutive steps: flagged
   int64_t checksum_every = 0;     // steps between DP-replica parameter checksum comparisons (0: off)
   double watchdog_s = 600;        // no heartbeat for this long: exit 69 (0: no watchdog)
+  // Mixture of Experts: an expert that gets no token for dead_expert_steps consecutive steps is dead
+  // (reported, or exit 71 when dead_expert_stop); a block whose busiest expert gets more than
+  // expert_imbalance x the mean is logged when it crosses the threshold (0: off).
+  int dead_expert_steps = 100;
+  bool dead_expert_stop = false;
+  double expert_imbalance = 2.0;
   // Testing hooks: the first inject_nan_count step computations from the first computation of step
   // inject_nan_step get a NaN loss; step inject_hang_step hangs in "forward_backward"; in step
   // inject_duplicate_step every data-parallel rank reports sample 0 of epoch 0 as its first (0: off).
@@ -38,6 +44,8 @@ struct GuardConfig {
   int64_t inject_hang_step = 0;
   int inject_hang_rank = -1;  // the rank that hangs (-1: all)
   int64_t inject_duplicate_step = 0;
+  // Testing hook (guard.inject_dead_expert = "L/E"): the router of block L never chooses expert E.
+  int inject_dead_layer = -1, inject_dead_expert = -1;
 };
 
 // Registers the [guard] keys (called by add_trainer_keys).
@@ -84,8 +92,10 @@ class StepGuard {
   GuardAction after_step(const StepStats& stats);
 
   // Events since the last call, as JSON objects for the "guard_events" field of a metrics record:
-  // {"kind": "nonfinite", "step", "loss", "grad_norm", "action": "skip"|"rewind"} or
-  // {"kind": "loss_spike", "step", "loss", "z"}.
+  // {"kind": "nonfinite", "step", "loss", "grad_norm", "action": "skip"|"rewind"},
+  // {"kind": "loss_spike", "step", "loss", "z"}, {"kind": "dead_expert", "step", "layer", "expert",
+  // "idle_steps"} (once per expert until it gets tokens again) or {"kind": "expert_imbalance", "step",
+  // "layer", "max_over_mean"} (when a block crosses guard.expert_imbalance).
   std::vector<Json> take_events();
   // A rewind landed on `step`: recorded as an event {"kind": "rewind", "to_step"}.
   void rewound_to(int64_t step);
@@ -98,8 +108,13 @@ class StepGuard {
   Json summary() const;
 
  private:
+  void watch_experts(const StepStats& stats);
+
   GuardConfig config_;
   SpikeDetector spikes_detector_;
+  std::vector<std::vector<int64_t>>
+      idle_steps_;                // per MoE block and expert: consecutive steps without tokens
+  std::vector<char> imbalanced_;  // per MoE block: above guard.expert_imbalance last step
   int consecutive_bad_ = 0;
   int64_t last_bad_step_ = 0;
   int64_t skipped_ = 0, rewinds_ = 0, spikes_ = 0;

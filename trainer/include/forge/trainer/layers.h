@@ -2,10 +2,10 @@
 //
 // The GPT (model.h) is built from these and knows nothing about parallelism: it asks a LayerFactory for
 // each one. LayerFactory::whole() makes them whole, as one process holding every parameter. The parallel
-// runtime's TensorParallelPlan (tensor_parallel.h) makes Megatron's layers instead — ColumnParallelLinear,
-// RowParallelLinear, VocabParallelEmbedding, VocabParallelCrossEntropy — each of which owns its collective.
-// Which weights are split how is the parameter table's ShardRule (model.h), so the plan needs no list of
-// layer names.
+// runtime's ParallelPlan (tensor_parallel.h) makes Megatron's layers instead — ColumnParallelLinear,
+// RowParallelLinear, VocabParallelEmbedding, VocabParallelCrossEntropy — each of which owns its collective,
+// and the all-to-all that moves tokens to the experts of an MoE block (TokenExchange). Which weights are
+// split how is the parameter table's ShardRule (model.h), so the plan needs no list of layer names.
 #pragma once
 
 #include "forge/trainer/backend.h"
@@ -96,6 +96,22 @@ class Classifier {
   std::vector<float> nll_host_, coeff_host_;
 };
 
+// Moves the rows of routed tokens between the ranks that share out an MoE block's experts (moe.h). Rank r
+// of size() holds experts [r, r + 1) x experts / size(). The whole model's exchange is one rank keeping
+// its rows; expert parallelism's is an all-to-all over its group.
+class TokenExchange {
+ public:
+  virtual ~TokenExchange() = default;
+  virtual int size() const { return 1; }
+  virtual int rank() const { return 0; }
+  // Host memory: `per_rank` counts go to each rank (send: size() x per_rank), and recv gets each rank's.
+  virtual void exchange_counts(const int64_t* send, int64_t* recv, int per_rank);
+  // Backend memory: send_rows[r] rows of `in` ([sum, C], back to back in rank order) go to rank r;
+  // recv_rows[r] rows arrive from rank r into `out`, back to back in rank order.
+  virtual void exchange_rows(Backend& backend, const float* in, const int64_t* send_rows, float* out,
+                             const int64_t* recv_rows, int C);
+};
+
 class LayerFactory {
  public:
   virtual ~LayerFactory() = default;
@@ -103,6 +119,7 @@ class LayerFactory {
                                          bool add_bias) const;
   virtual std::unique_ptr<Embedding> embedding(Backend& backend, ParamRef wte, ParamRef wpe) const;
   virtual std::unique_ptr<Classifier> classifier(Backend& backend, ParamRef wte) const;
+  virtual std::unique_ptr<TokenExchange> token_exchange() const;
   // Layers with every parameter whole, in this process.
   static const LayerFactory& whole();
 };

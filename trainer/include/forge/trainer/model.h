@@ -24,6 +24,10 @@
 
 namespace forge::trainer {
 
+// What fills a block's FFN slot: the dense MLP, or (model.ffn = moe) a Mixture-of-Experts layer in every
+// moe_every-th block (moe.h).
+enum class Ffn { kDense, kMoe };
+
 struct ModelConfig {
   int layers = 0;
   int d_model = 0;
@@ -31,17 +35,27 @@ struct ModelConfig {
   int vocab = 0;
   int seq_len = 0;        // tokens per training sequence
   int max_positions = 0;  // rows of the position embedding (>= seq_len)
+  Ffn ffn = Ffn::kDense;
+  int experts = 0;             // moe: experts per MoE block
+  int top_k = 1;               // moe: experts each token goes to
+  int moe_every = 1;           // moe: blocks moe_every - 1, 2 moe_every - 1, ... are MoE blocks
+  double capacity_factor = 0;  // moe: an expert takes at most ceil(factor x tokens x top_k / experts); 0: all
+  double router_aux_coef = 1e-2;  // moe: weight of the load-balancing loss
+  double router_z_coef = 1e-3;    // moe: weight of the router z-loss
   int head_dim() const { return d_model / heads; }
-  ModelDims dims() const { return {layers, heads, vocab}; }
+  bool moe_block(int layer) const { return ffn == Ffn::kMoe && (layer + 1) % moe_every == 0; }
+  ModelDims dims() const { return {layers, heads, vocab, ffn == Ffn::kMoe ? experts : 0}; }
 };
 
 enum class DType { kF32, kBF16 };
 
-// How a logical tensor is split across the ranks of a tensor-parallel group.
+// How a logical tensor is split: across the ranks of a tensor-parallel group (kSplit), or, for the
+// experts of an MoE block ([experts, ...] tensors), by expert across the expert-parallel group (kExperts:
+// dimension 0, whole experts; replicated across the tensor-parallel group).
 struct ShardRule {
-  enum class Kind { kReplicated, kSplit };
+  enum class Kind { kReplicated, kSplit, kExperts };
   Kind kind = Kind::kReplicated;
-  int dim = 0;     // the split dimension (kSplit)
+  int dim = 0;     // the split dimension (kSplit, kExperts: 0)
   int groups = 1;  // the dimension is `groups` equal blocks, each split separately (fused q|k|v: 3)
 };
 
@@ -58,7 +72,8 @@ struct ParamInfo {
 };
 
 // The part of the logical model one process holds: blocks [first_layer, last_layer), whether it holds
-// the embedding and/or the head, and its tensor-parallel rank. The default is the whole model.
+// the embedding and/or the head, its tensor-parallel rank and its share of the experts. The default is
+// the whole model.
 struct ModelSlice {
   int first_layer = 0;
   int last_layer = -1;  // -1: all layers
@@ -66,16 +81,28 @@ struct ModelSlice {
   bool head = true;
   int tp_rank = 0;
   int tp_size = 1;
+  int ep_rank = 0;  // experts [ep_rank, ep_rank + 1) x experts / ep_size of each MoE block
+  int ep_size = 1;
 };
 
-// Parameter table of `slice` in storage order. Throws std::invalid_argument if the slice does not fit.
-std::vector<ParamInfo> parameter_table(const ModelConfig& config, const ModelSlice& slice = {});
+// Parameter table of `slice` in storage order. The experts of each MoE block are one stretch whose ends are
+// multiples of `expert_align` elements (its gradients are reduced over another group than the rest).
+// Throws std::invalid_argument if the slice does not fit.
+std::vector<ParamInfo> parameter_table(const ModelConfig& config, const ModelSlice& slice = {},
+                                       size_t expert_align = 1);
 
-// Initial values of rank `tp_rank`'s shard of `p` (GPT-2 scheme): element i of the logical tensor is a
-// pure function of (seed, p.name, i), so every layout draws the same logical model.
-void init_parameter(const ParamInfo& p, int tp_rank, uint64_t seed, std::span<float> out);
+// Initial values of `slice`'s shard of `p` (GPT-2 scheme): element i of the logical tensor is a pure
+// function of (seed, p.name, i), so every layout draws the same logical model.
+void init_parameter(const ParamInfo& p, const ModelSlice& slice, uint64_t seed, std::span<float> out);
 
-// Model FLOPs per token (PaLM appendix B): 6*N + 12*L*T*d, N excluding position embeddings.
+// Parameters of the logical model (position embeddings excluded): all of them, and those one token
+// computes with (an MoE block's top_k experts of its `experts`, and its router).
+struct ParameterCounts {
+  double total = 0, active = 0;
+};
+ParameterCounts parameter_counts(const ModelConfig& config);
+
+// Model FLOPs per token (PaLM appendix B): 6*N_active + 12*L*T*d.
 double flops_per_token(const ModelConfig& config);
 
 // The feed-forward half of a block (the FFN slot): reads the block's second LayerNorm output and writes
@@ -92,6 +119,8 @@ class FeedForward {
 };
 
 class GPT;
+class MoeLayer;
+struct RouterStats;
 
 // The keys and values of incremental decoding (GPT::decode): per block of the model, `sequences`
 // sequences of up to `max_len` positions, in the model's backend memory.
@@ -199,6 +228,12 @@ class GPT {
   // Bytes held by activations and scratch (for memory reports).
   size_t activation_bytes() const;
 
+  // The MoE blocks of the slice (moe.h): the weight of each micro-batch's router losses in the objective
+  // (1 until set), and what their routers did since the last take, one entry per MoE block in order.
+  void set_router_loss_weight(float weight);
+  std::vector<RouterStats> take_router_stats();
+  const std::vector<MoeLayer*>& moe_layers() const { return moe_layers_; }
+
  private:
   struct Block;
   struct Slot;
@@ -226,6 +261,7 @@ class GPT {
   std::vector<std::unique_ptr<Block>> blocks_;
   std::unique_ptr<Embedding> embedding_;
   std::unique_ptr<Classifier> classifier_;
+  std::vector<MoeLayer*> moe_layers_;  // owned by their blocks
   ParamRef lnf_w_, lnf_b_;
 };
 

@@ -65,6 +65,7 @@ class ParallelTrainer {
   struct Bucket {
     size_t lo, hi;    // flat range, a multiple of dp long
     int key;          // layer index; -1: embeddings (reduced after the schedule); layers: final LayerNorm
+    Comm* group;      // dp; an MoE block's experts: expert_dp
     size_t shard_at;  // where this rank's part sits in shard_
     RequestPtr request;
   };
@@ -76,12 +77,12 @@ class ParallelTrainer {
   Backend& backend_;
   std::vector<int> bounds_;
   int slots_;
-  std::unique_ptr<TensorParallelPlan> tp_plan_;
+  std::unique_ptr<ParallelPlan> plan_;
   std::shared_ptr<const Loss> loss_;  // the spec's objective (run.objective)
   std::unique_ptr<GPT> model_;
   std::unique_ptr<AdamW> optimizer_;
   std::vector<Bucket> buckets_;
-  std::vector<FlatRange> owned_;        // this rank's shard: part dp_rank of every bucket
+  std::vector<FlatRange> owned_;        // this rank's shard: its group rank's part of every bucket
   std::vector<FlatRange> norm_ranges_;  // owned elements counted once in the global norm
   Buffer<float> shard_;                 // reduce-scatter output, back to back
   Buffer<float> recv_act_, recv_grad_;

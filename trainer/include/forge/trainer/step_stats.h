@@ -8,6 +8,18 @@
 
 namespace forge::trainer {
 
+// What the router of one MoE block (moe.h) did, summed over forward passes (a step's: over every
+// micro-batch and data-parallel rank).
+struct RouterStats {
+  int layer = 0;
+  std::vector<double> tokens;  // [experts]: assignments each expert computed (after capacity)
+  double assignments = 0;      // tokens x top_k, before capacity
+  double dropped = 0;          // assignments capacity dropped
+  double entropy = 0;          // sum over tokens of the router distribution's entropy (nats)
+  double aux = 0, z = 0;       // sums of the micro-batches' losses (coefficients applied)
+  double token_count = 0, micro_batches = 0;
+};
+
 struct StepStats {
   int64_t step = 0;      // 1-based index of the step just taken
   double loss = 0;       // the step's loss: weighted sum over every micro-batch and rank / scored weight
@@ -29,6 +41,11 @@ struct StepStats {
   double comm_s = 0;
   double bubble_s = 0;
   uint64_t comm_bytes = 0;
+  // Mixture of Experts: every MoE block's router, in block order; the time in and the bytes this rank sent
+  // through the token all-to-all (part of comm_s; exposed: the exchange waits for it).
+  std::vector<RouterStats> moe = {};
+  double expert_comm_s = 0;
+  uint64_t expert_comm_bytes = 0;
 };
 
 }  // namespace forge::trainer

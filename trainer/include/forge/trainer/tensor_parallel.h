@@ -1,16 +1,21 @@
-// Tensor parallelism applied to the model from outside (Megatron-LM's megatron/core/tensor_parallel,
-// same names, same placement of the collectives). TensorParallelPlan is the LayerFactory the parallel
-// runtime hands the GPT; it reads each weight's ShardRule from the parameter table and makes:
+// Tensor and expert parallelism applied to the model from outside (Megatron-LM's
+// megatron/core/tensor_parallel, same names, same placement of the collectives). ParallelPlan is the
+// LayerFactory the parallel runtime hands the GPT; it reads each weight's ShardRule from the parameter
+// table and makes:
 //   ColumnParallelLinear    output features split; input replicated; backward all-reduces dL/d(input)
 //   RowParallelLinear       input features split; forward all-reduces the output, then adds the bias
 //   VocabParallelEmbedding  vocabulary rows split; forward all-reduces the (partial) embeddings
 //   VocabParallelCrossEntropy  the tied classifier over a split vocabulary: softmax statistics and
 //                           dL/d(input) all-reduced
-// Each owns its collective over the tensor-parallel group; the model never sees the group.
+//   AllToAllTokenExchange   an MoE block's tokens to the experts' ranks and back, all-to-all over the
+//                           expert-parallel group (Megatron's MoEAlltoAllTokenDispatcher)
+// Each owns its collective over its group; the model never sees the groups.
 #pragma once
 
 #include "forge/trainer/comm.h"
 #include "forge/trainer/layers.h"
+
+#include <vector>
 
 namespace forge::trainer {
 
@@ -54,16 +59,32 @@ class VocabParallelCrossEntropy final : public Classifier, private VocabGroup {
   Comm& group_;
 };
 
-class TensorParallelPlan final : public LayerFactory {
+class AllToAllTokenExchange final : public TokenExchange {
  public:
-  explicit TensorParallelPlan(Comm& group) : group_(group) {}
+  explicit AllToAllTokenExchange(Comm& group) : group_(group) {}
+  int size() const override { return group_.size(); }
+  int rank() const override { return group_.rank(); }
+  void exchange_counts(const int64_t* send, int64_t* recv, int per_rank) override;
+  void exchange_rows(Backend& backend, const float* in, const int64_t* send_rows, float* out,
+                     const int64_t* recv_rows, int C) override;
+
+ private:
+  Comm& group_;
+  std::vector<size_t> send_, recv_;
+};
+
+class ParallelPlan final : public LayerFactory {
+ public:
+  // tp: the tensor-parallel group; ep: the expert-parallel group.
+  ParallelPlan(Comm& tp, Comm& ep) : tp_(tp), ep_(ep) {}
   std::unique_ptr<Linear> linear(Backend& backend, ParamRef weight, ParamRef bias,
                                  bool add_bias) const override;
   std::unique_ptr<Embedding> embedding(Backend& backend, ParamRef wte, ParamRef wpe) const override;
   std::unique_ptr<Classifier> classifier(Backend& backend, ParamRef wte) const override;
+  std::unique_ptr<TokenExchange> token_exchange() const override;
 
  private:
-  Comm& group_;
+  Comm &tp_, &ep_;
 };
 
 }  // namespace forge::trainer
