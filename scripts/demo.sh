@@ -265,7 +265,7 @@ sft_release=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["
 "$bin/dataio/forge-data" prepare --format preference --input "$work/pairs.jsonl=pairs" --max-tokens 64 \
   --tokenizer "$work/dataset/tokenizer.model" --valid-fraction 0.15 --out "$work/pairs-dataset" | grep -E "^preference|^  per pair"
 dpo_run=$work/runs/dpo
-dpo_steps=$((fast ? 20 : 60))
+dpo_steps=$((fast ? 40 : 60))
 sed -e "s|^dir = .*|dir = $dpo_run|" -e "s|^dataset = .*|dataset = $work/pairs-dataset|" \
   -e "s/^steps = .*/steps = $dpo_steps/" -e "s/^milestone_every = .*/milestone_every = $dpo_steps/" \
   -e "s/^recovery_every = .*/recovery_every = $((dpo_steps / 2))/" -e "s/^lr = .*/lr = 1e-3/" \
@@ -373,6 +373,37 @@ state=$(final_state "$gate" 900)
 grep -E "^(gate verdict|FAIL)" "$work/runs/tasks-wrong/gate/summary.txt"
 [ "$state" = FAILED ] || { echo "demo: the gate did not block the damaged model (job $gate ended $state)" >&2; exit 1; }
 
+stage "Mixture of Experts: 4 experts, top-2, on dp2 with expert parallelism ep2 (team-a, explore tier)"
+# model.ffn = moe: every block's MLP becomes 4 experts and a router; each of the 2 ranks holds 2 experts,
+# and the tokens routed to the other rank's experts go there and back by all-to-all. The metrics carry each
+# block's expert load, dropped share, router entropy and losses; the report plots the load.
+moe_run=$work/runs/moe
+moe_steps=$((fast ? 20 : 60))
+sed -e "s|^dir = .*|dir = $moe_run|" -e "s|^dataset = .*|dataset = $work/dataset|" -e "s/^name = .*/name = moe/" \
+  -e "s/^steps = .*/steps = $moe_steps/" -e "s/^milestone_every = .*/milestone_every = $moe_steps/" \
+  -e "s/^recovery_every = .*/recovery_every = $((moe_steps / 2))/" -e "s/^batch = .*/batch = 4/" \
+  -e "s/^seq_len = .*/seq_len = 128\nffn = moe\nexperts = 4\ntop_k = 2/" "$root/configs/demo.ini" > "$work/moe.ini"
+printf '\n[parallel]\ndp = 2\nep = 2\nzero = 1\n' >> "$work/moe.ini"
+ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp2,ep2 \
+  --gate-policy=none "$work/moe.ini" "$work/dataset")
+echo "$ids"
+train=$(awk '/train job/ {print $3}' <<<"$ids")
+state=$(final_state "$train" 600)
+[ "$state" = COMPLETED ] || { echo "demo: the MoE job ended $state" >&2; exit 1; }
+grep -h -m1 "parameters:" "$work"/forge-*-"$train".out || true
+python3 - "$moe_run/metrics/rank-0.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+f, l = rows[0], rows[-1]
+print(f"moe: {len(rows)} steps, loss {f['loss']:.3f} -> {l['loss']:.3f}, all-to-all {l['expert_comm_ms']:.1f} ms "
+      f"of a {l['step_ms']:.0f} ms step")
+for m in l["moe"]:
+    share = " ".join(f"{t / sum(m['tokens']):.2f}" for t in m["tokens"])
+    print(f"  block {m['layer']}: expert shares {share} (cv {m['tokens_cv']:.2f}), router entropy "
+          f"{m['router_entropy']:.2f} nats, load-balancing loss {m['aux_loss']:.4f}, z-loss {m['z_loss']:.4f}")
+PY
+"$bin/launcher/forge-train" report "$moe_run" >/dev/null
+
 stage "accounting: forge-quota sync and report"
 # --runs: the run's summary.json gives the report its tokens and MFU columns.
 quota sync --runs "$work/runs"
@@ -396,6 +427,7 @@ echo "demo: run $run (metrics, summary.json, checkpoints, gate/verdict.json)"
 echo "demo: fine-tune $sft_run on $work/chat-dataset (report.html, gate/verdict.json against $release)"
 echo "demo: preference tuning $dpo_run on $work/pairs-dataset (report.html, gate/verdict.json against $sft_release; references in $work/pairs-dataset/references)"
 echo "demo: distillation $distill_run from $release (report.html, gate/verdict.json)"
+echo "demo: Mixture of Experts $moe_run (report.html: expert load per block)"
 echo "demo: task suites $work/suites; taught model $work/runs/tasks (gate/verdict.json: every suite with its intervals)"
 echo "demo: training report $run/report.html; TensorBoard: tensorboard --logdir $run/tb"
 echo "demo: cost report $work/quota-report.html"

@@ -76,7 +76,7 @@ grep -q "^forge_job_tokens_per_second{job_id=" "$LOG" || fail "the running job's
 grep -q "^prometheus: .*forge_quota.prom" "$LOG" || fail "no forge-quota Prometheus textfile"
 grep -q "quota not checked" "$LOG" && fail "a submission was not checked against the quota: $(grep -m1 'quota not checked' "$LOG")"
 # The preemption is the planned path: one line for the 16-rank job, not one per rank, and not an error.
-train_out=$(ls "$FORGE_DEMO_DIR"/forge-forge-pretrain-*.out 2>/dev/null | head -n1)
+train_out=$(ls -v "$FORGE_DEMO_DIR"/forge-forge-pretrain-*.out 2>/dev/null | head -n1)
 n=$(grep -c ": stopped: preempted" "$train_out" 2>/dev/null)
 [ "$n" = 1 ] || fail "the preempted job's output has $n 'stopped: preempted' lines, want 1 (${train_out:-no output file})"
 grep "forge-train: error:" "$train_out" 2>/dev/null | grep -v "GPU error: xid 79" | grep -q . &&
@@ -134,7 +134,7 @@ PY
 python3 - "$FORGE_DEMO_DIR/runs/dpo/metrics/rank-0.jsonl" <<'PY' ||
 import json, math, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-assert len(rows) == 20 and abs(rows[0]["loss"] - math.log(2)) < 1e-4, rows[0]
+assert len(rows) == 40 and abs(rows[0]["loss"] - math.log(2)) < 1e-4, rows[0]
 assert rows[-1]["loss"] < rows[0]["loss"] and rows[-1]["reward_margin"] > 0, rows[-1]
 PY
   fail "the DPO run did not start at ln 2 and improve: $(grep -m1 '^dpo:' "$LOG")"
@@ -192,6 +192,23 @@ for name, d in v["domains"].items():
     assert 0 < d["kl"] < rows[0]["kl_teacher"] and d["kl_se"] > 0, (name, d)
 PY
   fail "the distillation run or its gate is wrong: $(cat "$FORGE_DEMO_DIR/runs/distill/gate/summary.txt" 2>&1 | head -n 5)"
+
+# Mixture of Experts on dp2 with ep2: the loss falls, every step's metrics carry both blocks' expert load
+# (all tokens accounted, top-2 of 4 experts, dropless) and the all-to-all; the report plots the load.
+grep -qE "^moe: 20 steps, loss" "$LOG" || fail "the MoE run's line is missing"
+grep -qE "parameters: .* M active per token \(4 experts, top 2, ep2\)" "$LOG" || fail "the MoE plan line is missing"
+python3 - "$FORGE_DEMO_DIR/runs/moe" <<'PY' ||
+import json, sys
+run = sys.argv[1]
+rows = [json.loads(l) for l in open(f"{run}/metrics/rank-0.jsonl")]
+assert len(rows) == 20 and rows[-1]["loss"] < rows[0]["loss"], (rows[0], rows[-1])
+for r in rows:
+    assert [m["layer"] for m in r["moe"]] == [0, 1] and r["expert_comm_bytes"] > 0, r
+    for m in r["moe"]:
+        assert sum(m["tokens"]) == 2 * 4 * 128 * 2 and m["dropped_fraction"] == 0, m
+assert "expert load, MoE block 1" in open(f"{run}/report.html").read()
+PY
+  fail "the MoE run is wrong"
 
 # Task suites: the taught model passes against the release on all four suites, every metric with its
 # interval and the gate on two ranks; the untrained release and the model taught wrong answers are blocked.
