@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Mixture of Experts through forge-train on real MPI ranks: dropless EP1, EP2 and EP2 x TP2 x PP2 give the
-# one-process losses over 20 steps; a checkpoint saved on EP2 resumes on EP4; the token all-to-all moves
+# one-process losses over 20 steps; a checkpoint saved on EP2 resumes on EP4, and that one on pp2 at EP1,
+# continuing the one-process curve; the token all-to-all moves
 # exactly the analytic volume; the metrics carry every block's expert load; capacity drops are counted,
 # not errors; a dead expert is reported, or stops the run (71); bad MoE settings exit 64 naming the key.
 # Usage: moe_train_test.sh FORGE_TRAIN SOURCE_DIR MPIEXEC
@@ -53,15 +54,18 @@ for step in range(20):
 print(f"all-to-all: {analytic} bytes per step over 2 ranks, as analysed")
 PY
 
-# Saved on EP2 at step 5 (the end of the warm-up, so the learning rate does not depend on run.steps) and
-# resumed on EP4 (dp4, one sequence per rank), against one process training the same sequences in
-# micro-batches of one.
+# Saved on EP2 at step 3, resumed on EP4 to step 5 (dp4, one sequence per rank), then on pp2 at EP1 (8
+# ranks) to step 20, against one process training the same sequences in
+# micro-batches of one. The first two legs end inside the warm-up, where the learning rate does not depend
+# on run.steps.
 "$train" "$src/configs/tiny.ini" --run.dir="$work/ref1" "${moe[@]}" --run.steps=20 --data.batch=1 \
   --parallel.microbatches=4 2>"$work/ref1.log" || fail "one-process MoE run failed: $(tail -n2 "$work/ref1.log")"
-run 4 reshard --run.steps=5 --data.batch=1 --parallel.dp=4 --parallel.ep=2 --parallel.zero=1
-run 4 reshard --run.steps=20 --data.batch=1 --parallel.dp=4 --parallel.ep=4 --parallel.zero=1
+run 4 reshard --run.steps=3 --data.batch=1 --parallel.dp=4 --parallel.ep=2 --parallel.zero=1
+run 4 reshard --run.steps=5 --data.batch=1 --parallel.dp=4 --parallel.ep=4 --parallel.zero=1
 grep -q "verification loss .* matches" "$work/reshard.log" || fail "the EP4 resume skipped the verification step"
-compare "$work/ref1" "$work/reshard" 6
+run 8 reshard --run.steps=20 --data.batch=1 --parallel.pp=2 --parallel.dp=4 --parallel.zero=1
+grep -q "verification loss .* matches" "$work/reshard.log" || fail "the pp2 resume skipped the verification step"
+compare "$work/ref1" "$work/reshard" 4
 
 # Capacity below the load: drops are counted in the metrics, the run goes on.
 "$train" "$src/configs/tiny.ini" --run.dir="$work/cap" "${moe[@]}" --run.steps=3 --model.capacity_factor=0.5 \
