@@ -18,6 +18,7 @@ packages=(
   nlohmann-json3-dev                  # manifests, metrics, reports
   libsqlite3-dev sqlite3              # the quota ledger
   libfmt-dev libspdlog-dev            # logging
+  libhyperscan-dev                    # multi-pattern matching: PII and safety stages of prepare (x86-64)
   # --- the embedded dev cluster (scripts/devcluster)
   slurm-wlm slurmctld slurmd slurmdbd slurm-client libslurm-dev slurm-wlm-basic-plugins
   slurm-wlm-mysql-plugin munge mariadb-server libpmix-dev libpmix-bin

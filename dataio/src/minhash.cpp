@@ -5,6 +5,7 @@
 #include "forge/dataio/text.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <unordered_map>
 
@@ -32,7 +33,118 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void fold_mi
   }
 }
 
+// P(X = i) for X ~ Binomial(n, p), i = 0..n; in log space so large n does not overflow the coefficients.
+std::vector<double> binomial_pmf(int n, double p) {
+  std::vector<double> pmf(n + 1, 0.0);
+  if (p <= 0 || p >= 1) {
+    pmf[p <= 0 ? 0 : n] = 1.0;
+    return pmf;
+  }
+  const double lp = std::log(p), lq = std::log1p(-p), ln = std::lgamma(n + 1.0);
+  for (int i = 0; i <= n; ++i)
+    pmf[i] = std::exp(ln - std::lgamma(i + 1.0) - std::lgamma(n - i + 1.0) + i * lp + (n - i) * lq);
+  return pmf;
+}
+
+// tail[m] = P(X >= m), m = 0..pmf.size(), for the distribution `pmf`.
+std::vector<double> upper_tail(const std::vector<double>& pmf) {
+  std::vector<double> tail(pmf.size() + 1, 0.0);
+  for (size_t m = pmf.size(); m-- > 0;) tail[m] = tail[m + 1] + pmf[m];
+  return tail;
+}
+
+// tail[m] = P(some band agrees fully and at least m of the bands*rows positions agree), m = 0..bands*rows+1,
+// for a pair of true Jaccard s. Positions agree independently with probability s, so this is P(M >= m)
+// minus the same with every band short of full agreement, whose distribution is the bands-fold
+// convolution of Binomial(rows, s) cut at rows - 1.
+std::vector<double> removal_tail(int bands, int rows, double s) {
+  const std::vector<double> band = binomial_pmf(rows, s);
+  std::vector<double> none_full{1.0};
+  for (int i = 0; i < bands; ++i) {
+    std::vector<double> next(none_full.size() + rows - 1, 0.0);
+    for (size_t x = 0; x < none_full.size(); ++x)
+      for (int y = 0; y < rows; ++y) next[x + y] += none_full[x] * band[y];
+    none_full = std::move(next);
+  }
+  std::vector<double> tail = upper_tail(binomial_pmf(bands * rows, s));
+  const std::vector<double> short_tail = upper_tail(none_full);
+  for (size_t m = 0; m < tail.size(); ++m)
+    tail[m] = std::clamp(tail[m] - (m < short_tail.size() ? short_tail[m] : 0.0), 0.0, 1.0);
+  return tail;
+}
+
+// The largest count that confirms at least kConfirmRecall of the candidates at true Jaccard t (0 when no
+// pair at t can be a candidate, as at t = 0: then every candidate is confirmed).
+int confirm_count(int bands, int rows, double t) {
+  const std::vector<double> tail = removal_tail(bands, rows, t);
+  const double need = kConfirmRecall * candidate_probability(bands, rows, t);
+  for (int m = bands * rows; m > 0; --m)
+    if (tail[m] > 0 && tail[m] >= need) return m;
+  return 0;
+}
+
+// Whether a plan of `bands` x `rows` meets the automatic targets at threshold t (low = t - kGreyZone;
+// at_t, at_low: the Binomial(bands * rows) upper tails at t and low). A cheap necessary condition skips
+// most plans before the exact convolution: confirming kConfirmRecall of the candidates at t needs
+// P(M >= m | t) >= that much, which bounds m from above, and P(removed | low) >= P(M >= m | low) -
+// P(no candidate | low).
+bool meets_targets(const MinHashPlan& plan, double t, double low, const std::vector<double>& at_t,
+                   const std::vector<double>& at_low) {
+  if (low <= 0) return true;  // no pair is that far below: nothing to bound
+  int m_max = plan.hashes();
+  const double found = candidate_probability(plan.bands, plan.rows, t);
+  while (m_max > 0 && at_t[m_max] < kConfirmRecall * found) --m_max;
+  if (at_low[m_max] - (1 - candidate_probability(plan.bands, plan.rows, low)) > kGreyZoneRemoval)
+    return false;
+  return removal_probability(plan, low) <= kGreyZoneRemoval;
+}
+
+// Automatic banding: see plan_minhash in dedup.h.
+MinHashPlan automatic_plan(double t) {
+  const double low = t - kGreyZone;
+  MinHashPlan best;
+  int last_k = kMaxMinHashes;  // lowered to the size window once a first plan is found
+  for (int k = 1; k <= last_k; ++k) {
+    const std::vector<double> at_t = upper_tail(binomial_pmf(k, t));
+    const std::vector<double> at_low = low > 0 ? upper_tail(binomial_pmf(k, low)) : std::vector<double>();
+    for (int rows = k; rows > best.rows; --rows) {
+      if (k % rows) continue;
+      const int bands = k / rows;
+      if (candidate_probability(bands, rows, t) < kCandidateRecall) continue;
+      const MinHashPlan plan{bands, rows, confirm_count(bands, rows, t), true};
+      if (!meets_targets(plan, t, low, at_t, at_low)) continue;
+      if (!best.bands) last_k = std::min(kMaxMinHashes, static_cast<int>(k * (1 + kRowsSlack)));
+      best = plan;
+      break;
+    }
+  }
+  // No plan only for thresholds below about 0.009: none within the cap finds 99% of the pairs at t, and
+  // single-hash bands find the most.
+  return best.bands ? best : MinHashPlan{kMaxMinHashes, 1, confirm_count(kMaxMinHashes, 1, t), true};
+}
+
 }  // namespace
+
+double candidate_probability(int bands, int rows, double s) {
+  return 1 - std::pow(1 - std::pow(s, rows), bands);
+}
+
+double removal_probability(const MinHashPlan& plan, double s) {
+  return removal_tail(plan.bands, plan.rows, s)[plan.confirm_matches];
+}
+
+MinHashPlan plan_minhash(const MinHashOptions& o) {
+  if (o.ngram < 1) fail(ExitCode::kUsage, "near_dedup: ngram must be at least 1");
+  if (!(o.threshold >= 0 && o.threshold <= 1))
+    fail(ExitCode::kUsage, "near_dedup: threshold must be in [0, 1]");
+  if (o.bands == 0 && o.rows == 0) return automatic_plan(o.threshold);
+  if (o.bands < 1 || o.rows < 1 || int64_t(o.bands) * o.rows > kMaxMinHashes)
+    fail(ExitCode::kUsage,
+         "near_dedup: bands and rows must both be 0 (automatic) or both at least 1 with "
+         "bands * rows at most {}",
+         kMaxMinHashes);
+  return {o.bands, o.rows, confirm_count(o.bands, o.rows, o.threshold), false};
+}
 
 std::vector<uint64_t> shingles(std::string_view text, int ngram) {
   const std::vector<uint64_t> words = word_hashes(text);
@@ -44,10 +156,8 @@ std::vector<uint64_t> shingles(std::string_view text, int ngram) {
   return out;
 }
 
-MinHasher::MinHasher(const MinHashOptions& options) : options_(options) {
-  if (options.bands < 1 || options.rows < 1 || options.ngram < 1)
-    fail(ExitCode::kUsage, "near_dedup: ngram, bands and rows must be at least 1");
-  const int k = options.bands * options.rows;
+MinHasher::MinHasher(const MinHashOptions& options) : options_(options), plan_(plan_minhash(options)) {
+  const int k = plan_.hashes();
   a_.resize(k);
   b_.resize(k);
   for (int i = 0; i < k; ++i) {
@@ -77,12 +187,14 @@ double estimated_jaccard(const std::vector<uint32_t>& x, const std::vector<uint3
 
 Json near_dedup(Corpus& corpus, const MinHashOptions& options) {
   const MinHasher hasher(options);
+  const MinHashPlan& plan = hasher.plan();
+  const double confirm = plan.confirm_threshold();
   ProgressLine progress("prepare near-dedup", "docs");
   const size_t n = corpus.docs.size();
   // Memory: one signature per document plus one bucket entry per band and document; nothing scales
   // with document length.
   std::vector<std::vector<uint32_t>> sigs(n);
-  std::vector<std::unordered_map<uint64_t, uint32_t>> buckets(options.bands);
+  std::vector<std::unordered_map<uint64_t, uint32_t>> buckets(plan.bands);
   for (auto& b : buckets) b.reserve(n);
   UnionFind clusters(n);
   std::vector<bool> removed(n, false);
@@ -90,14 +202,13 @@ Json near_dedup(Corpus& corpus, const MinHashOptions& options) {
   for (size_t i = 0; i < n; ++i) {
     progress.add(1, corpus.docs[i].text.size());
     sigs[i] = hasher.signature(corpus.docs[i].text);
-    for (int band = 0; band < options.bands; ++band) {
-      const uint64_t key =
-          xxh3_64(sigs[i].data() + band * options.rows, options.rows * sizeof(uint32_t), band);
+    for (int band = 0; band < plan.bands; ++band) {
+      const uint64_t key = xxh3_64(sigs[i].data() + band * plan.rows, plan.rows * sizeof(uint32_t), band);
       const auto [it, inserted] = buckets[band].emplace(key, static_cast<uint32_t>(i));
       if (inserted || removed[i]) continue;
       const uint32_t j = it->second;  // earlier document in the same bucket
       const double similarity = estimated_jaccard(sigs[i], sigs[j]);
-      if (similarity < options.threshold) continue;
+      if (similarity < confirm) continue;
       removed[i] = true;
       const uint32_t root = clusters.find(j);
       clusters.parent[i] = root;
@@ -137,11 +248,26 @@ Json near_dedup(Corpus& corpus, const MinHashOptions& options) {
   for (size_t i = 0; i < n; ++i)
     if (!removed[i]) kept.push_back(std::move(corpus.docs[i]));
   corpus.docs = std::move(kept);
+  // The expected S-curve of this plan, for a pair in isolation (a pair whose band bucket an unrelated
+  // earlier document took first is compared with that one instead).
+  std::vector<double> curve_at = {0.5, 0.6, 0.7, 0.8, 0.9, 1.0, options.threshold};
+  std::sort(curve_at.begin(), curve_at.end());
+  curve_at.erase(std::unique(curve_at.begin(), curve_at.end()), curve_at.end());
+  Json curve = Json::array();
+  for (double s : curve_at)
+    curve.push_back({{"jaccard", s},
+                     {"p_candidate", candidate_probability(plan.bands, plan.rows, s)},
+                     {"p_removed", removal_probability(plan, s)}});
   return {{"method", "minhash-lsh"},
           {"ngram", options.ngram},
-          {"bands", options.bands},
-          {"rows", options.rows},
+          {"bands", plan.bands},
+          {"rows", plan.rows},
+          {"hashes", plan.hashes()},
+          {"banding", plan.automatic ? "automatic" : "configured"},
           {"threshold", options.threshold},
+          {"confirm_threshold", confirm},
+          {"expected_recall_at_threshold", removal_probability(plan, options.threshold)},
+          {"s_curve", curve},
           {"documents_in", n},
           {"removed", {{"near_duplicate", total_removed}}},
           {"duplicate_rate", n ? double(total_removed) / double(n) : 0.0},

@@ -18,6 +18,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -66,6 +67,15 @@ Json settings_json(const PrepareOptions& o, const std::vector<std::string>& eval
         {"max_invalid_utf8", o.ingest.max_invalid_utf8},
         {"max_nul", o.ingest.max_nul},
         {"default_domain", o.ingest.default_domain}}},
+      {"pii",
+       {{"enabled", o.pii.enabled},
+        {"rules", kPiiRules},
+        {"action", o.pii.drop ? "drop" : "redact"},
+        {"types", Json::array()}}},
+      {"safety",
+       {{"list_sha256", o.safety.list.empty() ? "" : sha256_file_hex(o.safety.list)},
+        {"threshold", o.safety.threshold},
+        {"min_words", kSafetyMinWords}}},
       {"exact_dedup", {{"hash", "xxh3-128"}}},
       {"near_dedup",
        {{"enabled", o.near_dedup},
@@ -110,6 +120,8 @@ Json settings_json(const PrepareOptions& o, const std::vector<std::string>& eval
                  {"truncate", o.chat.drop_long ? "drop" : "truncate"}};
   }
   if (o.ingest.format == "preference") s["preference"] = preference_rules_json();
+  for (size_t t = 0; t < kPiiTypes; ++t)
+    if (o.pii.types[t]) s["pii"]["types"].push_back(pii_type_name(PiiType(t)));
   return s;
 }
 
@@ -342,6 +354,12 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
   std::vector<std::string> eval_hashes;
   for (const auto& e : o.eval_sets) eval_hashes.push_back(sha256_file_hex(e));
   std::sort(eval_hashes.begin(), eval_hashes.end());
+  // The safety list is read and compiled before any work, so a bad line fails at once (exit 64); the PII
+  // patterns too, so the stage's rate is that of scanning.
+  std::optional<PiiScanner> pii_scanner;
+  if (o.pii.enabled) pii_scanner.emplace();
+  std::optional<SafetyFilter> safety;
+  if (!o.safety.list.empty()) safety.emplace(SafetyFilter::load(o.safety.list));
 
   Corpus corpus;
   IngestStats ist;
@@ -375,6 +393,20 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
   };
   run("normalize", [&] { return normalize(corpus); });
   require_docs(corpus, "normalize", stages["normalize"]);
+  // PII and safety come after normalize, which turns Unicode spaces into ' ' and removes zero-width
+  // characters that would split an address or a number, and before dedup, so that documents differing only
+  // in their PII (a template mailed to many addresses) become exact duplicates, and no later stage, report
+  // example or tokenizer sample sees the PII or the removed documents.
+  if (pii_scanner) {
+    run("pii", [&] { return redact_pii(corpus, *pii_scanner, o.pii); });
+    require_docs(corpus, "PII removal", stages["pii"]);
+  }
+  if (safety) {
+    run("safety", [&] { return safety_filter(corpus, *safety, o.safety); });
+    require_docs(corpus, "the safety filter", stages["safety"]);
+  } else {
+    stages["safety"] = {{"skipped", "no safety.list given"}, {"removed", Json::object()}};
+  }
   run("exact_dedup", [&] { return exact_dedup(corpus); });
   if (o.near_dedup) run("near_dedup", [&] { return near_dedup(corpus, o.minhash); });
   if (chat) {

@@ -45,10 +45,11 @@ ConfigSchema prepare_schema() {
                    "chat, preference: fraction of malformed lines above which prepare fails (exit 65)")
       .add<bool>("near_dedup.enabled", true, "run MinHash near dedup")
       .add<int>("near_dedup.ngram", mh.ngram, "words per shingle")
-      .add<int>("near_dedup.bands", mh.bands, "LSH bands")
-      .add<int>("near_dedup.rows", mh.rows, "MinHash values per band")
+      .add<int>("near_dedup.bands", mh.bands, "LSH bands (0 with rows = 0: chosen from the threshold)")
+      .add<int>("near_dedup.rows", mh.rows,
+                "MinHash values per band (0 with bands = 0: chosen from the threshold)")
       .add<double>("near_dedup.threshold", mh.threshold,
-                   "estimated Jaccard needed to call a band collision a duplicate")
+                   "Jaccard similarity from which a pair is a near duplicate (docs/DATA.md)")
       .add<int64_t>("near_dedup.seed", static_cast<int64_t>(mh.seed), "seed of the hash functions")
       .add<std::string>("filters.code_domains", "code",
                         "domains filtered with the code rules (comma-separated)")
@@ -72,6 +73,15 @@ ConfigSchema prepare_schema() {
                    "code: minified above this")
       .add<double>("filters.min_code_alnum_fraction", f.min_code_alnum_fraction, "code")
       .add<int>("filters.code_min_lines", f.code_min_lines, "code: fewer lines is removed")
+      .add<bool>("pii.enabled", true, "find e-mail addresses, phones, IPs, cards and secrets")
+      .add_choice("pii.action", "redact", {"redact", "drop"},
+                  "redact: replace each with a typed placeholder (<EMAIL>, ...); drop: remove the document")
+      .add<std::string>("pii.types", "email,phone,ip,card,secret",
+                        "the PII types looked for (comma-separated)")
+      .add<std::string>("safety.list", "",
+                        "word/pattern list of the harmful-content filter (\"\" = the filter does not run)")
+      .add<double>("safety.threshold", SafetyOptions{}.threshold,
+                   "documents scoring above it (weighted matches per 1000 words) are removed")
       .add<int>("decontam.ngram", 13, "words an eval n-gram must share to contaminate a document")
       .add<int64_t>("tokenizer.sample_bytes", static_cast<int64_t>(tok.sample_bytes),
                     "bytes of cleaned text the tokenizer is trained on")
@@ -112,8 +122,16 @@ void apply_config(const Config& c, PrepareOptions& o) {
   o.ingest.max_bad_lines = fraction("ingest.max_bad_lines");
   o.near_dedup = c.get<bool>("near_dedup.enabled");
   o.minhash.ngram = positive("near_dedup.ngram", c.get<int>("near_dedup.ngram"));
-  o.minhash.bands = positive("near_dedup.bands", c.get<int>("near_dedup.bands"));
-  o.minhash.rows = positive("near_dedup.rows", c.get<int>("near_dedup.rows"));
+  o.minhash.bands = c.get<int>("near_dedup.bands");
+  o.minhash.rows = c.get<int>("near_dedup.rows");
+  // 0 and 0: chosen from the threshold; a single 0 is a half-written explicit setting.
+  const char* const banding = "must be at least 1, or 0 with the other of bands and rows 0 (automatic)";
+  if (o.minhash.bands < 0 || (o.minhash.bands == 0 && o.minhash.rows != 0))
+    c.reject("near_dedup.bands", banding);
+  if (o.minhash.rows < 0 || (o.minhash.rows == 0 && o.minhash.bands != 0))
+    c.reject("near_dedup.rows", banding);
+  if (int64_t(o.minhash.bands) * o.minhash.rows > kMaxMinHashes)
+    c.reject("near_dedup.rows", fmt::format("bands * rows must be at most {}", kMaxMinHashes));
   o.minhash.threshold = fraction("near_dedup.threshold");
   o.minhash.seed = static_cast<uint64_t>(c.get<int64_t>("near_dedup.seed"));
   auto& f = o.filters;
@@ -138,6 +156,14 @@ void apply_config(const Config& c, PrepareOptions& o) {
   f.max_code_mean_line_length = c.get<double>("filters.max_code_mean_line_length");
   f.min_code_alnum_fraction = fraction("filters.min_code_alnum_fraction");
   f.code_min_lines = c.get<int>("filters.code_min_lines");
+  o.pii.enabled = c.get<bool>("pii.enabled");
+  o.pii.drop = c.get<std::string>("pii.action") == "drop";
+  o.pii.types.fill(false);
+  for (const auto& name : split_list(c.get<std::string>("pii.types")))
+    o.pii.types[static_cast<size_t>(pii_type_from_name(name, c.source("pii.types") + ": pii.types"))] = true;
+  o.safety.list = c.get<std::string>("safety.list");
+  o.safety.threshold = c.get<double>("safety.threshold");
+  if (!(o.safety.threshold >= 0)) c.reject("safety.threshold", "must be >= 0");
   o.decontam_ngram = positive("decontam.ngram", c.get<int>("decontam.ngram"));
   o.tokenizer.sample_bytes =
       static_cast<uint64_t>(positive("tokenizer.sample_bytes", c.get<int64_t>("tokenizer.sample_bytes")));

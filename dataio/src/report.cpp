@@ -51,7 +51,8 @@ std::string quality_summary(const Json& q) {
                    s.at("documents_in").get<uint64_t>(), s.at("documents_out").get<uint64_t>(),
                    s.at("bytes_in").get<uint64_t>() / 1e6, s.at("tokens_out").get<uint64_t>()));
   line("removed per stage:");
-  for (const auto& stage : {"ingest", "normalize", "exact_dedup", "near_dedup", "filters", "decontam"}) {
+  for (const auto& stage :
+       {"ingest", "normalize", "pii", "safety", "exact_dedup", "near_dedup", "filters", "decontam"}) {
     if (!q.at("stages").contains(stage)) continue;
     const Json& st = q.at("stages").at(stage);
     std::string parts;
@@ -61,6 +62,16 @@ std::string quality_summary(const Json& q) {
     const double secs = st.value("seconds", 0.0);
     line(fmt::format("  {:<12}{}{}", stage, parts.empty() ? " -" : parts,
                      secs > 0 ? fmt::format("  ({:.2f}s)", secs) : std::string()));
+  }
+  if (q.at("stages").contains("pii")) {
+    const Json& pii = q["stages"]["pii"];
+    std::string found;
+    for (const auto& [type, n] : pii.at("found").items())
+      found += fmt::format(" {}={}", type, n.get<uint64_t>());
+    line(fmt::format("pii ({}):{}; documents {} {}", pii.value("action", ""), found,
+                     pii.value("action", "") == "drop" ? "removed" : "redacted",
+                     pii.value("action", "") == "drop" ? pii["removed"].value("pii_drop", uint64_t{0})
+                                                       : pii.value("documents_redacted", uint64_t{0})));
   }
   if (q.at("stages").contains("exact_dedup"))
     line(fmt::format(

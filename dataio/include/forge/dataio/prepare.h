@@ -7,6 +7,7 @@
 #include "forge/dataio/dedup.h"
 #include "forge/dataio/filters.h"
 #include "forge/dataio/ingest.h"
+#include "forge/dataio/pii.h"
 #include "forge/dataio/tokenizer.h"
 
 #include <cstdint>
@@ -37,6 +38,8 @@ struct PrepareOptions {
   IngestOptions ingest;
   MinHashOptions minhash;
   FilterOptions filters;
+  PiiOptions pii;
+  SafetyOptions safety;
   TokenizerTrainOptions tokenizer;
   ChatPrepareOptions chat;
 };
