@@ -332,9 +332,11 @@ stage "evaluation: task suites (generation with a KV cache, code in a sandbox, r
 /usr/bin/python3 "$root/scripts/make-demo-suites.py" "$work/corpus/docs" "$work/suites" "$work/tasks.jsonl"
 /usr/bin/python3 "$root/scripts/make-demo-suites.py" "$work/corpus/docs" "$work/suites-wrong" "$work/tasks-wrong.jsonl" \
   --wrong-answers >/dev/null
+# The teaching conversations are templates by design (one phrasing, many objects): near-duplicate removal
+# would drop distinct lessons that differ in the one word that matters, so only exact copies are removed.
 for set in tasks tasks-wrong; do
   "$bin/dataio/forge-data" prepare --format chat --input "$work/$set.jsonl=tasks" --tokenizer "$work/dataset/tokenizer.model" \
-    --valid-fraction 0.05 --out "$work/$set-dataset" >/dev/null
+    --valid-fraction 0.05 --near_dedup.enabled=false --out "$work/$set-dataset" >/dev/null
 done
 sed "s|^dir = suites|dir = $work/suites|" "$root/configs/gate.tasks.ini" >"$work/gate.tasks.ini"
 tasks_steps=1000

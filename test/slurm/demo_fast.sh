@@ -222,7 +222,7 @@ for name, s in v["suites"].items():
     for metric, m in s["metrics"].items():
         assert m["lo"] <= m["value"] <= m["hi"] and m["n"] > 0, (name, metric, m)
         assert m["value"] >= v["baseline_suites"][name]["metrics"][metric]["value"] or metric == "over_refusal_rate"
-assert v["suites"]["arith"]["metrics"]["accuracy"]["value"] > 0.5 and v["suites"]["code"]["metrics"]["pass@4"]["value"] > 0
+assert v["suites"]["arith"]["metrics"]["accuracy"]["value"] >= 0.5 and v["suites"]["code"]["metrics"]["pass@4"]["value"] > 0
 for blocked in (f"{work}/gate-untrained", f"{work}/runs/tasks-wrong/gate"):
     b = json.load(open(f"{blocked}/verdict.json"))
     assert not b["pass"] and not b["promoted_to"], blocked
