@@ -29,7 +29,7 @@ cleanup() {
 trap cleanup EXIT
 
 export FORGE_DEMO_DIR=$WORK/demo
-timeout "${FORGE_DEMO_TIMEOUT:-900}" "$SRC/scripts/demo.sh" --fast >"$LOG" 2>&1
+timeout "${FORGE_DEMO_TIMEOUT:-1500}" "$SRC/scripts/demo.sh" --fast >"$LOG" 2>&1
 rc=$?
 if [ $rc -ne 0 ]; then
   fail "demo.sh --fast exited $rc; the last lines of its output:"
