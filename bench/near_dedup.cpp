@@ -3,6 +3,7 @@
 // the MinHash signature throughput of both. bench/near_dedup.sh runs it.
 #include "forge/dataio/dedup.h"
 #include "forge/dataio/text.h"
+#include "support/planted_text.h"
 
 #include <fmt/format.h>
 
@@ -15,30 +16,10 @@
 #include <string>
 
 using namespace forge::data;
+using forge::test::append_letters;
+using forge::test::random_text;
 
 namespace {
-
-// Pseudo-English from a 3000-word vocabulary: unrelated documents share almost no 5-gram.
-std::string random_text(std::mt19937& rng, int n) {
-  std::string out;
-  for (int i = 0; i < n; ++i) {
-    for (uint32_t x = rng() % 3000 + 1; x > 0; x /= 26) out.push_back(static_cast<char>('a' + x % 26));
-    out += (i % 12 == 11) ? ".\n" : " ";
-  }
-  return out;
-}
-
-// The edit: a letter appended to each word with probability `rate`.
-std::string append_letters(const std::string& text, double rate, std::mt19937& rng) {
-  std::uniform_real_distribution<double> u(0, 1);
-  std::string out;
-  for_each_word(text, [&](std::string_view w) {
-    out += w;
-    if (u(rng) < rate) out.push_back(static_cast<char>('a' + rng() % 26));
-    out += ' ';
-  });
-  return out;
-}
 
 std::set<uint64_t> shingle_set(const std::string& text) {
   const auto s = shingles(text, MinHashOptions().ngram);
