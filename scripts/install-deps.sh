@@ -19,6 +19,7 @@ packages=(
   libsqlite3-dev sqlite3              # the quota ledger
   libfmt-dev libspdlog-dev            # logging
   libhyperscan-dev                    # multi-pattern matching: PII and safety stages of prepare (x86-64)
+  libcld2-dev                         # language identification in prepare (Compact Language Detector 2)
   # --- the embedded dev cluster (scripts/devcluster)
   slurm-wlm slurmctld slurmd slurmdbd slurm-client libslurm-dev slurm-wlm-basic-plugins
   slurm-wlm-mysql-plugin munge mariadb-server libpmix-dev libpmix-bin

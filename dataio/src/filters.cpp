@@ -200,10 +200,11 @@ std::string detect_license(std::string_view text) {
   if (contains(l, "gnu lesser general public license"))
     return contains(l, "version 3") ? "LGPL-3.0" : "LGPL-2.1";
   if (contains(l, "gnu general public license"))
-    return contains(l, "version 3") ? "GPL-3.0" : contains(l, "version 2") ? "GPL-2.0" : "GPL";
+    return contains(l, "version 3") ? "GPL-3.0" : contains(l, "version 2") ? "GPL-2.0" : "GPL-1.0-or-later";
   if (contains(l, "mozilla public license") && contains(l, "2.0")) return "MPL-2.0";
   if (contains(l, "permission is hereby granted, free of charge")) return "MIT";
-  if (contains(l, "redistribution and use in source and binary forms")) return "BSD";
+  if (contains(l, "redistribution and use in source and binary forms"))
+    return contains(l, "neither the name") ? "BSD-3-Clause" : "BSD-2-Clause";
   if (contains(l, "python software foundation license")) return "PSF-2.0";
   if (contains(l, "creative commons") && contains(l, "cc0")) return "CC0-1.0";
   return "";
@@ -244,6 +245,36 @@ Json apply_filters(Corpus& corpus, const FilterOptions& options) {
       {"documents_in", in},           {"removed", removed_json}, {"removed_per_domain", removed_by_domain},
       {"examples", examples},         {"licenses", licenses},    {"documents_out", corpus.docs.size()},
       {"seconds", progress.seconds()}};
+}
+
+Json apply_license_policy(Corpus& corpus, const LicenseOptions& options) {
+  std::map<std::string, uint64_t> kept, removed;
+  std::map<std::string, std::map<std::string, uint64_t>> removed_per_domain;
+  const uint64_t in = corpus.docs.size();
+  size_t n = 0;
+  for (size_t i = 0; i < corpus.docs.size(); ++i) {
+    Document& doc = corpus.docs[i];
+    const std::string& license = doc.license.empty() ? std::string("unknown") : doc.license;
+    if (!options.allow.empty() &&
+        std::find(options.allow.begin(), options.allow.end(), license) == options.allow.end()) {
+      ++removed[license];
+      ++removed_per_domain[corpus.domains[doc.domain]][license];
+      continue;
+    }
+    ++kept[license];
+    if (n != i) corpus.docs[n] = std::move(doc);
+    ++n;
+  }
+  corpus.docs.resize(n);
+  uint64_t total = 0;
+  for (const auto& [_, c] : removed) total += c;
+  return {{"allow", options.allow},
+          {"documents_in", in},
+          {"licenses_kept", kept},
+          {"licenses_removed", removed},
+          {"removed", {{"license_not_allowed", total}}},
+          {"removed_per_domain", removed_per_domain},
+          {"documents_out", corpus.docs.size()}};
 }
 
 }  // namespace forge::data

@@ -43,6 +43,21 @@ std::vector<fs::path> expand(const InputSpec& in, const IngestOptions& options, 
   return files;
 }
 
+// IngestOptions::repo_depth: the first `depth` directories of `file` below the input directory, or "" for a
+// file less deep (or when the input is a file, or depth is 0).
+std::string repo_of(const InputSpec& in, const fs::path& file, int depth) {
+  if (depth <= 0 || !fs::is_directory(in.path)) return "";
+  const fs::path rel = file.lexically_relative(in.path).parent_path();
+  std::string repo;
+  int parts = 0;
+  for (const auto& part : rel) {
+    if (parts == depth) break;
+    if (parts++ > 0) repo += '/';
+    repo += part.string();
+  }
+  return parts == depth ? repo : "";
+}
+
 std::string read_whole(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   if (!in) fail(ExitCode::kIo, "--input {}: cannot read (check permissions)", p.string());
@@ -69,7 +84,7 @@ size_t longest_line(std::string_view s) {
 
 // Applies the byte-level checks to one raw document and appends it when it passes.
 void admit(std::string raw, std::string source, const std::string& domain, const std::string& license,
-           const IngestOptions& options, Corpus& corpus, IngestStats& stats) {
+           const IngestOptions& options, Corpus& corpus, IngestStats& stats, const std::string& repo = "") {
   ++stats.documents_in;
   stats.bytes_in += raw.size();
   if (raw.size() > options.max_doc_bytes) {
@@ -104,6 +119,7 @@ void admit(std::string raw, std::string source, const std::string& domain, const
   doc.text = std::move(text);
   doc.source = std::move(source);
   doc.license = license;
+  doc.repo = repo;
   doc.domain = corpus.domain_id(domain);
   corpus.docs.push_back(std::move(doc));
 }
@@ -142,8 +158,17 @@ void ingest_jsonl(const std::string& data, const std::string& path, const InputS
     const auto src = rec.find("source");
     std::string source =
         src != rec.end() && src->is_string() ? src->get<std::string>() : fmt::format("{}:{}", path, line_no);
+    // A repository name decides deduplication and the split of every file of the repository, so a
+    // malformed one is an error in the data, not a record to skip.
+    const auto repo = rec.find("repo");
+    if (repo != rec.end() && !repo->is_null() && !repo->is_string())
+      fail(ExitCode::kData,
+           "{}:{}: field \"repo\" is a JSON {}, not a string (the repository name, e.g. "
+           "\"owner/name\"); fix the record; nothing written",
+           path, line_no, repo->type_name());
     admit(text->get<std::string>(), std::move(source), domain,
-          lic != rec.end() && lic->is_string() ? lic->get<std::string>() : "", options, corpus, stats);
+          lic != rec.end() && lic->is_string() ? lic->get<std::string>() : "", options, corpus, stats,
+          repo != rec.end() && repo->is_string() ? repo->get<std::string>() : "");
   }
 }
 
@@ -349,7 +374,7 @@ void ingest(const std::vector<InputSpec>& inputs, const IngestOptions& options, 
         ingest_jsonl(data, path, in, options, corpus, stats);
       } else {
         admit(std::move(data), path, in.domain.empty() ? options.default_domain : in.domain, "", options,
-              corpus, stats);
+              corpus, stats, repo_of(in, file, options.repo_depth));
       }
       progress.add(corpus.docs.size() - before, size);
     }

@@ -29,6 +29,7 @@ Json Manifest::to_json() const {
             {"settings", settings},
             {"shards", shards_json}};
   if (format != "text") j["format"] = format;
+  if (!languages.empty()) j["languages"] = languages;
   if (!version.empty()) j["version"] = version;
   return j;
 }
@@ -56,6 +57,7 @@ Manifest Manifest::from_json(const Json& j, const std::string& where) {
            m.format);
     m.domains = j.at("domains").get<std::vector<std::string>>();
     m.licenses = j.at("licenses").get<std::vector<std::string>>();
+    m.languages = j.value("languages", std::vector<std::string>());
     m.settings = j.at("settings");
     for (const auto& s : j.at("shards")) {
       ShardEntry e;

@@ -39,6 +39,14 @@ double cpu_s() {
   return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
 }
 
+// Per language: the tokens written and their share of all tokens.
+Json language_shares(const Json& tokens, uint64_t total) {
+  Json out = Json::object();
+  for (const auto& [code, n] : tokens.items())
+    out[code] = {{"tokens", n}, {"token_share", total ? n.get<double>() / double(total) : 0.0}};
+  return out;
+}
+
 void add_cpu_rate(Json& stage, uint64_t bytes, double cpu_seconds) {
   stage["cpu_seconds"] = cpu_seconds;
   stage["mb_per_cpu_s"] = bytes / 1e6 / std::max(1e-9, cpu_seconds);
@@ -58,6 +66,8 @@ const char* filters_skipped(const std::string& format) {
 Json settings_json(const PrepareOptions& o, const std::vector<std::string>& eval_hashes,
                    const std::string& tok_source) {
   const auto& f = o.filters;
+  Json allow = Json::object();
+  for (const auto& [domain, codes] : o.language.allow) allow[domain] = codes;
   Json s = {
       {"normalize_rules", kNormalizeRules},
       {"ingest",
@@ -66,7 +76,8 @@ Json settings_json(const PrepareOptions& o, const std::vector<std::string>& eval
         {"max_line_bytes", o.ingest.max_line_bytes},
         {"max_invalid_utf8", o.ingest.max_invalid_utf8},
         {"max_nul", o.ingest.max_nul},
-        {"default_domain", o.ingest.default_domain}}},
+        {"default_domain", o.ingest.default_domain},
+        {"repo_depth", o.ingest.repo_depth}}},
       {"pii",
        {{"enabled", o.pii.enabled},
         {"rules", kPiiRules},
@@ -76,6 +87,13 @@ Json settings_json(const PrepareOptions& o, const std::vector<std::string>& eval
        {{"list_sha256", o.safety.list.empty() ? "" : sha256_file_hex(o.safety.list)},
         {"threshold", o.safety.threshold},
         {"min_words", kSafetyMinWords}}},
+      {"language",
+       {{"enabled", o.language.enabled}, {"identifier", language_identifier()}, {"allow", allow}}},
+      {"repository",
+       {{"fork_threshold", o.repository.fork_threshold},
+        {"drop_forks", o.repository.drop_forks},
+        {"min_fork_file_bytes", kMinForkFileBytes}}},
+      {"license", {{"allow", o.license.allow}, {"detection_rules", kLicenseRules}}},
       {"exact_dedup", {{"hash", "xxh3-128"}}},
       {"near_dedup",
        {{"enabled", o.near_dedup},
@@ -305,8 +323,9 @@ Corpus split_pairs(Corpus&& pairs) {
   halves.docs.reserve(2 * pairs.docs.size());
   for (Document& pair : pairs.docs) {
     const auto [chosen, rejected] = split_preference_pair(pair.text, pair.source);
-    Document half{std::string(chosen), pair.source, pair.license, pair.domain};
-    Document other{std::string(rejected), std::move(pair.source), std::move(pair.license), pair.domain};
+    Document half = pair, other = pair;  // source, license, domain and language of the pair
+    half.text = chosen;
+    other.text = rejected;
     halves.docs.push_back(std::move(half));
     halves.docs.push_back(std::move(other));
   }
@@ -321,8 +340,9 @@ std::vector<uint8_t> pair_valid_split(const Corpus& halves, double fraction, uin
   pairs.docs.reserve(halves.docs.size() / 2);
   for (size_t i = 0; i + 1 < halves.docs.size(); i += 2) {
     const Document& c = halves.docs[i];
-    pairs.docs.push_back(
-        {c.text + std::string(kPairSeparator) + halves.docs[i + 1].text, c.source, c.license, c.domain});
+    Document pair = c;
+    pair.text = c.text + std::string(kPairSeparator) + halves.docs[i + 1].text;
+    pairs.docs.push_back(std::move(pair));
   }
   const std::vector<uint8_t> per_pair = assign_valid_split(pairs, fraction, seed);
   std::vector<uint8_t> valid(halves.docs.size());
@@ -380,12 +400,22 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
          "the inputs hold no documents ({} files read, {} skipped by extension); nothing written", ist.files,
          ist.skipped_files);
   require_docs(corpus, "ingest", stages["ingest"]);
-  // Each stage records the bytes it was given and its rate, for the report and bench/data_prepare.sh.
+  // Each stage records the bytes it was given and its rate, for the report and bench/data_prepare.sh,
+  // and its documents in and out per domain, the common measure `forge-data compare` attributes changes by.
+  const auto per_domain = [&] {
+    std::vector<uint64_t> n(corpus.domains.size());
+    for (const auto& d : corpus.docs) ++n[d.domain];
+    return n;
+  };
   const auto run = [&](const char* name, const auto& stage) {
     uint64_t bytes = 0;
     for (const auto& d : corpus.docs) bytes += d.text.size();
+    const std::vector<uint64_t> before = per_domain();
     const double cpu0 = cpu_s();
     Json st = stage();
+    const std::vector<uint64_t> after = per_domain();
+    for (size_t d = 0; d < before.size(); ++d)
+      st["documents_by_domain"][corpus.domains[d]] = {{"in", before[d]}, {"out", after[d]}};
     st["bytes_in"] = bytes;
     st["mb_per_s"] = bytes / 1e6 / std::max(1e-9, st.value("seconds", 0.0));
     add_cpu_rate(st, bytes, cpu_s() - cpu0);
@@ -407,6 +437,17 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
   } else {
     stages["safety"] = {{"skipped", "no safety.list given"}, {"removed", Json::object()}};
   }
+  if (o.language.enabled) {
+    run("language", [&] { return identify_languages(corpus, o.language); });
+    require_docs(corpus, "the language allow-list", stages["language"]);
+  } else {
+    stages["language"] = {{"skipped", "language.enabled = false"}, {"removed", Json::object()}};
+  }
+  // Before exact dedup, which would take from a fork the very files that show it is one.
+  if (std::any_of(corpus.docs.begin(), corpus.docs.end(), [](const Document& d) { return !d.repo.empty(); }))
+    run("repository", [&] { return dedup_repositories(corpus, o.repository); });
+  else
+    stages["repository"] = {{"skipped", "no document names a repository"}, {"removed", Json::object()}};
   run("exact_dedup", [&] { return exact_dedup(corpus); });
   if (o.near_dedup) run("near_dedup", [&] { return near_dedup(corpus, o.minhash); });
   if (chat) {
@@ -415,6 +456,8 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
     run("filters", [&] { return apply_filters(corpus, o.filters); });
     require_docs(corpus, "the quality filters", stages["filters"]);
   }
+  run("license", [&] { return apply_license_policy(corpus, o.license); });
+  require_docs(corpus, "the license allow-list", stages["license"]);
   run("decontam", [&] { return decontaminate(corpus, eval_index, o.eval_sets); });
   require_docs(corpus, "decontamination", stages["decontam"]);
   // From here on a preference corpus holds the halves, in pairs: the tokenizer trains on what is encoded.
@@ -489,6 +532,11 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
     m.licenses = {"unknown"};
     m.licenses.insert(m.licenses.end(), license_set.begin(), license_set.end());
     m.domains = corpus.domains;
+    if (o.language.enabled) {
+      std::set<std::string> languages;
+      for (const auto& d : corpus.docs) languages.insert(d.language);
+      m.languages.assign(languages.begin(), languages.end());
+    }
     m.tokenizer_file = "tokenizer.model";
     m.tokenizer_sha256 = tok.sha256();
     m.vocab_size = tok.vocab_size();
@@ -503,6 +551,8 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
     cpu = cpu_s();
     std::vector<uint64_t> unigram(m.vocab_size);
     Json domain_stats = Json::object();
+    Json language_tokens = Json::object();
+    for (const auto& l : m.languages) language_tokens[l] = 0;
     uint64_t tokens_out = 0;
     for (const std::string split : {"train", "valid"}) {
       for (uint16_t d = 0; d < corpus.domains.size(); ++d) {
@@ -528,6 +578,12 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
           const auto lic =
               std::find(m.licenses.begin(), m.licenses.end(), doc.license.empty() ? "unknown" : doc.license);
           data.doc_licenses.push_back(static_cast<uint16_t>(lic - m.licenses.begin()));
+          if (!m.languages.empty()) {
+            const auto lang = std::lower_bound(m.languages.begin(), m.languages.end(), doc.language);
+            data.doc_languages.push_back(static_cast<uint16_t>(lang - m.languages.begin()));
+            Json& tokens = language_tokens[doc.language];
+            tokens = tokens.get<uint64_t>() + encoded[i].size();
+          }
           for (uint32_t id : encoded[i]) ++unigram[id];
           Json& ds = domain_stats[corpus.domains[d]];
           if (ds.is_null())
@@ -564,6 +620,7 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
                           {"documents_out", corpus.docs.size()},
                           {"tokens_out", tokens_out},
                           {"domains", domain_stats},
+                          {"languages", language_shares(language_tokens, tokens_out)},
                           {"token_distribution", token_distribution(unigram, &tok)},
                           {"seconds", total_s},
                           {"tokenizer_train_seconds", train_seconds},

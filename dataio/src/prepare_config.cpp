@@ -41,6 +41,9 @@ ConfigSchema prepare_schema() {
           "ingest.format", in.format,
           "text (documents), chat (JSONL conversations) or preference (JSONL prompt/chosen/rejected "
           "pairs); chat and preference read every input file as JSONL (docs/DATA.md)")
+      .add<int>("ingest.repo_depth", in.repo_depth,
+                "files of an input directory belong to the repository named by their first N directories "
+                "below it (2 for DIR/owner/name/...; 0 = none); JSONL records use their \"repo\" field")
       .add<double>("ingest.max_bad_lines", in.max_bad_lines,
                    "chat, preference: fraction of malformed lines above which prepare fails (exit 65)")
       .add<bool>("near_dedup.enabled", true, "run MinHash near dedup")
@@ -82,6 +85,15 @@ ConfigSchema prepare_schema() {
                         "word/pattern list of the harmful-content filter (\"\" = the filter does not run)")
       .add<double>("safety.threshold", SafetyOptions{}.threshold,
                    "documents scoring above it (weighted matches per 1000 words) are removed")
+      .add<bool>("language.enabled", true, "identify each document's language (CLD2)")
+      .add<std::string>("language.allow", "",
+                        "languages kept per domain: DOMAIN:CODE|CODE,... (* = every other domain; \"\" = all "
+                        "kept; un = unknown), e.g. web:en|de,*:en")
+      .add<double>("repository.fork_threshold", RepositoryOptions{}.fork_threshold,
+                   "a repository sharing at least this fraction of its files with an earlier one is its fork")
+      .add<bool>("repository.drop_forks", false, "remove forks whole (else they join the origin's family)")
+      .add<std::string>("license.allow", "",
+                        "SPDX ids kept, comma-separated (unknown = no license detected; \"\" = all kept)")
       .add<int>("decontam.ngram", 13, "words an eval n-gram must share to contaminate a document")
       .add<int64_t>("tokenizer.sample_bytes", static_cast<int64_t>(tok.sample_bytes),
                     "bytes of cleaned text the tokenizer is trained on")
@@ -120,6 +132,8 @@ void apply_config(const Config& c, PrepareOptions& o) {
   if (o.ingest.format != "text" && o.ingest.format != "chat" && o.ingest.format != "preference")
     c.reject("ingest.format", "must be text, chat or preference");
   o.ingest.max_bad_lines = fraction("ingest.max_bad_lines");
+  o.ingest.repo_depth = c.get<int>("ingest.repo_depth");
+  if (o.ingest.repo_depth < 0) c.reject("ingest.repo_depth", "must be >= 0");
   o.near_dedup = c.get<bool>("near_dedup.enabled");
   o.minhash.ngram = positive("near_dedup.ngram", c.get<int>("near_dedup.ngram"));
   o.minhash.bands = c.get<int>("near_dedup.bands");
@@ -164,6 +178,25 @@ void apply_config(const Config& c, PrepareOptions& o) {
   o.safety.list = c.get<std::string>("safety.list");
   o.safety.threshold = c.get<double>("safety.threshold");
   if (!(o.safety.threshold >= 0)) c.reject("safety.threshold", "must be >= 0");
+  o.language.enabled = c.get<bool>("language.enabled");
+  o.language.allow = parse_language_allow(c.get<std::string>("language.allow"),
+                                          c.source("language.allow") + ": language.allow");
+  if (!o.language.enabled && !o.language.allow.empty())
+    c.reject("language.allow", "needs language.enabled = true (the allow-list judges identified languages)");
+  o.repository.fork_threshold = fraction("repository.fork_threshold");
+  if (o.repository.fork_threshold == 0) c.reject("repository.fork_threshold", "must be above 0");
+  o.repository.drop_forks = c.get<bool>("repository.drop_forks");
+  o.license.allow.clear();
+  for (auto& id : split_list(c.get<std::string>("license.allow"))) {
+    if (id.empty()) continue;
+    if (id.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.-+") !=
+        std::string::npos)
+      c.reject("license.allow",
+               fmt::format("'{}' is not an SPDX identifier (e.g. MIT, Apache-2.0, BSD-3-Clause; "
+                           "unknown = no license detected)",
+                           id));
+    o.license.allow.push_back(std::move(id));
+  }
   o.decontam_ngram = positive("decontam.ngram", c.get<int>("decontam.ngram"));
   o.tokenizer.sample_bytes =
       static_cast<uint64_t>(positive("tokenizer.sample_bytes", c.get<int64_t>("tokenizer.sample_bytes")));

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <numeric>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace forge::data {
 
@@ -51,8 +53,8 @@ std::string quality_summary(const Json& q) {
                    s.at("documents_in").get<uint64_t>(), s.at("documents_out").get<uint64_t>(),
                    s.at("bytes_in").get<uint64_t>() / 1e6, s.at("tokens_out").get<uint64_t>()));
   line("removed per stage:");
-  for (const auto& stage :
-       {"ingest", "normalize", "pii", "safety", "exact_dedup", "near_dedup", "filters", "decontam"}) {
+  for (const auto& stage : {"ingest", "normalize", "pii", "safety", "language", "repository", "exact_dedup",
+                            "near_dedup", "filters", "license", "decontam"}) {
     if (!q.at("stages").contains(stage)) continue;
     const Json& st = q.at("stages").at(stage);
     std::string parts;
@@ -79,6 +81,22 @@ std::string quality_summary(const Json& q) {
         100 * q["stages"]["exact_dedup"].value("duplicate_rate", 0.0),
         100 * (q["stages"].contains("near_dedup") ? q["stages"]["near_dedup"].value("duplicate_rate", 0.0)
                                                   : 0.0)));
+  if (const Json r = q.at("stages").value("repository", Json::object()); r.contains("repositories"))
+    line(fmt::format(
+        "repositories: {} ({} files): {} whole duplicates, {} forks, {} families; {} files licensed "
+        "from a license file",
+        r.at("repositories").get<uint64_t>(), r.at("files_with_repository").get<uint64_t>(),
+        r.at("duplicate_repositories").get<uint64_t>(), r.at("forks").get<uint64_t>(),
+        r.at("families").get<uint64_t>(), r.at("licensed_from_repository_file").get<uint64_t>()));
+  if (s.contains("languages") && !s.at("languages").empty()) {
+    std::vector<std::pair<double, std::string>> shares;
+    for (const auto& [code, l] : s.at("languages").items()) shares.emplace_back(l.at("token_share"), code);
+    std::sort(shares.rbegin(), shares.rend());
+    std::string parts;
+    for (size_t i = 0; i < shares.size() && i < 8; ++i)
+      parts += fmt::format(" {} {:.1f}%", shares[i].second, 100 * shares[i].first);
+    line(fmt::format("languages (token share):{}{}", parts, shares.size() > 8 ? " ..." : ""));
+  }
   line("domain mix (train+valid):");
   for (const auto& [name, d] : s.at("domains").items())
     line(fmt::format("  {:<12} {:>8} docs ({:5.1f}%)  {:>10} tokens ({:5.1f}%)  valid {} docs", name,

@@ -148,6 +148,13 @@ void write_shard(const std::string& path, const ShardData& data, const ShardAttr
                   data.doc_domains.size(), tmp);
     write_dataset(file, "doc_licenses", H5T_NATIVE_UINT16, H5T_STD_U16LE, data.doc_licenses.data(),
                   data.doc_licenses.size(), tmp);
+    if (!data.doc_languages.empty()) {
+      if (data.doc_languages.size() != data.doc_domains.size())
+        fail(ExitCode::kIo, "{}: {} document languages for {} documents", tmp, data.doc_languages.size(),
+             data.doc_domains.size());
+      write_dataset(file, "doc_languages", H5T_NATIVE_UINT16, H5T_STD_U16LE, data.doc_languages.data(),
+                    data.doc_languages.size(), tmp);
+    }
     if (!data.loss_mask.empty()) {
       if (data.loss_mask.size() != n)
         fail(ExitCode::kIo, "{}: {} loss-mask values for {} tokens", tmp, data.loss_mask.size(), n);
@@ -222,6 +229,14 @@ ShardLayout read_shard_layout(const std::string& path) {
     fail(ExitCode::kData, "shard {}: {} doc_offsets, {} doc_domains, {} doc_licenses do not match", path,
          n_offsets, n_domains, n_licenses);
   layout.documents = n_domains;
+  if (H5Lexists(file, "doc_languages", H5P_DEFAULT) > 0) {
+    hid_t lang_raw = -1;
+    const uint64_t n_languages = dataset_length(file, "doc_languages", 2, path, &lang_raw);
+    Handle languages(lang_raw, H5Dclose);
+    if (n_languages != n_domains)
+      fail(ExitCode::kData, "shard {}: {} doc_languages for {} documents", path, n_languages, n_domains);
+    layout.has_languages = true;
+  }
   if (H5Lexists(file, "loss_mask", H5P_DEFAULT) > 0) {
     hid_t mask_raw = -1;
     const uint64_t n_mask = dataset_length(file, "loss_mask", 1, path, &mask_raw);
@@ -283,6 +298,10 @@ ShardData read_shard(const std::string& path, ShardLayout* layout_out) {
   if (layout.documents > 0) {
     read("doc_domains", H5T_NATIVE_UINT16, data.doc_domains.data());
     read("doc_licenses", H5T_NATIVE_UINT16, data.doc_licenses.data());
+    if (layout.has_languages) {
+      data.doc_languages.resize(layout.documents);
+      read("doc_languages", H5T_NATIVE_UINT16, data.doc_languages.data());
+    }
   }
   if (layout_out) *layout_out = layout;
   return data;

@@ -68,7 +68,13 @@ VerifyResult verify_dataset(const std::string& dataset_dir) {
       if (data.doc_licenses[i] >= std::max<size_t>(1, m.licenses.size()))
         fail(ExitCode::kData, "shard {}: document {} has license id {} out of range", path, i,
              data.doc_licenses[i]);
+      if (!data.doc_languages.empty() && data.doc_languages[i] >= m.languages.size())
+        fail(ExitCode::kData, "shard {}: document {} has language id {} (manifest has {} languages)", path, i,
+             data.doc_languages[i], m.languages.size());
     }
+    if (data.documents() > 0 && data.doc_languages.empty() != m.languages.empty())
+      fail(ExitCode::kData, "shard {}: {} /doc_languages but the manifest {} a language list", path,
+           data.doc_languages.empty() ? "no" : "has", m.languages.empty() ? "has no" : "has");
     ++result.shards;
     result.tokens += data.tokens.size();
     result.documents += data.documents();

@@ -33,7 +33,8 @@ commands:
           [--section.key=value ...]
   verify  DATASET_DIR                 checksums, schema, loss masks and pairs; exit 65 naming what differs
   inspect DATASET_DIR [--docs N]      manifest summary and decoded sample documents (pairs)
-  compare A B [--threshold T] [--json]  drift between two datasets; exit 1 when over the threshold
+  compare A B [--threshold T] [--json]  which settings changed, what each stage removed, and drift between
+                                      two datasets; exit 1 when over the threshold
 Run 'forge-data <command> --help' for a command's options.
 )";
 
@@ -223,7 +224,7 @@ int cmd_compare(const std::vector<std::string>& args) {
   Command c("forge-data compare A B");
   c.options()("datasets", po::value(&dirs)->required(), "two dataset directories")(
       "threshold", po::value(&threshold)->default_value(0.05),
-      "drift flag when the JS divergence or the domain-mix total variation exceeds this")(
+      "drift flag when the token JS divergence or the domain or language mix total variation exceeds this")(
       "json", "print the comparison as JSON");
   if (!c.positional("datasets", 2).parse(args)) return 0;
   if (dirs.size() != 2) fail(ExitCode::kUsage, "compare needs two dataset directories, got {}", dirs.size());
@@ -231,18 +232,7 @@ int cmd_compare(const std::vector<std::string>& args) {
   if (c.given("json")) {
     std::cout << r.dump(2) << "\n";
   } else {
-    std::cout << fmt::format("A {} ({})\nB {} ({})\n", dirs[0], r["a"]["version"].get<std::string>(), dirs[1],
-                             r["b"]["version"].get<std::string>());
-    std::cout << "domain mix (token share A -> B):\n";
-    for (const auto& [d, v] : r["domain_mix"].items())
-      std::cout << fmt::format("  {:<12} {:6.2f}% -> {:6.2f}%  ({:+.2f} points)\n", d,
-                               100 * v["a"].get<double>(), 100 * v["b"].get<double>(),
-                               100 * v["change"].get<double>());
-    std::cout << fmt::format(
-        "domain mix total variation {:.4f}\ntoken Jensen-Shannon divergence {:.4f} (over {})\n",
-        r["domain_mix_total_variation"].get<double>(), r["token_js_divergence"].get<double>(),
-        r["token_js_over"].get<std::string>());
-    std::cout << fmt::format("drift: {} (threshold {})\n", r["drift"].get<bool>() ? "YES" : "no", threshold);
+    std::cout << compare_summary(r);
   }
   return r["drift"].get<bool>() ? static_cast<int>(ExitCode::kFailure) : 0;
 }

@@ -74,8 +74,30 @@ h5dump -a /tokenizer_sha256 "$shard" | grep -q "$(json ds/manifest.json 'd["toke
 rc=0; "$forge_data" compare ds ds3 --threshold 0.01 --json > cmp.json || rc=$?
 [ "$rc" -eq 1 ] || fail "compare should flag drift (domain mix changed) with exit 1, got $rc"
 [ "$(json cmp.json 'd["same_tokenizer"]')" = True ] || fail "compare: tokenizer should be the same"
+# One setting changed: compare names it, its stage, and what that stage removed in each, per domain.
+"$forge_data" prepare --input corpus/prose=prose --input corpus/code=code --eval-set eval.txt \
+  --out ds4 --vocab 400 --valid-fraction 0.1 --shard-tokens 4000 --filters.min_words=295 > /dev/null
+rc=0; "$forge_data" compare ds ds4 --json > cmp4.json || rc=$?
+[ "$(json cmp4.json '[c["key"] for c in d["settings_changed"]]')" = "['filters.min_words']" ] \
+  || fail "compare: changed settings $(json cmp4.json 'd["settings_changed"]')"
+[ "$(json cmp4.json 'd["settings_changed"][0]["stage"]')" = filters ] || fail "compare: min_words not attributed to filters"
+more=$(json cmp4.json 'd["stages"]["filters"]["removed_per_domain"]["prose"]["change"]')
+[ "$more" -gt 0 ] || fail "compare: filters should remove more prose documents, change $more"
+[ "$(json cmp4.json 'd["stages"]["filters"]["removed_per_domain"]["code"]["change"]')" = 0 ] || fail "compare: code should not change"
+"$forge_data" compare ds ds4 | grep -q "filters: filters.min_words changed; removed 1 -> $((1 + more)) documents ($more more)" \
+  || { "$forge_data" compare ds ds4 >&2; fail "compare: no sentence naming filters.min_words"; }
+# Languages: identified per document, listed in the manifest, indexed by every shard's /doc_languages.
+[ "$(json ds/manifest.json 'len(d["languages"]) > 0')" = True ] || fail "manifest lists no languages"
+h5dump -H -d /doc_languages "$shard" > /dev/null || fail "$shard has no /doc_languages"
+[ "$(json ds/quality.json 'round(sum(v["token_share"] for v in d["summary"]["languages"].values()), 6)')" = 1.0 ] \
+  || fail "language token shares do not add up to 1"
 
 # Bad inputs.
+printf '{"text": "int a;", "repo": "a/b"}\n{"text": "int b;", "repo": ["a", "b"]}\n' > badrepo.jsonl
+expect_exit 65 'badrepo.jsonl:2: field "repo" is a JSON array' -- "$forge_data" prepare --input badrepo.jsonl --out dsr --vocab 400
+[ ! -e dsr ] && ! ls -d dsr.partial-* 2>/dev/null || fail "a failed prepare left a dataset directory behind"
+expect_exit 64 'language.allow' -- "$forge_data" prepare --input corpus/prose --out x --vocab 400 --language.allow=web
+expect_exit 64 'license.allow' -- "$forge_data" prepare --input corpus/prose --out x --vocab 400 '--license.allow=MIT,GPL 3'
 expect_exit 64 "no such file" -- "$forge_data" prepare --input nothing/here --out x --vocab 400
 expect_exit 64 "already exists" -- "$forge_data" prepare --input corpus/prose --out ds --vocab 400
 expect_exit 64 "unknown key" -- "$forge_data" prepare --input corpus/prose --out x --vocab 400 --filters.min_wrds=3

@@ -10,9 +10,14 @@ namespace forge::data {
 
 struct Document {
   std::string text;
-  std::string source;   // file path, plus ":<line>" for a JSONL record
-  std::string license;  // SPDX identifier when known ("" = not detected)
-  uint16_t domain = 0;  // index into Corpus::domains
+  std::string source;    // file path, plus ":<line>" for a JSONL record
+  std::string license;   // SPDX identifier when known ("" = not detected)
+  uint16_t domain = 0;   // index into Corpus::domains
+  std::string language;  // ISO 639 code from the language stage ("" = not identified, "un" = unknown)
+  // The code repository the document is a file of ("" = none): the record's "repo" field or the directory
+  // layout (ingest.repo_depth). Its family (the repository itself, or the one it is a fork of) keeps all of
+  // the family's files on one side of the validation split.
+  std::string repo, repo_family;
 };
 
 struct Corpus {

@@ -35,9 +35,20 @@ struct FilterOptions {
 std::string prose_filter(std::string_view text, const FilterOptions& options);
 std::string code_filter(std::string_view text, const FilterOptions& options);
 
+// Names detect_license's rules in the manifest: a change to them changes the versions of datasets built
+// after.
+inline constexpr const char* kLicenseRules = "forge-license-v2";
+
 // An SPDX identifier for the document's license, or "" when none is detected.
 std::string detect_license(std::string_view text);
 
 Json apply_filters(Corpus& corpus, const FilterOptions& options);
+
+// The license policy: an allow-list of SPDX identifiers ("unknown" admits documents whose license is not
+// known); empty = every license is kept. Runs after the filters, which detect the licenses it judges.
+struct LicenseOptions {
+  std::vector<std::string> allow;
+};
+Json apply_license_policy(Corpus& corpus, const LicenseOptions& options);
 
 }  // namespace forge::data

@@ -31,6 +31,10 @@ struct IngestOptions {
   double max_invalid_utf8 = 0.01;       // above this fraction of bad bytes a document is dropped
   double max_nul = 0.001;               // above this fraction of NUL bytes a document is binary
   std::string default_domain = "text";
+  // Files of an input directory belong to the repository named by their first `repo_depth` directories
+  // below it (2 for a layout DIR/owner/name/...; 0 = no repositories from the layout). JSONL records name
+  // theirs in a "repo" field.
+  int repo_depth = 0;
   std::string format = "text";  // "text", "chat" or "preference"
   // chat and preference: above this fraction of malformed (non-blank) lines `ingest` fails with kData, naming
   // the count, the fraction and the first bad line; at or below it they are counted and listed.

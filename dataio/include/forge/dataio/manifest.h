@@ -35,8 +35,11 @@ struct Manifest {
   std::string format = "text";
   std::vector<std::string> domains;   // per-document domain ids index this
   std::vector<std::string> licenses;  // per-document license ids index this; [0] = "unknown"
-  Json settings = Json::object();     // resolved pipeline settings
-  std::vector<ShardEntry> shards;     // by split, then domain, then sequence number
+  // Per-document language ids (/doc_languages) index this, sorted; empty for datasets prepared without the
+  // language stage (absent in their JSON, so their versions did not change when it came).
+  std::vector<std::string> languages;
+  Json settings = Json::object();  // resolved pipeline settings
+  std::vector<ShardEntry> shards;  // by split, then domain, then sequence number
 
   Json to_json() const;
   static Manifest from_json(const Json& j, const std::string& where);

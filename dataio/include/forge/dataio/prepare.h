@@ -7,7 +7,9 @@
 #include "forge/dataio/dedup.h"
 #include "forge/dataio/filters.h"
 #include "forge/dataio/ingest.h"
+#include "forge/dataio/language.h"
 #include "forge/dataio/pii.h"
+#include "forge/dataio/repository.h"
 #include "forge/dataio/tokenizer.h"
 
 #include <cstdint>
@@ -40,6 +42,9 @@ struct PrepareOptions {
   FilterOptions filters;
   PiiOptions pii;
   SafetyOptions safety;
+  LanguageOptions language;
+  RepositoryOptions repository;
+  LicenseOptions license;
   TokenizerTrainOptions tokenizer;
   ChatPrepareOptions chat;
 };

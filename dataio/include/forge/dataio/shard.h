@@ -5,6 +5,8 @@
 //   /doc_offsets  uint64 [documents + 1]: start of each document in /tokens, then the token count
 //   /doc_domains  uint16 [documents]: index into the manifest's domain list
 //   /doc_licenses uint16 [documents]: index into the manifest's license list (0 = unknown)
+//   /doc_languages uint16 [documents], datasets prepared with the language stage: index into the
+//                 manifest's language list
 //   /loss_mask    uint8 [tokens], chat datasets only, contiguous like /tokens: 1 where the token is scored
 //                 as a target (an assistant's reply and its end of turn), 0 elsewhere
 //   attributes on "/": schema_version, split, domain, tokenizer_sha256, vocab_size
@@ -23,7 +25,8 @@ struct ShardData {
   std::vector<uint64_t> doc_offsets{0};
   std::vector<uint16_t> doc_domains;
   std::vector<uint16_t> doc_licenses;
-  std::vector<uint8_t> loss_mask;  // empty, or one per token (chat datasets)
+  std::vector<uint16_t> doc_languages;  // empty, or one per document
+  std::vector<uint8_t> loss_mask;       // empty, or one per token (chat datasets)
 
   uint64_t documents() const { return doc_domains.size(); }
 };
@@ -45,7 +48,7 @@ struct ShardLayout {
   uint64_t tokens = 0, documents = 0;
   int token_bytes = 0;
   uint64_t token_offset = 0;  // byte offset of /tokens in the file
-  bool has_loss_mask = false;
+  bool has_loss_mask = false, has_languages = false;
   uint64_t loss_mask_offset = 0;  // byte offset of /loss_mask in the file, when it has one
   uint64_t file_bytes = 0;
 };

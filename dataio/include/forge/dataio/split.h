@@ -1,6 +1,9 @@
-// Stage 7: the held-out validation split, chosen per domain by document hash: the ceil(f * n) documents
-// of a domain with the lowest xxh3 of their text go to validation (at least one when the domain has two
-// or more, never all). Depends only on the documents, so it is deterministic and disjoint from train.
+// Stage 7: the held-out validation split, chosen per domain by hash. A unit goes whole: a document (keyed
+// by the xxh3 of its text), or all files of a repository family (keyed by the family's name; its domain is
+// that of its first file, and its files in other domains follow it). Per domain, units in key order go to
+// validation until they hold ceil(f * n) of its n documents (at least one unit when the domain has two or
+// more, never all of them). Without repositories: the ceil(f * n) documents with the lowest hashes.
+// Depends only on the documents, so it is deterministic and disjoint from train.
 #pragma once
 
 #include "forge/dataio/document.h"
