@@ -47,7 +47,8 @@ Planted plant(int bases, int copies, int words, uint32_t seed) {
     const std::string base = random_text(rng, words);
     std::vector<std::set<uint64_t>> family = {shingle_set(base)};
     p.bases.insert("base" + std::to_string(b));
-    p.corpus.docs.push_back({base, "base" + std::to_string(b), "", 0});
+    p.corpus.docs.emplace_back().text = base;
+    p.corpus.docs.back().source = "base" + std::to_string(b);
     for (int c = 0; c < copies; ++c) {
       std::string copy = append_letters(base, rate(rng), rng);
       const std::string name = fmt::format("copy{}.{}", b, c);
@@ -56,7 +57,8 @@ Planted plant(int bases, int copies, int words, uint32_t seed) {
       for (const auto& earlier : family) best = std::max(best, exact_jaccard(s, earlier));
       p.jaccard[name] = best;
       family.push_back(s);
-      p.corpus.docs.push_back({std::move(copy), name, "", 0});
+      p.corpus.docs.emplace_back().text = std::move(copy);
+      p.corpus.docs.back().source = name;
     }
   }
   return p;

@@ -272,7 +272,7 @@ TEST_CASE("a trained tokenizer reserves each chat marker as one id; a model with
   Corpus corpus;
   corpus.domains = {"t"};
   std::mt19937 rng(1);
-  for (int i = 0; i < 100; ++i) corpus.docs.push_back({words(rng, 40), "", "", 0});  // text only
+  for (int i = 0; i < 100; ++i) corpus.docs.emplace_back().text = words(rng, 40);
   TokenizerTrainOptions o;
   o.vocab = 320;
   const Tokenizer tok = Tokenizer::train(corpus, o, tmp / "t.model");

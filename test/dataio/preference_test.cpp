@@ -445,6 +445,7 @@ TEST_CASE("verify rejects a preference shard with a broken pair") {
   bad.doc_offsets.pop_back();
   bad.doc_domains.pop_back();
   bad.doc_licenses.pop_back();
+  bad.doc_languages.pop_back();
   bad.tokens.resize(bad.doc_offsets.back());
   bad.loss_mask.resize(bad.doc_offsets.back());
   write_shard(shard, bad, attrs, m.token_bytes);
