@@ -10,6 +10,7 @@
 #include "forge/dataio/reader.h"
 #include "forge/dataio/shard.h"
 #include "forge/dataio/synthetic.h"
+#include "synthetic_dataset.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -70,38 +71,6 @@ Pass measure(double tokens, F&& body) {
   p.faults = minor_faults() - f0;
   p.tokens = tokens;
   return p;
-}
-
-void build(const std::string& dir, uint64_t tokens, uint32_t vocab) {
-  fs::create_directories(fs::path(dir) / "shards");
-  forge::write_file_atomic(dir + "/tokenizer.model", "bench");
-  Manifest m;
-  m.tokenizer_file = "tokenizer.model";
-  m.tokenizer_sha256 = forge::sha256_hex("bench");
-  m.vocab_size = vocab;
-  m.eos_id = 2;
-  m.token_bytes = 2;
-  m.domains = {"bench"};
-  m.licenses = {"unknown"};
-  const SyntheticStream stream(vocab, 1);
-  const uint64_t per_shard = 32ull << 20, doc = 4096;
-  std::vector<int32_t> buf(doc);
-  for (uint64_t first = 0, seq = 0; first < tokens; first += per_shard, ++seq) {
-    ShardData d;
-    const uint64_t n = std::min(per_shard, tokens - first);
-    for (uint64_t t = 0; t < n; t += doc) {
-      stream.sample(first + t, buf);
-      d.tokens.insert(d.tokens.end(), buf.begin(), buf.begin() + std::min<uint64_t>(doc, n - t));
-      d.doc_offsets.push_back(d.tokens.size());
-      d.doc_domains.push_back(0);
-      d.doc_licenses.push_back(0);
-    }
-    const std::string rel = fmt::format("shards/train-bench-{:05d}.h5", seq);
-    write_shard(dir + "/" + rel, d, {kShardSchemaVersion, "train", "bench", m.tokenizer_sha256, vocab}, 2);
-    m.shards.push_back({rel, "train", "bench", forge::xxh3_file_hex(dir + "/" + rel),
-                        fs::file_size(dir + "/" + rel), d.tokens.size(), d.documents()});
-  }
-  write_manifest(dir, m);
 }
 
 // A raw read() of every shard file in 1 MiB blocks; returns the bytes read.
@@ -173,7 +142,7 @@ int main(int argc, char** argv) {
   }
   if (!fs::exists(dir + "/manifest.json") || load_manifest(dir).tokens("train") != tokens) {
     fs::remove_all(dir);
-    build(dir, tokens, 32000);
+    forge::bench::write_synthetic_dataset(dir, tokens, 32000, 32ull << 20);
   }
   const Manifest m = load_manifest(dir);
   std::vector<char> buf(1 << 20);

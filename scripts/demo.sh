@@ -104,15 +104,25 @@ quota sync >/dev/null
 rm -rf "$work" && mkdir -p "$work" && : > "$work/.forge-demo"
 cd "$work"
 
-stage "demo corpus and dataset (forge-data prepare, a batch job on the data pool)"
+stage "demo corpus and dataset (forge-data prepare on 2 nodes x 1 rank, a batch job on the data pool)"
 "$root/scripts/make-demo-corpus.sh" "$work/corpus" $((fast ? 1 : 3)) >/dev/null
 export FORGE_HOME=$root
-prep=$(sbatch --parsable --wait -A team-a -c 2 -o "$work/prepare-%j.out" "$root/scripts/sbatch/prepare.sbatch" \
+# Two ranks on two nodes make the dataset one process would make, byte for byte (docs/DATA.md).
+prep=$(sbatch --parsable --wait -A team-a -N2 -n2 -c 2 -o "$work/prepare-%j.out" "$root/scripts/sbatch/prepare.sbatch" \
   --input "$work/corpus/code=code" --input "$work/corpus/legal=legal" \
   --input "$work/corpus/docs=docs" --eval-set /usr/share/common-licenses/GPL-3 --vocab 1000 \
   --valid-fraction 0.05 --out "$work/dataset") || { cat "$work"/prepare-*.out >&2; exit 1; }
-tail -n 3 "$work/prepare-$prep.out"
-echo "prepare job $prep ran on partition $(sacct -n -X -P -j "$prep" -o Partition), away from the training nodes"
+grep -E '^(languages|repositories|duplicate rate)' "$work/prepare-$prep.out" || true
+tail -n 2 "$work/prepare-$prep.out"
+python3 - "$work/dataset/quality.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))["summary"]["distributed"]
+for w in d["work_split"]:
+    print(f"  rank {w['rank']} on {w['node']}: {w['files']} files, {w['bytes_in'] / 1e6:.1f} MB in, "
+          f"{w['documents_out']} documents out, {w['shards_written']} shards written")
+print(f"  exchanged {d['exchanged_bytes_per_input_byte']:.3f} bytes per input byte")
+PY
+echo "prepare job $prep ran on partition $(sacct -n -X -P -j "$prep" -o Partition) ($(sacct -n -X -P -j "$prep" -o NodeList)), away from the training GPUs"
 
 stage "approval: the pretraining job is over the policy's GPU-hour threshold; root asks, carol approves"
 # $ranks GPUs x the tier's 48 h. The installed (setgid) forge-quota writes the request into the ledger; the

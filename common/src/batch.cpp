@@ -12,7 +12,7 @@ namespace {
 
 // Serialized form: magic, rows, seq_len, which optional fields follow, then the arrays in field order.
 constexpr char kMagic[8] = {'F', 'M', 'B', 'A', 'T', 'C', 'H', '1'};
-constexpr uint32_t kHasWeights = 1, kHasPositions = 2, kHasSegments = 4, kHasReference = 8;
+constexpr uint32_t kHasWeights = 1, kHasPositions = 2, kHasSegments = 4, kHasReference = 8, kHasDomains = 16;
 
 template <typename T>
 void put(std::string& out, const std::vector<T>& v) {
@@ -44,6 +44,7 @@ void MicroBatch::resize(int r, int t) {
   weights.clear();
   positions.clear();
   segments.clear();
+  domains.clear();
   reference_logps.clear();
 }
 
@@ -95,7 +96,7 @@ std::optional<std::string> MicroBatch::problem(int vocab, int max_positions) con
   };
   if (inputs.size() != n || targets.size() != n || sample_ids.size() != size_t(rows) ||
       (!weights.empty() && weights.size() != n) || (!positions.empty() && positions.size() != n) ||
-      (!segments.empty() && segments.size() != n))
+      (!segments.empty() && segments.size() != n) || (!domains.empty() && domains.size() != size_t(rows)))
     return fmt::format("a micro-batch of {} x {} positions has fields of the wrong length", rows, seq_len);
   for (size_t i = 0; i < n; ++i) {
     if (inputs[i] < 0 || inputs[i] >= vocab)
@@ -139,6 +140,7 @@ MicroBatch MicroBatch::slice_rows(int first, int count) const {
   if (!segments.empty()) append_rows(out.segments, segments, lo, n);
   append_rows(out.sample_ids, sample_ids, size_t(first), size_t(count));
   append_rows(out.epochs, epochs, size_t(first), size_t(count));
+  if (!domains.empty()) append_rows(out.domains, domains, size_t(first), size_t(count));
   if (!reference_logps.empty())
     append_rows(out.reference_logps, reference_logps, 2 * size_t(first), 2 * size_t(count));
   return out;
@@ -149,8 +151,11 @@ MicroBatch MicroBatch::concat(std::span<const MicroBatch> parts) {
   if (parts.empty()) return out;
   out.seq_len = parts[0].seq_len;
   bool weights = false, positions = false, segments = false;
+  // Domains have no default: the result knows them only when every part does.
+  bool domains = true;
   for (const MicroBatch& p : parts) {
     if (p.seq_len != out.seq_len) throw std::invalid_argument("MicroBatch::concat: seq_len differs");
+    domains = domains && p.domains.size() == size_t(p.rows);
     weights = weights || !p.weights.empty();
     positions = positions || !p.positions.empty();
     segments = segments || !p.segments.empty();
@@ -161,6 +166,7 @@ MicroBatch MicroBatch::concat(std::span<const MicroBatch> parts) {
     append_rows(out.targets, p.targets, 0, p.size());
     append_rows(out.sample_ids, p.sample_ids, 0, size_t(p.rows));
     append_rows(out.epochs, p.epochs, 0, size_t(p.rows));
+    if (domains) append_rows(out.domains, p.domains, 0, size_t(p.rows));
     if (p.reference_logps.size() != (parts[0].reference_logps.empty() ? 0 : 2 * size_t(p.rows)))
       throw std::invalid_argument("MicroBatch::concat: preference pairs mixed with other rows");
     append_rows(out.reference_logps, p.reference_logps, 0, p.reference_logps.size());
@@ -179,7 +185,7 @@ std::string MicroBatch::serialize() const {
   std::string out(kMagic, sizeof kMagic);
   const uint32_t flags = (weights.empty() ? 0 : kHasWeights) | (positions.empty() ? 0 : kHasPositions) |
                          (segments.empty() ? 0 : kHasSegments) |
-                         (reference_logps.empty() ? 0 : kHasReference);
+                         (reference_logps.empty() ? 0 : kHasReference) | (domains.empty() ? 0 : kHasDomains);
   const uint32_t header[3] = {uint32_t(rows), uint32_t(seq_len), flags};
   out.append(reinterpret_cast<const char*>(header), sizeof header);
   put(out, inputs);
@@ -190,6 +196,7 @@ std::string MicroBatch::serialize() const {
   put(out, sample_ids);
   put(out, epochs);
   put(out, reference_logps);
+  put(out, domains);  // last: bytes written before the field existed read back without it
   return out;
 }
 
@@ -212,6 +219,7 @@ MicroBatch MicroBatch::deserialize(std::string_view in) {
   take(in, b.sample_ids, size_t(b.rows));
   take(in, b.epochs, size_t(b.rows));
   take(in, b.reference_logps, header[2] & kHasReference ? 2 * size_t(b.rows) : 0);
+  take(in, b.domains, header[2] & kHasDomains ? size_t(b.rows) : 0);
   if (!in.empty()) fail(ExitCode::kData, "serialized micro-batch has {} trailing bytes", in.size());
   return b;
 }

@@ -24,9 +24,14 @@ std::string xxh3_64_hex(std::string_view data) {
   return to_hex64(xxh3_64(data.data(), data.size()));
 }
 
-std::string xxh3_128_hex(std::string_view data) {
+Hash128 xxh3_128(std::string_view data) {
   const XXH128_hash_t h = XXH3_128bits(data.data(), data.size());
-  return to_hex64(h.high64) + to_hex64(h.low64);
+  return {h.high64, h.low64};
+}
+
+std::string xxh3_128_hex(std::string_view data) {
+  const Hash128 h = xxh3_128(data);
+  return to_hex64(h.high) + to_hex64(h.low);
 }
 
 struct Xxh3Stream::State {

@@ -1,5 +1,7 @@
 #include "forge/dataio/ingest.h"
 
+#include "wire.h"
+
 #include "forge/common/error.h"
 #include "forge/common/progress_line.h"
 #include "forge/dataio/chat.h"
@@ -343,46 +345,80 @@ std::string repair_utf8(std::string_view in, size_t* invalid_bytes) {
   return out;
 }
 
-uint64_t input_bytes(const std::vector<InputSpec>& inputs, const IngestOptions& options) {
-  uint64_t total = 0;
-  for (const auto& in : inputs) {
-    for (const auto& p : expand(in, options, nullptr)) {
-      std::error_code ec;
-      const auto size = fs::file_size(p, ec);
-      if (!ec) total += size;
-    }
-  }
-  return total;
-}
-
 void ingest(const std::vector<InputSpec>& inputs, const IngestOptions& options, Corpus& corpus,
-            IngestStats& stats) {
-  ProgressLine progress("prepare ingest", "docs", 0, input_bytes(inputs, options));
+            IngestStats& stats, Ranks& ranks) {
   stats.chat.preference = options.format == "preference";
-  for (const auto& in : inputs) {
-    for (const auto& file : expand(in, options, &stats.skipped_files)) {
-      const std::string path = file.string();
-      std::string data = read_whole(file);
-      ++stats.files;
-      const uint64_t before = corpus.docs.size();
-      const uint64_t size = data.size();
-      if (options.format == "chat") {
-        ingest_chat_jsonl(data, path, in, options, corpus, stats);
-      } else if (options.format == "preference") {
-        ingest_preference_jsonl(data, path, in, options, corpus, stats);
-      } else if (lower_extension(file) == "jsonl") {
-        ingest_jsonl(data, path, in, options, corpus, stats);
-      } else {
-        admit(std::move(data), path, in.domain.empty() ? options.default_domain : in.domain, "", options,
-              corpus, stats, repo_of(in, file, options.repo_depth));
-      }
-      progress.add(corpus.docs.size() - before, size);
+  // Every rank lists every input (sorted), then reads one contiguous run of files of about equal bytes,
+  // so that its documents follow those of the ranks before it in input order.
+  struct File {
+    size_t input;
+    fs::path path;
+    uint64_t bytes;
+  };
+  std::vector<File> files;
+  uint64_t total = 0, skipped = 0;
+  for (size_t k = 0; k < inputs.size(); ++k)
+    for (auto& path : expand(inputs[k], options, &skipped)) {
+      std::error_code ec;
+      const uint64_t bytes = fs::file_size(path, ec);
+      files.push_back({k, std::move(path), ec ? 0 : bytes});
+      total += files.back().bytes;
     }
+  if (ranks.rank() == 0) stats.skipped_files += skipped;
+  const auto R = static_cast<uint64_t>(ranks.size());
+  uint64_t mine = 0, before = 0;
+  std::vector<const File*> to_read;
+  for (const File& f : files) {
+    // The rank whose share of the bytes holds the middle of this file.
+    const uint64_t middle = before + f.bytes / 2;
+    const uint64_t rank = total == 0
+                              ? 0
+                              : std::min<uint64_t>(R - 1, static_cast<uint64_t>(static_cast<double>(middle) *
+                                                                                double(R) / double(total)));
+    before += f.bytes;
+    if (rank != static_cast<uint64_t>(ranks.rank())) continue;
+    to_read.push_back(&f);
+    mine += f.bytes;
+  }
+  ProgressLine progress("prepare ingest", "docs", 0, mine);
+  for (const File* f : to_read) {
+    const InputSpec& in = inputs[f->input];
+    const std::string path = f->path.string();
+    std::string data = read_whole(f->path);
+    ++stats.files;
+    const uint64_t docs_before = corpus.docs.size();
+    const uint64_t size = data.size();
+    if (options.format == "chat") {
+      ingest_chat_jsonl(data, path, in, options, corpus, stats);
+    } else if (options.format == "preference") {
+      ingest_preference_jsonl(data, path, in, options, corpus, stats);
+    } else if (lower_extension(f->path) == "jsonl") {
+      ingest_jsonl(data, path, in, options, corpus, stats);
+    } else {
+      admit(std::move(data), path, in.domain.empty() ? options.default_domain : in.domain, "", options,
+            corpus, stats, repo_of(in, f->path, options.repo_depth));
+    }
+    progress.add(corpus.docs.size() - docs_before, size);
+  }
+  // Domains are numbered in order of first appearance in the input: over the ranks, in rank order.
+  if (ranks.size() > 1) {
+    Packer names;
+    for (const auto& d : corpus.domains) names.put(std::string_view(d));
+    std::vector<std::string> global;
+    for (const auto& block : ranks.all_gather(names.bytes()))
+      for (Unpacker u(block); !u.done();)
+        if (std::string name = u.str(); std::find(global.begin(), global.end(), name) == global.end())
+          global.push_back(std::move(name));
+    if (global.size() > 65535) fail(ExitCode::kUsage, "more than 65535 domains");
+    for (auto& doc : corpus.docs)
+      doc.domain = static_cast<uint16_t>(std::find(global.begin(), global.end(), corpus.domains[doc.domain]) -
+                                         global.begin());
+    corpus.domains = std::move(global);
   }
   progress.finish();
   const ChatIngestStats& cs = stats.chat;
-  if (options.format != "text" &&
-      static_cast<double>(cs.malformed_lines) > options.max_bad_lines * static_cast<double>(cs.lines))
+  if (options.format != "text" && static_cast<double>(ranks.sum(cs.malformed_lines)) >
+                                      options.max_bad_lines * static_cast<double>(ranks.sum(cs.lines)))
     fail(ExitCode::kData,
          "{} of {} {} lines are malformed ({:.3g}%, above --max-bad-lines {:.3g}%); first: {}; fix or "
          "remove them, or raise --max-bad-lines; nothing written",

@@ -1,27 +1,19 @@
+#include "distributed.h"
 #include "forge/common/error.h"
 #include "forge/common/hash.h"
 #include "forge/common/progress_line.h"
 #include "forge/dataio/dedup.h"
 #include "forge/dataio/text.h"
+#include "wire.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <tuple>
 #include <unordered_map>
 
 namespace forge::data {
 namespace {
-
-struct UnionFind {
-  std::vector<uint32_t> parent;
-  explicit UnionFind(size_t n) : parent(n) {
-    for (size_t i = 0; i < n; ++i) parent[i] = static_cast<uint32_t>(i);
-  }
-  uint32_t find(uint32_t x) {
-    while (parent[x] != x) x = parent[x] = parent[parent[x]];
-    return x;
-  }
-};
 
 // Folds one shingle hash into the running minima. The clone for the CPU is picked at load time: AVX-512
 // (x86-64-v4) has 64-bit vector multiplies (vpmullq), AVX2 emulates them.
@@ -185,55 +177,139 @@ double estimated_jaccard(const std::vector<uint32_t>& x, const std::vector<uint3
   return double(equal) / double(x.size());
 }
 
-Json near_dedup(Corpus& corpus, const MinHashOptions& options) {
+Json near_dedup(Corpus& corpus, const MinHashOptions& options, Ranks& ranks) {
   const MinHasher hasher(options);
   const MinHashPlan& plan = hasher.plan();
   const double confirm = plan.confirm_threshold();
   ProgressLine progress("prepare near-dedup", "docs");
   const size_t n = corpus.docs.size();
-  // Memory: one signature per document plus one bucket entry per band and document; nothing scales
-  // with document length.
+  const Placement at = place(ranks, n);
+  const auto R = static_cast<uint64_t>(ranks.size());
+  // A document is removed when, in some band, the first document in input order with the same band key
+  // (its bucket's first) is an earlier one whose signature agrees enough. So: signatures here; each band
+  // key to the rank that owns the bucket; the owner names each bucket's first to the holders of the
+  // others; they fetch the firsts' signatures and decide, bands in order. Memory: one signature per
+  // document plus one bucket entry per band and document; nothing scales with document length.
   std::vector<std::vector<uint32_t>> sigs(n);
-  std::vector<std::unordered_map<uint64_t, uint32_t>> buckets(plan.bands);
-  for (auto& b : buckets) b.reserve(n);
-  UnionFind clusters(n);
-  std::vector<bool> removed(n, false);
-  Json examples = Json::array();
+  Outbox keys(ranks.size());
   for (size_t i = 0; i < n; ++i) {
     progress.add(1, corpus.docs[i].text.size());
     sigs[i] = hasher.signature(corpus.docs[i].text);
-    for (int band = 0; band < plan.bands; ++band) {
+    for (uint32_t band = 0; band < uint32_t(plan.bands); ++band) {
       const uint64_t key = xxh3_64(sigs[i].data() + band * plan.rows, plan.rows * sizeof(uint32_t), band);
-      const auto [it, inserted] = buckets[band].emplace(key, static_cast<uint32_t>(i));
-      if (inserted || removed[i]) continue;
-      const uint32_t j = it->second;  // earlier document in the same bucket
-      const double similarity = estimated_jaccard(sigs[i], sigs[j]);
-      if (similarity < confirm) continue;
-      removed[i] = true;
-      const uint32_t root = clusters.find(j);
-      clusters.parent[i] = root;
-      if (examples.size() < 5)
-        examples.push_back({{"removed", corpus.docs[i].source},
-                            {"kept", corpus.docs[root].source},
-                            {"estimated_jaccard", similarity}});
+      keys.to[(key ^ (uint64_t{band} * 0x9E3779B97F4A7C15ull)) % R]
+          .put(static_cast<uint16_t>(band))  // bands <= kMaxMinHashes
+          .put(key)
+          .put<uint64_t>(at.first + i);
     }
   }
+  std::vector<std::unordered_map<uint64_t, uint64_t>> first(static_cast<size_t>(plan.bands));
+  Outbox firsts(ranks.size());
+  {
+    const auto owned = ranks.exchange(keys.blocks());
+    for (size_t r = 0; r < owned.size(); ++r)  // rank order is input order
+      for (Unpacker in(owned[r]); !in.done();) {
+        const auto band = in.get<uint16_t>();
+        const auto key = in.get<uint64_t>();
+        const auto g = in.get<uint64_t>();
+        const auto [it, inserted] = first[band].emplace(key, g);
+        if (!inserted) firsts.to[r].put(g).put(band).put(it->second);
+      }
+  }
+  first.clear();
+  struct Candidate {
+    uint64_t doc;  // local index
+    uint32_t band;
+    uint64_t earlier;  // global index of the bucket's first
+    bool operator<(const Candidate& o) const { return std::tie(doc, band) < std::tie(o.doc, o.band); }
+  };
+  std::vector<Candidate> candidates;
+  for (const auto& block : ranks.exchange(firsts.blocks()))
+    for (Unpacker in(block); !in.done();) {
+      const auto g = in.get<uint64_t>();
+      const auto band = in.get<uint16_t>();
+      candidates.push_back({g - at.first, band, in.get<uint64_t>()});
+    }
+  std::sort(candidates.begin(), candidates.end());
+  // Signatures of firsts held by other ranks.
+  std::unordered_map<uint64_t, std::vector<uint32_t>> remote;
+  {
+    Outbox ask(ranks.size());
+    for (const auto& c : candidates)
+      if ((c.earlier < at.first || c.earlier >= at.first + n) &&
+          remote.emplace(c.earlier, std::vector<uint32_t>()).second)
+        ask.to[static_cast<size_t>(at.rank_of(c.earlier))].put(c.earlier);
+    const auto asked = ranks.exchange(ask.blocks());
+    Outbox answer(ranks.size());
+    for (size_t r = 0; r < asked.size(); ++r)
+      for (Unpacker in(asked[r]); !in.done();) {
+        const auto g = in.get<uint64_t>();
+        answer.to[r].put(g);
+        for (uint32_t v : sigs[g - at.first]) answer.to[r].put(v);
+      }
+    for (const auto& block : ranks.exchange(answer.blocks()))
+      for (Unpacker in(block); !in.done();) {
+        auto& sig = remote[in.get<uint64_t>()];
+        sig.resize(static_cast<size_t>(plan.hashes()));
+        for (auto& v : sig) v = in.get<uint32_t>();
+      }
+  }
+  // Decide, bands in order; the first earlier document that confirms is the one this repeats.
+  std::vector<uint64_t> repeats(n, UINT64_MAX);
+  std::vector<double> similarity(n, 0.0);
+  for (const auto& c : candidates) {
+    if (repeats[c.doc] != UINT64_MAX) continue;
+    const auto& other =
+        c.earlier >= at.first && c.earlier < at.first + n ? sigs[c.earlier - at.first] : remote.at(c.earlier);
+    const double sim = estimated_jaccard(sigs[c.doc], other);
+    if (sim < confirm) continue;
+    repeats[c.doc] = c.earlier;
+    similarity[c.doc] = sim;
+  }
   progress.finish();
-  std::unordered_map<uint32_t, uint64_t> cluster_sizes;
+  // Clusters: rank 0 links every removed document to the root of what it repeats, in input order.
+  Outbox edges(ranks.size());
+  for (size_t i = 0; i < n; ++i)
+    if (repeats[i] != UINT64_MAX) edges.to[0].put<uint64_t>(at.first + i).put(repeats[i]).put(similarity[i]);
+  const auto all_edges = ranks.exchange(edges.blocks());
+  std::unordered_map<uint64_t, uint64_t> root;  // removed document -> the kept document of its cluster
+  std::unordered_map<uint64_t, uint64_t> cluster_sizes;
+  std::vector<uint64_t> wanted;  // sources for the report: examples (removed, kept), then the largest
+  std::vector<double> example_similarity;
+  if (ranks.rank() == 0) {
+    for (const auto& block : all_edges)
+      for (Unpacker in(block); !in.done();) {
+        const auto g = in.get<uint64_t>(), j = in.get<uint64_t>();
+        const auto sim = in.get<double>();
+        const auto it = root.find(j);
+        const uint64_t r = it == root.end() ? j : it->second;
+        root[g] = r;
+        ++cluster_sizes[r];
+        if (example_similarity.size() < 5) {
+          wanted.insert(wanted.end(), {g, r});
+          example_similarity.push_back(sim);
+        }
+      }
+  }
+  std::vector<std::pair<uint64_t, uint64_t>> largest;
+  for (const auto& [r, extra] : cluster_sizes) largest.emplace_back(extra + 1, r);
+  std::sort(largest.begin(), largest.end(),
+            [](auto x, auto y) { return x.first != y.first ? x.first > y.first : x.second < y.second; });
+  largest.resize(std::min<size_t>(5, largest.size()));
+  for (const auto& [_, r] : largest) wanted.push_back(r);
+  const auto sources = sources_of(ranks, corpus, at, wanted);
+  Json examples = Json::array(), top = Json::array();
+  for (size_t k = 0; k < example_similarity.size(); ++k)
+    examples.push_back({{"removed", sources[2 * k]},
+                        {"kept", sources[2 * k + 1]},
+                        {"estimated_jaccard", example_similarity[k]}});
+  for (size_t k = 0; k < largest.size(); ++k)
+    top.push_back({{"size", largest[k].first}, {"kept", sources[2 * example_similarity.size() + k]}});
   std::vector<uint64_t> docs_by_domain(corpus.domains.size()), removed_by_domain(corpus.domains.size());
   for (size_t i = 0; i < n; ++i) {
     ++docs_by_domain[corpus.docs[i].domain];
-    if (!removed[i]) continue;
-    ++removed_by_domain[corpus.docs[i].domain];
-    ++cluster_sizes[clusters.find(static_cast<uint32_t>(i))];
+    if (repeats[i] != UINT64_MAX) ++removed_by_domain[corpus.docs[i].domain];
   }
-  std::vector<std::pair<uint64_t, uint32_t>> largest;
-  for (const auto& [root, extra] : cluster_sizes) largest.emplace_back(extra + 1, root);
-  std::sort(largest.begin(), largest.end(),
-            [](auto x, auto y) { return x.first != y.first ? x.first > y.first : x.second < y.second; });
-  Json top = Json::array();
-  for (size_t i = 0; i < std::min<size_t>(5, largest.size()); ++i)
-    top.push_back({{"size", largest[i].first}, {"kept", corpus.docs[largest[i].second].source}});
   Json per_domain = Json::object();
   uint64_t total_removed = 0;
   for (size_t d = 0; d < corpus.domains.size(); ++d) {
@@ -246,7 +322,7 @@ Json near_dedup(Corpus& corpus, const MinHashOptions& options) {
   std::vector<Document> kept;
   kept.reserve(n - total_removed);
   for (size_t i = 0; i < n; ++i)
-    if (!removed[i]) kept.push_back(std::move(corpus.docs[i]));
+    if (repeats[i] == UINT64_MAX) kept.push_back(std::move(corpus.docs[i]));
   corpus.docs = std::move(kept);
   // The expected S-curve of this plan, for a pair in isolation (a pair whose band bucket an unrelated
   // earlier document took first is compared with that one instead).
@@ -271,7 +347,7 @@ Json near_dedup(Corpus& corpus, const MinHashOptions& options) {
           {"documents_in", n},
           {"removed", {{"near_duplicate", total_removed}}},
           {"duplicate_rate", n ? double(total_removed) / double(n) : 0.0},
-          {"clusters", cluster_sizes.size()},
+          {"clusters", cluster_sizes.size()},  // counted on rank 0, which sees every cluster
           {"largest_clusters", top},
           {"per_domain", per_domain},
           {"examples", examples},

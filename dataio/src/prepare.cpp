@@ -1,7 +1,9 @@
 #include "forge/dataio/prepare.h"
 
+#include "distributed.h"
 #include "forge/common/error.h"
 #include "forge/common/hash.h"
+#include "forge/common/local_rank.h"
 #include "forge/common/progress_line.h"
 #include "forge/dataio/chat.h"
 #include "forge/dataio/decontam.h"
@@ -10,6 +12,7 @@
 #include "forge/dataio/shard.h"
 #include "forge/dataio/split.h"
 #include "report.h"
+#include "wire.h"
 
 #include <time.h>
 #include <unistd.h>
@@ -17,10 +20,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <set>
 #include <thread>
+#include <tuple>
 
 namespace fs = std::filesystem;
 
@@ -45,11 +51,6 @@ Json language_shares(const Json& tokens, uint64_t total) {
   for (const auto& [code, n] : tokens.items())
     out[code] = {{"tokens", n}, {"token_share", total ? n.get<double>() / double(total) : 0.0}};
   return out;
-}
-
-void add_cpu_rate(Json& stage, uint64_t bytes, double cpu_seconds) {
-  stage["cpu_seconds"] = cpu_seconds;
-  stage["mb_per_cpu_s"] = bytes / 1e6 / std::max(1e-9, cpu_seconds);
 }
 
 constexpr const char* kChatFiltersSkipped =
@@ -350,22 +351,191 @@ std::vector<uint8_t> pair_valid_split(const Corpus& halves, double fraction, uin
   return valid;
 }
 
+// What the shards of one rank hold, added up over the ranks for the report.
+struct ShardTally {
+  explicit ShardTally(const Manifest& m) : unigram(m.vocab_size) {
+    for (const auto& l : m.languages) language_tokens[l] = 0;
+  }
+  std::vector<uint64_t> unigram;
+  Json domain_stats = Json::object(), language_tokens = Json::object();
+  uint64_t tokens = 0, shards = 0;
+};
+
+// Shards: one stream per (split, domain), cut at document boundaries every shard_tokens tokens; in a
+// preference stream only after a rejected half, so a pair never straddles two shards (the reader batches
+// pairs within a shard). Distributed, the cuts are those of one process: the ranks decide theirs in rank
+// order, each handing the next the state of every stream's open shard; a shard is written by the rank
+// holding its first document, which the following ranks send the rest of its documents. Adds the entries to
+// m.shards on rank 0, in manifest order.
+void write_shards(const Corpus& corpus, const std::vector<std::vector<uint32_t>>& encoded,
+                  const std::vector<std::vector<uint8_t>>& masks, const std::vector<uint8_t>& valid,
+                  Manifest& m, const std::string& tokenizer_sha256, const fs::path& partial,
+                  uint64_t shard_tokens, bool preference, ShardTally& tally, Ranks& ranks) {
+  const size_t domains = corpus.domains.size(), streams = 2 * domains;  // train streams, then valid ones
+  const auto stream_of = [&](size_t i) { return (valid[i] ? domains : 0) + corpus.docs[i].domain; };
+  struct Open {  // the shard a stream is filling
+    uint64_t tokens = 0, docs = 0;
+    uint32_t seq = 0;    // its number (the next one's when no shard is open)
+    int32_t owner = -1;  // the rank holding its first document; -1: none open
+  };
+  std::vector<Open> open(streams);
+  struct Place {
+    uint32_t seq;
+    int32_t owner;
+  };
+  std::vector<Place> place(corpus.docs.size());
+  const auto cut = [&] {
+    for (size_t i = 0; i < corpus.docs.size(); ++i) {
+      Open& o = open[stream_of(i)];
+      if (o.owner < 0) o = {0, 0, o.seq, ranks.rank()};
+      place[i] = {o.seq, o.owner};
+      o.tokens += encoded[i].size();
+      ++o.docs;
+      if (o.tokens >= shard_tokens && (!preference || o.docs % 2 == 0)) o = {0, 0, o.seq + 1, -1};
+    }
+  };
+  for (int turn = 0; turn < ranks.size(); ++turn) {
+    if (turn == ranks.rank()) cut();
+    if (turn + 1 == ranks.size()) break;
+    std::vector<std::string> blocks(static_cast<size_t>(ranks.size()));
+    if (turn == ranks.rank())
+      blocks[static_cast<size_t>(turn + 1)].assign(reinterpret_cast<const char*>(open.data()),
+                                                   open.size() * sizeof(Open));
+    const auto got = ranks.exchange(std::move(blocks));
+    if (turn + 1 == ranks.rank())
+      std::memcpy(open.data(), got[static_cast<size_t>(turn)].data(), open.size() * sizeof(Open));
+  }
+  // The shards this rank writes, and the documents of shards other ranks write.
+  std::map<std::pair<size_t, uint32_t>, ShardData> mine;  // (stream, seq) -> data
+  Outbox continued(ranks.size());
+  const auto append = [&](ShardData& data, uint16_t domain, uint16_t license, uint16_t language,
+                          const uint32_t* ids, size_t n, const uint8_t* mask) {
+    data.tokens.insert(data.tokens.end(), ids, ids + n);
+    if (mask) data.loss_mask.insert(data.loss_mask.end(), mask, mask + n);
+    data.doc_offsets.push_back(data.tokens.size());
+    data.doc_domains.push_back(domain);
+    data.doc_licenses.push_back(license);
+    if (!m.languages.empty()) data.doc_languages.push_back(language);
+  };
+  for (size_t i = 0; i < corpus.docs.size(); ++i) {
+    const Document& doc = corpus.docs[i];
+    const auto license = static_cast<uint16_t>(
+        std::find(m.licenses.begin(), m.licenses.end(), doc.license.empty() ? "unknown" : doc.license) -
+        m.licenses.begin());
+    const auto language = static_cast<uint16_t>(
+        std::lower_bound(m.languages.begin(), m.languages.end(), doc.language) - m.languages.begin());
+    const std::vector<uint32_t>& ids = encoded[i];
+    const uint8_t* mask = masks.empty() ? nullptr : masks[i].data();
+    if (place[i].owner == ranks.rank()) {
+      append(mine[{stream_of(i), place[i].seq}], doc.domain, license, language, ids.data(), ids.size(), mask);
+    } else {
+      Packer& p = continued.to[static_cast<size_t>(place[i].owner)];
+      p.put<uint64_t>(stream_of(i))
+          .put(place[i].seq)
+          .put(doc.domain)
+          .put(license)
+          .put(language)
+          .put<uint64_t>(ids.size());
+      p.bytes().append(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(uint32_t));
+      if (mask) p.bytes().append(reinterpret_cast<const char*>(mask), ids.size());
+    }
+    // The report's figures, counted where the document is.
+    for (uint32_t id : ids) ++tally.unigram[id];
+    Json& ds = tally.domain_stats[corpus.domains[doc.domain]];
+    if (ds.is_null()) ds = {{"documents", 0}, {"tokens", 0}, {"valid_documents", 0}, {"valid_tokens", 0}};
+    ds["documents"] = ds["documents"].get<uint64_t>() + 1;
+    ds["tokens"] = ds["tokens"].get<uint64_t>() + ids.size();
+    if (valid[i]) {
+      ds["valid_documents"] = ds["valid_documents"].get<uint64_t>() + 1;
+      ds["valid_tokens"] = ds["valid_tokens"].get<uint64_t>() + ids.size();
+    }
+    if (!m.languages.empty()) {
+      Json& n = tally.language_tokens[doc.language];
+      n = n.get<uint64_t>() + ids.size();
+    }
+    tally.tokens += ids.size();
+  }
+  for (const auto& block : ranks.exchange(continued.blocks()))  // later ranks, in order
+    for (Unpacker in(block); !in.done();) {
+      const auto stream = in.get<uint64_t>();
+      const auto seq = in.get<uint32_t>();
+      const auto domain = in.get<uint16_t>(), license = in.get<uint16_t>(), language = in.get<uint16_t>();
+      const auto n = in.get<uint64_t>();
+      std::vector<uint32_t> ids(n);
+      for (auto& id : ids) id = in.get<uint32_t>();
+      std::vector<uint8_t> mask;
+      if (!masks.empty()) {
+        mask.resize(n);
+        for (auto& b : mask) b = in.get<uint8_t>();
+      }
+      append(mine[{stream, seq}], domain, license, language, ids.data(), n,
+             mask.empty() ? nullptr : mask.data());
+    }
+  Packer entries;
+  for (const auto& [key, data] : mine) {
+    const auto [stream, seq] = key;
+    const std::string split = stream >= domains ? "valid" : "train";
+    const std::string& domain = corpus.domains[stream % domains];
+    const std::string rel = fmt::format("shards/{}-{}-{:05d}.h5", split, domain, seq);
+    const std::string path = (partial / rel).string();
+    write_shard(path, data, {kShardSchemaVersion, split, domain, tokenizer_sha256, m.vocab_size},
+                m.token_bytes);
+    entries.put<uint64_t>(stream)
+        .put(seq)
+        .put(std::string_view(rel))
+        .put(std::string_view(xxh3_file_hex(path)))
+        .put<uint64_t>(fs::file_size(path))
+        .put<uint64_t>(data.tokens.size())
+        .put<uint64_t>(data.documents());
+    ++tally.shards;
+  }
+  std::vector<std::string> to_root(static_cast<size_t>(ranks.size()));
+  to_root[0] = std::move(entries.bytes());
+  const auto gathered = ranks.exchange(std::move(to_root));
+  if (ranks.rank() != 0) return;
+  std::vector<std::tuple<uint64_t, uint32_t, ShardEntry>> all;
+  for (const auto& block : gathered)
+    for (Unpacker in(block); !in.done();) {
+      const auto stream = in.get<uint64_t>();
+      const auto seq = in.get<uint32_t>();
+      ShardEntry e;
+      e.file = in.str();
+      e.xxh3 = in.str();
+      e.bytes = in.get<uint64_t>();
+      e.tokens = in.get<uint64_t>();
+      e.documents = in.get<uint64_t>();
+      e.split = stream >= domains ? "valid" : "train";
+      e.domain = corpus.domains[stream % domains];
+      all.emplace_back(stream, seq, std::move(e));
+    }
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
+    return std::tie(std::get<0>(a), std::get<1>(a)) < std::tie(std::get<0>(b), std::get<1>(b));
+  });
+  for (auto& [stream, seq, e] : all) m.shards.push_back(std::move(e));
+}
+
 }  // namespace
 
-PrepareResult prepare_dataset(const PrepareOptions& o) {
+PrepareResult prepare_dataset(const PrepareOptions& o, Ranks& ranks) {
   check_options(o);
   // Chat and preference data: the chat template, a loss mask, no prose filters. A preference dataset's
   // documents go in pairs.
   const bool preference = o.ingest.format == "preference";
   const bool chat = o.ingest.format == "chat" || preference;
   const std::string unit = preference ? "pair" : "conversation";
+  if (chat && ranks.size() > 1)
+    fail(ExitCode::kUsage,
+         "--format {}: a distributed prepare reads text datasets only; run one process (a chat "
+         "or preference corpus is small next to pretraining text)",
+         o.ingest.format);
   // A given tokenizer without the chat markers is a usage error; say so before any work is done.
   if (chat && !o.tokenizer_model.empty())
     chat_marker_ids(Tokenizer::load(o.tokenizer_model), o.tokenizer_model);
   const double t_start = now_s(), cpu_start = cpu_s();
   Json stages = Json::object();
-  const auto require_docs = [](const Corpus& c, const char* stage, const Json& counters) {
-    if (c.docs.empty())
+  // Every check on what is left is of the whole corpus, so every rank fails the same way.
+  const auto require_docs = [&](const Corpus& c, const char* stage, const Json& counters) {
+    if (ranks.sum(c.docs.size()) == 0)
       fail(ExitCode::kData, "no documents left after {} ({}); nothing written", stage,
            counters.contains("removed") ? counters["removed"].dump() : std::string("no input documents"));
   };
@@ -384,24 +554,31 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
   Corpus corpus;
   IngestStats ist;
   double t = now_s(), cpu = cpu_s();
-  ingest(o.inputs, o.ingest, corpus, ist);
-  stages["ingest"] = ist.to_json();
-  stages["ingest"]["seconds"] = now_s() - t;
-  stages["ingest"]["mb_per_s"] = ist.bytes_in / 1e6 / std::max(1e-9, now_s() - t);
-  add_cpu_rate(stages["ingest"], ist.bytes_in, cpu_s() - cpu);
+  ingest(o.inputs, o.ingest, corpus, ist, ranks);
+  {
+    Json st = ist.to_json();
+    st["seconds"] = now_s() - t;
+    st["cpu_seconds"] = cpu_s() - cpu;
+    stages["ingest"] = merged(ranks, st);
+    Json& m = stages["ingest"];
+    m["mb_per_s"] = m["bytes_in"].get<double>() / 1e6 / std::max(1e-9, m["seconds"].get<double>());
+    m["mb_per_cpu_s"] = m["bytes_in"].get<double>() / 1e6 / std::max(1e-9, m["cpu_seconds"].get<double>());
+  }
+  const Json& ingested = stages["ingest"];
   if (chat && corpus.docs.empty())
     fail(ExitCode::kData,
          "the inputs hold no usable {} ({} files, {} lines: {} malformed, degenerate {}, ingest removed {}); "
          "nothing written",
          unit, ist.files, ist.chat.lines, ist.chat.malformed_lines, ist.chat.to_json()["degenerate"].dump(),
-         stages["ingest"]["removed"].dump());
-  if (ist.documents_in == 0)
+         ingested["removed"].dump());
+  if (ingested["documents_in"].get<uint64_t>() == 0)
     fail(ExitCode::kData,
-         "the inputs hold no documents ({} files read, {} skipped by extension); nothing written", ist.files,
-         ist.skipped_files);
-  require_docs(corpus, "ingest", stages["ingest"]);
+         "the inputs hold no documents ({} files read, {} skipped by extension); nothing written",
+         ingested["files"].get<uint64_t>(), ingested["skipped_files_by_extension"].get<uint64_t>());
+  require_docs(corpus, "ingest", ingested);
   // Each stage records the bytes it was given and its rate, for the report and bench/data_prepare.sh,
   // and its documents in and out per domain, the common measure `forge-data compare` attributes changes by.
+  // A distributed prepare merges the ranks' reports (wall seconds: the slowest rank's).
   const auto per_domain = [&] {
     std::vector<uint64_t> n(corpus.domains.size());
     for (const auto& d : corpus.docs) ++n[d.domain];
@@ -411,14 +588,17 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
     uint64_t bytes = 0;
     for (const auto& d : corpus.docs) bytes += d.text.size();
     const std::vector<uint64_t> before = per_domain();
-    const double cpu0 = cpu_s();
+    const double t0 = now_s(), cpu0 = cpu_s();
     Json st = stage();
+    if (!st.contains("seconds")) st["seconds"] = now_s() - t0;
     const std::vector<uint64_t> after = per_domain();
     for (size_t d = 0; d < before.size(); ++d)
       st["documents_by_domain"][corpus.domains[d]] = {{"in", before[d]}, {"out", after[d]}};
     st["bytes_in"] = bytes;
-    st["mb_per_s"] = bytes / 1e6 / std::max(1e-9, st.value("seconds", 0.0));
-    add_cpu_rate(st, bytes, cpu_s() - cpu0);
+    st["cpu_seconds"] = cpu_s() - cpu0;
+    st = merged(ranks, st);
+    st["mb_per_s"] = st["bytes_in"].get<double>() / 1e6 / std::max(1e-9, st["seconds"].get<double>());
+    st["mb_per_cpu_s"] = st["bytes_in"].get<double>() / 1e6 / std::max(1e-9, st["cpu_seconds"].get<double>());
     stages[name] = st;
   };
   run("normalize", [&] { return normalize(corpus); });
@@ -444,12 +624,14 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
     stages["language"] = {{"skipped", "language.enabled = false"}, {"removed", Json::object()}};
   }
   // Before exact dedup, which would take from a fork the very files that show it is one.
-  if (std::any_of(corpus.docs.begin(), corpus.docs.end(), [](const Document& d) { return !d.repo.empty(); }))
-    run("repository", [&] { return dedup_repositories(corpus, o.repository); });
+  const uint64_t with_repo = ranks.sum(static_cast<uint64_t>(std::count_if(
+      corpus.docs.begin(), corpus.docs.end(), [](const Document& d) { return !d.repo.empty(); })));
+  if (with_repo > 0)
+    run("repository", [&] { return dedup_repositories(corpus, o.repository, ranks); });
   else
     stages["repository"] = {{"skipped", "no document names a repository"}, {"removed", Json::object()}};
-  run("exact_dedup", [&] { return exact_dedup(corpus); });
-  if (o.near_dedup) run("near_dedup", [&] { return near_dedup(corpus, o.minhash); });
+  run("exact_dedup", [&] { return exact_dedup(corpus, ranks); });
+  if (o.near_dedup) run("near_dedup", [&] { return near_dedup(corpus, o.minhash, ranks); });
   if (chat) {
     stages["filters"] = {{"skipped", filters_skipped(o.ingest.format)}, {"removed", Json::object()}};
   } else {
@@ -464,30 +646,48 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
   const uint64_t pairs_cleaned = preference ? corpus.docs.size() : 0;
   if (preference) corpus = split_pairs(std::move(corpus));
 
+  // Rank 0 makes the directory the dataset is built in, on storage every rank sees.
   const fs::path out(o.out);
-  const fs::path partial =
-      out.parent_path() / (out.filename().string() + ".partial-" + std::to_string(::getpid()));
-  fs::remove_all(partial);
-  fs::create_directories(partial / "shards");
+  std::string partial_name;
+  if (ranks.rank() == 0) {
+    partial_name =
+        (out.parent_path() / (out.filename().string() + ".partial-" + std::to_string(::getpid()))).string();
+    fs::remove_all(partial_name);
+    fs::create_directories(fs::path(partial_name) / "shards");
+  }
+  const fs::path partial = ranks.all_gather(partial_name)[0];
   try {
-    // Tokenizer.
+    // Tokenizer: trained on rank 0 from the documents its sample takes, wherever they are.
     t = now_s();
     cpu = cpu_s();
     const std::string model_path = (partial / "tokenizer.model").string();
-    Tokenizer tok = [&] {
-      if (!o.tokenizer_model.empty()) {
-        write_file_atomic(model_path, read_file(o.tokenizer_model));
-        return Tokenizer::load(model_path);
+    std::optional<Tokenizer> trained;
+    if (!o.tokenizer_model.empty()) {
+      if (ranks.rank() == 0) write_file_atomic(model_path, read_file(o.tokenizer_model));
+    } else {
+      const Placement at = place(ranks, corpus.docs.size());
+      uint64_t bytes = 0;
+      for (const auto& d : corpus.docs) bytes += d.text.size();
+      const uint64_t stride = Tokenizer::sample_stride(ranks.sum(bytes), o.tokenizer.sample_bytes);
+      Packer sampled;
+      for (uint64_t g = (at.first + stride - 1) / stride * stride; g < at.first + corpus.docs.size();
+           g += stride)
+        sampled.put(std::string_view(corpus.docs[g - at.first].text));
+      std::vector<std::string> to_root(static_cast<size_t>(ranks.size()));
+      to_root[0] = std::move(sampled.bytes());
+      const auto gathered = ranks.exchange(std::move(to_root));
+      if (ranks.rank() == 0) {
+        Corpus sample;
+        for (const auto& block : gathered)
+          for (Unpacker in(block); !in.done();) sample.docs.emplace_back().text = in.str();
+        trained.emplace(Tokenizer::train(sample, o.tokenizer, model_path, 1));
       }
-      return Tokenizer::train(corpus, o.tokenizer, model_path);
-    }();
+    }
+    ranks.all_gather("");  // the model is written
+    Tokenizer tok = trained ? std::move(*trained)
+                            : Tokenizer::load(o.tokenizer_model.empty() ? model_path : o.tokenizer_model);
     const double train_seconds = o.tokenizer_model.empty() ? now_s() - t : 0.0;
     const double train_cpu_seconds = o.tokenizer_model.empty() ? cpu_s() - cpu : 0.0;
-    stages["tokenizer"] = {{"source", o.tokenizer_model.empty() ? "trained" : o.tokenizer_model},
-                           {"vocab_size", tok.vocab_size()},
-                           {"sha256", tok.sha256()},
-                           {"train_seconds", train_seconds},
-                           {"train_cpu_seconds", train_cpu_seconds}};
 
     // Encode (then, for chat and preference, mask and truncate), then split: the split only looks at the
     // documents' text, so for text datasets the order does not matter, and conversations or pairs dropped
@@ -497,16 +697,25 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
     const int threads =
         o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     auto encoded = encode_all(corpus, tok, threads);
-    stages["tokenizer"]["encode_seconds"] = now_s() - t;
     {
       uint64_t bytes = 0;
       for (const auto& d : corpus.docs) bytes += d.text.size();
-      stages["tokenizer"]["encode_bytes_in"] = bytes;
-      stages["tokenizer"]["encode_mb_per_s"] = bytes / 1e6 / std::max(1e-9, now_s() - t);
-      stages["tokenizer"]["encode_cpu_seconds"] = cpu_s() - cpu;
-      stages["tokenizer"]["encode_mb_per_cpu_s"] = bytes / 1e6 / std::max(1e-9, cpu_s() - cpu);
+      Json st = {{"source", o.tokenizer_model.empty() ? "trained" : o.tokenizer_model},
+                 {"vocab_size", tok.vocab_size()},
+                 {"sha256", tok.sha256()},
+                 {"train_seconds", train_seconds},
+                 {"train_cpu_seconds", train_cpu_seconds},
+                 {"encode_seconds", now_s() - t},
+                 {"encode_bytes_in", bytes},
+                 {"encode_cpu_seconds", cpu_s() - cpu},
+                 {"encode_threads", threads}};
+      st = merged(ranks, st);
+      st["encode_mb_per_s"] =
+          st["encode_bytes_in"].get<double>() / 1e6 / std::max(1e-9, st["encode_seconds"].get<double>());
+      st["encode_mb_per_cpu_s"] =
+          st["encode_bytes_in"].get<double>() / 1e6 / std::max(1e-9, st["encode_cpu_seconds"].get<double>());
+      stages["tokenizer"] = st;
     }
-    stages["tokenizer"]["encode_threads"] = threads;
     std::vector<std::vector<uint8_t>> masks;
     Json chat_report;
     if (chat) {
@@ -520,23 +729,32 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
       chat_report["filters"] = filters_skipped(o.ingest.format);
       if (preference) chat_report["pairs_after_cleaning"] = pairs_cleaned;
     }
-    const std::vector<uint8_t> valid = preference
-                                           ? pair_valid_split(corpus, o.valid_fraction, o.split_seed)
-                                           : assign_valid_split(corpus, o.valid_fraction, o.split_seed);
+    const std::vector<uint8_t> valid =
+        preference ? pair_valid_split(corpus, o.valid_fraction, o.split_seed)
+                   : assign_valid_split(corpus, o.valid_fraction, o.split_seed, ranks);
 
-    // Licenses: index 0 is "unknown", the rest sorted so ids do not depend on document order.
-    std::set<std::string> license_set;
-    for (const auto& d : corpus.docs)
-      if (!d.license.empty()) license_set.insert(d.license);
+    // Licenses: index 0 is "unknown", the rest sorted so ids do not depend on document order; languages
+    // sorted. Both over every rank's documents.
+    std::set<std::string> license_set, language_set;
+    {
+      Packer names;
+      for (const auto& d : corpus.docs) {
+        if (!d.license.empty() && license_set.insert(d.license).second)
+          names.put<uint8_t>(0).put(std::string_view(d.license));
+        if (o.language.enabled && language_set.insert(d.language).second)
+          names.put<uint8_t>(1).put(std::string_view(d.language));
+      }
+      for (const auto& block : ranks.all_gather(names.bytes()))
+        for (Unpacker in(block); !in.done();) {
+          const auto kind = in.get<uint8_t>();
+          (kind == 0 ? license_set : language_set).insert(in.str());
+        }
+    }
     Manifest m;
     m.licenses = {"unknown"};
     m.licenses.insert(m.licenses.end(), license_set.begin(), license_set.end());
     m.domains = corpus.domains;
-    if (o.language.enabled) {
-      std::set<std::string> languages;
-      for (const auto& d : corpus.docs) languages.insert(d.language);
-      m.languages.assign(languages.begin(), languages.end());
-    }
+    m.languages.assign(language_set.begin(), language_set.end());
     m.tokenizer_file = "tokenizer.model";
     m.tokenizer_sha256 = tok.sha256();
     m.vocab_size = tok.vocab_size();
@@ -544,108 +762,103 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
     m.token_bytes = token_bytes_for_vocab(m.vocab_size);
     m.format = o.ingest.format;
 
-    // Shards: one stream per (split, domain), cut at document boundaries every shard_tokens tokens; in a
-    // preference stream only after a rejected half, so a pair never straddles two shards (the reader
-    // batches pairs within a shard).
     t = now_s();
     cpu = cpu_s();
-    std::vector<uint64_t> unigram(m.vocab_size);
-    Json domain_stats = Json::object();
-    Json language_tokens = Json::object();
-    for (const auto& l : m.languages) language_tokens[l] = 0;
-    uint64_t tokens_out = 0;
-    for (const std::string split : {"train", "valid"}) {
-      for (uint16_t d = 0; d < corpus.domains.size(); ++d) {
-        ShardData data;
-        int seq = 0;
-        const auto flush = [&] {
-          if (data.documents() == 0) return;
-          const std::string rel = fmt::format("shards/{}-{}-{:05d}.h5", split, corpus.domains[d], seq++);
-          const std::string path = (partial / rel).string();
-          const ShardAttrs attrs{kShardSchemaVersion, split, corpus.domains[d], tok.sha256(), m.vocab_size};
-          write_shard(path, data, attrs, m.token_bytes);
-          m.shards.push_back({rel, split, corpus.domains[d], xxh3_file_hex(path), fs::file_size(path),
-                              data.tokens.size(), data.documents()});
-          data = ShardData{};
-        };
-        for (size_t i = 0; i < corpus.docs.size(); ++i) {
-          const Document& doc = corpus.docs[i];
-          if (doc.domain != d || (valid[i] == 1) != (split == "valid")) continue;
-          data.tokens.insert(data.tokens.end(), encoded[i].begin(), encoded[i].end());
-          if (chat) data.loss_mask.insert(data.loss_mask.end(), masks[i].begin(), masks[i].end());
-          data.doc_offsets.push_back(data.tokens.size());
-          data.doc_domains.push_back(d);
-          const auto lic =
-              std::find(m.licenses.begin(), m.licenses.end(), doc.license.empty() ? "unknown" : doc.license);
-          data.doc_licenses.push_back(static_cast<uint16_t>(lic - m.licenses.begin()));
-          if (!m.languages.empty()) {
-            const auto lang = std::lower_bound(m.languages.begin(), m.languages.end(), doc.language);
-            data.doc_languages.push_back(static_cast<uint16_t>(lang - m.languages.begin()));
-            Json& tokens = language_tokens[doc.language];
-            tokens = tokens.get<uint64_t>() + encoded[i].size();
+    ShardTally tally(m);
+    write_shards(corpus, encoded, masks, valid, m, tok.sha256(), partial, o.shard_tokens, preference, tally,
+                 ranks);
+    stages["shards"] = merged(ranks, {{"shards", tally.shards},
+                                      {"token_dtype", m.token_bytes == 2 ? "uint16" : "uint32"},
+                                      {"seconds", now_s() - t},
+                                      {"cpu_seconds", cpu_s() - cpu}});
+    Json domain_stats = merged(ranks, tally.domain_stats);
+    const Json language_tokens = merged(ranks, tally.language_tokens);
+    const uint64_t tokens_out = ranks.sum(tally.tokens);
+    const uint64_t documents_out = ranks.sum(corpus.docs.size());
+    // Unigram counts, added up on rank 0.
+    {
+      std::vector<std::string> to_root(static_cast<size_t>(ranks.size()));
+      to_root[0].assign(reinterpret_cast<const char*>(tally.unigram.data()),
+                        tally.unigram.size() * sizeof(uint64_t));
+      const auto counts = ranks.exchange(std::move(to_root));
+      if (ranks.rank() == 0)
+        for (size_t r = 1; r < counts.size(); ++r)
+          for (size_t id = 0; id < tally.unigram.size(); ++id) {
+            uint64_t n;
+            std::memcpy(&n, counts[r].data() + id * sizeof n, sizeof n);
+            tally.unigram[id] += n;
           }
-          for (uint32_t id : encoded[i]) ++unigram[id];
-          Json& ds = domain_stats[corpus.domains[d]];
-          if (ds.is_null())
-            ds = {{"documents", 0}, {"tokens", 0}, {"valid_documents", 0}, {"valid_tokens", 0}};
-          ds["documents"] = ds["documents"].get<uint64_t>() + 1;
-          ds["tokens"] = ds["tokens"].get<uint64_t>() + encoded[i].size();
-          if (split == "valid") {
-            ds["valid_documents"] = ds["valid_documents"].get<uint64_t>() + 1;
-            ds["valid_tokens"] = ds["valid_tokens"].get<uint64_t>() + encoded[i].size();
-          }
-          tokens_out += encoded[i].size();
-          if (data.tokens.size() >= o.shard_tokens && (!preference || data.documents() % 2 == 0)) flush();
-        }
-        flush();
-      }
     }
-    stages["shards"] = {{"shards", m.shards.size()},
-                        {"token_dtype", m.token_bytes == 2 ? "uint16" : "uint32"},
-                        {"seconds", now_s() - t},
-                        {"cpu_seconds", cpu_s() - cpu}};
     m.settings = settings_json(o, eval_hashes, o.tokenizer_model.empty() ? "trained" : "given");
     m.version = m.compute_version();
 
     // Report, then the manifest last: a directory without manifest.json is not a dataset.
     for (auto& [name, ds] : domain_stats.items()) {
-      ds["document_share"] = double(ds["documents"].get<uint64_t>()) / double(corpus.docs.size());
+      ds["document_share"] = double(ds["documents"].get<uint64_t>()) / double(documents_out);
       ds["token_share"] = tokens_out ? double(ds["tokens"].get<uint64_t>()) / double(tokens_out) : 0.0;
     }
-    const double total_s = now_s() - t_start, total_cpu_s = cpu_s() - cpu_start;
+    const double total_s = now_s() - t_start,
+                 total_cpu_s = ranks.sum(uint64_t((cpu_s() - cpu_start) * 1e6)) / 1e6;
+    const uint64_t bytes_in = ingested["bytes_in"].get<uint64_t>();
     Json quality = {{"dataset", o.out}, {"stages", stages}};
-    quality["summary"] = {{"version", m.version},
-                          {"documents_in", ist.documents_in},
-                          {"bytes_in", ist.bytes_in},
-                          {"documents_out", corpus.docs.size()},
-                          {"tokens_out", tokens_out},
-                          {"domains", domain_stats},
-                          {"languages", language_shares(language_tokens, tokens_out)},
-                          {"token_distribution", token_distribution(unigram, &tok)},
-                          {"seconds", total_s},
-                          {"tokenizer_train_seconds", train_seconds},
-                          {"mb_per_s_excluding_tokenizer_training",
-                           ist.bytes_in / 1e6 / std::max(1e-9, total_s - train_seconds)},
-                          {"cpu_seconds", total_cpu_s},
-                          {"mb_per_cpu_s_excluding_tokenizer_training",
-                           ist.bytes_in / 1e6 / std::max(1e-9, total_cpu_s - train_cpu_seconds)},
-                          {"peak_rss_bytes", peak_rss_bytes()}};
+    quality["summary"] = {
+        {"version", m.version},
+        {"documents_in", ingested["documents_in"]},
+        {"bytes_in", bytes_in},
+        {"documents_out", documents_out},
+        {"tokens_out", tokens_out},
+        {"domains", domain_stats},
+        {"languages", language_shares(language_tokens, tokens_out)},
+        {"token_distribution", token_distribution(tally.unigram, &tok)},
+        {"seconds", total_s},
+        {"tokenizer_train_seconds", train_seconds},
+        {"mb_per_s_excluding_tokenizer_training", bytes_in / 1e6 / std::max(1e-9, total_s - train_seconds)},
+        {"cpu_seconds", total_cpu_s},
+        {"mb_per_cpu_s_excluding_tokenizer_training",
+         bytes_in / 1e6 / std::max(1e-9, total_cpu_s - train_cpu_seconds)},
+        {"peak_rss_bytes", peak_rss_bytes()}};
+    if (ranks.size() > 1) {
+      // What each rank did, and what distributing cost: the bytes the ranks exchanged per input byte.
+      const Json mine = {{"rank", ranks.rank()},
+                         {"node", node_name()},
+                         {"files", ist.files},
+                         {"bytes_in", ist.bytes_in},
+                         {"documents_in", ist.documents_in},
+                         {"documents_out", corpus.docs.size()},
+                         {"tokens_out", tally.tokens},
+                         {"shards_written", tally.shards},
+                         {"cpu_seconds", cpu_s() - cpu_start},
+                         {"bytes_sent", ranks.bytes_sent()}};
+      Json split = Json::array();
+      uint64_t exchanged = 0;
+      for (const auto& part : ranks.all_gather(mine.dump())) {
+        split.push_back(Json::parse(part));
+        exchanged += split.back()["bytes_sent"].get<uint64_t>();
+      }
+      quality["summary"]["distributed"] = {
+          {"ranks", ranks.size()},
+          {"exchanged_bytes", exchanged},
+          {"exchanged_bytes_per_input_byte", double(exchanged) / double(std::max<uint64_t>(1, bytes_in))},
+          {"work_split", split}};
+    }
     if (chat) quality[o.ingest.format] = chat_report;
     quality["inputs"] = Json::array();
     for (const auto& in : o.inputs) quality["inputs"].push_back({{"path", in.path}, {"domain", in.domain}});
     const std::string summary = quality_summary(quality);
-    write_json_atomic((partial / "quality.json").string(), quality);
-    write_file_atomic((partial / "quality.txt").string(), summary);
-    write_manifest(partial.string(), m);
-
-    std::error_code ec;
-    if (fs::exists(out, ec)) fs::remove(out);  // an empty directory (checked above)
-    fs::rename(partial, out);
-    fsync_dir(fs::absolute(out).parent_path().string());
+    if (ranks.rank() == 0) {
+      write_json_atomic((partial / "quality.json").string(), quality);
+      write_file_atomic((partial / "quality.txt").string(), summary);
+      write_manifest(partial.string(), m);
+      std::error_code ec;
+      if (fs::exists(out, ec)) fs::remove(out);  // an empty directory (checked above)
+      fs::rename(partial, out);
+      fsync_dir(fs::absolute(out).parent_path().string());
+    }
+    ranks.all_gather("");  // published
     return {o.out, m.version, summary, quality};
   } catch (...) {
     std::error_code ec;
-    fs::remove_all(partial, ec);
+    if (ranks.rank() == 0) fs::remove_all(partial, ec);
     throw;
   }
 }

@@ -51,6 +51,7 @@ struct Mapping {
 
 struct DomainStream {
   std::string name;
+  uint16_t index = 0;            // in the manifest's domain list (MicroBatch::domains)
   std::vector<size_t> shards;    // indexes into Impl::maps, in stream order
   std::vector<uint64_t> starts;  // first stream token of each shard
   uint64_t tokens = 0, windows = 0, first_id = 0;
@@ -158,10 +159,11 @@ struct Reader::Impl {
   std::vector<Mapping> maps;
   std::vector<DomainStream> domains;
   std::unique_ptr<SampleOrder> order;
-  uint32_t block_windows = 0;   // the block order's W (0 under the global order)
-  uint64_t pairs_left_out = 0;  // preference pairs longer than a window
-  uint64_t consumed = 0;        // global samples handed out by next()
-  uint64_t bytes_read = 0;      // token bytes of the windows handed out by next() (this rank's slice)
+  uint32_t block_windows = 0;         // the block order's W (0 under the global order)
+  uint64_t pairs_left_out = 0;        // preference pairs longer than a window
+  uint64_t consumed = 0;              // global samples handed out by next()
+  uint64_t bytes_read = 0;            // token bytes of the windows handed out by next() (this rank's slice)
+  std::unique_ptr<ShardCache> cache;  // holds the cached shards it mapped (ReaderOptions::cache)
 
   // The first windows of the batch after the last one built, already located and prefetched, so the
   // prefetch pipeline runs across batch boundaries; and the order's memos of the sample stream and of the
@@ -290,6 +292,7 @@ void Reader::Impl::mark_row(const WindowAt& w, MicroBatch& b, int row, std::vect
 void Reader::Impl::build(uint64_t position, MicroBatch& b) {
   const uint32_t rows = opt.global_batch / opt.dp_size;
   b.resize(static_cast<int>(rows), static_cast<int>(opt.seq_len));
+  b.domains.resize(rows);
   const uint64_t first = position + uint64_t(opt.dp_rank) * rows;
   const uint64_t next_position = position + opt.global_batch;
   const uint64_t next_first = next_position + uint64_t(opt.dp_rank) * rows;
@@ -326,6 +329,7 @@ void Reader::Impl::build(uint64_t position, MicroBatch& b) {
     if (ahead) prefetch<2>(locate(pipe.ahead_ids[i]));
     copy_row(w, b.sample_ids[i], b.inputs.data() + i * T, b.targets.data() + i * T);
     mark_row(w, b, static_cast<int>(i), pipe.doc_starts);
+    b.domains[i] = w.domain->index;
   }
   // The pass over the data each row was drawn in: its global position's epoch.
   const uint64_t epoch_length = order->epoch_length();
@@ -438,16 +442,45 @@ Reader::Reader(const std::string& dataset_dir, const ReaderOptions& options)
       for (const ShardEntry* e : s.manifest.shards_of(options.split, domain)) selection_bytes += e->bytes;
   const uint64_t ram = uint64_t(::sysconf(_SC_PHYS_PAGES)) * uint64_t(::sysconf(_SC_PAGE_SIZE));
   const int map_flags = MAP_SHARED | (selection_bytes <= ram / 2 ? MAP_POPULATE : 0);
+  // The node-local cache stages the shards this reader will read (a domain weighted 0 is never read) and
+  // says, per shard, which directory to read it from.
+  std::map<const ShardEntry*, std::string> shard_dirs;
+  if (!options.cache.dir.empty()) {
+    std::vector<const ShardEntry*> wanted;
+    for (const auto& domain : s.manifest.domains) {
+      if (!options.domain.empty() && domain != options.domain) continue;
+      const auto w = options.domain_weights.find(domain);
+      if (!options.domain_weights.empty() && (w == options.domain_weights.end() || !(w->second > 0)))
+        continue;
+      for (const ShardEntry* e : s.manifest.shards_of(options.split, domain)) wanted.push_back(e);
+    }
+    s.cache = std::make_unique<ShardCache>(options.cache, s.manifest, dataset_dir);
+    const std::vector<std::string> dirs = s.cache->open(wanted);
+    for (size_t i = 0; i < wanted.size(); ++i) shard_dirs[wanted[i]] = dirs[i];
+  }
   std::vector<uint64_t> window_counts;
   std::vector<double> weights;
   for (const auto& domain : s.manifest.domains) {
     if (!options.domain.empty() && domain != options.domain) continue;
     DomainStream d;
     d.name = domain;
+    d.index = static_cast<uint16_t>(std::find(s.manifest.domains.begin(), s.manifest.domains.end(), domain) -
+                                    s.manifest.domains.begin());
     for (const ShardEntry* e : s.manifest.shards_of(options.split, domain)) {
-      const ShardLayout layout = check_shard(dataset_dir, s.manifest, *e, options.verify_checksums);
+      const auto cached = shard_dirs.find(e);
+      std::string dir = cached == shard_dirs.end() ? dataset_dir : cached->second;
+      ShardLayout layout;
+      try {
+        layout = check_shard(dir, s.manifest, *e, options.verify_checksums);
+      } catch (const Error& bad) {
+        // A damaged cached copy is the cache's problem, not the job's: read the shared one (whose own
+        // damage, if any, is the error to report).
+        if (dir == dataset_dir) throw;
+        dir = s.cache->reject(*e, bad.what());
+        layout = check_shard(dir, s.manifest, *e, options.verify_checksums);
+      }
       Mapping m;
-      m.path = (fs::path(dataset_dir) / e->file).string();
+      m.path = (fs::path(dir) / e->file).string();
       const int fd = ::open(m.path.c_str(), O_RDONLY | O_CLOEXEC);
       if (fd < 0) fail(ExitCode::kData, "shard {}: cannot open: {}", m.path, std::strerror(errno));
       m.size = layout.file_bytes;
@@ -665,6 +698,7 @@ void Reader::read_sample(uint64_t sample_id, MicroBatch& batch, int row) const {
   s.copy_row(w, sample_id, batch.inputs.data() + at, batch.targets.data() + at);
   batch.sample_ids[size_t(row)] = sample_id;
   batch.epochs[size_t(row)] = 0;
+  if (batch.domains.size() == size_t(batch.rows)) batch.domains[size_t(row)] = w.domain->index;
   // A row read before may have left unscored positions behind: this sample's weights start at 1.
   if (!batch.weights.empty()) std::fill_n(batch.weights.begin() + int64_t(at), s.opt.seq_len, 1.0f);
   std::vector<int32_t> starts;
@@ -676,6 +710,10 @@ const std::string& Reader::sample_domain(uint64_t sample_id) const {
   const auto it = std::upper_bound(d.begin(), d.end(), sample_id,
                                    [](uint64_t id, const DomainStream& x) { return id < x.first_id; });
   return (it - 1)->name;
+}
+
+CacheStats Reader::cache_stats() const {
+  return impl_->cache ? impl_->cache->stats() : CacheStats{};
 }
 
 const char* order_name(Order order) {

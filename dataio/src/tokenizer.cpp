@@ -20,10 +20,8 @@ class SampleIterator : public sentencepiece::SentenceIterator {
  public:
   static constexpr size_t kMaxPiece = 2048;
 
-  SampleIterator(const Corpus& corpus, uint64_t budget) : corpus_(corpus) {
-    uint64_t total = 0;
-    for (const auto& d : corpus.docs) total += d.text.size();
-    stride_ = total > budget && budget > 0 ? static_cast<size_t>((total + budget - 1) / budget) : 1;
+  SampleIterator(const Corpus& corpus, uint64_t budget, uint64_t stride) : corpus_(corpus) {
+    stride_ = static_cast<size_t>(stride);
     budget_ = budget;
     advance();
   }
@@ -83,8 +81,12 @@ Tokenizer Tokenizer::load(const std::string& model_path) {
   return t;
 }
 
+uint64_t Tokenizer::sample_stride(uint64_t total, uint64_t budget) {
+  return total > budget && budget > 0 ? (total + budget - 1) / budget : 1;
+}
+
 Tokenizer Tokenizer::train(const Corpus& corpus, const TokenizerTrainOptions& options,
-                           const std::string& model_path) {
+                           const std::string& model_path, uint64_t stride) {
   // User-defined symbols are whole pieces wherever they occur in text and are never merged with their
   // neighbours: "\n" (so line structure survives BPE) and the chat markers. SentencePiece splits the list
   // at commas; no symbol contains one.
@@ -111,7 +113,12 @@ Tokenizer Tokenizer::train(const Corpus& corpus, const TokenizerTrainOptions& op
       {"minloglevel", "2"},
       {"hard_vocab_limit", "true"},
   };
-  SampleIterator it(corpus, options.sample_bytes);
+  if (stride == 0) {
+    uint64_t total = 0;
+    for (const auto& d : corpus.docs) total += d.text.size();
+    stride = sample_stride(total, options.sample_bytes);
+  }
+  SampleIterator it(corpus, options.sample_bytes, stride);
   std::string proto;
   const auto status = sentencepiece::SentencePieceTrainer::Train(args, &it, &proto);
   if (!status.ok())

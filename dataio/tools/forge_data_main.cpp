@@ -1,6 +1,7 @@
 // forge-data: prepare, verify, inspect and compare token datasets (docs/DATA.md).
 #include "forge/common/config.h"
 #include "forge/common/error.h"
+#include "forge/dataio/cache.h"
 #include "forge/dataio/chat.h"
 #include "forge/dataio/compare.h"
 #include "forge/dataio/manifest.h"
@@ -8,6 +9,7 @@
 #include "forge/dataio/shard.h"
 #include "forge/dataio/tokenizer.h"
 #include "forge/dataio/verify.h"
+#include "mpi_ranks.h"
 
 #include <fmt/format.h>
 #include <boost/program_options.hpp>
@@ -133,9 +135,26 @@ int cmd_prepare(const std::vector<std::string>& args) {
   o.shard_tokens = static_cast<uint64_t>(shard_tokens);
   o.eval_sets = eval_sets;
   for (const auto& in : inputs) o.inputs.push_back(parse_input_spec(in));
-  const PrepareResult r = prepare_dataset(o);
-  std::cout << r.summary << "wrote " << r.dataset_dir << " (version " << r.version << ")\n";
-  return 0;
+  const auto ranks = launcher_ranks();
+  if (!ranks) {
+    const PrepareResult r = prepare_dataset(o);
+    std::cout << r.summary << "wrote " << r.dataset_dir << " (version " << r.version << ")\n";
+    return 0;
+  }
+  try {
+    const PrepareResult r = prepare_dataset(o, *ranks);
+    if (ranks->rank() == 0)
+      std::cout << r.summary
+                << fmt::format("wrote {} (version {}) on {} ranks\n", r.dataset_dir, r.version,
+                               ranks->size());
+    return 0;
+  } catch (const Error& e) {
+    std::cerr << fmt::format("forge-data prepare: rank {} of {}: {}\n", ranks->rank(), ranks->size(),
+                             e.what())
+              << std::flush;
+    ranks->abort(static_cast<int>(e.code()));
+  }
+  return 0;  // not reached: abort() does not return
 }
 
 int cmd_verify(const std::vector<std::string>& args) {
@@ -237,6 +256,86 @@ int cmd_compare(const std::vector<std::string>& args) {
   return r["drift"].get<bool>() ? static_cast<int>(ExitCode::kFailure) : 0;
 }
 
+// forge-data cache stage|status|evict: the node-local shard cache (docs/DATA.md, "Node-local cache"), as
+// an administrator pre-stages a dataset on a node or inspects and trims what jobs left there.
+int cmd_cache(const std::vector<std::string>& args) {
+  const std::string action = args.empty() ? "" : args[0];
+  const std::vector<std::string> rest(args.begin() + (args.empty() ? 0 : 1), args.end());
+  std::string dir, dataset, split = "all", version;
+  uint64_t max_bytes = 0, keep_bytes = 0;
+  Command c("forge-data cache stage|status|evict options");
+  c.options()("cache-dir", po::value(&dir)->required(), "the node-local cache directory (data.cache_dir)")(
+      "dataset", po::value(&dataset), "stage: the dataset directory")(
+      "split", po::value(&split)->default_value("all"), "stage: train, valid or all")(
+      "max-bytes", po::value(&max_bytes)->default_value(0),
+      "stage: bytes the cache may hold (data.cache_max_bytes; 0: leave 10% of the filesystem free)")(
+      "keep-bytes", po::value(&keep_bytes)->default_value(0), "evict: bytes of entries to keep")(
+      "version", po::value(&version), "evict: only entries of this dataset version")("json",
+                                                                                     "status: as JSON");
+  if (action != "stage" && action != "status" && action != "evict")
+    fail(ExitCode::kUsage, "cache needs an action: stage, status or evict (got '{}'; see --help)", action);
+  if (!c.positional("dataset", 1).parse(rest)) return 0;
+  if (action == "stage") {
+    if (dataset.empty()) fail(ExitCode::kUsage, "cache stage needs the dataset directory");
+    if (split != "train" && split != "valid" && split != "all")
+      fail(ExitCode::kUsage, "--split {}: must be train, valid or all", split);
+    const Manifest m = load_manifest(dataset);
+    std::vector<const ShardEntry*> entries;
+    for (const ShardEntry& e : m.shards)
+      if (split == "all" || e.split == split) entries.push_back(&e);
+    ShardCache cache({dir, max_bytes}, m, dataset);
+    const std::vector<std::string> dirs = cache.open(entries);
+    // The reader verifies what it maps; so does the administrator's staging, hits included.
+    for (size_t i = 0; i < entries.size(); ++i) {
+      if (dirs[i] == dataset) continue;
+      try {
+        check_shard(dirs[i], m, *entries[i], true);
+      } catch (const Error& bad) {
+        cache.reject(*entries[i], bad.what());
+      }
+    }
+    const CacheStats& st = cache.stats();
+    std::cout << fmt::format(
+        "{}: {} shards in {}/{}: {} staged ({} bytes, {:.2f} s), {} already there, {} not cached\n", dataset,
+        entries.size(), dir, m.version, st.misses, st.bytes_staged, st.staging_s, st.hits, st.fallbacks);
+    if (st.fallbacks > 0)
+      fail(ExitCode::kIo, "{} of {} shards could not be cached in {} (the warning above says why)",
+           st.fallbacks, entries.size(), dir);
+    return 0;
+  }
+  if (!fs::is_directory(dir)) fail(ExitCode::kUsage, "cache directory {} does not exist", dir);
+  if (action == "status") {
+    const CacheListing l = list_cache(dir);
+    if (c.given("json")) {
+      Json j = {{"dir", dir}, {"partial_files", l.partial_files}, {"partial_bytes", l.partial_bytes}};
+      j["entries"] = Json::array();
+      for (const auto& e : l.entries)
+        j["entries"].push_back({{"version", e.version},
+                                {"file", e.file},
+                                {"bytes", e.bytes},
+                                {"idle_s", e.idle_s},
+                                {"in_use", e.in_use}});
+      std::cout << j.dump(2) << "\n";
+      return 0;
+    }
+    uint64_t bytes = 0, in_use = 0;
+    for (const auto& e : l.entries) {
+      bytes += e.bytes;
+      in_use += e.in_use;
+      std::cout << fmt::format("{:.12}  {:<40} {:>12} bytes  idle {:>8.0f} s{}\n", e.version, e.file, e.bytes,
+                               e.idle_s, e.in_use ? "  in use" : "");
+    }
+    std::cout << fmt::format("{}: {} entries, {} bytes, {} in use; {} temporary files ({} bytes)\n", dir,
+                             l.entries.size(), bytes, in_use, l.partial_files, l.partial_bytes);
+    return 0;
+  }
+  const EvictResult r = evict_cache(dir, keep_bytes, version);
+  std::cout << fmt::format(
+      "{}: evicted {} entries ({} bytes); {} in use kept; {} stale temporary files removed\n", dir, r.evicted,
+      r.evicted_bytes, r.kept_in_use, r.stale_partials);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -254,10 +353,14 @@ int main(int argc, char** argv) {
     const std::string cmd = argv[1];
     const std::vector<std::string> args(argv + 2, argv + argc);
     using Run = int (*)(const std::vector<std::string>&);
-    static constexpr std::pair<std::string_view, Run> kCommands[] = {
-        {"prepare", cmd_prepare}, {"verify", cmd_verify}, {"inspect", cmd_inspect}, {"compare", cmd_compare}};
+    static constexpr std::pair<std::string_view, Run> kCommands[] = {{"prepare", cmd_prepare},
+                                                                     {"verify", cmd_verify},
+                                                                     {"inspect", cmd_inspect},
+                                                                     {"compare", cmd_compare},
+                                                                     {"cache", cmd_cache}};
     for (const auto& [name, run] : kCommands)
       if (cmd == name) return run(args);
-    fail(ExitCode::kUsage, "unknown command '{}' (prepare, verify, inspect, compare; see --help)", cmd);
+    fail(ExitCode::kUsage, "unknown command '{}' (prepare, verify, inspect, compare, cache; see --help)",
+         cmd);
   });
 }

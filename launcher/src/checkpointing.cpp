@@ -10,7 +10,9 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <optional>
+#include <string>
 
 namespace forge::launcher {
 
@@ -75,6 +77,30 @@ std::optional<MicroBatch> verification_batch(const ckpt::Checkpoint& checkpoint,
   return b;
 }
 
+std::string weights_text(const std::map<std::string, double>& weights) {
+  if (weights.empty()) return "(empty: natural proportions)";
+  std::string out;
+  for (const auto& [name, w] : weights) out += fmt::format("{}{}:{}", out.empty() ? "" : ",", name, w);
+  return out;
+}
+
+// The domain mix is part of the sample order: a checkpoint's cursor taken under other weights cannot be
+// continued (the spec check usually says so first; this covers checkpoints it cannot compare).
+void check_data_cursor(const std::string& dir, const Json& cursor, const std::map<std::string, double>& now) {
+  if (!cursor.is_object() || !cursor.contains("reader")) return;
+  std::map<std::string, double> saved;
+  try {
+    saved = cursor.at("reader").at("domain_weights").get<std::map<std::string, double>>();
+  } catch (const Json::exception& e) {
+    fail(ExitCode::kData, "{}: malformed data cursor: {}", dir, e.what());
+  }
+  if (saved != now)
+    fail(ExitCode::kUsage,
+         "{}: its data cursor was taken with data.domain_weights = {}, this spec has {}: the sample order "
+         "would differ; resume with the same data.domain_weights, or pass --force-new to start afresh",
+         dir, weights_text(saved), weights_text(now));
+}
+
 ckpt::SaverOptions saver_options(const Config& c, const trainer::TrainSpec& spec) {
   ckpt::SaverOptions o;
   o.run_dir = spec.dir;
@@ -91,6 +117,7 @@ RunCheckpoints::RunCheckpoints(const Config& config, const trainer::TrainSpec& s
     : config_(config),
       spec_(spec),
       trainer_(trainer),
+      data_(data),
       dataset_version_(data.version()),
       tokenizer_(data.tokenizer()),
       init_from_(config.get<std::string>("ckpt.init_from")),
@@ -166,6 +193,7 @@ int64_t RunCheckpoints::rewind() {
 
 int64_t RunCheckpoints::load(const ckpt::Checkpoint& checkpoint, const char* verb) {
   const auto& m = checkpoint.manifest();
+  check_data_cursor(checkpoint.dir(), m.meta.data_cursor, spec_.domain_weights);
   trainer::load_checkpoint(checkpoint, trainer_.model(), &trainer_.optimizer());
   lineage_ = m.meta.extra.value("lineage", Json());
   trainer_.optimizer().restore_steps(m.meta.step);
@@ -222,8 +250,10 @@ ckpt::CheckpointMeta RunCheckpoints::meta(const trainer::StepStats& stats, int64
   m.dataset_version = dataset_version_;
   m.model_config = trainer::model_config_json(spec_.model);
   // Data order is a pure function of the step (synthetic stream, or the reader's cursor = step x batch) and
-  // of the spec (data.order), which the spec check holds fixed across a resume.
+  // of the spec (data.order, data.domain_weights), which the spec check holds fixed across a resume. The
+  // reader's cursor records what the order depended on, so a resume can say which key changed.
   m.data_cursor = {{"step", stats.step}};
+  if (Json cursor = data_.cursor(stats.step); !cursor.is_null()) m.data_cursor["reader"] = std::move(cursor);
   // The verification batch: the step's first micro-batch, every data-parallel rank's part of it.
   const MicroBatch global = gather_micro_batch(*trainer_.groups().dp, first);
   m.verification = {{"loss", trainer_.loss_of(first)}, {"rows", global.rows}, {"format", kBatchFormat}};

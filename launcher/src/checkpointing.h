@@ -69,6 +69,7 @@ class RunCheckpoints {
   const Config& config_;
   const trainer::TrainSpec& spec_;
   trainer::ParallelTrainer& trainer_;
+  const DataSource& data_;
   trainer::SaveRole role_;
   std::string dataset_version_, tokenizer_, init_from_;
   // Where the run's weights came from (ckpt.init_from): that checkpoint, its dataset version and spec, and

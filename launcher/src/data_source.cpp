@@ -6,7 +6,10 @@
 #include "forge/dataio/reader.h"
 #include "forge/dataio/synthetic.h"
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
+
+#include <algorithm>
 
 namespace forge::launcher {
 
@@ -78,6 +81,13 @@ class Dataset final : public DataSource {
   std::string version() const override { return reader_.manifest().version; }
   std::string tokenizer() const override { return reader_.manifest().tokenizer_sha256; }
   uint64_t bytes_read() const override { return reader_.bytes_read(); }
+  std::vector<std::string> domains() const override { return reader_.manifest().domains; }
+  data::CacheStats cache_stats() const override { return reader_.cache_stats(); }
+  Json cursor(int64_t steps) const override {
+    data::Cursor c = reader_.cursor();
+    c.samples = uint64_t(steps) * uint64_t(microbatches_) * global_batch_;
+    return c.to_json();
+  }
 
  private:
   data::Reader reader_;
@@ -102,6 +112,8 @@ std::unique_ptr<DataSource> open_data(const Config& config, const trainer::Train
                                                  sft ? "sft" : "dpo", wanted));
     if (spec.document_mask)
       config.reject("data.document_mask", "needs a prepared dataset (the synthetic stream has no documents)");
+    if (!spec.domain_weights.empty())
+      config.reject("data.domain_weights", "needs a prepared dataset (the synthetic stream has no domains)");
     return std::make_unique<Synthetic>(spec, dp_rank);
   }
   const data::Manifest manifest = data::load_manifest(spec.dataset);
@@ -109,6 +121,13 @@ std::unique_ptr<DataSource> open_data(const Config& config, const trainer::Train
     config.reject("model.vocab", fmt::format("must equal the vocabulary of the dataset's tokenizer ({}, from "
                                              "{}/manifest.json)",
                                              manifest.vocab_size, spec.dataset));
+  for (const auto& [name, weight] : spec.domain_weights)
+    if (std::find(manifest.domains.begin(), manifest.domains.end(), name) == manifest.domains.end())
+      config.reject(
+          "data.domain_weights",
+          fmt::format("domain '{}' is not in dataset {} (its domains: {}); weigh those, or leave the "
+                      "key empty for their natural proportions",
+                      name, spec.dataset, fmt::join(manifest.domains, ", ")));
   if ((sft || dpo) && manifest.format != wanted)
     config.reject("run.objective",
                   fmt::format("{} needs a {} dataset, and {} is format {}: prepare one with `forge-data "
@@ -136,6 +155,8 @@ std::unique_ptr<DataSource> open_data(const Config& config, const trainer::Train
   options.order = data::parse_order(spec.data_order);
   options.document_mask = spec.document_mask || replies;
   options.loss_mask = replies;
+  options.domain_weights = spec.domain_weights;
+  options.cache = {spec.cache_dir, spec.cache_max_bytes};
   auto dataset = std::make_unique<Dataset>(spec.dataset, options, spec.microbatches);
   if (dpo) {
     if (const uint64_t left = dataset->reader().pairs_left_out(); left > 0 && world.rank() == 0)

@@ -3,6 +3,8 @@
 #pragma once
 
 #include "forge/common/batch.h"
+#include "forge/common/json.h"
+#include "forge/dataio/cache.h"
 #include "forge/trainer/comm.h"
 #include "forge/trainer/spec.h"
 
@@ -27,6 +29,12 @@ class DataSource {
   virtual std::string tokenizer() const = 0;
   // Bytes of token data this rank has read from the dataset so far (0 for the synthetic stream).
   virtual uint64_t bytes_read() const = 0;
+  // The dataset's domains, which MicroBatch::domains index (empty for the synthetic stream).
+  virtual std::vector<std::string> domains() const { return {}; }
+  // What the node-local cache did when the data was opened (all zero without one).
+  virtual data::CacheStats cache_stats() const { return {}; }
+  // The reader's cursor after `steps` optimizer steps, for checkpoints (null for the synthetic stream).
+  virtual Json cursor(int64_t /*steps*/) const { return nullptr; }
 };
 
 // Checks the dataset against the spec (vocabulary: a usage error naming model.vocab; the objective's format;

@@ -67,6 +67,8 @@ struct Totals {
   double mfu_sum = 0, last_loss = 0;
   double startup_s = 0, train_s = 0, bookkeeping_s = 0;
   int64_t skipped = 0, rewinds = 0, spikes = 0;
+  // Samples this process trained per dataset domain (RunInfo::domains), over the data-parallel group.
+  std::vector<int64_t> domain_samples;
   // What ending now would lose: the work after this process's newest committed checkpoint.
   double committed_at_s = -1;  // seconds since process start when its step ended; -1: none yet
   double kept_train_s = 0;     // step time of the steps that checkpoint holds
@@ -90,7 +92,9 @@ struct RunInfo {
   const Config& config;
   double peak = 0, fpt = 0;
   Clock::time_point start;
-  int64_t resumed_from = 0;  // the checkpoint step this process started from (0: fresh)
+  int64_t resumed_from = 0;          // the checkpoint step this process started from (0: fresh)
+  std::vector<std::string> domains;  // the dataset's (MicroBatch::domains index them); empty: synthetic
+  Json cache;                        // the node-local cache's work at open, summed over the ranks; null: none
 };
 
 // The traced steps' timelines: every rank writes its own, then rank 0 puts them on one timeline. A trace
@@ -116,6 +120,39 @@ void finish_trace(const trainer::ProcessGroups& groups, const std::string& dir,
   } catch (const Error& e) {
     spdlog::warn("trace not merged: {}", e.what());
   }
+}
+
+// {domain: samples}: what the data actually delivered, to set against data.domain_weights.
+Json domain_counts(const std::vector<std::string>& names, const std::vector<int64_t>& counts) {
+  Json out = Json::object();
+  for (size_t i = 0; i < names.size(); ++i) out[names[i]] = i < counts.size() ? counts[i] : 0;
+  return out;
+}
+
+// The samples of each domain in this step's micro-batches, over the data-parallel group (every rank reads
+// its group's slice; the tensor and pipeline peers of a slice read the same rows and are not added).
+std::vector<int64_t> step_domain_samples(trainer::ProcessGroups& g, std::span<const MicroBatch> batches,
+                                         size_t domains) {
+  std::vector<double> counts(domains, 0.0);
+  for (const MicroBatch& b : batches)
+    for (const uint16_t d : b.domains)
+      if (d < domains) counts[d] += 1;
+  g.dp->all_reduce(counts.data(), counts.size(), trainer::CommType::kF64, trainer::ReduceOp::kSum)->wait();
+  return {counts.begin(), counts.end()};
+}
+
+// The node-local cache's work at open, over every rank of the job: counts summed, staging time the
+// slowest rank's (every rank waits for its node's staging before the first step). Null without a cache.
+Json job_cache_stats(trainer::ProcessGroups& g, const trainer::TrainSpec& spec, const DataSource& data) {
+  if (spec.cache_dir.empty() || data.version().empty()) return nullptr;
+  const data::CacheStats mine = data.cache_stats();
+  double sums[4] = {double(mine.hits), double(mine.misses), double(mine.fallbacks),
+                    double(mine.bytes_staged)};
+  double slowest = mine.staging_s;
+  g.world->all_reduce(sums, 4, trainer::CommType::kF64, trainer::ReduceOp::kSum)->wait();
+  g.world->all_reduce(&slowest, 1, trainer::CommType::kF64, trainer::ReduceOp::kMax)->wait();
+  return {{"dir", spec.cache_dir},         {"hits", int64_t(sums[0])},         {"misses", int64_t(sums[1])},
+          {"fallbacks", int64_t(sums[2])}, {"bytes_staged", int64_t(sums[3])}, {"staging_s", slowest}};
 }
 
 // Rank 0 writes the run's summary; the other ranks' view is in their metrics.
@@ -178,6 +215,8 @@ void write_summary(const RunInfo& run, const Totals& t, ExitCode code) {
          {"exit_code", int(code)},
          {"exit_class", std::string(exit_class_name(code))},
          {"segments", std::move(segments)}};
+  if (!run.domains.empty()) s["data_domains"] = domain_counts(run.domains, t.domain_samples);
+  if (!run.cache.is_null()) s["data_cache"] = run.cache;
   write_json_atomic(path, s);
 }
 
@@ -335,7 +374,22 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
   set_rank_hosts(gather_hosts(*world));
   trainer::ProcessGroups groups = trainer::make_groups(std::move(world), spec.layout);
   trainer::use_threads(spec.threads);
-  RunInfo run{spec, groups, config, 0, trainer::flops_per_token(spec.model), Clock::now()};
+  RunInfo run{spec,
+              groups,
+              config,
+              0,
+              trainer::flops_per_token(spec.model),
+              Clock::now(),
+              0,
+              data->domains(),
+              job_cache_stats(groups, spec, *data)};
+  if (groups.rank == 0 && !run.cache.is_null())
+    spdlog::info(
+        "data cache {}: {} shards read from the cache, {} staged ({:.1f} MB, slowest rank {:.2f} s), {} "
+        "read from the shared copy (all ranks)",
+        spec.cache_dir, run.cache["hits"].get<int64_t>(), run.cache["misses"].get<int64_t>(),
+        double(run.cache["bytes_staged"].get<int64_t>()) / 1e6, run.cache["staging_s"].get<double>(),
+        run.cache["fallbacks"].get<int64_t>());
   // MFU is the job's: its tokens against every rank's peak (rank 0 measures one rank's).
   double peak = spec.peak_gflops;
   if (peak <= 0) {
@@ -369,6 +423,7 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
 
   Totals totals;
   totals.steps = first_step;
+  totals.domain_samples.assign(run.domains.size(), 0);
   // The watchdog's snapshot of the totals: it writes summary.json (exit class "comm") while the loop is
   // stuck, so it must not read what the loop is writing.
   std::mutex snapshot_mutex;
@@ -409,6 +464,7 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
   trainer::StepStats st;
   bool summary_written = false;
   bool resumed = first_step > 0;  // the next record is the first after a resume (report marks it)
+  bool cache_pending = !run.cache.is_null();
   const trainer::TraceSteps tracing = spec.trace.window(first_step, spec.steps);
   const std::string trace_dir =
       (fs::path(spec.dir) / "trace" / fmt::format("steps-{}-{}", tracing.first, tracing.last)).string();
@@ -466,6 +522,11 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
       totals.steps = st.step;
       set_last_finished_step(st.step);
       totals.tokens += st.tokens;
+      std::vector<int64_t> step_domains;
+      if (!run.domains.empty()) {
+        step_domains = step_domain_samples(groups, batches, run.domains.size());
+        for (size_t i = 0; i < step_domains.size(); ++i) totals.domain_samples[i] += step_domains[i];
+      }
       if (st.finite) totals.last_loss = st.loss;
       const int64_t tokens_so_far = st.step * st.tokens;
       trainer::mark_activity("checkpoint");
@@ -492,6 +553,10 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
       rec["compute_ms"] = (st.seconds - st.comm_s - st.bubble_s) * 1e3;
       rec["comm_bytes"] = st.comm_bytes;
       rec["peak_rss_mib"] = peak_rss_mib();
+      if (!step_domains.empty()) rec["data_domains"] = domain_counts(run.domains, step_domains);
+      // The cache works once, at open: this rank's part goes with the process's first record.
+      if (cache_pending) rec["data_cache"] = data->cache_stats().to_json();
+      cache_pending = false;
       std::optional<trainer::TraceSpan> bookkeeping_span(std::in_place, "status exchange", "bookkeeping");
       const RankStatus status = exchange_status(groups, st.seconds, g_stop_signal != 0, batches, st.step);
       if (groups.layout.world() > 1) {

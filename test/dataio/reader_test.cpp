@@ -6,7 +6,10 @@
 #include <hdf5.h>
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
+#include <map>
 #include <set>
 
 using forge::Error;
@@ -358,6 +361,76 @@ TEST_CASE("reader blends domains by weight") {
   for (uint64_t p = 0; p < 200; ++p) REQUIRE(only_prose.sample_domain(only_prose.sample_at(p)) == "prose");
   o.domain_weights = {{"poetry", 1.0}};
   CHECK_THROWS_AS(Reader(dir, o), Error);
+}
+
+// Largest-remainder apportionment of `positions` by `weights`, computed here independently of the reader.
+std::map<std::string, uint64_t> largest_remainder(const std::map<std::string, double>& weights,
+                                                  uint64_t positions) {
+  double sum = 0;
+  for (const auto& [name, w] : weights) sum += w;
+  std::map<std::string, uint64_t> out;
+  std::vector<std::pair<double, std::string>> rest;
+  uint64_t given = 0;
+  for (const auto& [name, w] : weights) {
+    const double exact = w / sum * double(positions);
+    out[name] = uint64_t(exact);
+    given += out[name];
+    rest.emplace_back(exact - double(out[name]), name);
+  }
+  std::stable_sort(rest.begin(), rest.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (size_t k = 0; given < positions; ++k, ++given) ++out[rest[k % rest.size()].second];
+  return out;
+}
+
+TEST_CASE("reader batches carry each row's domain; an epoch's shares are the weights' largest remainders") {
+  forge::test::TempDir tmp;
+  const std::string dir = tmp / "ds";
+  const forge::data::Manifest m = forge::test::make_fixture_dataset(dir, two_domains());
+  const std::map<std::string, double> weights = {{"prose", 0.3}, {"code", 0.7}};
+  for (const Order order : {Order::kBlock, Order::kGlobal}) {
+    // Two DP ranks, global batch 4: 188 positions per epoch are 47 whole steps.
+    std::vector<std::unique_ptr<Reader>> ranks;
+    for (int r = 0; r < 2; ++r) {
+      ReaderOptions o = options(4, r, 2, 2, order);
+      o.domain_weights = weights;
+      ranks.push_back(std::make_unique<Reader>(dir, o));
+    }
+    const uint64_t epoch = ranks[0]->samples_per_epoch();
+    REQUIRE(epoch % 4 == 0);
+    std::map<std::string, uint64_t> seen;
+    MicroBatch b;
+    for (uint64_t step = 0; step < epoch / 4; ++step) {
+      for (auto& reader : ranks) {
+        reader->next(b);
+        REQUIRE(b.domains.size() == size_t(b.rows));
+        for (int r = 0; r < b.rows; ++r) {
+          const std::string& name = m.domains.at(b.domains[size_t(r)]);
+          REQUIRE(name == reader->sample_domain(b.sample_ids[size_t(r)]));
+          ++seen[name];
+        }
+      }
+    }
+    const auto want = largest_remainder(weights, epoch);
+    CHECK(seen == want);
+    for (const auto& [name, w] : weights) CHECK(std::abs(double(seen[name]) - w * double(epoch)) < 1.0);
+    // The cursor records the weights (the checkpoint keeps it) and refuses others.
+    const Cursor c = Cursor::from_json(ranks[0]->cursor().to_json());
+    CHECK(c.domain_weights == weights);
+    ReaderOptions other = options(4, 0, 2, 2, order);
+    other.domain_weights = {{"prose", 0.5}, {"code", 0.5}};
+    Reader r(dir, other);
+    CHECK_THROWS_WITH(r.seek(c), Catch::Contains("domain weights"));
+  }
+  // The domain survives the batch's own transformations (the checkpoint's verification batch).
+  ReaderOptions o = options(4, 0, 1);
+  Reader r(dir, o);
+  const MicroBatch first = r.next(), second = r.next();
+  const MicroBatch both = MicroBatch::concat(std::vector<MicroBatch>{first, second});
+  CHECK(MicroBatch::deserialize(both.serialize()).domains == both.domains);
+  CHECK(both.slice_rows(4, 4).domains == second.domains);
+  MicroBatch unknown = first;
+  unknown.domains.clear();  // a part without domains (the synthetic stream): the whole is unknown
+  CHECK(MicroBatch::concat(std::vector<MicroBatch>{unknown, second}).domains.empty());
 }
 
 TEST_CASE("reader gives the validation split of one domain to the gate") {

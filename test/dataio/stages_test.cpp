@@ -163,6 +163,8 @@ TEST_CASE("exact dedup keeps the first copy and reports clusters per domain") {
   CHECK(st["clusters"] == 2);
   CHECK(st["largest_cluster"] == 3);
   CHECK(st["per_domain"]["b"]["removed"] == 2);
+  CHECK(st["examples"][0] == forge::Json{{"removed", "s3"}, {"kept", "s1"}});
+  CHECK(st["examples"][2] == forge::Json{{"removed", "s5"}, {"kept", "s2"}});
 }
 
 TEST_CASE("MinHash estimates Jaccard similarity and near dedup removes only close pairs") {

@@ -48,7 +48,10 @@ grep -qE "^loss curve: [0-9]+ steps, .* continuous across the preemption" "$LOG"
 grep -q "resumed from" "$LOG" || fail "the training job did not report resuming from a checkpoint"
 # Pools and approval (docs/ADMISSION.md): data preparation on the data partition, training on train, the gate
 # on eval; the pretraining job admitted with carol's approval, which the ledger ties to the job.
-grep -qE "^prepare job [0-9]+ ran on partition data," "$LOG" || fail "the dataset was not prepared on the data pool"
+grep -qE "^prepare job [0-9]+ ran on partition data \(node\[3-4\]\)" "$LOG" || fail "the dataset was not prepared on the data pool's two nodes"
+grep -qE "^  rank 1 on .*shards written" "$LOG" || fail "the prepare's work split (rank 1) is not shown"
+grep -qE "on 2 ranks$" "$LOG" || fail "the dataset was not prepared on 2 ranks"
+grep -qE "^languages \(token share\):.* en [0-9]" "$LOG" || fail "the dataset's language shares are not shown"
 grep -qE "^pools: training job [0-9]+ ran on partition train, its gate [0-9]+ on eval$" "$LOG" ||
   fail "training and gate pools: $(grep -m1 '^pools:' "$LOG")"
 approval=$(grep -oE 'apr-[0-9a-f]{12}' "$LOG" | head -n1)

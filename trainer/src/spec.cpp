@@ -7,7 +7,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -54,7 +56,16 @@ void add_trainer_keys(ConfigSchema& s) {
           "data.order", "block",
           "sample order of a prepared dataset: block (block-local shuffle) or global (docs/DATA.md)")
       .add<bool>("data.document_mask", false,
-                 "packed documents: attention stays inside each document, positions restart (docs/DATA.md)");
+                 "packed documents: attention stays inside each document, positions restart (docs/DATA.md)")
+      .add<std::string>("data.domain_weights", "",
+                        "share of the samples per domain, e.g. code:0.3,prose:0.7 (normalised; a domain not "
+                        "named gets none; empty: the dataset's natural proportions)")
+      .add<std::string>("data.cache_dir", "",
+                        "node-local directory the shards are staged into and read from, shared by the jobs "
+                        "of the node (empty: read the dataset directory; docs/DATA.md)")
+      .add<int64_t>("data.cache_max_bytes", 0,
+                    "bytes the node-local cache may hold, least recently used entries evicted first (0: as "
+                    "much as leaves 10% of its filesystem free)");
   s.add<double>("dpo.beta", 0.1, "DPO: strength of the pull away from the reference (beta)")
       .add<double>("dpo.label_smoothing", 0.0,
                    "DPO: share of preferences taken as flipped (conservative DPO)")
@@ -126,6 +137,43 @@ TraceSteps trace_steps(const Config& c, int64_t steps) {
                     "run.steps = {}, or auto",
                     v, steps));
   return t;
+}
+
+// data.domain_weights: NAME:WEIGHT,... with names as prepare allows them and finite weights >= 0, not all 0.
+std::map<std::string, double> domain_weights(const Config& c) {
+  const std::string key = "data.domain_weights", v = c.get<std::string>(key);
+  std::map<std::string, double> out;
+  const auto bad = [&](const std::string& why) {
+    c.reject(key, why +
+                      "; give NAME:WEIGHT pairs separated by commas, e.g. code:0.3,prose:0.7, or leave it "
+                      "empty for the dataset's natural proportions");
+  };
+  for (size_t at = 0; at < v.size();) {
+    const size_t comma = std::min(v.find(',', at), v.size());
+    const std::string item = v.substr(at, comma - at);
+    const size_t colon = item.find(':');
+    if (colon == std::string::npos) bad(fmt::format("entry '{}' has no ':'", item));
+    const auto trim = [](std::string t) {
+      t.erase(0, t.find_first_not_of(" \t"));
+      t.erase(t.find_last_not_of(" \t") + 1);
+      return t;
+    };
+    const std::string name = trim(item.substr(0, colon)), number = trim(item.substr(colon + 1));
+    if (name.empty() || !std::all_of(name.begin(), name.end(), [](char ch) {
+          return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-';
+        }))
+      bad(fmt::format("entry '{}': '{}' is not a domain name ([A-Za-z0-9_-]+)", item, name));
+    char* end = nullptr;
+    const double w = std::strtod(number.c_str(), &end);
+    if (number.empty() || *end != '\0') bad(fmt::format("entry '{}': '{}' is not a number", item, number));
+    if (!std::isfinite(w) || w < 0)
+      bad(fmt::format("entry '{}': the weight must be a finite number >= 0", item));
+    if (!out.emplace(name, w).second) bad(fmt::format("domain '{}' is given twice", name));
+    at = comma + 1;
+  }
+  if (!v.empty() && std::all_of(out.begin(), out.end(), [](const auto& kv) { return kv.second == 0; }))
+    bad("every weight is 0: no domain would be read");
+  return out;
 }
 
 }  // namespace
@@ -219,6 +267,11 @@ TrainSpec train_spec(const Config& c) {
   s.batch = positive<int>(c, "data.batch");
   s.data_order = c.get<std::string>("data.order");
   if (s.data_order != "block" && s.data_order != "global") c.reject("data.order", "must be block or global");
+  s.domain_weights = domain_weights(c);
+  s.cache_dir = c.get<std::string>("data.cache_dir");
+  const int64_t cache_max = c.get<int64_t>("data.cache_max_bytes");
+  if (cache_max < 0) c.reject("data.cache_max_bytes", "must be >= 0 (0: leave 10% of the filesystem free)");
+  s.cache_max_bytes = uint64_t(cache_max);
   const std::string objective = c.get<std::string>("run.objective");
   s.objective = objective == "sft"       ? Objective::kSft
                 : objective == "dpo"     ? Objective::kDpo

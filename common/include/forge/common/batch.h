@@ -31,6 +31,9 @@ struct MicroBatch {
   // (a sample recurs once per epoch; the duplicate-sample guard compares (sample, epoch)).
   std::vector<uint64_t> sample_ids;
   std::vector<uint32_t> epochs;
+  // Optional, one per row: the row's domain, as an index into the dataset manifest's domain list (what a
+  // run reports as the realised domain mix). Empty: not known (the synthetic stream).
+  std::vector<uint16_t> domains;
   // Preference pairs (DPO): row r holds pair r, its chosen conversation as document 0 and its rejected
   // one as document 1; reference_logps[2r] and [2r + 1] are the reference model's summed log-probabilities
   // of their scored tokens. Empty: not a batch of pairs.
@@ -38,7 +41,7 @@ struct MicroBatch {
 
   size_t size() const { return size_t(rows) * size_t(seq_len); }
   // Sizes inputs, targets, sample_ids and epochs for `rows` x `seq_len`; clears the optional fields
-  // (reference_logps included).
+  // (domains and reference_logps included).
   void resize(int rows, int seq_len);
   float weight(size_t i) const { return targets[i] == kIgnore ? 0.0f : weights.empty() ? 1.0f : weights[i]; }
   // The sum of the weights: how many scored tokens this batch adds to the loss's normaliser.

@@ -12,6 +12,11 @@ namespace forge {
 
 uint64_t xxh3_64(const void* data, size_t size, uint64_t seed = 0);
 std::string xxh3_64_hex(std::string_view data);
+struct Hash128 {
+  uint64_t high = 0, low = 0;
+  bool operator==(const Hash128&) const = default;
+};
+Hash128 xxh3_128(std::string_view data);
 // 32 hex digits, high half first (XXH128_canonical order).
 std::string xxh3_128_hex(std::string_view data);
 

@@ -1,10 +1,12 @@
 // Stage 3: exact dedup (xxh3-128 of the normalized text) and near dedup (MinHash over word n-gram
 // shingles, with LSH banding and a confirmation by estimated Jaccard). The first document of a cluster, in
-// input order, is the one kept.
+// input order, is the one kept. Both run on one rank's part of a distributed corpus too (ranks.h): hashes
+// and band buckets are partitioned by owner and exchanged, with the same result as one process.
 #pragma once
 
 #include "forge/common/json.h"
 #include "forge/dataio/document.h"
+#include "forge/dataio/ranks.h"
 
 #include <cstdint>
 #include <string_view>
@@ -12,7 +14,7 @@
 
 namespace forge::data {
 
-Json exact_dedup(Corpus& corpus);
+Json exact_dedup(Corpus& corpus, Ranks& ranks = single_rank());
 
 struct MinHashOptions {
   int ngram = 5;  // words per shingle
@@ -90,6 +92,6 @@ std::vector<uint64_t> shingles(std::string_view text, int ngram);
 
 // Removes near duplicates; the returned report includes the plan and its expected S-curve (P(candidate)
 // and P(removed) by true Jaccard).
-Json near_dedup(Corpus& corpus, const MinHashOptions& options);
+Json near_dedup(Corpus& corpus, const MinHashOptions& options, Ranks& ranks = single_rank());
 
 }  // namespace forge::data

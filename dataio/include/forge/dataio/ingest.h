@@ -8,6 +8,7 @@
 
 #include "forge/common/json.h"
 #include "forge/dataio/document.h"
+#include "forge/dataio/ranks.h"
 
 #include <cstddef>
 #include <map>
@@ -68,11 +69,10 @@ struct IngestStats {
 std::string repair_utf8(std::string_view in, size_t* invalid_bytes);
 
 // Reads every input. Missing or unreadable paths throw forge::Error (kUsage / kIo) naming the path; chat or
-// preference input with too many malformed lines throws kData (IngestOptions::max_bad_lines).
+// preference input with too many malformed lines throws kData (IngestOptions::max_bad_lines). On one rank
+// of a distributed prepare: a contiguous run of the input files of about 1/size() of the bytes, following
+// the files of the ranks before it; domains are numbered as one process would number them.
 void ingest(const std::vector<InputSpec>& inputs, const IngestOptions& options, Corpus& corpus,
-            IngestStats& stats);
-
-// Total size of the files `ingest` would read (for progress ETA and MB/s figures).
-uint64_t input_bytes(const std::vector<InputSpec>& inputs, const IngestOptions& options);
+            IngestStats& stats, Ranks& ranks = single_rank());
 
 }  // namespace forge::data

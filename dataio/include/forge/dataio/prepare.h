@@ -9,6 +9,7 @@
 #include "forge/dataio/ingest.h"
 #include "forge/dataio/language.h"
 #include "forge/dataio/pii.h"
+#include "forge/dataio/ranks.h"
 #include "forge/dataio/repository.h"
 #include "forge/dataio/tokenizer.h"
 
@@ -59,6 +60,8 @@ struct PrepareResult {
   Json quality;
 };
 
-PrepareResult prepare_dataset(const PrepareOptions& options);
+// On every rank of a distributed prepare (forge/dataio/ranks.h), with the same options: the dataset is the
+// one a single process makes of the same input and settings, byte for byte; rank 0 publishes it.
+PrepareResult prepare_dataset(const PrepareOptions& options, Ranks& ranks = single_rank());
 
 }  // namespace forge::data

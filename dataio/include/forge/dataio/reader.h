@@ -16,6 +16,7 @@
 
 #include "forge/common/batch.h"
 #include "forge/common/json.h"
+#include "forge/dataio/cache.h"
 #include "forge/dataio/manifest.h"
 
 #include <cstdint>
@@ -60,6 +61,9 @@ struct ReaderOptions {
   // out, pairs_left_out()). Needs document_mask. Off: windows at multiples of seq_len, every target scored
   // (pretraining on the same data).
   bool loss_mask = false;
+  // Node-local copies of the shards read (cache.h; docs/DATA.md, "Node-local cache"): staged at open,
+  // read from there; the dataset directory on a miss the cache cannot serve. Empty dir: off.
+  CacheOptions cache;
 };
 
 struct Cursor {
@@ -89,7 +93,8 @@ class Reader {
   Reader& operator=(const Reader&) = delete;
 
   // The next global batch's slice of this DP rank: global_batch / dp_size rows of seq_len positions, row
-  // i from the window at stream position (consumed + dp_rank * rows + i), with its sample id and epoch.
+  // i from the window at stream position (consumed + dp_rank * rows + i), with its sample id, epoch and
+  // domain (index into manifest().domains).
   // Bad data (a token outside the vocabulary): forge::Error(kData) naming the shard and the sample.
   MicroBatch next();
   // The same, refilling `batch` in place: its buffers are recycled, so a steady loop allocates nothing.
@@ -112,10 +117,12 @@ class Reader {
   // The seq_len+1 tokens of one sample (random access, e.g. the gate's full pass over a split).
   void read_sample(uint64_t sample_id, std::span<int32_t> out) const;
   // The same sample as row `row` of `batch` (seq_len positions), as next() would deliver it (documents
-  // marked when document_mask is on); its epoch is 0.
+  // marked when document_mask is on); its epoch is 0, its domain set when batch.domains has a row each.
   void read_sample(uint64_t sample_id, MicroBatch& batch, int row) const;
   // Domain name of a sample.
   const std::string& sample_domain(uint64_t sample_id) const;
+  // What the node-local cache did at open (all zero without one).
+  CacheStats cache_stats() const;
 
  private:
   struct Impl;

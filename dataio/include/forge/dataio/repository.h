@@ -14,6 +14,7 @@
 
 #include "forge/common/json.h"
 #include "forge/dataio/document.h"
+#include "forge/dataio/ranks.h"
 
 #include <cstddef>
 
@@ -27,7 +28,8 @@ struct RepositoryOptions {
 };
 
 // Sets Document::repo_family (and licenses from license files), removes duplicate repositories (and forks
-// with drop_forks). Documents without a repository are left as they are.
-Json dedup_repositories(Corpus& corpus, const RepositoryOptions& options);
+// with drop_forks). Documents without a repository are left as they are. Distributed: rank 0 decides from
+// every rank's file hashes (O(files with a repository) bytes, not their text).
+Json dedup_repositories(Corpus& corpus, const RepositoryOptions& options, Ranks& ranks = single_rank());
 
 }  // namespace forge::data

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "forge/dataio/document.h"
+#include "forge/dataio/ranks.h"
 
 #include <cstdint>
 #include <vector>
@@ -14,6 +15,8 @@
 namespace forge::data {
 
 // 1 = validation, 0 = train, per document.
-std::vector<uint8_t> assign_valid_split(const Corpus& corpus, double valid_fraction, uint64_t seed);
+// On one rank's part of a distributed corpus: that part's sides (rank 0 decides for all).
+std::vector<uint8_t> assign_valid_split(const Corpus& corpus, double valid_fraction, uint64_t seed,
+                                        Ranks& ranks = single_rank());
 
 }  // namespace forge::data

@@ -57,9 +57,13 @@ class Tokenizer {
  public:
   // Throws forge::Error(kData) naming the file if it is not a SentencePiece model.
   static Tokenizer load(const std::string& model_path);
-  // Trains on a sample of `corpus` and writes the model to `model_path` (atomically).
+  // Trains on a sample of `corpus` and writes the model to `model_path` (atomically): whole documents, every
+  // `stride`-th from the first, until options.sample_bytes are taken. stride 0: sample_stride of the
+  // corpus's bytes (a distributed prepare gathers the sampled documents on one rank and passes 1).
   static Tokenizer train(const Corpus& corpus, const TokenizerTrainOptions& options,
-                         const std::string& model_path);
+                         const std::string& model_path, uint64_t stride = 0);
+  // The stride that spreads a sample of `budget` bytes evenly over a corpus of `total` bytes.
+  static uint64_t sample_stride(uint64_t total, uint64_t budget);
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;

@@ -7,6 +7,7 @@
 #include "forge/trainer/model.h"
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -71,6 +72,12 @@ struct TrainSpec {
   int batch = 0;               // sequences per micro-batch and data-parallel rank
   int microbatches = 1;        // micro-batches accumulated per optimizer step
   bool document_mask = false;  // packed documents: attention and positions stop at document boundaries
+  // data.domain_weights: each domain's share of the samples (the reader normalises them); empty: the
+  // dataset's natural proportions.
+  std::map<std::string, double> domain_weights;
+  // data.cache_dir and data.cache_max_bytes: the node-local shard cache (docs/DATA.md); empty: none.
+  std::string cache_dir;
+  uint64_t cache_max_bytes = 0;
   Objective objective = Objective::kLm;
   DpoConfig dpo;
   DistillConfig distill;
