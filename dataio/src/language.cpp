@@ -2,6 +2,7 @@
 
 #include "forge/common/error.h"
 #include "forge/common/progress_line.h"
+#include "forge/dataio/pii.h"
 
 #include <cstdio>  // compact_lang_det.h uses FILE without including it
 
@@ -85,11 +86,13 @@ Json identify_languages(Corpus& corpus, const LanguageOptions& options) {
   std::map<std::string, uint64_t> documents;
   std::map<std::string, std::map<std::string, uint64_t>> per_domain, removed_per_domain;
   uint64_t removed = 0;
+  EncodingCounts encoding;  // text in an unknown encoding is where identification goes wrong
   const uint64_t in = corpus.docs.size();
   std::vector<Document> kept;
   kept.reserve(corpus.docs.size());
   for (auto& doc : corpus.docs) {
     progress.add(1, doc.text.size());
+    encoding.add(doc.text);
     doc.language = identify_language(doc.text);
     const std::string& domain = corpus.domains[doc.domain];
     ++documents[doc.language];
@@ -113,6 +116,7 @@ Json identify_languages(Corpus& corpus, const LanguageOptions& options) {
           {"allow", allow_json},
           {"removed", {{"language_not_allowed", removed}}},
           {"removed_per_domain", removed_per_domain},
+          {"unknown_encoding_lines", encoding.to_json()},
           {"documents_out", corpus.docs.size()},
           {"seconds", progress.seconds()}};
 }

@@ -65,6 +65,11 @@ TEST_CASE("CLD2 names the language of each fixture sentence set, and short or le
   }
   CHECK(identify_language("12345 67890 == 42;") == kUnknownLanguage);
   CHECK(identify_language("") == kUnknownLanguage);
+  Corpus c;
+  c.domains = {"web"};
+  c.docs.emplace_back().text = "Der Fluss stieg \xEF\xBF\xBD schnell.\nclean line\nnoch \xEF\xBF\xBD eine\n";
+  const forge::Json st = identify_languages(c, LanguageOptions{});
+  CHECK(st["unknown_encoding_lines"]["replacement_char"] == 2);
 }
 
 TEST_CASE("language shares of a mixed corpus come out within 2 points of the planted ones") {
