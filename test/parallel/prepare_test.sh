@@ -61,14 +61,19 @@ rc=0; "$mpirun" -np 4 "$forge_data" prepare "${args[@]}" --out bad > bad.txt 2>&
 grep -q 'part99.jsonl:2: field "repo"' bad.txt || fail "the error does not name the line: $(cat bad.txt)"
 [ ! -e bad ] || fail "a failed distributed prepare published a dataset"
 rm corpus/web/part99.jsonl
-# A rank killed mid-run: the launcher stops the others; what is left has no manifest.
-"$mpirun" -np 4 "$forge_data" prepare "${args[@]}" --out killed > killed.txt 2>&1 &
+# A rank killed mid-run (once rank 0 has made the partial directory, so every rank is past MPI's start-up):
+# the launcher stops the others; what is left has no manifest. The ranks are held (SIGSTOP) while one is
+# killed, so the run cannot finish first; the timeout only keeps a launcher bug from hanging the suite.
+timeout 120 "$mpirun" -np 4 "$forge_data" prepare "${args[@]}" --out killed > killed.txt 2>&1 &
 launcher=$!
 ranks() { pgrep -f "^$forge_data prepare .*--out killed" || true; }
-for _ in $(seq 1 200); do [ "$(ranks | wc -l)" -ge 4 ] && break; sleep 0.05; done
-victim=$(ranks | tail -1)
-[ -n "$victim" ] || fail "no rank to kill"
+for _ in $(seq 1 600); do [ -n "$(ls -d killed.partial-* 2>/dev/null)" ] && break; sleep 0.02; done
+held=$(ranks)
+[ "$(echo "$held" | wc -w)" -eq 4 ] || fail "expected 4 ranks running, found: $held"
+kill -STOP $held
+victim=$(echo "$held" | tail -1)
 kill -KILL "$victim"
+kill -CONT $held 2>/dev/null || true
 rc=0; wait "$launcher" || rc=$?
 [ "$rc" -ne 0 ] || fail "a killed rank went unnoticed"
 [ ! -e killed ] || fail "a prepare with a killed rank published a dataset"

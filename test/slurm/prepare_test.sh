@@ -53,16 +53,14 @@ echo "  job $job on $nodes: $(tail -n1 two-nodes.out)"
 job=$(sbatch --parsable -A team-a -N2 -n4 -c1 -o "$work/killed.out" -D "$work" \
   "$SRC/scripts/sbatch/prepare.sbatch" "${args[@]}" --out "$work/killed") || fail "sbatch refused the job"
 jobs+=("$job")
-victim=""
-for _ in $(seq 1 600); do
-  victim=$(pgrep -f "^$BUILD/dataio/forge-data prepare .*--out $work/killed" | tail -n1 || true)
-  [ -n "$victim" ] && break
-  sleep 0.05
-done
-[ -n "$victim" ] || fail "job $job: no rank ever ran: $(cat killed.out)"
-kill -STOP "$victim"  # holds the other ranks at their next exchange
-sleep 1
-kill -KILL "$victim"
+# Once rank 0 has made the partial directory every rank is past start-up; the ranks are held (SIGSTOP)
+# while one is killed, so the run cannot finish first.
+for _ in $(seq 1 1500); do [ -n "$(ls -d killed.partial-* 2>/dev/null)" ] && break; sleep 0.02; done
+held=$(pgrep -f "^$BUILD/dataio/forge-data prepare .*--out $work/killed" || true)
+[ "$(echo "$held" | wc -w)" -eq 4 ] || fail "job $job: expected 4 ranks running, found '$held': $(cat killed.out)"
+kill -STOP $held
+kill -KILL "$(echo "$held" | tail -n1)"
+kill -CONT $held 2>/dev/null || true
 state=$(final_state "$job")
 [ "$state" = "FAILED|69:0" ] || fail "job $job with a killed rank: $state, want FAILED|69:0: $(cat killed.out)"
 grep -q "a rank of the distributed prepare died" killed.out || fail "no line saying why: $(cat killed.out)"
