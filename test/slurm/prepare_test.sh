@@ -10,7 +10,12 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 work=$(mktemp -d /tmp/forge-prepare-slurm.XXXXXX)
 chmod 755 "$work"
 jobs=()
-trap 'for j in "${jobs[@]}"; do scancel "$j" 2>/dev/null || true; done; rm -rf "$work"' EXIT
+cleanup() {
+  local j
+  for j in "${jobs[@]}"; do scancel "$j" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
 cd "$work"
 final_state() {  # final_state JOB: waits for JOB to leave the queue, prints its state and exit code
   for _ in $(seq 1 180); do [ -z "$(squeue -h -j "$1" 2>/dev/null)" ] && break; sleep 1; done
