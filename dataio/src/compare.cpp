@@ -53,15 +53,21 @@ std::map<std::string, double> language_shares(const std::string& dir, const Mani
   return shares;
 }
 
-// {key: {a, b, change}} over the union of keys, and the total variation distance.
-std::pair<Json, double> share_shift(const std::map<std::string, double>& a,
-                                    const std::map<std::string, double>& b) {
+// The keys of two maps, together, sorted.
+template <typename Map>
+std::set<std::string> keys_of(const Map& a, const Map& b) {
   std::set<std::string> keys;
   for (const auto& [k, _] : a) keys.insert(k);
   for (const auto& [k, _] : b) keys.insert(k);
+  return keys;
+}
+
+// {key: {a, b, change}} over the union of keys, and the total variation distance.
+std::pair<Json, double> share_shift(const std::map<std::string, double>& a,
+                                    const std::map<std::string, double>& b) {
   Json out = Json::object();
   double tv = 0;
-  for (const auto& k : keys) {
+  for (const auto& k : keys_of(a, b)) {
     const double x = a.count(k) ? a.at(k) : 0, y = b.count(k) ? b.at(k) : 0;
     out[k] = {{"a", x}, {"b", y}, {"change", y - x}};
     tv += 0.5 * std::abs(y - x);
@@ -145,21 +151,15 @@ Json stage_changes(const Json& qa, const Json& qb, const Json& changed, std::vec
     Json st = {
         {"settings_changed", settings},
         {"removed", {{"a", ra.total}, {"b", rb.total}, {"change", int64_t(rb.total) - int64_t(ra.total)}}}};
-    std::set<std::string> domains;
-    for (const auto& [d, _] : ra.by_domain) domains.insert(d);
-    for (const auto& [d, _] : rb.by_domain) domains.insert(d);
     std::string per_domain;
-    for (const auto& d : domains) {
+    for (const auto& d : keys_of(ra.by_domain, rb.by_domain)) {
       const int64_t x = ra.by_domain.count(d) ? ra.by_domain.at(d) : 0,
                     y = rb.by_domain.count(d) ? rb.by_domain.at(d) : 0;
       st["removed_per_domain"][d] = {{"a", x}, {"b", y}, {"change", y - x}};
       if (y != x) per_domain += fmt::format("{}{} {:+}", per_domain.empty() ? "" : ", ", d, y - x);
     }
-    std::set<std::string> reasons;
-    for (const auto& [k, _] : ra.by_reason) reasons.insert(k);
-    for (const auto& [k, _] : rb.by_reason) reasons.insert(k);
     std::string per_reason;
-    for (const auto& k : reasons) {
+    for (const auto& k : keys_of(ra.by_reason, rb.by_reason)) {
       const uint64_t x = ra.by_reason.count(k) ? ra.by_reason.at(k) : 0,
                      y = rb.by_reason.count(k) ? rb.by_reason.at(k) : 0;
       if (x == y) continue;
@@ -211,11 +211,8 @@ Json compare_datasets(const std::string& a, const std::string& b, double thresho
   std::map<std::string, Json> fa, fb;
   flatten(ma.settings, "", fa);
   flatten(mb.settings, "", fb);
-  std::set<std::string> keys;
-  for (const auto& [k, _] : fa) keys.insert(k);
-  for (const auto& [k, _] : fb) keys.insert(k);
   Json changed = Json::array();
-  for (const auto& k : keys) {
+  for (const auto& k : keys_of(fa, fb)) {
     const Json x = fa.count(k) ? fa.at(k) : Json(), y = fb.count(k) ? fb.at(k) : Json();
     if (x != y) changed.push_back({{"key", k}, {"a", x}, {"b", y}, {"stage", stage_of(k)}});
   }

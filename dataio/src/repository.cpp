@@ -179,7 +179,7 @@ Json dedup_repositories(Corpus& corpus, const RepositoryOptions& options, Ranks&
     const bool license_file = is_license_file(doc.source);
     mine.put<uint64_t>(at.first + i)
         .put(doc.domain)
-        .put<uint8_t>(!is_license_file(doc.source) && doc.text.size() >= kMinForkFileBytes)
+        .put<uint8_t>(!license_file && doc.text.size() >= kMinForkFileBytes)
         .put<uint8_t>(license_file)
         .put<uint8_t>(!doc.license.empty())
         .put(xxh3_128(doc.text))

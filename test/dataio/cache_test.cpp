@@ -35,9 +35,7 @@ using forge::data::ReaderOptions;
 
 namespace {
 
-std::vector<forge::test::FixtureDomain> two_domains() {
-  return {{"prose", {301, 157, 999, 64, 513, 250, 77}, 2}, {"code", {120, 333, 210}, 1}};
-}
+using forge::test::two_domains;
 
 ReaderOptions options(const std::string& cache = "", uint64_t max_bytes = 0, const std::string& domain = "") {
   ReaderOptions o;

@@ -30,6 +30,11 @@ struct FixtureDomain {
   uint64_t docs_per_shard = 2;
 };
 
+// Two domains whose shard boundaries fall inside windows: documents of odd lengths, two per prose shard.
+inline std::vector<FixtureDomain> two_domains() {
+  return {{"prose", {301, 157, 999, 64, 513, 250, 77}, 2}, {"code", {120, 333, 210}, 1}};
+}
+
 // Writes a dataset with the given train domains (valid split: one 40-token document per domain); `chat`
 // makes it a chat dataset whose shards carry loss masks (fixture_scored).
 inline data::Manifest make_fixture_dataset(const std::string& dir, const std::vector<FixtureDomain>& domains,

@@ -22,10 +22,7 @@ using forge::data::ReaderOptions;
 
 namespace {
 
-std::vector<forge::test::FixtureDomain> two_domains() {
-  // Shard boundaries fall inside windows: documents of odd lengths, two per shard.
-  return {{"prose", {301, 157, 999, 64, 513, 250, 77}, 2}, {"code", {120, 333, 210}, 1}};
-}
+using forge::test::two_domains;
 
 // Blocks of 5 windows in groups of 3 (a default block, 64 KiB, would hold this whole fixture): the
 // fixture's domains then have full and short blocks, tails, and several groups.
