@@ -101,7 +101,7 @@ Pass epoch(ReaderRun& r, uint64_t* checksum) {
     for (uint64_t s = 0; s < r.steps; ++s) {
       r.reader->next(r.batch);
       *checksum += static_cast<uint64_t>(r.batch.inputs[s % r.batch.inputs.size()]) +
-                   static_cast<uint64_t>(r.batch.targets[(s * 7) % r.batch.targets.size()]);
+                   static_cast<uint64_t>(r.batch.target((s * 7) % r.batch.size()));
     }
   });
 }

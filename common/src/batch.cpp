@@ -34,11 +34,17 @@ void append_rows(std::vector<T>& out, const std::vector<T>& in, size_t first, si
 
 }  // namespace
 
-void MicroBatch::resize(int r, int t) {
+void MicroBatch::resize(int r, int t, Targets form) {
   rows = r;
   seq_len = t;
   inputs.resize(size());
-  targets.resize(size());
+  if (form == Targets::kExplicit) {
+    targets.resize(size());
+    next_tokens.clear();
+  } else {
+    targets.clear();
+    next_tokens.resize(size_t(r));
+  }
   sample_ids.resize(size_t(r));
   epochs.resize(size_t(r));
   weights.clear();
@@ -54,15 +60,46 @@ double MicroBatch::weight_sum() const {
   return sum;
 }
 
+void MicroBatch::copy_targets(int32_t* out) const {
+  if (form() == Targets::kExplicit) {
+    std::copy(targets.begin(), targets.end(), out);
+    return;
+  }
+  const size_t T = size_t(seq_len);
+  for (size_t r = 0; r < size_t(rows); ++r) {
+    std::copy_n(inputs.begin() + int64_t(r * T + 1), T - 1, out + r * T);
+    out[r * T + T - 1] = next_tokens[r];
+  }
+}
+
+void MicroBatch::materialize_targets() {
+  if (form() == Targets::kExplicit) return;
+  std::vector<int32_t> out(size());  // copy_targets reads the form from `targets` being empty
+  copy_targets(out.data());
+  targets = std::move(out);
+  next_tokens.clear();
+}
+
+void MicroBatch::set_next_token(int r, int32_t next) {
+  if (form() == Targets::kNextToken) {
+    next_tokens[size_t(r)] = next;
+    return;
+  }
+  const size_t T = size_t(seq_len), at = size_t(r) * T;
+  std::copy_n(inputs.begin() + int64_t(at + 1), T - 1, targets.begin() + int64_t(at));
+  targets[at + T - 1] = next;
+}
+
 void MicroBatch::set_window(int r, const int32_t* window, uint64_t sample_id, uint32_t epoch) {
   const size_t T = size_t(seq_len), at = size_t(r) * T;
   std::copy(window, window + T, inputs.begin() + int64_t(at));
-  std::copy(window + 1, window + 1 + T, targets.begin() + int64_t(at));
+  set_next_token(r, window[T]);
   sample_ids[size_t(r)] = sample_id;
   epochs[size_t(r)] = epoch;
 }
 
 void MicroBatch::set_documents(int r, std::span<const int32_t> starts) {
+  materialize_targets();
   if (segments.empty()) {
     weights.assign(size(), 1.0f);
     positions.resize(size());
@@ -94,15 +131,18 @@ std::optional<std::string> MicroBatch::problem(int vocab, int max_positions) con
     return fmt::format("sample {} (row {}, position {}): {}", r < sample_ids.size() ? sample_ids[r] : 0, r,
                        i % size_t(seq_len), what);
   };
-  if (inputs.size() != n || targets.size() != n || sample_ids.size() != size_t(rows) ||
-      (!weights.empty() && weights.size() != n) || (!positions.empty() && positions.size() != n) ||
-      (!segments.empty() && segments.size() != n) || (!domains.empty() && domains.size() != size_t(rows)))
+  const bool next_token = form() == Targets::kNextToken;
+  if (inputs.size() != n || (next_token ? next_tokens.size() != size_t(rows) : targets.size() != n) ||
+      sample_ids.size() != size_t(rows) || (!weights.empty() && weights.size() != n) ||
+      (!positions.empty() && positions.size() != n) || (!segments.empty() && segments.size() != n) ||
+      (!domains.empty() && domains.size() != size_t(rows)))
     return fmt::format("a micro-batch of {} x {} positions has fields of the wrong length", rows, seq_len);
   for (size_t i = 0; i < n; ++i) {
     if (inputs[i] < 0 || inputs[i] >= vocab)
       return where(i, fmt::format("input id {} is outside the vocabulary [0, {})", inputs[i], vocab));
-    if (targets[i] != kIgnore && (targets[i] < 0 || targets[i] >= vocab))
-      return where(i, fmt::format("target id {} is outside the vocabulary [0, {})", targets[i], vocab));
+    const int32_t target = this->target(i);
+    if (target != kIgnore && (target < 0 || target >= vocab))
+      return where(i, fmt::format("target id {} is outside the vocabulary [0, {})", target, vocab));
     if (!weights.empty() && !(std::isfinite(weights[i]) && weights[i] >= 0))
       return where(i, fmt::format("loss weight {} is not a finite value >= 0", weights[i]));
     if (!reference_logps.empty() && i % size_t(seq_len) == 0) {
@@ -134,7 +174,8 @@ MicroBatch MicroBatch::slice_rows(int first, int count) const {
   out.seq_len = seq_len;
   const size_t T = size_t(seq_len), lo = size_t(first) * T, n = size_t(count) * T;
   append_rows(out.inputs, inputs, lo, n);
-  append_rows(out.targets, targets, lo, n);
+  if (!targets.empty()) append_rows(out.targets, targets, lo, n);
+  if (!next_tokens.empty()) append_rows(out.next_tokens, next_tokens, size_t(first), size_t(count));
   if (!weights.empty()) append_rows(out.weights, weights, lo, n);
   if (!positions.empty()) append_rows(out.positions, positions, lo, n);
   if (!segments.empty()) append_rows(out.segments, segments, lo, n);
@@ -150,7 +191,7 @@ MicroBatch MicroBatch::concat(std::span<const MicroBatch> parts) {
   MicroBatch out;
   if (parts.empty()) return out;
   out.seq_len = parts[0].seq_len;
-  bool weights = false, positions = false, segments = false;
+  bool weights = false, positions = false, segments = false, explicit_targets = false;
   // Domains have no default: the result knows them only when every part does.
   bool domains = true;
   for (const MicroBatch& p : parts) {
@@ -159,11 +200,12 @@ MicroBatch MicroBatch::concat(std::span<const MicroBatch> parts) {
     weights = weights || !p.weights.empty();
     positions = positions || !p.positions.empty();
     segments = segments || !p.segments.empty();
+    explicit_targets = explicit_targets || p.form() == Targets::kExplicit;
   }
   for (const MicroBatch& p : parts) {
     out.rows += p.rows;
     append_rows(out.inputs, p.inputs, 0, p.size());
-    append_rows(out.targets, p.targets, 0, p.size());
+    if (!explicit_targets) append_rows(out.next_tokens, p.next_tokens, 0, size_t(p.rows));
     append_rows(out.sample_ids, p.sample_ids, 0, size_t(p.rows));
     append_rows(out.epochs, p.epochs, 0, size_t(p.rows));
     if (domains) append_rows(out.domains, p.domains, 0, size_t(p.rows));
@@ -172,6 +214,7 @@ MicroBatch MicroBatch::concat(std::span<const MicroBatch> parts) {
     append_rows(out.reference_logps, p.reference_logps, 0, p.reference_logps.size());
     // A part without an optional field contributes its default values.
     for (size_t i = 0; i < p.size(); ++i) {
+      if (explicit_targets) out.targets.push_back(p.target(i));
       if (weights) out.weights.push_back(p.weights.empty() ? 1.0f : p.weights[i]);
       if (positions)
         out.positions.push_back(p.positions.empty() ? int32_t(i % size_t(p.seq_len)) : p.positions[i]);
@@ -189,7 +232,9 @@ std::string MicroBatch::serialize() const {
   const uint32_t header[3] = {uint32_t(rows), uint32_t(seq_len), flags};
   out.append(reinterpret_cast<const char*>(header), sizeof header);
   put(out, inputs);
-  put(out, targets);
+  const size_t at = out.size();  // the targets, explicit in either form
+  out.resize(at + size() * sizeof(int32_t));
+  if (size() != 0) copy_targets(reinterpret_cast<int32_t*>(out.data() + at));
   put(out, weights);
   put(out, positions);
   put(out, segments);

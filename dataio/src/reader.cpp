@@ -63,37 +63,29 @@ struct DomainStream {
   std::vector<uint32_t> bin_tokens;
 };
 
-// Widens stored tokens to int32, storing each twice: as an input and as the target of the position
-// before it (the caller offsets `targets` by one), in one pass over the mapped bytes; returns their
-// maximum (for the vocabulary check). Written so the compiler vectorizes it; the AVX2 clone is picked at
-// load time where the CPU has it.
+// Widens stored tokens to int32 in one pass over the mapped bytes; returns their maximum (for the
+// vocabulary check). Written so the compiler vectorizes it; the AVX2 clone is picked at load time where
+// the CPU has it.
 template <typename T>
-__attribute__((target_clones("avx2", "default"))) uint32_t widen_pair(const T* __restrict src,
-                                                                      int32_t* __restrict inputs,
-                                                                      int32_t* __restrict targets, size_t n) {
+__attribute__((target_clones("avx2", "default"))) uint32_t widen(const T* __restrict src,
+                                                                 int32_t* __restrict out, size_t n) {
   T max = 0;
   for (size_t i = 0; i < n; ++i) {
-    const int32_t v = static_cast<int32_t>(src[i]);
-    inputs[i] = v;
-    targets[i] = v;
+    out[i] = static_cast<int32_t>(src[i]);
     max = src[i] > max ? src[i] : max;
   }
   return max;
 }
 
-// Row `inputs`/`targets` (seq_len each) from window tokens [done, done + n) at `src`: window token k is
-// input k (k < seq_len) and target k - 1 (k >= 1). Returns the largest token.
+// Window tokens [done, done + n) at `src`: token k < seq_len is input k, token seq_len the row's next
+// token. Returns the largest token.
 template <typename T>
 uint32_t widen_row(const T* src, uint32_t done, uint32_t n, uint32_t seq_len, int32_t* inputs,
-                   int32_t* targets) {
-  const uint32_t lo = std::max(done, 1u), hi = std::min(done + n, seq_len);
-  uint32_t max = hi > lo ? widen_pair(src + (lo - done), inputs + lo, targets + lo - 1, hi - lo) : 0;
-  if (done == 0) {
-    inputs[0] = static_cast<int32_t>(src[0]);
-    max = std::max<uint32_t>(max, src[0]);
-  }
+                   int32_t* next) {
+  const uint32_t hi = std::min(done + n, seq_len);
+  uint32_t max = hi > done ? widen(src, inputs + done, hi - done) : 0;
   if (done + n == seq_len + 1) {
-    targets[seq_len - 1] = static_cast<int32_t>(src[n - 1]);
+    *next = static_cast<int32_t>(src[n - 1]);
     max = std::max<uint32_t>(max, src[n - 1]);
   }
   return max;
@@ -192,10 +184,9 @@ struct Reader::Impl {
   WindowAt locate(uint64_t sample_id) const;
   template <int kLocality>
   void prefetch(const WindowAt& w) const;
-  // Copies the seq_len+1 tokens of a window to `out`, widened to int32, checking the vocabulary.
-  // The same window as a batch row: its first seq_len tokens to `inputs`, its last seq_len to `targets`,
-  // in one pass over the mapped tokens.
-  void copy_row(const WindowAt& w, uint64_t sample_id, int32_t* inputs, int32_t* targets) const;
+  // The seq_len + 1 tokens of a window, widened to int32 and checked against the vocabulary: its first
+  // seq_len to `inputs`, the last to *next (a batch row in next-token form, or read_sample's window).
+  void copy_row(const WindowAt& w, uint64_t sample_id, int32_t* inputs, int32_t* next) const;
   // The window offsets in (0, seq_len] where a document starts, for the window at `w`.
   void document_starts(const WindowAt& w, std::vector<int32_t>& out) const;
   // What document_mask and loss_mask add to row `row` of `b` (copied from the window at `w`): segments and
@@ -238,7 +229,7 @@ void Reader::Impl::bad_token(const Mapping& m, uint64_t sample_id, uint32_t toke
        m.path, sample_id, token, manifest.vocab_size, local);
 }
 
-void Reader::Impl::copy_row(const WindowAt& w, uint64_t sample_id, int32_t* inputs, int32_t* targets) const {
+void Reader::Impl::copy_row(const WindowAt& w, uint64_t sample_id, int32_t* inputs, int32_t* next) const {
   const uint32_t len = opt.seq_len + 1;
   uint32_t done = 0;
   uint64_t local = w.local;
@@ -246,11 +237,11 @@ void Reader::Impl::copy_row(const WindowAt& w, uint64_t sample_id, int32_t* inpu
     const Mapping& m = maps[w.domain->shards[s]];
     const uint32_t take = static_cast<uint32_t>(std::min<uint64_t>(len - done, m.tokens - local));
     const uint8_t* src = m.base + m.token_offset;
-    const uint32_t max_token = manifest.token_bytes == 2
-                                   ? widen_row(reinterpret_cast<const uint16_t*>(src) + local, done, take,
-                                               opt.seq_len, inputs, targets)
-                                   : widen_row(reinterpret_cast<const uint32_t*>(src) + local, done, take,
-                                               opt.seq_len, inputs, targets);
+    const uint32_t max_token =
+        manifest.token_bytes == 2
+            ? widen_row(reinterpret_cast<const uint16_t*>(src) + local, done, take, opt.seq_len, inputs, next)
+            : widen_row(reinterpret_cast<const uint32_t*>(src) + local, done, take, opt.seq_len, inputs,
+                        next);
     if (max_token >= manifest.vocab_size) bad_token(m, sample_id, max_token, local);
     done += take;
   }
@@ -291,7 +282,9 @@ void Reader::Impl::mark_row(const WindowAt& w, MicroBatch& b, int row, std::vect
 
 void Reader::Impl::build(uint64_t position, MicroBatch& b) {
   const uint32_t rows = opt.global_batch / opt.dp_size;
-  b.resize(static_cast<int>(rows), static_cast<int>(opt.seq_len));
+  // Next-token form unless documents are marked (their boundaries unscore targets).
+  b.resize(static_cast<int>(rows), static_cast<int>(opt.seq_len),
+           opt.document_mask ? MicroBatch::Targets::kExplicit : MicroBatch::Targets::kNextToken);
   b.domains.resize(rows);
   const uint64_t first = position + uint64_t(opt.dp_rank) * rows;
   const uint64_t next_position = position + opt.global_batch;
@@ -327,7 +320,9 @@ void Reader::Impl::build(uint64_t position, MicroBatch& b) {
     const WindowAt w = ring[i % kAhead];
     fetch(i + lookahead);
     if (ahead) prefetch<2>(locate(pipe.ahead_ids[i]));
-    copy_row(w, b.sample_ids[i], b.inputs.data() + i * T, b.targets.data() + i * T);
+    int32_t next = 0;
+    copy_row(w, b.sample_ids[i], b.inputs.data() + i * T, &next);
+    b.set_next_token(static_cast<int>(i), next);
     mark_row(w, b, static_cast<int>(i), pipe.doc_starts);
     b.domains[i] = w.domain->index;
   }
@@ -678,12 +673,7 @@ void Reader::read_sample(uint64_t sample_id, std::span<int32_t> out) const {
   if (out.size() != impl_->opt.seq_len + 1)
     fail(ExitCode::kUsage, "reader: read_sample needs a buffer of seq_len+1 = {} tokens",
          impl_->opt.seq_len + 1);
-  // The row's inputs are the window's first seq_len tokens; its last target is the window's last.
-  const size_t T = impl_->opt.seq_len;
-  thread_local std::vector<int32_t> targets;
-  targets.resize(T);
-  impl_->copy_row(impl_->locate(sample_id), sample_id, out.data(), targets.data());
-  out[T] = targets[T - 1];
+  impl_->copy_row(impl_->locate(sample_id), sample_id, out.data(), &out[impl_->opt.seq_len]);
 }
 
 void Reader::read_sample(uint64_t sample_id, MicroBatch& batch, int row) const {
@@ -695,7 +685,9 @@ void Reader::read_sample(uint64_t sample_id, MicroBatch& batch, int row) const {
          s.opt.seq_len);
   const WindowAt w = s.locate(sample_id);
   const size_t at = size_t(row) * s.opt.seq_len;
-  s.copy_row(w, sample_id, batch.inputs.data() + at, batch.targets.data() + at);
+  int32_t next = 0;
+  s.copy_row(w, sample_id, batch.inputs.data() + at, &next);
+  batch.set_next_token(row, next);
   batch.sample_ids[size_t(row)] = sample_id;
   batch.epochs[size_t(row)] = 0;
   if (batch.domains.size() == size_t(batch.rows)) batch.domains[size_t(row)] = w.domain->index;

@@ -61,6 +61,7 @@ Read read(const std::string& dir, const ReaderOptions& o, int batches = 12) {
     r.next(b);
     h.update(b.inputs.data(), b.inputs.size() * sizeof(int32_t));
     h.update(b.targets.data(), b.targets.size() * sizeof(int32_t));
+    h.update(b.next_tokens.data(), b.next_tokens.size() * sizeof(int32_t));
   }
   return {h.hex(), r.cache_stats()};
 }

@@ -71,7 +71,9 @@ void require_same(const MicroBatch& a, const MicroBatch& b) {
   REQUIRE(a.sample_ids == b.sample_ids);
   REQUIRE(a.epochs == b.epochs);
   REQUIRE(a.inputs == b.inputs);
+  REQUIRE(a.form() == b.form());
   REQUIRE(a.targets == b.targets);
+  REQUIRE(a.next_tokens == b.next_tokens);
   REQUIRE(a.weights == b.weights);
   REQUIRE(a.positions == b.positions);
   REQUIRE(a.segments == b.segments);
@@ -83,9 +85,10 @@ void require_shifted_window(Reader& reader, const MicroBatch& b, int r) {
   const size_t T = size_t(b.seq_len);
   std::vector<int32_t> window(T + 1);
   reader.read_sample(b.sample_ids[size_t(r)], window);
-  const auto in = b.inputs.begin() + int64_t(size_t(r) * T), tg = b.targets.begin() + int64_t(size_t(r) * T);
-  REQUIRE(std::equal(window.begin(), window.end() - 1, in));
-  REQUIRE(std::equal(window.begin() + 1, window.end(), tg));
+  for (size_t t = 0; t < T; ++t) {
+    REQUIRE(b.inputs[size_t(r) * T + t] == window[t]);
+    REQUIRE(b.target(size_t(r) * T + t) == window[t + 1]);
+  }
 }
 
 // /doc_offsets of a shard, read with HDF5 here rather than through the reader.
@@ -125,12 +128,15 @@ TEST_CASE("reader windows match the token streams across shard boundaries") {
     for (uint64_t k = 0; k < 17; ++k)
       REQUIRE(window[k] == int32_t(forge::test::fixture_token(d, start + k, 1000)));
   }
-  // Batch rows are the shifted windows, with the pretraining defaults left empty.
+  // Batch rows are the windows, with the pretraining defaults left empty: the targets in next-token form
+  // (each row's inputs and one next token, the window's seq_len + 1 tokens).
   const MicroBatch b = reader.next();
   REQUIRE(b.rows == 4);
   REQUIRE(b.seq_len == 16);
   REQUIRE(b.inputs.size() == 4 * 16);
-  REQUIRE(b.targets.size() == 4 * 16);
+  REQUIRE(b.form() == MicroBatch::Targets::kNextToken);
+  REQUIRE(b.targets.empty());
+  REQUIRE(b.next_tokens.size() == 4);
   CHECK(b.weights.empty());
   CHECK(b.positions.empty());
   CHECK(b.segments.empty());
@@ -138,6 +144,52 @@ TEST_CASE("reader windows match the token streams across shard boundaries") {
   for (int i = 0; i < b.rows; ++i) require_shifted_window(reader, b, i);
   CHECK(b.problem(1000, 16) == std::nullopt);
   CHECK(b.weight_sum() == 4 * 16);
+}
+
+TEST_CASE("a batch in next-token form is the same batch as its explicit targets, field by field") {
+  forge::test::TempDir tmp;
+  const std::string dir = tmp / "ds";
+  forge::test::make_fixture_dataset(dir, two_domains());
+  Reader reader(dir, options(4, 0, 1));
+  MicroBatch compact = reader.next();
+  REQUIRE(compact.form() == MicroBatch::Targets::kNextToken);
+  MicroBatch full = compact;
+  full.materialize_targets();
+  REQUIRE(full.form() == MicroBatch::Targets::kExplicit);
+  REQUIRE(full.next_tokens.empty());
+  REQUIRE(full.targets.size() == compact.size());
+  for (size_t i = 0; i < compact.size(); ++i) REQUIRE(full.targets[i] == compact.target(i));
+  std::vector<int32_t> written(compact.size());
+  compact.copy_targets(written.data());
+  CHECK(written == full.targets);
+  CHECK(compact.weight_sum() == full.weight_sum());
+  // The verification batch a checkpoint keeps: one format for both forms, read back explicit.
+  CHECK(compact.serialize() == full.serialize());
+  CHECK(MicroBatch::deserialize(compact.serialize()).targets == full.targets);
+  // Rows sliced and stacked keep the form; a stack with one explicit part is explicit.
+  const MicroBatch head = compact.slice_rows(0, 2), tail = compact.slice_rows(2, 2);
+  CHECK(head.form() == MicroBatch::Targets::kNextToken);
+  CHECK(head.next_tokens.size() == 2);
+  const MicroBatch parts[] = {head, tail};
+  const MicroBatch whole = MicroBatch::concat(parts);
+  CHECK(whole.form() == MicroBatch::Targets::kNextToken);
+  CHECK(whole.next_tokens == compact.next_tokens);
+  const MicroBatch mixed_parts[] = {head, full.slice_rows(2, 2)};
+  const MicroBatch mixed = MicroBatch::concat(mixed_parts);
+  CHECK(mixed.form() == MicroBatch::Targets::kExplicit);
+  CHECK(mixed.targets == full.targets);
+  // A row written in either form predicts the window's next tokens.
+  std::vector<int32_t> window(17);
+  reader.read_sample(compact.sample_ids[3], window);
+  for (MicroBatch* b : {&compact, &full}) {
+    std::copy_n(window.begin(), 16, b->inputs.begin());
+    b->set_next_token(0, window[16]);
+    for (size_t t = 0; t < 16; ++t) REQUIRE(b->target(t) == window[t + 1]);
+  }
+  // A next token outside the vocabulary is found as a target would be.
+  compact.next_tokens[1] = 5000;
+  REQUIRE(compact.problem(1000, 16).has_value());
+  CHECK(compact.problem(1000, 16)->find("(row 1, position 15): target id 5000") != std::string::npos);
 }
 
 TEST_CASE(
@@ -552,7 +604,7 @@ TEST_CASE("reader recycles the batch buffers") {
       for (int s = 0; s < 40; ++s) {
         r.next(b);
         buffers.insert(b.inputs.data());
-        buffers.insert(b.targets.data());
+        buffers.insert(mask ? static_cast<const void*>(b.targets.data()) : b.next_tokens.data());
         if (mask) buffers.insert(b.segments.data());
       }
       // The caller's buffer and those cycling through the prefetch queue, nothing allocated afresh.
@@ -653,7 +705,7 @@ TEST_CASE("reader document_mask marks the shards' document boundaries") {
           if (t > 0) REQUIRE((b.segments[i] != b.segments[i - 1]) == opens);
           REQUIRE(b.targets[i] == (next_opens ? MicroBatch::kIgnore : window[t + 1]));
           REQUIRE(b.weight(i) == (next_opens ? 0.0f : 1.0f));
-          REQUIRE(p.targets[i] == window[t + 1]);
+          REQUIRE(p.target(i) == window[t + 1]);
           if (window[t] == 2 && !next_opens) eos_inside = true;  // an EOS id that ends no document
           ++position;
         }

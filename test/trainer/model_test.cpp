@@ -297,6 +297,36 @@ TEST_CASE("two packed documents train as the two run alone", "[trainer][model][d
   CHECK(rel_diff(unmasked_grads, sum) > 1e-3);
 }
 
+TEST_CASE("a batch in next-token form trains bit for bit as its explicit targets", "[trainer][model]") {
+  const ModelConfig cfg = small_config();
+  const int rows = 3, T = cfg.seq_len;
+  const auto windows = random_tokens(size_t(rows) * size_t(T + 1), cfg.vocab, 5);
+  const MicroBatch full = forge::test::window_batch(windows, rows, T);
+  MicroBatch compact;  // what the reader hands over: the windows, inputs and one next token a row
+  compact.resize(rows, T, MicroBatch::Targets::kNextToken);
+  for (int r = 0; r < rows; ++r)
+    compact.set_window(r, windows.data() + size_t(r) * size_t(T + 1), uint64_t(r), 0);
+  REQUIRE(compact.targets.empty());
+  const auto train = [&](const MicroBatch& b) {
+    GPT m(cfg, rows);
+    m.init(9);
+    m.zero_grad();
+    const LossSums sums = m.forward_backward(b, 1.0f / float(rows * T));
+    return std::pair(sums.loss, std::vector<float>(m.grads().begin(), m.grads().end()));
+  };
+  const auto [loss_full, grads_full] = train(full);
+  const auto [loss_compact, grads_compact] = train(compact);
+  CHECK(loss_compact == loss_full);
+  CHECK(grads_compact == grads_full);
+  // A next token outside the vocabulary is the same data error as an explicit target.
+  compact.next_tokens[1] = cfg.vocab;
+  compact.sample_ids[1] = 41;
+  GPT m(cfg, rows);
+  CHECK_THROWS_WITH(
+      m.forward_backward(compact, 1.0f),
+      Catch::Contains("sample 41 (row 1, position 23): target id 64 is outside the vocabulary"));
+}
+
 TEST_CASE("bad token ids are data errors, not crashes", "[trainer][model]") {
   const ModelConfig cfg = small_config();
   GPT m(cfg, 1);

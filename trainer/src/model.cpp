@@ -149,6 +149,7 @@ struct GPT::Slot {
   Buffer<int32_t> inputs, targets, positions, doc_start;  // device backends: the batch's copies
   Buffer<float> weights;
   std::vector<int32_t> doc_start_host;
+  std::vector<int32_t> targets_host;  // a next-token batch's targets, written out for the loss
   DeviceBatch batch;
   std::vector<int32_t> decode_host;  // decode(): tokens, positions, cache sequences
   Buffer<int32_t> decode;            // device backends: their copy
@@ -353,7 +354,13 @@ LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input,
     return static_cast<const T*>(buffer.data());
   };
   s.batch.inputs = place(s.inputs, batch.inputs);
-  s.batch.targets = place(s.targets, batch.targets);
+  if (batch.form() == MicroBatch::Targets::kNextToken) {
+    s.targets_host.resize(n);
+    batch.copy_targets(s.targets_host.data());
+    s.batch.targets = place(s.targets, s.targets_host);
+  } else {
+    s.batch.targets = place(s.targets, batch.targets);
+  }
   s.batch.weights = place(s.weights, batch.weights);
   s.batch.positions = place(s.positions, batch.positions);
   s.doc_start_host.clear();

@@ -3,7 +3,9 @@
 //
 // Pretraining is the special case: targets are the next tokens, every one scored with weight 1, positions
 // count from 0 and each row is one document. The optional fields are then left empty, and every consumer
-// reads an empty field as that default, so the common case costs nothing to build or to ship.
+// reads an empty field as that default, so the common case costs nothing to build or to ship. That holds
+// for the targets too: a batch in next-token form stores each row as the window of seq_len + 1 tokens it
+// came from (the inputs and one next token), half the bytes of inputs and targets.
 #pragma once
 
 #include <cstdint>
@@ -18,9 +20,16 @@ namespace forge {
 struct MicroBatch {
   static constexpr int32_t kIgnore = -1;  // the target of a position that is not scored
 
+  // How a batch holds its targets: explicitly (`targets`), or in next-token form (`next_tokens`).
+  enum class Targets { kExplicit, kNextToken };
+
   int rows = 0, seq_len = 0;
-  std::vector<int32_t> inputs;   // token ids the model reads
-  std::vector<int32_t> targets;  // the token each position must predict, or kIgnore
+  std::vector<int32_t> inputs;  // token ids the model reads
+  // The token each position must predict, or kIgnore. Empty in next-token form: position t's target is
+  // the row's input t + 1, the last position's is next_tokens[row] (one per row). A batch is in one form
+  // at a time; target(i) reads either, materialize_targets() turns the second into the first.
+  std::vector<int32_t> targets;
+  std::vector<int32_t> next_tokens;
   // Optional, one value per position; empty = the default.
   std::vector<float> weights;      // loss weight (default 1; a kIgnore target always weighs 0)
   std::vector<int32_t> positions;  // position-embedding row (default: the index in the row)
@@ -40,10 +49,26 @@ struct MicroBatch {
   std::vector<double> reference_logps;
 
   size_t size() const { return size_t(rows) * size_t(seq_len); }
-  // Sizes inputs, targets, sample_ids and epochs for `rows` x `seq_len`; clears the optional fields
-  // (domains and reference_logps included).
-  void resize(int rows, int seq_len);
-  float weight(size_t i) const { return targets[i] == kIgnore ? 0.0f : weights.empty() ? 1.0f : weights[i]; }
+  // Sizes inputs, the targets of the given form, sample_ids and epochs for `rows` x `seq_len`; clears the
+  // optional fields (domains and reference_logps included).
+  void resize(int rows, int seq_len, Targets form = Targets::kExplicit);
+  Targets form() const {
+    return targets.empty() && !next_tokens.empty() ? Targets::kNextToken : Targets::kExplicit;
+  }
+  int32_t target(size_t i) const {
+    if (!targets.empty()) return targets[i];
+    const size_t t = i % size_t(seq_len);
+    return t + 1 < size_t(seq_len) ? inputs[i + 1] : next_tokens[i / size_t(seq_len)];
+  }
+  // Every position's target, in either form, to out[0, size()).
+  void copy_targets(int32_t* out) const;
+  // Next-token form to explicit targets (for a consumer that edits them); a no-op on an explicit batch.
+  void materialize_targets();
+  // Row r predicts its next tokens: its inputs shifted by one, then `next` (in either form).
+  void set_next_token(int r, int32_t next);
+  float weight(size_t i) const {
+    return !targets.empty() && targets[i] == kIgnore ? 0.0f : weights.empty() ? 1.0f : weights[i];
+  }
   // The sum of the weights: how many scored tokens this batch adds to the loss's normaliser.
   double weight_sum() const;
 
@@ -53,7 +78,7 @@ struct MicroBatch {
   // Packed documents in row r: `starts` are the window offsets in (0, seq_len] where a new document
   // begins, ascending. Positions restart at each document and segments count them; a target that is the
   // first token of the next document is not scored (its context is another document). Materializes the
-  // optional fields for the whole batch.
+  // optional fields and the targets for the whole batch.
   void set_documents(int r, std::span<const int32_t> starts);
 
   // The first thing wrong with the batch for a model of `vocab` tokens and `max_positions` positions, as
@@ -64,8 +89,9 @@ struct MicroBatch {
   MicroBatch slice_rows(int first, int count) const;
   static MicroBatch concat(std::span<const MicroBatch> parts);
 
-  // Self-describing bytes (the verification batch a checkpoint keeps), and back: forge::Error(kData) on
-  // bytes that are not a serialized batch.
+  // Self-describing bytes (the verification batch a checkpoint keeps; targets always explicit, so the
+  // format is the same in both forms), and back: forge::Error(kData) on bytes that are not a serialized
+  // batch.
   std::string serialize() const;
   static MicroBatch deserialize(std::string_view bytes);
 };

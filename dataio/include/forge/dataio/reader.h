@@ -8,10 +8,10 @@
 // so it needs no table and no state beyond p. The block order (default) shuffles windows within groups of
 // G blocks of W consecutive windows, so that reads stay in about 1 MiB at a time; the global order
 // shuffles the whole epoch at once. Step s of the run reads positions [s*B, (s+1)*B) for a global
-// batch B; DP rank r gets the r-th of the dp_size equal slices, as a forge::MicroBatch (inputs, targets,
-// and per row the sample id and epoch). The cursor is the number of global samples consumed, so a run
-// resumed from it reads exactly what an uninterrupted run would have read, with any DP size (and any
-// global batch) — see docs/DATA.md.
+// batch B; DP rank r gets the r-th of the dp_size equal slices, as a forge::MicroBatch (inputs, targets
+// in next-token form unless documents are masked, and per row the sample id and epoch). The cursor is
+// the number of global samples consumed, so a run resumed from it reads exactly what an uninterrupted run
+// would have read, with any DP size (and any global batch) — see docs/DATA.md.
 #pragma once
 
 #include "forge/common/batch.h"
