@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check on one machine with an NVIDIA GPU (made for one H200; docs/GPU.md): builds the CUDA backend
-# and runs forge-cuda-check (every CUDA op against the CPU op, training against the CPU trainer, throughput
-# and MFU last). Output goes to stdout and, when $OUT is set, to $OUT/gpu-check.txt. About 8 minutes.
+# and runs forge-cuda-check twice: `backend` first (the CUDA backend of the seam against the CPU backend, op
+# by op, seconds), then the full check (every CUDA op against the CPU op, training against the CPU trainer,
+# throughput and MFU last). Output goes to stdout and, when $OUT is set, to $OUT/gpu-check.txt. About 8
+# minutes. Exit non-zero when either run failed.
 #
 # The machine may be bare: the CUDA toolkit (with NCCL) at /usr/local/cuda or nvcc on PATH is required.
 # Build dependencies are found in this order:
@@ -206,6 +208,14 @@ if [ -z "$exe" ]; then
 fi
 say "built in $(($(date +%s) - start)) s: $exe"
 
+# --- the CUDA backend against the CPU backend, op by op (forge-cuda-check backend): seconds, and run first so
+# that a wrong op is the first failure in the log, before the long run below.
+timeout --signal=KILL 120 "$exe" backend 2>&1 | tee -a "$log"
+backend_rc=${PIPESTATUS[0]}
+[ "$backend_rc" -eq 64 ] && say "this forge-cuda-check has no backend mode (a prebuilt from before it?)"
+[ "$backend_rc" -eq 137 ] && say "forge-cuda-check backend killed after 120 s"
+say "forge-cuda-check backend exit $backend_rc after $(($(date +%s) - start)) s"
+
 # --- the check
 # A hang (a kernel, NCCL's init) must not eat the machine's time: the check gets what the budget leaves.
 limit=${FORGE_GPU_CHECK_TIMEOUT:-360}
@@ -214,6 +224,7 @@ timeout --signal=KILL "$limit" "$exe" --config "$root/configs/bench-cpu.ini" ${F
 rc=${PIPESTATUS[0]}
 [ "$rc" -eq 137 ] && say "forge-cuda-check killed after ${limit} s (FORGE_GPU_CHECK_TIMEOUT)"
 say "forge-cuda-check exit $rc after $(($(date +%s) - start)) s"
+[ "$rc" -eq 0 ] && rc=$backend_rc
 
 # --- where one GPT-2-124M BF16 step's time goes (FORGE_GPU_PROFILE=1; Nsight Compute, ~1 minute): GPU time
 # per kernel, summed over the step, largest first.

@@ -29,6 +29,10 @@ class Table {
 // communicator. Returns false if any comparison failed.
 bool check_ops(uint64_t seed);
 
+// Every Backend op of make_cuda_backend(device) against cpu_backend() (check_backend.cpp); false if any
+// comparison failed.
+bool check_backend(uint64_t seed, int device);
+
 struct TrainOptions {
   std::string config;   // the small config (configs/bench-cpu.ini)
   int steps = 30;       // GPU steps per run

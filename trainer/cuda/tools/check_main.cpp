@@ -1,4 +1,5 @@
 // forge-cuda-check: the GPU backend against the CPU trainer on one GPU (docs/GPU.md, scripts/gpu/check.sh).
+// `forge-cuda-check backend` checks only the CUDA backend of the seam against the CPU backend, op by op.
 #include "check.h"
 
 #include "forge/common/error.h"
@@ -40,7 +41,11 @@ int main(int argc, char** argv) {
     check::TrainOptions train;
     train.config = std::string(FORGE_SOURCE_DIR) + "/configs/bench-cpu.ini";
     bool ops = true, run_train = true;
-    for (int i = 1; i < argc; ++i) {
+    // The mode `backend` comes first and takes no options.
+    const bool backend = argc > 1 && std::string(argv[1]) == "backend";
+    if (backend && argc > 2)
+      forge::fail(forge::ExitCode::kUsage, "forge-cuda-check backend takes no options");
+    for (int i = backend ? argc : 1; i < argc; ++i) {
       const std::string arg = argv[i];
       const auto value = [&]() -> std::string {
         if (i + 1 >= argc) forge::fail(forge::ExitCode::kUsage, "{} needs a value", arg);
@@ -71,17 +76,21 @@ int main(int argc, char** argv) {
       else if (arg == "--profile")
         train.profile = true;
       else
-        forge::fail(
-            forge::ExitCode::kUsage,
-            "unknown argument '{}' (options: --ops-only --train-only --config PATH --steps N --cpu-steps N "
-            "--gpt2-batch N --no-gpt2 --profile)",
-            arg);
+        forge::fail(forge::ExitCode::kUsage,
+                    "unknown argument '{}' (usage: forge-cuda-check backend | forge-cuda-check [--ops-only "
+                    "--train-only --config PATH --steps N --cpu-steps N --gpt2-batch N --no-gpt2 --profile])",
+                    arg);
     }
     if (train.steps < 4 || train.cpu_steps < 1 || train.cpu_steps > train.steps || train.gpt2_batch < 1)
       forge::fail(forge::ExitCode::kUsage,
                   "need --steps >= 4, 1 <= --cpu-steps <= --steps and --gpt2-batch >= 1");
     const auto dev = forge::trainer::cuda::bind_device(0, forge::trainer::cuda::read_device_env());
     fmt::print("forge-cuda-check: {} (CUDA device {}, GPU {})\n", dev.name, dev.ordinal, dev.physical);
+    if (backend) {
+      const bool ok = check::check_backend(20261202, dev.ordinal);
+      fmt::print("\nforge-cuda-check backend: {}\n", ok ? "all ops passed" : "SOME OPS FAILED");
+      return ok ? 0 : int(forge::ExitCode::kFailure);
+    }
     if (train.profile) {
       check::profile_train(train);
       return 0;

@@ -1,0 +1,607 @@
+// forge-cuda-check backend: the CUDA backend (forge/trainer/cuda/backend.h) against the CPU backend through
+// the seam itself (forge/trainer/backend.h), op by op. Every op runs on both with the same random inputs of
+// small sizes, mostly not multiples of 4 or 32 (the kernels' tails), including what the model passes
+// only sometimes: position ids, a vocabulary range, document starts, kIgnore targets, loss weights, null
+// optional pointers, a vocabulary group. Inputs reach the device with copy_from_host, outputs come back with
+// copy_to_host, so the memory ops are exercised by every row too.
+//
+// Error: max |cuda - cpu| over an output, and that over max |cpu| (floored at 1e-6, so an output that is 0
+// on the CPU is compared absolutely). Tolerances on the relative error: 1e-5 for element-wise ops, 1e-4 for
+// ops that sum (matrix products, attention, softmax and loss sums, LayerNorm's gradients, embedding
+// gradients summed by atomics), 1e-12 for the double sum of squares, exact bits for BF16 and the memory ops.
+#include "check.h"
+#include "forge/common/batch.h"
+#include "forge/common/hash.h"
+#include "forge/trainer/backend.h"
+#include "forge/trainer/cuda/backend.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace forge::trainer::cuda::check {
+
+namespace {
+
+constexpr double kExact = 0, kElementwise = 1e-5, kSums = 1e-4, kDouble = 1e-12;
+
+using Floats = std::vector<float>;
+using Ints = std::vector<int32_t>;
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  uint64_t next() { return splitmix64(state_++); }
+  float uniform(float lo, float hi) { return lo + (hi - lo) * float(double(next() >> 11) * 0x1.0p-53); }
+  Floats floats(size_t n, float lo = -1.0f, float hi = 1.0f) {
+    Floats v(n);
+    for (auto& x : v) x = uniform(lo, hi);
+    return v;
+  }
+  int32_t below(int32_t bound) { return int32_t(next() % uint64_t(bound)); }
+  Ints ints(size_t n, int32_t bound) {
+    Ints v(n);
+    for (auto& x : v) x = below(bound);
+    return v;
+  }
+
+ private:
+  uint64_t state_;
+};
+
+struct Line {
+  std::string op;
+  double abs = 0, rel = 0, tol = 0;
+  bool pass = false;
+};
+
+class Report {
+ public:
+  void floats(const std::string& op, std::span<const float> got, std::span<const float> want, double tol) {
+    double diff = 0, scale = 0;
+    bool finite = got.size() == want.size();
+    for (size_t i = 0; finite && i < want.size(); ++i) {
+      finite = std::isfinite(got[i]);
+      diff = std::max(diff, double(std::fabs(got[i] - want[i])));
+      scale = std::max(scale, double(std::fabs(want[i])));
+    }
+    add(op, finite ? diff : std::numeric_limits<double>::quiet_NaN(), scale, tol);
+  }
+  void number(const std::string& op, double got, double want, double tol) {
+    add(op, std::isfinite(got) ? std::fabs(got - want) : std::numeric_limits<double>::quiet_NaN(),
+        std::fabs(want), tol);
+  }
+  // Exact comparison of bit patterns; the error is the number of elements that differ.
+  template <class T>
+  void bits(const std::string& op, std::span<const T> got, std::span<const T> want) {
+    size_t differ = got.size() == want.size() ? 0 : want.size() + 1;  // a size mismatch fails whatever
+    for (size_t i = 0; i < std::min(got.size(), want.size()); ++i)
+      differ += std::memcmp(&got[i], &want[i], sizeof(T)) != 0;
+    lines_.push_back({op + " (bits differing)", double(differ), double(differ), kExact, differ == 0});
+  }
+  void flag(const std::string& op, bool ok) { lines_.push_back({op, ok ? 0.0 : 1.0, ok ? 0.0 : 1.0, 0, ok}); }
+  void error(const std::string& op, const std::string& what) {
+    fmt::print("{}: {}\n", op, what);
+    lines_.push_back({op + " (error)", std::numeric_limits<double>::quiet_NaN(),
+                      std::numeric_limits<double>::quiet_NaN(), 0, false});
+  }
+
+  bool print() const {
+    fmt::print("\nThe CUDA backend against the CPU backend (max |cuda - cpu|, and over max |cpu|)\n");
+    fmt::print("{:<58} {:>11} {:>11} {:>9}  {}\n", "op", "max abs err", "max rel err", "tolerance", "result");
+    bool ok = !lines_.empty();
+    for (const auto& l : lines_) {
+      fmt::print("{:<58} {:>11.3e} {:>11.3e} {:>9.0e}  {}\n", l.op, l.abs, l.rel, l.tol,
+                 l.pass ? "PASS" : "FAIL");
+      ok = ok && l.pass;
+    }
+    std::fflush(stdout);
+    return ok;
+  }
+
+ private:
+  void add(const std::string& op, double diff, double scale, double tol) {
+    const double rel = diff / std::max(scale, 1e-6);
+    lines_.push_back({op, diff, rel, tol, std::isfinite(rel) && rel <= tol});
+  }
+  std::vector<Line> lines_;
+};
+
+// A VocabGroup stand-in: combines with a fixed "other rank" (a function of the index), and logs its calls
+// so that both backends can be seen to call it alike.
+class FakeGroup final : public VocabGroup {
+ public:
+  void max(float* values, int n) override {
+    calls += fmt::format("max {};", n);
+    for (int i = 0; i < n; ++i) values[i] = std::max(values[i], 0.25f * float(i % 5));
+  }
+  void sum(float* values, int n) override {
+    calls += fmt::format("sum {};", n);
+    for (int i = 0; i < n; ++i) values[i] += 0.5f + 0.125f * float(i % 7);
+  }
+  std::string calls;
+};
+
+// Documents of one batch row: starts at 0 and at `cuts` more random positions; doc_start[t] = the start of
+// t's document.
+Ints doc_starts(Rng& rng, int B, int T, int cuts) {
+  Ints starts(size_t(B) * size_t(T));
+  for (int b = 0; b < B; ++b) {
+    std::vector<bool> cut(size_t(T), false);
+    for (int c = 0; c < cuts; ++c) cut[size_t(1 + rng.below(T - 1))] = true;
+    int start = 0;
+    for (int t = 0; t < T; ++t) {
+      if (cut[size_t(t)]) start = t;
+      starts[size_t(b) * size_t(T) + size_t(t)] = start;
+    }
+  }
+  return starts;
+}
+
+struct Checker {
+  Backend& cpu;
+  Backend& gpu;
+  Rng& rng;
+  Report& report;
+
+  // A device copy of host data, and back.
+  template <class T>
+  Buffer<T> up(const std::vector<T>& host) {
+    Buffer<T> b = gpu.alloc<T>(host.size());
+    gpu.copy_from_host(b.data(), host.data(), host.size() * sizeof(T));
+    return b;
+  }
+  template <class T>
+  std::vector<T> down(const Buffer<T>& b) {
+    std::vector<T> host(b.size());
+    gpu.copy_to_host(host.data(), b.data(), b.size() * sizeof(T));
+    return host;
+  }
+  // An optional argument: the data, or null.
+  template <class T>
+  static T* opt(std::vector<T>& v, bool on) {
+    return on ? v.data() : nullptr;
+  }
+  template <class T>
+  static const T* opt(const std::vector<T>& v, bool on) {
+    return on ? v.data() : nullptr;
+  }
+  template <class T>
+  static T* opt(Buffer<T>& b, bool on) {
+    return on ? b.data() : nullptr;
+  }
+  void cmp(const std::string& op, const Buffer<float>& got, const Floats& want, double tol) {
+    report.floats(op, down(got), want, tol);
+  }
+
+  void memory() {
+    report.flag("name() is \"cuda\", host_memory() is false", gpu.name() == "cuda" && !gpu.host_memory());
+    Buffer<float> a = gpu.alloc<float>(1001);
+    report.bits<float>("allocate (zero-filled)", down(a), Floats(1001, 0.0f));
+    const Floats x = rng.floats(1001);
+    Buffer<float> b = up(x);
+    report.bits<float>("copy_from_host, copy_to_host", down(b), x);
+    Floats want = x;
+    std::fill(want.begin() + 3, want.begin() + 998, 2.5f);
+    gpu.fill(b.data() + 3, 2.5f, 995);
+    report.bits<float>("fill", down(b), want);
+    gpu.copy(a.data() + 1, b.data() + 500, 400 * sizeof(float));
+    Floats want_a(1001, 0.0f);
+    std::copy_n(want.begin() + 500, 400, want_a.begin() + 1);
+    report.bits<float>("copy", down(a), want_a);
+  }
+
+  // Vocabulary shard [5, 23) of 31 tokens; 11 position rows.
+  void embedding(bool with_positions, bool with_wpe) {
+    const int B = 3, T = 7, C = 37, vocab = 31, vb = 5, ve = 23, P = 11;
+    const std::string tag = fmt::format(" (positions {}, wpe {})", with_positions ? "given" : "null",
+                                        with_wpe ? "given" : "null");
+    Ints tokens = rng.ints(size_t(B) * T, vocab), positions = rng.ints(tokens.size(), P);
+    Floats wte = rng.floats(size_t(ve - vb) * C), wpe = rng.floats(size_t(P) * C);
+    Floats out(size_t(B) * T * C, 7.0f);
+    auto gt = up(tokens), gp = up(positions);
+    auto gwte = up(wte), gwpe = up(wpe), gout = up(out);
+    cpu.embedding_forward(out.data(), tokens.data(), opt(positions, with_positions), wte.data(),
+                          opt(wpe, with_wpe), B, T, C, vb, ve);
+    gpu.embedding_forward(gout.data(), gt.data(), opt(gp, with_positions), gwte.data(), opt(gwpe, with_wpe),
+                          B, T, C, vb, ve);
+    cmp("embedding_forward" + tag, gout, out, kElementwise);
+    // Backward into gradients that start non-zero (+=).
+    const Floats dout = rng.floats(out.size());
+    Floats dwte = rng.floats(wte.size()), dwpe = rng.floats(wpe.size());
+    auto gdout = up(dout), gdwte = up(dwte), gdwpe = up(dwpe);
+    cpu.embedding_backward(dwte.data(), opt(dwpe, with_wpe), dout.data(), tokens.data(),
+                           opt(positions, with_positions), B, T, C, vb, ve);
+    gpu.embedding_backward(gdwte.data(), opt(gdwpe, with_wpe), gdout.data(), gt.data(),
+                           opt(gp, with_positions), B, T, C, vb, ve);
+    cmp("embedding_backward dwte" + tag, gdwte, dwte, kSums);
+    cmp("embedding_backward dwpe" + tag, gdwpe, dwpe, kSums);
+  }
+
+  // C = 45: the scalar LayerNorm kernels; C = 48: the 4-wide backward.
+  void layernorm(int C) {
+    const int N = 29;
+    const std::string tag = fmt::format(" (C {})", C);
+    const Floats x = rng.floats(size_t(N) * C, -2, 2), w = rng.floats(size_t(C), 0.5f, 1.5f),
+                 b = rng.floats(size_t(C));
+    Floats out(x.size()), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
+    auto gx = up(x), gw = up(w), gb = up(b), gout = up(out), gmean = up(mean), grstd = up(rstd);
+    cpu.layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+    gpu.layernorm_forward(gout.data(), gmean.data(), grstd.data(), gx.data(), gw.data(), gb.data(), N, C);
+    cmp("layernorm_forward out" + tag, gout, out, kElementwise);
+    cmp("layernorm_forward mean" + tag, gmean, mean, kElementwise);
+    cmp("layernorm_forward rstd" + tag, grstd, rstd, kElementwise);
+    // Backward from the CPU's statistics on both sides; din, dweight and dbias start non-zero (+=).
+    const Floats dout = rng.floats(x.size());
+    Floats din = rng.floats(x.size()), dw = rng.floats(size_t(C)), db = rng.floats(size_t(C));
+    auto gdout = up(dout), gdin = up(din), gdw = up(dw), gdb = up(db), cmean = up(mean), crstd = up(rstd);
+    cpu.layernorm_backward(din.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(),
+                           rstd.data(), N, C);
+    gpu.layernorm_backward(gdin.data(), gdw.data(), gdb.data(), gdout.data(), gx.data(), gw.data(),
+                           cmean.data(), crstd.data(), N, C);
+    cmp("layernorm_backward din" + tag, gdin, din, kSums);
+    cmp("layernorm_backward dweight" + tag, gdw, dw, kSums);
+    cmp("layernorm_backward dbias" + tag, gdb, db, kSums);
+  }
+
+  void residual() {
+    const int N = 29, C = 45;
+    const Floats r = rng.floats(size_t(N) * C), d = rng.floats(r.size()), db = rng.floats(size_t(C)),
+                 w = rng.floats(size_t(C), 0.5f, 1.5f), b = rng.floats(size_t(C));
+    Floats res(r.size()), ln(r.size()), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
+    auto gr = up(r), gd = up(d), gdb = up(db), gw = up(w), gb = up(b);
+    auto gres = up(res), gln = up(ln), gmean = up(mean), grstd = up(rstd);
+    cpu.residual_layernorm_forward(res.data(), ln.data(), mean.data(), rstd.data(), r.data(), d.data(),
+                                   db.data(), w.data(), b.data(), N, C);
+    gpu.residual_layernorm_forward(gres.data(), gln.data(), gmean.data(), grstd.data(), gr.data(), gd.data(),
+                                   gdb.data(), gw.data(), gb.data(), N, C);
+    cmp("residual_layernorm_forward res_out", gres, res, kElementwise);
+    cmp("residual_layernorm_forward ln_out", gln, ln, kElementwise);
+    cmp("residual_layernorm_forward mean", gmean, mean, kElementwise);
+    cmp("residual_layernorm_forward rstd", grstd, rstd, kElementwise);
+    Floats res2(r.size());
+    auto gres2 = up(res2);
+    cpu.residual_forward(res2.data(), r.data(), d.data(), db.data(), N, C);
+    gpu.residual_forward(gres2.data(), gr.data(), gd.data(), gdb.data(), N, C);
+    cmp("residual_forward", gres2, res2, kElementwise);
+    Floats out = rng.floats(r.size());
+    auto gout = up(out);
+    cpu.add_bias(out.data(), db.data(), N, C);
+    gpu.add_bias(gout.data(), gdb.data(), N, C);
+    cmp("add_bias", gout, out, kElementwise);
+  }
+
+  // N = 1 is the CPU's matrix-vector path. Without bias, the backward's din is null too.
+  void matmul(int N, bool with_bias) {
+    const int C = 45, OC = 27;
+    const std::string tag = fmt::format(" (N {}, {})", N, with_bias ? "bias" : "bias and din null");
+    const Floats x = rng.floats(size_t(N) * C), w = rng.floats(size_t(OC) * C, -0.2f, 0.2f),
+                 b = rng.floats(size_t(OC));
+    Floats out = rng.floats(size_t(N) * OC);  // garbage: the forward overwrites it
+    auto gx = up(x), gw = up(w), gb = up(b), gout = up(out);
+    cpu.matmul_forward(out.data(), x.data(), w.data(), opt(b, with_bias), N, C, OC);
+    gpu.matmul_forward(gout.data(), gx.data(), gw.data(), opt(gb, with_bias), N, C, OC);
+    cmp("matmul_forward" + tag, gout, out, kSums);
+    // Backward: din overwritten (from garbage), dw and dbias += (from non-zero); without bias also din null.
+    const Floats dout = rng.floats(out.size());
+    Floats din = rng.floats(x.size()), dw = rng.floats(w.size()), db = rng.floats(b.size());
+    auto gdout = up(dout), gdin = up(din), gdw = up(dw), gdb = up(db);
+    cpu.matmul_backward(opt(din, with_bias), dw.data(), opt(db, with_bias), dout.data(), x.data(), w.data(),
+                        N, C, OC);
+    gpu.matmul_backward(opt(gdin, with_bias), gdw.data(), opt(gdb, with_bias), gdout.data(), gx.data(),
+                        gw.data(), N, C, OC);
+    cmp("matmul_backward din" + tag, gdin, din, kSums);
+    cmp("matmul_backward dweight" + tag, gdw, dw, kSums);
+    cmp("matmul_backward dbias" + tag, gdb, db, kSums);
+  }
+
+  // T = 23, 3 heads of `hd` channels (12: lanes idle; 40: two per lane), documents or plain causal.
+  void attention(int hd, bool documents) {
+    const int B = 2, T = 23, NH = 3, C = NH * hd;
+    const std::string tag = fmt::format(" (hd {}, {})", hd, documents ? "documents" : "causal");
+    const Floats qkv = rng.floats(size_t(B) * T * 3 * C, -2, 2);
+    Ints starts = doc_starts(rng, B, T, 3);
+    Floats out = rng.floats(size_t(B) * T * C), lse = rng.floats(size_t(B) * NH * T);
+    auto gqkv = up(qkv), gout = up(out), glse = up(lse);
+    auto gstarts = up(starts);
+    cpu.attention_forward(out.data(), lse.data(), qkv.data(), opt(starts, documents), B, T, C, NH);
+    gpu.attention_forward(gout.data(), glse.data(), gqkv.data(), opt(gstarts, documents), B, T, C, NH);
+    cmp("attention_forward out" + tag, gout, out, kSums);
+    cmp("attention_forward lse" + tag, glse, lse, kSums);
+    // Backward from the CPU forward's out and lse on both sides; dqkv starts as garbage (overwritten).
+    const Floats dout = rng.floats(out.size());
+    Floats dqkv = rng.floats(qkv.size());
+    auto gdout = up(dout), gdqkv = up(dqkv), cpu_out = up(out), cpu_lse = up(lse);
+    cpu.attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
+                           opt(starts, documents), B, T, C, NH);
+    gpu.attention_backward(gdqkv.data(), gdout.data(), gqkv.data(), cpu_out.data(), cpu_lse.data(),
+                           opt(gstarts, documents), B, T, C, NH);
+    cmp("attention_backward dqkv" + tag, gdqkv, dqkv, kSums);
+  }
+
+  // Three cached sequences; two new rows of sequence 2 in one call (the second sees the first's key) and two
+  // of sequence 0 at positions apart.
+  void attention_decode() {
+    const int S = 3, max_len = 13, NH = 3, C = 3 * 12;
+    const Ints seq{0, 2, 2, 1, 0}, pos{4, 7, 8, 0, 9};
+    const int rows = int(seq.size());
+    const Floats qkv = rng.floats(size_t(rows) * 3 * C, -2, 2);
+    Floats k = rng.floats(size_t(S) * max_len * C), v = rng.floats(k.size()),
+           out = rng.floats(size_t(rows) * C);
+    auto gqkv = up(qkv), gk = up(k), gv = up(v), gout = up(out);
+    auto gseq = up(seq), gpos = up(pos);
+    cpu.attention_decode(out.data(), qkv.data(), k.data(), v.data(), seq.data(), pos.data(), rows, max_len, C,
+                         NH);
+    gpu.attention_decode(gout.data(), gqkv.data(), gk.data(), gv.data(), gseq.data(), gpos.data(), rows,
+                         max_len, C, NH);
+    cmp("attention_decode out", gout, out, kSums);
+    cmp("attention_decode k_cache", gk, k, kExact);
+    cmp("attention_decode v_cache", gv, v, kExact);
+  }
+
+  void gelu() {
+    const int N = 29, C = 45;
+    const Floats bias = rng.floats(size_t(C));
+    Floats pre = rng.floats(size_t(N) * C, -4, 4), out(pre.size());
+    auto gpre = up(pre), gbias = up(bias), gout = up(out);
+    cpu.bias_gelu_forward(out.data(), pre.data(), bias.data(), N, C);
+    gpu.bias_gelu_forward(gout.data(), gpre.data(), gbias.data(), N, C);
+    cmp("bias_gelu_forward out", gout, out, kElementwise);
+    cmp("bias_gelu_forward pre", gpre, pre, kElementwise);
+    Floats d = rng.floats(pre.size());
+    auto gd = up(d), cpre = up(pre);
+    cpu.gelu_backward(d.data(), pre.data(), N, C);
+    gpu.gelu_backward(gd.data(), cpre.data(), N, C);
+    cmp("gelu_backward", gd, d, kElementwise);
+  }
+
+  void moe(bool with_factors, bool accumulate) {
+    const int rows_in = 11, rows = 17, N = 13, k = 3, C = 37;
+    const std::string tag =
+        fmt::format(" ({}{})", with_factors ? "scaled" : "unscaled", accumulate ? ", accumulate" : "");
+    const Floats in = rng.floats(size_t(rows_in) * C), scale = rng.floats(size_t(rows), 0.1f, 2.0f);
+    const Ints index = rng.ints(size_t(rows), rows_in);
+    Floats out = rng.floats(size_t(rows) * C);
+    auto gin = up(in), gscale = up(scale), gout = up(out);
+    auto gindex = up(index);
+    cpu.gather_rows(out.data(), in.data(), index.data(), opt(scale, with_factors), rows, C);
+    gpu.gather_rows(gout.data(), gin.data(), gindex.data(), opt(gscale, with_factors), rows, C);
+    cmp("gather_rows" + tag, gout, out, kElementwise);
+    // A quarter of the slots empty (-1); token 0 has none at all.
+    Ints slots = rng.ints(size_t(N) * k, rows_in);
+    for (auto& r : slots)
+      if (rng.below(4) == 0) r = -1;
+    std::fill_n(slots.begin(), k, -1);
+    Floats weight = rng.floats(slots.size(), 0.1f, 1.0f), combined = rng.floats(size_t(N) * C);
+    auto gweight = up(weight), gcombined = up(combined);
+    auto gslots = up(slots);
+    cpu.combine_rows(combined.data(), in.data(), slots.data(), opt(weight, with_factors), N, k, C,
+                     accumulate);
+    gpu.combine_rows(gcombined.data(), gin.data(), gslots.data(), opt(gweight, with_factors), N, k, C,
+                     accumulate);
+    cmp("combine_rows" + tag, gcombined, combined, kElementwise);
+    if (!with_factors || accumulate) return;
+    const Floats a = rng.floats(size_t(N) * C);
+    Floats dot = rng.floats(slots.size());
+    auto ga = up(a), gdot = up(dot);
+    cpu.row_dots(dot.data(), a.data(), in.data(), slots.data(), N, k, C);
+    gpu.row_dots(gdot.data(), ga.data(), gin.data(), gslots.data(), N, k, C);
+    cmp("row_dots", gdot, dot, kSums);
+  }
+
+  // Targets: a third in this shard's columns [40, 93), some kIgnore, the rest elsewhere in a vocabulary of
+  // 160.
+  Ints loss_targets(int rows, int vb, int V) {
+    Ints t(static_cast<size_t>(rows));
+    for (auto& x : t) {
+      const int kind = rng.below(6);
+      x = kind < 2 ? vb + rng.below(V) : kind == 2 ? MicroBatch::kIgnore : rng.below(160);
+    }
+    t[0] = vb;  // the shard's first and last column
+    t[1] = vb + V - 1;
+    t[2] = MicroBatch::kIgnore;
+    return t;
+  }
+
+  void cross_entropy(bool with_weights, bool backward, bool grouped) {
+    const int rows = 19, V = 53, vb = 40;
+    const float scale = 0.37f;
+    const std::string tag = fmt::format(" ({}, {}{})", with_weights ? "weights" : "no weights",
+                                        backward ? "backward" : "forward", grouped ? ", group" : "");
+    Floats logits = rng.floats(size_t(rows) * V, -4, 4), weights = rng.floats(size_t(rows), 0.25f, 2.0f),
+           nll = rng.floats(size_t(rows));
+    weights[3] = 0.0f;
+    const Ints targets = loss_targets(rows, vb, V);
+    auto glogits = up(logits), gweights = up(weights), gnll = up(nll);
+    auto gtargets = up(targets);
+    FakeGroup cpu_group, gpu_group;
+    const double want = cpu.cross_entropy(logits.data(), targets.data(), opt(weights, with_weights), rows, V,
+                                          vb, scale, backward, grouped ? &cpu_group : nullptr, nll.data());
+    const double got = gpu.cross_entropy(glogits.data(), gtargets.data(), opt(gweights, with_weights), rows,
+                                         V, vb, scale, backward, grouped ? &gpu_group : nullptr, gnll.data());
+    report.number("cross_entropy loss" + tag, got, want, kSums);
+    cmp("cross_entropy nll" + tag, gnll, nll, kSums);
+    if (backward) cmp("cross_entropy dlogits" + tag, glogits, logits, kSums);
+    if (grouped) report.flag("cross_entropy group calls" + tag, cpu_group.calls == gpu_group.calls);
+  }
+
+  void distillation(bool with_weights, bool backward, bool grouped, bool same_teacher) {
+    const int rows = 17, V = 41, vb = 10;
+    const float temperature = 2.0f, alpha = 0.6f, scale = 0.5f;
+    const std::string tag = fmt::format(" ({}, {}{}{})", with_weights ? "weights" : "no weights",
+                                        backward ? "backward" : "forward", grouped ? ", group" : "",
+                                        same_teacher ? ", teacher = student" : "");
+    Floats logits = rng.floats(size_t(rows) * V, -4, 4), weights = rng.floats(size_t(rows), 0.25f, 2.0f);
+    Floats teacher = same_teacher ? logits : rng.floats(logits.size(), -4, 4);
+    weights[3] = 0.0f;
+    const Ints targets = loss_targets(rows, vb, V);
+    auto glogits = up(logits), gteacher = up(teacher), gweights = up(weights);
+    auto gtargets = up(targets);
+    FakeGroup cpu_group, gpu_group;
+    double want_kl = 0, got_kl = 0;
+    const double want =
+        cpu.distillation(logits.data(), teacher.data(), targets.data(), opt(weights, with_weights), rows, V,
+                         vb, temperature, alpha, scale, backward, grouped ? &cpu_group : nullptr, &want_kl);
+    const double got =
+        gpu.distillation(glogits.data(), gteacher.data(), gtargets.data(), opt(gweights, with_weights), rows,
+                         V, vb, temperature, alpha, scale, backward, grouped ? &gpu_group : nullptr, &got_kl);
+    report.number("distillation loss" + tag, got, want, kSums);
+    report.number("distillation kl_sum" + tag, got_kl, want_kl, kSums);
+    if (backward) cmp("distillation dlogits" + tag, glogits, logits, kSums);
+    if (grouped) report.flag("distillation group calls" + tag, cpu_group.calls == gpu_group.calls);
+  }
+
+  // An empty chunk: nothing to compute, but a group's reductions are collectives and must still be called.
+  void empty_losses() {
+    Buffer<float> logits, teacher, weights;
+    Buffer<int32_t> targets;
+    FakeGroup cpu_group, gpu_group;
+    const double got = gpu.cross_entropy(logits.data(), targets.data(), weights.data(), 0, 53, 40, 1.0f, true,
+                                         &gpu_group, nullptr);
+    const double want =
+        cpu.cross_entropy(nullptr, nullptr, nullptr, 0, 53, 40, 1.0f, true, &cpu_group, nullptr);
+    double got_kl = 1, want_kl = 1;
+    const double got_d = gpu.distillation(logits.data(), teacher.data(), targets.data(), weights.data(), 0,
+                                          41, 10, 2.0f, 0.6f, 1.0f, true, &gpu_group, &got_kl);
+    const double want_d = cpu.distillation(nullptr, nullptr, nullptr, nullptr, 0, 41, 10, 2.0f, 0.6f, 1.0f,
+                                           true, &cpu_group, &want_kl);
+    report.flag("cross_entropy, distillation of 0 rows (group calls, 0 losses)",
+                cpu_group.calls == gpu_group.calls && got == want && got_d == want_d && got_kl == want_kl);
+  }
+
+  // Rounding's edge cases by construction (ties either way, just off a tie, subnormals, zeros, infinities,
+  // NaNs, the largest finite value, which rounds to infinity), then random values of every magnitude.
+  void bf16() {
+    std::vector<uint32_t> patterns{
+        0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffa00000u,
+        0x7f7fffffu, 0xff7fffffu, 0x00000001u, 0x00008000u, 0x80018000u, 0x007fffffu, 0x3f808000u,
+        0x3f818000u, 0x3f807fffu, 0x3f808001u, 0x3f80ffffu, 0xbf808000u, 0xbf818000u, 0x4effffffu};
+    for (int i = 0; i < 4000; ++i) {
+      const uint64_t r = rng.next();
+      patterns.push_back(i % 2 == 0 ? uint32_t(r)
+                                    : (uint32_t(r) & 0xffff0000u) | 0x8000u);  // every other a tie
+    }
+    Floats x(patterns.size());
+    std::memcpy(x.data(), patterns.data(), x.size() * sizeof(float));
+    Floats rounded(x.size());
+    auto gx = up(x), grounded = up(rounded);
+    cpu.round_to_bf16(rounded.data(), x.data(), x.size());
+    gpu.round_to_bf16(grounded.data(), gx.data(), x.size());
+    report.bits<float>("round_to_bf16", down(grounded), rounded);
+    Floats values = x;
+    std::vector<uint16_t> half(x.size());
+    auto gvalues = up(values);
+    auto ghalf = up(half);
+    cpu.to_bf16(half.data(), values.data(), x.size());
+    gpu.to_bf16(ghalf.data(), gvalues.data(), x.size());
+    report.bits<uint16_t>("to_bf16 out", down(ghalf), half);
+    report.bits<float>("to_bf16 values (rounded in place)", down(gvalues), values);
+    std::vector<uint16_t> all(65536);
+    for (size_t i = 0; i < all.size(); ++i) all[i] = uint16_t(i);
+    Floats back(all.size());
+    auto gall = up(all);
+    auto gback = up(back);
+    cpu.from_bf16(back.data(), all.data(), all.size());
+    gpu.from_bf16(gback.data(), gall.data(), all.size());
+    report.bits<float>("from_bf16 (all 65536 patterns)", down(gback), back);
+  }
+
+  void optimizer() {
+    const Floats x = rng.floats(1001, -3, 3);
+    const std::vector<FlatRange> ranges{{3, 250}, {400, 401}, {10, 10}, {500, 999}};
+    auto gx = up(x);
+    report.number("sum_squares (4 ranges, one empty)", gpu.sum_squares(gx.data(), ranges),
+                  cpu.sum_squares(x.data(), ranges), kDouble);
+    report.number("sum_squares (no ranges)", gpu.sum_squares(gx.data(), {}), 0.0, kExact);
+    Floats y = x;
+    cpu.scale(y.data(), 0.73f, ranges);
+    gpu.scale(gx.data(), 0.73f, ranges);
+    cmp("scale (4 ranges)", gx, y, kElementwise);
+
+    // Three segments over 301 weights, one left out (137..149), one without decay; moments packed (288).
+    const std::vector<AdamWSegment> segments{
+        {0, 100, 0, true}, {100, 137, 100, false}, {150, 301, 137, true}};
+    const Floats w0 = rng.floats(301);
+    Floats w = w0, m(288, 0.0f), v(288, 0.0f);
+    auto gw = up(w), gm = up(m), gv = up(v);
+    const float beta1 = 0.9f, beta2 = 0.95f, lr = 1e-2f, decay = 0.1f;
+    for (int t = 1; t <= 3; ++t) {
+      const Floats g = rng.floats(w.size());
+      auto gg = up(g);
+      AdamWStep step;
+      step.beta1 = beta1, step.beta2 = beta2, step.eps = 1e-8f;
+      step.step_size = float(lr / (1.0 - std::pow(double(beta1), t)));
+      step.inv_sqrt_bc2 = float(1.0 / std::sqrt(1.0 - std::pow(double(beta2), t)));
+      step.keep = 1.0f - lr * decay;
+      cpu.adamw(w.data(), g.data(), m.data(), v.data(), segments, step);
+      gpu.adamw(gw.data(), gg.data(), gm.data(), gv.data(), segments, step);
+    }
+    cmp("adamw weights (3 steps, 3 segments)", gw, w, kElementwise);
+    cmp("adamw m", gm, m, kElementwise);
+    cmp("adamw v", gv, v, kElementwise);
+    // What the steps changed, against the CPU's change: the update itself to 1e-4.
+    const Floats got = down(gw);
+    Floats du(w.size()), wu(w.size());
+    for (size_t i = 0; i < w.size(); ++i) du[i] = got[i] - w0[i], wu[i] = w[i] - w0[i];
+    report.floats("adamw update (weights - initial)", du, wu, kSums);
+  }
+};
+
+}  // namespace
+
+bool check_backend(uint64_t seed, int device) {
+  Report report;
+  Rng rng(seed);
+  std::unique_ptr<Backend> gpu;
+  try {
+    gpu = make_cuda_backend(device);
+  } catch (const std::exception& e) {
+    report.error("make_cuda_backend", e.what());
+    return report.print();
+  }
+  Checker check{cpu_backend(), *gpu, rng, report};
+  // A failing call (a launch or cuBLASLt error) is one failed line; the other ops still run.
+  const auto run = [&](const char* what, const std::function<void()>& body) {
+    try {
+      body();
+    } catch (const std::exception& e) {
+      report.error(what, e.what());
+    }
+  };
+  run("memory", [&] { check.memory(); });
+  run("embedding",
+      [&] { check.embedding(true, true), check.embedding(false, true), check.embedding(true, false); });
+  run("layernorm", [&] { check.layernorm(45), check.layernorm(48); });
+  run("residual", [&] { check.residual(); });
+  run("matmul", [&] { check.matmul(33, true), check.matmul(33, false), check.matmul(1, true); });
+  run("attention", [&] {
+    for (int hd : {12, 40})
+      for (bool documents : {true, false}) check.attention(hd, documents);
+  });
+  run("attention_decode", [&] { check.attention_decode(); });
+  run("gelu", [&] { check.gelu(); });
+  run("moe", [&] { check.moe(true, false), check.moe(false, false), check.moe(true, true); });
+  run("cross_entropy", [&] {
+    check.cross_entropy(true, true, false), check.cross_entropy(false, false, false);
+    check.cross_entropy(true, true, true);
+  });
+  run("distillation", [&] {
+    check.distillation(true, true, false, false), check.distillation(false, false, false, false);
+    check.distillation(true, true, true, false), check.distillation(true, true, false, true);
+    check.empty_losses();
+  });
+  run("bf16", [&] { check.bf16(); });
+  run("optimizer", [&] { check.optimizer(); });
+  return report.print();
+}
+
+}  // namespace forge::trainer::cuda::check
