@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # forge-train's per-rank traces on real MPI ranks, checked by check_trace.py (balanced events, every
 # block's forward and backward, collectives with group and bytes, compute spans = the metrics' compute
-# time within 5%, the merged timeline): dp2 x pp2 with ZeRO-1 and tp2 x pp2 (waits nested in compute),
+# time within 5% on all ranks but at most one, the merged timeline): dp2 x pp2 with ZeRO-1 and tp2 x pp2 (waits nested in compute),
 # --trace on a resumed run, forge-train trace-merge, a range outside the run (exit 64 naming the key) and
 # an unwritable trace directory (one warning, training completes).
 # Usage: trace_test.sh FORGE_TRAIN SOURCE_DIR MPIEXEC
@@ -11,7 +11,9 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 source "$src/test/parallel/common.sh"
 mpi() { local np=$1; shift; "$mpiexec" --oversubscribe -np "$np" "$train" "$src/configs/tiny.ini" "$@"; }
-check() { python3 "$src/test/launcher/check_trace.py" "$@"; }
+# Four ranks share two cores and a step is a few milliseconds: one rank's median step may hold a preemption
+# that its spans and its metrics see differently, as in the demo's check (one outlier rank allowed).
+check() { python3 "$src/test/launcher/check_trace.py" "$@" --outliers 1; }
 common=(--run.threads=1 --run.peak_gflops=100 --model.layers=2 --model.d_model=128 --model.heads=4
   --model.vocab=512 --model.seq_len=64 --data.batch=2 --ckpt.milestone_every=0)
 
