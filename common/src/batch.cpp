@@ -32,6 +32,12 @@ void append_rows(std::vector<T>& out, const std::vector<T>& in, size_t first, si
   out.insert(out.end(), in.begin() + int64_t(first), in.begin() + int64_t(first + count));
 }
 
+// A row's next-token targets: its T inputs shifted by one, then `next`.
+void shift_row(const int32_t* inputs, size_t T, int32_t next, int32_t* targets) {
+  std::copy_n(inputs + 1, T - 1, targets);
+  targets[T - 1] = next;
+}
+
 }  // namespace
 
 void MicroBatch::resize(int r, int t, Targets form) {
@@ -66,10 +72,7 @@ void MicroBatch::copy_targets(int32_t* out) const {
     return;
   }
   const size_t T = size_t(seq_len);
-  for (size_t r = 0; r < size_t(rows); ++r) {
-    std::copy_n(inputs.begin() + int64_t(r * T + 1), T - 1, out + r * T);
-    out[r * T + T - 1] = next_tokens[r];
-  }
+  for (size_t r = 0; r < size_t(rows); ++r) shift_row(inputs.data() + r * T, T, next_tokens[r], out + r * T);
 }
 
 void MicroBatch::materialize_targets() {
@@ -86,8 +89,7 @@ void MicroBatch::set_next_token(int r, int32_t next) {
     return;
   }
   const size_t T = size_t(seq_len), at = size_t(r) * T;
-  std::copy_n(inputs.begin() + int64_t(at + 1), T - 1, targets.begin() + int64_t(at));
-  targets[at + T - 1] = next;
+  shift_row(inputs.data() + at, T, next, targets.data() + at);
 }
 
 void MicroBatch::set_window(int r, const int32_t* window, uint64_t sample_id, uint32_t epoch) {
@@ -232,9 +234,9 @@ std::string MicroBatch::serialize() const {
   const uint32_t header[3] = {uint32_t(rows), uint32_t(seq_len), flags};
   out.append(reinterpret_cast<const char*>(header), sizeof header);
   put(out, inputs);
-  const size_t at = out.size();  // the targets, explicit in either form
-  out.resize(at + size() * sizeof(int32_t));
-  if (size() != 0) copy_targets(reinterpret_cast<int32_t*>(out.data() + at));
+  std::vector<int32_t> explicit_targets(size());  // the same bytes in either form
+  copy_targets(explicit_targets.data());
+  put(out, explicit_targets);
   put(out, weights);
   put(out, positions);
   put(out, segments);

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # forge-train's per-rank traces on real MPI ranks, checked by check_trace.py (balanced events, every
 # block's forward and backward, collectives with group and bytes, compute spans = the metrics' compute
-# time within 5% on all ranks but at most one, the merged timeline): dp2 x pp2 with ZeRO-1 and tp2 x pp2 (waits nested in compute),
-# --trace on a resumed run, forge-train trace-merge, a range outside the run (exit 64 naming the key) and
-# an unwritable trace directory (one warning, training completes).
+# time within 5% on all ranks but at most one, the merged timeline): dp2 x pp2 with ZeRO-1 and tp2 x pp2
+# (waits nested in compute), --trace on a resumed run, forge-train trace-merge, a range outside the run
+# (exit 64 naming the key) and an unwritable trace directory (one warning, training completes).
 # Usage: trace_test.sh FORGE_TRAIN SOURCE_DIR MPIEXEC
 set -uo pipefail
 train=$1 src=$2 mpiexec=$3
