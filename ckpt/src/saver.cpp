@@ -279,14 +279,20 @@ SaveEvent Saver::save_async(Tier tier, const CheckpointMeta& meta, const std::ve
   const uint64_t my_bytes = detail::part_layout(slices, owned, &at);
   const auto tc = std::chrono::steady_clock::now();
   if (my_bytes > capacity_) {
-    buffer_.reset(new char[my_bytes]);
+    buffer_.reset();
+    buffer_ = options_.allocate_snapshot
+                  ? options_.allocate_snapshot(my_bytes)
+                  : std::shared_ptr<char>(new char[my_bytes], std::default_delete<char[]>());
     capacity_ = my_bytes;
   }
   uint64_t pos = 0;
   for (size_t i = 0; i < slices.size() && my_bytes > 0; ++i) {
     if (!owned[i] || slices[i].bytes() == 0) continue;
     std::memset(buffer_.get() + pos, 0, at[i] - pos);  // padding: the file's bytes are all defined
-    std::memcpy(buffer_.get() + at[i], tensors[i].data, slices[i].bytes());
+    if (options_.read_piece)
+      options_.read_piece(buffer_.get() + at[i], tensors[i].data, slices[i].bytes());
+    else
+      std::memcpy(buffer_.get() + at[i], tensors[i].data, slices[i].bytes());
     pos = at[i] + slices[i].bytes();
   }
   if (my_bytes > pos) std::memset(buffer_.get() + pos, 0, my_bytes - pos);

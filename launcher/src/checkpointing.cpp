@@ -101,12 +101,22 @@ void check_data_cursor(const std::string& dir, const Json& cursor, const std::ma
          dir, weights_text(saved), weights_text(now));
 }
 
-ckpt::SaverOptions saver_options(const Config& c, const trainer::TrainSpec& spec) {
+ckpt::SaverOptions saver_options(const Config& c, const trainer::TrainSpec& spec, trainer::Backend& backend) {
   ckpt::SaverOptions o;
   o.run_dir = spec.dir;
   o.policy = ckpt::parse_async_policy(c.get<std::string>("ckpt.async_policy"));
   o.recovery_keep = c.get<int>("ckpt.recovery_keep");
   if (o.recovery_keep < 1) c.reject("ckpt.recovery_keep", "must be at least 1");
+  // Weights and moments in device memory: the snapshot is the device's copy into page-locked memory.
+  if (!backend.host_memory()) {
+    o.read_piece = [&backend](void* dst, const void* src, size_t bytes) {
+      backend.copy_to_host(dst, src, bytes);
+    };
+    o.allocate_snapshot = [&backend](size_t bytes) {
+      std::shared_ptr<trainer::Allocation> memory = backend.allocate_host(bytes);
+      return std::shared_ptr<char>(memory, static_cast<char*>(memory->data()));
+    };
+  }
   return o;
 }
 
@@ -122,7 +132,7 @@ RunCheckpoints::RunCheckpoints(const Config& config, const trainer::TrainSpec& s
       tokenizer_(data.tokenizer()),
       init_from_(config.get<std::string>("ckpt.init_from")),
       coord_(*trainer.groups().world),
-      saver_(coord_, saver_options(config, spec)) {
+      saver_(coord_, saver_options(config, spec, trainer.model().backend())) {
   // Each logical element is written by one rank (trainer::SaveRole).
   const trainer::ProcessGroups& g = trainer.groups();
   role_.params = g.dp_rank == 0;
@@ -195,6 +205,19 @@ int64_t RunCheckpoints::load(const ckpt::Checkpoint& checkpoint, const char* ver
   const auto& m = checkpoint.manifest();
   check_data_cursor(checkpoint.dir(), m.meta.data_cursor, spec_.domain_weights);
   trainer::load_checkpoint(checkpoint, trainer_.model(), &trainer_.optimizer());
+  // What computed the saved weights: checkpoints before the device keys recorded the precision in their
+  // spec only, and trained on CPUs.
+  std::string saved_dtype = m.meta.extra.value("dtype", std::string());
+  if (saved_dtype.empty() && m.meta.extra.contains("spec"))
+    saved_dtype = m.meta.extra["spec"].value("precision.dtype", std::string("fp32"));
+  const std::string saved_device = m.meta.extra.value("device", std::string("cpu"));
+  const std::string dtype = spec_.dtype == trainer::DType::kBF16 ? "bf16" : "fp32";
+  const std::string device(trainer::device_name(spec_.device));
+  const bool same_dtype = saved_dtype == dtype || saved_dtype.empty();
+  if (!same_dtype)
+    spdlog::warn(
+        "{} was trained in {} on {}; continuing in {} on {} from its FP32 master weights and moments",
+        checkpoint.dir(), saved_dtype, saved_device, dtype, device);
   lineage_ = m.meta.extra.value("lineage", Json());
   trainer_.optimizer().restore_steps(m.meta.step);
   trainer_.optimizer().set_moment_steps_before(m.meta.extra.value(kMomentStepsBefore, int64_t{0}));
@@ -216,11 +239,13 @@ int64_t RunCheckpoints::load(const ckpt::Checkpoint& checkpoint, const char* ver
       got += trainer_.loss_of(global->slice_rows(p * dp * rows + trainer_.groups().dp_rank * rows, rows)) /
              parts;
     const double want = m.meta.verification.value("loss", NAN);
-    // The same layout reproduces the loss to rounding; another one sums in another order (PARALLEL.md).
+    // The same layout on the same device reproduces the loss to rounding; another layout or device sums
+    // in another order (PARALLEL.md); another precision computes with other values (BF16: 8 bits of
+    // mantissa).
     const Layout& saved = m.meta.layout;
     const Layout& now = trainer_.groups().layout;
     const bool same_layout = saved == now;
-    const double tolerance = same_layout ? 1e-6 : 1e-4;
+    const double tolerance = !same_dtype ? 3e-2 : same_layout && saved_device == device ? 1e-6 : 1e-4;
     if (!(std::abs(got - want) <= tolerance * std::max(1.0, std::abs(want))))
       fail(ExitCode::kData,
            "{}: verification step gave loss {:.9g}, the checkpoint recorded {:.9g} (saved on {})",
@@ -245,6 +270,9 @@ ckpt::CheckpointMeta RunCheckpoints::meta(const trainer::StepStats& stats, int64
   if (!lineage_.is_null()) m.extra["lineage"] = lineage_;
   // Which tokenizer the weights speak: a run that uses this model as a teacher checks it (teacher.h).
   m.extra["tokenizer_sha256"] = tokenizer_;
+  // What computed the weights (the tensors are FP32 master weights and moments whatever it was).
+  m.extra["device"] = std::string(trainer::device_name(spec_.device));
+  m.extra["dtype"] = spec_.dtype == trainer::DType::kBF16 ? "bf16" : "fp32";
   if (const int64_t before = trainer_.optimizer().moment_steps_before(); before > 0)
     m.extra[kMomentStepsBefore] = before;
   m.dataset_version = dataset_version_;

@@ -74,10 +74,11 @@ trainer::ModelConfig check_teacher(const Config& config, const trainer::TrainSpe
 }
 
 std::shared_ptr<trainer::GPT> load_teacher(const trainer::TrainSpec& spec,
-                                           const trainer::ModelConfig& teacher) {
+                                           const trainer::ModelConfig& teacher, trainer::Backend& backend) {
   const ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(spec.distill.teacher);
   checkpoint.verify();
-  auto model = std::make_shared<trainer::GPT>(teacher, spec.batch, spec.dtype);
+  auto model =
+      std::make_shared<trainer::GPT>(teacher, spec.batch, spec.dtype, trainer::ModelSlice{}, 1, backend);
   trainer::load_checkpoint(checkpoint, *model, nullptr);
   spdlog::info("distillation teacher {} ({} layers, d_model {}, {} parameters)", spec.distill.teacher,
                teacher.layers, teacher.d_model, model->weights().size());

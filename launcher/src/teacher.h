@@ -19,8 +19,9 @@ namespace forge::launcher {
 trainer::ModelConfig check_teacher(const Config& config, const trainer::TrainSpec& spec,
                                    const std::string& tokenizer_sha256);
 
-// The teacher's weights in a whole model for micro-batches of data.batch sequences (verified).
+// The teacher's weights in a whole model for micro-batches of data.batch sequences (verified), on the
+// student's backend.
 std::shared_ptr<trainer::GPT> load_teacher(const trainer::TrainSpec& spec,
-                                           const trainer::ModelConfig& teacher);
+                                           const trainer::ModelConfig& teacher, trainer::Backend& backend);
 
 }  // namespace forge::launcher

@@ -8,11 +8,13 @@
 #include "forge/common/json.h"
 #include "forge/common/local_rank.h"
 #include "forge/common/text.h"
+#include "forge/trainer/device_runtime.h"
 #include "forge/trainer/guard.h"
 #include "forge/trainer/metrics.h"
 #include "forge/trainer/parallel.h"
 #include "forge/trainer/progress.h"
 #include "forge/trainer/runtime.h"
+#include "forge/trainer/staged_comm.h"
 #include "forge/trainer/trace.h"
 #include "forge/trainer/watchdog.h"
 #include "job_gauges.h"
@@ -207,6 +209,7 @@ void write_summary(const RunInfo& run, const Totals& t, ExitCode code) {
          {"threads", run.spec.threads},
          {"layout", run.groups.layout.str()},
          {"ranks", run.groups.layout.world()},
+         {"device", std::string(trainer::device_name(run.spec.device))},
          {"dtype", run.spec.dtype == trainer::DType::kBF16 ? "bf16" : "fp32"},
          {"startup_s", t.startup_s},
          {"train_s", t.train_s},
@@ -270,7 +273,10 @@ RankStatus exchange_status(trainer::ProcessGroups& g, double seconds, bool stop,
 // The data-parallel replicas must hold bitwise-identical parameters (ZeRO-1 gathers them, plain DP
 // applies the same update): compare their checksums.
 void compare_replicas(trainer::ProcessGroups& g, trainer::GPT& model, int64_t step) {
-  const uint64_t mine = trainer::parameter_checksum(model.weights());
+  trainer::Backend& backend = model.backend();
+  const uint64_t mine = backend.host_memory()
+                            ? trainer::parameter_checksum(model.weights())
+                            : trainer::parameter_checksum(backend.host_copy<float>(model.weights()));
   std::vector<uint64_t> all(size_t(g.layout.dp));
   g.dp->all_gather(&mine, all.data(), sizeof mine, trainer::CommType::kU8)->wait();
   trainer::check_replicas(step, all);
@@ -348,19 +354,63 @@ void check_fake_gpu(const std::string& file, int rank) {
               Fault::kGpu);
 }
 
+// The device a rank trains on (run.device) and the backend over it.
+struct DeviceRun {
+  trainer::DeviceRuntime* cuda = nullptr;  // set when the rank trains on a GPU
+  std::unique_ptr<trainer::Backend> owned;
+  trainer::Backend* backend = &trainer::cpu_backend();
+  std::string description = "cpu";
+};
+
+// Resolves run.device, parallel.comm and precision.dtype = auto in `spec`, and binds the rank's GPU. auto
+// looks for a GPU only where a driver is installed: opening the CUDA plugin costs a process a third of a
+// second, and the dev cluster's GPUs are fake (auto trains on CPU there).
+DeviceRun open_device(trainer::TrainSpec& spec, int rank) {
+  DeviceRun d;
+  std::string why = "no NVIDIA driver on this node (/dev/nvidiactl)";
+  int gpus = 0;
+  if (spec.device == trainer::Device::kCuda ||
+      (spec.device == trainer::Device::kAuto && fs::exists("/dev/nvidiactl"))) {
+    d.cuda = trainer::cuda_runtime(&why);
+    if (d.cuda != nullptr) gpus = d.cuda->visible_devices(&why);
+  }
+  trainer::resolve_device(spec, gpus, why);
+  if (spec.device != trainer::Device::kCuda) {
+    d.cuda = nullptr;
+    return d;
+  }
+  d.description = d.cuda->bind(rank, spec.parallel.comm == trainer::CommKind::kMpi);
+  d.owned = d.cuda->backend();
+  d.backend = d.owned.get();
+  return d;
+}
+
+// The communicator the process groups are split from: NCCL over GPU memory, or MPI, which moves host
+// memory (staged through it on a GPU: parallel.comm = mpi).
+std::unique_ptr<trainer::Comm> group_world(std::unique_ptr<trainer::Comm> mpi, DeviceRun& d,
+                                           const trainer::TrainSpec& spec) {
+  if (d.cuda == nullptr) return mpi;
+  if (spec.parallel.comm == trainer::CommKind::kNccl)
+    return trainer::staged_comm(d.cuda->nccl(*mpi), *d.backend, trainer::CommMemory::kDevice);
+  return trainer::staged_comm(std::move(mpi), *d.backend, trainer::CommMemory::kHost);
+}
+
 }  // namespace
 
-int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, trainer::Bootstrap& boot) {
+int train(const Config& config, const trainer::TrainSpec& requested, bool force_new,
+          trainer::Bootstrap& boot) {
   // An elastic job may have more ranks than its layout uses (elastic_spec): the rest leave the job's
   // communicator and wait for the others at the exit.
   const double memory_available = host_memory_available();
-  const bool idle = boot.rank >= spec.layout.world();
+  const bool idle = boot.rank >= requested.layout.world();
   std::unique_ptr<trainer::Comm> world = boot.world->split(idle ? 1 : 0, boot.rank, "world");
   if (idle) {
     spdlog::info("rank {} idle: the elastic layout {} uses {} of the {} ranks started", boot.rank,
-                 spec.layout.str(), spec.layout.world(), boot.size);
+                 requested.layout.str(), requested.layout.world(), boot.size);
     return 0;
   }
+  trainer::TrainSpec spec = requested;
+  DeviceRun device = open_device(spec, boot.rank);
   // Everything that can reject the spec or the data runs before the model's memory is allocated.
   auto data = open_data(config, spec, spec.layout.coords(boot.rank).dp, *world);
   std::optional<trainer::ModelConfig> teacher_config;
@@ -372,7 +422,8 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
   if (ec) fail(ExitCode::kIo, "cannot create run directory {}/metrics: {}", spec.dir, ec.message());
 
   set_rank_hosts(gather_hosts(*world));
-  trainer::ProcessGroups groups = trainer::make_groups(std::move(world), spec.layout);
+  trainer::ProcessGroups groups =
+      trainer::make_groups(group_world(std::move(world), device, spec), spec.layout);
   trainer::use_threads(spec.threads);
   RunInfo run{spec,
               groups,
@@ -392,18 +443,22 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
         run.cache["fallbacks"].get<int64_t>());
   // MFU is the job's: its tokens against every rank's peak (rank 0 measures one rank's).
   double peak = spec.peak_gflops;
-  if (peak <= 0) {
+  if (peak <= 0 && device.cuda != nullptr) {
+    peak = device.cuda->peak_bf16_gflops();
+    if (peak <= 0 && groups.rank == 0)
+      spdlog::warn("{} is not in the table of BF16 peaks: set run.peak_gflops for MFU", device.description);
+  } else if (peak <= 0) {
     peak = groups.rank == 0 ? trainer::measure_sgemm_gflops(2048, 2) : 0.0;
     groups.world->all_reduce(&peak, 1, trainer::CommType::kF64, trainer::ReduceOp::kMax)->wait();
   }
   run.peak = peak * groups.layout.world();
   // The teacher runs where the student's classifier is (teacher.h).
   std::shared_ptr<trainer::GPT> teacher;
-  if (teacher_config && groups.last_stage()) teacher = load_teacher(spec, *teacher_config);
-  trainer::ParallelTrainer trainer(spec, groups, trainer::cpu_backend(), std::move(teacher));
+  if (teacher_config && groups.last_stage()) teacher = load_teacher(spec, *teacher_config, *device.backend);
+  trainer::ParallelTrainer trainer(spec, groups, *device.backend, std::move(teacher));
   const std::string plan = trainer.describe_plan();
   if (groups.rank == 0) fmt::print(stderr, "{}", plan);
-  check_memory_plan(groups, trainer, memory_available);
+  if (device.cuda == nullptr) check_memory_plan(groups, trainer, memory_available);
   const std::string gpu_health = fake_gpu_health_file(boot);
   RunCheckpoints checkpoints(config, spec, trainer, *data);
   const int64_t first_step = checkpoints.resume();
@@ -414,10 +469,12 @@ int train(const Config& config, const trainer::TrainSpec& spec, bool force_new, 
   TensorBoardLog tensorboard(spec.dir, groups.rank, first_step);
   JobGauges gauges(groups);
   spdlog::info(
-      "run '{}': steps {}..{} on {}, layout {} ({}), {} threads per rank, {} parameters on this rank, "
-      "peak {:.0f} GFLOP/s, spec {}",
+      "run '{}': steps {}..{} on {}, layout {} ({}), {} {} over {}, {} threads per rank, {} parameters on "
+      "this rank, peak {:.0f} GFLOP/s, spec {}",
       spec.name, first_step + 1, spec.steps, data->describe(), groups.layout.str(), boot.describe(),
-      spec.threads, trainer.model().weights().size(), run.peak, config.hash());
+      device.description, spec.dtype == trainer::DType::kBF16 ? "bf16" : "fp32",
+      trainer::comm_name(spec.parallel.comm), spec.threads, trainer.model().weights().size(), run.peak,
+      config.hash());
   std::signal(SIGUSR1, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# forge-train's exit codes (docs/ARCHITECTURE.md, "Exit codes"), each provoked on the real binary: bad spec 64, a checkpoint
-# of another spec 64 (and --force-new), corrupt shard 65, hang 69 (watchdog), persisting NaN 71 (and the
+# forge-train's exit codes (docs/ARCHITECTURE.md, "Exit codes"), each provoked on the real binary: bad spec 64, a
+# device it cannot have 64, a checkpoint of another spec 64 (and --force-new, and a change of precision), corrupt shard 65, hang 69 (watchdog), persisting NaN 71 (and the
 # skip and rewind policies recovering from a single one), unwritable checkpoint directory 74, SIGUSR1 75.
 # Every failure prints one line "forge-train: error: ..." and writes summary.json with its exit class, and
 # failures/local-0.json with its failure class (launcher/src/failure_record.h); an impossible memory plan
@@ -47,6 +47,18 @@ expect bad-guard 64 "guard.nonfinite = rewind: rewind needs recovery checkpoints
   "$src/configs/tiny.ini" --run.dir="$work/bad" "${tiny[@]}" --run.steps=8 --guard.nonfinite=rewind
 record_is "$work/bad" config
 
+# 64: the device keys (docs/GPU.md). This machine trains on CPU: run.device = cuda names why it cannot
+# (a build without CUDA, a plugin that does not load, or no GPU or driver), nccl needs a GPU; nothing is
+# written. auto trains on CPU (what the dev cluster's fake GPUs get) and the summary says so (below).
+expect cuda-absent 64 "run.device = cuda, but" -- \
+  "$src/configs/tiny.ini" --run.dir="$work/cuda" "${tiny[@]}" --run.steps=2 --run.device=cuda
+[ ! -e "$work/cuda" ] || fail "run.device = cuda: the run directory was created"
+FORGE_CUDA_PLUGIN=$work/none.so expect cuda-plugin 64 "cannot load the CUDA plugin $work/none.so" -- \
+  "$src/configs/tiny.ini" --run.dir="$work/cuda" "${tiny[@]}" --run.steps=2 --run.device=cuda
+expect nccl-on-cpu 64 "parallel.comm = nccl, but run.device = auto chose cpu" -- \
+  "$src/configs/tiny.ini" --run.dir="$work/nccl" "${tiny[@]}" --run.steps=2 --parallel.comm=nccl
+[ ! -e "$work/nccl" ] || fail "parallel.comm = nccl: the run directory was created"
+
 # 64: resuming a run directory whose checkpoints another spec wrote names the keys; keys that may change
 # on resume (run.steps, ckpt.*, guard.*) do not count; --force-new moves the old run aside.
 "$train" "$src/configs/tiny.ini" --run.dir="$work/spec" "${tiny[@]}" --ckpt.recovery_every=2 --run.steps=4 \
@@ -61,6 +73,15 @@ grep -q "run.steps" "$work/spec-differs.err" && fail "run.steps reported as a di
 "$train" "$src/configs/tiny.ini" --run.dir="$work/spec" "${tiny[@]}" --ckpt.recovery_every=3 --run.steps=6 \
   --guard.spike_z=9 2>"$work/spec-ok.err" || fail "resume with only resumable keys changed failed: $(tail -n1 "$work/spec-ok.err")"
 grep -q "resumed from" "$work/spec-ok.err" || fail "the resumable change did not resume"
+# Another precision resumes from the FP32 master weights with one warning line (its verification loss
+# within BF16's tolerance); the summary names device and precision.
+"$train" "$src/configs/tiny.ini" --run.dir="$work/spec" "${tiny[@]}" --ckpt.recovery_every=3 --run.steps=7 \
+  --precision.dtype=bf16 2>"$work/bf16.err" || fail "resume in bf16 failed: $(tail -n1 "$work/bf16.err")"
+[ "$(grep -c "was trained in fp32 on cpu; continuing in bf16 on cpu" "$work/bf16.err")" = 1 ] ||
+  fail "resume in bf16: no single warning line ($(grep -i warn "$work/bf16.err" | head -2))"
+grep -q "verification loss .* matches" "$work/bf16.err" || fail "resume in bf16 skipped the verification step"
+[ "$(json "$work/spec/summary.json" "d['device'] + ' ' + d['dtype']")" = "cpu bf16" ] ||
+  fail "summary.json lacks device and dtype of the run"
 "$train" "$src/configs/tiny.ini" --run.dir="$work/spec" "${tiny[@]}" --run.steps=3 --optim.lr=0.001 --force-new \
   2>"$work/force.err" || fail "--force-new failed: $(tail -n1 "$work/force.err")"
 grep -q "moved the previous run" "$work/force.err" || fail "--force-new did not say where the old run went"

@@ -3,9 +3,13 @@
 // micro-batch, must give the loss of every step, and the final value of every parameter, of the
 // one-process trainer (layout 1,1,1) on the same global batches and seed. Every rank runs that reference
 // itself (the model is tiny) and compares its own shard against the matching part of it.
-//   layout_test TP PP DP ZERO [packed|dpo|distill]
+// With `far`, the parallel trainer runs on a backend whose memory the host cannot read (FarBackend: a GPU's
+// stand-in) over host-staged MPI communicators (staged_comm), and must still match the CPU reference.
+//   layout_test TP PP DP ZERO [packed|dpo|distill] [far]
 #include "forge/trainer/groups.h"
 #include "forge/trainer/parallel.h"
+#include "forge/trainer/staged_comm.h"
+#include "support/far_backend.h"
 #include "support/training.h"
 
 #include <fmt/format.h>
@@ -123,11 +127,11 @@ void pair_up(forge::MicroBatch& b, int salt) {
 
 // A distillation teacher larger than the student (5 blocks of width 48), of its own seed: what every rank
 // that holds the student's classifier runs beside it.
-std::shared_ptr<GPT> make_teacher(const TrainSpec& spec) {
+std::shared_ptr<GPT> make_teacher(const TrainSpec& spec, Backend& backend = cpu_backend()) {
   ModelConfig config = spec.model;
   config.layers = 5;
   config.d_model = 48;
-  auto teacher = std::make_shared<GPT>(config, spec.batch);
+  auto teacher = std::make_shared<GPT>(config, spec.batch, DType::kF32, ModelSlice{}, 1, backend);
   teacher->init(99);
   return teacher;
 }
@@ -135,12 +139,22 @@ std::shared_ptr<GPT> make_teacher(const TrainSpec& spec) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string mode = argc == 6 ? argv[5] : "";
-  if (argc != 5 && !(argc == 6 && (mode == "packed" || mode == "dpo" || mode == "distill"))) {
-    std::fprintf(stderr, "usage: layout_test TP PP DP ZERO [packed|dpo|distill]\n");
+  std::string mode;
+  bool far_memory = false;
+  for (int i = 5; i < argc; ++i) {
+    if (std::string(argv[i]) == "far")
+      far_memory = true;
+    else
+      mode = argv[i];
+  }
+  if (argc < 5 || !(mode.empty() || mode == "packed" || mode == "dpo" || mode == "distill")) {
+    std::fprintf(stderr, "usage: layout_test TP PP DP ZERO [packed|dpo|distill] [far]\n");
     return 2;
   }
-  auto world = mpi_world();
+  forge::test::FarBackend far;
+  Backend& backend = far_memory ? static_cast<Backend&>(far) : cpu_backend();
+  std::unique_ptr<Comm> world = mpi_world();
+  if (far_memory) world = staged_comm(std::move(world), far, CommMemory::kHost);
   forge::Layout layout;
   layout.tp = std::atoi(argv[1]);
   layout.pp = std::atoi(argv[2]);
@@ -163,8 +177,8 @@ int main(int argc, char** argv) {
   spec.layout = layout;
   spec.parallel.zero = zero;
   ProcessGroups groups = make_groups(std::move(world), layout);
-  ParallelTrainer parallel(spec, groups, cpu_backend(),
-                           distill && groups.last_stage() ? make_teacher(spec) : nullptr);
+  ParallelTrainer parallel(spec, groups, backend,
+                           distill && groups.last_stage() ? make_teacher(spec, backend) : nullptr);
   const std::string plan = parallel.describe_plan();
   if (groups.rank == 0) std::fputs(plan.c_str(), stdout);
 
@@ -194,7 +208,7 @@ int main(int argc, char** argv) {
                   s.loss, rel, p.grad_norm, s.grad_norm);
   }
   for (const ParamInfo& p : parallel.model().params()) {
-    const auto mine = parallel.model().weight(p.name);
+    const auto mine = backend.host_copy<float>(parallel.model().weight(p.name));
     const auto ref = shard_of(p, groups.tp_rank, layout.tp, serial->model().weight(p.name));
     for (size_t i = 0; i < mine.size(); ++i)
       worst_param = std::max(worst_param, double(std::abs(mine[i] - ref[i])));
@@ -210,9 +224,10 @@ int main(int argc, char** argv) {
   const bool ok = worst[0] <= kLossRelTol && worst[1] <= param_tol && sharded_ok;
   if (groups.rank == 0)
     std::printf(
-        "layout %s zero %d%s: worst loss rel diff %.2e (tol %.0e), worst parameter diff %.2e (tol %.0e), "
+        "layout %s zero %d%s%s: worst loss rel diff %.2e (tol %.0e), worst parameter diff %.2e (tol %.0e), "
         "optimizer state %zu of %.0f bytes: %s\n",
-        layout.str().c_str(), zero, mode.empty() ? "" : (" " + mode).c_str(), worst[0], kLossRelTol, worst[1],
-        param_tol, parallel.optimizer_bytes(), unsharded, ok ? "PASS" : "FAIL");
+        layout.str().c_str(), zero, mode.empty() ? "" : (" " + mode).c_str(), far_memory ? " far" : "",
+        worst[0], kLossRelTol, worst[1], param_tol, parallel.optimizer_bytes(), unsharded,
+        ok ? "PASS" : "FAIL");
   return ok ? 0 : 1;
 }

@@ -126,3 +126,48 @@ TEST_CASE("run.trace_steps: a range inside the run, one step, or auto after this
     CHECK_THAT(usage_error({"--run.steps=10", std::string("--run.trace_steps=") + bad}),
                Catch::Contains("run.trace_steps") && Catch::Contains("run.steps = 10"));
 }
+
+TEST_CASE("run.device, parallel.comm and precision.dtype = auto resolve from the GPUs a process sees",
+          "[trainer][spec][device]") {
+  SECTION("auto without a GPU: cpu, mpi, fp32, as before the keys existed") {
+    TrainSpec s = train_spec(load({}));
+    CHECK(s.device == Device::kAuto);
+    CHECK(s.dtype_auto);
+    resolve_device(s, 0, "no NVIDIA driver");
+    CHECK(s.device == Device::kCpu);
+    CHECK(s.parallel.comm == CommKind::kMpi);
+    CHECK(s.dtype == DType::kF32);
+  }
+  SECTION("auto with a GPU: cuda, nccl, bf16") {
+    TrainSpec s = train_spec(load({}));
+    resolve_device(s, 1, "");
+    CHECK(s.device == Device::kCuda);
+    CHECK(s.parallel.comm == CommKind::kNccl);
+    CHECK(s.dtype == DType::kBF16);
+  }
+  SECTION("explicit values stay: fp32 on cuda over host-staged mpi") {
+    TrainSpec s = train_spec(load({"--run.device=cuda", "--precision.dtype=fp32", "--parallel.comm=mpi"}));
+    resolve_device(s, 2, "");
+    CHECK(s.device == Device::kCuda);
+    CHECK(s.parallel.comm == CommKind::kMpi);
+    CHECK(s.dtype == DType::kF32);
+  }
+  SECTION("cuda without a GPU is a usage error that says why and what to change") {
+    TrainSpec s = train_spec(load({"--run.device=cuda"}));
+    try {
+      resolve_device(s, 0, "CUDA driver version is insufficient");
+      FAIL("accepted run.device = cuda without a GPU");
+    } catch (const forge::Error& e) {
+      CHECK(e.code() == forge::ExitCode::kUsage);
+      CHECK_THAT(e.what(), Catch::Contains("run.device = cuda, but CUDA driver version is insufficient") &&
+                               Catch::Contains("set run.device = cpu or auto"));
+    }
+  }
+  SECTION("nccl needs a GPU") {
+    CHECK_THAT(usage_error({"--run.device=cpu", "--parallel.comm=nccl"}),
+               Catch::Contains("parallel.comm") && Catch::Contains("needs mpi"));
+    TrainSpec s = train_spec(load({"--parallel.comm=nccl"}));
+    CHECK_THROWS_WITH(resolve_device(s, 0, "none"),
+                      Catch::Contains("parallel.comm = nccl, but run.device = auto chose cpu"));
+  }
+}

@@ -138,10 +138,28 @@ std::vector<ckpt::TensorData> checkpoint_tensors(GPT& model, AdamW* optimizer, c
 
 void load_checkpoint(const ckpt::Checkpoint& checkpoint, GPT& model, AdamW* optimizer) {
   std::vector<ckpt::TensorRequest> requests;
+  std::vector<float*> targets;
   for_each_piece(model, optimizer, false, {}, [&](const ckpt::Slice& s, float* data) {
     requests.push_back({s, data});
+    targets.push_back(data);
   });
+  // A device backend: the checkpoint is read into host memory, then copied piece by piece.
+  Backend& backend = model.backend();
+  std::unique_ptr<Allocation> staging;
+  if (!backend.host_memory()) {
+    size_t bytes = 0;
+    for (const auto& r : requests) bytes += r.slice.bytes();
+    staging = backend.allocate_host(bytes);
+    char* at = static_cast<char*>(staging->data());
+    for (auto& r : requests) {
+      r.data = at;
+      at += r.slice.bytes();
+    }
+  }
   checkpoint.read(requests);
+  if (staging)
+    for (size_t i = 0; i < requests.size(); ++i)
+      backend.copy_from_host(targets[i], requests[i].data, requests[i].slice.bytes());
   model.weights_changed();
 }
 

@@ -28,6 +28,9 @@ void add_trainer_keys(ConfigSchema& s) {
                   "what the run learns: lm, every token of the data; sft, the replies a chat dataset's loss "
                   "mask marks; dpo, the preferences of a preference dataset; distill, a teacher model's "
                   "distributions (docs/TRAINER.md)")
+      .add_choice("run.device", "auto", {"auto", "cpu", "cuda"},
+                  "where each rank computes: cuda (one GPU per rank), cpu, or auto (cuda when the process "
+                  "sees a GPU and forge-train was built with CUDA)")
       .add<double>("run.peak_gflops", 0.0, "matrix-product peak for MFU in GFLOP/s (0: measure at start)")
       .add<std::string>(
           "run.trace_steps", "",
@@ -87,8 +90,12 @@ void add_trainer_keys(ConfigSchema& s) {
       .add<double>("optim.beta2", 0.95, "AdamW beta2")
       .add<double>("optim.eps", 1e-8, "AdamW epsilon")
       .add<double>("optim.grad_clip", 1.0, "global gradient-norm clip (0: off)");
-  s.add_choice("precision.dtype", "fp32", {"fp32", "bf16"},
-               "storage of weights and activations (bf16 keeps FP32 master weights and accumulation)");
+  s.add_choice("precision.dtype", "auto", {"auto", "fp32", "bf16"},
+               "storage of weights and activations (bf16 keeps FP32 master weights and accumulation; "
+               "auto: bf16 on cuda, fp32 on cpu)");
+  s.add_choice("parallel.comm", "auto", {"auto", "nccl", "mpi"},
+               "what the process groups communicate with: nccl (GPUs), mpi (CPUs; on GPUs host-staged, "
+               "also how ranks share one GPU); auto: nccl on cuda, mpi on cpu");
   s.add<int>("parallel.tp", 1, "tensor-parallel ranks")
       .add<int>("parallel.cp", 1, "context-parallel ranks (1: not implemented yet)")
       .add<int>("parallel.ep", 1, "expert-parallel ranks sharing out the experts, carved out of dp")
@@ -295,7 +302,14 @@ TrainSpec train_spec(const Config& c) {
   s.distill.temperature = c.get<double>("distill.temperature");
   if (!(s.distill.temperature >= 0.05 && s.distill.temperature <= 100))
     c.reject("distill.temperature", "must be in [0.05, 100]");
-  s.dtype = c.get<std::string>("precision.dtype") == "bf16" ? DType::kBF16 : DType::kF32;
+  const std::string device = c.get<std::string>("run.device"), comm = c.get<std::string>("parallel.comm");
+  s.device = device == "cuda" ? Device::kCuda : device == "cpu" ? Device::kCpu : Device::kAuto;
+  s.parallel.comm = comm == "nccl" ? CommKind::kNccl : comm == "mpi" ? CommKind::kMpi : CommKind::kAuto;
+  if (s.device == Device::kCpu && s.parallel.comm == CommKind::kNccl)
+    c.reject("parallel.comm", "nccl moves GPU memory; run.device = cpu needs mpi (or auto)");
+  const std::string dtype = c.get<std::string>("precision.dtype");
+  s.dtype = dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  s.dtype_auto = dtype == "auto";
   s.layout.tp = positive<int>(c, "parallel.tp");
   s.layout.cp = positive<int>(c, "parallel.cp");
   s.layout.ep = positive<int>(c, "parallel.ep");
@@ -343,6 +357,33 @@ std::shared_ptr<const Loss> objective_loss(const TrainSpec& spec, std::shared_pt
   if (spec.objective == Objective::kDistill)
     return std::make_shared<DistillLoss>(spec.distill.alpha, spec.distill.temperature, std::move(teacher));
   return std::make_shared<LmCrossEntropy>();
+}
+
+std::string_view device_name(Device device) {
+  return device == Device::kCuda ? "cuda" : device == Device::kCpu ? "cpu" : "auto";
+}
+
+std::string_view comm_name(CommKind comm) {
+  return comm == CommKind::kNccl ? "nccl" : comm == CommKind::kMpi ? "mpi" : "auto";
+}
+
+void resolve_device(TrainSpec& spec, int visible_gpus, const std::string& no_gpu) {
+  if (spec.device == Device::kCuda && visible_gpus <= 0)
+    fail(ExitCode::kUsage,
+         "run.device = cuda, but {}; request GPUs for the job (--gpus-per-task=1) or set run.device = cpu "
+         "or auto",
+         no_gpu);
+  if (spec.device == Device::kAuto) spec.device = visible_gpus > 0 ? Device::kCuda : Device::kCpu;
+  const bool cuda = spec.device == Device::kCuda;
+  if (!cuda && spec.parallel.comm == CommKind::kNccl)
+    fail(ExitCode::kUsage,
+         "parallel.comm = nccl, but run.device = auto chose cpu (no GPU visible, or no CUDA build); set "
+         "parallel.comm = mpi or auto, or run.device = cuda");
+  if (spec.parallel.comm == CommKind::kAuto) spec.parallel.comm = cuda ? CommKind::kNccl : CommKind::kMpi;
+  if (spec.dtype_auto) {
+    spec.dtype = cuda ? DType::kBF16 : DType::kF32;
+    spec.dtype_auto = false;
+  }
 }
 
 TrainSpec elastic_spec(const TrainSpec& spec, int ranks) {

@@ -27,6 +27,21 @@ class DeviceAllocation final : public Allocation {
   DeviceBuffer buffer_;
 };
 
+// Page-locked host memory: device copies into it run at the bus's speed and need no bounce buffer.
+class PinnedAllocation final : public Allocation {
+ public:
+  explicit PinnedAllocation(size_t bytes) {
+    if (bytes > 0) check_cuda(cudaMallocHost(&data_, bytes), "cudaMallocHost");
+  }
+  ~PinnedAllocation() override {
+    if (data_ != nullptr) cudaFreeHost(data_);
+  }
+  void* data() override { return data_; }
+
+ private:
+  void* data_ = nullptr;
+};
+
 // Device scratch that only grows (the losses' row statistics).
 template <class T>
 T* scratch(DeviceBuffer& buffer, size_t n) {
@@ -38,8 +53,20 @@ class CudaBackend final : public Backend {
  public:
   std::string name() const override { return "cuda"; }
   bool host_memory() const override { return false; }
+  bool device_memory(const void* p) const override {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      cudaGetLastError();  // an unknown pointer is host memory; clear the sticky error
+      return false;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+  }
+  void synchronize() override { check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize"); }
   std::unique_ptr<Allocation> allocate(size_t bytes) override {
     return std::make_unique<DeviceAllocation>(bytes);
+  }
+  std::unique_ptr<Allocation> allocate_host(size_t bytes) override {
+    return std::make_unique<PinnedAllocation>(bytes);
   }
   // Both host copies return with the copy done: the host may reuse or read its buffer at once.
   void copy_from_host(void* dst, const void* host_src, size_t bytes) override {

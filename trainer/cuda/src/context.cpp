@@ -84,7 +84,18 @@ void* gemm_workspace(size_t* bytes) {
 }
 
 DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
-  if (bytes > 0) check_cuda(cudaMalloc(&ptr_, bytes), "cudaMalloc");
+  if (bytes == 0) return;
+  const cudaError_t err = cudaMalloc(&ptr_, bytes);
+  if (err == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    size_t free = 0, total = 0;
+    cudaMemGetInfo(&free, &total);
+    const std::string call =
+        fmt::format("cudaMalloc of {:.1f} MiB ({:.1f} of {:.1f} GiB free)", double(bytes) / (1 << 20),
+                    double(free) / (1 << 30), double(total) / (1 << 30));
+    cuda_fail(call.c_str(), err);
+  }
+  check_cuda(err, "cudaMalloc");
 }
 
 DeviceBuffer::~DeviceBuffer() {

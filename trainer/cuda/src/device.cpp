@@ -4,9 +4,20 @@
 
 #include <cuda_runtime.h>
 
+#include <string>
+
 namespace forge::trainer::cuda {
 
-BoundDevice bind_device(int rank, const DeviceEnv& env) {
+int visible_device_count(std::string* why) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err == cudaSuccess && count > 0) return count;
+  cudaGetLastError();
+  if (why != nullptr) *why = err == cudaSuccess ? "no CUDA device" : cudaGetErrorString(err);
+  return 0;
+}
+
+BoundDevice bind_device(int rank, const DeviceEnv& env, bool share) {
   set_error_rank(rank);
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
@@ -14,7 +25,7 @@ BoundDevice bind_device(int rank, const DeviceEnv& env) {
     count = 0;
   else
     check_cuda(err, "cudaGetDeviceCount");
-  const DeviceChoice choice = choose_device(env, count, rank);
+  const DeviceChoice choice = choose_device(env, count, rank, share);
   check_cuda(cudaSetDevice(choice.ordinal), "cudaSetDevice");
   // cudaFree(nullptr) creates the context: the first call that fails on a GPU another process holds.
   const cudaError_t ctx = cudaFree(nullptr);

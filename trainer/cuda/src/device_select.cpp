@@ -34,7 +34,7 @@ DeviceEnv read_device_env(const std::function<const char*(const char*)>& get_fn)
   return env;
 }
 
-DeviceChoice choose_device(const DeviceEnv& env, int visible_count, int rank) {
+DeviceChoice choose_device(const DeviceEnv& env, int visible_count, int rank, bool share) {
   const int local = env.local_rank >= 0 ? env.local_rank : 0;
   const std::string from =
       env.local_rank_from.empty() ? "no launcher variable, assumed" : env.local_rank_from;
@@ -51,6 +51,8 @@ DeviceChoice choose_device(const DeviceEnv& env, int visible_count, int rank) {
   DeviceChoice choice;
   if (bound_to_one) {
     choice.ordinal = 0;
+  } else if (share) {
+    choice.ordinal = local % visible_count;
   } else {
     const int ranks_here = std::max(env.local_size, local + 1);
     if (local >= visible_count || (env.local_size > visible_count && visible_count > 1))

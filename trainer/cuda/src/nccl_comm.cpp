@@ -132,7 +132,9 @@ class NcclComm final : public Comm {
   std::unique_ptr<Comm> split(int color, int key, const std::string& name) override {
     mark_activity("nccl split");
     ncclComm_t sub = nullptr;
-    nccl("ncclCommSplit", ncclCommSplit(comm_, color, key, &sub, nullptr));
+    // Collective over every rank; a negative color (NCCL_SPLIT_NOCOLOR) joins no group, as MPI_UNDEFINED.
+    nccl("ncclCommSplit", ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, nullptr));
+    if (color < 0 || sub == nullptr) return nullptr;
     int r = 0, n = 0;
     nccl("ncclCommUserRank", ncclCommUserRank(sub, &r));
     nccl("ncclCommCount", ncclCommCount(sub, &n));

@@ -23,6 +23,7 @@ class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
   bool host_memory() const override { return true; }
+  bool device_memory(const void*) const override { return false; }
   std::unique_ptr<Allocation> allocate(size_t bytes) override {
     return std::make_unique<HostAllocation>(bytes);
   }
@@ -127,6 +128,10 @@ class CpuBackend final : public Backend {
 };
 
 }  // namespace
+
+std::unique_ptr<Allocation> Backend::allocate_host(size_t bytes) {
+  return std::make_unique<HostAllocation>(bytes);
+}
 
 Backend& cpu_backend() {
   static CpuBackend backend;

@@ -366,6 +366,7 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
     // of the step whatever the guard decides.
     optimizer_->restore_steps(step);
   }
+  backend_.synchronize();  // the step's time includes the device's queued work
   const CommTotals comm1 =
       totals({g.tp.get(), g.dp.get(), g.embed.get(), g.world.get(), g.ep.get(), g.expert_dp.get()});
   const CommTotals pipe1 = totals({g.pp.get()});

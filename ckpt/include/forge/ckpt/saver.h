@@ -35,9 +35,15 @@ struct SaverOptions {
   int recovery_keep = 3;             // retention after each committed save
   int max_consecutive_failures = 3;  // then save_async()/wait() throw forge::Error(kIo)
   double commit_timeout_s = 600;     // rank 0 waits this long for the other ranks' parts
+  // Pieces in device memory (a GPU backend): how the snapshot reads a piece's bytes (memcpy when unset),
+  // and where the snapshot lives (page-locked host memory, so the device copies at full speed; new[] when
+  // unset).
+  std::function<void(void* host_dst, const void* src, size_t bytes)> read_piece = {};
+  std::function<std::shared_ptr<char>(size_t bytes)> allocate_snapshot = {};
 };
 
-// A piece the caller holds: `data` points at slice.bytes() row-major bytes, read only during save_async.
+// A piece the caller holds: `data` points at slice.bytes() row-major bytes (host memory, or what
+// SaverOptions::read_piece reads), read only during save_async.
 // Replicated pieces (the same slice on several ranks) are written once.
 struct TensorData {
   Slice slice;
@@ -101,7 +107,7 @@ class Saver {
   std::atomic<bool> busy_{false};
   std::atomic<bool> abort_{false};
   std::atomic<int64_t> committed_step_{0};
-  std::unique_ptr<char[]> buffer_;
+  std::shared_ptr<char> buffer_;
   size_t capacity_ = 0;
   int failures_ = 0;
   std::string last_error_;

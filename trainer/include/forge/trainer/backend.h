@@ -14,6 +14,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace forge::trainer {
 
@@ -76,16 +77,31 @@ class Backend {
   virtual std::string name() const = 0;
   // Whether the host can read and write the backend's buffers directly.
   virtual bool host_memory() const = 0;
+  // Whether `p` points into memory of this backend that the host cannot read (device memory): what a
+  // communicator that moves host memory must stage (staged_comm, comm.h). Always false on a host backend.
+  virtual bool device_memory(const void* p) const = 0;
+  // Returns once every op queued so far has finished (a device backend queues them): step timing.
+  virtual void synchronize() {}
 
   template <typename T>
   Buffer<T> alloc(size_t n) {
     return Buffer<T>(allocate(n * sizeof(T)), n);
   }
   virtual std::unique_ptr<Allocation> allocate(size_t bytes) = 0;  // zero-filled
+  // Host memory that the host copies reach at full speed: page-locked on a GPU (checkpoint snapshots),
+  // plain host memory by default.
+  virtual std::unique_ptr<Allocation> allocate_host(size_t bytes);
   virtual void copy_from_host(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   virtual void fill(float* x, float value, size_t n) = 0;
+  // A host copy of backend memory.
+  template <typename T>
+  std::vector<T> host_copy(std::span<const T> values) {
+    std::vector<T> out(values.size());
+    copy_to_host(out.data(), values.data(), values.size_bytes());
+    return out;
+  }
 
   // ---- layers
   // out[r,:] = wte[tokens[r] - vocab_begin,:] + wpe[positions[r],:] for the vocabulary rows

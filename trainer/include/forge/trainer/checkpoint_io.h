@@ -32,11 +32,13 @@ struct SaveRole {
 
 // This process's pieces of the parameters and, with an optimizer, its moments (tensor-parallel shards
 // as hyperslabs, ZeRO-1 shards as flat ranges of them). The pieces point into the model's and
-// optimizer's buffers: valid until they change.
+// optimizer's buffers (the backend's memory: a device backend's saver reads them with
+// ckpt::SaverOptions::read_piece): valid until they change.
 std::vector<ckpt::TensorData> checkpoint_tensors(GPT& model, AdamW* optimizer, const SaveRole& role = {});
 
 // Fills the model's weights (and the optimizer's moments, when given) from a checkpoint, then refreshes
-// the model's working copy. Throws forge::Error(kData) naming a missing or mis-shaped tensor.
+// the model's working copy (through page-locked host memory on a device backend). Throws forge::Error(kData)
+// naming a missing or mis-shaped tensor.
 void load_checkpoint(const ckpt::Checkpoint& checkpoint, GPT& model, AdamW* optimizer);
 
 }  // namespace forge::trainer

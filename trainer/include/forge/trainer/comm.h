@@ -80,7 +80,8 @@ class Comm {
   // Stops everything in flight without waiting for peers (the watchdog's last act; never blocks).
   virtual void abort(int exit_code) = 0;
 
-  CommStats& stats() { return stats_; }
+  // A wrapper (staged_comm.h) reports its inner communicator's.
+  virtual CommStats& stats() { return stats_; }
 
   // Blocking conveniences.
   void all_reduce_sum(float* data, size_t count) {

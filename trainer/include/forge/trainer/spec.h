@@ -26,10 +26,16 @@ struct OptimConfig {
 };
 
 // How the layout's ranks work, beyond the layout itself.
+// Where a rank computes (run.device) and what its process groups move memory with (parallel.comm).
+// kAuto until resolve_device decides.
+enum class Device { kAuto, kCpu, kCuda };
+enum class CommKind { kAuto, kNccl, kMpi };
+
 struct ParallelConfig {
-  int zero = 0;                   // ZeRO stage: 0, or 1 (optimizer state sharded across dp)
-  std::vector<int> stage_layers;  // blocks per pipeline stage; empty: balanced
-  bool elastic = false;           // parallel.elastic: dp follows the ranks started (elastic_spec)
+  CommKind comm = CommKind::kAuto;  // nccl on cuda; mpi on cpu, and host-staged mpi on cuda
+  int zero = 0;                     // ZeRO stage: 0, or 1 (optimizer state sharded across dp)
+  std::vector<int> stage_layers;    // blocks per pipeline stage; empty: balanced
+  bool elastic = false;             // parallel.elastic: dp follows the ranks started (elastic_spec)
 };
 
 // The steps a run traces (run.trace_steps; trace.h): 1-based, inclusive.
@@ -83,7 +89,9 @@ struct TrainSpec {
   DistillConfig distill;
   ModelConfig model;
   OptimConfig optim;
+  Device device = Device::kAuto;
   DType dtype = DType::kF32;
+  bool dtype_auto = false;  // precision.dtype = auto: bf16 on cuda, fp32 on cpu (resolve_device)
   Layout layout;
   ParallelConfig parallel;
   GuardConfig guard;
@@ -113,6 +121,14 @@ std::optional<LayoutProblem> parallel_problem(const ModelConfig& model, const La
 // the loss curve stay those of the full size. Ranks beyond the new layout's world stay idle. A usage
 // error when not one replica fits.
 TrainSpec elastic_spec(const TrainSpec& spec, int ranks);
+
+// Decides run.device, parallel.comm and an automatic precision.dtype for a process that sees
+// `visible_gpus` GPUs it can train on (0: `no_gpu` says why: no device, no driver, a build without CUDA):
+// auto is cuda when there is one, else cpu; comm auto is nccl on cuda, mpi on cpu; dtype auto is bf16 on
+// cuda, fp32 on cpu. Usage errors (64) name the key: cuda without a GPU, nccl on cpu.
+void resolve_device(TrainSpec& spec, int visible_gpus, const std::string& no_gpu);
+std::string_view device_name(Device device);
+std::string_view comm_name(CommKind comm);
 
 // Worker threads: `requested` > 0 as is; 0 means SLURM_CPUS_PER_TASK when set, else in a Slurm step the
 // node's allocated CPUs (SLURM_CPUS_ON_NODE) over the step's tasks on the node, else all cores.

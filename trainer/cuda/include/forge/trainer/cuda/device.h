@@ -33,8 +33,10 @@ struct DeviceChoice {
 
 // The device of world rank `rank` when the process sees `visible_count` CUDA devices. No device, or more
 // ranks on the node than GPUs, is a usage error (exit 64): one line naming the rank, the local rank and
-// where it came from, the GPUs seen, and what to change.
-DeviceChoice choose_device(const DeviceEnv& env, int visible_count, int rank);
+// where it came from, the GPUs seen, and what to change. `share`: ranks beyond the devices wrap around
+// (local rank modulo the devices), for communicators that allow ranks to share a GPU (host-staged MPI;
+// NCCL refuses two ranks on one device).
+DeviceChoice choose_device(const DeviceEnv& env, int visible_count, int rank, bool share = false);
 
 struct BoundDevice {
   int ordinal = 0;
@@ -44,6 +46,9 @@ struct BoundDevice {
 
 // Chooses and makes current the device of `rank`, creating its context now so that a GPU taken by another
 // process (exclusive-process compute mode) fails here, in one line (exit 69), not at the first kernel.
-BoundDevice bind_device(int rank, const DeviceEnv& env);
+BoundDevice bind_device(int rank, const DeviceEnv& env, bool share = false);
+
+// CUDA devices the process sees; 0 with the reason in `why` when there is none or no usable driver.
+int visible_device_count(std::string* why = nullptr);
 
 }  // namespace forge::trainer::cuda

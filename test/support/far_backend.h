@@ -1,0 +1,174 @@
+// A backend whose memory the host cannot read: the CPU backend's ops on the CPU backend's memory, handed
+// out at addresses moved far beyond user space (non-canonical on x86-64), so any host code that reads or
+// writes a buffer directly instead of through copy_to_host / copy_from_host crashes at once. It stands in
+// for a GPU in tests of everything around the ops (the runtime, staged communicators, checkpoint staging):
+// the same arithmetic as the CPU backend, so a run on it must match a CPU run bit for bit.
+#pragma once
+
+#include "forge/trainer/backend.h"
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+
+namespace forge::test {
+
+class FarBackend final : public trainer::Backend {
+ public:
+  static constexpr uintptr_t kOffset = uintptr_t{1} << 60;
+
+  std::string name() const override { return "far"; }
+  bool host_memory() const override { return false; }
+  bool device_memory(const void* p) const override { return reinterpret_cast<uintptr_t>(p) >= kOffset; }
+
+  std::unique_ptr<trainer::Allocation> allocate(size_t bytes) override {
+    return std::make_unique<Far>(cpu_.allocate(bytes));
+  }
+  void copy_from_host(void* dst, const void* host_src, size_t bytes) override {
+    ++host_copies_;
+    if (bytes > 0) std::memcpy(near(dst), host(host_src), bytes);
+  }
+  void copy_to_host(void* host_dst, const void* src, size_t bytes) override {
+    ++host_copies_;
+    if (bytes > 0) std::memcpy(host(host_dst), near(src), bytes);
+  }
+  // Copies between host and far memory so far.
+  int64_t host_copies() const { return host_copies_; }
+  void copy(void* dst, const void* src, size_t bytes) override { cpu_.copy(near(dst), near(src), bytes); }
+  void fill(float* x, float value, size_t n) override { cpu_.fill(near(x), value, n); }
+
+  void embedding_forward(float* out, const int32_t* tokens, const int32_t* positions, const float* wte,
+                         const float* wpe, int B, int T, int C, int vb, int ve) override {
+    cpu_.embedding_forward(near(out), near(tokens), near(positions), near(wte), near(wpe), B, T, C, vb, ve);
+  }
+  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                          const int32_t* positions, int B, int T, int C, int vb, int ve) override {
+    cpu_.embedding_backward(near(dwte), near(dwpe), near(dout), near(tokens), near(positions), B, T, C, vb,
+                            ve);
+  }
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* weight,
+                         const float* bias, int N, int C) override {
+    cpu_.layernorm_forward(near(out), near(mean), near(rstd), near(in), near(weight), near(bias), N, C);
+  }
+  void layernorm_backward(float* din, float* dweight, float* dbias, const float* dout, const float* in,
+                          const float* weight, const float* mean, const float* rstd, int N, int C) override {
+    cpu_.layernorm_backward(near(din), near(dweight), near(dbias), near(dout), near(in), near(weight),
+                            near(mean), near(rstd), N, C);
+  }
+  void residual_layernorm_forward(float* res_out, float* ln_out, float* mean, float* rstd,
+                                  const float* res_in, const float* delta, const float* delta_bias,
+                                  const float* weight, const float* bias, int N, int C) override {
+    cpu_.residual_layernorm_forward(near(res_out), near(ln_out), near(mean), near(rstd), near(res_in),
+                                    near(delta), near(delta_bias), near(weight), near(bias), N, C);
+  }
+  void residual_forward(float* res_out, const float* res_in, const float* delta, const float* delta_bias,
+                        int N, int C) override {
+    cpu_.residual_forward(near(res_out), near(res_in), near(delta), near(delta_bias), N, C);
+  }
+  void matmul_forward(float* out, const float* in, const float* w, const float* bias, int N, int C,
+                      int OC) override {
+    cpu_.matmul_forward(near(out), near(in), near(w), near(bias), N, C, OC);
+  }
+  void matmul_backward(float* din, float* dw, float* dbias, const float* dout, const float* in,
+                       const float* w, int N, int C, int OC) override {
+    cpu_.matmul_backward(near(din), near(dw), near(dbias), near(dout), near(in), near(w), N, C, OC);
+  }
+  void add_bias(float* out, const float* bias, int N, int OC) override {
+    cpu_.add_bias(near(out), near(bias), N, OC);
+  }
+  void attention_forward(float* out, float* lse, const float* qkv, const int32_t* doc_start, int B, int T,
+                         int C, int NH) override {
+    cpu_.attention_forward(near(out), near(lse), near(qkv), near(doc_start), B, T, C, NH);
+  }
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                          const float* lse, const int32_t* doc_start, int B, int T, int C, int NH) override {
+    cpu_.attention_backward(near(dqkv), near(dout), near(qkv), near(out), near(lse), near(doc_start), B, T, C,
+                            NH);
+  }
+  void attention_decode(float* out, const float* qkv, float* k_cache, float* v_cache, const int32_t* seq,
+                        const int32_t* pos, int rows, int max_len, int C, int NH) override {
+    cpu_.attention_decode(near(out), near(qkv), near(k_cache), near(v_cache), near(seq), near(pos), rows,
+                          max_len, C, NH);
+  }
+  void bias_gelu_forward(float* out, float* pre, const float* bias, int N, int C) override {
+    cpu_.bias_gelu_forward(near(out), near(pre), near(bias), N, C);
+  }
+  void gelu_backward(float* dinout, const float* pre, int N, int C) override {
+    cpu_.gelu_backward(near(dinout), near(pre), N, C);
+  }
+  void gather_rows(float* out, const float* in, const int32_t* index, const float* scale, int rows,
+                   int C) override {
+    cpu_.gather_rows(near(out), near(in), near(index), near(scale), rows, C);
+  }
+  void combine_rows(float* out, const float* in, const int32_t* index, const float* weight, int N, int k,
+                    int C, bool accumulate) override {
+    cpu_.combine_rows(near(out), near(in), near(index), near(weight), N, k, C, accumulate);
+  }
+  void row_dots(float* dot, const float* a, const float* b, const int32_t* index, int N, int k,
+                int C) override {
+    cpu_.row_dots(near(dot), near(a), near(b), near(index), N, k, C);
+  }
+  double cross_entropy(float* logits, const int32_t* targets, const float* weights, int rows, int V,
+                       int vocab_begin, float scale, bool backward, trainer::VocabGroup* group,
+                       float* nll) override {
+    return cpu_.cross_entropy(near(logits), near(targets), near(weights), rows, V, vocab_begin, scale,
+                              backward, group, near(nll));
+  }
+  double distillation(float* logits, float* teacher, const int32_t* targets, const float* weights, int rows,
+                      int V, int vocab_begin, float temperature, float alpha, float scale, bool backward,
+                      trainer::VocabGroup* group, double* kl_sum) override {
+    return cpu_.distillation(near(logits), near(teacher), near(targets), near(weights), rows, V, vocab_begin,
+                             temperature, alpha, scale, backward, group, kl_sum);
+  }
+  void round_to_bf16(float* out, const float* in, size_t n) override {
+    cpu_.round_to_bf16(near(out), near(in), n);
+  }
+  void to_bf16(uint16_t* out, float* values, size_t n) override { cpu_.to_bf16(near(out), near(values), n); }
+  void from_bf16(float* out, const uint16_t* in, size_t n) override {
+    cpu_.from_bf16(near(out), near(in), n);
+  }
+  double sum_squares(const float* x, std::span<const trainer::FlatRange> ranges) override {
+    return cpu_.sum_squares(near(x), ranges);
+  }
+  void scale(float* x, float factor, std::span<const trainer::FlatRange> ranges) override {
+    cpu_.scale(near(x), factor, ranges);
+  }
+  void adamw(float* weights, const float* grads, float* m, float* v,
+             std::span<const trainer::AdamWSegment> segments, const trainer::AdamWStep& step) override {
+    cpu_.adamw(near(weights), near(grads), near(m), near(v), segments, step);
+  }
+
+  // The address the host can use for a far one (null stays null); a host address is a test's bug.
+  template <typename T>
+  static T* near(T* p) {
+    if (p == nullptr) return nullptr;
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    if (a < kOffset) throw std::logic_error("FarBackend: an op was given host memory");
+    return reinterpret_cast<T*>(a - kOffset);
+  }
+
+ private:
+  class Far final : public trainer::Allocation {
+   public:
+    explicit Far(std::unique_ptr<trainer::Allocation> memory) : memory_(std::move(memory)) {}
+    void* data() override {
+      void* p = memory_->data();
+      return p == nullptr ? nullptr : reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(p) + kOffset);
+    }
+
+   private:
+    std::unique_ptr<trainer::Allocation> memory_;
+  };
+  template <typename T>
+  static T* host(T* p) {
+    if (reinterpret_cast<uintptr_t>(p) >= kOffset)
+      throw std::logic_error("FarBackend: a host copy was given far memory");
+    return p;
+  }
+
+  trainer::Backend& cpu_ = trainer::cpu_backend();
+  int64_t host_copies_ = 0;
+};
+
+}  // namespace forge::test

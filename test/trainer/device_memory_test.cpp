@@ -1,0 +1,148 @@
+// The runtime on a backend whose memory the host cannot read (FarBackend, a GPU's stand-in: any direct
+// host access to its buffers crashes): training, the staged communicators and checkpoints through host
+// staging must give the CPU backend's results bit for bit, and a checkpoint must move between the two.
+#include "forge/ckpt/checkpoint.h"
+#include "forge/ckpt/coordinator.h"
+#include "forge/ckpt/saver.h"
+#include "forge/trainer/checkpoint_io.h"
+#include "forge/trainer/groups.h"
+#include "forge/trainer/parallel.h"
+#include "forge/trainer/staged_comm.h"
+#include "support/far_backend.h"
+#include "support/temp_dir.h"
+#include "support/training.h"
+
+#include <catch2/catch.hpp>
+
+#include <numeric>
+
+using namespace forge::trainer;
+using forge::test::FarBackend;
+
+namespace {
+
+TrainSpec small_spec(DType dtype) {
+  TrainSpec s;
+  s.steps = 10;
+  s.seed = 99;
+  s.threads = 1;
+  s.batch = 2;
+  s.microbatches = 2;
+  s.model = {2, 32, 4, 64, 16, 16};
+  s.optim.lr = 1e-2;
+  s.optim.warmup_steps = 1;
+  s.dtype = dtype;
+  return s;
+}
+
+std::vector<forge::MicroBatch> batches(const TrainSpec& spec, int step) {
+  std::vector<forge::MicroBatch> out;
+  const int T = spec.model.seq_len;
+  for (int m = 0; m < spec.microbatches; ++m) {
+    std::vector<int32_t> windows(size_t(spec.batch) * size_t(T + 1));
+    for (size_t i = 0; i < windows.size(); ++i)
+      windows[i] = int32_t((i * 7 + size_t(step) * 13 + size_t(m)) % 64);
+    out.push_back(forge::test::window_batch(windows, spec.batch, T, uint64_t(m * spec.batch)));
+  }
+  return out;
+}
+
+// The trainer of `spec` at layout 1,1,1 on `backend`, its communicator staged as a GPU run's MPI fallback.
+struct Run {
+  Run(const TrainSpec& spec, Backend& backend)
+      : groups(make_groups(staged_comm(self_comm(), backend, CommMemory::kHost), spec.layout)),
+        trainer(spec, groups, backend) {}
+  ProcessGroups groups;
+  ParallelTrainer trainer;
+  std::vector<float> weights() {
+    return trainer.model().backend().host_copy<float>(trainer.model().weights());
+  }
+};
+
+}  // namespace
+
+TEST_CASE("training on device memory gives the CPU backend's losses and weights bit for bit",
+          "[trainer][device]") {
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    const TrainSpec spec = small_spec(dtype);
+    FarBackend far;
+    Run cpu(spec, cpu_backend()), dev(spec, far);
+    CHECK(dev.weights() == cpu.weights());  // the same initial weights for the same seed
+    for (int step = 0; step < 4; ++step) {
+      const auto b = batches(spec, step);
+      const StepStats c = cpu.trainer.step(b), d = dev.trainer.step(b);
+      CHECK(d.loss == c.loss);
+      CHECK(d.grad_norm == c.grad_norm);
+    }
+    CHECK(dev.weights() == cpu.weights());
+  }
+}
+
+TEST_CASE("a staged communicator copies only what the inner one cannot take", "[trainer][device][comm]") {
+  FarBackend far;
+  auto comm = staged_comm(self_comm(), far, CommMemory::kHost);
+  double host = 2.5;
+  comm->all_reduce(&host, 1, CommType::kF64, ReduceOp::kSum)->wait();
+  CHECK(host == 2.5);
+  CHECK(far.host_copies() == 0);
+
+  Buffer<float> values = far.alloc<float>(4);
+  const float in[4] = {1, 2, 3, 4};
+  far.copy_from_host(values.data(), in, sizeof in);
+  Buffer<float> gathered = far.alloc<float>(4);
+  const int64_t before = far.host_copies();
+  auto request = comm->all_gather(values.data(), gathered.data(), 4, CommType::kF32);
+  request->wait();
+  CHECK(far.host_copies() - before == 2);  // the input to host memory, the output back
+  CHECK(far.host_copy<float>(gathered.span()) == std::vector<float>(in, in + 4));
+  // A split communicator stages alike; a rank outside any group gets none.
+  auto part = comm->split(0, 0, "part");
+  REQUIRE(part != nullptr);
+  part->all_reduce(values.data(), 4, CommType::kF32, ReduceOp::kSum)->wait();
+  CHECK(far.host_copy<float>(values.span()) == std::vector<float>(in, in + 4));
+  CHECK(comm->split(-1, 0, "none") == nullptr);
+}
+
+TEST_CASE("a checkpoint saved from device memory resumes on the CPU, and the other way",
+          "[trainer][device][ckpt]") {
+  const TrainSpec spec = small_spec(DType::kF32);
+  FarBackend far;
+  forge::test::TempDir dir;
+  Run dev(spec, far);
+  for (int step = 0; step < 3; ++step) dev.trainer.step(batches(spec, step));
+
+  // Saved the way forge-train saves from a GPU: the snapshot is the backend's copy into its host memory.
+  forge::ckpt::SingleProcessCoordinator coord;
+  forge::ckpt::SaverOptions options{.run_dir = dir.path().string()};
+  options.read_piece = [&](void* dst, const void* src, size_t bytes) { far.copy_to_host(dst, src, bytes); };
+  options.allocate_snapshot = [&](size_t bytes) {
+    std::shared_ptr<Allocation> memory = far.allocate_host(bytes);
+    return std::shared_ptr<char>(memory, static_cast<char*>(memory->data()));
+  };
+  forge::ckpt::Saver saver(coord, options);
+  forge::ckpt::CheckpointMeta meta;
+  meta.step = 3;
+  meta.model_config = model_config_json(spec.model);
+  const auto event = saver.save(forge::ckpt::Tier::kMilestone, meta,
+                                checkpoint_tensors(dev.trainer.model(), &dev.trainer.optimizer()));
+  REQUIRE(event.outcome == forge::ckpt::Outcome::kCommitted);
+  const auto checkpoint = forge::ckpt::Checkpoint::open(event.path);
+  checkpoint.verify();
+
+  // On the CPU, and again on device memory: the same weights and moments, and the same next steps.
+  Run cpu(spec, cpu_backend()), back(spec, far);
+  for (Run* r : {&cpu, &back}) {
+    load_checkpoint(checkpoint, r->trainer.model(), &r->trainer.optimizer());
+    r->trainer.optimizer().restore_steps(3);
+    CHECK(r->weights() == dev.weights());
+  }
+  Backend& cpu_memory = cpu_backend();
+  CHECK(cpu_memory.host_copy<float>(cpu.trainer.optimizer().m()) ==
+        far.host_copy<float>(dev.trainer.optimizer().m()));
+  for (int step = 3; step < 5; ++step) {
+    const auto b = batches(spec, step);
+    const double want = dev.trainer.step(b).loss;
+    CHECK(cpu.trainer.step(b).loss == want);
+    CHECK(back.trainer.step(b).loss == want);
+  }
+}
