@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check on one machine with an NVIDIA GPU (made for one H200; docs/GPU.md): builds the CUDA backend
-# and runs forge-cuda-check twice: `backend` first (the CUDA backend of the seam against the CPU backend, op
-# by op, seconds), then the full check (every CUDA op against the CPU op, training against the CPU trainer,
-# throughput and MFU last). Output goes to stdout and, when $OUT is set, to $OUT/gpu-check.txt. About 8
+# and runs forge-cuda-check `backend` first (the CUDA backend of the seam against the CPU backend, op by op,
+# seconds), then forge-train itself on the GPU (scripts/gpu/train_check.sh: against the CPU, 2 ranks sharing
+# the GPU, NCCL, checkpoints between GPU and CPU, SIGUSR1, GPT-2-124M and llm.c beside it; with the full
+# project build only), then the full forge-cuda-check (every CUDA op against the CPU op, training against
+# the CPU trainer, throughput and MFU last). Output goes to stdout and, when $OUT is set, to $OUT/gpu-check.txt. About 8
 # minutes. Exit non-zero when either run failed.
 #
 # The machine may be bare: the CUDA toolkit (with NCCL) at /usr/local/cuda or nvcc on PATH is required.
@@ -16,7 +18,8 @@
 # Environment: OUT, FORGE_GPU_DEBS, FORGE_GPU_BUILD (build dir, default build-gpu), FORGE_GPU_JOBS (16),
 # FORGE_GPU_CHECK_ARGS (extra forge-cuda-check arguments), FORGE_GPU_CHECK_TIMEOUT (seconds, 360),
 # FORGE_GPU_DIRECT=1 (skip CMake), FORGE_GPU_PREBUILT (a folder from scripts/gpu/pack.sh: run, don't build),
-# FORGE_GPU_PROFILE=1 (then a per-kernel time breakdown of one GPT-2-124M step with Nsight Compute).
+# FORGE_GPU_PROFILE=1 (then a per-kernel time breakdown of one GPT-2-124M step with Nsight Compute),
+# FORGE_GPU_NO_TRAIN=1 (skip train_check.sh), FORGE_GPU_TRAIN_TIMEOUT (its seconds, 300).
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -216,15 +219,37 @@ backend_rc=${PIPESTATUS[0]}
 [ "$backend_rc" -eq 137 ] && say "forge-cuda-check backend killed after 120 s"
 say "forge-cuda-check backend exit $backend_rc after $(($(date +%s) - start)) s"
 
+# --- forge-train itself on the GPU, items a-g of docs/GPU.md (scripts/gpu/train_check.sh): it needs the full
+# project's build (MPI, HDF5 and the other -dev packages), so a standalone or direct build skips it.
+train_rc=0
+if [ "${dir:-}" = "$build/full" ] && [ -z "${FORGE_GPU_NO_TRAIN:-}" ]; then
+  if cmake --build "$dir" --target forge-train -j "$jobs" >>"$build.build.log" 2>&1; then
+    timeout --signal=KILL "${FORGE_GPU_TRAIN_TIMEOUT:-300}" bash "$root/scripts/gpu/train_check.sh" \
+      "$dir/launcher/forge-train" "$build/train-check" 2>&1 | tee -a "$log"
+    train_rc=${PIPESTATUS[0]}
+    [ "$train_rc" -eq 137 ] && say "train_check.sh killed after ${FORGE_GPU_TRAIN_TIMEOUT:-300} s"
+  else
+    grep -m 10 -E 'error|Error' "$build.build.log" | tee -a "$log"
+    say "forge-train did not build: items a-g not run"
+    train_rc=1
+  fi
+  say "train_check.sh exit $train_rc after $(($(date +%s) - start)) s"
+else
+  say "forge-train not built here (no full project configure): items a-g of docs/GPU.md not run"
+fi
+
 # --- the check
-# A hang (a kernel, NCCL's init) must not eat the machine's time: the check gets what the budget leaves.
-limit=${FORGE_GPU_CHECK_TIMEOUT:-360}
+# A hang (a kernel, NCCL's init) must not eat the machine's time: the check gets what the budget leaves
+# (at most 360 s, and the script's whole run within 10 minutes).
+left=$((570 - ($(date +%s) - start)))
+limit=${FORGE_GPU_CHECK_TIMEOUT:-$((left < 360 ? (left > 60 ? left : 60) : 360))}
 # shellcheck disable=SC2086
 timeout --signal=KILL "$limit" "$exe" --config "$root/configs/bench-cpu.ini" ${FORGE_GPU_CHECK_ARGS:-} 2>&1 | tee -a "$log"
 rc=${PIPESTATUS[0]}
 [ "$rc" -eq 137 ] && say "forge-cuda-check killed after ${limit} s (FORGE_GPU_CHECK_TIMEOUT)"
 say "forge-cuda-check exit $rc after $(($(date +%s) - start)) s"
 [ "$rc" -eq 0 ] && rc=$backend_rc
+[ "$rc" -eq 0 ] && rc=$train_rc
 
 # --- where one GPT-2-124M BF16 step's time goes (FORGE_GPU_PROFILE=1; Nsight Compute, ~1 minute): GPU time
 # per kernel, summed over the step, largest first.
