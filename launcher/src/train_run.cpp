@@ -97,6 +97,7 @@ struct RunInfo {
   int64_t resumed_from = 0;          // the checkpoint step this process started from (0: fresh)
   std::vector<std::string> domains;  // the dataset's (MicroBatch::domains index them); empty: synthetic
   Json cache;                        // the node-local cache's work at open, summed over the ranks; null: none
+  size_t peak_device_bytes = 0;      // the most device memory in use after a step (GPU runs)
 };
 
 // The traced steps' timelines: every rank writes its own, then rank 0 puts them on one timeline. A trace
@@ -210,6 +211,7 @@ void write_summary(const RunInfo& run, const Totals& t, ExitCode code) {
          {"layout", run.groups.layout.str()},
          {"ranks", run.groups.layout.world()},
          {"device", std::string(trainer::device_name(run.spec.device))},
+         {"peak_device_mib", double(run.peak_device_bytes) / (1 << 20)},
          {"dtype", run.spec.dtype == trainer::DType::kBF16 ? "bf16" : "fp32"},
          {"startup_s", t.startup_s},
          {"train_s", t.train_s},
@@ -385,6 +387,36 @@ DeviceRun open_device(trainer::TrainSpec& spec, int rank) {
   return d;
 }
 
+// What a rank's model asks of device memory, from the parameter table and the batch (before anything is
+// allocated): weights and gradients, AdamW's moments, and about 15 values per row, channel and block of
+// activations (the saved inputs of LayerNorms, products, attention and the MLP; half of them in 2 bytes
+// under BF16).
+std::string device_plan(const trainer::TrainSpec& spec, const trainer::ProcessGroups& g) {
+  const std::vector<int> bounds = trainer::stage_bounds(spec.model, g.layout.pp, spec.parallel.stage_layers);
+  const trainer::ModelSlice slice{bounds[size_t(g.pp_rank)],
+                                  bounds[size_t(g.pp_rank) + 1],
+                                  g.first_stage(),
+                                  g.last_stage(),
+                                  g.tp_rank,
+                                  g.layout.tp,
+                                  g.ep_rank,
+                                  g.layout.ep};
+  double params = 0;
+  for (const trainer::ParamInfo& p : trainer::parameter_table(spec.model, slice)) params += double(p.numel);
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  const double moments = 8 * params / (spec.parallel.zero == 1 ? g.layout.dp : 1);
+  const double rows = double(spec.batch) * spec.model.seq_len;
+  const double per_value = spec.dtype == trainer::DType::kBF16 ? 3.0 : 4.0;
+  const double activations = 15.0 * rows * spec.model.d_model / g.layout.tp *
+                             (slice.last_layer - slice.first_layer) * per_value *
+                             std::min(spec.microbatches, g.layout.pp - g.pp_rank);
+  return fmt::format(
+      "{:.0f} parameters (weights and gradients {:.2f} GiB, AdamW moments {:.2f} GiB), activations about "
+      "{:.2f} GiB "
+      "for data.batch = {} x {} positions",
+      params, 8 * params / gib, moments / gib, activations / gib, spec.batch, spec.model.seq_len);
+}
+
 // The communicator the process groups are split from: NCCL over GPU memory, or MPI, which moves host
 // memory (staged through it on a GPU: parallel.comm = mpi).
 std::unique_ptr<trainer::Comm> group_world(std::unique_ptr<trainer::Comm> mpi, DeviceRun& d,
@@ -455,7 +487,18 @@ int train(const Config& config, const trainer::TrainSpec& requested, bool force_
   // The teacher runs where the student's classifier is (teacher.h).
   std::shared_ptr<trainer::GPT> teacher;
   if (teacher_config && groups.last_stage()) teacher = load_teacher(spec, *teacher_config, *device.backend);
-  trainer::ParallelTrainer trainer(spec, groups, *device.backend, std::move(teacher));
+  // Out of device memory while the model's buffers are allocated: the error names the allocation; the plan
+  // says what the rank needed.
+  std::unique_ptr<trainer::ParallelTrainer> made;
+  try {
+    made = std::make_unique<trainer::ParallelTrainer>(spec, groups, *device.backend, std::move(teacher));
+  } catch (const Error& e) {
+    if (e.fault() != Fault::kOomDevice) throw;
+    throw Error(e.code(),
+                fmt::format("{}; the plan of rank {}: {}", e.what(), groups.rank, device_plan(spec, groups)),
+                e.fault());
+  }
+  trainer::ParallelTrainer& trainer = *made;
   const std::string plan = trainer.describe_plan();
   if (groups.rank == 0) fmt::print(stderr, "{}", plan);
   if (device.cuda == nullptr) check_memory_plan(groups, trainer, memory_available);
@@ -610,6 +653,10 @@ int train(const Config& config, const trainer::TrainSpec& requested, bool force_
       rec["compute_ms"] = (st.seconds - st.comm_s - st.bubble_s) * 1e3;
       rec["comm_bytes"] = st.comm_bytes;
       rec["peak_rss_mib"] = peak_rss_mib();
+      if (device.cuda != nullptr) {
+        run.peak_device_bytes = std::max(run.peak_device_bytes, device.backend->device_bytes_in_use());
+        rec["device_mem_mib"] = double(run.peak_device_bytes) / (1 << 20);
+      }
       if (!step_domains.empty()) rec["data_domains"] = domain_counts(run.domains, step_domains);
       // The cache works once, at open: this rank's part goes with the process's first record.
       if (cache_pending) rec["data_cache"] = data->cache_stats().to_json();

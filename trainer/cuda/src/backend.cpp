@@ -61,6 +61,8 @@ class CudaBackend final : public Backend {
     }
     return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
   }
+  size_t device_bytes_in_use() const override { return device_memory_used(); }
+  void set_bf16_products(bool on) override { set_fp32_products_tf32(on); }
   void synchronize() override { check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize"); }
   std::unique_ptr<Allocation> allocate(size_t bytes) override {
     return std::make_unique<DeviceAllocation>(bytes);

@@ -49,12 +49,14 @@ int error_rank() {
 void cuda_fail(const char* call, cudaError_t err) {
   int device = -1;
   cudaGetDevice(&device);
-  // The failure record's class (launcher/src/failure_record.h): out of device memory asks for a smaller
-  // plan; any other CUDA error makes the device, and so its node, the suspect.
-  throw Error(ExitCode::kComm,
+  // The failure record's class (launcher/src/failure_record.h): out of device memory is a configuration
+  // error (64, not requeued: it asks for a smaller plan); any other CUDA error makes the device, and so its
+  // node, the suspect (69).
+  const bool oom = err == cudaErrorMemoryAllocation;
+  throw Error(oom ? ExitCode::kUsage : ExitCode::kComm,
               fmt::format("CUDA device {} rank {}: {} failed: {} ({})", device, g_rank, call,
                           cudaGetErrorString(err), cudaGetErrorName(err)),
-              err == cudaErrorMemoryAllocation ? Fault::kOomDevice : Fault::kGpu);
+              oom ? Fault::kOomDevice : Fault::kGpu);
 }
 
 void usage_fail(const std::string& message) {

@@ -55,12 +55,13 @@ struct GemmKey {
   bool ta, tb;
   int m, n, k, lda, ldb, ldd;
   cudaDataType_t ab, d;
+  cublasComputeType_t compute;
   cublasLtEpilogue_t epilogue;
   bool accumulate;
   uint32_t align_a, align_b, align_d, align_aux;
   auto tie() const {
-    return std::tie(ta, tb, m, n, k, lda, ldb, ldd, ab, d, epilogue, accumulate, align_a, align_b, align_d,
-                    align_aux);
+    return std::tie(ta, tb, m, n, k, lda, ldb, ldd, ab, d, compute, epilogue, accumulate, align_a, align_b,
+                    align_d, align_aux);
   }
   bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
 };
@@ -83,6 +84,8 @@ void set_attr(cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t attr, cons
   check_lt(cublasLtMatmulDescSetAttribute(op, attr, &value, sizeof(value)), what);
 }
 
+bool g_tf32 = false;  // set_fp32_products_tf32
+
 // The fused GELU and bias-gradient epilogues are used where cuBLASLt has them; FORGE_CUDA_GEMM_FUSION=off
 // turns them off (the separate kernels then run), for comparing the two.
 bool fusion_enabled() {
@@ -100,7 +103,9 @@ bool gemm(bool ta, bool tb, int m, int n, int k, const void* A, int lda, const v
   if (optional && !fusion_enabled()) return false;
   auto* lt = static_cast<cublasLtHandle_t>(cublaslt_handle());
   Descs desc;
-  check_lt(cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  const cublasComputeType_t compute =
+      ab == CUDA_R_32F && g_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  check_lt(cublasLtMatmulDescCreate(&desc.op, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
   const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   set_attr(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, opa, "cublasLtMatmulDescSetAttribute (transa)");
   set_attr(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, opb, "cublasLtMatmulDescSetAttribute (transb)");
@@ -134,6 +139,7 @@ bool gemm(bool ta, bool tb, int m, int n, int k, const void* A, int lda, const v
                     ldd,
                     ab,
                     d,
+                    compute,
                     ep.kind,
                     accumulate,
                     alignment(A),
@@ -195,6 +201,10 @@ float* bias_grad_scratch(int n) {
 }
 
 }  // namespace
+
+void set_fp32_products_tf32(bool on) {
+  g_tf32 = on;
+}
 
 template <class T, class O>
 void matmul_forward(O* out, const T* in, const T* w, const T* bias, int N, int C, int OC) {

@@ -110,6 +110,7 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups, B
                                 " is not the spec's " + spec.layout.str());
   bounds_ = stage_bounds(spec.model, lay.pp, spec.parallel.stage_layers);
   use_threads(spec.threads);  // before the model's buffers are touched by OpenMP
+  backend.set_bf16_products(spec.dtype == DType::kBF16);
   const int s = groups.pp_rank;
   ModelSlice slice{bounds_[size_t(s)],   bounds_[size_t(s) + 1],
                    groups.first_stage(), groups.last_stage(),

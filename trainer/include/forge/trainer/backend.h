@@ -82,6 +82,9 @@ class Backend {
   virtual bool device_memory(const void* p) const = 0;
   // Returns once every op queued so far has finished (a device backend queues them): step timing.
   virtual void synchronize() {}
+  // Device memory in use on the backend's device (every allocation on it, the libraries' workspaces
+  // included), bytes; 0 on a host backend.
+  virtual size_t device_bytes_in_use() const { return 0; }
 
   template <typename T>
   Buffer<T> alloc(size_t n) {
@@ -102,6 +105,12 @@ class Backend {
     copy_to_host(out.data(), values.data(), values.size_bytes());
     return out;
   }
+
+  // The model's BF16 mode (model.h): the inputs of every matrix product are BF16 values held in FP32,
+  // except gradients. A backend may then multiply in any precision that holds BF16 values exactly (the
+  // CUDA backend: TF32 tensor cores, which round the FP32 gradients to 10 mantissa bits); the CPU backend
+  // keeps FP32. Set by the trainer for the process's run.
+  virtual void set_bf16_products(bool) {}
 
   // ---- layers
   // out[r,:] = wte[tokens[r] - vocab_begin,:] + wpe[positions[r],:] for the vocabulary rows

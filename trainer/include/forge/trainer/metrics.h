@@ -13,6 +13,7 @@
 //   ckpt_stall_ms time the step waited for a checkpoint save to start
 //   compute_ms, comm_ms, bubble_ms  the step's time split; comm_bytes what it sent
 //   peak_rss_mib  the process's peak resident memory so far
+//   device_mem_mib  (GPU runs) the most device memory in use after a step so far
 // and, only when they apply:
 //   skipped       true: the step was non-finite and its update dropped (guard.nonfinite = skip)
 //   resumed_from  the checkpoint step this process resumed from (first record after a resume)
