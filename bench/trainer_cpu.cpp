@@ -289,7 +289,7 @@ int main(int argc, char** argv) {
   const double analytic = 16.0 * n_all + act;
   std::printf("config: layers=%d d_model=%d heads=%d vocab=%d seq=%d batch=%d dtype=%s threads=%d\n",
               s.model.layers, s.model.d_model, s.model.heads, s.model.vocab, s.model.seq_len, s.batch,
-              s.dtype == DType::kBF16 ? "bf16" : "fp32", s.threads);
+              dtype_name(s.dtype).data(), s.threads);
   std::printf("sgemm_peak_gflops=%.1f\n", peak);
   std::printf("forge step_median_ms=%.0f tokens_per_s=%.0f model_gflops=%.1f mfu=%.1f%%\n", step_s * 1e3, tps,
               tps * fpt / 1e9, 100.0 * tps * fpt / (peak * 1e9));

@@ -211,7 +211,7 @@ int64_t RunCheckpoints::load(const ckpt::Checkpoint& checkpoint, const char* ver
   if (saved_dtype.empty() && m.meta.extra.contains("spec"))
     saved_dtype = m.meta.extra["spec"].value("precision.dtype", std::string("fp32"));
   const std::string saved_device = m.meta.extra.value("device", std::string("cpu"));
-  const std::string dtype = spec_.dtype == trainer::DType::kBF16 ? "bf16" : "fp32";
+  const std::string dtype(trainer::dtype_name(spec_.dtype));
   const std::string device(trainer::device_name(spec_.device));
   const bool same_dtype = saved_dtype == dtype || saved_dtype.empty();
   if (!same_dtype)
@@ -272,7 +272,7 @@ ckpt::CheckpointMeta RunCheckpoints::meta(const trainer::StepStats& stats, int64
   m.extra["tokenizer_sha256"] = tokenizer_;
   // What computed the weights (the tensors are FP32 master weights and moments whatever it was).
   m.extra["device"] = std::string(trainer::device_name(spec_.device));
-  m.extra["dtype"] = spec_.dtype == trainer::DType::kBF16 ? "bf16" : "fp32";
+  m.extra["dtype"] = std::string(trainer::dtype_name(spec_.dtype));
   if (const int64_t before = trainer_.optimizer().moment_steps_before(); before > 0)
     m.extra[kMomentStepsBefore] = before;
   m.dataset_version = dataset_version_;

@@ -212,7 +212,7 @@ void write_summary(const RunInfo& run, const Totals& t, ExitCode code) {
          {"ranks", run.groups.layout.world()},
          {"device", std::string(trainer::device_name(run.spec.device))},
          {"peak_device_mib", double(run.peak_device_bytes) / (1 << 20)},
-         {"dtype", run.spec.dtype == trainer::DType::kBF16 ? "bf16" : "fp32"},
+         {"dtype", std::string(trainer::dtype_name(run.spec.dtype))},
          {"startup_s", t.startup_s},
          {"train_s", t.train_s},
          {"bookkeeping_s", t.bookkeeping_s},
@@ -376,8 +376,12 @@ DeviceRun open_device(trainer::TrainSpec& spec, int rank) {
     d.cuda = trainer::cuda_runtime(&why);
     if (d.cuda != nullptr) gpus = d.cuda->visible_devices(&why);
   }
+  const bool asked_auto = spec.device == trainer::Device::kAuto;
   trainer::resolve_device(spec, gpus, why);
   if (spec.device != trainer::Device::kCuda) {
+    // A node with a driver where auto still trains on CPU says why, once.
+    if (asked_auto && fs::exists("/dev/nvidiactl") && rank == 0)
+      spdlog::warn("run.device = auto trains on cpu: {}", why);
     d.cuda = nullptr;
     return d;
   }
@@ -412,8 +416,7 @@ std::string device_plan(const trainer::TrainSpec& spec, const trainer::ProcessGr
                              std::min(spec.microbatches, g.layout.pp - g.pp_rank);
   return fmt::format(
       "{:.0f} parameters (weights and gradients {:.2f} GiB, AdamW moments {:.2f} GiB), activations about "
-      "{:.2f} GiB "
-      "for data.batch = {} x {} positions",
+      "{:.2f} GiB for data.batch = {} x {} positions",
       params, 8 * params / gib, moments / gib, activations / gib, spec.batch, spec.model.seq_len);
 }
 
@@ -515,9 +518,8 @@ int train(const Config& config, const trainer::TrainSpec& requested, bool force_
       "run '{}': steps {}..{} on {}, layout {} ({}), {} {} over {}, {} threads per rank, {} parameters on "
       "this rank, peak {:.0f} GFLOP/s, spec {}",
       spec.name, first_step + 1, spec.steps, data->describe(), groups.layout.str(), boot.describe(),
-      device.description, spec.dtype == trainer::DType::kBF16 ? "bf16" : "fp32",
-      trainer::comm_name(spec.parallel.comm), spec.threads, trainer.model().weights().size(), run.peak,
-      config.hash());
+      device.description, trainer::dtype_name(spec.dtype), trainer::comm_name(spec.parallel.comm),
+      spec.threads, trainer.model().weights().size(), run.peak, config.hash());
   std::signal(SIGUSR1, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
 

@@ -134,6 +134,9 @@ direct_build() {
     "$root"/trainer/src/{guard,init,layers,loss,model,moe,optimizer,params,progress,runtime,spec,trace}.cpp
     "$root"/trainer/src/parallel/{groups,parallel_trainer,tensor_parallel}.cpp
     "$root"/trainer/cuda/src/*.cpp "$root"/trainer/cuda/src/*.cu "$root"/trainer/cuda/tools/*.cpp)
+  local keep=() f
+  for f in "${sources[@]}"; do [ "$f" = "$root/trainer/cuda/src/plugin.cpp" ] || keep+=("$f"); done
+  sources=("${keep[@]}")
   # shellcheck disable=SC2090
   export cxx nvcc_cmd obj
   # shellcheck disable=SC2016

@@ -97,3 +97,15 @@ TEST_CASE("a malformed local rank names the variable") {
     CHECK(std::string(e.what()).find("SLURM_LOCALID='one'") != std::string::npos);
   }
 }
+
+TEST_CASE("ranks share the GPUs round-robin when the communicator allows it (host-staged MPI)") {
+  const DeviceEnv env = env_of({{"OMPI_COMM_WORLD_LOCAL_RANK", "3"},
+                                {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
+                                {"CUDA_VISIBLE_DEVICES", "5,7"}});
+  CHECK(failure(env, 2, 3).first == forge::ExitCode::kUsage);  // NCCL: one rank per GPU
+  const auto shared = choose_device(env, 2, 3, true);
+  CHECK(shared.ordinal == 1);
+  CHECK(shared.physical == "7");
+  CHECK(choose_device(env_of({{"OMPI_COMM_WORLD_LOCAL_RANK", "2"}}), 1, 2, true).ordinal == 0);
+  CHECK(failure(env, 0, 3).first == forge::ExitCode::kUsage);  // sharing nothing is still no device
+}

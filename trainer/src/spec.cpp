@@ -363,6 +363,10 @@ std::string_view device_name(Device device) {
   return device == Device::kCuda ? "cuda" : device == Device::kCpu ? "cpu" : "auto";
 }
 
+std::string_view dtype_name(DType dtype) {
+  return dtype == DType::kBF16 ? "bf16" : "fp32";
+}
+
 std::string_view comm_name(CommKind comm) {
   return comm == CommKind::kNccl ? "nccl" : comm == CommKind::kMpi ? "mpi" : "auto";
 }

@@ -1,10 +1,14 @@
-// Training runs: the small benchmark config on the CPU (FP32, forge::trainer::ParallelTrainer) and on the GPU
-// (FP32 and BF16) on the same token stream, losses compared step by step; then the GPT-2-124M-class config on
-// the GPU for throughput. The throughput table is printed last.
+// Training runs on two paths: `seam`, the one trainer forge-train runs (forge::trainer::ParallelTrainer at
+// layout 1,1,1) on the CUDA backend of the seam; `kernels`, CudaTrainer over the tuned BF16 kernels of ops.h
+// (tensor-core attention, the fused classifier and epilogues), the ceiling the seam's path is to reach once
+// those kernels are behind it. The small benchmark config on both and on the CPU backend (FP32) on the same
+// token stream, losses compared step by step; then the GPT-2-124M-class config on both for throughput. The
+// throughput table is printed last.
 #include "check.h"
 #include "forge/common/config.h"
 #include "forge/common/error.h"
 #include "forge/common/hash.h"
+#include "forge/trainer/cuda/backend.h"
 #include "forge/trainer/cuda/context.h"
 #include "forge/trainer/cuda/gpt.h"
 #include "forge/trainer/parallel.h"
@@ -17,6 +21,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <thread>
 
 namespace forge::trainer::cuda::check {
@@ -46,6 +52,9 @@ void fill_tokens(const TrainSpec& spec, int64_t step, std::vector<int32_t>& out)
   }
 }
 
+// Which trainer a run uses (see the top of this file).
+enum class Path { kSeam, kKernels };
+
 struct RunResult {
   std::string config, dtype;
   std::vector<double> losses;
@@ -60,19 +69,54 @@ double median_ms(std::vector<double> seconds) {
   return 1e3 * seconds[seconds.size() / 2];
 }
 
-RunResult run_gpu(const std::string& label, TrainSpec spec, DType dtype, int steps) {
+// The step's micro-batches: the stream's rows as next-token windows.
+void fill_batches(const TrainSpec& spec, const std::vector<int32_t>& tokens,
+                  std::vector<MicroBatch>& batches) {
+  batches.resize(size_t(spec.microbatches));
+  const size_t row = size_t(spec.model.seq_len) + 1;
+  for (int mb = 0; mb < spec.microbatches; ++mb) {
+    batches[size_t(mb)].resize(spec.batch, spec.model.seq_len);
+    for (int r = 0; r < spec.batch; ++r)
+      batches[size_t(mb)].set_window(r, tokens.data() + (size_t(mb) * size_t(spec.batch) + size_t(r)) * row,
+                                     uint64_t(r), 0);
+  }
+}
+
+// The process's CUDA backend (one per process, as in forge-train).
+Backend& cuda_backend() {
+  static const std::unique_ptr<Backend> backend = make_cuda_backend(0);
+  return *backend;
+}
+
+RunResult run_gpu(const std::string& label, TrainSpec spec, DType dtype, int steps, Path path) {
   spec.dtype = dtype;
   spec.steps = steps;
   synchronize();
   const size_t before = device_memory_used();
-  RunResult r{label, dtype == DType::kBF16 ? "bf16" : "fp32", {}, 0, 0, 0, 0};
+  RunResult r{
+      label + (path == Path::kSeam ? " seam" : " kernels"), std::string(dtype_name(dtype)), {}, 0, 0, 0, 0};
   {
-    CudaTrainer trainer(spec);
+    std::unique_ptr<CudaTrainer> kernels;
+    std::optional<ProcessGroups> groups;
+    std::unique_ptr<ParallelTrainer> seam;
+    if (path == Path::kKernels) {
+      kernels = std::make_unique<CudaTrainer>(spec);
+    } else {
+      groups.emplace(make_groups(self_comm(), spec.layout));
+      seam = std::make_unique<ParallelTrainer>(spec, *groups, cuda_backend());
+    }
     std::vector<int32_t> tokens;
+    std::vector<MicroBatch> batches;
     std::vector<double> seconds;
     for (int s = 0; s < steps; ++s) {
       fill_tokens(spec, s, tokens);
-      const StepStats st = trainer.step(tokens);
+      StepStats st;
+      if (kernels) {
+        st = kernels->step(tokens);
+      } else {
+        fill_batches(spec, tokens, batches);
+        st = seam->step(batches);
+      }
       r.losses.push_back(st.loss);
       seconds.push_back(st.seconds);
     }
@@ -82,8 +126,8 @@ RunResult run_gpu(const std::string& label, TrainSpec spec, DType dtype, int ste
     r.mfu = flops_per_token(spec.model) * r.tokens_per_s / kPeakBf16;
     r.peak_bytes = device_memory_used() - before;
   }
-  fmt::print("{} {}: loss {:.4f} -> {:.4f} over {} steps, {:.1f} ms/step\n", label, r.dtype, r.losses.front(),
-             r.losses.back(), steps, r.step_ms);
+  fmt::print("{} {}: loss {:.4f} -> {:.4f} over {} steps, {:.1f} ms/step\n", r.config, r.dtype,
+             r.losses.front(), r.losses.back(), steps, r.step_ms);
   std::fflush(stdout);
   return r;
 }
@@ -96,17 +140,11 @@ std::vector<double> run_cpu(TrainSpec spec, int steps, int total_steps) {
   ProcessGroups groups = make_groups(self_comm(), spec.layout);
   ParallelTrainer trainer(spec, groups);
   std::vector<int32_t> tokens;
-  std::vector<MicroBatch> batches(size_t(spec.microbatches));
+  std::vector<MicroBatch> batches;
   std::vector<double> losses;
-  const size_t row = size_t(spec.model.seq_len) + 1;
   for (int s = 0; s < steps; ++s) {
     fill_tokens(spec, s, tokens);
-    for (int mb = 0; mb < spec.microbatches; ++mb) {
-      batches[size_t(mb)].resize(spec.batch, spec.model.seq_len);
-      for (int r = 0; r < spec.batch; ++r)
-        batches[size_t(mb)].set_window(r, tokens.data() + (size_t(mb) * size_t(spec.batch) + size_t(r)) * row,
-                                       uint64_t(r), 0);
-    }
+    fill_batches(spec, tokens, batches);
     losses.push_back(trainer.step(batches).loss);
   }
   return losses;
@@ -135,50 +173,62 @@ void check_train_runs(const TrainOptions& o, Table& table, std::vector<RunResult
              small.model.layers, small.model.d_model, small.model.heads, small.model.vocab,
              small.model.seq_len, small.batch);
   std::fflush(stdout);
-  runs.push_back(run_gpu("small", small, DType::kF32, o.steps));
-  runs.push_back(run_gpu("small", small, DType::kBF16, o.steps));
+  for (const Path path : {Path::kSeam, Path::kKernels}) {
+    runs.push_back(run_gpu("small", small, DType::kF32, o.steps, path));
+    runs.push_back(run_gpu("small", small, DType::kBF16, o.steps, path));
+  }
   const std::vector<double> cpu = run_cpu(small, o.cpu_steps, o.steps);
 
   // Per-step relative loss difference against the CPU FP32 run. FP32 differs only by summation order; BF16
   // by its rounding of the matrix-product inputs, about 0.4% per value.
-  fmt::print("\n{:>4} {:>12} {:>12} {:>12}\n", "step", "cpu fp32", "gpu fp32", "gpu bf16");
-  double err32 = 0, err16 = 0;
+  fmt::print("\n{:>4} {:>12} {:>12} {:>12} {:>12} {:>12}\n", "step", "cpu fp32", "seam fp32", "seam bf16",
+             "kernels fp32", "kernels bf16");
+  std::vector<double> err(runs.size(), 0.0);
   for (int s = 0; s < o.cpu_steps; ++s) {
-    fmt::print("{:>4} {:>12.6f} {:>12.6f} {:>12.6f}\n", s + 1, cpu[size_t(s)], runs[0].losses[size_t(s)],
-               runs[1].losses[size_t(s)]);
     const double c = cpu[size_t(s)];
-    const double e32 = std::fabs(runs[0].losses[size_t(s)] - c) / c,
-                 e16 = std::fabs(runs[1].losses[size_t(s)] - c) / c;
-    err32 = std::isnan(e32) ? e32 : std::max(err32, e32);
-    err16 = std::isnan(e16) ? e16 : std::max(err16, e16);
+    fmt::print("{:>4} {:>12.6f}", s + 1, c);
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const double e = std::fabs(runs[i].losses[size_t(s)] - c) / c;
+      err[i] = std::isnan(e) ? e : std::max(err[i], e);
+      fmt::print(" {:>12.6f}", runs[i].losses[size_t(s)]);
+    }
+    fmt::print("\n");
   }
-  table.add(fmt::format("small: loss vs CPU, {} steps", o.cpu_steps), "fp32", err32, 1e-3);
-  table.add(fmt::format("small: loss vs CPU, {} steps", o.cpu_steps), "bf16", err16, 2e-2);
+  for (size_t i = 0; i < runs.size(); ++i)
+    table.add(fmt::format("{}: loss vs CPU, {} steps", runs[i].config, o.cpu_steps), runs[i].dtype, err[i],
+              runs[i].dtype == "fp32" ? 1e-3 : 2e-2);
   // The loss must fall: the stream's next-token entropy is far below log(vocab).
   for (const auto& r : runs)
-    table.add("small: final/initial loss < 0.97", r.dtype, r.losses.back() / r.losses.front(), 0.97);
+    table.add(r.config + ": final/initial loss < 0.97", r.dtype, r.losses.back() / r.losses.front(), 0.97);
 
   if (o.gpt2) {
     const TrainSpec gpt2 = gpt2_spec(small, o.gpt2_batch);
     fmt::print("\nGPT-2-124M class: 12 layers, d_model 768, 12 heads, vocab 50304, seq 1024, batch {}\n",
                gpt2.batch);
     std::fflush(stdout);
-    runs.push_back(run_gpu("gpt2-124m", gpt2, DType::kBF16, o.steps));
-    runs.push_back(run_gpu("gpt2-124m", gpt2, DType::kF32, std::min(o.steps, 10)));
-    const auto& b = runs[runs.size() - 2].losses;
-    const auto& f = runs.back().losses;
+    runs.push_back(run_gpu("gpt2-124m", gpt2, DType::kBF16, o.steps, Path::kSeam));
+    runs.push_back(run_gpu("gpt2-124m", gpt2, DType::kBF16, o.steps, Path::kKernels));
+    const auto& seam = runs[runs.size() - 2].losses;
+    const auto& kernels = runs.back().losses;
     double e = 0;
-    for (size_t s = 0; s < std::min<size_t>(5, f.size()); ++s) e = std::max(e, std::fabs(b[s] - f[s]) / f[s]);
-    table.add("gpt2-124m: bf16 vs fp32 loss, 5 steps", "bf16", e, 2e-2);
-    table.add("gpt2-124m: final/initial loss < 0.97", "bf16", b.back() / b.front(), 0.97);
+    for (size_t s = 0; s < std::min<size_t>(5, seam.size()); ++s)
+      e = std::max(e, std::fabs(seam[s] - kernels[s]) / kernels[s]);
+    table.add("gpt2-124m: seam vs kernels loss, 5 steps", "bf16", e, 2e-2);
+    table.add("gpt2-124m seam: final/initial loss < 0.97", "bf16", seam.back() / seam.front(), 0.97);
+    runs.push_back(run_gpu("gpt2-124m", gpt2, DType::kF32, std::min(o.steps, 10), Path::kKernels));
+    const auto& f = runs.back().losses;
+    double e32 = 0;
+    for (size_t s = 0; s < std::min<size_t>(5, f.size()); ++s)
+      e32 = std::max(e32, std::fabs(kernels[s] - f[s]) / f[s]);
+    table.add("gpt2-124m kernels: bf16 vs fp32 loss, 5 steps", "bf16", e32, 2e-2);
     // The same run with the GELU and bias-gradient epilogues as separate kernels: what the fusion buys.
     setenv("FORGE_CUDA_GEMM_FUSION", "off", 1);
-    runs.push_back(run_gpu("gpt2 unfused", gpt2, DType::kBF16, std::min(o.steps, 10)));
+    runs.push_back(run_gpu("gpt2 unfused", gpt2, DType::kBF16, std::min(o.steps, 10), Path::kKernels));
     unsetenv("FORGE_CUDA_GEMM_FUSION");
     const auto& u = runs.back().losses;
     double eu = 0;
     for (size_t s = 0; s < std::min<size_t>(5, u.size()); ++s)
-      eu = std::max(eu, std::fabs(b[s] - u[s]) / u[s]);
+      eu = std::max(eu, std::fabs(kernels[s] - u[s]) / u[s]);
     table.add("gpt2-124m: fused vs unfused epilogues, 5 steps", "bf16", eu, 1e-2);
   }
 }

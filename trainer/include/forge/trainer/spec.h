@@ -128,6 +128,7 @@ TrainSpec elastic_spec(const TrainSpec& spec, int ranks);
 // cuda, fp32 on cpu. Usage errors (64) name the key: cuda without a GPU, nccl on cpu.
 void resolve_device(TrainSpec& spec, int visible_gpus, const std::string& no_gpu);
 std::string_view device_name(Device device);
+std::string_view dtype_name(DType dtype);  // "fp32", "bf16"
 std::string_view comm_name(CommKind comm);
 
 // Worker threads: `requested` > 0 as is; 0 means SLURM_CPUS_PER_TASK when set, else in a Slurm step the
