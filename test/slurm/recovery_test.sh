@@ -83,13 +83,15 @@ wait_for_steps "$work/gpu" 8 600 0.1 || fail "the gpu job never trained: $(tail 
 first=$(squeue -h -j "$gpu" -o %N)
 echo "xid 79: GPU has fallen off the bus (injected by recovery_test)" >"$STATE/gpu-health/$first/gpu0"
 state=$(wait_requeued_job "$gpu")
+# The drain's reason is read while the GPU is still bad: once healed, the periodic health check may resume
+# the node at any moment (it resumes forge-health's own drains when the node is healthy again).
+reason=$(sinfo -h -n "$first" -o %E)
 echo ok >"$STATE/gpu-health/$first/gpu0"
 out=$(cat "$work"/gpu-*.out)
 [ "$state" = COMPLETED ] || fail "the gpu job ended $state: $(grep '^forge' <<<"$out" | tail -n4 | tr '\n' ' ')"
 grep -q "exit class: gpu" <<<"$out" || fail "the bad GPU is not class gpu: $(grep 'exit class' <<<"$out")"
 [ "$(record "$work/gpu/failures/$gpu-0.json" "d['class'], [s['host'] for s in d['suspects']]")" = "('gpu', ['$first'])" ] ||
   fail "the failure record does not name $first: $(cat "$work/gpu/failures/$gpu-0.json")"
-reason=$(sinfo -h -n "$first" -o %E)
 case $reason in "forge-health: gpu"*) ;; *) fail "$first was not drained by forge-health: '$reason'" ;; esac
 second=$(sacct -n -X -P -j "$gpu" -o NodeList | tail -n1)
 [ "$second" != "$first" ] || fail "the requeued job ran on the drained node $first again"

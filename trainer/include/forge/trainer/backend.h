@@ -78,7 +78,7 @@ class Backend {
   // Whether the host can read and write the backend's buffers directly.
   virtual bool host_memory() const = 0;
   // Whether `p` points into memory of this backend that the host cannot read (device memory): what a
-  // communicator that moves host memory must stage (staged_comm, comm.h). Always false on a host backend.
+  // communicator that moves host memory must stage (staged_comm.h). Always false on a host backend.
   virtual bool device_memory(const void* p) const = 0;
   // Returns once every op queued so far has finished (a device backend queues them): step timing.
   virtual void synchronize() {}
