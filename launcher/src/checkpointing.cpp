@@ -107,16 +107,7 @@ ckpt::SaverOptions saver_options(const Config& c, const trainer::TrainSpec& spec
   o.policy = ckpt::parse_async_policy(c.get<std::string>("ckpt.async_policy"));
   o.recovery_keep = c.get<int>("ckpt.recovery_keep");
   if (o.recovery_keep < 1) c.reject("ckpt.recovery_keep", "must be at least 1");
-  // Weights and moments in device memory: the snapshot is the device's copy into page-locked memory.
-  if (!backend.host_memory()) {
-    o.read_piece = [&backend](void* dst, const void* src, size_t bytes) {
-      backend.copy_to_host(dst, src, bytes);
-    };
-    o.allocate_snapshot = [&backend](size_t bytes) {
-      std::shared_ptr<trainer::Allocation> memory = backend.allocate_host(bytes);
-      return std::shared_ptr<char>(memory, static_cast<char*>(memory->data()));
-    };
-  }
+  trainer::snapshot_through(backend, o);  // weights and moments in device memory
   return o;
 }
 

@@ -37,20 +37,15 @@ skipped() { [[ $skip == *" $1 "* ]]; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 
 # run NAME [forge-train arguments...]: the bench config in WORK/NAME (kept when $resume is set), $steps
-# steps (20), a recovery checkpoint every $recovery steps (0: none).
+# steps (20), a recovery checkpoint every $recovery steps (0: none), on $np MPI ranks when set.
 run() {
-  local name=$1
+  local name=$1 launch=()
   shift
-  [ -n "${resume:-}" ] || rm -rf "${work:?}/$name"
-  "$train" "$root/configs/bench-cpu.ini" --run.dir="$work/$name" --run.steps="${steps:-20}" --run.peak_gflops=1000 \
-    --ckpt.recovery_every="${recovery:-0}" --ckpt.milestone_every=0 "${extra[@]}" "$@" >>"$work/$name.log" 2>&1
-}
-mpi_run() { # NP NAME [arguments...]
-  local np=$1 name=$2
-  shift 2
-  rm -rf "${work:?}/$name"
-  "$mpiexec" -np "$np" "$train" "$root/configs/bench-cpu.ini" --run.dir="$work/$name" --run.steps=20 \
-    --run.peak_gflops=1000 --ckpt.recovery_every=0 --ckpt.milestone_every=0 "${extra[@]}" "$@" >"$work/$name.log" 2>&1
+  [ -n "${np:-}" ] && launch=("$mpiexec" -np "$np")
+  [ -n "${resume:-}" ] || rm -rf "${work:?}/$name" "$work/$name.log"
+  "${launch[@]}" "$train" "$root/configs/bench-cpu.ini" --run.dir="$work/$name" --run.steps="${steps:-20}" \
+    --run.peak_gflops=1000 --ckpt.recovery_every="${recovery:-0}" --ckpt.milestone_every=0 "${extra[@]}" "$@" \
+    >>"$work/$name.log" 2>&1
 }
 # compare A B TOL [FIRST]: per-step losses of two run directories (rank 0's metrics) from step FIRST on;
 # prints the largest difference, fails beyond TOL or when a run lacks steps.
@@ -110,7 +105,7 @@ if ! skipped b && [ -n "$mpiexec" ]; then
     "dp2 --parallel.dp=2 --parallel.zero=1 --data.batch=4"; do
     read -r name args <<<"$layout"
     # shellcheck disable=SC2086
-    mpi_run 2 "mpi-$name" --run.device="$device" --precision.dtype=bf16 --parallel.comm=mpi $args
+    np=2 run "mpi-$name" --run.device="$device" --precision.dtype=bf16 --parallel.comm=mpi $args
     ok_or_fail "b.$name" "mpi-$name" && check "b.$name" "mpi-$name" gpu16 2e-2
   done
 elif ! skipped b; then
@@ -123,7 +118,7 @@ if ! skipped c && [ "$device" = cuda ]; then
   ok_or_fail c.one nccl1 && check c.one nccl1 gpu16 1e-6
   gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
   if [ "$gpus" -ge 2 ] && [ -n "$mpiexec" ]; then
-    mpi_run 2 nccl-dp2 --run.device=cuda --precision.dtype=bf16 --parallel.comm=nccl --parallel.dp=2 \
+    np=2 run nccl-dp2 --run.device=cuda --precision.dtype=bf16 --parallel.comm=nccl --parallel.dp=2 \
       --parallel.zero=1 --data.batch=4
     ok_or_fail c.dp2 nccl-dp2 && check c.dp2 nccl-dp2 gpu16 2e-2
   else

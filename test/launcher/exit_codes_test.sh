@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# forge-train's exit codes (docs/ARCHITECTURE.md, "Exit codes"), each provoked on the real binary: bad spec 64, a
-# device it cannot have 64, a checkpoint of another spec 64 (and --force-new, and a change of precision), corrupt shard 65, hang 69 (watchdog), persisting NaN 71 (and the
-# skip and rewind policies recovering from a single one), unwritable checkpoint directory 74, SIGUSR1 75.
+# forge-train's exit codes (docs/ARCHITECTURE.md, "Exit codes"), each provoked on the real binary: bad spec 64,
+# a device it cannot have 64, a checkpoint of another spec 64 (and --force-new, and a change of precision),
+# corrupt shard 65, hang 69 (watchdog), persisting NaN 71 (and the skip and rewind policies recovering
+# from a single one), unwritable checkpoint directory 74, SIGUSR1 75.
 # Every failure prints one line "forge-train: error: ..." and writes summary.json with its exit class, and
 # failures/local-0.json with its failure class (launcher/src/failure_record.h); an impossible memory plan
 # is class oom_host; `forge-train failure` completes a record from srun's lines and the nodes lost.

@@ -14,8 +14,6 @@
 
 #include <catch2/catch.hpp>
 
-#include <numeric>
-
 using namespace forge::trainer;
 using forge::test::FarBackend;
 
@@ -114,11 +112,8 @@ TEST_CASE("a checkpoint saved from device memory resumes on the CPU, and the oth
   // Saved the way forge-train saves from a GPU: the snapshot is the backend's copy into its host memory.
   forge::ckpt::SingleProcessCoordinator coord;
   forge::ckpt::SaverOptions options{.run_dir = dir.path().string()};
-  options.read_piece = [&](void* dst, const void* src, size_t bytes) { far.copy_to_host(dst, src, bytes); };
-  options.allocate_snapshot = [&](size_t bytes) {
-    std::shared_ptr<Allocation> memory = far.allocate_host(bytes);
-    return std::shared_ptr<char>(memory, static_cast<char*>(memory->data()));
-  };
+  snapshot_through(far, options);
+  REQUIRE(options.read_piece);
   forge::ckpt::Saver saver(coord, options);
   forge::ckpt::CheckpointMeta meta;
   meta.step = 3;

@@ -136,6 +136,17 @@ std::vector<ckpt::TensorData> checkpoint_tensors(GPT& model, AdamW* optimizer, c
   return out;
 }
 
+void snapshot_through(Backend& backend, ckpt::SaverOptions& options) {
+  if (backend.host_memory()) return;
+  options.read_piece = [&backend](void* dst, const void* src, size_t bytes) {
+    backend.copy_to_host(dst, src, bytes);
+  };
+  options.allocate_snapshot = [&backend](size_t bytes) {
+    std::shared_ptr<Allocation> memory = backend.allocate_host(bytes);
+    return std::shared_ptr<char>(memory, static_cast<char*>(memory->data()));
+  };
+}
+
 void load_checkpoint(const ckpt::Checkpoint& checkpoint, GPT& model, AdamW* optimizer) {
   std::vector<ckpt::TensorRequest> requests;
   std::vector<float*> targets;

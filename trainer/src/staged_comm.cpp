@@ -12,9 +12,9 @@ namespace {
 // One caller buffer in staging memory of the other kind, copied back on completion when it is an output.
 class Staged {
  public:
-  Staged(Backend& backend, void* original, size_t bytes, bool output, bool copy_in)
+  Staged(Backend& backend, void* original, bool on_device, size_t bytes, bool output, bool copy_in)
       : backend_(backend), original_(original), bytes_(bytes), output_(output) {
-    if (backend.device_memory(original)) {
+    if (on_device) {
       host_.resize(bytes);
       if (copy_in) backend.copy_to_host(host_.data(), original, bytes);
     } else {
@@ -139,9 +139,10 @@ class StagedComm final : public Comm {
 
    private:
     void* stage(void* p, size_t bytes, bool output, bool copy_in) {
+      if (p == nullptr || bytes == 0) return p;
       const bool device = c_.backend_.device_memory(p);
-      if (p == nullptr || bytes == 0 || device == (c_.takes_ == CommMemory::kDevice)) return p;
-      staged_.push_back(std::make_unique<Staged>(c_.backend_, p, bytes, output, copy_in));
+      if (device == (c_.takes_ == CommMemory::kDevice)) return p;
+      staged_.push_back(std::make_unique<Staged>(c_.backend_, p, device, bytes, output, copy_in));
       return staged_.back()->at();
     }
     StagedComm& c_;

@@ -42,6 +42,16 @@ class PinnedAllocation final : public Allocation {
   void* data_ = nullptr;
 };
 
+// The BF16 mode's products on TF32 for one call of this backend (gemm.cpp's switch is the process's: other
+// users of ops.h, as forge-cuda-check's CudaTrainer, keep FP32 products).
+class Tf32Products {
+ public:
+  explicit Tf32Products(bool on) { set_fp32_products_tf32(on); }
+  ~Tf32Products() { set_fp32_products_tf32(false); }
+  Tf32Products(const Tf32Products&) = delete;
+  Tf32Products& operator=(const Tf32Products&) = delete;
+};
+
 // Device scratch that only grows (the losses' row statistics).
 template <class T>
 T* scratch(DeviceBuffer& buffer, size_t n) {
@@ -62,7 +72,7 @@ class CudaBackend final : public Backend {
     return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
   }
   size_t device_bytes_in_use() const override { return device_memory_used(); }
-  void set_bf16_products(bool on) override { set_fp32_products_tf32(on); }
+  void set_bf16_products(bool on) override { bf16_products_ = on; }
   void synchronize() override { check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize"); }
   std::unique_ptr<Allocation> allocate(size_t bytes) override {
     return std::make_unique<DeviceAllocation>(bytes);
@@ -122,6 +132,7 @@ class CudaBackend final : public Backend {
       if (bias != nullptr) seam::add_bias(out, bias, N, OC);
       return;
     }
+    const Tf32Products tf32(bf16_products_);
     cuda::matmul_forward<float, float>(out, in, w, bias, N, C, OC);
   }
   void matmul_backward(float* din, float* dw, float* dbias, const float* dout, const float* in,
@@ -134,6 +145,7 @@ class CudaBackend final : public Backend {
       if (dbias != nullptr) cuda::bias_backward<float>(dbias, dout, N, OC);
       return;
     }
+    const Tf32Products tf32(bf16_products_);
     cuda::matmul_backward<float>(din, dw, dbias, dout, in, w, N, C, OC);
   }
   void add_bias(float* out, const float* bias, int N, int OC) override { seam::add_bias(out, bias, N, OC); }
@@ -251,6 +263,7 @@ class CudaBackend final : public Backend {
     return total;
   }
 
+  bool bf16_products_ = false;  // set_bf16_products
   DeviceBuffer stats_, row_loss_, sum_;
   std::vector<float> host_stats_;
   std::vector<double> host_loss_;

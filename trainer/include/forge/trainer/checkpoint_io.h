@@ -36,6 +36,10 @@ struct SaveRole {
 // ckpt::SaverOptions::read_piece): valid until they change.
 std::vector<ckpt::TensorData> checkpoint_tensors(GPT& model, AdamW* optimizer, const SaveRole& role = {});
 
+// Points `options` at `backend`'s memory when the host cannot read it: the snapshot reads each piece with
+// the backend's copy_to_host into its allocate_host (page-locked) memory. Nothing changes on a host backend.
+void snapshot_through(Backend& backend, ckpt::SaverOptions& options);
+
 // Fills the model's weights (and the optimizer's moments, when given) from a checkpoint, then refreshes
 // the model's working copy (through page-locked host memory on a device backend). Throws forge::Error(kData)
 // naming a missing or mis-shaped tensor.

@@ -70,8 +70,9 @@ void adamw_update(float* w, T* work, const float* g, float* m, float* v, size_t 
 void sum_squares(double* out, const float* g, size_t n);
 
 // ---- gemm.cpp (cuBLASLt; FP32 accumulation; weights in PyTorch's Linear layout [OC, C]) ----
-// FP32 products on TF32 tensor cores (off by default): exact for inputs that are BF16 values held in FP32
-// (TF32 keeps 10 mantissa bits, BF16 7, both 8 exponent bits), FP32 accumulation as a BF16 product.
+// FP32 products on TF32 tensor cores (off by default; the CUDA backend turns it on around its own products
+// in the BF16 mode): exact for inputs that are BF16 values held in FP32 (TF32 keeps 10 mantissa bits, BF16
+// 7, both 8 exponent bits), FP32 accumulation as a BF16 product.
 void set_fp32_products_tf32(bool on);
 // out = in @ w^T (+ bias if not null; bias only where O is T)
 template <class T, class O>
