@@ -3,14 +3,22 @@
 // writes a buffer directly instead of through copy_to_host / copy_from_host crashes at once. It stands in
 // for a GPU in tests of everything around the ops (the runtime, staged communicators, checkpoint staging):
 // the same arithmetic as the CPU backend, so a run on it must match a CPU run bit for bit.
+//
+// Like the CUDA backend, it keeps its own copy of each BF16 working copy of weights it is told of
+// (bf16_working_copy) and its matrix products read `w` from that copy: a working copy changed without the
+// model saying so leaves the copy stale and the run off the CPU's.
 #pragma once
 
 #include "forge/trainer/backend.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
+#include <map>
 #include <memory>
 #include <stdexcept>
+#include <vector>
 
 namespace forge::test {
 
@@ -66,13 +74,26 @@ class FarBackend final : public trainer::Backend {
                         int N, int C) override {
     cpu_.residual_forward(near(res_out), near(res_in), near(delta), near(delta_bias), N, C);
   }
+  void bf16_working_copy(const float* values, size_t n) override {
+    if (n == 0) return;
+    const float* host = near(values);
+    if (float* part = kept(values, n)) {  // a part of a kept copy
+      std::copy(host, host + n, part);
+      return;
+    }
+    // A new working copy, which may reuse the memory of one that is gone: drop every copy it overlaps.
+    auto it = copies_.lower_bound(values);
+    if (it != copies_.begin() && std::prev(it)->first + std::prev(it)->second.size() > values) --it;
+    while (it != copies_.end() && it->first < values + n) it = copies_.erase(it);
+    copies_.emplace(values, std::vector<float>(host, host + n));
+  }
   void matmul_forward(float* out, const float* in, const float* w, const float* bias, int N, int C,
                       int OC) override {
-    cpu_.matmul_forward(near(out), near(in), near(w), near(bias), N, C, OC);
+    cpu_.matmul_forward(near(out), near(in), weights(w), near(bias), N, C, OC);
   }
   void matmul_backward(float* din, float* dw, float* dbias, const float* dout, const float* in,
                        const float* w, int N, int C, int OC) override {
-    cpu_.matmul_backward(near(din), near(dw), near(dbias), near(dout), near(in), near(w), N, C, OC);
+    cpu_.matmul_backward(near(din), near(dw), near(dbias), near(dout), near(in), weights(w), N, C, OC);
   }
   void add_bias(float* out, const float* bias, int N, int OC) override {
     cpu_.add_bias(near(out), near(bias), N, OC);
@@ -167,7 +188,22 @@ class FarBackend final : public trainer::Backend {
     return p;
   }
 
+  // Where the kept copies hold [values, values + n): null when none holds all of them.
+  float* kept(const float* values, size_t n) {
+    auto it = copies_.upper_bound(values);
+    if (it == copies_.begin()) return nullptr;
+    --it;
+    const size_t at = size_t(values - it->first);
+    return at + n <= it->second.size() ? it->second.data() + at : nullptr;
+  }
+  // Where a product reads `w` ([out, in] of a Linear: at least one element) from: a kept copy, if any.
+  const float* weights(const float* w) {
+    const float* part = kept(w, 1);
+    return part != nullptr ? part : near(w);
+  }
+
   trainer::Backend& cpu_ = trainer::cpu_backend();
+  std::map<const float*, std::vector<float>> copies_;  // bf16_working_copy, by the working copy's start
   int64_t host_copies_ = 0;
 };
 

@@ -103,7 +103,10 @@ TEST_CASE("a staged communicator copies only what the inner one cannot take", "[
 
 TEST_CASE("a checkpoint saved from device memory resumes on the CPU, and the other way",
           "[trainer][device][ckpt]") {
-  const TrainSpec spec = small_spec(DType::kF32);
+  // BF16 too: the resumed model's working copy is rewritten from the checkpoint, and the device's own copy
+  // of it with it (bf16_working_copy), or the next steps would differ.
+  const DType dtype = GENERATE(DType::kF32, DType::kBF16);
+  const TrainSpec spec = small_spec(dtype);
   FarBackend far;
   forge::test::TempDir dir;
   Run dev(spec, far);

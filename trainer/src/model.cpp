@@ -307,7 +307,13 @@ void GPT::zero_grad() {
 }
 
 void GPT::weights_changed() {
-  if (dtype_ == DType::kBF16) backend_.round_to_bf16(work_.data(), weights_.data(), weights_.size());
+  weights_changed({0, weights_.size()});
+}
+
+void GPT::weights_changed(FlatRange part) {
+  if (dtype_ != DType::kBF16 || part.hi <= part.lo) return;
+  backend_.round_to_bf16(work_.data() + part.lo, weights_.data() + part.lo, part.hi - part.lo);
+  backend_.bf16_working_copy(work_.data() + part.lo, part.hi - part.lo);
 }
 
 void GPT::set_router_loss_weight(float weight) {
@@ -338,7 +344,8 @@ std::span<const float> GPT::input_grad(int slot) const {
 }
 
 LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input, float loss_scale,
-                          bool backward, float* logits_out, bool classify) {
+                          bool backward, float* logits_out, bool classify,
+                          const std::function<void(int)>& before_weights) {
   Slot& s = *slots_.at(size_t(slot));
   if (batch.rows != batch_ || batch.seq_len != config_.seq_len)
     throw std::invalid_argument("GPT: the micro-batch is not batch x seq_len");
@@ -370,15 +377,19 @@ LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input,
 
   const int B = batch_, T = config_.seq_len, Cl = config_.d_model / slice_.tp_size;
   const int NHl = config_.heads / slice_.tp_size;
+  if (before_weights) before_weights(-1);
   if (slice_.embedding) {
     TraceSpan span("forward embedding", "compute");
     embedding_->forward(s.res.data(), s.batch.inputs, s.batch.positions, B, T);
   } else {
     backend_.copy(s.res.data(), input, sizeof(float) * size_t(rows()) * size_t(config_.d_model));
   }
-  run_blocks(slot, B * T, [&](int, float* att, float* lse, const float* qkv) {
-    backend_.attention_forward(att, lse, qkv, s.batch.doc_start, B, T, Cl, NHl);
-  });
+  run_blocks(
+      slot, B * T,
+      [&](int, float* att, float* lse, const float* qkv) {
+        backend_.attention_forward(att, lse, qkv, s.batch.doc_start, B, T, Cl, NHl);
+      },
+      before_weights);
   if (!slice_.head) return {};
   TraceSpan span("forward head + loss", "compute");
   if (!classify) return {};
@@ -387,9 +398,13 @@ LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input,
   return {loss, loss_->weight(batch)};
 }
 
-void GPT::run_blocks(int slot, int N, const std::function<void(int, float*, float*, const float*)>& attend) {
+void GPT::run_blocks(int slot, int N, const std::function<void(int, float*, float*, const float*)>& attend,
+                     const std::function<void(int)>& before_weights) {
   Slot& s = *slots_.at(size_t(slot));
   Workspace& w = *ws_;
+  const auto need = [&](int layer) {
+    if (before_weights) before_weights(slice_.first_layer + layer);
+  };
   const bool bf16 = dtype_ == DType::kBF16;
   const int C = config_.d_model, L = layers_;
   const int64_t NC = int64_t(N) * C;
@@ -400,6 +415,7 @@ void GPT::run_blocks(int slot, int N, const std::function<void(int, float*, floa
     Block& k = *blocks_[size_t(l)];
     Block::Acts& a = k.acts[size_t(slot)];
     float* x = s.res.data() + l * NC;
+    need(l);
     float* ln1s = a.ln1_stats.data();
     float* ln2s = a.ln2_stats.data();
     if (l == 0) {
@@ -419,6 +435,7 @@ void GPT::run_blocks(int slot, int N, const std::function<void(int, float*, floa
     // block without the head hands the plain stream to the next stage, which owns that LayerNorm.
     if (l + 1 < L || slice_.head) {
       const bool last = l + 1 == L;
+      need(l + 1);  // its LayerNorm: the next block's, or the final one (layer config.layers)
       Block* next = last ? nullptr : blocks_[size_t(l) + 1].get();
       Block::Acts* na = last ? nullptr : &next->acts[size_t(slot)];
       float* ln_next = last ? s.lnf.data() : na->ln1.at();
@@ -435,15 +452,16 @@ void GPT::run_blocks(int slot, int N, const std::function<void(int, float*, floa
     }
   }
   if (slice_.head && L == 0) {
+    need(0);
     backend_.layernorm_forward(s.lnf.data(), s.lnf_stats.data(), s.lnf_stats.data() + N, s.res.data(),
                                lnf_w_.value, lnf_b_.value, N, C);
     if (bf16) backend_.round_to_bf16(s.lnf.data(), s.lnf.data(), size_t(NC));
   }
 }
 
-LossSums GPT::forward(int slot, const MicroBatch& batch, const float* input, float loss_scale,
-                      bool backward) {
-  return run_forward(slot, batch, input, loss_scale, backward, nullptr);
+LossSums GPT::forward(int slot, const MicroBatch& batch, const float* input, float loss_scale, bool backward,
+                      const std::function<void(int)>& before_weights) {
+  return run_forward(slot, batch, input, loss_scale, backward, nullptr, true, before_weights);
 }
 
 void GPT::backward(int slot, const float* d_output, const std::function<void(int)>& on_grads) {

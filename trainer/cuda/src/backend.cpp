@@ -2,6 +2,13 @@
 // semantics ops.h's kernels already have (argument order, accumulate or overwrite) call them with T = float;
 // the rest call backend_kernels.cu. Only the ops that return a value to the host (the losses, sum_squares)
 // and the host copies synchronize.
+//
+// BF16 products (set_bf16_products, the model's BF16 mode): the matrix products and the attention run on
+// BF16 tensor cores (ops.h with T = bf16: cuBLASLt, the mma.sync attention) with FP32 results. What they
+// read is BF16 values held in FP32 (model.h), so their 2-byte copies are exact: activations are converted
+// per call, weights come from the copy bf16_working_copy keeps. Gradients entering a product are rounded
+// to BF16 there, as llm.c's and every BF16 trainer's are. The attention of a batch with documents
+// (doc_start) keeps the FP32 kernel: the tensor-core kernels mask causally only.
 #include "forge/trainer/cuda/backend.h"
 #include "backend_kernels.h"
 
@@ -10,6 +17,8 @@
 
 #include <cuda_runtime.h>
 
+#include <iterator>
+#include <map>
 #include <vector>
 
 namespace forge::trainer::cuda {
@@ -40,16 +49,6 @@ class PinnedAllocation final : public Allocation {
 
  private:
   void* data_ = nullptr;
-};
-
-// The BF16 mode's products on TF32 for one call of this backend (gemm.cpp's switch is the process's: other
-// users of ops.h, as forge-cuda-check's CudaTrainer, keep FP32 products).
-class Tf32Products {
- public:
-  explicit Tf32Products(bool on) { set_fp32_products_tf32(on); }
-  ~Tf32Products() { set_fp32_products_tf32(false); }
-  Tf32Products(const Tf32Products&) = delete;
-  Tf32Products& operator=(const Tf32Products&) = delete;
 };
 
 // Device scratch that only grows (the losses' row statistics).
@@ -132,8 +131,11 @@ class CudaBackend final : public Backend {
       if (bias != nullptr) seam::add_bias(out, bias, N, OC);
       return;
     }
-    const Tf32Products tf32(bf16_products_);
-    cuda::matmul_forward<float, float>(out, in, w, bias, N, C, OC);
+    if (bf16_products_)
+      cuda::matmul_forward<bf16, float>(out, bf16_copy(in_, in, size_t(N) * size_t(C)),
+                                        weights_bf16(w, size_t(OC) * size_t(C)), bias, N, C, OC);
+    else
+      cuda::matmul_forward<float, float>(out, in, w, bias, N, C, OC);
   }
   void matmul_backward(float* din, float* dw, float* dbias, const float* dout, const float* in,
                        const float* w, int N, int C, int OC) override {
@@ -145,17 +147,33 @@ class CudaBackend final : public Backend {
       if (dbias != nullptr) cuda::bias_backward<float>(dbias, dout, N, OC);
       return;
     }
-    const Tf32Products tf32(bf16_products_);
-    cuda::matmul_backward<float>(din, dw, dbias, dout, in, w, N, C, OC);
+    if (bf16_products_)
+      cuda::matmul_backward<bf16, float>(din, dw, dbias, bf16_copy(dout_, dout, size_t(N) * size_t(OC)),
+                                         bf16_copy(in_, in, size_t(N) * size_t(C)),
+                                         weights_bf16(w, size_t(OC) * size_t(C)), N, C, OC);
+    else
+      cuda::matmul_backward<float>(din, dw, dbias, dout, in, w, N, C, OC);
   }
   void add_bias(float* out, const float* bias, int N, int OC) override { seam::add_bias(out, bias, N, OC); }
   void attention_forward(float* out, float* lse, const float* qkv, const int32_t* doc_start, int B, int T,
                          int C, int NH) override {
-    seam::attention_forward(out, lse, qkv, doc_start, B, T, C, NH);
+    if (!tensor_core_attention(doc_start, B, T, C, NH))
+      return seam::attention_forward(out, lse, qkv, doc_start, B, T, C, NH);
+    const size_t n = size_t(B) * size_t(T) * size_t(C);
+    bf16* out_b = scratch<bf16>(out_, n);
+    cuda::attention_forward<bf16>(out_b, lse, bf16_copy(in_, qkv, 3 * n), B, T, C, NH);
+    seam::from_bf16(out, reinterpret_cast<const uint16_t*>(out_b), n);
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                           const float* lse, const int32_t* doc_start, int B, int T, int C, int NH) override {
-    seam::attention_backward(dqkv, dout, qkv, out, lse, doc_start, B, T, C, NH);
+    if (!tensor_core_attention(doc_start, B, T, C, NH))
+      return seam::attention_backward(dqkv, dout, qkv, out, lse, doc_start, B, T, C, NH);
+    const size_t n = size_t(B) * size_t(T) * size_t(C);
+    bf16* dqkv_b = scratch<bf16>(dqkv_, 3 * n);
+    cuda::attention_backward<bf16>(dqkv_b, scratch<float>(delta_, size_t(B) * size_t(NH) * size_t(T)),
+                                   bf16_copy(dout_, dout, n), bf16_copy(in_, qkv, 3 * n),
+                                   bf16_copy(out_, out, n), lse, B, T, C, NH);
+    seam::from_bf16(dqkv, reinterpret_cast<const uint16_t*>(dqkv_b), 3 * n);
   }
   void attention_decode(float* out, const float* qkv, float* k_cache, float* v_cache, const int32_t* seq,
                         const int32_t* pos, int rows, int max_len, int C, int NH) override {
@@ -216,6 +234,21 @@ class CudaBackend final : public Backend {
   }
 
   // ---- precision
+  void bf16_working_copy(const float* values, size_t n) override {
+    if (n == 0) return;
+    bf16* copy = kept_copy(values, n);  // a part of a kept copy (ZeRO-1 refreshes bucket by bucket)
+    if (copy == nullptr) {
+      // A new working copy, which may reuse the memory of one that is gone: drop every copy it overlaps.
+      auto it = weight_copies_.lower_bound(values);
+      if (it != weight_copies_.begin() && std::prev(it)->first + std::prev(it)->second.n > values) --it;
+      while (it != weight_copies_.end() && it->first < values + n) it = weight_copies_.erase(it);
+      WeightCopy& kept = weight_copies_[values];
+      kept.n = n;
+      kept.values = DeviceBuffer(n * sizeof(bf16));
+      copy = kept.values.as<bf16>();
+    }
+    cuda::convert<bf16>(copy, values, int64_t(n));
+  }
   void round_to_bf16(float* out, const float* in, size_t n) override { seam::round_to_bf16(out, in, n); }
   void to_bf16(uint16_t* out, float* values, size_t n) override { seam::to_bf16(out, values, n); }
   void from_bf16(float* out, const uint16_t* in, size_t n) override { seam::from_bf16(out, in, n); }
@@ -263,7 +296,42 @@ class CudaBackend final : public Backend {
     return total;
   }
 
-  bool bf16_products_ = false;  // set_bf16_products
+  // The BF16 copy of `n` values for a product or the attention, in `buffer` (one per operand of an op).
+  const bf16* bf16_copy(DeviceBuffer& buffer, const float* values, size_t n) {
+    bf16* copy = scratch<bf16>(buffer, n);
+    cuda::convert<bf16>(copy, values, int64_t(n));
+    return copy;
+  }
+  // Where the kept copy holds [values, values + n): null when no kept copy holds all of them.
+  bf16* kept_copy(const float* values, size_t n) {
+    auto it = weight_copies_.upper_bound(values);
+    if (it == weight_copies_.begin()) return nullptr;
+    --it;
+    const size_t at = size_t(values - it->first);
+    return at + n <= it->second.n ? it->second.values.as<bf16>() + at : nullptr;
+  }
+  // A product's `n` weights at `w` in BF16: from the kept copy of the working copy they lie in, else
+  // converted now (weights no model announced, as a test's).
+  const bf16* weights_bf16(const float* w, size_t n) {
+    const bf16* kept = kept_copy(w, n);
+    return kept != nullptr ? kept : bf16_copy(w_, w, n);
+  }
+  // Whether the attention runs on the tensor-core kernels: BF16 products, no documents, and a head dim
+  // that they have.
+  bool tensor_core_attention(const int32_t* doc_start, int B, int T, int C, int NH) const {
+    if (!bf16_products_ || doc_start != nullptr || int64_t(B) * T == 0 || NH <= 0 || C % NH != 0)
+      return false;
+    const int hd = C / NH;
+    return hd == 32 || hd == 64 || hd == 128;
+  }
+
+  struct WeightCopy {
+    size_t n = 0;
+    DeviceBuffer values;  // bf16
+  };
+  bool bf16_products_ = false;                        // set_bf16_products
+  std::map<const float*, WeightCopy> weight_copies_;  // bf16_working_copy, by the working copy's start
+  DeviceBuffer in_, dout_, w_, out_, dqkv_, delta_;   // BF16 operands (and the attention's delta)
   DeviceBuffer stats_, row_loss_, sum_;
   std::vector<float> host_stats_;
   std::vector<double> host_loss_;

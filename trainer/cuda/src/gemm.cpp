@@ -55,13 +55,12 @@ struct GemmKey {
   bool ta, tb;
   int m, n, k, lda, ldb, ldd;
   cudaDataType_t ab, d;
-  cublasComputeType_t compute;
   cublasLtEpilogue_t epilogue;
   bool accumulate;
   uint32_t align_a, align_b, align_d, align_aux;
   auto tie() const {
-    return std::tie(ta, tb, m, n, k, lda, ldb, ldd, ab, d, compute, epilogue, accumulate, align_a, align_b,
-                    align_d, align_aux);
+    return std::tie(ta, tb, m, n, k, lda, ldb, ldd, ab, d, epilogue, accumulate, align_a, align_b, align_d,
+                    align_aux);
   }
   bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
 };
@@ -84,8 +83,6 @@ void set_attr(cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t attr, cons
   check_lt(cublasLtMatmulDescSetAttribute(op, attr, &value, sizeof(value)), what);
 }
 
-bool g_tf32 = false;  // set_fp32_products_tf32
-
 // The fused GELU and bias-gradient epilogues are used where cuBLASLt has them; FORGE_CUDA_GEMM_FUSION=off
 // turns them off (the separate kernels then run), for comparing the two.
 bool fusion_enabled() {
@@ -103,9 +100,7 @@ bool gemm(bool ta, bool tb, int m, int n, int k, const void* A, int lda, const v
   if (optional && !fusion_enabled()) return false;
   auto* lt = static_cast<cublasLtHandle_t>(cublaslt_handle());
   Descs desc;
-  const cublasComputeType_t compute =
-      ab == CUDA_R_32F && g_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  check_lt(cublasLtMatmulDescCreate(&desc.op, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  check_lt(cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
   const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   set_attr(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, opa, "cublasLtMatmulDescSetAttribute (transa)");
   set_attr(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, opb, "cublasLtMatmulDescSetAttribute (transb)");
@@ -139,7 +134,6 @@ bool gemm(bool ta, bool tb, int m, int n, int k, const void* A, int lda, const v
                     ldd,
                     ab,
                     d,
-                    compute,
                     ep.kind,
                     accumulate,
                     alignment(A),
@@ -202,15 +196,9 @@ float* bias_grad_scratch(int n) {
 
 }  // namespace
 
-void set_fp32_products_tf32(bool on) {
-  g_tf32 = on;
-}
-
 template <class T, class O>
-void matmul_forward(O* out, const T* in, const T* w, const T* bias, int N, int C, int OC) {
-  if (bias != nullptr && !std::is_same_v<T, O>)
-    fail(ExitCode::kUsage, "CUDA matmul_forward: a bias needs the output in the input type");
-  // out^T[OC, N] = w^T(stored [C, OC]) ^T x in^T[C, N]
+void matmul_forward(O* out, const T* in, const T* w, const O* bias, int N, int C, int OC) {
+  // out^T[OC, N] = w^T(stored [C, OC]) ^T x in^T[C, N]; cuBLASLt reads the bias in the output's type
   Epilogue ep;
   if (bias != nullptr) ep = {CUBLASLT_EPILOGUE_BIAS, bias};
   gemm(true, false, OC, N, C, w, C, in, C, out, OC, data_type<T>(), data_type<O>(), false, ep);
@@ -225,17 +213,23 @@ void matmul_bias_gelu_forward(T* out, T* pre, const T* in, const T* w, const T* 
   bias_gelu_forward<T>(out, pre, bias, N, OC);
 }
 
-template <class T>
-void matmul_backward(T* din, float* dw, float* dbias, const T* dout, const T* in, const T* w, int N, int C,
+template <class T, class O>
+void matmul_backward(O* din, float* dw, float* dbias, const T* dout, const T* in, const T* w, int N, int C,
                      int OC, const T* gelu_pre) {
   // din^T[C, N] = w(stored [C, OC]) x dout^T[OC, N], times GELU'(gelu_pre) if given
   if (din != nullptr) {
-    const bool fused =
-        gelu_pre != nullptr && gemm(false, false, C, N, OC, w, C, dout, OC, din, C, data_type<T>(),
-                                    data_type<T>(), false, {CUBLASLT_EPILOGUE_DGELU, nullptr, gelu_pre, C});
-    if (!fused) {
-      gemm(false, false, C, N, OC, w, C, dout, OC, din, C, data_type<T>(), data_type<T>(), false);
-      if (gelu_pre != nullptr) gelu_backward<T>(din, gelu_pre, N, C);
+    if constexpr (std::is_same_v<T, O>) {
+      const bool fused =
+          gelu_pre != nullptr && gemm(false, false, C, N, OC, w, C, dout, OC, din, C, data_type<T>(),
+                                      data_type<T>(), false, {CUBLASLT_EPILOGUE_DGELU, nullptr, gelu_pre, C});
+      if (!fused) {
+        gemm(false, false, C, N, OC, w, C, dout, OC, din, C, data_type<T>(), data_type<T>(), false);
+        if (gelu_pre != nullptr) gelu_backward<T>(din, gelu_pre, N, C);
+      }
+    } else {
+      if (gelu_pre != nullptr)
+        usage_fail("CUDA matmul_backward: the GELU gradient needs din in the input type");
+      gemm(false, false, C, N, OC, w, C, dout, OC, din, C, data_type<T>(), data_type<O>(), false);
     }
   }
   // dw^T[C, OC] += in^T[C, N] x dout[N, OC]; the bias gradient (column sums of dout) from the same pass
@@ -252,14 +246,16 @@ void matmul_backward(T* din, float* dw, float* dbias, const T* dout, const T* in
 
 template void matmul_forward<float, float>(float*, const float*, const float*, const float*, int, int, int);
 template void matmul_forward<bf16, bf16>(bf16*, const bf16*, const bf16*, const bf16*, int, int, int);
-template void matmul_forward<bf16, float>(float*, const bf16*, const bf16*, const bf16*, int, int, int);
+template void matmul_forward<bf16, float>(float*, const bf16*, const bf16*, const float*, int, int, int);
 template void matmul_bias_gelu_forward<float>(float*, float*, const float*, const float*, const float*, int,
                                               int, int);
 template void matmul_bias_gelu_forward<bf16>(bf16*, bf16*, const bf16*, const bf16*, const bf16*, int, int,
                                              int);
-template void matmul_backward<float>(float*, float*, float*, const float*, const float*, const float*, int,
-                                     int, int, const float*);
-template void matmul_backward<bf16>(bf16*, float*, float*, const bf16*, const bf16*, const bf16*, int, int,
-                                    int, const bf16*);
+template void matmul_backward<float, float>(float*, float*, float*, const float*, const float*, const float*,
+                                            int, int, int, const float*);
+template void matmul_backward<bf16, bf16>(bf16*, float*, float*, const bf16*, const bf16*, const bf16*, int,
+                                          int, int, const bf16*);
+template void matmul_backward<bf16, float>(float*, float*, float*, const bf16*, const bf16*, const bf16*, int,
+                                           int, int, const bf16*);
 
 }  // namespace forge::trainer::cuda

@@ -8,7 +8,8 @@
 // Error: max |cuda - cpu| over an output, and that over max |cpu| (floored at 1e-6, so an output that is 0
 // on the CPU is compared absolutely). Tolerances on the relative error: 1e-5 for element-wise ops, 1e-4 for
 // ops that sum (matrix products, attention, softmax and loss sums, LayerNorm's gradients, embedding
-// gradients summed by atomics), 1e-12 for the double sum of squares, exact bits for BF16 and the memory ops.
+// gradients summed by atomics), 1e-12 for the double sum of squares, exact bits for BF16 and the memory ops;
+// 1e-2 (2e-2 for the attention's gradient) where the BF16 products round a gradient or probabilities.
 #include "check.h"
 #include "forge/common/batch.h"
 #include "forge/common/hash.h"
@@ -32,7 +33,7 @@ namespace forge::trainer::cuda::check {
 
 namespace {
 
-constexpr double kExact = 0, kElementwise = 1e-5, kSums = 1e-4, kDouble = 1e-12;
+constexpr double kExact = 0, kElementwise = 1e-5, kSums = 1e-4, kBf16 = 1e-2, kDouble = 1e-12;
 
 using Floats = std::vector<float>;
 using Ints = std::vector<int32_t>;
@@ -480,6 +481,81 @@ struct Checker {
 
   // Rounding's edge cases by construction (ties either way, just off a tie, subnormals, zeros, infinities,
   // NaNs, the largest finite value, which rounds to infinity), then random values of every magnitude.
+  // The BF16 products (set_bf16_products) against the CPU's FP32 ones on the same BF16-valued inputs:
+  // the forward products are exact products summed in FP32 (kSums); what rounds a gradient or the
+  // attention's probabilities to BF16 is within kBf16 (2^-8 per rounding, relative to the largest value).
+  Floats bf16_values(size_t n, float lo, float hi) {
+    Floats x = rng.floats(n, lo, hi);
+    cpu.round_to_bf16(x.data(), x.data(), n);
+    return x;
+  }
+  void bf16_products() {
+    gpu.set_bf16_products(true);
+    const int N = 33, C = 64, OC = 40;
+    const Floats x = bf16_values(size_t(N) * C, -1, 1), b = rng.floats(size_t(OC));
+    // The weights: a working copy of two tensors, the product's at an offset into it.
+    Floats work = bf16_values(size_t(OC) * C + 24, -0.2f, 0.2f);
+    const Floats w(work.begin() + 24, work.end());
+    Floats out(size_t(N) * OC);
+    auto gx = up(x), gb = up(b), gwork = up(work), gout = up(out);
+    const float* gw = gwork.data() + 24;
+    gpu.bf16_working_copy(gwork.data(), work.size());
+    cpu.matmul_forward(out.data(), x.data(), w.data(), b.data(), N, C, OC);
+    gpu.matmul_forward(gout.data(), gx.data(), gw, gb.data(), N, C, OC);
+    cmp("bf16 products: matmul_forward (working copy)", gout, out, kSums);
+    const Floats dout = rng.floats(out.size());
+    Floats din(x.size()), dw = rng.floats(w.size()), db = rng.floats(b.size());
+    auto gdout = up(dout), gdin = up(din), gdw = up(dw), gdb = up(db);
+    cpu.matmul_backward(din.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), N, C, OC);
+    gpu.matmul_backward(gdin.data(), gdw.data(), gdb.data(), gdout.data(), gx.data(), gw, N, C, OC);
+    cmp("bf16 products: matmul_backward din", gdin, din, kBf16);
+    cmp("bf16 products: matmul_backward dweight", gdw, dw, kBf16);
+    cmp("bf16 products: matmul_backward dbias", gdb, db, kBf16);
+    // The kept copy until the working copy is announced again: a change not announced is not seen.
+    const Floats w2 = bf16_values(w.size(), -0.2f, 0.2f);
+    gpu.copy_from_host(gwork.data() + 24, w2.data(), w2.size() * sizeof(float));
+    gpu.matmul_forward(gout.data(), gx.data(), gw, nullptr, N, C, OC);
+    Floats stale(out.size()), fresh(out.size());
+    cpu.matmul_forward(stale.data(), x.data(), w.data(), nullptr, N, C, OC);
+    cmp("bf16 products: matmul_forward reads the kept copy", gout, stale, kSums);
+    gpu.bf16_working_copy(gwork.data() + 24, w2.size());  // overlaps the first: replaces it
+    gpu.matmul_forward(gout.data(), gx.data(), gw, nullptr, N, C, OC);
+    cpu.matmul_forward(fresh.data(), x.data(), w2.data(), nullptr, N, C, OC);
+    cmp("bf16 products: matmul_forward after the copy is announced again", gout, fresh, kSums);
+    // Weights no working copy holds are converted per call.
+    auto gw2 = up(w2);
+    gpu.matmul_forward(gout.data(), gx.data(), gw2.data(), nullptr, N, C, OC);
+    cmp("bf16 products: matmul_forward (weights not announced)", gout, fresh, kSums);
+
+    // The attention: head dims 64 (tensor cores; T = 45 leaves a tail tile) and 40 (no tensor-core kernel:
+    // the FP32 one), and documents (the FP32 kernel).
+    for (const auto& [hd, documents] : {std::pair{64, false}, std::pair{40, false}, std::pair{64, true}}) {
+      const int B = 2, T = 45, NH = 3, AC = NH * hd;
+      const bool tensor_cores = hd == 64 && !documents;
+      const std::string tag = fmt::format(" (hd {}, {})", hd, documents ? "documents" : "causal");
+      const Floats qkv = bf16_values(size_t(B) * T * 3 * AC, -2, 2);
+      const Ints starts = doc_starts(rng, B, T, 3);
+      Floats aout(size_t(B) * T * AC), lse(size_t(B) * NH * T);
+      auto gqkv = up(qkv), gaout = up(aout), glse = up(lse);
+      auto gstarts = up(starts);
+      cpu.attention_forward(aout.data(), lse.data(), qkv.data(), opt(starts, documents), B, T, AC, NH);
+      gpu.attention_forward(gaout.data(), glse.data(), gqkv.data(), opt(gstarts, documents), B, T, AC, NH);
+      cmp("bf16 products: attention_forward out" + tag, gaout, aout, tensor_cores ? kBf16 : kSums);
+      cmp("bf16 products: attention_forward lse" + tag, glse, lse, tensor_cores ? kBf16 : kSums);
+      // Backward from the CPU's out (rounded to BF16, as the model keeps it) and lse.
+      cpu.round_to_bf16(aout.data(), aout.data(), aout.size());
+      const Floats adout = rng.floats(aout.size());
+      Floats dqkv(qkv.size());
+      auto gadout = up(adout), gdqkv = up(dqkv), gcpu_out = up(aout), gcpu_lse = up(lse);
+      cpu.attention_backward(dqkv.data(), adout.data(), qkv.data(), aout.data(), lse.data(),
+                             opt(starts, documents), B, T, AC, NH);
+      gpu.attention_backward(gdqkv.data(), gadout.data(), gqkv.data(), gcpu_out.data(), gcpu_lse.data(),
+                             opt(gstarts, documents), B, T, AC, NH);
+      cmp("bf16 products: attention_backward dqkv" + tag, gdqkv, dqkv, tensor_cores ? 2 * kBf16 : kSums);
+    }
+    gpu.set_bf16_products(false);
+  }
+
   void bf16() {
     std::vector<uint32_t> patterns{
         0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffa00000u,
@@ -600,6 +676,7 @@ bool check_backend(uint64_t seed, int device) {
     check.empty_losses();
   });
   run("bf16", [&] { check.bf16(); });
+  run("bf16 products", [&] { check.bf16_products(); });
   run("optimizer", [&] { check.optimizer(); });
   return report.print();
 }

@@ -1,16 +1,13 @@
-// Training runs on two paths: `seam`, the one trainer forge-train runs (forge::trainer::ParallelTrainer at
-// layout 1,1,1) on the CUDA backend of the seam; `kernels`, CudaTrainer over the tuned BF16 kernels of ops.h
-// (tensor-core attention, the fused classifier and epilogues), the ceiling the seam's path is to reach once
-// those kernels are behind it. The small benchmark config on both and on the CPU backend (FP32) on the same
-// token stream, losses compared step by step; then the GPT-2-124M-class config on both for throughput. The
-// throughput table is printed last.
+// Training on the one trainer forge-train runs (forge::trainer::ParallelTrainer at layout 1,1,1) on the CUDA
+// backend of the seam: the small benchmark config in FP32 and BF16 against the CPU backend (FP32) on the
+// same token stream, losses compared step by step; then the GPT-2-124M-class config in BF16 for throughput
+// (and in FP32 for a few steps, its losses against BF16's). The throughput table is printed last.
 #include "check.h"
 #include "forge/common/config.h"
 #include "forge/common/error.h"
 #include "forge/common/hash.h"
 #include "forge/trainer/cuda/backend.h"
 #include "forge/trainer/cuda/context.h"
-#include "forge/trainer/cuda/gpt.h"
 #include "forge/trainer/parallel.h"
 #include "forge/trainer/spec.h"
 
@@ -22,7 +19,6 @@
 #include <cstdlib>
 #include <limits>
 #include <memory>
-#include <optional>
 #include <thread>
 
 namespace forge::trainer::cuda::check {
@@ -51,9 +47,6 @@ void fill_tokens(const TrainSpec& spec, int64_t step, std::vector<int32_t>& out)
     }
   }
 }
-
-// Which trainer a run uses (see the top of this file).
-enum class Path { kSeam, kKernels };
 
 struct RunResult {
   std::string config, dtype;
@@ -88,35 +81,22 @@ Backend& cuda_backend() {
   return *backend;
 }
 
-RunResult run_gpu(const std::string& label, TrainSpec spec, DType dtype, int steps, Path path) {
+RunResult run_gpu(const std::string& label, TrainSpec spec, DType dtype, int steps) {
   spec.dtype = dtype;
   spec.steps = steps;
   synchronize();
   const size_t before = device_memory_used();
-  RunResult r{
-      label + (path == Path::kSeam ? " seam" : " kernels"), std::string(dtype_name(dtype)), {}, 0, 0, 0, 0};
+  RunResult r{label, std::string(dtype_name(dtype)), {}, 0, 0, 0, 0};
   {
-    std::unique_ptr<CudaTrainer> kernels;
-    std::optional<ProcessGroups> groups;
-    std::unique_ptr<ParallelTrainer> seam;
-    if (path == Path::kKernels) {
-      kernels = std::make_unique<CudaTrainer>(spec);
-    } else {
-      groups.emplace(make_groups(self_comm(), spec.layout));
-      seam = std::make_unique<ParallelTrainer>(spec, *groups, cuda_backend());
-    }
+    ProcessGroups groups = make_groups(self_comm(), spec.layout);
+    ParallelTrainer trainer(spec, groups, cuda_backend());
     std::vector<int32_t> tokens;
     std::vector<MicroBatch> batches;
     std::vector<double> seconds;
     for (int s = 0; s < steps; ++s) {
       fill_tokens(spec, s, tokens);
-      StepStats st;
-      if (kernels) {
-        st = kernels->step(tokens);
-      } else {
-        fill_batches(spec, tokens, batches);
-        st = seam->step(batches);
-      }
+      fill_batches(spec, tokens, batches);
+      const StepStats st = trainer.step(batches);
       r.losses.push_back(st.loss);
       seconds.push_back(st.seconds);
     }
@@ -173,16 +153,13 @@ void check_train_runs(const TrainOptions& o, Table& table, std::vector<RunResult
              small.model.layers, small.model.d_model, small.model.heads, small.model.vocab,
              small.model.seq_len, small.batch);
   std::fflush(stdout);
-  for (const Path path : {Path::kSeam, Path::kKernels}) {
-    runs.push_back(run_gpu("small", small, DType::kF32, o.steps, path));
-    runs.push_back(run_gpu("small", small, DType::kBF16, o.steps, path));
-  }
+  runs.push_back(run_gpu("small", small, DType::kF32, o.steps));
+  runs.push_back(run_gpu("small", small, DType::kBF16, o.steps));
   const std::vector<double> cpu = run_cpu(small, o.cpu_steps, o.steps);
 
   // Per-step relative loss difference against the CPU FP32 run. FP32 differs only by summation order; BF16
   // by its rounding of the matrix-product inputs, about 0.4% per value.
-  fmt::print("\n{:>4} {:>12} {:>12} {:>12} {:>12} {:>12}\n", "step", "cpu fp32", "seam fp32", "seam bf16",
-             "kernels fp32", "kernels bf16");
+  fmt::print("\n{:>4} {:>12} {:>12} {:>12}\n", "step", "cpu fp32", "cuda fp32", "cuda bf16");
   std::vector<double> err(runs.size(), 0.0);
   for (int s = 0; s < o.cpu_steps; ++s) {
     const double c = cpu[size_t(s)];
@@ -206,30 +183,15 @@ void check_train_runs(const TrainOptions& o, Table& table, std::vector<RunResult
     fmt::print("\nGPT-2-124M class: 12 layers, d_model 768, 12 heads, vocab 50304, seq 1024, batch {}\n",
                gpt2.batch);
     std::fflush(stdout);
-    runs.push_back(run_gpu("gpt2-124m", gpt2, DType::kBF16, o.steps, Path::kSeam));
-    runs.push_back(run_gpu("gpt2-124m", gpt2, DType::kBF16, o.steps, Path::kKernels));
-    const auto& seam = runs[runs.size() - 2].losses;
-    const auto& kernels = runs.back().losses;
+    runs.push_back(run_gpu("gpt2-124m", gpt2, DType::kBF16, o.steps));
+    const auto& bf16 = runs.back().losses;
+    table.add("gpt2-124m: final/initial loss < 0.97", "bf16", bf16.back() / bf16.front(), 0.97);
+    runs.push_back(run_gpu("gpt2-124m", gpt2, DType::kF32, std::min(o.steps, 10)));
+    const auto& f32 = runs.back().losses;
     double e = 0;
-    for (size_t s = 0; s < std::min<size_t>(5, seam.size()); ++s)
-      e = std::max(e, std::fabs(seam[s] - kernels[s]) / kernels[s]);
-    table.add("gpt2-124m: seam vs kernels loss, 5 steps", "bf16", e, 2e-2);
-    table.add("gpt2-124m seam: final/initial loss < 0.97", "bf16", seam.back() / seam.front(), 0.97);
-    runs.push_back(run_gpu("gpt2-124m", gpt2, DType::kF32, std::min(o.steps, 10), Path::kKernels));
-    const auto& f = runs.back().losses;
-    double e32 = 0;
-    for (size_t s = 0; s < std::min<size_t>(5, f.size()); ++s)
-      e32 = std::max(e32, std::fabs(kernels[s] - f[s]) / f[s]);
-    table.add("gpt2-124m kernels: bf16 vs fp32 loss, 5 steps", "bf16", e32, 2e-2);
-    // The same run with the GELU and bias-gradient epilogues as separate kernels: what the fusion buys.
-    setenv("FORGE_CUDA_GEMM_FUSION", "off", 1);
-    runs.push_back(run_gpu("gpt2 unfused", gpt2, DType::kBF16, std::min(o.steps, 10), Path::kKernels));
-    unsetenv("FORGE_CUDA_GEMM_FUSION");
-    const auto& u = runs.back().losses;
-    double eu = 0;
-    for (size_t s = 0; s < std::min<size_t>(5, u.size()); ++s)
-      eu = std::max(eu, std::fabs(kernels[s] - u[s]) / u[s]);
-    table.add("gpt2-124m: fused vs unfused epilogues, 5 steps", "bf16", eu, 1e-2);
+    for (size_t s = 0; s < std::min<size_t>(5, f32.size()); ++s)
+      e = std::max(e, std::fabs(bf16[s] - f32[s]) / f32[s]);
+    table.add("gpt2-124m: bf16 vs fp32 loss, 5 steps", "bf16", e, 2e-2);
   }
 }
 
@@ -239,12 +201,15 @@ void profile_train(const TrainOptions& o) {
   TrainSpec spec = gpt2_spec(small_spec(o), o.gpt2_batch);
   spec.dtype = DType::kBF16;
   spec.steps = 4;
-  CudaTrainer trainer(spec);
+  ProcessGroups groups = make_groups(self_comm(), spec.layout);
+  ParallelTrainer trainer(spec, groups, cuda_backend());
   std::vector<int32_t> tokens;
+  std::vector<MicroBatch> batches;
   for (int s = 0; s < spec.steps; ++s) {
     fill_tokens(spec, s, tokens);
+    fill_batches(spec, tokens, batches);
     if (s + 1 == spec.steps) check_cuda(cudaProfilerStart(), "cudaProfilerStart");
-    const StepStats st = trainer.step(tokens);
+    const StepStats st = trainer.step(batches);
     fmt::print("gpt2-124m bf16 step {}: {:.1f} ms\n", s + 1, 1e3 * st.seconds);
   }
   check_cuda(cudaProfilerStop(), "cudaProfilerStop");

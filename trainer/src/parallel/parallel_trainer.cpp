@@ -161,6 +161,7 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups, B
     at += part;
   }
   shard_ = backend.alloc<float>(at);
+  gathered_ = buckets_.size();  // no gather pending
   // Each gradient element counts once in the global norm: tensors not split by tensor parallelism on
   // tensor-parallel rank 0 only, the tied embedding on the first stage only. Expert tensors differ across
   // the ep group and are owned in parts across expert_dp, as the rest is across dp.
@@ -181,6 +182,36 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups, B
 }
 
 ParallelTrainer::~ParallelTrainer() = default;
+
+GPT& ParallelTrainer::model() {
+  complete_gathers();
+  return *model_;
+}
+
+void ParallelTrainer::launch_gathers() {
+  float* w = model_->weights().data();
+  for (size_t i = 0; i < buckets_.size(); ++i)
+    if (buckets_[i].group->size() > 1)
+      buckets_[i].gather = buckets_[i].group->all_gather(w + owned_[i].lo, w + buckets_[i].lo,
+                                                         owned_[i].hi - owned_[i].lo, CommType::kF32);
+  gathered_ = 0;
+}
+
+void ParallelTrainer::need_weights(int layer) {
+  for (; gathered_ < buckets_.size() && buckets_[gathered_].key <= layer; ++gathered_) {
+    Bucket& b = buckets_[gathered_];
+    if (b.gather) {
+      mark_activity("all_gather (ZeRO-1 parameters)");
+      b.gather->wait();
+      b.gather.reset();
+    }
+    model_->weights_changed({b.lo, b.hi});
+  }
+}
+
+void ParallelTrainer::complete_gathers() {
+  need_weights(std::numeric_limits<int>::max());
+}
 
 void ParallelTrainer::launch(Bucket& b) {
   if (b.group->size() == 1 || b.request) return;
@@ -258,7 +289,10 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
     if (!first) g.pp->recv(recv_act_.data(), nc, CommType::kF32, stage - 1, 2 * i)->wait();
     mark_activity("forward");
     TraceSpan span("forward micro-batch", "schedule", i);
-    loss_sum += model_->forward(slot, batches[size_t(i)], recv_act_.data(), loss_scale, true).loss;
+    loss_sum += model_
+                    ->forward(slot, batches[size_t(i)], recv_act_.data(), loss_scale, true,
+                              [this](int layer) { need_weights(layer); })
+                    .loss;
     if (!last)
       sent_act[size_t(slot)] = g.pp->send(model_->output(slot).data(), nc, CommType::kF32, stage + 1, 2 * i);
   };
@@ -270,6 +304,7 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
     }
   };
   const auto backward = [&](int i) {
+    complete_gathers();  // the forwards completed them as they went; none may still run into the update
     const int slot = i % slots_;
     if (!last) g.pp->recv(recv_grad_.data(), nc, CommType::kF32, stage + 1, 2 * i + 1)->wait();
     if (sent_grad[size_t(slot)]) sent_grad[size_t(slot)]->wait();
@@ -352,16 +387,10 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
     if (clip > 0 && clip / (norm + 1e-6) < 1.0)
       backend_.scale(model_->grads().data(), float(clip / (norm + 1e-6)), optimizer_->ranges());
     optimizer_->step(model_->weights(), model_->grads(), lr);
-    if (spec_.parallel.zero == 1 && dpn > 1) {
-      float* w = model_->weights().data();
-      std::vector<RequestPtr> gathers;
-      for (size_t i = 0; i < buckets_.size(); ++i)
-        if (buckets_[i].group->size() > 1)
-          gathers.push_back(buckets_[i].group->all_gather(w + owned_[i].lo, w + buckets_[i].lo,
-                                                          owned_[i].hi - owned_[i].lo, CommType::kF32));
-      for (auto& r : gathers) r->wait();
-    }
-    model_->weights_changed();
+    if (spec_.parallel.zero == 1 && dpn > 1)
+      launch_gathers();  // completed by the next forward (need_weights) or whoever asks for model()
+    else
+      model_->weights_changed();
   } else {
     // The update is dropped, the step is not: step numbers, the schedule and the data stay functions
     // of the step whatever the guard decides.
@@ -392,6 +421,7 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
 }
 
 double ParallelTrainer::loss_of(const MicroBatch& mine) {
+  complete_gathers();
   model_->check(mine);
   ProcessGroups& g = groups_;
   const size_t nc = size_t(model_->rows()) * size_t(spec_.model.d_model);

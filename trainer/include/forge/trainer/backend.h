@@ -106,11 +106,17 @@ class Backend {
     return out;
   }
 
-  // The model's BF16 mode (model.h): the inputs of every matrix product are BF16 values held in FP32,
-  // except gradients. A backend may then multiply in any precision that holds BF16 values exactly (the
-  // CUDA backend: TF32 tensor cores, which round the FP32 gradients to 10 mantissa bits); the CPU backend
-  // keeps FP32. Set by the trainer for the process's run.
+  // The model's BF16 mode (model.h): the inputs of every matrix product and of the attention are BF16
+  // values held in FP32, except gradients. A backend may then multiply in BF16, rounding the gradients to
+  // BF16 as they enter a product (the CUDA backend: BF16 tensor cores, as BF16 trainers do); the CPU
+  // backend keeps FP32. Set by the trainer for the process's run.
   virtual void set_bf16_products(bool) {}
+  // BF16 mode: [values, values + n) of a model's working copy of its weights (BF16 values held in FP32),
+  // all of it or a part, was just written; the model calls this after every change to it. Until the next
+  // call for those values, the matrix products' `w` operands that point into them may be read from a copy
+  // the backend keeps in its own format (the CUDA backend: 2-byte BF16 for its tensor cores). The default
+  // keeps none.
+  virtual void bf16_working_copy(const float* /*values*/, size_t /*n*/) {}
 
   // ---- layers
   // out[r,:] = wte[tokens[r] - vocab_begin,:] + wpe[positions[r],:] for the vocabulary rows

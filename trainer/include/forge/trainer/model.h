@@ -176,8 +176,10 @@ class GPT {
   // Deterministic initialization of every parameter (init_parameter).
   void init(uint64_t seed);
   void zero_grad();
-  // Call after changing weights() (optimizer step, loading): refreshes the BF16 working copy.
+  // Call after changing weights() (optimizer step, loading): refreshes the BF16 working copy, of every
+  // weight or of the flat range `part`.
   void weights_changed();
+  void weights_changed(FlatRange part);
 
   // Pipeline-stage primitives on activation set `slot`, for `batch`, this rank's micro-batch (batch()
   // rows of config.seq_len). rows() = batch x seq_len.
@@ -186,8 +188,11 @@ class GPT {
   // returns the loss sums of the batch and, if `backward`, prepares the classifier's gradient for
   // backward() (of loss_scale x the loss sum: the trainer passes 1 / the step's global weight); any other
   // returns zeros and leaves its output in output(slot). `batch` must stay alive and unchanged until
-  // backward(slot) returns: a host backend reads it in place.
-  LossSums forward(int slot, const MicroBatch& batch, const float* input, float loss_scale, bool backward);
+  // backward(slot) returns: a host backend reads it in place. Calls before_weights(l), when set, before it
+  // first reads the weights of layer l (numbered as backward's on_grads; -1, the embeddings, comes first,
+  // the tied classifier included): where a caller completes their update (ZeRO-1's all-gather).
+  LossSums forward(int slot, const MicroBatch& batch, const float* input, float loss_scale, bool backward,
+                   const std::function<void(int)>& before_weights = {});
   std::span<const float> output(int slot) const;
   // backward of the micro-batch forward() ran on `slot`: from the classifier gradient (head) or from
   // `d_output` (the next stage's input gradient). Leaves the gradient of the slice's input in
@@ -239,10 +244,13 @@ class GPT {
   struct Slot;
   struct Workspace;
   LossSums run_forward(int slot, const MicroBatch& batch, const float* input, float loss_scale, bool backward,
-                       float* logits_out, bool classify = true);
+                       float* logits_out, bool classify = true,
+                       const std::function<void(int)>& before_weights = {});
   // The blocks of slot `slot` over its first N rows (the stream entering them in res), and the final
-  // LayerNorm when the slice has the head; attend(layer, att, lse, qkv) is the attention of each block.
-  void run_blocks(int slot, int N, const std::function<void(int, float*, float*, const float*)>& attend);
+  // LayerNorm when the slice has the head; attend(layer, att, lse, qkv) is the attention of each block;
+  // before_weights as forward's.
+  void run_blocks(int slot, int N, const std::function<void(int, float*, float*, const float*)>& attend,
+                  const std::function<void(int)>& before_weights = {});
   void check_whole(const MicroBatch& batch) const;
   ParamRef ref(const std::string& name);
 

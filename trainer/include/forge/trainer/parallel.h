@@ -1,9 +1,10 @@
 // The training step, on every layout: one process's slice of the model (its pipeline stage's layers, its
 // tensor-parallel shard), the 1F1B pipeline schedule over micro-batches, data-parallel gradient
 // reduction in buckets launched as backward finishes each layer, ZeRO-1 (optimizer state sharded across
-// the data-parallel group: reduce-scatter gradients, update the local shard, all-gather parameters),
-// clipping, the schedule and AdamW. At layout 1,1,1 (self_comm, groups.h) it is the one-process trainer.
-// The same spec gives the same losses on every layout, up to floating-point summation order.
+// the data-parallel group: reduce-scatter gradients, update the local shard, all-gather parameters, each
+// bucket's gather completed where the next forward first needs its layer), clipping, the schedule and AdamW.
+// At layout 1,1,1 (self_comm, groups.h) it is the one-process trainer. The same spec gives the same losses on
+// every layout, up to floating-point summation order.
 #pragma once
 
 #include "forge/common/batch.h"
@@ -35,7 +36,8 @@ class ParallelTrainer {
                   std::shared_ptr<GPT> teacher = nullptr);
   ~ParallelTrainer();
 
-  GPT& model() { return *model_; }
+  // The model, its parameters complete (ZeRO-1's gathers of the last update finished).
+  GPT& model();
   AdamW& optimizer() { return *optimizer_; }
   ProcessGroups& groups() { return groups_; }
   int64_t steps_taken() const { return optimizer_->steps_taken(); }
@@ -68,9 +70,16 @@ class ParallelTrainer {
     Comm* group;      // dp; an MoE block's experts: expert_dp
     size_t shard_at;  // where this rank's part sits in shard_
     RequestPtr request;
+    RequestPtr gather = {};  // ZeRO-1: the all-gather of the updated parameters
   };
   void launch(Bucket& bucket);
   void finish_gradients();
+  // ZeRO-1 after an update: every bucket's parameter all-gather is launched; need_weights(l) completes
+  // those of the buckets up to layer l (keys rise in storage order) and refreshes their part of the
+  // model's working copy: the next forward calls it as it reaches each layer, so the gathers overlap it.
+  void launch_gathers();
+  void need_weights(int layer);
+  void complete_gathers();
 
   TrainSpec spec_;
   ProcessGroups& groups_;
@@ -86,6 +95,7 @@ class ParallelTrainer {
   std::vector<FlatRange> norm_ranges_;  // owned elements counted once in the global norm
   Buffer<float> shard_;                 // reduce-scatter output, back to back
   Buffer<float> recv_act_, recv_grad_;
+  size_t gathered_ = 0;  // buckets_[0, gathered_) hold their updated parameters (need_weights)
   bool inject_nan_ = false;
 };
 

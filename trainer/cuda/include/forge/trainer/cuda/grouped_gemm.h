@@ -25,10 +25,10 @@
 
 namespace forge::trainer::cuda {
 
-// out_e = in_e @ w_e^T (+ bias_e if bias is not null; a bias only where O is T), per expert e:
+// out_e = in_e @ w_e^T (+ bias_e if bias is not null, in the output's type), per expert e:
 // out_e, in_e are rows [begin_host[e], begin_host[e + 1]) of out [rows, OC] and in [rows, C].
 template <class T, class O>
-void grouped_matmul_forward(O* out, const T* in, const T* w, const T* bias, const int* begin_host,
+void grouped_matmul_forward(O* out, const T* in, const T* w, const O* bias, const int* begin_host,
                             int experts, int C, int OC);
 
 // Per expert e, over its rows: din_e = dout_e @ w_e (overwrites; skipped if din is null);

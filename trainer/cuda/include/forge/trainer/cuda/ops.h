@@ -70,21 +70,18 @@ void adamw_update(float* w, T* work, const float* g, float* m, float* v, size_t 
 void sum_squares(double* out, const float* g, size_t n);
 
 // ---- gemm.cpp (cuBLASLt; FP32 accumulation; weights in PyTorch's Linear layout [OC, C]) ----
-// FP32 products on TF32 tensor cores (off by default; the CUDA backend turns it on around its own products
-// in the BF16 mode): exact for inputs that are BF16 values held in FP32 (TF32 keeps 10 mantissa bits, BF16
-// 7, both 8 exponent bits), FP32 accumulation as a BF16 product.
-void set_fp32_products_tf32(bool on);
-// out = in @ w^T (+ bias if not null; bias only where O is T)
+// out = in @ w^T (+ bias if not null, in the output's type)
 template <class T, class O>
-void matmul_forward(O* out, const T* in, const T* w, const T* bias, int N, int C, int OC);
+void matmul_forward(O* out, const T* in, const T* w, const O* bias, int N, int C, int OC);
 // out = gelu(pre), pre = in @ w^T + bias: matmul_forward and bias_gelu_forward in one product where
 // cuBLASLt has the epilogue (pre is then rounded to T once, out computed from the unrounded value).
 template <class T>
 void matmul_bias_gelu_forward(T* out, T* pre, const T* in, const T* w, const T* bias, int N, int C, int OC);
 // din = dout @ w (overwrites; skipped if null), times gelu'(gelu_pre) if gelu_pre is not null (the product
-// fused with gelu_backward); dw += dout^T @ in; dbias += column sums of dout (if not null)
-template <class T>
-void matmul_backward(T* din, float* dw, float* dbias, const T* dout, const T* in, const T* w, int N, int C,
+// fused with gelu_backward; din then in the input type); dw += dout^T @ in; dbias += column sums of dout
+// (if not null)
+template <class T, class O = T>
+void matmul_backward(O* din, float* dw, float* dbias, const T* dout, const T* in, const T* w, int N, int C,
                      int OC, const T* gelu_pre = nullptr);
 
 // ---- attention.cu ---- causal multi-head attention on the fused qkv [B*T, 3C]: tiled with an online
