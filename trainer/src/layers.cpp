@@ -7,11 +7,6 @@
 
 namespace forge::trainer {
 
-namespace {
-// Positions per classifier chunk: the logits of 256 rows at vocabulary 8192 are 8 MiB.
-constexpr int kChunkRows = 256;
-}  // namespace
-
 Linear::Linear(Backend& backend, ParamRef weight, ParamRef bias, bool add_bias)
     : backend_(backend),
       weight_(weight),
@@ -56,7 +51,8 @@ Classifier::Classifier(Backend& backend, ParamRef wte, int vocab_begin, VocabGro
 
 double Classifier::forward_backward(float* dx, const float* x, const DeviceBatch& batch, int rows,
                                     const Loss& loss, float scale, float* logits_out) {
-  if (const size_t need = size_t(std::min(rows, kChunkRows)) * size_t(V_); chunk_.size() < need)
+  const int chunk_rows = backend_.classifier_chunk_rows(V_);
+  if (const size_t need = size_t(std::min(rows, chunk_rows)) * size_t(V_); chunk_.size() < need)
     chunk_ = backend_.alloc<float>(need);
   float* logits = chunk_.data();
   loss.begin(batch);
@@ -68,8 +64,8 @@ double Classifier::forward_backward(float* dx, const float* x, const DeviceBatch
     if (nll_.size() < size_t(rows)) nll_ = backend_.alloc<float>(size_t(rows));
     nll_host_.resize(size_t(rows));
     coeff_host_.resize(size_t(rows));
-    for (int r0 = 0; r0 < rows; r0 += kChunkRows) {
-      const int n = std::min(kChunkRows, rows - r0);
+    for (int r0 = 0; r0 < rows; r0 += chunk_rows) {
+      const int n = std::min(chunk_rows, rows - r0);
       backend_.matmul_forward(logits, x + int64_t(r0) * C_, wte_.value, nullptr, n, C_, V_);
       backend_.cross_entropy(logits, batch.targets + r0,
                              batch.weights != nullptr ? batch.weights + r0 : nullptr, n, V_, vocab_begin_,
@@ -86,8 +82,8 @@ double Classifier::forward_backward(float* dx, const float* x, const DeviceBatch
       coeff = coeff_.data();
     }
   }
-  for (int r0 = 0; r0 < rows; r0 += kChunkRows) {
-    const int n = std::min(kChunkRows, rows - r0);
+  for (int r0 = 0; r0 < rows; r0 += chunk_rows) {
+    const int n = std::min(chunk_rows, rows - r0);
     const float* xr = x + int64_t(r0) * C_;
     backend_.matmul_forward(logits, xr, wte_.value, nullptr, n, C_, V_);
     if (logits_out != nullptr)

@@ -17,6 +17,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <iterator>
 #include <map>
 #include <vector>
@@ -200,7 +201,15 @@ class CudaBackend final : public Backend {
     seam::row_dots(dot, a, b, index, N, k, C);
   }
 
-  // ---- the loss: the kernels' passes with the group's reductions (host buffers) between them, as the CPU
+  // ---- the loss
+  // As many positions as 1 GiB of FP32 logits holds (5120 at vocabulary 50304, a GPT-2 step in 4 chunks):
+  // every chunk's loss is a host read, which drains the stream.
+  int classifier_chunk_rows(int vocab) const override {
+    constexpr size_t kBytes = size_t(1) << 30;
+    const size_t rows = kBytes / (sizeof(float) * size_t(std::max(vocab, 1))) / 256 * 256;
+    return int(std::clamp<size_t>(rows, 256, 1 << 20));
+  }
+  // The kernels' passes with the group's reductions (host buffers) between them, as the CPU
   // op does; each row's weighted loss comes back as a double and is summed here in row order. No early return
   // for an empty chunk: the group's reductions are collectives, called on every rank of the group alike.
   double cross_entropy(float* logits, const int32_t* targets, const float* weights, int rows, int V,

@@ -183,6 +183,10 @@ class Backend {
                         int C) = 0;
 
   // ---- the loss
+  // Positions whose logits over `vocab` columns the classifier forms at once (the logits of all positions
+  // never exist at once; layers.h): 256 by default (8 MiB at vocabulary 8192, within the caches' reach). A
+  // device backend takes more: each chunk's loss is read back by the host.
+  virtual int classifier_chunk_rows(int /*vocab*/) const { return 256; }
   // Softmax cross-entropy of a chunk of logits [rows, V] (vocabulary columns [vocab_begin, vocab_begin +
   // V) of a split vocabulary, combined through `group` when not null). Row i's loss is weighted by
   // weights[i] (null: 1); a target of MicroBatch::kIgnore weighs 0. Returns the weighted sum. When
