@@ -73,7 +73,25 @@ class CudaBackend final : public Backend {
   }
   size_t device_bytes_in_use() const override { return device_memory_used(); }
   void set_bf16_products(bool on) override { bf16_products_ = on; }
-  void synchronize() override { check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize"); }
+  void mark_step_start() override {
+    if (step_start_ == nullptr) {
+      check_cuda(cudaEventCreate(&step_start_), "cudaEventCreate");
+      check_cuda(cudaEventCreate(&step_end_), "cudaEventCreate");
+    }
+    check_cuda(cudaEventRecord(step_start_, stream()), "cudaEventRecord");
+  }
+  double step_seconds() override {
+    if (step_start_ == nullptr) return -1;
+    check_cuda(cudaEventRecord(step_end_, stream()), "cudaEventRecord");
+    check_cuda(cudaEventSynchronize(step_end_), "cudaEventSynchronize");
+    float ms = 0;
+    check_cuda(cudaEventElapsedTime(&ms, step_start_, step_end_), "cudaEventElapsedTime");
+    return double(ms) / 1e3;
+  }
+  ~CudaBackend() override {
+    for (cudaEvent_t e : {step_start_, step_end_})
+      if (e != nullptr) cudaEventDestroy(e);
+  }
   std::unique_ptr<Allocation> allocate(size_t bytes) override {
     return std::make_unique<DeviceAllocation>(bytes);
   }
@@ -338,9 +356,10 @@ class CudaBackend final : public Backend {
     size_t n = 0;
     DeviceBuffer values;  // bf16
   };
-  bool bf16_products_ = false;                        // set_bf16_products
-  std::map<const float*, WeightCopy> weight_copies_;  // bf16_working_copy, by the working copy's start
-  DeviceBuffer in_, dout_, w_, out_, dqkv_, delta_;   // BF16 operands (and the attention's delta)
+  cudaEvent_t step_start_ = nullptr, step_end_ = nullptr;  // mark_step_start, step_seconds
+  bool bf16_products_ = false;                             // set_bf16_products
+  std::map<const float*, WeightCopy> weight_copies_;       // bf16_working_copy, by the working copy's start
+  DeviceBuffer in_, dout_, w_, out_, dqkv_, delta_;        // BF16 operands (and the attention's delta)
   DeviceBuffer stats_, row_loss_, sum_;
   std::vector<float> host_stats_;
   std::vector<double> host_loss_;

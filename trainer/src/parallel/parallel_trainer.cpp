@@ -253,6 +253,7 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   // resumed one do at different steps.
   loss_->take_metrics();
   model_->take_router_stats();
+  backend_.mark_step_start();
   const auto t0 = std::chrono::steady_clock::now();
   ProcessGroups& g = groups_;
   const CommTotals comm0 =
@@ -396,7 +397,7 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
     // of the step whatever the guard decides.
     optimizer_->restore_steps(step);
   }
-  backend_.synchronize();  // the step's time includes the device's queued work
+  const double device_seconds = backend_.step_seconds();  // waits for the device's queued work
   const CommTotals comm1 =
       totals({g.tp.get(), g.dp.get(), g.embed.get(), g.world.get(), g.ep.get(), g.expert_dp.get()});
   const CommTotals pipe1 = totals({g.pp.get()});
@@ -406,7 +407,9 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   st.loss = loss;
   st.grad_norm = norm;
   st.lr = lr;
-  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  st.seconds = device_seconds >= 0
+                   ? device_seconds
+                   : std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   st.tokens = int64_t(m) * dpn * spec_.batch * T;
   st.scored = weight;
   st.objective = std::move(figures);

@@ -80,8 +80,11 @@ class Backend {
   // Whether `p` points into memory of this backend that the host cannot read (device memory): what a
   // communicator that moves host memory must stage (staged_comm.h). Always false on a host backend.
   virtual bool device_memory(const void* p) const = 0;
-  // Returns once every op queued so far has finished (a device backend queues them): step timing.
-  virtual void synchronize() {}
+  // A step's time on the device's clock: mark_step_start() before the step's first op, step_seconds() after
+  // its last returns the seconds between the two on the device (CUDA events) once the queued work is done.
+  // A host backend runs each op as it is called and has no device clock: negative (the caller times it).
+  virtual void mark_step_start() {}
+  virtual double step_seconds() { return -1; }
   // Device memory in use on the backend's device (every allocation on it, the libraries' workspaces
   // included), bytes; 0 on a host backend.
   virtual size_t device_bytes_in_use() const { return 0; }
