@@ -1,6 +1,7 @@
 // Matrix products through cuBLASLt: FP32 accumulation always; BF16 or FP32 inputs; outputs in the input
 // type or FP32. Row-major [rows, cols] matrices are cuBLAS's column-major [cols, rows], so each product is
 // issued transposed (C^T = B^T A^T). The algorithm the heuristic picks is cached per shape.
+#include "backend_kernels.h"
 #include "forge/common/error.h"
 #include "forge/trainer/cuda/context.h"
 #include "forge/trainer/cuda/ops.h"
@@ -92,11 +93,14 @@ bool fusion_enabled() {
 
 // Column-major D[m, n] = alpha op(A) op(B) + beta D, then the epilogue (a bias has m entries, broadcast over
 // columns). Leading dimensions are the stored (untransposed) row counts. Returns false, having done
-// nothing, when cuBLASLt has no algorithm for a fused GELU or bias-gradient epilogue (the caller then runs
-// the separate kernels); a plain product or bias without an algorithm is an error.
+// nothing, when cuBLASLt has no algorithm for a fused GELU or bias-gradient epilogue, or for a bias with
+// `optional_bias` (the caller then runs the separate kernels); a plain product or bias without an algorithm
+// is an error.
 bool gemm(bool ta, bool tb, int m, int n, int k, const void* A, int lda, const void* B, int ldb, void* D,
-          int ldd, cudaDataType_t ab, cudaDataType_t d, bool accumulate, const Epilogue& ep = {}) {
-  const bool optional = ep.kind != CUBLASLT_EPILOGUE_DEFAULT && ep.kind != CUBLASLT_EPILOGUE_BIAS;
+          int ldd, cudaDataType_t ab, cudaDataType_t d, bool accumulate, const Epilogue& ep = {},
+          bool optional_bias = false) {
+  const bool optional =
+      ep.kind != CUBLASLT_EPILOGUE_DEFAULT && (ep.kind != CUBLASLT_EPILOGUE_BIAS || optional_bias);
   if (optional && !fusion_enabled()) return false;
   auto* lt = static_cast<cublasLtHandle_t>(cublaslt_handle());
   Descs desc;
@@ -198,10 +202,16 @@ float* bias_grad_scratch(int n) {
 
 template <class T, class O>
 void matmul_forward(O* out, const T* in, const T* w, const O* bias, int N, int C, int OC) {
-  // out^T[OC, N] = w^T(stored [C, OC]) ^T x in^T[C, N]; cuBLASLt reads the bias in the output's type
-  Epilogue ep;
-  if (bias != nullptr) ep = {CUBLASLT_EPILOGUE_BIAS, bias};
-  gemm(true, false, OC, N, C, w, C, in, C, out, OC, data_type<T>(), data_type<O>(), false, ep);
+  // out^T[OC, N] = w^T(stored [C, OC]) ^T x in^T[C, N]; cuBLASLt reads the bias in the output's type. With
+  // BF16 operands and an FP32 output (the CUDA backend's BF16 products) the bias epilogue may have no
+  // algorithm: then the plain product and a separate pass.
+  constexpr bool mixed = !std::is_same_v<T, O>;
+  if (bias != nullptr && gemm(true, false, OC, N, C, w, C, in, C, out, OC, data_type<T>(), data_type<O>(),
+                              false, {CUBLASLT_EPILOGUE_BIAS, bias}, mixed))
+    return;
+  gemm(true, false, OC, N, C, w, C, in, C, out, OC, data_type<T>(), data_type<O>(), false);
+  if constexpr (mixed)
+    if (bias != nullptr) seam::add_bias(out, bias, N, OC);
 }
 
 template <class T>
