@@ -518,7 +518,7 @@ struct Checker {
     Floats stale(out.size()), fresh(out.size());
     cpu.matmul_forward(stale.data(), x.data(), w.data(), nullptr, N, C, OC);
     cmp("bf16 products: matmul_forward reads the kept copy", gout, stale, kSums);
-    gpu.bf16_working_copy(gwork.data() + 24, w2.size());  // overlaps the first: replaces it
+    gpu.bf16_working_copy(gwork.data() + 24, w2.size());  // a part of the kept copy: refreshed
     gpu.matmul_forward(gout.data(), gx.data(), gw, nullptr, N, C, OC);
     cpu.matmul_forward(fresh.data(), x.data(), w2.data(), nullptr, N, C, OC);
     cmp("bf16 products: matmul_forward after the copy is announced again", gout, fresh, kSums);
