@@ -122,6 +122,8 @@ for w in d["work_split"]:
           f"{w['documents_out']} documents out, {w['shards_written']} shards written")
 print(f"  exchanged {d['exchanged_bytes_per_input_byte']:.3f} bytes per input byte")
 PY
+# sbatch --wait returns when slurmctld has the job end; its accounting record reaches sacct a moment later.
+final_state "$prep" 60 >/dev/null
 echo "prepare job $prep ran on partition $(sacct -n -X -P -j "$prep" -o Partition) ($(sacct -n -X -P -j "$prep" -o NodeList)), away from the training GPUs"
 
 stage "approval: the pretraining job is over the policy's GPU-hour threshold; root asks, carol approves"
