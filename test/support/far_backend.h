@@ -31,7 +31,7 @@ class FarBackend final : public trainer::Backend {
   bool device_memory(const void* p) const override { return reinterpret_cast<uintptr_t>(p) >= kOffset; }
 
   std::unique_ptr<trainer::Allocation> allocate(size_t bytes) override {
-    return std::make_unique<Far>(cpu_.allocate(bytes));
+    return std::make_unique<Far>(cpu_.allocate(bytes), bytes, *this);
   }
   void copy_from_host(void* dst, const void* host_src, size_t bytes) override {
     ++host_copies_;
@@ -170,9 +170,17 @@ class FarBackend final : public trainer::Backend {
   }
 
  private:
+  // Freed: the copies kept of what it held are forgotten, as the CUDA backend forgets them.
   class Far final : public trainer::Allocation {
    public:
-    explicit Far(std::unique_ptr<trainer::Allocation> memory) : memory_(std::move(memory)) {}
+    Far(std::unique_ptr<trainer::Allocation> memory, size_t bytes, FarBackend& owner)
+        : memory_(std::move(memory)), bytes_(bytes), owner_(owner) {}
+    ~Far() override {
+      const auto* lo = static_cast<const float*>(data());
+      for (auto it = owner_.copies_.lower_bound(lo);
+           it != owner_.copies_.end() && it->first < lo + bytes_ / 4;)
+        it = owner_.copies_.erase(it);
+    }
     void* data() override {
       void* p = memory_->data();
       return p == nullptr ? nullptr : reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(p) + kOffset);
@@ -180,6 +188,8 @@ class FarBackend final : public trainer::Backend {
 
    private:
     std::unique_ptr<trainer::Allocation> memory_;
+    size_t bytes_;
+    FarBackend& owner_;
   };
   template <typename T>
   static T* host(T* p) {

@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <vector>
@@ -27,14 +28,20 @@ namespace forge::trainer::cuda {
 namespace {
 
 // Zero-filled on the stream, so every op queued after it sees zeros; freed by cudaFree (DeviceBuffer), which
-// waits for the device, so no queued op still reads it.
+// waits for the device, so no queued op still reads it. `freed` is told first (the backend then forgets
+// the BF16 copies it kept of what the memory held).
 class DeviceAllocation final : public Allocation {
  public:
-  explicit DeviceAllocation(size_t bytes) : buffer_(bytes) { buffer_.zero(); }
+  DeviceAllocation(size_t bytes, std::function<void(const void*, size_t)> freed)
+      : buffer_(bytes), freed_(std::move(freed)) {
+    buffer_.zero();
+  }
+  ~DeviceAllocation() override { freed_(buffer_.as<void>(), buffer_.bytes()); }
   void* data() override { return buffer_.as<void>(); }
 
  private:
   DeviceBuffer buffer_;
+  std::function<void(const void*, size_t)> freed_;
 };
 
 // Page-locked host memory: device copies into it run at the bus's speed and need no bounce buffer.
@@ -93,7 +100,8 @@ class CudaBackend final : public Backend {
       if (e != nullptr) cudaEventDestroy(e);
   }
   std::unique_ptr<Allocation> allocate(size_t bytes) override {
-    return std::make_unique<DeviceAllocation>(bytes);
+    return std::make_unique<DeviceAllocation>(bytes,
+                                              [this](const void* p, size_t n) { forget_copies(p, n); });
   }
   std::unique_ptr<Allocation> allocate_host(size_t bytes) override {
     return std::make_unique<PinnedAllocation>(bytes);
@@ -328,6 +336,14 @@ class CudaBackend final : public Backend {
     bf16* copy = scratch<bf16>(buffer, n);
     cuda::convert<bf16>(copy, values, int64_t(n));
     return copy;
+  }
+  // Drops the kept copies of working copies in [p, p + bytes), memory being freed: a later allocation there
+  // holds something else.
+  void forget_copies(const void* p, size_t bytes) {
+    const auto* lo = static_cast<const float*>(p);
+    const auto* hi = reinterpret_cast<const float*>(static_cast<const char*>(p) + bytes);
+    for (auto it = weight_copies_.lower_bound(lo); it != weight_copies_.end() && it->first < hi;)
+      it = weight_copies_.erase(it);
   }
   // Where the kept copy holds [values, values + n): null when no kept copy holds all of them.
   bf16* kept_copy(const float* values, size_t n) {
