@@ -228,18 +228,18 @@ void matmul_backward(O* din, float* dw, float* dbias, const T* dout, const T* in
                      int OC, const T* gelu_pre) {
   // din^T[C, N] = w(stored [C, OC]) x dout^T[OC, N], times GELU'(gelu_pre) if given
   if (din != nullptr) {
-    if constexpr (std::is_same_v<T, O>) {
-      const bool fused =
+    constexpr bool same = std::is_same_v<T, O>;
+    bool fused = false;
+    if constexpr (same)
+      fused =
           gelu_pre != nullptr && gemm(false, false, C, N, OC, w, C, dout, OC, din, C, data_type<T>(),
                                       data_type<T>(), false, {CUBLASLT_EPILOGUE_DGELU, nullptr, gelu_pre, C});
-      if (!fused) {
-        gemm(false, false, C, N, OC, w, C, dout, OC, din, C, data_type<T>(), data_type<T>(), false);
-        if (gelu_pre != nullptr) gelu_backward<T>(din, gelu_pre, N, C);
-      }
-    } else {
-      if (gelu_pre != nullptr)
-        usage_fail("CUDA matmul_backward: the GELU gradient needs din in the input type");
+    else if (gelu_pre != nullptr)
+      usage_fail("CUDA matmul_backward: the GELU gradient needs din in the input type");
+    if (!fused) {
       gemm(false, false, C, N, OC, w, C, dout, OC, din, C, data_type<T>(), data_type<O>(), false);
+      if constexpr (same)
+        if (gelu_pre != nullptr) gelu_backward<T>(din, gelu_pre, N, C);
     }
   }
   // dw^T[C, OC] += in^T[C, N] x dout[N, OC]; the bias gradient (column sums of dout) from the same pass
