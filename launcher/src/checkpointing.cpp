@@ -3,6 +3,7 @@
 #include "forge/ckpt/resume.h"
 #include "forge/common/error.h"
 #include "forge/trainer/checkpoint_io.h"
+#include "forge/trainer/metrics.h"
 
 #include <spdlog/spdlog.h>
 
@@ -39,6 +40,8 @@ constexpr const char* kBatchFormat = "micro-batch";
 // Manifest key: the updates the optimizer's moments averaged before the run's first step, when they came
 // from its parent (ckpt.init_optimizer = keep; AdamW::set_moment_steps_before).
 constexpr const char* kMomentStepsBefore = "moment_steps_before";
+// The step's outcome (metrics.h), for a resume that finds the step's metrics record missing.
+constexpr const char* kStepOutcome = "step_outcome";
 
 // One micro-batch of the whole data-parallel group: every rank's part, in rank order (collective).
 MicroBatch gather_micro_batch(trainer::Comm& dp, const MicroBatch& mine) {
@@ -210,6 +213,7 @@ int64_t RunCheckpoints::load(const ckpt::Checkpoint& checkpoint, const char* ver
         "{} was trained in {} on {}; continuing in {} on {} from its FP32 master weights and moments",
         checkpoint.dir(), saved_dtype, saved_device, dtype, device);
   lineage_ = m.meta.extra.value("lineage", Json());
+  loaded_outcome_ = m.meta.extra.value(kStepOutcome, Json());
   trainer_.optimizer().restore_steps(m.meta.step);
   trainer_.optimizer().set_moment_steps_before(m.meta.extra.value(kMomentStepsBefore, int64_t{0}));
   // The verification step: the batch saved with the checkpoint must give the loss it gave at save time.
@@ -264,6 +268,7 @@ ckpt::CheckpointMeta RunCheckpoints::meta(const trainer::StepStats& stats, int64
   // What computed the weights (the tensors are FP32 master weights and moments whatever it was).
   m.extra["device"] = std::string(trainer::device_name(spec_.device));
   m.extra["dtype"] = std::string(trainer::dtype_name(spec_.dtype));
+  m.extra[kStepOutcome] = trainer::step_outcome(stats, tokens);
   if (const int64_t before = trainer_.optimizer().moment_steps_before(); before > 0)
     m.extra[kMomentStepsBefore] = before;
   m.dataset_version = dataset_version_;

@@ -58,6 +58,9 @@ class RunCheckpoints {
   int64_t last_saved_step() const { return last_saved_step_; }
   // Rank 0: the step of the newest checkpoint this process has committed, as soon as it is on disk.
   int64_t committed_step() const { return saver_.committed_step(); }
+  // The step outcome (metrics.h) saved with the checkpoint last loaded; null before a load, or for a
+  // checkpoint that kept none.
+  const Json& loaded_outcome() const { return loaded_outcome_; }
 
  private:
   ckpt::Expectations expectations() const;
@@ -75,6 +78,7 @@ class RunCheckpoints {
   // Where the run's weights came from (ckpt.init_from): that checkpoint, its dataset version and spec, and
   // its own lineage; kept in every checkpoint's manifest (extra.lineage) and carried across resumes.
   Json lineage_;
+  Json loaded_outcome_;
   ckpt::TierPolicy tiers_;
   trainer::CommCoordinator coord_;
   ckpt::Saver saver_;

@@ -511,7 +511,7 @@ int train(const Config& config, const trainer::TrainSpec& requested, bool force_
   run.resumed_from = first_step;
   set_last_finished_step(first_step);
   std::optional<trainer::MetricsWriter> metrics;
-  metrics.emplace(metrics_path(spec, groups.rank), first_step);
+  metrics.emplace(metrics_path(spec, groups.rank), first_step, checkpoints.loaded_outcome());
   TensorBoardLog tensorboard(spec.dir, groups.rank, first_step);
   JobGauges gauges(groups);
   spdlog::info(
@@ -614,7 +614,7 @@ int train(const Config& config, const trainer::TrainSpec& requested, bool force_
         guard.rewound_to(back);
         // The metrics tell one story: records after the checkpoint are trained again.
         metrics.reset();
-        metrics.emplace(metrics_path(spec, groups.rank), back);
+        metrics.emplace(metrics_path(spec, groups.rank), back, checkpoints.loaded_outcome());
         tensorboard.restart(back);
         totals.steps = back;
         publish();

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # forge-train preemption and resume: SIGUSR1 mid-run saves a recovery checkpoint and exits 75; the
 # restarted run resumes from it (verification step included) and its per-step losses equal those of an
-# uninterrupted run exactly. Also on a prepared dataset (the reader's cursor), and a corrupt newest
-# checkpoint falls back to the previous one.
+# uninterrupted run exactly. Also on a prepared dataset (the reader's cursor), a corrupt newest checkpoint
+# falls back to the previous one, and a process lost between a checkpoint's commit and its step's metrics
+# record leaves the resumed run the record to restore.
 # Usage: resume_test.sh FORGE_TRAIN SOURCE_DIR
 set -uo pipefail
 train=$1 src=$2
@@ -32,6 +33,7 @@ stopped=$(wc -l < "$work/b/metrics/rank-0.jsonl")
 
 "$train" "$src/configs/tiny.ini" --run.dir="$work/b" "${common[@]}" --run.steps=40 2>"$work/b2.log" || fail "resumed run failed"
 grep -q "verification loss .* matches" "$work/b2.log" || fail "resume did not run the verification step"
+! grep -q '"restored"' "$work/b/metrics/rank-0.jsonl" || fail "a record was restored where the step's own was kept"
 diff <(losses "$work/a/metrics/rank-0.jsonl") <(losses "$work/b/metrics/rank-0.jsonl") \
   || fail "resumed loss trajectory differs from the uninterrupted run"
 # summary.json keeps both processes as segments: the preempted one lost nothing after its checkpoint at
@@ -56,4 +58,25 @@ rm -rf "$work/b/checkpoints/milestone"
 grep -qi "damaged\|fall" "$work/b3.log" || fail "no log line about the damaged checkpoint"
 diff <(losses "$work/a/metrics/rank-0.jsonl") <(losses "$work/b/metrics/rank-0.jsonl") \
   || fail "losses after falling back differ from the uninterrupted run"
+
+# A process lost after its checkpoint of step S committed and before it wrote step S's record (the record
+# waits for the ranks' status exchange, the commit does not): the newest checkpoint, and records up to S-1.
+cp -r "$work/a" "$work/c"
+rm -rf "$work/c/checkpoints/milestone" "$(ls -d "$work"/c/checkpoints/recovery/step-* | sort | tail -n1)"
+saved=$(basename "$(ls -d "$work"/c/checkpoints/recovery/step-* | sort | tail -n1)")
+saved=$((10#${saved#step-}))
+python3 - "$work/c/metrics/rank-0.jsonl" "$saved" <<'PY'
+import json, sys
+kept = [l for l in open(sys.argv[1]) if json.loads(l)["step"] < int(sys.argv[2])]
+open(sys.argv[1], "w").writelines(kept)
+PY
+"$train" "$src/configs/tiny.ini" --run.dir="$work/c" "${common[@]}" --run.steps=40 2>"$work/c.log" || fail "resume without the checkpoint's record failed"
+diff <(losses "$work/a/metrics/rank-0.jsonl") <(losses "$work/c/metrics/rank-0.jsonl") \
+  || fail "the restored record or the steps after it differ from the uninterrupted run"
+python3 - "$work/c/metrics/rank-0.jsonl" "$saved" <<'PY' || fail "step $saved's record was not restored (marked) from its checkpoint"
+import json, sys
+restored = [r for r in map(json.loads, open(sys.argv[1])) if r.get("restored")]
+assert [r["step"] for r in restored] == [int(sys.argv[2])], restored
+assert "step_ms" not in restored[0], restored  # the outcome only: no timing the checkpoint never saw
+PY
 echo "resume test passed"

@@ -10,18 +10,19 @@
 
 namespace forge::trainer {
 
+Json step_outcome(const StepStats& s, int64_t tokens_so_far) {
+  Json record{{"step", s.step}, {"loss", s.loss},          {"grad_norm", s.grad_norm},
+              {"lr", s.lr},     {"tokens", tokens_so_far}, {"scored_tokens", s.scored}};
+  for (const auto& [name, value] : s.objective) record[name] = value;
+  return record;
+}
+
 Json metrics_record(const StepStats& s, int64_t tokens_so_far, double flops_per_token, double peak_gflops) {
   const double tps = s.seconds > 0 ? double(s.tokens) / s.seconds : 0.0;
-  Json record{{"step", s.step},
-              {"loss", s.loss},
-              {"grad_norm", s.grad_norm},
-              {"lr", s.lr},
-              {"tokens", tokens_so_far},
-              {"scored_tokens", s.scored},
-              {"step_ms", s.seconds * 1e3},
-              {"tokens_per_s", tps},
-              {"mfu", peak_gflops > 0 ? tps * flops_per_token / (peak_gflops * 1e9) : 0.0}};
-  for (const auto& [name, value] : s.objective) record[name] = value;
+  Json record = step_outcome(s, tokens_so_far);
+  record["step_ms"] = s.seconds * 1e3;
+  record["tokens_per_s"] = tps;
+  record["mfu"] = peak_gflops > 0 ? tps * flops_per_token / (peak_gflops * 1e9) : 0.0;
   // Per MoE block: the load of its experts over the step, and what the router did.
   for (const RouterStats& r : s.moe) {
     if (r.tokens.empty()) continue;
@@ -47,14 +48,26 @@ Json metrics_record(const StepStats& s, int64_t tokens_so_far, double flops_per_
   return record;
 }
 
-MetricsWriter::MetricsWriter(const std::string& path, int64_t resumed_step) : path_(path) {
+MetricsWriter::MetricsWriter(const std::string& path, int64_t resumed_step, const Json& resumed_outcome)
+    : path_(path) {
   std::string kept;
   if (resumed_step > 0) {
+    bool has_resumed_step = false;
     std::ifstream in(path);
     for (std::string line; std::getline(in, line);) {
       const Json record = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+      const int64_t step = record.is_object() ? record.value("step", int64_t{0}) : 0;
       // Steps after the checkpoint were trained again after the resume: drop their first records.
-      if (record.is_object() && record.value("step", int64_t{0}) <= resumed_step) kept += line + '\n';
+      if (record.is_object() && step <= resumed_step) kept += line + '\n';
+      has_resumed_step = has_resumed_step || step == resumed_step;
+    }
+    // The checkpoint commits in the background while the step's record waits for the ranks' status
+    // exchange: a process lost in between leaves the checkpoint without its record.
+    if (!has_resumed_step && resumed_outcome.is_object() &&
+        resumed_outcome.value("step", int64_t{0}) == resumed_step) {
+      Json restored = resumed_outcome;
+      restored["restored"] = true;
+      kept += restored.dump() + '\n';
     }
   }
   write_file_atomic(path, kept);
