@@ -31,8 +31,15 @@ class FarBackend final : public trainer::Backend {
   bool device_memory(const void* p) const override { return reinterpret_cast<uintptr_t>(p) >= kOffset; }
 
   std::unique_ptr<trainer::Allocation> allocate(size_t bytes) override {
+    ++allocations_;
     return std::make_unique<Far>(cpu_.allocate(bytes), bytes, *this);
   }
+  std::unique_ptr<trainer::Allocation> allocate_host(size_t bytes) override {
+    ++allocations_;
+    return Backend::allocate_host(bytes);
+  }
+  // Allocations so far, far and host (what a GPU backend pays for most: cudaMalloc, cudaHostAlloc).
+  int64_t allocations() const { return allocations_; }
   void copy_from_host(void* dst, const void* host_src, size_t bytes) override {
     ++host_copies_;
     if (bytes > 0) std::memcpy(near(dst), host(host_src), bytes);
@@ -214,7 +221,7 @@ class FarBackend final : public trainer::Backend {
 
   trainer::Backend& cpu_ = trainer::cpu_backend();
   std::map<const float*, std::vector<float>> copies_;  // bf16_working_copy, by the working copy's start
-  int64_t host_copies_ = 0;
+  int64_t host_copies_ = 0, allocations_ = 0;
 };
 
 }  // namespace forge::test

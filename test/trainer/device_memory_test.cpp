@@ -14,6 +14,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <numeric>
+#include <vector>
+
 using namespace forge::trainer;
 using forge::test::FarBackend;
 
@@ -99,6 +102,45 @@ TEST_CASE("a staged communicator copies only what the inner one cannot take", "[
   part->all_reduce(values.data(), 4, CommType::kF32, ReduceOp::kSum)->wait();
   CHECK(far.host_copy<float>(values.span()) == std::vector<float>(in, in + 4));
   CHECK(comm->split(-1, 0, "none") == nullptr);
+}
+
+TEST_CASE("a staged communicator reuses its staging memory once a call completes",
+          "[trainer][device][comm]") {
+  FarBackend far;
+  std::vector<float> ramp(64);
+  std::iota(ramp.begin(), ramp.end(), 1.0f);
+  Buffer<float> values = far.alloc<float>(64);
+  far.copy_from_host(values.data(), ramp.data(), 64 * sizeof(float));
+  std::vector<float> host = ramp;
+  // The host-staged MPI on GPUs (device buffers through host memory) and NCCL (host values through device
+  // memory), each with a communicator split from it.
+  for (const CommMemory takes : {CommMemory::kHost, CommMemory::kDevice}) {
+    auto comm = staged_comm(self_comm(), far, takes);
+    auto part = comm->split(0, 0, "part");
+    REQUIRE(part != nullptr);
+    const auto start = [&](Comm& c) {
+      float* data = takes == CommMemory::kHost ? values.data() : host.data();
+      return c.all_reduce(data, 64, CommType::kF32, ReduceOp::kSum);
+    };
+    start(*comm)->wait();
+    const int64_t after_first = far.allocations();
+    for (int i = 0; i < 3; ++i) {
+      start(*comm)->wait();
+      start(*part)->wait();
+    }
+    CHECK(far.allocations() == after_first);
+    // A call that has not completed keeps its staging: the one after it gets memory of its own.
+    RequestPtr pending = start(*comm);
+    start(*comm)->wait();
+    CHECK(far.allocations() == after_first + 1);
+    pending->wait();
+    pending.reset();
+    start(*comm)->wait();
+    CHECK(far.allocations() == after_first + 1);
+    // Reused staging carries nothing over: every call moved the caller's values.
+    CHECK(far.host_copy<float>(values.span()) == ramp);
+    CHECK(host == ramp);
+  }
 }
 
 TEST_CASE("a checkpoint saved from device memory resumes on the CPU, and the other way",

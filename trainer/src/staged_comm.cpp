@@ -9,35 +9,75 @@ namespace forge::trainer {
 
 namespace {
 
-// One caller buffer in staging memory of the other kind, copied back on completion when it is an output.
-class Staged {
+// Staging memory, kept for the next call once a call is done with it (best fit by size; a step stages the
+// same sizes every time). Allocating per call would cost more than the copies: on a GPU, freeing device
+// memory waits for every stream (the host-value collectives of each step would wait for the communication
+// the step overlaps), and page-locked host memory, which the copies need at full speed, is slow to get.
+// Shared by a communicator and those split from it (called, as they are, from the training thread).
+class StagingPool {
  public:
-  Staged(Backend& backend, void* original, bool on_device, size_t bytes, bool output, bool copy_in)
-      : backend_(backend), original_(original), bytes_(bytes), output_(output) {
-    if (on_device) {
-      host_.resize(bytes);
-      if (copy_in) backend.copy_to_host(host_.data(), original, bytes);
-    } else {
-      device_ = backend.alloc<std::byte>(bytes);
-      if (copy_in) backend.copy_from_host(device_.data(), original, bytes);
-    }
+  explicit StagingPool(Backend& backend) : backend_(backend) {}
+  struct Block {
+    std::unique_ptr<Allocation> memory;
+    size_t bytes = 0;
+  };
+  Block take(size_t bytes, bool device) {
+    std::vector<Block>& free = device ? device_ : host_;
+    auto best = free.end();
+    for (auto it = free.begin(); it != free.end(); ++it)
+      if (it->bytes >= bytes && (best == free.end() || it->bytes < best->bytes)) best = it;
+    if (best == free.end()) return {device ? backend_.allocate(bytes) : backend_.allocate_host(bytes), bytes};
+    Block b = std::move(*best);
+    free.erase(best);
+    return b;
   }
-  void* at() { return host_.empty() ? static_cast<void*>(device_.data()) : host_.data(); }
-  void finish() {
-    if (!output_) return;
-    if (host_.empty())
-      backend_.copy_to_host(original_, device_.data(), bytes_);
-    else
-      backend_.copy_from_host(original_, host_.data(), bytes_);
-  }
+  void give(Block b, bool device) { (device ? device_ : host_).push_back(std::move(b)); }
+  Backend& backend() { return backend_; }
 
  private:
   Backend& backend_;
+  std::vector<Block> device_, host_;
+};
+
+// One caller buffer in staging memory of the other kind, copied back on completion when it is an output.
+// Its staging goes back to the pool only once the call completed: memory an unfinished call may still
+// read or write is freed instead.
+class Staged {
+ public:
+  Staged(std::shared_ptr<StagingPool> pool, void* original, bool on_device, size_t bytes, bool output,
+         bool copy_in)
+      : pool_(std::move(pool)),
+        original_(original),
+        bytes_(bytes),
+        output_(output),
+        device_staging_(!on_device),
+        block_(pool_->take(bytes, device_staging_)) {
+    if (!copy_in) return;
+    if (device_staging_)
+      pool_->backend().copy_from_host(at(), original, bytes);
+    else
+      pool_->backend().copy_to_host(at(), original, bytes);
+  }
+  ~Staged() {
+    if (finished_) pool_->give(std::move(block_), device_staging_);
+  }
+  void* at() { return block_.memory->data(); }
+  void finish() {
+    finished_ = true;
+    if (!output_) return;
+    if (device_staging_)
+      pool_->backend().copy_to_host(original_, at(), bytes_);
+    else
+      pool_->backend().copy_from_host(original_, at(), bytes_);
+  }
+
+ private:
+  std::shared_ptr<StagingPool> pool_;
   void* original_;
   size_t bytes_;
-  bool output_;
-  std::vector<std::byte> host_;
-  Buffer<std::byte> device_;
+  bool output_, device_staging_;
+  StagingPool::Block block_;
+  bool finished_ = false;
 };
 
 class StagedRequest final : public Request {
@@ -67,8 +107,8 @@ class StagedRequest final : public Request {
 
 class StagedComm final : public Comm {
  public:
-  StagedComm(std::unique_ptr<Comm> inner, Backend& backend, CommMemory takes)
-      : inner_(std::move(inner)), backend_(backend), takes_(takes) {}
+  StagedComm(std::unique_ptr<Comm> inner, std::shared_ptr<StagingPool> pool, CommMemory takes)
+      : inner_(std::move(inner)), pool_(std::move(pool)), takes_(takes) {}
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
@@ -120,7 +160,7 @@ class StagedComm final : public Comm {
   void barrier() override { inner_->barrier(); }
   std::unique_ptr<Comm> split(int color, int key, const std::string& name) override {
     std::unique_ptr<Comm> part = inner_->split(color, key, name);
-    return part ? staged_comm(std::move(part), backend_, takes_) : nullptr;
+    return part ? std::make_unique<StagedComm>(std::move(part), pool_, takes_) : nullptr;
   }
   void abort(int exit_code) override { inner_->abort(exit_code); }
 
@@ -140,9 +180,9 @@ class StagedComm final : public Comm {
    private:
     void* stage(void* p, size_t bytes, bool output, bool copy_in) {
       if (p == nullptr || bytes == 0) return p;
-      const bool device = c_.backend_.device_memory(p);
+      const bool device = c_.pool_->backend().device_memory(p);
       if (device == (c_.takes_ == CommMemory::kDevice)) return p;
-      staged_.push_back(std::make_unique<Staged>(c_.backend_, p, device, bytes, output, copy_in));
+      staged_.push_back(std::make_unique<Staged>(c_.pool_, p, device, bytes, output, copy_in));
       return staged_.back()->at();
     }
     StagedComm& c_;
@@ -150,14 +190,14 @@ class StagedComm final : public Comm {
   };
 
   std::unique_ptr<Comm> inner_;
-  Backend& backend_;
+  std::shared_ptr<StagingPool> pool_;
   CommMemory takes_;
 };
 
 }  // namespace
 
 std::unique_ptr<Comm> staged_comm(std::unique_ptr<Comm> inner, Backend& backend, CommMemory takes) {
-  return std::make_unique<StagedComm>(std::move(inner), backend, takes);
+  return std::make_unique<StagedComm>(std::move(inner), std::make_shared<StagingPool>(backend), takes);
 }
 
 }  // namespace forge::trainer

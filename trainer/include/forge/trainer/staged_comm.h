@@ -3,7 +3,8 @@
 // values (the step's loss sums, checksums, host names). NCCL moves device memory only, MPI host memory
 // only (a host-staged MPI, not a CUDA-aware one: parallel.comm = mpi on GPUs, and the way several ranks
 // share one GPU, which NCCL refuses). staged_comm bridges both: it copies each buffer of the other kind
-// into memory of the kind the inner communicator takes before the call and back after it completes.
+// into memory of the kind the inner communicator takes before the call and back after it completes; that
+// staging memory is kept for later calls (allocating it per call would synchronise a GPU).
 #pragma once
 
 #include "forge/trainer/backend.h"
