@@ -513,6 +513,7 @@ int train(const Config& config, const trainer::TrainSpec& requested, bool force_
   std::optional<trainer::MetricsWriter> metrics;
   metrics.emplace(metrics_path(spec, groups.rank), first_step, checkpoints.loaded_outcome());
   TensorBoardLog tensorboard(spec.dir, groups.rank, first_step);
+  if (!metrics->restored().is_null()) tensorboard.write(metrics->restored());
   JobGauges gauges(groups);
   spdlog::info(
       "run '{}': steps {}..{} on {}, layout {} ({}), {} {} over {}, {} threads per rank, {} parameters on "
@@ -616,6 +617,7 @@ int train(const Config& config, const trainer::TrainSpec& requested, bool force_
         metrics.reset();
         metrics.emplace(metrics_path(spec, groups.rank), back, checkpoints.loaded_outcome());
         tensorboard.restart(back);
+        if (!metrics->restored().is_null()) tensorboard.write(metrics->restored());
         totals.steps = back;
         publish();
         step = back - 1;

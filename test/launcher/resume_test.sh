@@ -79,4 +79,14 @@ restored = [r for r in map(json.loads, open(sys.argv[1])) if r.get("restored")]
 assert [r["step"] for r in restored] == [int(sys.argv[2])], restored
 assert "step_ms" not in restored[0], restored  # the outcome only: no timing the checkpoint never saw
 PY
+# TensorBoard gets it too: the resumed process's own event file holds the restored step's loss.
+python3 "$src/test/launcher/read_tfevents.py" "$(ls -t "$work"/c/tb/events.out.tfevents.* | head -n1)" >"$work/c.events"
+python3 - "$work/c.events" "$work/c/metrics/rank-0.jsonl" "$saved" <<'PY' || fail "TensorBoard lacks the restored step $saved"
+import json, struct, sys
+saved = int(sys.argv[3])
+loss = next(r["loss"] for r in map(json.loads, open(sys.argv[2])) if r["step"] == saved)
+logged = {e["step"]: e["scalars"]["train/loss"] for e in map(json.loads, open(sys.argv[1]))
+          if "train/loss" in e.get("scalars", {})}
+assert logged.get(saved) == struct.unpack("<f", struct.pack("<f", loss))[0], (saved, loss, logged)
+PY
 echo "resume test passed"

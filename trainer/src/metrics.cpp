@@ -65,9 +65,9 @@ MetricsWriter::MetricsWriter(const std::string& path, int64_t resumed_step, cons
     // exchange: a process lost in between leaves the checkpoint without its record.
     if (!has_resumed_step && resumed_outcome.is_object() &&
         resumed_outcome.value("step", int64_t{0}) == resumed_step) {
-      Json restored = resumed_outcome;
-      restored["restored"] = true;
-      kept += restored.dump() + '\n';
+      restored_ = resumed_outcome;
+      restored_["restored"] = true;
+      kept += restored_.dump() + '\n';
     }
   }
   write_file_atomic(path, kept);

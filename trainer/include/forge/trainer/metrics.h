@@ -51,9 +51,12 @@ class MetricsWriter {
   explicit MetricsWriter(const std::string& path, int64_t resumed_step = 0, const Json& resumed_outcome = {});
   void write(const Json& record);
   const std::string& path() const { return path_; }
+  // The record written in place of the resumed step's missing one; null when none was.
+  const Json& restored() const { return restored_; }
 
  private:
   std::string path_;
+  Json restored_;
   std::ofstream out_;
 };
 
