@@ -510,10 +510,16 @@ int train(const Config& config, const trainer::TrainSpec& requested, bool force_
   const int64_t first_step = checkpoints.resume();
   run.resumed_from = first_step;
   set_last_finished_step(first_step);
-  std::optional<trainer::MetricsWriter> metrics;
-  metrics.emplace(metrics_path(spec, groups.rank), first_step, checkpoints.loaded_outcome());
   TensorBoardLog tensorboard(spec.dir, groups.rank, first_step);
-  if (!metrics->restored().is_null()) tensorboard.write(metrics->restored());
+  // The metrics file from the checkpoint of `step` on (a resume, a rewind); a record it restored in place
+  // of the step's lost one goes to TensorBoard too.
+  std::optional<trainer::MetricsWriter> metrics;
+  const auto open_metrics = [&](int64_t step) {
+    metrics.reset();
+    metrics.emplace(metrics_path(spec, groups.rank), step, checkpoints.loaded_outcome());
+    if (!metrics->restored().is_null()) tensorboard.write(metrics->restored());
+  };
+  open_metrics(first_step);
   JobGauges gauges(groups);
   spdlog::info(
       "run '{}': steps {}..{} on {}, layout {} ({}), {} {} over {}, {} threads per rank, {} parameters on "
@@ -614,10 +620,8 @@ int train(const Config& config, const trainer::TrainSpec& requested, bool force_
         const int64_t back = checkpoints.rewind();
         guard.rewound_to(back);
         // The metrics tell one story: records after the checkpoint are trained again.
-        metrics.reset();
-        metrics.emplace(metrics_path(spec, groups.rank), back, checkpoints.loaded_outcome());
         tensorboard.restart(back);
-        if (!metrics->restored().is_null()) tensorboard.write(metrics->restored());
+        open_metrics(back);
         totals.steps = back;
         publish();
         step = back - 1;

@@ -135,11 +135,17 @@ TEST_CASE("a staged communicator reuses its staging memory once a call completes
     CHECK(far.allocations() == after_first + 1);
     pending->wait();
     pending.reset();
+    // Reused staging carries nothing over: new values reach it (an all-reduce over one rank gives them
+    // back), not those of the call that used it before.
+    std::vector<float> doubled = ramp;
+    for (float& v : doubled) v *= 2;
+    far.copy_from_host(values.data(), doubled.data(), 64 * sizeof(float));
+    host = doubled;
     start(*comm)->wait();
     CHECK(far.allocations() == after_first + 1);
-    // Reused staging carries nothing over: every call moved the caller's values.
-    CHECK(far.host_copy<float>(values.span()) == ramp);
-    CHECK(host == ramp);
+    CHECK((takes == CommMemory::kHost ? far.host_copy<float>(values.span()) : host) == doubled);
+    far.copy_from_host(values.data(), ramp.data(), 64 * sizeof(float));
+    host = ramp;
   }
 }
 
