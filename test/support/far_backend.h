@@ -62,7 +62,7 @@ class FarBackend final : public trainer::Backend {
     cpu_.embedding_backward(near(dwte), near(dwpe), near(dout), near(tokens), near(positions), B, T, C, vb,
                             ve);
   }
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* weight,
+  void layernorm_forward(trainer::Act out, float* mean, float* rstd, const float* in, const float* weight,
                          const float* bias, int N, int C) override {
     cpu_.layernorm_forward(near(out), near(mean), near(rstd), near(in), near(weight), near(bias), N, C);
   }
@@ -71,7 +71,7 @@ class FarBackend final : public trainer::Backend {
     cpu_.layernorm_backward(near(din), near(dweight), near(dbias), near(dout), near(in), near(weight),
                             near(mean), near(rstd), N, C);
   }
-  void residual_layernorm_forward(float* res_out, float* ln_out, float* mean, float* rstd,
+  void residual_layernorm_forward(float* res_out, trainer::Act ln_out, float* mean, float* rstd,
                                   const float* res_in, const float* delta, const float* delta_bias,
                                   const float* weight, const float* bias, int N, int C) override {
     cpu_.residual_layernorm_forward(near(res_out), near(ln_out), near(mean), near(rstd), near(res_in),
@@ -94,38 +94,40 @@ class FarBackend final : public trainer::Backend {
     while (it != copies_.end() && it->first < values + n) it = copies_.erase(it);
     copies_.emplace(values, std::vector<float>(host, host + n));
   }
-  void matmul_forward(float* out, const float* in, const float* w, const float* bias, int N, int C,
+  void matmul_forward(trainer::Act out, trainer::ConstAct in, const float* w, const float* bias, int N, int C,
                       int OC) override {
     cpu_.matmul_forward(near(out), near(in), weights(w), near(bias), N, C, OC);
   }
-  void matmul_backward(float* din, float* dw, float* dbias, const float* dout, const float* in,
+  void matmul_bias_gelu_forward(trainer::Act out, trainer::Act pre, trainer::ConstAct in, const float* w,
+                                const float* bias, int N, int C, int OC) override {
+    cpu_.matmul_bias_gelu_forward(near(out), near(pre), near(in), weights(w), near(bias), N, C, OC);
+  }
+  void matmul_backward(float* din, float* dw, float* dbias, const float* dout, trainer::ConstAct in,
                        const float* w, int N, int C, int OC) override {
     cpu_.matmul_backward(near(din), near(dw), near(dbias), near(dout), near(in), weights(w), N, C, OC);
   }
   void add_bias(float* out, const float* bias, int N, int OC) override {
     cpu_.add_bias(near(out), near(bias), N, OC);
   }
-  void attention_forward(float* out, float* lse, const float* qkv, const int32_t* doc_start, int B, int T,
-                         int C, int NH) override {
+  void attention_forward(trainer::Act out, float* lse, trainer::ConstAct qkv, const int32_t* doc_start, int B,
+                         int T, int C, int NH) override {
     cpu_.attention_forward(near(out), near(lse), near(qkv), near(doc_start), B, T, C, NH);
   }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+  void attention_backward(float* dqkv, const float* dout, trainer::ConstAct qkv, trainer::ConstAct out,
                           const float* lse, const int32_t* doc_start, int B, int T, int C, int NH) override {
     cpu_.attention_backward(near(dqkv), near(dout), near(qkv), near(out), near(lse), near(doc_start), B, T, C,
                             NH);
   }
-  void attention_decode(float* out, const float* qkv, float* k_cache, float* v_cache, const int32_t* seq,
-                        const int32_t* pos, int rows, int max_len, int C, int NH) override {
+  void attention_decode(trainer::Act out, trainer::ConstAct qkv, float* k_cache, float* v_cache,
+                        const int32_t* seq, const int32_t* pos, int rows, int max_len, int C,
+                        int NH) override {
     cpu_.attention_decode(near(out), near(qkv), near(k_cache), near(v_cache), near(seq), near(pos), rows,
                           max_len, C, NH);
   }
-  void bias_gelu_forward(float* out, float* pre, const float* bias, int N, int C) override {
-    cpu_.bias_gelu_forward(near(out), near(pre), near(bias), N, C);
-  }
-  void gelu_backward(float* dinout, const float* pre, int N, int C) override {
+  void gelu_backward(float* dinout, trainer::ConstAct pre, int N, int C) override {
     cpu_.gelu_backward(near(dinout), near(pre), N, C);
   }
-  void gather_rows(float* out, const float* in, const int32_t* index, const float* scale, int rows,
+  void gather_rows(float* out, trainer::ConstAct in, const int32_t* index, const float* scale, int rows,
                    int C) override {
     cpu_.gather_rows(near(out), near(in), near(index), near(scale), rows, C);
   }
@@ -152,10 +154,6 @@ class FarBackend final : public trainer::Backend {
   void round_to_bf16(float* out, const float* in, size_t n) override {
     cpu_.round_to_bf16(near(out), near(in), n);
   }
-  void to_bf16(uint16_t* out, float* values, size_t n) override { cpu_.to_bf16(near(out), near(values), n); }
-  void from_bf16(float* out, const uint16_t* in, size_t n) override {
-    cpu_.from_bf16(near(out), near(in), n);
-  }
   double sum_squares(const float* x, std::span<const trainer::FlatRange> ranges) override {
     return cpu_.sum_squares(near(x), ranges);
   }
@@ -174,6 +172,14 @@ class FarBackend final : public trainer::Backend {
     const uintptr_t a = reinterpret_cast<uintptr_t>(p);
     if (a < kOffset) throw std::logic_error("FarBackend: an op was given host memory");
     return reinterpret_cast<T*>(a - kOffset);
+  }
+  static trainer::Act near(trainer::Act a) {
+    a.data = near(a.data);
+    return a;
+  }
+  static trainer::ConstAct near(trainer::ConstAct a) {
+    a.data = near(a.data);
+    return a;
   }
 
  private:

@@ -276,3 +276,110 @@ TEST_CASE("2-byte BF16 storage holds exactly the rounded values", "[trainer][ker
   CHECK(std::memcmp(v.data(), rounded.data(), v.size() * sizeof(float)) == 0);  // rounded in place too
   CHECK(std::signbit(back[1]));
 }
+
+namespace {
+
+std::vector<float> rounded(std::vector<float> v) {
+  k::round_to_bf16(v.data(), int64_t(v.size()));
+  return v;
+}
+std::vector<uint16_t> halves(size_t n) {
+  return std::vector<uint16_t>(n, 0xffffu);  // NaN: what an op leaves unwritten shows
+}
+std::vector<float> widened(const std::vector<uint16_t>& h) {
+  std::vector<float> v(h.size());
+  k::from_bf16(v.data(), h.data(), int64_t(h.size()));
+  return v;
+}
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+// The backend seam's BF16 activations (Act) on the CPU: an op reading them computes what its FP32 form
+// computes on the widened values, and an op writing them stores its FP32 result rounded once, so a BF16
+// model's numbers do not depend on where the rounding happens.
+TEST_CASE("the CPU backend's ops on BF16 activations round each FP32 result once", "[trainer][kernels]") {
+  namespace t = forge::trainer;
+  t::Backend& be = t::cpu_backend();
+  const int B = 2, T = 70, NH = 2, C = 32, N = B * T, H = 4 * C;  // T crosses the attention's row block
+  const size_t NC = size_t(N) * C;
+  const auto x = randn(NC, 1), delta = randn(NC, 2), lnw = randn(C, 3), lnb = randn(C, 4),
+             wqkv = rounded(randn(3 * size_t(C) * C, 5, 0.2f)), bqkv = randn(3 * size_t(C), 6),
+             wfc = rounded(randn(size_t(H) * C, 7, 0.3f)), bfc = randn(size_t(H), 8), dqkv_out = randn(NC, 9),
+             dact = randn(size_t(N) * H, 10);
+  std::vector<float> mean(size_t(N), 0.0f), rstd(mean), mean2(mean), rstd2(mean), res(NC), res2(NC);
+
+  auto ln = halves(NC);
+  std::vector<float> ln32(NC);
+  be.layernorm_forward(ln.data(), mean.data(), rstd.data(), x.data(), lnw.data(), lnb.data(), N, C);
+  be.layernorm_forward(ln32.data(), mean2.data(), rstd2.data(), x.data(), lnw.data(), lnb.data(), N, C);
+  CHECK(same_bits(widened(ln), rounded(ln32)));
+  CHECK(same_bits(mean, mean2));
+  auto ln2 = halves(NC);
+  be.residual_layernorm_forward(res.data(), ln2.data(), mean.data(), rstd.data(), x.data(), delta.data(),
+                                lnb.data(), lnw.data(), lnb.data(), N, C);
+  be.residual_layernorm_forward(res2.data(), ln32.data(), mean2.data(), rstd2.data(), x.data(), delta.data(),
+                                lnb.data(), lnw.data(), lnb.data(), N, C);
+  CHECK(same_bits(widened(ln2), rounded(ln32)));
+  CHECK(same_bits(res, res2));
+
+  const auto ln_values = widened(ln);
+  auto qkv = halves(3 * NC);
+  std::vector<float> qkv32(3 * NC);
+  be.matmul_forward(qkv.data(), ln.data(), wqkv.data(), bqkv.data(), N, C, 3 * C);
+  be.matmul_forward(qkv32.data(), ln_values.data(), wqkv.data(), bqkv.data(), N, C, 3 * C);
+  CHECK(same_bits(widened(qkv), rounded(qkv32)));
+
+  const auto qkv_values = widened(qkv);
+  auto att = halves(NC);
+  std::vector<float> att32(NC), lse(size_t(B) * NH * T), lse32(lse.size());
+  be.attention_forward(att.data(), lse.data(), qkv.data(), nullptr, B, T, C, NH);
+  be.attention_forward(att32.data(), lse32.data(), qkv_values.data(), nullptr, B, T, C, NH);
+  CHECK(same_bits(widened(att), rounded(att32)));
+  CHECK(same_bits(lse, lse32));
+  std::vector<float> dqkv(3 * NC), dqkv32(3 * NC);
+  const auto att_values = widened(att);
+  be.attention_backward(dqkv.data(), dqkv_out.data(), qkv.data(), att.data(), lse.data(), nullptr, B, T, C,
+                        NH);
+  be.attention_backward(dqkv32.data(), dqkv_out.data(), qkv_values.data(), att_values.data(), lse.data(),
+                        nullptr, B, T, C, NH);
+  CHECK(same_bits(dqkv, dqkv32));
+
+  // The MLP's first product: the GELU of the pre-activation before it is rounded, then both rounded.
+  auto pre = halves(size_t(N) * H), act = halves(size_t(N) * H);
+  std::vector<float> pre32(pre.size()), act32(pre.size());
+  be.matmul_bias_gelu_forward(act.data(), pre.data(), ln.data(), wfc.data(), bfc.data(), N, C, H);
+  be.matmul_forward(pre32.data(), ln_values.data(), wfc.data(), nullptr, N, C, H);
+  k::bias_gelu_forward(act32.data(), pre32.data(), bfc.data(), N, H);
+  CHECK(same_bits(widened(pre), rounded(pre32)));
+  CHECK(same_bits(widened(act), rounded(act32)));
+  std::vector<float> d = dact, d32 = dact;
+  be.gelu_backward(d.data(), pre.data(), N, H);
+  be.gelu_backward(d32.data(), widened(pre).data(), N, H);
+  CHECK(same_bits(d, d32));
+  std::vector<float> din(NC), din32(NC), dw(wfc.size(), 0.5f), dw32(dw), db(bfc.size(), 0.5f), db32(db);
+  be.matmul_backward(din.data(), dw.data(), db.data(), dact.data(), ln.data(), wfc.data(), N, C, H);
+  be.matmul_backward(din32.data(), dw32.data(), db32.data(), dact.data(), ln_values.data(), wfc.data(), N, C,
+                     H);
+  CHECK(same_bits(din, din32));
+  CHECK(same_bits(dw, dw32));
+
+  const std::vector<int32_t> index = {5, 0, 139, 5};
+  const std::vector<float> scale = {2.0f, -1.0f, 0.5f, 1.0f};
+  std::vector<float> rows(4 * size_t(C)), rows32(rows.size());
+  be.gather_rows(rows.data(), ln.data(), index.data(), scale.data(), 4, C);
+  be.gather_rows(rows32.data(), ln_values.data(), index.data(), scale.data(), 4, C);
+  CHECK(same_bits(rows, rows32));
+
+  // Decoding: 3 rows of two sequences into FP32 caches.
+  const std::vector<int32_t> seq = {0, 1, 1}, pos = {0, 0, 1};
+  std::vector<float> kc(2 * 4 * size_t(C), 0.0f), vc(kc), kc32(kc), vc32(kc), dec32(3 * size_t(C));
+  auto dec = halves(3 * size_t(C));
+  be.attention_decode(dec.data(), qkv.data(), kc.data(), vc.data(), seq.data(), pos.data(), 3, 4, C, NH);
+  be.attention_decode(dec32.data(), qkv_values.data(), kc32.data(), vc32.data(), seq.data(), pos.data(), 3, 4,
+                      C, NH);
+  CHECK(same_bits(widened(dec), rounded(dec32)));
+  CHECK(same_bits(kc, kc32));
+}

@@ -15,11 +15,15 @@ Linear::Linear(Backend& backend, ParamRef weight, ParamRef bias, bool add_bias)
       in_(int(weight.info->local_shape[1])),
       out_(int(weight.info->local_shape[0])) {}
 
-void Linear::forward(float* out, const float* in, int rows) {
+void Linear::forward(Act out, ConstAct in, int rows) {
   backend_.matmul_forward(out, in, weight_.value, add_bias_ ? bias_.value : nullptr, rows, in_, out_);
 }
 
-void Linear::backward(float* din, const float* dout, const float* in, int rows) {
+void Linear::forward_gelu(Act out, Act pre, ConstAct in, int rows) {
+  backend_.matmul_bias_gelu_forward(out, pre, in, weight_.value, bias_.value, rows, in_, out_);
+}
+
+void Linear::backward(float* din, const float* dout, ConstAct in, int rows) {
   backend_.matmul_backward(din, weight_.grad, bias_.grad, dout, in, weight_.value, rows, in_, out_);
 }
 

@@ -16,67 +16,47 @@ namespace forge::trainer {
 
 namespace {
 
-// An input of a matrix product that backward reads again (one layer, one micro-batch in flight). FP32
-// mode keeps it as computed. BF16 mode keeps it as 2-byte BF16 values (the values the BF16 model computes
-// with, so nothing changes numerically): the layer being computed, or differentiated, works in one FP32
-// buffer (`work`, in the Workspace) shared by every layer and micro-batch.
-class Saved {
+// An activation that backward reads again (one layer, one micro-batch in flight): FP32, or in BF16 mode
+// 2-byte BF16, the values the BF16 model computes with. The ops write and read it as it is stored.
+class Stored {
  public:
-  Saved() = default;
-  Saved(Backend& backend, size_t n, float* work) : backend_(&backend), work_(work), n_(n) {
-    if (work_ == nullptr)
-      f32_ = backend.alloc<float>(n);
+  Stored() = default;
+  Stored(Backend& backend, size_t n, bool bf16) : bf16_(bf16) {
+    if (bf16)
+      half_ = backend.alloc<uint16_t>(n);
     else
-      bf16_ = backend.alloc<uint16_t>(n);
+      full_ = backend.alloc<float>(n);
   }
-  // Where the values are computed.
-  float* at() { return work_ != nullptr ? work_ : f32_.data(); }
-  // Keeps the values just computed at at(): rounded to BF16 in BF16 mode, in place too (the rest of the
-  // layer computes with what is kept).
-  void keep() {
-    if (work_ != nullptr) backend_->to_bf16(bf16_.data(), work_, n_);
-  }
-  // The values for backward.
-  const float* load() {
-    if (work_ == nullptr) return f32_.data();
-    backend_->from_bf16(work_, bf16_.data(), n_);
-    return work_;
-  }
-  size_t bytes() const { return f32_.size() * sizeof(float) + bf16_.size() * sizeof(uint16_t); }
+  Act at() { return bf16_ ? Act(half_.data()) : Act(full_.data()); }
+  size_t bytes() const { return full_.size() * sizeof(float) + half_.size() * sizeof(uint16_t); }
 
  private:
-  Backend* backend_ = nullptr;
-  float* work_ = nullptr;
-  size_t n_ = 0;
-  Buffer<float> f32_;
-  Buffer<uint16_t> bf16_;
+  bool bf16_ = false;
+  Buffer<float> full_;
+  Buffer<uint16_t> half_;
 };
 
-// The dense MLP: fc (column-parallel when split), GELU, proj (row-parallel when split).
+// The dense MLP: fc (column-parallel when split) with its bias and GELU fused, proj (row-parallel when
+// split).
 class DenseMLP final : public FeedForward {
  public:
   DenseMLP(Backend& backend, std::unique_ptr<Linear> fc, std::unique_ptr<Linear> proj, int slots, int rows,
-           float* dfc, float* work_pre, float* work_act)
+           bool bf16, float* dfc)
       : backend_(backend), fc_(std::move(fc)), proj_(std::move(proj)), dfc_(dfc) {
     const size_t n = size_t(rows) * size_t(fc_->out_features());
     for (int s = 0; s < slots; ++s) {
-      pre_.emplace_back(backend, n, work_pre);
-      act_.emplace_back(backend, n, work_act);
+      pre_.emplace_back(backend, n, bf16);
+      act_.emplace_back(backend, n, bf16);
     }
   }
-  void forward(int slot, const float* in, float* out, int rows) override {
-    Saved &pre = pre_[size_t(slot)], &act = act_[size_t(slot)];
-    fc_->forward(pre.at(), in, rows);
-    backend_.bias_gelu_forward(act.at(), pre.at(), fc_->bias(), rows, fc_->out_features());
-    pre.keep();
-    act.keep();
-    proj_->forward(out, act.at(), rows);
+  void forward(int slot, ConstAct in, float* out, int rows) override {
+    Act act = act_[size_t(slot)].at();
+    fc_->forward_gelu(act, pre_[size_t(slot)].at(), in, rows);
+    proj_->forward(out, act, rows);
   }
-  void backward(int slot, const float* in, const float* dout, float* din, int rows) override {
-    const float* pre = pre_[size_t(slot)].load();
-    const float* act = act_[size_t(slot)].load();
-    proj_->backward(dfc_, dout, act, rows);
-    backend_.gelu_backward(dfc_, pre, rows, fc_->out_features());
+  void backward(int slot, ConstAct in, const float* dout, float* din, int rows) override {
+    proj_->backward(dfc_, dout, act_[size_t(slot)].at(), rows);
+    backend_.gelu_backward(dfc_, pre_[size_t(slot)].at(), rows, fc_->out_features());
     fc_->backward(din, dfc_, in, rows);
   }
   const float* output_bias() const override { return proj_->bias(); }
@@ -90,7 +70,7 @@ class DenseMLP final : public FeedForward {
   Backend& backend_;
   std::unique_ptr<Linear> fc_, proj_;
   float* dfc_;
-  std::vector<Saved> pre_, act_;  // per slot: fc output before and after the GELU
+  std::vector<Stored> pre_, act_;  // per slot: fc output before and after the GELU
 };
 
 // First position of each position's document: what attention needs of the segment ids.
@@ -107,13 +87,10 @@ void document_starts(const MicroBatch& b, std::vector<int32_t>& out) {
 // Buffers reused by every block and micro-batch.
 struct GPT::Workspace {
   Buffer<float> delta, dln, datt, dqkv, dfc;
-  // BF16 mode: the FP32 working buffers of the Saved activations, one layer each.
-  Buffer<float> ln1, ln2, qkv, att, fc_pre, fc_act;
 
   size_t bytes() const {
     size_t n = 0;
-    for (const auto* v : {&delta, &dln, &datt, &dqkv, &dfc, &ln1, &ln2, &qkv, &att, &fc_pre, &fc_act})
-      n += v->size() * sizeof(float);
+    for (const auto* v : {&delta, &dln, &datt, &dqkv, &dfc}) n += v->size() * sizeof(float);
     return n;
   }
 };
@@ -127,7 +104,7 @@ struct GPT::Block {
     Buffer<float> res_mid;               // after the attention residual
     Buffer<float> ln1_stats, ln2_stats;  // 2 x [N] (mean, rstd)
     Buffer<float> lse;                   // [B, NH/tp, T]
-    Saved ln1, ln2, qkv, att;
+    Stored ln1, ln2, qkv, att;
   };
   std::vector<Acts> acts;
 
@@ -195,15 +172,6 @@ GPT::GPT(const ModelConfig& config, int batch, DType dtype, const ModelSlice& sl
   w.datt = backend.alloc<float>(N * Cl);
   w.dqkv = backend.alloc<float>(N * 3 * Cl);
   w.dfc = backend.alloc<float>(N * 4 * Cl);
-  // The working buffer of a Saved activation of n values (BF16 mode), or none (FP32).
-  const auto work = [&](Buffer<float>& buffer, size_t n) -> float* {
-    if (!bf16) return nullptr;
-    buffer = backend.alloc<float>(n);
-    return buffer.data();
-  };
-  float *w_ln1 = work(w.ln1, N * C), *w_ln2 = work(w.ln2, N * C), *w_qkv = work(w.qkv, N * 3 * Cl),
-        *w_att = work(w.att, N * Cl), *w_fc_pre = work(w.fc_pre, N * 4 * Cl),
-        *w_fc_act = work(w.fc_act, N * 4 * Cl);
 
   for (int s = 0; s < slots; ++s) {
     auto slot = std::make_unique<Slot>();
@@ -240,7 +208,7 @@ GPT::GPT(const ModelConfig& config, int batch, DType dtype, const ModelSlice& sl
       block->ffn = std::make_unique<DenseMLP>(
           backend, layers.linear(backend, ref(b + "mlp.fc.weight"), ref(b + "mlp.fc.bias"), false),
           layers.linear(backend, ref(b + "mlp.proj.weight"), ref(b + "mlp.proj.bias"), false), slots, int(N),
-          w.dfc.data(), w_fc_pre, w_fc_act);
+          bf16, w.dfc.data());
     }
     for (int s = 0; s < slots; ++s) {
       Block::Acts a;
@@ -248,10 +216,10 @@ GPT::GPT(const ModelConfig& config, int batch, DType dtype, const ModelSlice& sl
       a.ln1_stats = backend.alloc<float>(2 * N);
       a.ln2_stats = backend.alloc<float>(2 * N);
       a.lse = backend.alloc<float>(N * size_t(config.heads / tps));
-      a.ln1 = Saved(backend, N * C, w_ln1);
-      a.ln2 = Saved(backend, N * C, w_ln2);
-      a.qkv = Saved(backend, N * 3 * Cl, w_qkv);
-      a.att = Saved(backend, N * Cl, w_att);
+      a.ln1 = Stored(backend, N * C, bf16);
+      a.ln2 = Stored(backend, N * C, bf16);
+      a.qkv = Stored(backend, N * 3 * Cl, bf16);
+      a.att = Stored(backend, N * Cl, bf16);
       block->acts.push_back(std::move(a));
     }
     blocks_.push_back(std::move(block));
@@ -386,7 +354,7 @@ LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input,
   }
   run_blocks(
       slot, B * T,
-      [&](int, float* att, float* lse, const float* qkv) {
+      [&](int, Act att, float* lse, ConstAct qkv) {
         backend_.attention_forward(att, lse, qkv, s.batch.doc_start, B, T, Cl, NHl);
       },
       before_weights);
@@ -398,7 +366,7 @@ LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input,
   return {loss, loss_->weight(batch)};
 }
 
-void GPT::run_blocks(int slot, int N, const std::function<void(int, float*, float*, const float*)>& attend,
+void GPT::run_blocks(int slot, int N, const std::function<void(int, Act, float*, ConstAct)>& attend,
                      const std::function<void(int)>& before_weights) {
   Slot& s = *slots_.at(size_t(slot));
   Workspace& w = *ws_;
@@ -408,8 +376,9 @@ void GPT::run_blocks(int slot, int N, const std::function<void(int, float*, floa
   const bool bf16 = dtype_ == DType::kBF16;
   const int C = config_.d_model, L = layers_;
   const int64_t NC = int64_t(N) * C;
-  // BF16 mode keeps what backward reads from the matrix products (their inputs) as BF16 values (Saved);
-  // the residual stream, statistics and all accumulation stay FP32.
+  // BF16 mode stores the inputs of the matrix products and of the attention as BF16 (Stored), the ops
+  // writing them rounded; the residual stream, statistics and all accumulation stay FP32. The final
+  // LayerNorm's output stays BF16 values held in FP32: the classifier's chunks read it, one per slot.
   for (int l = 0; l < L; ++l) {
     TraceSpan span("forward block", "compute", slice_.first_layer + l);
     Block& k = *blocks_[size_t(l)];
@@ -418,18 +387,12 @@ void GPT::run_blocks(int slot, int N, const std::function<void(int, float*, floa
     need(l);
     float* ln1s = a.ln1_stats.data();
     float* ln2s = a.ln2_stats.data();
-    if (l == 0) {
-      backend_.layernorm_forward(a.ln1.at(), ln1s, ln1s + N, x, k.ln1w.value, k.ln1b.value, N, C);
-      a.ln1.keep();
-    }
+    if (l == 0) backend_.layernorm_forward(a.ln1.at(), ln1s, ln1s + N, x, k.ln1w.value, k.ln1b.value, N, C);
     k.qkv->forward(a.qkv.at(), a.ln1.at(), N);
-    a.qkv.keep();
     attend(l, a.att.at(), a.lse.data(), a.qkv.at());
-    a.att.keep();
     k.proj->forward(w.delta.data(), a.att.at(), N);
     backend_.residual_layernorm_forward(a.res_mid.data(), a.ln2.at(), ln2s, ln2s + N, x, w.delta.data(),
                                         k.proj->bias(), k.ln2w.value, k.ln2b.value, N, C);
-    a.ln2.keep();
     k.ffn->forward(slot, a.ln2.at(), w.delta.data(), N);
     // The next LayerNorm (the next block's ln1, or lnf) is fused with this residual add; a stage's last
     // block without the head hands the plain stream to the next stage, which owns that LayerNorm.
@@ -438,15 +401,12 @@ void GPT::run_blocks(int slot, int N, const std::function<void(int, float*, floa
       need(l + 1);  // its LayerNorm: the next block's, or the final one (layer config.layers)
       Block* next = last ? nullptr : blocks_[size_t(l) + 1].get();
       Block::Acts* na = last ? nullptr : &next->acts[size_t(slot)];
-      float* ln_next = last ? s.lnf.data() : na->ln1.at();
+      const Act ln_next = last ? Act(s.lnf.data()) : na->ln1.at();
       float* stats_next = last ? s.lnf_stats.data() : na->ln1_stats.data();
       backend_.residual_layernorm_forward(
           x + NC, ln_next, stats_next, stats_next + N, a.res_mid.data(), w.delta.data(), k.ffn->output_bias(),
           last ? lnf_w_.value : next->ln1w.value, last ? lnf_b_.value : next->ln1b.value, N, C);
-      if (!last)
-        na->ln1.keep();
-      else if (bf16)
-        backend_.round_to_bf16(ln_next, ln_next, size_t(NC));
+      if (last && bf16) backend_.round_to_bf16(s.lnf.data(), s.lnf.data(), size_t(NC));
     } else {
       backend_.residual_forward(x + NC, a.res_mid.data(), w.delta.data(), k.ffn->output_bias(), N, C);
     }
@@ -490,10 +450,7 @@ void GPT::backward(int slot, const float* d_output, const std::function<void(int
     Block& k = *blocks_[size_t(l)];
     Block::Acts& a = k.acts[size_t(slot)];
     const float* x = s.res.data() + l * NC;
-    const float* ln1 = a.ln1.load();
-    const float* qkv = a.qkv.load();
-    const float* att = a.att.load();
-    const float* ln2 = a.ln2.load();
+    const ConstAct ln1 = a.ln1.at(), qkv = a.qkv.at(), att = a.att.at(), ln2 = a.ln2.at();
     const float* ln1s = a.ln1_stats.data();
     const float* ln2s = a.ln2_stats.data();
     // dres = dL/d(block output) = dL/d(FFN output): FFN backward, then its LayerNorm.
@@ -600,7 +557,7 @@ void GPT::decode(KvCache& cache, std::span<const DecodeRow> rows, std::span<cons
   }
   // A row's position is both the position embedding's row and its place in the cache.
   embedding_->forward(s.res.data(), host, host + N, 1, N);
-  run_blocks(0, N, [&](int l, float* att, float*, const float* qkv) {
+  run_blocks(0, N, [&](int l, Act att, float*, ConstAct qkv) {
     backend_.attention_decode(att, qkv, cache.keys_[size_t(l)].data(), cache.values_[size_t(l)].data(),
                               host + 2 * N, host + N, N, cache.max_len(), C, config_.heads);
   });

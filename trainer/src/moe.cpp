@@ -127,7 +127,7 @@ RouterStats MoeLayer::take_stats() {
   return out;
 }
 
-void MoeLayer::route(Slot& s, const float* in, int N) {
+void MoeLayer::route(Slot& s, ConstAct in, int N) {
   const int E = settings_.experts, k = settings_.top_k, P = exchange_->size(), El = local_experts_;
   s.N = N;
   backend_.matmul_forward(work_->logits.data(), in, router_.value, nullptr, N, C_, E);
@@ -266,7 +266,7 @@ const T* place(Backend& backend, Buffer<T>& buffer, const std::vector<T>& host) 
 
 }  // namespace
 
-void MoeLayer::forward(int slot, const float* in, float* out, int rows) {
+void MoeLayer::forward(int slot, ConstAct in, float* out, int rows) {
   Slot& s = *slots_.at(size_t(slot));
   Work& w = *work_;
   const int k = settings_.top_k, C = C_, H = H_;
@@ -303,8 +303,8 @@ void MoeLayer::forward(int slot, const float* in, float* out, int rows) {
       if (n == 0) continue;
       float* pre = s.pre.data() + int64_t(r0) * H;
       float* act = s.act.data() + int64_t(r0) * H;
-      backend_.matmul_forward(pre, x + int64_t(r0) * C, fc_w_.value + int64_t(e) * H * C, nullptr, n, C, H);
-      backend_.bias_gelu_forward(act, pre, fc_b_.value + int64_t(e) * H, n, H);
+      backend_.matmul_bias_gelu_forward(act, pre, x + int64_t(r0) * C, fc_w_.value + int64_t(e) * H * C,
+                                        fc_b_.value + int64_t(e) * H, n, C, H);
       if (settings_.bf16) {
         backend_.round_to_bf16(pre, pre, size_t(n) * H);
         backend_.round_to_bf16(act, act, size_t(n) * H);
@@ -322,7 +322,7 @@ void MoeLayer::forward(int slot, const float* in, float* out, int rows) {
   backend_.combine_rows(out, y, row, gate, rows, k, C, false);
 }
 
-void MoeLayer::backward(int slot, const float* in, const float* dout, float* din, int rows) {
+void MoeLayer::backward(int slot, ConstAct in, const float* dout, float* din, int rows) {
   Slot& s = *slots_.at(size_t(slot));
   Work& w = *work_;
   const int E = settings_.experts, k = settings_.top_k, N = rows, C = C_;

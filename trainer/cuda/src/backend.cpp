@@ -4,11 +4,12 @@
 // and the host copies synchronize.
 //
 // BF16 products (set_bf16_products, the model's BF16 mode): the matrix products and the attention run on
-// BF16 tensor cores (ops.h with T = bf16: cuBLASLt, the mma.sync attention) with FP32 results. What they
-// read is BF16 values held in FP32 (model.h), so their 2-byte copies are exact: activations are converted
-// per call, weights come from the copy bf16_working_copy keeps. Gradients entering a product are rounded
-// to BF16 there, as llm.c's and every BF16 trainer's are. The attention of a batch with documents
-// (doc_start) keeps the FP32 kernel: the tensor-core kernels mask causally only.
+// BF16 tensor cores (ops.h with T = bf16: cuBLASLt, the mma.sync attention). The activations the model
+// stores as BF16 (Act) go in and come out as they are; weights come from the copy bf16_working_copy keeps
+// of the working copy (BF16 values held in FP32, so the copy is exact); an FP32 operand holding BF16 values
+// is converted per call. Gradients entering a product are rounded to BF16 there, as llm.c's and every
+// BF16 trainer's are. The attention of a batch with documents (doc_start) keeps the FP32 kernel, with its
+// BF16 operands widened: the tensor-core kernels mask causally only.
 #include "forge/trainer/cuda/backend.h"
 #include "backend_kernels.h"
 
@@ -130,42 +131,80 @@ class CudaBackend final : public Backend {
                           int vocab_end) override {
     seam::embedding_backward(dwte, dwpe, dout, tokens, positions, B, T, C, vocab_begin, vocab_end);
   }
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* weight,
+  void layernorm_forward(Act out, float* mean, float* rstd, const float* in, const float* weight,
                          const float* bias, int N, int C) override {
-    if (N > 0) cuda::layernorm_forward<float>(out, mean, rstd, in, weight, bias, N, C);
+    if (N <= 0) return;
+    if (out.bf16)
+      cuda::layernorm_forward<bf16>(half(out), mean, rstd, in, weights_bf16(weight, size_t(C), w_),
+                                    weights_bf16(bias, size_t(C), w2_), N, C);
+    else
+      cuda::layernorm_forward<float>(out.f32(), mean, rstd, in, weight, bias, N, C);
   }
   void layernorm_backward(float* din, float* dweight, float* dbias, const float* dout, const float* in,
                           const float* weight, const float* mean, const float* rstd, int N, int C) override {
     if (N > 0)
       cuda::layernorm_backward<float>(din, nullptr, dweight, dbias, dout, in, weight, mean, rstd, N, C);
   }
-  void residual_layernorm_forward(float* res_out, float* ln_out, float* mean, float* rstd,
-                                  const float* res_in, const float* delta, const float* delta_bias,
-                                  const float* weight, const float* bias, int N, int C) override {
-    if (N > 0)
-      cuda::residual_layernorm_forward<float>(res_out, ln_out, mean, rstd, res_in, delta, delta_bias, weight,
-                                              bias, N, C);
+  void residual_layernorm_forward(float* res_out, Act ln_out, float* mean, float* rstd, const float* res_in,
+                                  const float* delta, const float* delta_bias, const float* weight,
+                                  const float* bias, int N, int C) override {
+    if (N <= 0) return;
+    if (ln_out.bf16)
+      cuda::residual_layernorm_forward<bf16>(
+          res_out, half(ln_out), mean, rstd, res_in, delta, weights_bf16(delta_bias, size_t(C), w_),
+          weights_bf16(weight, size_t(C), w2_), weights_bf16(bias, size_t(C), w3_), N, C);
+    else
+      cuda::residual_layernorm_forward<float>(res_out, ln_out.f32(), mean, rstd, res_in, delta, delta_bias,
+                                              weight, bias, N, C);
   }
   void residual_forward(float* res_out, const float* res_in, const float* delta, const float* delta_bias,
                         int N, int C) override {
     seam::residual_forward(res_out, res_in, delta, delta_bias, N, C);
   }
-  void matmul_forward(float* out, const float* in, const float* w, const float* bias, int N, int C,
+  void matmul_forward(Act out, ConstAct in, const float* w, const float* bias, int N, int C,
                       int OC) override {
     if (N == 0 || OC == 0) return;
-    if (C == 0) {  // an empty product: out = bias (or 0); cuBLASLt takes no k = 0
-      seam::fill(out, 0.0f, size_t(N) * size_t(OC));
-      if (bias != nullptr) seam::add_bias(out, bias, N, OC);
+    const size_t n = size_t(N) * size_t(OC);
+    if (C > 0 && (bf16_products_ || in.bf16)) {
+      const bf16* x = bf16_operand(in, size_t(N) * size_t(C), in_);
+      const bf16* wb = weights_bf16(w, size_t(OC) * size_t(C), w_);
+      if (out.bf16)
+        cuda::matmul_forward<bf16, bf16>(half(out), x, wb, weights_bf16(bias, size_t(OC), w2_), N, C, OC);
+      else
+        cuda::matmul_forward<bf16, float>(out.f32(), x, wb, bias, N, C, OC);
       return;
     }
-    if (bf16_products_)
-      cuda::matmul_forward<bf16, float>(out, bf16_copy(in_, in, size_t(N) * size_t(C)),
-                                        weights_bf16(w, size_t(OC) * size_t(C)), bias, N, C, OC);
-    else
-      cuda::matmul_forward<float, float>(out, in, w, bias, N, C, OC);
+    float* o = target(out, n, wide_);
+    if (C == 0) {  // an empty product: out = bias (or 0); cuBLASLt takes no k = 0
+      seam::fill(o, 0.0f, n);
+      if (bias != nullptr) seam::add_bias(o, bias, N, OC);
+    } else {
+      cuda::matmul_forward<float, float>(o, in.f32(), w, bias, N, C, OC);
+    }
+    narrow(out, o, n);
   }
-  void matmul_backward(float* din, float* dw, float* dbias, const float* dout, const float* in,
-                       const float* w, int N, int C, int OC) override {
+  // BF16: one cuBLASLt product with the GELU_AUX_BIAS epilogue. Otherwise the product, then the bias and
+  // GELU kernel, in FP32 (a BF16 result rounded after).
+  void matmul_bias_gelu_forward(Act out, Act pre, ConstAct in, const float* w, const float* bias, int N,
+                                int C, int OC) override {
+    if (out.bf16 != pre.bf16) usage_fail("CUDA matmul_bias_gelu_forward: out and pre in different formats");
+    if (N == 0 || OC == 0) return;
+    const size_t n = size_t(N) * size_t(OC);
+    if (C > 0 && out.bf16) {
+      cuda::matmul_bias_gelu_forward<bf16>(half(out), half(pre), bf16_operand(in, size_t(N) * size_t(C), in_),
+                                           weights_bf16(w, size_t(OC) * size_t(C), w_),
+                                           weights_bf16(bias, size_t(OC), w2_), N, C, OC);
+      return;
+    }
+    float* p = target(pre, n, wide_);
+    float* o = target(out, n, wide2_);
+    matmul_forward(p, in, w, nullptr, N, C, OC);
+    cuda::bias_gelu_forward<float>(o, p, bias, N, OC);
+    narrow(pre, p, n);
+    narrow(out, o, n);
+  }
+  void matmul_backward(float* din, float* dw, float* dbias, const float* dout, ConstAct in, const float* w,
+                       int N, int C, int OC) override {
     if (N == 0 || OC == 0) {  // dout is empty: dw and dbias get nothing, din (if any) is a zero product
       if (din != nullptr) seam::fill(din, 0.0f, size_t(N) * size_t(C));
       return;
@@ -174,49 +213,58 @@ class CudaBackend final : public Backend {
       if (dbias != nullptr) cuda::bias_backward<float>(dbias, dout, N, OC);
       return;
     }
-    if (bf16_products_)
+    if (bf16_products_ || in.bf16)
       cuda::matmul_backward<bf16, float>(din, dw, dbias, bf16_copy(dout_, dout, size_t(N) * size_t(OC)),
-                                         bf16_copy(in_, in, size_t(N) * size_t(C)),
-                                         weights_bf16(w, size_t(OC) * size_t(C)), N, C, OC);
+                                         bf16_operand(in, size_t(N) * size_t(C), in_),
+                                         weights_bf16(w, size_t(OC) * size_t(C), w_), N, C, OC);
     else
-      cuda::matmul_backward<float>(din, dw, dbias, dout, in, w, N, C, OC);
+      cuda::matmul_backward<float>(din, dw, dbias, dout, in.f32(), w, N, C, OC);
   }
   void add_bias(float* out, const float* bias, int N, int OC) override { seam::add_bias(out, bias, N, OC); }
-  void attention_forward(float* out, float* lse, const float* qkv, const int32_t* doc_start, int B, int T,
-                         int C, int NH) override {
-    if (!tensor_core_attention(doc_start, B, T, C, NH))
-      return seam::attention_forward(out, lse, qkv, doc_start, B, T, C, NH);
+  void attention_forward(Act out, float* lse, ConstAct qkv, const int32_t* doc_start, int B, int T, int C,
+                         int NH) override {
     const size_t n = size_t(B) * size_t(T) * size_t(C);
-    bf16* out_b = scratch<bf16>(out_, n);
-    cuda::attention_forward<bf16>(out_b, lse, bf16_copy(in_, qkv, 3 * n), B, T, C, NH);
-    seam::from_bf16(out, reinterpret_cast<const uint16_t*>(out_b), n);
+    if (tensor_core_attention(qkv.bf16, doc_start, B, T, C, NH)) {
+      bf16* o = out.bf16 ? half(out) : scratch<bf16>(out_, n);
+      cuda::attention_forward<bf16>(o, lse, bf16_operand(qkv, 3 * n, in_), B, T, C, NH);
+      if (!out.bf16) seam::from_bf16(out.f32(), reinterpret_cast<const uint16_t*>(o), n);
+      return;
+    }
+    float* o = target(out, n, wide_);
+    seam::attention_forward(o, lse, widen(qkv, 3 * n, wide2_), doc_start, B, T, C, NH);
+    narrow(out, o, n);
   }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                          const float* lse, const int32_t* doc_start, int B, int T, int C, int NH) override {
-    if (!tensor_core_attention(doc_start, B, T, C, NH))
-      return seam::attention_backward(dqkv, dout, qkv, out, lse, doc_start, B, T, C, NH);
+  void attention_backward(float* dqkv, const float* dout, ConstAct qkv, ConstAct out, const float* lse,
+                          const int32_t* doc_start, int B, int T, int C, int NH) override {
     const size_t n = size_t(B) * size_t(T) * size_t(C);
+    if (!tensor_core_attention(qkv.bf16, doc_start, B, T, C, NH))
+      return seam::attention_backward(dqkv, dout, widen(qkv, 3 * n, wide_), widen(out, n, wide2_), lse,
+                                      doc_start, B, T, C, NH);
     bf16* dqkv_b = scratch<bf16>(dqkv_, 3 * n);
     cuda::attention_backward<bf16>(dqkv_b, scratch<float>(delta_, size_t(B) * size_t(NH) * size_t(T)),
-                                   bf16_copy(dout_, dout, n), bf16_copy(in_, qkv, 3 * n),
-                                   bf16_copy(out_, out, n), lse, B, T, C, NH);
+                                   bf16_copy(dout_, dout, n), bf16_operand(qkv, 3 * n, in_),
+                                   bf16_operand(out, n, out_), lse, B, T, C, NH);
     seam::from_bf16(dqkv, reinterpret_cast<const uint16_t*>(dqkv_b), 3 * n);
   }
-  void attention_decode(float* out, const float* qkv, float* k_cache, float* v_cache, const int32_t* seq,
+  void attention_decode(Act out, ConstAct qkv, float* k_cache, float* v_cache, const int32_t* seq,
                         const int32_t* pos, int rows, int max_len, int C, int NH) override {
-    seam::attention_decode(out, qkv, k_cache, v_cache, seq, pos, rows, max_len, C, NH);
+    const size_t n = size_t(rows) * size_t(C);
+    float* o = target(out, n, wide_);
+    seam::attention_decode(o, widen(qkv, 3 * n, wide2_), k_cache, v_cache, seq, pos, rows, max_len, C, NH);
+    narrow(out, o, n);
   }
-  void bias_gelu_forward(float* out, float* pre, const float* bias, int N, int C) override {
-    if (int64_t(N) * C > 0) cuda::bias_gelu_forward<float>(out, pre, bias, N, C);
-  }
-  void gelu_backward(float* dinout, const float* pre, int N, int C) override {
-    if (int64_t(N) * C > 0) cuda::gelu_backward<float>(dinout, pre, N, C);
+  void gelu_backward(float* dinout, ConstAct pre, int N, int C) override {
+    const size_t n = size_t(N) * size_t(C);
+    if (n > 0) cuda::gelu_backward<float>(dinout, widen(pre, n, wide_), N, C);
   }
 
   // ---- Mixture-of-Experts
-  void gather_rows(float* out, const float* in, const int32_t* index, const float* scale, int rows,
+  void gather_rows(float* out, ConstAct in, const int32_t* index, const float* scale, int rows,
                    int C) override {
-    seam::gather_rows(out, in, index, scale, rows, C);
+    if (in.bf16)
+      seam::gather_rows(out, static_cast<const uint16_t*>(in.data), index, scale, rows, C);
+    else
+      seam::gather_rows(out, in.f32(), index, scale, rows, C);
   }
   void combine_rows(float* out, const float* in, const int32_t* index, const float* weight, int N, int k,
                     int C, bool accumulate) override {
@@ -285,8 +333,6 @@ class CudaBackend final : public Backend {
     cuda::convert<bf16>(copy, values, int64_t(n));
   }
   void round_to_bf16(float* out, const float* in, size_t n) override { seam::round_to_bf16(out, in, n); }
-  void to_bf16(uint16_t* out, float* values, size_t n) override { seam::to_bf16(out, values, n); }
-  void from_bf16(float* out, const uint16_t* in, size_t n) override { seam::from_bf16(out, in, n); }
 
   // ---- the optimizer step
   double sum_squares(const float* x, std::span<const FlatRange> ranges) override {
@@ -337,6 +383,26 @@ class CudaBackend final : public Backend {
     cuda::convert<bf16>(copy, values, int64_t(n));
     return copy;
   }
+  static bf16* half(Act a) { return static_cast<bf16*>(a.data); }
+  // `n` activations as a BF16 operand: their own values, or FP32 ones converted into `buffer`.
+  const bf16* bf16_operand(ConstAct a, size_t n, DeviceBuffer& buffer) {
+    return a.bf16 ? static_cast<const bf16*>(a.data) : bf16_copy(buffer, a.f32(), n);
+  }
+  // `n` activations as FP32 for a kernel that has only that form: their own, or BF16 widened into `buffer`.
+  const float* widen(ConstAct a, size_t n, DeviceBuffer& buffer) {
+    if (!a.bf16) return a.f32();
+    float* wide = scratch<float>(buffer, n);
+    seam::from_bf16(wide, static_cast<const uint16_t*>(a.data), n);
+    return wide;
+  }
+  // Where such a kernel writes `n` activations: their own memory, or `buffer` for narrow() to round into
+  // them (the CPU's rounding, bit for bit).
+  static float* target(Act a, size_t n, DeviceBuffer& buffer) {
+    return a.bf16 ? scratch<float>(buffer, n) : a.f32();
+  }
+  static void narrow(Act a, float* values, size_t n) {
+    if (a.bf16) seam::to_bf16(static_cast<uint16_t*>(a.data), values, n);
+  }
   // Drops the kept copies of working copies in [p, p + bytes), memory being freed: a later allocation there
   // holds something else.
   void forget_copies(const void* p, size_t bytes) {
@@ -353,16 +419,19 @@ class CudaBackend final : public Backend {
     const size_t at = size_t(values - it->first);
     return at + n <= it->second.n ? it->second.values.as<bf16>() + at : nullptr;
   }
-  // A product's `n` weights at `w` in BF16: from the kept copy of the working copy they lie in, else
-  // converted now (weights no model announced, as a test's).
-  const bf16* weights_bf16(const float* w, size_t n) {
+  // `n` weights at `w` (null: none) in BF16: from the kept copy of the working copy they lie in, else
+  // converted now into `buffer` (weights no model announced, as a test's or the MoE router's).
+  const bf16* weights_bf16(const float* w, size_t n, DeviceBuffer& buffer) {
+    if (w == nullptr) return nullptr;
     const bf16* kept = kept_copy(w, n);
-    return kept != nullptr ? kept : bf16_copy(w_, w, n);
+    return kept != nullptr ? kept : bf16_copy(buffer, w, n);
   }
-  // Whether the attention runs on the tensor-core kernels: BF16 products, no documents, and a head dim
-  // that they have.
-  bool tensor_core_attention(const int32_t* doc_start, int B, int T, int C, int NH) const {
-    if (!bf16_products_ || doc_start != nullptr || int64_t(B) * T == 0 || NH <= 0 || C % NH != 0)
+  // Whether the attention runs on the tensor-core kernels: BF16 products or operands, no documents, and a
+  // head dim that they have.
+  bool tensor_core_attention(bool bf16_operands, const int32_t* doc_start, int B, int T, int C,
+                             int NH) const {
+    if (!(bf16_products_ || bf16_operands) || doc_start != nullptr || int64_t(B) * T == 0 || NH <= 0 ||
+        C % NH != 0)
       return false;
     const int hd = C / NH;
     return hd == 32 || hd == 64 || hd == 128;
@@ -375,7 +444,8 @@ class CudaBackend final : public Backend {
   cudaEvent_t step_start_ = nullptr, step_end_ = nullptr;  // mark_step_start, step_seconds
   bool bf16_products_ = false;                             // set_bf16_products
   std::map<const float*, WeightCopy> weight_copies_;       // bf16_working_copy, by the working copy's start
-  DeviceBuffer in_, dout_, w_, out_, dqkv_, delta_;        // BF16 operands (and the attention's delta)
+  DeviceBuffer in_, dout_, w_, w2_, w3_, out_, dqkv_, delta_;  // BF16 operands (and the attention's delta)
+  DeviceBuffer wide_, wide2_;                                  // FP32 forms of BF16 activations
   DeviceBuffer stats_, row_loss_, sum_;
   std::vector<float> host_stats_;
   std::vector<double> host_loss_;

@@ -284,12 +284,20 @@ __global__ void decode_attend_kernel(float* out, const float* qkv, const float* 
 
 // ---- Mixture-of-Experts row moves
 
-__global__ void gather_rows_kernel(float* out, const float* in, const int32_t* index, const float* scale,
-                                   int C, int64_t n) {
+__device__ __forceinline__ float widen(float x) {
+  return x;
+}
+__device__ __forceinline__ float widen(uint16_t bf16) {
+  return __uint_as_float(uint32_t(bf16) << 16);
+}
+
+template <class T>
+__global__ void gather_rows_kernel(float* out, const T* in, const int32_t* index, const float* scale, int C,
+                                   int64_t n) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
     const int64_t r = i / C;
     const float f = scale != nullptr ? scale[r] : 1.0f;
-    out[i] = f * in[int64_t(index[r]) * C + i % C];
+    out[i] = f * widen(in[int64_t(index[r]) * C + i % C]);
   }
 }
 
@@ -580,12 +588,15 @@ void attention_decode(float* out, const float* qkv, float* k_cache, float* v_cac
   check_launch("attention_decode");
 }
 
-void gather_rows(float* out, const float* in, const int32_t* index, const float* scale, int rows, int C) {
+template <class T>
+void gather_rows(float* out, const T* in, const int32_t* index, const float* scale, int rows, int C) {
   const int64_t n = int64_t(rows) * C;
   if (n == 0) return;
   gather_rows_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(out, in, index, scale, C, n);
   check_launch("gather_rows");
 }
+template void gather_rows<float>(float*, const float*, const int32_t*, const float*, int, int);
+template void gather_rows<uint16_t>(float*, const uint16_t*, const int32_t*, const float*, int, int);
 
 void combine_rows(float* out, const float* in, const int32_t* index, const float* weight, int N, int k, int C,
                   bool accumulate) {

@@ -24,7 +24,9 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                         const int32_t* doc_start, int B, int T, int C, int NH);
 void attention_decode(float* out, const float* qkv, float* k_cache, float* v_cache, const int32_t* seq,
                       const int32_t* pos, int rows, int max_len, int C, int NH);
-void gather_rows(float* out, const float* in, const int32_t* index, const float* scale, int rows, int C);
+// in: FP32, or BF16 bits (uint16_t)
+template <class T>
+void gather_rows(float* out, const T* in, const int32_t* index, const float* scale, int rows, int C);
 void combine_rows(float* out, const float* in, const int32_t* index, const float* weight, int N, int k, int C,
                   bool accumulate);
 void row_dots(float* dot, const float* a, const float* b, const int32_t* index, int N, int k, int C);

@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <exception>
@@ -36,6 +37,7 @@ namespace {
 constexpr double kExact = 0, kElementwise = 1e-5, kSums = 1e-4, kBf16 = 1e-2, kDouble = 1e-12;
 
 using Floats = std::vector<float>;
+using Halves = std::vector<uint16_t>;  // BF16 bit patterns
 using Ints = std::vector<int32_t>;
 
 class Rng {
@@ -349,19 +351,22 @@ struct Checker {
     cmp("attention_decode v_cache", gv, v, kExact);
   }
 
+  // The MLP's first product with its bias and GELU fused (pre-activations over about [-4, 4]), then GELU's
+  // backward.
   void gelu() {
-    const int N = 29, C = 45;
-    const Floats bias = rng.floats(size_t(C));
-    Floats pre = rng.floats(size_t(N) * C, -4, 4), out(pre.size());
-    auto gpre = up(pre), gbias = up(bias), gout = up(out);
-    cpu.bias_gelu_forward(out.data(), pre.data(), bias.data(), N, C);
-    gpu.bias_gelu_forward(gout.data(), gpre.data(), gbias.data(), N, C);
-    cmp("bias_gelu_forward out", gout, out, kElementwise);
-    cmp("bias_gelu_forward pre", gpre, pre, kElementwise);
+    const int N = 29, C = 45, OC = 37;
+    const Floats x = rng.floats(size_t(N) * C), w = rng.floats(size_t(OC) * C, -0.6f, 0.6f),
+                 bias = rng.floats(size_t(OC));
+    Floats pre(size_t(N) * OC), out(pre.size());
+    auto gx = up(x), gw = up(w), gbias = up(bias), gpre = up(pre), gout = up(out);
+    cpu.matmul_bias_gelu_forward(out.data(), pre.data(), x.data(), w.data(), bias.data(), N, C, OC);
+    gpu.matmul_bias_gelu_forward(gout.data(), gpre.data(), gx.data(), gw.data(), gbias.data(), N, C, OC);
+    cmp("matmul_bias_gelu_forward out", gout, out, kSums);
+    cmp("matmul_bias_gelu_forward pre", gpre, pre, kSums);
     Floats d = rng.floats(pre.size());
     auto gd = up(d), cpre = up(pre);
-    cpu.gelu_backward(d.data(), pre.data(), N, C);
-    gpu.gelu_backward(gd.data(), cpre.data(), N, C);
+    cpu.gelu_backward(d.data(), pre.data(), N, OC);
+    gpu.gelu_backward(gd.data(), cpre.data(), N, OC);
     cmp("gelu_backward", gd, d, kElementwise);
   }
 
@@ -573,22 +578,106 @@ struct Checker {
     cpu.round_to_bf16(rounded.data(), x.data(), x.size());
     gpu.round_to_bf16(grounded.data(), gx.data(), x.size());
     report.bits<float>("round_to_bf16", down(grounded), rounded);
-    Floats values = x;
-    std::vector<uint16_t> half(x.size());
-    auto gvalues = up(values);
-    auto ghalf = up(half);
-    cpu.to_bf16(half.data(), values.data(), x.size());
-    gpu.to_bf16(ghalf.data(), gvalues.data(), x.size());
-    report.bits<uint16_t>("to_bf16 out", down(ghalf), half);
-    report.bits<float>("to_bf16 values (rounded in place)", down(gvalues), values);
-    std::vector<uint16_t> all(65536);
-    for (size_t i = 0; i < all.size(); ++i) all[i] = uint16_t(i);
+    // BF16 activations widened by an op that reads them: gather_rows of every pattern.
+    Halves all(65536);
+    Ints index(all.size());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = uint16_t(index[i] = int32_t(i));
     Floats back(all.size());
     auto gall = up(all);
+    auto gindex = up(index);
     auto gback = up(back);
-    cpu.from_bf16(back.data(), all.data(), all.size());
-    gpu.from_bf16(gback.data(), gall.data(), all.size());
-    report.bits<float>("from_bf16 (all 65536 patterns)", down(gback), back);
+    cpu.gather_rows(back.data(), all.data(), index.data(), nullptr, int(all.size()), 1);
+    gpu.gather_rows(gback.data(), gall.data(), gindex.data(), nullptr, int(all.size()), 1);
+    report.bits<float>("BF16 activations read (gather_rows, all 65536 patterns)", down(gback), back);
+  }
+
+  // The block's ops on the activations BF16 mode stores as BF16 (Act), as the model chains them, each
+  // from the CPU's inputs; outputs compared after widening. Outputs rounded to BF16 differ by a rounding
+  // where the FP32 values do in the last bits (kBf16), more where a product rounds a gradient.
+  static Halves halves(const Floats& bf16_values) {
+    Halves h(bf16_values.size());
+    for (size_t i = 0; i < h.size(); ++i) h[i] = uint16_t(std::bit_cast<uint32_t>(bf16_values[i]) >> 16);
+    return h;
+  }
+  static Floats widened(const Halves& h) {
+    Floats x(h.size());
+    for (size_t i = 0; i < h.size(); ++i) x[i] = std::bit_cast<float>(uint32_t(h[i]) << 16);
+    return x;
+  }
+  void cmp(const std::string& op, const Buffer<uint16_t>& got, const Halves& want, double tol) {
+    report.floats(op, widened(down(got)), widened(want), tol);
+  }
+  void bf16_storage() {
+    gpu.set_bf16_products(true);
+    const int B = 2, T = 45, NH = 3, C = NH * 64, N = B * T, H = 2 * C;
+    const size_t NC = size_t(N) * C;
+    const Floats x = rng.floats(NC, -2, 2), d = rng.floats(NC), lnw = bf16_values(size_t(C), 0.5f, 1.5f),
+                 lnb = bf16_values(size_t(C), -0.5f, 0.5f),
+                 wqkv = bf16_values(3 * size_t(C) * C, -0.1f, 0.1f), bqkv = bf16_values(3 * size_t(C), -1, 1),
+                 wfc = bf16_values(size_t(H) * C, -0.1f, 0.1f), bfc = bf16_values(size_t(H), -1, 1),
+                 dqkv_out = rng.floats(NC), dfc = rng.floats(size_t(N) * H);
+    auto gx = up(x), gd = up(d), glnw = up(lnw), glnb = up(lnb), gwqkv = up(wqkv), gbqkv = up(bqkv),
+         gwfc = up(wfc), gbfc = up(bfc);
+    Floats mean(static_cast<size_t>(N)), rstd(mean.size()), res(NC), lse(size_t(B) * NH * T);
+    auto gmean = up(mean), grstd = up(rstd), gres = up(res), glse = up(lse);
+
+    Halves ln(NC);
+    auto gln = up(ln);
+    cpu.layernorm_forward(ln.data(), mean.data(), rstd.data(), x.data(), lnw.data(), lnb.data(), N, C);
+    gpu.layernorm_forward(gln.data(), gmean.data(), grstd.data(), gx.data(), glnw.data(), glnb.data(), N, C);
+    cmp("BF16 activations: layernorm_forward out", gln, ln, kBf16);
+    cpu.residual_layernorm_forward(res.data(), ln.data(), mean.data(), rstd.data(), x.data(), d.data(),
+                                   lnb.data(), lnw.data(), lnb.data(), N, C);
+    gpu.residual_layernorm_forward(gres.data(), gln.data(), gmean.data(), grstd.data(), gx.data(), gd.data(),
+                                   glnb.data(), glnw.data(), glnb.data(), N, C);
+    cmp("BF16 activations: residual_layernorm_forward ln_out", gln, ln, kBf16);
+    cmp("BF16 activations: residual_layernorm_forward res_out", gres, res, kElementwise);
+
+    gln = up(ln);  // the CPU's from here on
+    Halves qkv(3 * NC), att(NC), pre(size_t(N) * H), act(pre.size());
+    auto gqkv = up(qkv), gatt = up(att), gpre = up(pre), gact = up(act);
+    cpu.matmul_forward(qkv.data(), ln.data(), wqkv.data(), bqkv.data(), N, C, 3 * C);
+    gpu.matmul_forward(gqkv.data(), gln.data(), gwqkv.data(), gbqkv.data(), N, C, 3 * C);
+    cmp("BF16 activations: matmul_forward", gqkv, qkv, kBf16);
+    gqkv = up(qkv);
+    cpu.attention_forward(att.data(), lse.data(), qkv.data(), nullptr, B, T, C, NH);
+    gpu.attention_forward(gatt.data(), glse.data(), gqkv.data(), nullptr, B, T, C, NH);
+    cmp("BF16 activations: attention_forward out", gatt, att, kBf16);
+    // With documents: the FP32 kernel, its operands widened and its output rounded as the CPU rounds.
+    const Ints starts = doc_starts(rng, B, T, 3);
+    auto gstarts = up(starts);
+    Halves datt(NC);
+    auto gdatt = up(datt);
+    cpu.attention_forward(datt.data(), lse.data(), qkv.data(), starts.data(), B, T, C, NH);
+    gpu.attention_forward(gdatt.data(), glse.data(), gqkv.data(), gstarts.data(), B, T, C, NH);
+    cmp("BF16 activations: attention_forward out (documents)", gdatt, datt, kBf16);
+    cpu.attention_forward(att.data(), lse.data(), qkv.data(), nullptr, B, T, C, NH);
+    Floats dqkv(3 * NC);
+    auto gdqkv = up(dqkv), gdout = up(dqkv_out), clse = up(lse);
+    auto catt = up(att);
+    cpu.attention_backward(dqkv.data(), dqkv_out.data(), qkv.data(), att.data(), lse.data(), nullptr, B, T, C,
+                           NH);
+    gpu.attention_backward(gdqkv.data(), gdout.data(), gqkv.data(), catt.data(), clse.data(), nullptr, B, T,
+                           C, NH);
+    cmp("BF16 activations: attention_backward dqkv", gdqkv, dqkv, 2 * kBf16);
+
+    cpu.matmul_bias_gelu_forward(act.data(), pre.data(), ln.data(), wfc.data(), bfc.data(), N, C, H);
+    gpu.matmul_bias_gelu_forward(gact.data(), gpre.data(), gln.data(), gwfc.data(), gbfc.data(), N, C, H);
+    cmp("BF16 activations: matmul_bias_gelu_forward out", gact, act, kBf16);
+    cmp("BF16 activations: matmul_bias_gelu_forward pre", gpre, pre, kBf16);
+    Floats dpre = dfc;
+    auto gdpre = up(dpre);
+    auto cpre = up(pre);
+    cpu.gelu_backward(dpre.data(), pre.data(), N, H);
+    gpu.gelu_backward(gdpre.data(), cpre.data(), N, H);
+    cmp("BF16 activations: gelu_backward", gdpre, dpre, kElementwise);
+    Floats dln(NC), dw(wfc.size()), db(bfc.size());
+    auto gdln = up(dln), gdw = up(dw), gdb = up(db), gdfc = up(dfc);
+    cpu.matmul_backward(dln.data(), dw.data(), db.data(), dfc.data(), ln.data(), wfc.data(), N, C, H);
+    gpu.matmul_backward(gdln.data(), gdw.data(), gdb.data(), gdfc.data(), gln.data(), gwfc.data(), N, C, H);
+    cmp("BF16 activations: matmul_backward din", gdln, dln, kBf16);
+    cmp("BF16 activations: matmul_backward dweight", gdw, dw, kBf16);
+    gpu.set_bf16_products(false);
   }
 
   void optimizer() {
@@ -677,6 +766,7 @@ bool check_backend(uint64_t seed, int device) {
   });
   run("bf16", [&] { check.bf16(); });
   run("bf16 products", [&] { check.bf16_products(); });
+  run("bf16 activations", [&] { check.bf16_storage(); });
   run("optimizer", [&] { check.optimizer(); });
   return report.print();
 }

@@ -1,5 +1,7 @@
 // The CPU backend: host memory in huge pages (huge_buffer.h) and the OpenMP/OpenBLAS kernels of
-// kernels.h, one op per call.
+// kernels.h, one op per call. The kernels are FP32: BF16 activations (Act) are widened into scratch before
+// an op and its FP32 results rounded into them after, which rounds exactly where the model rounded when it
+// stored FP32 results as BF16 itself.
 #include "forge/common/huge_buffer.h"
 #include "kernels.h"
 
@@ -9,6 +11,33 @@
 namespace forge::trainer {
 
 namespace {
+
+// FP32 scratch of one op's BF16 operands, per thread (ops run on the calling thread), kept between ops.
+// Aligned as the backend's buffers are: OpenBLAS's results depend on its operands' alignment in the last
+// bit, and malloc's alignment would vary from run to run.
+struct Scratch {
+  HugeBuffer<float> in, in2, out, out2;
+};
+thread_local Scratch scratch;
+
+float* reserve(HugeBuffer<float>& buffer, size_t n) {
+  if (buffer.size() < n) buffer = HugeBuffer<float>(n);
+  return buffer.data();
+}
+// The FP32 values of `n` activations: their own, or their BF16 values widened into `buffer`.
+const float* widen(ConstAct a, size_t n, HugeBuffer<float>& buffer) {
+  if (!a.bf16) return a.f32();
+  float* wide = reserve(buffer, n);
+  cpu::from_bf16(wide, static_cast<const uint16_t*>(a.data), int64_t(n));
+  return wide;
+}
+// Where an op writes `n` activations in FP32: their own memory, or `buffer` for narrow() to round.
+float* target(Act a, size_t n, HugeBuffer<float>& buffer) {
+  return a.bf16 ? reserve(buffer, n) : a.f32();
+}
+void narrow(Act a, float* values, size_t n) {
+  if (a.bf16) cpu::to_bf16(static_cast<uint16_t*>(a.data), values, int64_t(n));
+}
 
 class HostAllocation final : public Allocation {
  public:
@@ -43,48 +72,77 @@ class CpuBackend final : public Backend {
                           int vocab_end) override {
     cpu::embedding_backward(dwte, dwpe, dout, tokens, positions, B, T, C, vocab_begin, vocab_end);
   }
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* weight,
+  void layernorm_forward(Act out, float* mean, float* rstd, const float* in, const float* weight,
                          const float* bias, int N, int C) override {
-    cpu::layernorm_forward(out, mean, rstd, in, weight, bias, N, C);
+    const size_t n = size_t(N) * size_t(C);
+    float* o = target(out, n, scratch.out);
+    cpu::layernorm_forward(o, mean, rstd, in, weight, bias, N, C);
+    narrow(out, o, n);
   }
   void layernorm_backward(float* din, float* dweight, float* dbias, const float* dout, const float* in,
                           const float* weight, const float* mean, const float* rstd, int N, int C) override {
     cpu::layernorm_backward(din, dweight, dbias, dout, in, weight, mean, rstd, N, C);
   }
-  void residual_layernorm_forward(float* res_out, float* ln_out, float* mean, float* rstd,
-                                  const float* res_in, const float* delta, const float* delta_bias,
-                                  const float* weight, const float* bias, int N, int C) override {
-    cpu::residual_layernorm_forward(res_out, ln_out, mean, rstd, res_in, delta, delta_bias, weight, bias, N,
-                                    C);
+  void residual_layernorm_forward(float* res_out, Act ln_out, float* mean, float* rstd, const float* res_in,
+                                  const float* delta, const float* delta_bias, const float* weight,
+                                  const float* bias, int N, int C) override {
+    const size_t n = size_t(N) * size_t(C);
+    float* ln = target(ln_out, n, scratch.out);
+    cpu::residual_layernorm_forward(res_out, ln, mean, rstd, res_in, delta, delta_bias, weight, bias, N, C);
+    narrow(ln_out, ln, n);
   }
   void residual_forward(float* res_out, const float* res_in, const float* delta, const float* delta_bias,
                         int N, int C) override {
     cpu::residual_forward(res_out, res_in, delta, delta_bias, N, C);
   }
-  void matmul_forward(float* out, const float* in, const float* w, const float* bias, int N, int C,
+  void matmul_forward(Act out, ConstAct in, const float* w, const float* bias, int N, int C,
                       int OC) override {
-    cpu::matmul_forward(out, in, w, bias, N, C, OC);
+    const size_t n = size_t(N) * size_t(OC);
+    float* o = target(out, n, scratch.out);
+    cpu::matmul_forward(o, widen(in, size_t(N) * size_t(C), scratch.in), w, bias, N, C, OC);
+    narrow(out, o, n);
   }
-  void matmul_backward(float* din, float* dw, float* dbias, const float* dout, const float* in,
-                       const float* w, int N, int C, int OC) override {
-    cpu::matmul_backward(din, dw, dbias, dout, in, w, N, C, OC);
+  void matmul_bias_gelu_forward(Act out, Act pre, ConstAct in, const float* w, const float* bias, int N,
+                                int C, int OC) override {
+    const size_t n = size_t(N) * size_t(OC);
+    float* p = target(pre, n, scratch.out);
+    float* o = target(out, n, scratch.out2);
+    cpu::matmul_forward(p, widen(in, size_t(N) * size_t(C), scratch.in), w, nullptr, N, C, OC);
+    cpu::bias_gelu_forward(o, p, bias, N, OC);
+    narrow(pre, p, n);
+    narrow(out, o, n);
+  }
+  void matmul_backward(float* din, float* dw, float* dbias, const float* dout, ConstAct in, const float* w,
+                       int N, int C, int OC) override {
+    cpu::matmul_backward(din, dw, dbias, dout, widen(in, size_t(N) * size_t(C), scratch.in), w, N, C, OC);
   }
   void add_bias(float* out, const float* bias, int N, int OC) override { cpu::add_bias(out, bias, N, OC); }
-  void attention_forward(float* out, float* lse, const float* qkv, const int32_t* doc_start, int B, int T,
-                         int C, int NH) override {
-    cpu::attention_forward(out, lse, qkv, doc_start, B, T, C, NH);
+  void attention_forward(Act out, float* lse, ConstAct qkv, const int32_t* doc_start, int B, int T, int C,
+                         int NH) override {
+    const size_t n = size_t(B) * size_t(T) * size_t(C);
+    float* o = target(out, n, scratch.out);
+    cpu::attention_forward(o, lse, widen(qkv, 3 * n, scratch.in), doc_start, B, T, C, NH);
+    narrow(out, o, n);
   }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                          const float* lse, const int32_t* doc_start, int B, int T, int C, int NH) override {
-    cpu::attention_backward(dqkv, dout, qkv, out, lse, doc_start, B, T, C, NH);
+  void attention_backward(float* dqkv, const float* dout, ConstAct qkv, ConstAct out, const float* lse,
+                          const int32_t* doc_start, int B, int T, int C, int NH) override {
+    const size_t n = size_t(B) * size_t(T) * size_t(C);
+    cpu::attention_backward(dqkv, dout, widen(qkv, 3 * n, scratch.in), widen(out, n, scratch.in2), lse,
+                            doc_start, B, T, C, NH);
   }
-  void attention_decode(float* out, const float* qkv, float* k_cache, float* v_cache, const int32_t* seq,
+  void attention_decode(Act out, ConstAct qkv, float* k_cache, float* v_cache, const int32_t* seq,
                         const int32_t* pos, int rows, int max_len, int C, int NH) override {
-    cpu::attention_decode(out, qkv, k_cache, v_cache, seq, pos, rows, max_len, C, NH);
+    const size_t n = size_t(rows) * size_t(C);
+    float* o = target(out, n, scratch.out);
+    cpu::attention_decode(o, widen(qkv, 3 * n, scratch.in), k_cache, v_cache, seq, pos, rows, max_len, C, NH);
+    narrow(out, o, n);
   }
-  void gather_rows(float* out, const float* in, const int32_t* index, const float* scale, int rows,
+  void gather_rows(float* out, ConstAct in, const int32_t* index, const float* scale, int rows,
                    int C) override {
-    cpu::gather_rows(out, in, index, scale, rows, C);
+    if (in.bf16)
+      cpu::gather_rows(out, static_cast<const uint16_t*>(in.data), index, scale, rows, C);
+    else
+      cpu::gather_rows(out, in.f32(), index, scale, rows, C);
   }
   void combine_rows(float* out, const float* in, const int32_t* index, const float* weight, int N, int k,
                     int C, bool accumulate) override {
@@ -94,11 +152,8 @@ class CpuBackend final : public Backend {
                 int C) override {
     cpu::row_dots(dot, a, b, index, N, k, C);
   }
-  void bias_gelu_forward(float* out, float* pre, const float* bias, int N, int C) override {
-    cpu::bias_gelu_forward(out, pre, bias, N, C);
-  }
-  void gelu_backward(float* dinout, const float* pre, int N, int C) override {
-    cpu::gelu_backward(dinout, pre, N, C);
+  void gelu_backward(float* dinout, ConstAct pre, int N, int C) override {
+    cpu::gelu_backward(dinout, widen(pre, size_t(N) * size_t(C), scratch.in), N, C);
   }
   double cross_entropy(float* logits, const int32_t* targets, const float* weights, int rows, int V,
                        int vocab_begin, float scale, bool backward, VocabGroup* group, float* nll) override {
@@ -113,8 +168,6 @@ class CpuBackend final : public Backend {
   void round_to_bf16(float* out, const float* in, size_t n) override {
     cpu::round_to_bf16(out, in, int64_t(n));
   }
-  void to_bf16(uint16_t* out, float* values, size_t n) override { cpu::to_bf16(out, values, int64_t(n)); }
-  void from_bf16(float* out, const uint16_t* in, size_t n) override { cpu::from_bf16(out, in, int64_t(n)); }
   double sum_squares(const float* x, std::span<const FlatRange> ranges) override {
     return cpu::sum_squares(x, ranges);
   }

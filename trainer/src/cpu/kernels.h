@@ -76,6 +76,7 @@ void attention_decode(float* out, const float* qkv, float* k_cache, float* v_cac
 
 // ---- moe.cpp ---- (Backend's gather_rows, combine_rows, row_dots)
 void gather_rows(float* out, const float* in, const int32_t* index, const float* scale, int rows, int C);
+void gather_rows(float* out, const uint16_t* in, const int32_t* index, const float* scale, int rows, int C);
 void combine_rows(float* out, const float* in, const int32_t* index, const float* weight, int N, int k, int C,
                   bool accumulate);
 void row_dots(float* dot, const float* a, const float* b, const int32_t* index, int N, int k, int C);

@@ -3,17 +3,42 @@
 // so that no two threads write one row (deterministic: each row sums its k terms in order).
 #include "kernels.h"
 
+#include <cstring>
+
 namespace forge::trainer::cpu {
 
-void gather_rows(float* out, const float* in, const int32_t* index, const float* scale, int rows, int C) {
+namespace {
+
+float widen(float x) {
+  return x;
+}
+float widen(uint16_t bits) {
+  const uint32_t wide = uint32_t(bits) << 16;
+  float x;
+  std::memcpy(&x, &wide, 4);
+  return x;
+}
+
+template <class T>
+void gather(float* out, const T* in, const int32_t* index, const float* scale, int rows, int C) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < rows; ++i) {
-    const float* src = in + int64_t(index[i]) * C;
+    const T* src = in + int64_t(index[i]) * C;
     float* dst = out + i * C;
     const float f = scale != nullptr ? scale[i] : 1.0f;
 #pragma omp simd
-    for (int c = 0; c < C; ++c) dst[c] = f * src[c];
+    for (int c = 0; c < C; ++c) dst[c] = f * widen(src[c]);
   }
+}
+
+}  // namespace
+
+void gather_rows(float* out, const float* in, const int32_t* index, const float* scale, int rows, int C) {
+  gather(out, in, index, scale, rows, C);
+}
+
+void gather_rows(float* out, const uint16_t* in, const int32_t* index, const float* scale, int rows, int C) {
+  gather(out, in, index, scale, rows, C);
 }
 
 void combine_rows(float* out, const float* in, const int32_t* index, const float* weight, int N, int k, int C,

@@ -2,13 +2,15 @@
 
 #include "forge/trainer/model.h"
 
+#include <stdexcept>
+
 namespace forge::trainer {
 
 ColumnParallelLinear::ColumnParallelLinear(Backend& backend, ParamRef weight, ParamRef bias, bool add_bias,
                                            Comm& group)
     : Linear(backend, weight, bias, add_bias), group_(group) {}
 
-void ColumnParallelLinear::backward(float* din, const float* dout, const float* in, int rows) {
+void ColumnParallelLinear::backward(float* din, const float* dout, ConstAct in, int rows) {
   Linear::backward(din, dout, in, rows);
   // Each rank's output columns contribute to the input gradient: sum them.
   if (din != nullptr) group_.all_reduce_sum(din, size_t(rows) * size_t(in_));
@@ -18,11 +20,16 @@ RowParallelLinear::RowParallelLinear(Backend& backend, ParamRef weight, ParamRef
                                      Comm& group)
     : Linear(backend, weight, bias, add_bias), group_(group) {}
 
-void RowParallelLinear::forward(float* out, const float* in, int rows) {
+void RowParallelLinear::forward(Act out, ConstAct in, int rows) {
   // Each rank's input features give a partial product; the bias (replicated) goes on after the sum.
-  backend_.matmul_forward(out, in, weight_.value, nullptr, rows, in_, out_);
-  group_.all_reduce_sum(out, size_t(rows) * size_t(out_));
-  if (add_bias_) backend_.add_bias(out, bias_.value, rows, out_);
+  float* sum = out.f32();
+  backend_.matmul_forward(sum, in, weight_.value, nullptr, rows, in_, out_);
+  group_.all_reduce_sum(sum, size_t(rows) * size_t(out_));
+  if (add_bias_) backend_.add_bias(sum, bias_.value, rows, out_);
+}
+
+void RowParallelLinear::forward_gelu(Act, Act, ConstAct, int) {
+  throw std::logic_error("RowParallelLinear: the GELU of a partial product is not the GELU of the sum");
 }
 
 namespace {

@@ -6,17 +6,49 @@
 // Every op takes pointers into memory the same backend allocated (device memory for a GPU backend, where
 // the host must go through copy_to_host / copy_from_host). Activations are flat row-major
 // [rows, channels] with rows = batch x time; weights are [out, in] as PyTorch's Linear. Backward ops add
-// into parameter gradients; what they do to input gradients is stated per op.
+// into parameter gradients; what they do to input gradients is stated per op. The activations that the
+// model's BF16 mode stores as 2-byte BF16 reach the ops as Act / ConstAct; everything else is FP32.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace forge::trainer {
+
+// Activations in a backend's memory, FP32 or 2-byte BF16 (bit patterns, uint16_t): the operands of the
+// matrix products and of the attention, which the model's BF16 mode stores as BF16 (model.h) so that a
+// GPU reads and writes half the bytes and its tensor cores take them as they are. A float or uint16_t
+// pointer converts to one. An op computes in FP32 from what it reads and rounds each value it writes to
+// BF16 once, to nearest even: on the CPU the same values as rounding an FP32 result afterwards.
+struct Act {
+  void* data = nullptr;
+  bool bf16 = false;
+  Act() = default;
+  Act(float* values) : data(values) {}
+  Act(uint16_t* values) : data(values), bf16(true) {}
+  // The FP32 values; an op that has no BF16 form asks for them.
+  float* f32() const {
+    if (bf16) throw std::logic_error("an op that takes FP32 activations was given BF16 ones");
+    return static_cast<float*>(data);
+  }
+};
+struct ConstAct {
+  const void* data = nullptr;
+  bool bf16 = false;
+  ConstAct() = default;
+  ConstAct(const float* values) : data(values) {}
+  ConstAct(const uint16_t* values) : data(values), bf16(true) {}
+  ConstAct(Act a) : data(a.data), bf16(a.bf16) {}
+  const float* f32() const {
+    if (bf16) throw std::logic_error("an op that takes FP32 activations was given BF16 ones");
+    return static_cast<const float*>(data);
+  }
+};
 
 // Memory of one backend; released with the object.
 class Allocation {
@@ -110,9 +142,10 @@ class Backend {
   }
 
   // The model's BF16 mode (model.h): the inputs of every matrix product and of the attention are BF16
-  // values held in FP32, except gradients. A backend may then multiply in BF16, rounding the gradients to
-  // BF16 as they enter a product (the CUDA backend: BF16 tensor cores, as BF16 trainers do); the CPU
-  // backend keeps FP32. Set by the trainer for the process's run.
+  // values, stored in 2 bytes (Act) or held in FP32 (the weights' working copy, the final LayerNorm's
+  // output), except gradients. A backend may then multiply in BF16, rounding the gradients to BF16 as they
+  // enter a product (the CUDA backend: BF16 tensor cores, as BF16 trainers do); the CPU backend keeps FP32.
+  // Set by the trainer for the process's run.
   virtual void set_bf16_products(bool) {}
   // BF16 mode: [values, values + n) of a model's working copy of its weights (BF16 values held in FP32),
   // all of it or a part, was just written; the model calls this after every change to it. Until the next
@@ -131,51 +164,53 @@ class Backend {
   virtual void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
                                   const int32_t* positions, int B, int T, int C, int vocab_begin,
                                   int vocab_end) = 0;
-  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* weight,
+  virtual void layernorm_forward(Act out, float* mean, float* rstd, const float* in, const float* weight,
                                  const float* bias, int N, int C) = 0;
   // din += dL/din (the residual stream's gradient accumulates); dweight, dbias +=.
   virtual void layernorm_backward(float* din, float* dweight, float* dbias, const float* dout,
                                   const float* in, const float* weight, const float* mean, const float* rstd,
                                   int N, int C) = 0;
   // res_out = res_in + delta + delta_bias; ln_out = LayerNorm(res_out).
-  virtual void residual_layernorm_forward(float* res_out, float* ln_out, float* mean, float* rstd,
+  virtual void residual_layernorm_forward(float* res_out, Act ln_out, float* mean, float* rstd,
                                           const float* res_in, const float* delta, const float* delta_bias,
                                           const float* weight, const float* bias, int N, int C) = 0;
   // res_out = res_in + delta + delta_bias.
   virtual void residual_forward(float* res_out, const float* res_in, const float* delta,
                                 const float* delta_bias, int N, int C) = 0;
   // out = in @ w^T (+ bias if not null).
-  virtual void matmul_forward(float* out, const float* in, const float* w, const float* bias, int N, int C,
+  virtual void matmul_forward(Act out, ConstAct in, const float* w, const float* bias, int N, int C,
                               int OC) = 0;
+  // pre = in @ w^T + bias; out = gelu(pre) (tanh approximation) of pre before it is stored: the MLP's
+  // first product with the bias add and GELU fused into it (cuBLASLt's GELU_AUX_BIAS epilogue). out and
+  // pre are both FP32 or both BF16.
+  virtual void matmul_bias_gelu_forward(Act out, Act pre, ConstAct in, const float* w, const float* bias,
+                                        int N, int C, int OC) = 0;
   // din = dout @ w (overwrites; skipped if null); dw += dout^T @ in; dbias += column sums (if not null).
-  virtual void matmul_backward(float* din, float* dw, float* dbias, const float* dout, const float* in,
+  virtual void matmul_backward(float* din, float* dw, float* dbias, const float* dout, ConstAct in,
                                const float* w, int N, int C, int OC) = 0;
   // out[r,:] += bias.
   virtual void add_bias(float* out, const float* bias, int N, int OC) = 0;
   // Causal attention on the fused qkv [B*T, 3C] (q | k | v), out [B*T, C], row log-sum-exp lse
   // [B, NH, T]. A query at row position t sees keys [doc_start[b*T + t], t] (its document); doc_start
   // null: [0, t].
-  virtual void attention_forward(float* out, float* lse, const float* qkv, const int32_t* doc_start, int B,
-                                 int T, int C, int NH) = 0;
+  virtual void attention_forward(Act out, float* lse, ConstAct qkv, const int32_t* doc_start, int B, int T,
+                                 int C, int NH) = 0;
   // dqkv = gradient of the attention inputs (overwrites).
-  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+  virtual void attention_backward(float* dqkv, const float* dout, ConstAct qkv, ConstAct out,
                                   const float* lse, const int32_t* doc_start, int B, int T, int C,
                                   int NH) = 0;
   // Incremental decoding (model.h, GPT::decode): `rows` new positions, row r being position pos[r] of
   // sequence seq[r]. Writes each row's key and value (from qkv [rows, 3C]) into k_cache and v_cache
   // ([sequences, max_len, C]) at (seq[r], pos[r]), then out[r] = the attention of row r's query over its
   // sequence's cached positions [0, pos[r]]: rows of one sequence in one call see each other's keys.
-  virtual void attention_decode(float* out, const float* qkv, float* k_cache, float* v_cache,
-                                const int32_t* seq, const int32_t* pos, int rows, int max_len, int C,
-                                int NH) = 0;
-  // pre += bias; out = gelu(pre) (tanh approximation).
-  virtual void bias_gelu_forward(float* out, float* pre, const float* bias, int N, int C) = 0;
-  // dinout: dL/d(out) in, dL/d(pre) out.
-  virtual void gelu_backward(float* dinout, const float* pre, int N, int C) = 0;
+  virtual void attention_decode(Act out, ConstAct qkv, float* k_cache, float* v_cache, const int32_t* seq,
+                                const int32_t* pos, int rows, int max_len, int C, int NH) = 0;
+  // dinout: dL/d(out) in, dL/d(pre) out, for out = gelu(pre).
+  virtual void gelu_backward(float* dinout, ConstAct pre, int N, int C) = 0;
 
   // ---- Mixture-of-Experts (moe.h): token rows to and from their experts
   // out[i,:] = scale[i] x in[index[i],:] for i < rows (scale null: 1).
-  virtual void gather_rows(float* out, const float* in, const int32_t* index, const float* scale, int rows,
+  virtual void gather_rows(float* out, ConstAct in, const int32_t* index, const float* scale, int rows,
                            int C) = 0;
   // out[t,:] (accumulate: +=) sum over j < k with index[t*k+j] >= 0 of weight[t*k+j] x in[index[t*k+j],:]
   // (weight null: 1), for t < N; a token with no such j gets 0 (or keeps out[t,:]).
@@ -208,11 +243,8 @@ class Backend {
                               int rows, int V, int vocab_begin, float temperature, float alpha, float scale,
                               bool backward, VocabGroup* group, double* kl_sum) = 0;
 
-  // ---- precision (BF16 storage of FP32 values)
+  // ---- precision: out = in rounded to BF16 values, held in FP32
   virtual void round_to_bf16(float* out, const float* in, size_t n) = 0;
-  // Rounds `values` in place and stores them as 2-byte BF16 in `out`; and back (exact).
-  virtual void to_bf16(uint16_t* out, float* values, size_t n) = 0;
-  virtual void from_bf16(float* out, const uint16_t* in, size_t n) = 0;
 
   // ---- the optimizer step
   // Sum of squares of x over the ranges, accumulated in double.

@@ -40,9 +40,12 @@ class Linear {
   const float* bias() const { return bias_.value; }
 
   // out [rows, out_features] = in @ W^T (+ b).
-  virtual void forward(float* out, const float* in, int rows);
+  virtual void forward(Act out, ConstAct in, int rows);
+  // out = gelu(pre), pre = in @ W^T + b: the product with the bias add and the GELU that follow it fused
+  // (Backend::matmul_bias_gelu_forward), for a layer whose output needs no collective.
+  virtual void forward_gelu(Act out, Act pre, ConstAct in, int rows);
   // din = dout @ W (overwrites; skipped when null); dW += dout^T in; db += column sums of dout.
-  virtual void backward(float* din, const float* dout, const float* in, int rows);
+  virtual void backward(float* din, const float* dout, ConstAct in, int rows);
 
  protected:
   Backend& backend_;

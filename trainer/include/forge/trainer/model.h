@@ -111,9 +111,9 @@ double flops_per_token(const ModelConfig& config);
 class FeedForward {
  public:
   virtual ~FeedForward() = default;
-  virtual void forward(int slot, const float* in, float* out, int rows) = 0;
+  virtual void forward(int slot, ConstAct in, float* out, int rows) = 0;
   // din = dL/d(in) (overwrites) from dout = dL/d(out), for the micro-batch forward() ran on `slot`.
-  virtual void backward(int slot, const float* in, const float* dout, float* din, int rows) = 0;
+  virtual void backward(int slot, ConstAct in, const float* dout, float* din, int rows) = 0;
   virtual const float* output_bias() const = 0;
   virtual size_t activation_bytes() const = 0;
 };
@@ -249,7 +249,7 @@ class GPT {
   // The blocks of slot `slot` over its first N rows (the stream entering them in res), and the final
   // LayerNorm when the slice has the head; attend(layer, att, lse, qkv) is the attention of each block;
   // before_weights as forward's.
-  void run_blocks(int slot, int N, const std::function<void(int, float*, float*, const float*)>& attend,
+  void run_blocks(int slot, int N, const std::function<void(int, Act, float*, ConstAct)>& attend,
                   const std::function<void(int)>& before_weights = {});
   void check_whole(const MicroBatch& batch) const;
   ParamRef ref(const std::string& name);

@@ -45,8 +45,8 @@ class MoeLayer final : public FeedForward {
            std::unique_ptr<TokenExchange> exchange, int slots, int rows);
   ~MoeLayer() override;
 
-  void forward(int slot, const float* in, float* out, int rows) override;
-  void backward(int slot, const float* in, const float* dout, float* din, int rows) override;
+  void forward(int slot, ConstAct in, float* out, int rows) override;
+  void backward(int slot, ConstAct in, const float* dout, float* din, int rows) override;
   const float* output_bias() const override;  // zeros: each expert's bias is in its output
   size_t activation_bytes() const override;
 
@@ -68,7 +68,7 @@ class MoeLayer final : public FeedForward {
  private:
   struct Slot;
   struct Work;
-  void route(Slot& s, const float* in, int N);
+  void route(Slot& s, ConstAct in, int N);
   void expert_backward(Slot& s, const float* dy, float* dx);
 
   Backend& backend_;

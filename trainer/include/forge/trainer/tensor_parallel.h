@@ -22,7 +22,7 @@ namespace forge::trainer {
 class ColumnParallelLinear final : public Linear {
  public:
   ColumnParallelLinear(Backend& backend, ParamRef weight, ParamRef bias, bool add_bias, Comm& group);
-  void backward(float* din, const float* dout, const float* in, int rows) override;
+  void backward(float* din, const float* dout, ConstAct in, int rows) override;
 
  private:
   Comm& group_;
@@ -31,7 +31,8 @@ class ColumnParallelLinear final : public Linear {
 class RowParallelLinear final : public Linear {
  public:
   RowParallelLinear(Backend& backend, ParamRef weight, ParamRef bias, bool add_bias, Comm& group);
-  void forward(float* out, const float* in, int rows) override;
+  void forward(Act out, ConstAct in, int rows) override;  // FP32 out: the partial sums are all-reduced
+  void forward_gelu(Act out, Act pre, ConstAct in, int rows) override;  // throws: GELU needs the sum
 
  private:
   Comm& group_;
