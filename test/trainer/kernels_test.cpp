@@ -383,3 +383,27 @@ TEST_CASE("the CPU backend's ops on BF16 activations round each FP32 result once
   CHECK(same_bits(widened(dec), rounded(dec32)));
   CHECK(same_bits(kc, kc32));
 }
+
+// An OpenMP reduction adds the threads' partial sums as they finish: with more threads than cores the
+// order changes from call to call, and so did the gradient norm's last bit (and with it the clipping).
+TEST_CASE("the gradient norm's and the loss's sums are the same on every call", "[trainer][kernels]") {
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(7);
+  const auto g = randn(100003, 11);
+  const std::vector<forge::trainer::FlatRange> ranges{{0, 40000}, {40000, 40001}, {50000, 100003}};
+  std::vector<float> logits0 = randn(size_t(301) * 64, 12), logits(logits0.size()), weights(301, 0.5f);
+  std::vector<int32_t> targets(301);
+  for (size_t i = 0; i < targets.size(); ++i) targets[i] = int32_t(i % 64);
+  double norm0 = 0, loss0 = 0;
+  bool same = true;
+  for (int call = 0; call < 40; ++call) {
+    logits = logits0;
+    const double norm = k::sum_squares(g.data(), ranges);
+    const double loss = k::cross_entropy(logits.data(), targets.data(), weights.data(), 301, 64, 0, 1.0f,
+                                         true, nullptr, nullptr);
+    if (call == 0) norm0 = norm, loss0 = loss;
+    same = same && norm == norm0 && loss == loss0;
+  }
+  omp_set_num_threads(threads);
+  CHECK(same);
+}

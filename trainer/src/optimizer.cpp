@@ -1,5 +1,7 @@
 #include "forge/trainer/optimizer.h"
 
+#include "cpu/kernels.h"
+
 #include <algorithm>
 #include <cmath>
 #include <numbers>
@@ -16,10 +18,8 @@ double learning_rate(const OptimConfig& o, int64_t step, int64_t total_steps) {
 }
 
 double grad_norm(std::span<const float> g) {
-  double sum = 0;
-#pragma omp parallel for simd schedule(static) reduction(+ : sum)
-  for (size_t i = 0; i < g.size(); ++i) sum += double(g[i]) * double(g[i]);
-  return std::sqrt(sum);
+  const FlatRange all{0, g.size()};
+  return std::sqrt(cpu::sum_squares(g.data(), {&all, 1}));
 }
 
 double clip_grad_norm(std::span<float> g, double max_norm) {

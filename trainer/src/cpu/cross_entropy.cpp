@@ -3,6 +3,7 @@
 #include "fast_math.h"
 #include "forge/common/batch.h"
 #include "kernels.h"
+#include "ordered_sum.h"
 
 #include <algorithm>
 #include <cmath>
@@ -41,24 +42,23 @@ double cross_entropy(float* logits, const int32_t* targets, const float* weights
     sum_tgt[2 * i] = sum;
   }
   if (group != nullptr) group->sum(sum_tgt, 2 * rows);
-  double total = 0;
-#pragma omp parallel for schedule(static) reduction(+ : total)
-  for (int i = 0; i < rows; ++i) {
-    const float w = targets[i] == MicroBatch::kIgnore ? 0.0f : weights != nullptr ? weights[i] : 1.0f;
-    const float sum = sum_tgt[2 * i];
-    const float loss = w != 0.0f ? std::log(sum) - (sum_tgt[2 * i + 1] - mx[i]) : 0.0f;  // lse - logit
-    if (w != 0.0f) total += double(w) * loss;
-    if (nll != nullptr) nll[i] = loss;
-    if (!backward) continue;
-    float* row = logits + int64_t(i) * V;
-    const float c = w * scale;  // dL/dlogit = c * (softmax - onehot(target))
-    const float inv = c / sum;
+  return ordered_sum<1>(rows, [&](int64_t lo, int64_t hi, std::array<double, 1>& total) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const float w = targets[i] == MicroBatch::kIgnore ? 0.0f : weights != nullptr ? weights[i] : 1.0f;
+      const float sum = sum_tgt[2 * i];
+      const float loss = w != 0.0f ? std::log(sum) - (sum_tgt[2 * i + 1] - mx[i]) : 0.0f;  // lse - logit
+      if (w != 0.0f) total[0] += double(w) * loss;
+      if (nll != nullptr) nll[i] = loss;
+      if (!backward) continue;
+      float* row = logits + i * V;
+      const float c = w * scale;  // dL/dlogit = c * (softmax - onehot(target))
+      const float inv = c / sum;
 #pragma omp simd
-    for (int j = 0; j < V; ++j) row[j] *= inv;
-    const int t = targets[i] - vocab_begin;
-    if (t >= 0 && t < V) row[t] -= c;
-  }
-  return total;
+      for (int j = 0; j < V; ++j) row[j] *= inv;
+      const int t = targets[i] - vocab_begin;
+      if (t >= 0 && t < V) row[t] -= c;
+    }
+  })[0];
 }
 
 }  // namespace forge::trainer::cpu

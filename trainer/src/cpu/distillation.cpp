@@ -4,6 +4,7 @@
 #include "fast_math.h"
 #include "forge/common/batch.h"
 #include "kernels.h"
+#include "ordered_sum.h"
 
 #include <algorithm>
 #include <cmath>
@@ -67,36 +68,36 @@ double distillation(float* logits, float* teacher, const int32_t* targets, const
     s[3] = d;
   }
   if (group != nullptr) group->sum(sums, 5 * rows);
-  double total = 0, kl_total = 0;
-#pragma omp parallel for schedule(static) reduction(+ : total, kl_total)
-  for (int i = 0; i < rows; ++i) {
-    const float w = weight(i);
-    float* z = logits + int64_t(i) * V;
-    const float* s = sums + 5 * int64_t(i);
-    if (w == 0.0f) {
-      if (backward) std::fill_n(z, V, 0.0f);
-      continue;
-    }
-    const float mz = mx[2 * i];
-    const float ce = std::log(s[0]) - (s[4] - mz);
-    const float kl = s[3] / s[2] - std::log(s[2]) + std::log(s[1]);
-    total += double(w) * (double(alpha) * temperature * temperature * kl + (1.0 - alpha) * ce);
-    kl_total += double(w) * kl;
-    if (!backward) continue;
-    // dL/dz = (1 - alpha) (softmax(z) - onehot(target)) + alpha T (softmax(z / T) - softmax(t / T)),
-    // times w x scale.
-    const float c_ce = w * scale * (1.0f - alpha) / s[0];
-    const float c_st = w * scale * alpha * temperature / s[1];
-    const float c_sb = w * scale * alpha * temperature / s[2];
-    const float* eb = teacher + int64_t(i) * V;
+  const auto totals = ordered_sum<2>(rows, [&](int64_t lo, int64_t hi, std::array<double, 2>& acc) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const float w = weight(i);
+      float* z = logits + int64_t(i) * V;
+      const float* s = sums + 5 * int64_t(i);
+      if (w == 0.0f) {
+        if (backward) std::fill_n(z, V, 0.0f);
+        continue;
+      }
+      const float mz = mx[2 * i];
+      const float ce = std::log(s[0]) - (s[4] - mz);
+      const float kl = s[3] / s[2] - std::log(s[2]) + std::log(s[1]);
+      acc[0] += double(w) * (double(alpha) * temperature * temperature * kl + (1.0 - alpha) * ce);
+      acc[1] += double(w) * kl;
+      if (!backward) continue;
+      // dL/dz = (1 - alpha) (softmax(z) - onehot(target)) + alpha T (softmax(z / T) - softmax(t / T)),
+      // times w x scale.
+      const float c_ce = w * scale * (1.0f - alpha) / s[0];
+      const float c_st = w * scale * alpha * temperature / s[1];
+      const float c_sb = w * scale * alpha * temperature / s[2];
+      const float* eb = teacher + int64_t(i) * V;
 #pragma omp simd
-    for (int j = 0; j < V; ++j)
-      z[j] = c_ce * fast_exp(z[j] - mz) + c_st * fast_exp((z[j] - mz) * inv_t) - c_sb * eb[j];
-    const int target = targets[i] - vocab_begin;
-    if (target >= 0 && target < V) z[target] -= w * scale * (1.0f - alpha);
-  }
-  if (kl_sum != nullptr) *kl_sum = kl_total;
-  return total;
+      for (int j = 0; j < V; ++j)
+        z[j] = c_ce * fast_exp(z[j] - mz) + c_st * fast_exp((z[j] - mz) * inv_t) - c_sb * eb[j];
+      const int target = targets[i] - vocab_begin;
+      if (target >= 0 && target < V) z[target] -= w * scale * (1.0f - alpha);
+    }
+  });
+  if (kl_sum != nullptr) *kl_sum = totals[1];
+  return totals[0];
 }
 
 }  // namespace forge::trainer::cpu

@@ -1,5 +1,6 @@
 // The optimizer step's element-wise passes: the gradient norm's sum of squares, clipping, AdamW.
 #include "kernels.h"
+#include "ordered_sum.h"
 
 #include <cmath>
 
@@ -8,9 +9,13 @@ namespace forge::trainer::cpu {
 double sum_squares(const float* x, std::span<const FlatRange> ranges) {
   double sum = 0;
   for (const FlatRange& r : ranges) {
-    const int64_t lo = int64_t(r.lo), hi = int64_t(r.hi);
-#pragma omp parallel for simd reduction(+ : sum) schedule(static)
-    for (int64_t i = lo; i < hi; ++i) sum += double(x[i]) * double(x[i]);
+    const float* v = x + r.lo;
+    sum += ordered_sum<1>(int64_t(r.hi - r.lo), [v](int64_t lo, int64_t hi, std::array<double, 1>& acc) {
+      double s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t i = lo; i < hi; ++i) s += double(v[i]) * double(v[i]);
+      acc[0] = s;
+    })[0];
   }
   return sum;
 }
