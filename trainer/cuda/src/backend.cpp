@@ -255,7 +255,11 @@ class CudaBackend final : public Backend {
   }
   void gelu_backward(float* dinout, ConstAct pre, int N, int C) override {
     const size_t n = size_t(N) * size_t(C);
-    if (n > 0) cuda::gelu_backward<float>(dinout, widen(pre, n, wide_), N, C);
+    if (n == 0) return;
+    if (pre.bf16)
+      cuda::gelu_backward<float, bf16>(dinout, static_cast<const bf16*>(pre.data), N, C);
+    else
+      cuda::gelu_backward<float>(dinout, pre.f32(), N, C);
   }
 
   // ---- Mixture-of-Experts

@@ -188,8 +188,8 @@ __global__ void bias_gelu_kernel(T* out, T* pre, const T* bias, int C, int64_t n
   out[i] = from_f<T>(gelu(to_f(x)));
 }
 
-template <class T>
-__global__ void gelu_backward_kernel(T* dinout, const T* pre, int64_t n) {
+template <class T, class P>
+__global__ void gelu_backward_kernel(T* dinout, const P* pre, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const float x = to_f(pre[i]);
@@ -387,8 +387,8 @@ void bias_gelu_forward(T* out, T* pre, const T* bias, int N, int C) {
   check_launch("bias_gelu_forward");
 }
 
-template <class T>
-void gelu_backward(T* dinout, const T* pre, int N, int C) {
+template <class T, class P>
+void gelu_backward(T* dinout, const P* pre, int N, int C) {
   const int64_t n = int64_t(N) * C;
   gelu_backward_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(dinout, pre, n);
   check_launch("gelu_backward");
@@ -441,7 +441,7 @@ void sum_squares(double* out, const float* g, size_t n) {
   template void residual_layernorm_forward<T>(float*, T*, float*, float*, const float*, const float*,  \
                                               const T*, const T*, const T*, int, int);                 \
   template void bias_gelu_forward<T>(T*, T*, const T*, int, int);                                      \
-  template void gelu_backward<T>(T*, const T*, int, int);                                              \
+  template void gelu_backward<T, T>(T*, const T*, int, int);                                           \
   template void bias_backward<T>(float*, const T*, int, int);                                          \
   template void convert<T>(T*, const float*, int64_t);                                                 \
   template void cross_entropy_rows<T>(T*, float*, const float*, const int32_t*, int, int, float);      \
@@ -450,5 +450,6 @@ void sum_squares(double* out, const float* g, size_t n) {
 FORGE_INSTANTIATE(float)
 FORGE_INSTANTIATE(bf16)
 #undef FORGE_INSTANTIATE
+template void gelu_backward<float, bf16>(float*, const bf16*, int, int);
 
 }  // namespace forge::trainer::cuda

@@ -41,9 +41,9 @@ void residual_layernorm_forward(float* res_out, T* ln_out, float* mean, float* r
 // pre += bias (row-wise); out = gelu(pre), tanh approximation.
 template <class T>
 void bias_gelu_forward(T* out, T* pre, const T* bias, int N, int C);
-// dinout: dL/d(out) in, dL/d(pre) out.
-template <class T>
-void gelu_backward(T* dinout, const T* pre, int N, int C);
+// dinout: dL/d(out) in, dL/d(pre) out. P = bf16 with T = float: an FP32 gradient of BF16 activations.
+template <class T, class P = T>
+void gelu_backward(T* dinout, const P* pre, int N, int C);
 // dbias[j] += sum_i dout[i, j]
 template <class T>
 void bias_backward(float* dbias, const T* dout, int N, int OC);
