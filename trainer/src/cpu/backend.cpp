@@ -12,9 +12,8 @@ namespace forge::trainer {
 
 namespace {
 
-// FP32 scratch of one op's BF16 operands, per thread (ops run on the calling thread), kept between ops.
-// Aligned as the backend's buffers are: OpenBLAS's results depend on its operands' alignment in the last
-// bit, and malloc's alignment would vary from run to run.
+// FP32 scratch of one op's BF16 operands, per thread (ops run on the calling thread), kept between ops, in
+// the memory the backend's own buffers use (64-byte aligned, huge pages from 2 MiB).
 struct Scratch {
   HugeBuffer<float> in, in2, out, out2;
 };
