@@ -149,3 +149,35 @@ TEST_CASE("MoE: an MoE model decodes as it trains, and counts its active paramet
   CHECK(n.total - n.active == experts / 2);                      // top 2 of 4 are active
   CHECK(flops_per_token(cfg) == 6 * n.active + 12.0 * 2 * 8 * 32);
 }
+
+TEST_CASE("MoE: in BF16 mode the experts keep their activations in 2 bytes") {
+  const int E = 4, C = 16, H = 64, N = 24, k = 2;
+  Experts p(E, C, H);
+  for (int i = 0; i < 5; ++i) {
+    auto& v = p.value[size_t(i)];
+    for (size_t j = 0; j < v.size(); ++j) v[j] = float(0.3 * std::sin(0.7 * double(j) + i));
+    cpu_backend().round_to_bf16(v.data(), v.data(), v.size());  // the weights a BF16 model computes with
+  }
+  MoeSettings s;
+  s.experts = E;
+  s.top_k = k;
+  MoeLayer f32 = p.layer(s, N);
+  s.bf16 = true;
+  MoeLayer b16 = p.layer(s, N);
+  // Per slot: pre-activation and activation, [N x top_k, H] each, in 2 bytes instead of 4.
+  CHECK(f32.activation_bytes() - b16.activation_bytes() == 2 * size_t(N) * k * H * (4 - 2));
+
+  std::vector<float> x(size_t(N) * C), out32(x.size()), out16(x.size()), dout(x.size()), din32(x.size()),
+      din16(x.size());
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = std::sin(0.37 * double(i)), dout[i] = std::cos(0.11 * double(i));
+  cpu_backend().round_to_bf16(x.data(), x.data(), x.size());
+  f32.forward(0, x.data(), out32.data(), N);
+  b16.forward(0, x.data(), out16.data(), N);
+  REQUIRE(f32.routing(0).expert == b16.routing(0).expert);  // the router computes in FP32 in both
+  CHECK(out16 != out32);                                    // the activations were rounded
+  CHECK(rel_diff(out16, out32) < 1e-2);
+  f32.backward(0, x.data(), dout.data(), din32.data(), N);
+  b16.backward(0, x.data(), dout.data(), din16.data(), N);
+  CHECK(rel_diff(din16, din32) < 2e-2);
+}

@@ -26,6 +26,27 @@ T* reserve(Backend& backend, Buffer<T>& buffer, size_t n) {
   return buffer.data();
 }
 
+// Expert-major rows that backward reads again as a product's input (the experts' pre-activation and
+// activation): FP32, or in BF16 mode 2-byte BF16 as the dense MLP keeps them.
+class ExpertRows {
+ public:
+  void reserve(Backend& backend, bool bf16, size_t n) {
+    bf16_ = bf16;
+    if (bf16)
+      trainer::reserve(backend, half_, n);
+    else
+      trainer::reserve(backend, full_, n);
+  }
+  // The values from element i on.
+  Act at(int64_t i) { return bf16_ ? Act(half_.data() + i) : Act(full_.data() + i); }
+  size_t bytes() const { return full_.size() * sizeof(float) + half_.size() * sizeof(uint16_t); }
+
+ private:
+  bool bf16_ = false;
+  Buffer<float> full_;
+  Buffer<uint16_t> half_;
+};
+
 }  // namespace
 
 struct MoeLayer::Slot {
@@ -41,11 +62,12 @@ struct MoeLayer::Slot {
   // Backend copies of the index arrays (device backends) and what backward reads.
   Buffer<int32_t> row_d, send_token_d, expert_major_d, source_d;
   Buffer<float> send_gate_d, gate_d;
-  Buffer<float> x, pre, act, y;  // expert-major [R, C], [R, H], [R, H]; y: sent order [A, C]
+  Buffer<float> x, y;   // expert-major [R, C]; y: sent order [A, C]
+  ExpertRows pre, act;  // expert-major [R, H]
 
   size_t bytes() const {
-    size_t n = 0;
-    for (const auto* b : {&send_gate_d, &gate_d, &x, &pre, &act, &y}) n += b->size() * sizeof(float);
+    size_t n = pre.bytes() + act.bytes();
+    for (const auto* b : {&send_gate_d, &gate_d, &x, &y}) n += b->size() * sizeof(float);
     for (const auto* b : {&row_d, &send_token_d, &expert_major_d, &source_d})
       n += b->size() * sizeof(int32_t);
     return n;
@@ -92,7 +114,7 @@ MoeLayer::MoeLayer(Backend& backend, const MoeSettings& settings, int layer, Par
   for (int s = 0; s < slots; ++s) {
     auto slot = std::make_unique<Slot>();
     for (auto* b : {&slot->x, &slot->y}) reserve(backend, *b, rows_k * size_t(C_));
-    for (auto* b : {&slot->pre, &slot->act}) reserve(backend, *b, rows_k * size_t(H_));
+    for (auto* b : {&slot->pre, &slot->act}) b->reserve(backend, settings.bf16, rows_k * size_t(H_));
     slots_.push_back(std::move(slot));
   }
   work_ = std::make_unique<Work>();
@@ -285,8 +307,7 @@ void MoeLayer::forward(int slot, ConstAct in, float* out, int rows) {
   float* a = reserve(backend_, w.a, most * C);
   float* b = reserve(backend_, w.b, most * C);
   float* x = reserve(backend_, s.x, size_t(std::max(s.R, 1)) * C);
-  reserve(backend_, s.pre, size_t(std::max(s.R, 1)) * H);
-  reserve(backend_, s.act, size_t(std::max(s.R, 1)) * H);
+  for (auto* b : {&s.pre, &s.act}) b->reserve(backend_, settings_.bf16, size_t(std::max(s.R, 1)) * H);
   float* y = reserve(backend_, s.y, size_t(std::max(s.A, 1)) * C);
   // Dispatch: the kept assignments' rows to their experts, regrouped by expert.
   backend_.gather_rows(exchanged ? a : x, in, token, nullptr, s.A, C);
@@ -301,14 +322,10 @@ void MoeLayer::forward(int slot, ConstAct in, float* out, int rows) {
     for (int e = 0; e < local_experts_; ++e) {
       const int r0 = s.expert_begin[size_t(e)], n = s.expert_begin[size_t(e) + 1] - r0;
       if (n == 0) continue;
-      float* pre = s.pre.data() + int64_t(r0) * H;
-      float* act = s.act.data() + int64_t(r0) * H;
-      backend_.matmul_bias_gelu_forward(act, pre, x + int64_t(r0) * C, fc_w_.value + int64_t(e) * H * C,
-                                        fc_b_.value + int64_t(e) * H, n, C, H);
-      if (settings_.bf16) {
-        backend_.round_to_bf16(pre, pre, size_t(n) * H);
-        backend_.round_to_bf16(act, act, size_t(n) * H);
-      }
+      const Act act = s.act.at(int64_t(r0) * H);
+      backend_.matmul_bias_gelu_forward(act, s.pre.at(int64_t(r0) * H), x + int64_t(r0) * C,
+                                        fc_w_.value + int64_t(e) * H * C, fc_b_.value + int64_t(e) * H, n, C,
+                                        H);
       backend_.matmul_forward(ye + int64_t(r0) * C, act, proj_w_.value + int64_t(e) * C * H,
                               proj_b_.value + int64_t(e) * C, n, H, C);
     }
@@ -392,10 +409,10 @@ void MoeLayer::expert_backward(Slot& s, const float* dy, float* dx) {
     const int r0 = s.expert_begin[size_t(e)], n = s.expert_begin[size_t(e) + 1] - r0;
     if (n == 0) continue;
     float* da = dact + int64_t(r0) * H;
-    const float* act = s.act.data() + int64_t(r0) * H;
     backend_.matmul_backward(da, proj_w_.grad + int64_t(e) * C * H, proj_b_.grad + int64_t(e) * C,
-                             dy + int64_t(r0) * C, act, proj_w_.value + int64_t(e) * C * H, n, H, C);
-    backend_.gelu_backward(da, s.pre.data() + int64_t(r0) * H, n, H);
+                             dy + int64_t(r0) * C, s.act.at(int64_t(r0) * H),
+                             proj_w_.value + int64_t(e) * C * H, n, H, C);
+    backend_.gelu_backward(da, s.pre.at(int64_t(r0) * H), n, H);
     backend_.matmul_backward(dx + int64_t(r0) * C, fc_w_.grad + int64_t(e) * H * C,
                              fc_b_.grad + int64_t(e) * H, da, s.x.data() + int64_t(r0) * C,
                              fc_w_.value + int64_t(e) * H * C, n, C, H);

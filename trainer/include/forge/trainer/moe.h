@@ -31,7 +31,7 @@ namespace forge::trainer {
 struct MoeSettings {
   int experts = 0, top_k = 1;
   double capacity_factor = 0, aux_coef = 1e-2, z_coef = 1e-3;
-  bool bf16 = false;         // round the experts' activations to BF16 as the dense MLP does
+  bool bf16 = false;         // store the experts' activations as 2-byte BF16 as the dense MLP does
   bool round_robin = false;  // testing: assignment j of token t goes to expert (t x top_k + j) mod experts
   int banned_expert = -1;    // testing: never chosen (never_choose)
 };
