@@ -16,26 +16,6 @@ namespace forge::trainer {
 
 namespace {
 
-// An activation that backward reads again (one layer, one micro-batch in flight): FP32, or in BF16 mode
-// 2-byte BF16, the values the BF16 model computes with. The ops write and read it as it is stored.
-class Stored {
- public:
-  Stored() = default;
-  Stored(Backend& backend, size_t n, bool bf16) : bf16_(bf16) {
-    if (bf16)
-      half_ = backend.alloc<uint16_t>(n);
-    else
-      full_ = backend.alloc<float>(n);
-  }
-  Act at() { return bf16_ ? Act(half_.data()) : Act(full_.data()); }
-  size_t bytes() const { return full_.size() * sizeof(float) + half_.size() * sizeof(uint16_t); }
-
- private:
-  bool bf16_ = false;
-  Buffer<float> full_;
-  Buffer<uint16_t> half_;
-};
-
 // The dense MLP: fc (column-parallel when split) with its bias and GELU fused, proj (row-parallel when
 // split).
 class DenseMLP final : public FeedForward {
@@ -70,7 +50,7 @@ class DenseMLP final : public FeedForward {
   Backend& backend_;
   std::unique_ptr<Linear> fc_, proj_;
   float* dfc_;
-  std::vector<Stored> pre_, act_;  // per slot: fc output before and after the GELU
+  std::vector<ActBuffer> pre_, act_;  // per slot: fc output before and after the GELU
 };
 
 // First position of each position's document: what attention needs of the segment ids.
@@ -104,7 +84,7 @@ struct GPT::Block {
     Buffer<float> res_mid;               // after the attention residual
     Buffer<float> ln1_stats, ln2_stats;  // 2 x [N] (mean, rstd)
     Buffer<float> lse;                   // [B, NH/tp, T]
-    Stored ln1, ln2, qkv, att;
+    ActBuffer ln1, ln2, qkv, att;        // what backward reads again: BF16 in BF16 mode
   };
   std::vector<Acts> acts;
 
@@ -216,10 +196,10 @@ GPT::GPT(const ModelConfig& config, int batch, DType dtype, const ModelSlice& sl
       a.ln1_stats = backend.alloc<float>(2 * N);
       a.ln2_stats = backend.alloc<float>(2 * N);
       a.lse = backend.alloc<float>(N * size_t(config.heads / tps));
-      a.ln1 = Stored(backend, N * C, bf16);
-      a.ln2 = Stored(backend, N * C, bf16);
-      a.qkv = Stored(backend, N * 3 * Cl, bf16);
-      a.att = Stored(backend, N * Cl, bf16);
+      a.ln1 = ActBuffer(backend, N * C, bf16);
+      a.ln2 = ActBuffer(backend, N * C, bf16);
+      a.qkv = ActBuffer(backend, N * 3 * Cl, bf16);
+      a.att = ActBuffer(backend, N * Cl, bf16);
       block->acts.push_back(std::move(a));
     }
     blocks_.push_back(std::move(block));
@@ -376,7 +356,7 @@ void GPT::run_blocks(int slot, int N, const std::function<void(int, Act, float*,
   const bool bf16 = dtype_ == DType::kBF16;
   const int C = config_.d_model, L = layers_;
   const int64_t NC = int64_t(N) * C;
-  // BF16 mode stores the inputs of the matrix products and of the attention as BF16 (Stored), the ops
+  // BF16 mode stores the inputs of the matrix products and of the attention as BF16 (ActBuffer), the ops
   // writing them rounded; the residual stream, statistics and all accumulation stay FP32. The final
   // LayerNorm's output stays BF16 values held in FP32: the classifier's chunks read it, one per slot.
   for (int l = 0; l < L; ++l) {

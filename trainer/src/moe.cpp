@@ -26,26 +26,10 @@ T* reserve(Backend& backend, Buffer<T>& buffer, size_t n) {
   return buffer.data();
 }
 
-// Expert-major rows that backward reads again as a product's input (the experts' pre-activation and
-// activation): FP32, or in BF16 mode 2-byte BF16 as the dense MLP keeps them.
-class ExpertRows {
- public:
-  void reserve(Backend& backend, bool bf16, size_t n) {
-    bf16_ = bf16;
-    if (bf16)
-      trainer::reserve(backend, half_, n);
-    else
-      trainer::reserve(backend, full_, n);
-  }
-  // The values from element i on.
-  Act at(int64_t i) { return bf16_ ? Act(half_.data() + i) : Act(full_.data() + i); }
-  size_t bytes() const { return full_.size() * sizeof(float) + half_.size() * sizeof(uint16_t); }
-
- private:
-  bool bf16_ = false;
-  Buffer<float> full_;
-  Buffer<uint16_t> half_;
-};
+// ... of activations, FP32 or BF16 as `bf16` says.
+void reserve(Backend& backend, ActBuffer& buffer, size_t n, bool bf16) {
+  if (buffer.size() < n) buffer = ActBuffer(backend, std::max(n, buffer.size() + buffer.size() / 4), bf16);
+}
 
 }  // namespace
 
@@ -62,8 +46,8 @@ struct MoeLayer::Slot {
   // Backend copies of the index arrays (device backends) and what backward reads.
   Buffer<int32_t> row_d, send_token_d, expert_major_d, source_d;
   Buffer<float> send_gate_d, gate_d;
-  Buffer<float> x, y;   // expert-major [R, C]; y: sent order [A, C]
-  ExpertRows pre, act;  // expert-major [R, H]
+  Buffer<float> x, y;  // expert-major [R, C]; y: sent order [A, C]
+  ActBuffer pre, act;  // expert-major [R, H]: what the proj product and GELU's backward read again
 
   size_t bytes() const {
     size_t n = pre.bytes() + act.bytes();
@@ -114,7 +98,7 @@ MoeLayer::MoeLayer(Backend& backend, const MoeSettings& settings, int layer, Par
   for (int s = 0; s < slots; ++s) {
     auto slot = std::make_unique<Slot>();
     for (auto* b : {&slot->x, &slot->y}) reserve(backend, *b, rows_k * size_t(C_));
-    for (auto* b : {&slot->pre, &slot->act}) b->reserve(backend, settings.bf16, rows_k * size_t(H_));
+    for (auto* b : {&slot->pre, &slot->act}) reserve(backend, *b, rows_k * size_t(H_), settings.bf16);
     slots_.push_back(std::move(slot));
   }
   work_ = std::make_unique<Work>();
@@ -307,7 +291,7 @@ void MoeLayer::forward(int slot, ConstAct in, float* out, int rows) {
   float* a = reserve(backend_, w.a, most * C);
   float* b = reserve(backend_, w.b, most * C);
   float* x = reserve(backend_, s.x, size_t(std::max(s.R, 1)) * C);
-  for (auto* b : {&s.pre, &s.act}) b->reserve(backend_, settings_.bf16, size_t(std::max(s.R, 1)) * H);
+  for (auto* b : {&s.pre, &s.act}) reserve(backend_, *b, size_t(std::max(s.R, 1)) * H, settings_.bf16);
   float* y = reserve(backend_, s.y, size_t(std::max(s.A, 1)) * C);
   // Dispatch: the kept assignments' rows to their experts, regrouped by expert.
   backend_.gather_rows(exchanged ? a : x, in, token, nullptr, s.A, C);
@@ -322,8 +306,8 @@ void MoeLayer::forward(int slot, ConstAct in, float* out, int rows) {
     for (int e = 0; e < local_experts_; ++e) {
       const int r0 = s.expert_begin[size_t(e)], n = s.expert_begin[size_t(e) + 1] - r0;
       if (n == 0) continue;
-      const Act act = s.act.at(int64_t(r0) * H);
-      backend_.matmul_bias_gelu_forward(act, s.pre.at(int64_t(r0) * H), x + int64_t(r0) * C,
+      const Act act = s.act.at(size_t(r0) * H);
+      backend_.matmul_bias_gelu_forward(act, s.pre.at(size_t(r0) * H), x + int64_t(r0) * C,
                                         fc_w_.value + int64_t(e) * H * C, fc_b_.value + int64_t(e) * H, n, C,
                                         H);
       backend_.matmul_forward(ye + int64_t(r0) * C, act, proj_w_.value + int64_t(e) * C * H,
@@ -410,9 +394,9 @@ void MoeLayer::expert_backward(Slot& s, const float* dy, float* dx) {
     if (n == 0) continue;
     float* da = dact + int64_t(r0) * H;
     backend_.matmul_backward(da, proj_w_.grad + int64_t(e) * C * H, proj_b_.grad + int64_t(e) * C,
-                             dy + int64_t(r0) * C, s.act.at(int64_t(r0) * H),
+                             dy + int64_t(r0) * C, s.act.at(size_t(r0) * H),
                              proj_w_.value + int64_t(e) * C * H, n, H, C);
-    backend_.gelu_backward(da, s.pre.at(int64_t(r0) * H), n, H);
+    backend_.gelu_backward(da, s.pre.at(size_t(r0) * H), n, H);
     backend_.matmul_backward(dx + int64_t(r0) * C, fc_w_.grad + int64_t(e) * H * C,
                              fc_b_.grad + int64_t(e) * H, da, s.x.data() + int64_t(r0) * C,
                              fc_w_.value + int64_t(e) * H * C, n, C, H);

@@ -42,10 +42,7 @@ void to_bf16(uint16_t* out, float* values, int64_t n) {
 
 void from_bf16(float* out, const uint16_t* in, int64_t n) {
 #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t bits = uint32_t(in[i]) << 16;
-    std::memcpy(out + i, &bits, 4);
-  }
+  for (int64_t i = 0; i < n; ++i) out[i] = widen(in[i]);
 }
 
 }  // namespace forge::trainer::cpu

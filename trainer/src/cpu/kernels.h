@@ -6,6 +6,7 @@
 
 #include "forge/trainer/backend.h"
 
+#include <bit>
 #include <cstdint>
 #include <span>
 
@@ -112,5 +113,9 @@ void round_to_bf16(float* out, const float* in, int64_t n);
 // Rounds `values` in place as above and stores them as 2-byte BF16 in `out` (one pass); and back (exact).
 void to_bf16(uint16_t* out, float* values, int64_t n);
 void from_bf16(float* out, const uint16_t* in, int64_t n);
+// One BF16 value as fp32 (exact).
+inline float widen(uint16_t bf16) {
+  return std::bit_cast<float>(uint32_t(bf16) << 16);
+}
 
 }  // namespace forge::trainer::cpu

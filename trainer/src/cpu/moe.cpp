@@ -3,8 +3,6 @@
 // so that no two threads write one row (deterministic: each row sums its k terms in order).
 #include "kernels.h"
 
-#include <cstring>
-
 namespace forge::trainer::cpu {
 
 namespace {
@@ -12,12 +10,7 @@ namespace {
 float widen(float x) {
   return x;
 }
-float widen(uint16_t bits) {
-  const uint32_t wide = uint32_t(bits) << 16;
-  float x;
-  std::memcpy(&x, &wide, 4);
-  return x;
-}
+using cpu::widen;  // BF16
 
 template <class T>
 void gather(float* out, const T* in, const int32_t* index, const float* scale, int rows, int C) {

@@ -254,6 +254,27 @@ class Backend {
                      std::span<const AdamWSegment> segments, const AdamWStep& step) = 0;
 };
 
+// Activations a backend holds for backward: n values, FP32 or (the model's BF16 mode) 2-byte BF16.
+class ActBuffer {
+ public:
+  ActBuffer() = default;
+  ActBuffer(Backend& backend, size_t n, bool bf16) : bf16_(bf16) {
+    if (bf16)
+      half_ = backend.alloc<uint16_t>(n);
+    else
+      full_ = backend.alloc<float>(n);
+  }
+  // The values from element i on.
+  Act at(size_t i = 0) { return bf16_ ? Act(half_.data() + i) : Act(full_.data() + i); }
+  size_t size() const { return full_.size() + half_.size(); }
+  size_t bytes() const { return full_.size() * sizeof(float) + half_.size() * sizeof(uint16_t); }
+
+ private:
+  bool bf16_ = false;
+  Buffer<float> full_;
+  Buffer<uint16_t> half_;
+};
+
 // The process's CPU backend.
 Backend& cpu_backend();
 
