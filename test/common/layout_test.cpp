@@ -1,4 +1,5 @@
 #include "forge/common/layout.h"
+#include "support/paths.h"
 
 #include <catch2/catch.hpp>
 
@@ -23,7 +24,7 @@ struct Case {
 };
 
 std::vector<Case> read_cases() {
-  const std::string path = std::string(FORGE_SOURCE_DIR) + "/test/common/layout_cases.txt";
+  const std::string path = forge::test::source_path("test/common/layout_cases.txt");
   std::ifstream in(path);
   REQUIRE(in);
   std::vector<Case> cases;

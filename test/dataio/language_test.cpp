@@ -1,6 +1,7 @@
 // The language stage: CLD2 identifications on a planted mixed-language corpus, the allow-list, its parser.
 #include "forge/dataio/language.h"
 #include "forge/common/error.h"
+#include "support/paths.h"
 
 #include <catch2/catch.hpp>
 
@@ -17,7 +18,7 @@ namespace {
 // The fixture sentences of one language (test/dataio/fixtures/languages/<code>.txt, written for this test:
 // fifteen sentences of a news story, the same story in every language).
 std::vector<std::string> sentences(const std::string& code) {
-  std::ifstream in(std::string(FORGE_LANGUAGE_FIXTURES) + "/" + code + ".txt");
+  std::ifstream in(forge::test::source_path("test/dataio/fixtures/languages/" + code + ".txt"));
   std::vector<std::string> out;
   for (std::string line; std::getline(in, line);)
     if (!line.empty()) out.push_back(line);

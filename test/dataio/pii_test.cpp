@@ -1,5 +1,6 @@
 #include "forge/dataio/pii.h"
 #include "forge/common/error.h"
+#include "support/paths.h"
 #include "support/temp_dir.h"
 
 #include <catch2/catch.hpp>
@@ -223,6 +224,6 @@ TEST_CASE("a bad safety list is a usage error naming the file and line") {
 }
 
 TEST_CASE("the example safety list compiles") {
-  const SafetyFilter f = SafetyFilter::load(std::string(FORGE_SOURCE_DIR) + "/configs/safety.example.txt");
+  const SafetyFilter f = SafetyFilter::load(forge::test::source_path("configs/safety.example.txt"));
   CHECK(f.entries().size() >= 3);
 }

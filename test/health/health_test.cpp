@@ -5,6 +5,7 @@
 #include "forge/health/checks.h"
 #include "forge/health/config.h"
 #include "forge/health/node.h"
+#include "support/paths.h"
 
 #include <catch2/catch.hpp>
 
@@ -514,7 +515,7 @@ TEST_CASE("config: unknown check names give one warning each and are never run; 
     CHECK(std::string(e.what()) ==
           bad + ":2: disk.min_free_inodes_percent = 150: must be a percentage, 0 to 100");
   }
-  const std::string example = std::string(FORGE_SOURCE_DIR) + "/configs/health.example.ini";
+  const std::string example = forge::test::source_path("configs/health.example.ini");
   const LoadedConfig ex = load_health_config(example);
   for (const Mode m : {Mode::kQuick, Mode::kPeriodic, Mode::kDeep}) {
     warnings.clear();

@@ -2,6 +2,7 @@
 #include "dataio/dataset_fixture.h"
 #include "forge/common/json.h"
 #include "forge/dataio/manifest.h"
+#include "support/paths.h"
 #include "support/run_command.h"
 #include "support/temp_dir.h"
 
@@ -18,12 +19,12 @@ namespace {
 using Result = forge::test::CommandResult;
 
 Result run(const std::string& args) {
-  return forge::test::run_command(std::string(FORGE_TRAIN_BIN) + " " + args);
+  return forge::test::run_command(forge::test::env_path("FORGE_TRAIN_BIN") + " " + args);
 }
 
 // A fast model: a few steps take well under a second.
 std::string tiny(const forge::test::TempDir& dir) {
-  return std::string(FORGE_SOURCE_DIR) + "/configs/tiny.ini --run.dir=" + (dir / "run") +
+  return forge::test::source_path("configs/tiny.ini") + " --run.dir=" + (dir / "run") +
          " --run.threads=1 --run.peak_gflops=50 --model.d_model=32 --model.seq_len=32 --model.vocab=128";
 }
 

@@ -1,4 +1,5 @@
 #include "forge/quota/admission.h"
+#include "support/paths.h"
 
 #include <fmt/format.h>
 #include <catch2/catch.hpp>
@@ -15,7 +16,7 @@ using namespace forge::quota;
 namespace {
 
 const Policy& policy() {
-  static const Policy p = load_policy(std::string(FORGE_SOURCE_DIR) + "/configs/quota.example.ini");
+  static const Policy p = load_policy(forge::test::source_path("configs/quota.example.ini"));
   return p;
 }
 

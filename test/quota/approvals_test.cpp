@@ -4,6 +4,7 @@
 #include "forge/common/error.h"
 #include "forge/common/sqlite.h"
 #include "forge/quota/ledger.h"
+#include "support/paths.h"
 
 #include <catch2/catch.hpp>
 
@@ -21,7 +22,7 @@ using forge::ExitCode;
 namespace {
 
 const Policy& policy() {
-  static const Policy p = load_policy(std::string(FORGE_SOURCE_DIR) + "/configs/quota.example.ini");
+  static const Policy p = load_policy(forge::test::source_path("configs/quota.example.ini"));
   return p;
 }
 

@@ -1,5 +1,6 @@
 #include "forge/quota/policy.h"
 #include "forge/common/error.h"
+#include "support/paths.h"
 
 #include <catch2/catch.hpp>
 
@@ -9,7 +10,9 @@ using namespace forge::quota;
 
 namespace {
 
-const std::string kExample = std::string(FORGE_SOURCE_DIR) + "/configs/quota.example.ini";
+static std::string example_policy() {
+  return forge::test::source_path("configs/quota.example.ini");
+}
 
 const char* kMinimal = R"([policy]
 cluster = c
@@ -53,7 +56,7 @@ std::string with(const std::string& from, const std::string& to) {
 }  // namespace
 
 TEST_CASE("the example policy loads with its teams, tiers, prices and topology") {
-  const Policy p = load_policy(kExample);
+  const Policy p = load_policy(example_policy());
   REQUIRE(p.teams.size() == 2);
   REQUIRE(p.tiers.size() == 4);
   CHECK(p.cluster == "forge");
@@ -118,7 +121,7 @@ TEST_CASE("policy errors name file:line, the key and what is allowed") {
 }
 
 TEST_CASE("the example policy has admins, approval rules, approvers, team roots and pools") {
-  const Policy p = load_policy(kExample);
+  const Policy p = load_policy(example_policy());
   CHECK(p.admins.users == std::vector<std::string>{"root", "dave"});
   CHECK(p.is_admin({"dave", {}}));
   CHECK_FALSE(p.is_admin({"carol", {"forge-a"}}));
@@ -148,7 +151,7 @@ TEST_CASE("the example policy has admins, approval rules, approvers, team roots 
 }
 
 TEST_CASE("every user and group the policy names is kept with its line for check-policy") {
-  const Policy p = load_policy(kExample);
+  const Policy p = load_policy(example_policy());
   const auto named = [&](const std::string& name, const std::string& role, const std::string& team) {
     for (const auto& n : p.names)
       if (n.name == name && n.role == role && n.team == team) return n.line;

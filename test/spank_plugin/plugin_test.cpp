@@ -1,6 +1,7 @@
 // forge_spank.so loaded the way Slurm loads it (dlopen, symbols by name) into a fake host: options,
 // plugstack arguments, the sbatch-time decision, the slurmstepd re-check, and hostile values.
 #include "fake_slurm.h"
+#include "support/paths.h"
 
 #include "forge/quota/policy.h"
 #include "forge/quota/snapshot.h"
@@ -23,7 +24,7 @@ struct Plugin {
   void* handle = nullptr;
   Callback init = nullptr, post_opt = nullptr, user_init = nullptr, task_priv = nullptr;
   Plugin() {
-    handle = dlopen(FORGE_SPANK_SO, RTLD_NOW | RTLD_LOCAL);
+    handle = dlopen(forge::test::env_path("FORGE_SPANK_SO").c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!handle) FAIL(dlerror());
     init = reinterpret_cast<Callback>(dlsym(handle, "slurm_spank_init"));
     post_opt = reinterpret_cast<Callback>(dlsym(handle, "slurm_spank_init_post_opt"));

@@ -1,5 +1,6 @@
 // Learning, shown: a tiny GPT trained on the bytes of the repository's LICENSE (a real English text)
 // drives its loss far below the text's unigram entropy, which is the best a model ignoring context can do.
+#include "support/paths.h"
 #include "support/training.h"
 
 #include <catch2/catch.hpp>
@@ -13,7 +14,7 @@
 using namespace forge::trainer;
 
 TEST_CASE("a tiny GPT learns LICENSE far below its unigram entropy", "[trainer][learning]") {
-  std::ifstream in(std::string(FORGE_SOURCE_DIR) + "/LICENSE", std::ios::binary);
+  std::ifstream in(forge::test::source_path("LICENSE"), std::ios::binary);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   REQUIRE(text.size() > 5000);
   std::array<double, 256> counts{};

@@ -5,6 +5,7 @@
 // Also: forced uniform routing makes the load-balancing loss exactly its coefficient; an MoE model's
 // logits do not depend on how many rows decode at once.
 #include "h5_fixture.h"
+#include "support/paths.h"
 
 #include "support/training.h"
 
@@ -23,7 +24,7 @@ using namespace forge::trainer;
 namespace {
 
 std::string fixture_path() {
-  return std::string(FORGE_SOURCE_DIR) + "/test/trainer/reference/moe_parity.h5";
+  return forge::test::source_path("test/trainer/reference/moe_parity.h5");
 }
 
 // The layer's parameters as plain host arrays, with table entries of their logical shapes.

@@ -8,6 +8,7 @@
 // different order than PyTorch's; Adam divides by sqrt(v), so coordinates whose gradients are nearly
 // zero turn that rounding into visible weight differences, hence the looser weight tolerance.
 #include "h5_fixture.h"
+#include "support/paths.h"
 
 #include "support/training.h"
 
@@ -26,7 +27,7 @@ using namespace forge::trainer;
 namespace {
 
 std::string fixture_path() {
-  return std::string(FORGE_SOURCE_DIR) + "/test/trainer/reference/gpt_parity.h5";
+  return forge::test::source_path("test/trainer/reference/gpt_parity.h5");
 }
 
 TrainSpec fixture_spec(const H5Fixture& f) {
