@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The end-to-end demo on the embedded dev cluster. Each stage prints a progress line; a failure exits
 # non-zero naming the stage. Usage: scripts/demo.sh [--fast]
-#   --fast  the same stages with a smaller corpus and fewer steps (CI: the slurm.demo_fast test)
+#   --fast  the same stages with a smaller corpus and fewer steps (CI: the fresh.demo test, in a clean copy)
 # Safe to run again: what is in place (packages, build, cluster, policy) is kept; the demo's own work
 # directory is made afresh. FORGE_BUILD_DIR: a build tree to use as it is instead of building
 # build/release. FORGE_DEMO_DIR: work directory (default /var/tmp/forge-demo).
@@ -60,20 +60,20 @@ stage "install dependencies"
 scripts/install-deps.sh
 
 stage "build"
-# Only the programs the demo runs (the tests and benchmarks are scripts/test.sh's).
-targets=(forge-train forge-data forge-gate forge-quota forge-health forge_spank)
+# The programs target: every program and plugin the scripts run (CMakeLists.txt, FORGE_PROGRAMS); the tests
+# and benchmarks are scripts/test.sh's.
+# shellcheck source=lib/programs.sh
+source "$root/scripts/lib/programs.sh"
 if [ -n "${FORGE_BUILD_DIR:-}" ]; then
-  # A build tree given is used as it is (the test suite runs the demo on the build it tests).
+  # A build tree given is used as it is.
   bin=$(realpath "$FORGE_BUILD_DIR")
-  for prog in launcher/forge-train dataio/forge-data eval_gate/forge-gate quota/forge-quota \
-    health/forge-health spank_plugin/forge_spank.so; do
-    [ -f "$bin/$prog" ] || { echo "demo: $bin/$prog missing: cmake --build $bin --target ${targets[*]}" >&2; exit 66; }
-  done
+  forge_check_programs "$bin" || exit
   echo "demo: using the build in $bin"
 else
   cmake --preset release >/dev/null
-  cmake --build --preset release -j "$(nproc)" --target "${targets[@]}"
+  cmake --build --preset release -j "$(nproc)" --target programs
   bin=$root/build/release
+  forge_check_programs "$bin"
 fi
 export FORGE_BUILD_DIR=$bin
 # The layout's dimensions from the one layout parser (forge-quota layout prints tp= cp= ep= dp= pp= ranks=).
@@ -373,9 +373,11 @@ tasks_release=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))
   --prompt "Write a Python function square(x) that returns x squared." --max-new-tokens 40
 # The untrained model (the release itself) and a damaged one (taught wrong answers) are blocked against the
 # taught model; its suite results are reused from its verdict (the same suite versions).
+echo "the untrained release, gated against the taught model:"
 set +e
 "$bin/eval_gate/forge-gate" evaluate --checkpoint "$release" --dataset "$work/dataset" --baseline "$tasks_release" \
-  --policy "$work/gate.tasks.ini" --tier explore --out "$work/gate-untrained" --no-promote --threads 2 | grep -E "^(gate verdict|FAIL)"
+  --policy "$work/gate.tasks.ini" --tier explore --out "$work/gate-untrained" --no-promote --threads 2 |
+  grep -E "^(gate verdict|FAIL)" | sed 's/^/  /'
 untrained=${PIPESTATUS[0]}
 set -e
 [ "$untrained" = 1 ] || { echo "demo: the gate did not block the untrained model (exit $untrained)" >&2; exit 1; }
@@ -384,7 +386,8 @@ ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=ex
   "$work/tasks-wrong.ini" "$work/tasks-wrong-dataset")
 gate=$(awk '/gate job/ {print $3}' <<<"$ids")
 state=$(final_state "$gate" 900)
-grep -E "^(gate verdict|FAIL)" "$work/runs/tasks-wrong/gate/summary.txt"
+echo "the model taught wrong answers, gated against the taught model:"
+grep -E "^(gate verdict|FAIL)" "$work/runs/tasks-wrong/gate/summary.txt" | sed 's/^/  /'
 [ "$state" = FAILED ] || { echo "demo: the gate did not block the damaged model (job $gate ended $state)" >&2; exit 1; }
 
 stage "Mixture of Experts: 4 experts, top-2, on dp2 with expert parallelism ep2 (team-a, explore tier)"
@@ -423,7 +426,8 @@ stage "accounting: forge-quota sync and report"
 quota sync --runs "$work/runs"
 quota status
 quota report --by team
-quota report --by job --format html -o "$work/quota-report.html"
+quota report --by job --top 8
+quota report --by job --top 15 --format html -o "$work/quota-report.html"
 quota report --by job --format json -o "$work/quota-report.json"
 quota status --format prom -o "$FORGE_PROMETHEUS_DIR/forge_quota.prom"
 echo "prometheus: $FORGE_PROMETHEUS_DIR/forge_quota.prom ($(grep -c '^forge_quota_' "$FORGE_PROMETHEUS_DIR/forge_quota.prom") team gauges)"

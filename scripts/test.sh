@@ -47,8 +47,8 @@ if [ -x build/release/quota/forge-quota ] && [ -f configs/quota.example.ini ]; t
   build/release/quota/forge-quota apply --policy configs/quota.example.ini
 fi
 
-stage "tests (release: unit, mpi, slurm, browser, lint)"
-ctest --preset release -L 'unit|mpi|slurm|browser|lint' -j "$jobs"
+stage "tests (release: unit, mpi, slurm, fresh, browser, lint)"
+ctest --preset release -L 'unit|mpi|slurm|fresh|browser|lint' -j "$jobs"
 
 # The sanitizer build is -O0 -g1 (CMakePresets.json): line tables for its stack traces, no optimiser (which
 # can only hide errors from the sanitizers); the trainer's kernels keep their own -O3, so the numeric tests

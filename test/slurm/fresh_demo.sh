@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The README's first command in CI form: scripts/demo.sh --fast against the running dev cluster and the
-# build under test (FORGE_BUILD_DIR). Checks that every stage ran and printed its line, that the run's
-# outputs exist (continuous loss curve across the preemption, gate verdict, cost report), and that the
-# demo leaves no job behind; its work directory is removed at the end.
+# The README's first command as a newcomer runs it (label fresh): scripts/demo.sh --fast in a clean copy of
+# this checkout (what git tracks and the files it would track, without any build tree), with no
+# FORGE_BUILD_DIR, so the demo configures and builds its own tree (the `programs` target; ccache may serve
+# the objects the suite's build compiled, never that build's tree) and every stage runs on what it built.
+# Then checks that every stage ran and printed its line, that the run's outputs exist (continuous loss
+# curve across the preemption, gate verdict, cost report), and that the demo leaves no job behind. The
+# demo points the cluster at the copy's plugin and programs; at the end they are pointed back at the
+# suite's build (FORGE_BUILD_DIR) and the copy is removed.
 # Exit 0 = pass; one "FAIL: ..." line per failed check. Needs scripts/devcluster/up.
 set -uo pipefail
 
@@ -15,21 +19,45 @@ fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 source "$STATE/env.sh"
 scontrol ping 2>/dev/null | grep -q 'is UP' || { echo "FAIL: slurmctld not answering (scripts/devcluster/status)"; exit 1; }
 [ -n "${FORGE_BUILD_DIR:-}" ] || { echo "FAIL: FORGE_BUILD_DIR is not set (ctest sets it to the build tree)"; exit 1; }
+SUITE_BUILD=$FORGE_BUILD_DIR
+unset FORGE_BUILD_DIR
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/forge-demo-test.XXXXXX")
+# World-readable: the demo's jobs and its users (carol approves) read the copy's scripts and programs.
+WORK=$(mktemp -d /var/tmp/forge-fresh.XXXXXX)
 chmod 755 "$WORK"
 LOG=$WORK/demo.log
+COPY=$WORK/checkout
 job_ids() { sed -nE 's/^(train|gate) job: *([0-9]+)$/\2/p' "$LOG" 2>/dev/null; }
+# The cluster's plugin, hooks and installed programs back on the suite's build, as scripts/test.sh set them.
+restored=0
+restore_cluster() {
+  restored=1
+  (cd "$SRC" && scripts/slurm/write-plugstack.sh "$SUITE_BUILD" "$STATE/forge-plugstack.conf" &&
+    FORGE_SPANK_PLUGSTACK=$STATE/forge-plugstack.conf FORGE_HEALTH_BIN=$SUITE_BUILD/health/forge-health \
+      FORGE_QUOTA_BIN=$SUITE_BUILD/quota/forge-quota FORGE_CKPT_BIN=$SUITE_BUILD/ckpt/forge-ckpt \
+      scripts/devcluster/up) >"$WORK/restore.log" 2>&1
+}
 cleanup() {
   local ids
   ids=$(job_ids)
   [ -n "$ids" ] && scancel $ids 2>/dev/null
+  [ $restored = 1 ] || restore_cluster || echo "FAIL: the cluster is not back on $SUITE_BUILD: $(tail -n1 "$WORK/restore.log")"
   rm -rf "$WORK"
 }
 trap cleanup EXIT
 
+mkdir -p "$COPY"
+if git -C "$SRC" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  (cd "$SRC" && git ls-files -z --cached --others --exclude-standard | xargs -0 -r cp --parents -t "$COPY" 2>/dev/null)
+else
+  (cd "$SRC" && tar --exclude=./build --exclude='./build-*' -cf - .) | tar -C "$COPY" -xf -
+fi
+[ -x "$COPY/scripts/demo.sh" ] && [ ! -e "$COPY/build" ] || { echo "FAIL: cannot make a clean copy of $SRC in $COPY"; exit 1; }
+chmod -R a+rX "$COPY"
+BUILD=$COPY/build/release
+
 export FORGE_DEMO_DIR=$WORK/demo
-timeout "${FORGE_DEMO_TIMEOUT:-1500}" "$SRC/scripts/demo.sh" --fast >"$LOG" 2>&1
+timeout "${FORGE_DEMO_TIMEOUT:-1800}" "$COPY/scripts/demo.sh" --fast >"$LOG" 2>&1
 rc=$?
 if [ $rc -ne 0 ]; then
   fail "demo.sh --fast exited $rc; the last lines of its output:"
@@ -168,7 +196,7 @@ PY
   fail "the DPO gate's verdict is wrong: $(cat "$FORGE_DEMO_DIR/runs/dpo/gate/summary.txt" 2>&1 | head -n 5)"
 # The registry (the gates registered each release): the DPO model's lineage is the fine-tune and the
 # pretrained model, with the pairs', the chat set's and the pretraining dataset's versions.
-python3 - "$FORGE_DEMO_DIR" "$FORGE_BUILD_DIR/ckpt/forge-ckpt" <<'PY' || fail "the registry's lineage of the DPO model is wrong"
+python3 - "$FORGE_DEMO_DIR" "$BUILD/ckpt/forge-ckpt" <<'PY' || fail "the registry's lineage of the DPO model is wrong"
 import json, subprocess, sys
 work, forge_ckpt = sys.argv[1], sys.argv[2]
 release = json.load(open(f"{work}/runs/dpo/gate/verdict.json"))["promoted_to"]
@@ -235,19 +263,46 @@ PY
   fail "the task-suite gates are wrong: $(grep -A3 'evaluation: task suites' "$LOG" | head -n 5)"
 grep -qE "tokens/s per rank" "$LOG" || fail "forge-gate generate did not report tokens/s"
 
-# The two reports, kept for the browser test (browser_test.py; its screenshots land next to them).
-pages=$FORGE_BUILD_DIR/test/artifacts/demo
-rm -rf "$pages" && mkdir -p "$pages" &&
-  cp "$run/report.html" "$FORGE_DEMO_DIR/quota-report.html" "$pages/" || fail "cannot keep the reports in $pages"
+# What a newcomer reads: each node once in the cluster summary (with its partitions), the blocked models
+# named, the cost report's jobs costliest first with small jobs readable and the long tail folded.
+for n in node1 node2 node3 node4; do
+  c=$(sed -n '/^== nodes/,/^== partitions/p' "$LOG" | grep -c "^  $n ")
+  [ "$c" = 1 ] || fail "the cluster summary lists $n $c times"
+done
+grep -qE "^  node3 +train\*?,data " "$LOG" || fail "the cluster summary does not show node3's two partitions"
+grep -A1 "^the untrained release, gated against the taught model:" "$LOG" | grep -q "^  gate verdict: FAIL" ||
+  fail "the untrained release's blocked verdict is not labelled"
+grep -A1 "^the model taught wrong answers, gated against the taught model:" "$LOG" | grep -q "^  gate verdict: FAIL" ||
+  fail "the wrongly taught model's blocked verdict is not labelled"
+python3 - "$FORGE_DEMO_DIR/quota-report.json" "$FORGE_DEMO_DIR/quota-report.html" <<'PY' ||
+import json, sys
+rows = json.load(open(sys.argv[1]))
+costs = [r["cost"] for r in rows]
+assert costs == sorted(costs, reverse=True), ("not costliest first", [r["job"] for r in rows][:20])
+html = open(sys.argv[2]).read()
+assert len(rows) <= 16 or f"other ({len(rows) - 15})" in html, "the HTML report does not fold the jobs after the 15th"
+PY
+  fail "the cost report by job is not ordered, folded and readable"
 
+# The two reports, kept for the browser test (browser_test.py; its screenshots land next to them), and the
+# demo's output for whoever reads a failure.
+pages=$SUITE_BUILD/test/artifacts/demo
+rm -rf "$pages" && mkdir -p "$pages" &&
+  cp "$run/report.html" "$FORGE_DEMO_DIR/quota-report.html" "$LOG" "$pages/" || fail "cannot keep the reports in $pages"
+
+# The demo built its own tree: every program of the target, in the copy, none taken from the suite's build.
+grep -q "^demo: using the build in" "$LOG" && fail "the demo used a given build tree instead of building its own"
+(source "$COPY/scripts/lib/programs.sh" && forge_check_programs "$BUILD") 2>&1 | sed 's/^/FAIL: the demo build: /' | grep . && fails=$((fails + 1))
+grep -rqs "$SUITE_BUILD" "$FORGE_DEMO_DIR"/forge-*.out && fail "a demo job ran a program of the suite's build $SUITE_BUILD"
 # Nothing left queued or running: the next test needs the nodes.
 for id in $(job_ids); do
   state=$(squeue -h -j "$id" -o %T 2>/dev/null)
   [ -z "$state" ] || fail "job $id is still in the queue ($state)"
 done
+restore_cluster || fail "the cluster is not back on $SUITE_BUILD: $(tail -n1 "$WORK/restore.log")"
 
 if [ $fails -eq 0 ]; then
-  echo "PASS: demo.sh --fast: $(grep -E '^loss curve' "$LOG"); total $(grep -oE '^\[demo [0-9:]+\]' "$LOG" | sed -n '1p;$p' | tr -d '[]demo ' | paste -sd- -)"
+  echo "PASS: demo.sh --fast in a clean copy, on its own build: $(grep -E '^loss curve' "$LOG"); total $(grep -oE '^\[demo [0-9:]+\]' "$LOG" | sed -n '1p;$p' | tr -d '[]demo ' | paste -sd- -)"
   exit 0
 fi
 exit 1
