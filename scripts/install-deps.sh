@@ -7,6 +7,7 @@ set -euo pipefail
 packages=(
   # --- toolchain and build
   build-essential cmake ninja-build pkg-config git clang-format
+  ccache                              # the compiler cache every preset builds through (cmake/ForgeCcache.cmake)
   # --- libraries the C++ code links against
   libopenmpi-dev openmpi-bin          # MPI (Open MPI 4.1, built with Slurm + PMIx support)
   libhdf5-dev hdf5-tools              # token shards and checkpoints; h5dump for tests
@@ -25,6 +26,7 @@ packages=(
   slurm-wlm-mysql-plugin munge mariadb-server libpmix-dev libpmix-bin
   # --- tools the scripts and tests call
   util-linux procps iproute2 python3
+  python3-h5py                        # forge-ckpt export's interoperability check reads the file with h5py
   bubblewrap                          # the evaluation gate's sandbox for candidate programs (bwrap)
   lua5.1                              # runs job_submit.lua in its test (Slurm's job_submit_lua.so links Lua 5.1)
   prometheus                          # promtool checks the textfile-collector output (the server is not started)

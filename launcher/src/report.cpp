@@ -125,11 +125,16 @@ template <typename ToY>
 std::string svg_frame(double y_lo, double y_hi, const ToY& Y) {
   std::string out = fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" class=\"frame\"/>\n", kL,
                                 kT, kW - kL - kR, kH - kT - kB);
-  for (const double v : ticks(y_lo, y_hi, 5))
+  const std::vector<double> values = ticks(y_lo, y_hi, 5);
+  // As many decimals as the tick step has, so that neighbouring labels differ (86.015 and 86.02 under a
+  // fixed count of significant digits read 86.02 twice).
+  const double step = values.size() > 1 ? values[1] - values[0] : 1.0;
+  const int decimals = std::clamp(-static_cast<int>(std::floor(std::log10(step) + 1e-9)), 0, 9);
+  for (const double v : values)
     out += fmt::format(
         "<line x1=\"{0}\" x2=\"{1}\" y1=\"{2:.1f}\" y2=\"{2:.1f}\" class=\"grid\"/><text x=\"{3}\" "
-        "y=\"{4:.1f}\" class=\"ytick\">{5:.4g}</text>\n",
-        kL, kW - kR, Y(v), kL - 6, Y(v) + 4, v);
+        "y=\"{4:.1f}\" class=\"ytick\">{5:.{6}f}</text>\n",
+        kL, kW - kR, Y(v), kL - 6, Y(v) + 4, std::fabs(v) < step * 1e-6 ? 0.0 : v, decimals);
   return out;
 }
 

@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <set>
 
 namespace forge::quota {
@@ -139,7 +141,47 @@ Report build_report(const Policy& policy, const std::vector<RunRecord>& runs,
   total.row.key = "TOTAL";
   finish(summaries, total);
   rep.total = total.row;
+  // What costs most is what a report is read for. Keys that are numbers (job ids) compare as numbers.
+  const auto key_less = [](const std::string& a, const std::string& b) {
+    const auto numeric = [](const std::string& s) {
+      return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+    };
+    if (numeric(a) && numeric(b) && a.size() != b.size()) return a.size() < b.size();
+    return a < b;
+  };
+  std::stable_sort(rep.rows.begin(), rep.rows.end(), [&](const ReportRow& a, const ReportRow& b) {
+    if (a.cost != b.cost) return a.cost > b.cost;
+    if (a.gpu_hours != b.gpu_hours) return a.gpu_hours > b.gpu_hours;
+    return key_less(a.key, b.key);
+  });
   return rep;
+}
+
+void keep_costliest(Report& r, size_t top) {
+  if (r.rows.size() <= top + 1) return;  // folding one row into "other (1)" would hide it for nothing
+  ReportRow other;
+  other.key = fmt::format("other ({})", r.rows.size() - top);
+  double mfu_hours = 0, mfu_sum = 0, token_cost = 0;
+  for (size_t i = top; i < r.rows.size(); ++i) {
+    const ReportRow& x = r.rows[i];
+    other.gpu_hours += x.gpu_hours;
+    other.cost += x.cost;
+    other.jobs += x.jobs;  // rows by job, user or team share no job (a job has one account and user)
+    other.wasted_gpu_hours += x.wasted_gpu_hours;
+    other.tokens += x.tokens;
+    if (x.cost_per_mtoken && x.tokens > 0) token_cost += *x.cost_per_mtoken * x.tokens / 1e6;
+    if (x.mfu) mfu_sum += *x.mfu * x.gpu_hours, mfu_hours += x.gpu_hours;
+  }
+  if (other.tokens > 0 && token_cost > 0) other.cost_per_mtoken = token_cost / other.tokens * 1e6;
+  if (mfu_hours > 0) other.mfu = mfu_sum / mfu_hours;
+  r.rows.resize(top);
+  r.rows.push_back(other);
+}
+
+std::string format_amount(double v) {
+  if (v == 0 || !std::isfinite(v)) return fmt::format("{:.2f}", v);
+  const int decimals = std::clamp(2 - static_cast<int>(std::floor(std::log10(std::fabs(v)))), 0, 6);
+  return fmt::format("{:.{}f}", v, decimals);
 }
 
 std::string render_report_table(const Report& r) {
@@ -149,9 +191,10 @@ std::string render_report_table(const Report& r) {
       fmt::format("GPU usage by {} {} - {} (UTC)\n", group_name(r.by), format_utc(r.from), format_utc(r.to));
   out += rule + "\n";
   const auto line = [](const ReportRow& x) {
-    return fmt::format("{:<20} {:>12.2f} {:>12.2f} {:>6} {:>12.2f} {:>14.0f} {:>12} {:>6} {:>6}\n", x.key,
-                       x.gpu_hours, x.cost, x.jobs, x.wasted_gpu_hours, x.tokens, opt(x.cost_per_mtoken, 4),
-                       opt(x.mfu, 3), opt(x.ettr, 3));
+    return fmt::format("{:<20} {:>12} {:>12} {:>6} {:>12} {:>14.0f} {:>12} {:>6} {:>6}\n", x.key,
+                       format_amount(x.gpu_hours), format_amount(x.cost), x.jobs,
+                       format_amount(x.wasted_gpu_hours), x.tokens, opt(x.cost_per_mtoken, 4), opt(x.mfu, 3),
+                       opt(x.ettr, 3));
   };
   out += fmt::format("{:<20} {:>12} {:>12} {:>6} {:>12} {:>14} {:>12} {:>6} {:>6}\n", group_name(r.by),
                      "gpu_hours", "cost", "jobs", "wasted_gpu_h", "tokens", "cost/Mtoken", "mfu", "ettr");

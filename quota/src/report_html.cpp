@@ -16,7 +16,7 @@ namespace {
 // is drawn over the start of each bar in red. Rows without the value (an optional one unset) get no bar.
 template <typename Value>
 std::string bar_chart(const std::string& title, const std::vector<ReportRow>& rows, Value ReportRow::*value,
-                      double ReportRow::*wasted, const std::string& unit, int digits = 1) {
+                      double ReportRow::*wasted, const std::string& unit, int digits = -1) {
   const auto get = [&](const ReportRow& r) -> std::optional<double> { return r.*value; };
   const int label_w = 160, bar_w = 420, row_h = 22, top = 28;
   const int height = top + row_h * static_cast<int>(rows.size()) + 10;
@@ -46,7 +46,9 @@ std::string bar_chart(const std::string& title, const std::vector<ReportRow>& ro
           "<rect data-series=\"wasted\" data-key=\"{}\" x=\"{}\" y=\"{}\" width=\"{:.1f}\" height=\"16\" "
           "fill=\"#c0392b\"/>\n",
           key, label_w, y + 2, r.*wasted / max * bar_w);
-    svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\">{:.{}f} {}</text>\n", label_w + w + 6, y + 15, *v, digits,
+    // digits < 0: three significant digits (format_amount), so that small jobs do not all read 0.0.
+    const std::string amount = digits < 0 ? format_amount(*v) : fmt::format("{:.{}f}", *v, digits);
+    svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\">{} {}</text>\n", label_w + w + 6, y + 15, amount,
                        html_escape(unit));
   }
   return svg + "</svg>\n";
@@ -78,10 +80,11 @@ std::string render_report_html(const Report& r) {
   const auto row = [&](const ReportRow& x, bool total) {
     const char* tag = total ? "th" : "td";
     return fmt::format(
-        "<tr><{0}>{1}</{0}><{0}>{2:.2f}</{0}><{0}>{3:.2f}</{0}><{0}>{4}</{0}><{0}>{5:.2f}</{0}>"
+        "<tr><{0}>{1}</{0}><{0}>{2}</{0}><{0}>{3}</{0}><{0}>{4}</{0}><{0}>{5}</{0}>"
         "<{0}>{6:.0f}</{0}><{0}>{7}</{0}><{0}>{8}</{0}><{0}>{9}</{0}></tr>\n",
-        tag, html_escape(x.key), x.gpu_hours, x.cost, x.jobs, x.wasted_gpu_hours, x.tokens,
-        opt(x.cost_per_mtoken, 4), opt(x.mfu, 3), opt(x.ettr, 3));
+        tag, html_escape(x.key), format_amount(x.gpu_hours), format_amount(x.cost), x.jobs,
+        format_amount(x.wasted_gpu_hours), x.tokens, opt(x.cost_per_mtoken, 4), opt(x.mfu, 3),
+        opt(x.ettr, 3));
   };
   for (const auto& x : r.rows) out += row(x, false);
   out += row(r.total, true);

@@ -44,8 +44,9 @@ commands:
   status [--team T] [--format table|json|prom] [-o FILE]
                              budget, used, reserved, remaining per team and tier (from the ledger);
                              prom: gauges for node_exporter's textfile collector (-o DIR/forge_quota.prom)
-  report --by team|tier|user|job [-S START] [-E END] [--format table|csv|json|html] [-o FILE]
-                             GPU-hours, cost, jobs, wasted GPU-hours, cost per M tokens, MFU, ETTR
+  report --by team|tier|user|job [-S START] [-E END] [--top N] [--format table|csv|json|html] [-o FILE]
+                             GPU-hours, cost, jobs, wasted GPU-hours, cost per M tokens, MFU, ETTR;
+                             the costliest first (--top N: N rows and the rest summed)
   report --approvals [--format table|csv|json] [-o FILE]
                              approval requests: state, decision, expiry, uses and jobs
   request --gpus N --time T --tier X [--team T] --reason TEXT
@@ -78,6 +79,7 @@ int64_t parse_time_arg(const std::string& opt, const std::string& text) {
 
 struct Common {
   std::string policy_path, ledger, snapshot, start, end, format, team, by, output;
+  size_t top = 0;  // report: 0 = every row
   std::vector<std::string> runs;
   bool dry_run = false;
   bool approvals = false;
@@ -282,7 +284,8 @@ int cmd_report(const Policy& policy, const Common& c) {
       const Team* team = policy.team_by_account(r.account);
       return !team || !policy.sees_team(who, *team);
     });
-  const Report rep = build_report(policy, runs, ledger.summaries(), by, from, to);
+  Report rep = build_report(policy, runs, ledger.summaries(), by, from, to);
+  if (c.top > 0) keep_costliest(rep, c.top);
   write_seen_by(who, policy, "report", c,
                 c.format == "csv"    ? render_report_csv(rep)
                 : c.format == "json" ? render_report_json(rep)
@@ -323,6 +326,7 @@ int run(int argc, char** argv) {
   } else if (command == "report") {
     d.add_options()("by", po::value(&c.by), "team, tier, user or job")(
         "approvals", po::bool_switch(&c.approvals), "list approval requests instead")(
+        "top", po::value(&c.top), "the N costliest rows, the rest summed into one")(
         "start,S", po::value(&c.start), "window start (UTC)")("end,E", po::value(&c.end), "window end (UTC)")(
         "format", po::value(&c.format)->default_value("table"),
         "table, csv, json or html (approvals: not html)")("output,o", po::value(&c.output),

@@ -1,10 +1,12 @@
 // forge-train report RUN_DIR: the HTML page's plots and markers, the text summary, and bad run directories.
 #include "forge/common/json.h"
+#include "support/paths.h"
 #include "support/run_command.h"
 #include "support/temp_dir.h"
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -19,11 +21,11 @@ namespace {
 using Result = forge::test::CommandResult;
 
 Result run(const std::string& args) {
-  return forge::test::run_command(std::string(FORGE_TRAIN_BIN) + " " + args);
+  return forge::test::run_command(forge::test::env_path("FORGE_TRAIN_BIN") + " " + args);
 }
 
 std::string tiny(const std::string& dir) {
-  return std::string(FORGE_SOURCE_DIR) + "/configs/tiny.ini --run.dir=" + dir +
+  return forge::test::source_path("configs/tiny.ini") + " --run.dir=" + dir +
          " --run.threads=1 --run.peak_gflops=50 --model.layers=1 --model.d_model=32 --model.heads=2"
          " --model.seq_len=32 --model.vocab=128 --ckpt.recovery_every=2";
 }
@@ -52,7 +54,50 @@ std::vector<std::vector<std::pair<double, double>>> polylines(const std::string&
   return out;
 }
 
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  REQUIRE(in);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Every chart's value axis labels its ticks differently, and each chart has some.
+void check_distinct_ticks(const std::string& html) {
+  for (size_t at = html.find("<svg "); at != std::string::npos; at = html.find("<svg ", at + 1)) {
+    const std::string svg = html.substr(at, html.find("</svg>", at) - at);
+    const std::regex tick("class=\"ytick\">([^<]*)<");
+    std::vector<std::string> labels;
+    for (auto it = std::sregex_iterator(svg.begin(), svg.end(), tick); it != std::sregex_iterator(); ++it)
+      labels.push_back((*it)[1].str());
+    INFO(svg.substr(0, 300));
+    std::sort(labels.begin(), labels.end());
+    CHECK(labels.size() >= 2);
+    CHECK(std::adjacent_find(labels.begin(), labels.end()) == labels.end());
+  }
+}
+
 }  // namespace
+
+TEST_CASE("report: a nearly flat series gets distinct tick labels", "[launcher][report]") {
+  forge::test::TempDir dir;
+  const std::string rd = dir / "run";
+  REQUIRE(run(tiny(rd) + " --run.steps=4").code == 0);
+  // Peak memory that grows by 0.001 MiB a step (86.001 .. 86.004): ticks 0.001 apart, which four
+  // significant digits once printed as 86 four times.
+  std::istringstream in(read_file(rd + "/metrics/rank-0.jsonl"));
+  std::string line, out;
+  for (int step = 1; std::getline(in, line); ++step) {
+    forge::Json rec = forge::Json::parse(line);
+    rec["peak_rss_mib"] = 86.0 + 0.001 * step;
+    out += rec.dump() + "\n";
+  }
+  std::ofstream(rd + "/metrics/rank-0.jsonl") << out;
+  const Result r = run("report " + rd);
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const std::string html = read_file(rd + "/report.html");
+  REQUIRE(html.find("peak resident memory") != std::string::npos);
+  check_distinct_ticks(html);
+}
 
 TEST_CASE("report: plots with resume, checkpoint and guard markers, and a text summary",
           "[launcher][report]") {
@@ -93,6 +138,7 @@ TEST_CASE("report: plots with resume, checkpoint and guard markers, and a text s
   CHECK(count(html, "<script") == 0);
   CHECK(count(html, "src=") == 0);
   CHECK(count(html, "<link") == 0);
+  check_distinct_ticks(html);
   const auto lines = polylines(html);
   REQUIRE(lines.size() == 4);
   CHECK(lines[0].size() == 5);  // loss: step 5's NaN is not plotted

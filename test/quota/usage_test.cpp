@@ -6,9 +6,11 @@
 #include "forge/quota/ledger.h"
 #include "forge/quota/report.h"
 #include "forge/quota/snapshot.h"
+#include "support/paths.h"
 
 #include <sys/stat.h>
 #include <catch2/catch.hpp>
+#include <tuple>
 
 #include "../support/temp_dir.h"
 
@@ -17,7 +19,7 @@ using namespace forge::quota;
 namespace {
 
 const Policy& policy() {
-  static const Policy p = load_policy(std::string(FORGE_SOURCE_DIR) + "/configs/quota.example.ini");
+  static const Policy p = load_policy(forge::test::source_path("configs/quota.example.ini"));
   return p;
 }
 
@@ -242,6 +244,48 @@ TEST_CASE("job comments: the batch scripts' run summaries, other comments ignore
   REQUIRE(c.size() == 1);
   CHECK(c.at("201").tokens == 4096);
   CHECK(*c.at("201").mfu == 0.25);
+}
+
+TEST_CASE("report by job: the costliest first, job ids as numbers, small jobs readable, the rest folded") {
+  // Jobs 2, 10 and 9 cost the same; 19 costs most; 3 ran 40 s on one GPU.
+  std::vector<RunRecord> runs;
+  for (const auto& [id, seconds, gpus] : std::vector<std::tuple<const char*, int, int>>{
+           {"2", 600, 4}, {"10", 600, 4}, {"19", 3600, 8}, {"3", 40, 1}, {"9", 600, 4}}) {
+    RunRecord r;
+    r.job_id = id;
+    r.user = "alice";
+    r.account = "team-a";
+    r.qos = "explore";
+    r.partition = "train";
+    r.start = 100;
+    r.end = 100 + seconds;
+    r.elapsed_s = seconds;
+    r.gpus = gpus;
+    runs.push_back(r);
+  }
+  Report rep = build_report(policy(), runs, {{"19", {1e6, 0.4, {}}}}, GroupBy::kJob, 0, 10000);
+  std::vector<std::string> order;
+  for (const auto& row : rep.rows) order.push_back(row.key);
+  CHECK(order == std::vector<std::string>{"19", "2", "9", "10", "3"});
+  CHECK(format_amount(40.0 / 3600) == "0.0111");
+  CHECK(format_amount(8.0) == "8.00");
+  CHECK(format_amount(123.456) == "123");
+  CHECK_THAT(render_report_table(rep), Catch::Contains(" 0.0111 "));
+  CHECK_THAT(render_report_html(rep), Catch::Contains("0.0111 GPU-h"));
+
+  const ReportRow total = rep.total;
+  keep_costliest(rep, 2);
+  REQUIRE(rep.rows.size() == 3);
+  CHECK(rep.rows[1].key == "2");
+  const ReportRow& other = rep.rows[2];
+  CHECK(other.key == "other (3)");
+  CHECK(other.jobs == 3);
+  CHECK(other.gpu_hours == Approx(total.gpu_hours - rep.rows[0].gpu_hours - rep.rows[1].gpu_hours));
+  CHECK(other.cost == Approx(total.cost - rep.rows[0].cost - rep.rows[1].cost));
+  CHECK_FALSE(other.mfu);
+  CHECK(rep.total.gpu_hours == total.gpu_hours);
+  keep_costliest(rep, 2);  // nothing more to fold
+  CHECK(rep.rows.size() == 3);
 }
 
 TEST_CASE("report HTML escapes names") {

@@ -31,7 +31,7 @@ struct ReportRow {
 struct Report {
   GroupBy by = GroupBy::kTeam;
   int64_t from = 0, to = 0;
-  std::vector<ReportRow> rows;  // sorted by key
+  std::vector<ReportRow> rows;  // the costliest first (then by GPU-hours; ties by key, job ids as numbers)
   ReportRow total;
 };
 
@@ -39,6 +39,12 @@ const char* group_name(GroupBy by);
 
 Report build_report(const Policy& policy, const std::vector<RunRecord>& runs,
                     const std::map<std::string, RunSummary>& summaries, GroupBy by, int64_t from, int64_t to);
+
+// Keeps the `top` costliest rows and sums the others into one row, "other (N)" (its jobs counted once).
+void keep_costliest(Report& r, size_t top);
+
+// GPU-hours (or a cost) with three significant digits: a 40-second job on one GPU is 0.0111, not 0.00.
+std::string format_amount(double v);
 
 std::string render_report_table(const Report& r);
 std::string render_report_csv(const Report& r);
