@@ -278,9 +278,13 @@ sft_release=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["
   --tokenizer "$work/dataset/tokenizer.model" --valid-fraction 0.15 --out "$work/pairs-dataset" | grep -E "^preference|^  per pair"
 dpo_run=$work/runs/dpo
 dpo_steps=$((fast ? 40 : 60))
+# The full run's 60 steps at the fast run's 1e-3 drift the held-out pairs' language-model loss past the
+# gate's 25% (measured: +25.7% from a 60-step fine-tune); at 5e-4 it rose 16% and the held-out preference
+# accuracy was higher (0.90 against 0.86).
+dpo_lr=$([ "$fast" = 1 ] && echo 1e-3 || echo 5e-4)
 sed -e "s|^dir = .*|dir = $dpo_run|" -e "s|^dataset = .*|dataset = $work/pairs-dataset|" \
   -e "s/^steps = .*/steps = $dpo_steps/" -e "s/^milestone_every = .*/milestone_every = $dpo_steps/" \
-  -e "s/^recovery_every = .*/recovery_every = $((dpo_steps / 2))/" -e "s/^lr = .*/lr = 1e-3/" \
+  -e "s/^recovery_every = .*/recovery_every = $((dpo_steps / 2))/" -e "s/^lr = .*/lr = $dpo_lr/" \
   "$root/configs/dpo.ini" > "$work/dpo.ini"
 ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp2 \
   --gate-policy="$root/configs/gate.dpo.ini" --baseline="$sft_release" --finetune-from="$sft_release" \
