@@ -1,5 +1,5 @@
-# Sourced by the scripts that run SlurmForge's programs from a build tree (scripts/demo.sh,
-# scripts/sbatch/submit-pipeline, scripts/devcluster/up).
+# Sourced by the scripts that run SlurmForge's programs from a build tree given to them (scripts/demo.sh,
+# scripts/sbatch/submit-pipeline).
 # forge_check_programs BUILD_DIR: returns 0 when every program of the `programs` target (the list CMake
 # writes to BUILD_DIR/programs.txt) is built there; else prints one line naming the first missing one and
 # the command that builds them, and returns 66.
