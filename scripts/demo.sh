@@ -135,7 +135,9 @@ approval=$("$fq" request --team team-a --tier pretrain --gpus "$ranks" --time 48
 runuser -u carol -- "$fq" approve "$approval"
 
 stage "submit the pipeline: pretrain (team-a, pretrain tier, $layout), then the gate (afterok)"
-steps=$((fast ? 20 : 120))
+# --fast trains 40 steps: at about 0.1 s a step on an idle machine, 20 left the resumed job (preempted
+# near step 15 while the signal travelled) too few steps to meet the injected GPU fault before it finished.
+steps=$((fast ? 40 : 120))
 # The global batch stays 8 sequences per step whatever the layout: pp micro-batches (so the pipeline has
 # work in flight) of 8 / (pp x dp) sequences per data-parallel rank.
 microbatches=$pp

@@ -125,7 +125,7 @@ train_job=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["job
 sacct -X -D -n -P -j "$train_job" -o State,ElapsedRaw,AllocTRES >"$WORK/train-sacct.txt" 2>&1
 # The job's summary where sacct shows it (jobstats style): the batch script's Comment.
 comment=$(sacct -X -n -P -j "$train_job" -o Comment 2>&1 | tail -n1)
-python3 -c 'import json,sys; c=json.loads(sys.argv[1][len("forge:"):]); assert sys.argv[1].startswith("forge:") and c["class"] == "ok" and c["tokens"] > 0 and c["steps"] == 20, c' "$comment" 2>/dev/null ||
+python3 -c 'import json,sys; c=json.loads(sys.argv[1][len("forge:"):]); assert sys.argv[1].startswith("forge:") and c["class"] == "ok" and c["tokens"] > 0 and c["steps"] == 40, c' "$comment" 2>/dev/null ||
   fail "sacct -o Comment of job $train_job does not hold the run summary: '$comment'"
 python3 - "$FORGE_DEMO_DIR/quota-report.json" "$run/summary.json" "$WORK/train-sacct.txt" <<'PY' ||
 import json, re, sys
@@ -269,7 +269,8 @@ for n in node1 node2 node3 node4; do
   c=$(sed -n '/^== nodes/,/^== partitions/p' "$LOG" | grep -c "^  $n ")
   [ "$c" = 1 ] || fail "the cluster summary lists $n $c times"
 done
-grep -qE "^  node3 +train\*?,data " "$LOG" || fail "the cluster summary does not show node3's two partitions"
+grep -qE "^  node3 +data,train\*? " "$LOG" ||
+  fail "the cluster summary does not show node3's two partitions: $(grep -m1 '^  node3 ' "$LOG")"
 grep -A1 "^the untrained release, gated against the taught model:" "$LOG" | grep -q "^  gate verdict: FAIL" ||
   fail "the untrained release's blocked verdict is not labelled"
 grep -A1 "^the model taught wrong answers, gated against the taught model:" "$LOG" | grep -q "^  gate verdict: FAIL" ||
