@@ -4,8 +4,8 @@
 # source and include paths under this checkout into relative ones, and hash_dir off keeps the build
 # directory out of the hash of objects with debug information (the sanitizer preset's -g1; their line
 # tables then name the directory of whichever checkout compiled them first). Depend mode takes the headers
-# a source includes from the compiler's own -MD file instead of running the preprocessor once more, so a
-# cold build pays almost nothing for the cache. A compile definition holding
+# a source includes from the compiler's own -MD file instead of running the preprocessor a second time on a
+# miss. A compile definition holding
 # an absolute path defeats both, which is why the tests find their files through the environment
 # (test/support/paths.h). -DFORGE_CCACHE=OFF, or CCACHE_DISABLE=1 at build time, turns it off.
 option(FORGE_CCACHE "Compile through ccache when it is installed" ON)

@@ -73,7 +73,6 @@ else
   cmake --preset release >/dev/null
   cmake --build --preset release -j "$(nproc)" --target programs
   bin=$root/build/release
-  forge_check_programs "$bin"
 fi
 export FORGE_BUILD_DIR=$bin
 # The layout's dimensions from the one layout parser (forge-quota layout prints tp= cp= ep= dp= pp= ranks=).

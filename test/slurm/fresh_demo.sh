@@ -294,7 +294,10 @@ rm -rf "$pages" && mkdir -p "$pages" &&
 # The demo built its own tree: every program of the target, in the copy, none taken from the suite's build.
 grep -q "^demo: using the build in" "$LOG" && fail "the demo used a given build tree instead of building its own"
 (source "$COPY/scripts/lib/programs.sh" && forge_check_programs "$BUILD") 2>&1 | sed 's/^/FAIL: the demo build: /' | grep . && fails=$((fails + 1))
-grep -rqs "$SUITE_BUILD" "$FORGE_DEMO_DIR"/forge-*.out && fail "a demo job ran a program of the suite's build $SUITE_BUILD"
+# The cluster ran the copy's plugin and its setgid forge-quota (up installs the build's copy), not the suite's.
+grep -q "^required $BUILD/spank_plugin/forge_spank.so " "$STATE/forge-plugstack.conf" ||
+  fail "the cluster's SPANK plugin is not the copy's: $(grep -m1 '^required' "$STATE/forge-plugstack.conf")"
+cmp -s "$BUILD/quota/forge-quota" "$STATE/bin/forge-quota" || fail "the installed forge-quota is not the copy's build"
 # Nothing left queued or running: the next test needs the nodes.
 for id in $(job_ids); do
   state=$(squeue -h -j "$id" -o %T 2>/dev/null)
