@@ -20,6 +20,7 @@
 #include "forge/eval_gate/generate.h"
 #include "forge/trainer/model.h"
 #include "forge/trainer/runtime.h"
+#include "forge/trainer/spec.h"
 
 #include <unistd.h>
 
@@ -235,7 +236,7 @@ std::vector<int32_t> prompt_of(int n, int vocab, uint64_t salt) {
 // a cache at position T / 2. What is left of the measured step is the rest of the step.
 void profile_step(GPT& model, double step_s, int steps) {
   namespace k = forge::trainer::cpu;
-  const ModelConfig& m = model.config();
+  const ModelSpec& m = model.config();
   const int C = m.d_model, V = m.vocab, L = m.layers, NH = m.heads, T = m.max_positions;
   struct Op {
     const char* name;
@@ -278,7 +279,7 @@ void profile_step(GPT& model, double step_s, int steps) {
     const auto t0 = Clock::now();
     for (int l = 0; l < L; ++l)
       k::attention_decode(att.data(), qkv.data(), kc.data() + size_t(l) * T * C,
-                          vc.data() + size_t(l) * T * C, &seq0, &pos, 1, T, C, NH);
+                          vc.data() + size_t(l) * T * C, &seq0, &pos, 1, T, {NH, NH, C / NH, 0});
     if (rep > 0) best_att = std::min(best_att, since(t0));
   }
   double total = 0, bytes_total = 0;
@@ -320,7 +321,7 @@ void print_run(const char* name, int prompt, const Run& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  ModelConfig cfg{6, 384, 6, 8192, 256, 256};
+  ModelSpec cfg = gpt2_spec(6, 384, 6, 8192, 256, 256);
   int threads = 2, reps = 3, long_prompt = 64, batch = 8, bw_mib = 1024;
   uint64_t seed = 1234;
   bool generator = true, profile = true;

@@ -4,7 +4,8 @@
 // against the analytic minimum. bench/trainer_cpu.sh runs this and the PyTorch peer in one invocation.
 //
 // Usage: bench_trainer_cpu [--threads N] [--steps N] [--layers N] [--dmodel N] [--heads N] [--vocab N]
-//                          [--seq N] [--batch N] [--dtype fp32|bf16] [--no-profile] [--trace-rounds N]
+//                          [--seq N] [--model.KEY=VALUE ...] [--batch N] [--dtype fp32|bf16] [--no-profile]
+//                          [--trace-rounds N]
 // --trace-rounds N: what tracing (trace.h) costs, in N rounds alternating 3 steps untraced and 3 traced.
 #include "cpu/kernels.h"
 #include "forge/trainer/parallel.h"
@@ -42,9 +43,10 @@ double seconds_of(const std::function<void()>& f, int reps = 3) {
 }
 
 // Time of each kernel at the model's shapes, times its count per step.
-void profile(const ModelConfig& m, int B, double step_s) {
+void profile(const ModelSpec& m, int B, double step_s) {
   namespace k = forge::trainer::cpu;
   const int T = m.seq_len, C = m.d_model, NH = m.heads, V = m.vocab, L = m.layers, N = B * T;
+  const forge::trainer::AttentionShape shape = m.attention();
   std::mt19937 rng(1);
   std::normal_distribution<float> nd(0.0f, 0.5f);
   const auto fill = [&](size_t n) {
@@ -98,10 +100,10 @@ void profile(const ModelConfig& m, int B, double step_s) {
        }),
        L},
       {"attention fwd",
-       seconds_of([&] { k::attention_forward(y.data(), lse.data(), qkv.data(), nullptr, B, T, C, NH); }), L},
+       seconds_of([&] { k::attention_forward(y.data(), lse.data(), qkv.data(), nullptr, B, T, shape); }), L},
       {"attention bwd", seconds_of([&] {
-         k::attention_backward(dqkv.data(), dx.data(), qkv.data(), y.data(), lse.data(), nullptr, B, T, C,
-                               NH);
+         k::attention_backward(dqkv.data(), dx.data(), qkv.data(), y.data(), lse.data(), nullptr, B, T,
+                               shape);
        }),
        L},
       {"layernorm fwd", seconds_of([&] {
@@ -207,7 +209,10 @@ void trace_overhead(ParallelTrainer& trainer, const std::vector<MicroBatch>& bat
 
 int main(int argc, char** argv) {
   TrainSpec s;
-  s.model = {6, 384, 6, 8192, 256, 256};
+  // The model as [model] overrides: the GPT-2 bench size unless changed (--model.KEY=VALUE passes any key,
+  // e.g. --model.family=llama --model.kv_heads=3).
+  std::vector<std::string> model = {"--model.layers=6", "--model.d_model=384", "--model.heads=6",
+                                    "--model.vocab=8192", "--model.seq_len=256"};
   s.batch = 8;
   s.threads = 2;
   int steps = 8;
@@ -227,15 +232,17 @@ int main(int argc, char** argv) {
     else if (a == "--steps")
       steps = next();
     else if (a == "--layers")
-      s.model.layers = next();
+      model.push_back("--model.layers=" + std::to_string(next()));
     else if (a == "--dmodel")
-      s.model.d_model = next();
+      model.push_back("--model.d_model=" + std::to_string(next()));
     else if (a == "--heads")
-      s.model.heads = next();
+      model.push_back("--model.heads=" + std::to_string(next()));
     else if (a == "--vocab")
-      s.model.vocab = next();
+      model.push_back("--model.vocab=" + std::to_string(next()));
     else if (a == "--seq")
-      s.model.seq_len = s.model.max_positions = next();
+      model.push_back("--model.seq_len=" + std::to_string(next()));
+    else if (a.starts_with("--model."))
+      model.push_back(a);
     else if (a == "--batch")
       s.batch = next();
     else if (a == "--dtype" && i + 1 < argc)
@@ -251,6 +258,7 @@ int main(int argc, char** argv) {
       return 64;
     }
   }
+  s.model = model_spec(model);
   s.steps = steps;
   use_threads(s.threads);
   const double peak = measure_sgemm_gflops(2048, 3);

@@ -47,8 +47,7 @@ std::vector<double> bytes_per_token(const std::string& tokenizer_path) {
 
 // A checkpoint's model with `config` and `loss` (null: the LM cross-entropy) for `batch` rows, its files
 // verified (each rank a share) and its weights loaded, whatever layout wrote them.
-std::unique_ptr<trainer::GPT> load_model(const ckpt::Checkpoint& checkpoint,
-                                         const trainer::ModelConfig& config,
+std::unique_ptr<trainer::GPT> load_model(const ckpt::Checkpoint& checkpoint, const trainer::ModelSpec& config,
                                          std::shared_ptr<const trainer::Loss> loss, trainer::Comm& comm,
                                          int batch = 1) {
   checkpoint.verify(comm.rank(), comm.size());
@@ -62,10 +61,10 @@ std::unique_ptr<trainer::GPT> load_model(const ckpt::Checkpoint& checkpoint,
 // The model a candidate is measured against (`role`: its DPO reference, its distillation teacher): any
 // size with the evaluated model's vocabulary, reading the evaluated model's sequences.
 std::unique_ptr<trainer::GPT> load_companion(const std::string& dir, const char* role, const std::string& of,
-                                             const trainer::ModelConfig& evaluated,
+                                             const trainer::ModelSpec& evaluated,
                                              std::shared_ptr<const trainer::Loss> loss, trainer::Comm& comm) {
   const ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(dir);
-  trainer::ModelConfig config = trainer::model_config_from_json(checkpoint.manifest().meta.model_config, dir);
+  trainer::ModelSpec config = trainer::model_spec_from_json(checkpoint.manifest().meta.model_config, dir);
   if (config.vocab != evaluated.vocab)
     fail(ExitCode::kUsage,
          "the {} {} has a vocabulary of {} tokens but {} has {}: they must share a tokenizer", role, dir,
@@ -101,8 +100,8 @@ TokenScores score_token(std::span<const float> model, std::span<const float> tea
 std::unique_ptr<trainer::GPT> load_for_generation(const std::string& checkpoint_dir, int batch,
                                                   trainer::Comm& comm) {
   const ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(checkpoint_dir);
-  trainer::ModelConfig config =
-      trainer::model_config_from_json(checkpoint.manifest().meta.model_config, checkpoint_dir);
+  trainer::ModelSpec config =
+      trainer::model_spec_from_json(checkpoint.manifest().meta.model_config, checkpoint_dir);
   config.seq_len = config.max_positions;
   return load_model(checkpoint, config, nullptr, comm, batch);
 }
@@ -146,8 +145,8 @@ DomainResults evaluate_checkpoint(const std::string& checkpoint_dir, const std::
   const bool dpo = !options.dpo_reference.empty(), distill = !options.distill_teacher.empty();
 
   const ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(checkpoint_dir);
-  const trainer::ModelConfig config =
-      trainer::model_config_from_json(checkpoint.manifest().meta.model_config, checkpoint_dir);
+  const trainer::ModelSpec config =
+      trainer::model_spec_from_json(checkpoint.manifest().meta.model_config, checkpoint_dir);
 
   const data::Manifest manifest = data::load_manifest(dataset_dir);
   if (dpo && manifest.format != "preference")

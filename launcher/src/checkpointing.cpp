@@ -151,7 +151,7 @@ RunCheckpoints::RunCheckpoints(const Config& config, const trainer::TrainSpec& s
 
 ckpt::Expectations RunCheckpoints::expectations() const {
   ckpt::Expectations expect;
-  expect.model_config = trainer::model_config_json(spec_.model);
+  expect.model_config = trainer::model_spec_json(spec_.model);
   if (!dataset_version_.empty()) expect.dataset_version = dataset_version_;
   return expect;
 }
@@ -272,7 +272,7 @@ ckpt::CheckpointMeta RunCheckpoints::meta(const trainer::StepStats& stats, int64
   if (const int64_t before = trainer_.optimizer().moment_steps_before(); before > 0)
     m.extra[kMomentStepsBefore] = before;
   m.dataset_version = dataset_version_;
-  m.model_config = trainer::model_config_json(spec_.model);
+  m.model_config = trainer::model_spec_json(spec_.model);
   // Data order is a pure function of the step (synthetic stream, or the reader's cursor = step x batch) and
   // of the spec (data.order, data.domain_weights), which the spec check holds fixed across a resume. The
   // reader's cursor records what the order depended on, so a resume can say which key changed.

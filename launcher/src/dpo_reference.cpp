@@ -81,7 +81,7 @@ std::string place_for(const trainer::TrainSpec& spec, const Json& key) {
 ckpt::Checkpoint open_reference(const trainer::TrainSpec& spec, const std::string& reference_dir) {
   ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(reference_dir);
   ckpt::check_expectations(checkpoint.manifest(),
-                           {.model_config = trainer::model_config_json(spec.model), .dataset_version = {}},
+                           {.model_config = trainer::model_spec_json(spec.model), .dataset_version = {}},
                            reference_dir);
   return checkpoint;
 }

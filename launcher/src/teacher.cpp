@@ -33,8 +33,8 @@ std::optional<std::string> trained_tokenizer(const ckpt::CheckpointMeta& meta) {
 
 }  // namespace
 
-trainer::ModelConfig check_teacher(const Config& config, const trainer::TrainSpec& spec,
-                                   const std::string& tokenizer_sha256) {
+trainer::ModelSpec check_teacher(const Config& config, const trainer::TrainSpec& spec,
+                                 const std::string& tokenizer_sha256) {
   const std::string& dir = spec.distill.teacher;
   std::error_code ec;
   if (!std::filesystem::exists(std::filesystem::path(dir) / ckpt::kCommittedFile, ec))
@@ -48,7 +48,7 @@ trainer::ModelConfig check_teacher(const Config& config, const trainer::TrainSpe
   } catch (const Error& e) {
     config.reject("distill.teacher", fmt::format("is not a checkpoint: {}", e.what()));
   }
-  trainer::ModelConfig teacher = trainer::model_config_from_json(meta.model_config, dir);
+  trainer::ModelSpec teacher = trainer::model_spec_from_json(meta.model_config, dir);
   if (teacher.vocab != spec.model.vocab)
     config.reject("distill.teacher",
                   fmt::format("{} has a vocabulary of {} tokens, the run {} (model.vocab): a "
@@ -73,8 +73,8 @@ trainer::ModelConfig check_teacher(const Config& config, const trainer::TrainSpe
   return teacher;
 }
 
-std::shared_ptr<trainer::GPT> load_teacher(const trainer::TrainSpec& spec,
-                                           const trainer::ModelConfig& teacher, trainer::Backend& backend) {
+std::shared_ptr<trainer::GPT> load_teacher(const trainer::TrainSpec& spec, const trainer::ModelSpec& teacher,
+                                           trainer::Backend& backend) {
   const ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(spec.distill.teacher);
   checkpoint.verify();
   auto model =

@@ -16,12 +16,12 @@ namespace forge::launcher {
 // Checks distill.teacher against the run before anything is allocated, and returns the teacher's model
 // at the run's sequence length. Usage errors (64) name the key: not a checkpoint, another vocabulary,
 // too few positions, or another tokenizer than `tokenizer_sha256` (the dataset's; both hashes named).
-trainer::ModelConfig check_teacher(const Config& config, const trainer::TrainSpec& spec,
-                                   const std::string& tokenizer_sha256);
+trainer::ModelSpec check_teacher(const Config& config, const trainer::TrainSpec& spec,
+                                 const std::string& tokenizer_sha256);
 
 // The teacher's weights in a whole model for micro-batches of data.batch sequences (verified), on the
 // student's backend.
-std::shared_ptr<trainer::GPT> load_teacher(const trainer::TrainSpec& spec,
-                                           const trainer::ModelConfig& teacher, trainer::Backend& backend);
+std::shared_ptr<trainer::GPT> load_teacher(const trainer::TrainSpec& spec, const trainer::ModelSpec& teacher,
+                                           trainer::Backend& backend);
 
 }  // namespace forge::launcher

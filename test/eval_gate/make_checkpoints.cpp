@@ -27,7 +27,7 @@ void save(const std::string& run, forge::trainer::ParallelTrainer& t, const forg
   forge::ckpt::CheckpointMeta meta;
   meta.step = t.steps_taken();
   meta.dataset_version = dataset_version;
-  meta.model_config = forge::trainer::model_config_json(spec.model);
+  meta.model_config = forge::trainer::model_spec_json(spec.model);
   if (!spec_entries.empty()) meta.extra["spec"] = spec_entries;
   const auto event = saver.save(forge::ckpt::Tier::kMilestone, meta,
                                 forge::trainer::checkpoint_tensors(t.model(), &t.optimizer()));
@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
     spec.seed = 7;
     spec.threads = 1;
     spec.batch = 8;
-    spec.model = {.layers = 2, .d_model = 64, .heads = 4, .vocab = 0, .seq_len = 64, .max_positions = 64};
+    spec.model = forge::trainer::gpt2_spec(2, 64, 4, 1, 64);  // vocab: the tokenizer's, below
     spec.optim.lr = 3e-3;
     spec.optim.min_lr = 3e-4;
     spec.optim.warmup_steps = 10;

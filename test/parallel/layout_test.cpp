@@ -54,7 +54,7 @@ TrainSpec make_spec(int global_batch, int dp, int microbatches) {
   s.threads = 1;
   s.batch = global_batch / dp;
   s.microbatches = microbatches;
-  s.model = {4, 32, 4, 64, 16, 16};
+  s.model = gpt2_spec(4, 32, 4, 64, 16);
   s.optim.lr = 1e-2;
   s.optim.min_lr = 1e-3;
   s.optim.warmup_steps = 2;
@@ -138,9 +138,7 @@ void pair_up(forge::MicroBatch& b, int salt) {
 // A distillation teacher larger than the student (5 blocks of width 48), of its own seed: what every rank
 // that holds the student's classifier runs beside it.
 std::shared_ptr<GPT> make_teacher(const TrainSpec& spec, Backend& backend = cpu_backend()) {
-  ModelConfig config = spec.model;
-  config.layers = 5;
-  config.d_model = 48;
+  const ModelSpec config = gpt2_spec(5, 48, spec.model.heads, spec.model.vocab, spec.model.seq_len);
   auto teacher = std::make_shared<GPT>(config, spec.batch, DType::kF32, ModelSlice{}, 1, backend);
   teacher->init(99);
   return teacher;

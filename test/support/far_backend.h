@@ -110,19 +110,56 @@ class FarBackend final : public trainer::Backend {
     cpu_.add_bias(near(out), near(bias), N, OC);
   }
   void attention_forward(trainer::Act out, float* lse, trainer::ConstAct qkv, const int32_t* doc_start, int B,
-                         int T, int C, int NH) override {
-    cpu_.attention_forward(near(out), near(lse), near(qkv), near(doc_start), B, T, C, NH);
+                         int T, const trainer::AttentionShape& shape) override {
+    cpu_.attention_forward(near(out), near(lse), near(qkv), near(doc_start), B, T, shape);
   }
   void attention_backward(float* dqkv, const float* dout, trainer::ConstAct qkv, trainer::ConstAct out,
-                          const float* lse, const int32_t* doc_start, int B, int T, int C, int NH) override {
-    cpu_.attention_backward(near(dqkv), near(dout), near(qkv), near(out), near(lse), near(doc_start), B, T, C,
-                            NH);
+                          const float* lse, const int32_t* doc_start, int B, int T,
+                          const trainer::AttentionShape& shape) override {
+    cpu_.attention_backward(near(dqkv), near(dout), near(qkv), near(out), near(lse), near(doc_start), B, T,
+                            shape);
   }
   void attention_decode(trainer::Act out, trainer::ConstAct qkv, float* k_cache, float* v_cache,
-                        const int32_t* seq, const int32_t* pos, int rows, int max_len, int C,
-                        int NH) override {
+                        const int32_t* seq, const int32_t* pos, int rows, int max_len,
+                        const trainer::AttentionShape& shape) override {
     cpu_.attention_decode(near(out), near(qkv), near(k_cache), near(v_cache), near(seq), near(pos), rows,
-                          max_len, C, NH);
+                          max_len, shape);
+  }
+  void rope(trainer::Act qkv, const int32_t* positions, const float* inv_freq, float magnitude, int N, int T,
+            const trainer::AttentionShape& shape, bool inverse) override {
+    cpu_.rope(near(qkv), near(positions), near(inv_freq), magnitude, N, T, shape, inverse);
+  }
+  void head_rmsnorm_forward(trainer::Act qkv, float* saved, float* rstd, const float* q_weight,
+                            const float* k_weight, float eps, int N,
+                            const trainer::AttentionShape& shape) override {
+    cpu_.head_rmsnorm_forward(near(qkv), near(saved), near(rstd), near(q_weight), near(k_weight), eps, N,
+                              shape);
+  }
+  void head_rmsnorm_backward(float* dqkv, float* dq_weight, float* dk_weight, const float* saved,
+                             const float* rstd, const float* q_weight, const float* k_weight, int N,
+                             const trainer::AttentionShape& shape) override {
+    cpu_.head_rmsnorm_backward(near(dqkv), near(dq_weight), near(dk_weight), near(saved), near(rstd),
+                               near(q_weight), near(k_weight), N, shape);
+  }
+  void swiglu_forward(trainer::Act out, trainer::ConstAct in, int N, int H) override {
+    cpu_.swiglu_forward(near(out), near(in), N, H);
+  }
+  void swiglu_backward(float* din, const float* dout, trainer::ConstAct in, int N, int H) override {
+    cpu_.swiglu_backward(near(din), near(dout), near(in), N, H);
+  }
+  void rmsnorm_forward(trainer::Act out, float* rstd, const float* in, const float* weight, float eps, int N,
+                       int C) override {
+    cpu_.rmsnorm_forward(near(out), near(rstd), near(in), near(weight), eps, N, C);
+  }
+  void rmsnorm_backward(float* din, float* dweight, const float* dout, const float* in, const float* weight,
+                        const float* rstd, int N, int C) override {
+    cpu_.rmsnorm_backward(near(din), near(dweight), near(dout), near(in), near(weight), near(rstd), N, C);
+  }
+  void residual_rmsnorm_forward(float* res_out, trainer::Act out, float* rstd, const float* res_in,
+                                const float* delta, const float* delta_bias, const float* weight, float eps,
+                                int N, int C) override {
+    cpu_.residual_rmsnorm_forward(near(res_out), near(out), near(rstd), near(res_in), near(delta),
+                                  near(delta_bias), near(weight), eps, N, C);
   }
   void gelu_backward(float* dinout, trainer::ConstAct pre, int N, int C) override {
     cpu_.gelu_backward(near(dinout), near(pre), N, C);

@@ -43,7 +43,7 @@ std::pair<double, double> difference(std::span<const float> a, std::span<const f
 }  // namespace
 
 TEST_CASE("decoding with the KV cache gives the full forward's logits at every step", "[trainer][decode]") {
-  const ModelConfig cfg{3, 64, 4, 96, 32, 32};
+  const ModelSpec cfg = gpt2_spec(3, 64, 4, 96, 32, 32);
   const int V = cfg.vocab, T = cfg.seq_len;
   GPT full(cfg, 1);
   forge::test::randomize_weights(full, 5, 0.3f);
@@ -82,7 +82,7 @@ TEST_CASE("decoding with the KV cache gives the full forward's logits at every s
 
 TEST_CASE("sequences decoded together, prefilled and stepped in one call, match each alone",
           "[trainer][decode]") {
-  const ModelConfig cfg{2, 32, 4, 64, 24, 24};
+  const ModelSpec cfg = gpt2_spec(2, 32, 4, 64, 24, 24);
   const int V = cfg.vocab, T = cfg.seq_len;
   GPT full(cfg, 1);
   forge::test::randomize_weights(full, 11, 0.3f);
@@ -136,7 +136,7 @@ TEST_CASE("sequences decoded together, prefilled and stepped in one call, match 
 }
 
 TEST_CASE("decode refuses rows outside the cache, the positions or the vocabulary", "[trainer][decode]") {
-  const ModelConfig cfg{1, 16, 2, 32, 8, 8};
+  const ModelSpec cfg = gpt2_spec(1, 16, 2, 32, 8, 8);
   GPT m(cfg, 1);
   m.init(1);
   KvCache cache(m, 2, 8);

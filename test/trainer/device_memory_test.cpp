@@ -29,7 +29,7 @@ TrainSpec small_spec(DType dtype) {
   s.threads = 1;
   s.batch = 2;
   s.microbatches = 2;
-  s.model = {2, 32, 4, 64, 16, 16};
+  s.model = gpt2_spec(2, 32, 4, 64, 16);
   s.optim.lr = 1e-2;
   s.optim.warmup_steps = 1;
   s.dtype = dtype;
@@ -168,7 +168,7 @@ TEST_CASE("a checkpoint saved from device memory resumes on the CPU, and the oth
   forge::ckpt::Saver saver(coord, options);
   forge::ckpt::CheckpointMeta meta;
   meta.step = 3;
-  meta.model_config = model_config_json(spec.model);
+  meta.model_config = model_spec_json(spec.model);
   const auto event = saver.save(forge::ckpt::Tier::kMilestone, meta,
                                 checkpoint_tensors(dev.trainer.model(), &dev.trainer.optimizer()));
   REQUIRE(event.outcome == forge::ckpt::Outcome::kCommitted);

@@ -48,6 +48,22 @@ class H5Fixture {
     return v;
   }
 
+  // A fixed-length string attribute ("group/name").
+  std::string text(const std::string& name) const {
+    const size_t slash = name.rfind('/');
+    const std::string object = slash == std::string::npos ? "/" : name.substr(0, slash);
+    const std::string attribute = slash == std::string::npos ? name : name.substr(slash + 1);
+    const hid_t a = H5Aopen_by_name(file_, object.c_str(), attribute.c_str(), H5P_DEFAULT, H5P_DEFAULT);
+    if (a < 0) throw std::runtime_error("fixture attribute " + name);
+    const hid_t type = H5Aget_type(a);
+    std::string v(H5Tget_size(type), '\0');
+    const herr_t read = H5Aread(a, type, v.data());
+    H5Tclose(type);
+    H5Aclose(a);
+    if (read < 0) throw std::runtime_error("fixture attribute " + name);
+    return v.substr(0, v.find('\0'));
+  }
+
  private:
   template <typename T>
   std::vector<T> read(const std::string& name, hid_t type) const {

@@ -37,25 +37,30 @@ double max_rel(const std::vector<float>& a, const std::vector<double>& b) {
   return diff / scale;
 }
 
-// Naive causal attention on qkv [B*T, 3C], the query at row position t seeing keys [first[b*T + t], t]
-// (first empty: [0, t]); returns out and, given dout, dqkv.
+// Naive causal grouped-query attention on qkv rows [B*T, shape.qkv_width()] (q | k | v heads, query head
+// h reading key/value head h / (heads / kv_heads)), the query at row position t seeing keys
+// [first[b*T + t], t] (first empty: [0, t]), the last shape.window of them when window > 0; returns out
+// [B*T, q_width] and, given dout, dqkv.
 void reference_attention(const std::vector<float>& qkv, const std::vector<float>& dout,
-                         const std::vector<int32_t>& first, int B, int T, int C, int NH,
-                         std::vector<double>& out, std::vector<double>& dqkv) {
-  const int hd = C / NH, C3 = 3 * C;
+                         const std::vector<int32_t>& first, int B, int T,
+                         const forge::trainer::AttentionShape& shape, std::vector<double>& out,
+                         std::vector<double>& dqkv) {
+  const int hd = shape.head_dim, W = shape.qkv_width(), QW = shape.q_width(), KW = shape.kv_width();
+  const int group = shape.heads / shape.kv_heads;
   const double scale = 1.0 / std::sqrt(double(hd));
-  out.assign(size_t(B) * T * C, 0.0);
-  dqkv.assign(size_t(B) * T * C3, 0.0);
+  out.assign(size_t(B) * T * QW, 0.0);
+  dqkv.assign(size_t(B) * T * W, 0.0);
   std::vector<double> p(T), dp(T);
   for (int b = 0; b < B; ++b)
-    for (int h = 0; h < NH; ++h)
+    for (int h = 0; h < shape.heads; ++h)
       for (int t = 0; t < T; ++t) {
-        const auto Q = [&](int i, int c) { return double(qkv[(size_t(b) * T + i) * C3 + h * hd + c]); };
-        const auto K = [&](int i, int c) { return double(qkv[(size_t(b) * T + i) * C3 + C + h * hd + c]); };
-        const auto Vv = [&](int i, int c) {
-          return double(qkv[(size_t(b) * T + i) * C3 + 2 * C + h * hd + c]);
-        };
-        const int j0 = first.empty() ? 0 : first[size_t(b) * T + t];
+        const size_t qc = size_t(h) * hd, kc = size_t(QW) + size_t(h / group) * hd, vc = kc + KW;
+        const auto at = [&](int i, size_t col) { return (size_t(b) * T + i) * W + col; };
+        const auto Q = [&](int i, int c) { return double(qkv[at(i, qc + c)]); };
+        const auto K = [&](int i, int c) { return double(qkv[at(i, kc + c)]); };
+        const auto Vv = [&](int i, int c) { return double(qkv[at(i, vc + c)]); };
+        int j0 = first.empty() ? 0 : first[size_t(b) * T + t];
+        if (shape.window > 0) j0 = std::max(j0, t - shape.window + 1);
         double mx = -1e300;
         for (int j = j0; j <= t; ++j) {
           double s = 0;
@@ -66,8 +71,8 @@ void reference_attention(const std::vector<float>& qkv, const std::vector<float>
         double sum = 0;
         for (int j = j0; j <= t; ++j) sum += (p[j] = std::exp(p[j] - mx));
         for (int j = j0; j <= t; ++j) p[j] /= sum;
-        const float* g = dout.data() + (size_t(b) * T + t) * C + h * hd;
-        double* o = out.data() + (size_t(b) * T + t) * C + h * hd;
+        const float* g = dout.data() + (size_t(b) * T + t) * QW + qc;
+        double* o = out.data() + (size_t(b) * T + t) * QW + qc;
         for (int c = 0; c < hd; ++c)
           for (int j = j0; j <= t; ++j) o[c] += p[j] * Vv(j, c);
         // backward of row t
@@ -80,41 +85,121 @@ void reference_attention(const std::vector<float>& qkv, const std::vector<float>
         for (int j = j0; j <= t; ++j) {
           const double ds = p[j] * (dp[j] - dot) * scale;
           for (int c = 0; c < hd; ++c) {
-            dqkv[(size_t(b) * T + t) * C3 + h * hd + c] += ds * K(j, c);
-            dqkv[(size_t(b) * T + j) * C3 + C + h * hd + c] += ds * Q(t, c);
-            dqkv[(size_t(b) * T + j) * C3 + 2 * C + h * hd + c] += p[j] * g[c];
+            dqkv[at(t, qc + c)] += ds * K(j, c);
+            dqkv[at(j, kc + c)] += ds * Q(t, c);
+            dqkv[at(j, vc + c)] += p[j] * g[c];
           }
         }
       }
 }
 
-}  // namespace
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
 
-TEST_CASE("attention matches the naive reference across row blocks", "[trainer][kernels]") {
-  const int B = 2, T = 150, C = 32, NH = 4;
-  const auto qkv = randn(size_t(B) * T * 3 * C, 1);
-  const auto dout = randn(size_t(B) * T * C, 2);
-  // Packed documents: row 0 has boundaries inside and across the 64-row blocks, row 1 is one document.
-  std::vector<int32_t> first(size_t(B) * T);
+// Packed documents of batch row 0 with boundaries inside and across the 64-row blocks; row 1 is one document.
+std::vector<int32_t> packed_documents(int B, int T) {
+  std::vector<int32_t> first(size_t(B) * T, 0);
   for (int t = 0, start = 0; t < T; ++t) {
     if (t == 5 || t == 63 || t == 64 || t == 100) start = t;
     first[size_t(t)] = start;
-    first[size_t(T + t)] = 0;
   }
-  for (const bool documents : {false, true}) {
-    INFO((documents ? "packed documents" : "causal"));
-    const std::vector<int32_t> starts = documents ? first : std::vector<int32_t>{};
-    std::vector<double> ref_out, ref_dqkv;
-    reference_attention(qkv, dout, starts, B, T, C, NH, ref_out, ref_dqkv);
-    for (int threads : {1, 2}) {
-      omp_set_num_threads(threads);
-      std::vector<float> out(size_t(B) * T * C), lse(size_t(B) * NH * T), dqkv(qkv.size(), 123.0f);
-      const int32_t* ds = documents ? first.data() : nullptr;
-      k::attention_forward(out.data(), lse.data(), qkv.data(), ds, B, T, C, NH);
-      CHECK(max_rel(out, ref_out) < 1e-5);
-      k::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), ds, B, T, C, NH);
-      CHECK(max_rel(dqkv, ref_dqkv) < 1e-5);
+  return first;
+}
+
+}  // namespace
+
+TEST_CASE("attention matches the naive reference across row blocks", "[trainer][kernels]") {
+  using forge::trainer::AttentionShape;
+  struct Case {
+    AttentionShape shape;
+    int T;
+  };
+  // Multi-head (C 32, 4 heads), grouped-query (2 and 1 key/value heads), head_dim != C / heads, and a
+  // sliding window of 20 keys over 80 rows (the window crosses the 64-row block).
+  const Case cases[] = {{{4, 4, 8, 0}, 150},  {{4, 2, 8, 0}, 150},  {{4, 1, 8, 0}, 150},
+                        {{4, 4, 16, 0}, 150}, {{4, 2, 16, 0}, 100}, {{4, 4, 8, 20}, 80},
+                        {{4, 2, 16, 20}, 80}, {{6, 3, 8, 20}, 150}, {{4, 1, 8, 70}, 150}};
+  const int B = 2;
+  const int threads = omp_get_max_threads();
+  for (const Case& c : cases) {
+    const AttentionShape& shape = c.shape;
+    const int T = c.T;
+    INFO("heads " << shape.heads << ", kv_heads " << shape.kv_heads << ", head_dim " << shape.head_dim
+                  << ", window " << shape.window << ", T " << T);
+    const auto qkv = randn(size_t(B) * T * shape.qkv_width(), 1);
+    const auto dout = randn(size_t(B) * T * shape.q_width(), 2);
+    const std::vector<int32_t> first = packed_documents(B, T);
+    for (const bool documents : {false, true}) {
+      INFO((documents ? "packed documents" : "causal"));
+      const std::vector<int32_t> starts = documents ? first : std::vector<int32_t>{};
+      std::vector<double> ref_out, ref_dqkv;
+      reference_attention(qkv, dout, starts, B, T, shape, ref_out, ref_dqkv);
+      std::vector<float> out1, lse1, dqkv1;
+      for (int n : {1, 2}) {
+        INFO(n << " threads");
+        omp_set_num_threads(n);
+        std::vector<float> out(size_t(B) * T * shape.q_width()), lse(size_t(B) * shape.heads * T),
+            dqkv(qkv.size(), 123.0f);
+        const int32_t* ds = documents ? first.data() : nullptr;
+        k::attention_forward(out.data(), lse.data(), qkv.data(), ds, B, T, shape);
+        CHECK(max_rel(out, ref_out) < 1e-5);
+        k::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), ds, B, T, shape);
+        CHECK(max_rel(dqkv, ref_dqkv) < 1e-5);
+        if (n == 1) {
+          out1 = out, lse1 = lse, dqkv1 = dqkv;
+        } else {  // the same bits on any number of threads
+          CHECK(same_bits(out, out1));
+          CHECK(same_bits(lse, lse1));
+          CHECK(same_bits(dqkv, dqkv1));
+        }
+      }
     }
+  }
+  omp_set_num_threads(threads);
+}
+
+// Decoding a prompt in one call and then one token per call attends exactly as the full forward does.
+TEST_CASE("attention decoding matches the full forward", "[trainer][kernels]") {
+  using forge::trainer::AttentionShape;
+  const int B = 2, T = 80, prompt = 13, max_len = 96;
+  for (const AttentionShape shape : {AttentionShape{4, 4, 8, 0}, AttentionShape{4, 2, 16, 20},
+                                     AttentionShape{4, 1, 8, 0}, AttentionShape{6, 3, 8, 7}}) {
+    INFO("heads " << shape.heads << ", kv_heads " << shape.kv_heads << ", head_dim " << shape.head_dim
+                  << ", window " << shape.window);
+    const int W = shape.qkv_width(), QW = shape.q_width();
+    const auto qkv = randn(size_t(B) * T * W, 3);
+    std::vector<float> full(size_t(B) * T * QW), lse(size_t(B) * shape.heads * T);
+    k::attention_forward(full.data(), lse.data(), qkv.data(), nullptr, B, T, shape);
+    // Sequence s of the caches is batch row 1 - s (the rows of a call need not be in sequence order).
+    std::vector<float> kc(size_t(B) * max_len * shape.kv_width(), 0.0f), vc(kc);
+    std::vector<float> decoded(full.size(), 0.0f), rows_qkv, rows_out;
+    std::vector<int32_t> seq, pos;
+    for (int t0 = 0; t0 < T;) {
+      const int n = t0 == 0 ? prompt : 1;  // the prompts of both sequences in one call, then a token each
+      rows_qkv.clear(), seq.clear(), pos.clear();
+      for (int b = 0; b < B; ++b)
+        for (int t = t0; t < t0 + n; ++t) {
+          const float* row = qkv.data() + (size_t(b) * T + t) * W;
+          rows_qkv.insert(rows_qkv.end(), row, row + W);
+          seq.push_back(1 - b);
+          pos.push_back(t);
+        }
+      const int rows = int(seq.size());
+      rows_out.assign(size_t(rows) * QW, 0.0f);
+      k::attention_decode(rows_out.data(), rows_qkv.data(), kc.data(), vc.data(), seq.data(), pos.data(),
+                          rows, max_len, shape);
+      for (int r = 0; r < rows; ++r)
+        std::copy_n(rows_out.data() + size_t(r) * QW, QW,
+                    decoded.data() + (size_t(1 - seq[size_t(r)]) * T + pos[size_t(r)]) * QW);
+      t0 += n;
+    }
+    double diff = 0, scale = 1e-30;
+    for (size_t i = 0; i < full.size(); ++i) {
+      diff = std::max(diff, double(std::abs(full[i] - decoded[i])));
+      scale = std::max(scale, double(std::abs(full[i])));
+    }
+    CHECK(diff / scale < 1e-5);
   }
 }
 
@@ -291,9 +376,6 @@ std::vector<float> widened(const std::vector<uint16_t>& h) {
   k::from_bf16(v.data(), h.data(), int64_t(h.size()));
   return v;
 }
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 }  // namespace
 
@@ -305,6 +387,7 @@ TEST_CASE("the CPU backend's ops on BF16 activations round each FP32 result once
   t::Backend& be = t::cpu_backend();
   const int B = 2, T = 70, NH = 2, C = 32, N = B * T, H = 4 * C;  // T crosses the attention's row block
   const size_t NC = size_t(N) * C;
+  const t::AttentionShape heads{NH, NH, C / NH, 0};
   const auto x = randn(NC, 1), delta = randn(NC, 2), lnw = randn(C, 3), lnb = randn(C, 4),
              wqkv = rounded(randn(3 * size_t(C) * C, 5, 0.2f)), bqkv = randn(3 * size_t(C), 6),
              wfc = rounded(randn(size_t(H) * C, 7, 0.3f)), bfc = randn(size_t(H), 8), dqkv_out = randn(NC, 9),
@@ -335,16 +418,16 @@ TEST_CASE("the CPU backend's ops on BF16 activations round each FP32 result once
   const auto qkv_values = widened(qkv);
   auto att = halves(NC);
   std::vector<float> att32(NC), lse(size_t(B) * NH * T), lse32(lse.size());
-  be.attention_forward(att.data(), lse.data(), qkv.data(), nullptr, B, T, C, NH);
-  be.attention_forward(att32.data(), lse32.data(), qkv_values.data(), nullptr, B, T, C, NH);
+  be.attention_forward(att.data(), lse.data(), qkv.data(), nullptr, B, T, heads);
+  be.attention_forward(att32.data(), lse32.data(), qkv_values.data(), nullptr, B, T, heads);
   CHECK(same_bits(widened(att), rounded(att32)));
   CHECK(same_bits(lse, lse32));
   std::vector<float> dqkv(3 * NC), dqkv32(3 * NC);
   const auto att_values = widened(att);
-  be.attention_backward(dqkv.data(), dqkv_out.data(), qkv.data(), att.data(), lse.data(), nullptr, B, T, C,
-                        NH);
+  be.attention_backward(dqkv.data(), dqkv_out.data(), qkv.data(), att.data(), lse.data(), nullptr, B, T,
+                        heads);
   be.attention_backward(dqkv32.data(), dqkv_out.data(), qkv_values.data(), att_values.data(), lse.data(),
-                        nullptr, B, T, C, NH);
+                        nullptr, B, T, heads);
   CHECK(same_bits(dqkv, dqkv32));
 
   // The MLP's first product: the GELU of the pre-activation before it is rounded, then both rounded.
@@ -377,9 +460,9 @@ TEST_CASE("the CPU backend's ops on BF16 activations round each FP32 result once
   const std::vector<int32_t> seq = {0, 1, 1}, pos = {0, 0, 1};
   std::vector<float> kc(2 * 4 * size_t(C), 0.0f), vc(kc), kc32(kc), vc32(kc), dec32(3 * size_t(C));
   auto dec = halves(3 * size_t(C));
-  be.attention_decode(dec.data(), qkv.data(), kc.data(), vc.data(), seq.data(), pos.data(), 3, 4, C, NH);
+  be.attention_decode(dec.data(), qkv.data(), kc.data(), vc.data(), seq.data(), pos.data(), 3, 4, heads);
   be.attention_decode(dec32.data(), qkv_values.data(), kc32.data(), vc32.data(), seq.data(), pos.data(), 3, 4,
-                      C, NH);
+                      heads);
   CHECK(same_bits(widened(dec), rounded(dec32)));
   CHECK(same_bits(kc, kc32));
 }

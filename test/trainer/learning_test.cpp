@@ -24,7 +24,7 @@ TEST_CASE("a tiny GPT learns LICENSE far below its unigram entropy", "[trainer][
     if (c > 0) entropy -= c / double(text.size()) * std::log(c / double(text.size()));
 
   TrainSpec s;
-  s.model = {2, 96, 4, 256, 64, 64};
+  s.model = gpt2_spec(2, 96, 4, 256, 64);
   s.batch = 8;
   s.steps = 400;
   s.seed = 1;

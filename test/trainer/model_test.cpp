@@ -16,8 +16,8 @@ using forge::test::micro_batch;
 
 namespace {
 
-ModelConfig small_config() {
-  return ModelConfig{2, 32, 4, 64, 24, 24};
+ModelSpec small_config() {
+  return gpt2_spec(2, 32, 4, 64, 24);
 }
 
 std::vector<int32_t> random_tokens(size_t n, int vocab, uint32_t seed) {
@@ -39,7 +39,7 @@ double rel_diff(std::span<const float> a, std::span<const float> b) {
 }  // namespace
 
 TEST_CASE("parameter table names every tensor with its shape and shard rule", "[trainer][model]") {
-  const ModelConfig cfg = small_config();
+  const ModelSpec cfg = small_config();
   const auto table = parameter_table(cfg);
   REQUIRE(table.size() == 2 + 12 * 2 + 2);
   CHECK(table.front().name == "wte.weight");
@@ -79,7 +79,7 @@ TEST_CASE("parameter table names every tensor with its shape and shard rule", "[
 }
 
 TEST_CASE("initialization is deterministic and independent of the layout", "[trainer][model]") {
-  const ModelConfig cfg = small_config();
+  const ModelSpec cfg = small_config();
   GPT a(cfg, 1), b(cfg, 1);
   a.init(7);
   b.init(7);
@@ -132,7 +132,7 @@ TEST_CASE("global gradient clipping scales to the norm and reports the norm befo
 }
 
 TEST_CASE("AdamW decays matrices but not norms and biases", "[trainer][optim]") {
-  const ModelConfig cfg = small_config();
+  const ModelSpec cfg = small_config();
   const auto table = parameter_table(cfg);
   const size_t n = table.back().offset + table.back().numel;
   std::vector<float> w(n, 1.0f), g(n, 0.0f);
@@ -147,7 +147,7 @@ TEST_CASE("AdamW decays matrices but not norms and biases", "[trainer][optim]") 
 }
 
 TEST_CASE("accumulating micro-batches equals one large batch", "[trainer][model]") {
-  const ModelConfig cfg = small_config();
+  const ModelSpec cfg = small_config();
   const size_t T = size_t(cfg.seq_len);
   const auto tok = random_tokens(4 * T, cfg.vocab, 1), tgt = random_tokens(4 * T, cfg.vocab, 2);
   GPT big(cfg, 4), small(cfg, 2);
@@ -169,7 +169,7 @@ TEST_CASE("accumulating micro-batches equals one large batch", "[trainer][model]
 }
 
 TEST_CASE("the loss is weighted per token, and an ignored target counts nothing", "[trainer][loss]") {
-  const ModelConfig cfg = small_config();
+  const ModelSpec cfg = small_config();
   const size_t T = size_t(cfg.seq_len);
   const auto tok = random_tokens(2 * T, cfg.vocab, 6), tgt = random_tokens(2 * T, cfg.vocab, 7);
   GPT m(cfg, 2);
@@ -215,7 +215,7 @@ TEST_CASE("the loss is weighted per token, and an ignored target counts nothing"
 }
 
 TEST_CASE("packed documents do not see each other", "[trainer][model][documents]") {
-  const ModelConfig cfg = small_config();  // seq_len 24
+  const ModelSpec cfg = small_config();  // seq_len 24
   const int T = cfg.seq_len, A = 14, Bn = T - A;
   const auto a = random_tokens(size_t(A), cfg.vocab, 8), b = random_tokens(size_t(Bn), cfg.vocab, 9),
              other = random_tokens(size_t(A), cfg.vocab, 10);
@@ -251,7 +251,7 @@ TEST_CASE("packed documents do not see each other", "[trainer][model][documents]
 TEST_CASE("two packed documents train as the two run alone", "[trainer][model][documents]") {
   // What packing conversations for fine-tuning relies on: with the document mask, the loss and every
   // gradient of [a | b] in one row are the sums of a alone and b alone; without it, b's part sees a.
-  const ModelConfig cfg = small_config();  // seq_len 24
+  const ModelSpec cfg = small_config();  // seq_len 24
   const int T = cfg.seq_len, A = 10, Bn = T - A;
   const auto a = random_tokens(size_t(A) + 1, cfg.vocab, 31),
              b = random_tokens(size_t(Bn) + 1, cfg.vocab, 32), pad = random_tokens(size_t(T), cfg.vocab, 33);
@@ -298,7 +298,7 @@ TEST_CASE("two packed documents train as the two run alone", "[trainer][model][d
 }
 
 TEST_CASE("a batch in next-token form trains bit for bit as its explicit targets", "[trainer][model]") {
-  const ModelConfig cfg = small_config();
+  const ModelSpec cfg = small_config();
   const int rows = 3, T = cfg.seq_len;
   const auto windows = random_tokens(size_t(rows) * size_t(T + 1), cfg.vocab, 5);
   const MicroBatch full = forge::test::window_batch(windows, rows, T);
@@ -328,7 +328,7 @@ TEST_CASE("a batch in next-token form trains bit for bit as its explicit targets
 }
 
 TEST_CASE("bad token ids are data errors, not crashes", "[trainer][model]") {
-  const ModelConfig cfg = small_config();
+  const ModelSpec cfg = small_config();
   GPT m(cfg, 1);
   std::vector<int32_t> tok(size_t(cfg.seq_len), 1), tgt(size_t(cfg.seq_len), 1);
   tgt[3] = cfg.vocab;
@@ -345,7 +345,7 @@ TEST_CASE("bad token ids are data errors, not crashes", "[trainer][model]") {
 }
 
 TEST_CASE("BF16 storage matches FP32 within BF16 tolerance", "[trainer][bf16]") {
-  const ModelConfig cfg = small_config();
+  const ModelSpec cfg = small_config();
   const size_t n = 2 * size_t(cfg.seq_len);
   const auto tok = random_tokens(n, cfg.vocab, 4), tgt = random_tokens(n, cfg.vocab, 5);
   GPT f32(cfg, 2), b16(cfg, 2, DType::kBF16);
@@ -369,7 +369,7 @@ TEST_CASE("BF16 storage matches FP32 within BF16 tolerance", "[trainer][bf16]") 
   SECTION("and keeps the matrix products' saved inputs in 2 bytes a value") {
     // Per token and layer: ln1, ln2 (C), qkv (3C), att (C), fc_pre, fc_act (4C) = 14 C values, kept for
     // every layer in FP32 mode and as BF16 in BF16 mode, with no FP32 copy of any of them.
-    ModelConfig deep = cfg;
+    ModelSpec deep = cfg;
     deep.layers = 6;
     GPT f(deep, 2), b(deep, 2, DType::kBF16);
     const size_t saved = 14 * size_t(deep.d_model) * 2 * size_t(deep.seq_len);

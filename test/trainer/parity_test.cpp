@@ -32,12 +32,8 @@ std::string fixture_path() {
 
 TrainSpec fixture_spec(const H5Fixture& f) {
   TrainSpec s;
-  s.model.layers = int(f.attr("layers"));
-  s.model.d_model = int(f.attr("d_model"));
-  s.model.heads = int(f.attr("heads"));
-  s.model.vocab = int(f.attr("vocab"));
-  s.model.seq_len = int(f.attr("seq_len"));
-  s.model.max_positions = s.model.seq_len;
+  s.model = gpt2_spec(int(f.attr("layers")), int(f.attr("d_model")), int(f.attr("heads")),
+                      int(f.attr("vocab")), int(f.attr("seq_len")));
   s.batch = int(f.attr("batch"));
   s.microbatches = int(f.attr("microbatches"));
   s.steps = int64_t(f.attr("steps"));
@@ -231,9 +227,8 @@ namespace {
 
 // The fixture's distillation teacher (3 blocks of width 48, the student's vocabulary and positions).
 std::shared_ptr<GPT> fixture_teacher(const H5Fixture& f, const TrainSpec& spec) {
-  ModelConfig config = spec.model;
-  config.layers = int(f.attr("distill/layers"));
-  config.d_model = int(f.attr("distill/d_model"));
+  const ModelSpec config = gpt2_spec(int(f.attr("distill/layers")), int(f.attr("distill/d_model")),
+                                     spec.model.heads, spec.model.vocab, spec.model.seq_len);
   auto teacher = std::make_shared<GPT>(config, spec.batch);
   load_initial(*teacher, f, "distill/teacher/");
   return teacher;

@@ -1,14 +1,13 @@
 #include "forge/trainer/checkpoint_io.h"
 
 #include "forge/common/error.h"
+#include "forge/trainer/spec.h"
 
 #include <algorithm>
 #include <string_view>
 
 namespace forge::trainer {
 namespace {
-
-constexpr const char* kConfigFields[] = {"layers", "d_model", "heads", "vocab", "seq_len", "max_positions"};
 
 // A stretch of this rank's buffer that is a piece of a logical tensor: a hyperslab (a tensor-parallel
 // shard; the fused q|k|v weight is one hyperslab per group) or a flat range of one (a ZeRO-1 shard).
@@ -85,47 +84,103 @@ void for_each_piece(GPT& model, AdamW* optimizer, bool saving, const SaveRole& r
 
 }  // namespace
 
-Json model_config_json(const ModelConfig& c) {
-  Json j = {{"layers", c.layers}, {"d_model", c.d_model}, {"heads", c.heads},
-            {"vocab", c.vocab},   {"seq_len", c.seq_len}, {"max_positions", c.max_positions}};
-  // The architecture of an MoE model (a dense model's record is as before MoE existed); capacity and the
-  // router losses are training settings, not part of the model.
-  if (c.ffn == Ffn::kMoe) {
-    j["ffn"] = "moe";
-    j["experts"] = c.experts;
-    j["top_k"] = c.top_k;
-    j["moe_every"] = c.moe_every;
+namespace {
+
+std::string_view on_off(bool v) {
+  return v ? "on" : "off";
+}
+
+// Every architecture key of [model] (without "model.") and its value in `m`, spelled as a job spec would.
+// Capacity and the router losses are training settings, not part of the model.
+std::vector<std::pair<std::string, Json>> architecture(const ModelSpec& m) {
+  constexpr std::string_view scalings[] = {"none", "linear", "llama3", "yarn"};
+  std::vector<std::pair<std::string, Json>> out = {
+      {"layers", m.layers},
+      {"d_model", m.d_model},
+      {"heads", m.heads},
+      {"vocab", m.vocab},
+      {"seq_len", m.seq_len},
+      {"max_positions", m.max_positions},
+      {"family", family_name(m.family)},
+      {"kv_heads", m.kv_heads},
+      {"head_dim", m.head_dim},
+      {"norm", m.norm == Norm::kRmsNorm ? "rmsnorm" : "layernorm"},
+      {"norm_eps", double(m.norm_eps)},
+      {"positions", m.positions == Positions::kRotary ? "rope" : "learned"},
+      {"rope_theta", m.rope.theta},
+      {"rope_scaling", scalings[size_t(m.rope.scaling)]},
+      {"rope_factor", m.rope.factor},
+      {"rope_low_freq_factor", m.rope.low_freq_factor},
+      {"rope_high_freq_factor", m.rope.high_freq_factor},
+      {"rope_original_positions", m.rope.original_positions},
+      {"rope_beta_fast", m.rope.beta_fast},
+      {"rope_beta_slow", m.rope.beta_slow},
+      {"qkv_bias", on_off(m.qkv_bias)},
+      {"qk_norm", on_off(m.qk_norm)},
+      {"window", m.window},
+      {"linear_bias", on_off(m.linear_bias)},
+      {"activation", m.activation == Activation::kSwiglu ? "swiglu" : "gelu"},
+      {"ffn_hidden", m.ffn_hidden},
+      {"tied_embeddings", on_off(m.tied_embeddings)},
+      {"ffn", m.ffn == Ffn::kMoe ? "moe" : "dense"}};
+  if (m.ffn == Ffn::kMoe)
+    out.insert(out.end(), {{"experts", m.experts},
+                           {"top_k", m.top_k},
+                           {"moe_every", m.moe_every},
+                           {"moe_hidden", m.moe_hidden},
+                           {"router_renormalize", on_off(m.router_renormalize)},
+                           {"shared_expert_hidden", m.shared_expert_hidden}});
+  return out;
+}
+
+// The keys a GPT-2 record had before the model families: what a GPT-2 model still writes, so that its
+// checkpoints and the ones written before compare equal.
+constexpr std::string_view kGpt2Keys[] = {"layers",        "d_model", "heads",   "vocab", "seq_len",
+                                          "max_positions", "ffn",     "experts", "top_k", "moe_every"};
+
+}  // namespace
+
+Json model_spec_json(const ModelSpec& m) {
+  const auto keys = architecture(m);
+  Json j = Json::object();
+  if (m.family != Family::kGpt2) {
+    for (const auto& [key, value] : keys) j[key] = value;
+    return j;
   }
+  for (const auto& [key, value] : keys)
+    if (std::find(std::begin(kGpt2Keys), std::end(kGpt2Keys), key) != std::end(kGpt2Keys) &&
+        !(key == "ffn" && value == "dense"))
+      j[key] = value;
+  // A GPT-2 model with a slot changed from the family's records that slot too.
+  const auto as_read = architecture(model_spec_from_json(j, "model_spec_json"));
+  for (size_t i = 0; i < keys.size(); ++i)
+    if (i >= as_read.size() || keys[i] != as_read[i]) j[keys[i].first] = keys[i].second;
   return j;
 }
 
-ModelConfig model_config_from_json(const Json& j, const std::string& where) {
-  for (const char* field : kConfigFields)
-    if (!j.is_object() || !j.contains(field) || !j.at(field).is_number_integer() ||
-        j.at(field).get<int>() < 1)
-      fail(ExitCode::kData, "{}: model config lacks a positive integer '{}'", where, field);
-  ModelConfig c;
-  c.layers = j.at("layers").get<int>();
-  c.d_model = j.at("d_model").get<int>();
-  c.heads = j.at("heads").get<int>();
-  c.vocab = j.at("vocab").get<int>();
-  c.seq_len = j.at("seq_len").get<int>();
-  c.max_positions = j.at("max_positions").get<int>();
-  if (j.contains("ffn")) {
-    if (j.at("ffn") != "moe")
-      fail(ExitCode::kData, "{}: model config has ffn = {}; this build knows moe (or no ffn: dense)", where,
-           j.at("ffn").dump());
-    for (const char* field : {"experts", "top_k", "moe_every"})
-      if (!j.contains(field) || !j.at(field).is_number_integer() || j.at(field).get<int>() < 1)
-        fail(ExitCode::kData, "{}: MoE model config lacks a positive integer '{}'", where, field);
-    c.ffn = Ffn::kMoe;
-    c.experts = j.at("experts").get<int>();
-    c.top_k = j.at("top_k").get<int>();
-    c.moe_every = j.at("moe_every").get<int>();
-    if (c.top_k > c.experts || c.moe_every > c.layers)
-      fail(ExitCode::kData, "{}: MoE model config has top_k > experts or moe_every > layers", where);
+ModelSpec model_spec_from_json(const Json& j, const std::string& where) {
+  if (!j.is_object()) fail(ExitCode::kData, "{}: the model record is not a JSON object", where);
+  std::vector<std::string> overrides;
+  for (const auto& [key, value] : j.items())
+    overrides.push_back("--model." + key + "=" +
+                        (value.is_string() ? value.get<std::string>() : value.dump()));
+  // The same keys, defaults and rules as a job spec's [model] section: a record without a key (one written
+  // before the key existed) reads as a spec without it did.
+  try {
+    return model_spec(overrides);
+  } catch (const Error& e) {
+    fail(ExitCode::kData, "{}: the recorded model does not read as a model spec: {}", where, e.what());
   }
-  return c;
+}
+
+void check_model_family(const Json& record, const ModelSpec& want, const std::string& where) {
+  const ModelSpec have = model_spec_from_json(record, where);
+  if (have.family != want.family)
+    fail(ExitCode::kUsage,
+         "{} holds a {} model, but the job spec asks for model.family = {}: set model.family = {} (and its "
+         "shape), or start from a {} checkpoint",
+         where, family_name(have.family), family_name(want.family), family_name(have.family),
+         family_name(want.family));
 }
 
 std::vector<ckpt::TensorData> checkpoint_tensors(GPT& model, AdamW* optimizer, const SaveRole& role) {

@@ -1,6 +1,7 @@
 // The whole (unsplit) layers and the language-model loss. Split versions: parallel/tensor_parallel.cpp.
 #include "forge/trainer/layers.h"
 
+#include "forge/trainer/attention.h"
 #include "forge/trainer/model.h"
 
 #include <algorithm>
@@ -137,6 +138,13 @@ void TokenExchange::exchange_rows(Backend& backend, const float* in, const int64
 
 std::unique_ptr<TokenExchange> LayerFactory::token_exchange() const {
   return std::make_unique<TokenExchange>();
+}
+
+std::unique_ptr<Attention> LayerFactory::attention(Backend& backend, const AttentionSettings& settings,
+                                                   const AttentionWeights& w, int slots, int rows,
+                                                   float* dqkv, float* datt) const {
+  return std::make_unique<Attention>(backend, settings, linear(backend, w.qkv, w.qkv_bias, true),
+                                     linear(backend, w.proj, w.proj_bias, false), w, slots, rows, dqkv, datt);
 }
 
 const LayerFactory& LayerFactory::whole() {

@@ -1,14 +1,16 @@
-// The GPT's forward and backward passes over a backend's ops, and its buffers. A model object holds one
-// slice of the logical model (ModelSlice): a range of blocks, optionally the embedding and the head. How
-// its layers are split, and the collectives that go with the split, belong to the layers the factory made
-// (layers.h); this file never talks to another process.
+// The decoder's forward and backward passes over a backend's ops, and its buffers. A model object holds
+// one slice of the logical model (ModelSlice): a range of blocks, optionally the embedding and the head.
+// How its layers are split, and the collectives that go with the split, belong to the layers the factory
+// made (layers.h, attention.h); this file never talks to another process.
 #include "forge/trainer/model.h"
 
 #include "forge/common/error.h"
+#include "forge/trainer/attention.h"
 #include "forge/trainer/moe.h"
 #include "forge/trainer/trace.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 
@@ -16,27 +18,42 @@ namespace forge::trainer {
 
 namespace {
 
-// The dense MLP: fc (column-parallel when split) with its bias and GELU fused, proj (row-parallel when
-// split).
+// The dense MLP: fc with its bias and GELU fused, then proj; or (SwiGLU) gate_up, silu(gate) x up, down.
+// The first product is column-parallel when split, the second row-parallel.
 class DenseMLP final : public FeedForward {
  public:
-  DenseMLP(Backend& backend, std::unique_ptr<Linear> fc, std::unique_ptr<Linear> proj, int slots, int rows,
-           bool bf16, float* dfc)
-      : backend_(backend), fc_(std::move(fc)), proj_(std::move(proj)), dfc_(dfc) {
-    const size_t n = size_t(rows) * size_t(fc_->out_features());
+  DenseMLP(Backend& backend, std::unique_ptr<Linear> fc, std::unique_ptr<Linear> proj, bool swiglu, int slots,
+           int rows, bool bf16, float* dfc)
+      : backend_(backend), fc_(std::move(fc)), proj_(std::move(proj)), swiglu_(swiglu), dfc_(dfc) {
+    const size_t pre = size_t(rows) * size_t(fc_->out_features()), act = swiglu ? pre / 2 : pre;
     for (int s = 0; s < slots; ++s) {
-      pre_.emplace_back(backend, n, bf16);
-      act_.emplace_back(backend, n, bf16);
+      pre_.emplace_back(backend, pre, bf16);
+      act_.emplace_back(backend, act, bf16);
     }
   }
+  // The width of the activation between the products.
+  int hidden() const { return swiglu_ ? fc_->out_features() / 2 : fc_->out_features(); }
   void forward(int slot, ConstAct in, float* out, int rows) override {
-    Act act = act_[size_t(slot)].at();
-    fc_->forward_gelu(act, pre_[size_t(slot)].at(), in, rows);
+    Act act = act_[size_t(slot)].at(), pre = pre_[size_t(slot)].at();
+    if (swiglu_) {
+      fc_->forward(pre, in, rows);
+      backend_.swiglu_forward(act, pre, rows, hidden());
+    } else {
+      fc_->forward_gelu(act, pre, in, rows);
+    }
     proj_->forward(out, act, rows);
   }
   void backward(int slot, ConstAct in, const float* dout, float* din, int rows) override {
-    proj_->backward(dfc_, dout, act_[size_t(slot)].at(), rows);
-    backend_.gelu_backward(dfc_, pre_[size_t(slot)].at(), rows, fc_->out_features());
+    const ConstAct pre = pre_[size_t(slot)].at();
+    if (swiglu_) {
+      // dL/d(act) after the first rows x hidden values of the scratch, dL/d(gate | up) into its start.
+      float* dact = dfc_ + size_t(rows) * size_t(fc_->out_features());
+      proj_->backward(dact, dout, act_[size_t(slot)].at(), rows);
+      backend_.swiglu_backward(dfc_, dact, pre, rows, hidden());
+    } else {
+      proj_->backward(dfc_, dout, act_[size_t(slot)].at(), rows);
+      backend_.gelu_backward(dfc_, pre, rows, fc_->out_features());
+    }
     fc_->backward(din, dfc_, in, rows);
   }
   const float* output_bias() const override { return proj_->bias(); }
@@ -45,12 +62,89 @@ class DenseMLP final : public FeedForward {
     for (size_t s = 0; s < pre_.size(); ++s) n += pre_[s].bytes() + act_[s].bytes();
     return n;
   }
+  // Scratch the backward needs: rows x this many floats.
+  static size_t scratch_width(bool swiglu, int hidden) {
+    return swiglu ? 3 * size_t(hidden) : size_t(hidden);
+  }
 
  private:
   Backend& backend_;
   std::unique_ptr<Linear> fc_, proj_;
+  bool swiglu_;
   float* dfc_;
-  std::vector<ActBuffer> pre_, act_;  // per slot: fc output before and after the GELU
+  std::vector<ActBuffer> pre_, act_;  // per slot: the first product's output and the activation's
+};
+
+// An MoE block with a shared expert (Qwen2-MoE): out = routed(x) + sigmoid(x . w_gate) x shared(x), the
+// shared expert a dense SwiGLU MLP every token goes through. The gate's [rows] arithmetic runs on the host,
+// as the router's does (moe.h).
+class SharedExpertMoe final : public FeedForward {
+ public:
+  SharedExpertMoe(Backend& backend, std::unique_ptr<MoeLayer> routed, std::unique_ptr<DenseMLP> shared,
+                  ParamRef gate, int slots, int rows, int C)
+      : backend_(backend), routed_(std::move(routed)), shared_(std::move(shared)), gate_(gate), C_(C) {
+    const size_t N = size_t(rows), NC = N * size_t(C);
+    for (int s = 0; s < slots; ++s) {
+      shared_out_.push_back(backend.alloc<float>(NC));
+      gates_.emplace_back(N);
+    }
+    d_shared_ = backend.alloc<float>(NC);
+    d_in_ = backend.alloc<float>(NC);
+    column_ = backend.alloc<float>(N);
+    gate_dev_ = backend.alloc<float>(N);
+    std::vector<int32_t> identity(N);
+    for (size_t i = 0; i < N; ++i) identity[i] = int32_t(i);
+    identity_ = backend.alloc<int32_t>(N);
+    backend.copy_from_host(identity_.data(), identity.data(), N * sizeof(int32_t));
+  }
+  MoeLayer* routed() { return routed_.get(); }
+
+  void forward(int slot, ConstAct in, float* out, int rows) override {
+    routed_->forward(slot, in, out, rows);
+    float* shared = shared_out_[size_t(slot)].data();
+    shared_->forward(slot, in, shared, rows);
+    if (shared_->output_bias() != nullptr) backend_.add_bias(shared, shared_->output_bias(), rows, C_);
+    // g = sigmoid(x . w_gate), then out += g x shared.
+    std::vector<float>& g = gates_[size_t(slot)];
+    backend_.matmul_forward(column_.data(), in, gate_.value, nullptr, rows, C_, 1);
+    backend_.copy_to_host(g.data(), column_.data(), size_t(rows) * sizeof(float));
+    for (int t = 0; t < rows; ++t) g[size_t(t)] = 1.0f / (1.0f + std::exp(-g[size_t(t)]));
+    backend_.copy_from_host(gate_dev_.data(), g.data(), size_t(rows) * sizeof(float));
+    backend_.combine_rows(out, shared, identity_.data(), gate_dev_.data(), rows, 1, C_, true);
+  }
+  void backward(int slot, ConstAct in, const float* dout, float* din, int rows) override {
+    const std::vector<float>& g = gates_[size_t(slot)];
+    routed_->backward(slot, in, dout, din, rows);
+    // d(shared) = g x dout; dg = dout . shared, d(logit) = dg x g (1 - g).
+    backend_.copy_from_host(gate_dev_.data(), g.data(), size_t(rows) * sizeof(float));
+    backend_.combine_rows(d_shared_.data(), dout, identity_.data(), gate_dev_.data(), rows, 1, C_, false);
+    backend_.row_dots(column_.data(), dout, shared_out_[size_t(slot)].data(), identity_.data(), rows, 1, C_);
+    std::vector<float> dlogit(static_cast<size_t>(rows));
+    backend_.copy_to_host(dlogit.data(), column_.data(), size_t(rows) * sizeof(float));
+    for (int t = 0; t < rows; ++t) dlogit[size_t(t)] *= g[size_t(t)] * (1 - g[size_t(t)]);
+    backend_.copy_from_host(column_.data(), dlogit.data(), size_t(rows) * sizeof(float));
+    shared_->backward(slot, in, d_shared_.data(), d_in_.data(), rows);
+    backend_.residual_forward(din, din, d_in_.data(), nullptr, rows, C_);
+    backend_.matmul_backward(d_in_.data(), gate_.grad, nullptr, column_.data(), in, gate_.value, rows, C_, 1);
+    backend_.residual_forward(din, din, d_in_.data(), nullptr, rows, C_);
+  }
+  const float* output_bias() const override { return routed_->output_bias(); }
+  size_t activation_bytes() const override {
+    size_t n = routed_->activation_bytes() + shared_->activation_bytes();
+    for (const auto& b : shared_out_) n += b.size() * sizeof(float);
+    return n + (d_shared_.size() + d_in_.size() + 2 * column_.size()) * sizeof(float);
+  }
+
+ private:
+  Backend& backend_;
+  std::unique_ptr<MoeLayer> routed_;
+  std::unique_ptr<DenseMLP> shared_;
+  ParamRef gate_;
+  int C_;
+  std::vector<Buffer<float>> shared_out_;  // per slot: shared(x)
+  std::vector<std::vector<float>> gates_;  // per slot: g, host
+  Buffer<float> d_shared_, d_in_, column_, gate_dev_;
+  Buffer<int32_t> identity_;
 };
 
 // First position of each position's document: what attention needs of the segment ids.
@@ -64,6 +158,39 @@ void document_starts(const MicroBatch& b, std::vector<int32_t>& out) {
 
 }  // namespace
 
+// A norm slot: LayerNorm (weight, bias; statistics mean and 1 / std per row) or RMSNorm (weight; 1 / rms
+// per row), alone or fused with the residual add before it.
+struct GPT::NormSlot {
+  Norm kind = Norm::kLayerNorm;
+  float eps = 1e-5f;
+  ParamRef w, b;
+
+  static size_t stats(Norm kind) { return kind == Norm::kLayerNorm ? 2 : 1; }  // per row
+  void forward(Backend& be, Act out, float* st, const float* in, int N, int C) const {
+    if (kind == Norm::kLayerNorm)
+      be.layernorm_forward(out, st, st + N, in, w.value, b.value, N, C);
+    else
+      be.rmsnorm_forward(out, st, in, w.value, eps, N, C);
+  }
+  // res_out = res_in + delta + delta_bias; out = the norm of res_out.
+  void residual_forward(Backend& be, float* res_out, Act out, float* st, const float* res_in,
+                        const float* delta, const float* delta_bias, int N, int C) const {
+    if (kind == Norm::kLayerNorm)
+      be.residual_layernorm_forward(res_out, out, st, st + N, res_in, delta, delta_bias, w.value, b.value, N,
+                                    C);
+    else
+      be.residual_rmsnorm_forward(res_out, out, st, res_in, delta, delta_bias, w.value, eps, N, C);
+  }
+  // din += dL/din from dout = dL/d(out); the weights' gradients +=.
+  void backward(Backend& be, float* din, const float* dout, const float* in, const float* st, int N,
+                int C) const {
+    if (kind == Norm::kLayerNorm)
+      be.layernorm_backward(din, w.grad, b.grad, dout, in, w.value, st, st + N, N, C);
+    else
+      be.rmsnorm_backward(din, w.grad, dout, in, w.value, st, N, C);
+  }
+};
+
 // Buffers reused by every block and micro-batch.
 struct GPT::Workspace {
   Buffer<float> delta, dln, datt, dqkv, dfc;
@@ -75,24 +202,23 @@ struct GPT::Workspace {
   }
 };
 
-// One block of the slice: its layers and, per activation set, what its backward reads.
+// One block of the slice: its slots and, per activation set, what its backward reads.
 struct GPT::Block {
-  ParamRef ln1w, ln1b, ln2w, ln2b;
-  std::unique_ptr<Linear> qkv, proj;
+  NormSlot ln1, ln2;
+  std::unique_ptr<Attention> attn;
   std::unique_ptr<FeedForward> ffn;
   struct Acts {
     Buffer<float> res_mid;               // after the attention residual
-    Buffer<float> ln1_stats, ln2_stats;  // 2 x [N] (mean, rstd)
-    Buffer<float> lse;                   // [B, NH/tp, T]
-    ActBuffer ln1, ln2, qkv, att;        // what backward reads again: BF16 in BF16 mode
+    Buffer<float> ln1_stats, ln2_stats;  // the norms' statistics per row
+    ActBuffer ln1, ln2;                  // the norms' outputs: BF16 in BF16 mode
   };
   std::vector<Acts> acts;
 
   size_t bytes() const {
-    size_t n = ffn->activation_bytes();
+    size_t n = ffn->activation_bytes() + attn->activation_bytes();
     for (const Acts& a : acts) {
-      for (const auto* v : {&a.res_mid, &a.ln1_stats, &a.ln2_stats, &a.lse}) n += v->size() * sizeof(float);
-      for (const auto* v : {&a.ln1, &a.ln2, &a.qkv, &a.att}) n += v->bytes();
+      for (const auto* v : {&a.res_mid, &a.ln1_stats, &a.ln2_stats}) n += v->size() * sizeof(float);
+      for (const auto* v : {&a.ln1, &a.ln2}) n += v->bytes();
     }
     return n;
   }
@@ -120,7 +246,7 @@ struct GPT::Slot {
   }
 };
 
-GPT::GPT(const ModelConfig& config, int batch, DType dtype, const ModelSlice& slice, int slots,
+GPT::GPT(const ModelSpec& config, int batch, DType dtype, const ModelSlice& slice, int slots,
          Backend& backend, const LayerFactory& layers, size_t flat_multiple, std::shared_ptr<const Loss> loss)
     : config_(config),
       slice_(slice),
@@ -133,8 +259,8 @@ GPT::GPT(const ModelConfig& config, int batch, DType dtype, const ModelSlice& sl
   if (batch < 1) throw std::invalid_argument("GPT: batch must be >= 1");
   if (slots < 1) throw std::invalid_argument("GPT: slots must be >= 1");
   const int tps = slice_.tp_size;
-  if (config.heads % tps != 0)
-    throw std::invalid_argument("GPT: heads must divide by the tensor-parallel size");
+  if (config.heads % tps != 0 || config.kv_heads % tps != 0)
+    throw std::invalid_argument("GPT: heads and kv_heads must divide by the tensor-parallel size");
   layers_ = slice_.last_layer - slice_.first_layer;
   const ParamInfo& last = params_.back();
   const size_t m = std::max<size_t>(flat_multiple, 1);
@@ -144,71 +270,103 @@ GPT::GPT(const ModelConfig& config, int batch, DType dtype, const ModelSlice& sl
   const bool bf16 = dtype_ == DType::kBF16;
   if (bf16) work_ = backend.alloc<float>(flat);
 
-  const size_t L = size_t(layers_), C = size_t(config.d_model), N = size_t(rows()), Cl = C / size_t(tps);
+  // This rank's heads: tensor parallelism splits the query heads and the key/value heads alike.
+  AttentionSettings attention{
+      config.attention(), config.positions == Positions::kRotary, {}, config.qk_norm, config.norm_eps, bf16};
+  attention.shape.heads /= tps;
+  attention.shape.kv_heads /= tps;
+  if (attention.rotary) attention.rope = rope_table(config.rope, config.head_dim);
+  const bool swiglu = config.activation == Activation::kSwiglu;
+  const int ffn_width = int(DenseMLP::scratch_width(swiglu, config.ffn_hidden / tps));
+  const int shared_width = int(DenseMLP::scratch_width(swiglu, config.shared_expert_hidden / tps));
+  const size_t L = size_t(layers_), C = size_t(config.d_model), N = size_t(rows());
+  const size_t stats = NormSlot::stats(config.norm) * N;
   ws_ = std::make_unique<Workspace>();
   Workspace& w = *ws_;
   w.delta = backend.alloc<float>(N * C);
   w.dln = backend.alloc<float>(N * C);
-  w.datt = backend.alloc<float>(N * Cl);
-  w.dqkv = backend.alloc<float>(N * 3 * Cl);
-  w.dfc = backend.alloc<float>(N * 4 * Cl);
+  w.datt = backend.alloc<float>(N * size_t(attention.shape.q_width()));
+  w.dqkv = backend.alloc<float>(N * size_t(attention.shape.qkv_width()));
+  w.dfc = backend.alloc<float>(N * size_t(std::max(ffn_width, shared_width)));
 
   for (int s = 0; s < slots; ++s) {
     auto slot = std::make_unique<Slot>();
     slot->res = backend.alloc<float>((L + 1) * N * C);
     if (slice_.head) {
       slot->lnf = backend.alloc<float>(N * C);
-      slot->lnf_stats = backend.alloc<float>(2 * N);
+      slot->lnf_stats = backend.alloc<float>(stats);
       slot->dlnf = backend.alloc<float>(N * C);
     }
     slot->dres = backend.alloc<float>(N * C);
     slots_.push_back(std::move(slot));
   }
+  const auto norm = [&](const std::string& name) {
+    const bool layernorm = config.norm == Norm::kLayerNorm;
+    return NormSlot{config.norm, config.norm_eps, ref(name + ".weight"),
+                    layernorm ? ref(name + ".bias") : ParamRef{}};
+  };
+  const auto dense = [&](const std::string& name) {
+    const std::string fc = swiglu ? "gate_up" : "fc", proj = swiglu ? "down" : "proj";
+    return std::make_unique<DenseMLP>(
+        backend, layers.linear(backend, ref(name + fc + ".weight"), optional_ref(name + fc + ".bias"), false),
+        layers.linear(backend, ref(name + proj + ".weight"), optional_ref(name + proj + ".bias"), false),
+        swiglu, slots, int(N), bf16, w.dfc.data());
+  };
   for (int l = slice_.first_layer; l < slice_.last_layer; ++l) {
     const std::string b = "blocks." + std::to_string(l) + ".";
     auto block = std::make_unique<Block>();
-    block->ln1w = ref(b + "ln1.weight");
-    block->ln1b = ref(b + "ln1.bias");
-    block->ln2w = ref(b + "ln2.weight");
-    block->ln2b = ref(b + "ln2.bias");
-    block->qkv = layers.linear(backend, ref(b + "attn.qkv.weight"), ref(b + "attn.qkv.bias"), true);
-    block->proj = layers.linear(backend, ref(b + "attn.proj.weight"), ref(b + "attn.proj.bias"), false);
+    block->ln1 = norm(b + "ln1");
+    block->ln2 = norm(b + "ln2");
+    AttentionWeights aw;
+    if (config.fused_qkv()) {
+      aw.qkv = ref(b + "attn.qkv.weight");
+      aw.qkv_bias = optional_ref(b + "attn.qkv.bias");
+    } else {
+      aw.qkv = fused_ref({b + "attn.q.weight", b + "attn.k.weight", b + "attn.v.weight"});
+      if (config.qkv_bias) aw.qkv_bias = fused_ref({b + "attn.q.bias", b + "attn.k.bias", b + "attn.v.bias"});
+    }
+    aw.q_norm = optional_ref(b + "attn.q_norm.weight");
+    aw.k_norm = optional_ref(b + "attn.k_norm.weight");
+    aw.proj = ref(b + "attn.proj.weight");
+    aw.proj_bias = optional_ref(b + "attn.proj.bias");
+    block->attn = layers.attention(backend, attention, aw, slots, int(N), w.dqkv.data(), w.datt.data());
     if (config.moe_block(l)) {
-      const MoeSettings moe{config.experts,         config.top_k,         config.capacity_factor,
-                            config.router_aux_coef, config.router_z_coef, bf16};
+      MoeSettings moe{config.experts,         config.top_k,         config.capacity_factor,
+                      config.router_aux_coef, config.router_z_coef, bf16};
+      moe.swiglu = swiglu;
+      moe.renormalize = config.router_renormalize;
       // The router computes in FP32: its master weights, also in BF16 mode.
       const ParamInfo& router = param(b + "moe.router.weight");
+      const std::string fc = swiglu ? "moe.gate_up" : "moe.fc", proj = swiglu ? "moe.down" : "moe.proj";
       auto layer = std::make_unique<MoeLayer>(
           backend, moe, l, ParamRef{&router, weights_.data() + router.offset, grads_.data() + router.offset},
-          ref(b + "moe.fc.weight"), ref(b + "moe.fc.bias"), ref(b + "moe.proj.weight"),
-          ref(b + "moe.proj.bias"), layers.token_exchange(), slots, int(N));
+          ref(b + fc + ".weight"), optional_ref(b + fc + ".bias"), ref(b + proj + ".weight"),
+          optional_ref(b + proj + ".bias"), layers.token_exchange(), slots, int(N));
       moe_layers_.push_back(layer.get());
-      block->ffn = std::move(layer);
+      if (config.shared_expert_hidden > 0)
+        block->ffn = std::make_unique<SharedExpertMoe>(backend, std::move(layer), dense(b + "moe.shared."),
+                                                       ref(b + "moe.shared_gate.weight"), slots, int(N),
+                                                       config.d_model);
+      else
+        block->ffn = std::move(layer);
     } else {
-      block->ffn = std::make_unique<DenseMLP>(
-          backend, layers.linear(backend, ref(b + "mlp.fc.weight"), ref(b + "mlp.fc.bias"), false),
-          layers.linear(backend, ref(b + "mlp.proj.weight"), ref(b + "mlp.proj.bias"), false), slots, int(N),
-          bf16, w.dfc.data());
+      block->ffn = dense(b + "mlp.");
     }
     for (int s = 0; s < slots; ++s) {
       Block::Acts a;
       a.res_mid = backend.alloc<float>(N * C);
-      a.ln1_stats = backend.alloc<float>(2 * N);
-      a.ln2_stats = backend.alloc<float>(2 * N);
-      a.lse = backend.alloc<float>(N * size_t(config.heads / tps));
+      a.ln1_stats = backend.alloc<float>(stats);
+      a.ln2_stats = backend.alloc<float>(stats);
       a.ln1 = ActBuffer(backend, N * C, bf16);
       a.ln2 = ActBuffer(backend, N * C, bf16);
-      a.qkv = ActBuffer(backend, N * 3 * Cl, bf16);
-      a.att = ActBuffer(backend, N * Cl, bf16);
       block->acts.push_back(std::move(a));
     }
     blocks_.push_back(std::move(block));
   }
-  if (slice_.embedding) embedding_ = layers.embedding(backend, ref("wte.weight"), ref("wpe.weight"));
+  if (slice_.embedding) embedding_ = layers.embedding(backend, ref("wte.weight"), optional_ref("wpe.weight"));
   if (slice_.head) {
-    classifier_ = layers.classifier(backend, ref("wte.weight"));
-    lnf_w_ = ref("lnf.weight");
-    lnf_b_ = ref("lnf.bias");
+    classifier_ = layers.classifier(backend, ref(classifier_weight()));
+    lnf_ = std::make_unique<NormSlot>(norm("lnf"));
   }
 }
 
@@ -218,6 +376,36 @@ ParamRef GPT::ref(const std::string& name) {
   const ParamInfo& p = param(name);
   const float* values = (dtype_ == DType::kBF16 ? work_.data() : weights_.data()) + p.offset;
   return {&p, values, grads_.data() + p.offset};
+}
+
+ParamRef GPT::optional_ref(const std::string& name) {
+  for (const auto& p : params_)
+    if (p.name == name) return ref(name);
+  return {};
+}
+
+ParamRef GPT::fused_ref(const std::vector<std::string>& names) {
+  // The parameter table stores them back to back (params.cpp): one [sum of rows, ...] tensor.
+  const ParamInfo& first = param(names.front());
+  ParamInfo view = first;
+  view.name = first.name + " (fused)";
+  size_t end = first.offset + first.numel;
+  for (size_t i = 1; i < names.size(); ++i) {
+    const ParamInfo& p = param(names[i]);
+    if (p.offset != end) throw std::logic_error("GPT: " + p.name + " does not follow " + names[i - 1]);
+    end += p.numel;
+    view.shape[0] += p.shape[0];
+    view.local_shape[0] += p.local_shape[0];
+  }
+  view.numel = end - first.offset;
+  views_.push_back(std::move(view));
+  ParamRef r = ref(names.front());
+  r.info = &views_.back();
+  return r;
+}
+
+std::string GPT::classifier_weight() const {
+  return config_.tied_embeddings ? "wte.weight" : "head.weight";
 }
 
 const ParamInfo& GPT::param(const std::string& name) const {
@@ -323,8 +511,7 @@ LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input,
   s.batch.doc_start = place(s.doc_start, s.doc_start_host);
   s.batch.host = &batch;
 
-  const int B = batch_, T = config_.seq_len, Cl = config_.d_model / slice_.tp_size;
-  const int NHl = config_.heads / slice_.tp_size;
+  const int B = batch_, T = config_.seq_len;
   if (before_weights) before_weights(-1);
   if (slice_.embedding) {
     TraceSpan span("forward embedding", "compute");
@@ -334,8 +521,8 @@ LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input,
   }
   run_blocks(
       slot, B * T,
-      [&](int, Act att, float* lse, ConstAct qkv) {
-        backend_.attention_forward(att, lse, qkv, s.batch.doc_start, B, T, Cl, NHl);
+      [&](int l, ConstAct in, float* out) {
+        blocks_[size_t(l)]->attn->forward(slot, in, out, s.batch, B, T);
       },
       before_weights);
   if (!slice_.head) return {};
@@ -346,7 +533,7 @@ LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input,
   return {loss, loss_->weight(batch)};
 }
 
-void GPT::run_blocks(int slot, int N, const std::function<void(int, Act, float*, ConstAct)>& attend,
+void GPT::run_blocks(int slot, int N, const std::function<void(int, ConstAct, float*)>& attention,
                      const std::function<void(int)>& before_weights) {
   Slot& s = *slots_.at(size_t(slot));
   Workspace& w = *ws_;
@@ -365,27 +552,23 @@ void GPT::run_blocks(int slot, int N, const std::function<void(int, Act, float*,
     Block::Acts& a = k.acts[size_t(slot)];
     float* x = s.res.data() + l * NC;
     need(l);
-    float* ln1s = a.ln1_stats.data();
-    float* ln2s = a.ln2_stats.data();
-    if (l == 0) backend_.layernorm_forward(a.ln1.at(), ln1s, ln1s + N, x, k.ln1w.value, k.ln1b.value, N, C);
-    k.qkv->forward(a.qkv.at(), a.ln1.at(), N);
-    attend(l, a.att.at(), a.lse.data(), a.qkv.at());
-    k.proj->forward(w.delta.data(), a.att.at(), N);
-    backend_.residual_layernorm_forward(a.res_mid.data(), a.ln2.at(), ln2s, ln2s + N, x, w.delta.data(),
-                                        k.proj->bias(), k.ln2w.value, k.ln2b.value, N, C);
+    if (l == 0) k.ln1.forward(backend_, a.ln1.at(), a.ln1_stats.data(), x, N, C);
+    attention(l, a.ln1.at(), w.delta.data());
+    k.ln2.residual_forward(backend_, a.res_mid.data(), a.ln2.at(), a.ln2_stats.data(), x, w.delta.data(),
+                           k.attn->output_bias(), N, C);
     k.ffn->forward(slot, a.ln2.at(), w.delta.data(), N);
-    // The next LayerNorm (the next block's ln1, or lnf) is fused with this residual add; a stage's last
-    // block without the head hands the plain stream to the next stage, which owns that LayerNorm.
+    // The next norm (the next block's ln1, or lnf) is fused with this residual add; a stage's last block
+    // without the head hands the plain stream to the next stage, which owns that norm.
     if (l + 1 < L || slice_.head) {
       const bool last = l + 1 == L;
-      need(l + 1);  // its LayerNorm: the next block's, or the final one (layer config.layers)
+      need(l + 1);  // its norm: the next block's, or the final one (layer config.layers)
       Block* next = last ? nullptr : blocks_[size_t(l) + 1].get();
       Block::Acts* na = last ? nullptr : &next->acts[size_t(slot)];
       const Act ln_next = last ? Act(s.lnf.data()) : na->ln1.at();
       float* stats_next = last ? s.lnf_stats.data() : na->ln1_stats.data();
-      backend_.residual_layernorm_forward(
-          x + NC, ln_next, stats_next, stats_next + N, a.res_mid.data(), w.delta.data(), k.ffn->output_bias(),
-          last ? lnf_w_.value : next->ln1w.value, last ? lnf_b_.value : next->ln1b.value, N, C);
+      (last ? *lnf_ : next->ln1)
+          .residual_forward(backend_, x + NC, ln_next, stats_next, a.res_mid.data(), w.delta.data(),
+                            k.ffn->output_bias(), N, C);
       if (last && bf16) backend_.round_to_bf16(s.lnf.data(), s.lnf.data(), size_t(NC));
     } else {
       backend_.residual_forward(x + NC, a.res_mid.data(), w.delta.data(), k.ffn->output_bias(), N, C);
@@ -393,8 +576,7 @@ void GPT::run_blocks(int slot, int N, const std::function<void(int, Act, float*,
   }
   if (slice_.head && L == 0) {
     need(0);
-    backend_.layernorm_forward(s.lnf.data(), s.lnf_stats.data(), s.lnf_stats.data() + N, s.res.data(),
-                               lnf_w_.value, lnf_b_.value, N, C);
+    lnf_->forward(backend_, s.lnf.data(), s.lnf_stats.data(), s.res.data(), N, C);
     if (bf16) backend_.round_to_bf16(s.lnf.data(), s.lnf.data(), size_t(NC));
   }
 }
@@ -408,7 +590,6 @@ void GPT::backward(int slot, const float* d_output, const std::function<void(int
   Slot& s = *slots_.at(size_t(slot));
   Workspace& w = *ws_;
   const int B = batch_, T = config_.seq_len, C = config_.d_model, L = layers_;
-  const int Cl = C / slice_.tp_size, NHl = config_.heads / slice_.tp_size;
   const int N = B * T;
   const int64_t NC = int64_t(N) * C;
   float* dres = s.dres.data();
@@ -419,8 +600,7 @@ void GPT::backward(int slot, const float* d_output, const std::function<void(int
     TraceSpan span("backward head", "compute");
     backend_.fill(dres, 0.0f, size_t(NC));
     // s.dlnf holds dL/d(lnf output) from the classifier.
-    backend_.layernorm_backward(dres, lnf_w_.grad, lnf_b_.grad, s.dlnf.data(), s.res.data() + L * NC,
-                                lnf_w_.value, s.lnf_stats.data(), s.lnf_stats.data() + N, N, C);
+    lnf_->backward(backend_, dres, s.dlnf.data(), s.res.data() + L * NC, s.lnf_stats.data(), N, C);
     done(config_.layers);
   } else {
     backend_.copy(dres, d_output, sizeof(float) * size_t(NC));
@@ -430,20 +610,12 @@ void GPT::backward(int slot, const float* d_output, const std::function<void(int
     Block& k = *blocks_[size_t(l)];
     Block::Acts& a = k.acts[size_t(slot)];
     const float* x = s.res.data() + l * NC;
-    const ConstAct ln1 = a.ln1.at(), qkv = a.qkv.at(), att = a.att.at(), ln2 = a.ln2.at();
-    const float* ln1s = a.ln1_stats.data();
-    const float* ln2s = a.ln2_stats.data();
-    // dres = dL/d(block output) = dL/d(FFN output): FFN backward, then its LayerNorm.
-    k.ffn->backward(slot, ln2, dres, w.dln.data(), N);
-    backend_.layernorm_backward(dres, k.ln2w.grad, k.ln2b.grad, w.dln.data(), a.res_mid.data(), k.ln2w.value,
-                                ln2s, ln2s + N, N, C);
-    // dres = dL/d(res_mid): attention backward.
-    k.proj->backward(w.datt.data(), dres, att, N);
-    backend_.attention_backward(w.dqkv.data(), w.datt.data(), qkv, att, a.lse.data(), s.batch.doc_start, B, T,
-                                Cl, NHl);
-    k.qkv->backward(w.dln.data(), w.dqkv.data(), ln1, N);
-    backend_.layernorm_backward(dres, k.ln1w.grad, k.ln1b.grad, w.dln.data(), x, k.ln1w.value, ln1s, ln1s + N,
-                                N, C);
+    // dres = dL/d(block output) = dL/d(FFN output): FFN backward, then its norm.
+    k.ffn->backward(slot, a.ln2.at(), dres, w.dln.data(), N);
+    k.ln2.backward(backend_, dres, w.dln.data(), a.res_mid.data(), a.ln2_stats.data(), N, C);
+    // dres = dL/d(res_mid): attention backward, then its norm.
+    k.attn->backward(slot, a.ln1.at(), dres, w.dln.data(), s.batch, B, T);
+    k.ln1.backward(backend_, dres, w.dln.data(), x, a.ln1_stats.data(), N, C);
     done(slice_.first_layer + l);
   }
   if (slice_.embedding) {
@@ -491,10 +663,12 @@ void GPT::forward_logits(const MicroBatch& batch, std::span<float> logits) {
 }
 
 KvCache::KvCache(GPT& model, int sequences, int max_len) : sequences_(sequences), max_len_(max_len) {
-  const ModelConfig& c = model.config();
+  const ModelSpec& c = model.config();
   if (sequences < 1 || max_len < 1 || max_len > c.max_positions)
     throw std::invalid_argument("KvCache: needs >= 1 sequence and 1 to max_positions positions");
-  const size_t n = size_t(sequences) * size_t(max_len) * size_t(c.d_model);
+  // The key and value heads of every position: kv_heads of them (a grouped-query model's cache is
+  // heads / kv_heads times smaller).
+  const size_t n = size_t(sequences) * size_t(max_len) * size_t(c.kv_heads) * size_t(c.head_dim);
   for (int l = model.slice().first_layer; l < model.slice().last_layer; ++l) {
     keys_.push_back(model.backend().alloc<float>(n));
     values_.push_back(model.backend().alloc<float>(n));
@@ -537,9 +711,9 @@ void GPT::decode(KvCache& cache, std::span<const DecodeRow> rows, std::span<cons
   }
   // A row's position is both the position embedding's row and its place in the cache.
   embedding_->forward(s.res.data(), host, host + N, 1, N);
-  run_blocks(0, N, [&](int l, Act att, float*, ConstAct qkv) {
-    backend_.attention_decode(att, qkv, cache.keys_[size_t(l)].data(), cache.values_[size_t(l)].data(),
-                              host + 2 * N, host + N, N, cache.max_len(), C, config_.heads);
+  run_blocks(0, N, [&](int l, ConstAct in, float* out) {
+    blocks_[size_t(l)]->attn->decode(in, out, cache.keys_[size_t(l)].data(), cache.values_[size_t(l)].data(),
+                                     host + 2 * N, host + N, N, cache.max_len());
   });
   // The classifier of the rows asked for: gathered next to each other, one product.
   const int M = int(logit_rows.size());
@@ -549,7 +723,7 @@ void GPT::decode(KvCache& cache, std::span<const DecodeRow> rows, std::span<cons
     if (r < 0 || r >= N) throw std::invalid_argument("GPT::decode: a logit row outside the rows");
     backend_.copy(gathered + int64_t(i) * C, s.lnf.data() + int64_t(r) * C, sizeof(float) * size_t(C));
   }
-  const ParamRef wte = ref("wte.weight");
+  const ParamRef wte = ref(classifier_weight());
   if (backend_.host_memory()) {
     backend_.matmul_forward(logits.data(), gathered, wte.value, nullptr, M, C, V);
   } else {
@@ -570,7 +744,7 @@ void GPT::feature_logits(float* out, int row0, int rows, int vocab_begin, int V)
       vocab_begin + V > config_.vocab)
     throw std::invalid_argument("GPT::feature_logits: positions or columns outside the whole model");
   const int C = config_.d_model;
-  const ParamRef wte = ref("wte.weight");
+  const ParamRef wte = ref(classifier_weight());
   // The classifier's product (Classifier::forward_backward), on the columns asked for.
   backend_.matmul_forward(out, slots_[0]->lnf.data() + int64_t(row0) * C,
                           wte.value + int64_t(vocab_begin) * C, nullptr, rows, C, V);

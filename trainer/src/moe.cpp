@@ -31,6 +31,12 @@ void reserve(Backend& backend, ActBuffer& buffer, size_t n, bool bf16) {
   if (buffer.size() < n) buffer = ActBuffer(backend, std::max(n, buffer.size() + buffer.size() / 4), bf16);
 }
 
+// Expert e's part of a parameter (`n` values each), or null for a missing one (no bias).
+template <typename T>
+T* part(T* p, int e, int64_t n) {
+  return p != nullptr ? p + e * n : nullptr;
+}
+
 }  // namespace
 
 struct MoeLayer::Slot {
@@ -47,7 +53,9 @@ struct MoeLayer::Slot {
   Buffer<int32_t> row_d, send_token_d, expert_major_d, source_d;
   Buffer<float> send_gate_d, gate_d;
   Buffer<float> x, y;  // expert-major [R, C]; y: sent order [A, C]
-  ActBuffer pre, act;  // expert-major [R, H]: what the proj product and GELU's backward read again
+  // Expert-major, what the second product and the activation's backward read again: pre [R, H] (GELU) or
+  // [R, 2H] (SwiGLU's gate | up), act [R, H].
+  ActBuffer pre, act;
 
   size_t bytes() const {
     size_t n = pre.bytes() + act.bytes();
@@ -58,14 +66,15 @@ struct MoeLayer::Slot {
   }
 };
 
-// Scratch shared by the slots: rows in flight ([rows, C] each), the experts' activation gradient.
+// Scratch shared by the slots: rows in flight ([rows, C] each), the experts' activation gradient, and
+// (SwiGLU) that of the gate | up product.
 struct MoeLayer::Work {
-  Buffer<float> logits, a, b, c, dact;
+  Buffer<float> logits, a, b, c, dact, dpre;
   std::vector<float> dlogits, dgate;
 
   size_t bytes() const {
     size_t n = 0;
-    for (const auto* v : {&logits, &a, &b, &c, &dact}) n += v->size() * sizeof(float);
+    for (const auto* v : {&logits, &a, &b, &c, &dact, &dpre}) n += v->size() * sizeof(float);
     return n;
   }
 };
@@ -89,23 +98,32 @@ MoeLayer::MoeLayer(Backend& backend, const MoeSettings& settings, int layer, Par
     throw std::invalid_argument("MoeLayer: the experts do not split over the exchange's ranks");
   local_experts_ = E / exchange_->size();
   C_ = int(router.info->shape[1]);
-  H_ = int(fc_weight.info->shape[1]);
-  if (fc_weight.info->local_shape[0] != local_experts_)
+  fc_width_ = int(fc_weight.info->shape[1]);
+  if (settings.swiglu && fc_width_ % 2 != 0)
+    throw std::invalid_argument("MoeLayer: the SwiGLU experts' gate_up weight needs 2 x hidden rows");
+  H_ = settings.swiglu ? fc_width_ / 2 : fc_width_;
+  if (fc_weight.info->local_shape[0] != local_experts_ || proj_weight.info->local_shape[0] != local_experts_)
     throw std::invalid_argument("MoeLayer: the expert weights are not this rank's share of the experts");
+  if (proj_weight.info->shape[1] != C_ || proj_weight.info->shape[2] != H_)
+    throw std::invalid_argument("MoeLayer: the experts' second weight is not [experts, C, hidden]");
   // Buffers for balanced routing (every rank receives as many rows as it sends), so the memory plan sees
   // them from the start; they grow when a rank's experts receive more.
   const size_t rows_k = size_t(rows) * size_t(settings.top_k);
   for (int s = 0; s < slots; ++s) {
     auto slot = std::make_unique<Slot>();
     for (auto* b : {&slot->x, &slot->y}) reserve(backend, *b, rows_k * size_t(C_));
-    for (auto* b : {&slot->pre, &slot->act}) reserve(backend, *b, rows_k * size_t(H_), settings.bf16);
+    reserve(backend, slot->pre, rows_k * size_t(fc_width_), settings.bf16);
+    reserve(backend, slot->act, rows_k * size_t(H_), settings.bf16);
     slots_.push_back(std::move(slot));
   }
   work_ = std::make_unique<Work>();
   work_->logits = backend.alloc<float>(size_t(rows) * size_t(E));
   for (auto* b : {&work_->a, &work_->b, &work_->c}) reserve(backend, *b, rows_k * size_t(C_));
   reserve(backend, work_->dact, rows_k * size_t(H_));
-  zero_bias_ = backend.alloc<float>(size_t(C_));
+  if (settings.swiglu) reserve(backend, work_->dpre, rows_k * size_t(fc_width_));
+  // The output's zero bias; without fc biases, GELU's fused bias add takes its first H zeros.
+  const bool zero_fc_bias = !settings.swiglu && fc_bias.value == nullptr;
+  zero_bias_ = backend.alloc<float>(size_t(zero_fc_bias ? std::max(C_, H_) : C_));
   stats_.tokens.assign(size_t(E), 0.0);
 }
 
@@ -176,6 +194,12 @@ void MoeLayer::route(Slot& s, ConstAct in, int N) {
       r.expert[size_t(t) * k + size_t(j)] = best;
       r.gate[size_t(t) * k + size_t(j)] = p[best];
       routed[size_t(best)] += 1;
+    }
+    if (settings_.renormalize) {
+      float* g = r.gate.data() + size_t(t) * k;
+      double sum_k = 0;
+      for (int j = 0; j < k; ++j) sum_k += g[j];
+      for (int j = 0; j < k; ++j) g[j] = float(g[j] / sum_k);
     }
   }
   // Capacity: first choices before second ones, each in token order.
@@ -275,7 +299,7 @@ const T* place(Backend& backend, Buffer<T>& buffer, const std::vector<T>& host) 
 void MoeLayer::forward(int slot, ConstAct in, float* out, int rows) {
   Slot& s = *slots_.at(size_t(slot));
   Work& w = *work_;
-  const int k = settings_.top_k, C = C_, H = H_;
+  const int k = settings_.top_k, C = C_, H = H_, F = fc_width_;
   {
     TraceSpan span("router", "compute", layer_);
     route(s, in, rows);
@@ -291,7 +315,8 @@ void MoeLayer::forward(int slot, ConstAct in, float* out, int rows) {
   float* a = reserve(backend_, w.a, most * C);
   float* b = reserve(backend_, w.b, most * C);
   float* x = reserve(backend_, s.x, size_t(std::max(s.R, 1)) * C);
-  for (auto* b : {&s.pre, &s.act}) reserve(backend_, *b, size_t(std::max(s.R, 1)) * H, settings_.bf16);
+  reserve(backend_, s.pre, size_t(std::max(s.R, 1)) * F, settings_.bf16);
+  reserve(backend_, s.act, size_t(std::max(s.R, 1)) * H, settings_.bf16);
   float* y = reserve(backend_, s.y, size_t(std::max(s.A, 1)) * C);
   // Dispatch: the kept assignments' rows to their experts, regrouped by expert.
   backend_.gather_rows(exchanged ? a : x, in, token, nullptr, s.A, C);
@@ -306,12 +331,17 @@ void MoeLayer::forward(int slot, ConstAct in, float* out, int rows) {
     for (int e = 0; e < local_experts_; ++e) {
       const int r0 = s.expert_begin[size_t(e)], n = s.expert_begin[size_t(e) + 1] - r0;
       if (n == 0) continue;
-      const Act act = s.act.at(size_t(r0) * H);
-      backend_.matmul_bias_gelu_forward(act, s.pre.at(size_t(r0) * H), x + int64_t(r0) * C,
-                                        fc_w_.value + int64_t(e) * H * C, fc_b_.value + int64_t(e) * H, n, C,
-                                        H);
+      const Act act = s.act.at(size_t(r0) * H), pre = s.pre.at(size_t(r0) * F);
+      const float* fc_w = fc_w_.value + int64_t(e) * F * C;
+      if (settings_.swiglu) {
+        backend_.matmul_forward(pre, x + int64_t(r0) * C, fc_w, part(fc_b_.value, e, F), n, C, F);
+        backend_.swiglu_forward(act, pre, n, H);
+      } else {
+        const float* fc_b = fc_b_.value != nullptr ? fc_b_.value + int64_t(e) * H : zero_bias_.data();
+        backend_.matmul_bias_gelu_forward(act, pre, x + int64_t(r0) * C, fc_w, fc_b, n, C, H);
+      }
       backend_.matmul_forward(ye + int64_t(r0) * C, act, proj_w_.value + int64_t(e) * C * H,
-                              proj_b_.value + int64_t(e) * C, n, H, C);
+                              part(proj_b_.value, e, C), n, H, C);
     }
   }
   // Combine: the outputs back to their tokens' ranks, in sent order, weighted by the gates.
@@ -349,9 +379,20 @@ void MoeLayer::backward(int slot, ConstAct in, const float* dout, float* din, in
     for (int t = 0; t < N; ++t) {
       const float* p = s.probs.data() + int64_t(t) * E;
       for (int e = 0; e < E; ++e) dp[size_t(e)] = aux_scale * s.routed_share[size_t(e)];
-      for (int j = 0; j < k; ++j) {
-        const size_t a = size_t(t) * k + size_t(j);
-        if (s.routing.row[a] >= 0) dp[size_t(s.routing.expert[a])] += w.dgate[a];
+      if (settings_.renormalize) {
+        // gate_j = p_j / S, S = sum of the k chosen p: dL/dp_i = (dL/dgate_i - sum_j gate_j dL/dgate_j) / S
+        // for every chosen i (a dropped one has dL/dgate 0 but is in S).
+        const int32_t* chosen = s.routing.expert.data() + size_t(t) * k;
+        const float* dg = w.dgate.data() + size_t(t) * k;
+        double sum_k = 0, gdg = 0;
+        for (int j = 0; j < k; ++j) sum_k += p[chosen[j]];
+        for (int j = 0; j < k; ++j) gdg += p[chosen[j]] / sum_k * dg[j];
+        for (int j = 0; j < k; ++j) dp[size_t(chosen[j])] += (dg[j] - gdg) / sum_k;
+      } else {
+        for (int j = 0; j < k; ++j) {
+          const size_t a = size_t(t) * k + size_t(j);
+          if (s.routing.row[a] >= 0) dp[size_t(s.routing.expert[a])] += w.dgate[a];
+        }
       }
       double dot = 0;
       for (int e = 0; e < E; ++e) dot += p[e] * dp[size_t(e)];
@@ -387,19 +428,23 @@ void MoeLayer::backward(int slot, ConstAct in, const float* dout, float* din, in
 
 void MoeLayer::expert_backward(Slot& s, const float* dy, float* dx) {
   TraceSpan span("experts backward", "compute", layer_);
-  const int C = C_, H = H_;
+  const int C = C_, H = H_, F = fc_width_;
   float* dact = reserve(backend_, work_->dact, size_t(std::max(s.R, 1)) * H);
+  float* dpre = settings_.swiglu ? reserve(backend_, work_->dpre, size_t(std::max(s.R, 1)) * F) : dact;
   for (int e = 0; e < local_experts_; ++e) {
     const int r0 = s.expert_begin[size_t(e)], n = s.expert_begin[size_t(e) + 1] - r0;
     if (n == 0) continue;
     float* da = dact + int64_t(r0) * H;
-    backend_.matmul_backward(da, proj_w_.grad + int64_t(e) * C * H, proj_b_.grad + int64_t(e) * C,
+    backend_.matmul_backward(da, proj_w_.grad + int64_t(e) * C * H, part(proj_b_.grad, e, C),
                              dy + int64_t(r0) * C, s.act.at(size_t(r0) * H),
                              proj_w_.value + int64_t(e) * C * H, n, H, C);
-    backend_.gelu_backward(da, s.pre.at(size_t(r0) * H), n, H);
-    backend_.matmul_backward(dx + int64_t(r0) * C, fc_w_.grad + int64_t(e) * H * C,
-                             fc_b_.grad + int64_t(e) * H, da, s.x.data() + int64_t(r0) * C,
-                             fc_w_.value + int64_t(e) * H * C, n, C, H);
+    float* dp = dpre + int64_t(r0) * F;  // dL/d(pre): in place for GELU
+    if (settings_.swiglu)
+      backend_.swiglu_backward(dp, da, s.pre.at(size_t(r0) * F), n, H);
+    else
+      backend_.gelu_backward(dp, s.pre.at(size_t(r0) * F), n, H);
+    backend_.matmul_backward(dx + int64_t(r0) * C, fc_w_.grad + int64_t(e) * F * C, part(fc_b_.grad, e, F),
+                             dp, s.x.data() + int64_t(r0) * C, fc_w_.value + int64_t(e) * F * C, n, C, F);
   }
 }
 

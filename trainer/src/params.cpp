@@ -1,6 +1,7 @@
 // The parameter table: names, logical shapes, shard rules and storage offsets of a model slice.
 #include "forge/trainer/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -18,8 +19,10 @@ struct TableBuilder {
 
   void align(size_t multiple) { offset = (offset + multiple - 1) / multiple * multiple; }
 
+  // next_follows: the next parameter starts right after this one, unaligned (tensors a layer runs as one
+  // product, GPT::fused_ref).
   void add(std::string name, std::vector<int64_t> shape, ShardRule shard, bool decay, float std,
-           float value = 0) {
+           float value = 0, bool next_follows = false) {
     ParamInfo p{std::move(name), shape, shape, shard, decay, std, value, 0, 0};
     if (shard.kind == ShardRule::Kind::kSplit) {
       const int64_t parts = int64_t(shard.groups) * slice.tp_size;
@@ -37,14 +40,14 @@ struct TableBuilder {
     p.numel = 1;
     for (int64_t d : p.local_shape) p.numel *= size_t(d);
     p.offset = offset;
-    offset += (p.numel + kAlign - 1) / kAlign * kAlign;
+    offset += next_follows ? p.numel : (p.numel + kAlign - 1) / kAlign * kAlign;
     out.push_back(std::move(p));
   }
 };
 
 }  // namespace
 
-std::vector<ParamInfo> parameter_table(const ModelConfig& cfg, const ModelSlice& slice, size_t expert_align) {
+std::vector<ParamInfo> parameter_table(const ModelSpec& cfg, const ModelSlice& slice, size_t expert_align) {
   const int last = slice.last_layer < 0 ? cfg.layers : slice.last_layer;
   if (slice.first_layer < 0 || slice.first_layer > last || last > cfg.layers)
     throw std::invalid_argument("model slice: layer range [" + std::to_string(slice.first_layer) + ", " +
@@ -64,47 +67,94 @@ std::vector<ParamInfo> parameter_table(const ModelConfig& cfg, const ModelSlice&
   const ShardRule rows{ShardRule::Kind::kSplit, 0, 1};  // column-parallel weight / its bias
   const ShardRule cols{ShardRule::Kind::kSplit, 1, 1};  // row-parallel weight
   const ShardRule qkv_rows{ShardRule::Kind::kSplit, 0, 3};
+  const ShardRule gate_up_rows{ShardRule::Kind::kSplit, 0, 2};  // gate | up, each split
   const ShardRule experts{ShardRule::Kind::kExperts, 0, 1};
-  const int64_t E = cfg.experts;
+  const int64_t E = cfg.experts, Q = int64_t(cfg.heads) * cfg.head_dim,
+                KV = int64_t(cfg.kv_heads) * cfg.head_dim;
+  const bool layernorm = cfg.norm == Norm::kLayerNorm, swiglu = cfg.activation == Activation::kSwiglu;
 
   TableBuilder t{slice, {}, 0};
-  // The classifier is tied to wte: a slice holding the head holds (a copy of) the token embedding.
-  if (slice.embedding || slice.head) t.add("wte.weight", {V, C}, rows, true, std);
-  if (slice.embedding) t.add("wpe.weight", {cfg.max_positions, C}, replicated, true, std);
+  const auto norm = [&](const std::string& name) {
+    t.add(name + ".weight", {C}, replicated, false, 0, 1.0f);
+    if (layernorm) t.add(name + ".bias", {C}, replicated, false, 0);
+  };
+  // A dense FFN (a block's MLP, or an MoE block's shared expert): fc / proj with GELU, gate_up / down with
+  // SwiGLU; H wide.
+  const auto mlp = [&](const std::string& name, int64_t H) {
+    if (swiglu) {
+      t.add(name + "gate_up.weight", {2 * H, C}, gate_up_rows, true, std);
+      if (cfg.linear_bias) t.add(name + "gate_up.bias", {2 * H}, gate_up_rows, false, 0);
+      t.add(name + "down.weight", {C, H}, cols, true, proj_std);
+      if (cfg.linear_bias) t.add(name + "down.bias", {C}, replicated, false, 0);
+      return;
+    }
+    t.add(name + "fc.weight", {H, C}, rows, true, std);
+    if (cfg.linear_bias) t.add(name + "fc.bias", {H}, rows, false, 0);
+    t.add(name + "proj.weight", {C, H}, cols, true, proj_std);
+    if (cfg.linear_bias) t.add(name + "proj.bias", {C}, replicated, false, 0);
+  };
+  // The classifier is tied to wte unless it has its own head: a slice holding a tied head holds (a copy
+  // of) the token embedding.
+  if (slice.embedding || (slice.head && cfg.tied_embeddings)) t.add("wte.weight", {V, C}, rows, true, std);
+  if (slice.embedding && cfg.positions == Positions::kLearned)
+    t.add("wpe.weight", {cfg.max_positions, C}, replicated, true, std);
   for (int l = slice.first_layer; l < last; ++l) {
     const std::string b = "blocks." + std::to_string(l) + ".";
-    t.add(b + "ln1.weight", {C}, replicated, false, 0, 1.0f);
-    t.add(b + "ln1.bias", {C}, replicated, false, 0);
-    t.add(b + "attn.qkv.weight", {3 * C, C}, qkv_rows, true, std);
-    t.add(b + "attn.qkv.bias", {3 * C}, qkv_rows, false, 0);
-    t.add(b + "attn.proj.weight", {C, C}, cols, true, proj_std);
-    t.add(b + "attn.proj.bias", {C}, replicated, false, 0);
-    t.add(b + "ln2.weight", {C}, replicated, false, 0, 1.0f);
-    t.add(b + "ln2.bias", {C}, replicated, false, 0);
-    if (cfg.moe_block(l)) {
-      // The experts last, on their own aligned stretch: their gradients are reduced over another group.
-      t.add(b + "moe.router.weight", {E, C}, replicated, true, std);
-      t.align(expert_align);
-      t.add(b + "moe.fc.weight", {E, 4 * C, C}, experts, true, std);
-      t.add(b + "moe.fc.bias", {E, 4 * C}, experts, false, 0);
-      t.add(b + "moe.proj.weight", {E, C, 4 * C}, experts, true, proj_std);
-      t.add(b + "moe.proj.bias", {E, C}, experts, false, 0);
-      t.align(expert_align);
+    norm(b + "ln1");
+    if (cfg.fused_qkv()) {
+      t.add(b + "attn.qkv.weight", {3 * C, C}, qkv_rows, true, std);
+      if (cfg.qkv_bias) t.add(b + "attn.qkv.bias", {3 * C}, qkv_rows, false, 0);
+    } else {
+      // q, k and v back to back, weights then biases: the attention runs them as one product (attention.h).
+      t.add(b + "attn.q.weight", {Q, C}, rows, true, std, 0, true);
+      t.add(b + "attn.k.weight", {KV, C}, rows, true, std, 0, true);
+      t.add(b + "attn.v.weight", {KV, C}, rows, true, std);
+      if (cfg.qkv_bias) {
+        t.add(b + "attn.q.bias", {Q}, rows, false, 0, 0, true);
+        t.add(b + "attn.k.bias", {KV}, rows, false, 0, 0, true);
+        t.add(b + "attn.v.bias", {KV}, rows, false, 0);
+      }
+      if (cfg.qk_norm) {
+        t.add(b + "attn.q_norm.weight", {cfg.head_dim}, replicated, false, 0, 1.0f);
+        t.add(b + "attn.k_norm.weight", {cfg.head_dim}, replicated, false, 0, 1.0f);
+      }
+    }
+    t.add(b + "attn.proj.weight", {C, Q}, cols, true, proj_std);
+    if (cfg.linear_bias) t.add(b + "attn.proj.bias", {C}, replicated, false, 0);
+    norm(b + "ln2");
+    if (!cfg.moe_block(l)) {
+      mlp(b + "mlp.", cfg.ffn_hidden);
       continue;
     }
-    t.add(b + "mlp.fc.weight", {4 * C, C}, rows, true, std);
-    t.add(b + "mlp.fc.bias", {4 * C}, rows, false, 0);
-    t.add(b + "mlp.proj.weight", {C, 4 * C}, cols, true, proj_std);
-    t.add(b + "mlp.proj.bias", {C}, replicated, false, 0);
+    const int64_t H = cfg.moe_hidden;
+    t.add(b + "moe.router.weight", {E, C}, replicated, true, std);
+    if (cfg.shared_expert_hidden > 0) {
+      mlp(b + "moe.shared.", cfg.shared_expert_hidden);
+      t.add(b + "moe.shared_gate.weight", {1, C}, replicated, true, std);
+    }
+    // The experts last, on their own aligned stretch: their gradients are reduced over another group.
+    t.align(expert_align);
+    if (swiglu) {
+      t.add(b + "moe.gate_up.weight", {E, 2 * H, C}, experts, true, std);
+      if (cfg.linear_bias) t.add(b + "moe.gate_up.bias", {E, 2 * H}, experts, false, 0);
+      t.add(b + "moe.down.weight", {E, C, H}, experts, true, proj_std);
+      if (cfg.linear_bias) t.add(b + "moe.down.bias", {E, C}, experts, false, 0);
+    } else {
+      t.add(b + "moe.fc.weight", {E, H, C}, experts, true, std);
+      if (cfg.linear_bias) t.add(b + "moe.fc.bias", {E, H}, experts, false, 0);
+      t.add(b + "moe.proj.weight", {E, C, H}, experts, true, proj_std);
+      if (cfg.linear_bias) t.add(b + "moe.proj.bias", {E, C}, experts, false, 0);
+    }
+    t.align(expert_align);
   }
   if (slice.head) {
-    t.add("lnf.weight", {C}, replicated, false, 0, 1.0f);
-    t.add("lnf.bias", {C}, replicated, false, 0);
+    norm("lnf");
+    if (!cfg.tied_embeddings) t.add("head.weight", {V, C}, rows, true, std);
   }
   return std::move(t.out);
 }
 
-ParameterCounts parameter_counts(const ModelConfig& cfg) {
+ParameterCounts parameter_counts(const ModelSpec& cfg) {
   ParameterCounts n;
   for (const auto& p : parameter_table(cfg)) {
     if (p.name == "wpe.weight") continue;
@@ -115,8 +165,12 @@ ParameterCounts parameter_counts(const ModelConfig& cfg) {
   return n;
 }
 
-double flops_per_token(const ModelConfig& cfg) {
-  return 6.0 * parameter_counts(cfg).active + 12.0 * cfg.layers * double(cfg.seq_len) * cfg.d_model;
+double flops_per_token(const ModelSpec& cfg) {
+  // Attention: per layer and token, QK^T and PV over the keys a query sees (the window), forward and
+  // backward: 12 x keys x the query width (PaLM's 12 L T d counts all T keys).
+  const int keys = cfg.window > 0 ? std::min(cfg.window, cfg.seq_len) : cfg.seq_len;
+  return 6.0 * parameter_counts(cfg).active +
+         12.0 * cfg.layers * double(keys) * double(cfg.heads) * double(cfg.head_dim);
 }
 
 }  // namespace forge::trainer

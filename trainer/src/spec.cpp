@@ -36,18 +36,55 @@ void add_trainer_keys(ConfigSchema& s) {
           "run.trace_steps", "",
           "steps to trace per rank into <run.dir>/trace/ (A-B, 1-based; auto: the 3 steps after "
           "the first; empty: none)");
-  s.add<int>("model.layers", 6, "transformer blocks")
+  s.add_choice("model.family", "gpt2", {"gpt2", "llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen2_moe"},
+               "the architecture's preset: every slot key left at auto takes the family's value "
+               "(docs/TRAINER.md, 'Model families')")
+      .add<int>("model.layers", 6, "transformer blocks")
       .add<int>("model.d_model", 384, "width of the residual stream")
-      .add<int>("model.heads", 6, "attention heads (must divide d_model)")
+      .add<int>("model.heads", 6, "attention (query) heads")
+      .add<int>("model.kv_heads", 0, "key/value heads, dividing model.heads (0: model.heads, multi-head)")
+      .add<int>("model.head_dim", 0, "width of each head (0: d_model / heads)")
       .add<int>("model.vocab", 8192, "vocabulary size (the dataset's tokenizer)")
       .add<int>("model.seq_len", 256, "tokens per training sequence")
-      .add<int>("model.max_positions", 0, "rows of the position embedding (0: seq_len)")
+      .add<int>("model.max_positions", 0, "positions the model takes: rows of a learned table (0: seq_len)")
+      .add_choice("model.norm", "auto", {"auto", "layernorm", "rmsnorm"},
+                  "the norm slot (auto: the family's)")
+      .add<double>("model.norm_eps", 0.0, "epsilon of every norm (0: the family's)")
+      .add_choice("model.positions", "auto", {"auto", "learned", "rope"},
+                  "learned position table, or rotary positions on q and k (auto: the family's)")
+      .add<double>("model.rope_theta", 0.0, "rotary base (0: the family's)")
+      .add_choice("model.rope_scaling", "none", {"none", "linear", "llama3", "yarn"},
+                  "rotary frequencies stretched for a longer context than pretraining's")
+      .add<double>("model.rope_factor", 8.0, "rope scaling: how many times longer the context is")
+      .add<double>("model.rope_low_freq_factor", 1.0, "rope_scaling = llama3: low_freq_factor")
+      .add<double>("model.rope_high_freq_factor", 4.0, "rope_scaling = llama3: high_freq_factor")
+      .add<int>("model.rope_original_positions", 8192,
+                "rope_scaling = llama3 or yarn: the context the model was pretrained on")
+      .add<double>("model.rope_beta_fast", 32.0, "rope_scaling = yarn: beta_fast")
+      .add<double>("model.rope_beta_slow", 1.0, "rope_scaling = yarn: beta_slow")
+      .add_choice("model.qkv_bias", "auto", {"auto", "on", "off"}, "biases of the q, k, v products")
+      .add_choice("model.qk_norm", "auto", {"auto", "on", "off"},
+                  "per-head RMSNorm of q and k before the rotation (Qwen 3)")
+      .add<int>("model.window", -1,
+                "sliding-window attention: each query sees at most this many keys (0: all; -1: the family's)")
+      .add_choice("model.linear_bias", "auto", {"auto", "on", "off"},
+                  "biases of the attention's output product and of the FFN's products")
+      .add_choice("model.activation", "auto", {"auto", "gelu", "swiglu"}, "the dense FFN's activation")
+      .add<int>("model.ffn_hidden", 0,
+                "hidden width of the dense FFN (0: 4 d_model for gelu, 8/3 for swiglu)")
+      .add_choice("model.tied_embeddings", "auto", {"auto", "on", "off"},
+                  "the classifier reuses the token embedding (off: its own head.weight)")
       .add_choice(
-          "model.ffn", "dense", {"dense", "moe"},
+          "model.ffn", "auto", {"auto", "dense", "moe"},
           "the blocks' feed-forward network: the dense MLP, or Mixture-of-Experts blocks (docs/TRAINER.md)")
       .add<int>("model.experts", 0, "moe: experts per MoE block (>= 2)")
       .add<int>("model.top_k", 2, "moe: experts each token is routed to")
       .add<int>("model.moe_every", 1, "moe: every k-th block is an MoE block (1: all of them)")
+      .add<int>("model.moe_hidden", 0, "moe: each expert's hidden width (0: as model.ffn_hidden)")
+      .add_choice("model.router_renormalize", "auto", {"auto", "on", "off"},
+                  "moe: the top_k gates divided by their sum (Mixtral, Qwen 3) or kept as softmaxed")
+      .add<int>("model.shared_expert_hidden", -1,
+                "moe: hidden width of a shared expert with a sigmoid gate (0: none; -1: the family's)")
       .add<double>("model.capacity_factor", 0.0,
                    "moe: an expert takes at most factor x tokens x top_k / experts tokens of a micro-batch, "
                    "the rest go around it (0: dropless)")
@@ -198,8 +235,89 @@ TraceSteps TraceSteps::window(int64_t done, int64_t steps) const {
   return w;
 }
 
-ModelConfig model_config(const Config& c) {
-  ModelConfig m;
+namespace {
+
+// A family's slot values: what every key left at auto (or its numeric "family's" value) takes.
+struct Preset {
+  Norm norm = Norm::kRmsNorm;
+  float norm_eps = 1e-5f;
+  Positions positions = Positions::kRotary;
+  double rope_theta = 1e6;
+  bool qkv_bias = false, qk_norm = false, linear_bias = false, tied = false;
+  int window = 0;
+  Activation activation = Activation::kSwiglu;
+  Ffn ffn = Ffn::kDense;
+  bool renormalize = true;
+  bool shared_expert = false;  // a shared expert 4 x moe_hidden wide
+};
+
+Preset preset(Family f) {
+  Preset p;
+  switch (f) {
+    case Family::kGpt2:
+      p = {Norm::kLayerNorm,
+           1e-5f,
+           Positions::kLearned,
+           1e4,
+           true,
+           false,
+           true,
+           true,
+           0,
+           Activation::kGelu,
+           Ffn::kDense,
+           false,
+           false};
+      break;
+    case Family::kLlama:
+      p.rope_theta = 5e5;
+      break;
+    case Family::kQwen2:
+      p.norm_eps = 1e-6f;
+      p.qkv_bias = p.tied = true;
+      break;
+    case Family::kQwen3:
+      p.norm_eps = 1e-6f;
+      p.qk_norm = true;
+      break;
+    case Family::kMistral:
+      p.window = 4096;
+      break;
+    case Family::kMixtral:
+      p.ffn = Ffn::kMoe;
+      break;
+    case Family::kQwen2Moe:
+      p.norm_eps = 1e-6f;
+      p.qkv_bias = true;
+      p.ffn = Ffn::kMoe;
+      p.renormalize = false;
+      p.shared_expert = true;
+      break;
+  }
+  return p;
+}
+
+constexpr std::string_view kFamilies[] = {"gpt2",    "llama",   "qwen2",    "qwen3",
+                                          "mistral", "mixtral", "qwen2_moe"};
+
+// An on | off | auto key: on or off, else the family's value.
+bool switch_key(const Config& c, const std::string& key, bool family_value) {
+  const std::string v = c.get<std::string>(key);
+  return v == "auto" ? family_value : v == "on";
+}
+
+}  // namespace
+
+std::string_view family_name(Family family) {
+  return kFamilies[size_t(family)];
+}
+
+ModelSpec model_spec(const Config& c) {
+  ModelSpec m;
+  const std::string family = c.get<std::string>("model.family");
+  for (size_t i = 0; i < std::size(kFamilies); ++i)
+    if (family == kFamilies[i]) m.family = Family(i);
+  const Preset f = preset(m.family);
   m.layers = positive<int>(c, "model.layers");
   m.d_model = positive<int>(c, "model.d_model");
   m.heads = positive<int>(c, "model.heads");
@@ -208,11 +326,93 @@ ModelConfig model_config(const Config& c) {
   m.max_positions = c.get<int>("model.max_positions");
   if (m.max_positions < 0) c.reject("model.max_positions", "must be >= 0 (0: equal to model.seq_len)");
   if (m.max_positions == 0) m.max_positions = m.seq_len;
-  if (m.d_model % m.heads != 0)
-    c.reject("model.d_model", "must be divisible by model.heads = " + std::to_string(m.heads));
   if (m.seq_len > m.max_positions)
     c.reject("model.seq_len", "must not exceed model.max_positions = " + std::to_string(m.max_positions));
-  m.ffn = c.get<std::string>("model.ffn") == "moe" ? Ffn::kMoe : Ffn::kDense;
+  m.kv_heads = c.get<int>("model.kv_heads");
+  if (m.kv_heads < 0) c.reject("model.kv_heads", "must be >= 0 (0: model.heads)");
+  if (m.kv_heads == 0) m.kv_heads = m.heads;
+  if (m.heads % m.kv_heads != 0) {
+    std::string divisors;
+    for (int d = 1; d <= m.heads; ++d)
+      if (m.heads % d == 0) divisors += (divisors.empty() ? "" : ", ") + std::to_string(d);
+    c.reject("model.kv_heads", fmt::format("must divide model.heads = {}: one of {}", m.heads, divisors));
+  }
+  m.head_dim = c.get<int>("model.head_dim");
+  if (m.head_dim < 0) c.reject("model.head_dim", "must be >= 0 (0: model.d_model / model.heads)");
+  if (m.head_dim == 0) {
+    if (m.d_model % m.heads != 0)
+      c.reject("model.d_model",
+               fmt::format("must be divisible by model.heads = {}, or set model.head_dim", m.heads));
+    m.head_dim = m.d_model / m.heads;
+  }
+  if (m.fused_qkv() && (m.kv_heads != m.heads || m.head_dim * m.heads != m.d_model))
+    c.reject(m.kv_heads != m.heads ? "model.kv_heads" : "model.head_dim",
+             "the gpt2 family's attention is multi-head with d_model / heads wide heads; grouped-query "
+             "attention and other head widths need another family (llama, qwen2, qwen3, mistral, ...)");
+
+  const std::string norm = c.get<std::string>("model.norm");
+  m.norm = norm == "auto" ? f.norm : norm == "rmsnorm" ? Norm::kRmsNorm : Norm::kLayerNorm;
+  const double eps = c.get<double>("model.norm_eps");
+  if (!(eps >= 0 && eps < 1)) c.reject("model.norm_eps", "must be in [0, 1) (0: the family's)");
+  m.norm_eps = eps == 0 ? f.norm_eps : float(eps);
+  if (m.norm == Norm::kLayerNorm && m.norm_eps != 1e-5f)
+    c.reject("model.norm_eps",
+             "LayerNorm's epsilon is 1e-5 here: leave it at 0, or use model.norm = rmsnorm");
+
+  const std::string positions = c.get<std::string>("model.positions");
+  m.positions = positions == "auto"   ? f.positions
+                : positions == "rope" ? Positions::kRotary
+                                      : Positions::kLearned;
+  const double theta = c.get<double>("model.rope_theta");
+  if (!(theta >= 0)) c.reject("model.rope_theta", "must be > 0 (0: the family's)");
+  m.rope.theta = theta == 0 ? f.rope_theta : theta;
+  const std::string scaling = c.get<std::string>("model.rope_scaling");
+  m.rope.scaling = scaling == "linear"   ? RopeScaling::kLinear
+                   : scaling == "llama3" ? RopeScaling::kLlama3
+                   : scaling == "yarn"   ? RopeScaling::kYarn
+                                         : RopeScaling::kNone;
+  m.rope.factor = c.get<double>("model.rope_factor");
+  m.rope.low_freq_factor = c.get<double>("model.rope_low_freq_factor");
+  m.rope.high_freq_factor = c.get<double>("model.rope_high_freq_factor");
+  m.rope.original_positions = c.get<int>("model.rope_original_positions");
+  m.rope.beta_fast = c.get<double>("model.rope_beta_fast");
+  m.rope.beta_slow = c.get<double>("model.rope_beta_slow");
+  if (m.positions == Positions::kRotary) {
+    if (m.head_dim % 2 != 0)
+      c.reject("model.head_dim",
+               fmt::format("is {}, but rotary positions turn pairs of a head's dimensions: use an even "
+                           "head width (model.head_dim, or d_model / heads)",
+                           m.head_dim));
+    if (m.rope.scaling != RopeScaling::kNone && !(m.rope.factor >= 1))
+      c.reject("model.rope_factor", "must be >= 1");
+    if (m.rope.scaling == RopeScaling::kLlama3 &&
+        !(m.rope.high_freq_factor > m.rope.low_freq_factor && m.rope.low_freq_factor > 0))
+      c.reject("model.rope_high_freq_factor", "must exceed model.rope_low_freq_factor, which must be > 0");
+    if (m.rope.original_positions < 1) c.reject("model.rope_original_positions", "must be >= 1");
+  }
+  m.qkv_bias = switch_key(c, "model.qkv_bias", f.qkv_bias);
+  m.qk_norm = switch_key(c, "model.qk_norm", f.qk_norm);
+  m.linear_bias = switch_key(c, "model.linear_bias", f.linear_bias);
+  if (m.fused_qkv() && m.qkv_bias != m.linear_bias)
+    c.reject("model.qkv_bias",
+             "the gpt2 family has biases on all of its products or none: set "
+             "model.linear_bias alike");
+  m.window = c.get<int>("model.window");
+  if (m.window < -1) c.reject("model.window", "must be >= 0 (0: every earlier key; -1: the family's)");
+  if (m.window == -1) m.window = f.window;
+  m.tied_embeddings = switch_key(c, "model.tied_embeddings", f.tied);
+
+  const std::string activation = c.get<std::string>("model.activation");
+  m.activation = activation == "auto"     ? f.activation
+                 : activation == "swiglu" ? Activation::kSwiglu
+                                          : Activation::kGelu;
+  m.ffn_hidden = c.get<int>("model.ffn_hidden");
+  if (m.ffn_hidden < 0) c.reject("model.ffn_hidden", "must be >= 0 (0: the activation's default)");
+  if (m.ffn_hidden == 0)  // SwiGLU's three matrices hold as many weights as GELU's two at 8/3 the width
+    m.ffn_hidden = m.activation == Activation::kGelu ? 4 * m.d_model : (8 * m.d_model / 3 + 63) / 64 * 64;
+
+  const std::string ffn = c.get<std::string>("model.ffn");
+  m.ffn = ffn == "auto" ? f.ffn : ffn == "moe" ? Ffn::kMoe : Ffn::kDense;
   m.experts = c.get<int>("model.experts");
   m.top_k = c.get<int>("model.top_k");
   m.moe_every = c.get<int>("model.moe_every");
@@ -231,7 +431,31 @@ ModelConfig model_config(const Config& c) {
   if (!(m.capacity_factor >= 0)) c.reject("model.capacity_factor", "must be >= 0 (0: dropless)");
   if (!(m.router_aux_coef >= 0)) c.reject("model.router_aux_coef", "must be >= 0");
   if (!(m.router_z_coef >= 0)) c.reject("model.router_z_coef", "must be >= 0");
+  m.moe_hidden = c.get<int>("model.moe_hidden");
+  if (m.moe_hidden < 0) c.reject("model.moe_hidden", "must be >= 0 (0: model.ffn_hidden)");
+  if (m.moe_hidden == 0) m.moe_hidden = m.ffn_hidden;
+  m.router_renormalize = switch_key(c, "model.router_renormalize", f.renormalize);
+  m.shared_expert_hidden = c.get<int>("model.shared_expert_hidden");
+  if (m.shared_expert_hidden < -1)
+    c.reject("model.shared_expert_hidden", "must be >= 0 (0: none; -1: the family's)");
+  if (m.shared_expert_hidden == -1) m.shared_expert_hidden = f.shared_expert ? 4 * m.moe_hidden : 0;
+  if (m.shared_expert_hidden > 0 && m.activation != Activation::kSwiglu)
+    c.reject("model.shared_expert_hidden",
+             "a shared expert is a SwiGLU expert: set model.activation = swiglu");
   return m;
+}
+
+ModelSpec model_spec(const std::vector<std::string>& overrides) {
+  ConfigSchema schema;
+  add_trainer_keys(schema);
+  return model_spec(load_config(schema, "", overrides));
+}
+
+ModelSpec gpt2_spec(int layers, int d_model, int heads, int vocab, int seq_len, int max_positions) {
+  return model_spec({fmt::format("--model.layers={}", layers), fmt::format("--model.d_model={}", d_model),
+                     fmt::format("--model.heads={}", heads), fmt::format("--model.vocab={}", vocab),
+                     fmt::format("--model.seq_len={}", seq_len),
+                     fmt::format("--model.max_positions={}", max_positions)});
 }
 
 OptimConfig optim_config(const Config& c) {
@@ -268,7 +492,7 @@ TrainSpec train_spec(const Config& c) {
   s.peak_gflops = c.get<double>("run.peak_gflops");
   if (!(s.peak_gflops >= 0)) c.reject("run.peak_gflops", "must be >= 0 (0: measure at start)");
   s.trace = trace_steps(c, s.steps);
-  s.model = model_config(c);
+  s.model = model_spec(c);
   s.optim = optim_config(c);
   s.dataset = c.get<std::string>("data.dataset");
   s.batch = positive<int>(c, "data.batch");
@@ -409,8 +633,7 @@ TrainSpec elastic_spec(const TrainSpec& spec, int ranks) {
   return out;
 }
 
-std::optional<LayoutProblem> parallel_problem(const ModelConfig& m, const Layout& l,
-                                              const ParallelConfig& p) {
+std::optional<LayoutProblem> parallel_problem(const ModelSpec& m, const Layout& l, const ParallelConfig& p) {
   if (auto problem = layout_problem(l, m.dims())) return problem;
   const auto problem = [](std::string key, std::string why) {
     return std::optional<LayoutProblem>(LayoutProblem{std::move(key), std::move(why)});

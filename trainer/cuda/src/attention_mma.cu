@@ -6,6 +6,9 @@
 // 8) is also the A-operand layout of the next product, so the probabilities (and dS) go from the score
 // registers to the next mma.sync without shared memory; each row's softmax statistics are reduced over the
 // four lanes that hold it. dQ and dK/dV are separate kernels, as in attention.cu: no atomics, deterministic.
+// Grouped-query attention: a dK/dV block walks the query tiles of every query head of its key/value head's
+// group in turn (fixed order), so the group's sum needs no atomics either. A sliding window masks the keys
+// before it and skips the tiles wholly outside it.
 //
 // Register layout (PTX ISA, "Matrix fragments for mma.m16n8k16"), g = lane / 4, t = lane % 4:
 //   A (16 x 16): a0 = (g, 2t..2t+1), a1 = (g + 8, 2t..), a2 = (g, 2t + 8..), a3 = (g + 8, 2t + 8..)
@@ -136,25 +139,26 @@ __device__ __forceinline__ float quad_sum(float v) {
 
 template <int HD>
 __global__ void __launch_bounds__(kWarps * 32)
-    attention_forward_mma_kernel(bf16* out, float* lse, const bf16* qkv, int T_, int C, int NH, float scale) {
+    attention_forward_mma_kernel(bf16* out, float* lse, const bf16* qkv, int T_, HeadLayout L, float scale) {
   // Q, and two buffers of (K, V): the next tile's copy runs under this tile's products.
   __shared__ __align__(128) bf16 q[kRows * Tile<HD>::ld], kv[2][2][kRows * Tile<HD>::ld];
   // The last query tiles see the most keys: they are scheduled first, so that the short ones fill the tail.
-  const int qt = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int64_t C3 = 3 * int64_t(C);
-  const bf16* base = qkv + int64_t(b) * T_ * C3 + h * HD;
+  const int qt = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / L.heads, h = bh % L.heads;
+  const bf16* rows = qkv + int64_t(b) * T_ * L.qkv_stride;
+  const bf16 *qb = rows + h * HD, *kb = rows + L.k_col + (h / L.group) * HD;  // values: kb + v_col - k_col
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int q0 = qt * kRows, row0 = q0 + warp * 16;  // this lane's rows: row0 + g, row0 + g + 8
   const auto fetch = [&](int kt) {
-    load_tile_async<HD>(kv[kt % 2][0], base + C, C3, kt * kRows, T_);
-    load_tile_async<HD>(kv[kt % 2][1], base + 2 * C, C3, kt * kRows, T_);
+    load_tile_async<HD>(kv[kt % 2][0], kb, L.qkv_stride, kt * kRows, T_);
+    load_tile_async<HD>(kv[kt % 2][1], kb + (L.v_col - L.k_col), L.qkv_stride, kt * kRows, T_);
     cp_async_commit();
   };
-  fetch(0);
-  load_tile<HD>(q, base, C3, q0, T_);
+  const int kt0 = first_key_tile(q0, L.window, kRows);
+  fetch(kt0);
+  load_tile<HD>(q, qb, L.qkv_stride, q0, T_);
   const float sl2 = scale * kLog2e;  // softmax in base 2: exp2 is one instruction
   float o[HD / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  for (int kt = 0; kt <= qt; ++kt) {
+  for (int kt = kt0; kt <= qt; ++kt) {
     next_tile(kt < qt, [&] { fetch(kt + 1); });
     const bf16 *k = kv[kt % 2][0], *v = kv[kt % 2][1];
     float s[kKeyTiles][4];
@@ -165,15 +169,18 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = kt * kRows + 8 * j + 2 * t + (e & 1), row = row0 + g + 8 * (e / 2);
-        s[j][e] = key <= row && key < T_ ? s[j][e] * sl2 : -INFINITY;
+        s[j][e] = sees(row, key, L.span) && key < T_ ? s[j][e] * sl2 : -INFINITY;
         mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);
       }
-    // Key kt * 64 <= every row of this block is visible, so the new maxima are finite.
-    float alpha[2];
+    // Without a window, key kt * 64 <= every row of this block is visible and the maxima are finite. A
+    // window can leave a row nothing in its first tiles: its maximum stays -inf, and exponentials taken
+    // from 0 instead keep its alpha and probabilities 0 (not the NaN of -inf - -inf).
+    float alpha[2], from[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const float mnew = fmaxf(m[i], quad_max(mx[i]));
-      alpha[i] = exp2f(m[i] - mnew);
+      from[i] = mnew == -INFINITY ? 0.0f : mnew;
+      alpha[i] = exp2f(m[i] - from[i]);
       m[i] = mnew;
       l[i] *= alpha[i];  // per-lane partial sums; the quad's are added at the end
     }
@@ -181,7 +188,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int j = 0; j < kKeyTiles; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        s[j][e] = exp2f(s[j][e] - m[e / 2]);
+        s[j][e] = exp2f(s[j][e] - from[e / 2]);
         l[e / 2] += s[j][e];
       }
 #pragma unroll
@@ -191,7 +198,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncthreads();  // the buffer is refilled next
   }
   l[0] = quad_sum(l[0]), l[1] = quad_sum(l[1]);
-  store_rows<HD>(out + (int64_t(b) * T_ + row0) * C + h * HD, C, T_ - row0, o, 1.0f / l[0], 1.0f / l[1]);
+  store_rows<HD>(out + (int64_t(b) * T_ + row0) * L.out_stride + h * HD, L.out_stride, T_ - row0, o,
+                 1.0f / l[0], 1.0f / l[1]);
   if (t == 0) {
     if (row0 + g < T_) lse[int64_t(bh) * T_ + row0 + g] = (m[0] + log2f(l[0])) * kLn2;
     if (row0 + g + 8 < T_) lse[int64_t(bh) * T_ + row0 + g + 8] = (m[1] + log2f(l[1])) * kLn2;
@@ -202,25 +210,26 @@ __global__ void __launch_bounds__(kWarps * 32)
 template <int HD>
 __global__ void __launch_bounds__(kWarps * 32)
     attention_dq_mma_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* D,
-                            int T_, int C, int NH, float scale) {
+                            int T_, HeadLayout L, float scale) {
   extern __shared__ __align__(128) unsigned char mma_smem[];
   bf16* q = reinterpret_cast<bf16*>(mma_smem);
   bf16* go = q + kRows * Tile<HD>::ld;
   bf16* kv = go + kRows * Tile<HD>::ld;  // two buffers of (K, V)
-  const int qt = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int64_t C3 = 3 * int64_t(C);
-  const bf16* base = qkv + int64_t(b) * T_ * C3 + h * HD;
+  const int qt = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / L.heads, h = bh % L.heads;
+  const bf16* rows = qkv + int64_t(b) * T_ * L.qkv_stride;
+  const bf16 *qb = rows + h * HD, *kb = rows + L.k_col + (h / L.group) * HD;  // values: kb + v_col - k_col
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int q0 = qt * kRows, row0 = q0 + warp * 16;
   const auto buffer = [&](int kt, int which) { return kv + (2 * (kt % 2) + which) * kRows * Tile<HD>::ld; };
   const auto fetch = [&](int kt) {
-    load_tile_async<HD>(buffer(kt, 0), base + C, C3, kt * kRows, T_);
-    load_tile_async<HD>(buffer(kt, 1), base + 2 * C, C3, kt * kRows, T_);
+    load_tile_async<HD>(buffer(kt, 0), kb, L.qkv_stride, kt * kRows, T_);
+    load_tile_async<HD>(buffer(kt, 1), kb + (L.v_col - L.k_col), L.qkv_stride, kt * kRows, T_);
     cp_async_commit();
   };
-  fetch(0);
-  load_tile<HD>(q, base, C3, q0, T_);
-  load_tile<HD>(go, dout + int64_t(b) * T_ * C + h * HD, C, q0, T_);
+  const int kt0 = first_key_tile(q0, L.window, kRows);
+  fetch(kt0);
+  load_tile<HD>(q, qb, L.qkv_stride, q0, T_);
+  load_tile<HD>(go, dout + int64_t(b) * T_ * L.out_stride + h * HD, L.out_stride, q0, T_);
   float l2[2], dd[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -230,7 +239,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
   const float sl2 = scale * kLog2e;
   float dq[HD / 8][4] = {};
-  for (int kt = 0; kt <= qt; ++kt) {
+  for (int kt = kt0; kt <= qt; ++kt) {
     next_tile(kt < qt, [&] { fetch(kt + 1); });
     const bf16 *k = buffer(kt, 0), *v = buffer(kt, 1);
     float s[kKeyTiles][4], dp[kKeyTiles][4];
@@ -241,52 +250,57 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = kt * kRows + 8 * j + 2 * t + (e & 1), row = row0 + g + 8 * (e / 2);
-        const float p = key <= row && key < T_ && row < T_ ? exp2f(s[j][e] * sl2 - l2[e / 2]) : 0.0f;
+        const bool seen = sees(row, key, L.span) && key < T_ && row < T_;
+        const float p = seen ? exp2f(s[j][e] * sl2 - l2[e / 2]) : 0.0f;
         s[j][e] = p * (dp[j][e] - dd[e / 2]) * scale;
       }
     accumulate<HD>(dq, s, k);
     __syncthreads();  // the buffer is refilled next
   }
-  store_rows<HD>(dqkv + (int64_t(b) * T_ + row0) * C3 + h * HD, C3, T_ - row0, dq);
+  store_rows<HD>(dqkv + (int64_t(b) * T_ + row0) * L.qkv_stride + h * HD, L.qkv_stride, T_ - row0, dq);
 }
 
 // dK and dV for 64 keys over the query tiles that see them: dV = P^T . dO, dK = dS^T . Q. The warp's rows
-// are keys here and the score columns queries.
+// are keys here and the score columns queries. A block takes one key/value head and walks the query tiles
+// of each query head of its group, head after head.
 template <int HD>
 __global__ void __launch_bounds__(kWarps * 32)
     attention_dkv_mma_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* D,
-                             int T_, int C, int NH, float scale) {
+                             int T_, HeadLayout L, float scale) {
   extern __shared__ __align__(128) unsigned char mma_smem[];
   bf16* k = reinterpret_cast<bf16*>(mma_smem);
   bf16* v = k + kRows * Tile<HD>::ld;
   bf16* qg = v + kRows * Tile<HD>::ld;             // two buffers of (Q, dO)
   __shared__ float stat_l2[kRows], stat_d[kRows];  // lse * log2(e) and D of the tile's queries
-  const int kt = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int64_t C3 = 3 * int64_t(C);
-  const bf16* base = qkv + int64_t(b) * T_ * C3 + h * HD;
+  const int kt = blockIdx.x, bkv = blockIdx.y, b = bkv / L.kv_heads, kvh = bkv % L.kv_heads;
+  const bf16* rows = qkv + int64_t(b) * T_ * L.qkv_stride;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int k0 = kt * kRows, row0 = k0 + warp * 16;
-  const auto buffer = [&](int qt, int which) { return qg + (2 * (qt % 2) + which) * kRows * Tile<HD>::ld; };
-  const auto fetch = [&](int qt) {
-    load_tile_async<HD>(buffer(qt, 0), base, C3, qt * kRows, T_);
-    load_tile_async<HD>(buffer(qt, 1), dout + int64_t(b) * T_ * C + h * HD, C, qt * kRows, T_);
+  // Step i of the walk: query head kvh * group + i / n, query tile kt + i % n.
+  const int tiles = (T_ + kRows - 1) / kRows, n = last_query_tile(k0, L.window, kRows, tiles) - kt + 1;
+  const auto head = [&](int i) { return kvh * L.group + i / n; };
+  const auto buffer = [&](int i, int which) { return qg + (2 * (i % 2) + which) * kRows * Tile<HD>::ld; };
+  const auto fetch = [&](int i) {
+    const int h = head(i), q0 = (kt + i % n) * kRows;
+    load_tile_async<HD>(buffer(i, 0), rows + h * HD, L.qkv_stride, q0, T_);
+    load_tile_async<HD>(buffer(i, 1), dout + int64_t(b) * T_ * L.out_stride + h * HD, L.out_stride, q0, T_);
     cp_async_commit();
   };
-  fetch(kt);
-  load_tile<HD>(k, base + C, C3, k0, T_);
-  load_tile<HD>(v, base + 2 * C, C3, k0, T_);
+  fetch(0);
+  load_tile<HD>(k, rows + L.k_col + kvh * HD, L.qkv_stride, k0, T_);
+  load_tile<HD>(v, rows + L.v_col + kvh * HD, L.qkv_stride, k0, T_);
   const float sl2 = scale * kLog2e;
   float dk[HD / 8][4] = {}, dv[HD / 8][4] = {};
-  const int tiles = (T_ + kRows - 1) / kRows;
-  for (int qt = kt; qt < tiles; ++qt) {
-    const int q0 = qt * kRows;
+  for (int i = 0; i < L.group * n; ++i) {
+    const int q0 = (kt + i % n) * kRows;
+    const int64_t bh = int64_t(b) * L.heads + head(i);
     if (threadIdx.x < kRows) {
       const int tq = q0 + threadIdx.x;
-      stat_l2[threadIdx.x] = tq < T_ ? lse[int64_t(bh) * T_ + tq] * kLog2e : 0.0f;
-      stat_d[threadIdx.x] = tq < T_ ? D[int64_t(bh) * T_ + tq] : 0.0f;
+      stat_l2[threadIdx.x] = tq < T_ ? lse[bh * T_ + tq] * kLog2e : 0.0f;
+      stat_d[threadIdx.x] = tq < T_ ? D[bh * T_ + tq] : 0.0f;
     }
-    next_tile(qt + 1 < tiles, [&] { fetch(qt + 1); });
-    const bf16 *q = buffer(qt, 0), *go = buffer(qt, 1);
+    next_tile(i + 1 < L.group * n, [&] { fetch(i + 1); });
+    const bf16 *q = buffer(i, 0), *go = buffer(i, 1);
     float s[kKeyTiles][4], dp[kKeyTiles][4];
     scores<HD>(s, k + warp * 16 * Tile<HD>::ld, q);    // S^T
     scores<HD>(dp, v + warp * 16 * Tile<HD>::ld, go);  // dP^T
@@ -295,7 +309,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int c = 8 * j + 2 * t + (e & 1), query = q0 + c, key = row0 + g + 8 * (e / 2);
-        const float p = key <= query && query < T_ && key < T_ ? exp2f(s[j][e] * sl2 - stat_l2[c]) : 0.0f;
+        const bool seen = sees(query, key, L.span) && query < T_ && key < T_;
+        const float p = seen ? exp2f(s[j][e] * sl2 - stat_l2[c]) : 0.0f;
         s[j][e] = p;
         dp[j][e] = p * (dp[j][e] - stat_d[c]) * scale;
       }
@@ -303,42 +318,42 @@ __global__ void __launch_bounds__(kWarps * 32)
     accumulate<HD>(dk, dp, q);
     __syncthreads();  // the buffers and the statistics are refilled next
   }
-  bf16* rows = dqkv + (int64_t(b) * T_ + row0) * C3 + h * HD;
-  store_rows<HD>(rows + C, C3, T_ - row0, dk);
-  store_rows<HD>(rows + 2 * C, C3, T_ - row0, dv);
+  bf16* at = dqkv + (int64_t(b) * T_ + row0) * L.qkv_stride;
+  store_rows<HD>(at + L.k_col + kvh * HD, L.qkv_stride, T_ - row0, dk);
+  store_rows<HD>(at + L.v_col + kvh * HD, L.qkv_stride, T_ - row0, dv);
 }
 
 }  // namespace
 
 template <int HD>
-void attention_forward_mma(bf16* out, float* lse, const bf16* qkv, int B, int T_, int C, int NH) {
-  const dim3 grid((T_ + kRows - 1) / kRows, B * NH);
+void attention_forward_mma(bf16* out, float* lse, const bf16* qkv, int B, int T_, const HeadLayout& L) {
+  const dim3 grid((T_ + kRows - 1) / kRows, B * L.heads);
   attention_forward_mma_kernel<HD>
-      <<<grid, kWarps * 32, 0, stream()>>>(out, lse, qkv, T_, C, NH, 1.0f / std::sqrt(float(HD)));
+      <<<grid, kWarps * 32, 0, stream()>>>(out, lse, qkv, T_, L, 1.0f / std::sqrt(float(HD)));
   check_launch("attention_forward_mma");
 }
 
 template <int HD>
 void attention_backward_mma(bf16* dqkv, const float* D, const bf16* dout, const bf16* qkv, const float* lse,
-                            int B, int T_, int C, int NH) {
-  const dim3 grid((T_ + kRows - 1) / kRows, B * NH);
+                            int B, int T_, const HeadLayout& L) {
+  const int tiles = (T_ + kRows - 1) / kRows;
   const float scale = 1.0f / std::sqrt(float(HD));
   // Six tiles each (above the 48 KiB a kernel gets without asking).
   constexpr int smem = 6 * Tile<HD>::bytes;
   allow_smem(attention_dq_mma_kernel<HD>, smem, "cudaFuncSetAttribute (attention_dq_mma)");
   attention_dq_mma_kernel<HD>
-      <<<grid, kWarps * 32, smem, stream()>>>(dqkv, dout, qkv, lse, D, T_, C, NH, scale);
+      <<<dim3(tiles, B * L.heads), kWarps * 32, smem, stream()>>>(dqkv, dout, qkv, lse, D, T_, L, scale);
   check_launch("attention_backward_mma (dq)");
   allow_smem(attention_dkv_mma_kernel<HD>, smem, "cudaFuncSetAttribute (attention_dkv_mma)");
   attention_dkv_mma_kernel<HD>
-      <<<grid, kWarps * 32, smem, stream()>>>(dqkv, dout, qkv, lse, D, T_, C, NH, scale);
+      <<<dim3(tiles, B * L.kv_heads), kWarps * 32, smem, stream()>>>(dqkv, dout, qkv, lse, D, T_, L, scale);
   check_launch("attention_backward_mma (dk, dv)");
 }
 
 #define FORGE_INSTANTIATE(HD)                                                                                \
-  template void attention_forward_mma<HD>(bf16*, float*, const bf16*, int, int, int, int);                   \
+  template void attention_forward_mma<HD>(bf16*, float*, const bf16*, int, int, const HeadLayout&);          \
   template void attention_backward_mma<HD>(bf16*, const float*, const bf16*, const bf16*, const float*, int, \
-                                           int, int, int);
+                                           int, const HeadLayout&);
 FORGE_INSTANTIATE(32)
 FORGE_INSTANTIATE(64)
 #undef FORGE_INSTANTIATE

@@ -4,7 +4,9 @@
 // tile, where each row's online softmax runs (two lanes per row); the probabilities (or dS) are rounded to
 // BF16 and multiplied on tensor cores again. WMMA hides the accumulator layout, so the forward's running
 // output lives in shared memory and is rescaled there; backward's accumulators stay in registers for the
-// whole walk. dQ and dK/dV are separate kernels as in attention.cu: no atomics, deterministic.
+// whole walk. dQ and dK/dV are separate kernels as in attention.cu: no atomics, deterministic. A dK/dV block
+// takes one key/value head and walks the query tiles of its group's query heads in turn (grouped-query
+// attention); a sliding window masks the keys before it and skips the tiles wholly outside it.
 #include "attention_tc.h"
 #include "attention_tile.cuh"
 #include "forge/trainer/cuda/context.h"
@@ -102,8 +104,7 @@ constexpr size_t forward_smem() {
 
 template <int HD>
 __global__ void __launch_bounds__(kWarps * 32)
-    attention_forward_wmma_kernel(bf16* out, float* lse, const bf16* qkv, int T_, int C, int NH,
-                                  float scale) {
+    attention_forward_wmma_kernel(bf16* out, float* lse, const bf16* qkv, int T_, HeadLayout L, float scale) {
   extern __shared__ __align__(128) unsigned char tc_smem[];
   bf16* q = reinterpret_cast<bf16*>(tc_smem);
   bf16* k = q + kRows * Tile<HD>::ld;
@@ -116,20 +117,20 @@ __global__ void __launch_bounds__(kWarps * 32)
   float* o = reinterpret_cast<float*>(mine + 16 * kSld * 4 + 16 * kPld * 2);
 
   // The last query tiles see the most keys: they are scheduled first, so that the short ones fill the tail.
-  const int qt = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int64_t C3 = 3 * int64_t(C);
-  const bf16* base = qkv + int64_t(b) * T_ * C3 + h * HD;
+  const int qt = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / L.heads, h = bh % L.heads;
+  const bf16* rows = qkv + int64_t(b) * T_ * L.qkv_stride;
+  const bf16* kb = rows + L.k_col + (h / L.group) * HD;  // the values: kb + (v_col - k_col)
   const int q0 = qt * kRows;
   // Lane pair (r, r + 16 lanes) shares row r of the warp's 16; each takes every other column.
   const int r = lane & 15, half = lane >> 4, tq = q0 + warp * 16 + r;
-  load_tile<HD>(q, base, C3, q0, T_);
+  load_tile<HD>(q, rows + h * HD, L.qkv_stride, q0, T_);
   for (int c = half; c < HD; c += 2) o[r * Shape<HD>::ldo + c] = 0;
   const float sl2 = scale * kLog2e;  // softmax in base 2: exp2 is one instruction
   float m = -INFINITY, l = 0;
-  for (int kt = 0; kt <= qt; ++kt) {
+  for (int kt = first_key_tile(q0, L.window, kRows); kt <= qt; ++kt) {
     __syncthreads();
-    load_tile<HD>(k, base + C, C3, kt * kRows, T_);
-    load_tile<HD>(v, base + 2 * C, C3, kt * kRows, T_);
+    load_tile<HD>(k, kb, L.qkv_stride, kt * kRows, T_);
+    load_tile<HD>(v, kb + (L.v_col - L.k_col), L.qkv_stride, kt * kRows, T_);
     __syncthreads();
     scores<HD>(s, q + warp * 16 * Tile<HD>::ld, k);
     __syncwarp();
@@ -137,22 +138,25 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll 8
     for (int j = 0; j < kRows / 2; ++j) {
       const int c = 2 * j + half, tk = kt * kRows + c;
-      const float x = tk <= tq && tk < T_ ? s[r * kSld + c] * sl2 : -INFINITY;
+      const float x = sees(tq, tk, L.span) && tk < T_ ? s[r * kSld + c] * sl2 : -INFINITY;
       s[r * kSld + c] = x;
       mt = fmaxf(mt, x);
     }
-    // Key kt * 64 <= tq is visible in every tile this block walks, so the maximum is finite.
+    // Without a window, key kt * 64 <= tq is visible in every tile this block walks and the maximum is
+    // finite. A window can leave a row nothing in its first tiles: its maximum stays -inf, and exponentials
+    // taken from 0 instead keep its alpha and probabilities 0 (not the NaN of -inf - -inf).
     const float mnew = fmaxf(m, fmaxf(mt, __shfl_xor_sync(kFull, mt, 16)));
+    const float from = mnew == -INFINITY ? 0.0f : mnew;
     float sum = 0;
 #pragma unroll 8
     for (int j = 0; j < kRows / 2; ++j) {
       const int c = 2 * j + half;
-      const float pv = exp2f(s[r * kSld + c] - mnew);
+      const float pv = exp2f(s[r * kSld + c] - from);
       p[r * kPld + c] = __float2bfloat16_rn(pv);
       sum += pv;
     }
     sum += __shfl_xor_sync(kFull, sum, 16);
-    const float alpha = exp2f(m - mnew);
+    const float alpha = exp2f(m - from);
     l = l * alpha + sum;
     m = mnew;
     for (int c = half; c < HD; c += 2) o[r * Shape<HD>::ldo + c] *= alpha;
@@ -168,7 +172,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncwarp();
   }
   if (tq < T_) {
-    bf16* orow = out + (int64_t(b) * T_ + tq) * C + h * HD;
+    bf16* orow = out + (int64_t(b) * T_ + tq) * L.out_stride + h * HD;
     const float inv = 1.0f / l;
     for (int c = half; c < HD; c += 2) orow[c] = __float2bfloat16_rn(o[r * Shape<HD>::ldo + c] * inv);
     if (half == 0) lse[int64_t(bh) * T_ + tq] = (m + log2f(l)) * kLn2;
@@ -184,7 +188,7 @@ constexpr size_t dq_smem() {
 template <int HD>
 __global__ void __launch_bounds__(kWarps * 32)
     attention_dq_wmma_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* D,
-                             int T_, int C, int NH, float scale) {
+                             int T_, HeadLayout L, float scale) {
   extern __shared__ __align__(128) unsigned char tc_smem[];
   bf16* q = reinterpret_cast<bf16*>(tc_smem);
   bf16* go = q + kRows * Tile<HD>::ld;
@@ -197,22 +201,22 @@ __global__ void __launch_bounds__(kWarps * 32)
   bf16* ds = reinterpret_cast<bf16*>(mine + Shape<HD>::warp_f32 * 4);
 
   // The last query tiles see the most keys: they are scheduled first, so that the short ones fill the tail.
-  const int qt = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int64_t C3 = 3 * int64_t(C);
-  const bf16* base = qkv + int64_t(b) * T_ * C3 + h * HD;
+  const int qt = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / L.heads, h = bh % L.heads;
+  const bf16* rows = qkv + int64_t(b) * T_ * L.qkv_stride;
+  const bf16* kb = rows + L.k_col + (h / L.group) * HD;  // the values: kb + (v_col - k_col)
   const int q0 = qt * kRows, r = lane & 15, half = lane >> 4, tq = q0 + warp * 16 + r;
-  load_tile<HD>(q, base, C3, q0, T_);
-  load_tile<HD>(go, dout + int64_t(b) * T_ * C + h * HD, C, q0, T_);
+  load_tile<HD>(q, rows + h * HD, L.qkv_stride, q0, T_);
+  load_tile<HD>(go, dout + int64_t(b) * T_ * L.out_stride + h * HD, L.out_stride, q0, T_);
   const float l2 = tq < T_ ? lse[int64_t(bh) * T_ + tq] * kLog2e : 0.0f;
   const float dd = tq < T_ ? D[int64_t(bh) * T_ + tq] : 0.0f;
   const float sl2 = scale * kLog2e;
   FragC acc[HD / 16];
 #pragma unroll
   for (int n = 0; n < HD / 16; ++n) wmma::fill_fragment(acc[n], 0.0f);
-  for (int kt = 0; kt <= qt; ++kt) {
+  for (int kt = first_key_tile(q0, L.window, kRows); kt <= qt; ++kt) {
     __syncthreads();
-    load_tile<HD>(k, base + C, C3, kt * kRows, T_);
-    load_tile<HD>(v, base + 2 * C, C3, kt * kRows, T_);
+    load_tile<HD>(k, kb, L.qkv_stride, kt * kRows, T_);
+    load_tile<HD>(v, kb + (L.v_col - L.k_col), L.qkv_stride, kt * kRows, T_);
     __syncthreads();
     scores<HD>(s, q + warp * 16 * Tile<HD>::ld, k);
     scores<HD>(dp, go + warp * 16 * Tile<HD>::ld, v);
@@ -221,7 +225,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int j = 0; j < kRows / 2; ++j) {
       const int c = 2 * j + half, tk = kt * kRows + c;
       float g = 0;
-      if (tk <= tq && tk < T_ && tq < T_) {
+      if (sees(tq, tk, L.span) && tk < T_ && tq < T_) {
         const float pv = exp2f(s[r * kSld + c] * sl2 - l2);
         g = pv * (dp[r * kSld + c] - dd) * scale;
       }
@@ -232,7 +236,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncwarp();
   }
   const int row0 = q0 + warp * 16;
-  store_rows<HD>(dqkv + (int64_t(b) * T_ + row0) * C3 + h * HD, C3, T_ - row0, acc, s);
+  store_rows<HD>(dqkv + (int64_t(b) * T_ + row0) * L.qkv_stride + h * HD, L.qkv_stride, T_ - row0, acc, s);
 }
 
 template <int HD>
@@ -240,11 +244,12 @@ constexpr size_t dkv_smem() {
   return 4 * Tile<HD>::bytes + 2 * kRows * 4 + kWarps * (Shape<HD>::warp_f32 * 4 + 2 * 16 * kPld * 2);
 }
 
-// dK and dV for 64 keys over the query tiles that see them: dV = P^T . dO, dK = dS^T . Q.
+// dK and dV for 64 keys over the query tiles that see them: dV = P^T . dO, dK = dS^T . Q. A block takes one
+// key/value head and walks the query tiles of each query head of its group, head after head.
 template <int HD>
 __global__ void __launch_bounds__(kWarps * 32)
     attention_dkv_wmma_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* D,
-                              int T_, int C, int NH, float scale) {
+                              int T_, HeadLayout L, float scale) {
   extern __shared__ __align__(128) unsigned char tc_smem[];
   bf16* k = reinterpret_cast<bf16*>(tc_smem);
   bf16* v = k + kRows * Tile<HD>::ld;
@@ -260,26 +265,30 @@ __global__ void __launch_bounds__(kWarps * 32)
   bf16* pt = reinterpret_cast<bf16*>(mine + Shape<HD>::warp_f32 * 4);
   bf16* dst = pt + 16 * kPld;
 
-  const int kt = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int64_t C3 = 3 * int64_t(C);
-  const bf16* base = qkv + int64_t(b) * T_ * C3 + h * HD;
+  // Grid (key tiles, kv_heads, B): the block's indices stay in special registers, which the compiler reads
+  // again instead of keeping (this kernel is at the register limit).
+  const int kt = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const bf16* rows = qkv + int64_t(b) * T_ * L.qkv_stride;
   const int k0 = kt * kRows, r = lane & 15, half = lane >> 4, tk = k0 + warp * 16 + r;
-  load_tile<HD>(k, base + C, C3, k0, T_);
-  load_tile<HD>(v, base + 2 * C, C3, k0, T_);
+  load_tile<HD>(k, rows + L.k_col + kvh * HD, L.qkv_stride, k0, T_);
+  load_tile<HD>(v, rows + L.v_col + kvh * HD, L.qkv_stride, k0, T_);
   const float sl2 = scale * kLog2e;
   FragC dk[HD / 16], dv[HD / 16];
 #pragma unroll
   for (int n = 0; n < HD / 16; ++n) wmma::fill_fragment(dk[n], 0.0f), wmma::fill_fragment(dv[n], 0.0f);
-  const int tiles = (T_ + kRows - 1) / kRows;
-  for (int qt = kt; qt < tiles; ++qt) {
+  // The walk: query tiles kt..last of query head kvh * group, then of the group's next head, ...
+  const int last = last_query_tile(k0, L.window, kRows, (T_ + kRows - 1) / kRows);
+#pragma unroll 1
+  for (int h = kvh * L.group, qt = kt; h < (kvh + 1) * L.group; qt = qt < last ? qt + 1 : kt, h += qt == kt) {
     const int q0 = qt * kRows;
+    const int64_t bh = int64_t(b) * L.heads + h;
     __syncthreads();
-    load_tile<HD>(q, base, C3, q0, T_);
-    load_tile<HD>(go, dout + int64_t(b) * T_ * C + h * HD, C, q0, T_);
+    load_tile<HD>(q, qkv + int64_t(b) * T_ * L.qkv_stride + h * HD, L.qkv_stride, q0, T_);
+    load_tile<HD>(go, dout + int64_t(b) * T_ * L.out_stride + h * HD, L.out_stride, q0, T_);
     if (threadIdx.x < kRows) {
       const int t = q0 + threadIdx.x;
-      stat_l2[threadIdx.x] = t < T_ ? lse[int64_t(bh) * T_ + t] * kLog2e : 0.0f;
-      stat_d[threadIdx.x] = t < T_ ? D[int64_t(bh) * T_ + t] : 0.0f;
+      stat_l2[threadIdx.x] = t < T_ ? lse[bh * T_ + t] * kLog2e : 0.0f;
+      stat_d[threadIdx.x] = t < T_ ? D[bh * T_ + t] : 0.0f;
     }
     __syncthreads();
     scores<HD>(s, k + warp * 16 * Tile<HD>::ld, q);
@@ -289,7 +298,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int j = 0; j < kRows / 2; ++j) {
       const int c = 2 * j + half, tq = q0 + c;
       float pv = 0, g = 0;
-      if (tk <= tq && tq < T_ && tk < T_) {
+      if (sees(tq, tk, L.span) && tq < T_ && tk < T_) {
         pv = exp2f(s[r * kSld + c] * sl2 - stat_l2[c]);
         g = pv * (dp[r * kSld + c] - stat_d[c]) * scale;
       }
@@ -302,42 +311,42 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncwarp();
   }
   const int row0 = k0 + warp * 16;
-  bf16* rows = dqkv + (int64_t(b) * T_ + row0) * C3 + h * HD;
-  store_rows<HD>(rows + C, C3, T_ - row0, dk, s);
-  store_rows<HD>(rows + 2 * C, C3, T_ - row0, dv, s);
+  bf16* at = dqkv + (int64_t(b) * T_ + row0) * L.qkv_stride;
+  store_rows<HD>(at + L.k_col + kvh * HD, L.qkv_stride, T_ - row0, dk, s);
+  store_rows<HD>(at + L.v_col + kvh * HD, L.qkv_stride, T_ - row0, dv, s);
 }
 
 }  // namespace
 
 template <int HD>
-void attention_forward_wmma(bf16* out, float* lse, const bf16* qkv, int B, int T_, int C, int NH) {
+void attention_forward_wmma(bf16* out, float* lse, const bf16* qkv, int B, int T_, const HeadLayout& L) {
   constexpr size_t smem = forward_smem<HD>();
   allow_smem(attention_forward_wmma_kernel<HD>, smem, "cudaFuncSetAttribute (attention_forward_wmma)");
-  const dim3 grid((T_ + kRows - 1) / kRows, B * NH);
+  const dim3 grid((T_ + kRows - 1) / kRows, B * L.heads);
   attention_forward_wmma_kernel<HD>
-      <<<grid, kWarps * 32, smem, stream()>>>(out, lse, qkv, T_, C, NH, 1.0f / std::sqrt(float(HD)));
+      <<<grid, kWarps * 32, smem, stream()>>>(out, lse, qkv, T_, L, 1.0f / std::sqrt(float(HD)));
   check_launch("attention_forward_wmma");
 }
 
 template <int HD>
 void attention_backward_wmma(bf16* dqkv, const float* D, const bf16* dout, const bf16* qkv, const float* lse,
-                             int B, int T_, int C, int NH) {
-  const dim3 grid((T_ + kRows - 1) / kRows, B * NH);
+                             int B, int T_, const HeadLayout& L) {
+  const int tiles = (T_ + kRows - 1) / kRows;
   const float scale = 1.0f / std::sqrt(float(HD));
   allow_smem(attention_dq_wmma_kernel<HD>, dq_smem<HD>(), "cudaFuncSetAttribute (attention_dq_wmma)");
-  attention_dq_wmma_kernel<HD>
-      <<<grid, kWarps * 32, dq_smem<HD>(), stream()>>>(dqkv, dout, qkv, lse, D, T_, C, NH, scale);
+  attention_dq_wmma_kernel<HD><<<dim3(tiles, B * L.heads), kWarps * 32, dq_smem<HD>(), stream()>>>(
+      dqkv, dout, qkv, lse, D, T_, L, scale);
   check_launch("attention_backward_wmma (dq)");
   allow_smem(attention_dkv_wmma_kernel<HD>, dkv_smem<HD>(), "cudaFuncSetAttribute (attention_dkv_wmma)");
-  attention_dkv_wmma_kernel<HD>
-      <<<grid, kWarps * 32, dkv_smem<HD>(), stream()>>>(dqkv, dout, qkv, lse, D, T_, C, NH, scale);
+  attention_dkv_wmma_kernel<HD><<<dim3(tiles, L.kv_heads, B), kWarps * 32, dkv_smem<HD>(), stream()>>>(
+      dqkv, dout, qkv, lse, D, T_, L, scale);
   check_launch("attention_backward_wmma (dk, dv)");
 }
 
 #define FORGE_INSTANTIATE(HD)                                                                            \
-  template void attention_forward_wmma<HD>(bf16*, float*, const bf16*, int, int, int, int);              \
+  template void attention_forward_wmma<HD>(bf16*, float*, const bf16*, int, int, const HeadLayout&);     \
   template void attention_backward_wmma<HD>(bf16*, const float*, const bf16*, const bf16*, const float*, \
-                                            int, int, int, int);
+                                            int, int, const HeadLayout&);
 FORGE_INSTANTIATE(32)
 FORGE_INSTANTIATE(64)
 FORGE_INSTANTIATE(128)

@@ -1,17 +1,20 @@
 // The CUDA backend (backend.h): device memory and one op per call on the context's stream. Ops whose
 // semantics ops.h's kernels already have (argument order, accumulate or overwrite) call them with T = float;
-// the rest call backend_kernels.cu. Only the ops that return a value to the host (the losses, sum_squares)
-// and the host copies synchronize.
+// the Llama-family ops (RMSNorm, SwiGLU, rotary positions, qk-norm) call llama_kernels.cu; the rest call
+// backend_kernels.cu. Only the ops that return a value to the host (the losses, sum_squares) and the host
+// copies synchronize.
 //
 // BF16 products (set_bf16_products, the model's BF16 mode): the matrix products and the attention run on
 // BF16 tensor cores (ops.h with T = bf16: cuBLASLt, the mma.sync attention). The activations the model
 // stores as BF16 (Act) go in and come out as they are; weights come from the copy bf16_working_copy keeps
 // of the working copy (BF16 values held in FP32, so the copy is exact); an FP32 operand holding BF16 values
 // is converted per call. Gradients entering a product are rounded to BF16 there, as llm.c's and every
-// BF16 trainer's are. The attention of a batch with documents (doc_start) keeps the FP32 kernel, with its
-// BF16 operands widened: the tensor-core kernels mask causally only.
+// BF16 trainer's are. The tensor-core attention takes grouped-query heads and a sliding window, head dims
+// 32, 64 and 128; a batch with documents (doc_start) or another head dim keeps the FP32 kernel, with its
+// BF16 operands widened. The element-wise and row ops read and write BF16 activations as they are.
 #include "forge/trainer/cuda/backend.h"
 #include "backend_kernels.h"
+#include "llama_kernels.h"
 
 #include "forge/trainer/cuda/context.h"
 #include "forge/trainer/cuda/ops.h"
@@ -221,37 +224,100 @@ class CudaBackend final : public Backend {
       cuda::matmul_backward<float>(din, dw, dbias, dout, in.f32(), w, N, C, OC);
   }
   void add_bias(float* out, const float* bias, int N, int OC) override { seam::add_bias(out, bias, N, OC); }
-  void attention_forward(Act out, float* lse, ConstAct qkv, const int32_t* doc_start, int B, int T, int C,
-                         int NH) override {
-    const size_t n = size_t(B) * size_t(T) * size_t(C);
-    if (tensor_core_attention(qkv.bf16, doc_start, B, T, C, NH)) {
+  void attention_forward(Act out, float* lse, ConstAct qkv, const int32_t* doc_start, int B, int T,
+                         const AttentionShape& shape) override {
+    const size_t rows = size_t(B) * size_t(T), n = rows * size_t(shape.q_width());
+    const size_t n_qkv = rows * size_t(shape.qkv_width());
+    if (tensor_core_attention(qkv.bf16, doc_start, B, T, shape)) {
       bf16* o = out.bf16 ? half(out) : scratch<bf16>(out_, n);
-      cuda::attention_forward<bf16>(o, lse, bf16_operand(qkv, 3 * n, in_), B, T, C, NH);
+      cuda::attention_forward<bf16>(o, lse, bf16_operand(qkv, n_qkv, in_), B, T, shape);
       if (!out.bf16) seam::from_bf16(out.f32(), reinterpret_cast<const uint16_t*>(o), n);
       return;
     }
     float* o = target(out, n, wide_);
-    seam::attention_forward(o, lse, widen(qkv, 3 * n, wide2_), doc_start, B, T, C, NH);
+    seam::attention_forward(o, lse, widen(qkv, n_qkv, wide2_), doc_start, B, T, shape);
     narrow(out, o, n);
   }
   void attention_backward(float* dqkv, const float* dout, ConstAct qkv, ConstAct out, const float* lse,
-                          const int32_t* doc_start, int B, int T, int C, int NH) override {
-    const size_t n = size_t(B) * size_t(T) * size_t(C);
-    if (!tensor_core_attention(qkv.bf16, doc_start, B, T, C, NH))
-      return seam::attention_backward(dqkv, dout, widen(qkv, 3 * n, wide_), widen(out, n, wide2_), lse,
-                                      doc_start, B, T, C, NH);
-    bf16* dqkv_b = scratch<bf16>(dqkv_, 3 * n);
-    cuda::attention_backward<bf16>(dqkv_b, scratch<float>(delta_, size_t(B) * size_t(NH) * size_t(T)),
-                                   bf16_copy(dout_, dout, n), bf16_operand(qkv, 3 * n, in_),
-                                   bf16_operand(out, n, out_), lse, B, T, C, NH);
-    seam::from_bf16(dqkv, reinterpret_cast<const uint16_t*>(dqkv_b), 3 * n);
+                          const int32_t* doc_start, int B, int T, const AttentionShape& shape) override {
+    const size_t rows = size_t(B) * size_t(T), n = rows * size_t(shape.q_width());
+    const size_t n_qkv = rows * size_t(shape.qkv_width());
+    if (!tensor_core_attention(qkv.bf16, doc_start, B, T, shape))
+      return seam::attention_backward(dqkv, dout, widen(qkv, n_qkv, wide_), widen(out, n, wide2_), lse,
+                                      doc_start, B, T, shape);
+    bf16* dqkv_b = scratch<bf16>(dqkv_, n_qkv);
+    cuda::attention_backward<bf16>(dqkv_b,
+                                   scratch<float>(delta_, size_t(B) * size_t(shape.heads) * size_t(T)),
+                                   bf16_copy(dout_, dout, n), bf16_operand(qkv, n_qkv, in_),
+                                   bf16_operand(out, n, out_), lse, B, T, shape);
+    seam::from_bf16(dqkv, reinterpret_cast<const uint16_t*>(dqkv_b), n_qkv);
   }
   void attention_decode(Act out, ConstAct qkv, float* k_cache, float* v_cache, const int32_t* seq,
-                        const int32_t* pos, int rows, int max_len, int C, int NH) override {
-    const size_t n = size_t(rows) * size_t(C);
+                        const int32_t* pos, int rows, int max_len, const AttentionShape& shape) override {
+    const size_t n = size_t(rows) * size_t(shape.q_width());
     float* o = target(out, n, wide_);
-    seam::attention_decode(o, widen(qkv, 3 * n, wide2_), k_cache, v_cache, seq, pos, rows, max_len, C, NH);
+    seam::attention_decode(o, widen(qkv, size_t(rows) * size_t(shape.qkv_width()), wide2_), k_cache, v_cache,
+                           seq, pos, rows, max_len, shape);
     narrow(out, o, n);
+  }
+  void rope(Act qkv, const int32_t* positions, const float* inv_freq, float magnitude, int N, int T,
+            const AttentionShape& shape, bool inverse) override {
+    if (qkv.bf16)
+      llama::rope<bf16>(half(qkv), positions, inv_freq, magnitude, N, T, shape, inverse);
+    else
+      llama::rope<float>(qkv.f32(), positions, inv_freq, magnitude, N, T, shape, inverse);
+  }
+  void head_rmsnorm_forward(Act qkv, float* saved, float* rstd, const float* q_weight, const float* k_weight,
+                            float eps, int N, const AttentionShape& shape) override {
+    if (qkv.bf16)
+      llama::head_rmsnorm_forward<bf16>(half(qkv), saved, rstd, q_weight, k_weight, eps, N, shape);
+    else
+      llama::head_rmsnorm_forward<float>(qkv.f32(), saved, rstd, q_weight, k_weight, eps, N, shape);
+  }
+  void head_rmsnorm_backward(float* dqkv, float* dq_weight, float* dk_weight, const float* saved,
+                             const float* rstd, const float* q_weight, const float* k_weight, int N,
+                             const AttentionShape& shape) override {
+    llama::head_rmsnorm_backward(dqkv, dq_weight, dk_weight, saved, rstd, q_weight, k_weight, N, shape,
+                                 grad_partial_);
+  }
+  void swiglu_forward(Act out, ConstAct in, int N, int H) override {
+    const auto run = [&](auto* o) {
+      if (in.bf16)
+        llama::swiglu_forward(o, static_cast<const bf16*>(in.data), N, H);
+      else
+        llama::swiglu_forward(o, in.f32(), N, H);
+    };
+    if (out.bf16)
+      run(half(out));
+    else
+      run(out.f32());
+  }
+  void swiglu_backward(float* din, const float* dout, ConstAct in, int N, int H) override {
+    if (in.bf16)
+      llama::swiglu_backward(din, dout, static_cast<const bf16*>(in.data), N, H);
+    else
+      llama::swiglu_backward(din, dout, in.f32(), N, H);
+  }
+  void rmsnorm_forward(Act out, float* rstd, const float* in, const float* weight, float eps, int N,
+                       int C) override {
+    if (out.bf16)
+      llama::rmsnorm_forward<bf16>(half(out), rstd, in, weight, eps, N, C);
+    else
+      llama::rmsnorm_forward<float>(out.f32(), rstd, in, weight, eps, N, C);
+  }
+  void rmsnorm_backward(float* din, float* dweight, const float* dout, const float* in, const float* weight,
+                        const float* rstd, int N, int C) override {
+    llama::rmsnorm_backward(din, dweight, dout, in, weight, rstd, N, C, grad_partial_);
+  }
+  void residual_rmsnorm_forward(float* res_out, Act out, float* rstd, const float* res_in, const float* delta,
+                                const float* delta_bias, const float* weight, float eps, int N,
+                                int C) override {
+    if (out.bf16)
+      llama::residual_rmsnorm_forward<bf16>(res_out, half(out), rstd, res_in, delta, delta_bias, weight, eps,
+                                            N, C);
+    else
+      llama::residual_rmsnorm_forward<float>(res_out, out.f32(), rstd, res_in, delta, delta_bias, weight, eps,
+                                             N, C);
   }
   void gelu_backward(float* dinout, ConstAct pre, int N, int C) override {
     const size_t n = size_t(N) * size_t(C);
@@ -431,14 +497,13 @@ class CudaBackend final : public Backend {
     return kept != nullptr ? kept : bf16_copy(buffer, w, n);
   }
   // Whether the attention runs on the tensor-core kernels: BF16 products or operands, no documents, and a
-  // head dim that they have.
-  bool tensor_core_attention(bool bf16_operands, const int32_t* doc_start, int B, int T, int C,
-                             int NH) const {
-    if (!(bf16_products_ || bf16_operands) || doc_start != nullptr || int64_t(B) * T == 0 || NH <= 0 ||
-        C % NH != 0)
+  // head dim that they have (any grouping of the query heads, any window).
+  bool tensor_core_attention(bool bf16_operands, const int32_t* doc_start, int B, int T,
+                             const AttentionShape& shape) const {
+    if (!(bf16_products_ || bf16_operands) || doc_start != nullptr || int64_t(B) * T == 0 ||
+        shape.heads <= 0 || shape.kv_heads <= 0 || shape.heads % shape.kv_heads != 0)
       return false;
-    const int hd = C / NH;
-    return hd == 32 || hd == 64 || hd == 128;
+    return shape.head_dim == 32 || shape.head_dim == 64 || shape.head_dim == 128;
   }
 
   struct WeightCopy {
@@ -450,6 +515,7 @@ class CudaBackend final : public Backend {
   std::map<const float*, WeightCopy> weight_copies_;       // bf16_working_copy, by the working copy's start
   DeviceBuffer in_, dout_, w_, w2_, w3_, out_, dqkv_, delta_;  // BF16 operands (and the attention's delta)
   DeviceBuffer wide_, wide2_;                                  // FP32 forms of BF16 activations
+  DeviceBuffer grad_partial_;  // the RMSNorms' per-block weight-gradient partials (llama_kernels.h)
   DeviceBuffer stats_, row_loss_, sum_;
   std::vector<float> host_stats_;
   std::vector<double> host_loss_;

@@ -3,9 +3,11 @@
 // and vocabulary-split losses, BF16 storage, ranges). Written to be read and checked against the CPU kernels
 // (trainer/src/cpu/) line by line, not to be fast: one thread per element, one warp per row of a head, or one
 // block per row of logits, in the CPU's order of operations wherever the result depends on it.
+#include "attention_tc.h"
 #include "backend_kernels.h"
 #include "device_math.cuh"
 #include "forge/common/batch.h"
+#include "forge/trainer/backend.h"
 #include "forge/trainer/cuda/context.h"
 
 #include <algorithm>
@@ -45,10 +47,23 @@ __device__ __forceinline__ int lane_id() {
   return int(threadIdx.x % 32);
 }
 
-void check_head_dim(int C, int NH, const char* op) {
-  if (NH <= 0 || C % NH != 0 || C / NH > kMaxHeadDim)
-    usage_fail(std::string("CUDA backend ") + op + ": head dim C / NH must divide C and be at most " +
-               std::to_string(kMaxHeadDim));
+// The attention's heads as its kernels index them (attention_tc.h), checked: a head dim the registers hold,
+// query heads in whole groups.
+HeadLayout head_layout(const AttentionShape& shape, const char* op) {
+  if (shape.head_dim <= 0 || shape.head_dim > kMaxHeadDim)
+    usage_fail(std::string("CUDA backend ") + op + ": head dim must be in [1, " +
+               std::to_string(kMaxHeadDim) + "], not " + std::to_string(shape.head_dim));
+  if (shape.heads <= 0 || shape.kv_heads <= 0 || shape.heads % shape.kv_heads != 0)
+    usage_fail(std::string("CUDA backend ") + op + ": " + std::to_string(shape.heads) +
+               " query heads do not divide into " + std::to_string(shape.kv_heads) + " key/value heads");
+  HeadLayout L;
+  L.heads = shape.heads, L.kv_heads = shape.kv_heads, L.group = shape.heads / shape.kv_heads;
+  L.qkv_stride = shape.qkv_width();
+  L.k_col = shape.q_width(), L.v_col = shape.q_width() + shape.kv_width();
+  L.out_stride = shape.q_width();
+  L.window = std::max(shape.window, 0);
+  if (L.window > 0) L.span = unsigned(L.window);
+  return L;
 }
 
 // ---- memory, embedding, residual, bias
@@ -89,14 +104,15 @@ __global__ void embedding_backward_kernel(float* dwte, float* dwpe, const float*
 __global__ void residual_kernel(float* res_out, const float* res_in, const float* delta,
                                 const float* delta_bias, int C, int64_t n) {
   for (int64_t i = first_index(); i < n; i += grid_stride())
-    res_out[i] = res_in[i] + delta[i] + delta_bias[i % C];
+    res_out[i] = res_in[i] + delta[i] + (delta_bias != nullptr ? delta_bias[i % C] : 0.0f);
 }
 
 __global__ void add_bias_kernel(float* out, const float* bias, int OC, int64_t n) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) out[i] += bias[i % OC];
 }
 
-// ---- attention: one warp per (batch, head, query) row, lanes over the head's channels (lane + 32 i)
+// ---- attention: one warp per (batch, head, query) row, lanes over the head's channels (lane + 32 i).
+// Grouped-query attention: query head h reads key/value head h / group (HeadLayout, attention_tc.h).
 
 // The dot product of a lane-distributed register vector with a head vector in memory, summed over the warp.
 __device__ __forceinline__ float warp_dot(const float (&a)[kPerLane], const float* b, int hd) {
@@ -123,29 +139,33 @@ __device__ __forceinline__ void store_head(float* p, const float (&a)[kPerLane],
   }
 }
 
-// Query t of row b sees keys [first, t]: its document's start (doc_start null: 0).
-__device__ __forceinline__ int first_key(const int32_t* doc_start, int b, int T, int t) {
-  return doc_start != nullptr ? doc_start[int64_t(b) * T + t] : 0;
+// Query t of row b sees keys [first, t]: the later of its document's start (doc_start null: 0) and the
+// window's first key.
+__device__ __forceinline__ int first_key(const int32_t* doc_start, int b, int T, int t, int window) {
+  const int doc = doc_start != nullptr ? doc_start[int64_t(b) * T + t] : 0;
+  return max(doc, first_visible_key(t, window));
 }
 
 // Online softmax over the visible keys: the running maximum m and sum l, the output rescaled whenever m
 // grows. lse = m + log l, as the CPU's max + log(sum).
 __global__ void attention_forward_kernel(float* out, float* lse, const float* qkv, const int32_t* doc_start,
-                                         int B, int T, int C, int NH, float scale) {
+                                         int B, int T, HeadLayout L, int hd, float scale) {
   const int64_t item = warp_item();
-  if (item >= int64_t(B) * NH * T) return;
+  if (item >= int64_t(B) * L.heads * T) return;
   const int t = int(item % T);
   const int64_t bh = item / T;
-  const int b = int(bh / NH), h = int(bh % NH), hd = C / NH, C3 = 3 * C;
-  const float* row0 = qkv + int64_t(b) * T * C3 + h * hd;  // batch row b's q of this head at position 0
+  const int b = int(bh / L.heads), h = int(bh % L.heads);
+  const float* rows = qkv + int64_t(b) * T * L.qkv_stride;  // batch row b's position 0
+  const float* k0 = rows + L.k_col + (h / L.group) * hd;
+  const float* v0 = rows + L.v_col + (h / L.group) * hd;
   float q[kPerLane], acc[kPerLane];
-  load_head(q, row0 + int64_t(t) * C3, hd);
+  load_head(q, rows + int64_t(t) * L.qkv_stride + h * hd, hd);
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) acc[i] = 0;
   float m = -INFINITY, l = 0;
-  for (int j = first_key(doc_start, b, T, t); j <= t; ++j) {
-    const float* k = row0 + int64_t(j) * C3 + C;
-    const float* v = k + C;
+  for (int j = first_key(doc_start, b, T, t, L.window); j <= t; ++j) {
+    const float* k = k0 + int64_t(j) * L.qkv_stride;
+    const float* v = v0 + int64_t(j) * L.qkv_stride;
     const float s = warp_dot(q, k, hd) * scale;
     const float m_new = fmaxf(m, s);
     const float rescale = expf(m - m_new);  // 0 at the first key (m = -inf)
@@ -160,34 +180,37 @@ __global__ void attention_forward_kernel(float* out, float* lse, const float* qk
   }
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) acc[i] /= l;
-  store_head(out + (int64_t(b) * T + t) * C + h * hd, acc, hd);
+  store_head(out + (int64_t(b) * T + t) * L.out_stride + h * hd, acc, hd);
   if (lane_id() == 0) lse[bh * T + t] = m + logf(l);
 }
 
 // Backward, as the CPU's: P = exp(S - lse), delta_t = <out_t, dout_t>, dS = P (dP - delta) scale with
 // dP_tj = <dout_t, v_j>; dQ_t = sum_j dS_tj k_j here (one warp per query), dK_j = sum_t dS_tj q_t and
-// dV_j = sum_t P_tj dout_t in the kernel below (one warp per key). Each writes its rows whole: no atomics.
+// dV_j = sum_t P_tj dout_t in the kernel below (one warp per key of a key/value head, summing over the
+// group's query heads in order). Each writes its rows whole: no atomics.
 __global__ void attention_backward_dq_kernel(float* dqkv, const float* dout, const float* qkv,
                                              const float* out, const float* lse, const int32_t* doc_start,
-                                             int B, int T, int C, int NH, float scale) {
+                                             int B, int T, HeadLayout L, int hd, float scale) {
   const int64_t item = warp_item();
-  if (item >= int64_t(B) * NH * T) return;
+  if (item >= int64_t(B) * L.heads * T) return;
   const int t = int(item % T);
   const int64_t bh = item / T;
-  const int b = int(bh / NH), h = int(bh % NH), hd = C / NH, C3 = 3 * C;
-  const float* row0 = qkv + int64_t(b) * T * C3 + h * hd;
-  const int64_t at = (int64_t(b) * T + t) * C + h * hd;  // this query's head in out and dout
+  const int b = int(bh / L.heads), h = int(bh % L.heads);
+  const float* rows = qkv + int64_t(b) * T * L.qkv_stride;
+  const float* k0 = rows + L.k_col + (h / L.group) * hd;
+  const float* v0 = rows + L.v_col + (h / L.group) * hd;
+  const int64_t at = (int64_t(b) * T + t) * L.out_stride + h * hd;  // this query's head in out and dout
   float q[kPerLane], g[kPerLane], o[kPerLane], dq[kPerLane];
-  load_head(q, row0 + int64_t(t) * C3, hd);
+  load_head(q, rows + int64_t(t) * L.qkv_stride + h * hd, hd);
   load_head(g, dout + at, hd);
   load_head(o, out + at, hd);
   const float delta = warp_dot(o, dout + at, hd);
   const float l = lse[bh * T + t];
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) dq[i] = 0;
-  for (int j = first_key(doc_start, b, T, t); j <= t; ++j) {
-    const float* k = row0 + int64_t(j) * C3 + C;
-    const float* v = k + C;
+  for (int j = first_key(doc_start, b, T, t, L.window); j <= t; ++j) {
+    const float* k = k0 + int64_t(j) * L.qkv_stride;
+    const float* v = v0 + int64_t(j) * L.qkv_stride;
     const float p = expf(warp_dot(q, k, hd) * scale - l);
     const float ds = p * (warp_dot(g, v, hd) - delta) * scale;
 #pragma unroll
@@ -196,76 +219,81 @@ __global__ void attention_backward_dq_kernel(float* dqkv, const float* dout, con
       if (c < hd) dq[i] += ds * k[c];
     }
   }
-  store_head(dqkv + (int64_t(b) * T + t) * C3 + h * hd, dq, hd);
+  store_head(dqkv + (int64_t(b) * T + t) * L.qkv_stride + h * hd, dq, hd);
 }
 
 __global__ void attention_backward_dkv_kernel(float* dqkv, const float* dout, const float* qkv,
                                               const float* out, const float* lse, const int32_t* doc_start,
-                                              int B, int T, int C, int NH, float scale) {
+                                              int B, int T, HeadLayout L, int hd, float scale) {
   const int64_t item = warp_item();
-  if (item >= int64_t(B) * NH * T) return;
+  if (item >= int64_t(B) * L.kv_heads * T) return;
   const int j = int(item % T);  // the key
-  const int64_t bh = item / T;
-  const int b = int(bh / NH), h = int(bh % NH), hd = C / NH, C3 = 3 * C;
-  const float* row0 = qkv + int64_t(b) * T * C3 + h * hd;
+  const int64_t bkv = item / T;
+  const int b = int(bkv / L.kv_heads), kvh = int(bkv % L.kv_heads);
+  const float* rows = qkv + int64_t(b) * T * L.qkv_stride;
   float k[kPerLane], v[kPerLane], dk[kPerLane], dv[kPerLane];
-  load_head(k, row0 + int64_t(j) * C3 + C, hd);
-  load_head(v, row0 + int64_t(j) * C3 + 2 * C, hd);
+  load_head(k, rows + int64_t(j) * L.qkv_stride + L.k_col + kvh * hd, hd);
+  load_head(v, rows + int64_t(j) * L.qkv_stride + L.v_col + kvh * hd, hd);
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) dk[i] = dv[i] = 0;
-  for (int t = j; t < T; ++t) {
-    if (first_key(doc_start, b, T, t) > j) continue;  // query t is in a later document
-    const float* q = row0 + int64_t(t) * C3;
-    const int64_t at = (int64_t(b) * T + t) * C + h * hd;
-    const float* g = dout + at;
-    float o[kPerLane];
-    load_head(o, out + at, hd);
-    const float delta = warp_dot(o, g, hd);
-    const float p = expf(warp_dot(k, q, hd) * scale - lse[bh * T + t]);
-    const float ds = p * (warp_dot(v, g, hd) - delta) * scale;
+  // The queries that may see key j: [j, j + window) within the sequence.
+  const int last = L.window > 0 ? min(T - 1, j + L.window - 1) : T - 1;
+  for (int h = kvh * L.group; h < (kvh + 1) * L.group; ++h) {
+    const int64_t bh = int64_t(b) * L.heads + h;
+    for (int t = j; t <= last; ++t) {
+      if (first_key(doc_start, b, T, t, 0) > j) continue;  // query t is in a later document
+      const float* q = rows + int64_t(t) * L.qkv_stride + h * hd;
+      const int64_t at = (int64_t(b) * T + t) * L.out_stride + h * hd;
+      const float* g = dout + at;
+      float o[kPerLane];
+      load_head(o, out + at, hd);
+      const float delta = warp_dot(o, g, hd);
+      const float p = expf(warp_dot(k, q, hd) * scale - lse[bh * T + t]);
+      const float ds = p * (warp_dot(v, g, hd) - delta) * scale;
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int c = lane_id() + 32 * i;
-      if (c < hd) {
-        dv[i] += p * g[c];
-        dk[i] += ds * q[c];
+      for (int i = 0; i < kPerLane; ++i) {
+        const int c = lane_id() + 32 * i;
+        if (c < hd) {
+          dv[i] += p * g[c];
+          dk[i] += ds * q[c];
+        }
       }
     }
   }
-  float* d = dqkv + (int64_t(b) * T + j) * C3 + h * hd;
-  store_head(d + C, dk, hd);
-  store_head(d + 2 * C, dv, hd);
+  float* d = dqkv + (int64_t(b) * T + j) * L.qkv_stride;
+  store_head(d + L.k_col + kvh * hd, dk, hd);
+  store_head(d + L.v_col + kvh * hd, dv, hd);
 }
 
-// Decoding: every new key and value into the caches first (this kernel), then the queries (the next one,
-// queued after it on the stream), so that rows of one sequence see each other's keys.
+// Decoding: every new key and value head into the caches first (this kernel), then the queries (the next
+// one, queued after it on the stream), so that rows of one sequence see each other's keys.
 __global__ void decode_store_kernel(float* k_cache, float* v_cache, const float* qkv, const int32_t* seq,
-                                    const int32_t* pos, int max_len, int C, int64_t n) {
+                                    const int32_t* pos, int max_len, HeadLayout L, int kv_width, int64_t n) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
-    const int64_t r = i / C;
-    const int c = int(i % C);
-    const int64_t at = (int64_t(seq[r]) * max_len + pos[r]) * C + c;
-    k_cache[at] = qkv[r * 3 * C + C + c];
-    v_cache[at] = qkv[r * 3 * C + 2 * C + c];
+    const int64_t r = i / kv_width;
+    const int c = int(i % kv_width);
+    const int64_t at = (int64_t(seq[r]) * max_len + pos[r]) * kv_width + c;
+    k_cache[at] = qkv[r * L.qkv_stride + L.k_col + c];
+    v_cache[at] = qkv[r * L.qkv_stride + L.v_col + c];
   }
 }
 
 __global__ void decode_attend_kernel(float* out, const float* qkv, const float* k_cache, const float* v_cache,
-                                     const int32_t* seq, const int32_t* pos, int rows, int max_len, int C,
-                                     int NH, float scale) {
+                                     const int32_t* seq, const int32_t* pos, int rows, int max_len,
+                                     HeadLayout L, int hd, int kv_width, float scale) {
   const int64_t item = warp_item();
-  if (item >= int64_t(rows) * NH) return;
-  const int64_t r = item / NH;
-  const int h = int(item % NH), hd = C / NH;
-  const float* k0 = k_cache + int64_t(seq[r]) * max_len * C + h * hd;
-  const float* v0 = v_cache + int64_t(seq[r]) * max_len * C + h * hd;
+  if (item >= int64_t(rows) * L.heads) return;
+  const int64_t r = item / L.heads;
+  const int h = int(item % L.heads), kvh = h / L.group;
+  const float* k0 = k_cache + int64_t(seq[r]) * max_len * kv_width + kvh * hd;
+  const float* v0 = v_cache + int64_t(seq[r]) * max_len * kv_width + kvh * hd;
   float q[kPerLane], acc[kPerLane];
-  load_head(q, qkv + r * 3 * C + h * hd, hd);
+  load_head(q, qkv + r * L.qkv_stride + h * hd, hd);
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) acc[i] = 0;
   float m = -INFINITY, l = 0;
-  for (int j = 0; j <= pos[r]; ++j) {
-    const float s = warp_dot(q, k0 + int64_t(j) * C, hd) * scale;
+  for (int j = max(0, first_visible_key(pos[r], L.window)); j <= pos[r]; ++j) {
+    const float s = warp_dot(q, k0 + int64_t(j) * kv_width, hd) * scale;
     const float m_new = fmaxf(m, s);
     const float rescale = expf(m - m_new);
     const float p = expf(s - m_new);
@@ -273,13 +301,13 @@ __global__ void decode_attend_kernel(float* out, const float* qkv, const float* 
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int c = lane_id() + 32 * i;
-      if (c < hd) acc[i] = acc[i] * rescale + p * v0[int64_t(j) * C + c];
+      if (c < hd) acc[i] = acc[i] * rescale + p * v0[int64_t(j) * kv_width + c];
     }
     m = m_new;
   }
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) acc[i] /= l;
-  store_head(out + r * C + h * hd, acc, hd);
+  store_head(out + r * L.out_stride + h * hd, acc, hd);
 }
 
 // ---- Mixture-of-Experts row moves
@@ -550,41 +578,43 @@ void add_bias(float* out, const float* bias, int N, int OC) {
 }
 
 void attention_forward(float* out, float* lse, const float* qkv, const int32_t* doc_start, int B, int T,
-                       int C, int NH) {
-  check_head_dim(C, NH, "attention_forward");
-  const int64_t items = int64_t(B) * NH * T;
+                       const AttentionShape& shape) {
+  const HeadLayout L = head_layout(shape, "attention_forward");
+  const int64_t items = int64_t(B) * L.heads * T;
   if (items == 0) return;
-  const float scale = 1.0f / std::sqrt(float(C / NH));
-  attention_forward_kernel<<<warp_blocks(items), kThreads, 0, stream()>>>(out, lse, qkv, doc_start, B, T, C,
-                                                                          NH, scale);
+  const float scale = 1.0f / std::sqrt(float(shape.head_dim));
+  attention_forward_kernel<<<warp_blocks(items), kThreads, 0, stream()>>>(out, lse, qkv, doc_start, B, T, L,
+                                                                          shape.head_dim, scale);
   check_launch("attention_forward");
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                        const int32_t* doc_start, int B, int T, int C, int NH) {
-  check_head_dim(C, NH, "attention_backward");
-  const int64_t items = int64_t(B) * NH * T;
+                        const int32_t* doc_start, int B, int T, const AttentionShape& shape) {
+  const HeadLayout L = head_layout(shape, "attention_backward");
+  const int64_t items = int64_t(B) * L.heads * T;
   if (items == 0) return;
-  const float scale = 1.0f / std::sqrt(float(C / NH));
+  const int hd = shape.head_dim;
+  const float scale = 1.0f / std::sqrt(float(hd));
   attention_backward_dq_kernel<<<warp_blocks(items), kThreads, 0, stream()>>>(dqkv, dout, qkv, out, lse,
-                                                                              doc_start, B, T, C, NH, scale);
+                                                                              doc_start, B, T, L, hd, scale);
   check_launch("attention_backward (dq)");
-  attention_backward_dkv_kernel<<<warp_blocks(items), kThreads, 0, stream()>>>(dqkv, dout, qkv, out, lse,
-                                                                               doc_start, B, T, C, NH, scale);
+  attention_backward_dkv_kernel<<<warp_blocks(int64_t(B) * L.kv_heads * T), kThreads, 0, stream()>>>(
+      dqkv, dout, qkv, out, lse, doc_start, B, T, L, hd, scale);
   check_launch("attention_backward (dk, dv)");
 }
 
 void attention_decode(float* out, const float* qkv, float* k_cache, float* v_cache, const int32_t* seq,
-                      const int32_t* pos, int rows, int max_len, int C, int NH) {
-  check_head_dim(C, NH, "attention_decode");
-  const int64_t n = int64_t(rows) * C;
+                      const int32_t* pos, int rows, int max_len, const AttentionShape& shape) {
+  const HeadLayout L = head_layout(shape, "attention_decode");
+  const int kv_width = shape.kv_width();
+  const int64_t n = int64_t(rows) * kv_width;
   if (n == 0) return;
-  decode_store_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(k_cache, v_cache, qkv, seq, pos, max_len, C,
-                                                                n);
+  decode_store_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(k_cache, v_cache, qkv, seq, pos, max_len, L,
+                                                                kv_width, n);
   check_launch("attention_decode (cache)");
-  const float scale = 1.0f / std::sqrt(float(C / NH));
-  decode_attend_kernel<<<warp_blocks(int64_t(rows) * NH), kThreads, 0, stream()>>>(
-      out, qkv, k_cache, v_cache, seq, pos, rows, max_len, C, NH, scale);
+  const float scale = 1.0f / std::sqrt(float(shape.head_dim));
+  decode_attend_kernel<<<warp_blocks(int64_t(rows) * L.heads), kThreads, 0, stream()>>>(
+      out, qkv, k_cache, v_cache, seq, pos, rows, max_len, L, shape.head_dim, kv_width, scale);
   check_launch("attention_decode");
 }
 

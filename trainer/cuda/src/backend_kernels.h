@@ -4,6 +4,10 @@
 #include <cstddef>
 #include <cstdint>
 
+namespace forge::trainer {
+struct AttentionShape;  // backend.h
+}
+
 namespace forge::trainer::cuda {
 
 // The kernels backend_kernels.cu adds for the backend, one per op that ops.h has no exact match for. All
@@ -18,12 +22,14 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 void residual_forward(float* res_out, const float* res_in, const float* delta, const float* delta_bias, int N,
                       int C);
 void add_bias(float* out, const float* bias, int N, int OC);
+// The attention with everything the tensor-core kernels (ops.h) leave out: documents, any head dim up to
+// 256; grouped-query heads and a sliding window as well.
 void attention_forward(float* out, float* lse, const float* qkv, const int32_t* doc_start, int B, int T,
-                       int C, int NH);
+                       const AttentionShape& shape);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                        const int32_t* doc_start, int B, int T, int C, int NH);
+                        const int32_t* doc_start, int B, int T, const AttentionShape& shape);
 void attention_decode(float* out, const float* qkv, float* k_cache, float* v_cache, const int32_t* seq,
-                      const int32_t* pos, int rows, int max_len, int C, int NH);
+                      const int32_t* pos, int rows, int max_len, const AttentionShape& shape);
 // in: FP32, or BF16 bits (uint16_t)
 template <class T>
 void gather_rows(float* out, const T* in, const int32_t* index, const float* scale, int rows, int C);

@@ -78,50 +78,10 @@ __global__ void residual_layernorm_kernel(float* res_out, T* ln_out, float* mean
   if (r >= N) return;
   const int lane = threadIdx.x % 32;
   float* x = res_out + r * C;
-  for (int c = lane; c < C; c += 32) x[c] = res_in[r * C + c] + delta[r * C + c] + to_f(delta_bias[c]);
+  for (int c = lane; c < C; c += 32)
+    x[c] = res_in[r * C + c] + delta[r * C + c] + (delta_bias != nullptr ? to_f(delta_bias[c]) : 0.0f);
   __syncwarp();
   layernorm_row(ln_out + r * C, mean, rstd, x, w, b, r, C);
-}
-
-// V consecutive values as floats (V = 4: one 16-byte load of float, one 8-byte load of bf16).
-template <int V>
-__device__ __forceinline__ void load_vec(float (&v)[V], const float* p) {
-  if constexpr (V == 4) {
-    const float4 f = *reinterpret_cast<const float4*>(p);
-    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
-  } else {
-    for (int k = 0; k < V; ++k) v[k] = p[k];
-  }
-}
-template <int V>
-__device__ __forceinline__ void load_vec(float (&v)[V], const bf16* p) {
-  if constexpr (V == 4) {
-    const uint2 u = *reinterpret_cast<const uint2*>(p);
-    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
-    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
-    v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
-  } else {
-    for (int k = 0; k < V; ++k) v[k] = to_f(p[k]);
-  }
-}
-template <int V>
-__device__ __forceinline__ void store_vec(float* p, const float (&v)[V]) {
-  if constexpr (V == 4)
-    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-  else
-    for (int k = 0; k < V; ++k) p[k] = v[k];
-}
-template <int V>
-__device__ __forceinline__ void store_vec(bf16* p, const float (&v)[V]) {
-  if constexpr (V == 4) {
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]), hi = __floats2bfloat162_rn(v[2], v[3]);
-    uint2 u;
-    u.x = *reinterpret_cast<const uint32_t*>(&lo);
-    u.y = *reinterpret_cast<const uint32_t*>(&hi);
-    *reinterpret_cast<uint2*>(p) = u;
-  } else {
-    for (int k = 0; k < V; ++k) p[k] = from_f<bf16>(v[k]);
-  }
 }
 
 // A grid-stride set of warps, one row at a time, V columns per lane access. Each warp sums the weight and

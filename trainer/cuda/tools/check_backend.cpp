@@ -6,15 +6,17 @@
 // copy_to_host, so the memory ops are exercised by every row too.
 //
 // Error: max |cuda - cpu| over an output, and that over max |cpu| (floored at 1e-6, so an output that is 0
-// on the CPU is compared absolutely). Tolerances on the relative error: 1e-5 for element-wise ops, 1e-4 for
-// ops that sum (matrix products, attention, softmax and loss sums, LayerNorm's gradients, embedding
-// gradients summed by atomics), 1e-12 for the double sum of squares, exact bits for BF16 and the memory ops;
-// 1e-2 (2e-2 for the attention's gradient) where the BF16 products round a gradient or probabilities.
+// on the CPU is compared absolutely). Tolerances on the relative error: 1e-5 for element-wise ops (RMSNorm's
+// and rotary positions' outputs among them), 1e-4 for ops that sum (matrix products, attention, softmax and
+// loss sums, LayerNorm's and RMSNorm's gradients, embedding gradients summed by atomics), 1e-12 for the
+// double sum of squares, exact bits for BF16 and the memory ops; 1e-2 (2e-2 for the attention's gradient)
+// where the BF16 products round a gradient or probabilities, or an output is stored as BF16.
 #include "check.h"
 #include "forge/common/batch.h"
 #include "forge/common/hash.h"
 #include "forge/trainer/backend.h"
 #include "forge/trainer/cuda/backend.h"
+#include "forge/trainer/rope.h"
 
 #include <fmt/format.h>
 
@@ -307,17 +309,27 @@ struct Checker {
     cmp("matmul_backward dbias" + tag, gdb, db, kSums);
   }
 
-  // T = 23, 3 heads of `hd` channels (12: lanes idle; 40: two per lane), documents or plain causal.
-  void attention(int hd, bool documents) {
-    const int B = 2, T = 23, NH = 3, C = NH * hd;
-    const std::string tag = fmt::format(" (hd {}, {})", hd, documents ? "documents" : "causal");
-    const Floats qkv = rng.floats(size_t(B) * T * 3 * C, -2, 2);
+  static std::string shape_tag(const AttentionShape& shape) {
+    std::string tag = fmt::format("hd {}", shape.head_dim);
+    if (shape.kv_heads != shape.heads) tag += fmt::format(", {}/{} heads", shape.heads, shape.kv_heads);
+    if (shape.window > 0) tag += fmt::format(", window {}", shape.window);
+    return tag;
+  }
+
+  // T = 23; head dims 12 (lanes idle) and 40 (two per lane); grouped-query heads (8 query heads on 2
+  // key/value heads: the dK/dV sums over a group), a head dim that is not any model width / heads, and a
+  // window shorter than the documents; documents or plain causal.
+  void attention(const AttentionShape& shape, bool documents) {
+    const int B = 2, T = 23;
+    const size_t rows = size_t(B) * T;
+    const std::string tag = fmt::format(" ({}, {})", shape_tag(shape), documents ? "documents" : "causal");
+    const Floats qkv = rng.floats(rows * size_t(shape.qkv_width()), -2, 2);
     Ints starts = doc_starts(rng, B, T, 3);
-    Floats out = rng.floats(size_t(B) * T * C), lse = rng.floats(size_t(B) * NH * T);
+    Floats out = rng.floats(rows * size_t(shape.q_width())), lse = rng.floats(size_t(B) * shape.heads * T);
     auto gqkv = up(qkv), gout = up(out), glse = up(lse);
     auto gstarts = up(starts);
-    cpu.attention_forward(out.data(), lse.data(), qkv.data(), opt(starts, documents), B, T, C, NH);
-    gpu.attention_forward(gout.data(), glse.data(), gqkv.data(), opt(gstarts, documents), B, T, C, NH);
+    cpu.attention_forward(out.data(), lse.data(), qkv.data(), opt(starts, documents), B, T, shape);
+    gpu.attention_forward(gout.data(), glse.data(), gqkv.data(), opt(gstarts, documents), B, T, shape);
     cmp("attention_forward out" + tag, gout, out, kSums);
     cmp("attention_forward lse" + tag, glse, lse, kSums);
     // Backward from the CPU forward's out and lse on both sides; dqkv starts as garbage (overwritten).
@@ -325,30 +337,31 @@ struct Checker {
     Floats dqkv = rng.floats(qkv.size());
     auto gdout = up(dout), gdqkv = up(dqkv), cpu_out = up(out), cpu_lse = up(lse);
     cpu.attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
-                           opt(starts, documents), B, T, C, NH);
+                           opt(starts, documents), B, T, shape);
     gpu.attention_backward(gdqkv.data(), gdout.data(), gqkv.data(), cpu_out.data(), cpu_lse.data(),
-                           opt(gstarts, documents), B, T, C, NH);
+                           opt(gstarts, documents), B, T, shape);
     cmp("attention_backward dqkv" + tag, gdqkv, dqkv, kSums);
   }
 
   // Three cached sequences; two new rows of sequence 2 in one call (the second sees the first's key) and two
-  // of sequence 0 at positions apart.
-  void attention_decode() {
-    const int S = 3, max_len = 13, NH = 3, C = 3 * 12;
+  // of sequence 0 at positions apart. With a window of 4 the rows at positions 7 to 9 see only their last 4.
+  void attention_decode(const AttentionShape& shape) {
+    const int S = 3, max_len = 13, kvw = shape.kv_width();
+    const std::string tag = " (" + shape_tag(shape) + ")";
     const Ints seq{0, 2, 2, 1, 0}, pos{4, 7, 8, 0, 9};
     const int rows = int(seq.size());
-    const Floats qkv = rng.floats(size_t(rows) * 3 * C, -2, 2);
-    Floats k = rng.floats(size_t(S) * max_len * C), v = rng.floats(k.size()),
-           out = rng.floats(size_t(rows) * C);
+    const Floats qkv = rng.floats(size_t(rows) * shape.qkv_width(), -2, 2);
+    Floats k = rng.floats(size_t(S) * max_len * kvw), v = rng.floats(k.size()),
+           out = rng.floats(size_t(rows) * shape.q_width());
     auto gqkv = up(qkv), gk = up(k), gv = up(v), gout = up(out);
     auto gseq = up(seq), gpos = up(pos);
-    cpu.attention_decode(out.data(), qkv.data(), k.data(), v.data(), seq.data(), pos.data(), rows, max_len, C,
-                         NH);
+    cpu.attention_decode(out.data(), qkv.data(), k.data(), v.data(), seq.data(), pos.data(), rows, max_len,
+                         shape);
     gpu.attention_decode(gout.data(), gqkv.data(), gk.data(), gv.data(), gseq.data(), gpos.data(), rows,
-                         max_len, C, NH);
-    cmp("attention_decode out", gout, out, kSums);
-    cmp("attention_decode k_cache", gk, k, kExact);
-    cmp("attention_decode v_cache", gv, v, kExact);
+                         max_len, shape);
+    cmp("attention_decode out" + tag, gout, out, kSums);
+    cmp("attention_decode k_cache" + tag, gk, k, kExact);
+    cmp("attention_decode v_cache" + tag, gv, v, kExact);
   }
 
   // The MLP's first product with its bias and GELU fused (pre-activations over about [-4, 4]), then GELU's
@@ -368,6 +381,171 @@ struct Checker {
     cpu.gelu_backward(d.data(), pre.data(), N, OC);
     gpu.gelu_backward(gd.data(), cpre.data(), N, OC);
     cmp("gelu_backward", gd, d, kElementwise);
+  }
+
+  // RMSNorm over rows of C: 45 (the kernels that loop over a row), 48, 520 and 2048 (the row in registers,
+  // one to sixteen four-column chunks a lane; 2048's backward loops), 2100 rows (the backward's warps take
+  // several rows each). Outputs FP32 and BF16; the residual add with the delta's bias and without; the
+  // backward's din and dweight start non-zero (+=), and dweight's bits are the same when run again.
+  void rmsnorm(int N, int C) {
+    const float eps = 1e-6f;
+    const std::string tag = fmt::format(" (N {}, C {})", N, C);
+    const size_t n = size_t(N) * C;
+    const Floats x = rng.floats(n, -2, 2), w = rng.floats(size_t(C), 0.5f, 1.5f), d = rng.floats(n),
+                 db = rng.floats(size_t(C));
+    Floats out(n), rstd(static_cast<size_t>(N));
+    auto gx = up(x), gw = up(w), gd = up(d), gdb = up(db), gout = up(out), grstd = up(rstd);
+    cpu.rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), eps, N, C);
+    gpu.rmsnorm_forward(gout.data(), grstd.data(), gx.data(), gw.data(), eps, N, C);
+    cmp("rmsnorm_forward out" + tag, gout, out, kElementwise);
+    cmp("rmsnorm_forward rstd" + tag, grstd, rstd, kElementwise);
+    Halves hout(n);
+    Floats hrstd(rstd.size());
+    auto ghout = up(hout);
+    auto ghrstd = up(hrstd);
+    cpu.rmsnorm_forward(hout.data(), hrstd.data(), x.data(), w.data(), eps, N, C);
+    gpu.rmsnorm_forward(ghout.data(), ghrstd.data(), gx.data(), gw.data(), eps, N, C);
+    cmp("rmsnorm_forward out (BF16)" + tag, ghout, hout, kBf16);
+    for (bool bias : {true, false}) {
+      const std::string rtag = tag.substr(0, tag.size() - 1) + (bias ? ", delta bias)" : ", no delta bias)");
+      Floats res(n), rout(n), rrstd(rstd.size());
+      Halves rhout(n);
+      auto gres = up(res), grout = up(rout), grrstd = up(rrstd);
+      auto grhout = up(rhout);
+      cpu.residual_rmsnorm_forward(res.data(), rout.data(), rrstd.data(), x.data(), d.data(), opt(db, bias),
+                                   w.data(), eps, N, C);
+      gpu.residual_rmsnorm_forward(gres.data(), grout.data(), grrstd.data(), gx.data(), gd.data(),
+                                   opt(gdb, bias), gw.data(), eps, N, C);
+      cmp("residual_rmsnorm_forward res_out" + rtag, gres, res, kElementwise);
+      cmp("residual_rmsnorm_forward out" + rtag, grout, rout, kElementwise);
+      cmp("residual_rmsnorm_forward rstd" + rtag, grrstd, rrstd, kElementwise);
+      cpu.residual_rmsnorm_forward(res.data(), rhout.data(), rrstd.data(), x.data(), d.data(), opt(db, bias),
+                                   w.data(), eps, N, C);
+      gpu.residual_rmsnorm_forward(gres.data(), grhout.data(), grrstd.data(), gx.data(), gd.data(),
+                                   opt(gdb, bias), gw.data(), eps, N, C);
+      cmp("residual_rmsnorm_forward out (BF16)" + rtag, grhout, rhout, kBf16);
+    }
+    // Backward from the CPU's rstd on both sides.
+    const Floats dout = rng.floats(n), din0 = rng.floats(n), dw0 = rng.floats(size_t(C));
+    Floats din = din0, dw = dw0;
+    auto gdout = up(dout), gdin = up(din0), gdw = up(dw0), crstd = up(rstd);
+    cpu.rmsnorm_backward(din.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), N, C);
+    gpu.rmsnorm_backward(gdin.data(), gdw.data(), gdout.data(), gx.data(), gw.data(), crstd.data(), N, C);
+    cmp("rmsnorm_backward din" + tag, gdin, din, kSums);
+    cmp("rmsnorm_backward dweight" + tag, gdw, dw, kSums);
+    auto gdin2 = up(din0), gdw2 = up(dw0);
+    gpu.rmsnorm_backward(gdin2.data(), gdw2.data(), gdout.data(), gx.data(), gw.data(), crstd.data(), N, C);
+    report.bits<float>("rmsnorm_backward dweight run again" + tag, down(gdw2), down(gdw));
+  }
+
+  // Qwen 3's qk-norm on the q and k heads of qkv rows (v untouched): head dims 12 and 128 (four columns a
+  // lane access), 10 (one); 700 rows (the backward's warps take several heads each). The forward in place
+  // on FP32 and BF16 rows; the backward in place on dqkv, dq_weight and dk_weight +=.
+  void head_rmsnorm(int N, const AttentionShape& shape) {
+    const float eps = 1e-6f;
+    const int hd = shape.head_dim, normed = shape.heads + shape.kv_heads;
+    const std::string tag = fmt::format(" (N {}, {}/{} heads, hd {})", N, shape.heads, shape.kv_heads, hd);
+    const size_t n = size_t(N) * shape.qkv_width(), ns = size_t(N) * normed * hd;
+    const Floats qkv0 = rng.floats(n, -2, 2), qw = rng.floats(size_t(hd), 0.5f, 1.5f),
+                 kw = rng.floats(size_t(hd), 0.5f, 1.5f);
+    Floats qkv = qkv0, saved(ns), rstd(size_t(N) * normed);
+    auto gqkv = up(qkv0), gsaved = up(saved), grstd = up(rstd), gqw = up(qw), gkw = up(kw);
+    cpu.head_rmsnorm_forward(qkv.data(), saved.data(), rstd.data(), qw.data(), kw.data(), eps, N, shape);
+    gpu.head_rmsnorm_forward(gqkv.data(), gsaved.data(), grstd.data(), gqw.data(), gkw.data(), eps, N, shape);
+    cmp("head_rmsnorm_forward qkv" + tag, gqkv, qkv, kElementwise);
+    cmp("head_rmsnorm_forward saved" + tag, gsaved, saved, kExact);
+    cmp("head_rmsnorm_forward rstd" + tag, grstd, rstd, kElementwise);
+    Halves hqkv = halves(qkv0);
+    Floats hsaved(ns), hrstd(rstd.size());
+    auto ghqkv = up(hqkv);
+    auto ghsaved = up(hsaved), ghrstd = up(hrstd);
+    cpu.head_rmsnorm_forward(hqkv.data(), hsaved.data(), hrstd.data(), qw.data(), kw.data(), eps, N, shape);
+    gpu.head_rmsnorm_forward(ghqkv.data(), ghsaved.data(), ghrstd.data(), gqw.data(), gkw.data(), eps, N,
+                             shape);
+    cmp("head_rmsnorm_forward qkv (BF16)" + tag, ghqkv, hqkv, kBf16);
+    cmp("head_rmsnorm_forward saved (BF16)" + tag, ghsaved, hsaved, kExact);
+    // Backward from the CPU's saved inputs and rstd.
+    const Floats dqkv0 = rng.floats(n), dqw0 = rng.floats(size_t(hd)), dkw0 = rng.floats(size_t(hd));
+    Floats dqkv = dqkv0, dqw = dqw0, dkw = dkw0;
+    auto gdqkv = up(dqkv0), gdqw = up(dqw0), gdkw = up(dkw0), csaved = up(saved), crstd = up(rstd);
+    cpu.head_rmsnorm_backward(dqkv.data(), dqw.data(), dkw.data(), saved.data(), rstd.data(), qw.data(),
+                              kw.data(), N, shape);
+    gpu.head_rmsnorm_backward(gdqkv.data(), gdqw.data(), gdkw.data(), csaved.data(), crstd.data(), gqw.data(),
+                              gkw.data(), N, shape);
+    cmp("head_rmsnorm_backward dqkv" + tag, gdqkv, dqkv, kSums);
+    cmp("head_rmsnorm_backward dq_weight" + tag, gdqw, dqw, kSums);
+    cmp("head_rmsnorm_backward dk_weight" + tag, gdkw, dkw, kSums);
+    auto gdqkv2 = up(dqkv0), gdqw2 = up(dqw0), gdkw2 = up(dkw0);
+    gpu.head_rmsnorm_backward(gdqkv2.data(), gdqw2.data(), gdkw2.data(), csaved.data(), crstd.data(),
+                              gqw.data(), gkw.data(), N, shape);
+    Floats again = down(gdqw2), first = down(gdqw);
+    for (float v : down(gdkw2)) again.push_back(v);
+    for (float v : down(gdkw)) first.push_back(v);
+    report.bits<float>("head_rmsnorm_backward weights run again" + tag, again, first);
+  }
+
+  // SwiGLU on gate | up rows: H = 37 (one value a thread), 48 (four); gates over [-6, 6]. FP32 and BF16 in,
+  // FP32 and BF16 out; the backward overwrites din (from garbage).
+  void swiglu(int N, int H) {
+    const Floats in = rng.floats(2 * size_t(N) * size_t(H), -6, 6);
+    swiglu_with(in, N, H, fmt::format(" (H {})", H));
+    swiglu_with(halves(in), N, H, fmt::format(" (H {}, BF16 in)", H));
+    Halves out(size_t(N) * size_t(H));
+    const Halves hin = halves(in);
+    auto ghin = up(hin), gout = up(out);
+    cpu.swiglu_forward(out.data(), hin.data(), N, H);
+    gpu.swiglu_forward(gout.data(), ghin.data(), N, H);
+    cmp(fmt::format("swiglu_forward (H {}, BF16 in and out)", H), gout, out, kBf16);
+  }
+  // FP32 out from `in` (FP32 values or their BF16 bits), and the backward.
+  template <class In>
+  void swiglu_with(const std::vector<In>& in, int N, int H, const std::string& tag) {
+    const size_t n = size_t(N) * size_t(H);
+    Floats out = rng.floats(n), din = rng.floats(2 * n);
+    const Floats dout = rng.floats(n);
+    auto gin = up(in);
+    auto gout = up(out), gdin = up(din), gdout = up(dout);
+    cpu.swiglu_forward(out.data(), in.data(), N, H);
+    gpu.swiglu_forward(gout.data(), gin.data(), N, H);
+    cmp("swiglu_forward" + tag, gout, out, kElementwise);
+    cpu.swiglu_backward(din.data(), dout.data(), in.data(), N, H);
+    gpu.swiglu_backward(gdin.data(), gdout.data(), gin.data(), N, H);
+    cmp("swiglu_backward" + tag, gdin, din, kElementwise);
+  }
+
+  // Rotary positions on the q and k heads (v untouched): head dims 12 and 10 (one pair a thread), 16 and 128
+  // (four); positions null (r % T) or given up to 5000 (angles of thousands of radians, where fast-math's
+  // cos and sin would be off); Llama 3's theta, magnitude 1 or YaRN's; forward and inverse; FP32 and BF16.
+  void rope(const AttentionShape& shape, bool yarn) {
+    const int N = 29, T = 11;
+    RopeSpec spec;
+    spec.theta = 500000;
+    if (yarn) spec.scaling = RopeScaling::kYarn, spec.factor = 4, spec.original_positions = 1024;
+    const RopeTable table = rope_table(spec, shape.head_dim);
+    const size_t n = size_t(N) * shape.qkv_width();
+    const Floats qkv0 = rng.floats(n, -2, 2);
+    const Ints positions = rng.ints(size_t(N), 5000);
+    auto gfreq = up(table.inv_freq);
+    auto gpos = up(positions);
+    for (bool given : {false, true})
+      for (bool inverse : {false, true}) {
+        const std::string tag = fmt::format(" ({}/{} heads, hd {}, {}, positions {}{})", shape.heads,
+                                            shape.kv_heads, shape.head_dim, yarn ? "yarn" : "magnitude 1",
+                                            given ? "given" : "null", inverse ? ", inverse" : "");
+        Floats qkv = qkv0;
+        auto gqkv = up(qkv0);
+        cpu.rope(qkv.data(), opt(positions, given), table.inv_freq.data(), table.magnitude, N, T, shape,
+                 inverse);
+        gpu.rope(gqkv.data(), opt(gpos, given), gfreq.data(), table.magnitude, N, T, shape, inverse);
+        cmp("rope" + tag, gqkv, qkv, kElementwise);
+        if (given && !inverse) {
+          Halves h = halves(qkv0);
+          auto gh = up(h);
+          cpu.rope(h.data(), positions.data(), table.inv_freq.data(), table.magnitude, N, T, shape, false);
+          gpu.rope(gh.data(), gpos.data(), gfreq.data(), table.magnitude, N, T, shape, false);
+          cmp("rope (BF16)" + tag, gh, h, kBf16);
+        }
+      }
   }
 
   void moe(bool with_factors, bool accumulate) {
@@ -532,19 +710,35 @@ struct Checker {
     gpu.matmul_forward(gout.data(), gx.data(), gw2.data(), nullptr, N, C, OC);
     cmp("bf16 products: matmul_forward (weights not announced)", gout, fresh, kSums);
 
-    // The attention: head dims 64 (tensor cores; T = 45 leaves a tail tile) and 40 (no tensor-core kernel:
-    // the FP32 one), and documents (the FP32 kernel).
-    for (const auto& [hd, documents] : {std::pair{64, false}, std::pair{40, false}, std::pair{64, true}}) {
-      const int B = 2, T = 45, NH = 3, AC = NH * hd;
-      const bool tensor_cores = hd == 64 && !documents;
-      const std::string tag = fmt::format(" (hd {}, {})", hd, documents ? "documents" : "causal");
-      const Floats qkv = bf16_values(size_t(B) * T * 3 * AC, -2, 2);
+    // The attention: head dims 64 (tensor cores, mma.sync; T = 45 leaves a tail tile), 128 (WMMA) and 32,
+    // grouped-query heads and windows on tensor cores (T = 150 with a window of 40: the key tiles before a
+    // query tile's window are skipped, the first one walked is partly outside it); head dim 40 (no
+    // tensor-core kernel: the FP32 one), and documents (the FP32 kernel).
+    struct Case {
+      AttentionShape shape;
+      int T;
+      bool documents;
+    };
+    for (const Case& c :
+         {Case{{3, 3, 64, 0}, 45, false}, Case{{3, 3, 40, 0}, 45, false}, Case{{3, 3, 64, 0}, 45, true},
+          Case{{8, 2, 64, 0}, 45, false}, Case{{4, 2, 128, 0}, 45, false}, Case{{4, 1, 32, 40}, 150, false},
+          Case{{8, 2, 64, 40}, 150, false}, Case{{4, 2, 128, 40}, 150, false},
+          Case{{8, 2, 64, 20}, 45, true}}) {
+      const AttentionShape& shape = c.shape;
+      const int B = 2, T = c.T;
+      const bool documents = c.documents;
+      const size_t rows = size_t(B) * T;
+      const bool tensor_cores = shape.head_dim != 40 && !documents;
+      const std::string tag =
+          fmt::format(" (T {}, {}, {}{})", T, shape_tag(shape), documents ? "documents" : "causal",
+                      tensor_cores ? ", tensor cores" : "");
+      const Floats qkv = bf16_values(rows * shape.qkv_width(), -2, 2);
       const Ints starts = doc_starts(rng, B, T, 3);
-      Floats aout(size_t(B) * T * AC), lse(size_t(B) * NH * T);
+      Floats aout(rows * shape.q_width()), lse(size_t(B) * shape.heads * T);
       auto gqkv = up(qkv), gaout = up(aout), glse = up(lse);
       auto gstarts = up(starts);
-      cpu.attention_forward(aout.data(), lse.data(), qkv.data(), opt(starts, documents), B, T, AC, NH);
-      gpu.attention_forward(gaout.data(), glse.data(), gqkv.data(), opt(gstarts, documents), B, T, AC, NH);
+      cpu.attention_forward(aout.data(), lse.data(), qkv.data(), opt(starts, documents), B, T, shape);
+      gpu.attention_forward(gaout.data(), glse.data(), gqkv.data(), opt(gstarts, documents), B, T, shape);
       cmp("bf16 products: attention_forward out" + tag, gaout, aout, tensor_cores ? kBf16 : kSums);
       cmp("bf16 products: attention_forward lse" + tag, glse, lse, tensor_cores ? kBf16 : kSums);
       // Backward from the CPU's out (rounded to BF16, as the model keeps it) and lse.
@@ -553,10 +747,17 @@ struct Checker {
       Floats dqkv(qkv.size());
       auto gadout = up(adout), gdqkv = up(dqkv), gcpu_out = up(aout), gcpu_lse = up(lse);
       cpu.attention_backward(dqkv.data(), adout.data(), qkv.data(), aout.data(), lse.data(),
-                             opt(starts, documents), B, T, AC, NH);
+                             opt(starts, documents), B, T, shape);
       gpu.attention_backward(gdqkv.data(), gadout.data(), gqkv.data(), gcpu_out.data(), gcpu_lse.data(),
-                             opt(gstarts, documents), B, T, AC, NH);
+                             opt(gstarts, documents), B, T, shape);
       cmp("bf16 products: attention_backward dqkv" + tag, gdqkv, dqkv, tensor_cores ? 2 * kBf16 : kSums);
+      if (shape.kv_heads != shape.heads) {  // dK, dV summed over the group: the same bits when run again
+        auto again = up(Floats(dqkv.size()));
+        gpu.attention_backward(again.data(), gadout.data(), gqkv.data(), gcpu_out.data(), gcpu_lse.data(),
+                               opt(gstarts, documents), B, T, shape);
+        report.bits<float>("bf16 products: attention_backward dqkv run again" + tag, down(again),
+                           down(gdqkv));
+      }
     }
     gpu.set_bf16_products(false);
   }
@@ -640,25 +841,26 @@ struct Checker {
     gpu.matmul_forward(gqkv.data(), gln.data(), gwqkv.data(), gbqkv.data(), N, C, 3 * C);
     cmp("BF16 activations: matmul_forward", gqkv, qkv, kBf16);
     gqkv = up(qkv);
-    cpu.attention_forward(att.data(), lse.data(), qkv.data(), nullptr, B, T, C, NH);
-    gpu.attention_forward(gatt.data(), glse.data(), gqkv.data(), nullptr, B, T, C, NH);
+    const AttentionShape shape{NH, NH, C / NH, 0};
+    cpu.attention_forward(att.data(), lse.data(), qkv.data(), nullptr, B, T, shape);
+    gpu.attention_forward(gatt.data(), glse.data(), gqkv.data(), nullptr, B, T, shape);
     cmp("BF16 activations: attention_forward out", gatt, att, kBf16);
     // With documents: the FP32 kernel, its operands widened and its output rounded as the CPU rounds.
     const Ints starts = doc_starts(rng, B, T, 3);
     auto gstarts = up(starts);
     Halves datt(NC);
     auto gdatt = up(datt);
-    cpu.attention_forward(datt.data(), lse.data(), qkv.data(), starts.data(), B, T, C, NH);
-    gpu.attention_forward(gdatt.data(), glse.data(), gqkv.data(), gstarts.data(), B, T, C, NH);
+    cpu.attention_forward(datt.data(), lse.data(), qkv.data(), starts.data(), B, T, shape);
+    gpu.attention_forward(gdatt.data(), glse.data(), gqkv.data(), gstarts.data(), B, T, shape);
     cmp("BF16 activations: attention_forward out (documents)", gdatt, datt, kBf16);
-    cpu.attention_forward(att.data(), lse.data(), qkv.data(), nullptr, B, T, C, NH);
+    cpu.attention_forward(att.data(), lse.data(), qkv.data(), nullptr, B, T, shape);
     Floats dqkv(3 * NC);
     auto gdqkv = up(dqkv), gdout = up(dqkv_out), clse = up(lse);
     auto catt = up(att);
-    cpu.attention_backward(dqkv.data(), dqkv_out.data(), qkv.data(), att.data(), lse.data(), nullptr, B, T, C,
-                           NH);
+    cpu.attention_backward(dqkv.data(), dqkv_out.data(), qkv.data(), att.data(), lse.data(), nullptr, B, T,
+                           shape);
     gpu.attention_backward(gdqkv.data(), gdout.data(), gqkv.data(), catt.data(), clse.data(), nullptr, B, T,
-                           C, NH);
+                           shape);
     cmp("BF16 activations: attention_backward dqkv", gdqkv, dqkv, 2 * kBf16);
 
     cpu.matmul_bias_gelu_forward(act.data(), pre.data(), ln.data(), wfc.data(), bfc.data(), N, C, H);
@@ -749,10 +951,32 @@ bool check_backend(uint64_t seed, int device) {
   run("residual", [&] { check.residual(); });
   run("matmul", [&] { check.matmul(33, true), check.matmul(33, false), check.matmul(1, true); });
   run("attention", [&] {
-    for (int hd : {12, 40})
-      for (bool documents : {true, false}) check.attention(hd, documents);
+    for (const AttentionShape& shape :
+         {AttentionShape{3, 3, 12, 0}, AttentionShape{3, 3, 40, 0}, AttentionShape{8, 2, 12, 0},
+          AttentionShape{4, 1, 20, 0}, AttentionShape{8, 2, 40, 5}, AttentionShape{3, 3, 12, 30}})
+      for (bool documents : {true, false}) check.attention(shape, documents);
   });
-  run("attention_decode", [&] { check.attention_decode(); });
+  run("attention_decode", [&] {
+    check.attention_decode({3, 3, 12, 0}), check.attention_decode({8, 2, 12, 4});
+  });
+  run("rmsnorm", [&] {
+    for (const auto& [N, C] : {std::pair{29, 45}, std::pair{29, 48}, std::pair{29, 520}, std::pair{29, 2048},
+                               std::pair{2100, 45}, std::pair{2100, 48}})
+      check.rmsnorm(N, C);
+  });
+  run("head_rmsnorm", [&] {
+    for (const AttentionShape& shape :
+         {AttentionShape{8, 2, 12, 0}, AttentionShape{3, 3, 10, 0}, AttentionShape{4, 2, 128, 0}})
+      check.head_rmsnorm(29, shape), check.head_rmsnorm(700, shape);
+  });
+  run("swiglu", [&] {
+    for (int H : {37, 48}) check.swiglu(29, H);
+  });
+  run("rope", [&] {
+    for (const AttentionShape& shape : {AttentionShape{8, 2, 12, 0}, AttentionShape{4, 2, 16, 0},
+                                        AttentionShape{2, 1, 128, 0}, AttentionShape{3, 3, 10, 0}})
+      for (bool yarn : {false, true}) check.rope(shape, yarn);
+  });
   run("gelu", [&] { check.gelu(); });
   run("moe", [&] { check.moe(true, false), check.moe(false, false), check.moe(true, true); });
   run("cross_entropy", [&] {

@@ -11,6 +11,7 @@
 #include "forge/trainer/layers.h"
 #include "forge/trainer/model.h"
 #include "forge/trainer/optimizer.h"
+#include "forge/trainer/spec.h"
 
 #include <fmt/format.h>
 
@@ -21,6 +22,7 @@
 #include <limits>
 #include <numeric>
 #include <span>
+#include <tuple>
 #include <type_traits>
 
 namespace forge::trainer::cuda::check {
@@ -285,16 +287,23 @@ struct Checker {
   }
 
   // T = 200: three full 64-row tiles and a partial one (the tensor-core kernels' tile), seven and a
-  // partial of 32 (the CUDA-core kernels'). `path` names the kernels in the row.
-  void attention(int NH, int hd, const std::string& path = "") {
-    const int B = 2, T_ = 200, C = NH * hd;
-    const std::string tag = " (hd " + std::to_string(hd) + (path.empty() ? "" : ", " + path) + ")";
-    const Vec qkv = in(size_t(B) * T_ * 3 * C, -2, 2);
-    Vec out(size_t(B) * T_ * C), lse(size_t(B) * NH * T_);
-    cpu::attention_forward(out.data(), lse.data(), qkv.data(), nullptr, B, T_, C, NH);
+  // partial of 32 (the CUDA-core kernels'). `path` names the kernels in the row. kv_heads < NH: grouped-query
+  // heads; window 70: a sliding window that starts mid-tile for both tile sizes and leaves the first tiles
+  // of a walk partly or wholly outside it.
+  void attention(int NH, int hd, const std::string& path = "", int kv_heads = 0, int window = 0) {
+    const AttentionShape shape{NH, kv_heads > 0 ? kv_heads : NH, hd, window};
+    const int B = 2, T_ = 200;
+    std::string tag = " (hd " + std::to_string(hd);
+    if (shape.kv_heads != NH)
+      tag += ", " + std::to_string(NH) + "/" + std::to_string(shape.kv_heads) + " heads";
+    if (window > 0) tag += ", window " + std::to_string(window);
+    tag += (path.empty() ? "" : ", " + path) + ")";
+    const Vec qkv = in(size_t(B) * T_ * shape.qkv_width(), -2, 2);
+    Vec out(size_t(B) * T_ * shape.q_width()), lse(size_t(B) * NH * T_);
+    cpu::attention_forward(out.data(), lse.data(), qkv.data(), nullptr, B, T_, shape);
     DeviceBuffer dqkv_in = up<T>(qkv);
     DeviceBuffer dout(out.size() * sizeof(T)), dlse(lse.size() * 4);
-    attention_forward<T>(dout.as<T>(), dlse.as<float>(), dqkv_in.as<T>(), B, T_, C, NH);
+    attention_forward<T>(dout.as<T>(), dlse.as<float>(), dqkv_in.as<T>(), B, T_, shape);
     cmp("attention forward" + tag, down<T>(dout, out.size()), out);
     cmp("attention forward lse" + tag, down<float>(dlse, lse.size()), lse);
     // Backward from the CPU forward's (rounded) output and log-sum-exp on both sides.
@@ -302,11 +311,11 @@ struct Checker {
     if (kBf16) cpu::round_to_bf16(o.data(), int64_t(o.size()));
     const Vec g = in(out.size());
     Vec dqkv(qkv.size());
-    cpu::attention_backward(dqkv.data(), g.data(), qkv.data(), o.data(), lse.data(), nullptr, B, T_, C, NH);
+    cpu::attention_backward(dqkv.data(), g.data(), qkv.data(), o.data(), lse.data(), nullptr, B, T_, shape);
     DeviceBuffer dg = up<T>(g), dO = up<T>(o), dL = up<float>(lse);
     DeviceBuffer ddqkv(qkv.size() * sizeof(T)), scratch(lse.size() * 4);
     attention_backward<T>(ddqkv.as<T>(), scratch.as<float>(), dg.as<T>(), dqkv_in.as<T>(), dO.as<T>(),
-                          dL.as<float>(), B, T_, C, NH);
+                          dL.as<float>(), B, T_, shape);
     cmp("attention backward dqkv" + tag, down<T>(ddqkv, dqkv.size()), dqkv);
   }
 
@@ -357,7 +366,7 @@ struct Checker {
   void optimizer() {
     if (kBf16) return;
     // Two AdamW steps over a two-tensor table (one decayed, one not), the second with a clipping factor.
-    ModelConfig mc{1, 64, 2, 100, 16, 16};
+    ModelSpec mc = gpt2_spec(1, 64, 2, 100, 16, 16);
     const auto params = parameter_table(mc);
     const size_t P = params.back().offset + params.back().numel;
     OptimConfig oc;
@@ -438,16 +447,19 @@ bool check_ops(uint64_t seed) {
   run("residual+layernorm", [&] { f32.residual_layernorm(), b16.residual_layernorm(); });
   run("matmul", [&] { f32.matmul(), b16.matmul(); });
   run("grouped matmul", [&] { f32.grouped_matmul(), b16.grouped_matmul(); });
-  for (const auto& [nh, hd] : {std::pair{4, 32}, std::pair{3, 64}, std::pair{2, 128}})
-    run("attention", [&] {
-      f32.attention(nh, hd), b16.attention(nh, hd);
-      // BF16 again on the other kernel sets: WMMA (head dim 128's default), CUDA cores (misaligned tensors).
-      for (const char* kernels : {"wmma", "simt"}) {
-        setenv("FORGE_CUDA_ATTENTION", kernels, 1);
-        b16.attention(nh, hd, kernels);
-      }
-      unsetenv("FORGE_CUDA_ATTENTION");
-    });
+  // Each head dim plain, then with fewer key/value heads (grouped-query, multi-query) and a sliding window.
+  for (const auto& [nh, hd, kv] : {std::tuple{4, 32, 2}, std::tuple{3, 64, 1}, std::tuple{2, 128, 1}})
+    for (const auto& [kv_heads, window] : {std::pair{nh, 0}, std::pair{kv, 70}})
+      run("attention", [&] {
+        f32.attention(nh, hd, "", kv_heads, window), b16.attention(nh, hd, "", kv_heads, window);
+        // BF16 again on the other kernel sets: WMMA (head dim 128's default), CUDA cores (misaligned
+        // tensors).
+        for (const char* kernels : {"wmma", "simt"}) {
+          setenv("FORGE_CUDA_ATTENTION", kernels, 1);
+          b16.attention(nh, hd, kernels, kv_heads, window);
+        }
+        unsetenv("FORGE_CUDA_ATTENTION");
+      });
   run("gelu", [&] { f32.gelu(), b16.gelu(); });
   run("fused mlp", [&] {
     f32.fused_mlp(""), b16.fused_mlp("");

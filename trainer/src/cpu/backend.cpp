@@ -37,6 +37,14 @@ float* target(Act a, size_t n, HugeBuffer<float>& buffer) {
 void narrow(Act a, float* values, size_t n) {
   if (a.bf16) cpu::to_bf16(static_cast<uint16_t*>(a.data), values, int64_t(n));
 }
+// The FP32 values of activations an op changes in place: their own, or their BF16 values widened into
+// `buffer` (narrow() rounds them back).
+float* in_place(Act a, size_t n, HugeBuffer<float>& buffer) {
+  if (!a.bf16) return a.f32();
+  float* wide = reserve(buffer, n);
+  cpu::from_bf16(wide, static_cast<const uint16_t*>(a.data), int64_t(n));
+  return wide;
+}
 
 class HostAllocation final : public Allocation {
  public:
@@ -116,24 +124,74 @@ class CpuBackend final : public Backend {
     cpu::matmul_backward(din, dw, dbias, dout, widen(in, size_t(N) * size_t(C), scratch.in), w, N, C, OC);
   }
   void add_bias(float* out, const float* bias, int N, int OC) override { cpu::add_bias(out, bias, N, OC); }
-  void attention_forward(Act out, float* lse, ConstAct qkv, const int32_t* doc_start, int B, int T, int C,
-                         int NH) override {
-    const size_t n = size_t(B) * size_t(T) * size_t(C);
+  void attention_forward(Act out, float* lse, ConstAct qkv, const int32_t* doc_start, int B, int T,
+                         const AttentionShape& shape) override {
+    const size_t rows = size_t(B) * size_t(T), n = rows * size_t(shape.q_width());
     float* o = target(out, n, scratch.out);
-    cpu::attention_forward(o, lse, widen(qkv, 3 * n, scratch.in), doc_start, B, T, C, NH);
+    cpu::attention_forward(o, lse, widen(qkv, rows * size_t(shape.qkv_width()), scratch.in), doc_start, B, T,
+                           shape);
     narrow(out, o, n);
   }
   void attention_backward(float* dqkv, const float* dout, ConstAct qkv, ConstAct out, const float* lse,
-                          const int32_t* doc_start, int B, int T, int C, int NH) override {
-    const size_t n = size_t(B) * size_t(T) * size_t(C);
-    cpu::attention_backward(dqkv, dout, widen(qkv, 3 * n, scratch.in), widen(out, n, scratch.in2), lse,
-                            doc_start, B, T, C, NH);
+                          const int32_t* doc_start, int B, int T, const AttentionShape& shape) override {
+    const size_t rows = size_t(B) * size_t(T);
+    cpu::attention_backward(dqkv, dout, widen(qkv, rows * size_t(shape.qkv_width()), scratch.in),
+                            widen(out, rows * size_t(shape.q_width()), scratch.in2), lse, doc_start, B, T,
+                            shape);
   }
   void attention_decode(Act out, ConstAct qkv, float* k_cache, float* v_cache, const int32_t* seq,
-                        const int32_t* pos, int rows, int max_len, int C, int NH) override {
-    const size_t n = size_t(rows) * size_t(C);
+                        const int32_t* pos, int rows, int max_len, const AttentionShape& shape) override {
+    const size_t n = size_t(rows) * size_t(shape.q_width());
     float* o = target(out, n, scratch.out);
-    cpu::attention_decode(o, widen(qkv, 3 * n, scratch.in), k_cache, v_cache, seq, pos, rows, max_len, C, NH);
+    cpu::attention_decode(o, widen(qkv, size_t(rows) * size_t(shape.qkv_width()), scratch.in), k_cache,
+                          v_cache, seq, pos, rows, max_len, shape);
+    narrow(out, o, n);
+  }
+  void rope(Act qkv, const int32_t* positions, const float* inv_freq, float magnitude, int N, int T,
+            const AttentionShape& shape, bool inverse) override {
+    const size_t n = size_t(N) * size_t(shape.qkv_width());
+    float* x = in_place(qkv, n, scratch.in);
+    cpu::rope(x, positions, inv_freq, magnitude, N, T, shape, inverse);
+    narrow(qkv, x, n);
+  }
+  void head_rmsnorm_forward(Act qkv, float* saved, float* rstd, const float* q_weight, const float* k_weight,
+                            float eps, int N, const AttentionShape& shape) override {
+    const size_t n = size_t(N) * size_t(shape.qkv_width());
+    float* x = in_place(qkv, n, scratch.in);
+    cpu::head_rmsnorm_forward(x, saved, rstd, q_weight, k_weight, eps, N, shape);
+    narrow(qkv, x, n);
+  }
+  void head_rmsnorm_backward(float* dqkv, float* dq_weight, float* dk_weight, const float* saved,
+                             const float* rstd, const float* q_weight, const float* k_weight, int N,
+                             const AttentionShape& shape) override {
+    cpu::head_rmsnorm_backward(dqkv, dq_weight, dk_weight, saved, rstd, q_weight, k_weight, N, shape);
+  }
+  void swiglu_forward(Act out, ConstAct in, int N, int H) override {
+    const size_t n = size_t(N) * size_t(H);
+    float* o = target(out, n, scratch.out);
+    cpu::swiglu_forward(o, widen(in, 2 * n, scratch.in), N, H);
+    narrow(out, o, n);
+  }
+  void swiglu_backward(float* din, const float* dout, ConstAct in, int N, int H) override {
+    cpu::swiglu_backward(din, dout, widen(in, 2 * size_t(N) * size_t(H), scratch.in), N, H);
+  }
+  void rmsnorm_forward(Act out, float* rstd, const float* in, const float* weight, float eps, int N,
+                       int C) override {
+    const size_t n = size_t(N) * size_t(C);
+    float* o = target(out, n, scratch.out);
+    cpu::rmsnorm_forward(o, rstd, in, weight, eps, N, C);
+    narrow(out, o, n);
+  }
+  void rmsnorm_backward(float* din, float* dweight, const float* dout, const float* in, const float* weight,
+                        const float* rstd, int N, int C) override {
+    cpu::rmsnorm_backward(din, dweight, dout, in, weight, rstd, N, C);
+  }
+  void residual_rmsnorm_forward(float* res_out, Act out, float* rstd, const float* res_in, const float* delta,
+                                const float* delta_bias, const float* weight, float eps, int N,
+                                int C) override {
+    const size_t n = size_t(N) * size_t(C);
+    float* o = target(out, n, scratch.out);
+    cpu::residual_rmsnorm_forward(res_out, o, rstd, res_in, delta, delta_bias, weight, eps, N, C);
     narrow(out, o, n);
   }
   void gather_rows(float* out, ConstAct in, const int32_t* index, const float* scale, int rows,

@@ -33,14 +33,14 @@ void layernorm_backward(float* din, float* dweight, float* dbias, const float* d
 
 // ---- residual.cpp ----
 // The residual add fused with the LayerNorm that always follows it:
-// res_out = res_in + delta + delta_bias; ln_out = LayerNorm(res_out). Its backward is the identity on the
-// residual stream plus layernorm_backward (which accumulates into the stream's gradient).
+// res_out = res_in + delta + delta_bias (null: none); ln_out = LayerNorm(res_out). Its backward is the
+// identity on the residual stream plus layernorm_backward (which accumulates into the stream's gradient).
 void residual_layernorm_forward(float* res_out, float* ln_out, float* mean, float* rstd, const float* res_in,
                                 const float* delta, const float* delta_bias, const float* weight,
                                 const float* bias, int N, int C);
 
-// res_out = res_in + delta + delta_bias (a residual add with no LayerNorm after it: a pipeline stage's
-// last block hands the stream to the next stage, which owns that LayerNorm).
+// res_out = res_in + delta + delta_bias (null: none; a residual add with no LayerNorm after it: a pipeline
+// stage's last block hands the stream to the next stage, which owns that LayerNorm).
 void residual_forward(float* res_out, const float* res_in, const float* delta, const float* delta_bias, int N,
                       int C);
 
@@ -59,21 +59,47 @@ void add_bias(float* out, const float* bias, int N, int OC);
 // dbias[j] += sum_i dout[i, j]
 void bias_backward(float* dbias, const float* dout, int N, int OC);
 
-// ---- attention.cpp ---- causal multi-head attention on the fused qkv [B*T, 3C] (q | k | v, head h at
-// columns h*hd of each). out: [B*T, C]. A query at position t of row b sees keys [doc_start[b*T + t], t]
-// (doc_start null: [0, t]). Keeps only the row log-sum-exp lse [B, NH, T] for backward; scores are
-// recomputed there, in row blocks, in per-thread scratch.
+// ---- attention.cpp ---- causal grouped-query attention on the fused qkv rows [B*T, shape.qkv_width()]
+// (Backend::attention_forward: q | k | v, query head h reading key/value head h / (heads / kv_heads)).
+// out: [B*T, shape.q_width()]. A query at position t of row b sees keys [doc_start[b*T + t], t] (doc_start
+// null: [0, t]), the last shape.window of them when window > 0. Keeps only the row log-sum-exp lse
+// [B, heads, T] for backward; scores are recomputed there, in row blocks, in per-thread scratch.
 void attention_forward(float* out, float* lse, const float* qkv, const int32_t* doc_start, int B, int T,
-                       int C, int NH);
+                       const AttentionShape& shape);
 // dqkv = gradient of the attention inputs (overwrites).
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                        const int32_t* doc_start, int B, int T, int C, int NH);
+                        const int32_t* doc_start, int B, int T, const AttentionShape& shape);
 
-// Incremental decoding: writes the keys and values of `rows` new positions (row r: sequence seq[r],
-// position pos[r]) into the caches [sequences, max_len, C], then attends each row's query over its
-// sequence's positions [0, pos[r]] (Backend::attention_decode).
+// Incremental decoding: writes the key and value heads of `rows` new positions (row r: sequence seq[r],
+// position pos[r]) into the caches [sequences, max_len, kv_width], then attends each row's query over its
+// sequence's positions [0, pos[r]] (the last `window`) (Backend::attention_decode).
 void attention_decode(float* out, const float* qkv, float* k_cache, float* v_cache, const int32_t* seq,
-                      const int32_t* pos, int rows, int max_len, int C, int NH);
+                      const int32_t* pos, int rows, int max_len, const AttentionShape& shape);
+
+// ---- rope.cpp ---- rotary positions in place on the q and k heads of qkv rows (Backend::rope).
+void rope(float* qkv, const int32_t* positions, const float* inv_freq, float magnitude, int N, int T,
+          const AttentionShape& shape, bool inverse);
+
+// ---- rmsnorm.cpp ---- (Backend::rmsnorm_forward, ...)
+void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weight, float eps, int N, int C);
+// din += dL/din; dweight +=.
+void rmsnorm_backward(float* din, float* dweight, const float* dout, const float* in, const float* weight,
+                      const float* rstd, int N, int C);
+// res_out = res_in + delta + delta_bias (null: none); out = RMSNorm(res_out).
+void residual_rmsnorm_forward(float* res_out, float* out, float* rstd, const float* res_in,
+                              const float* delta, const float* delta_bias, const float* weight, float eps,
+                              int N, int C);
+// Per-head RMSNorm of the q and k heads of qkv rows, in place (Backend::head_rmsnorm_forward).
+void head_rmsnorm_forward(float* qkv, float* saved, float* rstd, const float* q_weight, const float* k_weight,
+                          float eps, int N, const AttentionShape& shape);
+void head_rmsnorm_backward(float* dqkv, float* dq_weight, float* dk_weight, const float* saved,
+                           const float* rstd, const float* q_weight, const float* k_weight, int N,
+                           const AttentionShape& shape);
+
+// ---- swiglu.cpp ---- in [N, 2H] = gate | up per row; out [N, H] = silu(gate) x up.
+void swiglu_forward(float* out, const float* in, int N, int H);
+// din [N, 2H] (overwrites) from dout [N, H].
+void swiglu_backward(float* din, const float* dout, const float* in, int N, int H);
 
 // ---- moe.cpp ---- (Backend's gather_rows, combine_rows, row_dots)
 void gather_rows(float* out, const float* in, const int32_t* index, const float* scale, int rows, int C);

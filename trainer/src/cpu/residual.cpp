@@ -14,10 +14,18 @@ void residual_layernorm_forward(float* res_out, float* ln_out, float* mean, floa
     const float* d = delta + r * C;
     float* x = res_out + r * C;
     float s = 0;
+    if (delta_bias != nullptr) {
 #pragma omp simd reduction(+ : s)
-    for (int c = 0; c < C; ++c) {
-      x[c] = a[c] + d[c] + delta_bias[c];
-      s += x[c];
+      for (int c = 0; c < C; ++c) {
+        x[c] = a[c] + d[c] + delta_bias[c];
+        s += x[c];
+      }
+    } else {
+#pragma omp simd reduction(+ : s)
+      for (int c = 0; c < C; ++c) {
+        x[c] = a[c] + d[c];
+        s += x[c];
+      }
     }
     const float m = s / C;
     float v = 0;
@@ -39,8 +47,13 @@ void residual_forward(float* res_out, const float* res_in, const float* delta, c
     const float* a = res_in + r * C;
     const float* d = delta + r * C;
     float* x = res_out + r * C;
+    if (delta_bias != nullptr) {
 #pragma omp simd
-    for (int c = 0; c < C; ++c) x[c] = a[c] + d[c] + delta_bias[c];
+      for (int c = 0; c < C; ++c) x[c] = a[c] + d[c] + delta_bias[c];
+    } else {
+#pragma omp simd
+      for (int c = 0; c < C; ++c) x[c] = a[c] + d[c];
+    }
   }
 }
 

@@ -46,7 +46,7 @@ struct CommTotals {
 };
 
 // One empty RouterStats per MoE block of the model, in block order.
-std::vector<RouterStats> router_layout(const ModelConfig& model) {
+std::vector<RouterStats> router_layout(const ModelSpec& model) {
   std::vector<RouterStats> out;
   for (int l = 0; l < model.layers; ++l)
     if (model.moe_block(l)) out.push_back({l, std::vector<double>(size_t(model.experts), 0.0)});
@@ -65,7 +65,7 @@ CommTotals totals(std::initializer_list<Comm*> comms) {
 
 }  // namespace
 
-std::vector<int> stage_bounds(const ModelConfig& cfg, int pp, const std::vector<int>& counts) {
+std::vector<int> stage_bounds(const ModelSpec& cfg, int pp, const std::vector<int>& counts) {
   const int L = cfg.layers;
   if (pp < 1 || pp > L || (!counts.empty() && int(counts.size()) != pp))
     throw std::invalid_argument("stage_bounds: the layout was not validated (parallel_problem)");

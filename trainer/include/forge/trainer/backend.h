@@ -103,6 +103,18 @@ struct AdamWStep {
   float keep = 1;          // 1 - lr * weight_decay, for segments that decay
 };
 
+// The heads of an attention layer (Backend::attention_forward), as one rank holds them: `heads` query
+// heads share `kv_heads` key/value heads (grouped-query attention; kv_heads = heads is multi-head, 1 is
+// multi-query), each head_dim wide, which need not be width / heads. window > 0: a query sees at most
+// `window` keys, itself included (sliding-window attention); 0: all of its causal past.
+struct AttentionShape {
+  int heads = 0, kv_heads = 0, head_dim = 0;
+  int window = 0;
+  int q_width() const { return heads * head_dim; }
+  int kv_width() const { return kv_heads * head_dim; }
+  int qkv_width() const { return q_width() + 2 * kv_width(); }
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -170,11 +182,11 @@ class Backend {
   virtual void layernorm_backward(float* din, float* dweight, float* dbias, const float* dout,
                                   const float* in, const float* weight, const float* mean, const float* rstd,
                                   int N, int C) = 0;
-  // res_out = res_in + delta + delta_bias; ln_out = LayerNorm(res_out).
+  // res_out = res_in + delta + delta_bias (null: none); ln_out = LayerNorm(res_out).
   virtual void residual_layernorm_forward(float* res_out, Act ln_out, float* mean, float* rstd,
                                           const float* res_in, const float* delta, const float* delta_bias,
                                           const float* weight, const float* bias, int N, int C) = 0;
-  // res_out = res_in + delta + delta_bias.
+  // res_out = res_in + delta + delta_bias (null: none).
   virtual void residual_forward(float* res_out, const float* res_in, const float* delta,
                                 const float* delta_bias, int N, int C) = 0;
   // out = in @ w^T (+ bias if not null).
@@ -190,23 +202,60 @@ class Backend {
                                const float* w, int N, int C, int OC) = 0;
   // out[r,:] += bias.
   virtual void add_bias(float* out, const float* bias, int N, int OC) = 0;
-  // Causal attention on the fused qkv [B*T, 3C] (q | k | v), out [B*T, C], row log-sum-exp lse
-  // [B, NH, T]. A query at row position t sees keys [doc_start[b*T + t], t] (its document); doc_start
-  // null: [0, t].
+  // Causal attention on the fused qkv rows [B*T, shape.qkv_width()] (q | k | v: shape.heads query heads,
+  // then shape.kv_heads key and value heads, head h at columns h x head_dim of its part), out
+  // [B*T, shape.q_width()], row log-sum-exp lse [B, heads, T]. Query head h reads key/value head
+  // h / (heads / kv_heads) (grouped-query attention). A query at row position t sees keys
+  // [doc_start[b*T + t], t] (its document; doc_start null: [0, t]), and of those at most shape.window, itself
+  // included, when window > 0.
   virtual void attention_forward(Act out, float* lse, ConstAct qkv, const int32_t* doc_start, int B, int T,
-                                 int C, int NH) = 0;
+                                 const AttentionShape& shape) = 0;
   // dqkv = gradient of the attention inputs (overwrites).
   virtual void attention_backward(float* dqkv, const float* dout, ConstAct qkv, ConstAct out,
-                                  const float* lse, const int32_t* doc_start, int B, int T, int C,
-                                  int NH) = 0;
+                                  const float* lse, const int32_t* doc_start, int B, int T,
+                                  const AttentionShape& shape) = 0;
   // Incremental decoding (model.h, GPT::decode): `rows` new positions, row r being position pos[r] of
-  // sequence seq[r]. Writes each row's key and value (from qkv [rows, 3C]) into k_cache and v_cache
-  // ([sequences, max_len, C]) at (seq[r], pos[r]), then out[r] = the attention of row r's query over its
-  // sequence's cached positions [0, pos[r]]: rows of one sequence in one call see each other's keys.
+  // sequence seq[r]. Writes each row's key and value heads (from qkv [rows, qkv_width]) into k_cache and
+  // v_cache ([sequences, max_len, kv_width]) at (seq[r], pos[r]), then out[r] = the attention of row r's
+  // query over its sequence's cached positions [0, pos[r]] (the last `window` of them when window > 0): rows
+  // of one sequence in one call see each other's keys.
   virtual void attention_decode(Act out, ConstAct qkv, float* k_cache, float* v_cache, const int32_t* seq,
-                                const int32_t* pos, int rows, int max_len, int C, int NH) = 0;
+                                const int32_t* pos, int rows, int max_len, const AttentionShape& shape) = 0;
+  // Rotary positions, in place on the q and k heads of qkv rows ([N, shape.qkv_width()]), rotate-half
+  // convention (the released Llama/Qwen/Mistral checkpoints'): within each head the pair (x[i],
+  // x[i + head_dim/2]), i < head_dim/2, of the row at position p turns by p x inv_freq[i], and both are
+  // multiplied by `magnitude` (YaRN's attention factor; 1 otherwise). positions[r] is row r's position
+  // (null: r % T). inverse: turns by -angle (the backward, on the gradients of the rotated values).
+  virtual void rope(Act qkv, const int32_t* positions, const float* inv_freq, float magnitude, int N, int T,
+                    const AttentionShape& shape, bool inverse) = 0;
+  // Per-head RMSNorm of the q and k heads of qkv rows, in place (Qwen 3's qk-norm): each head's head_dim
+  // values x become x / rms(x) x w (q_weight for query heads, k_weight for key heads; eps inside the root).
+  // Keeps each head's input in `saved` ([N, (heads + kv_heads) x head_dim], FP32) and 1 / rms in rstd
+  // ([N, heads + kv_heads]) for the backward.
+  virtual void head_rmsnorm_forward(Act qkv, float* saved, float* rstd, const float* q_weight,
+                                    const float* k_weight, float eps, int N, const AttentionShape& shape) = 0;
+  // In place on the q and k heads of dqkv: the gradient of the normed values becomes that of their inputs;
+  // dq_weight, dk_weight +=.
+  virtual void head_rmsnorm_backward(float* dqkv, float* dq_weight, float* dk_weight, const float* saved,
+                                     const float* rstd, const float* q_weight, const float* k_weight, int N,
+                                     const AttentionShape& shape) = 0;
   // dinout: dL/d(out) in, dL/d(pre) out, for out = gelu(pre).
   virtual void gelu_backward(float* dinout, ConstAct pre, int N, int C) = 0;
+  // SwiGLU on the fused gate | up product in ([N, 2H]: row = gate (H) | up (H)): out [N, H] =
+  // silu(gate) x up.
+  virtual void swiglu_forward(Act out, ConstAct in, int N, int H) = 0;
+  // din [N, 2H] (overwrites) = the gradient of in from dout [N, H].
+  virtual void swiglu_backward(float* din, const float* dout, ConstAct in, int N, int H) = 0;
+  // RMSNorm over rows of C: out = in / sqrt(mean(in^2) + eps) x weight; rstd [N] keeps 1 / that root.
+  virtual void rmsnorm_forward(Act out, float* rstd, const float* in, const float* weight, float eps, int N,
+                               int C) = 0;
+  // din += dL/din (the residual stream's gradient accumulates); dweight +=.
+  virtual void rmsnorm_backward(float* din, float* dweight, const float* dout, const float* in,
+                                const float* weight, const float* rstd, int N, int C) = 0;
+  // res_out = res_in + delta + delta_bias (delta_bias may be null); out = RMSNorm(res_out).
+  virtual void residual_rmsnorm_forward(float* res_out, Act out, float* rstd, const float* res_in,
+                                        const float* delta, const float* delta_bias, const float* weight,
+                                        float eps, int N, int C) = 0;
 
   // ---- Mixture-of-Experts (moe.h): token rows to and from their experts
   // out[i,:] = scale[i] x in[index[i],:] for i < rows (scale null: 1).

@@ -13,9 +13,14 @@
 
 namespace forge::trainer {
 
-Json model_config_json(const ModelConfig& config);
-// Throws forge::Error(kData) naming `where` when a field is missing or not a positive integer.
-ModelConfig model_config_from_json(const Json& j, const std::string& where);
+// The model a checkpoint records: its [model] architecture keys (a GPT-2 model: the keys it had before the
+// other families, and any slot changed from the family's), and the spec read back from such a record
+// through model_spec (spec.h), the job spec's own reader. Throws forge::Error(kData) naming `where` when
+// the record breaks a rule of the spec.
+Json model_spec_json(const ModelSpec& spec);
+ModelSpec model_spec_from_json(const Json& record, const std::string& where);
+// A usage error (exit 64) naming both families when the record's family is not `want`'s.
+void check_model_family(const Json& record, const ModelSpec& want, const std::string& where);
 
 // Which of the pieces it holds a rank writes, so that each logical element is written once. Loading
 // needs none of this: every rank reads exactly what it holds, from whatever layout saved it.

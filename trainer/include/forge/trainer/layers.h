@@ -16,6 +16,9 @@
 namespace forge::trainer {
 
 struct ParamInfo;
+class Attention;
+struct AttentionSettings;
+struct AttentionWeights;
 
 // A parameter as a layer uses it: its table entry, the values forward and backward compute with (in BF16
 // mode the rounded working copy) and its gradient. Either may be null for a layer without that parameter.
@@ -123,6 +126,11 @@ class LayerFactory {
   virtual std::unique_ptr<Embedding> embedding(Backend& backend, ParamRef wte, ParamRef wpe) const;
   virtual std::unique_ptr<Classifier> classifier(Backend& backend, ParamRef wte) const;
   virtual std::unique_ptr<TokenExchange> token_exchange() const;
+  // A block's attention slot (attention.h) over the heads in `settings` (this process's share), its
+  // products made by linear(); scratch and slots as Attention's constructor takes them.
+  virtual std::unique_ptr<Attention> attention(Backend& backend, const AttentionSettings& settings,
+                                               const AttentionWeights& weights, int slots, int rows,
+                                               float* dqkv, float* datt) const;
   // Layers with every parameter whole, in this process.
   static const LayerFactory& whole();
 };

@@ -1,5 +1,7 @@
-// A GPT-2-style decoder: learned token and position embeddings, pre-LayerNorm blocks of (causal multi-head
-// attention, feed-forward network), final LayerNorm, classifier tied to the token embedding, and a loss.
+// A pre-norm decoder of any family the model spec describes (ModelSpec: GPT-2, Llama, Qwen, Mistral and their
+// Mixture-of-Experts variants): token embedding (and a learned position table, GPT-2), blocks of (norm,
+// attention slot, norm, FFN slot), a final norm, the classifier (tied to the embedding or its own head) and
+// a loss.
 //
 // The model knows nothing about parallelism. It is described by a parameter table: every parameter is a
 // named logical tensor with its logical shape and the rule by which tensor parallelism may shard it, so a
@@ -13,39 +15,85 @@
 #include "forge/trainer/backend.h"
 #include "forge/trainer/layers.h"
 #include "forge/trainer/loss.h"
+#include "forge/trainer/rope.h"
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace forge::trainer {
 
+// The model families with presets (model.family): each sets the slot defaults of ModelSpec, which any key
+// may override. gpt2 is the 2019 decoder; the others are today's RMSNorm / SwiGLU / rotary /
+// grouped-query decoders and their Mixture-of-Experts variants.
+enum class Family { kGpt2, kLlama, kQwen2, kQwen3, kMistral, kMixtral, kQwen2Moe };
+// The norm slot (model.norm): LayerNorm with a bias, or RMSNorm (a weight, no centring).
+enum class Norm { kLayerNorm, kRmsNorm };
+// The dense FFN's activation (model.activation): GELU (tanh) between fc and proj, or SwiGLU: silu(gate) x up
+// between gate_up (one product of twice the width) and down.
+enum class Activation { kGelu, kSwiglu };
+// Where positions enter (model.positions): a learned table added to the embedding, or rotary positions
+// applied to q and k in every attention layer.
+enum class Positions { kLearned, kRotary };
 // What fills a block's FFN slot: the dense MLP, or (model.ffn = moe) a Mixture-of-Experts layer in every
 // moe_every-th block (moe.h).
 enum class Ffn { kDense, kMoe };
 
-struct ModelConfig {
+// The architecture of a decoder, resolved: what model_spec (spec.h) builds from the [model] keys, and what
+// a checkpoint records (checkpoint_io.h) and is read back through the same code. A block is made of slots
+// (docs/ARCHITECTURE.md, "The model"): norm, attention, norm, FFN (dense or MoE); around the blocks the
+// embedding, the final norm and the classifier (tied to the embedding or its own head).
+struct ModelSpec {
+  Family family = Family::kGpt2;
   int layers = 0;
   int d_model = 0;
   int heads = 0;
+  int kv_heads = 0;  // key/value heads, dividing heads (grouped-query attention; = heads: multi-head)
+  int head_dim = 0;  // may differ from d_model / heads
   int vocab = 0;
   int seq_len = 0;        // tokens per training sequence
-  int max_positions = 0;  // rows of the position embedding (>= seq_len)
+  int max_positions = 0;  // positions the model takes (>= seq_len): rows of a learned table
+  // Norm slot (every norm of the model).
+  Norm norm = Norm::kLayerNorm;
+  float norm_eps = 1e-5f;
+  // Attention slot.
+  Positions positions = Positions::kLearned;
+  RopeSpec rope;            // rotary positions
+  bool qkv_bias = true;     // biases of the q, k and v products
+  bool qk_norm = false;     // per-head RMSNorm of q and k before the rotation (Qwen 3)
+  int window = 0;           // > 0: each query sees at most `window` keys (sliding window)
+  bool linear_bias = true;  // biases of the attention's output product and of the FFN's products
+  // Dense FFN slot.
+  Activation activation = Activation::kGelu;
+  int ffn_hidden = 0;  // its hidden width
+  // Classifier: tied to the token embedding, or its own head.weight.
+  bool tied_embeddings = true;
+  // MoE FFN slot.
   Ffn ffn = Ffn::kDense;
-  int experts = 0;             // moe: experts per MoE block
-  int top_k = 1;               // moe: experts each token goes to
-  int moe_every = 1;           // moe: blocks moe_every - 1, 2 moe_every - 1, ... are MoE blocks
+  int experts = 0;                  // experts per MoE block
+  int top_k = 1;                    // experts each token goes to
+  int moe_every = 1;                // blocks moe_every - 1, 2 moe_every - 1, ... are MoE blocks
+  int moe_hidden = 0;               // each expert's hidden width
+  bool router_renormalize = false;  // the top_k gates divided by their sum (Mixtral); else as softmaxed
+  int shared_expert_hidden = 0;     // > 0: a shared expert every token goes through, its output scaled by
+                                    // sigmoid(shared_gate(x)) (Qwen2-MoE)
   double capacity_factor = 0;  // moe: an expert takes at most ceil(factor x tokens x top_k / experts); 0: all
   double router_aux_coef = 1e-2;  // moe: weight of the load-balancing loss
   double router_z_coef = 1e-3;    // moe: weight of the router z-loss
-  int head_dim() const { return d_model / heads; }
+
+  // The attention's parameters are GPT-2's fused attn.qkv tensor (gpt2), or attn.q, attn.k, attn.v.
+  bool fused_qkv() const { return family == Family::kGpt2; }
   bool moe_block(int layer) const { return ffn == Ffn::kMoe && (layer + 1) % moe_every == 0; }
+  AttentionShape attention() const { return {heads, kv_heads, head_dim, window}; }
   ModelDims dims() const { return {layers, heads, vocab, ffn == Ffn::kMoe ? experts : 0}; }
 };
+std::string_view family_name(Family family);
 
 enum class DType { kF32, kBF16 };
 
@@ -88,7 +136,7 @@ struct ModelSlice {
 // Parameter table of `slice` in storage order. The experts of each MoE block are one stretch whose ends are
 // multiples of `expert_align` elements (its gradients are reduced over another group than the rest).
 // Throws std::invalid_argument if the slice does not fit.
-std::vector<ParamInfo> parameter_table(const ModelConfig& config, const ModelSlice& slice = {},
+std::vector<ParamInfo> parameter_table(const ModelSpec& config, const ModelSlice& slice = {},
                                        size_t expert_align = 1);
 
 // Initial values of `slice`'s shard of `p` (GPT-2 scheme): element i of the logical tensor is a pure
@@ -100,10 +148,10 @@ void init_parameter(const ParamInfo& p, const ModelSlice& slice, uint64_t seed, 
 struct ParameterCounts {
   double total = 0, active = 0;
 };
-ParameterCounts parameter_counts(const ModelConfig& config);
+ParameterCounts parameter_counts(const ModelSpec& config);
 
 // Model FLOPs per token (PaLM appendix B): 6*N_active + 12*L*T*d.
-double flops_per_token(const ModelConfig& config);
+double flops_per_token(const ModelSpec& config);
 
 // The feed-forward half of a block (the FFN slot): reads the block's second LayerNorm output and writes
 // its update to the residual stream, without the output bias, which the block fuses into the residual
@@ -151,14 +199,14 @@ class GPT {
   // flat buffers are padded to a multiple of `flat_multiple` elements (data-parallel sharding splits
   // them evenly). `loss` (LM cross-entropy when null) is the head's objective. Throws
   // std::invalid_argument when the slice does not fit the config.
-  GPT(const ModelConfig& config, int batch, DType dtype = DType::kF32, const ModelSlice& slice = {},
+  GPT(const ModelSpec& config, int batch, DType dtype = DType::kF32, const ModelSlice& slice = {},
       int slots = 1, Backend& backend = cpu_backend(), const LayerFactory& layers = LayerFactory::whole(),
       size_t flat_multiple = 1, std::shared_ptr<const Loss> loss = nullptr);
   ~GPT();
   GPT(const GPT&) = delete;
   GPT& operator=(const GPT&) = delete;
 
-  const ModelConfig& config() const { return config_; }
+  const ModelSpec& config() const { return config_; }
   const ModelSlice& slice() const { return slice_; }
   int batch() const { return batch_; }
   DType dtype() const { return dtype_; }
@@ -240,21 +288,26 @@ class GPT {
   const std::vector<MoeLayer*>& moe_layers() const { return moe_layers_; }
 
  private:
+  struct NormSlot;
   struct Block;
   struct Slot;
   struct Workspace;
   LossSums run_forward(int slot, const MicroBatch& batch, const float* input, float loss_scale, bool backward,
                        float* logits_out, bool classify = true,
                        const std::function<void(int)>& before_weights = {});
-  // The blocks of slot `slot` over its first N rows (the stream entering them in res), and the final
-  // LayerNorm when the slice has the head; attend(layer, att, lse, qkv) is the attention of each block;
-  // before_weights as forward's.
-  void run_blocks(int slot, int N, const std::function<void(int, Act, float*, ConstAct)>& attend,
+  // The blocks of slot `slot` over its first N rows (the stream entering them in res), and the final norm
+  // when the slice has the head; attention(l, in, out) runs block l's attention slot (training or
+  // decoding); before_weights as forward's.
+  void run_blocks(int slot, int N, const std::function<void(int, ConstAct, float*)>& attention,
                   const std::function<void(int)>& before_weights = {});
   void check_whole(const MicroBatch& batch) const;
   ParamRef ref(const std::string& name);
+  ParamRef optional_ref(const std::string& name);  // empty when the table has no such parameter
+  // One tensor over parameters the table stores back to back, [sum of their rows, ...] (attn.q, k, v).
+  ParamRef fused_ref(const std::vector<std::string>& names);
+  std::string classifier_weight() const;  // wte.weight (tied) or head.weight
 
-  ModelConfig config_;
+  ModelSpec config_;
   ModelSlice slice_;
   int batch_;
   DType dtype_;
@@ -270,7 +323,8 @@ class GPT {
   std::unique_ptr<Embedding> embedding_;
   std::unique_ptr<Classifier> classifier_;
   std::vector<MoeLayer*> moe_layers_;  // owned by their blocks
-  ParamRef lnf_w_, lnf_b_;
+  std::unique_ptr<NormSlot> lnf_;
+  std::deque<ParamInfo> views_;  // of fused_ref
 };
 
 }  // namespace forge::trainer

@@ -25,7 +25,7 @@ namespace forge::trainer {
 // Layer boundaries of `pp` pipeline stages: stage s holds blocks [bounds[s], bounds[s+1]). `counts`
 // (blocks per stage, as validated by parallel_problem) overrides; empty: balanced by forward FLOPs, the
 // classifier counted on the last stage.
-std::vector<int> stage_bounds(const ModelConfig& config, int pp, const std::vector<int>& counts = {});
+std::vector<int> stage_bounds(const ModelSpec& config, int pp, const std::vector<int>& counts = {});
 
 class ParallelTrainer {
  public:

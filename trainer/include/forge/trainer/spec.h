@@ -87,7 +87,7 @@ struct TrainSpec {
   Objective objective = Objective::kLm;
   DpoConfig dpo;
   DistillConfig distill;
-  ModelConfig model;
+  ModelSpec model;
   OptimConfig optim;
   Device device = Device::kAuto;
   DType dtype = DType::kF32;
@@ -102,7 +102,12 @@ void add_trainer_keys(ConfigSchema& schema);
 
 // Validated views of a loaded spec. Each rule violation throws a usage error (exit 64) through
 // Config::reject, naming the key, where it was set and the rule; nothing is allocated before.
-ModelConfig model_config(const Config& config);
+ModelSpec model_spec(const Config& config);
+// The model of [model] keys given as overrides ("--model.layers=2", ...), every other key at its default:
+// the same reader, for checkpoint records (checkpoint_io.h), tools and tests. Throws forge::Error(kUsage).
+ModelSpec model_spec(const std::vector<std::string>& overrides);
+// A GPT-2 model of these dimensions (max_positions 0: seq_len).
+ModelSpec gpt2_spec(int layers, int d_model, int heads, int vocab, int seq_len, int max_positions = 0);
 OptimConfig optim_config(const Config& config);
 TrainSpec train_spec(const Config& config);
 // The loss of the spec's objective (the LM cross-entropy for lm and sft, DpoLoss for dpo, DistillLoss with
@@ -112,7 +117,7 @@ std::shared_ptr<const Loss> objective_loss(const TrainSpec& spec, std::shared_pt
 // The first rule the layout and its options break for this model, as the key to change and why: the
 // layout's own rules (forge::layout_problem), stage_layers consistent with pp and the layers, ZeRO stage
 // 0 or 1. nullopt: it can run. train_spec applies it; the runtime assumes a spec that passed.
-std::optional<LayoutProblem> parallel_problem(const ModelConfig& model, const Layout& layout,
+std::optional<LayoutProblem> parallel_problem(const ModelSpec& model, const Layout& layout,
                                               const ParallelConfig& parallel);
 
 // parallel.elastic: what `ranks` started ranks train. tp, cp and pp stay; dp is the largest that the ranks

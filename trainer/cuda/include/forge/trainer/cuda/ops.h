@@ -12,6 +12,10 @@
 #include <cstddef>
 #include <cstdint>
 
+namespace forge::trainer {
+struct AttentionShape;  // backend.h
+}
+
 namespace forge::trainer::cuda {
 
 using bf16 = __nv_bfloat16;
@@ -84,14 +88,16 @@ template <class T, class O = T>
 void matmul_backward(O* din, float* dw, float* dbias, const T* dout, const T* in, const T* w, int N, int C,
                      int OC, const T* gelu_pre = nullptr);
 
-// ---- attention.cu ---- causal multi-head attention on the fused qkv [B*T, 3C]: tiled with an online
-// softmax (FlashAttention-2's schedule on CUDA cores), no T x T matrix. Head dims 32, 64 and 128.
+// ---- attention.cu ---- causal attention on the fused qkv rows [B*T, shape.qkv_width()] as
+// Backend::attention_forward lays them out (grouped-query heads, a sliding window), without documents:
+// tiled with an online softmax (FlashAttention-2's schedule; BF16 on tensor cores), no T x T matrix. Head
+// dims 32, 64 and 128. out [B*T, shape.q_width()], lse [B, heads, T].
 template <class T>
-void attention_forward(T* out, float* lse, const T* qkv, int B, int T_, int C, int NH);
-// dqkv = gradient of the attention inputs (overwrites). `scratch`: B*NH*T floats.
+void attention_forward(T* out, float* lse, const T* qkv, int B, int T_, const AttentionShape& shape);
+// dqkv = gradient of the attention inputs (overwrites). `scratch`: B * heads * T floats.
 template <class T>
 void attention_backward(T* dqkv, float* scratch, const T* dout, const T* qkv, const T* out, const float* lse,
-                        int B, int T_, int C, int NH);
+                        int B, int T_, const AttentionShape& shape);
 
 // ---- classifier.cpp ---- logits = x @ wte^T fused with cross-entropy, in chunks of rows (the logits of all
 // rows never exist at once). Returns the sum of the per-row losses (synchronizes the stream). If dx is not

@@ -1,0 +1,99 @@
+// The attention slot (attention.h): the order of its ops and the activations its backward reads.
+#include "forge/trainer/attention.h"
+
+#include "forge/trainer/loss.h"
+
+namespace forge::trainer {
+
+Attention::Attention(Backend& backend, const AttentionSettings& settings, std::unique_ptr<Linear> qkv,
+                     std::unique_ptr<Linear> proj, const AttentionWeights& weights, int slots, int rows,
+                     float* dqkv, float* datt)
+    : backend_(backend),
+      settings_(settings),
+      qkv_(std::move(qkv)),
+      proj_(std::move(proj)),
+      q_norm_(weights.q_norm),
+      k_norm_(weights.k_norm),
+      dqkv_(dqkv),
+      datt_(datt) {
+  const AttentionShape& s = settings_.shape;
+  const size_t N = size_t(rows);
+  if (settings_.rotary) {
+    const std::vector<float>& f = settings_.rope.inv_freq;
+    inv_freq_ = backend.alloc<float>(f.size());
+    backend.copy_from_host(inv_freq_.data(), f.data(), f.size() * sizeof(float));
+  }
+  for (int i = 0; i < slots; ++i) {
+    Acts a;
+    a.qkv = ActBuffer(backend, N * size_t(s.qkv_width()), settings_.bf16);
+    a.att = ActBuffer(backend, N * size_t(s.q_width()), settings_.bf16);
+    a.lse = backend.alloc<float>(N * size_t(s.heads));
+    if (settings_.qk_norm) {
+      a.qk_saved = backend.alloc<float>(N * size_t(s.heads + s.kv_heads) * size_t(s.head_dim));
+      a.qk_rstd = backend.alloc<float>(N * size_t(s.heads + s.kv_heads));
+    }
+    acts_.push_back(std::move(a));
+  }
+}
+
+size_t Attention::activation_bytes() const {
+  size_t n = 0;
+  for (const Acts& a : acts_)
+    n +=
+        a.qkv.bytes() + a.att.bytes() + (a.lse.size() + a.qk_saved.size() + a.qk_rstd.size()) * sizeof(float);
+  return n;
+}
+
+void Attention::project(int slot, ConstAct in, Act qkv, const int32_t* positions, int rows, int T) {
+  Acts& a = acts_[size_t(slot)];
+  qkv_->forward(qkv, in, rows);
+  if (settings_.qk_norm)
+    backend_.head_rmsnorm_forward(qkv, a.qk_saved.data(), a.qk_rstd.data(), q_norm_.value, k_norm_.value,
+                                  settings_.norm_eps, rows, settings_.shape);
+  if (settings_.rotary)
+    backend_.rope(qkv, positions, inv_freq_.data(), settings_.rope.magnitude, rows, T, settings_.shape,
+                  false);
+}
+
+void Attention::forward(int slot, ConstAct in, float* out, const DeviceBatch& batch, int B, int T) {
+  Acts& a = acts_[size_t(slot)];
+  project(slot, in, a.qkv.at(), batch.positions, B * T, T);
+  attend_forward(a.att.at(), a.lse.data(), a.qkv.at(), batch.doc_start, B, T);
+  proj_->forward(out, a.att.at(), B * T);
+}
+
+void Attention::backward(int slot, ConstAct in, const float* dout, float* din, const DeviceBatch& batch,
+                         int B, int T) {
+  Acts& a = acts_[size_t(slot)];
+  const int N = B * T;
+  proj_->backward(datt_, dout, a.att.at(), N);
+  attend_backward(dqkv_, datt_, a.qkv.at(), a.att.at(), a.lse.data(), batch.doc_start, B, T);
+  // The gradients of the rotated q and k turn back (the rotation is orthogonal), then through the norm.
+  if (settings_.rotary)
+    backend_.rope(dqkv_, batch.positions, inv_freq_.data(), settings_.rope.magnitude, N, T, settings_.shape,
+                  true);
+  if (settings_.qk_norm)
+    backend_.head_rmsnorm_backward(dqkv_, q_norm_.grad, k_norm_.grad, a.qk_saved.data(), a.qk_rstd.data(),
+                                   q_norm_.value, k_norm_.value, N, settings_.shape);
+  qkv_->backward(din, dqkv_, in, N);
+}
+
+void Attention::decode(ConstAct in, float* out, float* k_cache, float* v_cache, const int32_t* seq,
+                       const int32_t* pos, int rows, int max_len) {
+  Acts& a = acts_[0];
+  project(0, in, a.qkv.at(), pos, rows, max_len);
+  backend_.attention_decode(a.att.at(), a.qkv.at(), k_cache, v_cache, seq, pos, rows, max_len,
+                            settings_.shape);
+  proj_->forward(out, a.att.at(), rows);
+}
+
+void Attention::attend_forward(Act out, float* lse, ConstAct qkv, const int32_t* doc_start, int B, int T) {
+  backend_.attention_forward(out, lse, qkv, doc_start, B, T, settings_.shape);
+}
+
+void Attention::attend_backward(float* dqkv, const float* dout, ConstAct qkv, ConstAct out, const float* lse,
+                                const int32_t* doc_start, int B, int T) {
+  backend_.attention_backward(dqkv, dout, qkv, out, lse, doc_start, B, T, settings_.shape);
+}
+
+}  // namespace forge::trainer
