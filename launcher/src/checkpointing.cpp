@@ -165,6 +165,7 @@ int64_t RunCheckpoints::resume() {
     // optimizer's moments), a fresh step count and schedule.
     const auto source = ckpt::Checkpoint::open(init_from_);
     source.verify();
+    trainer::check_model_family(source.manifest().meta.model_config, spec_.model, init_from_);
     ckpt::check_expectations(source.manifest(), {.model_config = expect.model_config, .dataset_version = {}},
                              init_from_);
     const ckpt::CheckpointMeta& parent = source.manifest().meta;

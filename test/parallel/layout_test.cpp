@@ -47,6 +47,10 @@ constexpr double kDpoParamAbsTol = 5e-4;
 constexpr double kBf16LossRelTol = 1e-3;
 constexpr int kSteps = 20;
 
+// llama: a grouped-query Llama-family model (RMSNorm, SwiGLU, rotary positions, 2 key/value heads for 4
+// query heads, untied classifier) instead of GPT-2.
+bool llama = false;
+
 TrainSpec make_spec(int global_batch, int dp, int microbatches) {
   TrainSpec s;
   s.steps = kSteps;
@@ -54,7 +58,10 @@ TrainSpec make_spec(int global_batch, int dp, int microbatches) {
   s.threads = 1;
   s.batch = global_batch / dp;
   s.microbatches = microbatches;
-  s.model = gpt2_spec(4, 32, 4, 64, 16);
+  s.model = llama ? model_spec({"--model.family=llama", "--model.layers=4", "--model.d_model=32",
+                                "--model.heads=4", "--model.kv_heads=2", "--model.ffn_hidden=64",
+                                "--model.vocab=64", "--model.seq_len=16"})
+                  : gpt2_spec(4, 32, 4, 64, 16);
   s.optim.lr = 1e-2;
   s.optim.min_lr = 1e-3;
   s.optim.warmup_steps = 2;
@@ -154,12 +161,14 @@ int main(int argc, char** argv) {
       far_memory = true;
     else if (std::string(argv[i]) == "bf16")
       bf16 = true;
+    else if (std::string(argv[i]) == "llama")
+      llama = true;
     else
       mode = argv[i];
   }
   if (argc < 5 || !(mode.empty() || mode == "packed" || mode == "dpo" || mode == "distill") ||
       (bf16 && !far_memory)) {
-    std::fprintf(stderr, "usage: layout_test TP PP DP ZERO [packed|dpo|distill] [far [bf16]]\n");
+    std::fprintf(stderr, "usage: layout_test TP PP DP ZERO [packed|dpo|distill] [llama] [far [bf16]]\n");
     return 2;
   }
   forge::test::FarBackend far;

@@ -8,6 +8,8 @@
 #include "support/paths.h"
 #include "support/training.h"
 
+#include "forge/common/error.h"
+#include "forge/trainer/checkpoint_io.h"
 #include "forge/trainer/moe.h"
 #include "forge/trainer/spec.h"
 
@@ -157,5 +159,34 @@ TEST_CASE("Every model family decodes through its KV cache as its full forward c
       compare(row, t);
     }
     CHECK(worst < 1e-5);
+  }
+}
+
+TEST_CASE("A model record reads back as the spec it was written from; a GPT-2 record as before",
+          "[trainer][spec]") {
+  const H5Fixture f(fixture_path());
+  for (const std::string g : kFamilies) {
+    INFO(g);
+    const ModelSpec spec = family_spec(f, g);
+    const forge::Json record = model_spec_json(spec);
+    CHECK(record.at("family") == g);
+    CHECK(model_spec_json(model_spec_from_json(record, "record")) == record);
+  }
+  // GPT-2 records keep the keys they had before the families, so old checkpoints compare equal.
+  const forge::Json gpt2 = model_spec_json(gpt2_spec(2, 32, 4, 64, 16));
+  CHECK(gpt2 == forge::Json{{"layers", 2},
+                            {"d_model", 32},
+                            {"heads", 4},
+                            {"vocab", 64},
+                            {"seq_len", 16},
+                            {"max_positions", 16}});
+  // A checkpoint of one family under a spec of another: a usage error naming both.
+  try {
+    check_model_family(gpt2, family_spec(f, "llama"), "ckpt/step-10");
+    FAIL("a gpt2 checkpoint was accepted for a llama spec");
+  } catch (const forge::Error& e) {
+    CHECK(e.code() == forge::ExitCode::kUsage);
+    CHECK_THAT(e.what(),
+               Catch::Contains("ckpt/step-10 holds a gpt2 model") && Catch::Contains("model.family = llama"));
   }
 }

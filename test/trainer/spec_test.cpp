@@ -57,6 +57,62 @@ TEST_CASE("inconsistent model configs are rejected naming key and rule", "[train
   CHECK_THAT(usage_error({"--optim.beta2=1"}), Catch::Contains("optim.beta2"));
 }
 
+TEST_CASE("model families: presets, slot keys and the rules between them", "[trainer][spec]") {
+  const ModelSpec llama =
+      train_spec(load({"--model.family=llama", "--model.heads=6", "--model.kv_heads=2"})).model;
+  CHECK(llama.family == Family::kLlama);
+  CHECK(llama.norm == Norm::kRmsNorm);
+  CHECK(llama.activation == Activation::kSwiglu);
+  CHECK(llama.positions == Positions::kRotary);
+  CHECK(llama.rope.theta == 5e5);
+  CHECK_FALSE(llama.tied_embeddings);
+  CHECK_FALSE(llama.linear_bias);
+  CHECK(llama.kv_heads == 2);
+  CHECK(llama.head_dim == 384 / 6);
+  CHECK(llama.ffn_hidden == 1024);  // 8/3 x 384, rounded up to a multiple of 64
+  // Any slot key overrides the family's value.
+  const ModelSpec qwen3 =
+      train_spec(load({"--model.family=qwen3", "--model.head_dim=128", "--model.tied_embeddings=on"})).model;
+  CHECK(qwen3.qk_norm);
+  CHECK(qwen3.head_dim == 128);
+  CHECK(qwen3.tied_embeddings);
+  CHECK(qwen3.norm_eps == 1e-6f);
+  const ModelSpec mixtral = train_spec(load({"--model.family=mixtral", "--model.experts=8"})).model;
+  CHECK(mixtral.ffn == Ffn::kMoe);
+  CHECK(mixtral.router_renormalize);
+  CHECK(mixtral.moe_hidden == mixtral.ffn_hidden);
+  const ModelSpec qwen_moe =
+      train_spec(load({"--model.family=qwen2_moe", "--model.experts=4", "--model.moe_hidden=64"})).model;
+  CHECK_FALSE(qwen_moe.router_renormalize);
+  CHECK(qwen_moe.shared_expert_hidden == 256);
+  CHECK(qwen_moe.qkv_bias);
+  // gpt2 is what a spec without model.family always was.
+  const ModelSpec gpt2 = train_spec(load({})).model;
+  CHECK(gpt2.family == Family::kGpt2);
+  CHECK(gpt2.norm == Norm::kLayerNorm);
+  CHECK(gpt2.ffn_hidden == 4 * gpt2.d_model);
+  CHECK(gpt2.tied_embeddings);
+
+  CHECK_THAT(
+      usage_error({"--model.family=llama", "--model.heads=8", "--model.d_model=512", "--model.kv_heads=3"}),
+      Catch::Contains("model.kv_heads = 3") && Catch::Contains("must divide model.heads = 8") &&
+          Catch::Contains("1, 2, 4, 8"));
+  CHECK_THAT(usage_error({"--model.family=gpt3"}),
+             Catch::Contains("model.family") && Catch::Contains("llama"));
+  CHECK_THAT(usage_error({"--model.norm=batchnorm"}),
+             Catch::Contains("model.norm") && Catch::Contains("rmsnorm"));
+  CHECK_THAT(usage_error({"--model.family=llama", "--model.heads=4", "--model.head_dim=7"}),
+             Catch::Contains("model.head_dim = 7") && Catch::Contains("rotary"));
+  CHECK_THAT(usage_error({"--model.kv_heads=2"}),
+             Catch::Contains("model.kv_heads") && Catch::Contains("gpt2 family") && Catch::Contains("llama"));
+  CHECK_THAT(usage_error({"--model.family=llama", "--model.heads=8", "--model.d_model=512",
+                          "--model.kv_heads=2", "--parallel.tp=4"}),
+             Catch::Contains("parallel.tp = 4") && Catch::Contains("model.kv_heads = 2"));
+  CHECK_THAT(
+      usage_error({"--model.family=llama", "--model.heads=4", "--model.ffn_hidden=102", "--parallel.tp=4"}),
+      Catch::Contains("parallel.tp = 4") && Catch::Contains("model.ffn_hidden = 102"));
+}
+
 TEST_CASE("parallel layouts that cannot work are rejected naming the rule", "[trainer][spec]") {
   CHECK_NOTHROW(
       train_spec(load({"--parallel.tp=2", "--parallel.pp=2", "--parallel.dp=2", "--parallel.zero=1"})));

@@ -639,6 +639,13 @@ std::optional<LayoutProblem> parallel_problem(const ModelSpec& m, const Layout& 
     return std::optional<LayoutProblem>(LayoutProblem{std::move(key), std::move(why)});
   };
   if (p.zero != 0 && p.zero != 1) return problem("parallel.zero", "must be 0 or 1");
+  // Column-parallel products split their hidden width (gate and up each, under SwiGLU).
+  for (const auto& [key, width] : {std::pair<const char*, int>{"model.ffn_hidden", m.ffn_hidden},
+                                   {"model.shared_expert_hidden", m.shared_expert_hidden}})
+    if (width % l.tp != 0)
+      return problem("parallel.tp", fmt::format("must divide {} = {} (each rank holds a share of the FFN's "
+                                                "hidden units)",
+                                                key, width));
   if (!p.stage_layers.empty()) {
     int total = 0;
     for (int n : p.stage_layers) {

@@ -132,7 +132,7 @@ std::vector<double> run_cpu(TrainSpec spec, int steps, int total_steps) {
 
 TrainSpec gpt2_spec(const TrainSpec& small, int batch) {
   TrainSpec gpt2 = small;
-  gpt2.model = gpt2_spec(12, 768, 12, 50304, 1024);
+  gpt2.model = forge::trainer::gpt2_spec(12, 768, 12, 50304, 1024);
   gpt2.batch = batch;
   gpt2.microbatches = 1;
   gpt2.optim.lr = 6e-4;

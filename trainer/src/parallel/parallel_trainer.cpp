@@ -225,7 +225,7 @@ void ParallelTrainer::launch(Bucket& b) {
 }
 
 void ParallelTrainer::finish_gradients() {
-  if (groups_.embed) {
+  if (groups_.embed && spec_.model.tied_embeddings) {
     mark_activity("all_reduce embed (tied embedding)");
     auto wte = model_->grad("wte.weight");
     groups_.embed->all_reduce_sum(wte.data(), wte.size());

@@ -45,7 +45,8 @@ std::optional<Layout> parse_layout(std::string_view text, std::string* why);
 // What of a model a layout must divide.
 struct ModelDims {
   int layers = 0, heads = 0, vocab = 0;
-  int experts = 0;  // per Mixture-of-Experts block; 0: a dense model
+  int experts = 0;   // per Mixture-of-Experts block; 0: a dense model
+  int kv_heads = 0;  // key/value heads (grouped-query attention); 0: as many as heads
 };
 
 // The first problem of running `model` on `layout`, as the job-spec key to change and why.

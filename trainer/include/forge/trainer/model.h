@@ -91,7 +91,7 @@ struct ModelSpec {
   bool fused_qkv() const { return family == Family::kGpt2; }
   bool moe_block(int layer) const { return ffn == Ffn::kMoe && (layer + 1) % moe_every == 0; }
   AttentionShape attention() const { return {heads, kv_heads, head_dim, window}; }
-  ModelDims dims() const { return {layers, heads, vocab, ffn == Ffn::kMoe ? experts : 0}; }
+  ModelDims dims() const { return {layers, heads, vocab, ffn == Ffn::kMoe ? experts : 0, kv_heads}; }
 };
 std::string_view family_name(Family family);
 
