@@ -172,6 +172,14 @@ TEST_CASE("A model record reads back as the spec it was written from; a GPT-2 re
     CHECK(record.at("family") == g);
     CHECK(model_spec_json(model_spec_from_json(record, "record")) == record);
   }
+  // FLOPs per token: the products of the active parameters (an untied embedding is a lookup) and the
+  // attention over the keys a query sees (Mistral: its window).
+  for (const std::string g : {"llama", "mistral"}) {
+    const ModelSpec m = family_spec(f, g);
+    const double keys = m.window > 0 ? std::min(m.window, m.seq_len) : m.seq_len;
+    CHECK(flops_per_token(m) == 6 * (parameter_counts(m).active - double(m.vocab) * m.d_model) +
+                                    12.0 * m.layers * keys * m.heads * m.head_dim);
+  }
   // GPT-2 records keep the keys they had before the families, so old checkpoints compare equal.
   const forge::Json gpt2 = model_spec_json(gpt2_spec(2, 32, 4, 64, 16));
   CHECK(gpt2 == forge::Json{{"layers", 2},

@@ -169,7 +169,9 @@ double flops_per_token(const ModelSpec& cfg) {
   // Attention: per layer and token, QK^T and PV over the keys a query sees (the window), forward and
   // backward: 12 x keys x the query width (PaLM's 12 L T d counts all T keys).
   const int keys = cfg.window > 0 ? std::min(cfg.window, cfg.seq_len) : cfg.seq_len;
-  return 6.0 * parameter_counts(cfg).active +
+  // An untied token embedding is a lookup, not a product (its own head counts; tied, wte is the head).
+  const double lookup = cfg.tied_embeddings ? 0.0 : double(cfg.vocab) * cfg.d_model;
+  return 6.0 * (parameter_counts(cfg).active - lookup) +
          12.0 * cfg.layers * double(keys) * double(cfg.heads) * double(cfg.head_dim);
 }
 

@@ -150,7 +150,8 @@ struct ParameterCounts {
 };
 ParameterCounts parameter_counts(const ModelSpec& config);
 
-// Model FLOPs per token (PaLM appendix B): 6*N_active + 12*L*T*d.
+// Model FLOPs per token (PaLM appendix B): 6 x the active parameters that multiply (not an untied token
+// embedding, a lookup) + 12 x layers x the keys a query sees x heads x head_dim (the attention).
 double flops_per_token(const ModelSpec& config);
 
 // The feed-forward half of a block (the FFN slot): reads the block's second LayerNorm output and writes
