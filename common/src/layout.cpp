@@ -109,10 +109,11 @@ std::optional<LayoutProblem> layout_problem(const Layout& l, const ModelDims& m)
   if (m.heads % l.tp != 0)
     return problem("parallel.tp",
                    "must divide model.heads = " + std::to_string(m.heads) + " (each rank holds whole heads)");
-  if (const int kv = m.kv_heads > 0 ? m.kv_heads : m.heads; kv % l.tp != 0)
-    return problem("parallel.tp", "must divide model.kv_heads = " + std::to_string(kv) +
-                                      " (each rank holds whole key/value heads; spreading one over several "
-                                      "ranks is not implemented yet)");
+  if (const int kv = m.kv_heads > 0 ? m.kv_heads : m.heads; kv % l.tp != 0 && l.tp % kv != 0)
+    return problem("parallel.tp",
+                   "must divide model.kv_heads = " + std::to_string(kv) +
+                       " or be a multiple of it (each rank holds whole key/value heads, or one "
+                       "shared with tp / kv_heads ranks)");
   if (m.vocab % l.tp != 0)
     return problem("parallel.tp", "must divide model.vocab = " + std::to_string(m.vocab) +
                                       " (vocabulary-parallel embedding; pad the vocabulary)");

@@ -150,6 +150,13 @@ TEST_CASE("layout_problem names the first key to change and why") {
   check(Layout{.tp = 2}, {.layers = 6, .heads = 6, .vocab = 8191}, "parallel.tp",
         "must divide model.vocab = 8191 (vocabulary-parallel embedding; pad the vocabulary)");
   check(Layout{.pp = 7}, model, "parallel.pp", "7 stages need at least one block each but model.layers is 6");
+  // Key/value heads: tp divides them, or is a multiple of them (each then held by tp / kv_heads ranks).
+  const ModelDims gqa{.layers = 6, .heads = 12, .vocab = 8192, .kv_heads = 4};
+  check(Layout{.tp = 6}, gqa, "parallel.tp", "must divide model.kv_heads = 4 or be a multiple of it");
+  CHECK_FALSE(forge::layout_problem(Layout{.tp = 4}, gqa));
+  CHECK_FALSE(forge::layout_problem(Layout{.tp = 2}, gqa));
+  CHECK_FALSE(
+      forge::layout_problem(Layout{.tp = 8}, {.layers = 6, .heads = 16, .vocab = 8192, .kv_heads = 2}));
   check(Layout{.cp = 2}, model, "parallel.cp", "context parallelism is not implemented yet: it must be 1");
   check(Layout{.ep = 2, .dp = 2}, model, "parallel.ep",
         "expert parallelism needs a Mixture-of-Experts model (model.ffn = moe)");

@@ -37,6 +37,19 @@ mpi 4 --run.dir="$work/x" "${common[@]}" --run.steps=8 --data.batch=2 --parallel
 grep -q "verification loss .* matches" "$work/x2.log" || fail "cross-layout resume skipped the verification step"
 compare "$work/ref" "$work/x" 5
 
+# A grouped-query Llama-family model (2 key/value heads) saved on tp4 -- each head held by two ranks --
+# resumed on tp2,pp2, against one process: the shared heads' parameters and moments are written once and
+# read back by whichever ranks hold them.
+llama=(--model.family=llama --model.kv_heads=2 --model.ffn_hidden=128)
+"$train" "$src/configs/tiny.ini" --run.dir="$work/lref" "${common[@]}" "${llama[@]}" --run.steps=8 --data.batch=4 \
+  2>"$work/lref.log" || fail "single-process llama run failed: $(tail -n1 "$work/lref.log")"
+mpi 4 --run.dir="$work/lx" "${common[@]}" "${llama[@]}" --run.steps=4 --data.batch=4 --parallel.tp=4 \
+  2>"$work/lx1.log" || fail "llama tp4 failed: $(tail -n3 "$work/lx1.log")"
+mpi 4 --run.dir="$work/lx" "${common[@]}" "${llama[@]}" --run.steps=8 --data.batch=4 --parallel.tp=2 --parallel.pp=2 \
+  2>"$work/lx2.log" || fail "llama resume on tp2,pp2 failed: $(tail -n3 "$work/lx2.log")"
+grep -q "verification loss .* matches" "$work/lx2.log" || fail "llama resume skipped the verification step"
+compare "$work/lref" "$work/lx" 5
+
 # Bad layouts: exit 64 with one line naming the rule (mpirun returns the ranks' code).
 mpi 3 --run.dir="$work/bad1" "${common[@]}" --parallel.tp=2 >/dev/null 2>"$work/bad1.log"
 [ $? -eq 64 ] || fail "3 ranks for tp2: want exit 64"

@@ -91,6 +91,9 @@ std::vector<int32_t> step_tokens(int step, size_t count, int vocab) {
 // Rank `tp_rank`'s shard of a logical tensor, by the parameter's shard rule.
 std::vector<float> shard_of(const ParamInfo& p, int tp_rank, int tp, std::span<const float> logical) {
   if (p.shard.kind == ShardRule::Kind::kReplicated || tp == 1) return {logical.begin(), logical.end()};
+  // A part held by several ranks (key/value heads fewer than ranks): the part's index among tp / replicas.
+  tp_rank = p.shard.part(tp_rank);
+  tp /= p.shard.replicas;
   std::vector<float> out;
   const int64_t rows = p.shape[0], cols = p.shape.size() > 1 ? p.shape[1] : 1;
   if (p.shard.dim == 0) {

@@ -105,9 +105,13 @@ TEST_CASE("model families: presets, slot keys and the rules between them", "[tra
              Catch::Contains("model.head_dim = 7") && Catch::Contains("rotary"));
   CHECK_THAT(usage_error({"--model.kv_heads=2"}),
              Catch::Contains("model.kv_heads") && Catch::Contains("gpt2 family") && Catch::Contains("llama"));
-  CHECK_THAT(usage_error({"--model.family=llama", "--model.heads=8", "--model.d_model=512",
-                          "--model.kv_heads=2", "--parallel.tp=4"}),
-             Catch::Contains("parallel.tp = 4") && Catch::Contains("model.kv_heads = 2"));
+  CHECK_THAT(usage_error({"--model.family=llama", "--model.heads=12", "--model.d_model=768",
+                          "--model.kv_heads=4", "--parallel.tp=6"}),
+             Catch::Contains("parallel.tp = 6") && Catch::Contains("model.kv_heads = 4"));
+  // Fewer key/value heads than ranks: each is held by tp / kv_heads ranks.
+  CHECK(train_spec(load({"--model.family=llama", "--model.heads=8", "--model.d_model=512",
+                         "--model.kv_heads=2", "--parallel.tp=4"}))
+            .layout.tp == 4);
   CHECK_THAT(
       usage_error({"--model.family=llama", "--model.heads=4", "--model.ffn_hidden=102", "--parallel.tp=4"}),
       Catch::Contains("parallel.tp = 4") && Catch::Contains("model.ffn_hidden = 102"));

@@ -26,7 +26,7 @@ std::vector<Piece> shard_pieces(const std::string& kind, const ParamInfo& p, con
     whole.offset[0] = slice.ep_rank * p.local_shape[0];
     return {{whole, p.offset, p.offset + p.numel}};
   }
-  const int tp_rank = slice.tp_rank;
+  const int tp_rank = p.shard.part(slice.tp_rank);
   const int d = p.shard.dim, groups = p.shard.groups;
   const int64_t tp = p.shape[size_t(d)] / p.local_shape[size_t(d)];
   const int64_t group_rows = p.shape[size_t(d)] / groups, part = group_rows / tp;
@@ -43,8 +43,10 @@ std::vector<Piece> shard_pieces(const std::string& kind, const ParamInfo& p, con
   return out;
 }
 
-bool writes(const ParamInfo& p, const SaveRole& role) {
+bool writes(const ParamInfo& p, const ModelSlice& slice, const SaveRole& role) {
   if (!role.replicated && p.shard.kind != ShardRule::Kind::kSplit) return false;
+  if (slice.tp_rank % p.shard.replicas != 0)
+    return false;  // the first of the ranks holding the part writes it
   return role.tied_copy || p.name != "wte.weight";
 }
 
@@ -58,7 +60,7 @@ template <typename Fn>
 void for_each_piece(GPT& model, AdamW* optimizer, bool saving, const SaveRole& role, Fn&& fn) {
   const ModelSlice& slice = model.slice();
   for (const auto& p : model.params()) {
-    if (saving && !writes(p, role)) continue;
+    if (saving && !writes(p, slice, role)) continue;
     if (!saving || (expert(p) ? role.expert_params : role.params))
       for (const Piece& piece : shard_pieces("param", p, slice))
         fn(piece.slice, model.weights().data() + piece.lo);

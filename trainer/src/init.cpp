@@ -26,7 +26,7 @@ double normal_at(uint64_t key, uint64_t index) {
 uint64_t logical_index(const ParamInfo& p, const ModelSlice& slice, uint64_t i) {
   if (p.shard.kind == ShardRule::Kind::kReplicated || p.local_shape == p.shape) return i;
   if (p.shard.kind == ShardRule::Kind::kExperts) return uint64_t(slice.ep_rank) * p.numel + i;
-  const int tp_rank = slice.tp_rank;
+  const int tp_rank = p.shard.part(slice.tp_rank);
   const size_t dims = p.shape.size();
   uint64_t inner = 1;  // elements per step of the split dimension
   for (size_t d = size_t(p.shard.dim) + 1; d < dims; ++d) inner *= uint64_t(p.shape[d]);

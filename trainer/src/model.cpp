@@ -259,8 +259,9 @@ GPT::GPT(const ModelSpec& config, int batch, DType dtype, const ModelSlice& slic
   if (batch < 1) throw std::invalid_argument("GPT: batch must be >= 1");
   if (slots < 1) throw std::invalid_argument("GPT: slots must be >= 1");
   const int tps = slice_.tp_size;
-  if (config.heads % tps != 0 || config.kv_heads % tps != 0)
-    throw std::invalid_argument("GPT: heads and kv_heads must divide by the tensor-parallel size");
+  if (config.heads % tps != 0 || (config.kv_heads % tps != 0 && tps % config.kv_heads != 0))
+    throw std::invalid_argument(
+        "GPT: the tensor-parallel size must divide heads, and divide kv_heads or be a multiple of it");
   layers_ = slice_.last_layer - slice_.first_layer;
   const ParamInfo& last = params_.back();
   const size_t m = std::max<size_t>(flat_multiple, 1);
@@ -270,11 +271,12 @@ GPT::GPT(const ModelSpec& config, int batch, DType dtype, const ModelSlice& slic
   const bool bf16 = dtype_ == DType::kBF16;
   if (bf16) work_ = backend.alloc<float>(flat);
 
-  // This rank's heads: tensor parallelism splits the query heads and the key/value heads alike.
+  // This rank's heads: tensor parallelism splits the query heads and the key/value heads alike; with
+  // fewer key/value heads than ranks, each rank holds the one its query heads read.
   AttentionSettings attention{
       config.attention(), config.positions == Positions::kRotary, {}, config.qk_norm, config.norm_eps, bf16};
   attention.shape.heads /= tps;
-  attention.shape.kv_heads /= tps;
+  attention.shape.kv_heads = std::max(1, attention.shape.kv_heads / tps);
   if (attention.rotary) attention.rope = rope_table(config.rope, config.head_dim);
   const bool swiglu = config.activation == Activation::kSwiglu;
   const int ffn_width = int(DenseMLP::scratch_width(swiglu, config.ffn_hidden / tps));

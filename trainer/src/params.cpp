@@ -25,12 +25,12 @@ struct TableBuilder {
            float value = 0, bool next_follows = false) {
     ParamInfo p{std::move(name), shape, shape, shard, decay, std, value, 0, 0};
     if (shard.kind == ShardRule::Kind::kSplit) {
-      const int64_t parts = int64_t(shard.groups) * slice.tp_size;
+      const int64_t parts = int64_t(shard.groups) * slice.tp_size / shard.replicas;
       if (shape[shard.dim] % parts != 0)
         throw std::invalid_argument(p.name + ": dimension " + std::to_string(shard.dim) + " of size " +
                                     std::to_string(shape[shard.dim]) + " does not split into " +
                                     std::to_string(parts) + " parts");
-      p.local_shape[shard.dim] = shape[shard.dim] / slice.tp_size;
+      p.local_shape[shard.dim] = shape[shard.dim] / (slice.tp_size / shard.replicas);
     } else if (shard.kind == ShardRule::Kind::kExperts) {
       if (shape[0] % slice.ep_size != 0)
         throw std::invalid_argument(p.name + ": " + std::to_string(shape[0]) + " experts do not split over " +
@@ -69,6 +69,9 @@ std::vector<ParamInfo> parameter_table(const ModelSpec& cfg, const ModelSlice& s
   const ShardRule qkv_rows{ShardRule::Kind::kSplit, 0, 3};
   const ShardRule gate_up_rows{ShardRule::Kind::kSplit, 0, 2};  // gate | up, each split
   const ShardRule experts{ShardRule::Kind::kExperts, 0, 1};
+  // Key/value heads: split like the query heads, or, when there are fewer than ranks, one per rank, each
+  // held by tp / kv_heads ranks.
+  const ShardRule kv_rows{ShardRule::Kind::kSplit, 0, 1, std::max(1, slice.tp_size / cfg.kv_heads)};
   const int64_t E = cfg.experts, Q = int64_t(cfg.heads) * cfg.head_dim,
                 KV = int64_t(cfg.kv_heads) * cfg.head_dim;
   const bool layernorm = cfg.norm == Norm::kLayerNorm, swiglu = cfg.activation == Activation::kSwiglu;
@@ -107,12 +110,12 @@ std::vector<ParamInfo> parameter_table(const ModelSpec& cfg, const ModelSlice& s
     } else {
       // q, k and v back to back, weights then biases: the attention runs them as one product (attention.h).
       t.add(b + "attn.q.weight", {Q, C}, rows, true, std, 0, true);
-      t.add(b + "attn.k.weight", {KV, C}, rows, true, std, 0, true);
-      t.add(b + "attn.v.weight", {KV, C}, rows, true, std);
+      t.add(b + "attn.k.weight", {KV, C}, kv_rows, true, std, 0, true);
+      t.add(b + "attn.v.weight", {KV, C}, kv_rows, true, std);
       if (cfg.qkv_bias) {
         t.add(b + "attn.q.bias", {Q}, rows, false, 0, 0, true);
-        t.add(b + "attn.k.bias", {KV}, rows, false, 0, 0, true);
-        t.add(b + "attn.v.bias", {KV}, rows, false, 0);
+        t.add(b + "attn.k.bias", {KV}, kv_rows, false, 0, 0, true);
+        t.add(b + "attn.v.bias", {KV}, kv_rows, false, 0);
       }
       if (cfg.qk_norm) {
         t.add(b + "attn.q_norm.weight", {cfg.head_dim}, replicated, false, 0, 1.0f);

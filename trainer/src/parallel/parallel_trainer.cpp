@@ -124,6 +124,11 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups, B
   model_ =
       std::make_unique<GPT>(spec.model, spec.batch, spec.dtype, slice, slots_, backend, *plan_, dp, loss_);
   model_->init(spec.seed);
+  if (const int replicas = std::max(1, lay.tp / spec.model.kv_heads); replicas > 1) {
+    kv_ = groups.tp->split(groups.tp_rank / replicas, groups.tp_rank % replicas, "kv");
+    for (const ParamInfo& p : model_->params())
+      if (p.shard.replicas > 1) kv_params_[bucket_key(p.name, spec.model.layers)].push_back(&p);
+  }
   // The router losses of a step: the mean over its micro-batches on every data-parallel rank.
   model_->set_router_loss_weight(1.0f / float(spec.microbatches * lay.dp));
   for (MoeLayer* moe : model_->moe_layers())
@@ -168,7 +173,8 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups, B
   for (const ParamInfo& p : model_->params()) {
     const bool replicated = lay.tp > 1 && p.shard.kind != ShardRule::Kind::kSplit;
     const bool tied_copy = p.name == "wte.weight" && lay.pp > 1 && !groups.first_stage();
-    if ((replicated && groups.tp_rank != 0) || tied_copy) continue;
+    const bool replica = groups.tp_rank % p.shard.replicas != 0;  // a key/value head's other holders
+    if ((replicated && groups.tp_rank != 0) || tied_copy || replica) continue;
     for (const FlatRange& r : owned_) {
       const size_t lo = std::max(r.lo, p.offset), hi = std::min(r.hi, p.offset + p.numel);
       if (lo < hi) norm_ranges_.push_back({lo, hi});
@@ -299,6 +305,11 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   };
   const auto on_grads = [&](int layer) {
     if (layer < 0) return;  // the embeddings wait for the tied copy's sum (finish_gradients)
+    // A key/value head's gradient is the sum of its holders' (the step's micro-batches are all in).
+    if (const auto kv = kv_params_.find(layer); kv != kv_params_.end()) {
+      mark_activity("all_reduce kv (shared key/value heads)");
+      for (const ParamInfo* p : kv->second) kv_->all_reduce_sum(model_->grads().data() + p->offset, p->numel);
+    }
     for (Bucket& bk : buckets_) {
       if (bk.key == layer) launch(bk);
       if (bk.request) bk.request->test();  // MPI progresses non-blocking collectives inside MPI calls

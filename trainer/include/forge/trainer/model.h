@@ -105,6 +105,10 @@ struct ShardRule {
   Kind kind = Kind::kReplicated;
   int dim = 0;     // the split dimension (kSplit, kExperts: 0)
   int groups = 1;  // the dimension is `groups` equal blocks, each split separately (fused q|k|v: 3)
+  // kSplit: how many consecutive tensor-parallel ranks hold the same part (a model with fewer key/value
+  // heads than ranks: each head is held by tp / kv_heads ranks, whose gradients of it are summed).
+  int replicas = 1;
+  int part(int tp_rank) const { return tp_rank / replicas; }
 };
 
 struct ParamInfo {

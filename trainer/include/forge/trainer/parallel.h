@@ -15,6 +15,7 @@
 #include "forge/trainer/step_stats.h"
 #include "forge/trainer/tensor_parallel.h"
 
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -96,6 +97,10 @@ class ParallelTrainer {
   Buffer<float> shard_;                 // reduce-scatter output, back to back
   Buffer<float> recv_act_, recv_grad_;
   size_t gathered_ = 0;  // buckets_[0, gathered_) hold their updated parameters (need_weights)
+  // Fewer key/value heads than tensor-parallel ranks: the ranks holding the same head (kv_), and per
+  // block the parameters whose gradients they sum (each rank's holds its own query heads' share).
+  std::unique_ptr<Comm> kv_;
+  std::map<int, std::vector<const ParamInfo*>> kv_params_;
   bool inject_nan_ = false;
 };
 
