@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Mixture of Experts through forge-train on real MPI ranks: dropless EP1, EP2 and EP2 x TP2 x PP2 give the
-# one-process losses over 20 steps; a checkpoint saved on EP2 resumes on EP4, and that one on pp2 at EP1,
+# one-process losses over 20 steps, and so do the Mixtral and Qwen2-MoE families; a checkpoint saved on EP2 resumes on EP4, and that one on pp2 at EP1,
 # continuing the one-process curve; the token all-to-all moves
 # exactly the analytic volume; the metrics carry every block's expert load; capacity drops are counted,
 # not errors; a dead expert is reported, or stops the run (71); bad MoE settings exit 64 naming the key.
@@ -31,6 +31,20 @@ compare "$work/ref" "$work/ep2"
 run 8 ep2tp2pp2 --run.steps=20 --data.batch=2 --parallel.tp=2 --parallel.pp=2 --parallel.dp=2 --parallel.ep=2 \
   --parallel.zero=1
 compare "$work/ref" "$work/ep2tp2pp2"
+
+# The MoE families: Mixtral (SwiGLU experts, renormalised top-2 gates, 2 key/value heads) and Qwen2-MoE (a
+# sigmoid-gated shared expert, split by tensor parallelism like a dense MLP) on ep2 and on tp2 x dp2 x ep2
+# against one process.
+for family in mixtral qwen2_moe; do
+  fam=(--model.family=$family --model.kv_heads=2 --model.moe_hidden=64)
+  "$train" "$src/configs/tiny.ini" --run.dir="$work/${family}_ref" "${moe[@]}" "${fam[@]}" --run.steps=20 \
+    --data.batch=2 --parallel.microbatches=2 2>"$work/${family}_ref.log" \
+    || fail "one-process $family run failed: $(tail -n2 "$work/${family}_ref.log")"
+  run 2 "${family}_ep2" "${fam[@]}" --run.steps=20 --data.batch=2 --parallel.dp=2 --parallel.ep=2
+  compare "$work/${family}_ref" "$work/${family}_ep2"
+  run 4 "${family}_tp2ep2" "${fam[@]}" --run.steps=20 --data.batch=2 --parallel.tp=2 --parallel.dp=2 --parallel.ep=2
+  compare "$work/${family}_ref" "$work/${family}_tp2ep2"
+done
 
 # The metrics: every block's expert load and router figures; the all-to-all's bytes, summed over the ep2
 # run's ranks, are the analytic volume: per MoE block and micro-batch, the counts (experts x 8 bytes per
