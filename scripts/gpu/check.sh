@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The GPU check on one machine with an NVIDIA GPU (made for one H200; docs/GPU.md): builds the CUDA backend
 # and runs forge-cuda-check `backend` first (the CUDA backend of the seam against the CPU backend, op by op,
-# seconds), then forge-train itself on the GPU (scripts/gpu/train_check.sh: against the CPU, 2 ranks sharing
-# the GPU, NCCL, checkpoints between GPU and CPU, SIGUSR1, GPT-2-124M and llm.c beside it; with the full
-# project build only), then the full forge-cuda-check (every CUDA op against the CPU op, training against
-# the CPU trainer, throughput and MFU last). Output goes to stdout and, when $OUT is set, to $OUT/gpu-check.txt. About 8
-# minutes. Exit non-zero when either run failed.
+# seconds; then one line per op of the model families: RMSNorm, SwiGLU, rotary positions, qk-norm,
+# grouped-query and sliding-window attention), then forge-train itself on the GPU
+# (scripts/gpu/train_check.sh: against the CPU, 2 ranks sharing the GPU, NCCL, checkpoints between GPU and
+# CPU, SIGUSR1, GPT-2-124M and llm.c beside it; with the full project build only), then the full
+# forge-cuda-check (every CUDA op against the CPU op, training against the CPU trainer, throughput and MFU
+# last: GPT-2-124M and a Llama-family config, Llama-3-8B's blocks with 8 of its 32 layers at seq 4096, whose
+# row is repeated at the end). Output goes to stdout and, when $OUT is set, to $OUT/gpu-check.txt. About 7
+# minutes (docs/GPU.md, "Time"), within 10: the last run gets the time left and a deadline 20 s before its
+# kill, by which the Llama run has stopped, so the table is always printed. Exit non-zero when a run failed.
 #
 # The machine may be bare: the CUDA toolkit (with NCCL) at /usr/local/cuda or nvcc on PATH is required.
 # Build dependencies are found in this order:
@@ -131,7 +135,7 @@ direct_build() {
   # The sources of scripts/gpu/CMakeLists.txt.
   local sources=("$root"/common/src/{batch,config,error,hash,huge_buffer,ini,json,layout,local_rank,text}.cpp
     "$root"/trainer/src/cpu/*.cpp
-    "$root"/trainer/src/{guard,init,layers,loss,model,moe,optimizer,params,progress,runtime,spec,trace}.cpp
+    "$root"/trainer/src/{attention,guard,init,layers,loss,model,moe,optimizer,params,progress,rope,runtime,spec,trace}.cpp
     "$root"/trainer/src/parallel/{groups,parallel_trainer,tensor_parallel}.cpp
     "$root"/trainer/cuda/src/*.cpp "$root"/trainer/cuda/src/*.cu "$root"/trainer/cuda/tools/*.cpp)
   local keep=() f
@@ -216,10 +220,36 @@ say "built in $(($(date +%s) - start)) s: $exe"
 
 # --- the CUDA backend against the CPU backend, op by op (forge-cuda-check backend): seconds, and run first so
 # that a wrong op is the first failure in the log, before the long run below.
-timeout --signal=KILL 120 "$exe" backend 2>&1 | tee -a "$log"
+mkdir -p "$build"
+timeout --signal=KILL 120 "$exe" backend 2>&1 | tee "$build/backend.txt" | tee -a "$log"
 backend_rc=${PIPESTATUS[0]}
 [ "$backend_rc" -eq 64 ] && say "this forge-cuda-check has no backend mode (a prebuilt from before it?)"
 [ "$backend_rc" -eq 137 ] && say "forge-cuda-check backend killed after 120 s"
+# The ops the model families brought, one line each from the table above (a line per compared output,
+# ending in PASS or FAIL; an op that threw is one "(error)" line that fails): NAME|the lines' start.
+while IFS='|' read -r name pattern; do
+  n=$(grep -cE "^($pattern).* (PASS|FAIL)\$" "$build/backend.txt")
+  pass=$(grep -cE "^($pattern).* PASS\$" "$build/backend.txt")
+  if [ "$n" -eq 0 ]; then
+    say "op $name: no lines (killed before it, or a forge-cuda-check from before the model families)"
+  elif [ "$pass" -eq "$n" ]; then
+    say "op $name: PASS ($n compared outputs)"
+  else
+    say "op $name: FAIL ($((n - pass)) of $n compared outputs)"
+  fi
+done <<'OPS'
+rmsnorm (forward, FP32 and BF16 out; backward)|rmsnorm[_ ]
+residual + rmsnorm|residual_rmsnorm[_ ]
+head_rmsnorm (qk-norm)|head_rmsnorm[_ ]
+swiglu|swiglu[_ ]
+rope (theta 500000, YaRN; forward and inverse)|rope[ ]
+attention, grouped-query heads (FP32 kernel)|attention_(forward|backward) .*[0-9]+/[0-9]+ heads
+attention, sliding window (FP32 kernel)|attention_(forward|backward) .*window
+attention_decode, grouped-query heads and window|attention_decode .*(heads|window)
+attention on tensor cores, grouped-query heads or window|bf16 products: attention_.*(heads|window).*tensor cores
+attention on tensor cores, head dim 128 (WMMA)|bf16 products: attention_.*hd 128
+attention with BF16 products on the FP32 kernel (documents, hd 40)|bf16 products: attention_.*(documents|hd 40)
+OPS
 say "forge-cuda-check backend exit $backend_rc after $(($(date +%s) - start)) s"
 
 # --- forge-train itself on the GPU, items a-g of docs/GPU.md (scripts/gpu/train_check.sh): it needs the full
@@ -243,13 +273,21 @@ fi
 
 # --- the check
 # A hang (a kernel, NCCL's init) must not eat the machine's time: the check gets what the budget leaves
-# (at most 360 s, and the script's whole run within 10 minutes).
+# (at most 360 s, and the script's whole run within 10 minutes). Its --deadline, 20 s before the kill, stops
+# the Llama run (or skips it) in time for the table to be printed; a forge-cuda-check from before the
+# option (a prebuilt) runs without it.
 left=$((570 - ($(date +%s) - start)))
 limit=${FORGE_GPU_CHECK_TIMEOUT:-$((left < 360 ? (left > 60 ? left : 60) : 360))}
+deadline=(--deadline "$((limit > 40 ? limit - 20 : limit / 2))")
+case $("$exe" --deadline 1 --steps 0 2>&1) in *"unknown argument '--deadline'"*) deadline=() ;; esac
 # shellcheck disable=SC2086
-timeout --signal=KILL "$limit" "$exe" --config "$root/configs/bench-cpu.ini" ${FORGE_GPU_CHECK_ARGS:-} 2>&1 | tee -a "$log"
+timeout --signal=KILL "$limit" "$exe" --config "$root/configs/bench-cpu.ini" "${deadline[@]}" ${FORGE_GPU_CHECK_ARGS:-} 2>&1 |
+  tee "$build/check.txt" | tee -a "$log"
 rc=${PIPESTATUS[0]}
 [ "$rc" -eq 137 ] && say "forge-cuda-check killed after ${limit} s (FORGE_GPU_CHECK_TIMEOUT)"
+# The Llama-family row of the throughput table (or why it was not run).
+llama_row=$(grep -E '^llama3-8b-[0-9]+L +bf16 ' "$build/check.txt" | tail -1)
+say "throughput, Llama family: ${llama_row:-no row (killed before the table, --no-llama, or a forge-cuda-check without it)}"
 say "forge-cuda-check exit $rc after $(($(date +%s) - start)) s"
 [ "$rc" -eq 0 ] && rc=$backend_rc
 [ "$rc" -eq 0 ] && rc=$train_rc

@@ -73,17 +73,36 @@ int main(int argc, char** argv) {
         train.gpt2_batch = number();
       else if (arg == "--no-gpt2")
         train.gpt2 = false;
+      else if (arg == "--no-llama")
+        train.llama = false;
+      else if (arg == "--llama-layers")
+        train.llama_layers = number();
+      else if (arg == "--llama-seq")
+        train.llama_seq = number();
+      else if (arg == "--llama-batch")
+        train.llama_batch = number();
+      else if (arg == "--llama-steps")
+        train.llama_steps = number();
+      else if (arg == "--deadline")
+        train.deadline = number();
       else if (arg == "--profile")
         train.profile = true;
       else
         forge::fail(forge::ExitCode::kUsage,
                     "unknown argument '{}' (usage: forge-cuda-check backend | forge-cuda-check [--ops-only "
-                    "--train-only --config PATH --steps N --cpu-steps N --gpt2-batch N --no-gpt2 --profile])",
+                    "--train-only --config PATH --steps N --cpu-steps N --gpt2-batch N --no-gpt2 --no-llama "
+                    "--llama-layers N --llama-seq N --llama-batch N --llama-steps N --deadline SECONDS "
+                    "--profile])",
                     arg);
     }
     if (train.steps < 4 || train.cpu_steps < 1 || train.cpu_steps > train.steps || train.gpt2_batch < 1)
       forge::fail(forge::ExitCode::kUsage,
                   "need --steps >= 4, 1 <= --cpu-steps <= --steps and --gpt2-batch >= 1");
+    if (train.llama_layers < 1 || train.llama_seq < 1 || train.llama_batch < 1 || train.llama_steps < 4 ||
+        train.deadline < 0)
+      forge::fail(forge::ExitCode::kUsage,
+                  "need --llama-layers, --llama-seq and --llama-batch >= 1, --llama-steps >= 4 and "
+                  "--deadline >= 0");
     const auto dev = forge::trainer::cuda::bind_device(0, forge::trainer::cuda::read_device_env());
     fmt::print("forge-cuda-check: {} (CUDA device {}, GPU {})\n", dev.name, dev.ordinal, dev.physical);
     if (backend) {
