@@ -443,6 +443,7 @@ RunReport write_report(const std::string& run_dir) {
     row("tokens", fmt::format("{}", s.value("tokens", int64_t{0})));
     row("wall time", fmt::format("{:.1f} s", number(s, "wall_s")));
     row("final loss", fmt::format("{:.4f}", number(s, "final_loss")));
+    if (s.contains("model")) row("model", s.value("model", std::string()));
     if (const Json p = s.value("parameters", Json()); p.is_object() && number(p, "total") > 0)
       row("parameters", number(p, "active") < number(p, "total")
                             ? fmt::format("{:.2f} M, {:.2f} M active per token", number(p, "total") / 1e6,
@@ -533,6 +534,7 @@ void print_report(const RunReport& r) {
     fmt::print("steps {}, tokens {}, wall {:.1f} s, final loss {:.4f}, mean MFU {:.2f}%\n",
                s.value("steps", int64_t{0}), s.value("tokens", int64_t{0}), number(s, "wall_s"),
                number(s, "final_loss"), 100 * number(s, "mean_mfu"));
+    if (s.contains("model")) fmt::print("model {}\n", s.value("model", std::string()));
     if (r.ettr >= 0)
       fmt::print("effective training time {:.1f}% (ETTR), lost {:.1f} s after checkpoints and in restarts\n",
                  100 * r.ettr, r.lost_s);

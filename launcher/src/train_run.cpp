@@ -206,6 +206,7 @@ void write_summary(const RunInfo& run, const Totals& t, ExitCode code) {
          {"final_loss", t.last_loss},
          {"peak_gflops", run.peak},
          {"flops_per_token", run.fpt},
+         {"model", trainer::model_description(run.spec.model)},
          {"parameters", {{"total", params.total}, {"active", params.active}}},
          {"threads", run.spec.threads},
          {"layout", run.groups.layout.str()},
@@ -522,11 +523,13 @@ int train(const Config& config, const trainer::TrainSpec& requested, bool force_
   open_metrics(first_step);
   JobGauges gauges(groups);
   spdlog::info(
-      "run '{}': steps {}..{} on {}, layout {} ({}), {} {} over {}, {} threads per rank, {} parameters on "
+      "run '{}': {}; steps {}..{} on {}, layout {} ({}), {} {} over {}, {} threads per rank, {} parameters "
+      "on "
       "this rank, peak {:.0f} GFLOP/s, spec {}",
-      spec.name, first_step + 1, spec.steps, data->describe(), groups.layout.str(), boot.describe(),
-      device.description, trainer::dtype_name(spec.dtype), trainer::comm_name(spec.parallel.comm),
-      spec.threads, trainer.model().weights().size(), run.peak, config.hash());
+      spec.name, trainer::model_description(spec.model), first_step + 1, spec.steps, data->describe(),
+      groups.layout.str(), boot.describe(), device.description, trainer::dtype_name(spec.dtype),
+      trainer::comm_name(spec.parallel.comm), spec.threads, trainer.model().weights().size(), run.peak,
+      config.hash());
   std::signal(SIGUSR1, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
 

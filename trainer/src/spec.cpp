@@ -312,6 +312,27 @@ std::string_view family_name(Family family) {
   return kFamilies[size_t(family)];
 }
 
+std::string model_description(const ModelSpec& m) {
+  std::string heads = m.kv_heads == m.heads ? fmt::format("{} heads of {}", m.heads, m.head_dim)
+                                            : fmt::format("{} heads sharing {} key/value heads of {}",
+                                                          m.heads, m.kv_heads, m.head_dim);
+  std::string out = fmt::format("{}: {} blocks of {}, {}, {}", family_name(m.family), m.layers, m.d_model,
+                                heads, m.norm == Norm::kRmsNorm ? "rmsnorm" : "layernorm");
+  out += m.positions == Positions::kRotary ? fmt::format(", rope (theta {:g})", m.rope.theta)
+                                           : ", learned positions";
+  if (m.qk_norm) out += ", qk-norm";
+  if (m.window > 0) out += fmt::format(", window {}", m.window);
+  const char* act = m.activation == Activation::kSwiglu ? "swiglu" : "gelu";
+  if (m.ffn == Ffn::kMoe)
+    out += fmt::format(", {} {} experts of {}, top {}{}", m.experts, act, m.moe_hidden, m.top_k,
+                       m.shared_expert_hidden > 0
+                           ? fmt::format(" + a shared expert of {}", m.shared_expert_hidden)
+                           : std::string());
+  else
+    out += fmt::format(", {} {}", act, m.ffn_hidden);
+  return out + (m.tied_embeddings ? ", tied classifier" : "");
+}
+
 ModelSpec model_spec(const Config& c) {
   ModelSpec m;
   const std::string family = c.get<std::string>("model.family");

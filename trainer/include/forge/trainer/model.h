@@ -94,6 +94,9 @@ struct ModelSpec {
   ModelDims dims() const { return {layers, heads, vocab, ffn == Ffn::kMoe ? experts : 0, kv_heads}; }
 };
 std::string_view family_name(Family family);
+// One line: the family and what sets it apart, e.g. "llama: 2 blocks of 128, 4 heads sharing 2 key/value
+// heads of 32, rmsnorm, rope (theta 500000), swiglu 384" (logs, summary.json, the run report).
+std::string model_description(const ModelSpec& spec);
 
 enum class DType { kF32, kBF16 };
 
