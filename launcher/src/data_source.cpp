@@ -101,7 +101,7 @@ class Dataset final : public DataSource {
 }  // namespace
 
 std::unique_ptr<DataSource> open_data(const Config& config, const trainer::TrainSpec& spec, int dp_rank,
-                                      trainer::Comm& world) {
+                                      trainer::Comm& world, trainer::Backend& backend) {
   const bool sft = spec.objective == trainer::Objective::kSft,
              dpo = spec.objective == trainer::Objective::kDpo,
              distill = spec.objective == trainer::Objective::kDistill;
@@ -165,9 +165,9 @@ std::unique_ptr<DataSource> open_data(const Config& config, const trainer::Train
           "(prepare with --max-tokens {} to cut them instead)",
           left, spec.dataset, spec.model.seq_len + 1, (spec.model.seq_len + 1) / 2);
     if (spec.dpo.live)
-      dataset->set_reference(std::make_unique<LiveReference>(spec, reference));
+      dataset->set_reference(std::make_unique<LiveReference>(spec, reference, backend));
     else
-      dataset->set_reference(reference_logps(spec, dataset->reader(), reference, world));
+      dataset->set_reference(reference_logps(spec, dataset->reader(), reference, world, backend));
   }
   return dataset;
 }

@@ -40,10 +40,10 @@ class DataSource {
 // Checks the dataset against the spec (vocabulary: a usage error naming model.vocab; the objective's format;
 // unreadable or corrupt data: a data error) and opens it for data-parallel rank `dp_rank` of
 // spec.layout.dp. run.objective = dpo: the reference log-probabilities are found or computed here, by all
-// the ranks of `world` together, or come from a frozen copy of the reference as batches are read
-// (dpo.reference_mode = live; dpo_reference.h). run.objective = distill reads a text dataset (every
-// token) or a chat one (the replies).
+// the ranks of `world` together on `backend` (the run's), or come from a frozen copy of the reference as
+// batches are read (dpo.reference_mode = live; dpo_reference.h). run.objective = distill reads a text dataset
+// (every token) or a chat one (the replies).
 std::unique_ptr<DataSource> open_data(const Config& config, const trainer::TrainSpec& spec, int dp_rank,
-                                      trainer::Comm& world);
+                                      trainer::Comm& world, trainer::Backend& backend);
 
 }  // namespace forge::launcher

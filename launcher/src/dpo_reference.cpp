@@ -87,17 +87,20 @@ ckpt::Checkpoint open_reference(const trainer::TrainSpec& spec, const std::strin
 }
 
 // A whole model of the spec's shape whose loss keeps the reply log-probabilities of what it sees.
+// FP32 on the run's backend (a GPU's FP32 kernels): the reference's log-probabilities as exact as it has
+// them.
 std::unique_ptr<trainer::GPT> reference_model(const trainer::TrainSpec& spec,
-                                              std::shared_ptr<trainer::ReplyLogps> logps) {
+                                              std::shared_ptr<trainer::ReplyLogps> logps,
+                                              trainer::Backend& backend) {
   return std::make_unique<trainer::GPT>(spec.model, spec.batch, trainer::DType::kF32, trainer::ModelSlice{},
-                                        1, trainer::cpu_backend(), trainer::LayerFactory::whole(), 1,
-                                        std::move(logps));
+                                        1, backend, trainer::LayerFactory::whole(), 1, std::move(logps));
 }
 
 }  // namespace
 
 std::vector<double> reference_logps(const trainer::TrainSpec& spec, const data::Reader& reader,
-                                    const std::string& reference_dir, trainer::Comm& world) {
+                                    const std::string& reference_dir, trainer::Comm& world,
+                                    trainer::Backend& backend) {
   const ckpt::Checkpoint checkpoint = open_reference(spec, reference_dir);
   const uint64_t n = reader.num_samples();
   const Json key = key_of(spec, reference_dir, reader.manifest());
@@ -115,7 +118,7 @@ std::vector<double> reference_logps(const trainer::TrainSpec& spec, const data::
   // Computed: rank r takes pairs r, r + size, ... in micro-batches of data.batch rows on a whole model.
   checkpoint.verify(world.rank(), world.size());
   const auto logps = std::make_shared<trainer::ReplyLogps>();
-  const std::unique_ptr<trainer::GPT> model = reference_model(spec, logps);
+  const std::unique_ptr<trainer::GPT> model = reference_model(spec, logps, backend);
   trainer::load_checkpoint(checkpoint, *model, nullptr);
   std::vector<double> values(2 * n, 0.0);
   std::vector<uint64_t> ids;
@@ -150,8 +153,9 @@ std::vector<double> reference_logps(const trainer::TrainSpec& spec, const data::
   return values;
 }
 
-LiveReference::LiveReference(const trainer::TrainSpec& spec, const std::string& reference_dir)
-    : logps_(std::make_shared<trainer::ReplyLogps>()), model_(reference_model(spec, logps_)) {
+LiveReference::LiveReference(const trainer::TrainSpec& spec, const std::string& reference_dir,
+                             trainer::Backend& backend)
+    : logps_(std::make_shared<trainer::ReplyLogps>()), model_(reference_model(spec, logps_, backend)) {
   const ckpt::Checkpoint checkpoint = open_reference(spec, reference_dir);
   checkpoint.verify();
   trainer::load_checkpoint(checkpoint, *model_, nullptr);

@@ -19,11 +19,12 @@ namespace forge::launcher {
 
 // Two values per training sample (pair) of the run's reader (any DP rank's: the pairs are read by id):
 // its chosen and its rejected reply's summed log-probability under the checkpoint at `reference_dir`,
-// found or computed. `world` holds every rank of the job. Usage error (64) when the reference's model is
-// not the spec's; data error (65) when a stored file does not match its key (another dataset version,
-// reference or seq_len) or is damaged.
+// found or computed (on `backend`, the run's, in FP32). `world` holds every rank of the job. Usage error (64)
+// when the reference's model is not the spec's; data error (65) when a stored file does not match its key
+// (another dataset version, reference or seq_len) or is damaged.
 std::vector<double> reference_logps(const trainer::TrainSpec& spec, const data::Reader& reader,
-                                    const std::string& reference_dir, trainer::Comm& world);
+                                    const std::string& reference_dir, trainer::Comm& world,
+                                    trainer::Backend& backend);
 
 // dpo.reference_mode = live: a frozen copy of the reference on this rank computes the log-probabilities of
 // each micro-batch's pairs as it is read (every rank: each keeps the batches whole, and a checkpoint's
@@ -31,7 +32,7 @@ std::vector<double> reference_logps(const trainer::TrainSpec& spec, const data::
 // needs no writable place and no pass before the first step. The same checks as reference_logps.
 class LiveReference {
  public:
-  LiveReference(const trainer::TrainSpec& spec, const std::string& reference_dir);
+  LiveReference(const trainer::TrainSpec& spec, const std::string& reference_dir, trainer::Backend& backend);
   void fill(MicroBatch& batch);  // batch.reference_logps, two per row
 
  private:

@@ -448,7 +448,7 @@ int train(const Config& config, const trainer::TrainSpec& requested, bool force_
   trainer::TrainSpec spec = requested;
   DeviceRun device = open_device(spec, boot.rank);
   // Everything that can reject the spec or the data runs before the model's memory is allocated.
-  auto data = open_data(config, spec, spec.layout.coords(boot.rank).dp, *world);
+  auto data = open_data(config, spec, spec.layout.coords(boot.rank).dp, *world, *device.backend);
   std::optional<trainer::ModelSpec> teacher_config;
   if (spec.objective == trainer::Objective::kDistill)
     teacher_config = check_teacher(config, spec, data->tokenizer());
