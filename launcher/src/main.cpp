@@ -1,4 +1,5 @@
 // forge-train SPEC.ini [--section.key=value ...] [--print-config] [--force-new] [--trace]
+// forge-train SPEC.ini [--section.key=value ...] --plan [--json]
 // forge-train report RUN_DIR
 // forge-train trace-merge TRACE_DIR
 // forge-train failure RUN_DIR --exit RC [--srun-log FILE] [--lost-node NODE ...] [--max-comm-retries N]
@@ -14,6 +15,7 @@
 #include "forge/trainer/bootstrap.h"
 #include "forge/trainer/spec.h"
 #include "forge/trainer/trace.h"
+#include "plan.h"
 #include "report.h"
 #include "train_run.h"
 
@@ -29,12 +31,18 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: forge-train SPEC.ini [--section.key=value ...] [--print-config] [--force-new] [--trace]\n"
+    "       forge-train SPEC.ini [--section.key=value ...] --plan [--json]\n"
     "       forge-train report RUN_DIR\n"
     "       forge-train trace-merge TRACE_DIR\n"
     "       forge-train failure RUN_DIR --exit RC [--srun-log FILE] [--lost-node NODE ...] "
     "[--max-comm-retries N]\n"
     "  Trains a GPT from the job spec; every key can be overridden as --section.key=value.\n"
     "  --print-config  print the resolved spec (and its hash) and exit\n"
+    "  --plan          validate the spec and print, without allocating, what it asks of every rank at its\n"
+    "                  layout ([parallel] keys): parameters held, memory (weights, gradients, AdamW, BF16\n"
+    "                  copy, activations, buffers), the model's total and active parameters and FLOPs per\n"
+    "                  token; then the same as one JSON line (--json: only that line). run.device = auto\n"
+    "                  plans for CUDA\n"
     "  --force-new     start afresh even if run.dir holds checkpoints of another spec (the old\n"
     "                  checkpoints, metrics and summary are moved to <run.dir>/superseded/<time>/)\n"
     "  --trace         trace 3 steps (run.trace_steps = auto; or A-B) into\n"
@@ -114,7 +122,7 @@ int main(int argc, char** argv) {
     }
     std::string spec_path;
     std::vector<std::string> overrides;
-    bool print_config = false, force_new = false;
+    bool print_config = false, force_new = false, plan = false, json = false;
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       if (a == "--help" || a == "-h") {
@@ -123,6 +131,10 @@ int main(int argc, char** argv) {
       }
       if (a == "--print-config") {
         print_config = true;
+      } else if (a == "--plan") {
+        plan = true;
+      } else if (a == "--json") {
+        json = true;
       } else if (a == "--force-new") {
         force_new = true;
       } else if (a == "--trace") {
@@ -144,6 +156,10 @@ int main(int argc, char** argv) {
     forge::trainer::add_trainer_keys(schema);
     forge::launcher::add_checkpoint_keys(schema);
     const forge::Config config = forge::load_config(schema, spec_path, overrides);
+    if (json && !plan)
+      forge::fail(forge::ExitCode::kUsage, "--json goes with --plan (forge-train SPEC.ini --plan --json)");
+    // A plan starts no ranks and writes nothing: no failure record either.
+    if (plan) return forge::launcher::plan_command(config, json);
     run_dir = config.get<std::string>("run.dir");
     spec_hash = config.hash();
     try {

@@ -1,0 +1,349 @@
+// forge-train --plan (plan.h). Every size below is the one the trainer allocates with; the comments name
+// the allocation each mirrors. Nothing here allocates a model buffer: the parameter table is the only
+// per-tensor structure built (a few hundred entries).
+#include "plan.h"
+
+#include "forge/common/error.h"
+#include "forge/trainer/backend.h"
+#include "forge/trainer/parallel.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <utility>
+
+namespace forge::launcher {
+
+namespace T = forge::trainer;
+
+namespace {
+
+constexpr size_t kF32 = sizeof(float);
+
+size_t round_up(size_t n, size_t m) {
+  return (n + m - 1) / m * m;
+}
+
+// ParallelTrainer's bucket key of a parameter (parallel_trainer.cpp): its block, -1 for the embeddings,
+// `layers` for the final norm.
+int bucket_key(const std::string& name, int layers) {
+  if (name.rfind("blocks.", 0) == 0) return std::stoi(name.substr(7));
+  if (name.rfind("lnf.", 0) == 0) return layers;
+  return -1;
+}
+
+// The dense MLP (model.cpp DenseMLP) of hidden width H: per slot, the first product's output and the
+// activation's, N x its local width each, BF16 in BF16 mode.
+size_t dense_mlp_bytes(const T::ModelSpec& m, int H, int tp, size_t N, size_t act, size_t slots) {
+  const bool swiglu = m.activation == T::Activation::kSwiglu;
+  const size_t fc_out = size_t(swiglu ? 2 * H : H) / size_t(tp);  // gate_up / fc: rows split by tp
+  const size_t pre = N * fc_out, a = swiglu ? pre / 2 : pre;
+  return slots * (pre + a) * act;
+}
+
+// An MoE block's FFN (moe.cpp MoeLayer, model.cpp SharedExpertMoe), its buffers sized for balanced
+// routing (the layer's constructor): the experts are not split by tensor parallelism.
+size_t moe_bytes(const T::ModelSpec& m, int tp, size_t N, size_t act, size_t slots) {
+  const bool swiglu = m.activation == T::Activation::kSwiglu;
+  const size_t C = size_t(m.d_model), E = size_t(m.experts), H = size_t(m.moe_hidden);
+  const size_t F = swiglu ? 2 * H : H, rows_k = N * size_t(m.top_k);
+  // Per slot: x and y [rows_k, C] FP32, pre [rows_k, F] and act [rows_k, H] activations.
+  size_t n = slots * (2 * rows_k * C * kF32 + rows_k * F * act + rows_k * H * act);
+  // Work: router logits [N, E], a, b, c [rows_k, C], dact [rows_k, H], (SwiGLU) dpre [rows_k, F].
+  n += (N * E + 3 * rows_k * C + rows_k * H + (swiglu ? rows_k * F : 0)) * kF32;
+  // The output's zero bias; without fc biases GELU's fused bias add reads its first H.
+  n += (!swiglu && !m.linear_bias ? std::max(C, H) : C) * kF32;
+  if (m.shared_expert_hidden > 0) {
+    n += dense_mlp_bytes(m, m.shared_expert_hidden, tp, N, act, slots);
+    // shared(x) per slot [N, C]; d_shared, d_in [N, C]; the gate's column and its copy [N].
+    n += (slots * N * C + 2 * N * C + 2 * N) * kF32;
+  }
+  return n;
+}
+
+// Rows of the classifier's logits chunk (Backend::classifier_chunk_rows): the CPU backend's, or the CUDA
+// backend's (trainer/cuda/src/backend.cpp: as many rows as 1 GiB of FP32 logits holds, a multiple of 256
+// from 256 to 2^20), which this build may not contain.
+size_t chunk_rows(T::Device device, int vocab) {
+  if (device != T::Device::kCuda) return size_t(T::cpu_backend().classifier_chunk_rows(vocab));
+  constexpr size_t kBytes = size_t(1) << 30;
+  const size_t rows = kBytes / (kF32 * size_t(std::max(vocab, 1))) / 256 * 256;
+  return std::clamp<size_t>(rows, 256, size_t(1) << 20);
+}
+
+std::string bytes_str(size_t b) {
+  const double v = double(b);
+  if (v >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", v / (1024.0 * 1024 * 1024));
+  if (v >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", v / (1024.0 * 1024));
+  if (v >= 1024.0) return fmt::format("{:.1f} KiB", v / 1024.0);
+  return fmt::format("{} B", b);
+}
+
+std::string count_str(double n) {
+  if (n >= 1e9) return fmt::format("{:.2f} B", n / 1e9);
+  if (n >= 1e6) return fmt::format("{:.2f} M", n / 1e6);
+  if (n >= 1e3) return fmt::format("{:.1f} k", n / 1e3);
+  return fmt::format("{:.0f}", n);
+}
+
+std::string flops_str(double f) {
+  if (f >= 1e12) return fmt::format("{:.2f} TFLOP", f / 1e12);
+  if (f >= 1e9) return fmt::format("{:.2f} GFLOP", f / 1e9);
+  if (f >= 1e6) return fmt::format("{:.2f} MFLOP", f / 1e6);
+  return fmt::format("{:.0f} FLOP", f);
+}
+
+std::string_view family_ffn(const T::ModelSpec& m) {
+  return m.activation == T::Activation::kSwiglu ? "SwiGLU" : "GELU";
+}
+
+}  // namespace
+
+size_t activation_bytes(const T::ModelSpec& m, const T::ModelSlice& slice, int batch, T::DType dtype,
+                        int slots) {
+  const int last = slice.last_layer < 0 ? m.layers : slice.last_layer;
+  const int tp = slice.tp_size;
+  const bool swiglu = m.activation == T::Activation::kSwiglu;
+  const size_t act = dtype == T::DType::kBF16 ? sizeof(uint16_t) : kF32;  // ActBuffer
+  const size_t S = size_t(slots), L = size_t(last - slice.first_layer), C = size_t(m.d_model);
+  const size_t N = size_t(batch) * size_t(m.seq_len), NC = N * C;
+  const size_t stats = (m.norm == T::Norm::kLayerNorm ? 2 : 1) * N;  // NormSlot::stats per row
+  // This rank's heads (GPT's constructor): the query heads split by tp; the key/value heads too, or one
+  // per rank when there are fewer than ranks.
+  const size_t heads = size_t(m.heads / tp), kv = size_t(std::max(1, m.kv_heads / tp));
+  const size_t hd = size_t(m.head_dim), q_width = heads * hd, qkv_width = (heads + 2 * kv) * hd;
+  const auto scratch_width = [&](int hidden) { return size_t(swiglu ? 3 * hidden : hidden); };
+  const size_t dfc = std::max(scratch_width(m.ffn_hidden / tp), scratch_width(m.shared_expert_hidden / tp));
+
+  // Workspace: delta, dln [N, C]; datt [N, q_width]; dqkv [N, qkv_width]; dfc [N, the widest FFN scratch].
+  size_t n = (2 * NC + N * q_width + N * qkv_width + N * dfc) * kF32;
+  // Slots: the residual stream (L + 1) x [N, C] and its gradient [N, C]; the head's lnf, its statistics
+  // and the classifier's gradient.
+  n += S * ((L + 1) * NC + NC + (slice.head ? 2 * NC + stats : 0)) * kF32;
+  for (int l = slice.first_layer; l < last; ++l) {
+    // Block::Acts per slot: res_mid [N, C] and two norms' statistics (FP32), ln1 and ln2 outputs.
+    n += S * ((NC + 2 * stats) * kF32 + 2 * NC * act);
+    // Attention::Acts per slot: qkv, att, lse [N, heads]; qk-norm's saved inputs and 1 / rms.
+    n += S * (N * qkv_width * act + N * q_width * act + N * heads * kF32);
+    if (m.qk_norm) n += S * (N * (heads + kv) * hd + N * (heads + kv)) * kF32;
+    n += m.moe_block(l) ? moe_bytes(m, tp, N, act, S) : dense_mlp_bytes(m, m.ffn_hidden, tp, N, act, S);
+  }
+  return n;
+}
+
+Plan make_plan(const T::TrainSpec& validated) {
+  Plan plan;
+  plan.spec = validated;
+  T::TrainSpec& spec = plan.spec;
+  // The device the plan is for: auto plans the cluster's GPUs (run.device = cpu plans a CPU run).
+  T::resolve_device(spec, spec.device == T::Device::kCpu ? 0 : 1, "");
+  const T::ModelSpec& m = spec.model;
+  const Layout& lay = spec.layout;
+
+  const T::ParameterCounts counts = T::parameter_counts(m);
+  plan.total_parameters = counts.total;
+  plan.active_parameters = counts.active;
+  plan.flops_per_token = T::flops_per_token(m);
+  const int keys = m.window > 0 ? std::min(m.window, m.seq_len) : m.seq_len;
+  plan.attention_flops = 12.0 * m.layers * double(keys) * double(m.heads) * double(m.head_dim);
+
+  const std::vector<int> bounds = T::stage_bounds(m, lay.pp, spec.parallel.stage_layers);
+  const size_t dp = size_t(lay.dp), expert_dp = size_t(lay.dp / lay.ep);
+  const size_t N = size_t(spec.batch) * size_t(m.seq_len), NC = N * size_t(m.d_model);
+  for (int s = 0; s < lay.pp; ++s) {
+    StagePlan st;
+    st.stage = s;
+    st.first_layer = bounds[size_t(s)];
+    st.last_layer = bounds[size_t(s) + 1];
+    st.embedding = s == 0;
+    st.head = s == lay.pp - 1;
+    st.slots = std::min(spec.microbatches, lay.pp - s);  // ParallelTrainer: 1F1B's in-flight micro-batches
+    st.ranks = lay.tp * lay.cp * lay.dp;
+    // Tensor-parallel rank 0 and expert-parallel rank 0: every rank's shares are equal.
+    const T::ModelSlice slice{st.first_layer, st.last_layer, st.embedding, st.head, 0, lay.tp, 0, lay.ep};
+    // GPT's flat buffers: the table aligned for dp, padded to a multiple of dp.
+    const std::vector<T::ParamInfo> params = T::parameter_table(m, slice, dp);
+    const size_t flat = round_up(params.back().offset + params.back().numel, dp);
+    for (const T::ParamInfo& p : params) st.held += double(p.numel);
+    st.parameters = flat;
+    st.weights = flat * kF32;
+    st.gradients = flat * kF32;
+    if (spec.dtype == T::DType::kBF16) st.bf16_copy = flat * kF32;  // GPT::work_: an FP32-sized buffer
+    // ParallelTrainer's buckets: one per block, the embeddings and the final norm, and one per MoE block's
+    // experts (reduced over expert_dp); boundaries rounded up to a multiple of dp. Each rank owns its group
+    // rank's part of every bucket: the reduce-scatter's output (shard_) and, under ZeRO-1, AdamW's ranges.
+    struct Bucket {
+      size_t lo, hi, group;
+    };
+    std::vector<Bucket> buckets;
+    std::pair<int, bool> key{-2, false};
+    for (const T::ParamInfo& p : params) {
+      const std::pair<int, bool> k{bucket_key(p.name, m.layers),
+                                   p.shard.kind == T::ShardRule::Kind::kExperts};
+      if (k == key) continue;
+      key = k;
+      const size_t group = k.second ? expert_dp : dp;
+      const size_t lo = buckets.empty() ? 0 : round_up(p.offset, dp);
+      if (!buckets.empty()) {
+        if (lo == buckets.back().lo) {
+          buckets.back().group = group;
+          continue;
+        }
+        buckets.back().hi = lo;
+      }
+      buckets.push_back({lo, flat, group});
+    }
+    size_t owned = 0;
+    for (const Bucket& b : buckets) owned += (b.hi - b.lo) / b.group;
+    st.grad_shard = owned * kF32;
+    st.optimizer = 2 * (spec.parallel.zero == 1 ? owned : flat) * kF32;
+    st.activations = activation_bytes(m, slice, spec.batch, spec.dtype, st.slots);
+    st.pipeline = ((st.embedding ? 0 : NC) + (st.head ? 0 : NC)) * kF32;  // recv_act_, recv_grad_
+    if (st.head) {
+      const std::string classifier = m.tied_embeddings ? "wte.weight" : "head.weight";
+      for (const T::ParamInfo& p : params)
+        if (p.name == classifier) {
+          const int V = int(p.local_shape[0]);
+          st.logits_chunk = std::min(N, chunk_rows(spec.device, V)) * size_t(V) * kF32;
+        }
+    }
+    plan.stages.push_back(st);
+  }
+  return plan;
+}
+
+std::string format_plan(const Plan& plan) {
+  const T::TrainSpec& spec = plan.spec;
+  const T::ModelSpec& m = spec.model;
+  const Layout& lay = spec.layout;
+  std::string out = fmt::format(
+      "plan of {}: layout {} ({} rank{}), {}, {}, ZeRO-{}; {} micro-batch{} of {} x {} positions per step "
+      "and data-parallel rank\n",
+      spec.name, lay.str(), lay.world(), lay.world() == 1 ? "" : "s", T::device_name(spec.device),
+      T::dtype_name(spec.dtype), spec.parallel.zero, spec.microbatches, spec.microbatches == 1 ? "" : "es",
+      spec.batch, m.seq_len);
+  std::string ffn = fmt::format("dense {} FFN {}", family_ffn(m), m.ffn_hidden);
+  if (m.ffn == T::Ffn::kMoe)
+    ffn = fmt::format(
+        "{}MoE {}: {} {} experts of {}, top {}{}", m.moe_every == 1 ? "" : fmt::format("{}, ", ffn),
+        m.moe_every == 1 ? std::string("in every block") : fmt::format("every {} blocks", m.moe_every),
+        m.experts, family_ffn(m), m.moe_hidden, m.top_k,
+        m.shared_expert_hidden > 0 ? fmt::format(", a shared expert of {}", m.shared_expert_hidden)
+                                   : std::string());
+  out += fmt::format(
+      "model: {}, {} blocks, d_model {}, {} heads ({} key/value) of {}{}, {}, vocabulary {}, {} classifier\n",
+      T::family_name(m.family), m.layers, m.d_model, m.heads, m.kv_heads, m.head_dim,
+      m.window > 0 ? fmt::format(", window {}", m.window) : std::string(), ffn, m.vocab,
+      m.tied_embeddings ? "tied" : "untied");
+  out += fmt::format("parameters: {} total ({:.0f}), {} active per token ({:.0f})\n",
+                     count_str(plan.total_parameters), plan.total_parameters,
+                     count_str(plan.active_parameters), plan.active_parameters);
+  const double tokens = double(lay.dp) * spec.microbatches * spec.batch * m.seq_len;
+  out += fmt::format(
+      "FLOPs per token: {} (attention {}, {:.1f}%; the rest 6 x the active parameters that multiply); per "
+      "step of {:.0f} tokens: {}\n",
+      flops_str(plan.flops_per_token), flops_str(plan.attention_flops),
+      100.0 * plan.attention_flops / plan.flops_per_token, tokens, flops_str(plan.flops_per_token * tokens));
+  size_t largest = 0, job = 0;
+  int largest_stage = 0;
+  for (const StagePlan& st : plan.stages) {
+    std::string holds = fmt::format("blocks {}-{}", st.first_layer, st.last_layer - 1);
+    if (st.first_layer == st.last_layer) holds = "no blocks";
+    if (st.embedding) holds += " + embeddings";
+    if (st.head) holds += " + final norm, classifier";
+    out += fmt::format("stage {} ({}): {} rank{} alike (tp{} x dp{}{}), {} micro-batch{} in flight\n",
+                       st.stage, holds, st.ranks, st.ranks == 1 ? "" : "s", lay.tp, lay.dp,
+                       lay.ep > 1 ? fmt::format(", ep{}", lay.ep) : std::string(), st.slots,
+                       st.slots == 1 ? "" : "es");
+    out += fmt::format("  parameters   {} held per rank (flat buffers of {} values)\n", count_str(st.held),
+                       st.parameters);
+    out += fmt::format("  weights      {:>10}  FP32 master\n", bytes_str(st.weights));
+    out += fmt::format("  gradients    {:>10}  FP32\n", bytes_str(st.gradients));
+    out += fmt::format("  AdamW        {:>10}  m and v, FP32, {}\n", bytes_str(st.optimizer),
+                       spec.parallel.zero == 1 ? fmt::format("sharded over dp{} (parallel.zero = 1)", lay.dp)
+                                               : std::string("whole on every rank (parallel.zero = 0)"));
+    if (spec.dtype == T::DType::kBF16)
+      out +=
+          fmt::format("  BF16 copy    {:>10}  the weights forward and backward read (BF16 in FP32 slots)\n",
+                      bytes_str(st.bf16_copy));
+    out += fmt::format("  activations  {:>10}  saved for backward and scratch, {} micro-batch{}\n",
+                       bytes_str(st.activations), st.slots, st.slots == 1 ? "" : "es");
+    std::string parts = fmt::format("gradient shard {}", bytes_str(st.grad_shard));
+    if (st.pipeline > 0) parts += fmt::format(", pipeline receive {}", bytes_str(st.pipeline));
+    if (st.logits_chunk > 0) parts += fmt::format(", logits chunk {}", bytes_str(st.logits_chunk));
+    out += fmt::format("  buffers      {:>10}  {}\n", bytes_str(st.buffers()), parts);
+    out += fmt::format("  total        {:>10}\n", bytes_str(st.total()));
+    if (st.total() > largest) {
+      largest = st.total();
+      largest_stage = st.stage;
+    }
+    job += st.total() * size_t(st.ranks);
+  }
+  out += fmt::format("largest rank: {} (stage {}); the job: {} on {} rank{}\n", bytes_str(largest),
+                     largest_stage, bytes_str(job), lay.world(), lay.world() == 1 ? "" : "s");
+  out += "not planned: the data reader, the communication libraries' buffers";
+  if (spec.device == T::Device::kCuda) out += ", the CUDA context and the allocator's slack";
+  if (spec.objective == T::Objective::kDistill) out += ", the teacher (last stage)";
+  if (spec.objective == T::Objective::kDpo) out += ", the DPO reference's log-probabilities or live copy";
+  out += "\n";
+  return out;
+}
+
+Json plan_json(const Plan& plan) {
+  const T::TrainSpec& spec = plan.spec;
+  const Layout& lay = spec.layout;
+  Json stages = Json::array();
+  size_t largest = 0, job = 0;
+  for (const StagePlan& st : plan.stages) {
+    stages.push_back({{"stage", st.stage},
+                      {"blocks", {st.first_layer, st.last_layer - 1}},
+                      {"embedding", st.embedding},
+                      {"head", st.head},
+                      {"ranks", st.ranks},
+                      {"slots", st.slots},
+                      {"parameters", st.parameters},
+                      {"held", st.held},
+                      {"bytes",
+                       {{"weights", st.weights},
+                        {"gradients", st.gradients},
+                        {"optimizer", st.optimizer},
+                        {"bf16_copy", st.bf16_copy},
+                        {"activations", st.activations},
+                        {"grad_shard", st.grad_shard},
+                        {"pipeline", st.pipeline},
+                        {"logits_chunk", st.logits_chunk},
+                        {"buffers", st.buffers()},
+                        {"total", st.total()}}}});
+    largest = std::max(largest, st.total());
+    job += st.total() * size_t(st.ranks);
+  }
+  return {{"spec", spec.name},
+          {"layout", lay.str()},
+          {"ranks", lay.world()},
+          {"device", std::string(T::device_name(spec.device))},
+          {"dtype", std::string(T::dtype_name(spec.dtype))},
+          {"zero", spec.parallel.zero},
+          {"batch", spec.batch},
+          {"seq_len", spec.model.seq_len},
+          {"microbatches", spec.microbatches},
+          {"parameters", {{"total", plan.total_parameters}, {"active", plan.active_parameters}}},
+          {"flops_per_token",
+           {{"total", plan.flops_per_token},
+            {"attention", plan.attention_flops},
+            {"attention_share", plan.attention_flops / plan.flops_per_token}}},
+          {"stages", stages},
+          {"largest_rank_bytes", largest},
+          {"job_bytes", job}};
+}
+
+int plan_command(const Config& config, bool json_only) {
+  // train_spec validates the spec and the layout as a run does (exit 64, the same message); a plan needs
+  // no ranks, so the world size is not checked.
+  const Plan plan = make_plan(T::train_spec(config));
+  if (!json_only) std::fputs(format_plan(plan).c_str(), stdout);
+  std::fputs((plan_json(plan).dump() + "\n").c_str(), stdout);
+  return 0;
+}
+
+}  // namespace forge::launcher

@@ -1,0 +1,135 @@
+// forge-train --plan's activation formula (launcher/src/plan.h) against the bytes real models allocate
+// (GPT::activation_bytes() after construction), for every family's slots, pipeline slices, tensor- and
+// expert-parallel shares, FP32 and BF16 and several micro-batches in flight. The plan against a whole run
+// on MPI ranks is plan_test.sh.
+#include "plan.h"
+#include "forge/trainer/model.h"
+#include "forge/trainer/spec.h"
+#include "support/paths.h"
+
+#include <fmt/format.h>
+#include <catch2/catch.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+using forge::trainer::DType;
+using forge::trainer::GPT;
+using forge::trainer::LayerFactory;
+using forge::trainer::ModelSlice;
+using forge::trainer::ModelSpec;
+using forge::trainer::TokenExchange;
+
+// The layers of one rank of an expert-parallel group of `size` (the exchange itself is never run here):
+// the MoE layer checks its share of the experts against the exchange's size.
+class ExpertShare final : public LayerFactory {
+ public:
+  ExpertShare(int rank, int size) : rank_(rank), size_(size) {}
+  std::unique_ptr<TokenExchange> token_exchange() const override {
+    struct Exchange final : TokenExchange {
+      int r, n;
+      Exchange(int rank, int size) : r(rank), n(size) {}
+      int size() const override { return n; }
+      int rank() const override { return r; }
+    };
+    return std::make_unique<Exchange>(rank_, size_);
+  }
+
+ private:
+  int rank_, size_;
+};
+
+ModelSpec family(const std::string& name, std::vector<std::string> keys) {
+  for (const char* k : {"--model.layers=3", "--model.d_model=32", "--model.heads=4", "--model.vocab=64",
+                        "--model.seq_len=16"})
+    keys.emplace_back(k);
+  keys.push_back("--model.family=" + name);
+  return forge::trainer::model_spec(keys);
+}
+
+}  // namespace
+
+TEST_CASE("the plan's activation bytes are what the model allocates", "[plan]") {
+  const std::vector<std::pair<std::string, ModelSpec>> models = {
+      {"gpt2", family("gpt2", {})},
+      {"gpt2 without biases", family("gpt2", {"--model.linear_bias=off", "--model.qkv_bias=off"})},
+      {"llama", family("llama", {"--model.kv_heads=2"})},
+      {"qwen2", family("qwen2", {"--model.kv_heads=2"})},
+      {"qwen3 (qk-norm)", family("qwen3", {"--model.kv_heads=2"})},
+      {"mistral (window)", family("mistral", {"--model.kv_heads=2", "--model.window=8"})},
+      {"mixtral", family("mixtral", {"--model.kv_heads=2", "--model.experts=4", "--model.top_k=2"})},
+      {"qwen2_moe (shared expert)",
+       family("qwen2_moe", {"--model.kv_heads=2", "--model.experts=4", "--model.top_k=2",
+                            "--model.moe_hidden=24", "--model.shared_expert_hidden=40"})},
+      {"gpt2 MoE every 2nd block, no biases",
+       family("gpt2", {"--model.ffn=moe", "--model.experts=4", "--model.moe_every=2",
+                       "--model.linear_bias=off", "--model.qkv_bias=off"})},
+  };
+  struct Case {
+    const char* what;
+    ModelSlice slice;
+  };
+  const std::vector<Case> slices = {
+      {"whole", {0, -1, true, true, 0, 1, 0, 1}},
+      {"first stage", {0, 1, true, false, 0, 1, 0, 1}},
+      {"middle stage", {1, 2, false, false, 0, 1, 0, 1}},
+      {"last stage", {1, 3, false, true, 0, 1, 0, 1}},
+      {"tp2 rank 1", {0, -1, true, true, 1, 2, 0, 1}},
+      {"tp4 rank 2, last stage", {2, 3, false, true, 2, 4, 0, 1}},
+      {"ep2 rank 1", {0, -1, true, true, 0, 1, 1, 2}},
+      {"tp2 ep2, first stage", {0, 2, true, false, 1, 2, 1, 2}},
+  };
+  for (const auto& [name, spec] : models)
+    for (const Case& c : slices)
+      for (const DType dtype : {DType::kF32, DType::kBF16})
+        for (const int slots : {1, 3}) {
+          if (c.slice.ep_size > 1 && spec.ffn != forge::trainer::Ffn::kMoe) continue;
+          const ExpertShare layers(c.slice.ep_rank, c.slice.ep_size);
+          const int batch = 2;
+          const GPT model(spec, batch, dtype, c.slice, slots, forge::trainer::cpu_backend(), layers);
+          INFO(fmt::format("{}, {}, {}, {} slots", name, c.what, dtype == DType::kBF16 ? "bf16" : "fp32",
+                           slots));
+          CHECK(forge::launcher::activation_bytes(spec, c.slice, batch, dtype, slots) ==
+                model.activation_bytes());
+        }
+}
+
+TEST_CASE("the plan of the large shapes needs no memory of their size", "[plan]") {
+  // Llama-3.1-8B at tp8 and Qwen3-30B-A3B at tp4, ep8, dp8 (their configs' layouts): planned in
+  // milliseconds, the numbers checked against figures computed by hand.
+  forge::ConfigSchema schema;
+  forge::trainer::add_trainer_keys(schema);
+  const auto plan_of = [&](const std::string& config, const std::vector<std::string>& overrides) {
+    return forge::launcher::make_plan(forge::trainer::train_spec(
+        forge::load_config(schema, forge::test::source_path("configs/families/" + config), overrides)));
+  };
+  const forge::launcher::Plan llama = plan_of("llama3-8b.ini", {});
+  CHECK(llama.total_parameters == 8030261248.0);  // Llama-3.1-8B's published count
+  CHECK(llama.spec.dtype == DType::kBF16);
+  REQUIRE(llama.stages.size() == 1);
+  const forge::launcher::StagePlan& r = llama.stages[0];
+  CHECK(r.ranks == 8);
+  // Per tp rank: 1/8 of every matrix (and of both vocabularies' tables), the norms whole.
+  const double norms = 4096.0 * (2 * 32 + 1);
+  CHECK(r.held == Approx((8030261248.0 - norms) / 8 + norms).epsilon(1e-12));
+  CHECK(r.optimizer == 2 * r.weights);
+  CHECK(r.bf16_copy == r.weights);
+  // qwen3-30b-a3b: 30.5 B parameters, 3.3 B active; under ZeRO-1 the dense part's moments shard over dp8
+  // while each expert's (held by one rank of every expert-parallel group: expert_dp = 1) stay whole.
+  const forge::launcher::Plan qwen = plan_of("qwen3-30b-a3b.ini", {"--parallel.zero=1"});
+  CHECK(qwen.total_parameters == Approx(30.53e9).epsilon(1e-3));
+  CHECK(qwen.active_parameters == Approx(3.35e9).epsilon(1e-3));
+  REQUIRE(qwen.stages.size() == 1);
+  CHECK(qwen.stages[0].optimizer < qwen.stages[0].weights * 2);
+  CHECK(qwen.stages[0].optimizer > qwen.stages[0].weights * 2 * 0.85);
+  // pp4: four stages, the embeddings on the first, the classifier on the last, 1F1B's slots 4..1.
+  const forge::launcher::Plan pp = plan_of("llama3-8b.ini", {"--parallel.pp=4", "--parallel.microbatches=8"});
+  REQUIRE(pp.stages.size() == 4);
+  for (int s = 0; s < 4; ++s) CHECK(pp.stages[size_t(s)].slots == 4 - s);
+  CHECK(pp.stages[0].embedding);
+  CHECK(pp.stages[3].head);
+  CHECK(pp.stages[1].pipeline == 2 * pp.stages[0].pipeline);
+}
