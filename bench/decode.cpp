@@ -6,14 +6,17 @@
 // tokens. Also forge::gate::Generator at batch 1 and batch 8 (and the batch of 8 recomputed), and the
 // machine's memory read bandwidth measured in the same process on the same threads: batch-1 decoding
 // reads every weight once per token, so weight bytes x tokens/s against it is how close decoding is to
-// its limit.
+// its limit. Then (issue 39) a Llama-family model with multi-head against the same with grouped-query
+// attention (kv_heads = heads / 4), decoding --batch sequences from a long prompt (gqa_bench below).
 // bench/decode.sh runs this and the PyTorch peer in one invocation.
 //
 // Usage: bench_decode [--threads N] [--reps N] [--long-prompt N] [--batch N] [--seed N] [--bw-mib N]
-//                     [--no-generator] [--no-profile]
-// --reps: repetitions of the cached runs, the Generator runs and the bandwidth passes (the best is kept;
-// the recompute runs, ~30x longer, are run min(reps, 2) times). Prints key=value lines the script summarises;
-// exits 1 if the cached and the recomputed tokens differ.
+//                     [--no-generator] [--no-profile] [--no-gqa | --gqa-only] [--gqa-prompt N] [--gqa-new N]
+// --reps: repetitions of the cached runs, the Generator runs, the GQA decodes and the bandwidth passes (the
+// best is kept; the recompute runs, ~30x longer, are run min(reps, 2) times). --gqa-only: the bandwidth
+// and the GQA comparison alone; --gqa-prompt / --gqa-new: its prompt length (1024) and new tokens per
+// sequence (128), within its 2048 positions. Prints key=value lines the script summarises; exits 1 if the
+// cached and the recomputed tokens differ (or a GQA model's reps do).
 #include "cpu/kernels.h"
 #include "forge/common/batch.h"
 #include "forge/common/huge_buffer.h"
@@ -30,6 +33,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <thread>
@@ -307,6 +311,212 @@ void profile_step(GPT& model, double step_s, int steps) {
               step_s * 1e3);
 }
 
+// ---- Grouped-query decoding (issue 39): the same-width Llama-family model with multi-head attention
+// (kv_heads = heads) and with grouped-query attention (kv_heads = heads / 4), `batch` sequences decoded
+// together: a prompt per sequence (prefilled, one call each), then one token per sequence a step (one
+// call over the batch's rows), greedy.
+//
+// Why this shape (4 layers, d_model 512, 8 heads of 64, vocab 8192, untied head, a 2048-position
+// context, batch 8, decoding positions 1024-1151): at batch 8 the weights are read once a step for the
+// 8 rows, but every sequence reads its own keys and values, 2 x layers x positions x kv_heads x head_dim
+// floats. At ~1088 positions that is 142 MB a step for the multi-head model against 68 MB of weights:
+// the step streams the KV cache, which is what grouped-query attention shrinks (to 36 MB; weights 62 MB,
+// the k and v products being 4x narrower). The GPT-2 comparison above (256 positions, batch 1: 2.4 MB of
+// keys and values against 55 MB of weights) is weight-bound, where GQA would change almost nothing. Each
+// rep re-decodes the same positions from the same prefilled prompt (decoding overwrites a position before
+// any row reads it), so the reps are the same computation; MHA and GQA alternate, the best of each kept.
+struct GqaShape {
+  int layers = 4, d_model = 512, heads = 8, vocab = 8192, context = 2048, prompt = 1024, new_tokens = 128;
+};
+
+ModelSpec gqa_spec(const GqaShape& g, int kv_heads) {
+  const auto kv = [](const char* key, int v) {
+    return std::string("--model.") + key + "=" + std::to_string(v);
+  };
+  return model_spec({"--model.family=llama", kv("layers", g.layers), kv("d_model", g.d_model),
+                     kv("heads", g.heads), kv("kv_heads", kv_heads), kv("vocab", g.vocab),
+                     kv("seq_len", g.context)});
+}
+
+struct GqaModel {
+  const char* name = "";
+  std::unique_ptr<GPT> model;  // batch 1 x context rows: a whole prompt in one call
+  std::unique_ptr<KvCache> cache;
+  std::vector<int32_t> first;    // each sequence's token from its prompt's logits
+  std::vector<int32_t> tokens0;  // sequence 0's new tokens (of the last rep)
+  double prefill_s = 0, decode_s = 1e30, step_s_median = 0;
+  double weight_bytes = 0, kv_read_bytes = 0;  // read per decoding step (mean over the steps)
+  bool reps_agree = true;
+};
+
+void gqa_prefill(GqaModel& m, const std::vector<std::vector<int32_t>>& prompts) {
+  const int V = m.model->config().vocab;
+  std::vector<float> logits(static_cast<size_t>(V));
+  std::vector<DecodeRow> rows;
+  m.first.clear();
+  const auto t0 = Clock::now();
+  for (int b = 0; b < int(prompts.size()); ++b) {
+    rows.clear();
+    for (int i = 0; i < int(prompts[size_t(b)].size()); ++i)
+      rows.push_back({b, i, prompts[size_t(b)][size_t(i)]});
+    const int last = int(rows.size()) - 1;
+    m.model->decode(*m.cache, rows, std::span<const int>(&last, 1), logits);
+    m.first.push_back(argmax(logits));
+  }
+  m.prefill_s = since(t0);
+}
+
+// new_tokens - 1 steps of one row per sequence from position `prompt` (the first new token came from the
+// prefill); keeps the best time.
+void gqa_decode(GqaModel& m, int prompt, int new_tokens) {
+  const int V = m.model->config().vocab, B = int(m.first.size());
+  std::vector<float> logits(size_t(B) * size_t(V));
+  std::vector<DecodeRow> rows(static_cast<size_t>(B));
+  std::vector<int> all(static_cast<size_t>(B));
+  for (int b = 0; b < B; ++b) all[size_t(b)] = b;
+  std::vector<int32_t> last = m.first, seq0{m.first[0]};
+  std::vector<double> step_s;
+  const auto t0 = Clock::now();
+  for (int pos = prompt; pos < prompt + new_tokens - 1; ++pos) {
+    const auto t1 = Clock::now();
+    for (int b = 0; b < B; ++b) rows[size_t(b)] = {b, pos, last[size_t(b)]};
+    m.model->decode(*m.cache, rows, all, logits);
+    for (int b = 0; b < B; ++b)
+      last[size_t(b)] = argmax(std::span<const float>(logits).subspan(size_t(b) * V, size_t(V)));
+    seq0.push_back(last[0]);
+    step_s.push_back(since(t1));
+  }
+  const double s = since(t0);
+  if (!m.tokens0.empty() && m.tokens0 != seq0) m.reps_agree = false;
+  m.tokens0 = seq0;
+  if (s < m.decode_s) {
+    m.decode_s = s;
+    m.step_s_median = median(step_s);
+  }
+}
+
+// One batch-`B` step's parts, timed alone as profile_step does: every product of the blocks and the head
+// with B rows over the model's own weights (in order), and attention_decode of B rows at position `pos`
+// over caches of the model's shape (one per layer, so they stream as the real ones do). Milliseconds.
+struct GqaOps {
+  double qkv = 0, proj = 0, ffn = 0, head = 0, attention = 0;
+  double products() const { return qkv + proj + ffn + head; }
+};
+
+GqaOps gqa_profile(GPT& model, int B, int pos, int max_len, int steps) {
+  namespace k = forge::trainer::cpu;
+  const ModelSpec& m = model.config();
+  GqaOps best{1e30, 1e30, 1e30, 1e30, 1e30};
+  std::vector<float> x(static_cast<size_t>(B) * 4 * std::max(m.ffn_hidden, m.d_model), 0.01f),
+      y(static_cast<size_t>(B) * std::max(m.vocab, 2 * m.ffn_hidden));
+  for (int rep = 0; rep <= steps; ++rep) {  // rep 0 warms up
+    GqaOps t;
+    for (const ParamInfo& p : model.params()) {
+      if (p.shape.size() != 2 || p.name == "wte.weight") continue;  // norms, biases; the lookup
+      const int out = int(p.shape[0]), in = int(p.shape[1]);
+      const auto t0 = Clock::now();
+      k::matmul_forward(y.data(), x.data(), model.weight(p.name).data(), nullptr, B, in, out);
+      const double ms = since(t0) * 1e3;
+      const auto has = [&](const char* s) { return p.name.find(s) != std::string::npos; };
+      (has("attn.q.") || has("attn.k.") || has("attn.v.") ? t.qkv
+       : has("attn.")                                     ? t.proj
+       : has("head.")                                     ? t.head
+                                                          : t.ffn) += ms;
+    }
+    if (rep > 0) {
+      best.qkv = std::min(best.qkv, t.qkv);
+      best.proj = std::min(best.proj, t.proj);
+      best.ffn = std::min(best.ffn, t.ffn);
+      best.head = std::min(best.head, t.head);
+    }
+  }
+  const AttentionShape a = m.attention();
+  const size_t per_layer = size_t(B) * size_t(max_len) * size_t(a.kv_width());
+  std::vector<float> kc(per_layer * size_t(m.layers), 0.01f), vc(kc.size(), 0.01f),
+      qkv(size_t(B) * size_t(a.qkv_width()), 0.02f), att(size_t(B) * size_t(a.q_width()));
+  std::vector<int32_t> seq(static_cast<size_t>(B)), at(static_cast<size_t>(B), pos);
+  for (int b = 0; b < B; ++b) seq[size_t(b)] = b;
+  for (int rep = 0; rep <= steps; ++rep) {
+    const auto t0 = Clock::now();
+    for (int l = 0; l < m.layers; ++l)
+      k::attention_decode(att.data(), qkv.data(), kc.data() + size_t(l) * per_layer,
+                          vc.data() + size_t(l) * per_layer, seq.data(), at.data(), B, max_len, a);
+    if (rep > 0) best.attention = std::min(best.attention, since(t0) * 1e3);
+  }
+  return best;
+}
+
+// Runs the comparison and prints its lines; dram_read (bytes/s, 0: not measured) puts the bytes a step
+// reads against the machine's read bandwidth. Returns false when a model's reps disagreed.
+bool gqa_bench(const GqaShape& g, int batch, int reps, uint64_t seed, double dram_read, bool profile) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (int b = 0; b < batch; ++b) prompts.push_back(prompt_of(g.prompt, g.vocab, 100 + uint64_t(b)));
+  GqaModel models[2];
+  for (int i = 0; i < 2; ++i) {
+    GqaModel& m = models[i];
+    m.name = i == 0 ? "mha" : "gqa";
+    const ModelSpec cfg = gqa_spec(g, i == 0 ? g.heads : g.heads / 4);
+    m.model = std::make_unique<GPT>(cfg, 1);
+    m.model->init(seed);
+    m.cache = std::make_unique<KvCache>(*m.model, batch, g.context);
+    size_t numel = 0, all = 0;
+    for (const ParamInfo& p : m.model->params()) {
+      all += p.numel;
+      if (p.name != "wte.weight") numel += p.numel;  // decoding looks up B rows of the token embedding
+    }
+    m.weight_bytes = double(numel) * sizeof(float);
+    const AttentionShape a = cfg.attention();
+    for (int pos = g.prompt; pos < g.prompt + g.new_tokens - 1; ++pos)
+      m.kv_read_bytes += 2.0 * cfg.layers * batch * (pos + 1) * a.kv_width() * sizeof(float);
+    m.kv_read_bytes /= double(g.new_tokens - 1);
+    std::printf(
+        "gqa_config model=%s family=llama layers=%d d_model=%d heads=%d kv_heads=%d head_dim=%d "
+        "ffn_hidden=%d vocab=%d context=%d batch=%d prompt=%d new_tokens=%d params=%.2fM "
+        "kv_cache_bytes=%zu\n",
+        m.name, cfg.layers, cfg.d_model, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.ffn_hidden, cfg.vocab,
+        g.context, batch, g.prompt, g.new_tokens, double(all) / 1e6, m.cache->bytes());
+    gqa_prefill(m, prompts);
+    gqa_decode(m, g.prompt, std::min(g.new_tokens, 9));  // warm-up
+    m.decode_s = 1e30;
+    m.tokens0.clear();
+  }
+  for (int r = 0; r < reps; ++r)
+    for (GqaModel& m : models) gqa_decode(m, g.prompt, g.new_tokens);
+  const int steps = g.new_tokens - 1;
+  double tps[2];
+  for (int i = 0; i < 2; ++i) {
+    const GqaModel& m = models[i];
+    tps[i] = double(batch) * steps / m.decode_s;
+    const double bytes = m.weight_bytes + m.kv_read_bytes, gbs = bytes * steps / m.decode_s / 1e9;
+    std::printf(
+        "gqa_decode model=%s batch=%d steps=%d seconds=%.3f tokens_per_s=%.1f step_ms_median=%.3f "
+        "prefill_s=%.2f weight_mb_per_step=%.1f kv_read_mb_per_step=%.1f achieved_gbs=%.2f",
+        m.name, batch, steps, m.decode_s, tps[i], 1e3 * m.step_s_median, m.prefill_s, m.weight_bytes / 1e6,
+        m.kv_read_bytes / 1e6, gbs);
+    if (dram_read > 0) std::printf(" of_read_bandwidth=%.1f%%", 100 * gbs * 1e9 / dram_read);
+    std::printf(" reps_agree=%s\n", m.reps_agree ? "yes" : "NO");
+  }
+  if (profile) {
+    std::printf("\ngrouped-query step at batch %d, position %d (each part alone, best of 10; ms):\n", batch,
+                g.prompt + g.new_tokens / 2);
+    std::printf("  %-6s %9s %9s %9s %9s %9s %10s %9s\n", "model", "q,k,v", "attn.out", "ffn", "head",
+                "products", "attention", "step");
+    for (GqaModel& m : models) {
+      const GqaOps o = gqa_profile(*m.model, batch, g.prompt + g.new_tokens / 2, g.context, 10);
+      std::printf("  %-6s %9.3f %9.3f %9.3f %9.3f %9.3f %10.3f %9.3f\n", m.name, o.qkv, o.proj, o.ffn, o.head,
+                  o.products(), o.attention, 1e3 * m.step_s_median);
+      std::printf("gqa_profile model=%s products_ms=%.3f attention_ms=%.3f step_ms=%.3f\n", m.name,
+                  o.products(), o.attention, 1e3 * m.step_s_median);
+    }
+  }
+  const double kv_ratio = double(models[1].cache->bytes()) / double(models[0].cache->bytes());
+  std::printf(
+      "gqa_summary batch=%d mha_tokens_per_s=%.1f gqa_tokens_per_s=%.1f ratio=%.2f (goal >= 1.3) "
+      "mha_kv_bytes=%zu gqa_kv_bytes=%zu kv_bytes_ratio=%.4f (goal 0.25)\n",
+      batch, tps[0], tps[1], tps[1] / tps[0], models[0].cache->bytes(), models[1].cache->bytes(), kv_ratio);
+  return models[0].reps_agree && models[1].reps_agree;
+}
+
 void print_run(const char* name, int prompt, const Run& r) {
   const double n = double(r.tokens.size());
   std::printf("%s prompt=%d new_tokens=%zu seconds=%.3f tokens_per_s=%.1f ms_per_token=%.3f prefill_ms=%.2f",
@@ -324,7 +534,8 @@ int main(int argc, char** argv) {
   ModelSpec cfg = gpt2_spec(6, 384, 6, 8192, 256, 256);
   int threads = 2, reps = 3, long_prompt = 64, batch = 8, bw_mib = 1024;
   uint64_t seed = 1234;
-  bool generator = true, profile = true;
+  bool generator = true, profile = true, gqa = true, gqa_only = false;
+  GqaShape gqa_shape;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const auto next = [&]() -> int {
@@ -350,6 +561,14 @@ int main(int argc, char** argv) {
       generator = false;
     else if (a == "--no-profile")
       profile = false;
+    else if (a == "--no-gqa")
+      gqa = false;
+    else if (a == "--gqa-only")
+      gqa_only = true;
+    else if (a == "--gqa-prompt")
+      gqa_shape.prompt = next();
+    else if (a == "--gqa-new")
+      gqa_shape.new_tokens = next();
     else {
       std::fprintf(stderr, "bench_decode: unknown option %s (see the usage comment in bench/decode.cpp)\n",
                    a.c_str());
@@ -357,11 +576,21 @@ int main(int argc, char** argv) {
     }
   }
   if (threads < 1 || reps < 1 || long_prompt < 1 || long_prompt >= cfg.max_positions || batch < 1 ||
-      bw_mib < 1) {
+      bw_mib < 1 || gqa_shape.prompt < 1 || gqa_shape.new_tokens < 2 ||
+      gqa_shape.prompt + gqa_shape.new_tokens > gqa_shape.context || (gqa_only && !gqa)) {
     std::fprintf(stderr, "bench_decode: an option out of range\n");
     return 64;
   }
   use_threads(threads);
+  if (gqa_only) {  // the machine's read bandwidth (as below), then the comparison alone
+    const size_t big = size_t(bw_mib) * 1048576 / sizeof(float);
+    forge::HugeBuffer<float> a(big);
+    fill(a.data(), big, threads);
+    const double dram_read = read_bandwidth(a.data(), big, threads, reps);
+    std::printf("config: threads=%d\nmachine: cpus=%ld\nbandwidth: read_%dmib_gbs=%.2f\n", threads,
+                sysconf(_SC_NPROCESSORS_ONLN), bw_mib, dram_read / 1e9);
+    return gqa_bench(gqa_shape, batch, reps, seed, dram_read, profile) ? 0 : 1;
+  }
   const int T = cfg.max_positions, V = cfg.vocab;
 
   GPT model(cfg, 1);  // rows() = 256: one call can run a whole 256-token prefix
@@ -510,6 +739,10 @@ int main(int argc, char** argv) {
       weight_bytes / 1e6, kv_mean_kv_bytes / 1e6, achieved / 1e9, 100 * achieved / dram_read,
       100 * achieved / weights_read, dram_read / bytes_per_token);
   if (profile) profile_step(model, kv1_step_s, 20);
+  if (gqa) {
+    std::printf("\n");
+    same = gqa_bench(gqa_shape, batch, reps, seed, dram_read, profile) && same;
+  }
   std::printf("summary kv_tokens_per_s=%.1f recompute_tokens_per_s=%.1f ratio=%.2f (goal >= 20)\n", kv1_tps,
               re1_tps, kv1_tps / re1_tps);
   if (!same) {

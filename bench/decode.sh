@@ -5,16 +5,27 @@
 # kernels, same tokens, checked), forge::gate::Generator at batch 1 and 8, the machine's read bandwidth
 # and how much of it batch-1 decoding uses, a per-step profile; then the PyTorch peer (Debian's
 # python3-torch, installed here if missing) decoding the same shapes with a past-key-values loop. Prints
-# tokens/s of each, the ratio KV / recompute (issue goal: >= 20x) and forge / PyTorch.
+# tokens/s of each, the ratio KV / recompute (issue goal: >= 20x) and forge / PyTorch. Then (issue 39) a
+# Llama-family model (4 layers, d_model 512, 8 heads, 2048 positions) with multi-head attention against the
+# same with grouped-query attention (2 key/value heads), 8 sequences decoding positions 1024-1151: tokens/s
+# of each, their ratio (goal >= 1.3x) and the KV caches' bytes (goal 1/4).
 #
 # usage: bench/decode.sh [BUILD_DIR]    (default build/release; configured and bench_decode built if needed)
-#   THREADS=2 REPS=3 JOBS=N (build parallelism) NO_TORCH=1 (skip the peer) override the defaults.
+#   THREADS=2 REPS=3 JOBS=N (build parallelism) NO_TORCH=1 (skip the peer) NO_GQA=1 (skip the GQA
+#   comparison) GQA_ONLY=1 (only it: no GPT-2 runs, no peer) override the defaults.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build/release}
 threads=${THREADS:-2}
 reps=${REPS:-3}
 bin=$build/bench/bench_decode
+mode=()  # bench_decode options: the GQA comparison with the rest, skipped, or alone
+if [ -n "${GQA_ONLY:-}" ]; then
+  mode=(--gqa-only)
+  NO_TORCH=1
+elif [ -n "${NO_GQA:-}" ]; then
+  mode=(--no-gqa)
+fi
 
 # Build what is missing or stale (ninja makes this a no-op when it is up to date).
 if [ ! -f "$build/CMakeCache.txt" ]; then
@@ -41,7 +52,7 @@ fi
 echo "machine: $(nproc) cores, $(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)," \
   "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 rc=0
-ours=$("$bin" --threads "$threads" --reps "$reps") || rc=$?
+ours=$("$bin" --threads "$threads" --reps "$reps" "${mode[@]}") || rc=$?
 echo "$ours"
 if [ $rc -ne 0 ]; then
   echo "decode.sh: bench_decode failed (exit $rc)" >&2
@@ -110,6 +121,26 @@ fi
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 val() { sed -n "s/^$1 .*$2=\([0-9.]*\).*/\1/p" <<<"$3" | head -1; }
+gqa_summary() {  # the GQA comparison's lines, when it ran
+  local line
+  line=$(grep '^gqa_summary ' <<<"$ours") || return 0
+  local mha gqa ratio mkv gkv kvr
+  mha=$(sed -n 's/.* mha_tokens_per_s=\([0-9.]*\).*/\1/p' <<<"$line")
+  gqa=$(sed -n 's/.* gqa_tokens_per_s=\([0-9.]*\).*/\1/p' <<<"$line")
+  ratio=$(sed -n 's/.* ratio=\([0-9.]*\).*/\1/p' <<<"$line")
+  mkv=$(sed -n 's/.* mha_kv_bytes=\([0-9]*\).*/\1/p' <<<"$line")
+  gkv=$(sed -n 's/.* gqa_kv_bytes=\([0-9]*\).*/\1/p' <<<"$line")
+  kvr=$(sed -n 's/.* kv_bytes_ratio=\([0-9.]*\).*/\1/p' <<<"$line")
+  echo
+  printf '%-38s %12s %14s\n' "Llama, batch 8, positions 1024-1151" "tokens/s" "KV cache MiB"
+  printf '%-38s %12s %14s\n' "MHA (8 key/value heads)" "$mha" "$(awk -v b="$mkv" 'BEGIN { print b / 1048576 }')"
+  printf '%-38s %12s %14s\n' "GQA (2 key/value heads)" "$gqa" "$(awk -v b="$gkv" 'BEGIN { print b / 1048576 }')"
+  echo "ratio GQA / MHA = ${ratio}x tokens/s (goal >= 1.3x); KV bytes ${kvr} of MHA's (goal 0.25)"
+}
+if [ -n "${GQA_ONLY:-}" ]; then
+  gqa_summary
+  exit 0
+fi
 kv=$(val kv_cache tokens_per_s "$ours")
 re=$(val recompute tokens_per_s "$ours")
 kv64=$(grep '^kv_cache prompt=64' <<<"$ours" | sed -n 's/.*tokens_per_s=\([0-9.]*\).*/\1/p')
@@ -140,3 +171,4 @@ awk -v rb_ratio="$ratio_b" -v kv="$kv" -v re="$re" -v ra="$ra" -v fw="$fw" -v kv
   printf "  (against the recompute with all logits %.2fx, against a 256-position forward per token %.2fx)\n", kv / ra, kv / fw
   printf "batch-1 decoding moves %.1f%% of the measured %.1f GB/s read bandwidth\n", f, bw
   if (tt != "") printf "ratio forge / PyTorch (KV cache, batch 1) = %.2fx\n", kv / tt }'
+gqa_summary
