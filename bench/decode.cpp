@@ -456,7 +456,7 @@ bool gqa_bench(const GqaShape& g, int batch, int reps, uint64_t seed, double dra
     GqaModel& m = models[i];
     m.name = i == 0 ? "mha" : "gqa";
     const ModelSpec cfg = gqa_spec(g, i == 0 ? g.heads : g.heads / 4);
-    m.model = std::make_unique<GPT>(cfg, 1);
+    m.model = std::make_unique<GPT>(cfg, ModelSetup{});
     m.model->init(seed);
     m.cache = std::make_unique<KvCache>(*m.model, batch, g.context);
     size_t numel = 0, all = 0;
@@ -593,7 +593,7 @@ int main(int argc, char** argv) {
   }
   const int T = cfg.max_positions, V = cfg.vocab;
 
-  GPT model(cfg, 1);  // rows() = 256: one call can run a whole 256-token prefix
+  GPT model(cfg, {.batch = 1});  // rows() = 256: one call can run a whole 256-token prefix
   model.init(seed);
   KvCache cache(model, 1, T);
   size_t weight_numel = 0, all_numel = 0;
@@ -682,7 +682,7 @@ int main(int argc, char** argv) {
       if (r == 0 || gen.stats().seconds < one.seconds) one = gen.stats();
       first_of_one = out[0].tokens;
     }
-    GPT model_b(cfg, batch);  // rows() = batch x 256
+    GPT model_b(cfg, {.batch = batch});  // rows() = batch x 256
     model_b.init(seed);
     std::vector<Request> reqs;
     for (int b = 0; b < batch; ++b) reqs.push_back({prompt_of(1, V, uint64_t(b)), uint64_t(b)});

@@ -51,9 +51,8 @@ std::unique_ptr<trainer::GPT> load_model(const ckpt::Checkpoint& checkpoint, con
                                          std::shared_ptr<const trainer::Loss> loss, trainer::Comm& comm,
                                          int batch = 1) {
   checkpoint.verify(comm.rank(), comm.size());
-  auto model = std::make_unique<trainer::GPT>(config, batch, trainer::DType::kF32, trainer::ModelSlice{}, 1,
-                                              trainer::cpu_backend(), trainer::LayerFactory::whole(), 1,
-                                              std::move(loss));
+  auto model =
+      std::make_unique<trainer::GPT>(config, trainer::ModelSetup{.batch = batch, .loss = std::move(loss)});
   trainer::load_checkpoint(checkpoint, *model, nullptr);
   return model;
 }

@@ -92,8 +92,8 @@ ckpt::Checkpoint open_reference(const trainer::TrainSpec& spec, const std::strin
 std::unique_ptr<trainer::GPT> reference_model(const trainer::TrainSpec& spec,
                                               std::shared_ptr<trainer::ReplyLogps> logps,
                                               trainer::Backend& backend) {
-  return std::make_unique<trainer::GPT>(spec.model, spec.batch, trainer::DType::kF32, trainer::ModelSlice{},
-                                        1, backend, trainer::LayerFactory::whole(), 1, std::move(logps));
+  return std::make_unique<trainer::GPT>(
+      spec.model, trainer::ModelSetup{.batch = spec.batch, .backend = &backend, .loss = std::move(logps)});
 }
 
 }  // namespace

@@ -77,8 +77,8 @@ std::shared_ptr<trainer::GPT> load_teacher(const trainer::TrainSpec& spec, const
                                            trainer::Backend& backend) {
   const ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(spec.distill.teacher);
   checkpoint.verify();
-  auto model =
-      std::make_shared<trainer::GPT>(teacher, spec.batch, spec.dtype, trainer::ModelSlice{}, 1, backend);
+  auto model = std::make_shared<trainer::GPT>(
+      teacher, trainer::ModelSetup{.batch = spec.batch, .dtype = spec.dtype, .backend = &backend});
   trainer::load_checkpoint(checkpoint, *model, nullptr);
   spdlog::info("distillation teacher {} ({} layers, d_model {}, {} parameters)", spec.distill.teacher,
                teacher.layers, teacher.d_model, model->weights().size());

@@ -99,10 +99,10 @@ TEST_CASE("sample_draw is a pure function of seed, key and step in [0, 1)", "[ga
 TEST_CASE("greedy generation with the KV cache is the full forward's argmax at every step",
           "[gate][generate]") {
   const ModelSpec cfg = forge::trainer::gpt2_spec(2, 32, 4, 64, 40, 40);
-  GPT full(cfg, 1);
+  GPT full(cfg, {.batch = 1});
   forge::test::randomize_weights(full, 3, 0.4f);
   ModelSpec gen_cfg = cfg;
-  GPT gen(gen_cfg, 3);  // three sequences of max_positions in flight
+  GPT gen(gen_cfg, {.batch = 3});  // three sequences of max_positions in flight
   std::copy(full.weights().begin(), full.weights().end(), gen.weights().begin());
   gen.weights_changed();
   Generator generator(gen, 3);
@@ -131,7 +131,7 @@ TEST_CASE("greedy generation with the KV cache is the full forward's argmax at e
 
 TEST_CASE("a sample is the same alone or in a batch; stops and limits end it", "[gate][generate]") {
   const ModelSpec cfg = forge::trainer::gpt2_spec(2, 32, 4, 64, 24, 24);
-  GPT alone(cfg, 1), batched(cfg, 4);
+  GPT alone(cfg, {.batch = 1}), batched(cfg, {.batch = 4});
   forge::test::randomize_weights(alone, 5, 0.4f);
   std::copy(alone.weights().begin(), alone.weights().end(), batched.weights().begin());
   batched.weights_changed();

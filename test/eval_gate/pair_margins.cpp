@@ -22,7 +22,8 @@ namespace {
 std::unique_ptr<forge::trainer::GPT> load(const std::string& dir) {
   const auto checkpoint = forge::ckpt::Checkpoint::open(dir);
   auto model = std::make_unique<forge::trainer::GPT>(
-      forge::trainer::model_spec_from_json(checkpoint.manifest().meta.model_config, dir), 1);
+      forge::trainer::model_spec_from_json(checkpoint.manifest().meta.model_config, dir),
+      forge::trainer::ModelSetup{});
   forge::trainer::load_checkpoint(checkpoint, *model, nullptr);
   return model;
 }

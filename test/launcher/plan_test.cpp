@@ -89,7 +89,8 @@ TEST_CASE("the plan's activation bytes are what the model allocates", "[plan]") 
           if (c.slice.ep_size > 1 && spec.ffn != forge::trainer::Ffn::kMoe) continue;
           const ExpertShare layers(c.slice.ep_rank, c.slice.ep_size);
           const int batch = 2;
-          const GPT model(spec, batch, dtype, c.slice, slots, forge::trainer::cpu_backend(), layers);
+          const GPT model(
+              spec, {.batch = batch, .dtype = dtype, .slice = c.slice, .slots = slots, .layers = &layers});
           INFO(fmt::format("{}, {}, {}, {} slots", name, c.what, dtype == DType::kBF16 ? "bf16" : "fp32",
                            slots));
           CHECK(forge::launcher::activation_bytes(spec, c.slice, batch, dtype, slots) ==

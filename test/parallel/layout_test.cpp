@@ -149,7 +149,7 @@ void pair_up(forge::MicroBatch& b, int salt) {
 // that holds the student's classifier runs beside it.
 std::shared_ptr<GPT> make_teacher(const TrainSpec& spec, Backend& backend = cpu_backend()) {
   const ModelSpec config = gpt2_spec(5, 48, spec.model.heads, spec.model.vocab, spec.model.seq_len);
-  auto teacher = std::make_shared<GPT>(config, spec.batch, DType::kF32, ModelSlice{}, 1, backend);
+  auto teacher = std::make_shared<GPT>(config, ModelSetup{.batch = spec.batch, .backend = &backend});
   teacher->init(99);
   return teacher;
 }

@@ -45,9 +45,9 @@ std::pair<double, double> difference(std::span<const float> a, std::span<const f
 TEST_CASE("decoding with the KV cache gives the full forward's logits at every step", "[trainer][decode]") {
   const ModelSpec cfg = gpt2_spec(3, 64, 4, 96, 32, 32);
   const int V = cfg.vocab, T = cfg.seq_len;
-  GPT full(cfg, 1);
+  GPT full(cfg, {.batch = 1});
   forge::test::randomize_weights(full, 5, 0.3f);
-  GPT decoder(cfg, 1);
+  GPT decoder(cfg, {.batch = 1});
   std::copy(full.weights().begin(), full.weights().end(), decoder.weights().begin());
   decoder.weights_changed();
   KvCache cache(decoder, 1, T);
@@ -84,9 +84,9 @@ TEST_CASE("sequences decoded together, prefilled and stepped in one call, match 
           "[trainer][decode]") {
   const ModelSpec cfg = gpt2_spec(2, 32, 4, 64, 24, 24);
   const int V = cfg.vocab, T = cfg.seq_len;
-  GPT full(cfg, 1);
+  GPT full(cfg, {.batch = 1});
   forge::test::randomize_weights(full, 11, 0.3f);
-  GPT decoder(cfg, 4);  // rows() = 4 x 24: room for three prompts at once
+  GPT decoder(cfg, {.batch = 4});  // rows() = 4 x 24: room for three prompts at once
   std::copy(full.weights().begin(), full.weights().end(), decoder.weights().begin());
   decoder.weights_changed();
   KvCache cache(decoder, 3, T);
@@ -137,7 +137,7 @@ TEST_CASE("sequences decoded together, prefilled and stepped in one call, match 
 
 TEST_CASE("decode refuses rows outside the cache, the positions or the vocabulary", "[trainer][decode]") {
   const ModelSpec cfg = gpt2_spec(1, 16, 2, 32, 8, 8);
-  GPT m(cfg, 1);
+  GPT m(cfg, {.batch = 1});
   m.init(1);
   KvCache cache(m, 2, 8);
   std::vector<float> logits(static_cast<size_t>(cfg.vocab));
@@ -148,6 +148,6 @@ TEST_CASE("decode refuses rows outside the cache, the positions or the vocabular
   CHECK_THROWS_AS(run({0, 8, 5}), std::invalid_argument);
   CHECK_THROWS_AS(run({0, 0, 32}), std::invalid_argument);
   CHECK_THROWS_AS(KvCache(m, 1, 9), std::invalid_argument);
-  GPT half(cfg, 1, DType::kF32, ModelSlice{0, 1, true, false});
+  GPT half(cfg, {.batch = 1, .slice = ModelSlice{0, 1, true, false}});
   CHECK_THROWS_AS(half.decode(cache, {}, {}, {}), std::invalid_argument);
 }

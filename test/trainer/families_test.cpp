@@ -104,7 +104,7 @@ TEST_CASE("Every model family matches PyTorch: logits, loss and every gradient",
     INFO(g);
     const ModelSpec spec = family_spec(f, g);
     const int B = int(f.attr(g + "/batch"));
-    GPT model(spec, B);
+    GPT model(spec, {.batch = B});
     load_initial(model, f, g);
     const MicroBatch b =
         forge::test::micro_batch(f.ints(g + "/tokens"), f.ints(g + "/targets"), B, spec.seq_len);
@@ -128,7 +128,7 @@ TEST_CASE("Every model family decodes through its KV cache as its full forward c
   for (const std::string g : kFamilies) {
     INFO(g);
     const ModelSpec spec = family_spec(f, g);
-    GPT model(spec, 1);
+    GPT model(spec, {.batch = 1});
     load_initial(model, f, g);
     const auto tokens = f.ints(g + "/tokens");
     const MicroBatch b =

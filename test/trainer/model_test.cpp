@@ -80,7 +80,7 @@ TEST_CASE("parameter table names every tensor with its shape and shard rule", "[
 
 TEST_CASE("initialization is deterministic and independent of the layout", "[trainer][model]") {
   const ModelSpec cfg = small_config();
-  GPT a(cfg, 1), b(cfg, 1);
+  GPT a(cfg, {.batch = 1}), b(cfg, {.batch = 1});
   a.init(7);
   b.init(7);
   CHECK(std::equal(a.weights().begin(), a.weights().end(), b.weights().begin()));
@@ -150,7 +150,7 @@ TEST_CASE("accumulating micro-batches equals one large batch", "[trainer][model]
   const ModelSpec cfg = small_config();
   const size_t T = size_t(cfg.seq_len);
   const auto tok = random_tokens(4 * T, cfg.vocab, 1), tgt = random_tokens(4 * T, cfg.vocab, 2);
-  GPT big(cfg, 4), small(cfg, 2);
+  GPT big(cfg, {.batch = 4}), small(cfg, {.batch = 2});
   big.init(3);
   small.init(3);
   big.zero_grad();
@@ -172,7 +172,7 @@ TEST_CASE("the loss is weighted per token, and an ignored target counts nothing"
   const ModelSpec cfg = small_config();
   const size_t T = size_t(cfg.seq_len);
   const auto tok = random_tokens(2 * T, cfg.vocab, 6), tgt = random_tokens(2 * T, cfg.vocab, 7);
-  GPT m(cfg, 2);
+  GPT m(cfg, {.batch = 2});
   m.init(5);
   MicroBatch plain = micro_batch(tok, tgt, 2, cfg.seq_len);
   std::vector<double> per_token(2 * T);
@@ -202,7 +202,7 @@ TEST_CASE("the loss is weighted per token, and an ignored target counts nothing"
     MicroBatch b = plain;
     b.weights.assign(b.size(), 1.0f);
     for (size_t i = T; i < 2 * T; ++i) b.weights[i] = 0.0f;  // row 1 unscored
-    GPT a(cfg, 2), one(cfg, 1);
+    GPT a(cfg, {.batch = 2}), one(cfg, {.batch = 1});
     a.init(5);
     one.init(5);
     a.zero_grad();
@@ -219,7 +219,7 @@ TEST_CASE("packed documents do not see each other", "[trainer][model][documents]
   const int T = cfg.seq_len, A = 14, Bn = T - A;
   const auto a = random_tokens(size_t(A), cfg.vocab, 8), b = random_tokens(size_t(Bn), cfg.vocab, 9),
              other = random_tokens(size_t(A), cfg.vocab, 10);
-  GPT m(cfg, 1);
+  GPT m(cfg, {.batch = 1});
   m.init(21);
   const auto logits_of = [&](const std::vector<int32_t>& first, const std::vector<int32_t>& second) {
     std::vector<int32_t> window(first);
@@ -277,7 +277,7 @@ TEST_CASE("two packed documents train as the two run alone", "[trainer][model][d
       batch.weights[at - 1] = 1.0f;
     }
     for (size_t i = at; i < size_t(T); ++i) batch.weights[i] = 0.0f;
-    GPT m(cfg, 1);
+    GPT m(cfg, {.batch = 1});
     m.init(21);
     m.zero_grad();
     const LossSums sums = m.forward_backward(batch, 1.0f);
@@ -308,7 +308,7 @@ TEST_CASE("a batch in next-token form trains bit for bit as its explicit targets
     compact.set_window(r, windows.data() + size_t(r) * size_t(T + 1), uint64_t(r), 0);
   REQUIRE(compact.targets.empty());
   const auto train = [&](const MicroBatch& b) {
-    GPT m(cfg, rows);
+    GPT m(cfg, {.batch = rows});
     m.init(9);
     m.zero_grad();
     const LossSums sums = m.forward_backward(b, 1.0f / float(rows * T));
@@ -321,7 +321,7 @@ TEST_CASE("a batch in next-token form trains bit for bit as its explicit targets
   // A next token outside the vocabulary is the same data error as an explicit target.
   compact.next_tokens[1] = cfg.vocab;
   compact.sample_ids[1] = 41;
-  GPT m(cfg, rows);
+  GPT m(cfg, {.batch = rows});
   CHECK_THROWS_WITH(
       m.forward_backward(compact, 1.0f),
       Catch::Contains("sample 41 (row 1, position 23): target id 64 is outside the vocabulary"));
@@ -329,7 +329,7 @@ TEST_CASE("a batch in next-token form trains bit for bit as its explicit targets
 
 TEST_CASE("bad token ids are data errors, not crashes", "[trainer][model]") {
   const ModelSpec cfg = small_config();
-  GPT m(cfg, 1);
+  GPT m(cfg, {.batch = 1});
   std::vector<int32_t> tok(size_t(cfg.seq_len), 1), tgt(size_t(cfg.seq_len), 1);
   tgt[3] = cfg.vocab;
   MicroBatch bad = micro_batch(tok, tgt, 1, cfg.seq_len);
@@ -348,7 +348,7 @@ TEST_CASE("BF16 storage matches FP32 within BF16 tolerance", "[trainer][bf16]") 
   const ModelSpec cfg = small_config();
   const size_t n = 2 * size_t(cfg.seq_len);
   const auto tok = random_tokens(n, cfg.vocab, 4), tgt = random_tokens(n, cfg.vocab, 5);
-  GPT f32(cfg, 2), b16(cfg, 2, DType::kBF16);
+  GPT f32(cfg, {.batch = 2}), b16(cfg, {.batch = 2, .dtype = DType::kBF16});
   f32.init(11);
   b16.init(11);
   // Master weights stay FP32; the working copy is BF16.
@@ -371,7 +371,7 @@ TEST_CASE("BF16 storage matches FP32 within BF16 tolerance", "[trainer][bf16]") 
     // every layer in FP32 mode and as BF16 in BF16 mode, with no FP32 copy of any of them.
     ModelSpec deep = cfg;
     deep.layers = 6;
-    GPT f(deep, 2), b(deep, 2, DType::kBF16);
+    GPT f(deep, {.batch = 2}), b(deep, {.batch = 2, .dtype = DType::kBF16});
     const size_t saved = 14 * size_t(deep.d_model) * 2 * size_t(deep.seq_len);
     CHECK(f.activation_bytes() - b.activation_bytes() == saved * (4 - 2) * 6);
   }

@@ -306,7 +306,7 @@ TEST_CASE("MoE: an MoE model decodes as it trains, and counts its active paramet
        "--model.ffn=moe", "--model.experts=4", "--model.top_k=2", "--model.moe_every=2"});  // block 1 only
   CHECK_FALSE(cfg.moe_block(0));
   CHECK(cfg.moe_block(1));
-  GPT model(cfg, 2);
+  GPT model(cfg, {.batch = 2});
   forge::test::randomize_weights(model, 3, 0.3f);  // routing far from uniform
   REQUIRE(model.moe_layers().size() == 1);
   forge::MicroBatch b;

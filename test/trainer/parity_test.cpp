@@ -199,8 +199,7 @@ TEST_CASE("DPO with the policy as its own reference: loss ln 2, margin 0", "[tra
   MicroBatch batch = fixture_pairs(f, spec);
 
   const auto logps = std::make_shared<forge::trainer::ReplyLogps>();
-  GPT reference(spec.model, spec.batch, forge::trainer::DType::kF32, {}, 1, forge::trainer::cpu_backend(),
-                forge::trainer::LayerFactory::whole(), 1, logps);
+  GPT reference(spec.model, {.batch = spec.batch, .loss = logps});
   load_initial(reference, f);
   reference.forward_loss(batch);
   batch.reference_logps = logps->last();
@@ -229,7 +228,7 @@ namespace {
 std::shared_ptr<GPT> fixture_teacher(const H5Fixture& f, const TrainSpec& spec) {
   const ModelSpec config = gpt2_spec(int(f.attr("distill/layers")), int(f.attr("distill/d_model")),
                                      spec.model.heads, spec.model.vocab, spec.model.seq_len);
-  auto teacher = std::make_shared<GPT>(config, spec.batch);
+  auto teacher = std::make_shared<GPT>(config, ModelSetup{.batch = spec.batch});
   load_initial(*teacher, f, "distill/teacher/");
   return teacher;
 }
@@ -276,7 +275,7 @@ TEST_CASE("Distillation from a teacher equal to the student: KL 0, the loss its 
   spec.objective = Objective::kDistill;
   spec.distill.alpha = 0.7;
   spec.distill.temperature = 3.0;
-  auto teacher = std::make_shared<GPT>(spec.model, spec.batch);
+  auto teacher = std::make_shared<GPT>(spec.model, ModelSetup{.batch = spec.batch});
   load_initial(*teacher, f);
   const MicroBatch batch = fixture_packed(f, spec);
   forge::test::OneProcess trainer(spec, teacher);

@@ -246,14 +246,17 @@ struct GPT::Slot {
   }
 };
 
-GPT::GPT(const ModelSpec& config, int batch, DType dtype, const ModelSlice& slice, int slots,
-         Backend& backend, const LayerFactory& layers, size_t flat_multiple, std::shared_ptr<const Loss> loss)
+GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
     : config_(config),
-      slice_(slice),
-      batch_(batch),
-      dtype_(dtype),
-      backend_(backend),
-      loss_(loss != nullptr ? std::move(loss) : std::make_shared<LmCrossEntropy>()) {
+      slice_(setup.slice),
+      batch_(setup.batch),
+      dtype_(setup.dtype),
+      backend_(setup.backend != nullptr ? *setup.backend : cpu_backend()),
+      loss_(setup.loss != nullptr ? setup.loss : std::make_shared<LmCrossEntropy>()) {
+  Backend& backend = backend_;
+  const LayerFactory& layers = setup.layers != nullptr ? *setup.layers : LayerFactory::whole();
+  const int batch = setup.batch, slots = setup.slots;
+  const size_t flat_multiple = setup.flat_multiple;
   if (slice_.last_layer < 0) slice_.last_layer = config.layers;
   params_ = parameter_table(config_, slice_, std::max<size_t>(flat_multiple, 1));
   if (batch < 1) throw std::invalid_argument("GPT: batch must be >= 1");

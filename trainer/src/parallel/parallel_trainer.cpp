@@ -121,8 +121,14 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups, B
   const size_t dp = size_t(lay.dp);
   plan_ = std::make_unique<ParallelPlan>(*groups.tp, *groups.ep);
   loss_ = objective_loss(spec, std::move(teacher));
-  model_ =
-      std::make_unique<GPT>(spec.model, spec.batch, spec.dtype, slice, slots_, backend, *plan_, dp, loss_);
+  model_ = std::make_unique<GPT>(spec.model, ModelSetup{.batch = spec.batch,
+                                                        .dtype = spec.dtype,
+                                                        .slice = slice,
+                                                        .slots = slots_,
+                                                        .backend = &backend,
+                                                        .layers = plan_.get(),
+                                                        .flat_multiple = dp,
+                                                        .loss = loss_});
   model_->init(spec.seed);
   if (const int replicas = std::max(1, lay.tp / spec.model.kv_heads); replicas > 1) {
     kv_ = groups.tp->split(groups.tp_rank / replicas, groups.tp_rank % replicas, "kv");

@@ -174,6 +174,19 @@ class FeedForward {
   virtual size_t activation_bytes() const = 0;
 };
 
+// How one process runs its share of a model (GPT's constructor): everything but the architecture.
+struct ModelSetup {
+  int batch = 1;  // sequences per micro-batch
+  DType dtype = DType::kF32;
+  ModelSlice slice = {};       // the whole model by default
+  int slots = 1;               // activation sets: the micro-batches a pipeline stage holds in flight
+  Backend* backend = nullptr;  // null: cpu_backend()
+  const LayerFactory* layers = nullptr;  // null: LayerFactory::whole(); a split slice needs the parallel
+                                         // runtime's plan
+  size_t flat_multiple = 1;  // the flat buffers padded to a multiple (data-parallel shards split evenly)
+  std::shared_ptr<const Loss> loss = nullptr;  // the head's objective; null: the LM cross-entropy
+};
+
 class GPT;
 class MoeLayer;
 struct RouterStats;
@@ -201,15 +214,9 @@ struct DecodeRow {
 
 class GPT {
  public:
-  // Allocates parameters, gradients and activations of `slice` for micro-batches of `batch` sequences,
-  // with `slots` activation sets (the micro-batches a pipeline stage holds in flight), on `backend`, with
-  // layers made by `layers` (a split slice, slice.tp_size > 1, needs the parallel runtime's plan). The
-  // flat buffers are padded to a multiple of `flat_multiple` elements (data-parallel sharding splits
-  // them evenly). `loss` (LM cross-entropy when null) is the head's objective. Throws
-  // std::invalid_argument when the slice does not fit the config.
-  GPT(const ModelSpec& config, int batch, DType dtype = DType::kF32, const ModelSlice& slice = {},
-      int slots = 1, Backend& backend = cpu_backend(), const LayerFactory& layers = LayerFactory::whole(),
-      size_t flat_multiple = 1, std::shared_ptr<const Loss> loss = nullptr);
+  // Allocates parameters, gradients and activations of setup.slice of `spec`'s model (ModelSetup).
+  // Throws std::invalid_argument when the slice does not fit the spec.
+  GPT(const ModelSpec& spec, const ModelSetup& setup);
   ~GPT();
   GPT(const GPT&) = delete;
   GPT& operator=(const GPT&) = delete;
