@@ -133,7 +133,7 @@ fq=$FORGE_DEVCLUSTER_DIR/bin/forge-quota
 approval=$("$fq" request --team team-a --tier pretrain --gpus "$ranks" --time 48:00:00 --reason "the demo's pretraining run")
 runuser -u carol -- "$fq" approve "$approval"
 
-stage "submit the pipeline: pretrain (team-a, pretrain tier, $layout), then the gate (afterok)"
+stage "submit the pipeline: pretrain a Llama-family model (team-a, pretrain tier, $layout), then the gate (afterok)"
 # --fast trains 40 steps: at about 0.1 s a step on an idle machine, 20 left the resumed job (preempted
 # near step 15 while the signal travelled) too few steps to meet the injected GPU fault before it finished.
 steps=$((fast ? 40 : 120))
@@ -441,8 +441,8 @@ echo "prometheus: $FORGE_PROMETHEUS_DIR/forge_quota.prom ($(grep -c '^forge_quot
 quota report --approvals
 echo "as bob: $(runuser -u bob -- "$fq" report --approvals --format csv | grep -c "$approval") rows mention $approval"
 
-# The run's own report: loss, throughput and MFU per step, resumes and checkpoints marked.
-"$bin/launcher/forge-train" report "$run" >/dev/null
+# The run's own report: the model, loss, throughput and MFU per step, resumes and checkpoints marked.
+"$bin/launcher/forge-train" report "$run" | grep "^model "
 
 stage "done"
 echo "demo: dataset $work/dataset (quality report $work/dataset/quality.json)"

@@ -94,6 +94,8 @@ sacct -n -X -P -j "$train_job" -o AdminComment | grep -q "forge-approval=$approv
 [ -s "$run/gate/verdict.json" ] || fail "no gate verdict ($run/gate/verdict.json)"
 [ -s "$FORGE_DEMO_DIR/quota-report.html" ] || fail "no cost report ($FORGE_DEMO_DIR/quota-report.html)"
 grep -q "<svg" "$run/report.html" 2>/dev/null || fail "no training report with plots ($run/report.html)"
+grep -q "^model llama: 2 blocks of 128, 4 heads sharing 2 key/value heads" "$LOG" ||
+  fail "the demo did not show its pretraining run's model family: $(grep -m1 '^model ' "$LOG")"
 python3 -c "import json,sys; s=json.load(open(sys.argv[1])); sys.exit(0 if s.get('layout') == 'tp2,pp2,dp4' and s.get('ranks') == 16 else 'summary says ' + str(s.get('layout')))" \
   "$run/summary.json" || fail "the run did not train on tp2,pp2,dp4 (16 ranks)"
 
