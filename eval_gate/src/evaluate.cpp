@@ -45,14 +45,14 @@ std::vector<double> bytes_per_token(const std::string& tokenizer_path) {
   return bytes;
 }
 
-// A checkpoint's model with `config` and `loss` (null: the LM cross-entropy) for `batch` rows, its files
-// verified (each rank a share) and its weights loaded, whatever layout wrote them.
+// A checkpoint's model with `config` and `loss` (null: the LM cross-entropy) for `batch` rows on
+// `backend`, its files verified (each rank a share) and its weights loaded, whatever layout wrote them.
 std::unique_ptr<trainer::GPT> load_model(const ckpt::Checkpoint& checkpoint, const trainer::ModelSpec& config,
                                          std::shared_ptr<const trainer::Loss> loss, trainer::Comm& comm,
-                                         int batch = 1) {
+                                         trainer::Backend& backend, int batch = 1) {
   checkpoint.verify(comm.rank(), comm.size());
-  auto model =
-      std::make_unique<trainer::GPT>(config, trainer::ModelSetup{.batch = batch, .loss = std::move(loss)});
+  auto model = std::make_unique<trainer::GPT>(
+      config, trainer::ModelSetup{.batch = batch, .backend = &backend, .loss = std::move(loss)});
   trainer::load_checkpoint(checkpoint, *model, nullptr);
   return model;
 }
@@ -61,7 +61,8 @@ std::unique_ptr<trainer::GPT> load_model(const ckpt::Checkpoint& checkpoint, con
 // size with the evaluated model's vocabulary, reading the evaluated model's sequences.
 std::unique_ptr<trainer::GPT> load_companion(const std::string& dir, const char* role, const std::string& of,
                                              const trainer::ModelSpec& evaluated,
-                                             std::shared_ptr<const trainer::Loss> loss, trainer::Comm& comm) {
+                                             std::shared_ptr<const trainer::Loss> loss, trainer::Comm& comm,
+                                             trainer::Backend& backend) {
   const ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(dir);
   trainer::ModelSpec config = trainer::model_spec_from_json(checkpoint.manifest().meta.model_config, dir);
   if (config.vocab != evaluated.vocab)
@@ -72,7 +73,7 @@ std::unique_ptr<trainer::GPT> load_companion(const std::string& dir, const char*
     fail(ExitCode::kUsage, "the {} {} has {} positions, fewer than the {} of {}'s sequences", role, dir,
          config.max_positions, evaluated.seq_len, of);
   config.seq_len = evaluated.seq_len;
-  return load_model(checkpoint, config, std::move(loss), comm);
+  return load_model(checkpoint, config, std::move(loss), comm, backend);
 }
 
 // log sum exp of a row of logits, in double.
@@ -97,12 +98,12 @@ TokenScores score_token(std::span<const float> model, std::span<const float> tea
 }
 
 std::unique_ptr<trainer::GPT> load_for_generation(const std::string& checkpoint_dir, int batch,
-                                                  trainer::Comm& comm) {
+                                                  trainer::Comm& comm, trainer::Backend& backend) {
   const ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(checkpoint_dir);
   trainer::ModelSpec config =
       trainer::model_spec_from_json(checkpoint.manifest().meta.model_config, checkpoint_dir);
   config.seq_len = config.max_positions;
-  return load_model(checkpoint, config, nullptr, comm, batch);
+  return load_model(checkpoint, config, nullptr, comm, backend, batch);
 }
 
 EvalOptions as_trained(const std::string& checkpoint_dir, const std::string& dataset_format,
@@ -170,13 +171,15 @@ DomainResults evaluate_checkpoint(const std::string& checkpoint_dir, const std::
   using Logps = std::shared_ptr<trainer::ReplyLogps>;
   const Logps logps = dpo ? std::make_shared<trainer::ReplyLogps>() : Logps();
   const Logps reference_logps = dpo ? std::make_shared<trainer::ReplyLogps>() : Logps();
-  const auto model = load_model(checkpoint, config, logps, comm);
+  trainer::Backend& backend = options.backend != nullptr ? *options.backend : trainer::cpu_backend();
+  const auto model = load_model(checkpoint, config, logps, comm, backend);
   std::unique_ptr<trainer::GPT> other;  // the reference or the teacher
   if (dpo)
-    other =
-        load_companion(options.dpo_reference, "DPO reference", checkpoint_dir, config, reference_logps, comm);
+    other = load_companion(options.dpo_reference, "DPO reference", checkpoint_dir, config, reference_logps,
+                           comm, backend);
   if (distill)
-    other = load_companion(options.distill_teacher, "teacher", checkpoint_dir, config, nullptr, comm);
+    other =
+        load_companion(options.distill_teacher, "teacher", checkpoint_dir, config, nullptr, comm, backend);
   const std::vector<double> token_bytes = bytes_per_token(dataset_dir + "/" + manifest.tokenizer_file);
 
   const size_t T = size_t(config.seq_len), V = size_t(config.vocab);

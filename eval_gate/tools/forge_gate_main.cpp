@@ -16,6 +16,7 @@
 #include "forge/eval_gate/tasks.h"
 #include "forge/eval_gate/verdict.h"
 #include "forge/trainer/bootstrap.h"
+#include "forge/trainer/device_runtime.h"
 #include "forge/trainer/runtime.h"
 #include "forge/trainer/spec.h"
 
@@ -41,16 +42,18 @@ struct Args {
   std::string suites, tier;
   int batch = 8;
   bool reevaluate_baseline = false;
+  std::string device = "auto";
 };
 
 constexpr const char* kUsage =
     "usage: forge-gate evaluate --checkpoint DIR --dataset DATASET_DIR --baseline DIR|release|none\n"
     "                           --policy gate.ini --out RUN/gate/ [--max-sequences N] [--threads N]\n"
     "                           [--suites DIR] [--tier TIER] [--batch N] [--reevaluate-baseline]\n"
-    "                           [--no-promote]\n"
+    "                           [--no-promote] [--device auto|cpu|cuda]\n"
     "       forge-gate generate --checkpoint DIR --dataset DATASET_DIR (--prompt TEXT ... | --prompts FILE)\n"
     "                           [--chat] [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
-    "                           [--seed S] [--samples N] [--batch N] [--threads N] [--out FILE.jsonl]\n";
+    "                           [--seed S] [--samples N] [--batch N] [--threads N] [--out FILE.jsonl]\n"
+    "                           [--device auto|cpu|cuda]\n";
 
 [[noreturn]] void help(const po::options_description& desc, int code) {
   std::cout << kUsage << desc;
@@ -82,11 +85,25 @@ Args parse(int argc, char** argv) {
       "batch", po::value(&a.batch), "sequences generated at once per rank (task suites)")(
       "reevaluate-baseline", po::bool_switch(&a.reevaluate_baseline),
       "evaluate the baseline's suites again instead of reusing its recorded results")(
-      "no-promote", po::bool_switch(&no_promote), "judge only; never promote");
+      "no-promote", po::bool_switch(&no_promote), "judge only; never promote")(
+      "device", po::value(&a.device), "where the models compute: auto (a GPU where one is), cpu or cuda");
   parse_options(desc, argc, argv);
   a.promote = !no_promote;
   if (a.batch < 1) forge::fail(ExitCode::kUsage, "--batch {}: give at least 1", a.batch);
   return a;
+}
+
+// --device, as run.device: the backend this rank's models compute on (a GPU's stays alive for the process).
+forge::trainer::Backend& device_backend(const std::string& device, forge::trainer::Comm& comm) {
+  static std::unique_ptr<forge::trainer::Backend> owned;
+  using forge::trainer::Device;
+  if (device != "auto" && device != "cpu" && device != "cuda")
+    forge::fail(ExitCode::kUsage, "--device {}: give auto, cpu or cuda", device);
+  const Device d = device == "cuda" ? Device::kCuda : device == "cpu" ? Device::kCpu : Device::kAuto;
+  std::string description;
+  forge::trainer::Backend& backend = forge::trainer::open_backend(d, comm.rank(), owned, &description);
+  if (comm.rank() == 0 && description != "cpu") spdlog::info("forge-gate: models on {}", description);
+  return backend;
 }
 
 // The baseline checkpoint directory, or nothing (none, or no release yet).
@@ -164,7 +181,7 @@ SuiteResults run_suites(const std::vector<forge::gate::Suite>& suites, const std
                         const forge::gate::PromptFormat& format, const Args& a, forge::trainer::Comm& comm) {
   SuiteResults out;
   if (suites.empty()) return out;  // no model to load
-  const auto model = forge::gate::load_for_generation(checkpoint, a.batch, comm);
+  const auto model = forge::gate::load_for_generation(checkpoint, a.batch, comm, *a.eval.backend);
   forge::gate::SuiteRunOptions options;
   options.batch = a.batch;
   if (const char* tmp = std::getenv("TMPDIR"); tmp != nullptr && *tmp != '\0') options.scratch_parent = tmp;
@@ -206,7 +223,8 @@ SuiteResults baseline_suites(const std::vector<forge::gate::Suite>& suites, cons
 }
 
 int evaluate(int argc, char** argv, forge::trainer::Comm& comm) {
-  const Args a = parse(argc, argv);
+  Args a = parse(argc, argv);
+  a.eval.backend = &device_backend(a.device, comm);
   const forge::gate::GatePolicy policy = forge::gate::load_policy(a.policy);
   const forge::data::Manifest dataset = forge::data::load_manifest(a.dataset);
   for (const auto& d : policy.required_domains)
@@ -288,6 +306,7 @@ int generate(int argc, char** argv, forge::trainer::Comm& comm) {
   std::vector<std::string> prompts;
   bool chat = false;
   int samples = 1, batch = 8, threads = 0;
+  std::string device = "auto";
   forge::gate::Sampling s;
   po::options_description desc("forge-gate generate");
   desc.add_options()("help,h", "this help")("checkpoint", po::value(&checkpoint)->required(),
@@ -304,7 +323,8 @@ int generate(int argc, char** argv, forge::trainer::Comm& comm) {
                                                                    "completions per prompt (default 1)")(
       "batch", po::value(&batch), "sequences in flight per rank (default 8)")(
       "threads", po::value(&threads), "threads per rank (0 = SLURM_CPUS_PER_TASK or all cores)")(
-      "out", po::value(&out), "JSONL output (default: standard output)");
+      "out", po::value(&out), "JSONL output (default: standard output)")(
+      "device", po::value(&device), "where the model computes: auto (a GPU where one is), cpu or cuda");
   parse_options(desc, argc, argv);
   if (s.max_new_tokens < 1 || samples < 1 || batch < 1 || s.temperature < 0 || s.top_k < 0 ||
       !(s.top_p > 0 && s.top_p <= 1))
@@ -332,7 +352,7 @@ int generate(int argc, char** argv, forge::trainer::Comm& comm) {
   const auto format = forge::gate::PromptFormat::of_dataset(dataset);
   if (chat && !format.chat)
     forge::fail(ExitCode::kUsage, "--chat: the tokenizer of {} has no chat markers", dataset);
-  const auto model = forge::gate::load_for_generation(checkpoint, batch, comm);
+  const auto model = forge::gate::load_for_generation(checkpoint, batch, comm, device_backend(device, comm));
   s.stop_tokens = {int32_t(format.tokenizer->eos_id())};
   if (chat) s.stop_tokens.push_back(int32_t(format.chat->end));
   // Request i = prompt i / samples, sample i % samples; rank r generates i = r, r + size, ...

@@ -154,4 +154,12 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 assert [r["prompt"] for r in rows] == ["Copyright", "def main():"], rows
 assert all(r["tokens"] <= 12 and (r["tokens"] == 12 or r["stopped"]) for r in rows), rows
 PY
+# --device: cpu computes as auto does where there is no GPU; cuda where none can be used is a usage error.
+gen "$work/greedy-cpu.jsonl" --device cpu
+cmp -s "$work/greedy.jsonl" "$work/greedy-cpu.jsonl" || fail "--device cpu generated differently"
+if [ ! -e /dev/nvidiactl ]; then
+  "$gate" generate --checkpoint "$child" --dataset "$work/ds" --prompt "x" --device cuda >/dev/null 2>"$work/cuda.log"
+  [ $? -eq 64 ] || fail "--device cuda without a GPU: want exit 64"
+  grep -q "device cuda: no GPU can be used" "$work/cuda.log" || fail "--device cuda message: $(tail -n1 "$work/cuda.log")"
+fi
 echo "suites test passed"

@@ -30,6 +30,8 @@ struct EvalOptions {
   double dpo_beta = 0;
   // distill: per scored token, KL(teacher || model) at temperature 1, the teacher from `distill_teacher`.
   std::string distill_teacher;
+  // Where the models compute (forge-gate --device): null, the CPU backend.
+  trainer::Backend* backend = nullptr;
 };
 
 // `options` with the reading and scoring the checkpoint's run trained with on a dataset of
@@ -50,10 +52,11 @@ EvalOptions as_trained(const std::string& checkpoint_dir, const std::string& dat
 DomainResults evaluate_checkpoint(const std::string& checkpoint_dir, const std::string& dataset_dir,
                                   const EvalOptions& options, trainer::Comm& comm, bool own_dataset = true);
 
-// A checkpoint's whole model (any layout it was trained at) for generation: `batch` sequences of up to
-// max_positions tokens in flight (Generator, generate.h). Throws forge::Error(kData) when it is damaged.
+// A checkpoint's whole model (any layout it was trained at) for generation on `backend`: `batch` sequences
+// of up to max_positions tokens in flight (Generator, generate.h). Throws forge::Error(kData) when it is
+// damaged.
 std::unique_ptr<trainer::GPT> load_for_generation(const std::string& checkpoint_dir, int batch,
-                                                  trainer::Comm& comm);
+                                                  trainer::Comm& comm, trainer::Backend& backend);
 
 // One position's figures from a model's logits and its teacher's over the same vocabulary: the model's
 // cross-entropy of `target` and KL(softmax(teacher) || softmax(model)), in nats; the KL of equal logits

@@ -8,6 +8,7 @@
 
 #include "forge/trainer/backend.h"
 #include "forge/trainer/comm.h"
+#include "forge/trainer/spec.h"
 
 #include <memory>
 #include <string>
@@ -35,5 +36,11 @@ class DeviceRuntime {
 // The plugin of this build: nullptr with the reason in `why` when the build has no CUDA backend or the
 // plugin does not load. FORGE_CUDA_PLUGIN overrides its path.
 DeviceRuntime* cuda_runtime(std::string* why);
+
+// The backend a tool's rank computes on for a device choice like run.device (forge-gate --device): with
+// cuda, or auto on a node with an NVIDIA driver and a GPU this process sees, the GPU of node-local rank
+// `rank` (ranks beyond the GPUs share them), kept alive by `owned`; else the CPU backend. `description`
+// says which ("cpu", "cuda:0 NVIDIA H200 ..."). Usage error (64): cuda where no GPU can be used.
+Backend& open_backend(Device device, int rank, std::unique_ptr<Backend>& owned, std::string* description);
 
 }  // namespace forge::trainer
