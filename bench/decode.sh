@@ -33,19 +33,11 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
 fi
 log=$(cmake --build "$build" --target bench_decode ${JOBS:+-j "$JOBS"} 2>&1) || { echo "$log" >&2; exit 1; }
 
-# The PyTorch peer's dependency, idempotently (as scripts/install-deps.sh does for the build's packages).
+# The PyTorch peer's dependency, idempotently (bench/lib.sh); without it, no peer.
+source "$(dirname "$0")/lib.sh"
 torch_ok=0
 if [ -z "${NO_TORCH:-}" ]; then
-  if ! dpkg-query -W -f='${Status}' python3-torch 2>/dev/null | grep -q '^install ok installed$'; then
-    echo "decode.sh: installing python3-torch (the PyTorch peer)"
-    SUDO=""
-    if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
-    if ! { $SUDO apt-get update -qq &&
-      DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-torch \
-        >/tmp/forge-decode-torch.log 2>&1; }; then
-      echo "decode.sh: could not install python3-torch (see /tmp/forge-decode-torch.log); no PyTorch peer" >&2
-    fi
-  fi
+  ensure_torch decode
   /usr/bin/python3 -c 'import torch' 2>/dev/null && torch_ok=1
 fi
 

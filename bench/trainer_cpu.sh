@@ -42,18 +42,9 @@ for m in $models; do
   fi
 done
 
-# The peers' dependency, idempotently (as bench/decode.sh does).
-if ! dpkg-query -W -f='${Status}' python3-torch 2>/dev/null | grep -q '^install ok installed$'; then
-  echo "trainer_cpu.sh: installing python3-torch (the PyTorch peers)"
-  SUDO=""
-  if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
-  if ! { $SUDO apt-get update -qq &&
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-torch \
-      >/tmp/forge-trainer-cpu-torch.log 2>&1; }; then
-    echo "trainer_cpu.sh: could not install python3-torch (see /tmp/forge-trainer-cpu-torch.log)" >&2
-    exit 1
-  fi
-fi
+# The peers' dependency, idempotently (bench/lib.sh).
+source "$(dirname "$0")/lib.sh"
+ensure_torch trainer-cpu || exit 1
 
 echo "machine: $(nproc) cores, $(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)," \
   "load before: $(cut -d' ' -f1-3 /proc/loadavg)"

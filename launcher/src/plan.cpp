@@ -25,14 +25,6 @@ size_t round_up(size_t n, size_t m) {
   return (n + m - 1) / m * m;
 }
 
-// ParallelTrainer's bucket key of a parameter (parallel_trainer.cpp): its block, -1 for the embeddings,
-// `layers` for the final norm.
-int bucket_key(const std::string& name, int layers) {
-  if (name.rfind("blocks.", 0) == 0) return std::stoi(name.substr(7));
-  if (name.rfind("lnf.", 0) == 0) return layers;
-  return -1;
-}
-
 // The dense MLP (model.cpp DenseMLP) of hidden width H: per slot, the first product's output and the
 // activation's, N x its local width each, BF16 in BF16 mode.
 size_t dense_mlp_bytes(const T::ModelSpec& m, int H, int tp, size_t N, size_t act, size_t slots) {
@@ -179,7 +171,7 @@ Plan make_plan(const T::TrainSpec& validated) {
     std::vector<Bucket> buckets;
     std::pair<int, bool> key{-2, false};
     for (const T::ParamInfo& p : params) {
-      const std::pair<int, bool> k{bucket_key(p.name, m.layers),
+      const std::pair<int, bool> k{T::gradient_bucket(p.name, m.layers),
                                    p.shard.kind == T::ShardRule::Kind::kExperts};
       if (k == key) continue;
       key = k;

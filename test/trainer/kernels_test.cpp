@@ -4,6 +4,7 @@
 #include "forge/common/batch.h"
 #include "forge/trainer/layers.h"
 #include "forge/trainer/model.h"
+#include "support/numerics.h"
 
 #include <catch2/catch.hpp>
 
@@ -18,24 +19,10 @@
 
 namespace k = forge::trainer::cpu;
 
+using forge::test::max_rel;
+using forge::test::randn;
+
 namespace {
-
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-double max_rel(const std::vector<float>& a, const std::vector<double>& b) {
-  double diff = 0, scale = 1e-30;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::abs(double(a[i]) - b[i]));
-    scale = std::max(scale, std::abs(b[i]));
-  }
-  return diff / scale;
-}
 
 // Naive causal grouped-query attention on qkv rows [B*T, shape.qkv_width()] (q | k | v heads, query head
 // h reading key/value head h / (heads / kv_heads)), the query at row position t seeing keys

@@ -4,6 +4,7 @@
 #include "cpu/kernels.h"
 #include "forge/trainer/backend.h"
 #include "forge/trainer/rope.h"
+#include "support/numerics.h"
 
 #include <catch2/catch.hpp>
 
@@ -19,27 +20,13 @@
 namespace k = forge::trainer::cpu;
 using forge::trainer::AttentionShape;
 
+using forge::test::max_rel;
+using forge::test::randn;
+
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-// Largest absolute difference over the largest reference magnitude.
-double max_rel(const std::vector<float>& a, const std::vector<double>& b) {
-  double diff = 0, scale = 1e-30;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::abs(double(a[i]) - b[i]));
-    scale = std::max(scale, std::abs(b[i]));
-  }
-  return diff / scale;
-}
 double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
-  return max_rel(a, std::vector<double>(b.begin(), b.end()));
+  return forge::test::max_rel(a, std::vector<double>(b.begin(), b.end()));
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {

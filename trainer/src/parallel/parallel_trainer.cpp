@@ -28,14 +28,6 @@ size_t round_up(size_t n, size_t m) {
   return (n + m - 1) / m * m;
 }
 
-// Which bucket a parameter's gradient belongs to: its block, -1 for the embeddings, `layers` for the
-// final LayerNorm.
-int bucket_key(const std::string& name, int layers) {
-  if (name.rfind("blocks.", 0) == 0) return std::stoi(name.substr(7));
-  if (name.rfind("lnf.", 0) == 0) return layers;
-  return -1;
-}
-
 bool expert(const ParamInfo& p) {
   return p.shard.kind == ShardRule::Kind::kExperts;
 }
@@ -101,6 +93,12 @@ std::vector<int> stage_bounds(const ModelSpec& cfg, int pp, const std::vector<in
   return bounds;
 }
 
+int gradient_bucket(const std::string& param, int layers) {
+  if (param.rfind("blocks.", 0) == 0) return std::stoi(param.substr(7));
+  if (param.rfind("lnf.", 0) == 0) return layers;
+  return -1;
+}
+
 ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups, Backend& backend,
                                  std::shared_ptr<GPT> teacher)
     : spec_(spec), groups_(groups), backend_(backend) {
@@ -133,7 +131,7 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups, B
   if (const int replicas = std::max(1, lay.tp / spec.model.kv_heads); replicas > 1) {
     kv_ = groups.tp->split(groups.tp_rank / replicas, groups.tp_rank % replicas, "kv");
     for (const ParamInfo& p : model_->params())
-      if (p.shard.replicas > 1) kv_params_[bucket_key(p.name, spec.model.layers)].push_back(&p);
+      if (p.shard.replicas > 1) kv_params_[gradient_bucket(p.name, spec.model.layers)].push_back(&p);
   }
   // The router losses of a step: the mean over its micro-batches on every data-parallel rank.
   model_->set_router_loss_weight(1.0f / float(spec.microbatches * lay.dp));
@@ -149,7 +147,7 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups, B
   const size_t flat = model_->weights().size();
   std::pair<int, bool> key{-2, false};
   for (const ParamInfo& p : model_->params()) {
-    const std::pair<int, bool> k{bucket_key(p.name, spec.model.layers), expert(p)};
+    const std::pair<int, bool> k{gradient_bucket(p.name, spec.model.layers), expert(p)};
     if (k == key) continue;
     key = k;
     const size_t lo = buckets_.empty() ? 0 : round_up(p.offset, dp);

@@ -28,6 +28,10 @@ namespace forge::trainer {
 // classifier counted on the last stage.
 std::vector<int> stage_bounds(const ModelSpec& config, int pp, const std::vector<int>& counts = {});
 
+// The gradient bucket a parameter belongs to (reduced as backward finishes it): its block, -1 for the
+// embeddings (and an untied head), `layers` for the final norm.
+int gradient_bucket(const std::string& param, int layers);
+
 class ParallelTrainer {
  public:
   // Builds this rank's slice on `backend`, initialized from spec.seed exactly as the whole model would
