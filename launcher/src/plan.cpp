@@ -106,7 +106,8 @@ size_t activation_bytes(const T::ModelSpec& m, const T::ModelSlice& slice, int b
   const size_t heads = size_t(m.heads / tp), kv = size_t(std::max(1, m.kv_heads / tp));
   const size_t hd = size_t(m.head_dim), q_width = heads * hd, qkv_width = (heads + 2 * kv) * hd;
   const auto scratch_width = [&](int hidden) { return size_t(swiglu ? 3 * hidden : hidden); };
-  const size_t dfc = std::max(scratch_width(m.ffn_hidden / tp), scratch_width(m.shared_expert_hidden / tp));
+  const size_t dfc = std::max(m.dense_blocks() ? scratch_width(m.ffn_hidden / tp) : 0,
+                              scratch_width(m.shared_expert_hidden / tp));
 
   // Workspace: delta, dln [N, C]; datt [N, q_width]; dqkv [N, qkv_width]; dfc [N, the widest FFN scratch].
   size_t n = (2 * NC + N * q_width + N * qkv_width + N * dfc) * kF32;

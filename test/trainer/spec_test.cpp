@@ -115,6 +115,11 @@ TEST_CASE("model families: presets, slot keys and the rules between them", "[tra
   CHECK_THAT(
       usage_error({"--model.family=llama", "--model.heads=4", "--model.ffn_hidden=102", "--parallel.tp=4"}),
       Catch::Contains("parallel.tp = 4") && Catch::Contains("model.ffn_hidden = 102"));
+  // Every block MoE: the dense width is unused and need not split.
+  CHECK(train_spec(
+            load({"--model.family=mixtral", "--model.heads=8", "--model.d_model=512", "--model.experts=4",
+                  "--model.ffn_hidden=102", "--model.moe_hidden=128", "--parallel.tp=4"}))
+            .model.ffn_hidden == 102);
 }
 
 TEST_CASE("parallel layouts that cannot work are rejected naming the rule", "[trainer][spec]") {

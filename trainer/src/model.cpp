@@ -92,6 +92,7 @@ class SharedExpertMoe final : public FeedForward {
     d_in_ = backend.alloc<float>(NC);
     column_ = backend.alloc<float>(N);
     gate_dev_ = backend.alloc<float>(N);
+    dlogit_.resize(N);
     std::vector<int32_t> identity(N);
     for (size_t i = 0; i < N; ++i) identity[i] = int32_t(i);
     identity_ = backend.alloc<int32_t>(N);
@@ -119,7 +120,7 @@ class SharedExpertMoe final : public FeedForward {
     backend_.copy_from_host(gate_dev_.data(), g.data(), size_t(rows) * sizeof(float));
     backend_.combine_rows(d_shared_.data(), dout, identity_.data(), gate_dev_.data(), rows, 1, C_, false);
     backend_.row_dots(column_.data(), dout, shared_out_[size_t(slot)].data(), identity_.data(), rows, 1, C_);
-    std::vector<float> dlogit(static_cast<size_t>(rows));
+    std::vector<float>& dlogit = dlogit_;
     backend_.copy_to_host(dlogit.data(), column_.data(), size_t(rows) * sizeof(float));
     for (int t = 0; t < rows; ++t) dlogit[size_t(t)] *= g[size_t(t)] * (1 - g[size_t(t)]);
     backend_.copy_from_host(column_.data(), dlogit.data(), size_t(rows) * sizeof(float));
@@ -143,6 +144,7 @@ class SharedExpertMoe final : public FeedForward {
   int C_;
   std::vector<Buffer<float>> shared_out_;  // per slot: shared(x)
   std::vector<std::vector<float>> gates_;  // per slot: g, host
+  std::vector<float> dlogit_;              // backward: dL/d(x . w_gate), host
   Buffer<float> d_shared_, d_in_, column_, gate_dev_;
   Buffer<int32_t> identity_;
 };
@@ -282,7 +284,8 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
   attention.shape.kv_heads = std::max(1, attention.shape.kv_heads / tps);
   if (attention.rotary) attention.rope = rope_table(config.rope, config.head_dim);
   const bool swiglu = config.activation == Activation::kSwiglu;
-  const int ffn_width = int(DenseMLP::scratch_width(swiglu, config.ffn_hidden / tps));
+  const int ffn_width =
+      config.dense_blocks() ? int(DenseMLP::scratch_width(swiglu, config.ffn_hidden / tps)) : 0;
   const int shared_width = int(DenseMLP::scratch_width(swiglu, config.shared_expert_hidden / tps));
   const size_t L = size_t(layers_), C = size_t(config.d_model), N = size_t(rows());
   const size_t stats = NormSlot::stats(config.norm) * N;

@@ -661,8 +661,9 @@ std::optional<LayoutProblem> parallel_problem(const ModelSpec& m, const Layout& 
   };
   if (p.zero != 0 && p.zero != 1) return problem("parallel.zero", "must be 0 or 1");
   // Column-parallel products split their hidden width (gate and up each, under SwiGLU).
-  for (const auto& [key, width] : {std::pair<const char*, int>{"model.ffn_hidden", m.ffn_hidden},
-                                   {"model.shared_expert_hidden", m.shared_expert_hidden}})
+  for (const auto& [key, width] :
+       {std::pair<const char*, int>{"model.ffn_hidden", m.dense_blocks() ? m.ffn_hidden : 0},
+        {"model.shared_expert_hidden", m.shared_expert_hidden}})
     if (width % l.tp != 0)
       return problem("parallel.tp", fmt::format("must divide {} = {} (each rank holds a share of the FFN's "
                                                 "hidden units)",

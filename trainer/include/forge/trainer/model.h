@@ -90,6 +90,8 @@ struct ModelSpec {
   // The attention's parameters are GPT-2's fused attn.qkv tensor (gpt2), or attn.q, attn.k, attn.v.
   bool fused_qkv() const { return family == Family::kGpt2; }
   bool moe_block(int layer) const { return ffn == Ffn::kMoe && (layer + 1) % moe_every == 0; }
+  // Whether some block's FFN is the dense MLP (ffn_hidden wide); not in an MoE model with every block MoE.
+  bool dense_blocks() const { return ffn == Ffn::kDense || moe_every > 1; }
   AttentionShape attention() const { return {heads, kv_heads, head_dim, window}; }
   ModelDims dims() const { return {layers, heads, vocab, ffn == Ffn::kMoe ? experts : 0, kv_heads}; }
 };
