@@ -21,12 +21,16 @@ packages=(
   libfmt-dev libspdlog-dev            # logging
   libhyperscan-dev                    # multi-pattern matching: PII and safety stages of prepare (x86-64)
   libcld2-dev                         # language identification in prepare (Compact Language Detector 2)
+  libpcre2-dev                        # Hugging Face tokenizers' pre-tokenizer patterns (Unicode classes, JIT)
+  libicu-dev                          # Hugging Face tokenizers' NFC/NFKC normalizers (ICU's Normalizer2)
   # --- the embedded dev cluster (scripts/devcluster)
   slurm-wlm slurmctld slurmd slurmdbd slurm-client libslurm-dev slurm-wlm-basic-plugins
   slurm-wlm-mysql-plugin munge mariadb-server libpmix-dev libpmix-bin
   # --- tools the scripts and tests call
   util-linux procps iproute2 python3
   python3-h5py                        # forge-ckpt export's interoperability check reads the file with h5py
+  python3-regex python3-jinja2        # the tokenizer and chat-template references of the dataio tests
+  python3-torch                       # the PyTorch references the Hugging Face import/export tests run
   bubblewrap                          # the evaluation gate's sandbox for candidate programs (bwrap)
   lua5.1                              # runs job_submit.lua in its test (Slurm's job_submit_lua.so links Lua 5.1)
   prometheus                          # promtool checks the textfile-collector output (the server is not started)

@@ -660,9 +660,14 @@ PrepareResult prepare_dataset(const PrepareOptions& o, Ranks& ranks) {
     // Tokenizer: trained on rank 0 from the documents its sample takes, wherever they are.
     t = now_s();
     cpu = cpu_s();
-    const std::string model_path = (partial / "tokenizer.model").string();
-    std::optional<Tokenizer> trained;
-    if (!o.tokenizer_model.empty()) {
+    // A given tokenizer is kept under its own kind's name (tokenizer.model, tokenizer.json).
+    std::optional<Tokenizer> trained, given;
+    if (!o.tokenizer_model.empty()) given.emplace(Tokenizer::load(o.tokenizer_model));
+    if (given && given->eos_id() < 0)
+      fail(ExitCode::kUsage, "--tokenizer {}: has no end-of-sequence token (documents end with one)",
+           o.tokenizer_model);
+    const std::string model_path = (partial / (given ? given->file_name() : "tokenizer.model")).string();
+    if (given) {
       if (ranks.rank() == 0) write_file_atomic(model_path, read_file(o.tokenizer_model));
     } else {
       const Placement at = place(ranks, corpus.docs.size());
@@ -684,8 +689,7 @@ PrepareResult prepare_dataset(const PrepareOptions& o, Ranks& ranks) {
       }
     }
     ranks.all_gather("");  // the model is written
-    Tokenizer tok = trained ? std::move(*trained)
-                            : Tokenizer::load(o.tokenizer_model.empty() ? model_path : o.tokenizer_model);
+    Tokenizer tok = trained ? std::move(*trained) : given ? std::move(*given) : Tokenizer::load(model_path);
     const double train_seconds = o.tokenizer_model.empty() ? now_s() - t : 0.0;
     const double train_cpu_seconds = o.tokenizer_model.empty() ? cpu_s() - cpu : 0.0;
 
@@ -755,7 +759,7 @@ PrepareResult prepare_dataset(const PrepareOptions& o, Ranks& ranks) {
     m.licenses.insert(m.licenses.end(), license_set.begin(), license_set.end());
     m.domains = corpus.domains;
     m.languages.assign(language_set.begin(), language_set.end());
-    m.tokenizer_file = "tokenizer.model";
+    m.tokenizer_file = fs::path(model_path).filename().string();
     m.tokenizer_sha256 = tok.sha256();
     m.vocab_size = tok.vocab_size();
     m.eos_id = tok.eos_id();

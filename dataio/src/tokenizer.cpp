@@ -4,6 +4,7 @@
 #include "forge/common/hash.h"
 #include "forge/common/json.h"
 #include "forge/dataio/chat.h"
+#include "hf_tokenizer.h"
 
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
@@ -63,22 +64,56 @@ class SampleIterator : public sentencepiece::SentenceIterator {
   bool done_ = false;
 };
 
+// A SentencePiece model. Its chunk cache cuts text between bytes that no piece holds next to each other.
+class SentencePieceModel final : public detail::TokenizerModel {
+ public:
+  explicit SentencePieceModel(const std::string& model_path, const std::string& bytes) {
+    const auto status = sp_.LoadFromSerializedProto(bytes);
+    if (!status.ok())
+      fail(ExitCode::kData, "{}: not a SentencePiece model ({})", model_path, status.ToString());
+    prepare_chunking();
+  }
+  void encode(std::string_view text, std::vector<int>& ids) const override;
+  void encode(std::string_view text, std::vector<int>& ids, EncodeCache& cache) const override;
+  std::string decode(std::span<const int> ids) const override;
+  std::string piece(int id) const override { return sp_.IdToPiece(id); }
+  std::optional<uint32_t> piece_id(std::string_view piece) const override {
+    const int id = sp_.PieceToId(piece);  // the unknown id when there is no such piece
+    if (id < 0 || sp_.IdToPiece(id) != piece) return std::nullopt;
+    return static_cast<uint32_t>(id);
+  }
+  uint32_t vocab_size() const override { return static_cast<uint32_t>(sp_.GetPieceSize()); }
+  int eos_id() const override { return sp_.eos_id(); }
+  bool chunk_cache_usable() const override { return chunkable_; }
+  std::string_view file_name() const override { return "tokenizer.model"; }
+
+ private:
+  void prepare_chunking();
+  bool can_cut(unsigned char left, unsigned char right) const {
+    return (right & 0xC0) != 0x80 &&
+           !(pair_bits_[(left << 8 | right) >> 6] >> ((left << 8 | right) & 63) & 1);
+  }
+  sentencepiece::SentencePieceProcessor sp_;
+  std::vector<uint64_t> pair_bits_;  // 256x256: byte pairs adjacent inside some piece
+  bool chunkable_ = false;
+};
+
 }  // namespace
 
-Tokenizer::Tokenizer() : sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {}
+Tokenizer::Tokenizer(std::unique_ptr<detail::TokenizerModel> model, std::string sha256)
+    : model_(std::move(model)), sha256_(std::move(sha256)) {}
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
 Tokenizer Tokenizer::load(const std::string& model_path) {
-  Tokenizer t;
   const std::string bytes = read_file(model_path);
-  const auto status = t.sp_->LoadFromSerializedProto(bytes);
-  if (!status.ok())
-    fail(ExitCode::kData, "{}: not a SentencePiece model ({})", model_path, status.ToString());
-  t.sha256_ = sha256_hex(bytes);
-  t.prepare_chunking();
-  return t;
+  std::unique_ptr<detail::TokenizerModel> model;
+  if (detail::looks_like_json(bytes))
+    model = detail::load_hf_tokenizer(model_path, bytes);
+  else
+    model = std::make_unique<SentencePieceModel>(model_path, bytes);
+  return Tokenizer(std::move(model), sha256_hex(bytes));
 }
 
 uint64_t Tokenizer::sample_stride(uint64_t total, uint64_t budget) {
@@ -130,18 +165,18 @@ Tokenizer Tokenizer::train(const Corpus& corpus, const TokenizerTrainOptions& op
   return load(model_path);
 }
 
-void Tokenizer::encode(std::string_view text, std::vector<int>& ids) const {
+void SentencePieceModel::encode(std::string_view text, std::vector<int>& ids) const {
   ids.clear();
-  const auto status = sp_->Encode(text, &ids);
+  const auto status = sp_.Encode(text, &ids);
   if (!status.ok()) fail(ExitCode::kData, "tokenizer: encode failed: {}", status.ToString());
 }
 
-void Tokenizer::prepare_chunking() {
+void SentencePieceModel::prepare_chunking() {
   pair_bits_.assign(65536 / 64, 0);
-  for (int id = 0; id < sp_->GetPieceSize(); ++id) {
-    if (sp_->IsByte(id) || sp_->IsControl(id) || sp_->IsUnknown(id)) continue;
+  for (int id = 0; id < sp_.GetPieceSize(); ++id) {
+    if (sp_.IsByte(id) || sp_.IsControl(id) || sp_.IsUnknown(id)) continue;
     // The model spells a space as U+2581; the text being cut has plain spaces.
-    const std::string raw = sp_->IdToPiece(id);
+    const std::string raw = sp_.IdToPiece(id);
     std::string piece;
     for (size_t k = 0; k < raw.size(); ++k) {
       if (raw.compare(k, 3, "\xE2\x96\x81") == 0) {
@@ -216,7 +251,7 @@ void EncodeCache::clear() {
   used_ = 0;
 }
 
-void Tokenizer::encode(std::string_view text, std::vector<int>& ids, EncodeCache& cache) const {
+void SentencePieceModel::encode(std::string_view text, std::vector<int>& ids, EncodeCache& cache) const {
   constexpr size_t kMaxCachedChunk = 64;
   constexpr size_t kMaxCacheEntries = 1 << 20;  // bounds memory on corpora with huge vocabularies of words
   if (!chunkable_) return encode(text, ids);
@@ -250,27 +285,40 @@ void Tokenizer::encode(std::string_view text, std::vector<int>& ids, EncodeCache
   }
 }
 
-std::string Tokenizer::decode(std::span<const int> ids) const {
+std::string SentencePieceModel::decode(std::span<const int> ids) const {
   std::string out;
   const std::vector<int> v(ids.begin(), ids.end());
-  const auto status = sp_->Decode(v, &out);
+  const auto status = sp_.Decode(v, &out);
   if (!status.ok()) fail(ExitCode::kData, "tokenizer: decode failed: {}", status.ToString());
   return out;
 }
 
+void Tokenizer::encode(std::string_view text, std::vector<int>& ids) const {
+  model_->encode(text, ids);
+}
+void Tokenizer::encode(std::string_view text, std::vector<int>& ids, EncodeCache& cache) const {
+  model_->encode(text, ids, cache);
+}
+std::string Tokenizer::decode(std::span<const int> ids) const {
+  return model_->decode(ids);
+}
 std::string Tokenizer::piece(int id) const {
-  return sp_->IdToPiece(id);
+  return model_->piece(id);
 }
 std::optional<uint32_t> Tokenizer::piece_id(std::string_view piece) const {
-  const int id = sp_->PieceToId(piece);  // the unknown id when there is no such piece
-  if (id < 0 || sp_->IdToPiece(id) != piece) return std::nullopt;
-  return static_cast<uint32_t>(id);
+  return model_->piece_id(piece);
 }
 uint32_t Tokenizer::vocab_size() const {
-  return static_cast<uint32_t>(sp_->GetPieceSize());
+  return model_->vocab_size();
 }
 int Tokenizer::eos_id() const {
-  return sp_->eos_id();
+  return model_->eos_id();
+}
+bool Tokenizer::chunk_cache_usable() const {
+  return model_->chunk_cache_usable();
+}
+std::string_view Tokenizer::file_name() const {
+  return model_->file_name();
 }
 
 }  // namespace forge::data

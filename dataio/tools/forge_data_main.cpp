@@ -95,7 +95,8 @@ int cmd_prepare(const std::vector<std::string>& args) {
   c.options()("input", po::value(&inputs)->required()->composing(),
               "file or directory to read, optionally with its domain: PATH=DOMAIN (repeatable)")(
       "out", po::value(&o.out)->required(), "dataset directory to create (must not exist or be empty)")(
-      "tokenizer", po::value(&o.tokenizer_model), "use this SentencePiece model instead of training one")(
+      "tokenizer", po::value(&o.tokenizer_model),
+      "use this tokenizer instead of training one: a SentencePiece model or a Hugging Face tokenizer.json")(
       "vocab", po::value(&vocab), "vocabulary size of the trained tokenizer (default 8192)")(
       "eval-set", po::value(&eval_sets)->composing(),
       "evaluation text to decontaminate against (repeatable)")(

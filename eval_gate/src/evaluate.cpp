@@ -35,6 +35,9 @@ std::vector<double> bytes_per_token(const std::string& tokenizer_path) {
       bytes[id] = 1;
     } else if (piece.size() > 2 && piece.front() == '<' && piece.back() == '>') {
       bytes[id] = 0;  // control symbols: <s>, </s>, <unk>, <pad>
+    } else if (tok.file_name() == "tokenizer.json") {
+      // A tokenizer.json spells pieces in its own alphabet (byte-level: U+0120 for a space): decode counts.
+      bytes[id] = static_cast<double>(tok.decode(std::vector<int>{static_cast<int>(id)}).size());
     } else {
       // SentencePiece writes a space as U+2581 (3 bytes in UTF-8): count it as the 1 byte it stands for.
       size_t n = 0;
