@@ -22,8 +22,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// 1: the first; 2: owner_group.
-constexpr int kSchemaVersion = 2;
+// 1: the first; 2: owner_group; 3: origin.
+constexpr int kSchemaVersion = 3;
 
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS releases (
@@ -33,7 +33,7 @@ CREATE TABLE IF NOT EXISTS releases (
   tokenizer_sha256 TEXT NOT NULL, spec_hash TEXT NOT NULL, parent TEXT NOT NULL,
   parent_id INTEGER REFERENCES releases(id), lineage TEXT NOT NULL, verdict TEXT NOT NULL,
   metrics TEXT NOT NULL, export_path TEXT NOT NULL, registered_unix REAL NOT NULL,
-  owner_group TEXT NOT NULL DEFAULT '', UNIQUE (name, version));
+  owner_group TEXT NOT NULL DEFAULT '', origin TEXT NOT NULL DEFAULT 'null', UNIQUE (name, version));
 CREATE INDEX IF NOT EXISTS releases_source ON releases(source);
 CREATE INDEX IF NOT EXISTS releases_parent ON releases(parent);
 )sql";
@@ -41,7 +41,7 @@ CREATE INDEX IF NOT EXISTS releases_parent ON releases(parent);
 constexpr const char* kColumns =
     "id,name,version,path,source,team,run_dir,objective,step,train_jobs,promote_job,dataset_version,"
     "tokenizer_sha256,spec_hash,parent,parent_id,lineage,verdict,metrics,export_path,registered_unix,owner_"
-    "group";
+    "group,origin";
 
 // How the registry's SQLite failures read (forge/common/sqlite.h): a damaged file is kData, the rest kIo.
 sqlite::Errors registry_errors() {
@@ -124,7 +124,13 @@ void check_name(const std::string& name) {
 Generation generation_of(const Release& r) {
   return Generation{
       r.ref(),     r.path, r.run_dir, r.step, r.objective, r.dataset_version, r.tokenizer_sha256,
-      r.spec_hash, true};
+      r.spec_hash, true,   r.origin};
+}
+
+// The directory whose writers own a checkpoint: its run's, or, for a model imported from elsewhere (which
+// no run trained), the checkpoint directory itself.
+std::string owner_dir(const std::string& path, const Manifest& m) {
+  return m.meta.extra.contains("origin") ? path : run_dir_of(path);
 }
 
 // The name of the group that owns `dir`, or its gid when it has none; "" when `dir` cannot be examined.
@@ -199,7 +205,8 @@ Json Release::to_json() const {
               {"verdict", verdict},
               {"metrics", metrics},
               {"export_path", export_path},
-              {"registered_unix", registered_unix}};
+              {"registered_unix", registered_unix},
+              {"origin", origin}};
 }
 
 Json Generation::to_json() const {
@@ -211,7 +218,8 @@ Json Generation::to_json() const {
               {"dataset_version", dataset_version},
               {"tokenizer_sha256", tokenizer_sha256},
               {"spec_hash", spec_hash},
-              {"on_disk", on_disk}};
+              {"on_disk", on_disk},
+              {"origin", origin}};
 }
 
 Registry::Registry(const std::string& path, Mode mode) : path_(path) {
@@ -255,15 +263,17 @@ Registry::Registry(const std::string& path, Mode mode) : path_(path) {
   Transaction tx(*db_);
   const int64_t now = user_version();
   if (now < kSchemaVersion) {
-    db_->exec(kSchema, "schema");  // a table of version 1 stays as it was: it gains owner_group
-    const bool has_owner_group = [&] {
+    db_->exec(kSchema, "schema");  // an older table stays as it was: it gains the newer columns
+    const auto has_column = [&](const char* name) {
       Stmt cols(*db_, "PRAGMA table_info(releases)");
       bool found = false;
-      while (cols.step()) found = found || cols.text(1) == "owner_group";
+      while (cols.step()) found = found || cols.text(1) == name;
       return found;
-    }();
-    if (!has_owner_group)
+    };
+    if (!has_column("owner_group"))
       db_->exec("ALTER TABLE releases ADD COLUMN owner_group TEXT NOT NULL DEFAULT ''", "schema upgrade");
+    if (!has_column("origin"))
+      db_->exec("ALTER TABLE releases ADD COLUMN origin TEXT NOT NULL DEFAULT 'null'", "schema upgrade");
     db_->exec(fmt::format("PRAGMA user_version={}", kSchemaVersion), "schema version");
   }
   tx.commit();
@@ -303,6 +313,7 @@ std::vector<Release> Registry::select(const std::string& where,
     r.export_path = s.text(19);
     r.registered_unix = s.real(20);
     r.owner_group = s.text(21);
+    r.origin = json_column(s, 22, path_);
     out.push_back(std::move(r));
   }
   return out;
@@ -323,7 +334,8 @@ Release Registry::add(const std::string& release_dir, const RegisterOptions& opt
   Release r;
   r.path = path;
   r.source = str(m.promotion, "source");
-  r.run_dir = run_dir_of(path);
+  r.origin = m.meta.extra.value("origin", Json());
+  r.run_dir = owner_dir(path, m);
   require_caller_can_write(r.run_dir);
   r.owner_group = owner_group_of(r.run_dir);
   r.name = !options.name.empty() ? options.name : str(spec, "run.name");
@@ -370,19 +382,20 @@ Release Registry::add(const std::string& release_dir, const RegisterOptions& opt
     v.bind(1, r.name);
     r.version = v.step() ? v.integer(0) : 1;
   }
-  Stmt up(
-      *db_,
-      "INSERT INTO releases (name,version,path,source,team,run_dir,objective,step,train_jobs,promote_job,"
-      "dataset_version,tokenizer_sha256,spec_hash,parent,parent_id,lineage,verdict,metrics,export_path,"
-      "registered_unix,owner_group) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,"
-      "?19,?20,?21) ON CONFLICT(path) DO UPDATE SET source=?4,team=?5,run_dir=?6,objective=?7,step=?8,"
-      "train_jobs=?9,promote_job=?10,dataset_version=?11,tokenizer_sha256=?12,spec_hash=?13,parent=?14,"
-      "parent_id=?15,lineage=?16,verdict=?17,metrics=?18,owner_group=?21");
+  Stmt up(*db_,
+          "INSERT INTO releases (name,version,path,source,team,run_dir,objective,step,train_jobs,promote_job,"
+          "dataset_version,tokenizer_sha256,spec_hash,parent,parent_id,lineage,verdict,metrics,export_path,"
+          "registered_unix,owner_group,origin) VALUES "
+          "(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,"
+          "?18,?19,?20,?21,?22) ON CONFLICT(path) DO UPDATE SET "
+          "source=?4,team=?5,run_dir=?6,objective=?7,step=?8,"
+          "train_jobs=?9,promote_job=?10,dataset_version=?11,tokenizer_sha256=?12,spec_hash=?13,parent=?14,"
+          "parent_id=?15,lineage=?16,verdict=?17,metrics=?18,owner_group=?21,origin=?22");
   up.bind(1, r.name).bind(2, r.version).bind(3, r.path).bind(4, r.source).bind(5, r.team).bind(6, r.run_dir);
   up.bind(7, r.objective).bind(8, r.step).bind(9, Json(r.train_jobs).dump()).bind(10, r.promote_job);
   up.bind(11, r.dataset_version).bind(12, r.tokenizer_sha256).bind(13, r.spec_hash).bind(14, r.parent);
   up.bind(15, r.parent_id).bind(16, r.lineage.dump()).bind(17, r.verdict.dump()).bind(18, r.metrics.dump());
-  up.bind(19, r.export_path).bind(20, r.registered_unix).bind(21, r.owner_group);
+  up.bind(19, r.export_path).bind(20, r.registered_unix).bind(21, r.owner_group).bind(22, r.origin.dump());
   up.step();
   // Children registered before their parent get their link now.
   Stmt link(*db_,
@@ -462,13 +475,14 @@ std::vector<Generation> Registry::lineage(const std::string& checkpoint_dir) con
       const Json spec = m->meta.extra.value("spec", Json::object());
       g = Generation{"",
                      path,
-                     run_dir_of(path),
+                     owner_dir(path, *m),
                      m->meta.step,
                      str(spec, "run.objective"),
                      m->meta.dataset_version,
                      str(m->meta.extra, "tokenizer_sha256"),
                      m->meta.spec_hash,
-                     true};
+                     true,
+                     m->meta.extra.value("origin", Json())};
       next = m->meta.extra.value("lineage", Json());
     } else if (record.is_object()) {
       g.path = path;

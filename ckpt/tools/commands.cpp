@@ -273,13 +273,26 @@ int gc(const Args& args) {
 
 int export_(const Args& args) {
   po::options_description desc("export options");
-  std::string dir, out;
+  std::string dir, out, format;
   desc.add_options()("ckpt", po::value(&dir)->required(), "checkpoint directory")(
-      "out", po::value(&out)->required(), "HDF5 file to write")("params-only",
-                                                                "leave out the optimizer states");
+      "out", po::value(&out)->required(), "HDF5 file, or (--format hf) directory to write")(
+      "format", po::value(&format)->default_value("hdf5"), "hdf5 (one self-describing file) or hf")(
+      "params-only", "hdf5: leave out the optimizer states")(
+      "dtype", po::value<std::string>()->default_value(""),
+      "hf: f32, bf16 or f16 (default: an imported model's own, else f32)")(
+      "shard-size", po::value<double>()->default_value(5e9), "hf: tensor bytes per safetensors file")(
+      "tokenizer", po::value<std::string>(),
+      "hf: the tokenizer to hand on (default: an imported model's, else the training dataset's)")(
+      "force", "hf: replace --out if it exists");
   po::variables_map vm;
-  if (!parse(args, desc, "ckpt", "export CKPT --out FILE [--params-only]", vm)) return 0;
+  if (!parse(args, desc, "ckpt",
+             "export CKPT --out FILE [--params-only] | export CKPT --format hf --out DIR [--dtype D] "
+             "[--shard-size BYTES] [--tokenizer FILE] [--force]",
+             vm))
+    return 0;
+  if (format != "hdf5" && format != "hf") fail(ExitCode::kUsage, "--format {}: give hdf5 or hf", format);
   const Checkpoint c = Checkpoint::open(dir);
+  if (format == "hf") return export_hf(c, out, vm);  // verifies as it goes
   c.verify();
   export_hdf5(c, out, vm.count("params-only") == 0);
   fmt::print("exported {} (step {}) to {}\n", dir, c.manifest().meta.step, out);

@@ -1,6 +1,7 @@
 // The subcommands of forge-ckpt; each parses its own options from `args` and returns the exit code.
 #pragma once
 
+#include "forge/ckpt/checkpoint.h"
 #include "forge/ckpt/registry.h"
 
 #include <boost/program_options.hpp>
@@ -18,6 +19,10 @@ int inspect(const Args& args);
 int promote(const Args& args);
 int gc(const Args& args);
 int export_(const Args& args);
+int import_(const Args& args);  // hf_commands.cpp
+// export --format hf (hf_commands.cpp), with export_'s parsed options.
+int export_hf(const Checkpoint& checkpoint, const std::string& out,
+              const boost::program_options::variables_map& vm);
 int advise(const Args& args);
 int registry(const Args& args);  // registry_commands.cpp
 // --registry PATH (default: $FORGE_REGISTRY, else the admin's state directory) into `path`.

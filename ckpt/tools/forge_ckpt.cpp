@@ -22,10 +22,13 @@ constexpr const char* kUsage =
   promote CKPT --verdict FILE   commit a copy to the release tier with the gate's verdict; register it
   gc RUN_DIR              remove crash leftovers and apply retention
   export CKPT --out FILE  one self-describing HDF5 file (docs/CHECKPOINTS.md), readable with h5py
+  export CKPT --format hf --out DIR   the model in the Hugging Face layout (config.json, safetensors, tokenizer)
+  import DIR --out CKPT   a Hugging Face model directory as a checkpoint to start runs from (ckpt.init_from)
   advise RUN_DIR --mtbf-hours H   Young/Daly recovery interval from the measured save stall
   registry COMMAND        the model registry: add, list, show, lineage, export, init (forge-ckpt registry --help)
 
-exit status: 0 ok, 64 usage or another model config, 65 damaged checkpoint or another dataset, 74 I/O
+exit status: 0 ok, 64 usage or another model config, 65 damaged checkpoint, another dataset or a model
+that cannot be read, 74 I/O
 )";
 
 }  // namespace
@@ -44,8 +47,8 @@ int main(int argc, char** argv) {
       ::umask(privilege::caller_umask());
     }
     const std::map<std::string, std::function<int(const Args&)>> commands = {
-        {"list", list}, {"verify", verify},  {"inspect", inspect}, {"promote", promote},
-        {"gc", gc},     {"export", export_}, {"advise", advise},   {"registry", registry}};
+        {"list", list},      {"verify", verify}, {"inspect", inspect},   {"promote", promote}, {"gc", gc},
+        {"export", export_}, {"advise", advise}, {"registry", registry}, {"import", import_}};
     if (argc < 2) {
       fmt::print(stderr, "{}", kUsage);
       return static_cast<int>(forge::ExitCode::kUsage);
@@ -56,9 +59,10 @@ int main(int argc, char** argv) {
     }
     const auto it = commands.find(command);
     if (it == commands.end())
-      forge::fail(forge::ExitCode::kUsage,
-                  "unknown command '{}': use list, verify, inspect, promote, gc, export, advise or registry",
-                  command);
+      forge::fail(
+          forge::ExitCode::kUsage,
+          "unknown command '{}': use list, verify, inspect, promote, gc, export, import, advise or registry",
+          command);
     return it->second(Args(argv + 2, argv + argc));
   });
 }

@@ -190,11 +190,21 @@ int registry_lineage(const Args& args) {
   }
   fmt::print("{:<24} {:>8} {:<9} {:<12} {:<12} {}\n", "MODEL", "STEP", "OBJECTIVE", "DATASET", "TOKENIZER",
              "RUN");
-  for (const auto& g : gens)
+  for (const auto& g : gens) {
+    const bool imported = g.origin.is_object();
     fmt::print("{:<24} {:>8} {:<9} {:<12} {:<12} {}{}\n", g.ref.empty() ? g.path : g.ref, g.step,
-               g.on_disk ? or_dash(g.objective) : "?", short_hash(g.dataset_version),
-               g.on_disk ? short_hash(g.tokenizer_sha256) : "?", g.run_dir,
+               imported    ? "import"
+               : g.on_disk ? or_dash(g.objective)
+                           : "?",
+               short_hash(g.dataset_version), g.on_disk ? short_hash(g.tokenizer_sha256) : "?",
+               imported ? g.path : g.run_dir,
                g.on_disk ? "" : "  (checkpoint gone: from its child's record)");
+    if (imported)
+      fmt::print("  imported from {}{}{} ({} files, sha256 recorded)\n", g.origin.value("source", ""),
+                 g.origin.contains("model_id") ? ", model " + g.origin["model_id"].get<std::string>() : "",
+                 g.origin.contains("revision") ? " at " + g.origin["revision"].get<std::string>() : "",
+                 g.origin.value("files", Json::object()).size());
+  }
   return 0;
 }
 

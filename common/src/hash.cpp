@@ -53,25 +53,25 @@ std::string Xxh3Stream::hex() const {
   return to_hex64(digest());
 }
 
+Sha256Stream::Sha256Stream() : ctx_(EVP_MD_CTX_new()) {
+  EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr);
+}
+Sha256Stream::~Sha256Stream() {
+  EVP_MD_CTX_free(ctx_);
+}
+void Sha256Stream::update(const void* data, size_t size) {
+  EVP_DigestUpdate(ctx_, data, size);
+}
+std::string Sha256Stream::hex() {
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  EVP_DigestFinal_ex(ctx_, out, &n);
+  std::string s;
+  for (unsigned i = 0; i < n; ++i) s += fmt::format("{:02x}", out[i]);
+  return s;
+}
+
 namespace {
-
-class Sha256 {
- public:
-  Sha256() : ctx_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr); }
-  ~Sha256() { EVP_MD_CTX_free(ctx_); }
-  void update(const void* data, size_t size) { EVP_DigestUpdate(ctx_, data, size); }
-  std::string hex() {
-    unsigned char out[EVP_MAX_MD_SIZE];
-    unsigned int n = 0;
-    EVP_DigestFinal_ex(ctx_, out, &n);
-    std::string s;
-    for (unsigned i = 0; i < n; ++i) s += fmt::format("{:02x}", out[i]);
-    return s;
-  }
-
- private:
-  EVP_MD_CTX* ctx_;
-};
 
 template <typename Hasher>
 void hash_file(const std::string& path, Hasher& h) {
@@ -88,7 +88,7 @@ void hash_file(const std::string& path, Hasher& h) {
 }  // namespace
 
 std::string sha256_hex(std::string_view data) {
-  Sha256 h;
+  Sha256Stream h;
   h.update(data.data(), data.size());
   return h.hex();
 }
@@ -100,7 +100,7 @@ std::string xxh3_file_hex(const std::string& path) {
 }
 
 std::string sha256_file_hex(const std::string& path) {
-  Sha256 h;
+  Sha256Stream h;
   hash_file(path, h);
   return h.hex();
 }

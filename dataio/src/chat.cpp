@@ -352,6 +352,13 @@ std::string render_preference_pair(const PreferenceRecord& r) {
   return out;
 }
 
+std::string chat_template_jinja() {
+  return fmt::format(
+      "{{% for message in messages %}}{{{{ '<|' + message['role'] + '|>' + message['content'] + '{}' }}}}"
+      "{{% endfor %}}{{% if add_generation_prompt %}}{{{{ '{}' }}}}{{% endif %}}",
+      kChatEnd, kChatAssistant);
+}
+
 std::pair<std::string_view, std::string_view> split_preference_pair(std::string_view text,
                                                                     const std::string& where) {
   const std::string junction = std::string(kChatEnd) + std::string(kPairSeparator);

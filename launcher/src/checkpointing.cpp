@@ -166,8 +166,12 @@ int64_t RunCheckpoints::resume() {
     const auto source = ckpt::Checkpoint::open(init_from_);
     source.verify();
     trainer::check_model_family(source.manifest().meta.model_config, spec_.model, init_from_);
-    ckpt::check_expectations(source.manifest(), {.model_config = expect.model_config, .dataset_version = {}},
-                             init_from_);
+    // The weights do not depend on the sequence length: a run may fine-tune at another one (an imported
+    // model records its longest, max_positions, which the job must match).
+    Json model = *expect.model_config;
+    if (const Json& saved = source.manifest().meta.model_config; saved.contains("seq_len"))
+      model["seq_len"] = saved["seq_len"];
+    ckpt::check_expectations(source.manifest(), {.model_config = model, .dataset_version = {}}, init_from_);
     const ckpt::CheckpointMeta& parent = source.manifest().meta;
     const bool keep = config_.get<std::string>("ckpt.init_optimizer") == "keep";
     trainer::load_checkpoint(source, trainer_.model(), keep ? &trainer_.optimizer() : nullptr);

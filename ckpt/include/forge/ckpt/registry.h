@@ -55,6 +55,7 @@ struct Release {
   Json metrics;                      // the verdict's per-domain results (null when none)
   std::string export_path;           // the newest export; "" when never exported
   double registered_unix = 0;
+  Json origin;  // a model imported from elsewhere: where from (extra.origin; null for a model trained here)
 
   std::string ref() const { return name + ":" + std::to_string(version); }
   Json to_json() const;
@@ -77,6 +78,7 @@ struct Generation {
   std::string tokenizer_sha256;
   std::string spec_hash;
   bool on_disk = true;  // false: known only from its child's lineage record (run, objective unknown)
+  Json origin;          // imported: the directory, model id, revision and file hashes it came from
 
   Json to_json() const;
 };

@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+struct evp_md_ctx_st;  // OpenSSL's EVP_MD_CTX
+
 namespace forge {
 
 uint64_t xxh3_64(const void* data, size_t size, uint64_t seed = 0);
@@ -37,6 +39,20 @@ class Xxh3Stream {
 };
 
 std::string sha256_hex(std::string_view data);
+
+// Incremental SHA-256 (OpenSSL). hex() finishes the digest: call it once.
+class Sha256Stream {
+ public:
+  Sha256Stream();
+  ~Sha256Stream();
+  Sha256Stream(const Sha256Stream&) = delete;
+  Sha256Stream& operator=(const Sha256Stream&) = delete;
+  void update(const void* data, size_t size);
+  std::string hex();
+
+ private:
+  ::evp_md_ctx_st* ctx_;
+};
 
 // Whole-file digests, read in large blocks. Throw forge::Error(kIo) naming the file if it can't be read.
 std::string xxh3_file_hex(const std::string& path);

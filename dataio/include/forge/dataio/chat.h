@@ -58,6 +58,11 @@ std::string render_chat(std::span<const ChatMessage> messages);
 // "no_assistant_turn" or "empty_assistant_reply" (an assistant message with empty content).
 std::string chat_degenerate_reason(std::span<const ChatMessage> messages);
 
+// render_chat as a Jinja chat template (tokenizer_config.json's chat_template), for models handed to other
+// tools in the Hugging Face layout: the same text for the same messages, and the assistant marker as the
+// generation prompt.
+std::string chat_template_jinja();
+
 // The template as JSON (name, markers, rendering and masking rules) and the SHA-256 of its dump().
 Json chat_template_json();
 std::string chat_template_sha256();
