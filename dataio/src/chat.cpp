@@ -148,6 +148,43 @@ std::string render_chat(std::span<const ChatMessage> messages) {
   return out;
 }
 
+std::vector<ChatMessage> parse_rendered_chat(std::string_view text, const std::string& where) {
+  std::vector<ChatMessage> out;
+  size_t at = 0;
+  const auto bad = [&](std::string_view why) {
+    fail(ExitCode::kData,
+         "{}: {} at byte {} of a rendered conversation (internal: a stage changed the rendered text)", where,
+         why, at);
+  };
+  while (at < text.size()) {
+    ChatMessage m;
+    const std::string_view rest = text.substr(at);
+    if (rest.starts_with(kChatSystem)) {
+      m.role = ChatRole::kSystem;
+      at += kChatSystem.size();
+    } else if (rest.starts_with(kChatUser)) {
+      m.role = ChatRole::kUser;
+      at += kChatUser.size();
+    } else if (rest.starts_with(kChatAssistant)) {
+      m.role = ChatRole::kAssistant;
+      at += kChatAssistant.size();
+    } else {
+      bad("no role marker");
+    }
+    // "<|end|>" has no border (no proper prefix that is also a suffix), so its first occurrence cannot
+    // begin inside the content: content holds no marker.
+    const size_t end = text.find(kChatEnd, at);
+    if (end == std::string_view::npos) bad("a turn without its end-of-turn marker");
+    const std::string_view content = text.substr(at, end - at);
+    for (const std::string_view marker : kChatMarkers)
+      if (content.find(marker) != std::string_view::npos) bad("a marker inside a message's content");
+    m.content = std::string(content);
+    out.push_back(std::move(m));
+    at = end + kChatEnd.size();
+  }
+  return out;
+}
+
 std::string chat_degenerate_reason(std::span<const ChatMessage> messages) {
   if (messages.empty()) return "empty_conversation";
   bool assistant = false;
@@ -270,13 +307,53 @@ void verify_pairs(const std::string& path, const ShardData& data, const ChatMark
   }
 }
 
+// The preference checks of one shard of a dataset rendered with a model's template, whose masks cannot be
+// recomputed without the template: pairs whole, each half scoring one run of tokens (its final reply, the
+// tokens after it unscored), and both halves on the same prompt tokens, the ones before that run.
+void verify_template_pairs(const std::string& path, const ShardData& data) {
+  const uint64_t docs = data.documents();
+  if (docs % 2 != 0)
+    fail(ExitCode::kData,
+         "shard {}: {} documents, but a preference shard holds whole pairs (chosen, rejected); rebuild it "
+         "with 'forge-data prepare --format preference'",
+         path, docs);
+  std::span<const uint32_t> prompt[2];
+  for (uint64_t d = 0; d < docs; ++d) {
+    const uint64_t a = data.doc_offsets[d], b = data.doc_offsets[d + 1];
+    const std::span<const uint8_t> mask(data.loss_mask.data() + a, b - a);
+    const auto first = static_cast<size_t>(std::find(mask.begin(), mask.end(), uint8_t{1}) - mask.begin());
+    const auto last = static_cast<size_t>(mask.rend() - std::find(mask.rbegin(), mask.rend(), uint8_t{1}));
+    if (std::find(mask.begin() + static_cast<std::ptrdiff_t>(first),
+                  mask.begin() + static_cast<std::ptrdiff_t>(last),
+                  uint8_t{0}) != mask.begin() + static_cast<std::ptrdiff_t>(last))
+      fail(ExitCode::kData,
+           "shard {}: document {} ({} of pair {}) scores more than one run of tokens; a half scores only its "
+           "final reply",
+           path, d, d % 2 ? "rejected" : "chosen", d / 2);
+    prompt[d % 2] = std::span<const uint32_t>(data.tokens.data() + a, first);
+    if (d % 2 == 1 && !std::equal(prompt[0].begin(), prompt[0].end(), prompt[1].begin(), prompt[1].end()))
+      fail(ExitCode::kData,
+           "shard {}: documents {} and {} (pair {}) do not start with the same prompt tokens before their "
+           "scored replies",
+           path, d - 1, d, d / 2);
+  }
+}
+
 }  // namespace
+
+bool uses_model_template(const Json& settings) {
+  const auto chat = settings.find("chat");
+  if (chat == settings.end() || !chat->is_object()) return false;
+  const auto t = chat->find("template");
+  return t != chat->end() && t->is_object() && t->value("kind", "") == kModelTemplateKind;
+}
 
 void verify_chat_masks(const std::string& dataset_dir) {
   const Manifest m = load_manifest(dataset_dir);
   const bool masked = m.format == "chat" || m.format == "preference";
+  const bool model_template = masked && uses_model_template(m.settings);
   std::optional<ChatMarkerIds> markers;
-  if (m.format == "preference") {
+  if (m.format == "preference" && !model_template) {
     const std::string model = (fs::path(dataset_dir) / m.tokenizer_file).string();
     markers = chat_marker_ids(Tokenizer::load(model), model);
   }
@@ -304,8 +381,16 @@ void verify_chat_masks(const std::string& dataset_dir) {
         fail(ExitCode::kData,
              "shard {}: document {} scores no token (a {} document needs an assistant reply)", path, d,
              m.format);
+      // Without markers the rule is not recomputed; the document still ends with the end-of-sequence id,
+      // which no template segment holds, unscored.
+      const uint64_t end = data.doc_offsets[d + 1] - 1;
+      if (model_template && (data.tokens[end] != static_cast<uint32_t>(m.eos_id) || data.loss_mask[end] != 0))
+        fail(ExitCode::kData,
+             "shard {}: document {} does not end with the end-of-sequence id {} unscored (token {}, mask {})",
+             path, d, m.eos_id, data.tokens[end], data.loss_mask[end]);
     }
     if (markers) verify_pairs(path, data, *markers);
+    if (model_template && m.format == "preference") verify_template_pairs(path, data);
   }
 }
 

@@ -6,6 +6,7 @@
 #include "forge/common/local_rank.h"
 #include "forge/common/progress_line.h"
 #include "forge/dataio/chat.h"
+#include "forge/dataio/chat_template.h"
 #include "forge/dataio/decontam.h"
 #include "forge/dataio/manifest.h"
 #include "forge/dataio/normalize.h"
@@ -53,6 +54,16 @@ Json language_shares(const Json& tokens, uint64_t total) {
   return out;
 }
 
+constexpr const char* kModelTemplateRender =
+    "each message's content cleaned as for forge-chat-1 (normalized, forge's marker strings respelled); the "
+    "conversation rendered by the model's chat template (apply_chat_template's text) and cut into segments "
+    "at the assistant replies (ChatTemplate::segments); each segment encoded on its own, no BOS added; the "
+    "tokenizer's end-of-sequence id after the conversation";
+constexpr const char* kModelTemplateMask =
+    "1 on the tokens of each assistant reply's segment (its content and the end-of-turn text the template "
+    "writes after it), of every reply for chat and of the final reply of each preference half; 0 elsewhere "
+    "(the prompt's segments, end-of-sequence)";
+
 constexpr const char* kChatFiltersSkipped =
     "chat: the prose quality filters judge web text, not conversations; they are not run";
 constexpr const char* kPreferenceFiltersSkipped =
@@ -65,7 +76,7 @@ const char* filters_skipped(const std::string& format) {
 // Everything that decides the dataset's content besides the input bytes; recorded in the manifest and so
 // part of the version. Input paths are left out: the same corpus at another path is the same dataset.
 Json settings_json(const PrepareOptions& o, const std::vector<std::string>& eval_hashes,
-                   const std::string& tok_source) {
+                   const std::string& tok_source, const ChatTemplate* model_template) {
   const auto& f = o.filters;
   Json allow = Json::object();
   for (const auto& [domain, codes] : o.language.allow) allow[domain] = codes;
@@ -137,6 +148,15 @@ Json settings_json(const PrepareOptions& o, const std::vector<std::string>& eval
                  {"template_sha256", chat_template_sha256()},
                  {"max_tokens", o.chat.max_tokens},
                  {"truncate", o.chat.drop_long ? "drop" : "truncate"}};
+    // A model's own template: its SHA-256 (text, bos and eos strings) makes the version; where it was read
+    // from (ChatTemplate::name, source) does not, as input paths do not: quality.json records them.
+    if (model_template) {
+      s["chat"]["template"] = {{"kind", kModelTemplateKind},
+                               {"sha256", model_template->sha256()},
+                               {"render", kModelTemplateRender},
+                               {"loss_mask", kModelTemplateMask}};
+      s["chat"]["template_sha256"] = model_template->sha256();
+    }
   }
   if (o.ingest.format == "preference") s["preference"] = preference_rules_json();
   for (size_t t = 0; t < kPiiTypes; ++t)
@@ -157,6 +177,24 @@ void check_options(const PrepareOptions& o) {
          "--max-tokens 1: must be 0 (no limit) or at least 2 (one token is end-of-sequence)");
   if (!o.tokenizer_model.empty() && !fs::is_regular_file(o.tokenizer_model))
     fail(ExitCode::kUsage, "--tokenizer {}: no such file", o.tokenizer_model);
+  if (!o.chat_template.empty()) {
+    std::error_code ec;
+    if (o.ingest.format == "text")
+      fail(ExitCode::kUsage,
+           "--chat-template {}: renders conversations; it needs --format chat or preference (a text dataset "
+           "has none)",
+           o.chat_template);
+    if (o.tokenizer_model.empty())
+      fail(ExitCode::kUsage,
+           "--chat-template {}: needs --tokenizer, the model's own tokenizer (its tokenizer.json or "
+           "tokenizer.model): a tokenizer trained here would not know the template's special tokens",
+           o.chat_template);
+    if (!fs::exists(o.chat_template, ec))
+      fail(ExitCode::kUsage,
+           "--chat-template {}: no such file or directory (a tokenizer_config.json or a model "
+           "directory holding one)",
+           o.chat_template);
+  }
   for (const auto& e : o.eval_sets)
     if (!fs::is_regular_file(e)) fail(ExitCode::kUsage, "--eval-set {}: no such file", e);
   std::error_code ec;
@@ -165,9 +203,53 @@ void check_options(const PrepareOptions& o) {
          "--out {}: already exists and is not an empty directory; remove it or pick another path", o.out);
 }
 
-// Encodes every document on `threads` threads; each result ends with the end-of-sequence id.
-std::vector<std::vector<uint32_t>> encode_all(const Corpus& corpus, const Tokenizer& tok, int threads) {
+// A model's chat template at the encode step: the mode of its segments and, per document, the masks and
+// why a conversation the template cannot segment is left out ("" when it is encoded).
+struct TemplateEncoding {
+  const ChatTemplate* chat_template = nullptr;
+  ScoredReplies scored = ScoredReplies::kAll;
+  std::vector<std::vector<uint8_t>> masks;
+  std::vector<std::string> errors;
+};
+
+// One document (a forge-rendered conversation) through the model's template: its messages back from the
+// rendered text, the template's segments, each encoded on its own. Returns "" or why the template cannot
+// segment it (ids and mask then empty).
+std::string encode_with_template(const Document& doc, const Tokenizer& tok, EncodeCache& cache,
+                                 const ChatTemplate& chat_template, ScoredReplies scored,
+                                 std::vector<uint32_t>& ids, std::vector<uint8_t>& mask) {
+  const std::vector<ChatMessage> messages = parse_rendered_chat(doc.text, doc.source);
+  std::vector<ChatSegment> segments;
+  try {
+    segments = chat_template.segments(messages, scored);
+  } catch (const Error& e) {
+    if (e.code() != ExitCode::kData) throw;
+    return e.what();
+  }
+  std::vector<int> piece;
+  for (const ChatSegment& s : segments) {
+    tok.encode(s.text, piece, cache);
+    ids.insert(ids.end(), piece.begin(), piece.end());
+    mask.insert(mask.end(), piece.size(), s.scored ? 1 : 0);
+  }
+  if (std::find(mask.begin(), mask.end(), uint8_t{1}) == mask.end()) {
+    ids.clear();
+    mask.clear();
+    return "the template's segments hold no token of an assistant reply";
+  }
+  return "";
+}
+
+// Encodes every document on `threads` threads; each result ends with the end-of-sequence id. With a model's
+// template (`tmpl`), also the masks (the end-of-sequence id unscored) and the documents it cannot segment,
+// left empty.
+std::vector<std::vector<uint32_t>> encode_all(const Corpus& corpus, const Tokenizer& tok, int threads,
+                                              TemplateEncoding* tmpl = nullptr) {
   std::vector<std::vector<uint32_t>> out(corpus.docs.size());
+  if (tmpl) {
+    tmpl->masks.assign(corpus.docs.size(), {});
+    tmpl->errors.assign(corpus.docs.size(), {});
+  }
   std::atomic<size_t> next{0};
   std::atomic<uint64_t> bytes_done{0};
   std::exception_ptr error;
@@ -177,10 +259,17 @@ std::vector<std::vector<uint32_t>> encode_all(const Corpus& corpus, const Tokeni
     EncodeCache cache;
     try {
       for (size_t i; (i = next.fetch_add(1)) < corpus.docs.size();) {
-        tok.encode(corpus.docs[i].text, ids, cache);
-        out[i].assign(ids.begin(), ids.end());
-        out[i].push_back(static_cast<uint32_t>(tok.eos_id()));
         bytes_done += corpus.docs[i].text.size();
+        if (tmpl) {
+          tmpl->errors[i] = encode_with_template(corpus.docs[i], tok, cache, *tmpl->chat_template,
+                                                 tmpl->scored, out[i], tmpl->masks[i]);
+          if (!tmpl->errors[i].empty()) continue;
+          tmpl->masks[i].push_back(0);
+        } else {
+          tok.encode(corpus.docs[i].text, ids, cache);
+          out[i].assign(ids.begin(), ids.end());
+        }
+        out[i].push_back(static_cast<uint32_t>(tok.eos_id()));
       }
     } catch (...) {
       std::lock_guard lock(error_mu);
@@ -221,28 +310,61 @@ uint64_t scored_in(const std::vector<uint8_t>& mask) {
   return static_cast<uint64_t>(std::count(mask.begin(), mask.end(), uint8_t{1}));
 }
 
+// The degenerate reasons of conversations (pairs) a model's template cannot segment: the template refuses
+// them itself (raise_exception, e.g. roles that do not alternate), or renders them so that the replies
+// cannot be told from the prompt (ChatTemplate::segments), or fails on them otherwise.
+constexpr const char* kTemplateRaised = "template_raised_exception";
+constexpr const char* kTemplateCannotSegment = "template_cannot_segment";
+
+const char* template_drop_reason(const std::string& why) {
+  return why.find("raise_exception") != std::string::npos ? kTemplateRaised : kTemplateCannotSegment;
+}
+
+// What a model's template left out: counts by reason and the first few, "source: why".
+struct TemplateDrops {
+  static constexpr size_t kListed = 20;
+  std::map<std::string, uint64_t> by_reason = {{kTemplateRaised, 0}, {kTemplateCannotSegment, 0}};
+  std::vector<std::string> first;
+  uint64_t total = 0;
+};
+
 // The loss mask of each encoded document, then the --max-tokens policy, per unit: a conversation (chat) or
 // the two halves of a pair (preference: documents 2k and 2k + 1; each half scores only its final reply,
-// and the pair goes when either half goes). Units left out are removed from `corpus` and `encoded` (the
-// returned masks match the survivors). `report` gets the counts and the token means of what is kept.
+// and the pair goes when either half goes). With `markers` the masks are computed from the marker ids
+// (forge's template); without, `tmpl` holds them (a model's template) and the units it could not segment
+// are left out, counted in `drops`. Units left out are removed from `corpus` and `encoded` (the returned
+// masks match the survivors). `report` gets the counts and the token means of what is kept.
 std::vector<std::vector<uint8_t>> masks_and_truncation(Corpus& corpus,
                                                        std::vector<std::vector<uint32_t>>& encoded,
-                                                       const ChatMarkerIds& markers, uint32_t eos,
-                                                       const ChatPrepareOptions& o, bool preference,
-                                                       Json& report) {
+                                                       const ChatMarkerIds* markers, TemplateEncoding* tmpl,
+                                                       uint32_t eos, const ChatPrepareOptions& o,
+                                                       bool preference, TemplateDrops& drops, Json& report) {
   const size_t unit = preference ? 2 : 1;
   const char* what = preference ? "pairs" : "conversations";
-  std::vector<std::vector<uint8_t>> masks(encoded.size());
+  std::vector<std::vector<uint8_t>> masks = tmpl ? std::move(tmpl->masks) : decltype(masks)(encoded.size());
   uint64_t truncated = 0, units_truncated = 0, dropped_long = 0, dropped_unscored = 0;
   size_t kept = 0;
   for (size_t first = 0; first < encoded.size(); first += unit) {
+    if (tmpl) {
+      const auto failed = std::find_if(tmpl->errors.begin() + static_cast<std::ptrdiff_t>(first),
+                                       tmpl->errors.begin() + static_cast<std::ptrdiff_t>(first + unit),
+                                       [](const std::string& e) { return !e.empty(); });
+      if (failed != tmpl->errors.begin() + static_cast<std::ptrdiff_t>(first + unit)) {
+        ++drops.by_reason[template_drop_reason(*failed)];
+        ++drops.total;
+        if (drops.first.size() < TemplateDrops::kListed)
+          drops.first.push_back(corpus.docs[first].source + ": " + *failed);
+        continue;
+      }
+    }
     bool too_long = false, unscored = false;
     uint64_t cut = 0;
     for (size_t i = first; i < first + unit; ++i) {
-      if (preference)
-        final_reply_loss_mask(encoded[i], markers, masks[i]);
-      else
-        chat_loss_mask(encoded[i], markers, masks[i]);
+      // Without markers the masks are the template's.
+      if (markers && preference)
+        final_reply_loss_mask(encoded[i], *markers, masks[i]);
+      else if (markers)
+        chat_loss_mask(encoded[i], *markers, masks[i]);
       const Fit fit = fit_to_limit(encoded[i], masks[i], eos, o);
       too_long |= fit == Fit::kTooLong;
       unscored |= fit == Fit::kNoScoredToken;
@@ -265,6 +387,12 @@ std::vector<std::vector<uint8_t>> masks_and_truncation(Corpus& corpus,
   corpus.docs.resize(kept);
   encoded.resize(kept);
   masks.resize(kept);
+  if (kept == 0 && drops.total > 0)
+    fail(ExitCode::kData,
+         "no {} left after the chat template and --max-tokens {} ({} the template cannot segment, first: {}; "
+         "{} dropped as too long, {} cut to no scored token); nothing written",
+         preference ? "pair" : "conversation", o.max_tokens, drops.total, drops.first.front(), dropped_long,
+         dropped_unscored);
   if (kept == 0)
     fail(ExitCode::kData,
          "no {} left after --max-tokens {} ({} dropped as too long, {} cut to no scored token); raise "
@@ -514,6 +642,30 @@ void write_shards(const Corpus& corpus, const std::vector<std::vector<uint32_t>>
   for (auto& [stream, seq, e] : all) m.shards.push_back(std::move(e));
 }
 
+// --chat-template: the model's template, tried on a probe conversation (one user message, one reply) so
+// that a template the engine cannot render fails here, before any work, and not on every document.
+ChatTemplate load_model_template(const std::string& path, bool preference) {
+  ChatTemplate t = ChatTemplate::load(path);
+  const ChatMessage probe[] = {{ChatRole::kUser, "Hello."}, {ChatRole::kAssistant, "Hi."}};
+  size_t scored = 0;
+  try {
+    for (const ChatSegment& s : t.segments(probe, preference ? ScoredReplies::kFinal : ScoredReplies::kAll))
+      scored += s.scored;
+  } catch (const Error& e) {
+    if (e.code() != ExitCode::kData) throw;
+    fail(ExitCode::kData,
+         "--chat-template {}: the template cannot render a probe conversation (one user message and one "
+         "assistant reply), so it would fail on every one: {}; nothing written",
+         path, e.what());
+  }
+  if (scored != 1)
+    fail(ExitCode::kData,
+         "--chat-template {}: the template renders no assistant reply of a probe conversation (one user "
+         "message and one reply); nothing written",
+         path);
+  return t;
+}
+
 }  // namespace
 
 PrepareResult prepare_dataset(const PrepareOptions& o, Ranks& ranks) {
@@ -528,8 +680,13 @@ PrepareResult prepare_dataset(const PrepareOptions& o, Ranks& ranks) {
          "--format {}: a distributed prepare reads text datasets only; run one process (a chat "
          "or preference corpus is small next to pretraining text)",
          o.ingest.format);
-  // A given tokenizer without the chat markers is a usage error; say so before any work is done.
-  if (chat && !o.tokenizer_model.empty())
+  // A given tokenizer without the chat markers is a usage error for forge's template; say so before any
+  // work is done. A model's template is loaded and tried before any work too: one the engine cannot render
+  // would fail on every document.
+  std::optional<ChatTemplate> model_template;
+  if (!o.chat_template.empty())
+    model_template.emplace(load_model_template(o.chat_template, preference));
+  else if (chat && !o.tokenizer_model.empty())
     chat_marker_ids(Tokenizer::load(o.tokenizer_model), o.tokenizer_model);
   const double t_start = now_s(), cpu_start = cpu_s();
   Json stages = Json::object();
@@ -700,7 +857,13 @@ PrepareResult prepare_dataset(const PrepareOptions& o, Ranks& ranks) {
     cpu = cpu_s();
     const int threads =
         o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    auto encoded = encode_all(corpus, tok, threads);
+    std::optional<TemplateEncoding> by_template;
+    if (model_template) {
+      by_template.emplace();
+      by_template->chat_template = &*model_template;
+      by_template->scored = preference ? ScoredReplies::kFinal : ScoredReplies::kAll;
+    }
+    auto encoded = encode_all(corpus, tok, threads, by_template ? &*by_template : nullptr);
     {
       uint64_t bytes = 0;
       for (const auto& d : corpus.docs) bytes += d.text.size();
@@ -723,13 +886,26 @@ PrepareResult prepare_dataset(const PrepareOptions& o, Ranks& ranks) {
     std::vector<std::vector<uint8_t>> masks;
     Json chat_report;
     if (chat) {
-      masks = masks_and_truncation(
-          corpus, encoded, chat_marker_ids(tok, o.tokenizer_model.empty() ? model_path : o.tokenizer_model),
-          static_cast<uint32_t>(tok.eos_id()), o.chat, preference, chat_report);
+      std::optional<ChatMarkerIds> markers;
+      if (!model_template)
+        markers = chat_marker_ids(tok, o.tokenizer_model.empty() ? model_path : o.tokenizer_model);
+      TemplateDrops drops;
+      masks = masks_and_truncation(corpus, encoded, markers ? &*markers : nullptr,
+                                   by_template ? &*by_template : nullptr, static_cast<uint32_t>(tok.eos_id()),
+                                   o.chat, preference, drops, chat_report);
       chat_report.update(ist.chat.to_json());
       chat_report["malformed_lines"]["max_fraction"] = o.ingest.max_bad_lines;
       chat_report["template"] = kChatTemplateName;
       chat_report["template_sha256"] = chat_template_sha256();
+      if (model_template) {
+        // Conversations (pairs) the template cannot segment count as degenerate, by reason.
+        for (const auto& [reason, n] : drops.by_reason) chat_report["degenerate"][reason] = n;
+        chat_report["template"] = model_template->name();
+        chat_report["template_sha256"] = model_template->sha256();
+        chat_report["model_template"] = model_template->to_json();
+        chat_report["model_template"]["dropped"] = drops.total;
+        chat_report["model_template"]["first_dropped"] = drops.first;
+      }
       chat_report["filters"] = filters_skipped(o.ingest.format);
       if (preference) chat_report["pairs_after_cleaning"] = pairs_cleaned;
     }
@@ -793,7 +969,8 @@ PrepareResult prepare_dataset(const PrepareOptions& o, Ranks& ranks) {
             tally.unigram[id] += n;
           }
     }
-    m.settings = settings_json(o, eval_hashes, o.tokenizer_model.empty() ? "trained" : "given");
+    m.settings = settings_json(o, eval_hashes, o.tokenizer_model.empty() ? "trained" : "given",
+                               model_template ? &*model_template : nullptr);
     m.version = m.compute_version();
 
     // Report, then the manifest last: a directory without manifest.json is not a dataset.

@@ -31,7 +31,7 @@ commands:
   prepare --input PATH[=DOMAIN] ... --out DATASET_DIR [--tokenizer MODEL | --vocab N]
           [--eval-set FILE ...] [--valid-fraction F] [--shard-tokens N] [--config prepare.ini]
           [--format text|chat|preference] [--max-bad-lines F] [--max-tokens N]
-          [--truncate drop|truncate]
+          [--truncate drop|truncate] [--chat-template MODEL_DIR|tokenizer_config.json]
           [--section.key=value ...]
   verify  DATASET_DIR                 checksums, schema, loss masks and pairs; exit 65 naming what differs
   inspect DATASET_DIR [--docs N]      manifest summary and decoded sample documents (pairs)
@@ -96,7 +96,8 @@ int cmd_prepare(const std::vector<std::string>& args) {
               "file or directory to read, optionally with its domain: PATH=DOMAIN (repeatable)")(
       "out", po::value(&o.out)->required(), "dataset directory to create (must not exist or be empty)")(
       "tokenizer", po::value(&o.tokenizer_model),
-      "use this tokenizer instead of training one: a SentencePiece model or a Hugging Face tokenizer.json")(
+      "use this tokenizer instead of training one: a SentencePiece model or a Hugging Face tokenizer.json "
+      "(chat, preference: it must hold forge's chat markers, unless --chat-template)")(
       "vocab", po::value(&vocab), "vocabulary size of the trained tokenizer (default 8192)")(
       "eval-set", po::value(&eval_sets)->composing(),
       "evaluation text to decontaminate against (repeatable)")(
@@ -114,7 +115,15 @@ int cmd_prepare(const std::vector<std::string>& args) {
                                "end-of-sequence included (default 0 = no limit; chat.max_tokens)")(
       "truncate", po::value(&truncate),
       "chat, preference: a longer conversation is cut (truncate, the default) or left out (drop; the whole "
-      "pair) (chat.truncate)");
+      "pair) (chat.truncate)")(
+      "chat-template", po::value(&o.chat_template),
+      "chat, preference: render with this model's own chat template instead of forge's: a "
+      "tokenizer_config.json or the model directory holding one (e.g. one 'forge-ckpt import' wrote); needs "
+      "--tokenizer (the model's tokenizer.json or tokenizer.model); the loss mask scores each assistant "
+      "reply "
+      "(preference: the final one) and the end-of-turn text the template writes after it; conversations the "
+      "template cannot segment are dropped and counted (exit 65 before any work when it cannot render a "
+      "probe conversation)");
   std::string stage_keys = "\nStage settings (INI keys, also as --section.key=value):\n";
   for (const auto& key : prepare_schema().keys()) stage_keys += "  " + key + "\n";
   if (!c.pass_through(&overrides).help_tail(stage_keys).parse(args)) return 0;
@@ -184,7 +193,9 @@ int cmd_inspect(const std::vector<std::string>& args) {
       m.format, m.tokenizer_file, m.tokenizer_sha256, m.vocab_size, m.token_bytes == 2 ? "uint16" : "uint32");
   if (m.format != "text" && m.settings.contains("chat"))
     std::cout << fmt::format("chat template {} (sha256 {}); decoded documents show scored tokens in [[ ]]\n",
-                             m.settings["chat"]["template"].value("name", "?"),
+                             uses_model_template(m.settings)
+                                 ? std::string("of the model (prepare --chat-template)")
+                                 : m.settings["chat"]["template"].value("name", "?"),
                              m.settings["chat"].value("template_sha256", "?"));
   std::cout << fmt::format("{:<8} {:<12} {:>8} {:>12} {:>12}\n", "split", "domain", "shards", "documents",
                            "tokens");

@@ -521,3 +521,48 @@ TEST_CASE("a text dataset has no mask, no format field and no chat settings") {
   // The reserved markers are in the model of a text dataset too.
   chat_marker_ids(Tokenizer::load(o.out + "/tokenizer.model"), "t");
 }
+
+// The demo's path: a model exported by `forge-ckpt export --format hf` carries forge's template in Jinja form
+// (chat_template_jinja) beside its SentencePiece model; prepared with --chat-template, the conversations must
+// be exactly the built-in path's, ids and masks, cut or not.
+TEST_CASE("forge's template in Jinja form gives the built-in path's ids and masks") {
+  forge::test::TempDir tmp;
+  const ChatCorpus cc = write_chat_corpus(tmp);
+  prepare_dataset(chat_options(cc.path, tmp / "trained"));
+  const std::string model = tmp / "forge-export";
+  tmp.write("forge-export/tokenizer_config.json",
+            forge::Json{{"chat_template", chat_template_jinja()}, {"eos_token", "</s>"}}.dump());
+  std::vector<size_t> lengths;
+  for (const Doc& d : read_docs(tmp / "trained")) lengths.push_back(d.ids.size());
+  std::sort(lengths.begin(), lengths.end());
+  for (const uint64_t max_tokens : {uint64_t{0}, uint64_t{lengths[lengths.size() / 2]}}) {
+    INFO("max_tokens " << max_tokens);
+    const std::string tag = std::to_string(max_tokens);
+    PrepareOptions builtin = chat_options(cc.path, tmp / ("builtin" + tag));
+    builtin.tokenizer_model = tmp / "trained/tokenizer.model";
+    builtin.chat.max_tokens = max_tokens;
+    PrepareOptions jinja = builtin;
+    jinja.out = tmp / ("jinja" + tag);
+    jinja.chat_template = model;
+    jinja.threads = 3;
+    const PrepareResult b = prepare_dataset(builtin);
+    const PrepareResult j = prepare_dataset(jinja);
+    verify_chat_masks(jinja.out);
+    const std::vector<Doc> want = read_docs(builtin.out), got = read_docs(jinja.out);
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      INFO("document " << i);
+      CHECK(got[i].ids == want[i].ids);
+      CHECK(got[i].mask == want[i].mask);
+    }
+    const Manifest mb = load_manifest(builtin.out), mj = load_manifest(jinja.out);
+    REQUIRE(mb.shards.size() == mj.shards.size());
+    for (size_t i = 0; i < mb.shards.size(); ++i) CHECK(mb.shards[i].xxh3 == mj.shards[i].xxh3);
+    CHECK(j.quality["chat"]["truncation"] == b.quality["chat"]["truncation"]);
+    CHECK(j.quality["chat"]["degenerate"]["template_cannot_segment"] == 0);
+    // Another template (the same text, but a model's), another version.
+    CHECK(mj.version != mb.version);
+    CHECK(uses_model_template(mj.settings));
+    CHECK_FALSE(uses_model_template(mb.settings));
+  }
+}

@@ -3,6 +3,7 @@
 # contamination and bad documents; h5dump reads a shard; every bad input exits with its code.
 set -euo pipefail
 forge_data=$1
+fixtures=$(cd "$(dirname "$0")" && pwd)/fixtures
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
@@ -188,4 +189,33 @@ grep -q 'preference (forge-chat-1): 60 pairs' pref_prepare.txt || fail "summary 
 "$forge_data" inspect prefds --docs 1 > pref_inspect.txt
 grep -q 'pair 0 chosen' pref_inspect.txt && grep -q 'pair 0 rejected' pref_inspect.txt || fail "inspect does not show a pair's halves"
 expect_exit 64 "chat.truncate" -- "$forge_data" prepare --input pref.jsonl --out x --format preference --truncate cut
+# --chat-template: the chat and preference inputs above in a model's own template (Qwen2.5's, with the
+# fixture tokenizer.json), as a model directory and as its tokenizer_config.json; the C++ test
+# (chat_template_prepare_test.cpp) checks the masks token by token.
+mkdir qwen && cp "$fixtures/hf_tokenizers/qwen2.json" qwen/tokenizer.json
+python3 - "$fixtures/chat_templates/qwen2.5-7b-instruct.jinja" <<'PY'
+import json, sys
+json.dump({"chat_template": open(sys.argv[1]).read(), "eos_token": "<|im_end|>"}, open("qwen/tokenizer_config.json", "w"))
+PY
+"$forge_data" prepare --input chat.jsonl=qa --out tmplds --format chat --max-bad-lines 0.05 \
+  --tokenizer qwen/tokenizer.json --chat-template qwen > tmpl_prepare.txt || fail "template prepare failed: $(cat tmpl_prepare.txt)"
+grep -q 'chat (qwen): 60 conversations' tmpl_prepare.txt || fail "summary lacks the template: $(cat tmpl_prepare.txt)"
+[ "$(json tmplds/manifest.json 'd["settings"]["chat"]["template"]["kind"]')" = model ] || fail "model template not recorded"
+[ "$(json tmplds/quality.json 'd["chat"]["model_template"]["source"]')" = qwen/tokenizer_config.json ] || fail "template source not reported"
+"$forge_data" verify tmplds | grep -q 'format chat' || fail "verify refuses the template dataset"
+"$forge_data" inspect tmplds --docs 1 > tmpl_inspect.txt
+grep -q 'chat template of the model' tmpl_inspect.txt && grep -q '<|im_end|>' tmpl_inspect.txt && grep -q '\[\[' tmpl_inspect.txt ||
+  fail "inspect does not show the template's rendering: $(cat tmpl_inspect.txt)"
+"$forge_data" prepare --input pref.jsonl=qa --out tmplpref --format preference --max-bad-lines 0.05 \
+  --tokenizer qwen/tokenizer.json --chat-template qwen/tokenizer_config.json > tmpl_pref.txt ||
+  fail "template preference prepare failed: $(cat tmpl_pref.txt)"
+grep -q 'preference (qwen): 60 pairs' tmpl_pref.txt || fail "summary lacks the pairs: $(cat tmpl_pref.txt)"
+"$forge_data" verify tmplpref | grep -q 'format preference' || fail "verify refuses the template preference dataset"
+expect_exit 64 "needs --format chat or preference" -- \
+  "$forge_data" prepare --input corpus/prose --out x --tokenizer qwen/tokenizer.json --chat-template qwen
+expect_exit 64 "needs --tokenizer" -- "$forge_data" prepare --input chat.jsonl --out x --format chat --chat-template qwen
+printf '{"chat_template": "{{ messages | wordwrap }}"}' > bad_config.json
+expect_exit 65 "filter 'wordwrap' is not supported" -- "$forge_data" prepare --input chat.jsonl --out x \
+  --format chat --tokenizer qwen/tokenizer.json --chat-template bad_config.json
+[ ! -e x ] || fail "a refused template left x"
 echo "cli test passed"

@@ -544,3 +544,44 @@ TEST_CASE("prepare --format preference: bad lines above the limit exit 65, a tok
   expect_error(forge::ExitCode::kUsage, [&] { prepare_dataset(o); }, {o.tokenizer_model, "<|system|>"});
   CHECK_FALSE(fs::exists(tmp / "ds3"));
 }
+
+// Forge's template in Jinja form (what `forge-ckpt export --format hf` writes) through --chat-template: each
+// half is the final reply of its conversation, so the pairs must be exactly the built-in path's.
+TEST_CASE("forge's template in Jinja form gives the built-in path's pairs, ids and masks") {
+  forge::test::TempDir tmp;
+  const PairCorpus pc = write_pair_corpus(tmp);
+  prepare_dataset(pair_options(pc.path, tmp / "trained"));
+  tmp.write("forge-export/tokenizer_config.json",
+            forge::Json{{"chat_template", chat_template_jinja()}}.dump());
+  std::vector<size_t> lengths;
+  for (const Doc& d : read_docs(tmp / "trained")) lengths.push_back(d.ids.size());
+  std::sort(lengths.begin(), lengths.end());
+  for (const uint64_t max_tokens : {uint64_t{0}, uint64_t{lengths[lengths.size() / 2]}}) {
+    INFO("max_tokens " << max_tokens);
+    const std::string tag = std::to_string(max_tokens);
+    PrepareOptions builtin = pair_options(pc.path, tmp / ("builtin" + tag));
+    builtin.tokenizer_model = tmp / "trained/tokenizer.model";
+    builtin.chat.max_tokens = max_tokens;
+    PrepareOptions jinja = builtin;
+    jinja.out = tmp / ("jinja" + tag);
+    jinja.chat_template = tmp / "forge-export/tokenizer_config.json";
+    jinja.threads = 3;
+    const PrepareResult b = prepare_dataset(builtin);
+    const PrepareResult j = prepare_dataset(jinja);
+    verify_chat_masks(jinja.out);
+    const std::vector<Doc> want = read_docs(builtin.out), got = read_docs(jinja.out);
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      INFO("document " << i);
+      CHECK(got[i].ids == want[i].ids);
+      CHECK(got[i].mask == want[i].mask);
+    }
+    const Manifest mb = load_manifest(builtin.out), mj = load_manifest(jinja.out);
+    REQUIRE(mb.shards.size() == mj.shards.size());
+    for (size_t i = 0; i < mb.shards.size(); ++i) CHECK(mb.shards[i].xxh3 == mj.shards[i].xxh3);
+    CHECK(j.quality["preference"]["truncation"] == b.quality["preference"]["truncation"]);
+    CHECK(j.quality["preference"]["length_bias"] == b.quality["preference"]["length_bias"]);
+    CHECK(mj.version != mb.version);
+    CHECK(mj.settings["chat"]["template"]["kind"] == "model");
+  }
+}

@@ -54,6 +54,11 @@ size_t neutralize_markers(std::string& content);
 // For each message: its role marker, its content, kChatEnd; nothing between messages.
 std::string render_chat(std::span<const ChatMessage> messages);
 
+// The messages of a text render_chat made (a chat document, or one half of a preference pair, after the
+// cleaning stages): split at the markers, which content cannot hold (neutralize_markers).
+// forge::Error(kData) naming `where` when the text is not such a rendering (internal: a stage changed it).
+std::vector<ChatMessage> parse_rendered_chat(std::string_view text, const std::string& where);
+
 // Why a well-formed conversation cannot be trained on, or "" when it can: "empty_conversation",
 // "no_assistant_turn" or "empty_assistant_reply" (an assistant message with empty content).
 std::string chat_degenerate_reason(std::span<const ChatMessage> messages);
@@ -87,11 +92,21 @@ void chat_loss_mask(std::span<const uint32_t> ids, const ChatMarkerIds& markers,
 void final_reply_loss_mask(std::span<const uint32_t> ids, const ChatMarkerIds& markers,
                            std::vector<uint8_t>& mask);
 
+// settings.chat.template.kind of a chat or preference dataset rendered with a model's own chat template
+// (`forge-data prepare --chat-template`, chat_template.h) rather than forge's: its masks come from the
+// template's segments, not from marker ids.
+inline constexpr const char* kModelTemplateKind = "model";
+bool uses_model_template(const Json& settings);
+
 // For a chat dataset (manifest format "chat"): every shard has a /loss_mask of 0s and 1s that scores at
 // least one token of each document; for a preference dataset besides: every shard holds an even number of
 // documents, each document's mask is exactly final_reply_loss_mask of its tokens (end-of-sequence
 // unscored) and the two halves of a pair share their prompt tokens; for a text dataset: no shard has a
-// mask. forge::Error(kData) names the shard and the document otherwise.
+// mask. A dataset rendered with a model's template (uses_model_template) has no markers to recompute the
+// masks from; what still holds is checked: masks of 0s and 1s scoring at least one token of each document,
+// each document ending with the end-of-sequence id unscored, and for preference whole pairs whose halves
+// each score one run of tokens (the final reply) after the same prompt tokens. forge::Error(kData) names
+// the shard and the document otherwise.
 void verify_chat_masks(const std::string& dataset_dir);
 
 // ---- Preference pairs ----

@@ -30,7 +30,16 @@ struct ChatPrepareOptions {
 struct PrepareOptions {
   std::vector<InputSpec> inputs;
   std::string out;
-  std::string tokenizer_model;  // an existing SentencePiece model; "" = train one
+  // An existing tokenizer: a SentencePiece model or a Hugging Face tokenizer.json (Tokenizer::load); "" =
+  // train one.
+  std::string tokenizer_model;
+  // Chat and preference: render with a model's own chat template (ChatTemplate::load: a
+  // tokenizer_config.json or the model directory holding one) instead of forge's; needs tokenizer_model
+  // (the model's tokenizer), whose ids then need no forge markers. Each conversation is cut into the
+  // template's segments (ChatTemplate::segments: every reply scored for chat, the final one for each half
+  // of a pair), each segment encoded on its own (no BOS added: templates print bos_token themselves), the
+  // mask 1 on the tokens of scored segments. "" = forge's template (chat.h).
+  std::string chat_template;
   std::vector<std::string> eval_sets;
   double valid_fraction = 0.01;
   uint64_t shard_tokens = 64ull << 20;
