@@ -5,6 +5,7 @@
 #include "forge/common/progress_line.h"
 #include "forge/dataio/reader.h"
 #include "forge/dataio/tokenizer.h"
+#include "forge/eval_gate/prompt_format.h"
 #include "forge/trainer/checkpoint_io.h"
 #include "forge/trainer/loss.h"
 #include "forge/trainer/model.h"
@@ -64,17 +65,18 @@ std::unique_ptr<trainer::GPT> load_model(const ckpt::Checkpoint& checkpoint, con
 // size with the evaluated model's vocabulary, reading the evaluated model's sequences.
 std::unique_ptr<trainer::GPT> load_companion(const std::string& dir, const char* role, const std::string& of,
                                              const trainer::ModelSpec& evaluated,
+                                             const std::string& dataset_dir,
                                              std::shared_ptr<const trainer::Loss> loss, trainer::Comm& comm,
                                              trainer::Backend& backend) {
   const ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(dir);
   trainer::ModelSpec config = trainer::model_spec_from_json(checkpoint.manifest().meta.model_config, dir);
   if (config.vocab != evaluated.vocab)
-    fail(ExitCode::kUsage,
-         "the {} {} has a vocabulary of {} tokens but {} has {}: they must share a tokenizer", role, dir,
-         config.vocab, of, evaluated.vocab);
+    fail(ExitCode::kUsage, "{} {} has a vocabulary of {} tokens but {} has {}: they must share a tokenizer",
+         role, dir, config.vocab, of, evaluated.vocab);
   if (config.max_positions < evaluated.seq_len)
-    fail(ExitCode::kUsage, "the {} {} has {} positions, fewer than the {} of {}'s sequences", role, dir,
+    fail(ExitCode::kUsage, "{} {} has {} positions, fewer than the {} of {}'s sequences", role, dir,
          config.max_positions, evaluated.seq_len, of);
+  check_tokenizer(dir, dataset_dir, role);
   config.seq_len = evaluated.seq_len;
   return load_model(checkpoint, config, std::move(loss), comm, backend);
 }
@@ -125,6 +127,8 @@ EvalOptions as_trained(const std::string& checkpoint_dir, const std::string& dat
            checkpoint_dir, options.objective, dir.empty() ? "no model" : dir, keys);
     return dir;
   };
+  options.seq_len =
+      trainer::model_spec_from_json(checkpoint.manifest().meta.model_config, checkpoint_dir).seq_len;
   options.objective = spec.value("run.objective", std::string("lm"));
   options.replies_only = options.objective == "sft" || options.objective == "dpo" ||
                          (options.objective == "distill" && dataset_format == "chat");
@@ -142,14 +146,18 @@ EvalOptions as_trained(const std::string& checkpoint_dir, const std::string& dat
   return options;
 }
 
-DomainResults evaluate_checkpoint(const std::string& checkpoint_dir, const std::string& dataset_dir,
-                                  const EvalOptions& options, trainer::Comm& comm, bool own_dataset) {
-  const int rank = comm.rank(), world = comm.size();
-  const bool dpo = !options.dpo_reference.empty(), distill = !options.distill_teacher.empty();
-
+trainer::ModelSpec check_evaluation(const std::string& checkpoint_dir, const std::string& dataset_dir,
+                                    const EvalOptions& options, bool own_dataset) {
+  const bool dpo = !options.dpo_reference.empty();
   const ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(checkpoint_dir);
-  const trainer::ModelSpec config =
+  trainer::ModelSpec config =
       trainer::model_spec_from_json(checkpoint.manifest().meta.model_config, checkpoint_dir);
+  if (options.seq_len > 0 && options.seq_len != config.seq_len) {
+    if (options.seq_len > config.max_positions)
+      fail(ExitCode::kUsage, "{} has {} positions, fewer than the {} of the candidate's sequences",
+           checkpoint_dir, config.max_positions, options.seq_len);
+    config.seq_len = options.seq_len;
+  }
 
   const data::Manifest manifest = data::load_manifest(dataset_dir);
   if (dpo && manifest.format != "preference")
@@ -162,12 +170,23 @@ DomainResults evaluate_checkpoint(const std::string& checkpoint_dir, const std::
     fail(ExitCode::kData,
          "{} was trained on dataset version {} but {} is version {}: evaluate on the dataset the run used",
          checkpoint_dir, trained_on, dataset_dir, manifest.version);
+  check_tokenizer(checkpoint_dir, dataset_dir, own_dataset ? "the candidate" : "the baseline");
   if (manifest.vocab_size > static_cast<uint32_t>(config.vocab))
     fail(ExitCode::kUsage, "dataset {} has {} token ids but the model's vocabulary is {}", dataset_dir,
          manifest.vocab_size, config.vocab);
   if (manifest.tokens("valid") == 0)
     fail(ExitCode::kData, "dataset {} has no validation split: prepare it with --valid-fraction > 0",
          dataset_dir);
+  return config;
+}
+
+DomainResults evaluate_checkpoint(const std::string& checkpoint_dir, const std::string& dataset_dir,
+                                  const EvalOptions& options, trainer::Comm& comm, bool own_dataset) {
+  const int rank = comm.rank(), world = comm.size();
+  const bool dpo = !options.dpo_reference.empty(), distill = !options.distill_teacher.empty();
+  const trainer::ModelSpec config = check_evaluation(checkpoint_dir, dataset_dir, options, own_dataset);
+  const ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(checkpoint_dir);
+  const data::Manifest manifest = data::load_manifest(dataset_dir);
 
   trainer::use_threads(trainer::resolve_threads(options.threads));
   // DPO: both models keep each reply's summed log-probability (reply_logps) instead of a loss.
@@ -178,11 +197,11 @@ DomainResults evaluate_checkpoint(const std::string& checkpoint_dir, const std::
   const auto model = load_model(checkpoint, config, logps, comm, backend);
   std::unique_ptr<trainer::GPT> other;  // the reference or the teacher
   if (dpo)
-    other = load_companion(options.dpo_reference, "DPO reference", checkpoint_dir, config, reference_logps,
-                           comm, backend);
+    other = load_companion(options.dpo_reference, "the DPO reference", checkpoint_dir, config, dataset_dir,
+                           reference_logps, comm, backend);
   if (distill)
-    other =
-        load_companion(options.distill_teacher, "teacher", checkpoint_dir, config, nullptr, comm, backend);
+    other = load_companion(options.distill_teacher, "the teacher", checkpoint_dir, config, dataset_dir,
+                           nullptr, comm, backend);
   const std::vector<double> token_bytes = bytes_per_token(dataset_dir + "/" + manifest.tokenizer_file);
 
   const size_t T = size_t(config.seq_len), V = size_t(config.vocab);

@@ -113,11 +113,17 @@ std::vector<Generation> Generator::run(std::span<const Request> requests, const 
                                        sample_draw(s.seed, key, int(g.tokens.size())));
       if (std::find(s.stop_tokens.begin(), s.stop_tokens.end(), token) != s.stop_tokens.end()) {
         g.stopped = true;
+        g.stop_token = token;
         slot.request = -1;
         continue;
       }
       g.tokens.push_back(token);
       ++stats_.new_tokens;
+      if (s.stop_after && s.stop_after(g.tokens)) {
+        g.stopped = true;
+        slot.request = -1;
+        continue;
+      }
       // Fed at the next step, if there is a position left for it.
       if (int(g.tokens.size()) >= s.max_new_tokens || slot.position >= max_len) {
         slot.request = -1;
@@ -128,6 +134,18 @@ std::vector<Generation> Generator::run(std::span<const Request> requests, const 
   }
   stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
+}
+
+std::pair<size_t, size_t> find_stop_string(std::string_view text, std::span<const std::string> stop_strings) {
+  std::pair<size_t, size_t> best{std::string_view::npos, std::string_view::npos};
+  for (size_t i = 0; i < stop_strings.size(); ++i) {
+    if (stop_strings[i].empty()) continue;
+    const size_t at = text.find(stop_strings[i]);
+    if (at == std::string_view::npos) continue;
+    if (at < best.first || (at == best.first && stop_strings[i].size() > stop_strings[best.second].size()))
+      best = {at, i};
+  }
+  return best;
 }
 
 }  // namespace forge::gate

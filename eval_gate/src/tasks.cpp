@@ -4,7 +4,6 @@
 #include "forge/common/hash.h"
 #include "forge/common/progress_line.h"
 #include "forge/common/text.h"
-#include "forge/dataio/manifest.h"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -25,24 +24,18 @@ uint64_t request_key(const std::string& id, int sample) {
   return xxh3_64(id.data(), id.size(), uint64_t(sample));
 }
 
-std::vector<int32_t> encode(const data::Tokenizer& tok, const std::string& text) {
-  std::vector<int> ids;
-  tok.encode(text, ids);
-  return {ids.begin(), ids.end()};
-}
-
 // A chat suite's prompt is the user's turn of a conversation that the assistant answers next. A text
 // prompt of no tokens starts from the end-of-sequence token, as a document does.
 std::vector<int32_t> prompt_tokens(const Suite& suite, const PromptFormat& f, const std::string& prompt) {
   if (!suite.chat) {
-    std::vector<int32_t> ids = encode(*f.tokenizer, prompt);
-    if (ids.empty()) ids.push_back(int32_t(f.tokenizer->eos_id()));
+    std::vector<int32_t> ids = f.encode(prompt);
+    if (ids.empty())
+      ids.push_back(f.tokenizer->eos_id() >= 0 || f.eos.empty() ? int32_t(f.tokenizer->eos_id())
+                                                                : f.eos.front());
     return ids;
   }
-  std::string content = prompt;
-  data::neutralize_markers(content);
-  const data::ChatMessage user{data::ChatRole::kUser, content};
-  return encode(*f.tokenizer, data::render_chat(std::span(&user, 1)) + std::string(data::kChatAssistant));
+  const data::ChatMessage user{data::ChatRole::kUser, prompt};
+  return f.chat_prompt(std::span(&user, 1));
 }
 
 // Sum of log p(continuation | context) under the model: the two sequences run through one cache slot
@@ -84,27 +77,6 @@ std::string fenced_code(const std::string& reply) {
 }
 
 }  // namespace
-
-PromptFormat PromptFormat::of_dataset(const std::string& dataset_dir) {
-  const data::Manifest manifest = data::load_manifest(dataset_dir);
-  const std::string path = dataset_dir + "/" + manifest.tokenizer_file;
-  PromptFormat f;
-  f.tokenizer = std::make_shared<const data::Tokenizer>(data::Tokenizer::load(path));
-  const Json chat = manifest.settings.value("chat", Json::object());
-  if (chat.contains("template_sha256") && chat["template_sha256"] != data::chat_template_sha256())
-    fail(ExitCode::kData,
-         "dataset {} was prepared with chat template {} but this forge-gate renders {} ({}): evaluate with "
-         "the "
-         "build that prepared it, or prepare the dataset again",
-         dataset_dir, chat["template_sha256"].get<std::string>(), data::chat_template_sha256(),
-         data::kChatTemplateName);
-  try {
-    f.chat = data::chat_marker_ids(*f.tokenizer, path);
-  } catch (const Error&) {
-    // A tokenizer from elsewhere, without the markers: text suites only (run_suite says so).
-  }
-  return f;
-}
 
 double SuiteMetric::value() const {
   if (per_task.empty()) return NAN;
@@ -204,11 +176,13 @@ bool code_passed(const SandboxResult& result, const std::string& sentinel) {
 
 SuiteResult run_suite(const Suite& suite, trainer::GPT& model, const PromptFormat& format,
                       const SuiteRunOptions& options, trainer::Comm& comm) {
-  if (suite.chat && !format.chat)
-    fail(ExitCode::kUsage,
-         "suite {} ({}) is a chat suite but the tokenizer has no chat markers: evaluate a model trained with "
-         "a chat-capable tokenizer, or set \"format\": \"text\" in its suite.json",
-         suite.name, suite.dir);
+  if (suite.chat && !format.can_chat())
+    fail(
+        ExitCode::kUsage,
+        "suite {} ({}) is a chat suite but the tokenizer has no chat markers and the model no chat template: "
+        "evaluate a model trained with a chat-capable tokenizer or one with its own template, or set "
+        "\"format\": \"text\" in its suite.json",
+        suite.name, suite.dir);
   const int rank = comm.rank(), world = comm.size();
   const data::Tokenizer& tok = *format.tokenizer;
   if (tok.vocab_size() > uint32_t(model.config().vocab))
@@ -252,7 +226,7 @@ SuiteResult run_suite(const Suite& suite, trainer::GPT& model, const PromptForma
       int best_raw = 0, best_norm = 0;
       double top_raw = -INFINITY, top_norm = -INFINITY;
       for (size_t c = 0; c < task.choices.size(); ++c) {
-        const double ll = log_likelihood(model, cache, context, encode(tok, task.choices[c]));
+        const double ll = log_likelihood(model, cache, context, format.encode(task.choices[c]));
         const double norm = ll / double(std::max<size_t>(task.choices[c].size(), 1));
         if (ll > top_raw) top_raw = ll, best_raw = int(c);
         if (norm > top_norm) top_norm = norm, best_norm = int(c);
@@ -270,8 +244,8 @@ SuiteResult run_suite(const Suite& suite, trainer::GPT& model, const PromptForma
     sampling.top_p = g.top_p;
     sampling.max_new_tokens = g.max_new_tokens;
     sampling.seed = g.seed;
-    sampling.stop_tokens = {int32_t(tok.eos_id())};
-    if (suite.chat) sampling.stop_tokens.push_back(int32_t(format.chat->end));
+    const Stops stops = format.stops(suite.chat);
+    format.set_stops(stops, sampling);
     std::vector<Request> requests;
     for (size_t i : mine)
       for (int s = 0; s < g.samples; ++s)
@@ -288,8 +262,8 @@ SuiteResult run_suite(const Suite& suite, trainer::GPT& model, const PromptForma
       int passed = 0;
       std::string first;
       for (int s = 0; s < g.samples; ++s) {
-        const auto& tokens = generated[j * size_t(g.samples) + size_t(s)].tokens;
-        const std::string text = tok.decode(std::vector<int>(tokens.begin(), tokens.end()));
+        const std::string text =
+            format.completion(generated[j * size_t(g.samples) + size_t(s)].tokens, stops);
         if (s == 0) first = text;
         switch (suite.type) {
           case SuiteType::kExactMatch:

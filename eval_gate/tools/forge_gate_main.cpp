@@ -8,14 +8,17 @@
 #include "forge/common/hash.h"
 #include "forge/common/json.h"
 #include "forge/common/log.h"
+#include "forge/dataio/chat.h"
 #include "forge/dataio/manifest.h"
 #include "forge/eval_gate/evaluate.h"
 #include "forge/eval_gate/generate.h"
 #include "forge/eval_gate/policy.h"
+#include "forge/eval_gate/prompt_format.h"
 #include "forge/eval_gate/suite.h"
 #include "forge/eval_gate/tasks.h"
 #include "forge/eval_gate/verdict.h"
 #include "forge/trainer/bootstrap.h"
+#include "forge/trainer/checkpoint_io.h"
 #include "forge/trainer/device_runtime.h"
 #include "forge/trainer/runtime.h"
 #include "forge/trainer/spec.h"
@@ -50,9 +53,10 @@ constexpr const char* kUsage =
     "                           --policy gate.ini --out RUN/gate/ [--max-sequences N] [--threads N]\n"
     "                           [--suites DIR] [--tier TIER] [--batch N] [--reevaluate-baseline]\n"
     "                           [--no-promote] [--device auto|cpu|cuda]\n"
-    "       forge-gate generate --checkpoint DIR --dataset DATASET_DIR (--prompt TEXT ... | --prompts FILE)\n"
-    "                           [--chat] [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
-    "                           [--seed S] [--samples N] [--batch N] [--threads N] [--out FILE.jsonl]\n"
+    "       forge-gate generate --checkpoint DIR [--dataset DATASET_DIR]\n"
+    "                           (--prompt TEXT ... | --prompts FILE) [--chat] [--template PATH]\n"
+    "                           [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
+    "                           [--samples N] [--batch N] [--threads N] [--out FILE.jsonl] [--ids]\n"
     "                           [--device auto|cpu|cuda]\n";
 
 [[noreturn]] void help(const po::options_description& desc, int code) {
@@ -148,7 +152,10 @@ forge::gate::DomainResults baseline_results(const std::string& dir, const std::s
   const auto c = forge::ckpt::Checkpoint::open(dir);
   const Json& verdict =
       c.manifest().promotion.is_object() ? c.manifest().promotion.value("verdict", Json()) : Json();
+  // Verdicts from before seq_len was recorded read the model's own.
+  const int own_seq_len = forge::trainer::model_spec_from_json(c.manifest().meta.model_config, dir).seq_len;
   reused = verdict.is_object() && verdict.value("dataset_version", "") == dataset_version &&
+           verdict.value("seq_len", own_seq_len) == (eval.seq_len > 0 ? eval.seq_len : own_seq_len) &&
            verdict.contains("domains") && verdict.value("max_sequences", int64_t{-1}) == eval.max_sequences &&
            verdict.value("replies_only", false) == eval.replies_only &&
            verdict.value("document_mask", eval.document_mask) == eval.document_mask &&
@@ -234,12 +241,22 @@ int evaluate(int argc, char** argv, forge::trainer::Comm& comm) {
 
   const forge::gate::EvalOptions eval = forge::gate::as_trained(a.checkpoint, dataset.format, a.eval);
   const std::vector<forge::gate::Suite> suites = load_suites(policy, a, eval.objective);
+  const auto baseline_dir = resolve_baseline(a);
+  // What would refuse either model (another tokenizer than the dataset's, an imported model's included),
+  // said before anything is evaluated.
+  forge::gate::check_evaluation(a.checkpoint, a.dataset, eval);
+  if (baseline_dir) forge::gate::check_evaluation(*baseline_dir, a.dataset, eval, /*own_dataset=*/false);
+  // The suites' prompts: the dataset's tokenizer, and the candidate's chat template (its own or its
+  // lineage's, an imported model's) when the dataset's chat data were rendered with it or it has none.
   std::optional<forge::gate::PromptFormat> format;
-  if (!suites.empty()) format = forge::gate::PromptFormat::of_dataset(a.dataset);
+  if (!suites.empty()) format = forge::gate::PromptFormat::of_model(a.checkpoint, a.dataset);
+  // A chat suite's turns and stops, or why they cannot be rendered as the model was trained, now.
+  if (format && std::any_of(suites.begin(), suites.end(), [](const auto& s) { return s.chat; }) &&
+      format->can_chat())
+    format->stops(true);
   const auto candidate = forge::gate::evaluate_checkpoint(a.checkpoint, a.dataset, eval, comm);
   SuiteResults candidate_suites;
   if (format) candidate_suites = run_suites(suites, a.checkpoint, *format, a, comm);
-  const auto baseline_dir = resolve_baseline(a);
   std::optional<forge::gate::DomainResults> baseline;
   SuiteResults baseline_suite_results;
   bool reused = false;
@@ -264,6 +281,7 @@ int evaluate(int argc, char** argv, forge::trainer::Comm& comm) {
                   {"dataset_version", dataset.version},
                   {"policy", a.policy},
                   {"max_sequences", a.eval.max_sequences},
+                  {"seq_len", eval.seq_len},
                   {"document_mask", eval.document_mask},
                   {"replies_only", eval.replies_only},
                   {"scoring", scoring(eval)},
@@ -272,6 +290,9 @@ int evaluate(int argc, char** argv, forge::trainer::Comm& comm) {
                   {"suites", Json::object()},
                   {"checks", Json::array()},
                   {"promoted_to", nullptr}};
+  if (format)
+    verdict["prompt_format"] = {{"tokenizer_sha256", format->tokenizer->sha256()},
+                                {"chat", format->chat_name()}};
   for (const auto& [domain, s] : candidate) verdict["domains"][domain] = s.to_json();
   if (baseline) {
     verdict["baseline_domains"] = Json::object();
@@ -300,21 +321,65 @@ int evaluate(int argc, char** argv, forge::trainer::Comm& comm) {
   return judgement.pass ? 0 : 1;
 }
 
+// One prompt of forge-gate generate: a text, or (--chat) a conversation the assistant answers next.
+struct GeneratePrompt {
+  std::string text;
+  std::vector<forge::data::ChatMessage> messages;  // from a "messages" line; else the text is a user turn
+  Json messages_json;                              // as given, for the output
+};
+
+// --prompts FILE: JSONL, {"prompt": TEXT} or (with --chat) {"messages": [{"role", "content"}, ...]}.
+std::vector<GeneratePrompt> read_prompts(const std::string& file, bool chat) {
+  std::ifstream in(file);
+  if (!in) forge::fail(ExitCode::kUsage, "--prompts {}: cannot read it", file);
+  std::vector<GeneratePrompt> out;
+  int line_no = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const Json j = Json::parse(line, nullptr, false);
+    GeneratePrompt p;
+    if (j.is_object() && j.contains("messages")) {
+      if (!chat)
+        forge::fail(ExitCode::kUsage, "{}:{}: a conversation (\"messages\") needs --chat", file, line_no);
+      forge::data::ChatRecord record;
+      if (const std::string why = forge::data::parse_chat_line(line, record); !why.empty())
+        forge::fail(ExitCode::kData, "{}:{}: {}", file, line_no, why);
+      if (record.messages.empty()) forge::fail(ExitCode::kData, "{}:{}: no messages", file, line_no);
+      p.messages = std::move(record.messages);
+      p.messages_json = j["messages"];
+    } else if (j.is_object() && j.contains("prompt") && j["prompt"].is_string()) {
+      p.text = j["prompt"].get<std::string>();
+    } else {
+      forge::fail(ExitCode::kData, "{}:{}: not a JSON object with a string \"prompt\"{}", file, line_no,
+                  chat ? " or a \"messages\" list" : "");
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
 // forge-gate generate: completions of prompts from a checkpoint, data parallel over the ranks.
 int generate(int argc, char** argv, forge::trainer::Comm& comm) {
-  std::string checkpoint, dataset, prompts_file, out;
-  std::vector<std::string> prompts;
-  bool chat = false;
+  std::string checkpoint, dataset, prompts_file, out, chat_template;
+  std::vector<std::string> prompt_texts;
+  bool chat = false, ids = false;
   int samples = 1, batch = 8, threads = 0;
   std::string device = "auto";
   forge::gate::Sampling s;
   po::options_description desc("forge-gate generate");
   desc.add_options()("help,h", "this help")("checkpoint", po::value(&checkpoint)->required(),
                                             "checkpoint directory (any layout)")(
-      "dataset", po::value(&dataset)->required(), "the dataset whose tokenizer (and chat template) to use")(
-      "prompt", po::value(&prompts), "a prompt (repeatable)")("prompts", po::value(&prompts_file),
-                                                              "JSONL file, one {\"prompt\": ...} per line")(
-      "chat", po::bool_switch(&chat), "each prompt is a user turn; the reply ends at the end-of-turn marker")(
+      "dataset", po::value(&dataset),
+      "the dataset whose tokenizer to use (default: the checkpoint's own, an imported model's)")(
+      "prompt", po::value(&prompt_texts), "a prompt (repeatable)")(
+      "prompts", po::value(&prompts_file),
+      "JSONL file, one {\"prompt\": ...} (or with --chat {\"messages\": [...]}) per line")(
+      "chat", po::bool_switch(&chat),
+      "each prompt is a user turn in the model's chat template (its own, else forge's); the reply ends at "
+      "the end of its turn")("template", po::value(&chat_template),
+                             "chat template to render with instead (a tokenizer_config.json or a model "
+                             "directory holding one); implies --chat")(
       "max-new-tokens", po::value(&s.max_new_tokens), "tokens per completion at most (default 64)")(
       "temperature", po::value(&s.temperature), "0 (default): greedy")(
       "top-k", po::value(&s.top_k), "sample among the k most likely tokens (0: all)")(
@@ -324,62 +389,71 @@ int generate(int argc, char** argv, forge::trainer::Comm& comm) {
       "batch", po::value(&batch), "sequences in flight per rank (default 8)")(
       "threads", po::value(&threads), "threads per rank (0 = SLURM_CPUS_PER_TASK or all cores)")(
       "out", po::value(&out), "JSONL output (default: standard output)")(
+      "ids", po::bool_switch(&ids), "each line also has prompt_ids and completion_ids")(
       "device", po::value(&device), "where the model computes: auto (a GPU where one is), cpu or cuda");
   parse_options(desc, argc, argv);
+  if (!chat_template.empty()) chat = true;
   if (s.max_new_tokens < 1 || samples < 1 || batch < 1 || s.temperature < 0 || s.top_k < 0 ||
       !(s.top_p > 0 && s.top_p <= 1))
     forge::fail(
         ExitCode::kUsage,
         "forge-gate generate: --max-new-tokens, --samples and --batch must be >= 1, --temperature and "
         "--top-k >= 0, --top-p in (0, 1]");
-  if (!prompts_file.empty()) {
-    std::ifstream in(prompts_file);
-    if (!in) forge::fail(ExitCode::kUsage, "--prompts {}: cannot read it", prompts_file);
-    int line_no = 0;
-    for (std::string line; std::getline(in, line);) {
-      ++line_no;
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      const Json j = Json::parse(line, nullptr, false);
-      if (!j.is_object() || !j.contains("prompt") || !j["prompt"].is_string())
-        forge::fail(ExitCode::kData, "{}:{}: not a JSON object with a string \"prompt\"", prompts_file,
-                    line_no);
-      prompts.push_back(j["prompt"].get<std::string>());
-    }
-  }
+  std::vector<GeneratePrompt> prompts;
+  for (auto& text : prompt_texts) prompts.push_back({std::move(text), {}, Json()});
+  if (!prompts_file.empty())
+    for (auto& p : read_prompts(prompts_file, chat)) prompts.push_back(std::move(p));
   if (prompts.empty())
     forge::fail(ExitCode::kUsage, "forge-gate generate: give --prompt TEXT or --prompts FILE");
   forge::trainer::use_threads(forge::trainer::resolve_threads(threads));
-  const auto format = forge::gate::PromptFormat::of_dataset(dataset);
-  if (chat && !format.chat)
-    forge::fail(ExitCode::kUsage, "--chat: the tokenizer of {} has no chat markers", dataset);
+  const auto format = forge::gate::PromptFormat::of_model(checkpoint, dataset, chat_template);
+  if (chat && !format.can_chat())
+    forge::fail(
+        ExitCode::kUsage,
+        "--chat: the tokenizer {} has no chat markers and {} no chat template (tokenizer_config.json): "
+        "give one with --template",
+        format.tokenizer_path, checkpoint);
   const auto model = forge::gate::load_for_generation(checkpoint, batch, comm, device_backend(device, comm));
-  s.stop_tokens = {int32_t(format.tokenizer->eos_id())};
-  if (chat) s.stop_tokens.push_back(int32_t(format.chat->end));
+  if (format.tokenizer->vocab_size() > uint32_t(model->config().vocab))
+    forge::fail(ExitCode::kUsage, "the tokenizer {} has {} tokens but the model's vocabulary is {}",
+                format.tokenizer_path, format.tokenizer->vocab_size(), model->config().vocab);
+  const forge::gate::Stops stops = format.stops(chat);
+  format.set_stops(stops, s);
+  std::vector<std::vector<int32_t>> prompt_ids;
+  for (const auto& p : prompts) {
+    if (!chat) {
+      // A prompt of no tokens starts from the end-of-sequence token, as a document does.
+      prompt_ids.push_back(format.encode(p.text));
+      if (prompt_ids.back().empty()) {
+        if (format.tokenizer->eos_id() < 0)
+          forge::fail(ExitCode::kUsage, "forge-gate generate: the prompt \"{}\" has no tokens", p.text);
+        prompt_ids.back().push_back(int32_t(format.tokenizer->eos_id()));
+      }
+    } else if (!p.messages.empty()) {
+      prompt_ids.push_back(format.chat_prompt(p.messages));
+    } else {
+      const forge::data::ChatMessage user{forge::data::ChatRole::kUser, p.text};
+      prompt_ids.push_back(format.chat_prompt(std::span(&user, 1)));
+    }
+  }
   // Request i = prompt i / samples, sample i % samples; rank r generates i = r, r + size, ...
-  const size_t n = prompts.size() * size_t(samples), width = size_t(s.max_new_tokens) + 2;
+  const size_t n = prompts.size() * size_t(samples), width = size_t(s.max_new_tokens) + 3;
   std::vector<forge::gate::Request> requests;
   std::vector<size_t> mine;
   for (size_t i = size_t(comm.rank()); i < n; i += size_t(comm.size())) {
-    std::string text = prompts[i / size_t(samples)];
-    if (chat) {
-      forge::data::neutralize_markers(text);
-      const forge::data::ChatMessage user{forge::data::ChatRole::kUser, text};
-      text = forge::data::render_chat(std::span(&user, 1)) + std::string(forge::data::kChatAssistant);
-    }
-    std::vector<int> ids;
-    format.tokenizer->encode(text, ids);
-    requests.push_back({{ids.begin(), ids.end()}, uint64_t(i)});
+    requests.push_back({prompt_ids[i / size_t(samples)], uint64_t(i)});
     mine.push_back(i);
   }
   forge::gate::Generator generator(*model, batch);
   const auto generated = generator.run(requests, s);
-  // Every completion to rank 0: per request its length, whether it stopped, its tokens.
+  // Every completion to rank 0: per request its length, whether it stopped, its stop token, its tokens.
   std::vector<double> all(n * width, 0.0);
   for (size_t j = 0; j < mine.size(); ++j) {
     double* row = all.data() + mine[j] * width;
     row[0] = double(generated[j].tokens.size());
     row[1] = generated[j].stopped ? 1 : 0;
-    for (size_t t = 0; t < generated[j].tokens.size(); ++t) row[2 + t] = generated[j].tokens[t];
+    row[2] = generated[j].stop_token;
+    for (size_t t = 0; t < generated[j].tokens.size(); ++t) row[3 + t] = generated[j].tokens[t];
   }
   comm.all_reduce(all.data(), all.size(), forge::trainer::CommType::kF64, forge::trainer::ReduceOp::kSum)
       ->wait();
@@ -389,13 +463,26 @@ int generate(int argc, char** argv, forge::trainer::Comm& comm) {
   std::string text;
   for (size_t i = 0; i < n; ++i) {
     const double* row = all.data() + i * width;
-    std::vector<int> ids(static_cast<size_t>(row[0]));
-    for (size_t t = 0; t < ids.size(); ++t) ids[t] = int(row[2 + t]);
-    const Json line = {{"prompt", prompts[i / size_t(samples)]},
-                       {"sample", i % size_t(samples)},
-                       {"completion", format.tokenizer->decode(ids)},
-                       {"tokens", ids.size()},
-                       {"stopped", row[1] > 0}};
+    forge::gate::Generation g;
+    g.tokens.resize(static_cast<size_t>(row[0]));
+    for (size_t t = 0; t < g.tokens.size(); ++t) g.tokens[t] = int32_t(row[3 + t]);
+    g.stopped = row[1] > 0;
+    g.stop_token = int32_t(row[2]);
+    const GeneratePrompt& p = prompts[i / size_t(samples)];
+    Json line = Json::object();
+    if (p.messages.empty())
+      line["prompt"] = p.text;
+    else
+      line["messages"] = p.messages_json;
+    line["sample"] = i % size_t(samples);
+    line["completion"] = format.completion(g.tokens, stops);
+    line["tokens"] = g.tokens.size();
+    line["stopped"] = g.stopped;
+    if (g.stopped) line["stop"] = format.stop_text(g, stops);
+    if (ids) {
+      line["prompt_ids"] = prompt_ids[i / size_t(samples)];
+      line["completion_ids"] = g.tokens;
+    }
     text += line.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
   }
   if (out.empty())
@@ -404,10 +491,10 @@ int generate(int argc, char** argv, forge::trainer::Comm& comm) {
     forge::write_file_atomic(out, text);
   // Rank 0's rate stands for every rank's (they generate alike).
   std::cerr << fmt::format(
-      "forge-gate generate: {} completions, {} new tokens on {} rank(s); {:.1f} tokens/s per rank "
-      "(batch "
-      "{})\n",
-      n, int64_t(totals[0]), comm.size(), generator.stats().tokens_per_second(), batch);
+      "forge-gate generate: {} completions, {} new tokens on {} rank(s); {:.1f} tokens/s per rank (batch {}; "
+      "tokenizer {}{})\n",
+      n, int64_t(totals[0]), comm.size(), generator.stats().tokens_per_second(), batch, format.tokenizer_path,
+      chat ? "; chat " + format.chat_name() : std::string());
   return 0;
 }
 

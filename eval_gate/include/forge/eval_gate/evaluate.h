@@ -30,12 +30,16 @@ struct EvalOptions {
   double dpo_beta = 0;
   // distill: per scored token, KL(teacher || model) at temperature 1, the teacher from `distill_teacher`.
   std::string distill_teacher;
+  // The length of the sequences read (as_trained: the candidate's model.seq_len), so that a baseline is
+  // read as the candidate is; an imported model records max_positions. 0: each checkpoint's own.
+  int seq_len = 0;
   // Where the models compute (forge-gate --device): null, the CPU backend.
   trainer::Backend* backend = nullptr;
 };
 
 // `options` with the reading and scoring the checkpoint's run trained with on a dataset of
-// `dataset_format` (its spec's data.document_mask and run.objective: sft and dpo score the replies, and
+// `dataset_format` (its model's seq_len, its spec's data.document_mask and run.objective: sft and dpo score
+// the replies, and
 // distill does on chat data; dpo: dpo.beta and dpo.reference, else the model the run started from;
 // distill: distill.teacher). The gate measures the candidate and its baseline (e.g. the model it was
 // fine-tuned from) alike, the candidate's way. Throws forge::Error(kUsage) when the reference or the
@@ -43,12 +47,20 @@ struct EvalOptions {
 EvalOptions as_trained(const std::string& checkpoint_dir, const std::string& dataset_format,
                        EvalOptions options);
 
-// Loads the checkpoint's model (its manifest's model config) and evaluates it. With `own_dataset` the
-// checkpoint must have been trained on this dataset version (the candidate); a baseline may come from
-// another (the parent of a fine-tune), with the same tokenizer. Throws forge::Error: kData when the
-// checkpoint is damaged or (own_dataset) was trained on another dataset version, or the dataset lacks a
-// validation split; kUsage when the dataset's vocabulary does not fit the model, a DPO candidate's dataset
-// holds no preference pairs, or a reference or teacher has another vocabulary than the model.
+// Loads the checkpoint's model (its manifest's model config, read options.seq_len tokens at a time when
+// set) and evaluates it. With `own_dataset` the checkpoint must have been trained on this dataset version
+// (the candidate); a baseline may come from another (the parent of a fine-tune, an imported model), with
+// the same tokenizer. Throws forge::Error: kData when the checkpoint is damaged or (own_dataset) was
+// trained on another dataset version, or the dataset lacks a validation split; kUsage when the checkpoint
+// (or a reference or teacher) records another tokenizer than the dataset's (check_tokenizer,
+// prompt_format.h), the dataset's vocabulary does not fit the model, the model has fewer positions than
+// options.seq_len, a DPO candidate's dataset holds no preference pairs, or a reference or teacher has
+// another vocabulary than the model.
+// What evaluate_checkpoint checks before it reads anything (every error it names about the checkpoint and
+// the dataset, in the same order): the model config it evaluates.
+trainer::ModelSpec check_evaluation(const std::string& checkpoint_dir, const std::string& dataset_dir,
+                                    const EvalOptions& options, bool own_dataset = true);
+
 DomainResults evaluate_checkpoint(const std::string& checkpoint_dir, const std::string& dataset_dir,
                                   const EvalOptions& options, trainer::Comm& comm, bool own_dataset = true);
 

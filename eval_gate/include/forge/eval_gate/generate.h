@@ -7,8 +7,11 @@
 #include "forge/trainer/model.h"
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 namespace forge::gate {
@@ -20,6 +23,9 @@ struct Sampling {
   int max_new_tokens = 64;
   std::vector<int32_t> stop_tokens;  // ends a sample; not part of it
   uint64_t seed = 1;
+  // Called with a sample's tokens after each one it gains (not a stop token); true ends the sample there,
+  // the token kept (stop strings matched on the decoded text: StopStrings, prompt_format.h).
+  std::function<bool(std::span<const int32_t> tokens)> stop_after;
 };
 
 // The token `logits` give under `s`, for a uniform draw `u` in [0, 1) (unused when greedy). Candidates
@@ -36,7 +42,8 @@ struct Request {
 
 struct Generation {
   std::vector<int32_t> tokens;
-  bool stopped = false;           // ended at a stop token
+  bool stopped = false;           // ended at a stop token, or where stop_after said
+  int32_t stop_token = -1;        // the stop token that ended it (not in `tokens`); -1 otherwise
   bool prompt_truncated = false;  // the prompt was cut from the left to leave room for one token
 };
 
@@ -49,7 +56,8 @@ struct GenerationStats {
 // Generates on `model` (whole, on one rank; its rows() bounds one call: build it with batch = the
 // sequences in flight and seq_len = max_positions), `batch` sequences at a time. A finished sequence's
 // slot takes the next request at once: its prompt is prefilled in the same call as the others' next
-// tokens. A sample ends at a stop token, after max_new_tokens, or at the model's last position.
+// tokens. A sample ends at a stop token, where Sampling::stop_after says, after max_new_tokens, or at the
+// model's last position.
 class Generator {
  public:
   Generator(trainer::GPT& model, int batch);
@@ -63,5 +71,9 @@ class Generator {
   trainer::KvCache cache_;
   GenerationStats stats_;
 };
+
+// Where `text` first holds one of `stop_strings` (the earliest start; the longest of those starting there),
+// as {position, index of the string}; {npos, npos} when it holds none. Empty strings are never found.
+std::pair<size_t, size_t> find_stop_string(std::string_view text, std::span<const std::string> stop_strings);
 
 }  // namespace forge::gate

@@ -9,6 +9,7 @@
 #include "forge/dataio/tokenizer.h"
 #include "forge/eval_gate/generate.h"
 #include "forge/eval_gate/intervals.h"
+#include "forge/eval_gate/prompt_format.h"
 #include "forge/eval_gate/sandbox.h"
 #include "forge/eval_gate/suite.h"
 #include "forge/trainer/comm.h"
@@ -53,17 +54,6 @@ struct SuiteResult {
   static SuiteResult from_json(const Json& j);
 };
 
-// How prompts become tokens: the dataset's tokenizer and, for chat suites, its chat template's markers.
-struct PromptFormat {
-  std::shared_ptr<const data::Tokenizer> tokenizer;
-  std::optional<data::ChatMarkerIds> chat;  // when the tokenizer holds the chat template's markers
-
-  // The tokenizer of the dataset at `dataset_dir` and, when it holds them, the chat markers. A dataset
-  // prepared with another chat template than this build renders (the SHA-256 in its manifest) is
-  // forge::Error(kData): its models were trained on other turns than the prompts would be.
-  static PromptFormat of_dataset(const std::string& dataset_dir);
-};
-
 struct SuiteRunOptions {
   int batch = 8;  // sequences generated at once
   SandboxLimits sandbox;
@@ -72,8 +62,9 @@ struct SuiteRunOptions {
 };
 
 // Runs `suite` on `model` (the whole model, built for generation: batch x max_positions rows) with the
-// prompts formatted by `format`. Throws forge::Error(kUsage) when a chat suite meets a tokenizer without
-// the chat markers.
+// prompts formatted by `format` (prompt_format.h): a chat suite's prompt is a user turn in the model's own
+// chat template, else forge's, and its replies end at that format's stops. Throws forge::Error(kUsage) when
+// a chat suite meets a format that cannot chat.
 SuiteResult run_suite(const Suite& suite, trainer::GPT& model, const PromptFormat& format,
                       const SuiteRunOptions& options, trainer::Comm& comm);
 
