@@ -279,10 +279,10 @@ sft_release=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["
   --tokenizer "$work/dataset/tokenizer.model" --valid-fraction 0.15 --out "$work/pairs-dataset" | grep -E "^preference|^  per pair"
 dpo_run=$work/runs/dpo
 dpo_steps=$((fast ? 40 : 60))
-# The full run's 60 steps at the fast run's 1e-3 drift the held-out pairs' language-model loss past the
-# gate's 25% (measured: +25.7% from a 60-step fine-tune); at 5e-4 it rose 16% and the held-out preference
-# accuracy was higher (0.90 against 0.86).
-dpo_lr=$([ "$fast" = 1 ] && echo 1e-3 || echo 5e-4)
+# At 1e-3 the held-out pairs' language-model loss drifts past the gate's 25% depending on the pretraining
+# run (whose GPU-fault restart point varies): +25.7% in a 60-step run, +35.7% in a 40-step one from another
+# release; 5e-4 gave +16% and +9% with held-out preference accuracy 0.90 and 0.75 (limit 0.63).
+dpo_lr=5e-4
 sed -e "s|^dir = .*|dir = $dpo_run|" -e "s|^dataset = .*|dataset = $work/pairs-dataset|" \
   -e "s/^steps = .*/steps = $dpo_steps/" -e "s/^milestone_every = .*/milestone_every = $dpo_steps/" \
   -e "s/^recovery_every = .*/recovery_every = $((dpo_steps / 2))/" -e "s/^lr = .*/lr = $dpo_lr/" \
@@ -309,6 +309,35 @@ cat "$dpo_run/gate/summary.txt"
 # through the fine-tune to the pretraining run, with every dataset version on the way.
 dpo_release=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["promoted_to"])' "$dpo_run/gate/verdict.json")
 "$bin/ckpt/forge-ckpt" registry lineage "$dpo_release"
+
+stage "open weights: the release out in the Hugging Face layout and back in, fine-tuned with its own chat template, gated, out again"
+# The pretraining release as it would be published (config.json, safetensors, generation_config.json, its
+# SentencePiece model and tokenizer_config.json with the chat template), then imported as a released model
+# would arrive: a chat set prepared with that model's own template and tokenizer, an SFT run from the import
+# gated against it, and the result published again. Nothing is downloaded.
+hf=$work/open-weights
+registry_tool=$bin/ckpt/forge-ckpt
+[ -x "${FORGE_DEVCLUSTER_DIR:-}/bin/forge-ckpt" ] && registry_tool=$FORGE_DEVCLUSTER_DIR/bin/forge-ckpt
+"$bin/ckpt/forge-ckpt" export "$release" --format hf --out "$hf/published" --dtype bf16
+imported=$hf/imported
+"$bin/ckpt/forge-ckpt" import "$hf/published" --out "$imported" | grep -v "^[a-z_]* = "
+"$registry_tool" registry add "$imported" --name demo-open-weights | sed 's/^/registry: /'
+"$bin/dataio/forge-data" prepare --format chat --input "$work/chat.jsonl=chat" --tokenizer "$imported/tokenizer.model" \
+  --chat-template "$imported" --valid-fraction 0.1 --out "$work/chat-template-dataset" | grep -E "^chat|template"
+open_run=$work/runs/sft-open
+sed -e "s|^dir = .*|dir = $open_run|" -e "s|^dataset = .*|dataset = $work/chat-template-dataset|" \
+  -e "s/^name = .*/name = sft-open/" "$work/sft.ini" > "$work/sft-open.ini"
+ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp2 \
+  --gate-policy="$root/configs/gate.sft.ini" --baseline="$imported" --finetune-from="$imported" \
+  "$work/sft-open.ini" "$work/chat-template-dataset")
+gate=$(awk '/gate job/ {print $3}' <<<"$ids")
+state=$(final_state "$gate" 900)
+grep -E "^(gate verdict|FAIL)" "$open_run/gate/summary.txt" | sed 's/^/  /'
+[ "$state" = COMPLETED ] || { echo "demo: the fine-tune of the imported model's gate ended $state" >&2; exit 1; }
+open_release=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["promoted_to"])' "$open_run/gate/verdict.json")
+"$bin/ckpt/forge-ckpt" export "$open_release" --format hf --out "$hf/fine-tuned"
+# Its lineage leads back to the import, and through it to where the weights came from.
+"$bin/ckpt/forge-ckpt" registry lineage "$open_release"
 
 stage "post-training: distillation of the release into a student half its width (team-a, explore tier, tp2)"
 # run.objective = distill: a fresh student (2 blocks of width 64) learns the release's distributions at
@@ -449,6 +478,7 @@ echo "demo: dataset $work/dataset (quality report $work/dataset/quality.json)"
 echo "demo: run $run (metrics, summary.json, checkpoints, gate/verdict.json)"
 echo "demo: fine-tune $sft_run on $work/chat-dataset (report.html, gate/verdict.json against $release)"
 echo "demo: preference tuning $dpo_run on $work/pairs-dataset (report.html, gate/verdict.json against $sft_release; references in $work/pairs-dataset/references)"
+echo "demo: open weights $hf (published: the release in the Hugging Face layout; imported; fine-tuned: the SFT from the import, exported)"
 echo "demo: distillation $distill_run from $release (report.html, gate/verdict.json)"
 echo "demo: Mixture of Experts $moe_run (report.html: expert load per block)"
 echo "demo: task suites $work/suites; taught model $work/runs/tasks (gate/verdict.json: every suite with its intervals)"

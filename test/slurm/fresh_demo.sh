@@ -66,7 +66,7 @@ fi
 
 for s in "install dependencies" "build" "dev cluster up" "demo corpus and dataset" "approval: the pretraining job" "submit the pipeline" \
   "preempt the training job" "a GPU fails mid-run" "gate: evaluate" "post-training: SFT on chat data" \
-  "post-training: DPO on preference pairs" "evaluation: task suites" \
+  "post-training: DPO on preference pairs" "open weights: the release out" "evaluation: task suites" \
   "accounting: forge-quota sync and report" "done"; do
   grep -qE "^\[demo [0-9:]+\] == $s" "$LOG" || fail "no progress line for stage '$s'"
 done
@@ -96,6 +96,14 @@ sacct -n -X -P -j "$train_job" -o AdminComment | grep -q "forge-approval=$approv
 grep -q "<svg" "$run/report.html" 2>/dev/null || fail "no training report with plots ($run/report.html)"
 grep -q "^model llama: 2 blocks of 128, 4 heads sharing 2 key/value heads" "$LOG" ||
   fail "the demo did not show its pretraining run's model family: $(grep -m1 '^model ' "$LOG")"
+# Open weights (issue 40): the release out in the Hugging Face layout, imported, fine-tuned with its own
+# chat template, gated, out again; the fine-tune's lineage leads to the import and where it came from.
+ow=$FORGE_DEMO_DIR/open-weights
+for f in config.json generation_config.json model.safetensors tokenizer.model tokenizer_config.json; do
+  [ -s "$ow/published/$f" ] && [ -s "$ow/fine-tuned/$f" ] || fail "the open-weights stage did not write $f"
+done
+grep -qE "^imported $ow/published \(LlamaForCausalLM, bfloat16" "$LOG" || fail "no import of the published release shown"
+grep -qE "^  imported from $ow/published " "$LOG" || fail "the fine-tune's lineage does not lead to the import's origin"
 python3 -c "import json,sys; s=json.load(open(sys.argv[1])); sys.exit(0 if s.get('layout') == 'tp2,pp2,dp4' and s.get('ranks') == 16 else 'summary says ' + str(s.get('layout')))" \
   "$run/summary.json" || fail "the run did not train on tp2,pp2,dp4 (16 ranks)"
 

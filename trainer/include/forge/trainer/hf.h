@@ -73,7 +73,7 @@ struct HfImport {
 // Reads the Hugging Face model directory `dir` (config.json, model.safetensors or its sharded index) and
 // writes a committed release-tier checkpoint at `out` of FP32 logical tensors named as forge names them,
 // loadable on any layout (ckpt.init_from, a teacher, a gate baseline). The tokenizer and generation files
-// (tokenizer.json, tokenizer_config.json, tokenizer.model, special_tokens_map.json,
+// (tokenizer.json, tokenizer_config.json, chat_template.jinja, tokenizer.model, special_tokens_map.json,
 // generation_config.json) and config.json are kept in the checkpoint. The files are memory-mapped and read
 // once, in order, converting as they go: memory holds a few MiB besides the page cache. forge::Error(kData)
 // naming the file and the tensor or key for anything missing, extra, misshapen or unsupported; kUsage when
