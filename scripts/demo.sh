@@ -320,7 +320,7 @@ registry_tool=$bin/ckpt/forge-ckpt
 [ -x "${FORGE_DEVCLUSTER_DIR:-}/bin/forge-ckpt" ] && registry_tool=$FORGE_DEVCLUSTER_DIR/bin/forge-ckpt
 "$bin/ckpt/forge-ckpt" export "$release" --format hf --out "$hf/published" --dtype bf16
 imported=$hf/imported
-"$bin/ckpt/forge-ckpt" import "$hf/published" --out "$imported" | grep -v "^[a-z_]* = "
+"$bin/ckpt/forge-ckpt" import "$hf/published" --out "$imported" | grep -v -e "^[a-z_]* = " -e "^\[model\]"
 "$registry_tool" registry add "$imported" --name demo-open-weights | sed 's/^/registry: /'
 "$bin/dataio/forge-data" prepare --format chat --input "$work/chat.jsonl=chat" --tokenizer "$imported/tokenizer.model" \
   --chat-template "$imported" --valid-fraction 0.1 --out "$work/chat-template-dataset" | grep -E "^chat|template"
@@ -332,7 +332,7 @@ ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=ex
   "$work/sft-open.ini" "$work/chat-template-dataset")
 gate=$(awk '/gate job/ {print $3}' <<<"$ids")
 state=$(final_state "$gate" 900)
-grep -E "^(gate verdict|FAIL)" "$open_run/gate/summary.txt" | sed 's/^/  /'
+grep -E "^(gate verdict|FAIL|pass loss)" "$open_run/gate/summary.txt" | sed 's/^/  /'
 [ "$state" = COMPLETED ] || { echo "demo: the fine-tune of the imported model's gate ended $state" >&2; exit 1; }
 open_release=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["promoted_to"])' "$open_run/gate/verdict.json")
 "$bin/ckpt/forge-ckpt" export "$open_release" --format hf --out "$hf/fine-tuned"

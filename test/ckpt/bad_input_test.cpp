@@ -1,4 +1,5 @@
 #include "support.h"
+#include "support/errors.h"
 #include "support/temp_dir.h"
 
 #include "forge/ckpt/checkpoint.h"
@@ -13,23 +14,10 @@ using namespace forge::ckpt;
 using namespace forge::ckpt::test;
 namespace fs = std::filesystem;
 
+using forge::test::error_of;
+using forge::test::mentions;
+
 namespace {
-
-// Runs fn and returns the forge::Error it throws (fails the test when it throws nothing).
-template <typename Fn>
-forge::Error error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const forge::Error& e) {
-    return e;
-  }
-  FAIL("expected a forge::Error");
-  return forge::Error(forge::ExitCode::kOk, "");
-}
-
-bool mentions(const forge::Error& e, const std::string& what) {
-  return std::string(e.what()).find(what) != std::string::npos;
-}
 
 std::string saved(const std::string& run, int64_t step = 1) {
   SingleProcessCoordinator coord;

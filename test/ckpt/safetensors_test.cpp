@@ -1,4 +1,5 @@
 // safetensors files (read, checked, written) and the streaming CheckpointWriter of imports.
+#include "support/errors.h"
 #include "support/temp_dir.h"
 
 #include "forge/ckpt/checkpoint.h"
@@ -14,22 +15,10 @@
 using namespace forge::ckpt;
 namespace fs = std::filesystem;
 
+using forge::test::error_of;
+using forge::test::mentions;
+
 namespace {
-
-template <typename Fn>
-forge::Error error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const forge::Error& e) {
-    return e;
-  }
-  FAIL("expected a forge::Error");
-  return forge::Error(forge::ExitCode::kOk, "");
-}
-
-bool mentions(const forge::Error& e, const std::string& what) {
-  return std::string(e.what()).find(what) != std::string::npos;
-}
 
 // A file of `header` (JSON text) and `data` bytes, with `size` as the header size field (default: right).
 std::string file_of(const std::string& header, size_t data, std::optional<uint64_t> size = {}) {

@@ -2,6 +2,8 @@
 // tensors tiling every parameter exactly once, and the configs that are refused. The files themselves and
 // the numerics against PyTorch are test/ckpt/hf_test.sh's.
 #include "forge/trainer/hf.h"
+#include "support/errors.h"
+
 #include "forge/common/error.h"
 #include "forge/trainer/checkpoint_io.h"
 #include "forge/trainer/spec.h"
@@ -13,22 +15,10 @@
 using namespace forge::trainer;
 using forge::Json;
 
+using forge::test::error_of;
+using forge::test::mentions;
+
 namespace {
-
-template <typename Fn>
-forge::Error error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const forge::Error& e) {
-    return e;
-  }
-  FAIL("expected a forge::Error");
-  return forge::Error(forge::ExitCode::kOk, "");
-}
-
-bool mentions(const forge::Error& e, const std::string& what) {
-  return std::string(e.what()).find(what) != std::string::npos;
-}
 
 // Small models of every family, with the slots that set them apart.
 std::vector<ModelSpec> family_specs() {

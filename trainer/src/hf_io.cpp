@@ -28,10 +28,9 @@ namespace fs = std::filesystem;
 namespace {
 
 // The files besides the weights that a model directory may hold and a checkpoint keeps.
-constexpr std::string_view kModelFiles[] = {"config.json",     "generation_config.json",
-                                            "tokenizer.json",  "tokenizer_config.json",
-                                            "tokenizer.model", "special_tokens_map.json",
-                                            "chat_template.jinja"};
+constexpr std::string_view kModelFiles[] = {
+    "config.json",     "generation_config.json",  "tokenizer.json",     "tokenizer_config.json",
+    "tokenizer.model", "special_tokens_map.json", "chat_template.jinja"};
 constexpr const char* kIndexName = "model.safetensors.index.json";
 
 float half_to_float(uint16_t h) {
