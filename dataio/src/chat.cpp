@@ -275,15 +275,21 @@ void final_reply_loss_mask(std::span<const uint32_t> ids, const ChatMarkerIds& m
 
 namespace {
 
-// The preference checks of one shard (masks already known to be one 0/1 value per token): pairs whole, each
-// half's mask exactly its final reply, both halves on the same prompt tokens.
-void verify_pairs(const std::string& path, const ShardData& data, const ChatMarkerIds& markers) {
+// The documents of a preference shard, which holds whole pairs (chosen, rejected); kData otherwise.
+uint64_t whole_pairs(const std::string& path, const ShardData& data) {
   const uint64_t docs = data.documents();
   if (docs % 2 != 0)
     fail(ExitCode::kData,
          "shard {}: {} documents, but a preference shard holds whole pairs (chosen, rejected); rebuild it "
          "with 'forge-data prepare --format preference'",
          path, docs);
+  return docs;
+}
+
+// The preference checks of one shard (masks already known to be one 0/1 value per token): pairs whole, each
+// half's mask exactly its final reply, both halves on the same prompt tokens.
+void verify_pairs(const std::string& path, const ShardData& data, const ChatMarkerIds& markers) {
+  const uint64_t docs = whole_pairs(path, data);
   std::vector<uint8_t> want;
   std::span<const uint32_t> prompt[2];
   for (uint64_t d = 0; d < docs; ++d) {
@@ -311,12 +317,7 @@ void verify_pairs(const std::string& path, const ShardData& data, const ChatMark
 // recomputed without the template: pairs whole, each half scoring one run of tokens (its final reply, the
 // tokens after it unscored), and both halves on the same prompt tokens, the ones before that run.
 void verify_template_pairs(const std::string& path, const ShardData& data) {
-  const uint64_t docs = data.documents();
-  if (docs % 2 != 0)
-    fail(ExitCode::kData,
-         "shard {}: {} documents, but a preference shard holds whole pairs (chosen, rejected); rebuild it "
-         "with 'forge-data prepare --format preference'",
-         path, docs);
+  const uint64_t docs = whole_pairs(path, data);
   std::span<const uint32_t> prompt[2];
   for (uint64_t d = 0; d < docs; ++d) {
     const uint64_t a = data.doc_offsets[d], b = data.doc_offsets[d + 1];
