@@ -62,25 +62,50 @@ float element(const ckpt::SafeTensor& t, int64_t i) {
 }
 
 // FP32 to the published element type, rounding to nearest even (BF16 NaNs stay NaN).
-void store(ckpt::DType dtype, float f, std::byte* out) {
-  if (dtype == ckpt::DType::kF32) {
+template <ckpt::DType D>
+void store(float f, std::byte* out) {
+  if constexpr (D == ckpt::DType::kF32) {
     std::memcpy(out, &f, 4);
-    return;
-  }
-  uint16_t h;
-  if (dtype == ckpt::DType::kBF16) {
+  } else if constexpr (D == ckpt::DType::kBF16) {
     uint32_t bits;
     std::memcpy(&bits, &f, 4);
     if ((bits & 0x7f800000u) != 0x7f800000u)
       bits += 0x7fffu + ((bits >> 16) & 1u);
     else if (bits & 0x007fffffu)
       bits |= 0x00400000u;
-    h = uint16_t(bits >> 16);
+    const uint16_t h = uint16_t(bits >> 16);
+    std::memcpy(out, &h, 2);
   } else {
     const _Float16 v = static_cast<_Float16>(f);
-    std::memcpy(&h, &v, 2);
+    std::memcpy(out, &v, 2);
   }
-  std::memcpy(out, &h, 2);
+}
+
+// n values to published elements; the element type is chosen once, outside the loop, so that it
+// vectorizes.
+template <ckpt::DType D>
+void store_all(const float* values, size_t n, std::byte* out) {
+  constexpr size_t esize = D == ckpt::DType::kF32 ? 4 : 2;
+  for (size_t i = 0; i < n; ++i) store<D>(values[i], out + i * esize);
+}
+void store_all(ckpt::DType dtype, const float* values, size_t n, std::byte* out) {
+  switch (dtype) {
+    case ckpt::DType::kF32:
+      return store_all<ckpt::DType::kF32>(values, n, out);
+    case ckpt::DType::kBF16:
+      return store_all<ckpt::DType::kBF16>(values, n, out);
+    default:
+      return store_all<ckpt::DType::kF16>(values, n, out);
+  }
+}
+
+// [rows, cols] row-major to [cols, rows], in tiles that stay in cache.
+void transpose(const float* in, int64_t rows, int64_t cols, float* out) {
+  constexpr int64_t kTile = 32;
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile)
+    for (int64_t c0 = 0; c0 < cols; c0 += kTile)
+      for (int64_t r = r0; r < std::min(rows, r0 + kTile); ++r)
+        for (int64_t c = c0; c < std::min(cols, c0 + kTile); ++c) out[c * rows + r] = in[r * cols + c];
 }
 
 std::string_view torch_dtype_name(ckpt::DType d) {
@@ -355,7 +380,8 @@ HfExport export_hf(const ckpt::Checkpoint& checkpoint, const std::string& out_na
     // Shards of at most shard_bytes of tensor data, in published order (one tensor may exceed it alone).
     const std::vector<HfTensor> mapping = hf_tensors(spec);
     std::vector<std::vector<ckpt::SafeTensorOut>> shards(1);
-    HostBuffer<float> values;  // one tensor at a time, reused: fresh pages would cost a fault each
+    // One tensor at a time, reused: fresh pages would cost a fault each.
+    HostBuffer<float> values, transposed;
     uint64_t in_shard = 0, total = 0;
     for (const HfTensor& m : mapping) {
       uint64_t bytes = ckpt::dtype_size(dtype);
@@ -367,21 +393,20 @@ HfExport export_hf(const ckpt::Checkpoint& checkpoint, const std::string& out_na
       in_shard += bytes;
       total += bytes;
       shards.back().push_back(
-          {m.name, dtype, m.shape, [&checkpoint, &m, dtype, &values](std::span<std::byte> buf) {
+          {m.name, dtype, m.shape, [&checkpoint, &m, dtype, &values, &transposed](std::span<std::byte> buf) {
              ckpt::Slice piece = ckpt::Slice::whole("param/" + m.param, m.param_shape);
              piece.offset = m.offset;
              piece.count = m.count;
              const size_t n = static_cast<size_t>(piece.normalized().elements());
              values.reserve(n);
              checkpoint.read({{piece, values.data()}});
-             const size_t esize = ckpt::dtype_size(dtype);
-             const int64_t rows = m.param_shape[0];
-             const int64_t cols = m.param_shape.size() > 1 ? m.param_shape[1] : 1;
-             for (size_t i = 0; i < n; ++i) {
-               // published (r, c) of [cols, rows] is forge's (c, r)
-               const size_t src = m.transposed ? (i % rows) * cols + i / rows : i;
-               store(dtype, values[src], buf.data() + i * esize);
+             const float* published = values.data();
+             if (m.transposed) {
+               transposed.reserve(n);
+               transpose(values.data(), m.param_shape[0], m.param_shape[1], transposed.data());
+               published = transposed.data();
              }
+             store_all(dtype, published, n, buf.data());
            }});
     }
     // The checkpoint's checksums are verified alongside (the other core): the export is published only
