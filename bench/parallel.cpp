@@ -11,6 +11,8 @@
 #include "forge/trainer/groups.h"
 #include "forge/trainer/spec.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <vector>
@@ -23,7 +25,7 @@ namespace {
 // Bytes this rank hands to its communicators per step, counted as CommStats counts them (an all-reduce
 // its buffer, a reduce-scatter its input, an all-gather its output, a send its payload).
 double analytic_bytes(const TrainSpec& s, const ProcessGroups& g, const ParallelTrainer& t) {
-  const double N = double(s.batch) * s.model.seq_len, C = s.model.d_model, m = s.microbatches;
+  const double N = double(s.batch) * s.model.seq_len / g.layout.cp, C = s.model.d_model, m = s.microbatches;
   const auto& b = t.bounds();
   const double blocks = b[size_t(g.pp_rank) + 1] - b[size_t(g.pp_rank)];
   double floats = 0;
@@ -35,10 +37,17 @@ double analytic_bytes(const TrainSpec& s, const ProcessGroups& g, const Parallel
     floats += m * (fwd + 2 * blocks * N * C);
   }
   if (g.layout.pp > 1) floats += m * N * C * ((g.last_stage() ? 0 : 1) + (g.first_stage() ? 0 : 1));
-  if (g.layout.dp > 1) floats += (s.parallel.zero == 1 ? 2.0 : 1.0) * double(t.parameter_bytes() / 8);
+  if (g.layout.dp * g.layout.cp > 1)
+    floats += (s.parallel.zero == 1 ? 2.0 : 1.0) * double(t.parameter_bytes() / 8);
   if (g.embed) floats += double(s.model.vocab / g.layout.tp) * C;
+  if (g.layout.cp > 1) {
+    // Ring attention, per block and micro-batch: the key/value chunks (cp - 1) times forward and backward,
+    // the travelling gradient cp times (no document ids on this stream); dense gradients over dp x cp.
+    const double cp = g.layout.cp, kv = std::max(1, s.model.kv_heads / g.layout.tp) * s.model.head_dim;
+    floats += m * blocks * (3 * cp - 2) * N * 2 * kv;
+  }
   // + the loss and norm reduction, and (dp > 1) the sum of the step's scored weight over the DP group.
-  return 4 * floats + 16 + (g.layout.dp > 1 ? 8 : 0);
+  return 4 * floats + 16 + (g.layout.dp * g.layout.cp > 1 ? 8 : 0);
 }
 
 }  // namespace
@@ -65,7 +74,7 @@ int main(int argc, char** argv) {
       }
     }
     const int warmup = 2;
-    double seconds = 0, bubble = 0, comm = 0, bytes = 0;
+    double seconds = 0, bubble = 0, comm = 0, bytes = 0, ring = 0;
     int64_t step_tokens = 0;
     for (int64_t step = 0; step < spec.steps; ++step) {
       const StepStats st = trainer.step(tokens);
@@ -74,12 +83,21 @@ int main(int argc, char** argv) {
       bubble += st.bubble_s;
       comm += st.comm_s;
       bytes += double(st.comm_bytes);
+      ring += st.cp_comm_s;
       step_tokens = st.tokens;
     }
     const double steps = double(spec.steps - warmup);
     // The slowest rank sets the pace; bytes are reported for the rank that moves the most.
-    double worst[4] = {seconds / steps, bubble / steps, comm / steps, bytes / steps};
-    groups.world->all_reduce(worst, 4, CommType::kF64, ReduceOp::kMax)->wait();
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    double worst[7] = {seconds / steps,
+                       bubble / steps,
+                       comm / steps,
+                       bytes / steps,
+                       ring / steps,
+                       double(trainer.activation_bytes()),
+                       double(usage.ru_maxrss) * 1024.0};
+    groups.world->all_reduce(worst, 7, CommType::kF64, ReduceOp::kMax)->wait();
     double analytic = analytic_bytes(spec, groups, trainer);
     groups.world->all_reduce(&analytic, 1, CommType::kF64, ReduceOp::kMax)->wait();
     if (groups.rank == 0) {
@@ -95,7 +113,10 @@ int main(int argc, char** argv) {
                      {"exposed_comm_fraction", worst[2] / worst[0]},
                      {"comm_mb_per_step", worst[3] / 1e6},
                      {"analytic_mb_per_step", analytic / 1e6},
-                     {"optimizer_mib_per_rank", double(trainer.optimizer_bytes()) / (1 << 20)}};
+                     {"optimizer_mib_per_rank", double(trainer.optimizer_bytes()) / (1 << 20)},
+                     {"activation_mib_per_rank", worst[5] / (1 << 20)},
+                     {"peak_rss_mib_per_rank", worst[6] / (1 << 20)},
+                     {"cp_comm_fraction", worst[4] / worst[0]}};
       std::printf("%s\n", out.dump().c_str());
     }
     return 0;

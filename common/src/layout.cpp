@@ -98,7 +98,19 @@ std::optional<LayoutProblem> layout_problem(const Layout& l, const ModelDims& m)
   if (l.dp % l.ep != 0)
     return problem("parallel.ep", "must divide parallel.dp = " + std::to_string(l.dp) +
                                       " (expert-parallel groups are carved out of the data-parallel ones)");
-  if (l.cp != 1) return problem("parallel.cp", "context parallelism is not implemented yet: it must be 1");
+  // Context parallelism cuts each sequence into 2 x cp chunks (two per rank, for causal balance).
+  if (l.cp > 1 && m.experts > 0)
+    return problem(
+        "parallel.cp",
+        "context parallelism with a Mixture-of-Experts model is not implemented yet: it must be 1");
+  if (l.cp > 1 && m.seq_len > 0 && m.seq_len % (2 * l.cp) != 0) {
+    std::string fits;
+    for (int cp = 2; cp <= 64 && cp <= m.seq_len / 2; cp *= 2)
+      if (m.seq_len % (2 * cp) == 0) fits += (fits.empty() ? "" : ", ") + std::to_string(cp);
+    return problem("parallel.cp", "must cut model.seq_len = " + std::to_string(m.seq_len) + " into 2 x " +
+                                      std::to_string(l.cp) + " equal chunks" +
+                                      (fits.empty() ? std::string() : " (cp = " + fits + " would)"));
+  }
   if (l.ep != 1 && m.experts == 0)
     return problem("parallel.ep",
                    "expert parallelism needs a Mixture-of-Experts model (model.ffn = moe): "

@@ -129,8 +129,9 @@ RunCheckpoints::RunCheckpoints(const Config& config, const trainer::TrainSpec& s
       saver_(coord_, saver_options(config, spec, trainer.model().backend())) {
   // Each logical element is written by one rank (trainer::SaveRole).
   const trainer::ProcessGroups& g = trainer.groups();
-  role_.params = g.dp_rank == 0;
-  role_.moments = spec.parallel.zero == 1 || g.dp_rank == 0;
+  // Dense weights are replicated over dp x cp (dp_cp, which is dp at cp 1).
+  role_.params = g.dp_cp->rank() == 0;
+  role_.moments = spec.parallel.zero == 1 || g.dp_cp->rank() == 0;
   role_.expert_params = g.expert_dp->rank() == 0;
   role_.expert_moments = spec.parallel.zero == 1 || g.expert_dp->rank() == 0;
   role_.replicated = g.tp_rank == 0;

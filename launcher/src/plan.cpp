@@ -142,8 +142,12 @@ Plan make_plan(const T::TrainSpec& validated) {
   plan.attention_flops = 12.0 * m.layers * double(keys) * double(m.heads) * double(m.head_dim);
 
   const std::vector<int> bounds = T::stage_bounds(m, lay.pp, spec.parallel.stage_layers);
-  const size_t dp = size_t(lay.dp), expert_dp = size_t(lay.dp / lay.ep);
-  const size_t N = size_t(spec.batch) * size_t(m.seq_len), NC = N * size_t(m.d_model);
+  // Dense gradients are reduced, and ZeRO-1 shards, over dp x cp; a rank holds seq_len / cp positions of
+  // each sequence (ParallelTrainer).
+  const size_t dp = size_t(lay.dp) * size_t(lay.cp), expert_dp = size_t(lay.dp / lay.ep);
+  T::ModelSpec local = m;
+  local.seq_len /= lay.cp;
+  const size_t N = size_t(spec.batch) * size_t(local.seq_len), NC = N * size_t(m.d_model);
   for (int s = 0; s < lay.pp; ++s) {
     StagePlan st;
     st.stage = s;
@@ -191,7 +195,11 @@ Plan make_plan(const T::TrainSpec& validated) {
     for (const Bucket& b : buckets) owned += (b.hi - b.lo) / b.group;
     st.grad_shard = owned * kF32;
     st.optimizer = 2 * (spec.parallel.zero == 1 ? owned : flat) * kF32;
-    st.activations = activation_bytes(m, slice, spec.batch, spec.dtype, st.slots);
+    st.activations = activation_bytes(local, slice, spec.batch, spec.dtype, st.slots);
+    if (lay.cp > 1) {  // RingScratch: two key/value messages, the gradient's part, out and in; delta, ids
+      const size_t kv = size_t(std::max(1, m.kv_heads / lay.tp)) * size_t(m.head_dim);
+      st.activations += (5 * N * 2 * kv + N * size_t(m.heads / lay.tp)) * kF32 + size_t(lay.cp) * N * 4;
+    }
     st.pipeline = ((st.embedding ? 0 : NC) + (st.head ? 0 : NC)) * kF32;  // recv_act_, recv_grad_
     if (st.head) {
       const std::string classifier = m.tied_embeddings ? "wte.weight" : "head.weight";
@@ -204,6 +212,58 @@ Plan make_plan(const T::TrainSpec& validated) {
     plan.stages.push_back(st);
   }
   return plan;
+}
+
+namespace {
+
+const StagePlan& largest_stage(const Plan& plan) {
+  return *std::max_element(plan.stages.begin(), plan.stages.end(),
+                           [](const StagePlan& a, const StagePlan& b) { return a.total() < b.total(); });
+}
+
+}  // namespace
+
+void check_memory_cap(const Plan& plan) {
+  const T::TrainSpec& spec = plan.spec;
+  const double cap = spec.memory_cap_gib * 1024.0 * 1024.0 * 1024.0;
+  const StagePlan& worst = largest_stage(plan);
+  if (cap <= 0 || double(worst.total()) <= cap) return;
+  const std::pair<const char*, size_t> parts[] = {
+      {"weights", worst.weights},     {"gradients", worst.gradients},     {"AdamW moments", worst.optimizer},
+      {"BF16 copy", worst.bf16_copy}, {"activations", worst.activations}, {"buffers", worst.buffers()}};
+  const auto& big = *std::max_element(std::begin(parts), std::end(parts),
+                                      [](const auto& a, const auto& b) { return a.second < b.second; });
+  // One key changed at a time, each candidate validated as a run validates it.
+  std::vector<std::string> fits;
+  const auto consider = [&](T::TrainSpec s, const std::string& change) {
+    if (fits.size() >= 3 || T::parallel_problem(s.model, s.layout, s.parallel)) return;
+    const Plan p = make_plan(s);
+    if (double(largest_stage(p).total()) <= cap)
+      fits.push_back(fmt::format("{} ({} per rank, {} ranks)", change, bytes_str(largest_stage(p).total()),
+                                 s.layout.world()));
+  };
+  if (spec.parallel.zero == 0 && spec.layout.dp > 1) {
+    T::TrainSpec s = spec;
+    s.parallel.zero = 1;
+    consider(s, "parallel.zero = 1");
+  }
+  for (const auto& [key, dim] :
+       {std::pair<const char*, int Layout::*>{"cp", &Layout::cp}, {"tp", &Layout::tp}, {"pp", &Layout::pp}})
+    for (int f = 2; f <= 8; f *= 2) {
+      T::TrainSpec s = spec;
+      s.layout.*dim *= f;
+      consider(s, fmt::format("parallel.{} = {}", key, s.layout.*dim));
+    }
+  std::string alternatives = "none of parallel.cp, tp or pp up to 8x, or ZeRO-1, fits";
+  if (!fits.empty()) {
+    alternatives = "would fit with ";
+    for (size_t i = 0; i < fits.size(); ++i) alternatives += (i ? ", or " : "") + fits[i];
+  }
+  fail(ExitCode::kUsage,
+       "run.memory_per_rank_gib = {:g}: the plan of layout {} needs {} per rank (stage {}; the largest part: "
+       "{} {}); {} (forge-train --plan shows every part)",
+       spec.memory_cap_gib, spec.layout.str(), bytes_str(worst.total()), worst.stage, big.first,
+       bytes_str(big.second), alternatives);
 }
 
 std::string format_plan(const Plan& plan) {
@@ -245,8 +305,9 @@ std::string format_plan(const Plan& plan) {
     if (st.first_layer == st.last_layer) holds = "no blocks";
     if (st.embedding) holds += " + embeddings";
     if (st.head) holds += " + final norm, classifier";
-    out += fmt::format("stage {} ({}): {} rank{} alike (tp{} x dp{}{}), {} micro-batch{} in flight\n",
-                       st.stage, holds, st.ranks, st.ranks == 1 ? "" : "s", lay.tp, lay.dp,
+    out += fmt::format("stage {} ({}): {} rank{} alike (tp{}{} x dp{}{}), {} micro-batch{} in flight\n",
+                       st.stage, holds, st.ranks, st.ranks == 1 ? "" : "s", lay.tp,
+                       lay.cp > 1 ? fmt::format(" x cp{}", lay.cp) : std::string(), lay.dp,
                        lay.ep > 1 ? fmt::format(", ep{}", lay.ep) : std::string(), st.slots,
                        st.slots == 1 ? "" : "es");
     out += fmt::format("  parameters   {} held per rank (flat buffers of {} values)\n", count_str(st.held),
@@ -254,14 +315,19 @@ std::string format_plan(const Plan& plan) {
     out += fmt::format("  weights      {:>10}  FP32 master\n", bytes_str(st.weights));
     out += fmt::format("  gradients    {:>10}  FP32\n", bytes_str(st.gradients));
     out += fmt::format("  AdamW        {:>10}  m and v, FP32, {}\n", bytes_str(st.optimizer),
-                       spec.parallel.zero == 1 ? fmt::format("sharded over dp{} (parallel.zero = 1)", lay.dp)
-                                               : std::string("whole on every rank (parallel.zero = 0)"));
+                       spec.parallel.zero == 1
+                           ? fmt::format("sharded over dp{}{} (parallel.zero = 1)", lay.dp,
+                                         lay.cp > 1 ? fmt::format(" x cp{}", lay.cp) : std::string())
+                           : std::string("whole on every rank (parallel.zero = 0)"));
     if (spec.dtype == T::DType::kBF16)
       out +=
           fmt::format("  BF16 copy    {:>10}  the weights forward and backward read (BF16 in FP32 slots)\n",
                       bytes_str(st.bf16_copy));
-    out += fmt::format("  activations  {:>10}  saved for backward and scratch, {} micro-batch{}\n",
-                       bytes_str(st.activations), st.slots, st.slots == 1 ? "" : "es");
+    out += fmt::format("  activations  {:>10}  saved for backward and scratch, {} micro-batch{}{}\n",
+                       bytes_str(st.activations), st.slots, st.slots == 1 ? "" : "es",
+                       lay.cp > 1 ? fmt::format(" of {} positions a sequence (cp{}), the ring's buffers",
+                                                m.seq_len / lay.cp, lay.cp)
+                                  : std::string());
     std::string parts = fmt::format("gradient shard {}", bytes_str(st.grad_shard));
     if (st.pipeline > 0) parts += fmt::format(", pipeline receive {}", bytes_str(st.pipeline));
     if (st.logits_chunk > 0) parts += fmt::format(", logits chunk {}", bytes_str(st.logits_chunk));
@@ -335,6 +401,7 @@ int plan_command(const Config& config, bool json_only) {
   // no ranks, so the world size is not checked.
   const Plan plan = make_plan(T::train_spec(config));
   if (!json_only) std::fputs(format_plan(plan).c_str(), stdout);
+  check_memory_cap(plan);
   std::fputs((plan_json(plan).dump() + "\n").c_str(), stdout);
   return 0;
 }

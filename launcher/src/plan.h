@@ -66,6 +66,11 @@ struct Plan {
 // automatic precision.dtype then plans BF16); --run.device=cpu plans a CPU run.
 Plan make_plan(const trainer::TrainSpec& spec);
 
+// run.memory_per_rank_gib > 0 and the plan's largest rank needs more: forge::Error(kUsage) naming the
+// need, its largest part, and the layouts one key away (cp, tp or pp doubled up to 8x, ZeRO-1) whose plans
+// fit. Called before anything is allocated.
+void check_memory_cap(const Plan& plan);
+
 std::string format_plan(const Plan& plan);  // human-readable lines
 Json plan_json(const Plan& plan);           // the same numbers, one document
 

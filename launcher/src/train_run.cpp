@@ -18,6 +18,7 @@
 #include "forge/trainer/trace.h"
 #include "forge/trainer/watchdog.h"
 #include "job_gauges.h"
+#include "plan.h"
 #include "spec_check.h"
 #include "teacher.h"
 #include "tensorboard_log.h"
@@ -409,8 +410,8 @@ std::string device_plan(const trainer::TrainSpec& spec, const trainer::ProcessGr
   double params = 0;
   for (const trainer::ParamInfo& p : trainer::parameter_table(spec.model, slice)) params += double(p.numel);
   const double gib = 1024.0 * 1024.0 * 1024.0;
-  const double moments = 8 * params / (spec.parallel.zero == 1 ? g.layout.dp : 1);
-  const double rows = double(spec.batch) * spec.model.seq_len;
+  const double moments = 8 * params / (spec.parallel.zero == 1 ? g.layout.dp * g.layout.cp : 1);
+  const double rows = double(spec.batch) * spec.model.seq_len / g.layout.cp;
   const double per_value = spec.dtype == trainer::DType::kBF16 ? 3.0 : 4.0;
   const double activations = 15.0 * rows * spec.model.d_model / g.layout.tp *
                              (slice.last_layer - slice.first_layer) * per_value *
@@ -447,6 +448,7 @@ int train(const Config& config, const trainer::TrainSpec& requested, bool force_
   }
   trainer::TrainSpec spec = requested;
   DeviceRun device = open_device(spec, boot.rank);
+  check_memory_cap(make_plan(spec));  // the device resolved: the plan is this run's
   // Everything that can reject the spec or the data runs before the model's memory is allocated.
   auto data = open_data(config, spec, spec.layout.coords(boot.rank).dp, *world, *device.backend);
   std::optional<trainer::ModelSpec> teacher_config;

@@ -27,7 +27,8 @@ std::optional<SpecLayout> read_spec_layout(const std::string& path, std::string*
                         {"model", "layers", &spec.model.layers, std::numeric_limits<int>::max()},
                         {"model", "heads", &spec.model.heads, std::numeric_limits<int>::max()},
                         {"model", "vocab", &spec.model.vocab, std::numeric_limits<int>::max()},
-                        {"model", "experts", &spec.model.experts, std::numeric_limits<int>::max()}};
+                        {"model", "experts", &spec.model.experts, std::numeric_limits<int>::max()},
+                        {"model", "seq_len", &spec.model.seq_len, std::numeric_limits<int>::max()}};
   try {
     for (const auto& section : read_ini(path)) {
       if (const IniEntry* e = section.name == "run" ? section.find("dir") : nullptr) spec.run_dir = e->value;

@@ -157,13 +157,15 @@ TEST_CASE("layout_problem names the first key to change and why") {
   CHECK_FALSE(forge::layout_problem(Layout{.tp = 2}, gqa));
   CHECK_FALSE(
       forge::layout_problem(Layout{.tp = 8}, {.layers = 6, .heads = 16, .vocab = 8192, .kv_heads = 2}));
-  check(Layout{.cp = 2}, model, "parallel.cp", "context parallelism is not implemented yet: it must be 1");
+  CHECK_FALSE(forge::layout_problem(Layout{.tp = 2, .cp = 2, .dp = 2, .pp = 2}, model));
+  check(Layout{.cp = 4}, {.layers = 6, .heads = 6, .vocab = 8192, .seq_len = 100}, "parallel.cp",
+        "must cut model.seq_len = 100 into 2 x 4 equal chunks (cp = 2 would)");
+  check(Layout{.cp = 2, .ep = 2, .dp = 2}, {.layers = 6, .heads = 6, .vocab = 8192, .experts = 4},
+        "parallel.cp", "context parallelism with a Mixture-of-Experts model is not implemented yet");
   check(Layout{.ep = 2, .dp = 2}, model, "parallel.ep",
         "expert parallelism needs a Mixture-of-Experts model (model.ffn = moe)");
   const ModelDims moe{.layers = 6, .heads = 6, .vocab = 8192, .experts = 6};
   CHECK_FALSE(forge::layout_problem(Layout{.tp = 2, .ep = 2, .dp = 4, .pp = 2}, moe));
   check(Layout{.ep = 4, .dp = 4}, moe, "parallel.ep", "must divide model.experts = 6");
   check(Layout{.ep = 2, .dp = 3}, model, "parallel.ep", "must divide parallel.dp = 3");
-  // The first problem: cp before the model's sizes.
-  check(Layout{.tp = 4, .cp = 2}, model, "parallel.cp", "context parallelism");
 }

@@ -90,8 +90,13 @@ TEST_CASE("a job spec's model must suit the layout: the trainer's check, made in
                            "model.heads = 6 (each rank holds whole heads)"));
   CHECK_THAT(submit({"team-a", "pretrain", "tp1,pp8,dp1", spec({.pp = 8}, model)}, s).message,
              Catch::Contains("parallel.pp: 8 stages need at least one block each but model.layers is 6"));
-  CHECK_THAT(submit({"team-a", "pretrain", "tp1,pp1,dp2,cp2", spec({.cp = 2, .dp = 2}, model)}, s).message,
-             Catch::Contains("parallel.cp: context parallelism is not implemented yet"));
+  CHECK(submit({"team-a", "pretrain", "tp1,pp1,dp2,cp2", spec({.cp = 2, .dp = 2}, model)}, s).allowed);
+  CHECK_THAT(
+      submit({"team-a", "pretrain", "tp1,pp1,dp1,cp4",
+              spec({.cp = 4}, {.layers = 6, .heads = 6, .vocab = 8192, .seq_len = 100})},
+             s)
+          .message,
+      Catch::Contains("parallel.cp: must cut model.seq_len = 100 into 2 x 4 equal chunks (cp = 2 would)"));
   // Without a spec there is no model to check against.
   CHECK(submit({"team-a", "pretrain", "tp4,pp1,dp2", {}}, s).allowed);
 }

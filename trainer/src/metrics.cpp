@@ -45,6 +45,10 @@ Json metrics_record(const StepStats& s, int64_t tokens_so_far, double flops_per_
     record["expert_comm_ms"] = s.expert_comm_s * 1e3;
     record["expert_comm_bytes"] = s.expert_comm_bytes;
   }
+  if (s.cp_comm_bytes > 0) {
+    record["cp_comm_ms"] = s.cp_comm_s * 1e3;
+    record["cp_comm_bytes"] = s.cp_comm_bytes;
+  }
   return record;
 }
 

@@ -633,13 +633,13 @@ void GPT::backward(int slot, const float* d_output, const std::function<void(int
   }
 }
 
-void GPT::check(const MicroBatch& batch) const {
-  if (batch.rows != batch_ || batch.seq_len != config_.seq_len)
+void GPT::check_batch(const MicroBatch& batch, int rows, const ModelSpec& config) {
+  if (batch.rows != rows || batch.seq_len != config.seq_len)
     fail(ExitCode::kData,
          "a micro-batch of {} x {} positions, but the model trains {} x {} (data.batch x "
          "model.seq_len)",
-         batch.rows, batch.seq_len, batch_, config_.seq_len);
-  if (const auto problem = batch.problem(config_.vocab, config_.max_positions))
+         batch.rows, batch.seq_len, rows, config.seq_len);
+  if (const auto problem = batch.problem(config.vocab, config.max_positions))
     fail(ExitCode::kData, "{}", *problem);
 }
 

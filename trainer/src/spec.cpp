@@ -32,6 +32,10 @@ void add_trainer_keys(ConfigSchema& s) {
                   "where each rank computes: cuda (one GPU per rank), cpu, or auto (cuda when the process "
                   "sees a GPU and forge-train was built with CUDA)")
       .add<double>("run.peak_gflops", 0.0, "matrix-product peak for MFU in GFLOP/s (0: measure at start)")
+      .add<double>(
+          "run.memory_per_rank_gib", 0.0,
+          "memory a rank may use (GiB): a layout whose plan (forge-train --plan) needs more is refused "
+          "before anything is allocated (0: no cap)")
       .add<std::string>(
           "run.trace_steps", "",
           "steps to trace per rank into <run.dir>/trace/ (A-B, 1-based; auto: the 3 steps after "
@@ -134,7 +138,11 @@ void add_trainer_keys(ConfigSchema& s) {
                "what the process groups communicate with: nccl (GPUs), mpi (CPUs; on GPUs host-staged, "
                "also how ranks share one GPU); auto: nccl on cuda, mpi on cpu");
   s.add<int>("parallel.tp", 1, "tensor-parallel ranks")
-      .add<int>("parallel.cp", 1, "context-parallel ranks (1: not implemented yet)")
+      .add<int>(
+          "parallel.cp", 1,
+          "context-parallel ranks sharing out each sequence (2 x cp chunks; model.seq_len divides by them)")
+      .add<std::string>("parallel.cp_comm", "ring",
+                        "how context parallelism moves keys and values: ring (send/recv around the cp group)")
       .add<int>("parallel.ep", 1, "expert-parallel ranks sharing out the experts, carved out of dp")
       .add<int>("parallel.pp", 1, "pipeline stages")
       .add<int>("parallel.dp", 1, "data-parallel ranks")
@@ -512,6 +520,8 @@ TrainSpec train_spec(const Config& c) {
   if (threads < 0) c.reject("run.threads", "must be >= 0 (0: SLURM_CPUS_PER_TASK, else all cores)");
   s.peak_gflops = c.get<double>("run.peak_gflops");
   if (!(s.peak_gflops >= 0)) c.reject("run.peak_gflops", "must be >= 0 (0: measure at start)");
+  s.memory_cap_gib = c.get<double>("run.memory_per_rank_gib");
+  if (!(s.memory_cap_gib >= 0)) c.reject("run.memory_per_rank_gib", "must be >= 0 (0: no cap)");
   s.trace = trace_steps(c, s.steps);
   s.model = model_spec(c);
   s.optim = optim_config(c);
@@ -587,6 +597,20 @@ TrainSpec train_spec(const Config& c) {
   }
   if (const auto problem = parallel_problem(s.model, s.layout, s.parallel))
     c.reject(problem->key, problem->why);
+  if (const std::string cp_comm = c.get<std::string>("parallel.cp_comm"); cp_comm != "ring")
+    c.reject("parallel.cp_comm", cp_comm == "a2a"
+                                     ? "a2a (all-to-all over heads) is not implemented yet: use ring"
+                                     : "expected ring");
+  if (s.layout.cp > 1) {
+    if (s.objective != Objective::kLm && s.objective != Objective::kSft)
+      c.reject("parallel.cp",
+               "context parallelism trains run.objective = lm or sft (the sequence losses of dpo "
+               "and the teacher of distill are not split yet): it must be 1");
+    if (dtype == "bf16" || s.device == Device::kCuda)
+      c.reject("parallel.cp",
+               "context parallelism runs on run.device = cpu in FP32 for now: it must be 1 with "
+               "precision.dtype = bf16 or run.device = cuda");
+  }
   s.guard = guard_config(c);
   if (s.guard.inject_dead_layer >= 0 &&
       (!s.model.moe_block(s.guard.inject_dead_layer) || s.guard.inject_dead_layer >= s.model.layers ||

@@ -139,6 +139,13 @@ class CpuBackend final : public Backend {
                             widen(out, rows * size_t(shape.q_width()), scratch.in2), lse, doc_start, B, T,
                             shape);
   }
+  void attention_chunk_forward(const AttentionChunks& c, ChunkRows out, float* lse) override {
+    cpu::attention_chunk_forward(c, out, lse);
+  }
+  void attention_chunk_backward(const AttentionChunks& c, ChunkRows dout, const float* lse, const float* delta,
+                                ChunkRows dq, ChunkRows dk, ChunkRows dv) override {
+    cpu::attention_chunk_backward(c, dout, lse, delta, dq, dk, dv);
+  }
   void attention_decode(Act out, ConstAct qkv, float* k_cache, float* v_cache, const int32_t* seq,
                         const int32_t* pos, int rows, int max_len, const AttentionShape& shape) override {
     const size_t n = size_t(rows) * size_t(shape.q_width());

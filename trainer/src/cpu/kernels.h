@@ -70,6 +70,12 @@ void attention_forward(float* out, float* lse, const float* qkv, const int32_t* 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                         const int32_t* doc_start, int B, int T, const AttentionShape& shape);
 
+// ---- context_attention.cpp ---- one chunk's queries over another chunk's keys and values, merged into
+// the running (out, lse) (Backend::attention_chunk_forward); and its share of the gradients, added.
+void attention_chunk_forward(const AttentionChunks& c, ChunkRows out, float* lse);
+void attention_chunk_backward(const AttentionChunks& c, ChunkRows dout, const float* lse, const float* delta,
+                              ChunkRows dq, ChunkRows dk, ChunkRows dv);
+
 // Incremental decoding: writes the key and value heads of `rows` new positions (row r: sequence seq[r],
 // position pos[r]) into the caches [sequences, max_len, kv_width], then attends each row's query over its
 // sequence's positions [0, pos[r]] (the last `window`) (Backend::attention_decode).

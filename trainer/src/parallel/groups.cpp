@@ -80,6 +80,8 @@ ProcessGroups make_groups(std::unique_ptr<Comm> world, const Layout& layout) {
   const int tp = layout.tp, cp = layout.cp;
   g.tp = world->split(c.cp + cp * (c.dp + layout.dp * c.pp), c.tp, "tp");
   g.dp = world->split(c.tp + tp * (c.cp + cp * c.pp), c.dp, "dp");
+  g.cp = world->split(c.tp + tp * (c.dp + layout.dp * c.pp), c.cp, "cp");
+  g.dp_cp = world->split(c.tp + tp * c.pp, c.cp + cp * c.dp, "dp_cp");
   const int stage_color = c.tp + tp * (c.cp + cp * c.dp);
   g.pp = world->split(stage_color, c.pp, "pp");
   const bool holds_wte = layout.pp > 1 && (g.first_stage() || g.last_stage());

@@ -7,6 +7,7 @@
 
 #include "forge/common/error.h"
 #include "forge/common/local_rank.h"
+#include "forge/trainer/context_parallel.h"
 #include "forge/trainer/moe.h"
 #include "forge/trainer/progress.h"
 #include "forge/trainer/runtime.h"
@@ -116,17 +117,22 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups, B
                    groups.ep_rank,       lay.ep};
   // 1F1B keeps at most pp - s micro-batches in flight on stage s.
   slots_ = std::min(spec.microbatches, lay.pp - s);
-  const size_t dp = size_t(lay.dp);
-  plan_ = std::make_unique<ParallelPlan>(*groups.tp, *groups.ep);
+  // Dense gradients are reduced, and ZeRO-1 shards, over the ranks holding the same weights: dp, times cp.
+  Comm* dense = dense_ = lay.cp > 1 ? groups.dp_cp.get() : groups.dp.get();
+  const size_t dp = size_t(dense->size());
+  plan_ = std::make_unique<ParallelPlan>(*groups.tp, *groups.ep, *groups.cp);
   loss_ = objective_loss(spec, std::move(teacher));
-  model_ = std::make_unique<GPT>(spec.model, ModelSetup{.batch = spec.batch,
-                                                        .dtype = spec.dtype,
-                                                        .slice = slice,
-                                                        .slots = slots_,
-                                                        .backend = &backend,
-                                                        .layers = plan_.get(),
-                                                        .flat_multiple = dp,
-                                                        .loss = loss_});
+  // Under context parallelism the model holds this rank's two chunks of each sequence (context_parallel.h).
+  ModelSpec local = spec.model;
+  local.seq_len /= lay.cp;
+  model_ = std::make_unique<GPT>(local, ModelSetup{.batch = spec.batch,
+                                                   .dtype = spec.dtype,
+                                                   .slice = slice,
+                                                   .slots = slots_,
+                                                   .backend = &backend,
+                                                   .layers = plan_.get(),
+                                                   .flat_multiple = dp,
+                                                   .loss = loss_});
   model_->init(spec.seed);
   if (const int replicas = std::max(1, lay.tp / spec.model.kv_heads); replicas > 1) {
     kv_ = groups.tp->split(groups.tp_rank / replicas, groups.tp_rank % replicas, "kv");
@@ -154,12 +160,12 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups, B
     if (!buckets_.empty()) {
       if (lo == buckets_.back().lo) {  // an empty predecessor: fold it into this one
         buckets_.back().key = k.first;
-        buckets_.back().group = k.second ? groups.expert_dp.get() : groups.dp.get();
+        buckets_.back().group = k.second ? groups.expert_dp.get() : dense;
         continue;
       }
       buckets_.back().hi = lo;
     }
-    buckets_.push_back({lo, flat, k.first, k.second ? groups.expert_dp.get() : groups.dp.get(), 0, nullptr});
+    buckets_.push_back({lo, flat, k.first, k.second ? groups.expert_dp.get() : dense, 0, nullptr});
   }
   size_t at = 0;
   for (Bucket& b : buckets_) {
@@ -257,7 +263,9 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   const int m = spec_.microbatches;
   if (int(batches.size()) != m)
     throw std::invalid_argument("ParallelTrainer::step: expected parallel.microbatches micro-batches");
-  for (const MicroBatch& b : batches) model_->check(b);
+  for (const MicroBatch& b : batches) GPT::check_batch(b, spec_.batch, spec_.model);
+  const std::vector<MicroBatch> shards = context_shards(batches);
+  if (!shards.empty()) batches = shards;
   // The loss's figures are this step's: drop what forward-only passes since the last step added (the
   // verification loss of a checkpoint's save or resume, loss_of), which an uninterrupted run and a
   // resumed one do at different steps.
@@ -266,9 +274,10 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   backend_.mark_step_start();
   const auto t0 = std::chrono::steady_clock::now();
   ProcessGroups& g = groups_;
-  const CommTotals comm0 =
-      totals({g.tp.get(), g.dp.get(), g.embed.get(), g.world.get(), g.ep.get(), g.expert_dp.get()});
+  const CommTotals comm0 = totals({g.tp.get(), g.dp.get(), g.cp.get(), g.dp_cp.get(), g.embed.get(),
+                                   g.world.get(), g.ep.get(), g.expert_dp.get()});
   const CommTotals experts0 = totals({g.ep.get()});
+  const CommTotals ring0 = totals({g.cp.get()});
   const CommTotals pipe0 = totals({g.pp.get()});
   const int64_t step = optimizer_->steps_taken() + 1;
   const int T = spec_.model.seq_len, dpn = g.layout.dp;
@@ -279,7 +288,7 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   // known before the first backward so every gradient is scaled once.
   double weight = 0;
   for (const MicroBatch& b : batches) weight += loss_->weight(b);
-  if (dpn > 1) weight = g.dp->all_reduce_sum(weight);
+  if (dense_->size() > 1) weight = dense_->all_reduce_sum(weight);
   if (!(weight > 0))
     fail(ExitCode::kData,
          "step {}: no position of the global batch is scored (every loss weight is 0 or "
@@ -413,10 +422,11 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
     optimizer_->restore_steps(step);
   }
   const double device_seconds = backend_.step_seconds();  // waits for the device's queued work
-  const CommTotals comm1 =
-      totals({g.tp.get(), g.dp.get(), g.embed.get(), g.world.get(), g.ep.get(), g.expert_dp.get()});
+  const CommTotals comm1 = totals({g.tp.get(), g.dp.get(), g.cp.get(), g.dp_cp.get(), g.embed.get(),
+                                   g.world.get(), g.ep.get(), g.expert_dp.get()});
   const CommTotals pipe1 = totals({g.pp.get()});
   const CommTotals experts1 = totals({g.ep.get()});
+  const CommTotals ring1 = totals({g.cp.get()});
   StepStats st;
   st.step = step;
   st.loss = loss;
@@ -435,12 +445,23 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   st.moe = std::move(routers);
   st.expert_comm_s = experts1.wait - experts0.wait;
   st.expert_comm_bytes = experts1.bytes - experts0.bytes;
+  st.cp_comm_s = ring1.wait - ring0.wait;
+  st.cp_comm_bytes = ring1.bytes - ring0.bytes;
   return st;
 }
 
-double ParallelTrainer::loss_of(const MicroBatch& mine) {
+std::vector<MicroBatch> ParallelTrainer::context_shards(std::span<const MicroBatch> batches) const {
+  std::vector<MicroBatch> out;
+  if (groups_.layout.cp > 1)
+    for (const MicroBatch& b : batches) out.push_back(context_shard(b, groups_.layout.cp, groups_.cp_rank));
+  return out;
+}
+
+double ParallelTrainer::loss_of(const MicroBatch& whole) {
   complete_gathers();
-  model_->check(mine);
+  GPT::check_batch(whole, spec_.batch, spec_.model);
+  const std::vector<MicroBatch> shard = context_shards({&whole, 1});
+  const MicroBatch& mine = shard.empty() ? whole : shard[0];
   ProcessGroups& g = groups_;
   const size_t nc = size_t(model_->rows()) * size_t(spec_.model.d_model);
   if (!g.first_stage()) g.pp->recv(recv_act_.data(), nc, CommType::kF32, g.pp_rank - 1, 0)->wait();
@@ -463,6 +484,10 @@ size_t ParallelTrainer::optimizer_bytes() const {
   return 2 * n * sizeof(float);
 }
 
+size_t ParallelTrainer::activation_bytes() const {
+  return model_->activation_bytes() + plan_->scratch_bytes();
+}
+
 std::string ParallelTrainer::describe_plan() {
   constexpr size_t kRecord = 160;
   const ModelSlice& s = model_->slice();
@@ -471,7 +496,7 @@ std::string ParallelTrainer::describe_plan() {
       fmt::format("{:>4} {:<12} {:>2} {:>2} {:>2}  {:>2}-{:<2} {:>10} {:>9.1f} {:>9.1f} {:>9.1f}",
                   groups_.rank, host_name().substr(0, 12), groups_.tp_rank, groups_.dp_rank, groups_.pp_rank,
                   s.first_layer, s.last_layer - 1, model_->weights().size(), parameter_bytes() * mib,
-                  optimizer_bytes() * mib, model_->activation_bytes() * mib);
+                  optimizer_bytes() * mib, activation_bytes() * mib);
   mine.resize(kRecord, ' ');
   std::string all(kRecord * size_t(groups_.world->size()), ' ');
   groups_.world->all_gather(mine.data(), all.data(), kRecord, CommType::kU8)->wait();

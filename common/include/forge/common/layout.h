@@ -47,6 +47,7 @@ struct ModelDims {
   int layers = 0, heads = 0, vocab = 0;
   int experts = 0;   // per Mixture-of-Experts block; 0: a dense model
   int kv_heads = 0;  // key/value heads (grouped-query attention); 0: as many as heads
+  int seq_len = 0;   // tokens per training sequence; 0: not known
 };
 
 // The first problem of running `model` on `layout`, as the job-spec key to change and why.

@@ -64,9 +64,10 @@ class Attention {
  protected:
   // The attention proper over this process's heads of the rotated q, k and v (Backend::attention_forward
   // and attention_backward): what context parallelism replaces.
-  virtual void attend_forward(Act out, float* lse, ConstAct qkv, const int32_t* doc_start, int B, int T);
+  virtual void attend_forward(Act out, float* lse, ConstAct qkv, const DeviceBatch& batch, int B, int T);
   virtual void attend_backward(float* dqkv, const float* dout, ConstAct qkv, ConstAct out, const float* lse,
-                               const int32_t* doc_start, int B, int T);
+                               const DeviceBatch& batch, int B, int T);
+  const AttentionSettings& settings() const { return settings_; }
 
   Backend& backend_;
 

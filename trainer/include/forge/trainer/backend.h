@@ -115,6 +115,28 @@ struct AttentionShape {
   int qkv_width() const { return q_width() + 2 * kv_width(); }
 };
 
+// Context parallelism's unit of attention (context_parallel.h): the query rows of one chunk of B sequences
+// over the key/value rows of another chunk of the same sequences, n rows each. A chunk's row t is
+// sequence index first + t; a query sees the keys at sequence indices up to its own, of its own document
+// (same id in q_seg and k_seg; both null: one document), and of those the last shape.window when
+// window > 0. Row t of sequence b of a chunk is at base + b * seq + t * ld; per-head row values (lse,
+// delta) of query head h at stats + (b * heads + h) * stats_seq + t.
+struct ChunkRows {
+  float* base = nullptr;
+  int64_t seq = 0;
+  int ld = 0;
+  float* row(int b, int t) const { return base + int64_t(b) * seq + int64_t(t) * ld; }
+};
+struct AttentionChunks {
+  int B = 0, n = 0;
+  AttentionShape shape;
+  int q_first = 0, k_first = 0;
+  ChunkRows q, k, v;  // k and v hold shape.kv_heads heads
+  const int32_t *q_seg = nullptr, *k_seg = nullptr;
+  int64_t seg_seq = 0;  // sequence b's ids at q_seg + b * seg_seq (likewise k_seg)
+  int64_t stats_seq = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -214,6 +236,15 @@ class Backend {
   virtual void attention_backward(float* dqkv, const float* dout, ConstAct qkv, ConstAct out,
                                   const float* lse, const int32_t* doc_start, int B, int T,
                                   const AttentionShape& shape) = 0;
+  // Context parallelism (AttentionChunks): merges the attention of c's query chunk over its key chunk into
+  // out ([rows, q_width] as c.q's rows) and lse, which hold the result over the key chunks merged so far
+  // (0 and -inf before the first): out = the softmax-weighted mean over all of them, lse their log-sum-exp.
+  // Row blocks with no visible key are skipped. FP32; a backend without it refuses context parallelism.
+  virtual void attention_chunk_forward(const AttentionChunks& c, ChunkRows out, float* lse);
+  // Adds this chunk pair's share of the gradients to dq, dk, dv, given the merged forward's out, lse and
+  // delta = rowsum(dout * out) per head and row (stats layout).
+  virtual void attention_chunk_backward(const AttentionChunks& c, ChunkRows dout, const float* lse,
+                                        const float* delta, ChunkRows dq, ChunkRows dk, ChunkRows dv);
   // Incremental decoding (model.h, GPT::decode): `rows` new positions, row r being position pos[r] of
   // sequence seq[r]. Writes each row's key and value heads (from qkv [rows, qkv_width]) into k_cache and
   // v_cache ([sequences, max_len, kv_width]) at (seq[r], pos[r]), then out[r] = the attention of row r's

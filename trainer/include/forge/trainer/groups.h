@@ -16,6 +16,9 @@ struct ProcessGroups {
   Layout layout;
   int rank = 0, tp_rank = 0, cp_rank = 0, dp_rank = 0, pp_rank = 0, ep_rank = 0;
   std::unique_ptr<Comm> world, tp, dp, pp;
+  // Context parallelism: `cp`, the ranks sharing out each sequence (ring attention); `dp_cp`, the dp x cp
+  // ranks holding the same weights, over which dense gradients are reduced and ZeRO-1 shards (dp at cp 1).
+  std::unique_ptr<Comm> cp, dp_cp;
   // Expert parallelism (layout.ep, carved out of dp): `ep`, the ep consecutive dp ranks that share out the
   // experts of MoE blocks (tokens move between them by all-to-all); `expert_dp`, the dp / ep ranks that
   // hold the same experts, over which expert gradients are reduced. At ep = 1: one rank, and dp.

@@ -93,7 +93,9 @@ struct ModelSpec {
   // Whether some block's FFN is the dense MLP (ffn_hidden wide); not in an MoE model with every block MoE.
   bool dense_blocks() const { return ffn == Ffn::kDense || moe_every > 1; }
   AttentionShape attention() const { return {heads, kv_heads, head_dim, window}; }
-  ModelDims dims() const { return {layers, heads, vocab, ffn == Ffn::kMoe ? experts : 0, kv_heads}; }
+  ModelDims dims() const {
+    return {layers, heads, vocab, ffn == Ffn::kMoe ? experts : 0, kv_heads, seq_len};
+  }
 };
 std::string_view family_name(Family family);
 // One line: the family and what sets it apart, e.g. "llama: 2 blocks of 128, 4 heads sharing 2 key/value
@@ -268,7 +270,9 @@ class GPT {
   int64_t rows() const { return int64_t(batch_) * config_.seq_len; }
   // A batch this model cannot take (another shape; a token, target, weight or position out of range) is
   // forge::Error(kData) naming the sample and position.
-  void check(const MicroBatch& batch) const;
+  void check(const MicroBatch& batch) const { check_batch(batch, batch_, config_); }
+  // The same for a model of `config` trained on `rows` x config.seq_len micro-batches.
+  static void check_batch(const MicroBatch& batch, int rows, const ModelSpec& config);
 
   // Whole-model conveniences (slot 0; the slice must hold the embedding and the head). forward_backward
   // adds the gradients of loss_scale x the loss sum to grads(); a batch that does not fit the model is

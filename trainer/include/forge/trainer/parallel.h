@@ -67,6 +67,8 @@ class ParallelTrainer {
   // Bytes per rank: parameters (+ gradients) and optimizer state (ZeRO-1: about 1/dp of unsharded).
   size_t parameter_bytes() const;
   size_t optimizer_bytes() const;
+  // Activations and scratch: the model's, and the ring attention's buffers under context parallelism.
+  size_t activation_bytes() const;
 
  private:
   struct Bucket {
@@ -85,6 +87,8 @@ class ParallelTrainer {
   void launch_gathers();
   void need_weights(int layer);
   void complete_gathers();
+  // Under context parallelism, this rank's part of each micro-batch (context_parallel.h); empty at cp 1.
+  std::vector<MicroBatch> context_shards(std::span<const MicroBatch> batches) const;
 
   TrainSpec spec_;
   ProcessGroups& groups_;
@@ -96,6 +100,7 @@ class ParallelTrainer {
   std::unique_ptr<GPT> model_;
   std::unique_ptr<AdamW> optimizer_;
   std::vector<Bucket> buckets_;
+  Comm* dense_ = nullptr;  // where dense gradients are reduced: dp, or dp x cp under context parallelism
   std::vector<FlatRange> owned_;        // this rank's shard: its group rank's part of every bucket
   std::vector<FlatRange> norm_ranges_;  // owned elements counted once in the global norm
   Buffer<float> shard_;                 // reduce-scatter output, back to back

@@ -74,6 +74,7 @@ struct TrainSpec {
   uint64_t seed = 0;
   int threads = 0;             // resolved: > 0
   double peak_gflops = 0;      // 0: measure at start
+  double memory_cap_gib = 0;   // run.memory_per_rank_gib: the plan must fit it (launcher/plan.h); 0: none
   TraceSteps trace;            // run.trace_steps
   int batch = 0;               // sequences per micro-batch and data-parallel rank
   int microbatches = 1;        // micro-batches accumulated per optimizer step

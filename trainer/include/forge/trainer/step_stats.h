@@ -46,6 +46,10 @@ struct StepStats {
   std::vector<RouterStats> moe = {};
   double expert_comm_s = 0;
   uint64_t expert_comm_bytes = 0;
+  // Context parallelism: the time in and the bytes this rank sent through the ring (part of comm_s; the
+  // time is the exposed part: what the attention blocks did not hide).
+  double cp_comm_s = 0;
+  uint64_t cp_comm_bytes = 0;
 };
 
 }  // namespace forge::trainer

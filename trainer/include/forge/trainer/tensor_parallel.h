@@ -12,12 +12,17 @@
 // Each owns its collective over its group; the model never sees the groups.
 #pragma once
 
+#include "forge/trainer/attention.h"
 #include "forge/trainer/comm.h"
 #include "forge/trainer/layers.h"
+
+#include <memory>
 
 #include <vector>
 
 namespace forge::trainer {
+
+struct RingScratch;
 
 class ColumnParallelLinear final : public Linear {
  public:
@@ -76,16 +81,23 @@ class AllToAllTokenExchange final : public TokenExchange {
 
 class ParallelPlan final : public LayerFactory {
  public:
-  // tp: the tensor-parallel group; ep: the expert-parallel group.
-  ParallelPlan(Comm& tp, Comm& ep) : tp_(tp), ep_(ep) {}
+  // tp: the tensor-parallel group; ep: the expert-parallel group; cp: the context-parallel group (its
+  // attention slots pass key/value chunks around it when it has more than one rank).
+  ParallelPlan(Comm& tp, Comm& ep, Comm& cp);
   std::unique_ptr<Linear> linear(Backend& backend, ParamRef weight, ParamRef bias,
                                  bool add_bias) const override;
   std::unique_ptr<Embedding> embedding(Backend& backend, ParamRef wte, ParamRef wpe) const override;
   std::unique_ptr<Classifier> classifier(Backend& backend, ParamRef wte) const override;
   std::unique_ptr<TokenExchange> token_exchange() const override;
+  std::unique_ptr<Attention> attention(Backend& backend, const AttentionSettings& settings,
+                                       const AttentionWeights& weights, int slots, int rows, float* dqkv,
+                                       float* datt) const override;
+  // The bytes of the ring attention's shared buffers (grown at the first step); 0 at cp 1.
+  size_t scratch_bytes() const;
 
  private:
-  Comm &tp_, &ep_;
+  Comm &tp_, &ep_, &cp_;
+  std::shared_ptr<RingScratch> ring_;  // the ring's buffers, shared by the layers
 };
 
 }  // namespace forge::trainer

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Context-parallelism benchmark (issue 41; docs/PERFORMANCE.md "Context parallelism"), one thread per rank
+# on this machine's cores, a Llama-family model (configs/bench-cpu.ini with 2 blocks of 256, 4 query heads
+# sharing 2 key/value heads, vocab 4096) on one sequence per step, no documents (full causal attention):
+#   - at 8K positions, cp1 on one rank against cp2 on two (ring attention): tokens/s against twice cp1's
+#     (goal >= 0.85), the ring's exposed time as a fraction of the step (goal <= 10%), activation memory per
+#     rank against cp1's (goal <= 0.55x), bytes per step against the analytic count;
+#   - at 32K positions, under a memory cap halfway between cp1's and cp2's plans: forge-train --plan refuses
+#     cp1 (exit 64, naming what would fit) and accepts cp2, which then trains within it (peak RSS per rank).
+#   bench/context.sh [BUILD_DIR]   (targets bench_parallel and forge-train)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$root/build/release}
+bin=$build/bench/bench_parallel train=$build/launcher/forge-train
+for b in "$bin" "$train"; do
+  [[ -x $b ]] || { echo "bench/context.sh: $b missing (cmake --build $build --target bench_parallel forge-train)" >&2; exit 64; }
+done
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_tcp_if_include=lo \
+  OMPI_MCA_oob_tcp_if_include=lo OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+spec=$root/configs/bench-cpu.ini
+model=(--model.family=llama --model.layers=2 --model.d_model=256 --model.heads=4 --model.kv_heads=2
+  --model.ffn_hidden=688 --model.vocab=4096 --data.batch=1 --run.threads=1 --run.device=cpu)
+run() {  # NP SEQ STEPS overrides...
+  local np=$1 seq=$2 steps=$3
+  shift 3
+  mpirun --oversubscribe --bind-to core -np "$np" "$bin" "$spec" "${model[@]}" --model.seq_len="$seq" \
+    --run.steps="$steps" "$@"
+}
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# 8K positions: cp1 on 1 rank, cp2 on 2 ranks (1 thread each; 2 warm-up steps, then ${STEPS:-3})"
+cp1=$(run 1 8192 $((2 + ${STEPS:-3})))
+echo "$cp1"
+cp2=$(run 2 8192 $((2 + ${STEPS:-3})) --parallel.cp=2)
+echo "$cp2"
+python3 - "$cp1" "$cp2" <<'PY'
+import json, sys
+one, two = (json.loads(a) for a in sys.argv[1:])
+print(f"cp2 tokens/s / (2 x cp1): {two['tokens_per_s'] / (2 * one['tokens_per_s']):.3f}   (goal >= 0.85)")
+print(f"cp2 ring time exposed: {100 * two['cp_comm_fraction']:.1f}% of the step   (goal <= 10%)")
+print(f"activation memory per rank, cp2 / cp1: {two['activation_mib_per_rank'] / one['activation_mib_per_rank']:.3f}"
+      f"   ({two['activation_mib_per_rank']:.1f} / {one['activation_mib_per_rank']:.1f} MiB; goal <= 0.55)")
+print(f"cp2 bytes per step: {two['comm_mb_per_step']:.3f} MB, analytic {two['analytic_mb_per_step']:.3f} MB")
+PY
+
+echo "# 32K positions under a memory cap"
+plan() { "$train" "$spec" "${model[@]}" --model.seq_len=32768 --plan --json "$@"; }
+total() { python3 -c "import json,sys; print(max(s['bytes']['total'] for s in json.loads(sys.stdin.readline())['stages']))"; }
+need1=$(plan | total)
+need2=$(plan --parallel.cp=2 | total)
+cap=$(python3 -c "print(round(($need1 + $need2) / 2 / 2**30, 3))")
+echo "plans: cp1 $need1 bytes per rank, cp2 $need2; cap run.memory_per_rank_gib = $cap"
+set +e
+msg=$(plan --run.memory_per_rank_gib="$cap" 2>&1 >/dev/null)
+rc=$?
+set -e
+echo "cp1 under the cap: exit $rc: $msg"
+[ $rc -eq 64 ] || { echo "bench/context.sh: cp1 was not refused" >&2; exit 1; }
+plan --parallel.cp=2 --run.memory_per_rank_gib="$cap" >/dev/null
+echo "cp2 under the cap: planned within it; training 3 steps:"
+run 2 32768 3 --parallel.cp=2 --run.memory_per_rank_gib="$cap"
