@@ -4,7 +4,7 @@
 # sharing 2 key/value heads, vocab 4096) on one sequence per step, no documents (full causal attention):
 #   - at 8K positions, cp1 on one rank against cp2 on two (ring attention): tokens/s against twice cp1's
 #     (goal >= 0.85), the ring's exposed time as a fraction of the step (goal <= 10%), activation memory per
-#     rank against cp1's (goal <= 0.55x), bytes per step against the analytic count;
+#     rank against cp1's (goal <= 0.55x), bytes per step against the analytic count; and cp2 with a2a;
 #   - at 32K positions, under a memory cap halfway between cp1's and cp2's plans: forge-train --plan refuses
 #     cp1 (exit 64, naming what would fit) and accepts cp2, which then trains within it (peak RSS per rank).
 #   bench/context.sh [BUILD_DIR]   (targets bench_parallel and forge-train)
@@ -15,6 +15,7 @@ bin=$build/bench/bench_parallel train=$build/launcher/forge-train
 for b in "$bin" "$train"; do
   [[ -x $b ]] || { echo "bench/context.sh: $b missing (cmake --build $build --target bench_parallel forge-train)" >&2; exit 64; }
 done
+cores=$(nproc)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_tcp_if_include=lo \
   OMPI_MCA_oob_tcp_if_include=lo OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 spec=$root/configs/bench-cpu.ini
@@ -26,20 +27,25 @@ run() {  # NP SEQ STEPS overrides...
   mpirun --oversubscribe --bind-to core -np "$np" "$bin" "$spec" "${model[@]}" --model.seq_len="$seq" \
     --run.steps="$steps" "$@"
 }
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "machine: $cores cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# 8K positions: cp1 on 1 rank, cp2 on 2 ranks (1 thread each; 2 warm-up steps, then ${STEPS:-3})"
 cp1=$(run 1 8192 $((2 + ${STEPS:-3})))
 echo "$cp1"
 cp2=$(run 2 8192 $((2 + ${STEPS:-3})) --parallel.cp=2)
 echo "$cp2"
-python3 - "$cp1" "$cp2" <<'PY'
+a2a=$(run 2 8192 $((2 + ${STEPS:-3})) --parallel.cp=2 --parallel.cp_comm=a2a)
+echo "$a2a"
+python3 - "$cp1" "$cp2" "$a2a" <<'PY'
 import json, sys
-one, two = (json.loads(a) for a in sys.argv[1:])
+one, two, a2a = (json.loads(a) for a in sys.argv[1:])
 print(f"cp2 tokens/s / (2 x cp1): {two['tokens_per_s'] / (2 * one['tokens_per_s']):.3f}   (goal >= 0.85)")
 print(f"cp2 ring time exposed: {100 * two['cp_comm_fraction']:.1f}% of the step   (goal <= 10%)")
 print(f"activation memory per rank, cp2 / cp1: {two['activation_mib_per_rank'] / one['activation_mib_per_rank']:.3f}"
       f"   ({two['activation_mib_per_rank']:.1f} / {one['activation_mib_per_rank']:.1f} MiB; goal <= 0.55)")
 print(f"cp2 bytes per step: {two['comm_mb_per_step']:.3f} MB, analytic {two['analytic_mb_per_step']:.3f} MB")
+print(f"cp2 a2a tokens/s / (2 x cp1): {a2a['tokens_per_s'] / (2 * one['tokens_per_s']):.3f}, communication "
+      f"{100 * a2a['cp_comm_fraction']:.1f}% of the step, activation memory / cp1 "
+      f"{a2a['activation_mib_per_rank'] / one['activation_mib_per_rank']:.3f}")
 PY
 
 echo "# 32K positions under a memory cap"

@@ -43,8 +43,12 @@ double analytic_bytes(const TrainSpec& s, const ProcessGroups& g, const Parallel
   if (g.layout.cp > 1) {
     // Ring attention, per block and micro-batch: the key/value chunks (cp - 1) times forward and backward,
     // the travelling gradient cp times (no document ids on this stream); dense gradients over dp x cp.
+    // a2a: all-to-alls of q, k, v and of the output forward, of the output, its gradient and q, k, v's
+    // gradient backward (each its whole input: what this rank keeps counts too).
     const double cp = g.layout.cp, kv = std::max(1, s.model.kv_heads / g.layout.tp) * s.model.head_dim;
-    floats += m * blocks * (3 * cp - 2) * N * 2 * kv;
+    const double q = double(s.model.heads / g.layout.tp) * s.model.head_dim;
+    floats += s.parallel.cp_comm == ContextComm::kRing ? m * blocks * (3 * cp - 2) * N * 2 * kv
+                                                       : m * blocks * N * (2 * (q + 2 * kv) + 3 * q);
   }
   // + the loss and norm reduction, and (dp > 1) the sum of the step's scored weight over the DP group.
   return 4 * floats + 16 + (g.layout.dp * g.layout.cp > 1 ? 8 : 0);

@@ -455,6 +455,30 @@ for m in l["moe"]:
 PY
 "$bin/launcher/forge-train" report "$moe_run" >/dev/null
 
+stage "long context: 2048-token sequences shared out over two ranks (context parallelism, ring attention)"
+# parallel.cp = 2: each sequence in 4 chunks, each rank holding 2 (load-balanced under the causal mask);
+# key/value chunks pass between the ranks while each computes, and packed documents span them.
+long_run=$work/runs/long
+long_steps=$((fast ? 10 : 30))
+sed -e "s|^dir = .*|dir = $long_run|" -e "s|^dataset = .*|dataset = $work/dataset|" -e "s/^name = .*/name = long/" \
+  -e "s/^steps = .*/steps = $long_steps/" -e "s/^milestone_every = .*/milestone_every = $long_steps/" \
+  -e "s/^recovery_every = .*/recovery_every = $long_steps/" -e "s/^batch = .*/batch = 1/" \
+  -e "s/^seq_len = .*/seq_len = 2048/" "$root/configs/demo.ini" > "$work/long.ini"
+printf '\n[parallel]\ncp = 2\n' >> "$work/long.ini"
+ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp1,cp2 \
+  --gate-policy=none "$work/long.ini" "$work/dataset")
+echo "$ids"
+train=$(awk '/train job/ {print $3}' <<<"$ids")
+state=$(final_state "$train" 600)
+[ "$state" = COMPLETED ] || { echo "demo: the long-context job ended $state" >&2; exit 1; }
+python3 - "$long_run/metrics/rank-0.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+f, l = rows[0], rows[-1]
+print(f"long context: {len(rows)} steps of 2048 tokens on cp2, loss {f['loss']:.3f} -> {l['loss']:.3f}, ring "
+      f"{l['cp_comm_bytes'] / 1e6:.1f} MB a step, {l['cp_comm_ms']:.1f} ms of a {l['step_ms']:.0f} ms step not hidden")
+PY
+
 stage "accounting: forge-quota sync and report"
 # --runs: the run's summary.json gives the report its tokens and MFU columns.
 quota sync --runs "$work/runs"
@@ -481,6 +505,7 @@ echo "demo: preference tuning $dpo_run on $work/pairs-dataset (report.html, gate
 echo "demo: open weights $hf (published: the release in the Hugging Face layout; imported; fine-tuned: the SFT from the import, exported)"
 echo "demo: distillation $distill_run from $release (report.html, gate/verdict.json)"
 echo "demo: Mixture of Experts $moe_run (report.html: expert load per block)"
+echo "demo: long context $long_run (2048-token sequences on cp2)"
 echo "demo: task suites $work/suites; taught model $work/runs/tasks (gate/verdict.json: every suite with its intervals)"
 echo "demo: training report $run/report.html; TensorBoard: tensorboard --logdir $run/tb"
 echo "demo: cost report $work/quota-report.html"

@@ -196,9 +196,15 @@ Plan make_plan(const T::TrainSpec& validated) {
     st.grad_shard = owned * kF32;
     st.optimizer = 2 * (spec.parallel.zero == 1 ? owned : flat) * kF32;
     st.activations = activation_bytes(local, slice, spec.batch, spec.dtype, st.slots);
-    if (lay.cp > 1) {  // RingScratch: two key/value messages, the gradient's part, out and in; delta, ids
-      const size_t kv = size_t(std::max(1, m.kv_heads / lay.tp)) * size_t(m.head_dim);
-      st.activations += (5 * N * 2 * kv + N * size_t(m.heads / lay.tp)) * kF32 + size_t(lay.cp) * N * 4;
+    if (lay.cp > 1) {  // ContextScratch (context_attention.h), and a2a's whole-sequence activations
+      const size_t heads = size_t(m.heads / lay.tp), kv = size_t(std::max(1, m.kv_heads / lay.tp));
+      const size_t hd = size_t(m.head_dim), qkv = (heads + 2 * kv) * hd, ids = size_t(lay.cp) * N * 4;
+      if (spec.parallel.cp_comm == T::ContextComm::kRing)  // key/value messages and accumulators, 2 each
+        st.activations += (4 * N * 2 * kv * hd + N * heads) * kF32 + ids;
+      else  // per layer and slot q, k, v and lse; send, receive, out, dout, dqkv
+        st.activations +=
+            size_t(st.last_layer - st.first_layer) * size_t(st.slots) * N * (qkv + heads) * kF32 +
+            (3 * N * qkv + 2 * N * heads * hd) * kF32 + ids + N * size_t(lay.cp) * 4;
     }
     st.pipeline = ((st.embedding ? 0 : NC) + (st.head ? 0 : NC)) * kF32;  // recv_act_, recv_grad_
     if (st.head) {
@@ -325,8 +331,11 @@ std::string format_plan(const Plan& plan) {
                       bytes_str(st.bf16_copy));
     out += fmt::format("  activations  {:>10}  saved for backward and scratch, {} micro-batch{}{}\n",
                        bytes_str(st.activations), st.slots, st.slots == 1 ? "" : "es",
-                       lay.cp > 1 ? fmt::format(" of {} positions a sequence (cp{}), the ring's buffers",
-                                                m.seq_len / lay.cp, lay.cp)
+                       lay.cp > 1 ? fmt::format(" of {} positions a sequence (cp{}), {}", m.seq_len / lay.cp,
+                                                lay.cp,
+                                                spec.parallel.cp_comm == T::ContextComm::kRing
+                                                    ? "the ring's buffers"
+                                                    : "the all-to-all's buffers and whole-sequence heads")
                                   : std::string());
     std::string parts = fmt::format("gradient shard {}", bytes_str(st.grad_shard));
     if (st.pipeline > 0) parts += fmt::format(", pipeline receive {}", bytes_str(st.pipeline));

@@ -22,12 +22,26 @@ bool may_change_on_resume(const std::string& key) {
   // (checkpoints reshard), on which device and in which precision (checkpoints hold FP32 master weights
   // and moments whatever computed them: a change is one warning line at resume), where, through which
   // node-local cache, and how it is checkpointed, guarded and traced may change.
-  static const char* const kKeys[] = {
-      "run.steps",        "run.threads",     "run.peak_gflops",     "run.memory_per_rank_gib",
-      "run.dir",          "run.trace_steps", "run.device",          "precision.dtype",
-      "parallel.comm",    "parallel.tp",     "parallel.cp",         "parallel.ep",
-      "parallel.pp",      "parallel.dp",     "parallel.zero",       "parallel.stage_layers",
-      "parallel.elastic", "data.cache_dir",  "data.cache_max_bytes"};
+  static const char* const kKeys[] = {"run.steps",
+                                      "run.threads",
+                                      "run.peak_gflops",
+                                      "run.memory_per_rank_gib",
+                                      "run.dir",
+                                      "run.trace_steps",
+                                      "run.device",
+                                      "precision.dtype",
+                                      "parallel.comm",
+                                      "parallel.tp",
+                                      "parallel.cp",
+                                      "parallel.cp_comm",
+                                      "parallel.ep",
+                                      "parallel.pp",
+                                      "parallel.dp",
+                                      "parallel.zero",
+                                      "parallel.stage_layers",
+                                      "parallel.elastic",
+                                      "data.cache_dir",
+                                      "data.cache_max_bytes"};
   if (key.rfind("ckpt.", 0) == 0 || key.rfind("guard.", 0) == 0) return true;
   return std::find(std::begin(kKeys), std::end(kKeys), key) != std::end(kKeys);
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Context parallelism through forge-train on MPI ranks: cp2 reproduces the single-process losses of a
-# grouped-query Llama-family model and sends exactly the ring's analytic bytes per step; a run saved on
+# Context parallelism through forge-train on MPI ranks: cp2 (ring, and all-to-all) reproduces the
+# single-process losses of a grouped-query Llama-family model and the ring sends exactly its analytic
+# bytes per step; a run saved on
 # cp2 x dp2 (ZeRO-1) resumes on cp4 x dp2 and continues the loss curve; bad cp settings exit 64 naming the key.
 # Usage: context_parallel_test.sh FORGE_TRAIN SOURCE_DIR MPIEXEC
 set -uo pipefail
@@ -19,6 +20,9 @@ common=(--run.threads=1 --model.family=llama --model.layers=2 --model.d_model=64
 mpi 2 --run.dir="$work/cp2" "${common[@]}" --run.steps=8 --data.batch=2 --parallel.cp=2 2>"$work/cp2.log" \
   || fail "cp2 run failed: $(tail -n3 "$work/cp2.log")"
 compare "$work/ref" "$work/cp2"
+mpi 2 --run.dir="$work/a2a" "${common[@]}" --run.steps=8 --data.batch=2 --parallel.cp=2 --parallel.cp_comm=a2a \
+  2>"$work/a2a.log" || fail "cp2 a2a run failed: $(tail -n3 "$work/a2a.log")"
+compare "$work/ref" "$work/a2a"
 # Per step, layer and micro-batch a rank sends its key/value chunks (2 sequences x 32 positions x 2
 # key/value heads x 16, keys and values) cp - 1 times forward and cp - 1 times backward, and the travelling
 # gradient cp times: no document ids to gather on the synthetic stream.
@@ -49,9 +53,10 @@ mpi 3 --run.dir="$work/bad1" "${common[@]}" --parallel.cp=3 >/dev/null 2>"$work/
 [ $? -eq 64 ] || fail "cp3 at seq_len 64: want exit 64"
 grep -q "parallel.cp.*must cut model.seq_len = 64 into 2 x 3 equal chunks (cp = 2, 4, 8, 16, 32 would)" \
   "$work/bad1.log" || fail "cp message: $(grep -i error "$work/bad1.log" | head -1)"
-mpi 2 --run.dir="$work/bad2" "${common[@]}" --parallel.cp=2 --parallel.cp_comm=a2a >/dev/null 2>"$work/bad2.log"
-[ $? -eq 64 ] || fail "cp_comm = a2a: want exit 64"
-grep -q "parallel.cp_comm" "$work/bad2.log" || fail "cp_comm message: $(grep -i error "$work/bad2.log" | head -1)"
+mpi 4 --run.dir="$work/bad2" "${common[@]}" --parallel.cp=4 --parallel.cp_comm=a2a >/dev/null 2>"$work/bad2.log"
+[ $? -eq 64 ] || fail "a2a with 2 key/value heads on cp4: want exit 64"
+grep -q "parallel.cp_comm.*4 query and 2 key/value heads do not divide by cp = 4" "$work/bad2.log" \
+  || fail "cp_comm message: $(grep -i error "$work/bad2.log" | head -1)"
 mpi 2 --run.dir="$work/bad3" "${common[@]}" --parallel.cp=2 --precision.dtype=bf16 >/dev/null 2>"$work/bad3.log"
 [ $? -eq 64 ] || fail "cp2 in BF16: want exit 64"
 grep -q "parallel.cp" "$work/bad3.log" || fail "cp2 BF16 message: $(grep -i error "$work/bad3.log" | head -1)"

@@ -8,7 +8,7 @@
 // With `bf16` too, both run in BF16 mode, and the far run must equal the same layout on the CPU backend bit
 // for bit: FarBackend multiplies with its own copy of the BF16 working copy, as the CUDA backend does, so a
 // working copy changed and not announced (ZeRO-1 refreshes it bucket by bucket) shows.
-//   layout_test TP PP DP ZERO [packed|dpo|distill] [llama [window]] [cpN] [seqN] [far [bf16]]
+//   layout_test TP PP DP ZERO [packed|dpo|distill] [llama [window]] [cpN [a2a]] [seqN] [far [bf16]]
 // With cpN, N context-parallel ranks share out each sequence (ring attention) and the reference is still
 // the one-process trainer on whole sequences.
 #include "forge/trainer/groups.h"
@@ -171,6 +171,7 @@ int main(int argc, char** argv) {
   std::string mode;
   bool far_memory = false, bf16 = false;
   int cp = 1;
+  bool a2a = false;  // cp_comm = a2a (all-to-all over heads) instead of the ring
   for (int i = 5; i < argc; ++i) {
     if (std::string(argv[i]) == "far")
       far_memory = true;
@@ -180,6 +181,8 @@ int main(int argc, char** argv) {
       llama = true;
     else if (std::string(argv[i]) == "window")
       window = true;
+    else if (std::string(argv[i]) == "a2a")
+      a2a = true;
     else if (std::string(argv[i]).rfind("cp", 0) == 0)
       cp = std::atoi(argv[i] + 2);
     else if (std::string(argv[i]).rfind("seq", 0) == 0)
@@ -191,7 +194,7 @@ int main(int argc, char** argv) {
       (bf16 && !far_memory)) {
     std::fprintf(
         stderr,
-        "usage: layout_test TP PP DP ZERO [packed|dpo|distill] [llama [window]] [cpN] [seqN] [far [bf16]]\n");
+        "usage: layout_test TP PP DP ZERO [packed|dpo|distill] [llama [window]] [cpN [a2a]] [seqN] [far [bf16]]\n");
     return 2;
   }
   forge::test::FarBackend far;
@@ -222,6 +225,7 @@ int main(int argc, char** argv) {
   spec = objective(spec);
   spec.layout = layout;
   spec.parallel.zero = zero;
+  if (a2a) spec.parallel.cp_comm = forge::trainer::ContextComm::kAllToAll;
   ProcessGroups groups = make_groups(std::move(world), layout);
   ParallelTrainer parallel(spec, groups, backend,
                            distill && groups.last_stage() ? make_teacher(spec, backend) : nullptr);

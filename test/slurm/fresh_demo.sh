@@ -251,6 +251,16 @@ assert "expert load, MoE block 1" in open(f"{run}/report.html").read()
 PY
   fail "the MoE run is wrong"
 
+# Long context on cp2: the loss falls and every step moved key/value chunks around the ring.
+grep -qE "^long context: 10 steps of 2048 tokens on cp2" "$LOG" || fail "the long-context run's line is missing"
+python3 - "$FORGE_DEMO_DIR/runs/long" <<'PY' ||
+import json, sys
+rows = [json.loads(l) for l in open(f"{sys.argv[1]}/metrics/rank-0.jsonl")]
+assert len(rows) == 10 and rows[-1]["loss"] < rows[0]["loss"], (rows[0], rows[-1])
+assert all(r["cp_comm_bytes"] > 0 and r["tokens"] == 2048 * r["step"] for r in rows), rows[0]
+PY
+  fail "the long-context run is wrong"
+
 # Task suites: the taught model passes against the release on all four suites, every metric with its
 # interval and the gate on two ranks; the untrained release and the model taught wrong answers are blocked.
 python3 - "$FORGE_DEMO_DIR" <<'PY' ||

@@ -60,7 +60,7 @@ void Attention::project(int slot, ConstAct in, Act qkv, const int32_t* positions
 void Attention::forward(int slot, ConstAct in, float* out, const DeviceBatch& batch, int B, int T) {
   Acts& a = acts_[size_t(slot)];
   project(slot, in, a.qkv.at(), batch.positions, B * T, T);
-  attend_forward(a.att.at(), a.lse.data(), a.qkv.at(), batch, B, T);
+  attend_forward(slot, a.att.at(), a.lse.data(), a.qkv.at(), batch, B, T);
   proj_->forward(out, a.att.at(), B * T);
 }
 
@@ -69,7 +69,7 @@ void Attention::backward(int slot, ConstAct in, const float* dout, float* din, c
   Acts& a = acts_[size_t(slot)];
   const int N = B * T;
   proj_->backward(datt_, dout, a.att.at(), N);
-  attend_backward(dqkv_, datt_, a.qkv.at(), a.att.at(), a.lse.data(), batch, B, T);
+  attend_backward(slot, dqkv_, datt_, a.qkv.at(), a.att.at(), a.lse.data(), batch, B, T);
   // The gradients of the rotated q and k turn back (the rotation is orthogonal), then through the norm.
   if (settings_.rotary)
     backend_.rope(dqkv_, batch.positions, inv_freq_.data(), settings_.rope.magnitude, N, T, settings_.shape,
@@ -89,12 +89,13 @@ void Attention::decode(ConstAct in, float* out, float* k_cache, float* v_cache, 
   proj_->forward(out, a.att.at(), rows);
 }
 
-void Attention::attend_forward(Act out, float* lse, ConstAct qkv, const DeviceBatch& batch, int B, int T) {
+void Attention::attend_forward(int, Act out, float* lse, ConstAct qkv, const DeviceBatch& batch, int B,
+                               int T) {
   backend_.attention_forward(out, lse, qkv, batch.doc_start, B, T, settings_.shape);
 }
 
-void Attention::attend_backward(float* dqkv, const float* dout, ConstAct qkv, ConstAct out, const float* lse,
-                                const DeviceBatch& batch, int B, int T) {
+void Attention::attend_backward(int, float* dqkv, const float* dout, ConstAct qkv, ConstAct out,
+                                const float* lse, const DeviceBatch& batch, int B, int T) {
   backend_.attention_backward(dqkv, dout, qkv, out, lse, batch.doc_start, B, T, settings_.shape);
 }
 

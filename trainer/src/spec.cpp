@@ -141,8 +141,10 @@ void add_trainer_keys(ConfigSchema& s) {
       .add<int>(
           "parallel.cp", 1,
           "context-parallel ranks sharing out each sequence (2 x cp chunks; model.seq_len divides by them)")
-      .add<std::string>("parallel.cp_comm", "ring",
-                        "how context parallelism moves keys and values: ring (send/recv around the cp group)")
+      .add<std::string>(
+          "parallel.cp_comm", "ring",
+          "how context parallelism gives queries the whole sequence's keys: ring (key/value chunks "
+          "sent around the cp group) or a2a (all-to-all to whole sequences of 1/cp of the heads)")
       .add<int>("parallel.ep", 1, "expert-parallel ranks sharing out the experts, carved out of dp")
       .add<int>("parallel.pp", 1, "pipeline stages")
       .add<int>("parallel.dp", 1, "data-parallel ranks")
@@ -597,10 +599,18 @@ TrainSpec train_spec(const Config& c) {
   }
   if (const auto problem = parallel_problem(s.model, s.layout, s.parallel))
     c.reject(problem->key, problem->why);
-  if (const std::string cp_comm = c.get<std::string>("parallel.cp_comm"); cp_comm != "ring")
-    c.reject("parallel.cp_comm", cp_comm == "a2a"
-                                     ? "a2a (all-to-all over heads) is not implemented yet: use ring"
-                                     : "expected ring");
+  if (const std::string cp_comm = c.get<std::string>("parallel.cp_comm"); cp_comm == "a2a")
+    s.parallel.cp_comm = ContextComm::kAllToAll;
+  else if (cp_comm != "ring")
+    c.reject("parallel.cp_comm", "expected ring or a2a");
+  if (s.parallel.cp_comm == ContextComm::kAllToAll && s.layout.cp > 1) {
+    const int heads = s.model.heads / s.layout.tp, kv = std::max(1, s.model.kv_heads / s.layout.tp);
+    if (heads % s.layout.cp != 0 || kv % s.layout.cp != 0)
+      c.reject("parallel.cp_comm",
+               fmt::format("a2a gives each cp rank 1/cp of a rank's heads, but its {} query and {} key/value "
+                           "heads do not divide by cp = {}: use ring, or a cp that divides both",
+                           heads, kv, s.layout.cp));
+  }
   if (s.layout.cp > 1) {
     if (s.objective != Objective::kLm && s.objective != Objective::kSft)
       c.reject("parallel.cp",

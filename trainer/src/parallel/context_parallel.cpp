@@ -1,7 +1,8 @@
-// Context parallelism: the batch's split over the cp ranks and ring attention (ring_attention.h).
+// Context parallelism: the batch's split over the cp ranks, ring and all-to-all attention
+// (context_attention.h).
 #include "forge/trainer/context_parallel.h"
 
-#include "ring_attention.h"
+#include "context_attention.h"
 
 #include "forge/trainer/loss.h"
 #include "forge/trainer/trace.h"
@@ -43,27 +44,50 @@ MicroBatch context_shard(const MicroBatch& full, int cp, int rank) {
 namespace {
 constexpr int kKvTag = 40, kGradTag = 41;
 constexpr float kNoKey = -std::numeric_limits<float>::infinity();
+
+template <typename T>
+size_t capacity_bytes(const std::vector<T>& v) {
+  return v.capacity() * sizeof(T);
+}
 }  // namespace
 
-RingAttention::RingAttention(Comm& cp, std::shared_ptr<RingScratch> scratch, Backend& backend,
+size_t ContextScratch::bytes() const {
+  size_t n = capacity_bytes(delta) + capacity_bytes(segments) + capacity_bytes(doc_start);
+  for (const auto* v : {&kv[0], &kv[1], &acc[0], &acc[1], &send, &recv, &out, &dout, &dqkv})
+    n += capacity_bytes(*v);
+  return n;
+}
+
+void ContextScratch::reserve(ContextComm kind, int rows, const AttentionShape& s, int cp) {
+  const size_t n = size_t(rows), kv = n * 2 * size_t(s.kv_width()), qkv = n * size_t(s.qkv_width());
+  if (kind == ContextComm::kRing) {
+    for (auto* v : {&this->kv[0], &this->kv[1], &acc[0], &acc[1]}) v->reserve(kv);
+    delta.reserve(n * size_t(s.heads));
+  } else {
+    for (auto* v : {&send, &recv, &dqkv}) v->reserve(qkv);
+    for (auto* v : {&out, &dout}) v->reserve(n * size_t(s.q_width()));
+    doc_start.reserve(n * size_t(cp));
+  }
+  segments.reserve(n * size_t(cp));
+}
+
+bool gather_segments(Comm& cp, ContextScratch& scratch, const DeviceBatch& batch, int B, int T) {
+  if (batch.host == nullptr || batch.host->segments.empty()) return false;
+  scratch.segments.resize(size_t(cp.size()) * size_t(B) * size_t(T));
+  cp.all_gather(batch.host->segments.data(), scratch.segments.data(), size_t(B) * size_t(T), CommType::kI32)
+      ->wait();
+  return true;
+}
+
+// ---- ring ----
+
+RingAttention::RingAttention(Comm& cp, std::shared_ptr<ContextScratch> scratch, Backend& backend,
                              const AttentionSettings& settings, std::unique_ptr<Linear> qkv,
                              std::unique_ptr<Linear> proj, const AttentionWeights& weights, int slots,
                              int rows, float* dqkv, float* datt)
     : Attention(backend, settings, std::move(qkv), std::move(proj), weights, slots, rows, dqkv, datt),
       cp_(cp),
       scratch_(std::move(scratch)) {}
-
-bool RingAttention::gather_segments(const DeviceBatch& batch, int B, int T) {
-  if (batch.host == nullptr || batch.host->segments.empty()) return false;
-  std::vector<int32_t>& all = scratch_->segments;
-  all.resize(size_t(cp_.size()) * size_t(B) * size_t(T));
-  cp_.all_gather(batch.host->segments.data(), all.data(), size_t(B) * size_t(T), CommType::kI32)->wait();
-  return true;
-}
-
-const int32_t* RingAttention::segments_of(int src, int B, int T) const {
-  return scratch_->segments.data() + size_t(src) * size_t(B) * size_t(T);
-}
 
 void RingAttention::pack(const float* qkv, int rows, float* to) const {
   const AttentionShape& s = settings().shape;
@@ -99,24 +123,25 @@ AttentionChunks RingAttention::chunks(const float* qkv, const float* kv, int src
   c.k = {const_cast<float*>(kv) + int64_t(kc) * n * KV, int64_t(T) * KV, KV};
   c.v = {c.k.base + s.kv_width(), c.k.seq, KV};
   if (docs) {
-    c.q_seg = segments_of(cp_.rank(), B, T) + qc * n;
-    c.k_seg = segments_of(src, B, T) + kc * n;
+    const int32_t* ids = scratch_->segments.data();
+    c.q_seg = ids + int64_t(cp_.rank()) * B * T + qc * n;
+    c.k_seg = ids + int64_t(src) * B * T + kc * n;
     c.seg_seq = T;
   }
   c.stats_seq = T;
   return c;
 }
 
-void RingAttention::attend_forward(Act out_act, float* lse, ConstAct qkv_act, const DeviceBatch& batch, int B,
-                                   int T) {
+void RingAttention::attend_forward(int, Act out_act, float* lse, ConstAct qkv_act, const DeviceBatch& batch,
+                                   int B, int T) {
   TraceSpan span("ring attention forward", "compute");
   const AttentionShape& s = settings().shape;
   const float* qkv = qkv_act.f32();
   float* out = out_act.f32();
   const int P = cp_.size(), r = cp_.rank(), n = T / 2, QW = s.q_width(), rows = B * T;
   const size_t count = size_t(rows) * 2 * size_t(s.kv_width());
-  RingScratch& k = *scratch_;
-  const bool docs = gather_segments(batch, B, T);
+  ContextScratch& k = *scratch_;
+  const bool docs = gather_segments(cp_, k, batch, B, T);
   for (auto& buffer : k.kv) buffer.resize(count);
   pack(qkv, rows, k.kv[0].data());
   std::fill(out, out + int64_t(rows) * QW, 0.0f);
@@ -139,7 +164,7 @@ void RingAttention::attend_forward(Act out_act, float* lse, ConstAct qkv_act, co
   }
 }
 
-void RingAttention::attend_backward(float* dqkv, const float* dout, ConstAct qkv_act, ConstAct out_act,
+void RingAttention::attend_backward(int, float* dqkv, const float* dout, ConstAct qkv_act, ConstAct out_act,
                                     const float* lse, const DeviceBatch& batch, int B, int T) {
   TraceSpan span("ring attention backward", "compute");
   const AttentionShape& s = settings().shape;
@@ -148,8 +173,8 @@ void RingAttention::attend_backward(float* dqkv, const float* dout, ConstAct qkv
   const int P = cp_.size(), r = cp_.rank(), n = T / 2, W = s.qkv_width(), QW = s.q_width(), hd = s.head_dim;
   const int rows = B * T, KV = 2 * s.kv_width();
   const size_t count = size_t(rows) * size_t(KV);
-  RingScratch& k = *scratch_;
-  const bool docs = gather_segments(batch, B, T);
+  ContextScratch& k = *scratch_;
+  const bool docs = gather_segments(cp_, k, batch, B, T);
   // delta = rowsum(dout * out) per head and row, in the lse layout [B, heads, T].
   k.delta.resize(size_t(rows) * size_t(s.heads));
   for (int b = 0; b < B; ++b)
@@ -160,35 +185,38 @@ void RingAttention::attend_backward(float* dqkv, const float* dout, ConstAct qkv
         for (int c = 0; c < hd; ++c) d += out[row + c] * dout[row + c];
         k.delta[(size_t(b) * size_t(s.heads) + size_t(h)) * size_t(T) + size_t(t)] = d;
       }
-  for (auto& buffer : k.kv) buffer.resize(count);
-  for (auto* buffer : {&k.part, &k.acc_out, &k.acc_in}) buffer->resize(count);
+  for (auto* buffer : {&k.kv[0], &k.kv[1], &k.acc[0], &k.acc[1]}) buffer->resize(count);
   pack(qkv, rows, k.kv[0].data());
   std::fill(dqkv, dqkv + int64_t(rows) * W, 0.0f);
   const int left = (r + P - 1) % P, right = (r + 1) % P;
+  // The accumulator of rank src's key/value gradients arrives from the left (the ranks before this one
+  // have added theirs), this rank adds its share into it, and it goes on to the right: two buffers, one
+  // being sent while the other receives and is added to.
   RequestPtr grad_in, grad_out;
   for (int step = 0; step < P; ++step) {
     const int src = (r - step + P) % P;
     const float* kv = k.kv[step % 2].data();
+    float* acc = k.acc[step % 2].data();
     RequestPtr received, sent;
     if (step + 1 < P) {
       received = cp_.recv(k.kv[(step + 1) % 2].data(), count, CommType::kF32, left, kKvTag);
       sent = cp_.send(kv, count, CommType::kF32, right, kKvTag);
     }
-    // This rank's share of rank src's key/value gradients, then the share of the ranks before it.
-    std::fill(k.part.begin(), k.part.end(), 0.0f);
+    if (grad_in)
+      grad_in->wait();
+    else
+      std::fill(acc, acc + count, 0.0f);
     for (const auto& [qc, kc] : pairs(src, n)) {
-      const ChunkRows dk{k.part.data() + int64_t(kc) * n * KV, int64_t(T) * KV, KV};
+      const ChunkRows dk{acc + int64_t(kc) * n * KV, int64_t(T) * KV, KV};
       backend_.attention_chunk_backward(
           chunks(qkv, kv, src, qc, kc, docs, B, T),
           {const_cast<float*>(dout) + int64_t(qc) * n * QW, int64_t(T) * QW, QW}, lse + qc * n,
           k.delta.data() + qc * n, {dqkv + int64_t(qc) * n * W, int64_t(T) * W, W}, dk,
           {dk.base + s.kv_width(), dk.seq, KV});
     }
-    if (grad_in) grad_in->wait();
-    if (grad_out) grad_out->wait();
-    for (size_t i = 0; i < count; ++i) k.acc_out[i] = step > 0 ? k.acc_in[i] + k.part[i] : k.part[i];
-    grad_out = cp_.send(k.acc_out.data(), count, CommType::kF32, right, kGradTag);
-    grad_in = cp_.recv(k.acc_in.data(), count, CommType::kF32, left, kGradTag);
+    if (grad_out) grad_out->wait();  // the other buffer is free to receive into
+    grad_out = cp_.send(acc, count, CommType::kF32, right, kGradTag);
+    grad_in = cp_.recv(k.acc[(step + 1) % 2].data(), count, CommType::kF32, left, kGradTag);
     if (received) {
       received->wait();
       sent->wait();
@@ -197,9 +225,149 @@ void RingAttention::attend_backward(float* dqkv, const float* dout, ConstAct qkv
   // After cp steps this rank's own key/value gradients, summed over every rank's queries, are back.
   grad_in->wait();
   grad_out->wait();
+  const float* own = k.acc[P % 2].data();
   for (int row = 0; row < rows; ++row)
-    std::memcpy(dqkv + int64_t(row) * W + QW, k.acc_in.data() + int64_t(row) * KV,
-                sizeof(float) * size_t(KV));
+    std::memcpy(dqkv + int64_t(row) * W + QW, own + int64_t(row) * KV, sizeof(float) * size_t(KV));
+}
+
+// ---- all-to-all ----
+
+AllToAllAttention::AllToAllAttention(Comm& cp, std::shared_ptr<ContextScratch> scratch, Backend& backend,
+                                     const AttentionSettings& settings, std::unique_ptr<Linear> qkv,
+                                     std::unique_ptr<Linear> proj, const AttentionWeights& weights, int slots,
+                                     int rows, float* dqkv, float* datt)
+    : Attention(backend, settings, std::move(qkv), std::move(proj), weights, slots, rows, dqkv, datt),
+      cp_(cp),
+      scratch_(std::move(scratch)),
+      qkv_(size_t(slots)),
+      lse_(size_t(slots)) {
+  const AttentionShape& s = settings.shape;
+  if (s.heads % cp.size() != 0 || s.kv_heads % cp.size() != 0)
+    throw std::invalid_argument("AllToAllAttention: the rank's heads do not divide by cp (spec validation)");
+  for (int i = 0; i < slots; ++i) {
+    qkv_[size_t(i)].resize(size_t(rows) * size_t(s.qkv_width()));
+    lse_[size_t(i)].resize(size_t(rows) * size_t(s.heads));
+  }
+}
+
+size_t AllToAllAttention::activation_bytes() const {
+  size_t n = Attention::activation_bytes();
+  for (size_t i = 0; i < qkv_.size(); ++i) n += (qkv_[i].size() + lse_[i].size()) * sizeof(float);
+  return n;
+}
+
+AttentionShape AllToAllAttention::group_shape() const {
+  AttentionShape g = settings().shape;
+  g.heads /= cp_.size();
+  g.kv_heads /= cp_.size();
+  return g;
+}
+
+std::vector<std::pair<int, int>> AllToAllAttention::columns(Rows kind, int g) const {
+  const AttentionShape& s = settings().shape;
+  const AttentionShape part = group_shape();
+  const int q = part.q_width(), kv = part.kv_width();
+  if (kind == Rows::kOut) return {{g * q, q}};
+  return {{g * q, q}, {s.q_width() + g * kv, kv}, {s.q_width() + s.kv_width() + g * kv, kv}};
+}
+
+void AllToAllAttention::to_heads(const float* local, float* whole, Rows kind, int B, int T) {
+  const AttentionShape& s = settings().shape;
+  const int P = cp_.size(), n = T / 2, width = kind == Rows::kQkv ? s.qkv_width() : s.q_width();
+  const int part = width / P;
+  const size_t block = size_t(B) * size_t(T) * size_t(part);
+  ContextScratch& k = *scratch_;
+  k.send.resize(block * size_t(P));
+  k.recv.resize(block * size_t(P));
+  float* to = k.send.data();
+  for (int g = 0; g < P; ++g)
+    for (int row = 0; row < B * T; ++row)
+      for (const auto& [at, w] : columns(kind, g)) {
+        std::memcpy(to, local + int64_t(row) * width + at, sizeof(float) * size_t(w));
+        to += w;
+      }
+  const std::vector<size_t> counts(size_t(P), block);
+  cp_.all_to_all_v(k.send.data(), counts.data(), k.recv.data(), counts.data(), CommType::kF32)->wait();
+  // Rank i's block holds its chunks' rows of this rank's heads: into their places in the sequences.
+  for (int i = 0; i < P; ++i)
+    for (int b = 0; b < B; ++b)
+      for (int c = 0; c < 2; ++c)
+        std::memcpy(whole + (int64_t(b) * P * T + context_chunk_first(P, i, c, n)) * part,
+                    k.recv.data() + int64_t(i) * block + (int64_t(b) * T + c * n) * part,
+                    sizeof(float) * size_t(n) * size_t(part));
+}
+
+void AllToAllAttention::to_chunks(const float* whole, float* local, Rows kind, int B, int T) {
+  const AttentionShape& s = settings().shape;
+  const int P = cp_.size(), n = T / 2, width = kind == Rows::kQkv ? s.qkv_width() : s.q_width();
+  const int part = width / P;
+  const size_t block = size_t(B) * size_t(T) * size_t(part);
+  ContextScratch& k = *scratch_;
+  k.send.resize(block * size_t(P));
+  k.recv.resize(block * size_t(P));
+  for (int i = 0; i < P; ++i)
+    for (int b = 0; b < B; ++b)
+      for (int c = 0; c < 2; ++c)
+        std::memcpy(k.send.data() + int64_t(i) * block + (int64_t(b) * T + c * n) * part,
+                    whole + (int64_t(b) * P * T + context_chunk_first(P, i, c, n)) * part,
+                    sizeof(float) * size_t(n) * size_t(part));
+  const std::vector<size_t> counts(size_t(P), block);
+  cp_.all_to_all_v(k.send.data(), counts.data(), k.recv.data(), counts.data(), CommType::kF32)->wait();
+  const float* from = k.recv.data();
+  for (int g = 0; g < P; ++g)
+    for (int row = 0; row < B * T; ++row)
+      for (const auto& [at, w] : columns(kind, g)) {
+        std::memcpy(local + int64_t(row) * width + at, from, sizeof(float) * size_t(w));
+        from += w;
+      }
+}
+
+const int32_t* AllToAllAttention::doc_starts(const DeviceBatch& batch, int B, int T) {
+  ContextScratch& k = *scratch_;
+  if (!gather_segments(cp_, k, batch, B, T)) return nullptr;
+  const int P = cp_.size(), n = T / 2, whole = P * T;
+  k.doc_start.resize(size_t(B) * size_t(whole));
+  std::vector<int32_t> ids(static_cast<size_t>(whole));
+  for (int b = 0; b < B; ++b) {
+    for (int i = 0; i < P; ++i)
+      for (int c = 0; c < 2; ++c)
+        std::memcpy(ids.data() + context_chunk_first(P, i, c, n),
+                    k.segments.data() + (int64_t(i) * B + b) * T + c * n, sizeof(int32_t) * size_t(n));
+    int32_t* starts = k.doc_start.data() + int64_t(b) * whole;
+    for (int t = 0; t < whole; ++t)
+      starts[t] = t == 0 || ids[size_t(t)] != ids[size_t(t) - 1] ? t : starts[t - 1];
+  }
+  return k.doc_start.data();
+}
+
+void AllToAllAttention::attend_forward(int slot, Act out_act, float*, ConstAct qkv_act,
+                                       const DeviceBatch& batch, int B, int T) {
+  TraceSpan span("all-to-all attention forward", "compute");
+  const int P = cp_.size();
+  float* qkv = qkv_[size_t(slot)].data();
+  float* lse = lse_[size_t(slot)].data();
+  to_heads(qkv_act.f32(), qkv, Rows::kQkv, B, T);
+  ContextScratch& k = *scratch_;
+  k.out.resize(size_t(B) * size_t(T) * size_t(settings().shape.q_width()));
+  backend_.attention_forward(k.out.data(), lse, qkv, doc_starts(batch, B, T), B, P * T, group_shape());
+  to_chunks(k.out.data(), out_act.f32(), Rows::kOut, B, T);
+}
+
+void AllToAllAttention::attend_backward(int slot, float* dqkv, const float* dout, ConstAct, ConstAct out_act,
+                                        const float*, const DeviceBatch& batch, int B, int T) {
+  TraceSpan span("all-to-all attention backward", "compute");
+  const AttentionShape& s = settings().shape;
+  const int P = cp_.size();
+  ContextScratch& k = *scratch_;
+  const size_t rows = size_t(B) * size_t(T);
+  k.out.resize(rows * size_t(s.q_width()));
+  k.dout.resize(rows * size_t(s.q_width()));
+  k.dqkv.resize(rows * size_t(s.qkv_width()));
+  to_heads(out_act.f32(), k.out.data(), Rows::kOut, B, T);
+  to_heads(dout, k.dout.data(), Rows::kOut, B, T);
+  backend_.attention_backward(k.dqkv.data(), k.dout.data(), qkv_[size_t(slot)].data(), k.out.data(),
+                              lse_[size_t(slot)].data(), doc_starts(batch, B, T), B, P * T, group_shape());
+  to_chunks(k.dqkv.data(), dqkv, Rows::kQkv, B, T);
 }
 
 }  // namespace forge::trainer

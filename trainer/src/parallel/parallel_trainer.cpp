@@ -120,7 +120,7 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups, B
   // Dense gradients are reduced, and ZeRO-1 shards, over the ranks holding the same weights: dp, times cp.
   Comm* dense = dense_ = lay.cp > 1 ? groups.dp_cp.get() : groups.dp.get();
   const size_t dp = size_t(dense->size());
-  plan_ = std::make_unique<ParallelPlan>(*groups.tp, *groups.ep, *groups.cp);
+  plan_ = std::make_unique<ParallelPlan>(*groups.tp, *groups.ep, *groups.cp, spec.parallel.cp_comm);
   loss_ = objective_loss(spec, std::move(teacher));
   // Under context parallelism the model holds this rank's two chunks of each sequence (context_parallel.h).
   ModelSpec local = spec.model;
@@ -249,7 +249,7 @@ void ParallelTrainer::finish_gradients() {
   for (Bucket& b : buckets_) launch(b);
   for (Bucket& b : buckets_)
     if (b.request) b.request->wait();
-  if (spec_.parallel.zero == 1 && groups_.layout.dp > 1) {
+  if (spec_.parallel.zero == 1 && dense_->size() > 1) {
     TraceSpan span("gradient shards", "compute");
     float* g = model_->grads().data();
     for (size_t i = 0; i < buckets_.size(); ++i)
@@ -412,7 +412,7 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
     if (clip > 0 && clip / (norm + 1e-6) < 1.0)
       backend_.scale(model_->grads().data(), float(clip / (norm + 1e-6)), optimizer_->ranges());
     optimizer_->step(model_->weights(), model_->grads(), lr);
-    if (spec_.parallel.zero == 1 && dpn > 1)
+    if (spec_.parallel.zero == 1 && dense_->size() > 1)
       launch_gathers();  // completed by the next forward (need_weights) or whoever asks for model()
     else
       model_->weights_changed();

@@ -1,6 +1,6 @@
 #include "forge/trainer/tensor_parallel.h"
 
-#include "ring_attention.h"
+#include "context_attention.h"
 
 #include "forge/trainer/model.h"
 
@@ -111,23 +111,24 @@ std::unique_ptr<Classifier> ParallelPlan::classifier(Backend& backend, ParamRef 
   return std::make_unique<VocabParallelCrossEntropy>(backend, wte, tp_);
 }
 
-ParallelPlan::ParallelPlan(Comm& tp, Comm& ep, Comm& cp)
-    : tp_(tp), ep_(ep), cp_(cp), ring_(std::make_shared<RingScratch>()) {}
+ParallelPlan::ParallelPlan(Comm& tp, Comm& ep, Comm& cp, ContextComm cp_comm)
+    : tp_(tp), ep_(ep), cp_(cp), cp_comm_(cp_comm), context_(std::make_shared<ContextScratch>()) {}
 
 std::unique_ptr<Attention> ParallelPlan::attention(Backend& backend, const AttentionSettings& settings,
                                                    const AttentionWeights& w, int slots, int rows,
                                                    float* dqkv, float* datt) const {
   if (cp_.size() == 1) return LayerFactory::attention(backend, settings, w, slots, rows, dqkv, datt);
-  return std::make_unique<RingAttention>(
-      cp_, ring_, backend, settings, linear(backend, w.qkv, w.qkv_bias, true),
-      linear(backend, w.proj, w.proj_bias, false), w, slots, rows, dqkv, datt);
+  auto qkv = linear(backend, w.qkv, w.qkv_bias, true), proj = linear(backend, w.proj, w.proj_bias, false);
+  context_->reserve(cp_comm_, rows, settings.shape, cp_.size());
+  if (cp_comm_ == ContextComm::kAllToAll)
+    return std::make_unique<AllToAllAttention>(cp_, context_, backend, settings, std::move(qkv),
+                                               std::move(proj), w, slots, rows, dqkv, datt);
+  return std::make_unique<RingAttention>(cp_, context_, backend, settings, std::move(qkv), std::move(proj), w,
+                                         slots, rows, dqkv, datt);
 }
 
 size_t ParallelPlan::scratch_bytes() const {
-  size_t n = (ring_->kv[0].capacity() + ring_->kv[1].capacity() + ring_->part.capacity() +
-              ring_->acc_out.capacity() + ring_->acc_in.capacity() + ring_->delta.capacity()) *
-             sizeof(float);
-  return n + ring_->segments.capacity() * sizeof(int32_t);
+  return context_->bytes();
 }
 
 std::unique_ptr<TokenExchange> ParallelPlan::token_exchange() const {

@@ -59,14 +59,16 @@ class Attention {
 
   const AttentionShape& shape() const { return settings_.shape; }
   const float* output_bias() const { return proj_->bias(); }
-  size_t activation_bytes() const;
+  virtual size_t activation_bytes() const;
 
  protected:
   // The attention proper over this process's heads of the rotated q, k and v (Backend::attention_forward
   // and attention_backward): what context parallelism replaces.
-  virtual void attend_forward(Act out, float* lse, ConstAct qkv, const DeviceBatch& batch, int B, int T);
-  virtual void attend_backward(float* dqkv, const float* dout, ConstAct qkv, ConstAct out, const float* lse,
-                               const DeviceBatch& batch, int B, int T);
+  // `slot`: the micro-batch's, for a replacement that keeps activations of its own.
+  virtual void attend_forward(int slot, Act out, float* lse, ConstAct qkv, const DeviceBatch& batch, int B,
+                              int T);
+  virtual void attend_backward(int slot, float* dqkv, const float* dout, ConstAct qkv, ConstAct out,
+                               const float* lse, const DeviceBatch& batch, int B, int T);
   const AttentionSettings& settings() const { return settings_; }
 
   Backend& backend_;

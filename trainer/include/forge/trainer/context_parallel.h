@@ -1,8 +1,9 @@
 // Context parallelism (parallel.cp): each sequence is cut into 2·cp equal chunks and cp rank r holds
 // chunks r and 2·cp − 1 − r, so that under the causal mask every rank does the same attention work (the
 // early chunks see few keys, the late ones many). Everything but attention works on its rows alone; the
-// attention slot passes key/value chunks around the cp group (ring attention, RingAttention in
-// src/parallel/ring_attention.h) and merges the partial results by their log-sum-exps.
+// attention slot passes key/value chunks around the cp group and merges the partial results by their
+// log-sum-exps (parallel.cp_comm = ring), or turns chunks of every head into whole sequences of 1/cp of
+// the heads by all-to-all (a2a): src/parallel/context_attention.h.
 //
 //   sequence  | c0 | c1 | c2 | c3 |      cp = 2: rank 0 holds c0 c3, rank 1 holds c1 c2
 //   ring step 0: each rank attends over its own chunks; step s: over rank (r − s)'s, received from r − 1

@@ -15,6 +15,7 @@
 #include "forge/trainer/attention.h"
 #include "forge/trainer/comm.h"
 #include "forge/trainer/layers.h"
+#include "forge/trainer/spec.h"
 
 #include <memory>
 
@@ -22,7 +23,7 @@
 
 namespace forge::trainer {
 
-struct RingScratch;
+struct ContextScratch;
 
 class ColumnParallelLinear final : public Linear {
  public:
@@ -81,9 +82,9 @@ class AllToAllTokenExchange final : public TokenExchange {
 
 class ParallelPlan final : public LayerFactory {
  public:
-  // tp: the tensor-parallel group; ep: the expert-parallel group; cp: the context-parallel group (its
-  // attention slots pass key/value chunks around it when it has more than one rank).
-  ParallelPlan(Comm& tp, Comm& ep, Comm& cp);
+  // tp: the tensor-parallel group; ep: the expert-parallel group; cp: the context-parallel group, whose
+  // attention slots (when it has more than one rank) exchange keys and values as cp_comm says.
+  ParallelPlan(Comm& tp, Comm& ep, Comm& cp, ContextComm cp_comm = ContextComm::kRing);
   std::unique_ptr<Linear> linear(Backend& backend, ParamRef weight, ParamRef bias,
                                  bool add_bias) const override;
   std::unique_ptr<Embedding> embedding(Backend& backend, ParamRef wte, ParamRef wpe) const override;
@@ -92,12 +93,13 @@ class ParallelPlan final : public LayerFactory {
   std::unique_ptr<Attention> attention(Backend& backend, const AttentionSettings& settings,
                                        const AttentionWeights& weights, int slots, int rows, float* dqkv,
                                        float* datt) const override;
-  // The bytes of the ring attention's shared buffers (grown at the first step); 0 at cp 1.
+  // The bytes of the context-parallel attention's shared buffers (grown at the first step); 0 at cp 1.
   size_t scratch_bytes() const;
 
  private:
   Comm &tp_, &ep_, &cp_;
-  std::shared_ptr<RingScratch> ring_;  // the ring's buffers, shared by the layers
+  ContextComm cp_comm_;
+  std::shared_ptr<ContextScratch> context_;  // shared by the layers
 };
 
 }  // namespace forge::trainer
