@@ -17,9 +17,18 @@ common=(--run.threads=1 --model.family=llama --model.layers=2 --model.d_model=64
 "$train" "$src/configs/tiny.ini" --run.dir="$work/ref" "${common[@]}" --run.steps=8 --data.batch=2 \
   2>"$work/ref.log" || fail "single-process run failed: $(tail -n1 "$work/ref.log")"
 
-mpi 2 --run.dir="$work/cp2" "${common[@]}" --run.steps=8 --data.batch=2 --parallel.cp=2 2>"$work/cp2.log" \
-  || fail "cp2 run failed: $(tail -n3 "$work/cp2.log")"
+mpi 2 --run.dir="$work/cp2" "${common[@]}" --run.steps=8 --data.batch=2 --parallel.cp=2 --run.trace_steps=2 \
+  2>"$work/cp2.log" || fail "cp2 run failed: $(tail -n3 "$work/cp2.log")"
 compare "$work/ref" "$work/cp2"
+# The trace of step 2 shows the ring: each layer's attention spans and the cp group's sends and receives.
+python3 - "$work/cp2/trace/steps-2-2/rank-00000.json" <<'PY' || fail "the cp2 trace does not show the ring"
+import json, sys
+events = json.load(open(sys.argv[1]))
+events = events["traceEvents"] if isinstance(events, dict) else events
+names = [e.get("name", "") for e in events]
+for want, count in (("ring attention forward", 2), ("ring attention backward", 2), ("send cp", 1), ("recv cp", 1)):
+    assert names.count(want) >= count, (want, names.count(want))
+PY
 mpi 2 --run.dir="$work/a2a" "${common[@]}" --run.steps=8 --data.batch=2 --parallel.cp=2 --parallel.cp_comm=a2a \
   2>"$work/a2a.log" || fail "cp2 a2a run failed: $(tail -n3 "$work/a2a.log")"
 compare "$work/ref" "$work/a2a"

@@ -2,6 +2,7 @@
 // blocks (attention row blocks of 64, classifier chunks of 256 rows).
 #include "cpu/kernels.h"
 #include "forge/common/batch.h"
+#include "forge/trainer/context_parallel.h"
 #include "forge/trainer/layers.h"
 #include "forge/trainer/model.h"
 #include "support/numerics.h"
@@ -144,6 +145,110 @@ TEST_CASE("attention matches the naive reference across row blocks", "[trainer][
     }
   }
   omp_set_num_threads(threads);
+}
+
+// Context parallelism's unit: the sequence cut into 2·cp chunks, each query chunk's attention merged over
+// every key chunk (in the ring's order: own chunks first, then the others; a future chunk passed in anyway
+// must change nothing), and the gradients summed over the chunk pairs, give the whole sequence's attention
+// and gradients: grouped-query heads, packed documents that cross chunks, windows, chunks of more than one
+// 64-row block.
+TEST_CASE("chunked attention merges to the whole sequence's", "[trainer][kernels]") {
+  using forge::trainer::AttentionChunks;
+  using forge::trainer::AttentionShape;
+  using forge::trainer::ChunkRows;
+  const AttentionShape shapes[] = {{4, 2, 16, 0}, {4, 4, 8, 0}, {4, 1, 8, 50}, {6, 3, 8, 20}};
+  const int B = 2, T = 288;
+  for (const AttentionShape& shape : shapes)
+    for (const int cp : {2, 3})
+      for (const bool documents : {false, true}) {
+        INFO("heads " << shape.heads << ", kv_heads " << shape.kv_heads << ", window " << shape.window
+                      << ", cp " << cp << (documents ? ", packed documents" : ""));
+        const int W = shape.qkv_width(), QW = shape.q_width(), KW = shape.kv_width(), n = T / (2 * cp);
+        const auto qkv = randn(size_t(B) * T * W, 3);
+        const auto dout = randn(size_t(B) * T * QW, 4);
+        const std::vector<int32_t> first = packed_documents(B, T);
+        std::vector<int32_t> ids(first.size());
+        for (size_t i = 0; i < ids.size(); ++i)
+          ids[i] = i % size_t(T) == 0 ? 0 : ids[i - 1] + (first[i] != first[i - 1] ? 1 : 0);
+        std::vector<double> ref_out, ref_dqkv;
+        reference_attention(qkv, dout, documents ? first : std::vector<int32_t>{}, B, T, shape, ref_out,
+                            ref_dqkv);
+        const auto pair = [&](int qc, int kc) {
+          AttentionChunks c;
+          c.B = B, c.n = n, c.shape = shape, c.q_first = qc * n, c.k_first = kc * n;
+          float* base = const_cast<float*>(qkv.data());
+          c.q = {base + int64_t(qc) * n * W, int64_t(T) * W, W};
+          c.k = {base + QW + int64_t(kc) * n * W, int64_t(T) * W, W};
+          c.v = {c.k.base + KW, c.k.seq, W};
+          if (documents) c.q_seg = ids.data() + qc * n, c.k_seg = ids.data() + kc * n, c.seg_seq = T;
+          c.stats_seq = T;
+          return c;
+        };
+        // Key chunks in a ring's order for the query chunk's rank, then one from the future.
+        const auto order = [&](int qc) {
+          std::vector<int> keys;
+          for (int s = 0; s < 2 * cp; ++s) keys.push_back((qc + 2 * cp - s) % (2 * cp));
+          return keys;
+        };
+        std::vector<float> out(size_t(B) * T * QW, 0.0f);
+        std::vector<float> lse(size_t(B) * shape.heads * T, -std::numeric_limits<float>::infinity());
+        for (int qc = 0; qc < 2 * cp; ++qc)
+          for (const int kc : order(qc))
+            k::attention_chunk_forward(pair(qc, kc), {out.data() + int64_t(qc) * n * QW, int64_t(T) * QW, QW},
+                                       lse.data() + qc * n);
+        CHECK(max_rel(out, ref_out) < 1e-5);
+        std::vector<float> delta(lse.size());
+        for (int b = 0; b < B; ++b)
+          for (int h = 0; h < shape.heads; ++h)
+            for (int t = 0; t < T; ++t) {
+              double d = 0;
+              for (int c = 0; c < shape.head_dim; ++c) {
+                const size_t at = (size_t(b) * T + size_t(t)) * QW + size_t(h * shape.head_dim + c);
+                d += double(out[at]) * dout[at];
+              }
+              delta[(size_t(b) * shape.heads + size_t(h)) * T + size_t(t)] = float(d);
+            }
+        std::vector<float> dqkv(qkv.size(), 0.0f);
+        for (int qc = 0; qc < 2 * cp; ++qc)
+          for (const int kc : order(qc)) {
+            const ChunkRows dk{dqkv.data() + QW + int64_t(kc) * n * W, int64_t(T) * W, W};
+            k::attention_chunk_backward(
+                pair(qc, kc), {const_cast<float*>(dout.data()) + int64_t(qc) * n * QW, int64_t(T) * QW, QW},
+                lse.data() + qc * n, delta.data() + qc * n,
+                {dqkv.data() + int64_t(qc) * n * W, int64_t(T) * W, W}, dk, {dk.base + KW, dk.seq, W});
+          }
+        CHECK(max_rel(dqkv, ref_dqkv) < 1e-5);
+      }
+}
+
+// A cp rank's part of a batch: its two chunks of every row, with explicit targets (the next token across
+// the chunk's end comes from the whole row), the true positions and the whole row's document ids.
+TEST_CASE("context_shard keeps a rank's two chunks with their targets, positions and documents",
+          "[trainer][kernels]") {
+  forge::MicroBatch full;
+  full.resize(2, 16, forge::MicroBatch::Targets::kNextToken);
+  for (int r = 0; r < 2; ++r) {
+    std::vector<int32_t> window(17);
+    for (int t = 0; t <= 16; ++t) window[size_t(t)] = 100 * r + t;
+    full.set_window(r, window.data(), uint64_t(r), 0);
+  }
+  const int32_t starts[] = {6};
+  full.set_documents(1, starts);
+  const forge::MicroBatch part = forge::trainer::context_shard(full, 2, 1);  // chunks 1 and 2 of 4
+  REQUIRE(part.rows == 2);
+  REQUIRE(part.seq_len == 8);
+  const int chunks[] = {4, 5, 6, 7, 8, 9, 10, 11};
+  for (int r = 0; r < 2; ++r)
+    for (int t = 0; t < 8; ++t) {
+      const size_t i = size_t(r) * 8 + size_t(t), whole = size_t(r) * 16 + size_t(chunks[t]);
+      CHECK(part.inputs[i] == full.inputs[whole]);
+      CHECK(part.targets[i] == full.target(whole));
+      CHECK(part.positions[i] == (r == 0 ? chunks[t] : full.positions[whole]));
+      CHECK(part.segments[i] == full.segments[whole]);
+    }
+  CHECK(part.targets[7] == 12);       // row 0's chunk 2 ends at position 11: its target is the token after it
+  CHECK(part.positions[8 + 2] == 0);  // row 1's second document starts at position 6
+  CHECK_THROWS_AS(forge::trainer::context_shard(full, 3, 0), std::invalid_argument);
 }
 
 // Decoding a prompt in one call and then one token per call attends exactly as the full forward does.
