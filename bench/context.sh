@@ -5,6 +5,7 @@
 #   - at 8K positions, cp1 on one rank against cp2 on two (ring attention): tokens/s against twice cp1's
 #     (goal >= 0.85), the ring's exposed time as a fraction of the step (goal <= 10%), activation memory per
 #     rank against cp1's (goal <= 0.55x), bytes per step against the analytic count; and cp2 with a2a;
+#   - selective recompute at 8K on cp1: activation memory and step time against keeping the activations;
 #   - at 32K positions, under a memory cap halfway between cp1's and cp2's plans: forge-train --plan refuses
 #     cp1 (exit 64, naming what would fit) and accepts cp2, which then trains within it (peak RSS per rank).
 #   bench/context.sh [BUILD_DIR]   (targets bench_parallel and forge-train)
@@ -46,6 +47,17 @@ print(f"cp2 bytes per step: {two['comm_mb_per_step']:.3f} MB, analytic {two['ana
 print(f"cp2 a2a tokens/s / (2 x cp1): {a2a['tokens_per_s'] / (2 * one['tokens_per_s']):.3f}, communication "
       f"{100 * a2a['cp_comm_fraction']:.1f}% of the step, activation memory / cp1 "
       f"{a2a['activation_mib_per_rank'] / one['activation_mib_per_rank']:.3f}")
+PY
+
+echo "# selective recompute (model.recompute = selective), cp1 at 8K: activation memory and step time"
+re=$(run 1 8192 $((2 + ${STEPS:-3})) --model.recompute=selective)
+echo "$re"
+python3 - "$cp1" "$re" <<'PY'
+import json, sys
+kept, re = (json.loads(a) for a in sys.argv[1:])
+print(f"selective / none: activations {re['activation_mib_per_rank'] / kept['activation_mib_per_rank']:.3f} "
+      f"({re['activation_mib_per_rank']:.1f} / {kept['activation_mib_per_rank']:.1f} MiB; goal <= 0.60), step time "
+      f"{re['step_ms'] / kept['step_ms']:.3f} (goal <= 1.05)")
 PY
 
 echo "# 32K positions under a memory cap"

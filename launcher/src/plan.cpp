@@ -27,10 +27,12 @@ size_t round_up(size_t n, size_t m) {
 
 // The dense MLP (model.cpp DenseMLP) of hidden width H: per slot, the first product's output and the
 // activation's, N x its local width each, BF16 in BF16 mode.
-size_t dense_mlp_bytes(const T::ModelSpec& m, int H, int tp, size_t N, size_t act, size_t slots) {
+// recomputed (SwiGLU): the activation is not kept per slot (the model's shared buffer holds it).
+size_t dense_mlp_bytes(const T::ModelSpec& m, int H, int tp, size_t N, size_t act, size_t slots,
+                       bool recomputed = false) {
   const bool swiglu = m.activation == T::Activation::kSwiglu;
   const size_t fc_out = size_t(swiglu ? 2 * H : H) / size_t(tp);  // gate_up / fc: rows split by tp
-  const size_t pre = N * fc_out, a = swiglu ? pre / 2 : pre;
+  const size_t pre = N * fc_out, a = swiglu && recomputed ? 0 : swiglu ? pre / 2 : pre;
   return slots * (pre + a) * act;
 }
 
@@ -93,7 +95,7 @@ std::string_view family_ffn(const T::ModelSpec& m) {
 }  // namespace
 
 size_t activation_bytes(const T::ModelSpec& m, const T::ModelSlice& slice, int batch, T::DType dtype,
-                        int slots) {
+                        int slots, int recompute_every) {
   const int last = slice.last_layer < 0 ? m.layers : slice.last_layer;
   const int tp = slice.tp_size;
   const bool swiglu = m.activation == T::Activation::kSwiglu;
@@ -114,14 +116,22 @@ size_t activation_bytes(const T::ModelSpec& m, const T::ModelSlice& slice, int b
   // Slots: the residual stream (L + 1) x [N, C] and its gradient [N, C]; the head's lnf, its statistics
   // and the classifier's gradient.
   n += S * ((L + 1) * NC + NC + (slice.head ? 2 * NC + stats : 0)) * kF32;
+  bool any_recomputed = false;
   for (int l = slice.first_layer; l < last; ++l) {
+    const bool recomputed = recompute_every > 0 && l % recompute_every == 0;
+    any_recomputed = any_recomputed || recomputed;
     // Block::Acts per slot: res_mid [N, C] and two norms' statistics (FP32), ln1 and ln2 outputs.
     n += S * ((NC + 2 * stats) * kF32 + 2 * NC * act);
-    // Attention::Acts per slot: qkv, att, lse [N, heads]; qk-norm's saved inputs and 1 / rms.
-    n += S * (N * qkv_width * act + N * q_width * act + N * heads * kF32);
+    // Attention::Acts per slot: qkv, att (unless recomputed), lse [N, heads]; qk-norm's saved inputs and
+    // 1 / rms.
+    n += S * (N * qkv_width * act + (recomputed ? 0 : N * q_width * act) + N * heads * kF32);
     if (m.qk_norm) n += S * (N * (heads + kv) * hd + N * (heads + kv)) * kF32;
-    n += m.moe_block(l) ? moe_bytes(m, tp, N, act, S) : dense_mlp_bytes(m, m.ffn_hidden, tp, N, act, S);
+    n += m.moe_block(l) ? moe_bytes(m, tp, N, act, S)
+                        : dense_mlp_bytes(m, m.ffn_hidden, tp, N, act, S, recomputed);
   }
+  // Selective recompute's shared buffers (GPT::Workspace): the attention output, SwiGLU's activation.
+  if (any_recomputed)
+    n += N * q_width * act + (swiglu && m.dense_blocks() ? N * size_t(m.ffn_hidden / tp) * act : 0);
   return n;
 }
 
@@ -195,7 +205,7 @@ Plan make_plan(const T::TrainSpec& validated) {
     for (const Bucket& b : buckets) owned += (b.hi - b.lo) / b.group;
     st.grad_shard = owned * kF32;
     st.optimizer = 2 * (spec.parallel.zero == 1 ? owned : flat) * kF32;
-    st.activations = activation_bytes(local, slice, spec.batch, spec.dtype, st.slots);
+    st.activations = activation_bytes(local, slice, spec.batch, spec.dtype, st.slots, spec.recompute_every);
     if (lay.cp > 1) {  // ContextScratch (context_attention.h), and a2a's whole-sequence activations
       const size_t heads = size_t(m.heads / lay.tp), kv = size_t(std::max(1, m.kv_heads / lay.tp));
       const size_t hd = size_t(m.head_dim), qkv = (heads + 2 * kv) * hd, ids = size_t(lay.cp) * N * 4;
@@ -331,12 +341,12 @@ std::string format_plan(const Plan& plan) {
                       bytes_str(st.bf16_copy));
     out += fmt::format("  activations  {:>10}  saved for backward and scratch, {} micro-batch{}{}\n",
                        bytes_str(st.activations), st.slots, st.slots == 1 ? "" : "es",
-                       lay.cp > 1 ? fmt::format(" of {} positions a sequence (cp{}), {}", m.seq_len / lay.cp,
-                                                lay.cp,
-                                                spec.parallel.cp_comm == T::ContextComm::kRing
-                                                    ? "the ring's buffers"
-                                                    : "the all-to-all's buffers and whole-sequence heads")
-                                  : std::string());
+                       lay.cp > 1
+                           ? fmt::format(" of {} positions a sequence (cp{}), {}", m.seq_len / lay.cp, lay.cp,
+                                         spec.parallel.cp_comm == T::ContextComm::kRing
+                                             ? "the ring's buffers"
+                                             : "the all-to-all's buffers and whole-sequence heads")
+                           : std::string());
     std::string parts = fmt::format("gradient shard {}", bytes_str(st.grad_shard));
     if (st.pipeline > 0) parts += fmt::format(", pipeline receive {}", bytes_str(st.pipeline));
     if (st.logits_chunk > 0) parts += fmt::format(", logits chunk {}", bytes_str(st.logits_chunk));

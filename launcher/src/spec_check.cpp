@@ -26,6 +26,8 @@ bool may_change_on_resume(const std::string& key) {
                                       "run.threads",
                                       "run.peak_gflops",
                                       "run.memory_per_rank_gib",
+                                      "model.recompute",
+                                      "model.recompute_every",
                                       "run.dir",
                                       "run.trace_steps",
                                       "run.device",

@@ -85,17 +85,22 @@ TEST_CASE("the plan's activation bytes are what the model allocates", "[plan]") 
   for (const auto& [name, spec] : models)
     for (const Case& c : slices)
       for (const DType dtype : {DType::kF32, DType::kBF16})
-        for (const int slots : {1, 3}) {
-          if (c.slice.ep_size > 1 && spec.ffn != forge::trainer::Ffn::kMoe) continue;
-          const ExpertShare layers(c.slice.ep_rank, c.slice.ep_size);
-          const int batch = 2;
-          const GPT model(
-              spec, {.batch = batch, .dtype = dtype, .slice = c.slice, .slots = slots, .layers = &layers});
-          INFO(fmt::format("{}, {}, {}, {} slots", name, c.what, dtype == DType::kBF16 ? "bf16" : "fp32",
-                           slots));
-          CHECK(forge::launcher::activation_bytes(spec, c.slice, batch, dtype, slots) ==
-                model.activation_bytes());
-        }
+        for (const int slots : {1, 3})
+          for (const int recompute_every : {0, 1, 2}) {  // selective recompute: none, every block, every 2nd
+            if (c.slice.ep_size > 1 && spec.ffn != forge::trainer::Ffn::kMoe) continue;
+            const ExpertShare layers(c.slice.ep_rank, c.slice.ep_size);
+            const int batch = 2;
+            const GPT model(spec, {.batch = batch,
+                                   .dtype = dtype,
+                                   .slice = c.slice,
+                                   .slots = slots,
+                                   .layers = &layers,
+                                   .recompute_every = recompute_every});
+            INFO(fmt::format("{}, {}, {}, {} slots, recompute every {}", name, c.what,
+                             dtype == DType::kBF16 ? "bf16" : "fp32", slots, recompute_every));
+            CHECK(forge::launcher::activation_bytes(spec, c.slice, batch, dtype, slots, recompute_every) ==
+                  model.activation_bytes());
+          }
 }
 
 TEST_CASE("the plan of the large shapes needs no memory of their size", "[plan]") {

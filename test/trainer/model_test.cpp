@@ -327,6 +327,60 @@ TEST_CASE("a batch in next-token form trains bit for bit as its explicit targets
       Catch::Contains("sample 41 (row 1, position 23): target id 64 is outside the vocabulary"));
 }
 
+// Selective recompute (model.recompute): the attention's output and SwiGLU's activation computed again in
+// the backward give the same loss and gradients, bit for bit, in less activation memory: with two
+// micro-batches in flight (the second's forward overwrites the shared buffers before the first's backward),
+// every block or every second one, for a grouped-query Llama with packed documents, a sliding-window
+// Mistral, GPT-2 (GELU: only the attention's output) and a Mixtral whose experts keep theirs.
+TEST_CASE("selective recompute trains bit for bit as keeping the activations, in less memory",
+          "[trainer][model]") {
+  const std::vector<std::vector<std::string>> families = {
+      {"--model.family=llama", "--model.kv_heads=2", "--model.ffn_hidden=64"},
+      {"--model.family=mistral", "--model.kv_heads=2", "--model.ffn_hidden=64", "--model.window=7"},
+      {"--model.family=gpt2"},
+      {"--model.family=mixtral", "--model.kv_heads=2", "--model.experts=4", "--model.top_k=2",
+       "--model.moe_every=2", "--model.ffn_hidden=64", "--model.moe_hidden=32"}};
+  for (std::vector<std::string> args : families) {
+    INFO(args[0]);
+    for (const char* a : {"--model.layers=3", "--model.d_model=32", "--model.heads=4", "--model.vocab=64",
+                          "--model.seq_len=24"})
+      args.push_back(a);
+    const ModelSpec cfg = model_spec(args);
+    const int rows = 2, T = cfg.seq_len;
+    std::vector<MicroBatch> batches;
+    for (int i = 0; i < 2; ++i) {
+      batches.push_back(
+          forge::test::window_batch(random_tokens(size_t(rows) * (T + 1), cfg.vocab, 11 + i), rows, T));
+      const int32_t starts[] = {5 + i, 17};
+      batches.back().set_documents(0, starts);
+    }
+    struct Run {
+      double loss[2];
+      std::vector<float> grads;
+      size_t activations;
+    };
+    const auto run = [&](int every) {
+      GPT m(cfg, {.batch = rows, .slots = 2, .recompute_every = every});
+      m.init(3);
+      m.zero_grad();
+      Run r;
+      for (int s = 0; s < 2; ++s) r.loss[s] = m.forward(s, batches[size_t(s)], nullptr, 1.0f / 96, true).loss;
+      for (int s = 0; s < 2; ++s) m.backward(s, nullptr);
+      r.grads.assign(m.grads().begin(), m.grads().end());
+      r.activations = m.activation_bytes();
+      return r;
+    };
+    const Run kept = run(0), every = run(1), second = run(2);
+    for (const Run* r : {&every, &second}) {
+      CHECK(r->loss[0] == kept.loss[0]);
+      CHECK(r->loss[1] == kept.loss[1]);
+      CHECK(r->grads == kept.grads);
+    }
+    CHECK(every.activations < second.activations);
+    CHECK(second.activations < kept.activations);
+  }
+}
+
 TEST_CASE("bad token ids are data errors, not crashes", "[trainer][model]") {
   const ModelSpec cfg = small_config();
   GPT m(cfg, {.batch = 1});

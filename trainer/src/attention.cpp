@@ -28,7 +28,8 @@ Attention::Attention(Backend& backend, const AttentionSettings& settings, std::u
   for (int i = 0; i < slots; ++i) {
     Acts a;
     a.qkv = ActBuffer(backend, N * size_t(s.qkv_width()), settings_.bf16);
-    a.att = ActBuffer(backend, N * size_t(s.q_width()), settings_.bf16);
+    if (settings_.recompute_out == nullptr)
+      a.att = ActBuffer(backend, N * size_t(s.q_width()), settings_.bf16);
     a.lse = backend.alloc<float>(N * size_t(s.heads));
     if (settings_.qk_norm) {
       a.qk_saved = backend.alloc<float>(N * size_t(s.heads + s.kv_heads) * size_t(s.head_dim));
@@ -57,19 +58,26 @@ void Attention::project(int slot, ConstAct in, Act qkv, const int32_t* positions
                   false);
 }
 
+Act Attention::output(int slot) {
+  return settings_.recompute_out != nullptr ? settings_.recompute_out->at() : acts_[size_t(slot)].att.at();
+}
+
 void Attention::forward(int slot, ConstAct in, float* out, const DeviceBatch& batch, int B, int T) {
   Acts& a = acts_[size_t(slot)];
   project(slot, in, a.qkv.at(), batch.positions, B * T, T);
-  attend_forward(slot, a.att.at(), a.lse.data(), a.qkv.at(), batch, B, T);
-  proj_->forward(out, a.att.at(), B * T);
+  attend_forward(slot, output(slot), a.lse.data(), a.qkv.at(), batch, B, T);
+  proj_->forward(out, output(slot), B * T);
 }
 
 void Attention::backward(int slot, ConstAct in, const float* dout, float* din, const DeviceBatch& batch,
                          int B, int T) {
   Acts& a = acts_[size_t(slot)];
   const int N = B * T;
-  proj_->backward(datt_, dout, a.att.at(), N);
-  attend_backward(slot, dqkv_, datt_, a.qkv.at(), a.att.at(), a.lse.data(), batch, B, T);
+  // Recomputed: the same kernel on the same q, k, v gives the forward's output (and lse) bit for bit.
+  if (settings_.recompute_out != nullptr)
+    attend_forward(slot, output(slot), a.lse.data(), a.qkv.at(), batch, B, T);
+  proj_->backward(datt_, dout, output(slot), N);
+  attend_backward(slot, dqkv_, datt_, a.qkv.at(), output(slot), a.lse.data(), batch, B, T);
   // The gradients of the rotated q and k turn back (the rotation is orthogonal), then through the norm.
   if (settings_.rotary)
     backend_.rope(dqkv_, batch.positions, inv_freq_.data(), settings_.rope.magnitude, N, T, settings_.shape,
@@ -84,9 +92,9 @@ void Attention::decode(ConstAct in, float* out, float* k_cache, float* v_cache, 
                        const int32_t* pos, int rows, int max_len) {
   Acts& a = acts_[0];
   project(0, in, a.qkv.at(), pos, rows, max_len);
-  backend_.attention_decode(a.att.at(), a.qkv.at(), k_cache, v_cache, seq, pos, rows, max_len,
+  backend_.attention_decode(output(0), a.qkv.at(), k_cache, v_cache, seq, pos, rows, max_len,
                             settings_.shape);
-  proj_->forward(out, a.att.at(), rows);
+  proj_->forward(out, output(0), rows);
 }
 
 void Attention::attend_forward(int, Act out, float* lse, ConstAct qkv, const DeviceBatch& batch, int B,

@@ -22,19 +22,26 @@ namespace {
 // The first product is column-parallel when split, the second row-parallel.
 class DenseMLP final : public FeedForward {
  public:
+  // recompute_act (SwiGLU only): selective recompute's shared buffer for silu(gate) x up, which is then
+  // not kept per micro-batch but computed again from the kept gate and up in the backward; null: kept.
   DenseMLP(Backend& backend, std::unique_ptr<Linear> fc, std::unique_ptr<Linear> proj, bool swiglu, int slots,
-           int rows, bool bf16, float* dfc)
-      : backend_(backend), fc_(std::move(fc)), proj_(std::move(proj)), swiglu_(swiglu), dfc_(dfc) {
+           int rows, bool bf16, float* dfc, ActBuffer* recompute_act = nullptr)
+      : backend_(backend),
+        fc_(std::move(fc)),
+        proj_(std::move(proj)),
+        swiglu_(swiglu),
+        dfc_(dfc),
+        recompute_act_(swiglu ? recompute_act : nullptr) {
     const size_t pre = size_t(rows) * size_t(fc_->out_features()), act = swiglu ? pre / 2 : pre;
     for (int s = 0; s < slots; ++s) {
       pre_.emplace_back(backend, pre, bf16);
-      act_.emplace_back(backend, act, bf16);
+      act_.emplace_back(recompute_act_ != nullptr ? ActBuffer() : ActBuffer(backend, act, bf16));
     }
   }
   // The width of the activation between the products.
   int hidden() const { return swiglu_ ? fc_->out_features() / 2 : fc_->out_features(); }
   void forward(int slot, ConstAct in, float* out, int rows) override {
-    Act act = act_[size_t(slot)].at(), pre = pre_[size_t(slot)].at();
+    Act act = activation(slot), pre = pre_[size_t(slot)].at();
     if (swiglu_) {
       fc_->forward(pre, in, rows);
       backend_.swiglu_forward(act, pre, rows, hidden());
@@ -48,7 +55,9 @@ class DenseMLP final : public FeedForward {
     if (swiglu_) {
       // dL/d(act) after the first rows x hidden values of the scratch, dL/d(gate | up) into its start.
       float* dact = dfc_ + size_t(rows) * size_t(fc_->out_features());
-      proj_->backward(dact, dout, act_[size_t(slot)].at(), rows);
+      if (recompute_act_ != nullptr)
+        backend_.swiglu_forward(activation(slot), pre_[size_t(slot)].at(), rows, hidden());
+      proj_->backward(dact, dout, activation(slot), rows);
       backend_.swiglu_backward(dfc_, dact, pre, rows, hidden());
     } else {
       proj_->backward(dfc_, dout, act_[size_t(slot)].at(), rows);
@@ -68,10 +77,15 @@ class DenseMLP final : public FeedForward {
   }
 
  private:
+  Act activation(int slot) {
+    return recompute_act_ != nullptr ? recompute_act_->at() : act_[size_t(slot)].at();
+  }
+
   Backend& backend_;
   std::unique_ptr<Linear> fc_, proj_;
   bool swiglu_;
   float* dfc_;
+  ActBuffer* recompute_act_;
   std::vector<ActBuffer> pre_, act_;  // per slot: the first product's output and the activation's
 };
 
@@ -196,9 +210,10 @@ struct GPT::NormSlot {
 // Buffers reused by every block and micro-batch.
 struct GPT::Workspace {
   Buffer<float> delta, dln, datt, dqkv, dfc;
+  ActBuffer recompute_att, recompute_act;  // selective recompute: the recomputed blocks' shared outputs
 
   size_t bytes() const {
-    size_t n = 0;
+    size_t n = recompute_att.bytes() + recompute_act.bytes();
     for (const auto* v : {&delta, &dln, &datt, &dqkv, &dfc}) n += v->size() * sizeof(float);
     return n;
   }
@@ -313,13 +328,24 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
     return NormSlot{config.norm, config.norm_eps, ref(name + ".weight"),
                     layernorm ? ref(name + ".bias") : ParamRef{}};
   };
-  const auto dense = [&](const std::string& name) {
+  const auto dense = [&](const std::string& name, bool recompute = false) {
     const std::string fc = swiglu ? "gate_up" : "fc", proj = swiglu ? "down" : "proj";
     return std::make_unique<DenseMLP>(
         backend, layers.linear(backend, ref(name + fc + ".weight"), optional_ref(name + fc + ".bias"), false),
         layers.linear(backend, ref(name + proj + ".weight"), optional_ref(name + proj + ".bias"), false),
-        swiglu, slots, int(N), bf16, w.dfc.data());
+        swiglu, slots, int(N), bf16, w.dfc.data(), recompute ? &w.recompute_act : nullptr);
   };
+  // Selective recompute: the blocks whose index divides by recompute_every share one output buffer for
+  // their attention and one for their SwiGLU activation (block indices are the whole model's, so every
+  // pipeline stage agrees).
+  const auto recomputed = [&](int l) { return setup.recompute_every > 0 && l % setup.recompute_every == 0; };
+  for (int l = slice_.first_layer; l < slice_.last_layer; ++l)
+    if (recomputed(l)) {
+      w.recompute_att = ActBuffer(backend, N * size_t(attention.shape.q_width()), bf16);
+      if (swiglu && config.dense_blocks())
+        w.recompute_act = ActBuffer(backend, N * size_t(config.ffn_hidden / tps), bf16);
+      break;
+    }
   for (int l = slice_.first_layer; l < slice_.last_layer; ++l) {
     const std::string b = "blocks." + std::to_string(l) + ".";
     auto block = std::make_unique<Block>();
@@ -337,7 +363,9 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
     aw.k_norm = optional_ref(b + "attn.k_norm.weight");
     aw.proj = ref(b + "attn.proj.weight");
     aw.proj_bias = optional_ref(b + "attn.proj.bias");
-    block->attn = layers.attention(backend, attention, aw, slots, int(N), w.dqkv.data(), w.datt.data());
+    AttentionSettings settings = attention;
+    if (recomputed(l)) settings.recompute_out = &w.recompute_att;
+    block->attn = layers.attention(backend, settings, aw, slots, int(N), w.dqkv.data(), w.datt.data());
     if (config.moe_block(l)) {
       MoeSettings moe{config.experts,         config.top_k,         config.capacity_factor,
                       config.router_aux_coef, config.router_z_coef, bf16};
@@ -358,7 +386,7 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
       else
         block->ffn = std::move(layer);
     } else {
-      block->ffn = dense(b + "mlp.");
+      block->ffn = dense(b + "mlp.", recomputed(l));
     }
     for (int s = 0; s < slots; ++s) {
       Block::Acts a;

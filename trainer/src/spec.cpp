@@ -24,6 +24,11 @@ void add_trainer_keys(ConfigSchema& s) {
       .add<int64_t>("run.steps", 100, "optimizer steps to train")
       .add<int64_t>("run.seed", 1234, "seed of initialization and synthetic data")
       .add<int>("run.threads", 0, "CPU threads (0: SLURM_CPUS_PER_TASK, else all cores)")
+      .add_choice("model.recompute", "none", {"none", "selective", "full"},
+                  "activation recompute: selective computes each block's attention output and SwiGLU "
+                  "activation again in the backward instead of keeping them (the same numbers, less memory)")
+      .add<int>("model.recompute_every", 1,
+                "model.recompute in every n-th block (those whose index divides by n)")
       .add_choice("run.objective", "lm", {"lm", "sft", "dpo", "distill"},
                   "what the run learns: lm, every token of the data; sft, the replies a chat dataset's loss "
                   "mask marks; dpo, the preferences of a preference dataset; distill, a teacher model's "
@@ -526,6 +531,12 @@ TrainSpec train_spec(const Config& c) {
   if (!(s.memory_cap_gib >= 0)) c.reject("run.memory_per_rank_gib", "must be >= 0 (0: no cap)");
   s.trace = trace_steps(c, s.steps);
   s.model = model_spec(c);
+  const std::string recompute = c.get<std::string>("model.recompute");
+  if (recompute == "full")
+    c.reject("model.recompute", "full recompute is not implemented yet: use selective (or none)");
+  const int every = c.get<int>("model.recompute_every");
+  if (every < 1) c.reject("model.recompute_every", "must be >= 1");
+  s.recompute_every = recompute == "selective" ? every : 0;
   s.optim = optim_config(c);
   s.dataset = c.get<std::string>("data.dataset");
   s.batch = positive<int>(c, "data.batch");

@@ -132,7 +132,8 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups, B
                                                    .backend = &backend,
                                                    .layers = plan_.get(),
                                                    .flat_multiple = dp,
-                                                   .loss = loss_});
+                                                   .loss = loss_,
+                                                   .recompute_every = spec.recompute_every});
   model_->init(spec.seed);
   if (const int replicas = std::max(1, lay.tp / spec.model.kv_heads); replicas > 1) {
     kv_ = groups.tp->split(groups.tp_rank / replicas, groups.tp_rank % replicas, "kv");

@@ -25,6 +25,10 @@ struct AttentionSettings {
   bool qk_norm = false;  // per-head RMSNorm of q and k (q_norm, k_norm weights), before the rotation
   float norm_eps = 1e-5f;
   bool bf16 = false;  // BF16 activation storage (the model's BF16 mode)
+  // Selective recompute (model.recompute): the attention's output is not kept per micro-batch but written
+  // here (one buffer the model's recomputed layers share) and computed again in the backward, from the q,
+  // k and v the layer keeps. Null: kept.
+  ActBuffer* recompute_out = nullptr;
 };
 
 // An attention layer's parameters as this process holds them: the q, k and v products' weights as one
@@ -74,6 +78,8 @@ class Attention {
   Backend& backend_;
 
  private:
+  // The attention's output for the micro-batch in `slot`: kept, or the shared recompute buffer.
+  Act output(int slot);
   // q, k, v after the product's bias, the q/k norm and the rotation.
   void project(int slot, ConstAct in, Act qkv, const int32_t* positions, int rows, int T);
 

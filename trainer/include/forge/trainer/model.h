@@ -93,9 +93,7 @@ struct ModelSpec {
   // Whether some block's FFN is the dense MLP (ffn_hidden wide); not in an MoE model with every block MoE.
   bool dense_blocks() const { return ffn == Ffn::kDense || moe_every > 1; }
   AttentionShape attention() const { return {heads, kv_heads, head_dim, window}; }
-  ModelDims dims() const {
-    return {layers, heads, vocab, ffn == Ffn::kMoe ? experts : 0, kv_heads, seq_len};
-  }
+  ModelDims dims() const { return {layers, heads, vocab, ffn == Ffn::kMoe ? experts : 0, kv_heads, seq_len}; }
 };
 std::string_view family_name(Family family);
 // One line: the family and what sets it apart, e.g. "llama: 2 blocks of 128, 4 heads sharing 2 key/value
@@ -189,6 +187,9 @@ struct ModelSetup {
                                          // runtime's plan
   size_t flat_multiple = 1;  // the flat buffers padded to a multiple (data-parallel shards split evenly)
   std::shared_ptr<const Loss> loss = nullptr;  // the head's objective; null: the LM cross-entropy
+  // Selective activation recompute (model.recompute) in every block whose index divides by this (0: none):
+  // the attention's output and SwiGLU's activation are computed again in the backward instead of kept.
+  int recompute_every = 0;
 };
 
 class GPT;
