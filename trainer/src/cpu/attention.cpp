@@ -14,6 +14,7 @@
 // their shared key/value head's gradient: the group's first head accumulates into it directly, the others
 // into per-thread scratch that is added in head order (an ordered region), so the sums do not depend on
 // the threads.
+#include "blas_threads.h"
 #include "fast_math.h"
 #include "kernels.h"
 
@@ -30,18 +31,6 @@ namespace forge::trainer::cpu {
 namespace {
 
 constexpr int kBlock = 64;
-
-// OpenBLAS single-threaded for the scope (the callers are OpenMP threads).
-class BlasSingleThread {
- public:
-  BlasSingleThread() : saved_(openblas_get_num_threads()) { openblas_set_num_threads(1); }
-  ~BlasSingleThread() { openblas_set_num_threads(saved_); }
-  BlasSingleThread(const BlasSingleThread&) = delete;
-  BlasSingleThread& operator=(const BlasSingleThread&) = delete;
-
- private:
-  int saved_;
-};
 
 // The first key the query at position t of a batch row sees (its last is t): its document's start
 // (doc_start: the row's starts, null: 0), moved up to t - window + 1 when window > 0. Never decreases
@@ -93,20 +82,9 @@ void attention_forward(float* out, float* lse, const float* qkv, const int32_t* 
           const int visible = r0 + i + 1 - lo;
           float* seen = row + first;  // the keys this query may attend to
           const int n = visible - first;
-          float mx = -std::numeric_limits<float>::infinity();
-          for (int j = 0; j < n; ++j) mx = std::max(mx, seen[j]);
-          float sum = 0;
-#pragma omp simd reduction(+ : sum)
-          for (int j = 0; j < n; ++j) {
-            seen[j] = fast_exp(seen[j] - mx);
-            sum += seen[j];
-          }
-          const float inv = 1.0f / sum;
-#pragma omp simd
-          for (int j = 0; j < n; ++j) seen[j] *= inv;
+          l[r0 + i] = softmax_in_place(seen, n);
           std::fill(row, seen, 0.0f);
           std::fill(row + visible, row + nk, 0.0f);
-          l[r0 + i] = mx + std::log(sum);
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, nk, 1.0f, s, nk, v + int64_t(lo) * W,
                     W, 0.0f, o + int64_t(r0) * QW, QW);

@@ -142,8 +142,8 @@ class CpuBackend final : public Backend {
   void attention_chunk_forward(const AttentionChunks& c, ChunkRows out, float* lse) override {
     cpu::attention_chunk_forward(c, out, lse);
   }
-  void attention_chunk_backward(const AttentionChunks& c, ChunkRows dout, const float* lse, const float* delta,
-                                ChunkRows dq, ChunkRows dk, ChunkRows dv) override {
+  void attention_chunk_backward(const AttentionChunks& c, ChunkRows dout, const float* lse,
+                                const float* delta, ChunkRows dq, ChunkRows dk, ChunkRows dv) override {
     cpu::attention_chunk_backward(c, dout, lse, delta, dq, dk, dv);
   }
   void attention_decode(Act out, ConstAct qkv, float* k_cache, float* v_cache, const int32_t* seq,

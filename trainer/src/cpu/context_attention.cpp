@@ -7,6 +7,7 @@
 //
 // OpenMP splits (sequence, key/value head) pairs over threads: the query heads of a group run in order on
 // one thread, so their additions to the shared dk and dv rows happen in one fixed order.
+#include "blas_threads.h"
 #include "fast_math.h"
 #include "kernels.h"
 
@@ -24,17 +25,6 @@ namespace {
 
 constexpr int kBlock = 64;
 constexpr float kNoKey = -std::numeric_limits<float>::infinity();
-
-class BlasSingleThread {
- public:
-  BlasSingleThread() : saved_(openblas_get_num_threads()) { openblas_set_num_threads(1); }
-  ~BlasSingleThread() { openblas_set_num_threads(saved_); }
-  BlasSingleThread(const BlasSingleThread&) = delete;
-  BlasSingleThread& operator=(const BlasSingleThread&) = delete;
-
- private:
-  int saved_;
-};
 
 // The keys of the key chunk that query row t (of sequence b) sees: [first(t), last(t)], empty when
 // first > last. Both never decrease with t (document ids and sequence indices only rise).
@@ -86,20 +76,9 @@ void attention_chunk_forward(const AttentionChunks& c, ChunkRows out, float* lse
           }
           float* seen = row + first;
           const int n = end - first;
-          float mx = kNoKey;
-          for (int j = 0; j < n; ++j) mx = std::max(mx, seen[j]);
-          float sum = 0;
-#pragma omp simd reduction(+ : sum)
-          for (int j = 0; j < n; ++j) {
-            seen[j] = fast_exp(seen[j] - mx);
-            sum += seen[j];
-          }
-          const float inv = 1.0f / sum;
-#pragma omp simd
-          for (int j = 0; j < n; ++j) seen[j] *= inv;
+          block_lse[size_t(i)] = softmax_in_place(seen, n);
           std::fill(row, seen, 0.0f);
           std::fill(row + end, row + nk, 0.0f);
-          block_lse[size_t(i)] = mx + std::log(sum);
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, nk, 1.0f, s, nk,
                     c.v.row(b, lo) + kvh * hd, c.v.ld, 0.0f, part.data(), hd);

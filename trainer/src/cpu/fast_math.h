@@ -4,7 +4,10 @@
 // near 0, harmless where it is used: GELU adds 1 to it).
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 
 namespace forge::trainer::cpu {
 
@@ -22,6 +25,22 @@ inline float fast_exp(float x) {
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
   return p * __builtin_bit_cast(float, (int32_t(n) + 127) << 23);
+}
+
+// Softmax of x[0, n) in place (n >= 1); returns the log-sum-exp. The attention kernels' row step.
+inline float softmax_in_place(float* x, int n) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int j = 0; j < n; ++j) mx = std::max(mx, x[j]);
+  float sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int j = 0; j < n; ++j) {
+    x[j] = fast_exp(x[j] - mx);
+    sum += x[j];
+  }
+  const float inv = 1.0f / sum;
+#pragma omp simd
+  for (int j = 0; j < n; ++j) x[j] *= inv;
+  return mx + std::log(sum);
 }
 
 #pragma omp declare simd notinbranch
