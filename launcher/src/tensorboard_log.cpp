@@ -30,11 +30,8 @@ constexpr std::pair<const char*, const char*> kRunScalars[] = {
 };
 // What each rank writes about itself, to compare ranks.
 constexpr std::pair<const char*, const char*> kRankScalars[] = {
-    {"step_ms", "rank/step_ms"},
-    {"compute_ms", "rank/compute_ms"},
-    {"comm_ms", "rank/comm_ms"},
-    {"cp_comm_ms", "rank/cp_comm_ms"},
-    {"data_wait_ms", "rank/data_wait_ms"},
+    {"step_ms", "rank/step_ms"},       {"compute_ms", "rank/compute_ms"},     {"comm_ms", "rank/comm_ms"},
+    {"cp_comm_ms", "rank/cp_comm_ms"}, {"data_wait_ms", "rank/data_wait_ms"},
 };
 
 }  // namespace

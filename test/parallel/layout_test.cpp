@@ -192,9 +192,9 @@ int main(int argc, char** argv) {
   }
   if (argc < 5 || !(mode.empty() || mode == "packed" || mode == "dpo" || mode == "distill") ||
       (bf16 && !far_memory)) {
-    std::fprintf(
-        stderr,
-        "usage: layout_test TP PP DP ZERO [packed|dpo|distill] [llama [window]] [cpN [a2a]] [seqN] [far [bf16]]\n");
+    std::fprintf(stderr,
+                 "usage: layout_test TP PP DP ZERO [packed|dpo|distill] [llama [window]] [cpN [a2a]] [seqN] "
+                 "[far [bf16]]\n");
     return 2;
   }
   forge::test::FarBackend far;
