@@ -39,6 +39,25 @@ final_state() {
   done
   echo "$state"
 }
+# train_variant NAME STEPS BATCH MODEL_LINES LAYOUT PARALLEL_LINES: configs/demo.ini as run NAME (STEPS
+# steps, a recovery checkpoint halfway, BATCH sequences, the [model] lines MODEL_LINES after seq_len, then
+# [parallel] PARALLEL_LINES) on the demo dataset, submitted as team-a on the explore tier with LAYOUT
+# and no gate; sets train (its job id) once it has completed.
+train_variant() {
+  local name=$1 steps=$2 batch=$3 model=$4 layout=$5 parallel=$6
+  sed -e "s|^dir = .*|dir = $work/runs/$name|" -e "s|^dataset = .*|dataset = $work/dataset|" \
+    -e "s/^name = .*/name = $name/" -e "s/^steps = .*/steps = $steps/" \
+    -e "s/^milestone_every = .*/milestone_every = $steps/" -e "s/^recovery_every = .*/recovery_every = $((steps / 2))/" \
+    -e "s/^batch = .*/batch = $batch/" -e "s/^seq_len = .*/$model/" "$root/configs/demo.ini" > "$work/$name.ini"
+  printf '\n[parallel]\n%b\n' "$parallel" >> "$work/$name.ini"
+  local ids state
+  ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=explore --train-layout="$layout" \
+    --gate-policy=none "$work/$name.ini" "$work/dataset")
+  echo "$ids"
+  train=$(awk '/train job/ {print $3}' <<<"$ids")
+  state=$(final_state "$train" 600)
+  [ "$state" = COMPLETED ] || { echo "demo: the $name job ended $state" >&2; exit 1; }
+}
 
 stage() {
   current="$*"
@@ -429,18 +448,8 @@ stage "Mixture of Experts: 4 experts, top-2, on dp2 with expert parallelism ep2 
 # and the tokens routed to the other rank's experts go there and back by all-to-all. The metrics carry each
 # block's expert load, dropped share, router entropy and losses; the report plots the load.
 moe_run=$work/runs/moe
-moe_steps=$((fast ? 20 : 60))
-sed -e "s|^dir = .*|dir = $moe_run|" -e "s|^dataset = .*|dataset = $work/dataset|" -e "s/^name = .*/name = moe/" \
-  -e "s/^steps = .*/steps = $moe_steps/" -e "s/^milestone_every = .*/milestone_every = $moe_steps/" \
-  -e "s/^recovery_every = .*/recovery_every = $((moe_steps / 2))/" -e "s/^batch = .*/batch = 4/" \
-  -e "s/^seq_len = .*/seq_len = 128\nffn = moe\nexperts = 4\ntop_k = 2/" "$root/configs/demo.ini" > "$work/moe.ini"
-printf '\n[parallel]\ndp = 2\nep = 2\nzero = 1\n' >> "$work/moe.ini"
-ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp2,ep2 \
-  --gate-policy=none "$work/moe.ini" "$work/dataset")
-echo "$ids"
-train=$(awk '/train job/ {print $3}' <<<"$ids")
-state=$(final_state "$train" 600)
-[ "$state" = COMPLETED ] || { echo "demo: the MoE job ended $state" >&2; exit 1; }
+train_variant moe $((fast ? 20 : 60)) 4 'seq_len = 128\nffn = moe\nexperts = 4\ntop_k = 2' tp1,pp1,dp2,ep2 \
+  'dp = 2\nep = 2\nzero = 1'
 grep -h -m1 "parameters:" "$work"/forge-*-"$train".out || true
 python3 - "$moe_run/metrics/rank-0.jsonl" <<'PY'
 import json, sys
@@ -459,18 +468,7 @@ stage "long context: 2048-token sequences shared out over two ranks (context par
 # parallel.cp = 2: each sequence in 4 chunks, each rank holding 2 (load-balanced under the causal mask);
 # key/value chunks pass between the ranks while each computes, and packed documents span them.
 long_run=$work/runs/long
-long_steps=$((fast ? 10 : 30))
-sed -e "s|^dir = .*|dir = $long_run|" -e "s|^dataset = .*|dataset = $work/dataset|" -e "s/^name = .*/name = long/" \
-  -e "s/^steps = .*/steps = $long_steps/" -e "s/^milestone_every = .*/milestone_every = $long_steps/" \
-  -e "s/^recovery_every = .*/recovery_every = $long_steps/" -e "s/^batch = .*/batch = 1/" \
-  -e "s/^seq_len = .*/seq_len = 2048/" "$root/configs/demo.ini" > "$work/long.ini"
-printf '\n[parallel]\ncp = 2\n' >> "$work/long.ini"
-ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp1,cp2 \
-  --gate-policy=none "$work/long.ini" "$work/dataset")
-echo "$ids"
-train=$(awk '/train job/ {print $3}' <<<"$ids")
-state=$(final_state "$train" 600)
-[ "$state" = COMPLETED ] || { echo "demo: the long-context job ended $state" >&2; exit 1; }
+train_variant long $((fast ? 10 : 30)) 1 'seq_len = 2048' tp1,pp1,dp1,cp2 'cp = 2'
 python3 - "$long_run/metrics/rank-0.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
