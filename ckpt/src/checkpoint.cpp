@@ -166,20 +166,25 @@ std::string Checkpoint::verification_bytes() const {
 
 void Checkpoint::verify(int part, int parts) const {
   int i = 0;
-  for (const auto& [name, f] : manifest_.files) {
-    if (i++ % parts != part) continue;
-    const fs::path p = fs::path(dir_) / name;
-    std::error_code ec;
-    const auto size = fs::file_size(p, ec);
-    if (ec) fail(ExitCode::kData, "checkpoint '{}' is damaged: '{}' is missing", dir_, name);
-    if (size != f.bytes)
-      fail(ExitCode::kData, "checkpoint '{}' is damaged: '{}' has {} bytes, the manifest says {}", dir_, name,
-           size, f.bytes);
-    const std::string h = xxh3_file_hex(p.string());
-    if (h != f.xxh3)
-      fail(ExitCode::kData, "checkpoint '{}' is damaged: '{}' has xxh3 {}, the manifest says {}", dir_, name,
-           h, f.xxh3);
-  }
+  for (const auto& entry : manifest_.files)
+    if (i++ % parts == part) verify_file(entry.first);
+}
+
+std::string Checkpoint::verify_file(const std::string& name) const {
+  const auto it = manifest_.files.find(name);
+  if (it == manifest_.files.end()) return "";
+  const fs::path p = fs::path(dir_) / name;
+  std::error_code ec;
+  const auto size = fs::file_size(p, ec);
+  if (ec) fail(ExitCode::kData, "checkpoint '{}' is damaged: '{}' is missing", dir_, name);
+  if (size != it->second.bytes)
+    fail(ExitCode::kData, "checkpoint '{}' is damaged: '{}' has {} bytes, the manifest says {}", dir_, name,
+         size, it->second.bytes);
+  const std::string h = xxh3_file_hex(p.string());
+  if (h != it->second.xxh3)
+    fail(ExitCode::kData, "checkpoint '{}' is damaged: '{}' has xxh3 {}, the manifest says {}", dir_, name, h,
+         it->second.xxh3);
+  return p.string();
 }
 
 std::string run_dir_of(const std::string& checkpoint_dir) {

@@ -146,10 +146,19 @@ EvalOptions as_trained(const std::string& checkpoint_dir, const std::string& dat
   return options;
 }
 
-trainer::ModelSpec check_evaluation(const std::string& checkpoint_dir, const std::string& dataset_dir,
-                                    const EvalOptions& options, bool own_dataset) {
+namespace {
+
+// What an evaluation reads, opened and checked once (check_evaluation's checks).
+struct Opened {
+  ckpt::Checkpoint checkpoint;
+  data::Manifest manifest;
+  trainer::ModelSpec config;
+};
+
+Opened open_evaluation(const std::string& checkpoint_dir, const std::string& dataset_dir,
+                       const EvalOptions& options, bool own_dataset) {
   const bool dpo = !options.dpo_reference.empty();
-  const ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(checkpoint_dir);
+  ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(checkpoint_dir);
   trainer::ModelSpec config =
       trainer::model_spec_from_json(checkpoint.manifest().meta.model_config, checkpoint_dir);
   if (options.seq_len > 0 && options.seq_len != config.seq_len) {
@@ -159,7 +168,7 @@ trainer::ModelSpec check_evaluation(const std::string& checkpoint_dir, const std
     config.seq_len = options.seq_len;
   }
 
-  const data::Manifest manifest = data::load_manifest(dataset_dir);
+  data::Manifest manifest = data::load_manifest(dataset_dir);
   if (dpo && manifest.format != "preference")
     fail(ExitCode::kUsage,
          "{} is measured on preference pairs (run.objective = dpo) but {} is a {} dataset: give the "
@@ -177,16 +186,22 @@ trainer::ModelSpec check_evaluation(const std::string& checkpoint_dir, const std
   if (manifest.tokens("valid") == 0)
     fail(ExitCode::kData, "dataset {} has no validation split: prepare it with --valid-fraction > 0",
          dataset_dir);
-  return config;
+  return {std::move(checkpoint), std::move(manifest), config};
+}
+
+}  // namespace
+
+trainer::ModelSpec check_evaluation(const std::string& checkpoint_dir, const std::string& dataset_dir,
+                                    const EvalOptions& options, bool own_dataset) {
+  return open_evaluation(checkpoint_dir, dataset_dir, options, own_dataset).config;
 }
 
 DomainResults evaluate_checkpoint(const std::string& checkpoint_dir, const std::string& dataset_dir,
                                   const EvalOptions& options, trainer::Comm& comm, bool own_dataset) {
   const int rank = comm.rank(), world = comm.size();
   const bool dpo = !options.dpo_reference.empty(), distill = !options.distill_teacher.empty();
-  const trainer::ModelSpec config = check_evaluation(checkpoint_dir, dataset_dir, options, own_dataset);
-  const ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(checkpoint_dir);
-  const data::Manifest manifest = data::load_manifest(dataset_dir);
+  const auto [checkpoint, manifest, config] =
+      open_evaluation(checkpoint_dir, dataset_dir, options, own_dataset);
 
   trainer::use_threads(trainer::resolve_threads(options.threads));
   // DPO: both models keep each reply's summed log-probability (reply_logps) instead of a loss.

@@ -2,7 +2,6 @@
 
 #include "forge/ckpt/checkpoint.h"
 #include "forge/common/error.h"
-#include "forge/common/hash.h"
 #include "forge/dataio/manifest.h"
 
 #include <fmt/format.h>
@@ -19,20 +18,6 @@ namespace fs = std::filesystem;
 
 // How far up a lineage ModelFiles looks (a fine-tune of a fine-tune of ... an import).
 constexpr int kMaxLineageDepth = 64;
-
-// `name` of the checkpoint at `dir` (listed in `manifest`), checked against the manifest's size and xxh3;
-// "" when the checkpoint does not hold it.
-std::string checked_file(const std::string& dir, const ckpt::Manifest& manifest, const std::string& name) {
-  const auto it = manifest.files.find(name);
-  if (it == manifest.files.end()) return "";
-  const std::string path = (fs::path(dir) / name).string();
-  std::error_code ec;
-  const auto size = fs::file_size(path, ec);
-  if (ec || size != it->second.bytes || xxh3_file_hex(path) != it->second.xxh3)
-    fail(ExitCode::kData, "checkpoint '{}' is damaged: '{}' does not match its manifest (size and xxh3)", dir,
-         name);
-  return path;
-}
 
 // Whether a tokenizer_config.json names a chat template (or has a chat_template.jinja beside it, which
 // transformers prefers).
@@ -78,10 +63,10 @@ ModelFiles ModelFiles::of_checkpoint(const std::string& checkpoint_dir) {
     const bool holds = m.files.count("tokenizer.json") > 0 || m.files.count("tokenizer.model") > 0;
     if (holds) {
       out.checkpoint = dir;
-      out.tokenizer = checked_file(dir, m, "tokenizer.json");
-      if (out.tokenizer.empty()) out.tokenizer = checked_file(dir, m, "tokenizer.model");
-      out.tokenizer_config = checked_file(dir, m, "tokenizer_config.json");
-      out.generation_config = checked_file(dir, m, "generation_config.json");
+      out.tokenizer = c->verify_file("tokenizer.json");
+      if (out.tokenizer.empty()) out.tokenizer = c->verify_file("tokenizer.model");
+      out.tokenizer_config = c->verify_file("tokenizer_config.json");
+      out.generation_config = c->verify_file("generation_config.json");
       return out;
     }
     // A model that records no tokenizer has no ancestor's to borrow (its tokens are not text).
@@ -159,6 +144,19 @@ std::vector<int32_t> PromptFormat::encode(std::string_view text) const {
   std::vector<int> ids;
   tokenizer->encode(text, ids);
   return {ids.begin(), ids.end()};
+}
+
+std::vector<int32_t> PromptFormat::text_prompt(std::string_view text) const {
+  std::vector<int32_t> ids = encode(text);
+  if (!ids.empty()) return ids;
+  if (tokenizer->eos_id() >= 0)
+    ids.push_back(int32_t(tokenizer->eos_id()));
+  else if (!eos.empty())
+    ids.push_back(eos.front());
+  else
+    fail(ExitCode::kUsage, "the prompt \"{}\" has no tokens and {} no end-of-sequence token to start from",
+         text, tokenizer_path);
+  return ids;
 }
 
 std::vector<int32_t> PromptFormat::chat_prompt(std::span<const data::ChatMessage> messages) const {

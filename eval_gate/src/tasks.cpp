@@ -24,16 +24,9 @@ uint64_t request_key(const std::string& id, int sample) {
   return xxh3_64(id.data(), id.size(), uint64_t(sample));
 }
 
-// A chat suite's prompt is the user's turn of a conversation that the assistant answers next. A text
-// prompt of no tokens starts from the end-of-sequence token, as a document does.
+// A chat suite's prompt is the user's turn of a conversation that the assistant answers next.
 std::vector<int32_t> prompt_tokens(const Suite& suite, const PromptFormat& f, const std::string& prompt) {
-  if (!suite.chat) {
-    std::vector<int32_t> ids = f.encode(prompt);
-    if (ids.empty())
-      ids.push_back(f.tokenizer->eos_id() >= 0 || f.eos.empty() ? int32_t(f.tokenizer->eos_id())
-                                                                : f.eos.front());
-    return ids;
-  }
+  if (!suite.chat) return f.text_prompt(prompt);
   const data::ChatMessage user{data::ChatRole::kUser, prompt};
   return f.chat_prompt(std::span(&user, 1));
 }

@@ -422,13 +422,7 @@ int generate(int argc, char** argv, forge::trainer::Comm& comm) {
   std::vector<std::vector<int32_t>> prompt_ids;
   for (const auto& p : prompts) {
     if (!chat) {
-      // A prompt of no tokens starts from the end-of-sequence token, as a document does.
-      prompt_ids.push_back(format.encode(p.text));
-      if (prompt_ids.back().empty()) {
-        if (format.tokenizer->eos_id() < 0)
-          forge::fail(ExitCode::kUsage, "forge-gate generate: the prompt \"{}\" has no tokens", p.text);
-        prompt_ids.back().push_back(int32_t(format.tokenizer->eos_id()));
-      }
+      prompt_ids.push_back(format.text_prompt(p.text));
     } else if (!p.messages.empty()) {
       prompt_ids.push_back(format.chat_prompt(p.messages));
     } else {

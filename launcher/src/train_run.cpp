@@ -393,33 +393,17 @@ DeviceRun open_device(trainer::TrainSpec& spec, int rank) {
   return d;
 }
 
-// What a rank's model asks of device memory, from the parameter table and the batch (before anything is
-// allocated): weights and gradients, AdamW's moments, and about 15 values per row, channel and block of
-// activations (the saved inputs of LayerNorms, products, attention and the MLP; half of them in 2 bytes
-// under BF16).
+// What a rank's model asks of device memory: its stage's plan (plan.h), computed before anything is
+// allocated.
 std::string device_plan(const trainer::TrainSpec& spec, const trainer::ProcessGroups& g) {
-  const std::vector<int> bounds = trainer::stage_bounds(spec.model, g.layout.pp, spec.parallel.stage_layers);
-  const trainer::ModelSlice slice{bounds[size_t(g.pp_rank)],
-                                  bounds[size_t(g.pp_rank) + 1],
-                                  g.first_stage(),
-                                  g.last_stage(),
-                                  g.tp_rank,
-                                  g.layout.tp,
-                                  g.ep_rank,
-                                  g.layout.ep};
-  double params = 0;
-  for (const trainer::ParamInfo& p : trainer::parameter_table(spec.model, slice)) params += double(p.numel);
+  const StagePlan st = make_plan(spec).stages.at(size_t(g.pp_rank));
   const double gib = 1024.0 * 1024.0 * 1024.0;
-  const double moments = 8 * params / (spec.parallel.zero == 1 ? g.layout.dp * g.layout.cp : 1);
-  const double rows = double(spec.batch) * spec.model.seq_len / g.layout.cp;
-  const double per_value = spec.dtype == trainer::DType::kBF16 ? 3.0 : 4.0;
-  const double activations = 15.0 * rows * spec.model.d_model / g.layout.tp *
-                             (slice.last_layer - slice.first_layer) * per_value *
-                             std::min(spec.microbatches, g.layout.pp - g.pp_rank);
   return fmt::format(
-      "{:.0f} parameters (weights and gradients {:.2f} GiB, AdamW moments {:.2f} GiB), activations about "
-      "{:.2f} GiB for data.batch = {} x {} positions",
-      params, 8 * params / gib, moments / gib, activations / gib, spec.batch, spec.model.seq_len);
+      "{:.0f} parameters held (weights and gradients {:.2f} GiB, AdamW moments {:.2f} GiB), activations "
+      "{:.2f} GiB for data.batch = {} x {} positions, {:.2f} GiB in all (forge-train --plan shows every "
+      "part)",
+      st.held, double(st.weights + st.gradients) / gib, double(st.optimizer) / gib,
+      double(st.activations) / gib, spec.batch, spec.model.seq_len, double(st.total()) / gib);
 }
 
 // The communicator the process groups are split from: NCCL over GPU memory, or MPI, which moves host

@@ -89,4 +89,13 @@ grep -q "parallel.cp_comm.*4 query and 2 key/value heads do not divide by cp = 4
 mpi 2 --run.dir="$work/bad3" "${common[@]}" --parallel.cp=2 --precision.dtype=bf16 >/dev/null 2>"$work/bad3.log"
 [ $? -eq 64 ] || fail "cp2 in BF16: want exit 64"
 grep -q "parallel.cp" "$work/bad3.log" || fail "cp2 BF16 message: $(grep -i error "$work/bad3.log" | head -1)"
+# A memory cap the plan does not fit: the run exits 64 before it allocates the model, naming the cap and
+# the layouts one key away that would fit (a larger cp among them).
+cap=$(python3 -c "import json; p = json.load(open('$work/plan-none.json')); print(max(s['bytes']['total'] for s in p['stages']) * 0.8 / 2**30)")
+mpi 2 --run.dir="$work/bad4" "${common[@]}" --data.batch=2 --parallel.cp=2 --run.memory_per_rank_gib="$cap" \
+  >/dev/null 2>"$work/bad4.log"
+[ $? -eq 64 ] || fail "a plan over run.memory_per_rank_gib: want exit 64"
+grep -q "run.memory_per_rank_gib = .*: the plan of layout tp1,pp1,dp1,cp2 needs .* would fit with parallel.cp = " \
+  "$work/bad4.log" || fail "memory cap message: $(grep -i error "$work/bad4.log" | head -1)"
+[ ! -d "$work/bad4/checkpoints" ] || fail "the refused run left checkpoints"
 echo "context parallelism through forge-train: PASS"

@@ -55,6 +55,8 @@ class Checkpoint {
   // Checks size and xxh3 of the manifest's files number part, part + parts, ... (all by default).
   // Throws forge::Error(kData) naming the checkpoint and the first damaged or missing file.
   void verify(int part = 0, int parts = 1) const;
+  // The same for one file the manifest lists; returns its path, "" when the manifest lists no such file.
+  std::string verify_file(const std::string& name) const;
 
  private:
   Checkpoint(std::string dir, DirLock lock) : dir_(std::move(dir)), lock_(std::move(lock)) {}

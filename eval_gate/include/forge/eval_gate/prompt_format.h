@@ -84,8 +84,11 @@ struct PromptFormat {
   // The chat format's name: the template's model directory and SHA-256, forge's template's name, or "none".
   std::string chat_name() const;
 
-  // A text prompt's ids (no BOS or EOS added).
+  // A text's ids (no BOS or EOS added).
   std::vector<int32_t> encode(std::string_view text) const;
+  // A text prompt's ids: encode's, and for a prompt of no tokens the end-of-sequence token (the
+  // tokenizer's, else eos's first), which starts a document. forge::Error(kUsage) when there is none.
+  std::vector<int32_t> text_prompt(std::string_view text) const;
   // The ids of a conversation with the assistant's turn opened: the model's template rendered with
   // add_generation_prompt (apply_chat_template's text, encoded as it is: a template that wants BOS writes
   // it), else forge's turns (contents' markers neutralized) and the assistant marker. forge::Error(kUsage)
