@@ -95,14 +95,15 @@ std::string_view family_ffn(const T::ModelSpec& m) {
 }  // namespace
 
 size_t activation_bytes(const T::ModelSpec& m, const T::ModelSlice& slice, int batch, T::DType dtype,
-                        int slots, int recompute_every) {
+                        int slots, int recompute_every, int sequence_shards) {
   const int last = slice.last_layer < 0 ? m.layers : slice.last_layer;
   const int tp = slice.tp_size;
   const bool swiglu = m.activation == T::Activation::kSwiglu;
   const size_t act = dtype == T::DType::kBF16 ? sizeof(uint16_t) : kF32;  // ActBuffer
   const size_t S = size_t(slots), L = size_t(last - slice.first_layer), C = size_t(m.d_model);
-  const size_t N = size_t(batch) * size_t(m.seq_len), NC = N * C;
-  const size_t stats = (m.norm == T::Norm::kLayerNorm ? 2 : 1) * N;  // NormSlot::stats per row
+  // N rows in the attention and FFN slots, R of them in the residual stream (sequence parallelism).
+  const size_t N = size_t(batch) * size_t(m.seq_len), R = N / size_t(sequence_shards), RC = R * C;
+  const size_t stats = T::NormLayer::stats_per_row(m.norm == T::Norm::kLayerNorm) * R;
   // This rank's heads (GPT's constructor): the query heads split by tp; the key/value heads too, or one
   // per rank when there are fewer than ranks.
   const size_t heads = size_t(m.heads / tp), kv = size_t(std::max(1, m.kv_heads / tp));
@@ -111,17 +112,17 @@ size_t activation_bytes(const T::ModelSpec& m, const T::ModelSlice& slice, int b
   const size_t dfc = std::max(m.dense_blocks() ? scratch_width(m.ffn_hidden / tp) : 0,
                               scratch_width(m.shared_expert_hidden / tp));
 
-  // Workspace: delta, dln [N, C]; datt [N, q_width]; dqkv [N, qkv_width]; dfc [N, the widest FFN scratch].
-  size_t n = (2 * NC + N * q_width + N * qkv_width + N * dfc) * kF32;
-  // Slots: the residual stream (L + 1) x [N, C] and its gradient [N, C]; the head's lnf, its statistics
+  // Workspace: delta, dln [R, C]; datt [N, q_width]; dqkv [N, qkv_width]; dfc [N, the widest FFN scratch].
+  size_t n = (2 * RC + N * q_width + N * qkv_width + N * dfc) * kF32;
+  // Slots: the residual stream (L + 1) x [R, C] and its gradient [R, C]; the head's lnf, its statistics
   // and the classifier's gradient.
-  n += S * ((L + 1) * NC + NC + (slice.head ? 2 * NC + stats : 0)) * kF32;
+  n += S * ((L + 1) * RC + RC + (slice.head ? 2 * RC + stats : 0)) * kF32;
   bool any_recomputed = false;
   for (int l = slice.first_layer; l < last; ++l) {
     const bool recomputed = recompute_every > 0 && l % recompute_every == 0;
     any_recomputed = any_recomputed || recomputed;
-    // Block::Acts per slot: res_mid [N, C] and two norms' statistics (FP32), ln1 and ln2 outputs.
-    n += S * ((NC + 2 * stats) * kF32 + 2 * NC * act);
+    // Block::Acts per slot: res_mid [R, C] and two norms' statistics (FP32), ln1 and ln2 outputs.
+    n += S * ((RC + 2 * stats) * kF32 + 2 * RC * act);
     // Attention::Acts per slot: qkv, att (unless recomputed), lse [N, heads]; qk-norm's saved inputs and
     // 1 / rms.
     n += S * (N * qkv_width * act + (recomputed ? 0 : N * q_width * act) + N * heads * kF32);
@@ -205,7 +206,14 @@ Plan make_plan(const T::TrainSpec& validated) {
     for (const Bucket& b : buckets) owned += (b.hi - b.lo) / b.group;
     st.grad_shard = owned * kF32;
     st.optimizer = 2 * (spec.parallel.zero == 1 ? owned : flat) * kF32;
-    st.activations = activation_bytes(local, slice, spec.batch, spec.dtype, st.slots, spec.recompute_every);
+    const int shards = spec.parallel.sequence_parallel ? lay.tp : 1;
+    st.activations =
+        activation_bytes(local, slice, spec.batch, spec.dtype, st.slots, spec.recompute_every, shards);
+    if (shards > 1) {  // SequenceScratch (tensor_parallel.cpp): gathered and whole rows; norm partials
+      const size_t chunks = (N / size_t(shards) + T::kNormChunkRows - 1) / T::kNormChunkRows;
+      st.activations +=
+          (2 * N * size_t(m.d_model) + (1 + size_t(shards)) * chunks * 2 * size_t(m.d_model)) * kF32;
+    }
     if (lay.cp > 1) {  // ContextScratch (context_attention.h), and a2a's whole-sequence activations
       const size_t heads = size_t(m.heads / lay.tp), kv = size_t(std::max(1, m.kv_heads / lay.tp));
       const size_t hd = size_t(m.head_dim), qkv = (heads + 2 * kv) * hd, ids = size_t(lay.cp) * N * 4;
@@ -216,7 +224,8 @@ Plan make_plan(const T::TrainSpec& validated) {
             size_t(st.last_layer - st.first_layer) * size_t(st.slots) * N * (qkv + heads) * kF32 +
             (3 * N * qkv + 2 * N * heads * hd) * kF32 + ids + N * size_t(lay.cp) * 4;
     }
-    st.pipeline = ((st.embedding ? 0 : NC) + (st.head ? 0 : NC)) * kF32;  // recv_act_, recv_grad_
+    // recv_act_, recv_grad_: this rank's share of the stream
+    st.pipeline = ((st.embedding ? 0 : NC) + (st.head ? 0 : NC)) / size_t(shards) * kF32;
     if (st.head) {
       const std::string classifier = m.tied_embeddings ? "wte.weight" : "head.weight";
       for (const T::ParamInfo& p : params)

@@ -36,6 +36,7 @@ bool may_change_on_resume(const std::string& key) {
                                       "parallel.tp",
                                       "parallel.cp",
                                       "parallel.cp_comm",
+                                      "parallel.sequence_parallel",
                                       "parallel.ep",
                                       "parallel.pp",
                                       "parallel.dp",

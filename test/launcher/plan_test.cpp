@@ -24,10 +24,12 @@ using forge::trainer::ModelSpec;
 using forge::trainer::TokenExchange;
 
 // The layers of one rank of an expert-parallel group of `size` (the exchange itself is never run here):
-// the MoE layer checks its share of the experts against the exchange's size.
+// the MoE layer checks its share of the experts against the exchange's size; the residual stream cut into
+// `shards` (sequence parallelism: what the model allocates; the plan's own buffers are the plan's).
 class ExpertShare final : public LayerFactory {
  public:
-  ExpertShare(int rank, int size) : rank_(rank), size_(size) {}
+  ExpertShare(int rank, int size, int shards = 1) : rank_(rank), size_(size), shards_(shards) {}
+  int sequence_shards() const override { return shards_; }
   std::unique_ptr<TokenExchange> token_exchange() const override {
     struct Exchange final : TokenExchange {
       int r, n;
@@ -39,7 +41,7 @@ class ExpertShare final : public LayerFactory {
   }
 
  private:
-  int rank_, size_;
+  int rank_, size_, shards_;
 };
 
 ModelSpec family(const std::string& name, std::vector<std::string> keys) {
@@ -86,21 +88,24 @@ TEST_CASE("the plan's activation bytes are what the model allocates", "[plan]") 
     for (const Case& c : slices)
       for (const DType dtype : {DType::kF32, DType::kBF16})
         for (const int slots : {1, 3})
-          for (const int recompute_every : {0, 1, 2}) {  // selective recompute: none, every block, every 2nd
-            if (c.slice.ep_size > 1 && spec.ffn != forge::trainer::Ffn::kMoe) continue;
-            const ExpertShare layers(c.slice.ep_rank, c.slice.ep_size);
-            const int batch = 2;
-            const GPT model(spec, {.batch = batch,
-                                   .dtype = dtype,
-                                   .slice = c.slice,
-                                   .slots = slots,
-                                   .layers = &layers,
-                                   .recompute_every = recompute_every});
-            INFO(fmt::format("{}, {}, {}, {} slots, recompute every {}", name, c.what,
-                             dtype == DType::kBF16 ? "bf16" : "fp32", slots, recompute_every));
-            CHECK(forge::launcher::activation_bytes(spec, c.slice, batch, dtype, slots, recompute_every) ==
-                  model.activation_bytes());
-          }
+          for (const int recompute_every : {0, 1, 2})  // selective recompute: none, every block, every 2nd
+            for (const bool cut : {false, true}) {     // sequence parallelism: without, with (tp slices)
+              if (c.slice.ep_size > 1 && spec.ffn != forge::trainer::Ffn::kMoe) continue;
+              if (cut && (c.slice.tp_size == 1 || spec.ffn == forge::trainer::Ffn::kMoe)) continue;
+              const int shards = cut ? c.slice.tp_size : 1;
+              const ExpertShare layers(c.slice.ep_rank, c.slice.ep_size, shards);
+              const int batch = 2;
+              const GPT model(spec, {.batch = batch,
+                                     .dtype = dtype,
+                                     .slice = c.slice,
+                                     .slots = slots,
+                                     .layers = &layers,
+                                     .recompute_every = recompute_every});
+              INFO(fmt::format("{}, {}, {}, {} slots, recompute every {}, stream in {}", name, c.what,
+                               dtype == DType::kBF16 ? "bf16" : "fp32", slots, recompute_every, shards));
+              CHECK(forge::launcher::activation_bytes(spec, c.slice, batch, dtype, slots, recompute_every,
+                                                      shards) == model.activation_bytes());
+            }
 }
 
 TEST_CASE("the plan of the large shapes needs no memory of their size", "[plan]") {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # forge-train --plan against runs: for configs/tiny.ini and the tiny Llama and Mixtral of configs/families/, at
 # layout 1, at tp2 x pp2 (2 micro-batches in flight on the first stage), at dp2 with ZeRO-1 (Mixtral: ep2) and
-# (Llama) at cp2 with the ring and with all-to-all attention,
+# (Llama) at cp2 with the ring and with all-to-all attention and at tp2 with sequence parallelism,
 # one of them in BF16, the plan's per-rank figures match what each rank of a real run reports (its plan
 # table: describe_plan, the trainer's own accounting): parameters exactly, weights + gradients, AdamW's
 # moments, activations and their total within 10%; the resident set of a process grows with data.batch as
@@ -83,6 +83,8 @@ check mixtral-ep2 configs/families/mixtral.ini 2 "${dp2[@]}" --parallel.ep=2
 # Context parallelism: half the positions a rank, and the ring's (or the all-to-all's) buffers.
 check llama-cp2 configs/families/llama.ini 2 --parallel.cp=2
 check llama-cp2-a2a configs/families/llama.ini 2 --parallel.cp=2 --parallel.cp_comm=a2a
+# Sequence parallelism: the residual stream's half of the rows, and its gather and scatter buffers.
+check llama-tp2-sp configs/families/llama.ini 2 --parallel.tp=2 --parallel.sequence_parallel=true
 
 # Measured memory: the resident set of a process grows from data.batch = 4 to 16 by what the plan says the
 # larger micro-batch adds (activations and buffers), within 10% (whatever else the process holds, libraries

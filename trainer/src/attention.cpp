@@ -118,4 +118,27 @@ void Backend::attention_chunk_backward(const AttentionChunks&, ChunkRows, const 
        name());
 }
 
+namespace {
+[[noreturn]] void no_sequence_parallel(const Backend& backend) {
+  fail(ExitCode::kUsage,
+       "parallel.sequence_parallel: sequence parallelism is not available on the {} backend yet: set it to "
+       "false",
+       backend.name());
+}
+}  // namespace
+
+void Backend::rmsnorm_backward_partials(float*, float*, const float*, const float*, const float*,
+                                        const float*, int, int) {
+  no_sequence_parallel(*this);
+}
+
+void Backend::layernorm_backward_partials(float*, float*, const float*, const float*, const float*,
+                                          const float*, const float*, int, int) {
+  no_sequence_parallel(*this);
+}
+
+void Backend::add_chunk_sums(float*, const float*, int64_t, int, int) {
+  no_sequence_parallel(*this);
+}
+
 }  // namespace forge::trainer

@@ -28,6 +28,32 @@ void Linear::backward(float* din, const float* dout, ConstAct in, int rows) {
   backend_.matmul_backward(din, weight_.grad, bias_.grad, dout, in, weight_.value, rows, in_, out_);
 }
 
+NormLayer::NormLayer(Backend& backend, bool layernorm, float eps, ParamRef weight, ParamRef bias)
+    : backend_(backend), layernorm_(layernorm), eps_(eps), w_(weight), b_(bias) {}
+
+void NormLayer::forward(Act out, float* st, const float* in, int N, int C) const {
+  if (layernorm_)
+    backend_.layernorm_forward(out, st, st + N, in, w_.value, b_.value, N, C);
+  else
+    backend_.rmsnorm_forward(out, st, in, w_.value, eps_, N, C);
+}
+
+void NormLayer::residual_forward(float* res_out, Act out, float* st, const float* res_in, const float* delta,
+                                 const float* delta_bias, int N, int C) const {
+  if (layernorm_)
+    backend_.residual_layernorm_forward(res_out, out, st, st + N, res_in, delta, delta_bias, w_.value,
+                                        b_.value, N, C);
+  else
+    backend_.residual_rmsnorm_forward(res_out, out, st, res_in, delta, delta_bias, w_.value, eps_, N, C);
+}
+
+void NormLayer::backward(float* din, const float* dout, const float* in, const float* st, int N, int C) {
+  if (layernorm_)
+    backend_.layernorm_backward(din, w_.grad, b_.grad, dout, in, w_.value, st, st + N, N, C);
+  else
+    backend_.rmsnorm_backward(din, w_.grad, dout, in, w_.value, st, N, C);
+}
+
 Embedding::Embedding(Backend& backend, ParamRef wte, ParamRef wpe, int vocab_begin, int vocab_end)
     : backend_(backend),
       wte_(wte),
@@ -138,6 +164,11 @@ void TokenExchange::exchange_rows(Backend& backend, const float* in, const int64
 
 std::unique_ptr<TokenExchange> LayerFactory::token_exchange() const {
   return std::make_unique<TokenExchange>();
+}
+
+std::unique_ptr<NormLayer> LayerFactory::norm(Backend& backend, bool layernorm, float eps, ParamRef weight,
+                                              ParamRef bias) const {
+  return std::make_unique<NormLayer>(backend, layernorm, eps, weight, bias);
 }
 
 std::unique_ptr<Attention> LayerFactory::attention(Backend& backend, const AttentionSettings& settings,

@@ -174,39 +174,6 @@ void document_starts(const MicroBatch& b, std::vector<int32_t>& out) {
 
 }  // namespace
 
-// A norm slot: LayerNorm (weight, bias; statistics mean and 1 / std per row) or RMSNorm (weight; 1 / rms
-// per row), alone or fused with the residual add before it.
-struct GPT::NormSlot {
-  Norm kind = Norm::kLayerNorm;
-  float eps = 1e-5f;
-  ParamRef w, b;
-
-  static size_t stats(Norm kind) { return kind == Norm::kLayerNorm ? 2 : 1; }  // per row
-  void forward(Backend& be, Act out, float* st, const float* in, int N, int C) const {
-    if (kind == Norm::kLayerNorm)
-      be.layernorm_forward(out, st, st + N, in, w.value, b.value, N, C);
-    else
-      be.rmsnorm_forward(out, st, in, w.value, eps, N, C);
-  }
-  // res_out = res_in + delta + delta_bias; out = the norm of res_out.
-  void residual_forward(Backend& be, float* res_out, Act out, float* st, const float* res_in,
-                        const float* delta, const float* delta_bias, int N, int C) const {
-    if (kind == Norm::kLayerNorm)
-      be.residual_layernorm_forward(res_out, out, st, st + N, res_in, delta, delta_bias, w.value, b.value, N,
-                                    C);
-    else
-      be.residual_rmsnorm_forward(res_out, out, st, res_in, delta, delta_bias, w.value, eps, N, C);
-  }
-  // din += dL/din from dout = dL/d(out); the weights' gradients +=.
-  void backward(Backend& be, float* din, const float* dout, const float* in, const float* st, int N,
-                int C) const {
-    if (kind == Norm::kLayerNorm)
-      be.layernorm_backward(din, w.grad, b.grad, dout, in, w.value, st, st + N, N, C);
-    else
-      be.rmsnorm_backward(din, w.grad, dout, in, w.value, st, N, C);
-  }
-};
-
 // Buffers reused by every block and micro-batch.
 struct GPT::Workspace {
   Buffer<float> delta, dln, datt, dqkv, dfc;
@@ -221,7 +188,7 @@ struct GPT::Workspace {
 
 // One block of the slice: its slots and, per activation set, what its backward reads.
 struct GPT::Block {
-  NormSlot ln1, ln2;
+  std::unique_ptr<NormLayer> ln1, ln2;
   std::unique_ptr<Attention> attn;
   std::unique_ptr<FeedForward> ffn;
   struct Acts {
@@ -267,6 +234,7 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
     : config_(config),
       slice_(setup.slice),
       batch_(setup.batch),
+      shards_(setup.layers != nullptr ? setup.layers->sequence_shards() : 1),
       dtype_(setup.dtype),
       backend_(setup.backend != nullptr ? *setup.backend : cpu_backend()),
       loss_(setup.loss != nullptr ? setup.loss : std::make_shared<LmCrossEntropy>()) {
@@ -302,31 +270,35 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
   const int ffn_width =
       config.dense_blocks() ? int(DenseMLP::scratch_width(swiglu, config.ffn_hidden / tps)) : 0;
   const int shared_width = int(DenseMLP::scratch_width(swiglu, config.shared_expert_hidden / tps));
+  // N rows in the attention and FFN slots; R of them, this process's share, in the residual stream.
   const size_t L = size_t(layers_), C = size_t(config.d_model), N = size_t(rows());
-  const size_t stats = NormSlot::stats(config.norm) * N;
+  if (shards_ < 1 || N % size_t(shards_) != 0)
+    throw std::invalid_argument("GPT: the rows of a micro-batch do not divide into the sequence shards");
+  const size_t R = N / size_t(shards_);
+  const size_t stats = NormLayer::stats_per_row(config.norm == Norm::kLayerNorm) * R;
   ws_ = std::make_unique<Workspace>();
   Workspace& w = *ws_;
-  w.delta = backend.alloc<float>(N * C);
-  w.dln = backend.alloc<float>(N * C);
+  w.delta = backend.alloc<float>(R * C);
+  w.dln = backend.alloc<float>(R * C);
   w.datt = backend.alloc<float>(N * size_t(attention.shape.q_width()));
   w.dqkv = backend.alloc<float>(N * size_t(attention.shape.qkv_width()));
   w.dfc = backend.alloc<float>(N * size_t(std::max(ffn_width, shared_width)));
 
   for (int s = 0; s < slots; ++s) {
     auto slot = std::make_unique<Slot>();
-    slot->res = backend.alloc<float>((L + 1) * N * C);
+    slot->res = backend.alloc<float>((L + 1) * R * C);
     if (slice_.head) {
-      slot->lnf = backend.alloc<float>(N * C);
+      slot->lnf = backend.alloc<float>(R * C);
       slot->lnf_stats = backend.alloc<float>(stats);
-      slot->dlnf = backend.alloc<float>(N * C);
+      slot->dlnf = backend.alloc<float>(R * C);
     }
-    slot->dres = backend.alloc<float>(N * C);
+    slot->dres = backend.alloc<float>(R * C);
     slots_.push_back(std::move(slot));
   }
   const auto norm = [&](const std::string& name) {
     const bool layernorm = config.norm == Norm::kLayerNorm;
-    return NormSlot{config.norm, config.norm_eps, ref(name + ".weight"),
-                    layernorm ? ref(name + ".bias") : ParamRef{}};
+    return layers.norm(backend, layernorm, config.norm_eps, ref(name + ".weight"),
+                       layernorm ? ref(name + ".bias") : ParamRef{});
   };
   const auto dense = [&](const std::string& name, bool recompute = false) {
     const std::string fc = swiglu ? "gate_up" : "fc", proj = swiglu ? "down" : "proj";
@@ -390,11 +362,11 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
     }
     for (int s = 0; s < slots; ++s) {
       Block::Acts a;
-      a.res_mid = backend.alloc<float>(N * C);
+      a.res_mid = backend.alloc<float>(R * C);
       a.ln1_stats = backend.alloc<float>(stats);
       a.ln2_stats = backend.alloc<float>(stats);
-      a.ln1 = ActBuffer(backend, N * C, bf16);
-      a.ln2 = ActBuffer(backend, N * C, bf16);
+      a.ln1 = ActBuffer(backend, R * C, bf16);
+      a.ln2 = ActBuffer(backend, R * C, bf16);
       block->acts.push_back(std::move(a));
     }
     blocks_.push_back(std::move(block));
@@ -402,7 +374,7 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
   if (slice_.embedding) embedding_ = layers.embedding(backend, ref("wte.weight"), optional_ref("wpe.weight"));
   if (slice_.head) {
     classifier_ = layers.classifier(backend, ref(classifier_weight()));
-    lnf_ = std::make_unique<NormSlot>(norm("lnf"));
+    lnf_ = norm("lnf");
   }
 }
 
@@ -507,7 +479,7 @@ size_t GPT::activation_bytes() const {
 
 std::span<const float> GPT::output(int slot) const {
   const Slot& s = *slots_.at(size_t(slot));
-  const size_t nc = size_t(rows()) * size_t(config_.d_model);
+  const size_t nc = size_t(stream_rows()) * size_t(config_.d_model);
   return {s.res.data() + size_t(layers_) * nc, nc};
 }
 
@@ -553,7 +525,7 @@ LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input,
     TraceSpan span("forward embedding", "compute");
     embedding_->forward(s.res.data(), s.batch.inputs, s.batch.positions, B, T);
   } else {
-    backend_.copy(s.res.data(), input, sizeof(float) * size_t(rows()) * size_t(config_.d_model));
+    backend_.copy(s.res.data(), input, sizeof(float) * size_t(stream_rows()) * size_t(config_.d_model));
   }
   run_blocks(
       slot, B * T,
@@ -577,8 +549,9 @@ void GPT::run_blocks(int slot, int N, const std::function<void(int, ConstAct, fl
     if (before_weights) before_weights(slice_.first_layer + layer);
   };
   const bool bf16 = dtype_ == DType::kBF16;
-  const int C = config_.d_model, L = layers_;
-  const int64_t NC = int64_t(N) * C;
+  // The attention and FFN slots take N rows; the stream, its norms and adds hold R of them (GPT::Slot).
+  const int C = config_.d_model, L = layers_, R = N / shards_;
+  const int64_t NC = int64_t(R) * C;
   // BF16 mode stores the inputs of the matrix products and of the attention as BF16 (ActBuffer), the ops
   // writing them rounded; the residual stream, statistics and all accumulation stay FP32. The final
   // LayerNorm's output stays BF16 values held in FP32: the classifier's chunks read it, one per slot.
@@ -588,10 +561,10 @@ void GPT::run_blocks(int slot, int N, const std::function<void(int, ConstAct, fl
     Block::Acts& a = k.acts[size_t(slot)];
     float* x = s.res.data() + l * NC;
     need(l);
-    if (l == 0) k.ln1.forward(backend_, a.ln1.at(), a.ln1_stats.data(), x, N, C);
+    if (l == 0) k.ln1->forward(a.ln1.at(), a.ln1_stats.data(), x, R, C);
     attention(l, a.ln1.at(), w.delta.data());
-    k.ln2.residual_forward(backend_, a.res_mid.data(), a.ln2.at(), a.ln2_stats.data(), x, w.delta.data(),
-                           k.attn->output_bias(), N, C);
+    k.ln2->residual_forward(a.res_mid.data(), a.ln2.at(), a.ln2_stats.data(), x, w.delta.data(),
+                            k.attn->output_bias(), R, C);
     k.ffn->forward(slot, a.ln2.at(), w.delta.data(), N);
     // The next norm (the next block's ln1, or lnf) is fused with this residual add; a stage's last block
     // without the head hands the plain stream to the next stage, which owns that norm.
@@ -602,17 +575,17 @@ void GPT::run_blocks(int slot, int N, const std::function<void(int, ConstAct, fl
       Block::Acts* na = last ? nullptr : &next->acts[size_t(slot)];
       const Act ln_next = last ? Act(s.lnf.data()) : na->ln1.at();
       float* stats_next = last ? s.lnf_stats.data() : na->ln1_stats.data();
-      (last ? *lnf_ : next->ln1)
-          .residual_forward(backend_, x + NC, ln_next, stats_next, a.res_mid.data(), w.delta.data(),
-                            k.ffn->output_bias(), N, C);
+      (last ? *lnf_ : *next->ln1)
+          .residual_forward(x + NC, ln_next, stats_next, a.res_mid.data(), w.delta.data(),
+                            k.ffn->output_bias(), R, C);
       if (last && bf16) backend_.round_to_bf16(s.lnf.data(), s.lnf.data(), size_t(NC));
     } else {
-      backend_.residual_forward(x + NC, a.res_mid.data(), w.delta.data(), k.ffn->output_bias(), N, C);
+      backend_.residual_forward(x + NC, a.res_mid.data(), w.delta.data(), k.ffn->output_bias(), R, C);
     }
   }
   if (slice_.head && L == 0) {
     need(0);
-    lnf_->forward(backend_, s.lnf.data(), s.lnf_stats.data(), s.res.data(), N, C);
+    lnf_->forward(s.lnf.data(), s.lnf_stats.data(), s.res.data(), R, C);
     if (bf16) backend_.round_to_bf16(s.lnf.data(), s.lnf.data(), size_t(NC));
   }
 }
@@ -626,8 +599,8 @@ void GPT::backward(int slot, const float* d_output, const std::function<void(int
   Slot& s = *slots_.at(size_t(slot));
   Workspace& w = *ws_;
   const int B = batch_, T = config_.seq_len, C = config_.d_model, L = layers_;
-  const int N = B * T;
-  const int64_t NC = int64_t(N) * C;
+  const int N = B * T, R = N / shards_;  // as in run_blocks
+  const int64_t NC = int64_t(R) * C;
   float* dres = s.dres.data();
   const auto done = [&](int layer) {
     if (on_grads) on_grads(layer);
@@ -636,7 +609,7 @@ void GPT::backward(int slot, const float* d_output, const std::function<void(int
     TraceSpan span("backward head", "compute");
     backend_.fill(dres, 0.0f, size_t(NC));
     // s.dlnf holds dL/d(lnf output) from the classifier.
-    lnf_->backward(backend_, dres, s.dlnf.data(), s.res.data() + L * NC, s.lnf_stats.data(), N, C);
+    lnf_->backward(dres, s.dlnf.data(), s.res.data() + L * NC, s.lnf_stats.data(), R, C);
     done(config_.layers);
   } else {
     backend_.copy(dres, d_output, sizeof(float) * size_t(NC));
@@ -648,10 +621,10 @@ void GPT::backward(int slot, const float* d_output, const std::function<void(int
     const float* x = s.res.data() + l * NC;
     // dres = dL/d(block output) = dL/d(FFN output): FFN backward, then its norm.
     k.ffn->backward(slot, a.ln2.at(), dres, w.dln.data(), N);
-    k.ln2.backward(backend_, dres, w.dln.data(), a.res_mid.data(), a.ln2_stats.data(), N, C);
+    k.ln2->backward(dres, w.dln.data(), a.res_mid.data(), a.ln2_stats.data(), R, C);
     // dres = dL/d(res_mid): attention backward, then its norm.
     k.attn->backward(slot, a.ln1.at(), dres, w.dln.data(), s.batch, B, T);
-    k.ln1.backward(backend_, dres, w.dln.data(), x, a.ln1_stats.data(), N, C);
+    k.ln1->backward(dres, w.dln.data(), x, a.ln1_stats.data(), R, C);
     done(slice_.first_layer + l);
   }
   if (slice_.embedding) {

@@ -150,6 +150,9 @@ void add_trainer_keys(ConfigSchema& s) {
           "parallel.cp_comm", "ring",
           "how context parallelism gives queries the whole sequence's keys: ring (key/value chunks "
           "sent around the cp group) or a2a (all-to-all to whole sequences of 1/cp of the heads)")
+      .add<bool>("parallel.sequence_parallel", false,
+                 "cut the residual stream (norms, residual adds) into tp pieces of the sequence: an "
+                 "all-gather and a reduce-scatter replace each all-reduce; the same numbers as without")
       .add<int>("parallel.ep", 1, "expert-parallel ranks sharing out the experts, carved out of dp")
       .add<int>("parallel.pp", 1, "pipeline stages")
       .add<int>("parallel.dp", 1, "data-parallel ranks")
@@ -631,6 +634,25 @@ TrainSpec train_spec(const Config& c) {
       c.reject("parallel.cp",
                "context parallelism runs on run.device = cpu in FP32 for now: it must be 1 with "
                "precision.dtype = bf16 or run.device = cuda");
+  }
+  s.parallel.sequence_parallel = c.get<bool>("parallel.sequence_parallel");
+  if (s.parallel.sequence_parallel && s.layout.tp > 1) {
+    const int rows = s.batch * s.model.seq_len / s.layout.cp, unit = s.layout.tp * kNormChunkRows;
+    if (s.model.ffn == Ffn::kMoe)
+      c.reject("parallel.sequence_parallel",
+               "sequence parallelism does not cut the rows of MoE blocks yet: it must be false for "
+               "model.ffn = moe");
+    if (dtype == "bf16" || s.device == Device::kCuda)
+      c.reject("parallel.sequence_parallel",
+               "sequence parallelism runs on run.device = cpu in FP32 for now: it must be false with "
+               "precision.dtype = bf16 or run.device = cuda");
+    if (rows % unit != 0)
+      c.reject(
+          "parallel.sequence_parallel",
+          fmt::format("cuts a micro-batch's {} rows (data.batch x model.seq_len / parallel.cp) into tp = "
+                      "{} pieces of whole {}-row chunks, so they must be a multiple of {}: change "
+                      "data.batch or model.seq_len, or set it to false",
+                      rows, s.layout.tp, kNormChunkRows, unit));
   }
   s.guard = guard_config(c);
   if (s.guard.inject_dead_layer >= 0 &&

@@ -193,6 +193,18 @@ class CpuBackend final : public Backend {
                         const float* rstd, int N, int C) override {
     cpu::rmsnorm_backward(din, dweight, dout, in, weight, rstd, N, C);
   }
+  void rmsnorm_backward_partials(float* din, float* partial, const float* dout, const float* in,
+                                 const float* weight, const float* rstd, int N, int C) override {
+    cpu::rmsnorm_backward_partials(din, partial, dout, in, weight, rstd, N, C);
+  }
+  void layernorm_backward_partials(float* din, float* partial, const float* dout, const float* in,
+                                   const float* weight, const float* mean, const float* rstd, int N,
+                                   int C) override {
+    cpu::layernorm_backward_partials(din, partial, dout, in, weight, mean, rstd, N, C);
+  }
+  void add_chunk_sums(float* grad, const float* partial, int64_t chunks, int width, int stride) override {
+    cpu::add_chunk_sums(grad, partial, chunks, width, stride);
+  }
   void residual_rmsnorm_forward(float* res_out, Act out, float* rstd, const float* res_in, const float* delta,
                                 const float* delta_bias, const float* weight, float eps, int N,
                                 int C) override {

@@ -30,6 +30,9 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* in, co
 // din += dL/din (accumulates: the residual stream's gradient); dweight, dbias +=.
 void layernorm_backward(float* din, float* dweight, float* dbias, const float* dout, const float* in,
                         const float* weight, const float* mean, const float* rstd, int N, int C);
+// Backend::layernorm_backward_partials: partial [row_chunks(N), 2C], the weight's terms then the bias's.
+void layernorm_backward_partials(float* din, float* partial, const float* dout, const float* in,
+                                 const float* weight, const float* mean, const float* rstd, int N, int C);
 
 // ---- residual.cpp ----
 // The residual add fused with the LayerNorm that always follows it:
@@ -91,6 +94,10 @@ void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weig
 // din += dL/din; dweight +=.
 void rmsnorm_backward(float* din, float* dweight, const float* dout, const float* in, const float* weight,
                       const float* rstd, int N, int C);
+// Backend::rmsnorm_backward_partials and Backend::add_chunk_sums (row_chunks.h).
+void rmsnorm_backward_partials(float* din, float* partial, const float* dout, const float* in,
+                               const float* weight, const float* rstd, int N, int C);
+void add_chunk_sums(float* grad, const float* partial, int64_t chunks, int width, int stride);
 // res_out = res_in + delta + delta_bias (null: none); out = RMSNorm(res_out).
 void residual_rmsnorm_forward(float* res_out, float* out, float* rstd, const float* res_in,
                               const float* delta, const float* delta_bias, const float* weight, float eps,

@@ -1,10 +1,9 @@
 // LayerNorm over the channel dimension (eps 1e-5, as PyTorch).
 #include "kernels.h"
-
-#include <omp.h>
+#include "row_chunks.h"
 
 #include <cmath>
-#include <vector>
+#include <memory>
 
 namespace forge::trainer::cpu {
 
@@ -33,18 +32,12 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* in, co
   }
 }
 
-void layernorm_backward(float* din, float* dweight, float* dbias, const float* dout, const float* in,
-                        const float* weight, const float* mean, const float* rstd, int N, int C) {
-  // dweight/dbias are sums over rows: each thread sums its rows privately, then the partial sums are
-  // added in thread order (deterministic for a fixed thread count).
-  const int nt = omp_get_max_threads();
-  std::vector<float> partial(size_t(nt) * 2 * C, 0.0f);
-#pragma omp parallel
-  {
-    float* pw = partial.data() + size_t(omp_get_thread_num()) * 2 * C;
+void layernorm_backward_partials(float* din, float* partial, const float* dout, const float* in,
+                                 const float* weight, const float* mean, const float* rstd, int N, int C) {
+  // Per chunk, the weight's terms then the bias's (row_chunks.h).
+  chunk_partials(partial, N, 2 * C, [&](float* pw, int64_t lo, int64_t hi) {
     float* pb = pw + C;
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < N; ++r) {
+    for (int64_t r = lo; r < hi; ++r) {
       const float* x = in + r * C;
       const float* g = dout + r * C;
       const float m = mean[r], rs = rstd[r];
@@ -68,14 +61,15 @@ void layernorm_backward(float* din, float* dweight, float* dbias, const float* d
         dx[c] += rs * (g[c] * weight[c] - sum_d - n * sum_dn);
       }
     }
-  }
-  for (int t = 0; t < nt; ++t) {
-    const float* pw = partial.data() + size_t(t) * 2 * C;
-    for (int c = 0; c < C; ++c) {
-      dweight[c] += pw[c];
-      dbias[c] += pw[C + c];
-    }
-  }
+  });
+}
+
+void layernorm_backward(float* din, float* dweight, float* dbias, const float* dout, const float* in,
+                        const float* weight, const float* mean, const float* rstd, int N, int C) {
+  const auto partial = std::make_unique_for_overwrite<float[]>(size_t(row_chunks(N)) * 2 * size_t(C));
+  layernorm_backward_partials(din, partial.get(), dout, in, weight, mean, rstd, N, C);
+  add_chunk_sums(dweight, partial.get(), row_chunks(N), C, 2 * C);
+  add_chunk_sums(dbias, partial.get() + C, row_chunks(N), C, 2 * C);
 }
 
 }  // namespace forge::trainer::cpu

@@ -2,10 +2,9 @@
 // qk-norm, over each q and k head of a qkv row. The product is taken as (x x rstd) x weight, the order of
 // Hugging Face's RMSNorm, so that FP32 results round as theirs do.
 //
-// The weight gradients are sums over rows. They are summed in fixed chunks of kChunkRows rows, one
-// partial per chunk, and the partials added in chunk order: the bits do not depend on the number of
-// threads (a per-thread partial, as in layernorm_backward, would change them when the thread count does).
+// The weight gradients are sums over rows, taken chunk by chunk (row_chunks.h).
 #include "kernels.h"
+#include "row_chunks.h"
 
 #include <algorithm>
 #include <cmath>
@@ -14,9 +13,6 @@
 namespace forge::trainer::cpu {
 
 namespace {
-
-constexpr int64_t kChunkRows = 32;
-constexpr int kColumnBlock = 16;
 
 float sum_squares(const float* x, int n) {
   float s = 0;
@@ -54,34 +50,6 @@ void backward_row(float* dx, float* dw, const float* g, const float* x, const fl
   }
 }
 
-// Sums `width` weight-gradient columns over rows [0, N): rows(partial, lo, hi) adds the terms of rows
-// [lo, hi) into partial (width floats, zeroed); then add(c, sum) receives each column's total.
-template <class Rows, class Add>
-void sum_over_row_chunks(int64_t N, int width, Rows&& rows, Add&& add) {
-  const int64_t chunks = (N + kChunkRows - 1) / kChunkRows;
-  const auto partial = std::make_unique_for_overwrite<float[]>(size_t(chunks) * size_t(width));
-#pragma omp parallel
-  {
-#pragma omp for schedule(static)
-    for (int64_t k = 0; k < chunks; ++k) {
-      float* p = partial.get() + k * width;
-      std::fill(p, p + width, 0.0f);
-      rows(p, k * kChunkRows, std::min(N, (k + 1) * kChunkRows));
-    }
-#pragma omp for schedule(static)
-    for (int c0 = 0; c0 < width; c0 += kColumnBlock) {
-      const int n = std::min(kColumnBlock, width - c0);
-      double acc[kColumnBlock] = {};
-      for (int64_t k = 0; k < chunks; ++k) {
-        const float* p = partial.get() + k * width + c0;
-#pragma omp simd
-        for (int c = 0; c < n; ++c) acc[c] += p[c];
-      }
-      for (int c = 0; c < n; ++c) add(c0 + c, acc[c]);
-    }
-  }
-}
-
 }  // namespace
 
 void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weight, float eps, int N, int C) {
@@ -92,15 +60,24 @@ void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weig
   }
 }
 
+void rmsnorm_backward_partials(float* din, float* partial, const float* dout, const float* in,
+                               const float* weight, const float* rstd, int N, int C) {
+  chunk_partials(partial, N, C, [&](float* dw, int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r)
+      backward_row<true>(din + r * C, dw, dout + r * C, in + r * C, weight, rstd[r], C);
+  });
+}
+
+void add_chunk_sums(float* grad, const float* partial, int64_t chunks, int width, int stride) {
+  sum_chunks(partial, chunks, width, stride,
+             [&](int c, double sum) { grad[c] = float(double(grad[c]) + sum); });
+}
+
 void rmsnorm_backward(float* din, float* dweight, const float* dout, const float* in, const float* weight,
                       const float* rstd, int N, int C) {
-  sum_over_row_chunks(
-      N, C,
-      [&](float* dw, int64_t lo, int64_t hi) {
-        for (int64_t r = lo; r < hi; ++r)
-          backward_row<true>(din + r * C, dw, dout + r * C, in + r * C, weight, rstd[r], C);
-      },
-      [&](int c, double sum) { dweight[c] = float(double(dweight[c]) + sum); });
+  const auto partial = std::make_unique_for_overwrite<float[]>(size_t(row_chunks(N)) * size_t(C));
+  rmsnorm_backward_partials(din, partial.get(), dout, in, weight, rstd, N, C);
+  add_chunk_sums(dweight, partial.get(), row_chunks(N), C, C);
 }
 
 void residual_rmsnorm_forward(float* res_out, float* out, float* rstd, const float* res_in,
@@ -154,21 +131,18 @@ void head_rmsnorm_backward(float* dqkv, float* dq_weight, float* dk_weight, cons
   const int hd = shape.head_dim, heads = shape.heads + shape.kv_heads, width = heads * hd;
   const int W = shape.qkv_width();
   // One partial of 2 x head_dim per chunk: the query weight's gradient, then the key weight's.
-  sum_over_row_chunks(
-      N, 2 * hd,
-      [&](float* dw, int64_t lo, int64_t hi) {
-        for (int64_t r = lo; r < hi; ++r)
-          for (int h = 0; h < heads; ++h) {
-            const bool query = h < shape.heads;
-            float* g = dqkv + r * W + h * hd;
-            backward_row<false>(g, query ? dw : dw + hd, g, saved + r * width + h * hd,
-                                query ? q_weight : k_weight, rstd[r * heads + h], hd);
-          }
-      },
-      [&](int c, double sum) {
-        float* dw = c < hd ? dq_weight + c : dk_weight + (c - hd);
-        *dw = float(double(*dw) + sum);
-      });
+  const auto partial = std::make_unique_for_overwrite<float[]>(size_t(row_chunks(N)) * 2 * size_t(hd));
+  chunk_partials(partial.get(), N, 2 * hd, [&](float* dw, int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r)
+      for (int h = 0; h < heads; ++h) {
+        const bool query = h < shape.heads;
+        float* g = dqkv + r * W + h * hd;
+        backward_row<false>(g, query ? dw : dw + hd, g, saved + r * width + h * hd,
+                            query ? q_weight : k_weight, rstd[r * heads + h], hd);
+      }
+  });
+  add_chunk_sums(dq_weight, partial.get(), row_chunks(N), hd, 2 * hd);
+  add_chunk_sums(dk_weight, partial.get() + hd, row_chunks(N), hd, 2 * hd);
 }
 
 }  // namespace forge::trainer::cpu

@@ -120,7 +120,8 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups, B
   // Dense gradients are reduced, and ZeRO-1 shards, over the ranks holding the same weights: dp, times cp.
   Comm* dense = dense_ = lay.cp > 1 ? groups.dp_cp.get() : groups.dp.get();
   const size_t dp = size_t(dense->size());
-  plan_ = std::make_unique<ParallelPlan>(*groups.tp, *groups.ep, *groups.cp, spec.parallel.cp_comm);
+  plan_ = std::make_unique<ParallelPlan>(*groups.tp, *groups.ep, *groups.cp, spec.parallel.cp_comm,
+                                         spec.parallel.sequence_parallel);
   loss_ = objective_loss(spec, std::move(teacher));
   // Under context parallelism the model holds this rank's two chunks of each sequence (context_parallel.h).
   ModelSpec local = spec.model;
@@ -193,7 +194,7 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups, B
   }
   optimizer_ = std::make_unique<AdamW>(spec.optim, model_->params(), flat,
                                        spec.parallel.zero == 1 ? owned_ : std::vector<FlatRange>{}, backend);
-  const size_t nc = size_t(model_->rows()) * size_t(spec.model.d_model);
+  const size_t nc = size_t(model_->stream_rows()) * size_t(spec.model.d_model);
   if (!groups.first_stage()) recv_act_ = backend.alloc<float>(nc);
   if (!groups.last_stage()) recv_grad_ = backend.alloc<float>(nc);
 }
@@ -282,7 +283,7 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   const CommTotals pipe0 = totals({g.pp.get()});
   const int64_t step = optimizer_->steps_taken() + 1;
   const int T = spec_.model.seq_len, dpn = g.layout.dp;
-  const size_t nc = size_t(model_->rows()) * size_t(spec_.model.d_model);
+  const size_t nc = size_t(model_->stream_rows()) * size_t(spec_.model.d_model);
   const bool first = g.first_stage(), last = g.last_stage();
   const int stage = g.pp_rank;
   // The loss is normalised by the scored weight of the whole step (every micro-batch, every DP rank),
@@ -464,7 +465,7 @@ double ParallelTrainer::loss_of(const MicroBatch& whole) {
   const std::vector<MicroBatch> shard = context_shards({&whole, 1});
   const MicroBatch& mine = shard.empty() ? whole : shard[0];
   ProcessGroups& g = groups_;
-  const size_t nc = size_t(model_->rows()) * size_t(spec_.model.d_model);
+  const size_t nc = size_t(model_->stream_rows()) * size_t(spec_.model.d_model);
   if (!g.first_stage()) g.pp->recv(recv_act_.data(), nc, CommType::kF32, g.pp_rank - 1, 0)->wait();
   const LossSums sums = model_->forward(0, mine, recv_act_.data(), 1.0f, false);
   if (!g.last_stage()) g.pp->send(model_->output(0).data(), nc, CommType::kF32, g.pp_rank + 1, 0)->wait();

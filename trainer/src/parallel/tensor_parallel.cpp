@@ -4,30 +4,90 @@
 
 #include "forge/trainer/model.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace forge::trainer {
 
+// Host memory: sequence parallelism runs on the CPU backend (Backend::add_chunk_sums).
+struct SequenceScratch {
+  std::vector<float> gathered;           // [rows, C]: a share of rows gathered from the group
+  std::vector<float> full;               // [rows, C]: a product's rows before the reduce-scatter
+  std::vector<float> partial, partials;  // a norm's weight-gradient partials: this rank's, the group's
+
+  void reserve(int rows, int C, int ranks) {
+    const size_t n = size_t(rows) * size_t(C),
+                 chunks = size_t(rows / ranks + kNormChunkRows - 1) / kNormChunkRows;
+    gathered.resize(std::max(gathered.size(), n));
+    full.resize(std::max(full.size(), n));
+    partial.resize(std::max(partial.size(), chunks * 2 * size_t(C)));
+    partials.resize(std::max(partials.size(), size_t(ranks) * chunks * 2 * size_t(C)));
+  }
+  size_t bytes() const {
+    return (gathered.size() + full.size() + partial.size() + partials.size()) * sizeof(float);
+  }
+
+  // The group's shares of `rows` rows of `width` (this rank's: `mine`), whole, in rank order.
+  const float* gather(Comm& group, const float* mine, int rows, int width) {
+    group.all_gather(mine, gathered.data(), size_t(rows / group.size()) * size_t(width), CommType::kF32)
+        ->wait();
+    return gathered.data();
+  }
+  // Rank r of the group receives rows [r, r + 1) x rows / size of the group's sum of `whole`.
+  static void scatter(Comm& group, const float* whole, float* mine, int rows, int width) {
+    group.reduce_scatter(whole, mine, size_t(rows / group.size()) * size_t(width), CommType::kF32)->wait();
+  }
+};
+
 ColumnParallelLinear::ColumnParallelLinear(Backend& backend, ParamRef weight, ParamRef bias, bool add_bias,
-                                           Comm& group)
-    : Linear(backend, weight, bias, add_bias), group_(group) {}
+                                           Comm& group, SequenceScratch* sequence)
+    : Linear(backend, weight, bias, add_bias), group_(group), sequence_(sequence) {}
+
+void ColumnParallelLinear::forward(Act out, ConstAct in, int rows) {
+  if (sequence_ != nullptr) in = sequence_->gather(group_, in.f32(), rows, in_);
+  Linear::forward(out, in, rows);
+}
+
+void ColumnParallelLinear::forward_gelu(Act out, Act pre, ConstAct in, int rows) {
+  if (sequence_ != nullptr) in = sequence_->gather(group_, in.f32(), rows, in_);
+  Linear::forward_gelu(out, pre, in, rows);
+}
 
 void ColumnParallelLinear::backward(float* din, const float* dout, ConstAct in, int rows) {
-  Linear::backward(din, dout, in, rows);
-  // Each rank's output columns contribute to the input gradient: sum them.
-  if (din != nullptr) group_.all_reduce_sum(din, size_t(rows) * size_t(in_));
+  if (sequence_ == nullptr) {
+    Linear::backward(din, dout, in, rows);
+    // Each rank's output columns contribute to the input gradient: sum them.
+    if (din != nullptr) group_.all_reduce_sum(din, size_t(rows) * size_t(in_));
+    return;
+  }
+  // The input is gathered again rather than kept: keeping it would cost what the cut saves (Megatron
+  // does the same). The summed input gradient goes back cut: reduce-scatter.
+  float* whole = din != nullptr ? sequence_->full.data() : nullptr;
+  Linear::backward(whole, dout, sequence_->gather(group_, in.f32(), rows, in_), rows);
+  if (din != nullptr) SequenceScratch::scatter(group_, whole, din, rows, in_);
 }
 
 RowParallelLinear::RowParallelLinear(Backend& backend, ParamRef weight, ParamRef bias, bool add_bias,
-                                     Comm& group)
-    : Linear(backend, weight, bias, add_bias), group_(group) {}
+                                     Comm& group, SequenceScratch* sequence)
+    : Linear(backend, weight, bias, add_bias), group_(group), sequence_(sequence) {}
 
 void RowParallelLinear::forward(Act out, ConstAct in, int rows) {
   // Each rank's input features give a partial product; the bias (replicated) goes on after the sum.
-  float* sum = out.f32();
+  float* sum = sequence_ != nullptr ? sequence_->full.data() : out.f32();
   backend_.matmul_forward(sum, in, weight_.value, nullptr, rows, in_, out_);
-  group_.all_reduce_sum(sum, size_t(rows) * size_t(out_));
+  if (sequence_ != nullptr) {
+    SequenceScratch::scatter(group_, sum, out.f32(), rows, out_);
+    rows /= group_.size();
+    sum = out.f32();
+  } else {
+    group_.all_reduce_sum(sum, size_t(rows) * size_t(out_));
+  }
   if (add_bias_) backend_.add_bias(sum, bias_.value, rows, out_);
+}
+
+void RowParallelLinear::backward(float* din, const float* dout, ConstAct in, int rows) {
+  if (sequence_ != nullptr) dout = sequence_->gather(group_, dout, rows, out_);
+  Linear::backward(din, dout, in, rows);
 }
 
 void RowParallelLinear::forward_gelu(Act, Act, ConstAct, int) {
@@ -41,30 +101,51 @@ int vocab_begin(const ParamRef& wte, const Comm& group) {
 }
 }  // namespace
 
-VocabParallelEmbedding::VocabParallelEmbedding(Backend& backend, ParamRef wte, ParamRef wpe, Comm& group)
+VocabParallelEmbedding::VocabParallelEmbedding(Backend& backend, ParamRef wte, ParamRef wpe, Comm& group,
+                                               SequenceScratch* sequence)
     : Embedding(backend, wte, wpe, vocab_begin(wte, group),
                 vocab_begin(wte, group) + int(wte.info->local_shape[0])),
-      group_(group) {
+      group_(group),
+      sequence_(sequence) {
   if (group.rank() != 0) wpe_.value = nullptr;
 }
 
 void VocabParallelEmbedding::forward(float* out, const int32_t* tokens, const int32_t* positions, int B,
                                      int T) {
   // Tokens outside this rank's rows contribute zeros: the sum over the group is the full embedding.
-  Embedding::forward(out, tokens, positions, B, T);
-  group_.all_reduce_sum(out, size_t(B) * size_t(T) * size_t(C_));
+  if (sequence_ == nullptr) {
+    Embedding::forward(out, tokens, positions, B, T);
+    group_.all_reduce_sum(out, size_t(B) * size_t(T) * size_t(C_));
+    return;
+  }
+  Embedding::forward(sequence_->full.data(), tokens, positions, B, T);
+  SequenceScratch::scatter(group_, sequence_->full.data(), out, B * T, C_);
 }
 
-VocabParallelCrossEntropy::VocabParallelCrossEntropy(Backend& backend, ParamRef wte, Comm& group)
-    : Classifier(backend, wte, vocab_begin(wte, group)), group_(group) {
+void VocabParallelEmbedding::backward(const float* dout, const int32_t* tokens, const int32_t* positions,
+                                      int B, int T) {
+  if (sequence_ != nullptr) dout = sequence_->gather(group_, dout, B * T, C_);
+  Embedding::backward(dout, tokens, positions, B, T);
+}
+
+VocabParallelCrossEntropy::VocabParallelCrossEntropy(Backend& backend, ParamRef wte, Comm& group,
+                                                     SequenceScratch* sequence)
+    : Classifier(backend, wte, vocab_begin(wte, group)), group_(group), sequence_(sequence) {
   vocab_group_ = this;  // the softmax statistics are combined over the group (max, sum below)
 }
 
 double VocabParallelCrossEntropy::forward_backward(float* dx, const float* x, const DeviceBatch& batch,
                                                    int rows, const Loss& loss, float scale,
                                                    float* logits_out) {
-  const double total = Classifier::forward_backward(dx, x, batch, rows, loss, scale, logits_out);
-  if (dx != nullptr) group_.all_reduce_sum(dx, size_t(rows) * size_t(C_));
+  if (sequence_ == nullptr) {
+    const double total = Classifier::forward_backward(dx, x, batch, rows, loss, scale, logits_out);
+    if (dx != nullptr) group_.all_reduce_sum(dx, size_t(rows) * size_t(C_));
+    return total;
+  }
+  float* whole = dx != nullptr ? sequence_->full.data() : nullptr;
+  const double total = Classifier::forward_backward(whole, sequence_->gather(group_, x, rows, C_), batch,
+                                                    rows, loss, scale, logits_out);
+  if (dx != nullptr) SequenceScratch::scatter(group_, whole, dx, rows, C_);
   return total;
 }
 
@@ -74,6 +155,28 @@ void VocabParallelCrossEntropy::max(float* values, int n) {
 
 void VocabParallelCrossEntropy::sum(float* values, int n) {
   group_.all_reduce_sum(values, size_t(n));
+}
+
+SequenceParallelNorm::SequenceParallelNorm(Backend& backend, bool layernorm, float eps, ParamRef weight,
+                                           ParamRef bias, Comm& group, SequenceScratch& sequence)
+    : NormLayer(backend, layernorm, eps, weight, bias), group_(group), sequence_(sequence) {}
+
+void SequenceParallelNorm::backward(float* din, const float* dout, const float* in, const float* st, int N,
+                                    int C) {
+  if (N % kNormChunkRows != 0)
+    throw std::logic_error("SequenceParallelNorm: a rank's rows are not whole chunks of kNormChunkRows");
+  const int64_t chunks = N / kNormChunkRows;
+  const int width = layernorm_ ? 2 * C : C;  // per chunk: the weight's terms (then the bias's)
+  float* partial = sequence_.partial.data();
+  if (layernorm_)
+    backend_.layernorm_backward_partials(din, partial, dout, in, w_.value, st, st + N, N, C);
+  else
+    backend_.rmsnorm_backward_partials(din, partial, dout, in, w_.value, st, N, C);
+  group_.all_gather(partial, sequence_.partials.data(), size_t(chunks) * size_t(width), CommType::kF32)
+      ->wait();
+  const int64_t all = chunks * group_.size();  // the ranks hold consecutive rows: chunk order is rank order
+  backend_.add_chunk_sums(w_.grad, sequence_.partials.data(), all, C, width);
+  if (layernorm_) backend_.add_chunk_sums(b_.grad, sequence_.partials.data() + C, all, C, width);
 }
 
 void AllToAllTokenExchange::exchange_counts(const int64_t* send, int64_t* recv, int per_rank) {
@@ -95,28 +198,49 @@ void AllToAllTokenExchange::exchange_rows(Backend&, const float* in, const int64
 std::unique_ptr<Linear> ParallelPlan::linear(Backend& backend, ParamRef weight, ParamRef bias,
                                              bool add_bias) const {
   const ShardRule& rule = weight.info->shard;
-  if (tp_.size() == 1 || rule.kind != ShardRule::Kind::kSplit)
+  if (tp_.size() == 1 || rule.kind != ShardRule::Kind::kSplit) {
+    // Every product between the norms is split: a whole one would see a cut input.
+    if (sequence_) throw std::logic_error("ParallelPlan: sequence parallelism with an unsplit product");
     return LayerFactory::linear(backend, weight, bias, add_bias);
-  if (rule.dim == 0) return std::make_unique<ColumnParallelLinear>(backend, weight, bias, add_bias, tp_);
-  return std::make_unique<RowParallelLinear>(backend, weight, bias, add_bias, tp_);
+  }
+  if (rule.dim == 0)
+    return std::make_unique<ColumnParallelLinear>(backend, weight, bias, add_bias, tp_, sequence_.get());
+  return std::make_unique<RowParallelLinear>(backend, weight, bias, add_bias, tp_, sequence_.get());
 }
 
 std::unique_ptr<Embedding> ParallelPlan::embedding(Backend& backend, ParamRef wte, ParamRef wpe) const {
   if (tp_.size() == 1) return LayerFactory::embedding(backend, wte, wpe);
-  return std::make_unique<VocabParallelEmbedding>(backend, wte, wpe, tp_);
+  return std::make_unique<VocabParallelEmbedding>(backend, wte, wpe, tp_, sequence_.get());
 }
 
 std::unique_ptr<Classifier> ParallelPlan::classifier(Backend& backend, ParamRef wte) const {
   if (tp_.size() == 1) return LayerFactory::classifier(backend, wte);
-  return std::make_unique<VocabParallelCrossEntropy>(backend, wte, tp_);
+  return std::make_unique<VocabParallelCrossEntropy>(backend, wte, tp_, sequence_.get());
 }
 
-ParallelPlan::ParallelPlan(Comm& tp, Comm& ep, Comm& cp, ContextComm cp_comm)
-    : tp_(tp), ep_(ep), cp_(cp), cp_comm_(cp_comm), context_(std::make_shared<ContextScratch>()) {}
+std::unique_ptr<NormLayer> ParallelPlan::norm(Backend& backend, bool layernorm, float eps, ParamRef weight,
+                                              ParamRef bias) const {
+  if (!sequence_) return LayerFactory::norm(backend, layernorm, eps, weight, bias);
+  return std::make_unique<SequenceParallelNorm>(backend, layernorm, eps, weight, bias, tp_, *sequence_);
+}
+
+int ParallelPlan::sequence_shards() const {
+  return sequence_ ? tp_.size() : 1;
+}
+
+ParallelPlan::ParallelPlan(Comm& tp, Comm& ep, Comm& cp, ContextComm cp_comm, bool sequence_parallel)
+    : tp_(tp),
+      ep_(ep),
+      cp_(cp),
+      cp_comm_(cp_comm),
+      context_(std::make_shared<ContextScratch>()),
+      sequence_(sequence_parallel && tp.size() > 1 ? std::make_shared<SequenceScratch>() : nullptr) {}
 
 std::unique_ptr<Attention> ParallelPlan::attention(Backend& backend, const AttentionSettings& settings,
                                                    const AttentionWeights& w, int slots, int rows,
                                                    float* dqkv, float* datt) const {
+  // Every model has attention slots, and this is where the plan learns the rows.
+  if (sequence_) sequence_->reserve(rows, int(w.proj.info->shape[0]), tp_.size());
   if (cp_.size() == 1) return LayerFactory::attention(backend, settings, w, slots, rows, dqkv, datt);
   auto qkv = linear(backend, w.qkv, w.qkv_bias, true), proj = linear(backend, w.proj, w.proj_bias, false);
   context_->reserve(cp_comm_, rows, settings.shape, cp_.size());
@@ -128,7 +252,7 @@ std::unique_ptr<Attention> ParallelPlan::attention(Backend& backend, const Atten
 }
 
 size_t ParallelPlan::scratch_bytes() const {
-  return context_->bytes();
+  return context_->bytes() + (sequence_ ? sequence_->bytes() : 0);
 }
 
 std::unique_ptr<TokenExchange> ParallelPlan::token_exchange() const {

@@ -20,6 +20,9 @@
 
 namespace forge::trainer {
 
+// The rows of one partial sum of a norm's weight gradients (Backend::rmsnorm_backward_partials).
+inline constexpr int kNormChunkRows = 32;
+
 // Activations in a backend's memory, FP32 or 2-byte BF16 (bit patterns, uint16_t): the operands of the
 // matrix products and of the attention, which the model's BF16 mode stores as BF16 (model.h) so that a
 // GPU reads and writes half the bytes and its tensor cores take them as they are. A float or uint16_t
@@ -283,6 +286,18 @@ class Backend {
   // din += dL/din (the residual stream's gradient accumulates); dweight +=.
   virtual void rmsnorm_backward(float* din, float* dweight, const float* dout, const float* in,
                                 const float* weight, const float* rstd, int N, int C) = 0;
+  // Sequence parallelism (a norm over this process's share of the rows): the *_backward ops, but the
+  // weight gradients' terms summed per chunk of kNormChunkRows rows into partial ([chunks, C]; LayerNorm:
+  // [chunks, 2C], the weight's terms then the bias's) instead of into the gradients. add_chunk_sums adds
+  // `width` columns of `chunks` partials (row stride `stride`) to grad, in chunk order: the sum the
+  // *_backward ops take, so the partials of consecutive rows gathered from a group give one process's
+  // gradient bit for bit. FP32; a backend without them refuses sequence parallelism.
+  virtual void rmsnorm_backward_partials(float* din, float* partial, const float* dout, const float* in,
+                                         const float* weight, const float* rstd, int N, int C);
+  virtual void layernorm_backward_partials(float* din, float* partial, const float* dout, const float* in,
+                                           const float* weight, const float* mean, const float* rstd, int N,
+                                           int C);
+  virtual void add_chunk_sums(float* grad, const float* partial, int64_t chunks, int width, int stride);
   // res_out = res_in + delta + delta_bias (delta_bias may be null); out = RMSNorm(res_out).
   virtual void residual_rmsnorm_forward(float* res_out, Act out, float* rstd, const float* res_in,
                                         const float* delta, const float* delta_bias, const float* weight,

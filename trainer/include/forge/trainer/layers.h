@@ -57,6 +57,31 @@ class Linear {
   int in_ = 0, out_ = 0;
 };
 
+// A norm slot's layer over the rows of the residual stream this process holds: LayerNorm (weight, bias;
+// per row the mean and 1 / std) or RMSNorm (weight; per row 1 / rms), alone or fused with the residual add
+// before it. Statistics: stats_per_row() floats per row, [N] blocks.
+class NormLayer {
+ public:
+  NormLayer(Backend& backend, bool layernorm, float eps, ParamRef weight, ParamRef bias);
+  virtual ~NormLayer() = default;
+  NormLayer(const NormLayer&) = delete;
+  NormLayer& operator=(const NormLayer&) = delete;
+
+  static size_t stats_per_row(bool layernorm) { return layernorm ? 2 : 1; }
+  void forward(Act out, float* stats, const float* in, int N, int C) const;
+  // res_out = res_in + delta + delta_bias (null: none); out = the norm of res_out.
+  void residual_forward(float* res_out, Act out, float* stats, const float* res_in, const float* delta,
+                        const float* delta_bias, int N, int C) const;
+  // din += dL/din from dout = dL/d(out); the weights' gradients +=.
+  virtual void backward(float* din, const float* dout, const float* in, const float* stats, int N, int C);
+
+ protected:
+  Backend& backend_;
+  bool layernorm_;
+  float eps_;
+  ParamRef w_, b_;
+};
+
 // Token embedding rows [vocab_begin, vocab_end) of the vocabulary plus the position embedding (when
 // `wpe.value` is set): out = wte[token] + wpe[position].
 class Embedding {
@@ -68,7 +93,7 @@ class Embedding {
 
   virtual void forward(float* out, const int32_t* tokens, const int32_t* positions, int B, int T);
   // Adds dout into the gradients of the rows used.
-  void backward(const float* dout, const int32_t* tokens, const int32_t* positions, int B, int T);
+  virtual void backward(const float* dout, const int32_t* tokens, const int32_t* positions, int B, int T);
 
  protected:
   Backend& backend_;
@@ -126,6 +151,13 @@ class LayerFactory {
   virtual std::unique_ptr<Embedding> embedding(Backend& backend, ParamRef wte, ParamRef wpe) const;
   virtual std::unique_ptr<Classifier> classifier(Backend& backend, ParamRef wte) const;
   virtual std::unique_ptr<TokenExchange> token_exchange() const;
+  virtual std::unique_ptr<NormLayer> norm(Backend& backend, bool layernorm, float eps, ParamRef weight,
+                                          ParamRef bias) const;
+  // Into how many equal pieces of its rows the residual stream is cut, one per process (sequence
+  // parallelism): the model keeps the stream, the norms and the residual adds over rows / this many; its
+  // embedding writes, and its classifier reads, that share; the attention and FFN products take it and
+  // give it back, working on all the rows in between.
+  virtual int sequence_shards() const { return 1; }
   // A block's attention slot (attention.h) over the heads in `settings` (this process's share), its
   // products made by linear(); scratch and slots as Attention's constructor takes them.
   virtual std::unique_ptr<Attention> attention(Backend& backend, const AttentionSettings& settings,

@@ -269,6 +269,9 @@ class GPT {
   void backward(int slot, const float* d_output, const std::function<void(int)>& on_grads = {});
   std::span<const float> input_grad(int slot) const;
   int64_t rows() const { return int64_t(batch_) * config_.seq_len; }
+  // The rows of the residual stream this process holds (output(), input_grad()): rows() / the layer
+  // factory's sequence_shards().
+  int64_t stream_rows() const { return rows() / shards_; }
   // A batch this model cannot take (another shape; a token, target, weight or position out of range) is
   // forge::Error(kData) naming the sample and position.
   void check(const MicroBatch& batch) const { check_batch(batch, batch_, config_); }
@@ -310,7 +313,6 @@ class GPT {
   const std::vector<MoeLayer*>& moe_layers() const { return moe_layers_; }
 
  private:
-  struct NormSlot;
   struct Block;
   struct Slot;
   struct Workspace;
@@ -332,6 +334,7 @@ class GPT {
   ModelSpec config_;
   ModelSlice slice_;
   int batch_;
+  int shards_;  // LayerFactory::sequence_shards()
   DType dtype_;
   Backend& backend_;
   std::shared_ptr<const Loss> loss_;
@@ -345,7 +348,7 @@ class GPT {
   std::unique_ptr<Embedding> embedding_;
   std::unique_ptr<Classifier> classifier_;
   std::vector<MoeLayer*> moe_layers_;  // owned by their blocks
-  std::unique_ptr<NormSlot> lnf_;
+  std::unique_ptr<NormLayer> lnf_;
   std::deque<ParamInfo> views_;  // of fused_ref
 };
 

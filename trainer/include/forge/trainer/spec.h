@@ -37,9 +37,10 @@ enum class ContextComm { kRing, kAllToAll };
 struct ParallelConfig {
   CommKind comm = CommKind::kAuto;  // nccl on cuda; mpi on cpu, and host-staged mpi on cuda
   ContextComm cp_comm = ContextComm::kRing;
-  int zero = 0;                   // ZeRO stage: 0, or 1 (optimizer state sharded across dp)
-  std::vector<int> stage_layers;  // blocks per pipeline stage; empty: balanced
-  bool elastic = false;           // parallel.elastic: dp follows the ranks started (elastic_spec)
+  bool sequence_parallel = false;  // the residual stream cut over tp (tensor_parallel.h)
+  int zero = 0;                    // ZeRO stage: 0, or 1 (optimizer state sharded across dp)
+  std::vector<int> stage_layers;   // blocks per pipeline stage; empty: balanced
+  bool elastic = false;            // parallel.elastic: dp follows the ranks started (elastic_spec)
 };
 
 // The steps a run traces (run.trace_steps; trace.h): 1-based, inclusive.

@@ -7,9 +7,18 @@
 //   VocabParallelEmbedding  vocabulary rows split; forward all-reduces the (partial) embeddings
 //   VocabParallelCrossEntropy  the tied classifier over a split vocabulary: softmax statistics and
 //                           dL/d(input) all-reduced
+//   SequenceParallelNorm    a norm over the group's share of the rows (below)
 //   AllToAllTokenExchange   an MoE block's tokens to the experts' ranks and back, all-to-all over the
 //                           expert-parallel group (Megatron's MoEAlltoAllTokenDispatcher)
 // Each owns its collective over its group; the model never sees the groups.
+//
+// Sequence parallelism (Megatron's sequence_parallel; parallel.sequence_parallel) cuts the residual
+// stream between those layers into tp equal pieces of rows, one per rank (LayerFactory::sequence_shards):
+// the norms and residual adds run on 1/tp of the rows. The all-reduces become an all-gather of the rows
+// before a column-parallel product (and before the classifier) and a reduce-scatter after a row-parallel
+// one (and after the embedding); backward swaps the two. The norms' weight gradients, sums over rows, are
+// gathered as per-chunk partials and added in one process's order (Backend::add_chunk_sums): the numbers
+// are those of tp without it.
 #pragma once
 
 #include "forge/trainer/attention.h"
@@ -24,39 +33,53 @@
 namespace forge::trainer {
 
 struct ContextScratch;
+struct SequenceScratch;
 
+// `sequence` (the classes below that take it): sequence parallelism's buffers, null without it. With it,
+// `rows` is still the micro-batch's, and an input or output on the residual stream's side holds this
+// rank's rows / group size of them.
 class ColumnParallelLinear final : public Linear {
  public:
-  ColumnParallelLinear(Backend& backend, ParamRef weight, ParamRef bias, bool add_bias, Comm& group);
+  ColumnParallelLinear(Backend& backend, ParamRef weight, ParamRef bias, bool add_bias, Comm& group,
+                       SequenceScratch* sequence);
+  void forward(Act out, ConstAct in, int rows) override;
+  void forward_gelu(Act out, Act pre, ConstAct in, int rows) override;
   void backward(float* din, const float* dout, ConstAct in, int rows) override;
 
  private:
   Comm& group_;
+  SequenceScratch* sequence_;
 };
 
 class RowParallelLinear final : public Linear {
  public:
-  RowParallelLinear(Backend& backend, ParamRef weight, ParamRef bias, bool add_bias, Comm& group);
+  RowParallelLinear(Backend& backend, ParamRef weight, ParamRef bias, bool add_bias, Comm& group,
+                    SequenceScratch* sequence);
   void forward(Act out, ConstAct in, int rows) override;  // FP32 out: the partial sums are all-reduced
   void forward_gelu(Act out, Act pre, ConstAct in, int rows) override;  // throws: GELU needs the sum
+  void backward(float* din, const float* dout, ConstAct in, int rows) override;
 
  private:
   Comm& group_;
+  SequenceScratch* sequence_;
 };
 
 class VocabParallelEmbedding final : public Embedding {
  public:
   // The group's rank 0 adds the position embedding; every rank accumulates its gradient.
-  VocabParallelEmbedding(Backend& backend, ParamRef wte, ParamRef wpe, Comm& group);
+  VocabParallelEmbedding(Backend& backend, ParamRef wte, ParamRef wpe, Comm& group,
+                         SequenceScratch* sequence);
   void forward(float* out, const int32_t* tokens, const int32_t* positions, int B, int T) override;
+  void backward(const float* dout, const int32_t* tokens, const int32_t* positions, int B, int T) override;
 
  private:
   Comm& group_;
+  SequenceScratch* sequence_;
 };
 
 class VocabParallelCrossEntropy final : public Classifier, private VocabGroup {
  public:
-  VocabParallelCrossEntropy(Backend& backend, ParamRef wte, Comm& group);
+  VocabParallelCrossEntropy(Backend& backend, ParamRef wte, Comm& group, SequenceScratch* sequence);
   double forward_backward(float* dx, const float* x, const DeviceBatch& batch, int rows, const Loss& loss,
                           float scale, float* logits_out) override;
 
@@ -64,6 +87,21 @@ class VocabParallelCrossEntropy final : public Classifier, private VocabGroup {
   void max(float* values, int n) override;
   void sum(float* values, int n) override;
   Comm& group_;
+  SequenceScratch* sequence_;
+};
+
+// A norm under sequence parallelism: forward as any, on this rank's rows; backward gathers the group's
+// per-chunk partial sums of the weight gradients and adds them in order, so that every rank gets the
+// gradient over all rows, bit for bit one process's. A rank's rows must be whole chunks (kNormChunkRows).
+class SequenceParallelNorm final : public NormLayer {
+ public:
+  SequenceParallelNorm(Backend& backend, bool layernorm, float eps, ParamRef weight, ParamRef bias,
+                       Comm& group, SequenceScratch& sequence);
+  void backward(float* din, const float* dout, const float* in, const float* stats, int N, int C) override;
+
+ private:
+  Comm& group_;
+  SequenceScratch& sequence_;
 };
 
 class AllToAllTokenExchange final : public TokenExchange {
@@ -83,23 +121,29 @@ class AllToAllTokenExchange final : public TokenExchange {
 class ParallelPlan final : public LayerFactory {
  public:
   // tp: the tensor-parallel group; ep: the expert-parallel group; cp: the context-parallel group, whose
-  // attention slots (when it has more than one rank) exchange keys and values as cp_comm says.
-  ParallelPlan(Comm& tp, Comm& ep, Comm& cp, ContextComm cp_comm = ContextComm::kRing);
+  // attention slots (when it has more than one rank) exchange keys and values as cp_comm says;
+  // sequence_parallel: the residual stream cut over tp (when it has more than one rank).
+  ParallelPlan(Comm& tp, Comm& ep, Comm& cp, ContextComm cp_comm = ContextComm::kRing,
+               bool sequence_parallel = false);
   std::unique_ptr<Linear> linear(Backend& backend, ParamRef weight, ParamRef bias,
                                  bool add_bias) const override;
   std::unique_ptr<Embedding> embedding(Backend& backend, ParamRef wte, ParamRef wpe) const override;
   std::unique_ptr<Classifier> classifier(Backend& backend, ParamRef wte) const override;
   std::unique_ptr<TokenExchange> token_exchange() const override;
+  std::unique_ptr<NormLayer> norm(Backend& backend, bool layernorm, float eps, ParamRef weight,
+                                  ParamRef bias) const override;
+  int sequence_shards() const override;
   std::unique_ptr<Attention> attention(Backend& backend, const AttentionSettings& settings,
                                        const AttentionWeights& weights, int slots, int rows, float* dqkv,
                                        float* datt) const override;
-  // The bytes of the context-parallel attention's shared buffers (grown at the first step); 0 at cp 1.
+  // The bytes of the context-parallel attention's and sequence parallelism's shared buffers.
   size_t scratch_bytes() const;
 
  private:
   Comm &tp_, &ep_, &cp_;
   ContextComm cp_comm_;
-  std::shared_ptr<ContextScratch> context_;  // shared by the layers
+  std::shared_ptr<ContextScratch> context_;    // shared by the layers
+  std::shared_ptr<SequenceScratch> sequence_;  // null without sequence parallelism
 };
 
 }  // namespace forge::trainer
