@@ -5,7 +5,9 @@
 #   - at 8K positions, cp1 on one rank against cp2 on two (ring attention): tokens/s against twice cp1's
 #     (goal >= 0.85), the ring's exposed time as a fraction of the step (goal <= 10%), activation memory per
 #     rank against cp1's (goal <= 0.55x), bytes per step against the analytic count; and cp2 with a2a;
-#   - selective recompute at 8K on cp1: activation memory and step time against keeping the activations;
+#   - selective and full recompute at 8K on cp1: activation memory and step time against keeping them;
+#   - sequence parallelism at tp2 (SP_SEQ positions, default 4096): activation memory per rank and tokens/s
+#     against tp2 without it (goal <= 0.6x the memory);
 #   - at 32K positions, under a memory cap halfway between cp1's and cp2's plans: forge-train --plan refuses
 #     cp1 (exit 64, naming what would fit) and accepts cp2, which then trains within it (peak RSS per rank).
 #   bench/context.sh [BUILD_DIR]   (targets bench_parallel and forge-train)
@@ -49,15 +51,32 @@ print(f"cp2 a2a tokens/s / (2 x cp1): {a2a['tokens_per_s'] / (2 * one['tokens_pe
       f"{a2a['activation_mib_per_rank'] / one['activation_mib_per_rank']:.3f}")
 PY
 
-echo "# selective recompute (model.recompute = selective), cp1 at 8K: activation memory and step time"
+echo "# activation recompute (model.recompute = selective, full), cp1 at 8K: activation memory and step time"
 re=$(run 1 8192 $((2 + ${STEPS:-3})) --model.recompute=selective)
 echo "$re"
-python3 - "$cp1" "$re" <<'PY'
+full=$(run 1 8192 $((2 + ${STEPS:-3})) --model.recompute=full)
+echo "$full"
+python3 - "$cp1" "$re" "$full" <<'PY'
 import json, sys
-kept, re = (json.loads(a) for a in sys.argv[1:])
-print(f"selective / none: activations {re['activation_mib_per_rank'] / kept['activation_mib_per_rank']:.3f} "
-      f"({re['activation_mib_per_rank']:.1f} / {kept['activation_mib_per_rank']:.1f} MiB; goal <= 0.60), step time "
-      f"{re['step_ms'] / kept['step_ms']:.3f} (goal <= 1.05)")
+kept, re, full = (json.loads(a) for a in sys.argv[1:])
+for name, r, goal in (("selective", re, "(goals <= 0.60, <= 1.05)"), ("full", full, "")):
+    print(f"{name} / none: activations {r['activation_mib_per_rank'] / kept['activation_mib_per_rank']:.3f} "
+          f"({r['activation_mib_per_rank']:.1f} / {kept['activation_mib_per_rank']:.1f} MiB), step time "
+          f"{r['step_ms'] / kept['step_ms']:.3f} {goal}")
+PY
+
+echo "# sequence parallelism (parallel.sequence_parallel), tp2 at ${SP_SEQ:-4096}: activation memory and step time"
+tp2=$(run 2 "${SP_SEQ:-4096}" $((2 + ${STEPS:-3})) --parallel.tp=2)
+echo "$tp2"
+sp=$(run 2 "${SP_SEQ:-4096}" $((2 + ${STEPS:-3})) --parallel.tp=2 --parallel.sequence_parallel=true)
+echo "$sp"
+python3 - "$tp2" "$sp" <<'PY'
+import json, sys
+tp2, sp = (json.loads(a) for a in sys.argv[1:])
+print(f"tp2 with / without: activations {sp['activation_mib_per_rank'] / tp2['activation_mib_per_rank']:.3f} "
+      f"({sp['activation_mib_per_rank']:.1f} / {tp2['activation_mib_per_rank']:.1f} MiB; goal <= 0.60), peak RSS "
+      f"{sp['peak_rss_mib_per_rank']:.0f} / {tp2['peak_rss_mib_per_rank']:.0f} MiB, tokens/s "
+      f"{sp['tokens_per_s'] / tp2['tokens_per_s']:.3f}")
 PY
 
 echo "# 32K positions under a memory cap"

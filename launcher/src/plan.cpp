@@ -95,7 +95,7 @@ std::string_view family_ffn(const T::ModelSpec& m) {
 }  // namespace
 
 size_t activation_bytes(const T::ModelSpec& m, const T::ModelSlice& slice, int batch, T::DType dtype,
-                        int slots, int recompute_every, int sequence_shards) {
+                        int slots, const T::Recompute& recompute, int sequence_shards) {
   const int last = slice.last_layer < 0 ? m.layers : slice.last_layer;
   const int tp = slice.tp_size;
   const bool swiglu = m.activation == T::Activation::kSwiglu;
@@ -117,21 +117,24 @@ size_t activation_bytes(const T::ModelSpec& m, const T::ModelSlice& slice, int b
   // Slots: the residual stream (L + 1) x [R, C] and its gradient [R, C]; the head's lnf, its statistics
   // and the classifier's gradient.
   n += S * ((L + 1) * RC + RC + (slice.head ? 2 * RC + stats : 0)) * kF32;
-  bool any_recomputed = false;
+  bool any_selective = false, any_full = false;
   for (int l = slice.first_layer; l < last; ++l) {
-    const bool recomputed = recompute_every > 0 && l % recompute_every == 0;
-    any_recomputed = any_recomputed || recomputed;
-    // Block::Acts per slot: res_mid [R, C] and two norms' statistics (FP32), ln1 and ln2 outputs.
-    n += S * ((RC + 2 * stats) * kF32 + 2 * RC * act);
-    // Attention::Acts per slot: qkv, att (unless recomputed), lse [N, heads]; qk-norm's saved inputs and
-    // 1 / rms.
-    n += S * (N * qkv_width * act + (recomputed ? 0 : N * q_width * act) + N * heads * kF32);
-    if (m.qk_norm) n += S * (N * (heads + kv) * hd + N * (heads + kv)) * kF32;
-    n += m.moe_block(l) ? moe_bytes(m, tp, N, act, S)
-                        : dense_mlp_bytes(m, m.ffn_hidden, tp, N, act, S, recomputed);
+    const bool selective = recompute.selective(l), full = recompute.full(l);
+    any_selective = any_selective || selective;
+    // A fully recomputed block keeps nothing per slot: the first one holds the one set all of them share.
+    const size_t sets = full ? (any_full ? 0 : 1) : S;
+    any_full = any_full || full;
+    // Block::Acts per set: res_mid [R, C] and two norms' statistics (FP32), ln1 and ln2 outputs.
+    n += sets * ((RC + 2 * stats) * kF32 + 2 * RC * act);
+    // Attention::Acts per set: qkv, att (unless selectively recomputed), lse [N, heads]; qk-norm's saved
+    // inputs and 1 / rms.
+    n += sets * (N * qkv_width * act + (selective ? 0 : N * q_width * act) + N * heads * kF32);
+    if (m.qk_norm) n += sets * (N * (heads + kv) * hd + N * (heads + kv)) * kF32;
+    n += m.moe_block(l) ? moe_bytes(m, tp, N, act, sets)
+                        : dense_mlp_bytes(m, m.ffn_hidden, tp, N, act, sets, selective);
   }
   // Selective recompute's shared buffers (GPT::Workspace): the attention output, SwiGLU's activation.
-  if (any_recomputed)
+  if (any_selective)
     n += N * q_width * act + (swiglu && m.dense_blocks() ? N * size_t(m.ffn_hidden / tp) * act : 0);
   return n;
 }
@@ -207,8 +210,7 @@ Plan make_plan(const T::TrainSpec& validated) {
     st.grad_shard = owned * kF32;
     st.optimizer = 2 * (spec.parallel.zero == 1 ? owned : flat) * kF32;
     const int shards = spec.parallel.sequence_parallel ? lay.tp : 1;
-    st.activations =
-        activation_bytes(local, slice, spec.batch, spec.dtype, st.slots, spec.recompute_every, shards);
+    st.activations = activation_bytes(local, slice, spec.batch, spec.dtype, st.slots, spec.recompute, shards);
     if (shards > 1) {  // SequenceScratch (tensor_parallel.cpp): gathered and whole rows; norm partials
       const size_t chunks = (N / size_t(shards) + T::kNormChunkRows - 1) / T::kNormChunkRows;
       st.activations +=

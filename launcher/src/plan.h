@@ -26,13 +26,14 @@ namespace forge::launcher {
 
 // The bytes GPT's constructor allocates for activations and scratch (what GPT::activation_bytes() reports
 // right after construction) for `slice` of `model`, micro-batches of `batch` sequences, `slots` of them in
-// flight, storing activations as `dtype` says, with selective recompute in every `recompute_every`-th block
-// (0: none), the residual stream cut into `sequence_shards` (sequence parallelism). Mirrors
+// flight, storing activations as `dtype` says, with `recompute` (model.h), the residual stream cut into
+// `sequence_shards` (sequence parallelism). Mirrors
 // trainer/src/model.cpp, attention.cpp and moe.cpp
 // (MoE buffers sized for balanced routing, as the layer sizes them at first); test/launcher/plan_test.cpp
 // holds it to real models.
 size_t activation_bytes(const trainer::ModelSpec& model, const trainer::ModelSlice& slice, int batch,
-                        trainer::DType dtype, int slots, int recompute_every = 0, int sequence_shards = 1);
+                        trainer::DType dtype, int slots, const trainer::Recompute& recompute = {},
+                        int sequence_shards = 1);
 
 // One pipeline stage's ranks: each holds this.
 struct StagePlan {

@@ -57,25 +57,30 @@ mpi 8 --run.dir="$work/x" "${common[@]}" --run.steps=8 --data.batch=1 --parallel
 grep -q "verification loss .* matches" "$work/x2.log" || fail "the resume on cp4 skipped the verification step"
 compare "$work/ref" "$work/x" 5
 
-# Selective recompute on cp2: the same losses bit for bit, and a plan with less activation memory.
-mpi 2 --run.dir="$work/re" "${common[@]}" --run.steps=8 --data.batch=2 --parallel.cp=2 --model.recompute=selective \
-  2>"$work/re.log" || fail "cp2 with selective recompute failed: $(tail -n3 "$work/re.log")"
-for r in none selective; do
+# Selective and full recompute on cp2: the same losses bit for bit, and plans with less activation memory.
+for r in selective full; do
+  mpi 2 --run.dir="$work/re-$r" "${common[@]}" --run.steps=8 --data.batch=2 --parallel.cp=2 --model.recompute=$r \
+    2>"$work/re-$r.log" || fail "cp2 with $r recompute failed: $(tail -n3 "$work/re-$r.log")"
+done
+for r in none selective full; do
   "$train" "$src/configs/tiny.ini" "${common[@]}" --data.batch=2 --parallel.cp=2 --model.recompute=$r --plan --json \
     >"$work/plan-$r.json" || fail "--plan with model.recompute = $r failed"
 done
-python3 - "$work" <<'PY' || fail "selective recompute changed the losses or saved no memory"
+python3 - "$work" <<'PY' || fail "recompute changed the losses or saved no memory"
 import json, sys
 work = sys.argv[1]
 def losses(run): return [r["loss"] for r in map(json.loads, open(f"{work}/{run}/metrics/rank-0.jsonl"))]
-assert losses("cp2") == losses("re"), (losses("cp2"), losses("re"))
-act = {r: json.load(open(f"{work}/plan-{r}.json"))["stages"][0]["bytes"]["activations"] for r in ("none", "selective")}
-assert act["selective"] < act["none"], act
-print(f"selective recompute: losses bit for bit, planned activations {act['selective']} bytes instead of {act['none']}")
+act = {r: json.load(open(f"{work}/plan-{r}.json"))["stages"][0]["bytes"]["activations"] for r in ("none", "selective", "full")}
+for r in ("selective", "full"):
+    assert losses("cp2") == losses(f"re-{r}"), (r, losses("cp2"), losses(f"re-{r}"))
+    print(f"{r} recompute: losses bit for bit, planned activations {act[r]} bytes instead of {act['none']}")
+assert act["full"] < act["selective"] < act["none"], act
 PY
-mpi 2 --run.dir="$work/bad0" "${common[@]}" --model.recompute=full >/dev/null 2>"$work/bad0.log"
-[ $? -eq 64 ] || fail "model.recompute = full: want exit 64"
-grep -q "model.recompute" "$work/bad0.log" || fail "recompute message: $(grep -i error "$work/bad0.log" | head -1)"
+"$train" "$src/configs/families/mixtral.ini" --run.dir="$work/bad0" --model.recompute=full >/dev/null \
+  2>"$work/bad0.log"
+[ $? -eq 64 ] || fail "model.recompute = full with MoE: want exit 64"
+grep -q "model.recompute.*model.ffn = moe" "$work/bad0.log" ||
+  fail "recompute message: $(grep -i error "$work/bad0.log" | head -1)"
 
 # Bad input: exit 64 with one line naming the key.
 mpi 3 --run.dir="$work/bad1" "${common[@]}" --parallel.cp=3 >/dev/null 2>"$work/bad1.log"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sequence parallelism through forge-train on MPI ranks: with parallel.sequence_parallel the residual stream
 # is cut over tp, and every run reproduces the same layout without it bit for bit — losses, gradient norms
-# and the checkpoint's weights and moments: a GQA + RoPE Llama at tp2 (also with selective recompute),
-# GPT-2 (LayerNorm with biases, learned positions) at tp2, tp2 x pp2 with two micro-batches, tp2 x cp2, and
+# and the checkpoint's weights and moments: a GQA + RoPE Llama at tp2 (also with selective and with full
+# recompute), GPT-2 (LayerNorm with biases, learned positions) at tp2, tp2 x pp2 with two micro-batches, tp2 x cp2, and
 # Qwen3 (qk-norm) at tp4. A run saved with it resumes without it and continues the curve exactly; the plan
 # shows the activations it saves; bad settings exit 64 naming the key.
 # Usage: sequence_parallel_test.sh FORGE_TRAIN SOURCE_DIR MPIEXEC
@@ -48,6 +48,8 @@ run llama-re 2 "${llama[@]}" --parallel.tp=2 --model.recompute=selective
 run llama-sp-re 2 "${llama[@]}" --parallel.tp=2 --model.recompute=selective --parallel.sequence_parallel=true
 identical llama llama-re
 identical llama llama-sp-re
+run llama-sp-full 2 "${llama[@]}" --parallel.tp=2 --model.recompute=full --parallel.sequence_parallel=true
+identical llama llama-sp-full
 run gpt2 2 --model.family=gpt2 --parallel.tp=2
 run gpt2-sp 2 --model.family=gpt2 --parallel.tp=2 --parallel.sequence_parallel=true
 identical gpt2 gpt2-sp

@@ -327,13 +327,15 @@ TEST_CASE("a batch in next-token form trains bit for bit as its explicit targets
       Catch::Contains("sample 41 (row 1, position 23): target id 64 is outside the vocabulary"));
 }
 
-// Selective recompute (model.recompute): the attention's output and SwiGLU's activation computed again in
-// the backward give the same loss and gradients, bit for bit, in less activation memory: with two
+// Activation recompute (model.recompute): selective (the attention's output and SwiGLU's activation
+// computed again in the backward) and full (each recomputed block's forward run again from its input before
+// its backward) give the same loss and gradients, bit for bit, in less activation memory: with two
 // micro-batches in flight (the second's forward overwrites the shared buffers before the first's backward),
 // every block or every second one, for a grouped-query Llama with packed documents, a sliding-window
-// Mistral, GPT-2 (GELU: only the attention's output) and a Mixtral whose experts keep theirs.
-TEST_CASE("selective recompute trains bit for bit as keeping the activations, in less memory",
-          "[trainer][model]") {
+// Mistral, GPT-2 (GELU, LayerNorm) and a Mixtral whose experts keep theirs (selective only: full recompute
+// of an MoE block is refused).
+TEST_CASE("recompute trains bit for bit as keeping the activations, in less memory", "[trainer][model]") {
+  using Kind = forge::trainer::Recompute::Kind;
   const std::vector<std::vector<std::string>> families = {
       {"--model.family=llama", "--model.kv_heads=2", "--model.ffn_hidden=64"},
       {"--model.family=mistral", "--model.kv_heads=2", "--model.ffn_hidden=64", "--model.window=7"},
@@ -359,8 +361,8 @@ TEST_CASE("selective recompute trains bit for bit as keeping the activations, in
       std::vector<float> grads;
       size_t activations;
     };
-    const auto run = [&](int every) {
-      GPT m(cfg, {.batch = rows, .slots = 2, .recompute_every = every});
+    const auto run = [&](Kind kind, int every) {
+      GPT m(cfg, {.batch = rows, .slots = 2, .recompute = {kind, every}});
       m.init(3);
       m.zero_grad();
       Run r;
@@ -370,14 +372,24 @@ TEST_CASE("selective recompute trains bit for bit as keeping the activations, in
       r.activations = m.activation_bytes();
       return r;
     };
-    const Run kept = run(0), every = run(1), second = run(2);
-    for (const Run* r : {&every, &second}) {
-      CHECK(r->loss[0] == kept.loss[0]);
-      CHECK(r->loss[1] == kept.loss[1]);
-      CHECK(r->grads == kept.grads);
-    }
+    const Run kept = run(Kind::kNone, 1), every = run(Kind::kSelective, 1), second = run(Kind::kSelective, 2);
     CHECK(every.activations < second.activations);
     CHECK(second.activations < kept.activations);
+    std::vector<Run> runs = {every, second};
+    if (cfg.ffn == forge::trainer::Ffn::kMoe) {
+      CHECK_THROWS_AS(run(Kind::kFull, 1), std::invalid_argument);
+    } else {
+      runs.push_back(run(Kind::kFull, 1));
+      runs.push_back(run(Kind::kFull, 2));
+      CHECK(runs[2].activations < runs[3].activations);
+      CHECK(runs[3].activations < kept.activations);
+      CHECK(runs[2].activations < every.activations);
+    }
+    for (const Run& r : runs) {
+      CHECK(r.loss[0] == kept.loss[0]);
+      CHECK(r.loss[1] == kept.loss[1]);
+      CHECK(r.grads == kept.grads);
+    }
   }
 }
 

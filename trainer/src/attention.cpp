@@ -25,7 +25,9 @@ Attention::Attention(Backend& backend, const AttentionSettings& settings, std::u
     inv_freq_ = backend.alloc<float>(f.size());
     backend.copy_from_host(inv_freq_.data(), f.data(), f.size() * sizeof(float));
   }
-  for (int i = 0; i < slots; ++i) {
+  // Under full recompute only the first recomputed layer holds the (one) set.
+  const int sets = settings_.recompute_full ? (settings_.activations_of == nullptr ? 1 : 0) : slots;
+  for (int i = 0; i < sets; ++i) {
     Acts a;
     a.qkv = ActBuffer(backend, N * size_t(s.qkv_width()), settings_.bf16);
     if (settings_.recompute_out == nullptr)
@@ -47,8 +49,13 @@ size_t Attention::activation_bytes() const {
   return n;
 }
 
+Attention::Acts& Attention::acts(int slot) {
+  if (!settings_.recompute_full) return acts_[size_t(slot)];
+  return settings_.activations_of != nullptr ? settings_.activations_of->acts_.at(0) : acts_.at(0);
+}
+
 void Attention::project(int slot, ConstAct in, Act qkv, const int32_t* positions, int rows, int T) {
-  Acts& a = acts_[size_t(slot)];
+  Acts& a = acts(slot);
   qkv_->forward(qkv, in, rows);
   if (settings_.qk_norm)
     backend_.head_rmsnorm_forward(qkv, a.qk_saved.data(), a.qk_rstd.data(), q_norm_.value, k_norm_.value,
@@ -59,25 +66,25 @@ void Attention::project(int slot, ConstAct in, Act qkv, const int32_t* positions
 }
 
 Act Attention::output(int slot) {
-  return settings_.recompute_out != nullptr ? settings_.recompute_out->at() : acts_[size_t(slot)].att.at();
+  return settings_.recompute_out != nullptr ? settings_.recompute_out->at() : acts(slot).att.at();
 }
 
 void Attention::forward(int slot, ConstAct in, float* out, const DeviceBatch& batch, int B, int T) {
-  Acts& a = acts_[size_t(slot)];
+  Acts& a = acts(slot);
   project(slot, in, a.qkv.at(), batch.positions, B * T, T);
-  attend_forward(slot, output(slot), a.lse.data(), a.qkv.at(), batch, B, T);
+  attend_forward(own_slot(slot), output(slot), a.lse.data(), a.qkv.at(), batch, B, T);
   proj_->forward(out, output(slot), B * T);
 }
 
 void Attention::backward(int slot, ConstAct in, const float* dout, float* din, const DeviceBatch& batch,
                          int B, int T) {
-  Acts& a = acts_[size_t(slot)];
+  Acts& a = acts(slot);
   const int N = B * T;
   // Recomputed: the same kernel on the same q, k, v gives the forward's output (and lse) bit for bit.
   if (settings_.recompute_out != nullptr)
-    attend_forward(slot, output(slot), a.lse.data(), a.qkv.at(), batch, B, T);
+    attend_forward(own_slot(slot), output(slot), a.lse.data(), a.qkv.at(), batch, B, T);
   proj_->backward(datt_, dout, output(slot), N);
-  attend_backward(slot, dqkv_, datt_, a.qkv.at(), output(slot), a.lse.data(), batch, B, T);
+  attend_backward(own_slot(slot), dqkv_, datt_, a.qkv.at(), output(slot), a.lse.data(), batch, B, T);
   // The gradients of the rotated q and k turn back (the rotation is orthogonal), then through the norm.
   if (settings_.rotary)
     backend_.rope(dqkv_, batch.positions, inv_freq_.data(), settings_.rope.magnitude, N, T, settings_.shape,
@@ -90,7 +97,7 @@ void Attention::backward(int slot, ConstAct in, const float* dout, float* din, c
 
 void Attention::decode(ConstAct in, float* out, float* k_cache, float* v_cache, const int32_t* seq,
                        const int32_t* pos, int rows, int max_len) {
-  Acts& a = acts_[0];
+  Acts& a = acts(0);
   project(0, in, a.qkv.at(), pos, rows, max_len);
   backend_.attention_decode(output(0), a.qkv.at(), k_cache, v_cache, seq, pos, rows, max_len,
                             settings_.shape);

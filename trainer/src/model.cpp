@@ -24,16 +24,22 @@ class DenseMLP final : public FeedForward {
  public:
   // recompute_act (SwiGLU only): selective recompute's shared buffer for silu(gate) x up, which is then
   // not kept per micro-batch but computed again from the kept gate and up in the backward; null: kept.
+  // recompute_full: one activation set every micro-batch uses, that of activations_of, the first such
+  // layer, which every fully recomputed block shares (null: this is it; AttentionSettings::recompute_full).
   DenseMLP(Backend& backend, std::unique_ptr<Linear> fc, std::unique_ptr<Linear> proj, bool swiglu, int slots,
-           int rows, bool bf16, float* dfc, ActBuffer* recompute_act = nullptr)
+           int rows, bool bf16, float* dfc, ActBuffer* recompute_act = nullptr, bool recompute_full = false,
+           DenseMLP* activations_of = nullptr)
       : backend_(backend),
         fc_(std::move(fc)),
         proj_(std::move(proj)),
         swiglu_(swiglu),
         dfc_(dfc),
-        recompute_act_(swiglu ? recompute_act : nullptr) {
+        recompute_act_(swiglu ? recompute_act : nullptr),
+        full_(recompute_full),
+        holder_(recompute_full && activations_of != nullptr ? activations_of : this) {
     const size_t pre = size_t(rows) * size_t(fc_->out_features()), act = swiglu ? pre / 2 : pre;
-    for (int s = 0; s < slots; ++s) {
+    const int sets = full_ ? (holder_ == this ? 1 : 0) : slots;
+    for (int s = 0; s < sets; ++s) {
       pre_.emplace_back(backend, pre, bf16);
       act_.emplace_back(recompute_act_ != nullptr ? ActBuffer() : ActBuffer(backend, act, bf16));
     }
@@ -41,26 +47,28 @@ class DenseMLP final : public FeedForward {
   // The width of the activation between the products.
   int hidden() const { return swiglu_ ? fc_->out_features() / 2 : fc_->out_features(); }
   void forward(int slot, ConstAct in, float* out, int rows) override {
-    Act act = activation(slot), pre = pre_[size_t(slot)].at();
+    forward_kept(slot, in, rows);
+    proj_->forward(out, activation(slot), rows);
+  }
+  void forward_kept(int slot, ConstAct in, int rows) override {
+    const Act act = activation(slot), pre = kept(slot);
     if (swiglu_) {
       fc_->forward(pre, in, rows);
       backend_.swiglu_forward(act, pre, rows, hidden());
     } else {
       fc_->forward_gelu(act, pre, in, rows);
     }
-    proj_->forward(out, act, rows);
   }
   void backward(int slot, ConstAct in, const float* dout, float* din, int rows) override {
-    const ConstAct pre = pre_[size_t(slot)].at();
+    const ConstAct pre = kept(slot);
     if (swiglu_) {
       // dL/d(act) after the first rows x hidden values of the scratch, dL/d(gate | up) into its start.
       float* dact = dfc_ + size_t(rows) * size_t(fc_->out_features());
-      if (recompute_act_ != nullptr)
-        backend_.swiglu_forward(activation(slot), pre_[size_t(slot)].at(), rows, hidden());
+      if (recompute_act_ != nullptr) backend_.swiglu_forward(activation(slot), kept(slot), rows, hidden());
       proj_->backward(dact, dout, activation(slot), rows);
       backend_.swiglu_backward(dfc_, dact, pre, rows, hidden());
     } else {
-      proj_->backward(dfc_, dout, act_[size_t(slot)].at(), rows);
+      proj_->backward(dfc_, dout, activation(slot), rows);
       backend_.gelu_backward(dfc_, pre, rows, fc_->out_features());
     }
     fc_->backward(din, dfc_, in, rows);
@@ -77,8 +85,10 @@ class DenseMLP final : public FeedForward {
   }
 
  private:
+  size_t set(int slot) const { return full_ ? 0 : size_t(slot); }
+  Act kept(int slot) { return holder_->pre_[set(slot)].at(); }  // the first product's output
   Act activation(int slot) {
-    return recompute_act_ != nullptr ? recompute_act_->at() : act_[size_t(slot)].at();
+    return recompute_act_ != nullptr ? recompute_act_->at() : holder_->act_[set(slot)].at();
   }
 
   Backend& backend_;
@@ -86,6 +96,8 @@ class DenseMLP final : public FeedForward {
   bool swiglu_;
   float* dfc_;
   ActBuffer* recompute_act_;
+  bool full_;
+  DenseMLP* holder_;                  // whose sets pre_ and act_ this layer uses
   std::vector<ActBuffer> pre_, act_;  // per slot: the first product's output and the activation's
 };
 
@@ -163,6 +175,14 @@ class SharedExpertMoe final : public FeedForward {
   Buffer<int32_t> identity_;
 };
 
+}  // namespace
+
+void FeedForward::forward_kept(int, ConstAct, int) {
+  throw std::logic_error("FeedForward: this layer cannot run its forward again (full recompute)");
+}
+
+namespace {
+
 // First position of each position's document: what attention needs of the segment ids.
 void document_starts(const MicroBatch& b, std::vector<int32_t>& out) {
   out.resize(b.size());
@@ -196,8 +216,11 @@ struct GPT::Block {
     Buffer<float> ln1_stats, ln2_stats;  // the norms' statistics per row
     ActBuffer ln1, ln2;                  // the norms' outputs: BF16 in BF16 mode
   };
-  std::vector<Acts> acts;
+  std::vector<Acts> acts;  // per slot; under full recompute the first recomputed block's one set
+  Acts* shared = nullptr;  // full recompute: that set, used by every recomputed block and micro-batch
+  bool recompute_full = false;
 
+  Acts& at(int slot) { return shared != nullptr ? *shared : acts[size_t(slot)]; }
   size_t bytes() const {
     size_t n = ffn->activation_bytes() + attn->activation_bytes();
     for (const Acts& a : acts) {
@@ -246,6 +269,8 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
   params_ = parameter_table(config_, slice_, std::max<size_t>(flat_multiple, 1));
   if (batch < 1) throw std::invalid_argument("GPT: batch must be >= 1");
   if (slots < 1) throw std::invalid_argument("GPT: slots must be >= 1");
+  if (setup.recompute.kind == Recompute::Kind::kFull && config.ffn == Ffn::kMoe)
+    throw std::invalid_argument("GPT: full recompute of MoE blocks (their routing would count twice)");
   const int tps = slice_.tp_size;
   if (config.heads % tps != 0 || (config.kv_heads % tps != 0 && tps % config.kv_heads != 0))
     throw std::invalid_argument(
@@ -300,19 +325,23 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
     return layers.norm(backend, layernorm, config.norm_eps, ref(name + ".weight"),
                        layernorm ? ref(name + ".bias") : ParamRef{});
   };
-  const auto dense = [&](const std::string& name, bool recompute = false) {
+  // Full recompute: the first recomputed block's layers hold the one activation set the others use.
+  const Recompute& recompute = setup.recompute;
+  Block* first_full = nullptr;
+  DenseMLP* first_full_mlp = nullptr;
+  // Block l's dense MLP; l = -1: an MoE block's shared expert, never recomputed.
+  const auto dense = [&](const std::string& name, int l) {
     const std::string fc = swiglu ? "gate_up" : "fc", proj = swiglu ? "down" : "proj";
     return std::make_unique<DenseMLP>(
         backend, layers.linear(backend, ref(name + fc + ".weight"), optional_ref(name + fc + ".bias"), false),
         layers.linear(backend, ref(name + proj + ".weight"), optional_ref(name + proj + ".bias"), false),
-        swiglu, slots, int(N), bf16, w.dfc.data(), recompute ? &w.recompute_act : nullptr);
+        swiglu, slots, int(N), bf16, w.dfc.data(), recompute.selective(l) ? &w.recompute_act : nullptr,
+        recompute.full(l), first_full_mlp);
   };
-  // Selective recompute: the blocks whose index divides by recompute_every share one output buffer for
-  // their attention and one for their SwiGLU activation (block indices are the whole model's, so every
-  // pipeline stage agrees).
-  const auto recomputed = [&](int l) { return setup.recompute_every > 0 && l % setup.recompute_every == 0; };
+  // Selective recompute: the recomputed blocks share one output buffer for their attention and one for
+  // their SwiGLU activation.
   for (int l = slice_.first_layer; l < slice_.last_layer; ++l)
-    if (recomputed(l)) {
+    if (recompute.selective(l)) {
       w.recompute_att = ActBuffer(backend, N * size_t(attention.shape.q_width()), bf16);
       if (swiglu && config.dense_blocks())
         w.recompute_act = ActBuffer(backend, N * size_t(config.ffn_hidden / tps), bf16);
@@ -336,8 +365,11 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
     aw.proj = ref(b + "attn.proj.weight");
     aw.proj_bias = optional_ref(b + "attn.proj.bias");
     AttentionSettings settings = attention;
-    if (recomputed(l)) settings.recompute_out = &w.recompute_att;
-    block->attn = layers.attention(backend, settings, aw, slots, int(N), w.dqkv.data(), w.datt.data());
+    if (recompute.selective(l)) settings.recompute_out = &w.recompute_att;
+    block->recompute_full = settings.recompute_full = recompute.full(l);
+    if (first_full != nullptr) settings.activations_of = first_full->attn.get();
+    block->attn = layers.attention(backend, settings, aw, settings.recompute_full ? 1 : slots, int(N),
+                                   w.dqkv.data(), w.datt.data());
     if (config.moe_block(l)) {
       MoeSettings moe{config.experts,         config.top_k,         config.capacity_factor,
                       config.router_aux_coef, config.router_z_coef, bf16};
@@ -352,15 +384,18 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
           optional_ref(b + proj + ".bias"), layers.token_exchange(), slots, int(N));
       moe_layers_.push_back(layer.get());
       if (config.shared_expert_hidden > 0)
-        block->ffn = std::make_unique<SharedExpertMoe>(backend, std::move(layer), dense(b + "moe.shared."),
+        block->ffn = std::make_unique<SharedExpertMoe>(backend, std::move(layer), dense(b + "moe.shared.", -1),
                                                        ref(b + "moe.shared_gate.weight"), slots, int(N),
                                                        config.d_model);
       else
         block->ffn = std::move(layer);
     } else {
-      block->ffn = dense(b + "mlp.", recomputed(l));
+      auto mlp = dense(b + "mlp.", l);
+      if (block->recompute_full && first_full_mlp == nullptr) first_full_mlp = mlp.get();
+      block->ffn = std::move(mlp);
     }
-    for (int s = 0; s < slots; ++s) {
+    const bool holds = !block->recompute_full || first_full == nullptr;
+    for (int s = 0; s < (block->recompute_full ? int(holds) : slots); ++s) {
       Block::Acts a;
       a.res_mid = backend.alloc<float>(R * C);
       a.ln1_stats = backend.alloc<float>(stats);
@@ -368,6 +403,10 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
       a.ln1 = ActBuffer(backend, R * C, bf16);
       a.ln2 = ActBuffer(backend, R * C, bf16);
       block->acts.push_back(std::move(a));
+    }
+    if (block->recompute_full) {
+      if (first_full == nullptr) first_full = block.get();
+      block->shared = &first_full->acts[0];
     }
     blocks_.push_back(std::move(block));
   }
@@ -558,7 +597,7 @@ void GPT::run_blocks(int slot, int N, const std::function<void(int, ConstAct, fl
   for (int l = 0; l < L; ++l) {
     TraceSpan span("forward block", "compute", slice_.first_layer + l);
     Block& k = *blocks_[size_t(l)];
-    Block::Acts& a = k.acts[size_t(slot)];
+    Block::Acts& a = k.at(slot);
     float* x = s.res.data() + l * NC;
     need(l);
     if (l == 0) k.ln1->forward(a.ln1.at(), a.ln1_stats.data(), x, R, C);
@@ -572,7 +611,7 @@ void GPT::run_blocks(int slot, int N, const std::function<void(int, ConstAct, fl
       const bool last = l + 1 == L;
       need(l + 1);  // its norm: the next block's, or the final one (layer config.layers)
       Block* next = last ? nullptr : blocks_[size_t(l) + 1].get();
-      Block::Acts* na = last ? nullptr : &next->acts[size_t(slot)];
+      Block::Acts* na = last ? nullptr : &next->at(slot);
       const Act ln_next = last ? Act(s.lnf.data()) : na->ln1.at();
       float* stats_next = last ? s.lnf_stats.data() : na->ln1_stats.data();
       (last ? *lnf_ : *next->ln1)
@@ -617,8 +656,19 @@ void GPT::backward(int slot, const float* d_output, const std::function<void(int
   for (int l = L - 1; l >= 0; --l) {
     TraceSpan span("backward block", "compute", slice_.first_layer + l);
     Block& k = *blocks_[size_t(l)];
-    Block::Acts& a = k.acts[size_t(slot)];
+    Block::Acts& a = k.at(slot);
     const float* x = s.res.data() + l * NC;
+    if (k.recompute_full) {
+      // The block's forward again from its input, into the shared set: what its backward reads. ln1 is
+      // computed here on its own; the forward fused it with the previous block's residual add (the same
+      // arithmetic). The FFN's output, which the backward does not read, is not formed.
+      TraceSpan again("recompute block", "compute", slice_.first_layer + l);
+      k.ln1->forward(a.ln1.at(), a.ln1_stats.data(), x, R, C);
+      k.attn->forward(slot, a.ln1.at(), w.delta.data(), s.batch, B, T);
+      k.ln2->residual_forward(a.res_mid.data(), a.ln2.at(), a.ln2_stats.data(), x, w.delta.data(),
+                              k.attn->output_bias(), R, C);
+      k.ffn->forward_kept(slot, a.ln2.at(), N);
+    }
     // dres = dL/d(block output) = dL/d(FFN output): FFN backward, then its norm.
     k.ffn->backward(slot, a.ln2.at(), dres, w.dln.data(), N);
     k.ln2->backward(dres, w.dln.data(), a.res_mid.data(), a.ln2_stats.data(), R, C);

@@ -26,7 +26,8 @@ void add_trainer_keys(ConfigSchema& s) {
       .add<int>("run.threads", 0, "CPU threads (0: SLURM_CPUS_PER_TASK, else all cores)")
       .add_choice("model.recompute", "none", {"none", "selective", "full"},
                   "activation recompute: selective computes each block's attention output and SwiGLU "
-                  "activation again in the backward instead of keeping them (the same numbers, less memory)")
+                  "activation again in the backward instead of keeping them; full keeps only each block's "
+                  "input and runs its forward again before its backward (the same numbers, less memory)")
       .add<int>("model.recompute_every", 1,
                 "model.recompute in every n-th block (those whose index divides by n)")
       .add_choice("run.objective", "lm", {"lm", "sft", "dpo", "distill"},
@@ -535,11 +536,15 @@ TrainSpec train_spec(const Config& c) {
   s.trace = trace_steps(c, s.steps);
   s.model = model_spec(c);
   const std::string recompute = c.get<std::string>("model.recompute");
-  if (recompute == "full")
-    c.reject("model.recompute", "full recompute is not implemented yet: use selective (or none)");
-  const int every = c.get<int>("model.recompute_every");
-  if (every < 1) c.reject("model.recompute_every", "must be >= 1");
-  s.recompute_every = recompute == "selective" ? every : 0;
+  s.recompute.kind = recompute == "full"        ? Recompute::Kind::kFull
+                     : recompute == "selective" ? Recompute::Kind::kSelective
+                                                : Recompute::Kind::kNone;
+  s.recompute.every = c.get<int>("model.recompute_every");
+  if (s.recompute.every < 1) c.reject("model.recompute_every", "must be >= 1");
+  if (s.recompute.kind == Recompute::Kind::kFull && s.model.ffn == Ffn::kMoe)
+    c.reject("model.recompute",
+             "full recompute would route an MoE block's tokens twice (its router statistics and "
+             "capacity drops would count again): use selective with model.ffn = moe");
   s.optim = optim_config(c);
   s.dataset = c.get<std::string>("data.dataset");
   s.batch = positive<int>(c, "data.batch");

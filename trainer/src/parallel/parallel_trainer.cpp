@@ -134,7 +134,7 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups, B
                                                    .layers = plan_.get(),
                                                    .flat_multiple = dp,
                                                    .loss = loss_,
-                                                   .recompute_every = spec.recompute_every});
+                                                   .recompute = spec.recompute});
   model_->init(spec.seed);
   if (const int replicas = std::max(1, lay.tp / spec.model.kv_heads); replicas > 1) {
     kv_ = groups.tp->split(groups.tp_rank / replicas, groups.tp_rank % replicas, "kv");

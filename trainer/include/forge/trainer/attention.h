@@ -29,6 +29,11 @@ struct AttentionSettings {
   // here (one buffer the model's recomputed layers share) and computed again in the backward, from the q,
   // k and v the layer keeps. Null: kept.
   ActBuffer* recompute_out = nullptr;
+  // Full recompute (model.h, Recompute): the layer is built with one slot, which every micro-batch uses
+  // (the model runs the block's forward again before its backward), and keeps its activations in the set
+  // of `activations_of`, the first such layer, which every recomputed block shares (null: the first).
+  bool recompute_full = false;
+  Attention* activations_of = nullptr;
 };
 
 // An attention layer's parameters as this process holds them: the q, k and v products' weights as one
@@ -94,6 +99,10 @@ class Attention {
     Buffer<float> qk_saved;  // qk-norm: its inputs [rows, (heads + kv_heads) head_dim] and 1 / rms
     Buffer<float> qk_rstd;
   };
+  // The activation set of the micro-batch in `slot` (full recompute: the shared set), and the slot of its
+  // own buffers a replacement of attend_* is given.
+  Acts& acts(int slot);
+  int own_slot(int slot) const { return settings_.recompute_full ? 0 : slot; }
   std::vector<Acts> acts_;
 };
 

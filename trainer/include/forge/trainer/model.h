@@ -172,8 +172,25 @@ class FeedForward {
   virtual void forward(int slot, ConstAct in, float* out, int rows) = 0;
   // din = dL/d(in) (overwrites) from dout = dL/d(out), for the micro-batch forward() ran on `slot`.
   virtual void backward(int slot, ConstAct in, const float* dout, float* din, int rows) = 0;
+  // Full recompute (Recompute): what forward keeps for backward, without the output. Throws for a layer
+  // that cannot run its forward twice (MoE: its routing statistics would count twice).
+  virtual void forward_kept(int slot, ConstAct in, int rows);
   virtual const float* output_bias() const = 0;
   virtual size_t activation_bytes() const = 0;
+};
+
+// Activation recompute (model.recompute, model.recompute_every): in the blocks whose index divides by
+// `every` (the whole model's indices, so every pipeline stage agrees), what is computed again in the
+// backward instead of kept per micro-batch. Selective: the attention's output and SwiGLU's activation.
+// Full: everything the block computes; it keeps only its input (the residual stream), and its forward runs
+// again right before its backward, on one set of buffers every such block shares. The numbers are the same.
+struct Recompute {
+  enum class Kind { kNone, kSelective, kFull };
+  Kind kind = Kind::kNone;
+  int every = 1;
+  bool covers(int layer) const { return kind != Kind::kNone && layer >= 0 && layer % every == 0; }
+  bool selective(int layer) const { return kind == Kind::kSelective && covers(layer); }
+  bool full(int layer) const { return kind == Kind::kFull && covers(layer); }
 };
 
 // How one process runs its share of a model (GPT's constructor): everything but the architecture.
@@ -187,9 +204,7 @@ struct ModelSetup {
                                          // runtime's plan
   size_t flat_multiple = 1;  // the flat buffers padded to a multiple (data-parallel shards split evenly)
   std::shared_ptr<const Loss> loss = nullptr;  // the head's objective; null: the LM cross-entropy
-  // Selective activation recompute (model.recompute) in every block whose index divides by this (0: none):
-  // the attention's output and SwiGLU's activation are computed again in the backward instead of kept.
-  int recompute_every = 0;
+  Recompute recompute = {};                    // none by default
 };
 
 class GPT;

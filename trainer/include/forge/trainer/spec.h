@@ -79,7 +79,7 @@ struct TrainSpec {
   uint64_t seed = 0;
   int threads = 0;             // resolved: > 0
   double peak_gflops = 0;      // 0: measure at start
-  int recompute_every = 0;     // model.recompute = selective in every n-th block (ModelSetup); 0: none
+  Recompute recompute;         // model.recompute, model.recompute_every (ModelSetup)
   double memory_cap_gib = 0;   // run.memory_per_rank_gib: the plan must fit it (launcher/plan.h); 0: none
   TraceSteps trace;            // run.trace_steps
   int batch = 0;               // sequences per micro-batch and data-parallel rank
