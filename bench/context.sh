@@ -6,6 +6,8 @@
 #     (goal >= 0.85), the ring's exposed time as a fraction of the step (goal <= 10%), activation memory per
 #     rank against cp1's (goal <= 0.55x), bytes per step against the analytic count; and cp2 with a2a;
 #   - selective and full recompute at 8K on cp1: activation memory and step time against keeping them;
+#   - the same blocks x 8 on 4 x 1024 positions: selective and full recompute on one rank, sequence
+#     parallelism (also with full recompute) at tp2 against tp2 without it;
 #   - sequence parallelism at tp2 (SP_SEQ positions, default 4096): activation memory per rank and tokens/s
 #     against tp2 without it (goal <= 0.6x the memory);
 #   - at 32K positions, under a memory cap halfway between cp1's and cp2's plans: forge-train --plan refuses
@@ -22,13 +24,13 @@ cores=$(nproc)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_tcp_if_include=lo \
   OMPI_MCA_oob_tcp_if_include=lo OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 spec=$root/configs/bench-cpu.ini
-model=(--model.family=llama --model.layers=2 --model.d_model=256 --model.heads=4 --model.kv_heads=2
-  --model.ffn_hidden=688 --model.vocab=4096 --data.batch=1 --run.threads=1 --run.device=cpu)
-run() {  # NP SEQ STEPS overrides...
+model=(--model.family=llama --model.d_model=256 --model.heads=4 --model.kv_heads=2 --model.ffn_hidden=688
+  --model.vocab=4096 --run.threads=1 --run.device=cpu)
+run() {  # [LAYERS=2] [BATCH=1] run NP SEQ STEPS overrides...
   local np=$1 seq=$2 steps=$3
   shift 3
-  mpirun --oversubscribe --bind-to core -np "$np" "$bin" "$spec" "${model[@]}" --model.seq_len="$seq" \
-    --run.steps="$steps" "$@"
+  mpirun --oversubscribe --bind-to core -np "$np" "$bin" "$spec" "${model[@]}" --model.layers="${LAYERS:-2}" \
+    --data.batch="${BATCH:-1}" --model.seq_len="$seq" --run.steps="$steps" "$@"
 }
 echo "machine: $cores cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# 8K positions: cp1 on 1 rank, cp2 on 2 ranks (1 thread each; 2 warm-up steps, then ${STEPS:-3})"
@@ -65,6 +67,27 @@ for name, r, goal in (("selective", re, "(goals <= 0.60, <= 1.05)"), ("full", fu
           f"{r['step_ms'] / kept['step_ms']:.3f} {goal}")
 PY
 
+echo "# the same blocks x 8, 4 x 1024 positions: recompute on one rank, sequence parallelism at tp2"
+deep() { LAYERS=8 BATCH=4 run "$1" 1024 $((2 + ${STEPS:-3})) "${@:2}"; }
+d_none=$(deep 1)
+d_sel=$(deep 1 --model.recompute=selective)
+d_full=$(deep 1 --model.recompute=full)
+d_tp2=$(deep 2 --parallel.tp=2)
+d_sp=$(deep 2 --parallel.tp=2 --parallel.sequence_parallel=true)
+d_sp_full=$(deep 2 --parallel.tp=2 --parallel.sequence_parallel=true --model.recompute=full)
+python3 - "$d_none" "$d_sel" "$d_full" "$d_tp2" "$d_sp" "$d_sp_full" <<'PY'
+import json, sys
+none, sel, full, tp2, sp, sp_full = (json.loads(a) for a in sys.argv[1:])
+def ratio(a, b, what):
+    return (f"activations {a['activation_mib_per_rank'] / b['activation_mib_per_rank']:.3f} "
+            f"({a['activation_mib_per_rank']:.1f} / {b['activation_mib_per_rank']:.1f} MiB), step time "
+            f"{a['step_ms'] / b['step_ms']:.3f} ({a['step_ms'] / 1e3:.2f} / {b['step_ms'] / 1e3:.2f} s){what}")
+print("8 blocks, selective / none:", ratio(sel, none, ""))
+print("8 blocks, full / none:", ratio(full, none, "   (goals <= 0.60, <= 1.05)"))
+print("8 blocks tp2, sequence parallel / without:", ratio(sp, tp2, "   (goal <= 0.60)"))
+print("8 blocks tp2, sequence parallel + full recompute / neither:", ratio(sp_full, tp2, ""))
+PY
+
 echo "# sequence parallelism (parallel.sequence_parallel), tp2 at ${SP_SEQ:-4096}: activation memory and step time"
 tp2=$(run 2 "${SP_SEQ:-4096}" $((2 + ${STEPS:-3})) --parallel.tp=2)
 echo "$tp2"
@@ -80,7 +103,7 @@ print(f"tp2 with / without: activations {sp['activation_mib_per_rank'] / tp2['ac
 PY
 
 echo "# 32K positions under a memory cap"
-plan() { "$train" "$spec" "${model[@]}" --model.seq_len=32768 --plan --json "$@"; }
+plan() { "$train" "$spec" "${model[@]}" --model.layers=2 --data.batch=1 --model.seq_len=32768 --plan --json "$@"; }
 total() { python3 -c "import json,sys; print(max(s['bytes']['total'] for s in json.loads(sys.stdin.readline())['stages']))"; }
 need1=$(plan | total)
 need2=$(plan --parallel.cp=2 | total)

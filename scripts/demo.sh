@@ -169,8 +169,12 @@ sed -e "s/^steps = .*/steps = $steps\ntrace_steps = 3-4/" -e "s/^milestone_every
   -e "s/^recovery_every = .*/recovery_every = $((fast ? 5 : 10))/" \
   -e "s|^dir = .*|dir = $run|" -e "s|^dataset = .*|dataset = $work/dataset|" \
   -e "s/^batch = .*/batch = $batch/" "$root/configs/demo.ini" > "$spec"
-printf '\n[parallel]\ntp = %s\ncp = %s\nep = %s\npp = %s\ndp = %s\nmicrobatches = %s\nzero = %s\n' "$tp" "$cp" "$ep" \
-  "$pp" "$dp" "$microbatches" "$((dp > 1 ? 1 : 0))" >> "$spec"
+# Sequence parallelism cuts the residual stream over tp (the same numbers, less memory) where a rank's
+# rows come out in whole 32-row chunks.
+sequence_parallel=false
+(( tp > 1 && (batch * 128 / cp) % (32 * tp) == 0 )) && sequence_parallel=true
+printf '\n[parallel]\ntp = %s\ncp = %s\nep = %s\npp = %s\ndp = %s\nmicrobatches = %s\nzero = %s\nsequence_parallel = %s\n' \
+  "$tp" "$cp" "$ep" "$pp" "$dp" "$microbatches" "$((dp > 1 ? 1 : 0))" "$sequence_parallel" >> "$spec"
 ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=pretrain \
   --train-layout="$layout" --gate-policy="$root/configs/gate.example.ini" --baseline=none \
   -- --train-approval="$approval" "$spec" "$work/dataset")
@@ -466,9 +470,10 @@ PY
 
 stage "long context: 2048-token sequences shared out over two ranks (context parallelism, ring attention)"
 # parallel.cp = 2: each sequence in 4 chunks, each rank holding 2 (load-balanced under the causal mask);
-# key/value chunks pass between the ranks while each computes, and packed documents span them.
+# key/value chunks pass between the ranks while each computes, and packed documents span them. Full
+# activation recompute: each block keeps only its input and runs its forward again before its backward.
 long_run=$work/runs/long
-train_variant long $((fast ? 10 : 30)) 1 'seq_len = 2048' tp1,pp1,dp1,cp2 'cp = 2'
+train_variant long $((fast ? 10 : 30)) 1 'seq_len = 2048\nrecompute = full' tp1,pp1,dp1,cp2 'cp = 2'
 python3 - "$long_run/metrics/rank-0.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]

@@ -88,6 +88,12 @@ std::string flops_str(double f) {
   return fmt::format("{:.0f} FLOP", f);
 }
 
+std::string recompute_name(T::Recompute::Kind kind) {
+  return kind == T::Recompute::Kind::kFull        ? "full"
+         : kind == T::Recompute::Kind::kSelective ? "selective"
+                                                  : "none";
+}
+
 std::string_view family_ffn(const T::ModelSpec& m) {
   return m.activation == T::Activation::kSwiglu ? "SwiGLU" : "GELU";
 }
@@ -297,12 +303,19 @@ std::string format_plan(const Plan& plan) {
   const T::TrainSpec& spec = plan.spec;
   const T::ModelSpec& m = spec.model;
   const Layout& lay = spec.layout;
+  const T::Recompute& re = spec.recompute;
+  std::string extras;
+  if (spec.parallel.sequence_parallel && lay.tp > 1) extras += ", sequence parallel";
+  if (re.kind != T::Recompute::Kind::kNone)
+    extras +=
+        fmt::format(", {} recompute in {}", recompute_name(re.kind),
+                    re.every == 1 ? std::string("every block") : fmt::format("one block in {}", re.every));
   std::string out = fmt::format(
-      "plan of {}: layout {} ({} rank{}), {}, {}, ZeRO-{}; {} micro-batch{} of {} x {} positions per step "
+      "plan of {}: layout {} ({} rank{}), {}, {}, ZeRO-{}{}; {} micro-batch{} of {} x {} positions per step "
       "and data-parallel rank\n",
       spec.name, lay.str(), lay.world(), lay.world() == 1 ? "" : "s", T::device_name(spec.device),
-      T::dtype_name(spec.dtype), spec.parallel.zero, spec.microbatches, spec.microbatches == 1 ? "" : "es",
-      spec.batch, m.seq_len);
+      T::dtype_name(spec.dtype), spec.parallel.zero, extras, spec.microbatches,
+      spec.microbatches == 1 ? "" : "es", spec.batch, m.seq_len);
   std::string ffn = fmt::format("dense {} FFN {}", family_ffn(m), m.ffn_hidden);
   if (m.ffn == T::Ffn::kMoe)
     ffn = fmt::format(
@@ -413,6 +426,8 @@ Json plan_json(const Plan& plan) {
           {"device", std::string(T::device_name(spec.device))},
           {"dtype", std::string(T::dtype_name(spec.dtype))},
           {"zero", spec.parallel.zero},
+          {"sequence_parallel", spec.parallel.sequence_parallel && lay.tp > 1},
+          {"recompute", {{"kind", recompute_name(spec.recompute.kind)}, {"every", spec.recompute.every}}},
           {"batch", spec.batch},
           {"seq_len", spec.model.seq_len},
           {"microbatches", spec.microbatches},

@@ -380,6 +380,20 @@ DeviceRun open_device(trainer::TrainSpec& spec, int rank) {
   }
   const bool asked_auto = spec.device == trainer::Device::kAuto;
   trainer::resolve_device(spec, gpus, why);
+  // What the spec refuses on run.device = cuda, when auto chose it: before anything is allocated.
+  if (spec.device == trainer::Device::kCuda && asked_auto) {
+    if (spec.layout.cp > 1)
+      fail(ExitCode::kUsage,
+           "parallel.cp = {}: context parallelism runs on CPU ranks for now, and run.device = auto chose "
+           "cuda: "
+           "set run.device = cpu, or parallel.cp = 1",
+           spec.layout.cp);
+    if (spec.parallel.sequence_parallel && spec.layout.tp > 1)
+      fail(
+          ExitCode::kUsage,
+          "parallel.sequence_parallel: sequence parallelism runs on CPU ranks for now, and run.device = auto "
+          "chose cuda: set run.device = cpu, or parallel.sequence_parallel = false");
+  }
   if (spec.device != trainer::Device::kCuda) {
     // A node with a driver where auto still trains on CPU says why, once.
     if (asked_auto && fs::exists("/dev/nvidiactl") && rank == 0)

@@ -106,6 +106,8 @@ grep -qE "^imported $ow/published \(LlamaForCausalLM, bfloat16" "$LOG" || fail "
 grep -qE "^  imported from $ow/published " "$LOG" || fail "the fine-tune's lineage does not lead to the import's origin"
 python3 -c "import json,sys; s=json.load(open(sys.argv[1])); sys.exit(0 if s.get('layout') == 'tp2,pp2,dp4' and s.get('ranks') == 16 else 'summary says ' + str(s.get('layout')))" \
   "$run/summary.json" || fail "the run did not train on tp2,pp2,dp4 (16 ranks)"
+python3 -c "import glob,json,sys; m=json.load(open(sorted(glob.glob(sys.argv[1]))[-1])); sys.exit(0 if m['extra']['spec'].get('parallel.sequence_parallel') == 'true' else 'not sequence-parallel')" \
+  "$run/checkpoints/milestone/*/manifest.json" || fail "the demo run did not train with sequence parallelism"
 
 # Steps 3-4 traced on all 16 ranks and merged (test/launcher/check_trace.py: balanced, every block,
 # collectives with groups and bytes, compute spans = the metrics' compute time within 5%; 16 ranks share
@@ -260,6 +262,8 @@ assert len(rows) == 10 and rows[-1]["loss"] < rows[0]["loss"], (rows[0], rows[-1
 assert all(r["cp_comm_bytes"] > 0 and r["tokens"] == 2048 * r["step"] for r in rows), rows[0]
 PY
   fail "the long-context run is wrong"
+python3 -c "import glob,json,sys; m=json.load(open(sorted(glob.glob(sys.argv[1]))[-1])); sys.exit(0 if m['extra']['spec'].get('model.recompute') == 'full' else 'no full recompute')" \
+  "$FORGE_DEMO_DIR/runs/long/checkpoints/milestone/*/manifest.json" || fail "the long-context run did not recompute"
 
 # Task suites: the taught model passes against the release on all four suites, every metric with its
 # interval and the gate on two ranks; the untrained release and the model taught wrong answers are blocked.
