@@ -99,10 +99,6 @@ std::optional<LayoutProblem> layout_problem(const Layout& l, const ModelDims& m)
     return problem("parallel.ep", "must divide parallel.dp = " + std::to_string(l.dp) +
                                       " (expert-parallel groups are carved out of the data-parallel ones)");
   // Context parallelism cuts each sequence into 2 x cp chunks (two per rank, for causal balance).
-  if (l.cp > 1 && m.experts > 0)
-    return problem(
-        "parallel.cp",
-        "context parallelism with a Mixture-of-Experts model is not implemented yet: it must be 1");
   if (l.cp > 1 && m.seq_len > 0 && m.seq_len % (2 * l.cp) != 0) {
     std::string fits;
     for (int cp = 2; cp <= 64 && cp <= m.seq_len / 2; cp *= 2)

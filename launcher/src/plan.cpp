@@ -164,7 +164,7 @@ Plan make_plan(const T::TrainSpec& validated) {
   const std::vector<int> bounds = T::stage_bounds(m, lay.pp, spec.parallel.stage_layers);
   // Dense gradients are reduced, and ZeRO-1 shards, over dp x cp; a rank holds seq_len / cp positions of
   // each sequence (ParallelTrainer).
-  const size_t dp = size_t(lay.dp) * size_t(lay.cp), expert_dp = size_t(lay.dp / lay.ep);
+  const size_t dp = size_t(lay.dp) * size_t(lay.cp), expert_dp = size_t(lay.dp / lay.ep) * size_t(lay.cp);
   T::ModelSpec local = m;
   local.seq_len /= lay.cp;
   const size_t N = size_t(spec.batch) * size_t(local.seq_len), NC = N * size_t(m.d_model);

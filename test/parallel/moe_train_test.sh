@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Mixture of Experts through forge-train on real MPI ranks: dropless EP1, EP2 and EP2 x TP2 x PP2 give the
-# one-process losses over 20 steps, and so do the Mixtral and Qwen2-MoE families; a checkpoint saved on EP2 resumes on EP4, and that one on pp2 at EP1,
-# continuing the one-process curve; the token all-to-all moves
+# Mixture of Experts through forge-train on real MPI ranks: dropless EP1, EP2, EP2 x TP2 x PP2, CP2 and
+# CP2 x DP2 x EP2 give the one-process losses (and, under cp, router figures) over 20 steps, and so do the
+# Mixtral and Qwen2-MoE families; a checkpoint saved on CP2 x EP2 resumes on DP2 x EP2, one saved on EP2
+# resumes on EP4, and that one on pp2 at EP1, continuing the one-process curve; the token all-to-all moves
 # exactly the analytic volume; the metrics carry every block's expert load; capacity drops are counted,
 # not errors; a dead expert is reported, or stops the run (71); bad MoE settings exit 64 naming the key.
 # Usage: moe_train_test.sh FORGE_TRAIN SOURCE_DIR MPIEXEC
@@ -31,6 +32,38 @@ compare "$work/ref" "$work/ep2"
 run 8 ep2tp2pp2 --run.steps=20 --data.batch=2 --parallel.tp=2 --parallel.pp=2 --parallel.dp=2 --parallel.ep=2 \
   --parallel.zero=1
 compare "$work/ref" "$work/ep2tp2pp2"
+
+# Context parallelism: each rank routes 1/cp of every sequence's tokens, and the router's load-balancing
+# and z losses are summed over the cp group, so cp2 and cp2 x dp2 x ep2 with ZeRO-1 (experts' gradients
+# over dp/ep x cp) give the one-process losses and router figures; a checkpoint saved on cp2 x ep2 resumes
+# on dp2 x ep2; capacity-bound routing under cp is refused (a rank's capacity would drop other tokens).
+run 2 cp2 --run.steps=20 --data.batch=2 --parallel.microbatches=2 --parallel.cp=2
+compare "$work/ref" "$work/cp2"
+run 4 cp2dp2ep2 --run.steps=20 --data.batch=2 --parallel.cp=2 --parallel.dp=2 --parallel.ep=2 --parallel.zero=1
+compare "$work/ref" "$work/cp2dp2ep2"
+python3 - "$work/ref" "$work/cp2" "$work/cp2dp2ep2" <<'PY' || fail "router figures under cp differ from one process"
+import json, sys
+def figures(run):
+    return [(r["step"], m["layer"], m[key]) for r in map(json.loads, open(f"{run}/metrics/rank-0.jsonl"))
+            for m in r["moe"] for key in ("aux_loss", "z_loss", "router_entropy")]
+ref = figures(sys.argv[1])
+for run in sys.argv[2:]:
+    got = figures(run)
+    assert len(got) == len(ref), (run, len(got), len(ref))
+    worst = max(abs(g[2] - r[2]) / max(abs(r[2]), 1e-12) for g, r in zip(got, ref))
+    print(f"{run}: router figures within {worst:.1e} of one process")
+    assert worst <= 1e-5, (run, worst)
+PY
+run 4 cpresume --run.steps=3 --data.batch=2 --parallel.cp=2 --parallel.dp=2 --parallel.ep=2 --parallel.zero=1
+run 2 cpresume --run.steps=20 --data.batch=2 --parallel.dp=2 --parallel.ep=2
+grep -q "verification loss .* matches" "$work/cpresume.log" || fail "the cp2 -> dp2 resume skipped the verification step"
+compare "$work/ref" "$work/cpresume" 4
+"$mpiexec" --oversubscribe -np 2 "$train" "$src/configs/tiny.ini" --run.dir="$work/cpcap" "${moe[@]}" \
+  --parallel.cp=2 --model.capacity_factor=1.25 >/dev/null 2>"$work/cpcap.log"
+rc=$?
+[ $rc -eq 64 ] || fail "capacity-bound MoE on cp2: exit $rc, want 64"
+grep -q "model.capacity_factor.*use 0 (dropless)" "$work/cpcap.log" \
+  || fail "capacity-bound MoE on cp2: $(tail -n1 "$work/cpcap.log")"
 
 # The MoE families: Mixtral (SwiGLU experts, renormalised top-2 gates, 2 key/value heads) and Qwen2-MoE (a
 # sigmoid-gated shared expert, split by tensor parallelism like a dense MLP) on ep2 and on tp2 x dp2 x ep2

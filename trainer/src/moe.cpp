@@ -40,7 +40,8 @@ T* part(T* p, int e, int64_t n) {
 }  // namespace
 
 struct MoeLayer::Slot {
-  int N = 0, A = 0, R = 0;  // tokens, rows sent, rows received
+  int N = 0, A = 0, R = 0;     // tokens, rows sent, rows received
+  double sequence_tokens = 0;  // the micro-batch's tokens over the context-parallel group (N at cp 1)
   Routing routing;
   std::vector<float> probs, lse;              // [N, E], [N]
   std::vector<double> routed_share;           // [E]: f_i
@@ -232,23 +233,38 @@ void MoeLayer::route(Slot& s, ConstAct in, int N) {
       s.send_token[size_t(row)] = t;
       s.send_gate[size_t(row)] = r.gate[a];
     }
-  // Losses and figures of this micro-batch.
+  // Losses and figures of this micro-batch. Under context parallelism the rest of its tokens are on the
+  // other ranks of the cp group: the balance loss is over all of them (its f_i and P_i summed there), and
+  // each rank holds its tokens' share of the z-loss.
+  const int context = exchange_->context_size();
+  s.sequence_tokens = N;
+  if (context > 1) {
+    std::vector<double> sums(mean_prob);
+    sums.insert(sums.end(), routed.begin(), routed.end());
+    sums.push_back(N);
+    exchange_->sum_over_context(sums.data(), int(sums.size()));
+    std::copy(sums.begin(), sums.begin() + E, mean_prob.begin());
+    std::copy(sums.begin() + E, sums.begin() + 2 * E, routed.begin());
+    s.sequence_tokens = sums.back();
+  }
+  const double tokens = s.sequence_tokens;
   s.routed_share.resize(size_t(E));
   double aux = 0;
   for (int e = 0; e < E; ++e) {
-    s.routed_share[size_t(e)] = routed[size_t(e)] / (double(N) * k);
-    aux += s.routed_share[size_t(e)] * mean_prob[size_t(e)] / N;
+    s.routed_share[size_t(e)] = routed[size_t(e)] / (tokens * k);
+    aux += s.routed_share[size_t(e)] * mean_prob[size_t(e)] / tokens;
   }
   r.aux = settings_.aux_coef * E * aux;
-  r.z = settings_.z_coef * z / N;
+  r.z = settings_.z_coef * z / tokens;
   for (int e = 0; e < E; ++e) stats_.tokens[size_t(e)] += double(kept[size_t(e)]);
   stats_.assignments += double(N) * k;
   stats_.dropped += double(N) * k - s.A;
   stats_.entropy += entropy;
-  stats_.aux += r.aux;
+  // Summed over the cp group, the figures count each micro-batch once: its aux a share per rank.
+  stats_.aux += r.aux / context;
   stats_.z += r.z;
   stats_.token_count += N;
-  stats_.micro_batches += 1;
+  stats_.micro_batches += 1.0 / context;
 
   // The exchange's sizes: kept rows per expert to the rank holding it; per local expert from each rank.
   std::vector<int64_t> from(size_t(P) * size_t(El));
@@ -373,8 +389,8 @@ void MoeLayer::backward(int slot, ConstAct in, const float* dout, float* din, in
     backend_.row_dots(dg, dout, s.y.data(), row, N, k, C);
     backend_.copy_to_host(w.dgate.data(), dg, w.dgate.size() * sizeof(float));
     w.dlogits.resize(size_t(N) * E);
-    const double aux_scale = loss_weight_ * settings_.aux_coef * E / N;
-    const double z_scale = loss_weight_ * settings_.z_coef * 2.0 / N;
+    const double aux_scale = loss_weight_ * settings_.aux_coef * E / s.sequence_tokens;
+    const double z_scale = loss_weight_ * settings_.z_coef * 2.0 / s.sequence_tokens;
     std::vector<double> dp(static_cast<size_t>(E));
     for (int t = 0; t < N; ++t) {
       const float* p = s.probs.data() + int64_t(t) * E;

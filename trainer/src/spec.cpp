@@ -732,6 +732,13 @@ std::optional<LayoutProblem> parallel_problem(const ModelSpec& m, const Layout& 
     return std::optional<LayoutProblem>(LayoutProblem{std::move(key), std::move(why)});
   };
   if (p.zero != 0 && p.zero != 1) return problem("parallel.zero", "must be 0 or 1");
+  if (l.cp > 1 && m.ffn == Ffn::kMoe && m.capacity_factor > 0)
+    return problem(
+        "model.capacity_factor",
+        fmt::format("an expert's capacity is counted over a rank's tokens, and context parallelism "
+                    "gives each rank 1/cp of them, so cp = {} would drop other tokens than one rank: "
+                    "use 0 (dropless) with parallel.cp > 1",
+                    l.cp));
   // Column-parallel products split their hidden width (gate and up each, under SwiGLU).
   for (const auto& [key, width] :
        {std::pair<const char*, int>{"model.ffn_hidden", m.dense_blocks() ? m.ffn_hidden : 0},

@@ -87,11 +87,13 @@ ProcessGroups make_groups(std::unique_ptr<Comm> world, const Layout& layout) {
   const bool holds_wte = layout.pp > 1 && (g.first_stage() || g.last_stage());
   g.embed = world->split(holds_wte ? stage_color : -1, c.pp, "embed");
   // Expert parallelism carves dp into dp / ep groups of ep consecutive dp ranks (layout.h): the ep group
-  // shares out the experts; the ranks at the same place in every ep group hold the same experts.
+  // shares out the experts; the ranks at the same place in every ep group hold the same experts, and so
+  // do the context-parallel ranks (each routes its own chunks of the sequences): expert_dp spans both.
   const int ep = layout.ep, replica = c.tp + tp * (c.cp + cp * c.pp);
   g.ep_rank = layout.ep_rank(c);
   g.ep = world->split(replica + tp * cp * layout.pp * (c.dp / ep), g.ep_rank, "ep");
-  g.expert_dp = world->split(replica + tp * cp * layout.pp * g.ep_rank, c.dp / ep, "expert_dp");
+  g.expert_dp =
+      world->split(c.tp + tp * (c.pp + layout.pp * g.ep_rank), c.cp + cp * (c.dp / ep), "expert_dp");
   g.world = std::move(world);
   return g;
 }

@@ -180,6 +180,7 @@ void SequenceParallelNorm::backward(float* din, const float* dout, const float* 
 }
 
 void AllToAllTokenExchange::exchange_counts(const int64_t* send, int64_t* recv, int per_rank) {
+  if (size() == 1) return TokenExchange::exchange_counts(send, recv, per_rank);
   send_.assign(size_t(size()), size_t(per_rank) * sizeof(int64_t));
   group_.all_to_all_v(send, send_.data(), recv, send_.data(), CommType::kU8)->wait();
 }
@@ -255,9 +256,13 @@ size_t ParallelPlan::scratch_bytes() const {
   return context_->bytes() + (sequence_ ? sequence_->bytes() : 0);
 }
 
+void AllToAllTokenExchange::sum_over_context(double* values, int n) {
+  context_.all_reduce(values, size_t(n), CommType::kF64, ReduceOp::kSum)->wait();
+}
+
 std::unique_ptr<TokenExchange> ParallelPlan::token_exchange() const {
-  if (ep_.size() == 1) return LayerFactory::token_exchange();
-  return std::make_unique<AllToAllTokenExchange>(ep_);
+  if (ep_.size() == 1 && cp_.size() == 1) return LayerFactory::token_exchange();
+  return std::make_unique<AllToAllTokenExchange>(ep_, cp_);
 }
 
 }  // namespace forge::trainer

@@ -20,8 +20,8 @@ struct ProcessGroups {
   // ranks holding the same weights, over which dense gradients are reduced and ZeRO-1 shards (dp at cp 1).
   std::unique_ptr<Comm> cp, dp_cp;
   // Expert parallelism (layout.ep, carved out of dp): `ep`, the ep consecutive dp ranks that share out the
-  // experts of MoE blocks (tokens move between them by all-to-all); `expert_dp`, the dp / ep ranks that
-  // hold the same experts, over which expert gradients are reduced. At ep = 1: one rank, and dp.
+  // experts of MoE blocks (tokens move between them by all-to-all); `expert_dp`, the dp / ep x cp ranks
+  // that hold the same experts, over which expert gradients are reduced. At ep = 1: one rank, and dp_cp.
   std::unique_ptr<Comm> ep, expert_dp;
   // The first and the last pipeline stage at the same (tp, cp, dp) position, which both hold the tied
   // token embedding; null on other stages and when pp is 1.

@@ -141,6 +141,11 @@ class TokenExchange {
   // recv_rows[r] rows arrive from rank r into `out`, back to back in rank order.
   virtual void exchange_rows(Backend& backend, const float* in, const int64_t* send_rows, float* out,
                              const int64_t* recv_rows, int C);
+  // The ranks holding the rest of each sequence of the micro-batch (context parallelism), and the sum of
+  // `values` (host memory) over them, in place: the router's figures over the whole micro-batch. The whole
+  // model's: one rank, nothing to add.
+  virtual int context_size() const { return 1; }
+  virtual void sum_over_context(double*, int) {}
 };
 
 class LayerFactory {

@@ -9,7 +9,8 @@
 //                           dL/d(input) all-reduced
 //   SequenceParallelNorm    a norm over the group's share of the rows (below)
 //   AllToAllTokenExchange   an MoE block's tokens to the experts' ranks and back, all-to-all over the
-//                           expert-parallel group (Megatron's MoEAlltoAllTokenDispatcher)
+//                           expert-parallel group (Megatron's MoEAlltoAllTokenDispatcher); the router's
+//                           figures summed over the context-parallel group
 // Each owns its collective over its group; the model never sees the groups.
 //
 // Sequence parallelism (Megatron's sequence_parallel; parallel.sequence_parallel) cuts the residual
@@ -106,15 +107,17 @@ class SequenceParallelNorm final : public NormLayer {
 
 class AllToAllTokenExchange final : public TokenExchange {
  public:
-  explicit AllToAllTokenExchange(Comm& group) : group_(group) {}
+  AllToAllTokenExchange(Comm& group, Comm& context) : group_(group), context_(context) {}
   int size() const override { return group_.size(); }
   int rank() const override { return group_.rank(); }
   void exchange_counts(const int64_t* send, int64_t* recv, int per_rank) override;
   void exchange_rows(Backend& backend, const float* in, const int64_t* send_rows, float* out,
                      const int64_t* recv_rows, int C) override;
+  int context_size() const override { return context_.size(); }
+  void sum_over_context(double* values, int n) override;
 
  private:
-  Comm& group_;
+  Comm &group_, &context_;
   std::vector<size_t> send_, recv_;
 };
 
