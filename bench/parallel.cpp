@@ -4,11 +4,11 @@
 // step next to the volume the layout implies analytically (bench/parallel.sh compares the layouts).
 //   bench_parallel SPEC.ini [--section.key=value ...]
 #include "forge/trainer/parallel.h"
+#include "forge/comm/groups.h"
 #include "forge/common/config.h"
 #include "forge/common/error.h"
 #include "forge/common/hash.h"
 #include "forge/common/json.h"
-#include "forge/trainer/groups.h"
 #include "forge/trainer/spec.h"
 
 #include <sys/resource.h>
@@ -19,6 +19,7 @@
 
 using namespace forge;
 using namespace forge::trainer;
+using namespace forge::comm;
 
 namespace {
 

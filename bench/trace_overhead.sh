@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What tracing costs (forge-train --trace, run.trace_steps; trainer/include/forge/trainer/trace.h): the
+# What tracing costs (forge-train --trace, run.trace_steps; common/include/forge/common/trace.h): the
 # benchmark's training step (bench/trainer_cpu.sh's config, 2 threads) untraced and traced in alternating
 # rounds in one process, and the off path (trace points per step x the cost of one that is off).
 #

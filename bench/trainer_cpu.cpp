@@ -10,9 +10,9 @@
 //                          [--trace-rounds N]
 // --trace-rounds N: what tracing (trace.h) costs, in N rounds alternating 3 steps untraced and 3 traced.
 #include "cpu/kernels.h"
+#include "forge/common/trace.h"
 #include "forge/trainer/parallel.h"
 #include "forge/trainer/runtime.h"
-#include "forge/trainer/trace.h"
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -29,6 +29,9 @@
 #include <vector>
 
 using namespace forge::trainer;
+using namespace forge::comm;
+using forge::Trace;
+using forge::TraceSpan;
 using forge::MicroBatch;
 
 namespace {

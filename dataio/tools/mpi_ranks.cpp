@@ -1,6 +1,6 @@
 #include "mpi_ranks.h"
 
-#include "forge/trainer/groups.h"
+#include "forge/comm/groups.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -8,11 +8,11 @@
 namespace forge::data {
 namespace {
 
-using trainer::CommType;
+using comm::CommType;
 
 class MpiRanks final : public LauncherRanks {
  public:
-  MpiRanks() : world_(trainer::mpi_world()) {}
+  MpiRanks() : world_(comm::mpi_world()) {}
   int rank() const override { return world_->rank(); }
   int size() const override { return world_->size(); }
 
@@ -49,7 +49,7 @@ class MpiRanks final : public LauncherRanks {
   }
 
  private:
-  std::unique_ptr<trainer::Comm> world_;
+  std::unique_ptr<comm::Comm> world_;
 };
 
 }  // namespace

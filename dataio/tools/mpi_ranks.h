@@ -1,5 +1,5 @@
 // The ranks of `srun forge-data prepare` or `mpirun forge-data prepare`: forge::data::Ranks over the MPI
-// communicator the trainer uses (forge/trainer/comm.h), so the data tool and the trainer share one MPI layer.
+// communicator the trainer uses (forge/comm/comm.h), so the data tool and the trainer share one MPI layer.
 #pragma once
 
 #include "forge/dataio/ranks.h"

@@ -52,7 +52,7 @@ std::vector<double> bytes_per_token(const std::string& tokenizer_path) {
 // A checkpoint's model with `config` and `loss` (null: the LM cross-entropy) for `batch` rows on
 // `backend`, its files verified (each rank a share) and its weights loaded, whatever layout wrote them.
 std::unique_ptr<trainer::GPT> load_model(const ckpt::Checkpoint& checkpoint, const trainer::ModelSpec& config,
-                                         std::shared_ptr<const trainer::Loss> loss, trainer::Comm& comm,
+                                         std::shared_ptr<const trainer::Loss> loss, comm::Comm& comm,
                                          trainer::Backend& backend, int batch = 1) {
   checkpoint.verify(comm.rank(), comm.size());
   auto model = std::make_unique<trainer::GPT>(
@@ -66,7 +66,7 @@ std::unique_ptr<trainer::GPT> load_model(const ckpt::Checkpoint& checkpoint, con
 std::unique_ptr<trainer::GPT> load_companion(const std::string& dir, const char* role, const std::string& of,
                                              const trainer::ModelSpec& evaluated,
                                              const std::string& dataset_dir,
-                                             std::shared_ptr<const trainer::Loss> loss, trainer::Comm& comm,
+                                             std::shared_ptr<const trainer::Loss> loss, comm::Comm& comm,
                                              trainer::Backend& backend) {
   const ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(dir);
   trainer::ModelSpec config = trainer::model_spec_from_json(checkpoint.manifest().meta.model_config, dir);
@@ -103,7 +103,7 @@ TokenScores score_token(std::span<const float> model, std::span<const float> tea
 }
 
 std::unique_ptr<trainer::GPT> load_for_generation(const std::string& checkpoint_dir, int batch,
-                                                  trainer::Comm& comm, trainer::Backend& backend) {
+                                                  comm::Comm& comm, trainer::Backend& backend) {
   const ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(checkpoint_dir);
   trainer::ModelSpec config =
       trainer::model_spec_from_json(checkpoint.manifest().meta.model_config, checkpoint_dir);
@@ -197,7 +197,7 @@ trainer::ModelSpec check_evaluation(const std::string& checkpoint_dir, const std
 }
 
 DomainResults evaluate_checkpoint(const std::string& checkpoint_dir, const std::string& dataset_dir,
-                                  const EvalOptions& options, trainer::Comm& comm, bool own_dataset) {
+                                  const EvalOptions& options, comm::Comm& comm, bool own_dataset) {
   const int rank = comm.rank(), world = comm.size();
   const bool dpo = !options.dpo_reference.empty(), distill = !options.distill_teacher.empty();
   const auto [checkpoint, manifest, config] =
@@ -303,7 +303,7 @@ DomainResults evaluate_checkpoint(const std::string& checkpoint_dir, const std::
     }
   }
   std::vector<double> sums = pack(local, manifest.domains);
-  comm.all_reduce(sums.data(), sums.size(), trainer::CommType::kF64, trainer::ReduceOp::kSum)->wait();
+  comm.all_reduce(sums.data(), sums.size(), comm::CommType::kF64, comm::ReduceOp::kSum)->wait();
   return unpack(sums, manifest.domains);
 }
 

@@ -168,7 +168,7 @@ bool code_passed(const SandboxResult& result, const std::string& sentinel) {
 }
 
 SuiteResult run_suite(const Suite& suite, trainer::GPT& model, const PromptFormat& format,
-                      const SuiteRunOptions& options, trainer::Comm& comm) {
+                      const SuiteRunOptions& options, comm::Comm& comm) {
   if (suite.chat && !format.can_chat())
     fail(
         ExitCode::kUsage,
@@ -291,7 +291,7 @@ SuiteResult run_suite(const Suite& suite, trainer::GPT& model, const PromptForma
     }
   }
   if (progress) progress->finish();
-  comm.all_reduce(score.data(), score.size(), trainer::CommType::kF64, trainer::ReduceOp::kSum)->wait();
+  comm.all_reduce(score.data(), score.size(), comm::CommType::kF64, comm::ReduceOp::kSum)->wait();
   const bool rate = suite.generation.samples == 1;
   for (size_t m = 0; m < M; ++m) {
     SuiteMetric& metric = out.metrics[names[m]];

@@ -4,6 +4,7 @@
 #include "forge/ckpt/checkpoint.h"
 #include "forge/ckpt/maintenance.h"
 #include "forge/ckpt/store.h"
+#include "forge/comm/bootstrap.h"
 #include "forge/common/error.h"
 #include "forge/common/hash.h"
 #include "forge/common/json.h"
@@ -17,7 +18,6 @@
 #include "forge/eval_gate/suite.h"
 #include "forge/eval_gate/tasks.h"
 #include "forge/eval_gate/verdict.h"
-#include "forge/trainer/bootstrap.h"
 #include "forge/trainer/checkpoint_io.h"
 #include "forge/trainer/device_runtime.h"
 #include "forge/trainer/runtime.h"
@@ -98,7 +98,7 @@ Args parse(int argc, char** argv) {
 }
 
 // --device, as run.device: the backend this rank's models compute on (a GPU's stays alive for the process).
-forge::trainer::Backend& device_backend(const std::string& device, forge::trainer::Comm& comm) {
+forge::trainer::Backend& device_backend(const std::string& device, forge::comm::Comm& comm) {
   static std::unique_ptr<forge::trainer::Backend> owned;
   using forge::trainer::Device;
   if (device != "auto" && device != "cpu" && device != "cuda")
@@ -148,7 +148,7 @@ Json scoring(const forge::gate::EvalOptions& eval) {
 // this dataset version the same way, otherwise evaluate the baseline now.
 forge::gate::DomainResults baseline_results(const std::string& dir, const std::string& dataset_version,
                                             const Args& a, const forge::gate::EvalOptions& eval,
-                                            forge::trainer::Comm& comm, bool& reused) {
+                                            forge::comm::Comm& comm, bool& reused) {
   const auto c = forge::ckpt::Checkpoint::open(dir);
   const Json& verdict =
       c.manifest().promotion.is_object() ? c.manifest().promotion.value("verdict", Json()) : Json();
@@ -185,7 +185,7 @@ std::vector<forge::gate::Suite> load_suites(const forge::gate::GatePolicy& polic
 using SuiteResults = std::map<std::string, forge::gate::SuiteResult>;
 
 SuiteResults run_suites(const std::vector<forge::gate::Suite>& suites, const std::string& checkpoint,
-                        const forge::gate::PromptFormat& format, const Args& a, forge::trainer::Comm& comm) {
+                        const forge::gate::PromptFormat& format, const Args& a, forge::comm::Comm& comm) {
   SuiteResults out;
   if (suites.empty()) return out;  // no model to load
   const auto model = forge::gate::load_for_generation(checkpoint, a.batch, comm, *a.eval.backend);
@@ -200,8 +200,8 @@ SuiteResults run_suites(const std::vector<forge::gate::Suite>& suites, const std
 // The baseline's suite results: those its own gate recorded, when of the same suite version (another
 // version is refused: its scores answer other questions), else measured now.
 SuiteResults baseline_suites(const std::vector<forge::gate::Suite>& suites, const std::string& dir,
-                             const forge::gate::PromptFormat& format, const Args& a,
-                             forge::trainer::Comm& comm, std::vector<std::string>& reused) {
+                             const forge::gate::PromptFormat& format, const Args& a, forge::comm::Comm& comm,
+                             std::vector<std::string>& reused) {
   const auto c = forge::ckpt::Checkpoint::open(dir);
   const Json recorded =
       c.manifest().promotion.is_object()
@@ -229,7 +229,7 @@ SuiteResults baseline_suites(const std::vector<forge::gate::Suite>& suites, cons
   return out;
 }
 
-int evaluate(int argc, char** argv, forge::trainer::Comm& comm) {
+int evaluate(int argc, char** argv, forge::comm::Comm& comm) {
   Args a = parse(argc, argv);
   a.eval.backend = &device_backend(a.device, comm);
   const forge::gate::GatePolicy policy = forge::gate::load_policy(a.policy);
@@ -360,7 +360,7 @@ std::vector<GeneratePrompt> read_prompts(const std::string& file, bool chat) {
 }
 
 // forge-gate generate: completions of prompts from a checkpoint, data parallel over the ranks.
-int generate(int argc, char** argv, forge::trainer::Comm& comm) {
+int generate(int argc, char** argv, forge::comm::Comm& comm) {
   std::string checkpoint, dataset, prompts_file, out, chat_template;
   std::vector<std::string> prompt_texts;
   bool chat = false, ids = false;
@@ -449,10 +449,9 @@ int generate(int argc, char** argv, forge::trainer::Comm& comm) {
     row[2] = generated[j].stop_token;
     for (size_t t = 0; t < generated[j].tokens.size(); ++t) row[3 + t] = generated[j].tokens[t];
   }
-  comm.all_reduce(all.data(), all.size(), forge::trainer::CommType::kF64, forge::trainer::ReduceOp::kSum)
-      ->wait();
+  comm.all_reduce(all.data(), all.size(), forge::comm::CommType::kF64, forge::comm::ReduceOp::kSum)->wait();
   std::vector<double> totals = {double(generator.stats().new_tokens), generator.stats().seconds};
-  comm.all_reduce(totals.data(), 1, forge::trainer::CommType::kF64, forge::trainer::ReduceOp::kSum)->wait();
+  comm.all_reduce(totals.data(), 1, forge::comm::CommType::kF64, forge::comm::ReduceOp::kSum)->wait();
   if (comm.rank() != 0) return 0;
   std::string text;
   for (size_t i = 0; i < n; ++i) {
@@ -492,7 +491,7 @@ int generate(int argc, char** argv, forge::trainer::Comm& comm) {
   return 0;
 }
 
-int run(int argc, char** argv, forge::trainer::Comm& comm) {
+int run(int argc, char** argv, forge::comm::Comm& comm) {
   const std::string command = argc < 2 ? "" : argv[1];
   if (command == "evaluate") return evaluate(argc, argv, comm);
   if (command == "generate") return generate(argc, argv, comm);
@@ -507,8 +506,8 @@ int run(int argc, char** argv, forge::trainer::Comm& comm) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // The same start-up and communicator as forge-train (forge/trainer/bootstrap.h).
-  forge::trainer::Bootstrap boot = forge::trainer::bootstrap();
+  // The same start-up and communicator as forge-train (forge/comm/bootstrap.h).
+  forge::comm::Bootstrap boot = forge::comm::bootstrap();
   forge::init_logging(boot.rank, boot.size, "warn");
   const int rc = forge::run_cli("forge-gate", [&] { return run(argc, argv, *boot.world); });
   // An error on one rank would leave the others waiting in a collective: end them all.

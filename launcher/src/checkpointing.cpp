@@ -44,17 +44,17 @@ constexpr const char* kMomentStepsBefore = "moment_steps_before";
 constexpr const char* kStepOutcome = "step_outcome";
 
 // One micro-batch of the whole data-parallel group: every rank's part, in rank order (collective).
-MicroBatch gather_micro_batch(trainer::Comm& dp, const MicroBatch& mine) {
+MicroBatch gather_micro_batch(comm::Comm& dp, const MicroBatch& mine) {
   if (dp.size() == 1) return mine;
   const std::string bytes = mine.serialize();
   std::vector<uint64_t> sizes(size_t(dp.size()));
   const uint64_t size = bytes.size();
-  dp.all_gather(&size, sizes.data(), sizeof size, trainer::CommType::kU8)->wait();
+  dp.all_gather(&size, sizes.data(), sizeof size, comm::CommType::kU8)->wait();
   const uint64_t widest = *std::max_element(sizes.begin(), sizes.end());
   std::string padded = bytes;
   padded.resize(widest);
   std::string all(widest * sizes.size(), '\0');
-  dp.all_gather(padded.data(), all.data(), widest, trainer::CommType::kU8)->wait();
+  dp.all_gather(padded.data(), all.data(), widest, comm::CommType::kU8)->wait();
   std::vector<MicroBatch> parts;
   for (size_t r = 0; r < sizes.size(); ++r)
     parts.push_back(MicroBatch::deserialize(std::string_view(all).substr(r * widest, sizes[r])));
@@ -128,7 +128,7 @@ RunCheckpoints::RunCheckpoints(const Config& config, const trainer::TrainSpec& s
       coord_(*trainer.groups().world),
       saver_(coord_, saver_options(config, spec, trainer.model().backend())) {
   // Each logical element is written by one rank (trainer::SaveRole).
-  const trainer::ProcessGroups& g = trainer.groups();
+  const comm::ProcessGroups& g = trainer.groups();
   // Dense weights are replicated over dp x cp (dp_cp, which is dp at cp 1).
   role_.params = g.dp_cp->rank() == 0;
   role_.moments = spec.parallel.zero == 1 || g.dp_cp->rank() == 0;

@@ -8,9 +8,9 @@
 #include "forge/ckpt/manifest.h"
 #include "forge/ckpt/policy.h"
 #include "forge/ckpt/saver.h"
+#include "forge/comm/coordinator.h"
 #include "forge/common/config.h"
 #include "forge/trainer/checkpoint_io.h"
-#include "forge/trainer/comm_coordinator.h"
 #include "forge/trainer/parallel.h"
 
 #include "data_source.h"
@@ -80,7 +80,7 @@ class RunCheckpoints {
   Json lineage_;
   Json loaded_outcome_;
   ckpt::TierPolicy tiers_;
-  trainer::CommCoordinator coord_;
+  comm::CommCoordinator coord_;
   ckpt::Saver saver_;
   int64_t last_saved_step_ = 0;
   std::chrono::steady_clock::time_point last_save_time_ = std::chrono::steady_clock::now();

@@ -101,7 +101,7 @@ class Dataset final : public DataSource {
 }  // namespace
 
 std::unique_ptr<DataSource> open_data(const Config& config, const trainer::TrainSpec& spec, int dp_rank,
-                                      trainer::Comm& world, trainer::Backend& backend) {
+                                      comm::Comm& world, trainer::Backend& backend) {
   const bool sft = spec.objective == trainer::Objective::kSft,
              dpo = spec.objective == trainer::Objective::kDpo,
              distill = spec.objective == trainer::Objective::kDistill;

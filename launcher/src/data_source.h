@@ -2,10 +2,10 @@
 // directory through the data layer's reader. Each rank reads only its data-parallel slice.
 #pragma once
 
+#include "forge/comm/comm.h"
 #include "forge/common/batch.h"
 #include "forge/common/json.h"
 #include "forge/dataio/cache.h"
-#include "forge/trainer/comm.h"
 #include "forge/trainer/spec.h"
 
 #include <cstdint>
@@ -44,6 +44,6 @@ class DataSource {
 // batches are read (dpo.reference_mode = live; dpo_reference.h). run.objective = distill reads a text dataset
 // (every token) or a chat one (the replies).
 std::unique_ptr<DataSource> open_data(const Config& config, const trainer::TrainSpec& spec, int dp_rank,
-                                      trainer::Comm& world, trainer::Backend& backend);
+                                      comm::Comm& world, trainer::Backend& backend);
 
 }  // namespace forge::launcher

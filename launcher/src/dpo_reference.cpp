@@ -99,7 +99,7 @@ std::unique_ptr<trainer::GPT> reference_model(const trainer::TrainSpec& spec,
 }  // namespace
 
 std::vector<double> reference_logps(const trainer::TrainSpec& spec, const data::Reader& reader,
-                                    const std::string& reference_dir, trainer::Comm& world,
+                                    const std::string& reference_dir, comm::Comm& world,
                                     trainer::Backend& backend) {
   const ckpt::Checkpoint checkpoint = open_reference(spec, reference_dir);
   const uint64_t n = reader.num_samples();
@@ -109,7 +109,7 @@ std::vector<double> reference_logps(const trainer::TrainSpec& spec, const data::
   {
     std::vector<char> buf(4096, 0);
     if (world.rank() == 0) std::copy_n(path.begin(), std::min(path.size(), buf.size() - 1), buf.begin());
-    world.broadcast(buf.data(), buf.size(), trainer::CommType::kU8, 0)->wait();
+    world.broadcast(buf.data(), buf.size(), comm::CommType::kU8, 0)->wait();
     path = buf.data();
   }
   if (!path.empty())
@@ -140,7 +140,7 @@ std::vector<double> reference_logps(const trainer::TrainSpec& spec, const data::
     if (progress) progress->add(ids.size());
   }
   if (progress) progress->finish();
-  world.all_reduce(values.data(), values.size(), trainer::CommType::kF64, trainer::ReduceOp::kSum)->wait();
+  world.all_reduce(values.data(), values.size(), comm::CommType::kF64, comm::ReduceOp::kSum)->wait();
   if (world.rank() == 0 && !path.empty()) {
     const std::string bytes(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(double));
     write_file_atomic(path, bytes);

@@ -5,8 +5,8 @@
 // dataset's directory is read-only); every later run and resume reads them.
 #pragma once
 
+#include "forge/comm/comm.h"
 #include "forge/dataio/reader.h"
-#include "forge/trainer/comm.h"
 #include "forge/trainer/loss.h"
 #include "forge/trainer/model.h"
 #include "forge/trainer/spec.h"
@@ -23,7 +23,7 @@ namespace forge::launcher {
 // when the reference's model is not the spec's; data error (65) when a stored file does not match its key
 // (another dataset version, reference or seq_len) or is damaged.
 std::vector<double> reference_logps(const trainer::TrainSpec& spec, const data::Reader& reader,
-                                    const std::string& reference_dir, trainer::Comm& world,
+                                    const std::string& reference_dir, comm::Comm& world,
                                     trainer::Backend& backend);
 
 // dpo.reference_mode = live: a frozen copy of the reference on this rank computes the log-probabilities of

@@ -22,7 +22,7 @@ constexpr auto kMinInterval = std::chrono::seconds(5);
 
 }  // namespace
 
-JobGauges::JobGauges(const trainer::ProcessGroups& groups) {
+JobGauges::JobGauges(const comm::ProcessGroups& groups) {
   const char* dir = std::getenv("FORGE_PROMETHEUS_DIR");
   if (dir == nullptr || *dir == '\0' || local_rank().rank != 0) return;
   const std::string job = env_or("SLURM_JOB_ID", "none"), node = node_name();

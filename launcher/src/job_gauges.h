@@ -5,9 +5,9 @@
 // Best effort: a directory that cannot be written costs one warning, never the run.
 #pragma once
 
+#include "forge/comm/groups.h"
 #include "forge/common/json.h"
 #include "forge/common/prometheus.h"
-#include "forge/trainer/groups.h"
 
 #include <chrono>
 #include <string>
@@ -21,7 +21,7 @@ struct JobProgress {
 
 class JobGauges {
  public:
-  explicit JobGauges(const trainer::ProcessGroups& groups);
+  explicit JobGauges(const comm::ProcessGroups& groups);
   ~JobGauges();
   JobGauges(const JobGauges&) = delete;
   JobGauges& operator=(const JobGauges&) = delete;

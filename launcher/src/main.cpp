@@ -1,5 +1,5 @@
 // forge-train SPEC.ini [--section.key=value ...] [--print-config] [--force-new] [--trace]
-// forge-train SPEC.ini [--section.key=value ...] --plan [--json]
+// forge-train SPEC.ini [--section.key=value ...] --plan [--schedule] [--json]
 // forge-train report RUN_DIR
 // forge-train trace-merge TRACE_DIR
 // forge-train failure RUN_DIR --exit RC [--srun-log FILE] [--lost-node NODE ...] [--max-comm-retries N]
@@ -8,13 +8,13 @@
 // loss, 74 I/O, 75 preempted).
 #include "checkpointing.h"
 #include "failure_record.h"
+#include "forge/comm/bootstrap.h"
 #include "forge/common/config.h"
 #include "forge/common/error.h"
 #include "forge/common/local_rank.h"
 #include "forge/common/log.h"
-#include "forge/trainer/bootstrap.h"
+#include "forge/common/trace.h"
 #include "forge/trainer/spec.h"
-#include "forge/trainer/trace.h"
 #include "plan.h"
 #include "report.h"
 #include "train_run.h"
@@ -31,7 +31,7 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: forge-train SPEC.ini [--section.key=value ...] [--print-config] [--force-new] [--trace]\n"
-    "       forge-train SPEC.ini [--section.key=value ...] --plan [--json]\n"
+    "       forge-train SPEC.ini [--section.key=value ...] --plan [--schedule] [--json]\n"
     "       forge-train report RUN_DIR\n"
     "       forge-train trace-merge TRACE_DIR\n"
     "       forge-train failure RUN_DIR --exit RC [--srun-log FILE] [--lost-node NODE ...] "
@@ -42,7 +42,7 @@ constexpr const char* kUsage =
     "                  layout ([parallel] keys): parameters held, memory (weights, gradients, AdamW, BF16\n"
     "                  copy, activations, buffers), the model's total and active parameters and FLOPs per\n"
     "                  token; then the same as one JSON line (--json: only that line). run.device = auto\n"
-    "                  plans for CUDA\n"
+    "                  plans for CUDA; --schedule also lists every pipeline stage's actions in a step\n"
     "  --force-new     start afresh even if run.dir holds checkpoints of another spec (the old\n"
     "                  checkpoints, metrics and summary are moved to <run.dir>/superseded/<time>/)\n"
     "  --trace         trace 3 steps (run.trace_steps = auto; or A-B) into\n"
@@ -77,13 +77,13 @@ void record_exit(const std::string& run_dir, const std::string& spec_hash, int r
 
 // Validates the spec, starts the ranks and trains.
 int train_command(const forge::Config& config, bool print_config, bool force_new,
-                  forge::trainer::Bootstrap& boot) {
+                  forge::comm::Bootstrap& boot) {
   forge::trainer::TrainSpec spec = forge::trainer::train_spec(config);
   if (print_config) {
     fmt::print("# spec hash {}\n{}", config.hash(), config.to_ini());
     return 0;
   }
-  boot = forge::trainer::bootstrap();
+  boot = forge::comm::bootstrap();
   // FORGE_LOG_LEVEL (trace..off) and FORGE_LOG_ALL_RANKS=1 for debugging (scripts/sbatch/debug.sh).
   const char* level = std::getenv("FORGE_LOG_LEVEL");
   const char* all_ranks = std::getenv("FORGE_LOG_ALL_RANKS");
@@ -91,10 +91,10 @@ int train_command(const forge::Config& config, bool print_config, bool force_new
                       all_ranks != nullptr && std::string(all_ranks) == "1");
   if (spec.parallel.elastic) {
     // The job's layout (--train-layout) is the largest it may run on; its dp follows the ranks started.
-    forge::trainer::check_layout_of_job(spec.layout);
+    forge::comm::check_layout_of_job(spec.layout);
     spec = forge::trainer::elastic_spec(spec, boot.size);
   } else {
-    forge::trainer::check_layout(boot, spec.layout);
+    forge::comm::check_layout(boot, spec.layout);
   }
   return forge::launcher::train(config, spec, force_new, boot);
 }
@@ -102,7 +102,7 @@ int train_command(const forge::Config& config, bool print_config, bool force_new
 }  // namespace
 
 int main(int argc, char** argv) {
-  forge::trainer::Bootstrap boot;
+  forge::comm::Bootstrap boot;
   std::string run_dir, spec_hash;  // known once the spec is read: where the failure record goes
   const int code = forge::run_cli("forge-train", [&]() -> int {
     if (argc >= 2 && std::string(argv[1]) == "report") {
@@ -116,13 +116,13 @@ int main(int argc, char** argv) {
       if (argc != 3)
         forge::fail(forge::ExitCode::kUsage,
                     "usage: forge-train trace-merge TRACE_DIR (one trace directory)");
-      const int ranks = forge::trainer::merge_traces(argv[2]);
+      const int ranks = forge::merge_traces(argv[2]);
       fmt::print("{}/merged.json: {} ranks on one timeline\n", argv[2], ranks);
       return 0;
     }
     std::string spec_path;
     std::vector<std::string> overrides;
-    bool print_config = false, force_new = false, plan = false, json = false;
+    bool print_config = false, force_new = false, plan = false, json = false, schedule = false;
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       if (a == "--help" || a == "-h") {
@@ -135,6 +135,8 @@ int main(int argc, char** argv) {
         plan = true;
       } else if (a == "--json") {
         json = true;
+      } else if (a == "--schedule") {
+        schedule = true;
       } else if (a == "--force-new") {
         force_new = true;
       } else if (a == "--trace") {
@@ -156,10 +158,11 @@ int main(int argc, char** argv) {
     forge::trainer::add_trainer_keys(schema);
     forge::launcher::add_checkpoint_keys(schema);
     const forge::Config config = forge::load_config(schema, spec_path, overrides);
-    if (json && !plan)
-      forge::fail(forge::ExitCode::kUsage, "--json goes with --plan (forge-train SPEC.ini --plan --json)");
+    if ((json || schedule) && !plan)
+      forge::fail(forge::ExitCode::kUsage, "{} goes with --plan (forge-train SPEC.ini --plan {})",
+                  json ? "--json" : "--schedule", json ? "--json" : "--schedule");
     // A plan starts no ranks and writes nothing: no failure record either.
-    if (plan) return forge::launcher::plan_command(config, json);
+    if (plan) return forge::launcher::plan_command(config, json, schedule);
     run_dir = config.get<std::string>("run.dir");
     spec_hash = config.hash();
     try {

@@ -6,6 +6,7 @@
 #include "forge/common/error.h"
 #include "forge/trainer/backend.h"
 #include "forge/trainer/parallel.h"
+#include "forge/trainer/schedule.h"
 
 #include <fmt/format.h>
 
@@ -175,7 +176,8 @@ Plan make_plan(const T::TrainSpec& validated) {
     st.last_layer = bounds[size_t(s) + 1];
     st.embedding = s == 0;
     st.head = s == lay.pp - 1;
-    st.slots = std::min(spec.microbatches, lay.pp - s);  // ParallelTrainer: 1F1B's in-flight micro-batches
+    plan.pipeline.stages.push_back(T::one_f_one_b(lay.pp, s, spec.microbatches));
+    st.slots = T::in_flight(plan.pipeline.stages.back());  // ParallelTrainer's activation slots
     st.ranks = lay.tp * lay.cp * lay.dp;
     // Tensor-parallel rank 0 and expert-parallel rank 0: every rank's shares are equal.
     const T::ModelSlice slice{st.first_layer, st.last_layer, st.embedding, st.head, 0, lay.tp, 0, lay.ep};
@@ -244,6 +246,7 @@ Plan make_plan(const T::TrainSpec& validated) {
     }
     plan.stages.push_back(st);
   }
+  plan.pipeline.bubble = T::simulate(plan.pipeline.stages, spec.microbatches).bubble;
   return plan;
 }
 
@@ -338,6 +341,12 @@ std::string format_plan(const Plan& plan) {
       "step of {:.0f} tokens: {}\n",
       flops_str(plan.flops_per_token), flops_str(plan.attention_flops),
       100.0 * plan.attention_flops / plan.flops_per_token, tokens, flops_str(plan.flops_per_token * tokens));
+  if (lay.pp > 1)
+    out += fmt::format(
+        "pipeline: {} over {} stages, {} micro-batch{} per step: bubble {:.1f}% of the step (equal stages, a "
+        "backward twice a forward; --schedule lists every stage's actions)\n",
+        plan.pipeline.schedule, lay.pp, spec.microbatches, spec.microbatches == 1 ? "" : "es",
+        100.0 * plan.pipeline.bubble);
   size_t largest = 0, job = 0;
   int largest_stage = 0;
   for (const StagePlan& st : plan.stages) {
@@ -392,6 +401,14 @@ std::string format_plan(const Plan& plan) {
   return out;
 }
 
+std::string format_schedule(const Plan& plan) {
+  std::string out =
+      fmt::format("schedule {} (F: forward, B: backward of micro-batch i):\n", plan.pipeline.schedule);
+  for (size_t s = 0; s < plan.pipeline.stages.size(); ++s)
+    out += fmt::format("  stage {}: {}\n", s, T::describe(plan.pipeline.stages[s]));
+  return out;
+}
+
 Json plan_json(const Plan& plan) {
   const T::TrainSpec& spec = plan.spec;
   const Layout& lay = spec.layout;
@@ -437,15 +454,17 @@ Json plan_json(const Plan& plan) {
             {"attention", plan.attention_flops},
             {"attention_share", plan.attention_flops / plan.flops_per_token}}},
           {"stages", stages},
+          {"pipeline", {{"schedule", plan.pipeline.schedule}, {"bubble", plan.pipeline.bubble}}},
           {"largest_rank_bytes", largest},
           {"job_bytes", job}};
 }
 
-int plan_command(const Config& config, bool json_only) {
+int plan_command(const Config& config, bool json_only, bool schedule) {
   // train_spec validates the spec and the layout as a run does (exit 64, the same message); a plan needs
   // no ranks, so the world size is not checked.
   const Plan plan = make_plan(T::train_spec(config));
   if (!json_only) std::fputs(format_plan(plan).c_str(), stdout);
+  if (!json_only && schedule) std::fputs(format_schedule(plan).c_str(), stdout);
   check_memory_cap(plan);
   std::fputs((plan_json(plan).dump() + "\n").c_str(), stdout);
   return 0;

@@ -15,6 +15,7 @@
 #include "forge/common/config.h"
 #include "forge/common/json.h"
 #include "forge/trainer/model.h"
+#include "forge/trainer/schedule.h"
 #include "forge/trainer/spec.h"
 
 #include <cstddef>
@@ -56,6 +57,14 @@ struct StagePlan {
   size_t total() const { return weights + gradients + optimizer + bf16_copy + activations + buffers(); }
 };
 
+// The pipeline's schedule (schedule.h): every stage's actions in a step and the bubble they imply with
+// equal stages and a backward costing twice a forward.
+struct PipelinePlan {
+  std::string schedule = "1f1b";
+  std::vector<trainer::StageSchedule> stages;
+  double bubble = 0;
+};
+
 struct Plan {
   trainer::TrainSpec spec;      // device and dtype resolved for the planned device
   double total_parameters = 0;  // the logical model (position embeddings excluded: parameter_counts)
@@ -63,6 +72,7 @@ struct Plan {
   double flops_per_token = 0;  // trainer::flops_per_token
   double attention_flops = 0;  // its attention part: 12 x layers x keys x heads x head_dim
   std::vector<StagePlan> stages;
+  PipelinePlan pipeline;
 };
 
 // The plan of a validated spec (train_spec). run.device = auto plans for CUDA (the cluster's nodes; an
@@ -74,11 +84,13 @@ Plan make_plan(const trainer::TrainSpec& spec);
 // fit. Called before anything is allocated.
 void check_memory_cap(const Plan& plan);
 
-std::string format_plan(const Plan& plan);  // human-readable lines
-Json plan_json(const Plan& plan);           // the same numbers, one document
+std::string format_plan(const Plan& plan);      // human-readable lines
+std::string format_schedule(const Plan& plan);  // every stage's actions, one line each
+Json plan_json(const Plan& plan);               // the same numbers, one document
 
-// forge-train SPEC --plan [--json]: validates `config` as a run does (exit 64 on a bad spec or layout, the
-// run's message) and prints the plan (then its JSON on one line), or only the JSON line. Returns 0.
-int plan_command(const Config& config, bool json_only);
+// forge-train SPEC --plan [--schedule] [--json]: validates `config` as a run does (exit 64 on a bad spec or
+// layout, the run's message) and prints the plan (with `schedule`, every stage's actions), then its JSON
+// on one line; or only the JSON line. Returns 0.
+int plan_command(const Config& config, bool json_only, bool schedule = false);
 
 }  // namespace forge::launcher

@@ -3,19 +3,19 @@
 #include "checkpointing.h"
 #include "data_source.h"
 #include "failure_record.h"
+#include "forge/common/activity.h"
 #include "forge/common/error.h"
 #include "forge/common/hash.h"
 #include "forge/common/json.h"
 #include "forge/common/local_rank.h"
 #include "forge/common/text.h"
+#include "forge/common/trace.h"
 #include "forge/trainer/device_runtime.h"
 #include "forge/trainer/guard.h"
 #include "forge/trainer/metrics.h"
 #include "forge/trainer/parallel.h"
-#include "forge/trainer/progress.h"
 #include "forge/trainer/runtime.h"
 #include "forge/trainer/staged_comm.h"
-#include "forge/trainer/trace.h"
 #include "forge/trainer/watchdog.h"
 #include "job_gauges.h"
 #include "plan.h"
@@ -91,7 +91,7 @@ struct Totals {
 
 struct RunInfo {
   const trainer::TrainSpec& spec;
-  const trainer::ProcessGroups& groups;
+  const comm::ProcessGroups& groups;
   const Config& config;
   double peak = 0, fpt = 0;
   Clock::time_point start;
@@ -103,13 +103,12 @@ struct RunInfo {
 
 // The traced steps' timelines: every rank writes its own, then rank 0 puts them on one timeline. A trace
 // that cannot be written costs a warning, never the run.
-void finish_trace(const trainer::ProcessGroups& groups, const std::string& dir,
-                  const trainer::TraceSteps& w) {
+void finish_trace(const comm::ProcessGroups& groups, const std::string& dir, const trainer::TraceSteps& w) {
   const std::string label = fmt::format("rank {} (tp {} dp {} pp {}) {}", groups.rank, groups.tp_rank,
                                         groups.dp_rank, groups.pp_rank, host_name());
   double failed = 0;
   try {
-    trainer::Trace::stop_and_write(dir, groups.rank, label);
+    Trace::stop_and_write(dir, groups.rank, label);
   } catch (const Error& e) {
     spdlog::warn("trace not written: {}", e.what());
     failed = 1;
@@ -117,7 +116,7 @@ void finish_trace(const trainer::ProcessGroups& groups, const std::string& dir,
   // Also the barrier before rank 0 reads every rank's file.
   if (groups.world->all_reduce_sum(failed) > 0 || groups.rank != 0) return;
   try {
-    const int ranks = trainer::merge_traces(dir);
+    const int ranks = merge_traces(dir);
     spdlog::info(
         "trace of steps {}-{}: {}/merged.json ({} ranks; open it in ui.perfetto.dev or chrome://tracing)",
         w.first, w.last, dir, ranks);
@@ -135,26 +134,26 @@ Json domain_counts(const std::vector<std::string>& names, const std::vector<int6
 
 // The samples of each domain in this step's micro-batches, over the data-parallel group (every rank reads
 // its group's slice; the tensor and pipeline peers of a slice read the same rows and are not added).
-std::vector<int64_t> step_domain_samples(trainer::ProcessGroups& g, std::span<const MicroBatch> batches,
+std::vector<int64_t> step_domain_samples(comm::ProcessGroups& g, std::span<const MicroBatch> batches,
                                          size_t domains) {
   std::vector<double> counts(domains, 0.0);
   for (const MicroBatch& b : batches)
     for (const uint16_t d : b.domains)
       if (d < domains) counts[d] += 1;
-  g.dp->all_reduce(counts.data(), counts.size(), trainer::CommType::kF64, trainer::ReduceOp::kSum)->wait();
+  g.dp->all_reduce(counts.data(), counts.size(), comm::CommType::kF64, comm::ReduceOp::kSum)->wait();
   return {counts.begin(), counts.end()};
 }
 
 // The node-local cache's work at open, over every rank of the job: counts summed, staging time the
 // slowest rank's (every rank waits for its node's staging before the first step). Null without a cache.
-Json job_cache_stats(trainer::ProcessGroups& g, const trainer::TrainSpec& spec, const DataSource& data) {
+Json job_cache_stats(comm::ProcessGroups& g, const trainer::TrainSpec& spec, const DataSource& data) {
   if (spec.cache_dir.empty() || data.version().empty()) return nullptr;
   const data::CacheStats mine = data.cache_stats();
   double sums[4] = {double(mine.hits), double(mine.misses), double(mine.fallbacks),
                     double(mine.bytes_staged)};
   double slowest = mine.staging_s;
-  g.world->all_reduce(sums, 4, trainer::CommType::kF64, trainer::ReduceOp::kSum)->wait();
-  g.world->all_reduce(&slowest, 1, trainer::CommType::kF64, trainer::ReduceOp::kMax)->wait();
+  g.world->all_reduce(sums, 4, comm::CommType::kF64, comm::ReduceOp::kSum)->wait();
+  g.world->all_reduce(&slowest, 1, comm::CommType::kF64, comm::ReduceOp::kMax)->wait();
   return {{"dir", spec.cache_dir},         {"hits", int64_t(sums[0])},         {"misses", int64_t(sums[1])},
           {"fallbacks", int64_t(sums[2])}, {"bytes_staged", int64_t(sums[3])}, {"staging_s", slowest}};
 }
@@ -247,7 +246,7 @@ struct RankStatus {
   std::vector<double> step_seconds;
   bool stop = false;
 };
-RankStatus exchange_status(trainer::ProcessGroups& g, double seconds, bool stop,
+RankStatus exchange_status(comm::ProcessGroups& g, double seconds, bool stop,
                            std::span<const MicroBatch> batches, int64_t step) {
   std::vector<uint64_t> mine{std::bit_cast<uint64_t>(seconds), stop ? 1u : 0u};
   for (const MicroBatch& b : batches)
@@ -255,7 +254,7 @@ RankStatus exchange_status(trainer::ProcessGroups& g, double seconds, bool stop,
       mine.push_back(trainer::sample_key(b.sample_ids[r], b.epochs[r]));
   const size_t per_rank = mine.size();
   std::vector<uint64_t> all(per_rank * size_t(g.world->size()));
-  g.world->all_gather(mine.data(), all.data(), per_rank * sizeof(uint64_t), trainer::CommType::kU8)->wait();
+  g.world->all_gather(mine.data(), all.data(), per_rank * sizeof(uint64_t), comm::CommType::kU8)->wait();
   RankStatus status;
   for (size_t r = 0; r < all.size(); r += per_rank) {
     status.step_seconds.push_back(std::bit_cast<double>(all[r]));
@@ -276,23 +275,23 @@ RankStatus exchange_status(trainer::ProcessGroups& g, double seconds, bool stop,
 
 // The data-parallel replicas must hold bitwise-identical parameters (ZeRO-1 gathers them, plain DP
 // applies the same update): compare their checksums.
-void compare_replicas(trainer::ProcessGroups& g, trainer::GPT& model, int64_t step) {
+void compare_replicas(comm::ProcessGroups& g, trainer::GPT& model, int64_t step) {
   trainer::Backend& backend = model.backend();
   const uint64_t mine = backend.host_memory()
                             ? trainer::parameter_checksum(model.weights())
                             : trainer::parameter_checksum(backend.host_copy<float>(model.weights()));
   std::vector<uint64_t> all(size_t(g.layout.dp));
-  g.dp->all_gather(&mine, all.data(), sizeof mine, trainer::CommType::kU8)->wait();
+  g.dp->all_gather(&mine, all.data(), sizeof mine, comm::CommType::kU8)->wait();
   trainer::check_replicas(step, all);
 }
 
 // Each rank's node, for failure records that name a peer (every rank learns every host).
-std::vector<std::string> gather_hosts(trainer::Comm& world) {
+std::vector<std::string> gather_hosts(comm::Comm& world) {
   constexpr size_t kHost = 64;
   std::string mine = node_name().substr(0, kHost - 1);
   mine.resize(kHost, '\0');
   std::string all(kHost * size_t(world.size()), '\0');
-  world.all_gather(mine.data(), all.data(), kHost, trainer::CommType::kU8)->wait();
+  world.all_gather(mine.data(), all.data(), kHost, comm::CommType::kU8)->wait();
   std::vector<std::string> hosts;
   for (int r = 0; r < world.size(); ++r) hosts.emplace_back(all.c_str() + size_t(r) * kHost);
   return hosts;
@@ -312,11 +311,11 @@ double host_memory_available() {
 // The memory plan against the hosts: the ranks of each host together need their weights, gradients,
 // optimizer state and activations. A plan that cannot fit stops every rank at once, before the first step,
 // with the numbers and what to change (class oom_host), instead of the kernel's OOM killer mid-run.
-void check_memory_plan(trainer::ProcessGroups& g, trainer::ParallelTrainer& t, double available_at_start) {
+void check_memory_plan(comm::ProcessGroups& g, trainer::ParallelTrainer& t, double available_at_start) {
   const double mine[2] = {double(t.parameter_bytes() + t.optimizer_bytes() + t.model().activation_bytes()),
                           available_at_start};
   std::vector<double> all(2 * size_t(g.world->size()));
-  g.world->all_gather(mine, all.data(), 2, trainer::CommType::kF64)->wait();
+  g.world->all_gather(mine, all.data(), 2, comm::CommType::kF64)->wait();
   std::map<std::string, std::pair<double, double>> hosts;  // need, available
   for (int r = 0; r < g.world->size(); ++r) {
     auto& [need, available] = hosts[rank_host(r)];
@@ -340,7 +339,7 @@ void check_memory_plan(trainer::ProcessGroups& g, trainer::ParallelTrainer& t, d
 // one that turned bad stops the way a CUDA error would, with class gpu, so the whole recovery chain runs
 // without a GPU. Slurm sets no CUDA_VISIBLE_DEVICES for fake devices: rank L of a node drives gpuL, as
 // on a node of its own. Empty outside the dev cluster or without GPUs.
-std::string fake_gpu_health_file(const trainer::Bootstrap& boot) {
+std::string fake_gpu_health_file(const comm::Bootstrap& boot) {
   const char* cluster = std::getenv("FORGE_DEVCLUSTER_DIR");
   const char* node = std::getenv("SLURMD_NODENAME");
   if (cluster == nullptr || node == nullptr || std::getenv("SLURM_GPUS_ON_NODE") == nullptr) return {};
@@ -409,7 +408,7 @@ DeviceRun open_device(trainer::TrainSpec& spec, int rank) {
 
 // What a rank's model asks of device memory: its stage's plan (plan.h), computed before anything is
 // allocated.
-std::string device_plan(const trainer::TrainSpec& spec, const trainer::ProcessGroups& g) {
+std::string device_plan(const trainer::TrainSpec& spec, const comm::ProcessGroups& g) {
   const StagePlan st = make_plan(spec).stages.at(size_t(g.pp_rank));
   const double gib = 1024.0 * 1024.0 * 1024.0;
   return fmt::format(
@@ -422,355 +421,414 @@ std::string device_plan(const trainer::TrainSpec& spec, const trainer::ProcessGr
 
 // The communicator the process groups are split from: NCCL over GPU memory, or MPI, which moves host
 // memory (staged through it on a GPU: parallel.comm = mpi).
-std::unique_ptr<trainer::Comm> group_world(std::unique_ptr<trainer::Comm> mpi, DeviceRun& d,
-                                           const trainer::TrainSpec& spec) {
+std::unique_ptr<comm::Comm> group_world(std::unique_ptr<comm::Comm> mpi, DeviceRun& d,
+                                        const trainer::TrainSpec& spec) {
   if (d.cuda == nullptr) return mpi;
   if (spec.parallel.comm == trainer::CommKind::kNccl)
     return trainer::staged_comm(d.cuda->nccl(*mpi), *d.backend, trainer::CommMemory::kDevice);
   return trainer::staged_comm(std::move(mpi), *d.backend, trainer::CommMemory::kHost);
 }
 
+// One rank's run: set up by the constructor (every check that can reject the spec or the data runs before
+// the model's memory is allocated; then the process groups, the trainer, the resume), trained by run(),
+// one step after another, each ending in one metrics record.
+class TrainingRun {
+ public:
+  TrainingRun(const Config& config, trainer::TrainSpec spec, bool force_new, const comm::Bootstrap& boot,
+              std::unique_ptr<comm::Comm> world, double memory_available);
+  // Trains to spec.steps; returns the exit code (failures are thrown after summary.json is written).
+  int run();
+
+ private:
+  // What one step cost beside its computation (the record's data and checkpoint fields).
+  struct StepCosts {
+    double data_s = 0;
+    uint64_t data_bytes = 0;
+    double checkpoint_stall_s = 0;
+  };
+  // Writes the step's metrics record (file, TensorBoard, gauges, rank 0's progress line): the step's
+  // figures, its costs, the checkpoint and guard events, the stragglers and replica checks of the ranks'
+  // status exchange. Throws (exit 74) when a checkpoint failed. Returns whether a rank got a stop signal.
+  bool record_step(const StepCosts& costs, int64_t tokens_so_far, bool first_record);
+  void take_checkpoint_events(Json& rec);
+  void take_guard_events(Json& rec);
+  void publish();
+  // A signal asked the job to stop after this step: a recovery checkpoint, the summary, exit 75.
+  [[noreturn]] void stop_preempted(int64_t tokens_so_far);
+  // The metrics file from the checkpoint of `step` on (a resume, a rewind); a record it restored in place
+  // of the step's lost one goes to TensorBoard too.
+  void open_metrics(int64_t step);
+  void on_hang(const trainer::Hang& hang);
+
+  const Config& config_;
+  const std::string spec_hash_;
+  trainer::TrainSpec spec_;
+  DeviceRun device_;
+  std::unique_ptr<DataSource> data_;
+  comm::ProcessGroups groups_;
+  std::optional<RunInfo> info_;
+  std::unique_ptr<trainer::ParallelTrainer> trainer_;
+  std::string gpu_health_;
+  std::optional<RunCheckpoints> checkpoints_;
+  int64_t first_step_ = 0;
+  std::optional<TensorBoardLog> tensorboard_;
+  std::optional<trainer::MetricsWriter> metrics_;
+  std::optional<JobGauges> gauges_;
+
+  Totals totals_;
+  // The watchdog's snapshot of the totals: it writes summary.json (exit class "comm") while the loop is
+  // stuck, so it must not read what the loop is writing.
+  std::mutex snapshot_mutex_;
+  Totals snapshot_;
+  std::optional<trainer::StepGuard> guard_;
+  std::optional<trainer::StragglerDetector> stragglers_;
+  std::vector<MicroBatch> batches_;
+  trainer::StepStats st_;
+  bool summary_written_ = false;
+};
+
+TrainingRun::TrainingRun(const Config& config, trainer::TrainSpec spec, bool force_new,
+                         const comm::Bootstrap& boot, std::unique_ptr<comm::Comm> world,
+                         double memory_available)
+    : config_(config), spec_hash_(config.hash()), spec_(std::move(spec)) {
+  device_ = open_device(spec_, boot.rank);
+  check_memory_cap(make_plan(spec_));  // the device resolved: the plan is this run's
+  data_ = open_data(config, spec_, spec_.layout.coords(boot.rank).dp, *world, *device_.backend);
+  std::optional<trainer::ModelSpec> teacher_config;
+  if (spec_.objective == trainer::Objective::kDistill)
+    teacher_config = check_teacher(config, spec_, data_->tokenizer());
+  check_resume_spec(config, spec_.dir, force_new);
+  std::error_code ec;
+  fs::create_directories(fs::path(spec_.dir) / "metrics", ec);
+  if (ec) fail(ExitCode::kIo, "cannot create run directory {}/metrics: {}", spec_.dir, ec.message());
+
+  set_rank_hosts(gather_hosts(*world));
+  groups_ = comm::make_groups(group_world(std::move(world), device_, spec_), spec_.layout);
+  trainer::use_threads(spec_.threads);
+  info_.emplace(RunInfo{spec_, groups_, config, 0, trainer::flops_per_token(spec_.model), Clock::now(), 0,
+                        data_->domains(), job_cache_stats(groups_, spec_, *data_)});
+  RunInfo& info = *info_;
+  if (groups_.rank == 0 && !info.cache.is_null())
+    spdlog::info(
+        "data cache {}: {} shards read from the cache, {} staged ({:.1f} MB, slowest rank {:.2f} s), {} "
+        "read from the shared copy (all ranks)",
+        spec_.cache_dir, info.cache["hits"].get<int64_t>(), info.cache["misses"].get<int64_t>(),
+        double(info.cache["bytes_staged"].get<int64_t>()) / 1e6, info.cache["staging_s"].get<double>(),
+        info.cache["fallbacks"].get<int64_t>());
+  // MFU is the job's: its tokens against every rank's peak (rank 0 measures one rank's).
+  double peak = spec_.peak_gflops;
+  if (peak <= 0 && device_.cuda != nullptr) {
+    peak = device_.cuda->peak_bf16_gflops();
+    if (peak <= 0 && groups_.rank == 0)
+      spdlog::warn("{} is not in the table of BF16 peaks: set run.peak_gflops for MFU", device_.description);
+  } else if (peak <= 0) {
+    peak = groups_.rank == 0 ? trainer::measure_sgemm_gflops(2048, 2) : 0.0;
+    groups_.world->all_reduce(&peak, 1, comm::CommType::kF64, comm::ReduceOp::kMax)->wait();
+  }
+  info.peak = peak * groups_.layout.world();
+  // The teacher runs where the student's classifier is (teacher.h).
+  std::shared_ptr<trainer::GPT> teacher;
+  if (teacher_config && groups_.last_stage())
+    teacher = load_teacher(spec_, *teacher_config, *device_.backend);
+  // Out of device memory while the model's buffers are allocated: the error names the allocation; the plan
+  // says what the rank needed.
+  try {
+    trainer_ =
+        std::make_unique<trainer::ParallelTrainer>(spec_, groups_, *device_.backend, std::move(teacher));
+  } catch (const Error& e) {
+    if (e.fault() != Fault::kOomDevice) throw;
+    throw Error(
+        e.code(),
+        fmt::format("{}; the plan of rank {}: {}", e.what(), groups_.rank, device_plan(spec_, groups_)),
+        e.fault());
+  }
+  const std::string plan = trainer_->describe_plan();
+  if (groups_.rank == 0) fmt::print(stderr, "{}", plan);
+  if (device_.cuda == nullptr) check_memory_plan(groups_, *trainer_, memory_available);
+  gpu_health_ = fake_gpu_health_file(boot);
+  checkpoints_.emplace(config, spec_, *trainer_, *data_);
+  first_step_ = checkpoints_->resume();
+  info.resumed_from = first_step_;
+  set_last_finished_step(first_step_);
+  tensorboard_.emplace(spec_.dir, groups_.rank, first_step_);
+  open_metrics(first_step_);
+  gauges_.emplace(groups_);
+  spdlog::info(
+      "run '{}': {}; steps {}..{} on {}, layout {} ({}), {} {} over {}, {} threads per rank, {} parameters "
+      "on this rank, peak {:.0f} GFLOP/s, spec {}",
+      spec_.name, trainer::model_description(spec_.model), first_step_ + 1, spec_.steps, data_->describe(),
+      groups_.layout.str(), boot.describe(), device_.description, trainer::dtype_name(spec_.dtype),
+      trainer::comm_name(spec_.parallel.comm), spec_.threads, trainer_->model().weights().size(), info.peak,
+      spec_hash_);
+  std::signal(SIGUSR1, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+}
+
+void TrainingRun::open_metrics(int64_t step) {
+  metrics_.reset();
+  metrics_.emplace(metrics_path(spec_, groups_.rank), step, checkpoints_->loaded_outcome());
+  if (!metrics_->restored().is_null()) tensorboard_->write(metrics_->restored());
+}
+
+void TrainingRun::publish() {
+  std::lock_guard lock(snapshot_mutex_);
+  snapshot_ = totals_;
+}
+
+void TrainingRun::on_hang(const trainer::Hang& hang) {
+  Totals t;
+  {
+    std::lock_guard lock(snapshot_mutex_);
+    t = snapshot_;
+  }
+  t.committed_up_to(checkpoints_->committed_step());  // a save may have committed since the last step
+  try {
+    write_summary(*info_, t, ExitCode::kComm);
+  } catch (const std::exception&) {
+    // The exit code still says what happened.
+  }
+  // A rank waiting on a peer names that peer when it knows it (send/recv); a rank stuck in its own work
+  // (compute, data, a checkpoint) names itself; one waiting in a collective leaves the naming to the
+  // stuck rank's own record.
+  FailureRecord r{FailureClass::kComm, int(ExitCode::kComm), t.steps, {}, {hang.line}};
+  if (hang.peer >= 0)
+    r.suspects.push_back({hang.peer, rank_host(hang.peer)});
+  else if (!is_communication(hang.what))
+    r.suspects.push_back({groups_.rank, node_name()});
+  write_failure_record(spec_.dir, JobKey::from_environment(), r, config_.hash());
+  trainer::exit_on_hang(hang);
+}
+
+void TrainingRun::take_checkpoint_events(Json& rec) {
+  totals_.committed_up_to(checkpoints_->committed_step());  // rank 0, as soon as it is on disk
+  for (const auto& e : checkpoints_->take_events()) {
+    rec["ckpt_events"].push_back(e.to_json());
+    if (e.outcome == ckpt::Outcome::kCommitted) totals_.committed_up_to(e.step);  // every rank, later
+    // Training on without the checkpoints the schedule promises would waste what a failure costs.
+    if (e.outcome == ckpt::Outcome::kFailed)
+      fail(ExitCode::kIo,
+           "the {} checkpoint of step {} could not be written: {}; free space or fix "
+           "permissions under {}/checkpoints, then resubmit (the run resumes from its last checkpoint)",
+           ckpt::tier_name(e.tier), e.step, e.error, spec_.dir);
+  }
+}
+
+void TrainingRun::take_guard_events(Json& rec) {
+  trainer::StepGuard& guard = *guard_;
+  for (auto& e : guard.take_events()) {
+    if (e["kind"] == "loss_spike")
+      spdlog::warn("step {}: loss spike {:.4f} (z = {:.1f} over the last {} steps)", st_.step, st_.loss,
+                   e["z"].get<double>(), spec_.guard.spike_window);
+    else if (e["kind"] == "dead_expert")
+      spdlog::warn("step {}: dead expert {}/{}: no token for {} steps (guard.dead_expert_steps)", st_.step,
+                   e["layer"].get<int>(), e["expert"].get<int>(), e["idle_steps"].get<int64_t>());
+    else if (e["kind"] == "expert_imbalance")
+      spdlog::warn(
+          "step {}: MoE block {}: the busiest expert gets {:.1f}x the mean (guard.expert_imbalance = {})",
+          st_.step, e["layer"].get<int>(), e["max_over_mean"].get<double>(), spec_.guard.expert_imbalance);
+    else if (e["kind"] == "nonfinite" && e["action"] == "skip")
+      spdlog::warn(
+          "step {}: loss {}, gradient norm {}: update skipped ({} in a row, guard.max_bad_steps = {})",
+          st_.step, st_.loss, st_.grad_norm, guard.consecutive_bad(), spec_.guard.max_bad_steps);
+    rec["guard_events"].push_back(std::move(e));
+  }
+  totals_.spikes = guard.spikes();
+}
+
+bool TrainingRun::record_step(const StepCosts& costs, int64_t tokens_so_far, bool first_record) {
+  RunInfo& info = *info_;
+  std::vector<int64_t> step_domains;
+  if (!info.domains.empty()) {
+    step_domains = step_domain_samples(groups_, batches_, info.domains.size());
+    for (size_t i = 0; i < step_domains.size(); ++i) totals_.domain_samples[i] += step_domains[i];
+  }
+  Json rec = trainer::metrics_record(st_, tokens_so_far, info.fpt, info.peak);
+  rec["spec_hash"] = spec_hash_;
+  rec["data_wait_ms"] = costs.data_s * 1e3;
+  rec["data_bytes"] = costs.data_bytes;
+  rec["ckpt_stall_ms"] = costs.checkpoint_stall_s * 1e3;
+  rec["comm_ms"] = st_.comm_s * 1e3;
+  rec["bubble_ms"] = st_.bubble_s * 1e3;
+  rec["compute_ms"] = (st_.seconds - st_.comm_s - st_.bubble_s) * 1e3;
+  rec["comm_bytes"] = st_.comm_bytes;
+  rec["peak_rss_mib"] = peak_rss_mib();
+  if (device_.cuda != nullptr) {
+    info.peak_device_bytes = std::max(info.peak_device_bytes, device_.backend->device_bytes_in_use());
+    rec["device_mem_mib"] = double(info.peak_device_bytes) / (1 << 20);
+  }
+  if (!step_domains.empty()) rec["data_domains"] = domain_counts(info.domains, step_domains);
+  // The cache works once, at open: this rank's part goes with the process's first record.
+  if (first_record && !info.cache.is_null()) rec["data_cache"] = data_->cache_stats().to_json();
+  std::optional<TraceSpan> span(std::in_place, "status exchange", "bookkeeping");
+  const RankStatus status = exchange_status(groups_, st_.seconds, g_stop_signal != 0, batches_, st_.step);
+  if (groups_.layout.world() > 1) {
+    const auto slow = stragglers_->observe(status.step_seconds);
+    if (!slow.empty()) {
+      rec["stragglers"] = slow;
+      if (groups_.rank == 0)
+        spdlog::warn("step {}: rank(s) {} slower than the median step time by more than {:.0f}% for {} steps",
+                     st_.step, fmt::join(slow, ","), 100 * spec_.guard.straggler_margin,
+                     spec_.guard.straggler_steps);
+    }
+  }
+  if (groups_.layout.dp > 1 && trainer::checksum_due(st_.step, spec_.guard.checksum_every)) {
+    span.emplace("replica checksums", "bookkeeping");
+    compare_replicas(groups_, trainer_->model(), st_.step);
+  }
+  span.emplace("metrics", "bookkeeping");
+  if (!st_.finite) rec["skipped"] = true;
+  if (first_record && first_step_ > 0) rec["resumed_from"] = first_step_;
+  take_checkpoint_events(rec);
+  take_guard_events(rec);
+  totals_.mfu_sum += rec["mfu"].get<double>();
+  metrics_->write(rec);
+  tensorboard_->write(rec);
+  const double process_s = seconds_since(g_process_start);
+  gauges_->update(rec, {process_s - std::max(0.0, totals_.committed_at_s), totals_.kept_train_s / process_s});
+  if (groups_.rank == 0)
+    fmt::print(stderr, "step {}/{} loss {:.4f} gnorm {:.3f} lr {:.2e} {:.0f} ms {:.0f} tok/s mfu {:.1f}%\n",
+               st_.step, spec_.steps, st_.loss, st_.grad_norm, st_.lr, st_.seconds * 1e3,
+               rec["tokens_per_s"].get<double>(), 100.0 * rec["mfu"].get<double>());
+  return status.stop;
+}
+
+void TrainingRun::stop_preempted(int64_t tokens_so_far) {
+  mark_activity("checkpoint");
+  checkpoints_->save_now(st_, tokens_so_far, batches_);
+  totals_.saved[st_.step] = {totals_.train_s, seconds_since(g_process_start)};
+  totals_.committed_up_to(st_.step);  // save_now returns once it is committed
+  publish();
+  // Ranks the signal did not reach stop because a peer got it (SIGUSR1 from srun or the batch script).
+  // The planned path, said once for the job by rank 0, after its summary is written and before any rank
+  // leaves: srun --kill-on-bad-exit ends the whole step at the first rank that exits 75.
+  write_summary(*info_, totals_, ExitCode::kPreempted);
+  summary_written_ = true;
+  if (groups_.rank == 0)
+    fmt::print(stderr,
+               "forge-train: stopped: preempted (signal {}) after step {}: recovery checkpoint saved; the "
+               "requeued job resumes from it\n",
+               g_stop_signal != 0 ? int(g_stop_signal) : SIGUSR1, st_.step);
+  groups_.world->barrier();
+  throw Error(ExitCode::kPreempted, "");  // exit 75; the line above said why
+}
+
+int TrainingRun::run() {
+  totals_.steps = first_step_;
+  totals_.domain_samples.assign(info_->domains.size(), 0);
+  snapshot_ = totals_;
+  guard_.emplace(spec_.guard);
+  stragglers_.emplace(spec_.guard.straggler_margin, spec_.guard.straggler_steps);
+  mark_activity("start-up");
+  trainer::Watchdog watchdog(spec_.guard.watchdog_s, groups_.rank,
+                             [this](const trainer::Hang& hang) { on_hang(hang); });
+  trainer::ParallelTrainer& trainer = *trainer_;
+  trainer::StepGuard& guard = *guard_;
+  bool first_record =
+      true;  // the process's first record (a resume's is marked, the cache's work goes with it)
+  const trainer::TraceSteps tracing = spec_.trace.window(first_step_, spec_.steps);
+  const std::string trace_dir =
+      (fs::path(spec_.dir) / "trace" / fmt::format("steps-{}-{}", tracing.first, tracing.last)).string();
+  totals_.startup_s = seconds_since(g_process_start);
+  try {
+    for (int64_t step = first_step_; step < spec_.steps; ++step) {
+      if (step + 1 == tracing.first) {
+        // A window traced before (a resumed run) is replaced whole: its ranks may have been others.
+        std::error_code ec;
+        if (groups_.rank == 0) fs::remove_all(trace_dir, ec);
+        Trace::start();
+      }
+      TraceSpan step_span("step", "step", int(step + 1));
+      const auto t0 = Clock::now();
+      mark_activity("data");
+      StepCosts costs;
+      const uint64_t bytes_before = data_->bytes_read();
+      {
+        TraceSpan span("data fetch", "data");
+        data_->next(step, batches_);
+      }
+      costs.data_s = seconds_since(t0);
+      costs.data_bytes = data_->bytes_read() - bytes_before;
+      check_fake_gpu(gpu_health_, groups_.rank);
+      if (guard.before_step(step + 1, groups_.rank, batches_)) trainer.inject_nan_once();
+      st_ = trainer.step(batches_);
+      const auto t1 = Clock::now();
+      const trainer::GuardAction action = guard.after_step(st_);  // exit 71 when non-finite steps persist
+      totals_.steps_run += 1;
+      totals_.train_s += st_.seconds;
+      totals_.skipped = guard.skipped();
+      totals_.rewinds = guard.rewinds();
+      if (action == trainer::GuardAction::kRewind) {
+        mark_activity("checkpoint");
+        spdlog::warn("step {}: loss {}, gradient norm {}: rewinding to the newest checkpoint", st_.step,
+                     st_.loss, st_.grad_norm);
+        const int64_t back = checkpoints_->rewind();
+        guard.rewound_to(back);
+        // The metrics tell one story: records after the checkpoint are trained again.
+        tensorboard_->restart(back);
+        open_metrics(back);
+        totals_.steps = back;
+        publish();
+        step = back - 1;
+        continue;
+      }
+      totals_.steps = st_.step;
+      set_last_finished_step(st_.step);
+      totals_.tokens += st_.tokens;
+      if (st_.finite) totals_.last_loss = st_.loss;
+      const int64_t tokens_so_far = st_.step * st_.tokens;
+      mark_activity("checkpoint");
+      const auto t2 = Clock::now();
+      // A skipped step's weights are those of the step before: not worth a checkpoint of their own.
+      if (action == trainer::GuardAction::kApply) {
+        TraceSpan span("checkpoint snapshot", "checkpoint");
+        checkpoints_->after_step(st_, tokens_so_far, batches_);
+      }
+      const bool saved = checkpoints_->last_saved_step() == st_.step;
+      if (saved)
+        totals_.saved[st_.step] = {totals_.train_s,
+                                   std::chrono::duration<double>(t1 - g_process_start).count()};
+      const auto t3 = Clock::now();
+      // What a save held training up: the snapshot and everything around it (the verification batch's
+      // forward pass, the ranks agreeing on the plan), not only the copy the saver times.
+      costs.checkpoint_stall_s = saved ? std::chrono::duration<double>(t3 - t2).count() : 0.0;
+      const bool stop = record_step(costs, tokens_so_far, first_record);
+      first_record = false;
+      // Bookkeeping: everything in the step that is neither data, compute nor a checkpoint stall.
+      totals_.bookkeeping_s += std::chrono::duration<double>(t2 - t1).count() + seconds_since(t3);
+      publish();
+      if (st_.step == tracing.last) finish_trace(groups_, trace_dir, tracing);
+      if (stop && st_.step < spec_.steps) stop_preempted(tokens_so_far);
+    }
+    mark_activity("checkpoint");
+    if (st_.step > 0) checkpoints_->finish(st_, st_.step * st_.tokens, batches_);
+    watchdog.stop();
+  } catch (const Error& e) {
+    watchdog.stop();
+    totals_.committed_up_to(checkpoints_->committed_step());
+    if (!summary_written_) write_summary(*info_, totals_, e.code());
+    throw;
+  }
+  write_summary(*info_, totals_, ExitCode::kOk);
+  spdlog::info("run '{}' finished: {} steps, {} tokens, final loss {:.4f}, {:.1f} s", spec_.name,
+               totals_.steps, totals_.tokens, totals_.last_loss, seconds_since(info_->start));
+  return 0;
+}
+
 }  // namespace
 
-int train(const Config& config, const trainer::TrainSpec& requested, bool force_new,
-          trainer::Bootstrap& boot) {
+int train(const Config& config, const trainer::TrainSpec& requested, bool force_new, comm::Bootstrap& boot) {
   // An elastic job may have more ranks than its layout uses (elastic_spec): the rest leave the job's
   // communicator and wait for the others at the exit.
   const double memory_available = host_memory_available();
   const bool idle = boot.rank >= requested.layout.world();
-  std::unique_ptr<trainer::Comm> world = boot.world->split(idle ? 1 : 0, boot.rank, "world");
+  std::unique_ptr<comm::Comm> world = boot.world->split(idle ? 1 : 0, boot.rank, "world");
   if (idle) {
     spdlog::info("rank {} idle: the elastic layout {} uses {} of the {} ranks started", boot.rank,
                  requested.layout.str(), requested.layout.world(), boot.size);
     return 0;
   }
-  trainer::TrainSpec spec = requested;
-  DeviceRun device = open_device(spec, boot.rank);
-  check_memory_cap(make_plan(spec));  // the device resolved: the plan is this run's
-  // Everything that can reject the spec or the data runs before the model's memory is allocated.
-  auto data = open_data(config, spec, spec.layout.coords(boot.rank).dp, *world, *device.backend);
-  std::optional<trainer::ModelSpec> teacher_config;
-  if (spec.objective == trainer::Objective::kDistill)
-    teacher_config = check_teacher(config, spec, data->tokenizer());
-  check_resume_spec(config, spec.dir, force_new);
-  std::error_code ec;
-  fs::create_directories(fs::path(spec.dir) / "metrics", ec);
-  if (ec) fail(ExitCode::kIo, "cannot create run directory {}/metrics: {}", spec.dir, ec.message());
-
-  set_rank_hosts(gather_hosts(*world));
-  trainer::ProcessGroups groups =
-      trainer::make_groups(group_world(std::move(world), device, spec), spec.layout);
-  trainer::use_threads(spec.threads);
-  RunInfo run{spec,
-              groups,
-              config,
-              0,
-              trainer::flops_per_token(spec.model),
-              Clock::now(),
-              0,
-              data->domains(),
-              job_cache_stats(groups, spec, *data)};
-  if (groups.rank == 0 && !run.cache.is_null())
-    spdlog::info(
-        "data cache {}: {} shards read from the cache, {} staged ({:.1f} MB, slowest rank {:.2f} s), {} "
-        "read from the shared copy (all ranks)",
-        spec.cache_dir, run.cache["hits"].get<int64_t>(), run.cache["misses"].get<int64_t>(),
-        double(run.cache["bytes_staged"].get<int64_t>()) / 1e6, run.cache["staging_s"].get<double>(),
-        run.cache["fallbacks"].get<int64_t>());
-  // MFU is the job's: its tokens against every rank's peak (rank 0 measures one rank's).
-  double peak = spec.peak_gflops;
-  if (peak <= 0 && device.cuda != nullptr) {
-    peak = device.cuda->peak_bf16_gflops();
-    if (peak <= 0 && groups.rank == 0)
-      spdlog::warn("{} is not in the table of BF16 peaks: set run.peak_gflops for MFU", device.description);
-  } else if (peak <= 0) {
-    peak = groups.rank == 0 ? trainer::measure_sgemm_gflops(2048, 2) : 0.0;
-    groups.world->all_reduce(&peak, 1, trainer::CommType::kF64, trainer::ReduceOp::kMax)->wait();
-  }
-  run.peak = peak * groups.layout.world();
-  // The teacher runs where the student's classifier is (teacher.h).
-  std::shared_ptr<trainer::GPT> teacher;
-  if (teacher_config && groups.last_stage()) teacher = load_teacher(spec, *teacher_config, *device.backend);
-  // Out of device memory while the model's buffers are allocated: the error names the allocation; the plan
-  // says what the rank needed.
-  std::unique_ptr<trainer::ParallelTrainer> made;
-  try {
-    made = std::make_unique<trainer::ParallelTrainer>(spec, groups, *device.backend, std::move(teacher));
-  } catch (const Error& e) {
-    if (e.fault() != Fault::kOomDevice) throw;
-    throw Error(e.code(),
-                fmt::format("{}; the plan of rank {}: {}", e.what(), groups.rank, device_plan(spec, groups)),
-                e.fault());
-  }
-  trainer::ParallelTrainer& trainer = *made;
-  const std::string plan = trainer.describe_plan();
-  if (groups.rank == 0) fmt::print(stderr, "{}", plan);
-  if (device.cuda == nullptr) check_memory_plan(groups, trainer, memory_available);
-  const std::string gpu_health = fake_gpu_health_file(boot);
-  RunCheckpoints checkpoints(config, spec, trainer, *data);
-  const int64_t first_step = checkpoints.resume();
-  run.resumed_from = first_step;
-  set_last_finished_step(first_step);
-  TensorBoardLog tensorboard(spec.dir, groups.rank, first_step);
-  // The metrics file from the checkpoint of `step` on (a resume, a rewind); a record it restored in place
-  // of the step's lost one goes to TensorBoard too.
-  std::optional<trainer::MetricsWriter> metrics;
-  const auto open_metrics = [&](int64_t step) {
-    metrics.reset();
-    metrics.emplace(metrics_path(spec, groups.rank), step, checkpoints.loaded_outcome());
-    if (!metrics->restored().is_null()) tensorboard.write(metrics->restored());
-  };
-  open_metrics(first_step);
-  JobGauges gauges(groups);
-  spdlog::info(
-      "run '{}': {}; steps {}..{} on {}, layout {} ({}), {} {} over {}, {} threads per rank, {} parameters "
-      "on "
-      "this rank, peak {:.0f} GFLOP/s, spec {}",
-      spec.name, trainer::model_description(spec.model), first_step + 1, spec.steps, data->describe(),
-      groups.layout.str(), boot.describe(), device.description, trainer::dtype_name(spec.dtype),
-      trainer::comm_name(spec.parallel.comm), spec.threads, trainer.model().weights().size(), run.peak,
-      config.hash());
-  std::signal(SIGUSR1, on_stop_signal);
-  std::signal(SIGTERM, on_stop_signal);
-
-  Totals totals;
-  totals.steps = first_step;
-  totals.domain_samples.assign(run.domains.size(), 0);
-  // The watchdog's snapshot of the totals: it writes summary.json (exit class "comm") while the loop is
-  // stuck, so it must not read what the loop is writing.
-  std::mutex snapshot_mutex;
-  Totals snapshot = totals;
-  const auto publish = [&] {
-    std::lock_guard lock(snapshot_mutex);
-    snapshot = totals;
-  };
-  trainer::StepGuard guard(spec.guard);
-  trainer::StragglerDetector stragglers(spec.guard.straggler_margin, spec.guard.straggler_steps);
-  trainer::mark_activity("start-up");
-  trainer::Watchdog watchdog(spec.guard.watchdog_s, groups.rank, [&](const trainer::Hang& hang) {
-    Totals t;
-    {
-      std::lock_guard lock(snapshot_mutex);
-      t = snapshot;
-    }
-    t.committed_up_to(checkpoints.committed_step());  // a save may have committed since the last step
-    try {
-      write_summary(run, t, ExitCode::kComm);
-    } catch (const std::exception&) {
-      // The exit code still says what happened.
-    }
-    // A rank waiting on a peer names that peer when it knows it (send/recv); a rank stuck in its own work
-    // (compute, data, a checkpoint) names itself; one waiting in a collective leaves the naming to the
-    // stuck rank's own record.
-    FailureRecord r{FailureClass::kComm, int(ExitCode::kComm), t.steps, {}, {hang.line}};
-    if (hang.peer >= 0)
-      r.suspects.push_back({hang.peer, rank_host(hang.peer)});
-    else if (!trainer::is_communication(hang.what))
-      r.suspects.push_back({groups.rank, node_name()});
-    write_failure_record(spec.dir, JobKey::from_environment(), r, config.hash());
-    trainer::exit_on_hang(hang);
-  });
-
-  const std::string spec_hash = config.hash();
-  std::vector<MicroBatch> batches;
-  trainer::StepStats st;
-  bool summary_written = false;
-  bool resumed = first_step > 0;  // the next record is the first after a resume (report marks it)
-  bool cache_pending = !run.cache.is_null();
-  const trainer::TraceSteps tracing = spec.trace.window(first_step, spec.steps);
-  const std::string trace_dir =
-      (fs::path(spec.dir) / "trace" / fmt::format("steps-{}-{}", tracing.first, tracing.last)).string();
-  totals.startup_s = seconds_since(g_process_start);
-  try {
-    for (int64_t step = first_step; step < spec.steps; ++step) {
-      if (step + 1 == tracing.first) {
-        // A window traced before (a resumed run) is replaced whole: its ranks may have been others.
-        if (groups.rank == 0) fs::remove_all(trace_dir, ec);
-        trainer::Trace::start();
-      }
-      trainer::TraceSpan step_span("step", "step", int(step + 1));
-      const auto t0 = Clock::now();
-      trainer::mark_activity("data");
-      const uint64_t bytes_before = data->bytes_read();
-      {
-        trainer::TraceSpan span("data fetch", "data");
-        data->next(step, batches);
-      }
-      if (spec.guard.inject_duplicate_step == step + 1 && !batches.empty() && batches[0].rows > 0) {
-        batches[0].sample_ids[0] = 0;
-        batches[0].epochs[0] = 0;
-      }
-      const double data_s = seconds_since(t0);
-      const uint64_t data_bytes = data->bytes_read() - bytes_before;
-      check_fake_gpu(gpu_health, groups.rank);
-      if (guard.inject_nan(step + 1)) trainer.inject_nan_once();
-      if (spec.guard.inject_hang_step == step + 1 &&
-          (spec.guard.inject_hang_rank < 0 || spec.guard.inject_hang_rank == groups.rank)) {
-        trainer::mark_activity("forward_backward");
-        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
-      }
-      st = trainer.step(batches);
-      const auto t1 = Clock::now();
-      const trainer::GuardAction action = guard.after_step(st);  // exit 71 when non-finite steps persist
-      totals.steps_run += 1;
-      totals.train_s += st.seconds;
-      totals.skipped = guard.skipped();
-      totals.rewinds = guard.rewinds();
-      if (action == trainer::GuardAction::kRewind) {
-        trainer::mark_activity("checkpoint");
-        spdlog::warn("step {}: loss {}, gradient norm {}: rewinding to the newest checkpoint", st.step,
-                     st.loss, st.grad_norm);
-        const int64_t back = checkpoints.rewind();
-        guard.rewound_to(back);
-        // The metrics tell one story: records after the checkpoint are trained again.
-        tensorboard.restart(back);
-        open_metrics(back);
-        totals.steps = back;
-        publish();
-        step = back - 1;
-        continue;
-      }
-      totals.steps = st.step;
-      set_last_finished_step(st.step);
-      totals.tokens += st.tokens;
-      std::vector<int64_t> step_domains;
-      if (!run.domains.empty()) {
-        step_domains = step_domain_samples(groups, batches, run.domains.size());
-        for (size_t i = 0; i < step_domains.size(); ++i) totals.domain_samples[i] += step_domains[i];
-      }
-      if (st.finite) totals.last_loss = st.loss;
-      const int64_t tokens_so_far = st.step * st.tokens;
-      trainer::mark_activity("checkpoint");
-      const auto t2 = Clock::now();
-      // A skipped step's weights are those of the step before: not worth a checkpoint of their own.
-      if (action == trainer::GuardAction::kApply) {
-        trainer::TraceSpan span("checkpoint snapshot", "checkpoint");
-        checkpoints.after_step(st, tokens_so_far, batches);
-      }
-      const bool saved = checkpoints.last_saved_step() == st.step;
-      if (saved)
-        totals.saved[st.step] = {totals.train_s, std::chrono::duration<double>(t1 - g_process_start).count()};
-      const auto t3 = Clock::now();
-      // What a save held training up: the snapshot and everything around it (the verification batch's
-      // forward pass, the ranks agreeing on the plan), not only the copy the saver times.
-      const double stall_s = saved ? std::chrono::duration<double>(t3 - t2).count() : 0.0;
-      Json rec = trainer::metrics_record(st, tokens_so_far, run.fpt, run.peak);
-      rec["spec_hash"] = spec_hash;
-      rec["data_wait_ms"] = data_s * 1e3;
-      rec["data_bytes"] = data_bytes;
-      rec["ckpt_stall_ms"] = stall_s * 1e3;
-      rec["comm_ms"] = st.comm_s * 1e3;
-      rec["bubble_ms"] = st.bubble_s * 1e3;
-      rec["compute_ms"] = (st.seconds - st.comm_s - st.bubble_s) * 1e3;
-      rec["comm_bytes"] = st.comm_bytes;
-      rec["peak_rss_mib"] = peak_rss_mib();
-      if (device.cuda != nullptr) {
-        run.peak_device_bytes = std::max(run.peak_device_bytes, device.backend->device_bytes_in_use());
-        rec["device_mem_mib"] = double(run.peak_device_bytes) / (1 << 20);
-      }
-      if (!step_domains.empty()) rec["data_domains"] = domain_counts(run.domains, step_domains);
-      // The cache works once, at open: this rank's part goes with the process's first record.
-      if (cache_pending) rec["data_cache"] = data->cache_stats().to_json();
-      cache_pending = false;
-      std::optional<trainer::TraceSpan> bookkeeping_span(std::in_place, "status exchange", "bookkeeping");
-      const RankStatus status = exchange_status(groups, st.seconds, g_stop_signal != 0, batches, st.step);
-      if (groups.layout.world() > 1) {
-        const auto slow = stragglers.observe(status.step_seconds);
-        if (!slow.empty()) {
-          rec["stragglers"] = slow;
-          if (groups.rank == 0)
-            spdlog::warn(
-                "step {}: rank(s) {} slower than the median step time by more than {:.0f}% for {} steps",
-                st.step, fmt::join(slow, ","), 100 * spec.guard.straggler_margin, spec.guard.straggler_steps);
-        }
-      }
-      if (groups.layout.dp > 1 && trainer::checksum_due(st.step, spec.guard.checksum_every)) {
-        bookkeeping_span.emplace("replica checksums", "bookkeeping");
-        compare_replicas(groups, trainer.model(), st.step);
-      }
-      bookkeeping_span.emplace("metrics", "bookkeeping");
-      if (!st.finite) rec["skipped"] = true;
-      if (resumed) rec["resumed_from"] = first_step;
-      resumed = false;
-      totals.committed_up_to(checkpoints.committed_step());  // rank 0, as soon as it is on disk
-      for (const auto& e : checkpoints.take_events()) {
-        rec["ckpt_events"].push_back(e.to_json());
-        if (e.outcome == ckpt::Outcome::kCommitted) totals.committed_up_to(e.step);  // every rank, later
-        // Training on without the checkpoints the schedule promises would waste what a failure costs.
-        if (e.outcome == ckpt::Outcome::kFailed)
-          fail(ExitCode::kIo,
-               "the {} checkpoint of step {} could not be written: {}; free space or fix "
-               "permissions under {}/checkpoints, then resubmit (the run resumes from its last checkpoint)",
-               ckpt::tier_name(e.tier), e.step, e.error, spec.dir);
-      }
-      for (auto& e : guard.take_events()) {
-        if (e["kind"] == "loss_spike")
-          spdlog::warn("step {}: loss spike {:.4f} (z = {:.1f} over the last {} steps)", st.step, st.loss,
-                       e["z"].get<double>(), spec.guard.spike_window);
-        else if (e["kind"] == "dead_expert")
-          spdlog::warn("step {}: dead expert {}/{}: no token for {} steps (guard.dead_expert_steps)", st.step,
-                       e["layer"].get<int>(), e["expert"].get<int>(), e["idle_steps"].get<int64_t>());
-        else if (e["kind"] == "expert_imbalance")
-          spdlog::warn(
-              "step {}: MoE block {}: the busiest expert gets {:.1f}x the mean (guard.expert_imbalance "
-              "= {})",
-              st.step, e["layer"].get<int>(), e["max_over_mean"].get<double>(), spec.guard.expert_imbalance);
-        else if (e["kind"] == "nonfinite" && e["action"] == "skip")
-          spdlog::warn(
-              "step {}: loss {}, gradient norm {}: update skipped ({} in a row, guard.max_bad_steps = {})",
-              st.step, st.loss, st.grad_norm, guard.consecutive_bad(), spec.guard.max_bad_steps);
-        rec["guard_events"].push_back(std::move(e));
-      }
-      totals.spikes = guard.spikes();
-      totals.mfu_sum += rec["mfu"].get<double>();
-      metrics->write(rec);
-      tensorboard.write(rec);
-      const double process_s = seconds_since(g_process_start);
-      gauges.update(rec, {process_s - std::max(0.0, totals.committed_at_s), totals.kept_train_s / process_s});
-      if (groups.rank == 0)
-        fmt::print(stderr,
-                   "step {}/{} loss {:.4f} gnorm {:.3f} lr {:.2e} {:.0f} ms {:.0f} tok/s mfu {:.1f}%\n",
-                   st.step, spec.steps, st.loss, st.grad_norm, st.lr, st.seconds * 1e3,
-                   rec["tokens_per_s"].get<double>(), 100.0 * rec["mfu"].get<double>());
-      // Bookkeeping: everything in the step that is neither data, compute nor a checkpoint stall.
-      totals.bookkeeping_s += std::chrono::duration<double>(t2 - t1).count() + seconds_since(t3);
-      bookkeeping_span.reset();
-      publish();
-      if (st.step == tracing.last) finish_trace(groups, trace_dir, tracing);
-      if (status.stop && st.step < spec.steps) {
-        trainer::mark_activity("checkpoint");
-        checkpoints.save_now(st, tokens_so_far, batches);
-        totals.saved[st.step] = {totals.train_s, seconds_since(g_process_start)};
-        totals.committed_up_to(st.step);  // save_now returns once it is committed
-        publish();
-        // Ranks the signal did not reach stop because a peer got it (SIGUSR1 from srun or the batch script).
-        // The planned path, said once for the job by rank 0, after its summary is written and before any
-        // rank leaves: srun --kill-on-bad-exit ends the whole step at the first rank that exits 75.
-        write_summary(run, totals, ExitCode::kPreempted);
-        summary_written = true;
-        if (groups.rank == 0)
-          fmt::print(
-              stderr,
-              "forge-train: stopped: preempted (signal {}) after step {}: recovery checkpoint saved; the "
-              "requeued job resumes from it\n",
-              g_stop_signal != 0 ? int(g_stop_signal) : SIGUSR1, st.step);
-        groups.world->barrier();
-        throw Error(ExitCode::kPreempted, "");  // exit 75; the line above said why
-      }
-    }
-    trainer::mark_activity("checkpoint");
-    if (st.step > 0) checkpoints.finish(st, st.step * st.tokens, batches);
-    watchdog.stop();
-  } catch (const Error& e) {
-    watchdog.stop();
-    totals.committed_up_to(checkpoints.committed_step());
-    if (!summary_written) write_summary(run, totals, e.code());
-    throw;
-  }
-  write_summary(run, totals, ExitCode::kOk);
-  spdlog::info("run '{}' finished: {} steps, {} tokens, final loss {:.4f}, {:.1f} s", spec.name, totals.steps,
-               totals.tokens, totals.last_loss, seconds_since(run.start));
-  return 0;
+  TrainingRun run(config, requested, force_new, boot, std::move(world), memory_available);
+  return run.run();
 }
 
 }  // namespace forge::launcher

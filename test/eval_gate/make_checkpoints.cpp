@@ -71,8 +71,7 @@ int main(int argc, char** argv) {
     forge::data::Reader reader(dataset, ro);
     spec.model.vocab = static_cast<int>(reader.manifest().vocab_size);
 
-    forge::trainer::ProcessGroups groups =
-        forge::trainer::make_groups(forge::trainer::self_comm(), spec.layout);
+    forge::comm::ProcessGroups groups = forge::comm::make_groups(forge::comm::self_comm(), spec.layout);
     forge::trainer::ParallelTrainer t(spec, groups);
     while (t.steps_taken() < child_steps) {
       const forge::MicroBatch batch = reader.next();

@@ -11,7 +11,7 @@
 //   layout_test TP PP DP ZERO [packed|dpo|distill] [llama [window]] [cpN [a2a]] [seqN] [far [bf16]]
 // With cpN, N context-parallel ranks share out each sequence (ring attention) and the reference is still
 // the one-process trainer on whole sequences.
-#include "forge/trainer/groups.h"
+#include "forge/comm/groups.h"
 #include "forge/trainer/parallel.h"
 #include "forge/trainer/staged_comm.h"
 #include "support/far_backend.h"
@@ -29,6 +29,7 @@
 #include <vector>
 
 using namespace forge::trainer;
+using namespace forge::comm;
 
 namespace {
 

@@ -46,14 +46,14 @@ inline void randomize_weights(trainer::GPT& m, uint32_t seed, float std) {
 class OneProcess {
  public:
   explicit OneProcess(const trainer::TrainSpec& spec, std::shared_ptr<trainer::GPT> teacher = nullptr)
-      : groups_(trainer::make_groups(trainer::self_comm(), spec.layout)),
+      : groups_(comm::make_groups(comm::self_comm(), spec.layout)),
         trainer_(std::make_unique<trainer::ParallelTrainer>(spec, groups_, trainer::cpu_backend(),
                                                             std::move(teacher))) {}
   trainer::ParallelTrainer& operator*() { return *trainer_; }
   trainer::ParallelTrainer* operator->() { return trainer_.get(); }
 
  private:
-  trainer::ProcessGroups groups_;
+  comm::ProcessGroups groups_;
   std::unique_ptr<trainer::ParallelTrainer> trainer_;
 };
 

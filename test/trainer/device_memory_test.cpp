@@ -4,8 +4,8 @@
 #include "forge/ckpt/checkpoint.h"
 #include "forge/ckpt/coordinator.h"
 #include "forge/ckpt/saver.h"
+#include "forge/comm/groups.h"
 #include "forge/trainer/checkpoint_io.h"
-#include "forge/trainer/groups.h"
 #include "forge/trainer/parallel.h"
 #include "forge/trainer/staged_comm.h"
 #include "support/far_backend.h"
@@ -18,6 +18,7 @@
 #include <vector>
 
 using namespace forge::trainer;
+using namespace forge::comm;
 using forge::test::FarBackend;
 
 namespace {

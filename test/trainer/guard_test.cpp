@@ -1,7 +1,7 @@
 // Guards against silent errors and the watchdog (trainer/include/forge/trainer/{guard,watchdog}.h).
 #include "forge/trainer/guard.h"
+#include "forge/common/activity.h"
 #include "forge/common/error.h"
-#include "forge/trainer/progress.h"
 #include "forge/trainer/spec.h"
 #include "forge/trainer/watchdog.h"
 #include "support/training.h"
@@ -306,7 +306,7 @@ TEST_CASE("a non-finite step leaves weights and moments unchanged and still coun
 
 TEST_CASE("the watchdog names the operation that stopped beating and calls the abort callback",
           "[watchdog]") {
-  Activity activity;
+  forge::Activity activity;
   std::mutex mutex;
   std::vector<Hang> hangs;
   std::atomic<bool> stop_beating{false}, done{false};
@@ -353,7 +353,7 @@ TEST_CASE("the watchdog names the operation that stopped beating and calls the a
 }
 
 TEST_CASE("a stopped or disabled watchdog never fires", "[watchdog]") {
-  Activity activity;
+  forge::Activity activity;
   bool called = false;
   {
     Watchdog off(

@@ -2,6 +2,7 @@
 // checksums and duplicate samples.
 #include "forge/trainer/guard.h"
 
+#include "forge/common/activity.h"
 #include "forge/common/error.h"
 #include "forge/common/hash.h"
 #include "forge/trainer/step_stats.h"
@@ -10,9 +11,11 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <thread>
 #include <unordered_map>
 
 namespace forge::trainer {
@@ -123,6 +126,20 @@ StepGuard::StepGuard(const GuardConfig& config)
     : config_(config),
       spikes_detector_(config.spike_window, config.spike_z),
       injections_left_(config.inject_nan_step > 0 ? config.inject_nan_count : 0) {}
+
+bool StepGuard::before_step(int64_t step, int rank, std::span<MicroBatch> batches) {
+  if (config_.inject_duplicate_step == step && !batches.empty() && batches[0].rows > 0) {
+    batches[0].sample_ids[0] = 0;
+    batches[0].epochs[0] = 0;
+  }
+  const bool nan = inject_nan(step);
+  if (config_.inject_hang_step == step &&
+      (config_.inject_hang_rank < 0 || config_.inject_hang_rank == rank)) {
+    mark_activity("forward_backward");
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  return nan;
+}
 
 bool StepGuard::inject_nan(int64_t step) {
   if (injections_left_ == 0) return false;

@@ -5,9 +5,9 @@
 #include "forge/trainer/model.h"
 
 #include "forge/common/error.h"
+#include "forge/common/trace.h"
 #include "forge/trainer/attention.h"
 #include "forge/trainer/moe.h"
-#include "forge/trainer/trace.h"
 
 #include <algorithm>
 #include <cmath>
@@ -384,9 +384,9 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
           optional_ref(b + proj + ".bias"), layers.token_exchange(), slots, int(N));
       moe_layers_.push_back(layer.get());
       if (config.shared_expert_hidden > 0)
-        block->ffn = std::make_unique<SharedExpertMoe>(backend, std::move(layer), dense(b + "moe.shared.", -1),
-                                                       ref(b + "moe.shared_gate.weight"), slots, int(N),
-                                                       config.d_model);
+        block->ffn = std::make_unique<SharedExpertMoe>(
+            backend, std::move(layer), dense(b + "moe.shared.", -1), ref(b + "moe.shared_gate.weight"), slots,
+            int(N), config.d_model);
       else
         block->ffn = std::move(layer);
     } else {

@@ -7,7 +7,7 @@
 // regroups them by local expert, then source rank, so every expert's rows are contiguous.
 #include "forge/trainer/moe.h"
 
-#include "forge/trainer/trace.h"
+#include "forge/common/trace.h"
 
 #include <algorithm>
 #include <cmath>

@@ -80,9 +80,9 @@ class Staged {
   bool finished_ = false;
 };
 
-class StagedRequest final : public Request {
+class StagedRequest final : public comm::Request {
  public:
-  StagedRequest(RequestPtr inner, std::vector<std::unique_ptr<Staged>> staged)
+  StagedRequest(comm::RequestPtr inner, std::vector<std::unique_ptr<Staged>> staged)
       : inner_(std::move(inner)), staged_(std::move(staged)) {}
   void wait() override {
     inner_->wait();
@@ -100,66 +100,66 @@ class StagedRequest final : public Request {
     done_ = true;
     for (auto& s : staged_) s->finish();
   }
-  RequestPtr inner_;
+  comm::RequestPtr inner_;
   std::vector<std::unique_ptr<Staged>> staged_;
   bool done_ = false;
 };
 
-class StagedComm final : public Comm {
+class StagedComm final : public comm::Comm {
  public:
-  StagedComm(std::unique_ptr<Comm> inner, std::shared_ptr<StagingPool> pool, CommMemory takes)
+  StagedComm(std::unique_ptr<comm::Comm> inner, std::shared_ptr<StagingPool> pool, CommMemory takes)
       : inner_(std::move(inner)), pool_(std::move(pool)), takes_(takes) {}
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   const std::string& name() const override { return inner_->name(); }
-  CommStats& stats() override { return inner_->stats(); }
+  comm::CommStats& stats() override { return inner_->stats(); }
 
-  RequestPtr all_reduce(void* data, size_t count, CommType type, ReduceOp op) override {
+  comm::RequestPtr all_reduce(void* data, size_t count, comm::CommType type, comm::ReduceOp op) override {
     Stages s(*this);
-    void* d = s.inout(data, count * comm_type_size(type));
+    void* d = s.inout(data, count * comm::comm_type_size(type));
     return s.done(inner_->all_reduce(d, count, type, op));
   }
-  RequestPtr reduce_scatter(const void* in, void* out, size_t count, CommType type) override {
+  comm::RequestPtr reduce_scatter(const void* in, void* out, size_t count, comm::CommType type) override {
     Stages s(*this);
-    const size_t bytes = count * comm_type_size(type);
+    const size_t bytes = count * comm::comm_type_size(type);
     const void* i = s.in(in, bytes * size_t(size()));
     void* o = s.out(out, bytes);
     return s.done(inner_->reduce_scatter(i, o, count, type));
   }
-  RequestPtr all_gather(const void* in, void* out, size_t count, CommType type) override {
+  comm::RequestPtr all_gather(const void* in, void* out, size_t count, comm::CommType type) override {
     Stages s(*this);
-    const size_t bytes = count * comm_type_size(type);
+    const size_t bytes = count * comm::comm_type_size(type);
     const void* i = s.in(in, bytes);
     void* o = s.out(out, bytes * size_t(size()));
     return s.done(inner_->all_gather(i, o, count, type));
   }
-  RequestPtr broadcast(void* data, size_t count, CommType type, int root) override {
+  comm::RequestPtr broadcast(void* data, size_t count, comm::CommType type, int root) override {
     Stages s(*this);
-    void* d = s.inout(data, count * comm_type_size(type));
+    void* d = s.inout(data, count * comm::comm_type_size(type));
     return s.done(inner_->broadcast(d, count, type, root));
   }
-  RequestPtr all_to_all_v(const void* in, const size_t* send_counts, void* out, const size_t* recv_counts,
-                          CommType type) override {
+  comm::RequestPtr all_to_all_v(const void* in, const size_t* send_counts, void* out,
+                                const size_t* recv_counts, comm::CommType type) override {
     Stages s(*this);
-    const size_t n = size_t(size()), bytes = comm_type_size(type);
+    const size_t n = size_t(size()), bytes = comm::comm_type_size(type);
     const void* i = s.in(in, std::accumulate(send_counts, send_counts + n, size_t{0}) * bytes);
     void* o = s.out(out, std::accumulate(recv_counts, recv_counts + n, size_t{0}) * bytes);
     return s.done(inner_->all_to_all_v(i, send_counts, o, recv_counts, type));
   }
-  RequestPtr send(const void* data, size_t count, CommType type, int peer, int tag) override {
+  comm::RequestPtr send(const void* data, size_t count, comm::CommType type, int peer, int tag) override {
     Stages s(*this);
-    const void* d = s.in(data, count * comm_type_size(type));
+    const void* d = s.in(data, count * comm::comm_type_size(type));
     return s.done(inner_->send(d, count, type, peer, tag));
   }
-  RequestPtr recv(void* data, size_t count, CommType type, int peer, int tag) override {
+  comm::RequestPtr recv(void* data, size_t count, comm::CommType type, int peer, int tag) override {
     Stages s(*this);
-    void* d = s.out(data, count * comm_type_size(type));
+    void* d = s.out(data, count * comm::comm_type_size(type));
     return s.done(inner_->recv(d, count, type, peer, tag));
   }
   void barrier() override { inner_->barrier(); }
-  std::unique_ptr<Comm> split(int color, int key, const std::string& name) override {
-    std::unique_ptr<Comm> part = inner_->split(color, key, name);
+  std::unique_ptr<comm::Comm> split(int color, int key, const std::string& name) override {
+    std::unique_ptr<comm::Comm> part = inner_->split(color, key, name);
     return part ? std::make_unique<StagedComm>(std::move(part), pool_, takes_) : nullptr;
   }
   void abort(int exit_code) override { inner_->abort(exit_code); }
@@ -172,7 +172,7 @@ class StagedComm final : public Comm {
     const void* in(const void* p, size_t bytes) { return stage(const_cast<void*>(p), bytes, false, true); }
     void* out(void* p, size_t bytes) { return stage(p, bytes, true, false); }
     void* inout(void* p, size_t bytes) { return stage(p, bytes, true, true); }
-    RequestPtr done(RequestPtr r) {
+    comm::RequestPtr done(comm::RequestPtr r) {
       if (staged_.empty()) return r;
       return std::make_unique<StagedRequest>(std::move(r), std::move(staged_));
     }
@@ -189,14 +189,15 @@ class StagedComm final : public Comm {
     std::vector<std::unique_ptr<Staged>> staged_;
   };
 
-  std::unique_ptr<Comm> inner_;
+  std::unique_ptr<comm::Comm> inner_;
   std::shared_ptr<StagingPool> pool_;
   CommMemory takes_;
 };
 
 }  // namespace
 
-std::unique_ptr<Comm> staged_comm(std::unique_ptr<Comm> inner, Backend& backend, CommMemory takes) {
+std::unique_ptr<comm::Comm> staged_comm(std::unique_ptr<comm::Comm> inner, Backend& backend,
+                                        CommMemory takes) {
   return std::make_unique<StagedComm>(std::move(inner), std::make_shared<StagingPool>(backend), takes);
 }
 

@@ -1,7 +1,7 @@
 #include "forge/trainer/cuda/nccl_comm.h"
 
+#include "forge/common/activity.h"
 #include "forge/common/error.h"
-#include "forge/trainer/progress.h"
 
 #include <nccl.h>
 
@@ -13,17 +13,17 @@ namespace forge::trainer::cuda {
 
 namespace {
 
-ncclDataType_t nccl_type(CommType t) {
+ncclDataType_t nccl_type(comm::CommType t) {
   switch (t) {
-    case CommType::kF32:
+    case comm::CommType::kF32:
       return ncclFloat32;
-    case CommType::kF64:
+    case comm::CommType::kF64:
       return ncclFloat64;
-    case CommType::kBF16:
+    case comm::CommType::kBF16:
       return ncclBfloat16;
-    case CommType::kI32:
+    case comm::CommType::kI32:
       return ncclInt32;
-    case CommType::kU8:
+    case comm::CommType::kU8:
       return ncclUint8;
   }
   return ncclUint8;
@@ -31,7 +31,7 @@ ncclDataType_t nccl_type(CommType t) {
 
 class NcclComm;
 
-class NcclRequest final : public Request {
+class NcclRequest final : public comm::Request {
  public:
   NcclRequest(NcclComm* comm, cudaEvent_t event, const char* what)
       : comm_(comm), event_(event), what_(what) {}
@@ -46,7 +46,7 @@ class NcclRequest final : public Request {
   bool done_ = false;
 };
 
-class NcclComm final : public Comm {
+class NcclComm final : public comm::Comm {
  public:
   NcclComm(ncclComm_t comm, int rank, int size, std::string name, cudaStream_t compute)
       : comm_(comm), rank_(rank), size_(size), name_(std::move(name)), compute_(compute) {
@@ -73,33 +73,33 @@ class NcclComm final : public Comm {
   int size() const override { return size_; }
   const std::string& name() const override { return name_; }
 
-  RequestPtr all_reduce(void* data, size_t count, CommType type, ReduceOp op) override {
-    begin("nccl all_reduce", count * comm_type_size(type));
+  comm::RequestPtr all_reduce(void* data, size_t count, comm::CommType type, comm::ReduceOp op) override {
+    begin("nccl all_reduce", count * comm::comm_type_size(type));
     nccl("ncclAllReduce", ncclAllReduce(data, data, count, nccl_type(type),
-                                        op == ReduceOp::kSum ? ncclSum : ncclMax, comm_, stream_));
+                                        op == comm::ReduceOp::kSum ? ncclSum : ncclMax, comm_, stream_));
     return finish("ncclAllReduce");
   }
-  RequestPtr reduce_scatter(const void* in, void* out, size_t count, CommType type) override {
-    begin("nccl reduce_scatter", count * size_t(size_) * comm_type_size(type));
+  comm::RequestPtr reduce_scatter(const void* in, void* out, size_t count, comm::CommType type) override {
+    begin("nccl reduce_scatter", count * size_t(size_) * comm::comm_type_size(type));
     nccl("ncclReduceScatter", ncclReduceScatter(in, out, count, nccl_type(type), ncclSum, comm_, stream_));
     return finish("ncclReduceScatter");
   }
-  RequestPtr all_gather(const void* in, void* out, size_t count, CommType type) override {
-    begin("nccl all_gather", count * size_t(size_) * comm_type_size(type));
+  comm::RequestPtr all_gather(const void* in, void* out, size_t count, comm::CommType type) override {
+    begin("nccl all_gather", count * size_t(size_) * comm::comm_type_size(type));
     nccl("ncclAllGather", ncclAllGather(in, out, count, nccl_type(type), comm_, stream_));
     return finish("ncclAllGather");
   }
-  RequestPtr broadcast(void* data, size_t count, CommType type, int root) override {
-    begin("nccl broadcast", rank_ == root ? count * comm_type_size(type) : 0);
+  comm::RequestPtr broadcast(void* data, size_t count, comm::CommType type, int root) override {
+    begin("nccl broadcast", rank_ == root ? count * comm::comm_type_size(type) : 0);
     nccl("ncclBroadcast", ncclBroadcast(data, data, count, nccl_type(type), root, comm_, stream_));
     return finish("ncclBroadcast");
   }
-  RequestPtr all_to_all_v(const void* in, const size_t* send_counts, void* out, const size_t* recv_counts,
-                          CommType type) override {
+  comm::RequestPtr all_to_all_v(const void* in, const size_t* send_counts, void* out,
+                                const size_t* recv_counts, comm::CommType type) override {
     // NCCL has no all-to-all: one send and one receive per peer, grouped so they run as one operation.
     size_t sent = 0;
     for (int r = 0; r < size_; ++r) sent += send_counts[r];
-    const size_t bytes = comm_type_size(type);
+    const size_t bytes = comm::comm_type_size(type);
     begin("nccl all_to_all_v", sent * bytes);
     nccl("ncclGroupStart", ncclGroupStart());
     size_t at_send = 0, at_recv = 0;
@@ -116,20 +116,20 @@ class NcclComm final : public Comm {
     nccl("ncclGroupEnd", ncclGroupEnd());
     return finish("ncclGroupEnd (all_to_all_v)");
   }
-  RequestPtr send(const void* data, size_t count, CommType type, int peer, int /*tag*/) override {
+  comm::RequestPtr send(const void* data, size_t count, comm::CommType type, int peer, int /*tag*/) override {
     // NCCL matches point-to-point calls by order between the pair, which comm.h already requires.
-    begin("nccl send", count * comm_type_size(type), peer);
+    begin("nccl send", count * comm::comm_type_size(type), peer);
     nccl("ncclSend", ncclSend(data, count, nccl_type(type), peer, comm_, stream_));
     return finish("ncclSend");
   }
-  RequestPtr recv(void* data, size_t count, CommType type, int peer, int /*tag*/) override {
+  comm::RequestPtr recv(void* data, size_t count, comm::CommType type, int peer, int /*tag*/) override {
     begin("nccl recv", 0, peer);
     nccl("ncclRecv", ncclRecv(data, count, nccl_type(type), peer, comm_, stream_));
     return finish("ncclRecv");
   }
-  void barrier() override { all_reduce(scratch_, 1, CommType::kI32, ReduceOp::kSum)->wait(); }
+  void barrier() override { all_reduce(scratch_, 1, comm::CommType::kI32, comm::ReduceOp::kSum)->wait(); }
 
-  std::unique_ptr<Comm> split(int color, int key, const std::string& name) override {
+  std::unique_ptr<comm::Comm> split(int color, int key, const std::string& name) override {
     mark_activity("nccl split");
     ncclComm_t sub = nullptr;
     // Collective over every rank; a negative color (NCCL_SPLIT_NOCOLOR) joins no group, as MPI_UNDEFINED.
@@ -184,7 +184,7 @@ class NcclComm final : public Comm {
     ++stats_.calls;
   }
 
-  RequestPtr finish(const char* what) {
+  comm::RequestPtr finish(const char* what) {
     cudaEvent_t done = nullptr;
     cuda("cudaEventCreateWithFlags", cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     cuda("cudaEventRecord", cudaEventRecord(done, stream_));
@@ -221,8 +221,8 @@ void NcclRequest::wait() {
 
 }  // namespace
 
-std::unique_ptr<Comm> make_nccl_comm(int rank, int size, const std::string& name,
-                                     const BootstrapBroadcast& bcast, cudaStream_t compute) {
+std::unique_ptr<comm::Comm> make_nccl_comm(int rank, int size, const std::string& name,
+                                           const BootstrapBroadcast& bcast, cudaStream_t compute) {
   int device = -1;
   cudaGetDevice(&device);
   const auto check = [&](const char* call, ncclResult_t r) {

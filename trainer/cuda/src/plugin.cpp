@@ -31,10 +31,10 @@ class CudaRuntime final : public DeviceRuntime {
     return fmt::format("cuda:{} {} (GPU {})", device_.ordinal, device_.name, device_.physical);
   }
   std::unique_ptr<Backend> backend() override { return make_cuda_backend(device_.ordinal); }
-  std::unique_ptr<Comm> nccl(Comm& world) override {
+  std::unique_ptr<comm::Comm> nccl(comm::Comm& world) override {
     return make_nccl_comm(
         world.rank(), world.size(), "world",
-        [&world](void* data, size_t bytes) { world.broadcast(data, bytes, CommType::kU8, 0)->wait(); },
+        [&world](void* data, size_t bytes) { world.broadcast(data, bytes, comm::CommType::kU8, 0)->wait(); },
         stream());
   }
   double peak_bf16_gflops() override {

@@ -2,8 +2,8 @@
 // inputs, so the comparison measures the GPU op, not the rounding of its inputs.
 #include "check.h"
 #include "cpu/kernels.h"
+#include "forge/comm/comm.h"
 #include "forge/common/hash.h"
-#include "forge/trainer/comm.h"
 #include "forge/trainer/cuda/context.h"
 #include "forge/trainer/cuda/grouped_gemm.h"
 #include "forge/trainer/cuda/nccl_comm.h"
@@ -413,14 +413,14 @@ void check_nccl(Table& table) {
   std::iota(host.begin(), host.end(), 0.0f);
   DeviceBuffer a = up<float>(host);
   DeviceBuffer gathered(n * 4);
-  comm->all_reduce(a.as<float>(), n, CommType::kF32, ReduceOp::kSum)->wait();
-  comm->all_gather(a.as<float>(), gathered.as<float>(), n, CommType::kF32)->wait();
-  auto req = comm->broadcast(gathered.as<float>(), n, CommType::kF32, 0);
+  comm->all_reduce(a.as<float>(), n, comm::CommType::kF32, comm::ReduceOp::kSum)->wait();
+  comm->all_gather(a.as<float>(), gathered.as<float>(), n, comm::CommType::kF32)->wait();
+  auto req = comm->broadcast(gathered.as<float>(), n, comm::CommType::kF32, 0);
   while (!req->test()) {
   }
   comm->barrier();
   auto sub = comm->split(0, 0, "dp");
-  sub->all_reduce(gathered.as<float>(), n, CommType::kF32, ReduceOp::kMax)->wait();
+  sub->all_reduce(gathered.as<float>(), n, comm::CommType::kF32, comm::ReduceOp::kMax)->wait();
   table.add("nccl 1-rank all_reduce/all_gather/split", "fp32", rel_err(down<float>(gathered, n), host), 0);
 }
 

@@ -97,7 +97,7 @@ RunResult run_gpu(const std::string& label, TrainSpec spec, DType dtype, int ste
   const size_t before = device_memory_used();
   RunResult r{label, std::string(dtype_name(dtype)), {}, 0, 0, 0, 0, ""};
   {
-    ProcessGroups groups = make_groups(self_comm(), spec.layout);
+    comm::ProcessGroups groups = comm::make_groups(comm::self_comm(), spec.layout);
     ParallelTrainer trainer(spec, groups, cuda_backend());
     std::vector<int32_t> tokens;
     std::vector<MicroBatch> batches;
@@ -133,7 +133,7 @@ std::vector<double> run_cpu(TrainSpec spec, int steps, int total_steps) {
   spec.steps = total_steps;  // the same schedule as the GPU runs
   spec.threads = int(std::max(1u, std::thread::hardware_concurrency()));
   // The one-process CPU trainer (ParallelTrainer at layout 1,1,1).
-  ProcessGroups groups = make_groups(self_comm(), spec.layout);
+  comm::ProcessGroups groups = comm::make_groups(comm::self_comm(), spec.layout);
   ParallelTrainer trainer(spec, groups);
   std::vector<int32_t> tokens;
   std::vector<MicroBatch> batches;
@@ -316,7 +316,7 @@ void profile_train(const TrainOptions& o) {
   TrainSpec spec = gpt2_spec(small_spec(o), o.gpt2_batch);
   spec.dtype = DType::kBF16;
   spec.steps = 4;
-  ProcessGroups groups = make_groups(self_comm(), spec.layout);
+  comm::ProcessGroups groups = comm::make_groups(comm::self_comm(), spec.layout);
   ParallelTrainer trainer(spec, groups, cuda_backend());
   std::vector<int32_t> tokens;
   std::vector<MicroBatch> batches;

@@ -15,8 +15,8 @@
 // ring moves the key/value heads 3·cp − 2 times.
 #pragma once
 
+#include "forge/comm/comm.h"
 #include "forge/trainer/attention.h"
-#include "forge/trainer/comm.h"
 #include "forge/trainer/spec.h"
 
 #include <memory>
@@ -37,7 +37,7 @@ struct ContextScratch {
 
 class RingAttention final : public Attention {
  public:
-  RingAttention(Comm& cp, std::shared_ptr<ContextScratch> scratch, Backend& backend,
+  RingAttention(comm::Comm& cp, std::shared_ptr<ContextScratch> scratch, Backend& backend,
                 const AttentionSettings& settings, std::unique_ptr<Linear> qkv, std::unique_ptr<Linear> proj,
                 const AttentionWeights& weights, int slots, int rows, float* dqkv, float* datt);
 
@@ -55,13 +55,13 @@ class RingAttention final : public Attention {
   AttentionChunks chunks(const float* qkv, const float* kv, int src, int qc, int kc, bool docs, int B,
                          int T) const;
 
-  Comm& cp_;
+  comm::Comm& cp_;
   std::shared_ptr<ContextScratch> scratch_;
 };
 
 class AllToAllAttention final : public Attention {
  public:
-  AllToAllAttention(Comm& cp, std::shared_ptr<ContextScratch> scratch, Backend& backend,
+  AllToAllAttention(comm::Comm& cp, std::shared_ptr<ContextScratch> scratch, Backend& backend,
                     const AttentionSettings& settings, std::unique_ptr<Linear> qkv,
                     std::unique_ptr<Linear> proj, const AttentionWeights& weights, int slots, int rows,
                     float* dqkv, float* datt);
@@ -87,13 +87,13 @@ class AllToAllAttention final : public Attention {
   const int32_t* doc_starts(const DeviceBatch& batch, int B, int T);
   AttentionShape group_shape() const;
 
-  Comm& cp_;
+  comm::Comm& cp_;
   std::shared_ptr<ContextScratch> scratch_;
   std::vector<std::vector<float>> qkv_, lse_;  // per slot: the head group's whole-sequence q, k, v and lse
 };
 
 // The document ids of every cp rank's rows, all-gathered into scratch.segments ([cp][B*T]); false when
 // the batch has none (one document per row).
-bool gather_segments(Comm& cp, ContextScratch& scratch, const DeviceBatch& batch, int B, int T);
+bool gather_segments(comm::Comm& cp, ContextScratch& scratch, const DeviceBatch& batch, int B, int T);
 
 }  // namespace forge::trainer

@@ -4,8 +4,8 @@
 
 #include "context_attention.h"
 
+#include "forge/common/trace.h"
 #include "forge/trainer/loss.h"
-#include "forge/trainer/trace.h"
 
 #include <algorithm>
 #include <cstring>
@@ -71,17 +71,18 @@ void ContextScratch::reserve(ContextComm kind, int rows, const AttentionShape& s
   segments.reserve(n * size_t(cp));
 }
 
-bool gather_segments(Comm& cp, ContextScratch& scratch, const DeviceBatch& batch, int B, int T) {
+bool gather_segments(comm::Comm& cp, ContextScratch& scratch, const DeviceBatch& batch, int B, int T) {
   if (batch.host == nullptr || batch.host->segments.empty()) return false;
   scratch.segments.resize(size_t(cp.size()) * size_t(B) * size_t(T));
-  cp.all_gather(batch.host->segments.data(), scratch.segments.data(), size_t(B) * size_t(T), CommType::kI32)
+  cp.all_gather(batch.host->segments.data(), scratch.segments.data(), size_t(B) * size_t(T),
+                comm::CommType::kI32)
       ->wait();
   return true;
 }
 
 // ---- ring ----
 
-RingAttention::RingAttention(Comm& cp, std::shared_ptr<ContextScratch> scratch, Backend& backend,
+RingAttention::RingAttention(comm::Comm& cp, std::shared_ptr<ContextScratch> scratch, Backend& backend,
                              const AttentionSettings& settings, std::unique_ptr<Linear> qkv,
                              std::unique_ptr<Linear> proj, const AttentionWeights& weights, int slots,
                              int rows, float* dqkv, float* datt)
@@ -149,10 +150,10 @@ void RingAttention::attend_forward(int, Act out_act, float* lse, ConstAct qkv_ac
   for (int step = 0; step < P; ++step) {
     const int src = (r - step + P) % P;
     const float* kv = k.kv[step % 2].data();
-    RequestPtr received, sent;
+    comm::RequestPtr received, sent;
     if (step + 1 < P) {  // the next step's keys arrive while this one computes
-      received = cp_.recv(k.kv[(step + 1) % 2].data(), count, CommType::kF32, (r + P - 1) % P, kKvTag);
-      sent = cp_.send(kv, count, CommType::kF32, (r + 1) % P, kKvTag);
+      received = cp_.recv(k.kv[(step + 1) % 2].data(), count, comm::CommType::kF32, (r + P - 1) % P, kKvTag);
+      sent = cp_.send(kv, count, comm::CommType::kF32, (r + 1) % P, kKvTag);
     }
     for (const auto& [qc, kc] : pairs(src, n))
       backend_.attention_chunk_forward(chunks(qkv, kv, src, qc, kc, docs, B, T),
@@ -192,15 +193,15 @@ void RingAttention::attend_backward(int, float* dqkv, const float* dout, ConstAc
   // The accumulator of rank src's key/value gradients arrives from the left (the ranks before this one
   // have added theirs), this rank adds its share into it, and it goes on to the right: two buffers, one
   // being sent while the other receives and is added to.
-  RequestPtr grad_in, grad_out;
+  comm::RequestPtr grad_in, grad_out;
   for (int step = 0; step < P; ++step) {
     const int src = (r - step + P) % P;
     const float* kv = k.kv[step % 2].data();
     float* acc = k.acc[step % 2].data();
-    RequestPtr received, sent;
+    comm::RequestPtr received, sent;
     if (step + 1 < P) {
-      received = cp_.recv(k.kv[(step + 1) % 2].data(), count, CommType::kF32, left, kKvTag);
-      sent = cp_.send(kv, count, CommType::kF32, right, kKvTag);
+      received = cp_.recv(k.kv[(step + 1) % 2].data(), count, comm::CommType::kF32, left, kKvTag);
+      sent = cp_.send(kv, count, comm::CommType::kF32, right, kKvTag);
     }
     if (grad_in)
       grad_in->wait();
@@ -215,8 +216,8 @@ void RingAttention::attend_backward(int, float* dqkv, const float* dout, ConstAc
           {dk.base + s.kv_width(), dk.seq, KV});
     }
     if (grad_out) grad_out->wait();  // the other buffer is free to receive into
-    grad_out = cp_.send(acc, count, CommType::kF32, right, kGradTag);
-    grad_in = cp_.recv(k.acc[(step + 1) % 2].data(), count, CommType::kF32, left, kGradTag);
+    grad_out = cp_.send(acc, count, comm::CommType::kF32, right, kGradTag);
+    grad_in = cp_.recv(k.acc[(step + 1) % 2].data(), count, comm::CommType::kF32, left, kGradTag);
     if (received) {
       received->wait();
       sent->wait();
@@ -232,10 +233,11 @@ void RingAttention::attend_backward(int, float* dqkv, const float* dout, ConstAc
 
 // ---- all-to-all ----
 
-AllToAllAttention::AllToAllAttention(Comm& cp, std::shared_ptr<ContextScratch> scratch, Backend& backend,
-                                     const AttentionSettings& settings, std::unique_ptr<Linear> qkv,
-                                     std::unique_ptr<Linear> proj, const AttentionWeights& weights, int slots,
-                                     int rows, float* dqkv, float* datt)
+AllToAllAttention::AllToAllAttention(comm::Comm& cp, std::shared_ptr<ContextScratch> scratch,
+                                     Backend& backend, const AttentionSettings& settings,
+                                     std::unique_ptr<Linear> qkv, std::unique_ptr<Linear> proj,
+                                     const AttentionWeights& weights, int slots, int rows, float* dqkv,
+                                     float* datt)
     : Attention(backend, settings, std::move(qkv), std::move(proj), weights, slots, rows, dqkv, datt),
       cp_(cp),
       scratch_(std::move(scratch)),
@@ -287,7 +289,7 @@ void AllToAllAttention::to_heads(const float* local, float* whole, Rows kind, in
         to += w;
       }
   const std::vector<size_t> counts(size_t(P), block);
-  cp_.all_to_all_v(k.send.data(), counts.data(), k.recv.data(), counts.data(), CommType::kF32)->wait();
+  cp_.all_to_all_v(k.send.data(), counts.data(), k.recv.data(), counts.data(), comm::CommType::kF32)->wait();
   // Rank i's block holds its chunks' rows of this rank's heads: into their places in the sequences.
   for (int i = 0; i < P; ++i)
     for (int b = 0; b < B; ++b)
@@ -312,7 +314,7 @@ void AllToAllAttention::to_chunks(const float* whole, float* local, Rows kind, i
                     whole + (int64_t(b) * P * T + context_chunk_first(P, i, c, n)) * part,
                     sizeof(float) * size_t(n) * size_t(part));
   const std::vector<size_t> counts(size_t(P), block);
-  cp_.all_to_all_v(k.send.data(), counts.data(), k.recv.data(), counts.data(), CommType::kF32)->wait();
+  cp_.all_to_all_v(k.send.data(), counts.data(), k.recv.data(), counts.data(), comm::CommType::kF32)->wait();
   const float* from = k.recv.data();
   for (int g = 0; g < P; ++g)
     for (int row = 0; row < B * T; ++row)

@@ -1,17 +1,17 @@
-// The hybrid-parallel step. Per step: the 1F1B schedule runs the micro-batches through this stage
+// The hybrid-parallel step. Per step: the stage's schedule (schedule.h) runs the micro-batches through it
 // (activations forward to the next stage, their gradients back); during the last micro-batch's
 // backward each layer's gradient bucket is handed to the data-parallel group as soon as it is complete;
 // the tied embedding's two copies (first and last stage) are summed; then the global gradient norm,
 // clipping and AdamW on this rank's shard, and (ZeRO-1) the updated shards gathered back.
 #include "forge/trainer/parallel.h"
 
+#include "forge/common/activity.h"
 #include "forge/common/error.h"
 #include "forge/common/local_rank.h"
+#include "forge/common/trace.h"
 #include "forge/trainer/context_parallel.h"
 #include "forge/trainer/moe.h"
-#include "forge/trainer/progress.h"
 #include "forge/trainer/runtime.h"
-#include "forge/trainer/trace.h"
 
 #include <fmt/format.h>
 
@@ -46,9 +46,9 @@ std::vector<RouterStats> router_layout(const ModelSpec& model) {
   return out;
 }
 
-CommTotals totals(std::initializer_list<Comm*> comms) {
+CommTotals totals(std::initializer_list<comm::Comm*> comms) {
   CommTotals t;
-  for (Comm* c : comms)
+  for (comm::Comm* c : comms)
     if (c != nullptr) {
       t.wait += c->stats().wait_s;
       t.bytes += c->stats().bytes;
@@ -100,7 +100,7 @@ int gradient_bucket(const std::string& param, int layers) {
   return -1;
 }
 
-ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups, Backend& backend,
+ParallelTrainer::ParallelTrainer(const TrainSpec& spec, comm::ProcessGroups& groups, Backend& backend,
                                  std::shared_ptr<GPT> teacher)
     : spec_(spec), groups_(groups), backend_(backend) {
   const Layout& lay = groups.layout;
@@ -115,10 +115,11 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups, B
                    groups.first_stage(), groups.last_stage(),
                    groups.tp_rank,       lay.tp,
                    groups.ep_rank,       lay.ep};
-  // 1F1B keeps at most pp - s micro-batches in flight on stage s.
-  slots_ = std::min(spec.microbatches, lay.pp - s);
+  // The stage's actions in a step (schedule.h); its activations are kept for the micro-batches in flight.
+  schedule_ = one_f_one_b(lay.pp, s, spec.microbatches);
+  slots_ = in_flight(schedule_);
   // Dense gradients are reduced, and ZeRO-1 shards, over the ranks holding the same weights: dp, times cp.
-  Comm* dense = dense_ = lay.cp > 1 ? groups.dp_cp.get() : groups.dp.get();
+  comm::Comm* dense = dense_ = lay.cp > 1 ? groups.dp_cp.get() : groups.dp.get();
   const size_t dp = size_t(dense->size());
   plan_ = std::make_unique<ParallelPlan>(*groups.tp, *groups.ep, *groups.cp, spec.parallel.cp_comm,
                                          spec.parallel.sequence_parallel);
@@ -211,7 +212,7 @@ void ParallelTrainer::launch_gathers() {
   for (size_t i = 0; i < buckets_.size(); ++i)
     if (buckets_[i].group->size() > 1)
       buckets_[i].gather = buckets_[i].group->all_gather(w + owned_[i].lo, w + buckets_[i].lo,
-                                                         owned_[i].hi - owned_[i].lo, CommType::kF32);
+                                                         owned_[i].hi - owned_[i].lo, comm::CommType::kF32);
   gathered_ = 0;
 }
 
@@ -237,9 +238,9 @@ void ParallelTrainer::launch(Bucket& b) {
   const size_t n = b.hi - b.lo;
   if (spec_.parallel.zero == 1)
     b.request = b.group->reduce_scatter(g + b.lo, shard_.data() + b.shard_at, n / size_t(b.group->size()),
-                                        CommType::kF32);
+                                        comm::CommType::kF32);
   else
-    b.request = b.group->all_reduce(g + b.lo, n, CommType::kF32, ReduceOp::kSum);
+    b.request = b.group->all_reduce(g + b.lo, n, comm::CommType::kF32, comm::ReduceOp::kSum);
 }
 
 void ParallelTrainer::finish_gradients() {
@@ -275,7 +276,7 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   model_->take_router_stats();
   backend_.mark_step_start();
   const auto t0 = std::chrono::steady_clock::now();
-  ProcessGroups& g = groups_;
+  comm::ProcessGroups& g = groups_;
   const CommTotals comm0 = totals({g.tp.get(), g.dp.get(), g.cp.get(), g.dp_cp.get(), g.embed.get(),
                                    g.world.get(), g.ep.get(), g.expert_dp.get()});
   const CommTotals experts0 = totals({g.ep.get()});
@@ -303,12 +304,12 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   }
   for (Bucket& bk : buckets_) bk.request.reset();
 
-  std::vector<RequestPtr> sent_act(static_cast<size_t>(slots_)), sent_grad(static_cast<size_t>(slots_));
+  std::vector<comm::RequestPtr> sent_act(static_cast<size_t>(slots_)), sent_grad(static_cast<size_t>(slots_));
   double loss_sum = 0;
   const auto forward = [&](int i) {
     const int slot = i % slots_;
     if (sent_act[size_t(slot)]) sent_act[size_t(slot)]->wait();  // the slot's output is about to change
-    if (!first) g.pp->recv(recv_act_.data(), nc, CommType::kF32, stage - 1, 2 * i)->wait();
+    if (!first) g.pp->recv(recv_act_.data(), nc, comm::CommType::kF32, stage - 1, 2 * i)->wait();
     mark_activity("forward");
     TraceSpan span("forward micro-batch", "schedule", i);
     loss_sum += model_
@@ -316,7 +317,8 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
                               [this](int layer) { need_weights(layer); })
                     .loss;
     if (!last)
-      sent_act[size_t(slot)] = g.pp->send(model_->output(slot).data(), nc, CommType::kF32, stage + 1, 2 * i);
+      sent_act[size_t(slot)] =
+          g.pp->send(model_->output(slot).data(), nc, comm::CommType::kF32, stage + 1, 2 * i);
   };
   const auto on_grads = [&](int layer) {
     if (layer < 0) return;  // the embeddings wait for the tied copy's sum (finish_gradients)
@@ -333,7 +335,7 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   const auto backward = [&](int i) {
     complete_gathers();  // the forwards completed them as they went; none may still run into the update
     const int slot = i % slots_;
-    if (!last) g.pp->recv(recv_grad_.data(), nc, CommType::kF32, stage + 1, 2 * i + 1)->wait();
+    if (!last) g.pp->recv(recv_grad_.data(), nc, comm::CommType::kF32, stage + 1, 2 * i + 1)->wait();
     if (sent_grad[size_t(slot)]) sent_grad[size_t(slot)]->wait();
     mark_activity("backward");
     TraceSpan span("backward micro-batch", "schedule", i);
@@ -341,17 +343,14 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
                      i == m - 1 ? std::function<void(int)>(on_grads) : std::function<void(int)>());
     if (!first)
       sent_grad[size_t(slot)] =
-          g.pp->send(model_->input_grad(slot).data(), nc, CommType::kF32, stage - 1, 2 * i + 1);
+          g.pp->send(model_->input_grad(slot).data(), nc, comm::CommType::kF32, stage - 1, 2 * i + 1);
   };
-  // 1F1B: warm-up forwards fill the pipeline, then one forward and one backward alternate, then the
-  // remaining backwards drain it.
-  const int warmup = std::min(g.layout.pp - stage - 1, m);
-  for (int i = 0; i < warmup; ++i) forward(i);
-  for (int j = 0; j < m - warmup; ++j) {
-    forward(warmup + j);
-    backward(j);
+  for (const PipeAction& a : schedule_) {
+    if (a.op == PipeOp::kForward)
+      forward(a.micro_batch);
+    else
+      backward(a.micro_batch);
   }
-  for (int j = m - warmup; j < m; ++j) backward(j);
   for (auto* sent : {&sent_act, &sent_grad})
     for (auto& r : *sent)
       if (r) r->wait();
@@ -382,7 +381,7 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
     sums[1] = backend_.sum_squares(model_->grads().data(), norm_ranges_);
   }
   mark_activity("all_reduce world (loss, norm)");
-  g.world->all_reduce(sums.data(), sums.size(), CommType::kF64, ReduceOp::kSum)->wait();
+  g.world->all_reduce(sums.data(), sums.size(), comm::CommType::kF64, comm::ReduceOp::kSum)->wait();
   for (size_t i = 0; i < figures.size(); ++i) figures[i].second = sums[2 + i] / weight;
   for (size_t i = 0; i < routers.size(); ++i) {
     const double* in = sums.data() + router_at + i * per_router;
@@ -464,15 +463,16 @@ double ParallelTrainer::loss_of(const MicroBatch& whole) {
   GPT::check_batch(whole, spec_.batch, spec_.model);
   const std::vector<MicroBatch> shard = context_shards({&whole, 1});
   const MicroBatch& mine = shard.empty() ? whole : shard[0];
-  ProcessGroups& g = groups_;
+  comm::ProcessGroups& g = groups_;
   const size_t nc = size_t(model_->stream_rows()) * size_t(spec_.model.d_model);
-  if (!g.first_stage()) g.pp->recv(recv_act_.data(), nc, CommType::kF32, g.pp_rank - 1, 0)->wait();
+  if (!g.first_stage()) g.pp->recv(recv_act_.data(), nc, comm::CommType::kF32, g.pp_rank - 1, 0)->wait();
   const LossSums sums = model_->forward(0, mine, recv_act_.data(), 1.0f, false);
-  if (!g.last_stage()) g.pp->send(model_->output(0).data(), nc, CommType::kF32, g.pp_rank + 1, 0)->wait();
+  if (!g.last_stage())
+    g.pp->send(model_->output(0).data(), nc, comm::CommType::kF32, g.pp_rank + 1, 0)->wait();
   // Every rank knows its batch's weight; the loss sum is the last stage's (once per DP rank).
   double both[2] = {g.last_stage() && g.tp_rank == 0 ? sums.loss : 0.0,
                     g.first_stage() && g.tp_rank == 0 ? loss_->weight(mine) : 0.0};
-  g.world->all_reduce(both, 2, CommType::kF64, ReduceOp::kSum)->wait();
+  g.world->all_reduce(both, 2, comm::CommType::kF64, comm::ReduceOp::kSum)->wait();
   return both[0] / both[1];
 }
 
@@ -501,7 +501,7 @@ std::string ParallelTrainer::describe_plan() {
                   optimizer_bytes() * mib, activation_bytes() * mib);
   mine.resize(kRecord, ' ');
   std::string all(kRecord * size_t(groups_.world->size()), ' ');
-  groups_.world->all_gather(mine.data(), all.data(), kRecord, CommType::kU8)->wait();
+  groups_.world->all_gather(mine.data(), all.data(), kRecord, comm::CommType::kU8)->wait();
   if (groups_.rank != 0) return {};
   std::string out =
       fmt::format("plan: layout {} on {} ranks; rank = tp_rank + tp*(cp_rank + cp*(dp_rank + dp*pp_rank))\n",

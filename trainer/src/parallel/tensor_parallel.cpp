@@ -28,19 +28,21 @@ struct SequenceScratch {
   }
 
   // The group's shares of `rows` rows of `width` (this rank's: `mine`), whole, in rank order.
-  const float* gather(Comm& group, const float* mine, int rows, int width) {
-    group.all_gather(mine, gathered.data(), size_t(rows / group.size()) * size_t(width), CommType::kF32)
+  const float* gather(comm::Comm& group, const float* mine, int rows, int width) {
+    group
+        .all_gather(mine, gathered.data(), size_t(rows / group.size()) * size_t(width), comm::CommType::kF32)
         ->wait();
     return gathered.data();
   }
   // Rank r of the group receives rows [r, r + 1) x rows / size of the group's sum of `whole`.
-  static void scatter(Comm& group, const float* whole, float* mine, int rows, int width) {
-    group.reduce_scatter(whole, mine, size_t(rows / group.size()) * size_t(width), CommType::kF32)->wait();
+  static void scatter(comm::Comm& group, const float* whole, float* mine, int rows, int width) {
+    group.reduce_scatter(whole, mine, size_t(rows / group.size()) * size_t(width), comm::CommType::kF32)
+        ->wait();
   }
 };
 
 ColumnParallelLinear::ColumnParallelLinear(Backend& backend, ParamRef weight, ParamRef bias, bool add_bias,
-                                           Comm& group, SequenceScratch* sequence)
+                                           comm::Comm& group, SequenceScratch* sequence)
     : Linear(backend, weight, bias, add_bias), group_(group), sequence_(sequence) {}
 
 void ColumnParallelLinear::forward(Act out, ConstAct in, int rows) {
@@ -68,7 +70,7 @@ void ColumnParallelLinear::backward(float* din, const float* dout, ConstAct in, 
 }
 
 RowParallelLinear::RowParallelLinear(Backend& backend, ParamRef weight, ParamRef bias, bool add_bias,
-                                     Comm& group, SequenceScratch* sequence)
+                                     comm::Comm& group, SequenceScratch* sequence)
     : Linear(backend, weight, bias, add_bias), group_(group), sequence_(sequence) {}
 
 void RowParallelLinear::forward(Act out, ConstAct in, int rows) {
@@ -96,13 +98,13 @@ void RowParallelLinear::forward_gelu(Act, Act, ConstAct, int) {
 
 namespace {
 // The vocabulary rows rank r of the group holds.
-int vocab_begin(const ParamRef& wte, const Comm& group) {
+int vocab_begin(const ParamRef& wte, const comm::Comm& group) {
   return group.rank() * int(wte.info->local_shape[0]);
 }
 }  // namespace
 
-VocabParallelEmbedding::VocabParallelEmbedding(Backend& backend, ParamRef wte, ParamRef wpe, Comm& group,
-                                               SequenceScratch* sequence)
+VocabParallelEmbedding::VocabParallelEmbedding(Backend& backend, ParamRef wte, ParamRef wpe,
+                                               comm::Comm& group, SequenceScratch* sequence)
     : Embedding(backend, wte, wpe, vocab_begin(wte, group),
                 vocab_begin(wte, group) + int(wte.info->local_shape[0])),
       group_(group),
@@ -128,7 +130,7 @@ void VocabParallelEmbedding::backward(const float* dout, const int32_t* tokens, 
   Embedding::backward(dout, tokens, positions, B, T);
 }
 
-VocabParallelCrossEntropy::VocabParallelCrossEntropy(Backend& backend, ParamRef wte, Comm& group,
+VocabParallelCrossEntropy::VocabParallelCrossEntropy(Backend& backend, ParamRef wte, comm::Comm& group,
                                                      SequenceScratch* sequence)
     : Classifier(backend, wte, vocab_begin(wte, group)), group_(group), sequence_(sequence) {
   vocab_group_ = this;  // the softmax statistics are combined over the group (max, sum below)
@@ -150,7 +152,7 @@ double VocabParallelCrossEntropy::forward_backward(float* dx, const float* x, co
 }
 
 void VocabParallelCrossEntropy::max(float* values, int n) {
-  group_.all_reduce(values, size_t(n), CommType::kF32, ReduceOp::kMax)->wait();
+  group_.all_reduce(values, size_t(n), comm::CommType::kF32, comm::ReduceOp::kMax)->wait();
 }
 
 void VocabParallelCrossEntropy::sum(float* values, int n) {
@@ -158,7 +160,7 @@ void VocabParallelCrossEntropy::sum(float* values, int n) {
 }
 
 SequenceParallelNorm::SequenceParallelNorm(Backend& backend, bool layernorm, float eps, ParamRef weight,
-                                           ParamRef bias, Comm& group, SequenceScratch& sequence)
+                                           ParamRef bias, comm::Comm& group, SequenceScratch& sequence)
     : NormLayer(backend, layernorm, eps, weight, bias), group_(group), sequence_(sequence) {}
 
 void SequenceParallelNorm::backward(float* din, const float* dout, const float* in, const float* st, int N,
@@ -172,7 +174,7 @@ void SequenceParallelNorm::backward(float* din, const float* dout, const float* 
     backend_.layernorm_backward_partials(din, partial, dout, in, w_.value, st, st + N, N, C);
   else
     backend_.rmsnorm_backward_partials(din, partial, dout, in, w_.value, st, N, C);
-  group_.all_gather(partial, sequence_.partials.data(), size_t(chunks) * size_t(width), CommType::kF32)
+  group_.all_gather(partial, sequence_.partials.data(), size_t(chunks) * size_t(width), comm::CommType::kF32)
       ->wait();
   const int64_t all = chunks * group_.size();  // the ranks hold consecutive rows: chunk order is rank order
   backend_.add_chunk_sums(w_.grad, sequence_.partials.data(), all, C, width);
@@ -182,7 +184,7 @@ void SequenceParallelNorm::backward(float* din, const float* dout, const float* 
 void AllToAllTokenExchange::exchange_counts(const int64_t* send, int64_t* recv, int per_rank) {
   if (size() == 1) return TokenExchange::exchange_counts(send, recv, per_rank);
   send_.assign(size_t(size()), size_t(per_rank) * sizeof(int64_t));
-  group_.all_to_all_v(send, send_.data(), recv, send_.data(), CommType::kU8)->wait();
+  group_.all_to_all_v(send, send_.data(), recv, send_.data(), comm::CommType::kU8)->wait();
 }
 
 void AllToAllTokenExchange::exchange_rows(Backend&, const float* in, const int64_t* send_rows, float* out,
@@ -193,7 +195,7 @@ void AllToAllTokenExchange::exchange_rows(Backend&, const float* in, const int64
     send_[r] = size_t(send_rows[r]) * size_t(C);
     recv_[r] = size_t(recv_rows[r]) * size_t(C);
   }
-  group_.all_to_all_v(in, send_.data(), out, recv_.data(), CommType::kF32)->wait();
+  group_.all_to_all_v(in, send_.data(), out, recv_.data(), comm::CommType::kF32)->wait();
 }
 
 std::unique_ptr<Linear> ParallelPlan::linear(Backend& backend, ParamRef weight, ParamRef bias,
@@ -229,7 +231,8 @@ int ParallelPlan::sequence_shards() const {
   return sequence_ ? tp_.size() : 1;
 }
 
-ParallelPlan::ParallelPlan(Comm& tp, Comm& ep, Comm& cp, ContextComm cp_comm, bool sequence_parallel)
+ParallelPlan::ParallelPlan(comm::Comm& tp, comm::Comm& ep, comm::Comm& cp, ContextComm cp_comm,
+                           bool sequence_parallel)
     : tp_(tp),
       ep_(ep),
       cp_(cp),
@@ -257,7 +260,7 @@ size_t ParallelPlan::scratch_bytes() const {
 }
 
 void AllToAllTokenExchange::sum_over_context(double* values, int n) {
-  context_.all_reduce(values, size_t(n), CommType::kF64, ReduceOp::kSum)->wait();
+  context_.all_reduce(values, size_t(n), comm::CommType::kF64, comm::ReduceOp::kSum)->wait();
 }
 
 std::unique_ptr<TokenExchange> ParallelPlan::token_exchange() const {

@@ -3,8 +3,8 @@
 // and the statistics are summed.
 #pragma once
 
+#include "forge/comm/comm.h"
 #include "forge/eval_gate/stats.h"
-#include "forge/trainer/comm.h"
 #include "forge/trainer/model.h"
 
 #include <cstdint>
@@ -62,13 +62,13 @@ trainer::ModelSpec check_evaluation(const std::string& checkpoint_dir, const std
                                     const EvalOptions& options, bool own_dataset = true);
 
 DomainResults evaluate_checkpoint(const std::string& checkpoint_dir, const std::string& dataset_dir,
-                                  const EvalOptions& options, trainer::Comm& comm, bool own_dataset = true);
+                                  const EvalOptions& options, comm::Comm& comm, bool own_dataset = true);
 
 // A checkpoint's whole model (any layout it was trained at) for generation on `backend`: `batch` sequences
 // of up to max_positions tokens in flight (Generator, generate.h). Throws forge::Error(kData) when it is
 // damaged.
 std::unique_ptr<trainer::GPT> load_for_generation(const std::string& checkpoint_dir, int batch,
-                                                  trainer::Comm& comm, trainer::Backend& backend);
+                                                  comm::Comm& comm, trainer::Backend& backend);
 
 // One position's figures from a model's logits and its teacher's over the same vocabulary: the model's
 // cross-entropy of `target` and KL(softmax(teacher) || softmax(model)), in nats; the KL of equal logits

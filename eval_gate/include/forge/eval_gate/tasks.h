@@ -4,6 +4,7 @@
 // every task's scores. What each metric means is in docs/ARCHITECTURE.md, "Evaluation".
 #pragma once
 
+#include "forge/comm/comm.h"
 #include "forge/common/json.h"
 #include "forge/dataio/chat.h"
 #include "forge/dataio/tokenizer.h"
@@ -12,7 +13,6 @@
 #include "forge/eval_gate/prompt_format.h"
 #include "forge/eval_gate/sandbox.h"
 #include "forge/eval_gate/suite.h"
-#include "forge/trainer/comm.h"
 
 #include <map>
 #include <memory>
@@ -66,7 +66,7 @@ struct SuiteRunOptions {
 // chat template, else forge's, and its replies end at that format's stops. Throws forge::Error(kUsage) when
 // a chat suite meets a format that cannot chat.
 SuiteResult run_suite(const Suite& suite, trainer::GPT& model, const PromptFormat& format,
-                      const SuiteRunOptions& options, trainer::Comm& comm);
+                      const SuiteRunOptions& options, comm::Comm& comm);
 
 // The program a code task runs: the code of `completion` (the first fenced block of a chat reply, or the
 // reply; a text suite's prompt and its continuation), then the tests, then check(entry_point) when the task

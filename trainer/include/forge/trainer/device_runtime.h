@@ -6,8 +6,8 @@
 // record the watchdog reads, the error rank and the logger are the process's one copy.
 #pragma once
 
+#include "forge/comm/comm.h"
 #include "forge/trainer/backend.h"
-#include "forge/trainer/comm.h"
 #include "forge/trainer/spec.h"
 
 #include <memory>
@@ -28,7 +28,7 @@ class DeviceRuntime {
   virtual std::unique_ptr<Backend> backend() = 0;
   // An NCCL communicator of the ranks of `world` (its unique id broadcast over `world`), its operations
   // ordered after the backend's queued work.
-  virtual std::unique_ptr<Comm> nccl(Comm& world) = 0;
+  virtual std::unique_ptr<comm::Comm> nccl(comm::Comm& world) = 0;
   // The bound device's dense BF16 peak in GFLOP/s from the table by device name (0: not in the table).
   virtual double peak_bf16_gflops() = 0;
 };

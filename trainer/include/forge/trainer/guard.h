@@ -5,6 +5,7 @@
 // gathers, these functions decide.
 #pragma once
 
+#include "forge/common/batch.h"
 #include "forge/common/config.h"
 #include "forge/common/json.h"
 
@@ -81,8 +82,12 @@ class StepGuard {
  public:
   explicit StepGuard(const GuardConfig& config);
 
-  // The test hook: true when the computation of `step` (1-based) should be poisoned with a NaN loss.
-  // Call once per step computation, before it.
+  // The test hooks ([guard] inject_*) of the computation of `step` (1-based), called once before it with
+  // the batches it will train on, on rank `rank`: reports sample 0 of epoch 0 as the first row's
+  // (inject_duplicate_step), hangs for good in "forward_backward" (inject_hang_step on inject_hang_rank,
+  // for the watchdog), and returns whether to poison the computation's loss with a NaN (inject_nan).
+  bool before_step(int64_t step, int rank, std::span<MicroBatch> batches);
+  // The NaN hook alone: true for the inject_nan_count computations from the first of inject_nan_step on.
   bool inject_nan(int64_t step);
 
   // Decides what to do with a computed step. Non-finite steps count as consecutive until a finite step

@@ -1,5 +1,5 @@
 // The training step, on every layout: one process's slice of the model (its pipeline stage's layers, its
-// tensor-parallel shard), the 1F1B pipeline schedule over micro-batches, data-parallel gradient
+// tensor-parallel shard), the pipeline schedule over micro-batches (schedule.h), data-parallel gradient
 // reduction in buckets launched as backward finishes each layer, ZeRO-1 (optimizer state sharded across
 // the data-parallel group: reduce-scatter gradients, update the local shard, all-gather parameters, each
 // bucket's gather completed where the next forward first needs its layer), clipping, the schedule and AdamW.
@@ -7,10 +7,11 @@
 // every layout, up to floating-point summation order.
 #pragma once
 
+#include "forge/comm/groups.h"
 #include "forge/common/batch.h"
-#include "forge/trainer/groups.h"
 #include "forge/trainer/model.h"
 #include "forge/trainer/optimizer.h"
+#include "forge/trainer/schedule.h"
 #include "forge/trainer/spec.h"
 #include "forge/trainer/step_stats.h"
 #include "forge/trainer/tensor_parallel.h"
@@ -37,14 +38,14 @@ class ParallelTrainer {
   // Builds this rank's slice on `backend`, initialized from spec.seed exactly as the whole model would
   // be. The spec has passed train_spec's validation; the groups are spec.layout's. run.objective =
   // distill: `teacher` is the frozen teacher on a rank of the last stage (objective_loss).
-  ParallelTrainer(const TrainSpec& spec, ProcessGroups& groups, Backend& backend = cpu_backend(),
+  ParallelTrainer(const TrainSpec& spec, comm::ProcessGroups& groups, Backend& backend = cpu_backend(),
                   std::shared_ptr<GPT> teacher = nullptr);
   ~ParallelTrainer();
 
   // The model, its parameters complete (ZeRO-1's gathers of the last update finished).
   GPT& model();
   AdamW& optimizer() { return *optimizer_; }
-  ProcessGroups& groups() { return groups_; }
+  comm::ProcessGroups& groups() { return groups_; }
   int64_t steps_taken() const { return optimizer_->steps_taken(); }
   const std::vector<int>& bounds() const { return bounds_; }
 
@@ -72,12 +73,12 @@ class ParallelTrainer {
 
  private:
   struct Bucket {
-    size_t lo, hi;    // flat range, a multiple of dp long
-    int key;          // layer index; -1: embeddings (reduced after the schedule); layers: final LayerNorm
-    Comm* group;      // dp; an MoE block's experts: expert_dp
-    size_t shard_at;  // where this rank's part sits in shard_
-    RequestPtr request;
-    RequestPtr gather = {};  // ZeRO-1: the all-gather of the updated parameters
+    size_t lo, hi;      // flat range, a multiple of dp long
+    int key;            // layer index; -1: embeddings (reduced after the schedule); layers: final LayerNorm
+    comm::Comm* group;  // dp; an MoE block's experts: expert_dp
+    size_t shard_at;    // where this rank's part sits in shard_
+    comm::RequestPtr request;
+    comm::RequestPtr gather = {};  // ZeRO-1: the all-gather of the updated parameters
   };
   void launch(Bucket& bucket);
   void finish_gradients();
@@ -91,16 +92,18 @@ class ParallelTrainer {
   std::vector<MicroBatch> context_shards(std::span<const MicroBatch> batches) const;
 
   TrainSpec spec_;
-  ProcessGroups& groups_;
+  comm::ProcessGroups& groups_;
   Backend& backend_;
   std::vector<int> bounds_;
-  int slots_;
+  StageSchedule schedule_;  // this stage's actions in a step
+  int slots_;               // activation slots: the schedule's micro-batches in flight
   std::unique_ptr<ParallelPlan> plan_;
   std::shared_ptr<const Loss> loss_;  // the spec's objective (run.objective)
   std::unique_ptr<GPT> model_;
   std::unique_ptr<AdamW> optimizer_;
   std::vector<Bucket> buckets_;
-  Comm* dense_ = nullptr;  // where dense gradients are reduced: dp, or dp x cp under context parallelism
+  comm::Comm* dense_ =
+      nullptr;  // where dense gradients are reduced: dp, or dp x cp under context parallelism
   std::vector<FlatRange> owned_;        // this rank's shard: its group rank's part of every bucket
   std::vector<FlatRange> norm_ranges_;  // owned elements counted once in the global norm
   Buffer<float> shard_;                 // reduce-scatter output, back to back
@@ -108,7 +111,7 @@ class ParallelTrainer {
   size_t gathered_ = 0;  // buckets_[0, gathered_) hold their updated parameters (need_weights)
   // Fewer key/value heads than tensor-parallel ranks: the ranks holding the same head (kv_), and per
   // block the parameters whose gradients they sum (each rank's holds its own query heads' share).
-  std::unique_ptr<Comm> kv_;
+  std::unique_ptr<comm::Comm> kv_;
   std::map<int, std::vector<const ParamInfo*>> kv_params_;
   bool inject_nan_ = false;
 };

@@ -7,8 +7,8 @@
 // staging memory is kept for later calls (allocating it per call would synchronise a GPU).
 #pragma once
 
+#include "forge/comm/comm.h"
 #include "forge/trainer/backend.h"
-#include "forge/trainer/comm.h"
 
 #include <memory>
 
@@ -22,6 +22,7 @@ enum class CommMemory { kHost, kDevice };
 // through untouched, so over a host backend with an MPI communicator nothing is ever copied. Outputs
 // reach the caller's buffer when the request's wait() (or a test() that returns true) returns.
 // Communicators split from the result are staged alike; stats() are the inner communicator's.
-std::unique_ptr<Comm> staged_comm(std::unique_ptr<Comm> inner, Backend& backend, CommMemory takes);
+std::unique_ptr<comm::Comm> staged_comm(std::unique_ptr<comm::Comm> inner, Backend& backend,
+                                        CommMemory takes);
 
 }  // namespace forge::trainer

@@ -22,8 +22,8 @@
 // are those of tp without it.
 #pragma once
 
+#include "forge/comm/comm.h"
 #include "forge/trainer/attention.h"
-#include "forge/trainer/comm.h"
 #include "forge/trainer/layers.h"
 #include "forge/trainer/spec.h"
 
@@ -41,53 +41,53 @@ struct SequenceScratch;
 // rank's rows / group size of them.
 class ColumnParallelLinear final : public Linear {
  public:
-  ColumnParallelLinear(Backend& backend, ParamRef weight, ParamRef bias, bool add_bias, Comm& group,
+  ColumnParallelLinear(Backend& backend, ParamRef weight, ParamRef bias, bool add_bias, comm::Comm& group,
                        SequenceScratch* sequence);
   void forward(Act out, ConstAct in, int rows) override;
   void forward_gelu(Act out, Act pre, ConstAct in, int rows) override;
   void backward(float* din, const float* dout, ConstAct in, int rows) override;
 
  private:
-  Comm& group_;
+  comm::Comm& group_;
   SequenceScratch* sequence_;
 };
 
 class RowParallelLinear final : public Linear {
  public:
-  RowParallelLinear(Backend& backend, ParamRef weight, ParamRef bias, bool add_bias, Comm& group,
+  RowParallelLinear(Backend& backend, ParamRef weight, ParamRef bias, bool add_bias, comm::Comm& group,
                     SequenceScratch* sequence);
   void forward(Act out, ConstAct in, int rows) override;  // FP32 out: the partial sums are all-reduced
   void forward_gelu(Act out, Act pre, ConstAct in, int rows) override;  // throws: GELU needs the sum
   void backward(float* din, const float* dout, ConstAct in, int rows) override;
 
  private:
-  Comm& group_;
+  comm::Comm& group_;
   SequenceScratch* sequence_;
 };
 
 class VocabParallelEmbedding final : public Embedding {
  public:
   // The group's rank 0 adds the position embedding; every rank accumulates its gradient.
-  VocabParallelEmbedding(Backend& backend, ParamRef wte, ParamRef wpe, Comm& group,
+  VocabParallelEmbedding(Backend& backend, ParamRef wte, ParamRef wpe, comm::Comm& group,
                          SequenceScratch* sequence);
   void forward(float* out, const int32_t* tokens, const int32_t* positions, int B, int T) override;
   void backward(const float* dout, const int32_t* tokens, const int32_t* positions, int B, int T) override;
 
  private:
-  Comm& group_;
+  comm::Comm& group_;
   SequenceScratch* sequence_;
 };
 
 class VocabParallelCrossEntropy final : public Classifier, private VocabGroup {
  public:
-  VocabParallelCrossEntropy(Backend& backend, ParamRef wte, Comm& group, SequenceScratch* sequence);
+  VocabParallelCrossEntropy(Backend& backend, ParamRef wte, comm::Comm& group, SequenceScratch* sequence);
   double forward_backward(float* dx, const float* x, const DeviceBatch& batch, int rows, const Loss& loss,
                           float scale, float* logits_out) override;
 
  private:
   void max(float* values, int n) override;
   void sum(float* values, int n) override;
-  Comm& group_;
+  comm::Comm& group_;
   SequenceScratch* sequence_;
 };
 
@@ -97,17 +97,17 @@ class VocabParallelCrossEntropy final : public Classifier, private VocabGroup {
 class SequenceParallelNorm final : public NormLayer {
  public:
   SequenceParallelNorm(Backend& backend, bool layernorm, float eps, ParamRef weight, ParamRef bias,
-                       Comm& group, SequenceScratch& sequence);
+                       comm::Comm& group, SequenceScratch& sequence);
   void backward(float* din, const float* dout, const float* in, const float* stats, int N, int C) override;
 
  private:
-  Comm& group_;
+  comm::Comm& group_;
   SequenceScratch& sequence_;
 };
 
 class AllToAllTokenExchange final : public TokenExchange {
  public:
-  AllToAllTokenExchange(Comm& group, Comm& context) : group_(group), context_(context) {}
+  AllToAllTokenExchange(comm::Comm& group, comm::Comm& context) : group_(group), context_(context) {}
   int size() const override { return group_.size(); }
   int rank() const override { return group_.rank(); }
   void exchange_counts(const int64_t* send, int64_t* recv, int per_rank) override;
@@ -117,7 +117,7 @@ class AllToAllTokenExchange final : public TokenExchange {
   void sum_over_context(double* values, int n) override;
 
  private:
-  Comm &group_, &context_;
+  comm::Comm &group_, &context_;
   std::vector<size_t> send_, recv_;
 };
 
@@ -126,7 +126,7 @@ class ParallelPlan final : public LayerFactory {
   // tp: the tensor-parallel group; ep: the expert-parallel group; cp: the context-parallel group, whose
   // attention slots (when it has more than one rank) exchange keys and values as cp_comm says;
   // sequence_parallel: the residual stream cut over tp (when it has more than one rank).
-  ParallelPlan(Comm& tp, Comm& ep, Comm& cp, ContextComm cp_comm = ContextComm::kRing,
+  ParallelPlan(comm::Comm& tp, comm::Comm& ep, comm::Comm& cp, ContextComm cp_comm = ContextComm::kRing,
                bool sequence_parallel = false);
   std::unique_ptr<Linear> linear(Backend& backend, ParamRef weight, ParamRef bias,
                                  bool add_bias) const override;
@@ -143,7 +143,7 @@ class ParallelPlan final : public LayerFactory {
   size_t scratch_bytes() const;
 
  private:
-  Comm &tp_, &ep_, &cp_;
+  comm::Comm &tp_, &ep_, &cp_;
   ContextComm cp_comm_;
   std::shared_ptr<ContextScratch> context_;    // shared by the layers
   std::shared_ptr<SequenceScratch> sequence_;  // null without sequence parallelism

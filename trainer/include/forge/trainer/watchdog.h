@@ -4,7 +4,7 @@
 // the default flushes stdio and the logger and _exit(69)s.
 #pragma once
 
-#include "forge/trainer/progress.h"
+#include "forge/common/activity.h"
 
 #include <condition_variable>
 #include <functional>
@@ -34,8 +34,8 @@ class Watchdog {
 
   // Starts watching when timeout_s > 0 (0: does nothing). The timeout counts from construction, so
   // start it once the loop is about to beat (after resume). `program` prefixes the printed line.
-  Watchdog(double timeout_s, int rank, OnHang on_hang = exit_on_hang,
-           Activity& activity = trainer::activity(), std::string program = "forge-train");
+  Watchdog(double timeout_s, int rank, OnHang on_hang = exit_on_hang, Activity& activity = forge::activity(),
+           std::string program = "forge-train");
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;

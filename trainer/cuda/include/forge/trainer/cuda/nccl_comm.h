@@ -1,4 +1,4 @@
-// The NCCL implementation of forge::trainer::Comm (comm.h) for GPU ranks. Buffers are device memory.
+// The NCCL implementation of forge::comm::Comm (comm.h) for GPU ranks. Buffers are device memory.
 //
 // Ordering: each communicator has its own CUDA stream; an operation first waits (on the device) for the
 // work already queued on the compute stream, so it reads what the kernels before it wrote. A Request is a
@@ -10,7 +10,7 @@
 // MPI_Abort does; the watchdog calls it when an operation hangs.
 #pragma once
 
-#include "forge/trainer/comm.h"
+#include "forge/comm/comm.h"
 
 #include <cuda_runtime.h>
 
@@ -27,7 +27,7 @@ using BootstrapBroadcast = std::function<void(void* data, size_t bytes)>;
 
 // A communicator of `size` ranks on the current device (bind_device first). `compute`: the stream whose
 // queued work an operation must follow (nullptr: the legacy default stream).
-std::unique_ptr<Comm> make_nccl_comm(int rank, int size, const std::string& name,
-                                     const BootstrapBroadcast& bcast, cudaStream_t compute = nullptr);
+std::unique_ptr<comm::Comm> make_nccl_comm(int rank, int size, const std::string& name,
+                                           const BootstrapBroadcast& bcast, cudaStream_t compute = nullptr);
 
 }  // namespace forge::trainer::cuda

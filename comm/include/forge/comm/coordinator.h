@@ -3,9 +3,9 @@
 #pragma once
 
 #include "forge/ckpt/coordinator.h"
-#include "forge/trainer/comm.h"
+#include "forge/comm/comm.h"
 
-namespace forge::trainer {
+namespace forge::comm {
 
 class CommCoordinator final : public ckpt::Coordinator {
  public:
@@ -19,4 +19,4 @@ class CommCoordinator final : public ckpt::Coordinator {
   Comm& comm_;
 };
 
-}  // namespace forge::trainer
+}  // namespace forge::comm

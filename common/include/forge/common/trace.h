@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <string>
 
-namespace forge::trainer {
+namespace forge {
 
 class Trace {
  public:
@@ -55,4 +55,4 @@ class TraceSpan {
 // that is not a trace, kIo one that cannot be read or written.
 int merge_traces(const std::string& dir);
 
-}  // namespace forge::trainer
+}  // namespace forge

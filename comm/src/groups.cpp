@@ -1,4 +1,4 @@
-#include "forge/trainer/groups.h"
+#include "forge/comm/groups.h"
 
 #include "forge/common/error.h"
 
@@ -7,7 +7,7 @@
 #include <cstring>
 #include <stdexcept>
 
-namespace forge::trainer {
+namespace forge::comm {
 
 namespace {
 
@@ -98,4 +98,4 @@ ProcessGroups make_groups(std::unique_ptr<Comm> world, const Layout& layout) {
   return g;
 }
 
-}  // namespace forge::trainer
+}  // namespace forge::comm

@@ -4,13 +4,13 @@
 //   rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank))
 #pragma once
 
+#include "forge/comm/comm.h"
 #include "forge/common/layout.h"
-#include "forge/trainer/comm.h"
 
 #include <memory>
 #include <string>
 
-namespace forge::trainer {
+namespace forge::comm {
 
 struct ProcessGroups {
   Layout layout;
@@ -45,4 +45,4 @@ std::string mpi_host_name();
 // collectives are copies of host memory.
 std::unique_ptr<Comm> self_comm(const std::string& name = "world");
 
-}  // namespace forge::trainer
+}  // namespace forge::comm

@@ -1,8 +1,8 @@
-#include "forge/trainer/comm_coordinator.h"
+#include "forge/comm/coordinator.h"
 
 #include <algorithm>
 
-namespace forge::trainer {
+namespace forge::comm {
 
 std::vector<std::string> CommCoordinator::gather(const std::string& mine) {
   // Lengths first, then every string padded to the longest (the interface's all_gather has equal blocks).
@@ -29,4 +29,4 @@ std::string CommCoordinator::broadcast(const std::string& value) {
   return out;
 }
 
-}  // namespace forge::trainer
+}  // namespace forge::comm

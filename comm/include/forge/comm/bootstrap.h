@@ -3,13 +3,13 @@
 // the GPU it would drive).
 #pragma once
 
+#include "forge/comm/comm.h"
 #include "forge/common/layout.h"
-#include "forge/trainer/comm.h"
 
 #include <memory>
 #include <string>
 
-namespace forge::trainer {
+namespace forge::comm {
 
 struct Bootstrap {
   std::unique_ptr<Comm> world;
@@ -34,4 +34,4 @@ void check_layout_of_job(const Layout& layout);
 // (empty when it agrees or is unset).
 std::string layout_mismatch(const char* forge_layout, const Layout& spec);
 
-}  // namespace forge::trainer
+}  // namespace forge::comm

@@ -1,6 +1,6 @@
-#include "forge/trainer/progress.h"
+#include "forge/common/activity.h"
 
-namespace forge::trainer {
+namespace forge {
 
 Activity& activity() {
   // One record per process: the loop, the communicators and the watchdog thread all see this one.
@@ -8,4 +8,4 @@ Activity& activity() {
   return record;
 }
 
-}  // namespace forge::trainer
+}  // namespace forge

@@ -1,10 +1,10 @@
 // The Comm interface over MPI (Open MPI on CPU ranks). Non-blocking MPI calls back every Request; errors
 // come back as return codes (MPI_ERRORS_RETURN) and are thrown as forge::Error(kComm) naming the rank, the
 // group and the call, so forge-train exits 69 rather than MPI aborting with its own code.
+#include "forge/comm/groups.h"
+#include "forge/common/activity.h"
 #include "forge/common/error.h"
-#include "forge/trainer/groups.h"
-#include "forge/trainer/progress.h"
-#include "forge/trainer/trace.h"
+#include "forge/common/trace.h"
 
 #include <mpi.h>
 
@@ -17,7 +17,7 @@
 #include <stdexcept>
 #include <vector>
 
-namespace forge::trainer {
+namespace forge::comm {
 
 namespace {
 
@@ -287,4 +287,4 @@ std::string mpi_host_name() {
   return {name, size_t(len)};
 }
 
-}  // namespace forge::trainer
+}  // namespace forge::comm

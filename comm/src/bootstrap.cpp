@@ -1,14 +1,14 @@
-#include "forge/trainer/bootstrap.h"
+#include "forge/comm/bootstrap.h"
 
+#include "forge/comm/groups.h"
 #include "forge/common/error.h"
 #include "forge/common/local_rank.h"
-#include "forge/trainer/groups.h"
 
 #include <fmt/format.h>
 
 #include <cstdlib>
 
-namespace forge::trainer {
+namespace forge::comm {
 
 std::string layout_mismatch(const char* forge_layout, const Layout& spec) {
   if (forge_layout == nullptr || *forge_layout == '\0') return {};
@@ -54,4 +54,4 @@ std::string Bootstrap::describe() const {
                      gpu >= 0 ? fmt::format(", GPU {}", gpu) : std::string());
 }
 
-}  // namespace forge::trainer
+}  // namespace forge::comm

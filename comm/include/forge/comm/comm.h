@@ -12,7 +12,7 @@
 #include <memory>
 #include <string>
 
-namespace forge::trainer {
+namespace forge::comm {
 
 enum class CommType { kF32, kF64, kBF16, kI32, kU8 };
 
@@ -96,4 +96,4 @@ class Comm {
   CommStats stats_;
 };
 
-}  // namespace forge::trainer
+}  // namespace forge::comm

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string_view>
 
-namespace forge::trainer {
+namespace forge {
 
 struct Activity {
   std::atomic<uint64_t> beats{0};
@@ -36,4 +36,4 @@ inline void mark_activity(const char* what, int peer = -1) {
   a.beats.fetch_add(1, std::memory_order_relaxed);
 }
 
-}  // namespace forge::trainer
+}  // namespace forge

@@ -1,4 +1,4 @@
-#include "forge/trainer/trace.h"
+#include "forge/common/trace.h"
 
 #include "forge/common/error.h"
 #include "forge/common/json.h"
@@ -12,7 +12,7 @@
 #include <limits>
 #include <vector>
 
-namespace forge::trainer {
+namespace forge {
 
 namespace {
 
@@ -182,4 +182,4 @@ int merge_traces(const std::string& dir) {
   return int(files.size());
 }
 
-}  // namespace forge::trainer
+}  // namespace forge
