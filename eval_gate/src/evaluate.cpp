@@ -130,10 +130,13 @@ EvalOptions as_trained(const std::string& checkpoint_dir, const std::string& dat
   options.seq_len =
       trainer::model_spec_from_json(checkpoint.manifest().meta.model_config, checkpoint_dir).seq_len;
   options.objective = spec.value("run.objective", std::string("lm"));
-  options.replies_only = options.objective == "sft" || options.objective == "dpo" ||
-                         (options.objective == "distill" && dataset_format == "chat");
+  const trainer::ObjectiveTraits* objective = trainer::find_objective(options.objective);
+  if (objective == nullptr)
+    fail(ExitCode::kUsage, "{} was trained with run.objective = {}, which this forge-gate does not know",
+         checkpoint_dir, options.objective);
+  options.replies_only = trainer::scores_replies(*objective, dataset_format);
   options.document_mask = options.replies_only || key("data.document_mask") == "true";
-  if (options.objective == "dpo") {
+  if (objective->companion == trainer::Companion::kReference) {
     options.dpo_beta = std::stod(spec.value("dpo.beta", std::string("0.1")));
     // Empty dpo.reference: the model the run started from, whose absolute path its lineage keeps.
     std::string reference = key("dpo.reference");
@@ -141,7 +144,7 @@ EvalOptions as_trained(const std::string& checkpoint_dir, const std::string& dat
       reference = extra.value("lineage", Json::object()).value("parent", key("ckpt.init_from"));
     options.dpo_reference = companion(reference, "dpo.reference, else ckpt.init_from");
   }
-  if (options.objective == "distill")
+  if (objective->companion == trainer::Companion::kTeacher)
     options.distill_teacher = companion(key("distill.teacher"), "distill.teacher");
   return options;
 }

@@ -102,14 +102,12 @@ class Dataset final : public DataSource {
 
 std::unique_ptr<DataSource> open_data(const Config& config, const trainer::TrainSpec& spec, int dp_rank,
                                       comm::Comm& world, trainer::Backend& backend) {
-  const bool sft = spec.objective == trainer::Objective::kSft,
-             dpo = spec.objective == trainer::Objective::kDpo,
-             distill = spec.objective == trainer::Objective::kDistill;
-  const char* wanted = sft ? "chat" : "preference";
+  const trainer::ObjectiveTraits& objective = trainer::traits(spec.objective);
+  const std::string wanted = fmt::format("{}", fmt::join(objective.formats, " or "));
   if (spec.dataset == "synthetic") {
-    if (sft || dpo)
+    if (!objective.synthetic)
       config.reject("run.objective", fmt::format("{} needs a {} dataset (the synthetic stream has none)",
-                                                 sft ? "sft" : "dpo", wanted));
+                                                 objective.name, wanted));
     if (spec.document_mask)
       config.reject("data.document_mask", "needs a prepared dataset (the synthetic stream has no documents)");
     if (!spec.domain_weights.empty())
@@ -128,17 +126,13 @@ std::unique_ptr<DataSource> open_data(const Config& config, const trainer::Train
           fmt::format("domain '{}' is not in dataset {} (its domains: {}); weigh those, or leave the "
                       "key empty for their natural proportions",
                       name, spec.dataset, fmt::join(manifest.domains, ", ")));
-  if ((sft || dpo) && manifest.format != wanted)
+  if (!trainer::reads_format(objective, manifest.format))
     config.reject("run.objective",
                   fmt::format("{} needs a {} dataset, and {} is format {}: prepare one with `forge-data "
                               "prepare --format {}`, or train every token with lm",
-                              sft ? "sft" : "dpo", wanted, spec.dataset, manifest.format, wanted));
-  if (distill && manifest.format == "preference")
-    config.reject(
-        "run.objective",
-        fmt::format("distill reads a text or chat dataset, and {} is format preference", spec.dataset));
-  // Distilling on chat data scores the replies, as sft does.
-  const bool replies = sft || dpo || (distill && manifest.format == "chat");
+                              objective.name, wanted, spec.dataset, manifest.format, objective.formats[0]));
+  const bool replies = trainer::scores_replies(objective, manifest.format);
+  const bool dpo = objective.companion == trainer::Companion::kReference;
   std::string reference = spec.dpo.reference;
   if (dpo && reference.empty()) reference = config.get<std::string>("ckpt.init_from");
   if (dpo && reference.empty())

@@ -395,8 +395,8 @@ std::string format_plan(const Plan& plan) {
                      largest_stage, bytes_str(job), lay.world(), lay.world() == 1 ? "" : "s");
   out += "not planned: the data reader, the communication libraries' buffers";
   if (spec.device == T::Device::kCuda) out += ", the CUDA context and the allocator's slack";
-  if (spec.objective == T::Objective::kDistill) out += ", the teacher (last stage)";
-  if (spec.objective == T::Objective::kDpo) out += ", the DPO reference's log-probabilities or live copy";
+  if (const std::string_view more = T::traits(spec.objective).unplanned; !more.empty())
+    out += fmt::format(", {}", more);
   out += "\n";
   return out;
 }

@@ -495,7 +495,7 @@ TrainingRun::TrainingRun(const Config& config, trainer::TrainSpec spec, bool for
   check_memory_cap(make_plan(spec_));  // the device resolved: the plan is this run's
   data_ = open_data(config, spec_, spec_.layout.coords(boot.rank).dp, *world, *device_.backend);
   std::optional<trainer::ModelSpec> teacher_config;
-  if (spec_.objective == trainer::Objective::kDistill)
+  if (trainer::traits(spec_.objective).companion == trainer::Companion::kTeacher)
     teacher_config = check_teacher(config, spec_, data_->tokenizer());
   check_resume_spec(config, spec_.dir, force_new);
   std::error_code ec;

@@ -41,6 +41,35 @@ TEST_CASE("a valid spec resolves", "[trainer][spec]") {
   CHECK(train_spec(load({"--data.order=global"})).data_order == "global");
 }
 
+TEST_CASE("run.objective: every objective of the table resolves to its own traits and loss",
+          "[trainer][spec]") {
+  for (const ObjectiveTraits& t : objectives()) {
+    CAPTURE(t.name);
+    std::vector<std::string> keys = {"--run.objective=" + std::string(t.name)};
+    if (t.companion == Companion::kTeacher) keys.push_back("--distill.teacher=/nowhere");
+    const TrainSpec s = train_spec(load(keys));
+    CHECK(s.objective == t.objective);
+    CHECK(&traits(s.objective) == &t);
+    CHECK(find_objective(t.name) == &t);
+    // Fine-tuning objectives mask documents whatever data.document_mask says: a reply sees its prompt only.
+    CHECK(s.document_mask == (t.scored == Scored::kReplies));
+    CHECK(objective_loss(s)->name() == (t.objective == Objective::kSft ? "lm" : std::string(t.name)));
+    if (!t.splits_over_context)
+      CHECK_THAT(usage_error({keys[0], keys.size() > 1 ? keys[1] : "--run.seed=1", "--parallel.cp=2"}),
+                 Catch::Contains("run.objective = " + std::string(t.name)));
+  }
+  CHECK(find_objective("ppo") == nullptr);
+  CHECK_THAT(usage_error({"--run.objective=ppo"}), Catch::Contains("run.objective"));
+  // Which positions are scored, by dataset format.
+  CHECK_FALSE(scores_replies(traits(Objective::kLm), "chat"));
+  CHECK(scores_replies(traits(Objective::kSft), "chat"));
+  CHECK(scores_replies(traits(Objective::kDistill), "chat"));
+  CHECK_FALSE(scores_replies(traits(Objective::kDistill), "text"));
+  CHECK(reads_format(traits(Objective::kLm), "preference"));
+  CHECK_FALSE(reads_format(traits(Objective::kDistill), "preference"));
+  CHECK_FALSE(reads_format(traits(Objective::kDpo), "chat"));
+}
+
 TEST_CASE("inconsistent model configs are rejected naming key and rule", "[trainer][spec]") {
   CHECK_THAT(usage_error({"--model.d_model=100", "--model.heads=3"}),
              Catch::Contains("model.d_model = 100") && Catch::Contains("divisible by model.heads = 3"));

@@ -30,7 +30,7 @@ void add_trainer_keys(ConfigSchema& s) {
                   "input and runs its forward again before its backward (the same numbers, less memory)")
       .add<int>("model.recompute_every", 1,
                 "model.recompute in every n-th block (those whose index divides by n)")
-      .add_choice("run.objective", "lm", {"lm", "sft", "dpo", "distill"},
+      .add_choice("run.objective", "lm", objective_names(),
                   "what the run learns: lm, every token of the data; sft, the replies a chat dataset's loss "
                   "mask marks; dpo, the preferences of a preference dataset; distill, a teacher model's "
                   "distributions (docs/TRAINER.md)")
@@ -555,14 +555,10 @@ TrainSpec train_spec(const Config& c) {
   const int64_t cache_max = c.get<int64_t>("data.cache_max_bytes");
   if (cache_max < 0) c.reject("data.cache_max_bytes", "must be >= 0 (0: leave 10% of the filesystem free)");
   s.cache_max_bytes = uint64_t(cache_max);
-  const std::string objective = c.get<std::string>("run.objective");
-  s.objective = objective == "sft"       ? Objective::kSft
-                : objective == "dpo"     ? Objective::kDpo
-                : objective == "distill" ? Objective::kDistill
-                                         : Objective::kLm;
+  const ObjectiveTraits& objective = *find_objective(c.get<std::string>("run.objective"));  // a choice
+  s.objective = objective.objective;
   // Fine-tuning packs conversations with their boundaries always: a reply attends to its own prompt only.
-  s.document_mask =
-      c.get<bool>("data.document_mask") || s.objective == Objective::kSft || s.objective == Objective::kDpo;
+  s.document_mask = c.get<bool>("data.document_mask") || objective.scored == Scored::kReplies;
   s.dpo.beta = c.get<double>("dpo.beta");
   if (!(s.dpo.beta > 0 && s.dpo.beta <= 100)) c.reject("dpo.beta", "must be in (0, 100]");
   s.dpo.label_smoothing = c.get<double>("dpo.label_smoothing");
@@ -571,7 +567,7 @@ TrainSpec train_spec(const Config& c) {
   s.dpo.reference = c.get<std::string>("dpo.reference");  // empty: the launcher takes ckpt.init_from
   s.dpo.live = c.get<std::string>("dpo.reference_mode") == "live";
   s.distill.teacher = c.get<std::string>("distill.teacher");
-  if (s.objective == Objective::kDistill && s.distill.teacher.empty())
+  if (objective.companion == Companion::kTeacher && s.distill.teacher.empty())
     c.reject("distill.teacher", "run.objective = distill needs the teacher's checkpoint directory");
   s.distill.alpha = c.get<double>("distill.alpha");
   if (!(s.distill.alpha >= 0 && s.distill.alpha <= 1)) c.reject("distill.alpha", "must be in [0, 1]");
@@ -631,10 +627,11 @@ TrainSpec train_spec(const Config& c) {
                            heads, kv, s.layout.cp));
   }
   if (s.layout.cp > 1) {
-    if (s.objective != Objective::kLm && s.objective != Objective::kSft)
+    if (!objective.splits_over_context)
       c.reject("parallel.cp",
-               "context parallelism trains run.objective = lm or sft (the sequence losses of dpo "
-               "and the teacher of distill are not split yet): it must be 1");
+               fmt::format("context parallelism does not split the loss of run.objective = {} yet (its "
+                           "figures are whole sequences', or a teacher's): it must be 1",
+                           objective.name));
     if (dtype == "bf16" || s.device == Device::kCuda)
       c.reject("parallel.cp",
                "context parallelism runs on run.device = cpu in FP32 for now: it must be 1 with "
@@ -669,11 +666,7 @@ TrainSpec train_spec(const Config& c) {
 }
 
 std::shared_ptr<const Loss> objective_loss(const TrainSpec& spec, std::shared_ptr<GPT> teacher) {
-  if (spec.objective == Objective::kDpo)
-    return std::make_shared<DpoLoss>(spec.dpo.beta, spec.dpo.label_smoothing);
-  if (spec.objective == Objective::kDistill)
-    return std::make_shared<DistillLoss>(spec.distill.alpha, spec.distill.temperature, std::move(teacher));
-  return std::make_shared<LmCrossEntropy>();
+  return traits(spec.objective).make_loss(spec, std::move(teacher));
 }
 
 std::string_view device_name(Device device) {

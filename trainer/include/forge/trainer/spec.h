@@ -5,6 +5,7 @@
 #include "forge/common/config.h"
 #include "forge/trainer/guard.h"
 #include "forge/trainer/model.h"
+#include "forge/trainer/objective.h"
 
 #include <cstdint>
 #include <map>
@@ -50,11 +51,6 @@ struct TraceSteps {
   // This process's window when it trains steps (done, steps]; first == 0 when it traces nothing.
   TraceSteps window(int64_t done, int64_t steps) const;
 };
-
-// What a run learns (run.objective): every token of the data; fine-tuning on a chat dataset, the tokens
-// its loss mask scores (the assistant's replies); preferences between pairs of replies; or a teacher's
-// distributions (docs/TRAINER.md, "Objectives").
-enum class Objective { kLm, kSft, kDpo, kDistill };
 
 // run.objective = dpo: the loss's settings and the reference model (its checkpoint directory).
 struct DpoConfig {

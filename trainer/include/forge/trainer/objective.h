@@ -1,0 +1,61 @@
+// What each run.objective needs, in one table (docs/TRAINER.md, "Objectives"): the spec's validation, the
+// data source, the plan and the gate read it, so a new objective is one entry here and its loss.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace forge::trainer {
+
+class GPT;
+class Loss;
+struct TrainSpec;
+
+// What a run learns: every token of the data; fine-tuning on a chat dataset, the tokens its loss mask
+// scores (the assistant's replies); preferences between pairs of replies; or a teacher's distributions.
+enum class Objective { kLm, kSft, kDpo, kDistill };
+
+// Which positions the loss scores: all, only the replies of a conversation (the dataset's loss mask), or
+// the replies when the dataset is chat (every token of text).
+enum class Scored { kAll, kReplies, kRepliesOfChat };
+
+// The other model a loss measures the policy against.
+enum class Companion { kNone, kReference, kTeacher };
+
+struct ObjectiveTraits {
+  Objective objective;
+  std::string_view name;  // run.objective's value
+  // The dataset formats it trains on (manifest.json's "format"); empty: any. Whether the synthetic
+  // stream (no documents, no loss mask) will do.
+  std::vector<std::string_view> formats;
+  bool synthetic;
+  Scored scored;
+  Companion companion;
+  // Whether its loss is a sum over positions that context parallelism may split between ranks (not a
+  // whole-sequence figure such as a DPO pair's log-probability, nor a teacher's distribution that
+  // would need the same split).
+  bool splits_over_context;
+  // What the plan leaves out for it (forge-train --plan's "not planned"); empty: nothing.
+  std::string_view unplanned;
+  // Its loss (loss.h), from the validated spec; `teacher` for a Companion::kTeacher.
+  std::shared_ptr<const Loss> (*make_loss)(const TrainSpec& spec, std::shared_ptr<GPT> teacher);
+};
+
+// Every objective, in run.objective's order of choices.
+std::span<const ObjectiveTraits> objectives();
+const ObjectiveTraits& traits(Objective objective);
+// Their names, run.objective's choices.
+std::vector<std::string> objective_names();
+// The objective named `name`; nullptr when none is.
+const ObjectiveTraits* find_objective(std::string_view name);
+
+// Whether the loss scores only replies on a dataset of `format`; then the reader also masks documents
+// (a reply attends to its own prompt only).
+bool scores_replies(const ObjectiveTraits& t, std::string_view format);
+// Whether it trains on a dataset of `format`.
+bool reads_format(const ObjectiveTraits& t, std::string_view format);
+
+}  // namespace forge::trainer
