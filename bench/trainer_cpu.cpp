@@ -30,9 +30,9 @@
 
 using namespace forge::trainer;
 using namespace forge::comm;
+using forge::MicroBatch;
 using forge::Trace;
 using forge::TraceSpan;
-using forge::MicroBatch;
 
 namespace {
 

@@ -131,9 +131,9 @@ RunCheckpoints::RunCheckpoints(const Config& config, const trainer::TrainSpec& s
   const comm::ProcessGroups& g = trainer.groups();
   // Dense weights are replicated over dp x cp (dp_cp, which is dp at cp 1).
   role_.params = g.dp_cp->rank() == 0;
-  role_.moments = spec.parallel.zero == 1 || g.dp_cp->rank() == 0;
+  role_.moments = spec.parallel.zero >= 1 || g.dp_cp->rank() == 0;
   role_.expert_params = g.expert_dp->rank() == 0;
-  role_.expert_moments = spec.parallel.zero == 1 || g.expert_dp->rank() == 0;
+  role_.expert_moments = spec.parallel.zero >= 1 || g.expert_dp->rank() == 0;
   role_.replicated = g.tp_rank == 0;
   role_.tied_copy = g.layout.pp == 1 || g.first_stage();
   tiers_.recovery_every = config.get<int64_t>("ckpt.recovery_every");

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <utility>
 
 namespace forge::launcher {
@@ -181,9 +182,12 @@ Plan make_plan(const T::TrainSpec& validated) {
     st.ranks = lay.tp * lay.cp * lay.dp;
     // Tensor-parallel rank 0 and expert-parallel rank 0: every rank's shares are equal.
     const T::ModelSlice slice{st.first_layer, st.last_layer, st.embedding, st.head, 0, lay.tp, 0, lay.ep};
-    // GPT's flat buffers: the table aligned for dp, padded to a multiple of dp.
-    const std::vector<T::ParamInfo> params = T::parameter_table(m, slice, dp);
-    const size_t flat = round_up(params.back().offset + params.back().numel, dp);
+    // GPT's flat buffers: the table aligned for dp, padded to a multiple of dp; under ZeRO-2/3 every
+    // layer starts on a page of every rank's part (ParallelTrainer).
+    const int zero = spec.parallel.zero;
+    const size_t align = zero >= 2 ? dp * T::kReleaseFloats : dp;
+    const std::vector<T::ParamInfo> params = T::parameter_table(m, slice, align, zero >= 2 ? align : 1);
+    const size_t flat = round_up(params.back().offset + params.back().numel, align);
     for (const T::ParamInfo& p : params) st.held += double(p.numel);
     st.parameters = flat;
     st.weights = flat * kF32;
@@ -194,6 +198,7 @@ Plan make_plan(const T::TrainSpec& validated) {
     // rank's part of every bucket: the reduce-scatter's output (shard_) and, under ZeRO-1, AdamW's ranges.
     struct Bucket {
       size_t lo, hi, group;
+      int key;
     };
     std::vector<Bucket> buckets;
     std::pair<int, bool> key{-2, false};
@@ -203,7 +208,7 @@ Plan make_plan(const T::TrainSpec& validated) {
       if (k == key) continue;
       key = k;
       const size_t group = k.second ? expert_dp : dp;
-      const size_t lo = buckets.empty() ? 0 : round_up(p.offset, dp);
+      const size_t lo = buckets.empty() ? 0 : round_up(p.offset, align);
       if (!buckets.empty()) {
         if (lo == buckets.back().lo) {
           buckets.back().group = group;
@@ -211,12 +216,26 @@ Plan make_plan(const T::TrainSpec& validated) {
         }
         buckets.back().hi = lo;
       }
-      buckets.push_back({lo, flat, group});
+      buckets.push_back({lo, flat, group, k.first});
     }
-    size_t owned = 0;
-    for (const Bucket& b : buckets) owned += (b.hi - b.lo) / b.group;
+    size_t owned = 0, held = 0;
+    std::map<int, size_t> block;  // a block's buckets, experts included
+    for (const Bucket& b : buckets) {
+      owned += (b.hi - b.lo) / b.group;
+      if (b.key >= 0 && b.key < m.layers)
+        block[b.key] += b.hi - b.lo;
+      else
+        held += b.hi - b.lo;
+    }
+    size_t largest_block = 0;
+    for (const auto& [layer, n] : block) largest_block = std::max(largest_block, n);
     st.grad_shard = owned * kF32;
-    st.optimizer = 2 * (spec.parallel.zero == 1 ? owned : flat) * kF32;
+    st.optimizer = 2 * (zero >= 1 ? owned : flat) * kF32;
+    // ZeRO-2 keeps a rank's part of the gradients and those of the blocks backward is at or reducing
+    // (two); ZeRO-3 also its part of the weights, the blocks a pass is at and prefetching, and the
+    // embeddings, classifier and final norm through the step.
+    if (zero >= 2) st.gradients = (owned + 2 * largest_block) * kF32;
+    if (zero == 3) st.weights = (owned + std::min(flat - owned, held + 2 * largest_block)) * kF32;
     const int shards = spec.parallel.sequence_parallel ? lay.tp : 1;
     st.activations = activation_bytes(local, slice, spec.batch, spec.dtype, st.slots, spec.recompute, shards);
     if (shards > 1) {  // SequenceScratch (tensor_parallel.cpp): gathered and whole rows; norm partials
@@ -278,10 +297,12 @@ void check_memory_cap(const Plan& plan) {
       fits.push_back(fmt::format("{} ({} per rank, {} ranks)", change, bytes_str(largest_stage(p).total()),
                                  s.layout.world()));
   };
-  if (spec.parallel.zero == 0 && spec.layout.dp > 1) {
+  // A higher ZeRO stage (2 and 3: CPU ranks in FP32 for now).
+  const int top = spec.device == T::Device::kCpu && spec.dtype == T::DType::kF32 ? 3 : 1;
+  for (int zero = spec.parallel.zero + 1; spec.layout.dp > 1 && zero <= top; ++zero) {
     T::TrainSpec s = spec;
-    s.parallel.zero = 1;
-    consider(s, "parallel.zero = 1");
+    s.parallel.zero = zero;
+    consider(s, fmt::format("parallel.zero = {}", zero));
   }
   for (const auto& [key, dim] :
        {std::pair<const char*, int Layout::*>{"cp", &Layout::cp}, {"tp", &Layout::tp}, {"pp", &Layout::pp}})
@@ -361,13 +382,16 @@ std::string format_plan(const Plan& plan) {
                        st.slots == 1 ? "" : "es");
     out += fmt::format("  parameters   {} held per rank (flat buffers of {} values)\n", count_str(st.held),
                        st.parameters);
-    out += fmt::format("  weights      {:>10}  FP32 master\n", bytes_str(st.weights));
-    out += fmt::format("  gradients    {:>10}  FP32\n", bytes_str(st.gradients));
+    const int zero = spec.parallel.zero;
+    const std::string sharded =
+        fmt::format("sharded over dp{}{} (parallel.zero = {})", lay.dp,
+                    lay.cp > 1 ? fmt::format(" x cp{}", lay.cp) : std::string(), zero);
+    out += fmt::format("  weights      {:>10}  FP32 master{}\n", bytes_str(st.weights),
+                       zero == 3 ? ", " + sharded + ", and the layers a pass is at" : std::string());
+    out += fmt::format("  gradients    {:>10}  FP32{}\n", bytes_str(st.gradients),
+                       zero >= 2 ? ", " + sharded + ", and the blocks being reduced" : std::string());
     out += fmt::format("  AdamW        {:>10}  m and v, FP32, {}\n", bytes_str(st.optimizer),
-                       spec.parallel.zero == 1
-                           ? fmt::format("sharded over dp{}{} (parallel.zero = 1)", lay.dp,
-                                         lay.cp > 1 ? fmt::format(" x cp{}", lay.cp) : std::string())
-                           : std::string("whole on every rank (parallel.zero = 0)"));
+                       zero >= 1 ? sharded : std::string("whole on every rank (parallel.zero = 0)"));
     if (spec.dtype == T::DType::kBF16)
       out +=
           fmt::format("  BF16 copy    {:>10}  the weights forward and backward read (BF16 in FP32 slots)\n",

@@ -41,6 +41,7 @@ bool may_change_on_resume(const std::string& key) {
                                       "parallel.pp",
                                       "parallel.dp",
                                       "parallel.zero",
+                                      "parallel.prefetch",
                                       "parallel.stage_layers",
                                       "parallel.elastic",
                                       "data.cache_dir",

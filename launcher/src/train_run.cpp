@@ -387,6 +387,11 @@ DeviceRun open_device(trainer::TrainSpec& spec, int rank) {
            "cuda: "
            "set run.device = cpu, or parallel.cp = 1",
            spec.layout.cp);
+    if (spec.parallel.zero >= 2)
+      fail(ExitCode::kUsage,
+           "parallel.zero = {}: ZeRO-2 and -3 run on CPU ranks for now, and run.device = auto chose cuda: "
+           "set run.device = cpu, or parallel.zero = 1",
+           spec.parallel.zero);
     if (spec.parallel.sequence_parallel && spec.layout.tp > 1)
       fail(
           ExitCode::kUsage,

@@ -49,6 +49,11 @@ Json metrics_record(const StepStats& s, int64_t tokens_so_far, double flops_per_
     record["cp_comm_ms"] = s.cp_comm_s * 1e3;
     record["cp_comm_bytes"] = s.cp_comm_bytes;
   }
+  if (s.state_bytes > 0) record["state_mib"] = double(s.state_bytes) / double(1 << 20);
+  if (s.gather_bytes > 0) {
+    record["gather_ms"] = s.gather_s * 1e3;
+    record["gather_bytes"] = s.gather_bytes;
+  }
   return record;
 }
 

@@ -266,7 +266,7 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
   const int batch = setup.batch, slots = setup.slots;
   const size_t flat_multiple = setup.flat_multiple;
   if (slice_.last_layer < 0) slice_.last_layer = config.layers;
-  params_ = parameter_table(config_, slice_, std::max<size_t>(flat_multiple, 1));
+  params_ = parameter_table(config_, slice_, std::max<size_t>(flat_multiple, 1), setup.layer_align);
   if (batch < 1) throw std::invalid_argument("GPT: batch must be >= 1");
   if (slots < 1) throw std::invalid_argument("GPT: slots must be >= 1");
   if (setup.recompute.kind == Recompute::Kind::kFull && config.ffn == Ffn::kMoe)
@@ -527,8 +527,7 @@ std::span<const float> GPT::input_grad(int slot) const {
 }
 
 LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input, float loss_scale,
-                          bool backward, float* logits_out, bool classify,
-                          const std::function<void(int)>& before_weights) {
+                          bool backward, float* logits_out, bool classify, const WeightHooks& weights) {
   Slot& s = *slots_.at(size_t(slot));
   if (batch.rows != batch_ || batch.seq_len != config_.seq_len)
     throw std::invalid_argument("GPT: the micro-batch is not batch x seq_len");
@@ -559,7 +558,7 @@ LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input,
   s.batch.host = &batch;
 
   const int B = batch_, T = config_.seq_len;
-  if (before_weights) before_weights(-1);
+  if (weights.need) weights.need(-1);
   if (slice_.embedding) {
     TraceSpan span("forward embedding", "compute");
     embedding_->forward(s.res.data(), s.batch.inputs, s.batch.positions, B, T);
@@ -571,21 +570,29 @@ LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input,
       [&](int l, ConstAct in, float* out) {
         blocks_[size_t(l)]->attn->forward(slot, in, out, s.batch, B, T);
       },
-      before_weights);
-  if (!slice_.head) return {};
+      weights);
+  const auto done = [&] {
+    if (!weights.done) return;
+    if (slice_.head) weights.done(config_.layers);
+    weights.done(-1);
+  };
+  if (!slice_.head || !classify) {
+    done();
+    return {};
+  }
   TraceSpan span("forward head + loss", "compute");
-  if (!classify) return {};
   const double loss = classifier_->forward_backward(backward ? s.dlnf.data() : nullptr, s.lnf.data(), s.batch,
                                                     int(rows()), *loss_, loss_scale, logits_out);
+  done();
   return {loss, loss_->weight(batch)};
 }
 
 void GPT::run_blocks(int slot, int N, const std::function<void(int, ConstAct, float*)>& attention,
-                     const std::function<void(int)>& before_weights) {
+                     const WeightHooks& weights) {
   Slot& s = *slots_.at(size_t(slot));
   Workspace& w = *ws_;
   const auto need = [&](int layer) {
-    if (before_weights) before_weights(slice_.first_layer + layer);
+    if (weights.need) weights.need(slice_.first_layer + layer);
   };
   const bool bf16 = dtype_ == DType::kBF16;
   // The attention and FFN slots take N rows; the stream, its norms and adds hold R of them (GPT::Slot).
@@ -621,6 +628,7 @@ void GPT::run_blocks(int slot, int N, const std::function<void(int, ConstAct, fl
     } else {
       backend_.residual_forward(x + NC, a.res_mid.data(), w.delta.data(), k.ffn->output_bias(), R, C);
     }
+    if (weights.done) weights.done(slice_.first_layer + l);
   }
   if (slice_.head && L == 0) {
     need(0);
@@ -630,24 +638,30 @@ void GPT::run_blocks(int slot, int N, const std::function<void(int, ConstAct, fl
 }
 
 LossSums GPT::forward(int slot, const MicroBatch& batch, const float* input, float loss_scale, bool backward,
-                      const std::function<void(int)>& before_weights) {
-  return run_forward(slot, batch, input, loss_scale, backward, nullptr, true, before_weights);
+                      const WeightHooks& weights) {
+  return run_forward(slot, batch, input, loss_scale, backward, nullptr, true, weights);
 }
 
-void GPT::backward(int slot, const float* d_output, const std::function<void(int)>& on_grads) {
+void GPT::backward(int slot, const float* d_output, const std::function<void(int)>& on_grads,
+                   const WeightHooks& weights) {
   Slot& s = *slots_.at(size_t(slot));
   Workspace& w = *ws_;
   const int B = batch_, T = config_.seq_len, C = config_.d_model, L = layers_;
   const int N = B * T, R = N / shards_;  // as in run_blocks
   const int64_t NC = int64_t(R) * C;
   float* dres = s.dres.data();
+  const auto need = [&](int layer) {
+    if (weights.need) weights.need(layer);
+  };
   const auto done = [&](int layer) {
+    if (weights.done) weights.done(layer);
     if (on_grads) on_grads(layer);
   };
   if (slice_.head) {
     TraceSpan span("backward head", "compute");
     backend_.fill(dres, 0.0f, size_t(NC));
     // s.dlnf holds dL/d(lnf output) from the classifier.
+    need(config_.layers);
     lnf_->backward(dres, s.dlnf.data(), s.res.data() + L * NC, s.lnf_stats.data(), R, C);
     done(config_.layers);
   } else {
@@ -658,6 +672,7 @@ void GPT::backward(int slot, const float* d_output, const std::function<void(int
     Block& k = *blocks_[size_t(l)];
     Block::Acts& a = k.at(slot);
     const float* x = s.res.data() + l * NC;
+    need(slice_.first_layer + l);
     if (k.recompute_full) {
       // The block's forward again from its input, into the shared set: what its backward reads. ln1 is
       // computed here on its own; the forward fused it with the previous block's residual add (the same
@@ -680,7 +695,7 @@ void GPT::backward(int slot, const float* d_output, const std::function<void(int
   if (slice_.embedding) {
     TraceSpan span("backward embedding", "compute");
     embedding_->backward(dres, s.batch.inputs, s.batch.positions, B, T);
-    done(-1);
+    if (on_grads) on_grads(-1);
   }
 }
 

@@ -47,7 +47,8 @@ struct TableBuilder {
 
 }  // namespace
 
-std::vector<ParamInfo> parameter_table(const ModelSpec& cfg, const ModelSlice& slice, size_t expert_align) {
+std::vector<ParamInfo> parameter_table(const ModelSpec& cfg, const ModelSlice& slice, size_t expert_align,
+                                       size_t layer_align) {
   const int last = slice.last_layer < 0 ? cfg.layers : slice.last_layer;
   if (slice.first_layer < 0 || slice.first_layer > last || last > cfg.layers)
     throw std::invalid_argument("model slice: layer range [" + std::to_string(slice.first_layer) + ", " +
@@ -103,6 +104,7 @@ std::vector<ParamInfo> parameter_table(const ModelSpec& cfg, const ModelSlice& s
     t.add("wpe.weight", {cfg.max_positions, C}, replicated, true, std);
   for (int l = slice.first_layer; l < last; ++l) {
     const std::string b = "blocks." + std::to_string(l) + ".";
+    t.align(layer_align);
     norm(b + "ln1");
     if (cfg.fused_qkv()) {
       t.add(b + "attn.qkv.weight", {3 * C, C}, qkv_rows, true, std);
@@ -151,7 +153,9 @@ std::vector<ParamInfo> parameter_table(const ModelSpec& cfg, const ModelSlice& s
     t.align(expert_align);
   }
   if (slice.head) {
+    t.align(layer_align);
     norm("lnf");
+    t.align(layer_align);
     if (!cfg.tied_embeddings) t.add("head.weight", {V, C}, rows, true, std);
   }
   return std::move(t.out);

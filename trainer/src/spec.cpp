@@ -159,7 +159,10 @@ void add_trainer_keys(ConfigSchema& s) {
       .add<int>("parallel.dp", 1, "data-parallel ranks")
       .add<int>("parallel.microbatches", 1, "micro-batches per optimizer step (gradient accumulation)")
       .add<int>("parallel.zero", 0,
-                "ZeRO stage: 0 none, 1 optimizer state sharded across data-parallel ranks")
+                "ZeRO stage: 0 none; 1 optimizer state sharded across data-parallel ranks; 2 gradients "
+                "too; 3 weights too, gathered layer by layer where forward and backward read them")
+      .add<bool>("parallel.prefetch", true,
+                 "ZeRO-3: start gathering the next layer's weights while the current layer computes")
       .add<std::string>("parallel.stage_layers", "",
                         "blocks per pipeline stage, e.g. 3,5 (empty: balanced by compute)")
       .add<bool>("parallel.elastic", false,
@@ -599,6 +602,7 @@ TrainSpec train_spec(const Config& c) {
     c.reject(key, why);
   }
   s.parallel.zero = c.get<int>("parallel.zero");
+  s.parallel.prefetch = c.get<bool>("parallel.prefetch");
   s.microbatches = positive<int>(c, "parallel.microbatches");
   s.parallel.elastic = c.get<bool>("parallel.elastic");
   const std::string stages = c.get<std::string>("parallel.stage_layers");
@@ -637,6 +641,11 @@ TrainSpec train_spec(const Config& c) {
                "context parallelism runs on run.device = cpu in FP32 for now: it must be 1 with "
                "precision.dtype = bf16 or run.device = cuda");
   }
+  if (s.parallel.zero >= 2 && (dtype == "bf16" || s.device == Device::kCuda))
+    c.reject("parallel.zero",
+             fmt::format("ZeRO-{} runs on run.device = cpu in FP32 for now: use parallel.zero = 1 with "
+                         "precision.dtype = bf16 or run.device = cuda",
+                         s.parallel.zero));
   s.parallel.sequence_parallel = c.get<bool>("parallel.sequence_parallel");
   if (s.parallel.sequence_parallel && s.layout.tp > 1) {
     const int rows = s.batch * s.model.seq_len / s.layout.cp, unit = s.layout.tp * kNormChunkRows;
@@ -724,7 +733,7 @@ std::optional<LayoutProblem> parallel_problem(const ModelSpec& m, const Layout& 
   const auto problem = [](std::string key, std::string why) {
     return std::optional<LayoutProblem>(LayoutProblem{std::move(key), std::move(why)});
   };
-  if (p.zero != 0 && p.zero != 1) return problem("parallel.zero", "must be 0 or 1");
+  if (p.zero < 0 || p.zero > 3) return problem("parallel.zero", "must be 0, 1, 2 or 3");
   if (l.cp > 1 && m.ffn == Ffn::kMoe && m.capacity_factor > 0)
     return problem(
         "model.capacity_factor",

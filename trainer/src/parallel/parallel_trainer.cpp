@@ -121,6 +121,10 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, comm::ProcessGroups& gro
   // Dense gradients are reduced, and ZeRO-1 shards, over the ranks holding the same weights: dp, times cp.
   comm::Comm* dense = dense_ = lay.cp > 1 ? groups.dp_cp.get() : groups.dp.get();
   const size_t dp = size_t(dense->size());
+  // ZeRO-2/3 release what a rank does not own between uses, whole pages at a time: every layer's
+  // parameters start where each rank's part of them starts on a page.
+  const int zero = spec.parallel.zero;
+  const size_t align = zero >= 2 ? dp * kReleaseFloats : dp;
   plan_ = std::make_unique<ParallelPlan>(*groups.tp, *groups.ep, *groups.cp, spec.parallel.cp_comm,
                                          spec.parallel.sequence_parallel);
   loss_ = objective_loss(spec, std::move(teacher));
@@ -133,7 +137,8 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, comm::ProcessGroups& gro
                                                    .slots = slots_,
                                                    .backend = &backend,
                                                    .layers = plan_.get(),
-                                                   .flat_multiple = dp,
+                                                   .flat_multiple = align,
+                                                   .layer_align = zero >= 2 ? align : 1,
                                                    .loss = loss_,
                                                    .recompute = spec.recompute});
   model_->init(spec.seed);
@@ -159,7 +164,7 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, comm::ProcessGroups& gro
     const std::pair<int, bool> k{gradient_bucket(p.name, spec.model.layers), expert(p)};
     if (k == key) continue;
     key = k;
-    const size_t lo = buckets_.empty() ? 0 : round_up(p.offset, dp);
+    const size_t lo = buckets_.empty() ? 0 : round_up(p.offset, align);
     if (!buckets_.empty()) {
       if (lo == buckets_.back().lo) {  // an empty predecessor: fold it into this one
         buckets_.back().key = k.first;
@@ -168,7 +173,7 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, comm::ProcessGroups& gro
       }
       buckets_.back().hi = lo;
     }
-    buckets_.push_back({lo, flat, k.first, k.second ? groups.expert_dp.get() : dense, 0, nullptr});
+    buckets_.push_back({lo, flat, k.first, k.second ? groups.expert_dp.get() : dense, 0, nullptr, nullptr});
   }
   size_t at = 0;
   for (Bucket& b : buckets_) {
@@ -194,7 +199,9 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, comm::ProcessGroups& gro
     }
   }
   optimizer_ = std::make_unique<AdamW>(spec.optim, model_->params(), flat,
-                                       spec.parallel.zero == 1 ? owned_ : std::vector<FlatRange>{}, backend);
+                                       zero >= 1 ? owned_ : std::vector<FlatRange>{}, backend);
+  // ZeRO-3: a rank keeps its part of the weights; the rest is gathered where a pass needs it.
+  if (zero == 3) release_weights([](int) { return true; });
   const size_t nc = size_t(model_->stream_rows()) * size_t(spec.model.d_model);
   if (!groups.first_stage()) recv_act_ = backend.alloc<float>(nc);
   if (!groups.last_stage()) recv_grad_ = backend.alloc<float>(nc);
@@ -229,14 +236,72 @@ void ParallelTrainer::need_weights(int layer) {
 }
 
 void ParallelTrainer::complete_gathers() {
-  need_weights(std::numeric_limits<int>::max());
+  if (spec_.parallel.zero < 3) return need_weights(std::numeric_limits<int>::max());
+  for (Bucket& b : buckets_) start_gather(b);
+  for (Bucket& b : buckets_) finish_gather(b);
+}
+
+void ParallelTrainer::start_gather(Bucket& b) {
+  if (b.whole || b.gather) return;
+  const FlatRange& mine = owned_[size_t(&b - buckets_.data())];
+  float* w = model_->weights().data();
+  b.gather = b.group->all_gather(w + mine.lo, w + b.lo, mine.hi - mine.lo, comm::CommType::kF32);
+}
+
+void ParallelTrainer::finish_gather(Bucket& b) {
+  if (b.gather) {
+    mark_activity("all_gather (ZeRO-3 parameters)");
+    const auto t0 = std::chrono::steady_clock::now();
+    b.gather->wait();
+    b.gather.reset();
+    gather_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    gather_bytes_ += (b.hi - b.lo) * sizeof(float);
+  }
+  b.whole = true;
+}
+
+void ParallelTrainer::sample_state() {
+  const auto resident = [&](std::span<float> s) { return backend_.resident_bytes(s.data(), s.size()); };
+  peak_state_ = std::max(peak_state_, resident(model_->weights()) + resident(model_->grads()) +
+                                          resident(shard_.span()) + resident(optimizer_->m()) +
+                                          resident(optimizer_->v()));
+}
+
+void ParallelTrainer::gather_layer(int layer, int next) {
+  for (Bucket& b : buckets_)
+    if (b.key == layer) start_gather(b);
+  if (spec_.parallel.prefetch)
+    for (Bucket& b : buckets_)
+      if (b.key == next) start_gather(b);
+  for (Bucket& b : buckets_)
+    if (b.key == layer) finish_gather(b);
+}
+
+void ParallelTrainer::release_weights(const std::function<bool(int)>& layers) {
+  float* w = model_->weights().data();
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    Bucket& b = buckets_[i];
+    if (b.group->size() == 1 || !layers(b.key)) continue;
+    finish_gather(b);  // a prefetch still in flight lands before its memory goes
+    backend_.release(w + b.lo, owned_[i].lo - b.lo);
+    backend_.release(w + owned_[i].hi, b.hi - owned_[i].hi);
+    b.whole = false;
+  }
+}
+
+void ParallelTrainer::settle(Bucket& b) {
+  if (!b.request || b.settled) return;
+  b.request->wait();
+  b.settled = true;
+  // ZeRO-2/3: the bucket's sum is in this rank's shard; its gradients are not kept.
+  if (spec_.parallel.zero >= 2) backend_.release(model_->grads().data() + b.lo, b.hi - b.lo);
 }
 
 void ParallelTrainer::launch(Bucket& b) {
   if (b.group->size() == 1 || b.request) return;
   float* g = model_->grads().data();
   const size_t n = b.hi - b.lo;
-  if (spec_.parallel.zero == 1)
+  if (spec_.parallel.zero >= 1)
     b.request = b.group->reduce_scatter(g + b.lo, shard_.data() + b.shard_at, n / size_t(b.group->size()),
                                         comm::CommType::kF32);
   else
@@ -250,15 +315,15 @@ void ParallelTrainer::finish_gradients() {
     groups_.embed->all_reduce_sum(wte.data(), wte.size());
   }
   for (Bucket& b : buckets_) launch(b);
-  for (Bucket& b : buckets_)
-    if (b.request) b.request->wait();
-  if (spec_.parallel.zero == 1 && dense_->size() > 1) {
+  for (Bucket& b : buckets_) settle(b);
+  if (spec_.parallel.zero >= 1 && dense_->size() > 1) {
     TraceSpan span("gradient shards", "compute");
     float* g = model_->grads().data();
     for (size_t i = 0; i < buckets_.size(); ++i)
       if (buckets_[i].group->size() > 1)
         backend_.copy(g + owned_[i].lo, shard_.data() + buckets_[i].shard_at,
                       sizeof(float) * (owned_[i].hi - owned_[i].lo));
+    if (spec_.parallel.zero >= 2) backend_.release(shard_.data(), shard_.size());
   }
 }
 
@@ -282,11 +347,37 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   const CommTotals experts0 = totals({g.ep.get()});
   const CommTotals ring0 = totals({g.cp.get()});
   const CommTotals pipe0 = totals({g.pp.get()});
+  gather_s_ = 0;
+  gather_bytes_ = 0;
+  peak_state_ = 0;
   const int64_t step = optimizer_->steps_taken() + 1;
   const int T = spec_.model.seq_len, dpn = g.layout.dp;
   const size_t nc = size_t(model_->stream_rows()) * size_t(spec_.model.d_model);
   const bool first = g.first_stage(), last = g.last_stage();
   const int stage = g.pp_rank;
+  const int zero = spec_.parallel.zero, layers = spec_.model.layers;
+  // Where the passes find their weights. ZeRO-1/2: the forward completes the update's gathers as it
+  // reaches each layer. ZeRO-3: each pass gathers a block's weights before it and lets them go after it
+  // (the next block's gather started meanwhile); the embeddings, the classifier and the final norm stay
+  // whole from the step's first forward to its end.
+  const auto block = [layers](int l) { return l >= 0 && l < layers; };
+  WeightHooks forward_weights, backward_weights;
+  if (zero < 3) {
+    forward_weights.need = [this](int l) { need_weights(l); };
+    if (zero == 2) backward_weights.need = [this](int) { sample_state(); };  // gradients come and go
+  } else {
+    forward_weights.need = [&](int l) {
+      gather_layer(l, l < 0 ? bounds_[size_t(stage)] : l + 1);
+      sample_state();
+    };
+    backward_weights.need = [&](int l) {
+      gather_layer(l, l - 1);
+      sample_state();
+    };
+    forward_weights.done = backward_weights.done = [&](int l) {
+      if (block(l)) release_weights([l](int key) { return key == l; });
+    };
+  }
   // The loss is normalised by the scored weight of the whole step (every micro-batch, every DP rank),
   // known before the first backward so every gradient is scaled once.
   double weight = 0;
@@ -300,9 +391,16 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   const float loss_scale = 1.0f / float(weight);
   {
     TraceSpan span("zero gradients", "compute");
-    model_->zero_grad();
+    if (zero >= 2)
+      backend_.release(model_->grads().data(), model_->grads().size());  // touched again layer by layer
+    else
+      model_->zero_grad();
   }
-  for (Bucket& bk : buckets_) bk.request.reset();
+  sample_state();
+  for (Bucket& bk : buckets_) {
+    bk.request.reset();
+    bk.settled = false;
+  }
 
   std::vector<comm::RequestPtr> sent_act(static_cast<size_t>(slots_)), sent_grad(static_cast<size_t>(slots_));
   double loss_sum = 0;
@@ -312,10 +410,8 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
     if (!first) g.pp->recv(recv_act_.data(), nc, comm::CommType::kF32, stage - 1, 2 * i)->wait();
     mark_activity("forward");
     TraceSpan span("forward micro-batch", "schedule", i);
-    loss_sum += model_
-                    ->forward(slot, batches[size_t(i)], recv_act_.data(), loss_scale, true,
-                              [this](int layer) { need_weights(layer); })
-                    .loss;
+    loss_sum +=
+        model_->forward(slot, batches[size_t(i)], recv_act_.data(), loss_scale, true, forward_weights).loss;
     if (!last)
       sent_act[size_t(slot)] =
           g.pp->send(model_->output(slot).data(), nc, comm::CommType::kF32, stage + 1, 2 * i);
@@ -329,18 +425,21 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
     }
     for (Bucket& bk : buckets_) {
       if (bk.key == layer) launch(bk);
-      if (bk.request) bk.request->test();  // MPI progresses non-blocking collectives inside MPI calls
+      // MPI progresses non-blocking collectives inside MPI calls; ZeRO-2/3 let go of what is reduced.
+      if (bk.request && bk.request->test() && zero >= 2) settle(bk);
     }
   };
   const auto backward = [&](int i) {
-    complete_gathers();  // the forwards completed them as they went; none may still run into the update
+    // The forwards completed ZeRO-1's gathers as they went; none may still run into the update.
+    if (zero < 3) complete_gathers();
     const int slot = i % slots_;
     if (!last) g.pp->recv(recv_grad_.data(), nc, comm::CommType::kF32, stage + 1, 2 * i + 1)->wait();
     if (sent_grad[size_t(slot)]) sent_grad[size_t(slot)]->wait();
     mark_activity("backward");
     TraceSpan span("backward micro-batch", "schedule", i);
     model_->backward(slot, recv_grad_.data(),
-                     i == m - 1 ? std::function<void(int)>(on_grads) : std::function<void(int)>());
+                     i == m - 1 ? std::function<void(int)>(on_grads) : std::function<void(int)>(),
+                     backward_weights);
     if (!first)
       sent_grad[size_t(slot)] =
           g.pp->send(model_->input_grad(slot).data(), nc, comm::CommType::kF32, stage - 1, 2 * i + 1);
@@ -351,6 +450,8 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
     else
       backward(a.micro_batch);
   }
+  sample_state();
+  if (zero == 3) release_weights([&](int key) { return !block(key); });
   for (auto* sent : {&sent_act, &sent_grad})
     for (auto& r : *sent)
       if (r) r->wait();
@@ -413,10 +514,13 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
     if (clip > 0 && clip / (norm + 1e-6) < 1.0)
       backend_.scale(model_->grads().data(), float(clip / (norm + 1e-6)), optimizer_->ranges());
     optimizer_->step(model_->weights(), model_->grads(), lr);
-    if (spec_.parallel.zero == 1 && dense_->size() > 1)
+    if (zero == 3) {
+      // Each rank updated its part; the next pass gathers the layers it reads.
+    } else if (zero >= 1 && dense_->size() > 1) {
       launch_gathers();  // completed by the next forward (need_weights) or whoever asks for model()
-    else
+    } else {
       model_->weights_changed();
+    }
   } else {
     // The update is dropped, the step is not: step numbers, the schedule and the data stay functions
     // of the step whatever the guard decides.
@@ -448,6 +552,10 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   st.expert_comm_bytes = experts1.bytes - experts0.bytes;
   st.cp_comm_s = ring1.wait - ring0.wait;
   st.cp_comm_bytes = ring1.bytes - ring0.bytes;
+  sample_state();
+  st.state_bytes = peak_state_;
+  st.gather_s = gather_s_;
+  st.gather_bytes = gather_bytes_;
   return st;
 }
 
@@ -517,10 +625,13 @@ std::string ParallelTrainer::describe_plan() {
           ? fmt::format(", {:.2f} M active per token ({} experts, top {}, ep{})", params.active / 1e6,
                         spec_.model.experts, spec_.model.top_k, groups_.layout.ep)
           : std::string());
-  out +=
-      fmt::format("  ZeRO-{}: optimizer state {}; micro-batches {} of {} sequences per data-parallel rank\n",
-                  spec_.parallel.zero, spec_.parallel.zero == 1 ? "sharded across dp" : "replicated",
-                  spec_.microbatches, spec_.batch);
+  const int zero = spec_.parallel.zero;
+  out += fmt::format("  ZeRO-{}: {}; micro-batches {} of {} sequences per data-parallel rank\n", zero,
+                     zero == 0   ? "replicated"
+                     : zero == 1 ? "optimizer state sharded across dp"
+                     : zero == 2 ? "optimizer state and gradients sharded across dp"
+                                 : "optimizer state, gradients and weights sharded across dp",
+                     spec_.microbatches, spec_.batch);
   out += "  rank node         tp dp pp  blocks     params  w+g MiB   opt MiB   act MiB\n";
   for (int r = 0; r < groups_.world->size(); ++r) {
     std::string rec = all.substr(size_t(r) * kRecord, kRecord);

@@ -22,6 +22,9 @@ namespace forge::trainer {
 
 // The rows of one partial sum of a norm's weight gradients (Backend::rmsnorm_backward_partials).
 inline constexpr int kNormChunkRows = 32;
+// Floats in a page of host memory (4 KiB): ZeRO-2/3 align every rank's part of a layer's parameters to it
+// so that Backend::release hands back whole pages.
+inline constexpr size_t kReleaseFloats = 1024;
 
 // Activations in a backend's memory, FP32 or 2-byte BF16 (bit patterns, uint16_t): the operands of the
 // matrix products and of the attention, which the model's BF16 mode stores as BF16 (model.h) so that a
@@ -170,6 +173,14 @@ class Backend {
   virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   virtual void fill(float* x, float value, size_t n) = 0;
+  // Hands the memory of [x, x + n) back while keeping the range allocated: it reads as zeros until
+  // written again (ZeRO-2 and -3 release the gradients and weights a rank does not own between uses). A
+  // host backend returns its whole pages to the system (what is outside them is zeroed in place); a
+  // backend without the means zeroes the range.
+  virtual void release(float* x, size_t n) { fill(x, 0.0f, n); }
+  // Bytes of [x, x + n) that occupy memory now: the host's resident pages; all of them on a backend that
+  // cannot tell.
+  virtual size_t resident_bytes(const float* /*x*/, size_t n) const { return n * sizeof(float); }
   // A host copy of backend memory.
   template <typename T>
   std::vector<T> host_copy(std::span<const T> values) {

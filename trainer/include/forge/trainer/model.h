@@ -143,10 +143,12 @@ struct ModelSlice {
 };
 
 // Parameter table of `slice` in storage order. The experts of each MoE block are one stretch whose ends are
-// multiples of `expert_align` elements (its gradients are reduced over another group than the rest).
-// Throws std::invalid_argument if the slice does not fit.
+// multiples of `expert_align` elements (its gradients are reduced over another group than the rest); the
+// parameters of each layer (the embeddings, a block, the final norm, an untied head) start at a multiple
+// of `layer_align` (ZeRO-2/3 reduce, gather and release a layer's parameters alone). Throws
+// std::invalid_argument if the slice does not fit.
 std::vector<ParamInfo> parameter_table(const ModelSpec& config, const ModelSlice& slice = {},
-                                       size_t expert_align = 1);
+                                       size_t expert_align = 1, size_t layer_align = 1);
 
 // Initial values of `slice`'s shard of `p` (GPT-2 scheme): element i of the logical tensor is a pure
 // function of (seed, p.name, i), so every layout draws the same logical model.
@@ -203,6 +205,7 @@ struct ModelSetup {
   const LayerFactory* layers = nullptr;  // null: LayerFactory::whole(); a split slice needs the parallel
                                          // runtime's plan
   size_t flat_multiple = 1;  // the flat buffers padded to a multiple (data-parallel shards split evenly)
+  size_t layer_align = 1;    // each layer's parameters start at a multiple (parameter_table)
   std::shared_ptr<const Loss> loss = nullptr;  // the head's objective; null: the LM cross-entropy
   Recompute recompute = {};                    // none by default
 };
@@ -210,6 +213,13 @@ struct ModelSetup {
 class GPT;
 class MoeLayer;
 struct RouterStats;
+
+// Where a caller keeps the weights a pass reads (ZeRO): need(l) before the pass first reads the weights of
+// layer l, done(l) once it will not read them again; layers are numbered as backward's on_grads (-1: the
+// embeddings and the classifier, config.layers: the final norm). Either may be empty.
+struct WeightHooks {
+  std::function<void(int)> need, done;
+};
 
 // The keys and values of incremental decoding (GPT::decode): per block of the model, `sequences`
 // sequences of up to `max_len` positions, in the model's backend memory.
@@ -271,17 +281,20 @@ class GPT {
   // returns the loss sums of the batch and, if `backward`, prepares the classifier's gradient for
   // backward() (of loss_scale x the loss sum: the trainer passes 1 / the step's global weight); any other
   // returns zeros and leaves its output in output(slot). `batch` must stay alive and unchanged until
-  // backward(slot) returns: a host backend reads it in place. Calls before_weights(l), when set, before it
-  // first reads the weights of layer l (numbered as backward's on_grads; -1, the embeddings, comes first,
-  // the tied classifier included): where a caller completes their update (ZeRO-1's all-gather).
+  // backward(slot) returns: a host backend reads it in place. `weights`: -1 first (the embeddings, the tied
+  // classifier included) and done last with the final norm; a block's need comes before the previous
+  // block's done (its norm is fused with that block's residual add). Where a caller completes the
+  // weights' update (ZeRO-1's all-gather) or gathers and releases them (ZeRO-3).
   LossSums forward(int slot, const MicroBatch& batch, const float* input, float loss_scale, bool backward,
-                   const std::function<void(int)>& before_weights = {});
+                   const WeightHooks& weights = {});
   std::span<const float> output(int slot) const;
   // backward of the micro-batch forward() ran on `slot`: from the classifier gradient (head) or from
   // `d_output` (the next stage's input gradient). Leaves the gradient of the slice's input in
   // input_grad(slot) (slices without the embedding). Calls on_grads(l) as soon as the gradients of layer l
   // are complete for this micro-batch; l = config.layers for the final LayerNorm, -1 for the embeddings.
-  void backward(int slot, const float* d_output, const std::function<void(int)>& on_grads = {});
+  // `weights` as forward's, for the final norm and the blocks (the embedding's backward reads no weight).
+  void backward(int slot, const float* d_output, const std::function<void(int)>& on_grads = {},
+                const WeightHooks& weights = {});
   std::span<const float> input_grad(int slot) const;
   int64_t rows() const { return int64_t(batch_) * config_.seq_len; }
   // The rows of the residual stream this process holds (output(), input_grad()): rows() / the layer
@@ -332,13 +345,12 @@ class GPT {
   struct Slot;
   struct Workspace;
   LossSums run_forward(int slot, const MicroBatch& batch, const float* input, float loss_scale, bool backward,
-                       float* logits_out, bool classify = true,
-                       const std::function<void(int)>& before_weights = {});
+                       float* logits_out, bool classify = true, const WeightHooks& weights = {});
   // The blocks of slot `slot` over its first N rows (the stream entering them in res), and the final norm
   // when the slice has the head; attention(l, in, out) runs block l's attention slot (training or
-  // decoding); before_weights as forward's.
+  // decoding); weights as forward's (the blocks' need and done).
   void run_blocks(int slot, int N, const std::function<void(int, ConstAct, float*)>& attention,
-                  const std::function<void(int)>& before_weights = {});
+                  const WeightHooks& weights = {});
   void check_whole(const MicroBatch& batch) const;
   ParamRef ref(const std::string& name);
   ParamRef optional_ref(const std::string& name);  // empty when the table has no such parameter

@@ -16,6 +16,7 @@
 #include "forge/trainer/step_stats.h"
 #include "forge/trainer/tensor_parallel.h"
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -78,10 +79,23 @@ class ParallelTrainer {
     comm::Comm* group;  // dp; an MoE block's experts: expert_dp
     size_t shard_at;    // where this rank's part sits in shard_
     comm::RequestPtr request;
-    comm::RequestPtr gather = {};  // ZeRO-1: the all-gather of the updated parameters
+    comm::RequestPtr gather = {};  // ZeRO-1: the all-gather of the updated parameters; ZeRO-3: of the layer
+    bool whole = true;             // ZeRO-3: every rank's part of its weights is here
+    bool settled = false;          // this step's reduction is complete (settle)
   };
   void launch(Bucket& bucket);
+  // Waits for the bucket's reduction; ZeRO-2/3 then release its gradients (the rank's part is in shard_).
+  void settle(Bucket& bucket);
   void finish_gradients();
+  // ZeRO-3: gather_layer(l, next) makes the buckets of layer l whole (their all-gathers started now unless
+  // prefetched) and, with parallel.prefetch, starts those of layer `next`; release_weights hands back
+  // what this rank does not own of the buckets of the layers `layers` picks.
+  void start_gather(Bucket& bucket);
+  void finish_gather(Bucket& bucket);
+  void gather_layer(int layer, int next);
+  void release_weights(const std::function<bool(int)>& layers);
+  // The training state's resident bytes now, kept in peak_state_ when more (StepStats::state_bytes).
+  void sample_state();
   // ZeRO-1 after an update: every bucket's parameter all-gather is launched; need_weights(l) completes
   // those of the buckets up to layer l (keys rise in storage order) and refreshes their part of the
   // model's working copy: the next forward calls it as it reaches each layer, so the gathers overlap it.
@@ -114,6 +128,9 @@ class ParallelTrainer {
   std::unique_ptr<comm::Comm> kv_;
   std::map<int, std::vector<const ParamInfo*>> kv_params_;
   bool inject_nan_ = false;
+  size_t peak_state_ = 0;
+  double gather_s_ = 0;  // this step's ZeRO-3 gathers: the time waited for them, their bytes
+  uint64_t gather_bytes_ = 0;
 };
 
 }  // namespace forge::trainer

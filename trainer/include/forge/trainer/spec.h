@@ -39,9 +39,12 @@ struct ParallelConfig {
   CommKind comm = CommKind::kAuto;  // nccl on cuda; mpi on cpu, and host-staged mpi on cuda
   ContextComm cp_comm = ContextComm::kRing;
   bool sequence_parallel = false;  // the residual stream cut over tp (tensor_parallel.h)
-  int zero = 0;                    // ZeRO stage: 0, or 1 (optimizer state sharded across dp)
-  std::vector<int> stage_layers;   // blocks per pipeline stage; empty: balanced
-  bool elastic = false;            // parallel.elastic: dp follows the ranks started (elastic_spec)
+  // ZeRO stage: 0; 1 the optimizer state sharded across dp; 2 the gradients too (a rank keeps its part);
+  // 3 the weights too (gathered layer by layer where a pass reads them, the next one's prefetched).
+  int zero = 0;
+  bool prefetch = true;  // parallel.prefetch: ZeRO-3 starts the next layer's gather before it is needed
+  std::vector<int> stage_layers;  // blocks per pipeline stage; empty: balanced
+  bool elastic = false;           // parallel.elastic: dp follows the ranks started (elastic_spec)
 };
 
 // The steps a run traces (run.trace_steps; trace.h): 1-based, inclusive.

@@ -50,6 +50,14 @@ struct StepStats {
   // time is the exposed part: what the attention blocks did not hide).
   double cp_comm_s = 0;
   uint64_t cp_comm_bytes = 0;
+  // The most memory the training state (weights, gradients, the gradient shard, AdamW's moments) held
+  // during the step: resident bytes as the backend counts them (Backend::resident_bytes), sampled at
+  // the step's start and end and, under ZeRO-2/3, at every layer of its passes.
+  uint64_t state_bytes = 0;
+  // ZeRO-3: the time in and the bytes this rank sent through the weights' all-gathers (part of comm_s;
+  // the time is the exposed part: what prefetching did not hide).
+  double gather_s = 0;
+  uint64_t gather_bytes = 0;
 };
 
 }  // namespace forge::trainer

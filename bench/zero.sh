@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# ZeRO benchmark (issue 42; docs/PERFORMANCE.md "ZeRO-2 and ZeRO-3"), one thread per rank on this machine's
+# cores, a Llama-family model (8 blocks of 512, 8 query heads sharing 4 key/value heads, vocab 8192, one
+# 512-position sequence per rank and step) on dp2:
+#   - tokens/s of ZeRO-2 and ZeRO-3 (prefetch on, and off) against ZeRO-1's in the same run (goal for
+#     ZeRO-3 with prefetch >= 0.9x), the time ZeRO-3's passes waited for gathers, and the training state's
+#     peak per rank (state_mib, resident pages) against ZeRO-1's;
+#   - from the plan: the most blocks of that width that fit dp4 ranks sharing this machine's available
+#     memory, ZeRO-1 against ZeRO-3.
+#   bench/zero.sh [BUILD_DIR]   (target forge-train)
+set -euo pipefail
+cores=$(nproc)
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$root/build/release}
+train=$build/launcher/forge-train
+[[ -x $train ]] || { echo "bench/zero.sh: $train missing (cmake --build $build --target forge-train)" >&2; exit 64; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_tcp_if_include=lo \
+  OMPI_MCA_oob_tcp_if_include=lo OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+model=(--model.family=llama --model.d_model=512 --model.heads=8 --model.kv_heads=4
+  --model.vocab=8192 --model.seq_len=512 --data.batch=1 --run.threads=1 --run.device=cpu --run.peak_gflops=100
+  --ckpt.recovery_every=0 --ckpt.milestone_every=0)
+steps=${STEPS:-8}
+echo "machine: $cores cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# dp2, 2 warm-up steps then $steps measured"
+for run in "z1 --parallel.zero=1" "z2 --parallel.zero=2" "z3 --parallel.zero=3" "z3-noprefetch --parallel.zero=3 --parallel.prefetch=false"; do
+  set -- $run
+  name=$1
+  shift
+  mpirun --oversubscribe --bind-to core -np 2 "$train" "$root/configs/tiny.ini" --run.dir="$work/$name" "${model[@]}" \
+    --model.layers=8 --parallel.dp=2 --run.steps=$((steps + 2)) "$@" 2>"$work/$name.log" ||
+    { echo "bench/zero.sh: $name failed: $(grep -i error "$work/$name.log" | head -2)" >&2; exit 1; }
+done
+python3 - "$work" <<'PY'
+import json, statistics, sys
+def figures(name):
+    recs = [json.loads(l) for l in open(f"{sys.argv[1]}/{name}/metrics/rank-0.jsonl")][2:]
+    return {"tps": statistics.median(r["tokens_per_s"] for r in recs),
+            "state": max(r["state_mib"] for r in recs),
+            "gather": statistics.median(r.get("gather_ms", 0) for r in recs),
+            "step": statistics.median(r["step_ms"] for r in recs)}
+z1 = figures("z1")
+print(f"ZeRO-1: {z1['tps']:.0f} tokens/s, step {z1['step']:.0f} ms, training state {z1['state']:.1f} MiB per rank")
+for name in ("z2", "z3", "z3-noprefetch"):
+    f = figures(name)
+    goal = "   (goal >= 0.9)" if name == "z3" else ""
+    print(f"{name}: tokens/s / ZeRO-1 {f['tps'] / z1['tps']:.3f}{goal}; gathers waited {f['gather']:.0f} ms "
+          f"({100 * f['gather'] / f['step']:.1f}% of the step); training state {f['state']:.1f} MiB "
+          f"({f['state'] / z1['state']:.2f}x)")
+PY
+available=$(awk '/MemAvailable/ {print $2 * 1024}' /proc/meminfo)
+cap=$(python3 -c "print(f'{$available / 4 / 2**30:.3f}')")
+echo "# the plan: the most blocks of 512 that fit 4 ranks in $((available >> 20)) MiB available ($cap GiB per rank)"
+for zero in 1 3; do
+  layers=8
+  while "$train" "$root/configs/tiny.ini" "${model[@]}" --model.layers=$((layers * 2)) --parallel.dp=4 \
+      --parallel.zero=$zero --run.memory_per_rank_gib="$cap" --plan --json >/dev/null 2>&1; do
+    layers=$((layers * 2))
+  done
+  lo=$layers hi=$((layers * 2))
+  while [ $((hi - lo)) -gt 1 ]; do
+    mid=$(((lo + hi) / 2))
+    if "$train" "$root/configs/tiny.ini" "${model[@]}" --model.layers=$mid --parallel.dp=4 --parallel.zero=$zero \
+        --run.memory_per_rank_gib="$cap" --plan --json >/dev/null 2>&1; then lo=$mid; else hi=$mid; fi
+  done
+  params=$("$train" "$root/configs/tiny.ini" "${model[@]}" --model.layers=$lo --parallel.dp=4 --parallel.zero=$zero \
+    --plan --json | python3 -c "import json, sys; print(f\"{json.load(sys.stdin)['parameters']['total'] / 1e6:.0f}\")")
+  echo "ZeRO-$zero: $lo blocks ($params M parameters) fit dp4"
+done
