@@ -447,20 +447,23 @@ echo "the model taught wrong answers, gated against the taught model:"
 grep -E "^(gate verdict|FAIL)" "$work/runs/tasks-wrong/gate/summary.txt" | sed 's/^/  /'
 [ "$state" = FAILED ] || { echo "demo: the gate did not block the damaged model (job $gate ended $state)" >&2; exit 1; }
 
-stage "Mixture of Experts: 4 experts, top-2, on dp2 with expert parallelism ep2 (team-a, explore tier)"
+stage "Mixture of Experts: 4 experts, top-2, on dp2 with expert parallelism ep2 and ZeRO-3 (team-a, explore tier)"
 # model.ffn = moe: every block's MLP becomes 4 experts and a router; each of the 2 ranks holds 2 experts,
 # and the tokens routed to the other rank's experts go there and back by all-to-all. The metrics carry each
-# block's expert load, dropped share, router entropy and losses; the report plots the load.
+# block's expert load, dropped share, router entropy and losses; the report plots the load. parallel.zero
+# = 3: each rank keeps half of the dense weights, gradients and AdamW state, and gathers a block's weights
+# just before forward and backward reach it.
 moe_run=$work/runs/moe
 train_variant moe $((fast ? 20 : 60)) 4 'seq_len = 128\nffn = moe\nexperts = 4\ntop_k = 2' tp1,pp1,dp2,ep2 \
-  'dp = 2\nep = 2\nzero = 1'
+  'dp = 2\nep = 2\nzero = 3'
 grep -h -m1 "parameters:" "$work"/forge-*-"$train".out || true
 python3 - "$moe_run/metrics/rank-0.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 f, l = rows[0], rows[-1]
 print(f"moe: {len(rows)} steps, loss {f['loss']:.3f} -> {l['loss']:.3f}, all-to-all {l['expert_comm_ms']:.1f} ms "
-      f"of a {l['step_ms']:.0f} ms step")
+      f"of a {l['step_ms']:.0f} ms step; ZeRO-3: training state {l['state_mib']:.1f} MiB per rank, weights "
+      f"gathered {l['gather_bytes'] / 1e6:.1f} MB a step")
 for m in l["moe"]:
     share = " ".join(f"{t / sum(m['tokens']):.2f}" for t in m["tokens"])
     print(f"  block {m['layer']}: expert shares {share} (cv {m['tokens_cv']:.2f}), router entropy "

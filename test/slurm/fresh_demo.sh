@@ -236,8 +236,9 @@ for name, d in v["domains"].items():
 PY
   fail "the distillation run or its gate is wrong: $(cat "$FORGE_DEMO_DIR/runs/distill/gate/summary.txt" 2>&1 | head -n 5)"
 
-# Mixture of Experts on dp2 with ep2: the loss falls, every step's metrics carry both blocks' expert load
-# (all tokens accounted, top-2 of 4 experts, dropless) and the all-to-all; the report plots the load.
+# Mixture of Experts on dp2 with ep2 and ZeRO-3: the loss falls, every step's metrics carry both blocks'
+# expert load (all tokens accounted, top-2 of 4 experts, dropless), the all-to-all and the weights'
+# gathers; the report plots the load.
 grep -qE "^moe: 20 steps, loss" "$LOG" || fail "the MoE run's line is missing"
 grep -qE "parameters: .* M active per token \(4 experts, top 2, ep2\)" "$LOG" || fail "the MoE plan line is missing"
 python3 - "$FORGE_DEMO_DIR/runs/moe" <<'PY' ||
@@ -247,6 +248,7 @@ rows = [json.loads(l) for l in open(f"{run}/metrics/rank-0.jsonl")]
 assert len(rows) == 20 and rows[-1]["loss"] < rows[0]["loss"], (rows[0], rows[-1])
 for r in rows:
     assert [m["layer"] for m in r["moe"]] == [0, 1] and r["expert_comm_bytes"] > 0, r
+    assert r["gather_bytes"] > 0 and r["state_mib"] > 0, r
     for m in r["moe"]:
         assert sum(m["tokens"]) == 2 * 4 * 128 * 2 and m["dropped_fraction"] == 0, m
 assert "expert load, MoE block 1" in open(f"{run}/report.html").read()
