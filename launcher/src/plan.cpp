@@ -170,6 +170,7 @@ Plan make_plan(const T::TrainSpec& validated) {
   T::ModelSpec local = m;
   local.seq_len /= lay.cp;
   const size_t N = size_t(spec.batch) * size_t(local.seq_len), NC = N * size_t(m.d_model);
+  plan.pipeline.stages = T::one_f_one_b(lay.pp, spec.microbatches);
   for (int s = 0; s < lay.pp; ++s) {
     StagePlan st;
     st.stage = s;
@@ -177,8 +178,7 @@ Plan make_plan(const T::TrainSpec& validated) {
     st.last_layer = bounds[size_t(s) + 1];
     st.embedding = s == 0;
     st.head = s == lay.pp - 1;
-    plan.pipeline.stages.push_back(T::one_f_one_b(lay.pp, s, spec.microbatches));
-    st.slots = T::in_flight(plan.pipeline.stages.back());  // ParallelTrainer's activation slots
+    st.slots = T::in_flight(plan.pipeline.stages[size_t(s)]);  // ParallelTrainer's activation slots
     st.ranks = lay.tp * lay.cp * lay.dp;
     // Tensor-parallel rank 0 and expert-parallel rank 0: every rank's shares are equal.
     const T::ModelSlice slice{st.first_layer, st.last_layer, st.embedding, st.head, 0, lay.tp, 0, lay.ep};

@@ -23,15 +23,19 @@ constexpr std::pair<const char*, const char*> kRunScalars[] = {
     {"compute_ms", "time/compute_ms"},
     {"comm_ms", "time/comm_ms"},
     {"bubble_ms", "time/bubble_ms"},
+    {"bubble_fraction", "time/bubble_fraction"},
+    {"bubble_analytic", "time/bubble_analytic"},
     {"cp_comm_ms", "time/cp_comm_ms"},
+    {"gather_ms", "time/gather_ms"},
     {"data_wait_ms", "time/data_wait_ms"},
     {"ckpt_stall_ms", "time/ckpt_stall_ms"},
     {"peak_rss_mib", "memory/peak_rss_mib"},
+    {"state_mib", "memory/state_mib"},
 };
 // What each rank writes about itself, to compare ranks.
 constexpr std::pair<const char*, const char*> kRankScalars[] = {
     {"step_ms", "rank/step_ms"},       {"compute_ms", "rank/compute_ms"},     {"comm_ms", "rank/comm_ms"},
-    {"cp_comm_ms", "rank/cp_comm_ms"}, {"data_wait_ms", "rank/data_wait_ms"},
+    {"cp_comm_ms", "rank/cp_comm_ms"}, {"data_wait_ms", "rank/data_wait_ms"}, {"state_mib", "rank/state_mib"},
 };
 
 }  // namespace

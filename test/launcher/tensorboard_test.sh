@@ -25,7 +25,7 @@ events = [json.loads(l) for l in open(sys.argv[1])]
 assert events[0].get("file_version") == "brain.Event:2", events[0]
 want_tags = ["train/loss", "train/grad_norm", "train/lr", "train/tokens", "throughput/tokens_per_s",
              "throughput/mfu", "time/step_ms", "time/compute_ms", "time/comm_ms", "time/bubble_ms",
-             "time/data_wait_ms", "time/ckpt_stall_ms", "memory/peak_rss_mib"]
+             "time/data_wait_ms", "time/ckpt_stall_ms", "memory/peak_rss_mib", "memory/state_mib"]
 seen = {}
 for e in events:
     for tag, v in e.get("scalars", {}).items():
@@ -42,7 +42,7 @@ rank = {}
 for e in map(json.loads, open(sys.argv[2])):
     for tag, v in e.get("scalars", {}).items():
         rank.setdefault(tag, []).append(e["step"])
-assert sorted(rank) == ["rank/comm_ms", "rank/compute_ms", "rank/data_wait_ms", "rank/step_ms"], sorted(rank)
+assert sorted(rank) == ["rank/comm_ms", "rank/compute_ms", "rank/data_wait_ms", "rank/state_mib", "rank/step_ms"], sorted(rank)
 assert rank["rank/step_ms"] == [1, 2, 3, 4, 5, 6]
 PY
 echo "ok: every tag at every step, losses equal to the metrics file's, per-rank timings"

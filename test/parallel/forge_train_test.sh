@@ -27,6 +27,9 @@ python3 -c "
 import json, sys
 r = json.loads(open('$work/l8/metrics/rank-0.jsonl').readline())
 missing = [k for k in ('comm_ms', 'bubble_ms', 'data_wait_ms', 'tokens_per_s', 'mfu', 'comm_bytes') if k not in r]
+# pp2 with one micro-batch: 1F1B's bubble (pp - 1) / (m + pp - 1) = 1/2, next to the measured fraction.
+if abs(r.get('bubble_analytic', 0) - 0.5) > 1e-12 or not 0 <= r.get('bubble_fraction', -1) <= 1:
+    missing.append(f\"bubble_analytic 0.5 and bubble_fraction ({r.get('bubble_analytic')}, {r.get('bubble_fraction')})\")
 sys.exit('metrics lack ' + ', '.join(missing) if missing else 0)" || fail "metrics record incomplete"
 
 # Saved on tp1,pp2,dp2 after 4 steps, resumed on tp2,pp1,dp2 (4 ranks each) to step 8.

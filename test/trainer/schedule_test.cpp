@@ -10,16 +10,6 @@
 
 using namespace forge::trainer;
 
-namespace {
-
-std::vector<StageSchedule> all_stages(int p, int m) {
-  std::vector<StageSchedule> out;
-  for (int s = 0; s < p; ++s) out.push_back(one_f_one_b(p, s, m));
-  return out;
-}
-
-}  // namespace
-
 TEST_CASE("1F1B: warm-up forwards, then one forward and one backward, then the drain", "[schedule]") {
   CHECK(describe(one_f_one_b(2, 0, 3)) == "F0 F1 B0 F2 B1 B2");
   CHECK(describe(one_f_one_b(2, 1, 3)) == "F0 B0 F1 B1 F2 B2");
@@ -32,7 +22,7 @@ TEST_CASE("1F1B over every stage: complete, deadlock-free, bounded in flight, bu
   for (int p : {1, 2, 3, 4, 8})
     for (int m : {1, 2, 3, 4, 8, 16}) {
       CAPTURE(p, m);
-      const std::vector<StageSchedule> stages = all_stages(p, m);
+      const std::vector<StageSchedule> stages = one_f_one_b(p, m);
       for (int s = 0; s < p; ++s) {
         CHECK(stages[size_t(s)].size() == size_t(2 * m));
         CHECK(in_flight(stages[size_t(s)]) == std::min(p - s, m));

@@ -49,6 +49,10 @@ Json metrics_record(const StepStats& s, int64_t tokens_so_far, double flops_per_
     record["cp_comm_ms"] = s.cp_comm_s * 1e3;
     record["cp_comm_bytes"] = s.cp_comm_bytes;
   }
+  if (s.bubble_analytic > 0) {  // a pipeline: the measured bubble next to what the schedule implies
+    record["bubble_fraction"] = s.seconds > 0 ? s.bubble_s / s.seconds : 0.0;
+    record["bubble_analytic"] = s.bubble_analytic;
+  }
   if (s.state_bytes > 0) record["state_mib"] = double(s.state_bytes) / double(1 << 20);
   if (s.gather_bytes > 0) {
     record["gather_ms"] = s.gather_s * 1e3;

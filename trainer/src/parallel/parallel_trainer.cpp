@@ -116,8 +116,10 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, comm::ProcessGroups& gro
                    groups.tp_rank,       lay.tp,
                    groups.ep_rank,       lay.ep};
   // The stage's actions in a step (schedule.h); its activations are kept for the micro-batches in flight.
-  schedule_ = one_f_one_b(lay.pp, s, spec.microbatches);
+  const std::vector<StageSchedule> stages = one_f_one_b(lay.pp, spec.microbatches);
+  schedule_ = stages[size_t(s)];
   slots_ = in_flight(schedule_);
+  analytic_bubble_ = simulate(stages, spec.microbatches).bubble;
   // Dense gradients are reduced, and ZeRO-1 shards, over the ranks holding the same weights: dp, times cp.
   comm::Comm* dense = dense_ = lay.cp > 1 ? groups.dp_cp.get() : groups.dp.get();
   const size_t dp = size_t(dense->size());
@@ -554,6 +556,7 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   st.cp_comm_bytes = ring1.bytes - ring0.bytes;
   sample_state();
   st.state_bytes = peak_state_;
+  st.bubble_analytic = analytic_bubble_;
   st.gather_s = gather_s_;
   st.gather_bytes = gather_bytes_;
   return st;

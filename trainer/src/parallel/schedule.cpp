@@ -20,6 +20,12 @@ StageSchedule one_f_one_b(int stages, int stage, int micro_batches) {
   return s;
 }
 
+std::vector<StageSchedule> one_f_one_b(int stages, int micro_batches) {
+  std::vector<StageSchedule> out;
+  for (int s = 0; s < stages; ++s) out.push_back(one_f_one_b(stages, s, micro_batches));
+  return out;
+}
+
 int in_flight(const StageSchedule& schedule) {
   int now = 0, most = 0;
   for (const PipeAction& a : schedule) {

@@ -111,6 +111,7 @@ class ParallelTrainer {
   std::vector<int> bounds_;
   StageSchedule schedule_;  // this stage's actions in a step
   int slots_;               // activation slots: the schedule's micro-batches in flight
+  double analytic_bubble_;  // every stage's schedule simulated (schedule.h), a backward twice a forward
   std::unique_ptr<ParallelPlan> plan_;
   std::shared_ptr<const Loss> loss_;  // the spec's objective (run.objective)
   std::unique_ptr<GPT> model_;

@@ -26,6 +26,8 @@ using StageSchedule = std::vector<PipeAction>;
 // one forward and one backward alternately, then the remaining backwards. At most min(p - s, m)
 // micro-batches are in flight on stage s; the bubble is (p - 1) / (m + p - 1) of the step.
 StageSchedule one_f_one_b(int stages, int stage, int micro_batches);
+// Every stage's, 0..stages-1.
+std::vector<StageSchedule> one_f_one_b(int stages, int micro_batches);
 
 // The most micro-batches forwarded and not yet backwarded at any point of `schedule`: the activation
 // slots the stage holds.

@@ -40,6 +40,7 @@ struct StepStats {
   // and blocked), pipeline bubble (time in calls to the neighbouring stages), and the bytes this rank sent.
   double comm_s = 0;
   double bubble_s = 0;
+  double bubble_analytic = 0;  // the schedule's bubble fraction (schedule.h simulate; 0 without pipeline)
   uint64_t comm_bytes = 0;
   // Mixture of Experts: every MoE block's router, in block order; the time in and the bytes this rank sent
   // through the token all-to-all (part of comm_s; exposed: the exchange waits for it).
