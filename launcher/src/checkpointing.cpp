@@ -129,10 +129,13 @@ RunCheckpoints::RunCheckpoints(const Config& config, const trainer::TrainSpec& s
       saver_(coord_, saver_options(config, spec, trainer.model().backend())) {
   // Each logical element is written by one rank (trainer::SaveRole).
   const comm::ProcessGroups& g = trainer.groups();
-  // Dense weights are replicated over dp x cp (dp_cp, which is dp at cp 1).
-  role_.params = g.dp_cp->rank() == 0;
+  // Dense weights are replicated over dp x cp (dp_cp, which is dp at cp 1); under ZeRO-3 each rank holds
+  // and writes its own ranges of them.
+  const bool zero3 = spec.parallel.zero == 3;
+  role_.owned_params = zero3;
+  role_.params = zero3 || g.dp_cp->rank() == 0;
   role_.moments = spec.parallel.zero >= 1 || g.dp_cp->rank() == 0;
-  role_.expert_params = g.expert_dp->rank() == 0;
+  role_.expert_params = zero3 || g.expert_dp->rank() == 0;
   role_.expert_moments = spec.parallel.zero >= 1 || g.expert_dp->rank() == 0;
   role_.replicated = g.tp_rank == 0;
   role_.tied_copy = g.layout.pp == 1 || g.first_stage();
@@ -294,7 +297,7 @@ ckpt::CheckpointMeta RunCheckpoints::meta(const trainer::StepStats& stats, int64
 
 ckpt::SaveEvent RunCheckpoints::save(ckpt::Tier tier, const trainer::StepStats& stats, int64_t tokens,
                                      std::span<const MicroBatch> batches, bool wait) {
-  const auto tensors = trainer::checkpoint_tensors(trainer_.model(), &trainer_.optimizer(), role_);
+  const auto tensors = trainer::checkpoint_tensors(trainer_.held_model(), &trainer_.optimizer(), role_);
   ckpt::SaveEvent e = wait ? saver_.save(tier, meta(stats, tokens, batches.front()), tensors)
                            : saver_.save_async(tier, meta(stats, tokens, batches.front()), tensors);
   last_saved_step_ = stats.step;

@@ -54,32 +54,46 @@ bool expert(const ParamInfo& p) {
   return p.shard.kind == ShardRule::Kind::kExperts;
 }
 
-// Visits (slice, pointer) for every piece this rank holds: parameters from the model's buffer, moments
-// from the optimizer's packed buffers, cut to the optimizer's owned ranges.
+// Calls fn(part of piece's slice, flat position, position in the packed buffer) for each stretch of
+// `piece` inside `ranges` (packed: the ranges back to back).
+template <typename Fn>
+void owned_parts(const Piece& piece, const std::vector<FlatRange>& ranges, Fn&& fn) {
+  size_t packed = 0;
+  for (const FlatRange& r : ranges) {
+    const size_t lo = std::max(r.lo, piece.lo), hi = std::min(r.hi, piece.hi);
+    if (lo < hi) {
+      ckpt::Slice s = piece.slice;
+      s.begin = int64_t(lo - piece.lo);
+      s.end = int64_t(hi - piece.lo);
+      fn(s, lo, packed + (lo - r.lo));
+    }
+    packed += r.hi - r.lo;
+  }
+}
+
+// Visits (slice, pointer) for every piece this rank holds: parameters from the model's buffer (cut to the
+// optimizer's owned ranges when role.owned_params), moments from the optimizer's packed buffers, cut to
+// its owned ranges.
 template <typename Fn>
 void for_each_piece(GPT& model, AdamW* optimizer, bool saving, const SaveRole& role, Fn&& fn) {
   const ModelSlice& slice = model.slice();
+  float* weights = model.weights().data();
   for (const auto& p : model.params()) {
     if (saving && !writes(p, slice, role)) continue;
     if (!saving || (expert(p) ? role.expert_params : role.params))
-      for (const Piece& piece : shard_pieces("param", p, slice))
-        fn(piece.slice, model.weights().data() + piece.lo);
+      for (const Piece& piece : shard_pieces("param", p, slice)) {
+        if (saving && role.owned_params && optimizer != nullptr)
+          owned_parts(piece, optimizer->ranges(),
+                      [&](const ckpt::Slice& s, size_t at, size_t) { fn(s, weights + at); });
+        else
+          fn(piece.slice, weights + piece.lo);
+      }
     if (optimizer == nullptr || (saving && !(expert(p) ? role.expert_moments : role.moments))) continue;
     for (const char* kind : {"adam_m", "adam_v"}) {
       float* moments = std::string_view(kind) == "adam_m" ? optimizer->m().data() : optimizer->v().data();
-      for (const Piece& piece : shard_pieces(kind, p, slice)) {
-        size_t packed = 0;
-        for (const FlatRange& r : optimizer->ranges()) {
-          const size_t lo = std::max(r.lo, piece.lo), hi = std::min(r.hi, piece.hi);
-          if (lo < hi) {
-            ckpt::Slice s = piece.slice;
-            s.begin = int64_t(lo - piece.lo);
-            s.end = int64_t(hi - piece.lo);
-            fn(s, moments + packed + (lo - r.lo));
-          }
-          packed += r.hi - r.lo;
-        }
-      }
+      for (const Piece& piece : shard_pieces(kind, p, slice))
+        owned_parts(piece, optimizer->ranges(),
+                    [&](const ckpt::Slice& s, size_t, size_t packed) { fn(s, moments + packed); });
     }
   }
 }

@@ -570,14 +570,21 @@ std::vector<MicroBatch> ParallelTrainer::context_shards(std::span<const MicroBat
 }
 
 double ParallelTrainer::loss_of(const MicroBatch& whole) {
-  complete_gathers();
+  // ZeRO-3 gathers the layers as the forward reaches them and lets them go after, as a step does.
+  WeightHooks weights;
+  if (spec_.parallel.zero == 3) {
+    weights.need = [&](int l) { gather_layer(l, l < 0 ? bounds_[size_t(groups_.pp_rank)] : l + 1); };
+    weights.done = [&](int l) { release_weights([l](int key) { return key == l; }); };
+  } else {
+    complete_gathers();
+  }
   GPT::check_batch(whole, spec_.batch, spec_.model);
   const std::vector<MicroBatch> shard = context_shards({&whole, 1});
   const MicroBatch& mine = shard.empty() ? whole : shard[0];
   comm::ProcessGroups& g = groups_;
   const size_t nc = size_t(model_->stream_rows()) * size_t(spec_.model.d_model);
   if (!g.first_stage()) g.pp->recv(recv_act_.data(), nc, comm::CommType::kF32, g.pp_rank - 1, 0)->wait();
-  const LossSums sums = model_->forward(0, mine, recv_act_.data(), 1.0f, false);
+  const LossSums sums = model_->forward(0, mine, recv_act_.data(), 1.0f, false, weights);
   if (!g.last_stage())
     g.pp->send(model_->output(0).data(), nc, comm::CommType::kF32, g.pp_rank + 1, 0)->wait();
   // Every rank knows its batch's weight; the loss sum is the last stage's (once per DP rank).

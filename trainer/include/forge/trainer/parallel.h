@@ -43,8 +43,12 @@ class ParallelTrainer {
                   std::shared_ptr<GPT> teacher = nullptr);
   ~ParallelTrainer();
 
-  // The model, its parameters complete (ZeRO-1's gathers of the last update finished).
+  // The model, its parameters complete (ZeRO-1's gathers of the last update finished; ZeRO-3's weights
+  // all gathered, until the next step releases them).
   GPT& model();
+  // The model as this rank holds it, nothing gathered: under ZeRO-3 only the optimizer's ranges of the
+  // weights are current (what a checkpoint writes with SaveRole::owned_params).
+  GPT& held_model() { return *model_; }
   AdamW& optimizer() { return *optimizer_; }
   comm::ProcessGroups& groups() { return groups_; }
   int64_t steps_taken() const { return optimizer_->steps_taken(); }
