@@ -59,3 +59,25 @@ if [ -n "$checker" ] && [ -x "$checker" ]; then
   read -r ad_med ad_mean _ <<<"$(stats "$tmp/admit" 1)"
   echo "  of which the controller's checker ($checker admit, run $N times directly): wall median $ad_med ms, mean $ad_mean ms"
 fi
+
+# scontrol update of a training job (job_submit.lua's slurm_job_modify), as its owner (alice, who the dev
+# cluster creates; root and the policy's admins pass unchecked): a change admission does not depend on (the
+# Comment: no rule, no checker), the time limit set to its current value (the rules and one checker run),
+# and the same time change of a plain job (no rule) beside them.
+if id -u alice >/dev/null 2>&1; then
+  as_alice() { runuser -u alice -- env SLURM_CONF="$SLURM_CONF" "$@"; }
+  train_job=$(as_alice sbatch --parsable -H --train-team=team-a --train-tier=explore --train-layout=tp2,pp1,dp4 \
+    -N1 --gpus-per-node=8 -t 60 -o /dev/null -D /tmp --wrap true)
+  plain_job=$(as_alice sbatch --parsable -H -t 60 -o /dev/null -D /tmp --wrap true)
+  trap 'scancel "$train_job" "$plain_job" 2>/dev/null; rm -rf "$tmp"' EXIT
+  for ((i = 0; i < N; i++)); do
+    run as_alice scontrol update JobId="$train_job" Comment="bench $i" >>"$tmp/upd_comment"
+    run as_alice scontrol update JobId="$train_job" TimeLimit=60 >>"$tmp/upd_time"
+    run as_alice scontrol update JobId="$plain_job" TimeLimit=60 >>"$tmp/upd_plain"
+  done
+  read -r uc _ _ <<<"$(stats "$tmp/upd_comment" 1)"
+  read -r ut _ _ <<<"$(stats "$tmp/upd_time" 1)"
+  read -r up _ _ <<<"$(stats "$tmp/upd_plain" 1)"
+  echo "scontrol update as the job's owner, $N each, wall median: training job Comment $uc ms; training job TimeLimit" \
+    "$ut ms; plain job TimeLimit $up ms (the rules and one checker run: $(awk -v a="$ut" -v b="$up" 'BEGIN {printf "%+.1f", a - b}') ms)"
+fi

@@ -135,6 +135,30 @@ Decision admit_submission(const Policy& policy, const Choices& choices, const Id
   return d;
 }
 
+std::optional<std::string> pool_problem(const Policy& policy, const Tier& tier, std::string& partition) {
+  if (policy.pools.empty()) return std::nullopt;
+  std::vector<std::string> taking;
+  for (const auto& p : policy.pools)
+    if (p.allows_tier(tier.name)) taking.push_back(p.partition);
+  if (taking.empty())
+    return fmt::format("no pool of the policy takes tier '{}' jobs; ask the administrators", tier.name);
+  if (partition.empty()) {
+    partition = policy.pool_for_tier(tier.name)->partition;
+    return std::nullopt;
+  }
+  for (const auto& part : split_list(partition, ',')) {  // Slurm takes a list of partitions
+    const Pool* pool = policy.pool_by_partition(part);
+    if (!pool)
+      return fmt::format(
+          "partition '{}' is in no pool of the policy; tier '{}' jobs run in: {} (--partition)",
+          printable(part), tier.name, fmt::join(taking, ", "));
+    if (!pool->allows_tier(tier.name))
+      return fmt::format("partition '{}' (pool {}) does not take tier '{}' jobs; submit to {} (--partition)",
+                         part, pool->name, tier.name, fmt::join(taking, ", "));
+  }
+  return std::nullopt;
+}
+
 Decision check_allocation(const Policy& policy, const Choices& choices, const Identity& who,
                           const Allocation& a, const UsageView& usage) {
   Decision d = check_choices(policy, choices, who);
@@ -177,6 +201,10 @@ Decision check_allocation(const Policy& policy, const Choices& choices, const Id
         "a {}-GPU job must sit under at most {} switch(es) but the job's limit is {}; "
         "submit with --switches={}",
         l.world(), limit, a.req_switches == 0 ? std::string("none") : std::to_string(a.req_switches), limit));
+  if (!a.partition.empty()) {
+    std::string partition = a.partition;
+    if (auto problem = pool_problem(policy, *d.tier, partition)) return reject(*problem);
+  }
   if (a.time_limit_s > d.tier->max_wall_s)
     return reject(
         fmt::format("the job's time limit {} exceeds tier '{}''s max wall {}; submit with --time={}",

@@ -139,31 +139,6 @@ bool is_partition_list(const std::string& text) {
   return name > 0;
 }
 
-// The pool check: nullopt and the job's partition (the pool's when it named none), or the rejection.
-std::optional<std::string> pool_problem(const Policy& policy, const Tier& tier, std::string& partition) {
-  if (policy.pools.empty()) return std::nullopt;
-  std::vector<std::string> taking;
-  for (const auto& p : policy.pools)
-    if (p.allows_tier(tier.name)) taking.push_back(p.partition);
-  if (taking.empty())
-    return fmt::format("no pool of the policy takes tier '{}' jobs; ask the administrators", tier.name);
-  if (partition.empty()) {
-    partition = policy.pool_for_tier(tier.name)->partition;
-    return std::nullopt;
-  }
-  for (const auto& part : split_list(partition, ',')) {  // Slurm takes a list of partitions
-    const Pool* pool = policy.pool_by_partition(part);
-    if (!pool)
-      return fmt::format(
-          "partition '{}' is in no pool of the policy; tier '{}' jobs run in: {} (--partition)",
-          printable(part), tier.name, fmt::join(taking, ", "));
-    if (!pool->allows_tier(tier.name))
-      return fmt::format("partition '{}' (pool {}) does not take tier '{}' jobs; submit to {} (--partition)",
-                         part, pool->name, tier.name, fmt::join(taking, ", "));
-  }
-  return std::nullopt;
-}
-
 }  // namespace
 
 const char* state_name(ApprovalState state) {
@@ -334,12 +309,6 @@ AdmitResult ApprovalStore::admit(const Policy& policy, const Identity& who, cons
     return reject(fmt::format("approval {} was denied by {}{}", id, a.decided_by,
                               a.note.empty() ? "" : ": " + printable(a.note, 200)),
                   partition);
-  if (now >= a.expires_at)
-    return reject(fmt::format("approval {} expired at {}", id, utc_minute(a.expires_at)), partition);
-  if (a.uses_left <= 0)
-    return reject(fmt::format("approval {} is used up ({} of {} uses)", id, a.uses_allowed - a.uses_left,
-                              a.uses_allowed),
-                  partition);
   if (a.team != team->name) return reject(fmt::format("approval {} was for team {}", id, a.team), partition);
   if (a.tier != tier->name)
     return reject(fmt::format("approval {} was for tier '{}', not '{}'", id, a.tier, tier->name), partition);
@@ -349,6 +318,20 @@ AdmitResult ApprovalStore::admit(const Policy& policy, const Identity& who, cons
   if (job.time_limit_s > a.time_limit_s)
     return reject(fmt::format("approval {} covers a time limit of {} and this job asks for {}", id,
                               format_hours(a.time_limit_s), format_hours(job.time_limit_s)),
+                  partition);
+  if (job.approval_held) {
+    AdmitResult r;
+    r.admitted = true;
+    r.partition = partition;
+    r.approval_id = id;
+    r.message = fmt::format("admitted: approval {}, taken at submission, still covers the job", id);
+    return r;
+  }
+  if (now >= a.expires_at)
+    return reject(fmt::format("approval {} expired at {}", id, utc_minute(a.expires_at)), partition);
+  if (a.uses_left <= 0)
+    return reject(fmt::format("approval {} is used up ({} of {} uses)", id, a.uses_allowed - a.uses_left,
+                              a.uses_allowed),
                   partition);
 
   Stmt take(db(), "UPDATE approvals SET uses_left = uses_left - 1 WHERE id = ?1 AND uses_left > 0");

@@ -197,7 +197,7 @@ int cmd_decide(bool approve, const std::vector<std::string>& args) {
 }
 
 int cmd_admit(const std::vector<std::string>& args) {
-  std::string policy_path, ledger, partition, approval;
+  std::string policy_path, ledger, partition, approval, held;
   JobRequest job;
   int64_t uid = -1, minutes = 0;
   po::options_description d("options");
@@ -208,7 +208,8 @@ int cmd_admit(const std::vector<std::string>& args) {
       "gpus", po::value(&job.gpus)->required(), "its GPUs")("minutes", po::value(&minutes)->required(),
                                                             "its time limit in minutes")(
       "partition", po::value(&partition), "its partition(s), if it named any")(
-      "approval", po::value(&approval), "the approval id it gave");
+      "approval", po::value(&approval), "the approval id it gave (a use is taken)")(
+      "held-approval", po::value(&held), "the approval it took a use of at submission (a change to the job)");
   if (!parse("admit", args, d)) return 0;
   // The answer spends approvals and speaks for the controller: only root (slurmctld) or, on a test
   // cluster, the owner of the policy file may ask.
@@ -222,7 +223,13 @@ int cmd_admit(const std::vector<std::string>& args) {
     fail(ExitCode::kUsage, "--minutes {}: expected 1 to {}", minutes, 366LL * 24 * 60);
   job.time_limit_s = minutes * 60;
   job.partition = partition;
+  if (!approval.empty() && !held.empty())
+    fail(ExitCode::kUsage, "--approval and --held-approval exclude each other");
   if (!approval.empty()) job.approval_id = approval;
+  if (!held.empty()) {
+    job.approval_id = held;
+    job.approval_held = true;
+  }
   ApprovalStore store(ledger_path(policy, ledger));
   const AdmitResult r = store.admit(policy, identity_of_uid(static_cast<uid_t>(uid)), job, now_s());
   if (!r.admitted) {

@@ -53,7 +53,7 @@ commands:
                              ask for an approval of a large job; prints its id
   approve ID [--uses N] [--expires DURATION] [--note TEXT]
   deny ID [--note TEXT]      decide a request of a team you approve for (never your own)
-  admit --uid UID --team T --tier X --gpus N --minutes M [--partition P] [--approval ID]
+  admit --uid UID --team T --tier X --gpus N --minutes M [--partition P] [--approval ID | --held-approval ID]
                              for job_submit.lua (root): one line, 'admit partition=P approval=ID|-'
                              (exit 0) or 'reject MESSAGE' (exit 1)
 

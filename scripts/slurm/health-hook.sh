@@ -27,39 +27,44 @@ log=${FORGE_HEALTH_LOG:-/dev/null}
 note() { printf '%s %s %s job=%s: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$node" "$mode" "${SLURM_JOB_ID:--}" "$*" >>"$log" 2>/dev/null; }
 
 # A job the forge batch scripts (or Slurm, for a failed node) requeued would wait for Slurm's requeue delay
-# (~2 minutes of BeginTime) before it may start again. Forge jobs carry their run summary in the Comment
-# ("forge:{...}"): make them eligible at once. The hook may run before slurmctld has finished the
-# requeue, so a detached watcher asks for up to a minute and releases the job two seconds after it is
-# pending (slurmd refuses a launch whose credential is from the second of the requeue that revoked the old
-# one), or gives up as soon as the job has ended for good or runs again. Other jobs keep Slurm's delay. An
-# elastic job also gets its node range back (see below).
+# (~2 minutes of BeginTime) before it may start again. Training jobs are made eligible at once: the hook
+# knows them by the "forge-tier=T" word job_submit.lua writes into their AdminComment, read field-exact
+# with squeue -O, never by anything in the Comment or the job name, which the job's owner writes (this
+# hook acts as SlurmUser). The hook may run before slurmctld has finished the requeue, so a detached
+# watcher asks for up to a minute and releases the job two seconds after it is pending (slurmd refuses a
+# launch whose credential is from the second of the requeue that revoked the old one), or gives up as soon
+# as the job has ended for good or runs again. Other jobs keep Slurm's delay. An elastic job also gets its
+# node range back (see below).
+admin_words() { squeue -h -j "$1" -O admin_comment:4096 2>/dev/null | tr -s ' ' '\n'; }
 release_requeued() {
-  local info
-  info=$(scontrol show job -o "${SLURM_JOB_ID:-none}" 2>/dev/null) || return 0
-  [[ $info == *"Comment=forge:"* ]] || return 0
+  local words
+  words=$(admin_words "${SLURM_JOB_ID:-none}")
+  grep -qE '^forge-tier=[A-Za-z0-9._-]+$' <<<"$words" || return 0
+  # An elastic job (job_submit.lua kept its node range as "forge-elastic:nodes=A-B"): Slurm pinned its node
+  # and task counts at the last allocation; give it back the range, with the tasks of its minimum.
+  local range
+  range=$(sed -n 's/^forge-elastic:nodes=\([0-9]\{1,5\}\)-\([0-9]\{1,5\}\)$/\1 \2/p' <<<"$words")
+  # The watcher is the controller's, not the job's: without SLURM_JOB_ID in its environment, so that a node's
+  # stale-process check (forge-health) does not take it for a leftover of the job.
   # shellcheck disable=SC2016  # the watcher expands its own variables
-  setsid bash -c '
+  setsid env -u SLURM_JOB_ID bash -c '
     for _ in $(seq 1 60); do
-      info=$(scontrol show job -o "$0" 2>/dev/null) || exit 0
-      case $info in
-        *"JobState=PENDING"*"Reason=BeginTime"*)
-          # An elastic job (job_submit.lua kept its node range in AdminComment): Slurm pinned its node and
-          # task counts at the last allocation; give it back the range, with the tasks of its minimum.
-          range=$(sed -n "s/.*AdminComment=forge-elastic:nodes=\([0-9]*\)-\([0-9]*\).*/\1 \2/p" <<<"$info")
-          per_node=$(sed -n "s/.*NtasksPerN:B:S:C=\([0-9]*\):.*/\1/p" <<<"$info")
-          if [ -n "$range" ] && [ "${per_node:-0}" -gt 0 ]; then
-            read -r lo hi <<<"$range"
+      state=$(squeue -h -j "$0" -o "%T %r" 2>/dev/null) || exit 0
+      case $state in
+        "PENDING BeginTime")
+          per_node=$(squeue -h -j "$0" -O ntpernode:12 2>/dev/null | tr -d " ")
+          if [ -n "$1" ] && [[ $per_node =~ ^[0-9]+$ ]] && [ "$per_node" -gt 0 ]; then
+            read -r lo hi <<<"$1"
             scontrol update JobId="$0" NumNodes="$lo-$hi" NumTasks=$((lo * per_node)) >/dev/null 2>&1 &&
               echo "elastic forge job $0: node range $lo-$hi restored"
           fi
           sleep 2
           scontrol update JobId="$0" StartTime=now >/dev/null 2>&1 && echo "released requeued forge job $0"
           exit 0 ;;
-        *"JobState=COMPLETED"* | *"JobState=FAILED"* | *"JobState=CANCELLED"* | *"JobState=TIMEOUT"* | \
-        *"JobState=RUNNING"*) exit 0 ;;
+        "" | COMPLETED* | FAILED* | CANCELLED* | TIMEOUT* | RUNNING*) exit 0 ;;
       esac
       sleep 1
-    done' "$SLURM_JOB_ID" </dev/null >>"$log" 2>&1 &
+    done' "$SLURM_JOB_ID" "$range" </dev/null >>"$log" 2>&1 &
 }
 
 case $mode in

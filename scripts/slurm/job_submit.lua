@@ -11,13 +11,24 @@ slurmctld on the real request, is the lock:
     tier -> QOS and max wall time, layout -> GPUs (tp*cp*dp*pp), nodes, TP <= GPUs per node, switches;
   * the request must match them: GPU count, node count, QOS, account; unset QOS, account, nodes, time
     and switch limits are filled in from the policy;
-  * then the policy's checker (`forge-quota admit`, run as SlurmUser) decides what needs the approval
-    store and the user's identity: team membership of the submitting uid, the pool (partition) of the
-    tier, and an approval for a large request (--train-approval=ID), which it consumes. An admitted
-    approval is recorded in the job's AdminComment ("forge-approval=ID"), which only root writes.
+  * then the policy's checker (`forge-quota admit`, run as SlurmUser; /usr/local/bin/forge-quota when the
+    policy names none) decides what needs the approval store and the user's identity: team membership of
+    the submitting uid, the pool (partition) of the tier, and an approval for a large request
+    (--train-approval=ID), which it consumes.
+  * An admitted training job is marked in its AdminComment, which only root and the controller write:
+    "forge-tier=T", "forge-approval=ID" for the approval it took, "forge-elastic:nodes=A-B" for a node
+    range. Hooks and this script read those words, never the Comment, which the job's owner writes.
+
+A change to a training job (scontrol update, slurm_job_modify) by anyone but root, the controller's user
+or the policy's admins runs the rules that read what it changes (nodes, tasks, GPUs, QOS, account,
+partition, time limit) on the job as it would be, the pool and the approval through the same checker. A
+refusal is the rule's Slurm error code (Slurm 22.05 drops job_modify's messages to the user) and the whole
+sentence in slurmctld's log.
 
 The policy path comes from the forge_spank.so line of the plugstack.conf next to this file
-(policy=PATH). Messages go to the user with slurm.log_user("%s", msg), never as a format.
+(policy=PATH). A policy that cannot be read refuses training jobs and jobs naming a QOS (fail closed),
+unless that line says controller_fallback=trust-plugin. Messages go to the user with
+slurm.log_user("%s", msg), never as a format.
 --]]
 
 local NO_VAL = 4294967294
@@ -41,18 +52,22 @@ local function split(s, sep)
   return out
 end
 
--- The policy path from plugstack.conf's forge_spank.so line, or nil.
-local function policy_path()
+-- Where the policy is, from plugstack.conf's forge_spank.so line: { path = its policy=PATH (the plugin's
+-- default /etc/forge/quota.ini without one; nil without the line), fallback = its controller_fallback=...
+-- ("trust-plugin", else nil) }. The fallback lives there, not in the
+-- policy, because it says what to do when the policy cannot be read.
+local function policy_source()
+  local src = {}
   local f = io.open(dir_of_this_file() .. "/plugstack.conf", "r")
-  if not f then return nil end
-  local path = nil
+  if not f then return src end
   for line in f:lines() do
     if line:find("forge_spank%.so") and not line:match("^%s*#") then
-      path = line:match("policy=(%S+)")
+      src.path = line:match("[%s]policy=(%S+)") or "/etc/forge/quota.ini"
+      src.fallback = line:match("[%s]controller_fallback=(%S+)")
     end
   end
   f:close()
-  return path
+  return src
 end
 
 -- Slurm wall time ("48:00:00", "2-00:00:00", "90") -> minutes.
@@ -75,7 +90,10 @@ end
 local function parse_policy(path)
   local f = io.open(path, "r")
   if not f then return nil end
-  local p = { tiers = {}, teams = {}, gpus_per_node = 8, switches = {}, default_wall_min = nil }
+  -- The checker's default is the C++ side's (forge::quota::Approval::checker): a policy without the line
+  -- is still checked for membership, pools and approvals.
+  local p = { tiers = {}, teams = {}, gpus_per_node = 8, switches = {}, default_wall_min = nil,
+    checker = "/usr/local/bin/forge-quota", admins = {} }
   local section = nil
   for line in f:lines() do
     local t = trim(line)
@@ -102,6 +120,8 @@ local function parse_policy(path)
             p.checker = v
           elseif section == "policy" and k == "default_wall" then
             p.default_wall_min = wall_minutes(v)
+          elseif section == "policy" and k == "admins" then
+            p.admins = split(v, ",")
           elseif section == "topology" and k == "gpus_per_node" then
             p.gpus_per_node = tonumber(v) or 8
           elseif section == "topology" and k == "max_switches" then
@@ -118,14 +138,15 @@ local function parse_policy(path)
   return p
 end
 
-local cached, cached_at, cached_path = nil, 0, nil
+-- The policy (nil when it cannot be read) and its source (policy_source).
+local cached, cached_at, cached_source = nil, 0, {}
 local function load_policy()
   local now = os.time()
-  if cached and now - cached_at < POLICY_TTL then return cached, cached_path end
-  cached_path = policy_path()
-  cached = cached_path and parse_policy(cached_path) or nil
+  if cached and now - cached_at < POLICY_TTL then return cached, cached_source end
+  cached_source = policy_source()
+  cached = cached_source.path and parse_policy(cached_source.path) or nil
   cached_at = now
-  return cached, cached_path
+  return cached, cached_source
 end
 
 -- The plugin's FORGE_LAYOUT -> { tp, cp, ep, dp, pp, ranks }, or nil. The plugin parsed the user's
@@ -218,15 +239,212 @@ local function tier_qos_set(policy)
   return set
 end
 
-function slurm_job_submit(job_desc, part_list, submit_uid)
-  local policy, path = load_policy()
-  local c = choices_of(job_desc.spank_job_env)
-  local tier_of_qos = tier_qos_set(policy)
+-- The AdminComment's "key=value" words (job_submit.lua writes them; only root and the controller can):
+-- { ["forge-approval"] = "apr-...", ["forge-elastic:nodes"] = "1-2", ... }. Whole words only, so nothing
+-- inside another word counts.
+local function admin_marks(text)
+  local marks = {}
+  for w in string.gmatch(text or "", "%S+") do
+    local k, v = w:match("^(forge%-[%w:-]+)=(%S*)$")
+    if k then marks[k] = v end
+  end
+  return marks
+end
 
-  if c.FORGE_TIER == nil then
-    if job_desc.qos ~= nil and tier_of_qos[job_desc.qos] then
-      return reject(string.format("QOS '%s' is for training jobs of tier '%s': submit with --train-team, " ..
-        "--train-tier=%s and --train-layout", job_desc.qos, tier_of_qos[job_desc.qos], tier_of_qos[job_desc.qos]))
+local function add_mark(job, mark)
+  job.admin_comment = (job.admin_comment and job.admin_comment ~= "") and (job.admin_comment .. " " .. mark) or mark
+end
+
+-- What the policy expects of a job with the plugin's choices `c`, or nil and the rejection. An unreadable
+-- policy refuses training jobs (fail closed) unless plugstack.conf's forge_spank.so line says
+-- controller_fallback=trust-plugin: then the plugin's FORGE_* values stand in for it (docs/ADMISSION.md,
+-- "When a component is unavailable").
+local function expectations(policy, source, c, layout)
+  local want = {}
+  if policy then
+    local team, tier = policy.teams[c.FORGE_TEAM or ""], policy.tiers[c.FORGE_TIER]
+    if not team then return nil, string.format("unknown team '%s' in %s", tostring(c.FORGE_TEAM), source.path) end
+    if not tier or not tier.qos then return nil, string.format("unknown tier '%s' in %s", c.FORGE_TIER, source.path) end
+    local allowed = false
+    for _, t in ipairs(team.tiers or {}) do if t == c.FORGE_TIER then allowed = true end end
+    if not allowed then return nil, string.format("team '%s' may not use tier '%s'", c.FORGE_TEAM, c.FORGE_TIER) end
+    want.qos, want.account, want.wall = tier.qos, team.account, tier.max_wall_min
+    want.gpn = policy.gpus_per_node
+    want.switches = 0
+    for _, rule in ipairs(policy.switches) do
+      if want.switches == 0 and layout.ranks <= rule.gpus then want.switches = rule.switches end
+    end
+  elseif source.fallback == "trust-plugin" then
+    slurm.log_info("%s", "forge job_submit: policy " .. tostring(source.path) .. " not readable; " ..
+      "controller_fallback=trust-plugin: checking against the plugin's choices only")
+    want.qos, want.account = c.FORGE_QOS, c.FORGE_ACCOUNT
+    want.wall = tonumber(c.FORGE_MAX_WALL_MIN or "")
+    want.gpn = tonumber(c.FORGE_GPUS_PER_NODE or "") or 8
+    want.switches = tonumber(c.FORGE_MAX_SWITCHES or "") or 0
+  else
+    slurm.log_error("%s", "forge job_submit: cannot read the admission policy " .. tostring(source.path) ..
+      " (named by plugstack.conf next to job_submit.lua); refusing training jobs")
+    return nil, string.format("slurmctld cannot read the admission policy %s, so training jobs are refused " ..
+      "until it can; ask an admin", tostring(source.path or "(plugstack.conf names none)"))
+  end
+  want.nodes = layout.ranks <= want.gpn and 1 or math.ceil(layout.ranks / want.gpn)
+  if layout.tp > want.gpn then return nil, string.format("TP=%d exceeds the %d GPUs of a node", layout.tp, want.gpn) end
+  return want
+end
+
+-- The admission rules, each on `job`: at submission the request (unset values are filled in), at a
+-- modification the job record with the change applied. Each returns the rejection, or nil.
+local check = {}
+
+function check.qos(job, want, c)
+  if job.qos == nil or job.qos == "" then
+    job.qos = want.qos
+  elseif job.qos ~= want.qos then
+    return string.format("--qos=%s does not match tier '%s' (QOS '%s'); drop --qos or use --qos=%s",
+      job.qos, c.FORGE_TIER, want.qos, want.qos)
+  end
+end
+
+function check.account(job, want, c)
+  if not want.account then return nil end
+  if job.account == nil or job.account == "" then
+    job.account = want.account
+  elseif job.account ~= want.account then
+    return string.format("--account=%s does not match team '%s' (account '%s')", job.account, c.FORGE_TEAM,
+      want.account)
+  end
+end
+
+-- Nodes and GPUs against the layout.
+function check.size(job, want, c, layout)
+  local gpus, nodes, tp = layout.ranks, want.nodes, layout.tp
+  local min_nodes = set_value(job.min_nodes) and job.min_nodes or nil
+  local max_nodes = set_value(job.max_nodes) and job.max_nodes or nil
+  if min_nodes and max_nodes and min_nodes < max_nodes then
+    -- A node range (-N MIN-MAX): an elastic job (parallel.elastic), which trains on what it gets with tp, cp
+    -- and pp fixed and dp from the allocation. The layout is its largest size; every size down to MIN must
+    -- hold at least one model replica, with whole TP groups in each node.
+    local per_node = math.floor(gpus / nodes)
+    local replica = layout.ranks / layout.dp
+    if max_nodes ~= nodes then
+      return string.format("--train-layout=%s is the elastic job's largest size, %d node(s), but the range " ..
+        "ends at %d; use --nodes=%d-%d", c.FORGE_LAYOUT, nodes, max_nodes, min_nodes, nodes)
+    end
+    if min_nodes * per_node < replica or gpus % nodes ~= 0 then
+      local least = math.ceil(replica / math.max(per_node, 1))
+      return string.format("--nodes=%d-%d: at %d node(s) the job has %d GPUs, fewer than one model replica " ..
+        "of --train-layout=%s (tp*cp*pp = %d); use --nodes=%d-%d", min_nodes, max_nodes, min_nodes,
+        min_nodes * per_node, c.FORGE_LAYOUT, replica, least, nodes)
+    end
+    job.min_nodes, job.max_nodes = min_nodes, nodes
+    -- Slurm pins an allocated job's node and task counts: after a requeue it would wait for the full size
+    -- again. The range is kept where only root writes, for the controller's epilog to restore
+    -- (scripts/slurm/health-hook.sh, release_requeued).
+    add_mark(job, string.format("forge-elastic:nodes=%d-%d", min_nodes, nodes))
+  else
+    if (min_nodes and min_nodes ~= nodes) or (max_nodes and max_nodes ~= nodes) then
+      return string.format("--train-layout=%s needs %d node(s) but the job asks for %s; use --nodes=%d",
+        c.FORGE_LAYOUT, nodes, tostring(min_nodes or max_nodes), nodes)
+    end
+    job.min_nodes, job.max_nodes = nodes, nodes
+  end
+
+  -- GPUs: per job, per node x nodes, per task x tasks; every one the job states must be the layout's.
+  local stated = {}
+  stated[#stated + 1] = gpus_in(job.tres_per_job)
+  local per_node = gpus_in(job.tres_per_node)
+  if per_node then
+    if per_node < tp then return string.format("%d GPUs per node cannot hold a TP group of %d", per_node, tp) end
+    stated[#stated + 1] = per_node * nodes
+  end
+  local per_task = gpus_in(job.tres_per_task)
+  if per_task and set_value(job.num_tasks) then stated[#stated + 1] = per_task * job.num_tasks end
+  local asked = nil
+  for _, n in ipairs(stated) do if n ~= gpus then asked = n end end
+  if asked or #stated == 0 then
+    return string.format("--train-layout=%s needs tp*cp*dp*pp = %d GPUs but the job asks for %s; submit " ..
+      "with --nodes=%d --gpus-per-node=%d", c.FORGE_LAYOUT, gpus, asked and tostring(asked) or "none", nodes,
+      math.floor(gpus / nodes))
+  end
+end
+
+-- Time limit: the tier's max wall by default, never more.
+function check.time(job, want, c)
+  if not want.wall then return nil end
+  if not set_value(job.time_limit) then
+    job.time_limit = want.wall
+  elseif job.time_limit > want.wall then
+    return string.format("--time of %d minutes exceeds tier '%s''s max wall of %d minutes", job.time_limit,
+      c.FORGE_TIER, want.wall)
+  end
+end
+
+-- Switches: the topology rule for this job size, when the job spans nodes (filled in, never refused).
+function check.switches(job, want)
+  if want.switches > 0 and want.nodes > 1 and
+      (not set_value(job.req_switch) or job.req_switch == 0 or job.req_switch > want.switches) then
+    job.req_switch = want.switches
+  end
+end
+
+-- Membership, pool and approval: the policy's checker (`forge-quota admit`, run as SlurmUser) decides
+-- what needs the approval store and the user's identity. `approval`: { give = ID } spends a use of ID (a
+-- submission), { held = ID } checks that the use the job took at submission still covers it (a
+-- modification). An admitted job's partition and approval are written into it.
+function check.admit(job, c, uid, policy, layout, approval)
+  local checker = policy.checker
+  if approval.give ~= nil and approval.give ~= "" and not word(approval.give) then
+    return "--train-approval: approval id is malformed (expected apr- and 12 hex digits, as " ..
+      "`forge-quota request` prints it)"
+  end
+  local partition = job.partition
+  if partition ~= nil and partition ~= "" and not word(partition) then
+    return string.format("--partition=%s: a training job runs in one partition (its tier's pool)",
+      tostring(partition):sub(1, 100))
+  end
+  if not checker:match("^/[%w._/-]+$") then
+    slurm.log_error("%s", "forge job_submit: [approval] checker must be an absolute plain path: " .. checker)
+    return "the admission checker is misconfigured; ask an admin (slurmctld log)"
+  end
+  if not (word(c.FORGE_TEAM) and word(c.FORGE_TIER)) then return "team and tier must be plain names" end
+  local args = { "--uid", tostring(uid), "--team", word(c.FORGE_TEAM), "--tier", word(c.FORGE_TIER),
+    "--gpus", tostring(layout.ranks), "--minutes", tostring(job.time_limit) }
+  -- "--key=value": a value that starts with '-' is never read as an option.
+  if partition ~= nil and partition ~= "" then args[#args + 1] = "--partition=" .. partition end
+  if approval.give ~= nil and approval.give ~= "" then args[#args + 1] = "--approval=" .. approval.give end
+  if approval.held and word(approval.held) then args[#args + 1] = "--held-approval=" .. approval.held end
+  local verdict, why = run_checker(checker, args)
+  if not verdict then
+    slurm.log_error("%s", "forge job_submit: approval checker failed: " .. why)
+    return "the admission checker failed; ask an admin (slurmctld log)"
+  end
+  if not verdict.admit then return verdict.message end
+  if verdict.partition ~= "-" and verdict.partition ~= "" then job.partition = verdict.partition end
+  if approval.give and verdict.approval ~= "-" then add_mark(job, "forge-approval=" .. verdict.approval) end
+end
+
+-- A training job: the plugin's choices (FORGE_TIER set), or nil for any other job.
+local function training_choices(spank_env)
+  local c = choices_of(spank_env)
+  return c.FORGE_TIER ~= nil and c or nil
+end
+
+function slurm_job_submit(job_desc, part_list, submit_uid)
+  local policy, source = load_policy()
+  local c = training_choices(job_desc.spank_job_env)
+
+  if not c then
+    if job_desc.qos ~= nil and job_desc.qos ~= "" then
+      local tier = tier_qos_set(policy)[job_desc.qos]
+      if tier then
+        return reject(string.format("QOS '%s' is for training jobs of tier '%s': submit with --train-team, " ..
+          "--train-tier=%s and --train-layout", job_desc.qos, tier, tier))
+      end
+      -- Which QOS are tiers' is the policy's to say: without it, none may be named.
+      if not policy and source.fallback ~= "trust-plugin" then
+        return reject(string.format("slurmctld cannot read the admission policy %s, so jobs naming a QOS are " ..
+          "refused until it can; drop --qos or ask an admin", tostring(source.path)))
+      end
     end
     -- Not a training job: only the default time limit, without which a budgeted account never starts it.
     if policy and policy.default_wall_min and not set_value(job_desc.time_limit) then
@@ -235,179 +453,131 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     return slurm.SUCCESS
   end
 
-  -- Expectations: from the policy when readable, else from what the plugin sent.
   local layout = parse_layout(c.FORGE_LAYOUT)
   if not layout then return reject("the plugin's layout is missing or malformed; resubmit with --train-layout=tpX,ppY,dpZ") end
-  local tp, gpus = layout.tp, layout.ranks
-  local want = {}
+  local want, why = expectations(policy, source, c, layout)
+  if not want then return reject(why) end
+  for _, rule in ipairs({ check.qos, check.account, check.size, check.time }) do
+    why = rule(job_desc, want, c, layout)
+    if why then return reject(why) end
+  end
+  check.switches(job_desc, want)
+  -- Last, so that an approval is consumed only by a job that passed everything above.
   if policy then
-    local team, tier = policy.teams[c.FORGE_TEAM or ""], policy.tiers[c.FORGE_TIER]
-    if not team then return reject(string.format("unknown team '%s' in %s", tostring(c.FORGE_TEAM), path)) end
-    if not tier or not tier.qos then return reject(string.format("unknown tier '%s' in %s", c.FORGE_TIER, path)) end
-    local allowed = false
-    for _, t in ipairs(team.tiers or {}) do if t == c.FORGE_TIER then allowed = true end end
-    if not allowed then
-      return reject(string.format("team '%s' may not use tier '%s'", c.FORGE_TEAM, c.FORGE_TIER))
-    end
-    want.qos, want.account, want.wall = tier.qos, team.account, tier.max_wall_min
-    want.gpn = policy.gpus_per_node
-    want.switches = 0
-    for _, rule in ipairs(policy.switches) do
-      if want.switches == 0 and gpus <= rule.gpus then want.switches = rule.switches end
-    end
-  else
-    slurm.log_info("%s", "forge job_submit: policy not readable (plugstack.conf next to job_submit.lua?); " ..
-      "checking against the plugin's choices only")
-    want.qos, want.account = c.FORGE_QOS, c.FORGE_ACCOUNT
-    want.wall = tonumber(c.FORGE_MAX_WALL_MIN or "")
-    want.gpn = tonumber(c.FORGE_GPUS_PER_NODE or "") or 8
-    want.switches = tonumber(c.FORGE_MAX_SWITCHES or "") or 0
+    why = check.admit(job_desc, c, submit_uid, policy, layout, { give = c.FORGE_APPROVAL })
+    if why then return reject(why) end
   end
-  local nodes = gpus <= want.gpn and 1 or math.ceil(gpus / want.gpn)
-  if tp > want.gpn then
-    return reject(string.format("TP=%d exceeds the %d GPUs of a node", tp, want.gpn))
-  end
-
-  -- QOS and account: fill in when absent, reject when different.
-  if job_desc.qos == nil or job_desc.qos == "" then
-    job_desc.qos = want.qos
-  elseif job_desc.qos ~= want.qos then
-    return reject(string.format("--qos=%s does not match tier '%s' (QOS '%s'); drop --qos or use --qos=%s",
-      job_desc.qos, c.FORGE_TIER, want.qos, want.qos))
-  end
-  if want.account then
-    if job_desc.account == nil or job_desc.account == "" then
-      job_desc.account = want.account
-    elseif job_desc.account ~= want.account then
-      return reject(string.format("--account=%s does not match team '%s' (account '%s')",
-        job_desc.account, c.FORGE_TEAM, want.account))
-    end
-  end
-
-  -- Nodes.
-  local min_nodes = set_value(job_desc.min_nodes) and job_desc.min_nodes or nil
-  local max_nodes = set_value(job_desc.max_nodes) and job_desc.max_nodes or nil
-  if min_nodes and max_nodes and min_nodes < max_nodes then
-    -- A node range (-N MIN-MAX): an elastic job (parallel.elastic), which trains on what it gets with tp, cp
-    -- and pp fixed and dp from the allocation. The layout is its largest size; every size down to MIN must
-    -- hold at least one model replica, with whole TP groups in each node.
-    local per_node = math.floor(gpus / nodes)
-    local replica = layout.ranks / layout.dp
-    if max_nodes ~= nodes then
-      return reject(string.format("--train-layout=%s is the elastic job's largest size, %d node(s), but the range " ..
-        "ends at %d; use --nodes=%d-%d", c.FORGE_LAYOUT, nodes, max_nodes, min_nodes, nodes))
-    end
-    if min_nodes * per_node < replica or gpus % nodes ~= 0 then
-      local least = math.ceil(replica / math.max(per_node, 1))
-      return reject(string.format("--nodes=%d-%d: at %d node(s) the job has %d GPUs, fewer than one model replica " ..
-        "of --train-layout=%s (tp*cp*pp = %d); use --nodes=%d-%d", min_nodes, max_nodes, min_nodes,
-        min_nodes * per_node, c.FORGE_LAYOUT, replica, least, nodes))
-    end
-    job_desc.min_nodes, job_desc.max_nodes = min_nodes, nodes
-    -- Slurm pins an allocated job's node and task counts: after a requeue it would wait for the full size
-    -- again. The range is kept where only root writes, for the Epilog to restore (scripts/slurm/
-    -- health-hook.sh, release_requeued).
-    job_desc.admin_comment = string.format("forge-elastic:nodes=%d-%d", min_nodes, nodes)
-  else
-    if (min_nodes and min_nodes ~= nodes) or (max_nodes and max_nodes ~= nodes) then
-      return reject(string.format("--train-layout=%s needs %d node(s) but the job asks for %s; use --nodes=%d",
-        c.FORGE_LAYOUT, nodes, tostring(min_nodes or max_nodes), nodes))
-    end
-    job_desc.min_nodes, job_desc.max_nodes = nodes, nodes
-  end
-
-  -- GPUs: per job, or per node x nodes, or per task x tasks.
-  local asked = gpus_in(job_desc.tres_per_job)
-  if asked == nil then
-    local per_node = gpus_in(job_desc.tres_per_node)
-    if per_node then
-      if per_node < tp then
-        return reject(string.format("%d GPUs per node cannot hold a TP group of %d", per_node, tp))
-      end
-      asked = per_node * nodes
-    end
-  end
-  if asked == nil then
-    local per_task = gpus_in(job_desc.tres_per_task)
-    local tasks = set_value(job_desc.num_tasks) and job_desc.num_tasks or nil
-    if per_task and tasks then asked = per_task * tasks end
-  end
-  if asked ~= gpus then
-    return reject(string.format("--train-layout=%s needs tp*cp*dp*pp = %d GPUs but the job asks for %s; submit " ..
-      "with --nodes=%d --gpus-per-node=%d", c.FORGE_LAYOUT, gpus, asked and tostring(asked) or "none", nodes,
-      math.floor(gpus / nodes)))
-  end
-
-  -- Time limit: the tier's max wall by default, never more.
-  if want.wall then
-    if not set_value(job_desc.time_limit) then
-      job_desc.time_limit = want.wall
-    elseif job_desc.time_limit > want.wall then
-      return reject(string.format("--time of %d minutes exceeds tier '%s''s max wall of %d minutes",
-        job_desc.time_limit, c.FORGE_TIER, want.wall))
-    end
-  end
-
-  -- Switches: the topology rule for this job size, when the job spans nodes.
-  if want.switches > 0 and nodes > 1 then
-    if not set_value(job_desc.req_switch) or job_desc.req_switch == 0 or job_desc.req_switch > want.switches then
-      job_desc.req_switch = want.switches
-    end
-  end
-
-  -- Membership, pool and approval: last, so that an approval is consumed only by a job that passed
-  -- everything above. Without a checker in the policy (an older policy) none of the three applies.
-  if policy and policy.checker then
-    local approval = c.FORGE_APPROVAL
-    if approval ~= nil and approval ~= "" and not word(approval) then
-      return reject("--train-approval: approval id is malformed (expected apr- and 12 hex digits, as " ..
-        "`forge-quota request` prints it)")
-    end
-    local partition = job_desc.partition
-    if partition ~= nil and partition ~= "" and not word(partition) then
-      return reject(string.format("--partition=%s: a training job runs in one partition (its tier's pool)",
-        tostring(partition):sub(1, 100)))
-    end
-    if not policy.checker:match("^/[%w._/-]+$") then
-      slurm.log_error("%s", "forge job_submit: [approval] checker must be an absolute plain path: " .. policy.checker)
-      return reject("the admission checker is misconfigured; ask an admin (slurmctld log)")
-    end
-    if not (word(c.FORGE_TEAM) and word(c.FORGE_TIER)) then return reject("team and tier must be plain names") end
-    local args = { "--uid", tostring(submit_uid), "--team", word(c.FORGE_TEAM), "--tier", word(c.FORGE_TIER),
-      "--gpus", tostring(gpus), "--minutes", tostring(job_desc.time_limit) }
-    -- "--key=value": a value that starts with '-' is never read as an option.
-    if partition ~= nil and partition ~= "" then args[#args + 1] = "--partition=" .. partition end
-    if approval ~= nil and approval ~= "" then args[#args + 1] = "--approval=" .. approval end
-    local verdict, why = run_checker(policy.checker, args)
-    if not verdict then
-      slurm.log_error("%s", "forge job_submit: approval checker failed: " .. why)
-      return reject("the admission checker failed; ask an admin (slurmctld log)")
-    end
-    if not verdict.admit then return reject(verdict.message) end
-    if verdict.partition ~= "-" and verdict.partition ~= "" then job_desc.partition = verdict.partition end
-    if verdict.approval ~= "-" then
-      local mark = "forge-approval=" .. verdict.approval
-      job_desc.admin_comment = job_desc.admin_comment and (job_desc.admin_comment .. " " .. mark) or mark
-    end
-  end
+  -- The mark the controller's hooks know a training job by (health-hook.sh): never the Comment, which
+  -- the job's owner writes.
+  add_mark(job_desc, "forge-tier=" .. (word(c.FORGE_TIER) or "-"))
   return slurm.SUCCESS
 end
 
+-- Who may change a training job past the rules: root, the controller's own user (its hooks), and the
+-- policy's admins (users, or @groups). Asked only of a change the rules would judge.
+local controller_uid = nil
+local function is_admin(uid, policy)
+  if uid == 0 then return true end
+  if controller_uid == nil then
+    local f = io.popen("id -u 2>/dev/null")
+    controller_uid = f and tonumber(f:read("*l") or "") or -1
+    if f then f:close() end
+  end
+  if uid == controller_uid or not policy then return uid == controller_uid end
+  local f = io.popen("getent passwd " .. string.format("%d", uid) .. " 2>/dev/null")
+  local user = f and (f:read("*l") or ""):match("^([^:]+):") or nil
+  if f then f:close() end
+  if not user or not word(user) then return false end
+  local groups = nil
+  for _, who in ipairs(policy.admins) do
+    if who == user then return true end
+    local g = who:match("^@(.+)$")
+    if g then
+      if groups == nil then
+        groups = {}
+        local gf = io.popen("id -Gn " .. user .. " 2>/dev/null")
+        for name in string.gmatch(gf and gf:read("*a") or "", "%S+") do groups[name] = true end
+        if gf then gf:close() end
+      end
+      if groups[g] then return true end
+    end
+  end
+  return false
+end
+
+-- The fields a change to a job sets (scontrol update): each admission rule that reads one of them runs
+-- again on the job record with the change applied.
+local SIZE_FIELDS = { "min_nodes", "max_nodes", "num_tasks", "tres_per_job", "tres_per_node", "tres_per_task" }
+
+-- Slurm (22.05) does not pass a job_modify's message to the user: a refusal is the error code of the rule
+-- (scontrol prints its text: "Invalid node count specified", "Access/permission denied", ...) and the
+-- whole sentence goes to slurmctld's log.
+local function refuse_change(modify_uid, job_id, why, code)
+  slurm.log_info("%s", string.format("forge job_modify: refused uid %d's update of job %d: %s", modify_uid, job_id, why))
+  return code or slurm.ESLURM_ACCESS_DENIED
+end
+
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
-  -- A training job's QOS stays its tier's: scontrol update QOS=... may not move it.
-  if job_desc.qos == nil or job_desc.qos == "" then return slurm.SUCCESS end
-  local c = choices_of(job_rec.spank_job_env)
-  if c.FORGE_TIER == nil then
-    local policy = load_policy()
-    local tier = tier_qos_set(policy)[job_desc.qos]
+  local c = training_choices(job_rec.spank_job_env)
+  local changes = {}
+  for _, f in ipairs(SIZE_FIELDS) do if set_value(job_desc[f]) then changes.size = true end end
+  for _, f in ipairs({ "qos", "account", "partition", "time_limit" }) do
+    if set_value(job_desc[f]) then changes[f] = true end
+  end
+  if next(changes) == nil then return slurm.SUCCESS end  -- a hold, a release, a comment, a priority, ...
+  local policy, source = load_policy()
+  local function refuse(why, code) return refuse_change(modify_uid, job_rec.job_id, why, code) end
+
+  if not c then
+    -- Any job: a tier's QOS only through the plugin.
+    local tier = changes.qos and tier_qos_set(policy)[job_desc.qos]
     if tier then
-      return reject(string.format("QOS '%s' belongs to tier '%s'; only jobs submitted with --train-tier=%s " ..
+      return refuse(string.format("QOS '%s' belongs to tier '%s'; only jobs submitted with --train-tier=%s " ..
         "may use it", job_desc.qos, tier, tier))
     end
     return slurm.SUCCESS
   end
-  if c.FORGE_QOS and job_desc.qos ~= c.FORGE_QOS then
-    return reject(string.format("job of tier '%s' must keep QOS '%s'", c.FORGE_TIER, c.FORGE_QOS))
+
+  if is_admin(modify_uid, policy) then
+    local what = {}
+    for k in pairs(changes) do what[#what + 1] = k end
+    table.sort(what)
+    slurm.log_info("%s", string.format("forge job_modify: admin uid %d changed training job %d: %s", modify_uid,
+      job_rec.job_id, table.concat(what, ",")))
+    return slurm.SUCCESS
+  end
+  local layout = parse_layout(c.FORGE_LAYOUT)
+  if not layout then return refuse("its layout is missing or malformed") end
+  local want, why = expectations(policy, source, c, layout)
+  if not want then return refuse(why) end
+
+  -- The job as it would be: the record, with what the change sets.
+  local job = {}
+  for _, f in ipairs({ "qos", "account", "partition", "time_limit", "min_nodes", "max_nodes", "tres_per_job",
+      "tres_per_node", "tres_per_task", "admin_comment" }) do
+    job[f] = job_rec[f]
+  end
+  for _, f in ipairs({ "qos", "account", "partition", "time_limit" }) do
+    if changes[f] then job[f] = job_desc[f] end
+  end
+  for _, f in ipairs(SIZE_FIELDS) do if set_value(job_desc[f]) then job[f] = job_desc[f] end end
+  if set_value(job_desc.min_nodes) and not set_value(job_desc.max_nodes) then job.max_nodes = job_desc.min_nodes end
+
+  for _, rule in ipairs({ { "qos", check.qos, slurm.ESLURM_ACCESS_DENIED },
+      { "account", check.account, slurm.ESLURM_INVALID_ACCOUNT },
+      { "size", check.size, slurm.ESLURM_INVALID_NODE_COUNT },
+      { "time_limit", check.time, slurm.ESLURM_INVALID_TIME_LIMIT } }) do
+    if changes[rule[1]] then
+      why = rule[2](job, want, c, layout)
+      if why then return refuse(why, rule[3]) end
+    end
+  end
+  -- The pool and the approval (GPU-hours grow with the time limit) through the same checker as at
+  -- submission; the approval the job took then is checked for cover, not spent again.
+  if policy and (changes.partition or changes.time_limit) then
+    why = check.admit(job, c, job_rec.user_id, policy, layout,
+      { held = admin_marks(job_rec.admin_comment)["forge-approval"] })
+    if why then return refuse(why) end
   end
   return slurm.SUCCESS
 end
@@ -415,4 +585,4 @@ end
 slurm.log_info("%s", "forge job_submit.lua loaded")
 -- slurmctld keeps only the first value (the load status); the second is for the tests, which load this
 -- file with a stub `slurm` table (test/spank_plugin/job_submit_lua_test.lua).
-return slurm.SUCCESS, { parse_layout = parse_layout }
+return slurm.SUCCESS, { parse_layout = parse_layout, parse_policy = parse_policy }

@@ -25,10 +25,13 @@ std::optional<PluginConfig> parse_config(int ac, char** av, std::string* why) {
       c.on_snapshot_problem = quota::SnapshotFailure::kOpen;
     } else if (arg == "fail-closed") {
       c.on_snapshot_problem = quota::SnapshotFailure::kClosed;
+    } else if (arg == "controller_fallback=trust-plugin") {
+      // job_submit.lua's, for when slurmctld cannot read the policy (docs/ADMISSION.md); nothing here.
     } else {
       *why =
           "plugstack.conf: unknown argument '" + printable(arg) +
-          "' for forge_spank.so; allowed: policy=PATH snapshot=PATH mode=enforce|warn fail-open|fail-closed";
+          "' for forge_spank.so; allowed: policy=PATH snapshot=PATH mode=enforce|warn fail-open|fail-closed "
+          "controller_fallback=trust-plugin";
       return std::nullopt;
     }
   }

@@ -1,12 +1,14 @@
 // slurmstepd (remote context): the re-check against the real allocation. The --train-* values arrive as
 // _SLURM_SPANK_OPTION_* variables the user controls, so they are validated again against the policy on
-// the node and compared with the job record from slurmctld (GPUs, nodes, QOS, account, switches, time).
+// the node and compared with the job record from slurmctld (GPUs, nodes, QOS, account, partition,
+// switches, time).
 //
 // A rejection must never drain the node (FIELD-NOTES): errors from init_post_opt or user_init in the
 // batch step drain it, an error from task_init_privileged fails only the job. So user_init decides and
 // never fails; task_init_privileged (run in each task's child of this slurmstepd) reports the verdict.
 #include "plugin.h"
 
+#include "forge/common/text.h"
 #include "forge/quota/usage.h"
 
 extern "C" {
@@ -43,7 +45,11 @@ std::optional<quota::Allocation> load_allocation(uint32_t job_id, std::string* w
   a.qos = job.qos ? job.qos : "";
   a.account = job.account ? job.account : "";
   a.req_switches = job.req_switch == NO_VAL ? 0 : static_cast<int>(job.req_switch);
-  a.elastic = job.admin_comment != nullptr && std::string(job.admin_comment).rfind("forge-elastic:", 0) == 0;
+  a.partition = job.partition ? job.partition : "";
+  // The AdminComment's words (only root and the controller write it): job_submit.lua marks an elastic
+  // job "forge-elastic:nodes=A-B".
+  for (const std::string& word : split_list(job.admin_comment ? job.admin_comment : "", ' '))
+    a.elastic = a.elastic || word.rfind("forge-elastic:nodes=", 0) == 0;
   // INFINITE: no limit at all, which no tier allows.
   a.time_limit_s = job.time_limit == INFINITE || job.time_limit == NO_VAL
                        ? INT64_MAX / 2

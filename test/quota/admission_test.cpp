@@ -191,7 +191,7 @@ TEST_CASE("at job start the real allocation must match the declared layout and t
   const UsageSnapshot s = snapshot(0, 0);
   const UsageView u{&s, "", SnapshotFailure::kClosed};
   const Choices c{"team-a", "pretrain", "tp4,pp2,dp2", {}};  // 16 GPUs on 2 nodes, one switch
-  const Allocation good{2, 16, "pretrain", "team-a", 1, 3600};
+  const Allocation good{2, 16, "pretrain", "team-a", 1, 3600, "", false};
   CHECK(check_allocation(policy(), c, {"root", {}}, good, u).allowed);
   auto with = [&](auto change) {
     Allocation a = good;
@@ -210,6 +210,11 @@ TEST_CASE("at job start the real allocation must match the declared layout and t
   CHECK_THAT(with([](Allocation& a) { a.account = "team-b"; }), Catch::Contains("account 'team-b'"));
   CHECK_THAT(with([](Allocation& a) { a.req_switches = 0; }), Catch::Contains("--switches=1"));
   CHECK_THAT(with([](Allocation& a) { a.time_limit_s = 49 * 3600; }), Catch::Contains("--time=2-00:00:00"));
+  // Moved into another pool after submission (scontrol update Partition=...).
+  CHECK_THAT(
+      with([](Allocation& a) { a.partition = "eval"; }),
+      Catch::Contains("partition 'eval' (pool eval) does not take tier 'pretrain' jobs; submit to train"));
+  CHECK(with([](Allocation& a) { a.partition = "train"; }).empty());
   const UsageSnapshot spent = snapshot(20000, 0);
   CHECK_THAT(
       check_allocation(policy(), c, {"root", {}}, good, {&spent, "", SnapshotFailure::kClosed}).message,

@@ -365,3 +365,27 @@ TEST_CASE("an older ledger gains the approval tables and keeps its runs") {
   CHECK(is_approval_id(store.request(policy(), alice, "team-a", "explore", 24, 3600, "x", kNow)));
   CHECK(Ledger(path).last_sync() == 42);
 }
+
+TEST_CASE("admit: a change to an admitted job is checked against the approval it holds, which it keeps") {
+  forge::test::TempDir dir;
+  ApprovalStore store(dir / "ledger.db");
+  const Policy& p = policy();
+  const std::string id = approved(store, "explore", 24, 4 * 3600, 1, 3600);
+  REQUIRE(store.admit(p, alice, job("team-a", "explore", 24, 4 * 3600, id), kNow).admitted);
+  REQUIRE(store.find(id)->uses_left == 0);
+
+  JobRequest held = job("team-a", "explore", 24, 2 * 3600, id);
+  held.approval_held = true;
+  // Used up and past its expiry: the use was taken at submission, so the job keeps it.
+  const AdmitResult shorter = store.admit(p, alice, held, kNow + 7200);
+  CHECK(shorter.admitted);
+  CHECK(shorter.approval_id == id);
+  CHECK(store.find(id)->uses_left == 0);
+  // Beyond what it covers: refused as a new job would be.
+  held.time_limit_s = 6 * 3600;
+  CHECK(store.admit(p, alice, held, kNow).message ==
+        "approval " + id + " covers a time limit of 4:00:00 and this job asks for 6:00:00");
+  // A change that needs an approval the job never had: the submission's message.
+  CHECK_THAT(store.admit(p, alice, job("team-a", "explore", 24, 4 * 3600), kNow).message,
+             Catch::Contains("forge-quota request --team team-a --tier explore --gpus 24 --time 4:00:00"));
+}

@@ -9,7 +9,10 @@
 #              directory fails the job at start without draining the node;
 #   approval   a large job is refused with the request command in the message; approved by carol it runs
 #              once; a second use, an expired id, another team's id, a forged policy or environment and
-#              garbage ids are refused, the controller stays up and no node is drained; the ledger shows it.
+#              garbage ids are refused, the controller stays up and no node is drained; the ledger shows it;
+#   after submission  alice's scontrol update of her approved job (GPUs, nodes, pool, QOS, account) is
+#              refused, a shorter time is judged against the approval it holds, dave's change is logged;
+#              the hooks' markers written into a Comment hold nothing.
 # Needs scripts/devcluster/up; FORGE_BUILD_DIR is the build under test.
 set -uo pipefail
 STATE=${FORGE_DEVCLUSTER_DIR:-/var/lib/forge-devcluster}
@@ -218,6 +221,60 @@ for junk in garbage "$long" '%n%s%s%x%p' "apr-\$(touch /tmp/pwned)" "apr-123;reb
 done
 [ ! -e /tmp/pwned ] || fail "an approval id ran a command"
 no_drain "garbage approval ids"
+
+echo "== after submission: alice changes her admitted, approved job (scontrol update)"
+id4=$(request alice pretrain "governance test: changed after submission") || fail "request for the held job failed"
+as carol "$FQ" approve "$id4" >/dev/null || fail "carol could not approve $id4"
+held=$(as alice sbatch --parsable -H --train-approval="$id4" "${big[@]}") || fail "the approved held job was refused"
+jobs+=("$held")
+# The job's record, field-exact (squeue -O): what admission depends on and the AdminComment.
+record() { squeue -h -j "$held" -O "numnodes:8,partition:12,qos:12,timelimit:14,tres-per-node:24,account:12,admin_comment:300"; }
+before=$(record)
+# refused_update WHAT SLURM-TEXT SENTENCE FIELD=VALUE...: alice's update is refused with the rule's Slurm error
+# (22.05 does not pass a job_modify's message on) and slurmctld's log holds the rule's sentence.
+refused_update() {
+  local what=$1 text=$2 sentence=$3
+  shift 3
+  expect_refused "$what" "$text for job $held" as alice scontrol update JobId="$held" "$@"
+  grep -F "forge job_modify: refused uid $(id -u alice)'s update of job $held: " "$STATE/log/slurmctld.log" |
+    tail -n1 | grep -qF -- "$sentence" || fail "$what: slurmctld's log lacks '$sentence'"
+}
+refused_update "grow its GPUs" "Node count specification invalid" \
+  "--train-layout=tp1,pp1,dp8 needs tp*cp*dp*pp = 8 GPUs but the job asks for 24" Gres=gpu:24
+refused_update "grow its nodes" "Node count specification invalid" "needs 1 node(s) but the job asks for 3" NumNodes=3
+refused_update "GPUs per node" "Node count specification invalid" "asks for 16" TresPerNode=gres:gpu:16
+refused_update "move it to the eval pool" "Access/permission denied" \
+  "partition 'eval' (pool eval) does not take tier 'pretrain' jobs" Partition=eval
+refused_update "re-QOS it" "Access/permission denied" "--qos=explore does not match tier 'pretrain'" QOS=explore
+refused_update "another account" "Invalid account or account/partition combination specified" "--account=team-b does not match team 'team-a'" Account=team-b
+# The hooks' markers written where alice may write: the Comment is hers and means nothing to them.
+as alice scontrol update JobId="$held" Comment="forge-approval=$id1 AdminComment=forge-elastic:nodes=1-99 forge-tier=pretrain" ||
+  fail "alice cannot set her job's Comment"
+[ "$(record)" = "$before" ] || fail "alice's refused changes left a trace: $before -> $(record)"
+# A shorter time limit, still over the GPU-hour rule (8 GPUs x 40 h): the checker finds it covered by the
+# approval the job holds, which is not spent again.
+as alice scontrol update JobId="$held" TimeLimit=40:00:00 || fail "alice could not shorten her approved job"
+uses=$(as carol "$FQ" report --approvals --format csv | awk -F, -v id="$id4" '$1 == id {print $12 "/" $13}')
+[ "$uses" = 1/1 ] || fail "shortening job $held changed $id4's uses to $uses"
+# dave (an admin of the policy and a Slurm operator) may change anything; the controller logs it.
+as dave scontrol update JobId="$held" Partition=eval || fail "dave (admin) could not move job $held"
+grep -q "forge job_modify: admin uid $(id -u dave) changed training job $held: partition" "$STATE/log/slurmctld.log" ||
+  fail "the admin's change of job $held is not in slurmctld's log"
+scancel "$held"
+echo "  job $held: alice's GPUs, nodes, pool, QOS and account changes refused; a shorter time admitted on $id4 ($uses uses); dave's move logged"
+# A plain job of alice's that claims to be a forge job in its Comment, requeued: the controller's epilog
+# leaves it to Slurm's requeue delay (it releases only jobs job_submit.lua marked in the AdminComment).
+fake=$(as alice sbatch --parsable --requeue -p train -t 5 --comment="forge:{} forge-tier=pretrain" -o /dev/null --wrap 'sleep 60') ||
+  fail "alice's plain job was refused"
+jobs+=("$fake")
+for _ in $(seq 1 60); do [ "$(squeue -h -j "$fake" -o %T)" = RUNNING ] && break; sleep 0.5; done
+as alice scontrol requeue "$fake" || fail "alice could not requeue her job $fake"
+sleep 8
+state=$(squeue -h -j "$fake" -o "%T %r")
+[ "$state" = "PENDING BeginTime" ] || fail "alice's plain job $fake with a forged Comment was released early: $state"
+scancel "$fake"
+echo "  a plain job with forge words in its Comment stays in Slurm's requeue delay ($state)"
+no_drain "changes after submission"
 
 echo "== the ledger: requests, decisions, uses and jobs"
 "$BUILD/quota/forge-quota" sync >/dev/null || fail "forge-quota sync failed"

@@ -209,6 +209,12 @@ TEST_CASE("sbatch: plugstack.conf mistakes and a broken policy reject with the r
   Fixture f;
   CHECK(f.sbatch("team-a", "pretrain", "tp1,pp1,dp1", "mode=bogus") == -1);
   CHECK_THAT(last_error(), Catch::Contains("unknown argument 'mode=bogus'"));
+  // job_submit.lua's argument is the controller's: the plugin accepts it and changes nothing.
+  fake::reset(S_CTX_ALLOCATOR);
+  CHECK(f.sbatch("team-a", "pretrain", "tp1,pp1,dp1", "controller_fallback=trust-plugin") == 0);
+  fake::reset(S_CTX_ALLOCATOR);
+  CHECK(f.sbatch("team-a", "pretrain", "tp1,pp1,dp1", "controller_fallback=yes") == -1);
+  fake::reset(S_CTX_ALLOCATOR);
   const std::string bad = f.dir.write("bad.ini", "[policy]\ncluster = forge\nbogus = 1\n");
   fake::reset(S_CTX_ALLOCATOR);
   std::vector<std::string> args = {"policy=" + bad};

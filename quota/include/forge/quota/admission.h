@@ -37,6 +37,7 @@ struct Allocation {
   std::string account;
   int req_switches = 0;      // the job's switch limit (0 = none)
   int64_t time_limit_s = 0;  // 0 = unknown
+  std::string partition;     // where it runs (empty = not checked)
   // A node range admitted by job_submit.lua (AdminComment "forge-elastic:nodes=A-B", which only root and
   // the controller write): the job may run on fewer whole nodes than its layout (parallel.elastic).
   bool elastic = false;
@@ -57,9 +58,15 @@ Decision admit_submission(const Policy& policy, const Choices& choices, const Id
                           const UsageView& usage);
 
 // Decision at job start: everything admit_submission checks except the reservation arithmetic, plus the
-// real allocation against the declared layout and tier (GPUs, nodes, QOS, account, switches, time).
+// real allocation against the declared layout and tier (GPUs, nodes, QOS, account, partition, switches,
+// time).
 Decision check_allocation(const Policy& policy, const Choices& choices, const Identity& who,
                           const Allocation& alloc, const UsageView& usage);
+
+// Pools ([pool.*]): nullopt when a job of `tier` may run in `partition` (a comma-separated list, as Slurm
+// takes; empty: filled in with the first pool that takes the tier), else the rejection naming the
+// partitions that would do. Without pools every partition does.
+std::optional<std::string> pool_problem(const Policy& policy, const Tier& tier, std::string& partition);
 
 // Approval of large requests ([approval]): the reason a job of `gpus` GPUs in `tier` needs one, in words,
 // or nullopt when no rule holds. The GPU-hour rule (GPUs x time limit) is skipped when the time limit is

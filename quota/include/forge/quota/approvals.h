@@ -52,6 +52,9 @@ struct JobRequest {
   int64_t time_limit_s = 0;
   std::string partition{};                   // empty: the job named none
   std::optional<std::string> approval_id{};  // the approval the user gave, if any
+  // A change to an admitted job (job_submit.lua's slurm_job_modify): the job already holds a use of
+  // `approval_id`, which must still cover it; no use is taken and its expiry does not matter.
+  bool approval_held = false;
 };
 
 struct AdmitResult {
@@ -93,7 +96,8 @@ class ApprovalStore {
   // that takes the tier (when the policy has pools; a job without one gets the first such pool's); an
   // approval, when approval_needed says so, that exists, is approved, has not expired, has uses left, is
   // for this team and tier and covers the job's GPUs and time. Taking a use is one BEGIN IMMEDIATE
-  // transaction, so two jobs cannot both take an approval's last use.
+  // transaction, so two jobs cannot both take an approval's last use. A held approval (JobRequest::
+  // approval_held) is checked for cover only.
   AdmitResult admit(const Policy& policy, const Identity& who, const JobRequest& job, int64_t now);
 
   // `sacct -o JobID,AdminComment` lines: for each job whose comment holds "forge-approval=<id>" (the
