@@ -280,6 +280,28 @@ struct ChildGuard {
   }
 };
 
+// What the program sees of the host, read-only: the system directories its interpreter needs (/usr, the
+// merged-/usr links or directories beside it, the loader's cache) and, for an interpreter installed
+// outside /usr (a virtual environment: /opt/venv/bin/python), its installation. Nothing else: no homes,
+// run directories, datasets or other users' files, whatever their modes.
+std::vector<std::string> system_binds(const std::string& program) {
+  std::vector<std::string> args = {"--ro-bind", "/usr", "/usr"};
+  for (const char* dir : {"/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"}) {
+    std::error_code ec;
+    if (fs::is_symlink(dir, ec)) {
+      args.insert(args.end(), {"--symlink", fs::read_symlink(dir, ec).string(), dir});
+    } else if (fs::is_directory(dir, ec)) {
+      args.insert(args.end(), {"--ro-bind", dir, dir});
+    }
+  }
+  for (const char* file : {"/etc/ld.so.cache", "/etc/alternatives"})
+    args.insert(args.end(), {"--ro-bind-try", file, file});
+  const fs::path prefix = fs::path(program).parent_path().parent_path();
+  if (!prefix.empty() && prefix != "/" && prefix != "/usr" && prefix.string().rfind("/usr/", 0) != 0)
+    args.insert(args.end(), {"--ro-bind", prefix.string(), prefix.string()});
+  return args;
+}
+
 }  // namespace
 
 std::string SandboxResult::describe() const {
@@ -360,12 +382,16 @@ SandboxResult run_sandboxed(const std::vector<std::string>& argv,
       // further user namespaces.
       "--unshare-all", "--unshare-user", "--disable-userns",
       // Killing bwrap kills the sandbox (its init is pid 1 of the pid namespace); no terminal to hijack.
-      "--die-with-parent", "--new-session",
-      // / read-only; /dev minimal and read-only but for a small private /dev/shm (Python's multiprocessing
-      // wants it; tmpfs memory escapes RLIMIT_AS, hence the size); the scratch is /tmp and the cwd.
-      "--ro-bind", "/", "/", "--dev", "/dev", "--remount-ro", "/dev", "--size",
-      std::to_string(std::max<uint64_t>(limits.file_bytes, 4096)), "--tmpfs", "/dev/shm", "--proc", "/proc",
-      "--bind", scratch.path(), "/tmp", "--chdir", "/tmp", "--info-fd", std::to_string(kInfoFd), "--"};
+      "--die-with-parent", "--new-session", "--info-fd", std::to_string(kInfoFd)};
+  const std::vector<std::string> binds = system_binds(argv[0]);
+  args.insert(args.end(), binds.begin(), binds.end());
+  // /dev minimal and read-only but for a small private /dev/shm (Python's multiprocessing wants it; tmpfs
+  // memory escapes RLIMIT_AS, hence the size); the scratch is /tmp and the cwd.
+  args.insert(args.end(), {"--dev", "/dev", "--remount-ro", "/dev", "--size",
+                           std::to_string(std::max<uint64_t>(limits.file_bytes, 4096)), "--tmpfs", "/dev/shm",
+                           "--proc", "/proc", "--bind", scratch.path(), "/tmp", "--chdir", "/tmp",
+                           // The root bwrap made for the mounts above: read-only from here on.
+                           "--remount-ro", "/", "--"});
   args.insert(args.end(), argv.begin(), argv.end());
   // The environment bwrap hands on unchanged: nothing of the gate's.
   std::vector<std::string> env = {"PATH=/usr/bin:/bin", "HOME=/tmp", "LANG=C.UTF-8",

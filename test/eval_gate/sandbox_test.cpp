@@ -243,12 +243,48 @@ sys.exit(0 if escaped else 1)
   CHECK_FALSE(r.passed());
   CHECK(r.status == SandboxStatus::kExited);
   CHECK(r.exit_code == 1);  // every outside write was refused and the scratch write worked
-  CHECK(r.output.find("blocked /var/tmp/" + name + " Read-only file system") != std::string::npos);
-  CHECK(r.output.find("blocked " + (parent / name).string() + " Read-only file system") != std::string::npos);
+  // Outside the system directories there is nothing to write into; /etc holds only the loader's cache.
+  CHECK(r.output.find("blocked /var/tmp/" + name + " No such file or directory") != std::string::npos);
+  CHECK(r.output.find("blocked " + (parent / name).string() + " No such file or directory") !=
+        std::string::npos);
+  CHECK(r.output.find("blocked /etc/" + name + " Read-only file system") != std::string::npos);
   for (const auto& path : outside) CHECK_FALSE(fs::exists(path));
   CHECK_FALSE(fs::exists("/tmp/" + name));  // the host's real /tmp
   CHECK(is_empty_dir(parent));
   fs::remove_all(parent);
+}
+
+TEST_CASE("sandbox: only the system directories are visible, not the host's other files") {
+  // A world-readable file where a team's data might sit, the scratch's own parent, users' homes and the
+  // host's configuration: none of them exists for the program, while its interpreter runs.
+  std::string tmpl = "/var/tmp/forge-sbx-data-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl.data()));
+  const fs::path data = tmpl;
+  fs::permissions(data, fs::perms(0755));
+  std::ofstream(data / "dataset.txt") << "secret";
+  fs::permissions(data / "dataset.txt", fs::perms(0644));
+  Parent parent;
+  const std::vector<std::string> hidden = {(data / "dataset.txt").string(),
+                                           parent.path(),
+                                           "/home",
+                                           "/root",
+                                           "/etc/passwd",
+                                           "/etc/shadow",
+                                           "/var",
+                                           "/srv",
+                                           "/opt",
+                                           "/work"};
+  std::string program =
+      "import os, sys\nseen = [p for p in sys.argv[2:] if os.path.exists(p)]\n"
+      "print('seen', seen)\nassert os.path.exists('/usr/bin/python3')\n"
+      "sys.exit(1 if seen else 0)\n";
+  std::vector<std::string> argv = {kPython, "prog.py", "-"};
+  argv.insert(argv.end(), hidden.begin(), hidden.end());
+  const auto r = run_sandboxed(argv, {{"prog.py", program}}, parent.path(), tight());
+  INFO(r.output);
+  CHECK(r.passed());
+  CHECK(r.output.find("seen []") != std::string::npos);
+  fs::remove_all(data);
 }
 
 TEST_CASE("sandbox: an endless loop is stopped by the CPU limit, a sleeper by the wall clock") {

@@ -1,6 +1,8 @@
 // Running an untrusted candidate program (a model's generated code under a task's tests) so that it can
 // neither harm nor reach the host: bubblewrap (/usr/bin/bwrap) gives it fresh namespaces (no network, its
-// own pids), a read-only view of / and one writable scratch directory; setrlimit bounds what each of its
+// own pids), a read-only view of the system directories only (/usr and the merged-/usr links, the loader's
+// cache, the interpreter's installation; no homes, run directories or datasets) and one writable scratch
+// directory; setrlimit bounds what each of its
 // processes may use, and a wall-clock timeout bounds the whole run.
 #pragma once
 
