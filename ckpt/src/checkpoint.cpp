@@ -28,9 +28,26 @@ std::string file_text(const fs::path& p, const std::string& dir) {
   return read_file(p.string());
 }
 
+// A data file of the checkpoint that is gone (a rank's shard that never arrived or was removed): the
+// damage, named by what it held, so the message says which weights are lost, not only which file.
+[[noreturn]] void missing(const std::string& dir, const std::string& name,
+                          const std::map<std::string, TensorEntry>& tensors) {
+  std::string held;
+  size_t pieces = 0;
+  for (const auto& [tensor, entry] : tensors)
+    for (const StoredPiece& piece : entry.pieces)
+      if (piece.file == name && !piece.runs.empty() && pieces++ == 0)
+        held = fmt::format("; it held tensor '{}' elements {} to {}", tensor,
+                           coords_of(entry.shape, piece.runs.front().lo),
+                           coords_of(entry.shape, piece.runs.back().hi - 1));
+  if (pieces > 1) held += fmt::format(" and {} more piece(s)", pieces - 1);
+  fail(ExitCode::kData, "checkpoint '{}' is damaged: '{}' is missing{}", dir, name, held);
+}
+
 class Files {
  public:
-  explicit Files(const std::string& dir) : dir_(dir) {}
+  Files(const std::string& dir, const std::map<std::string, TensorEntry>& tensors)
+      : dir_(dir), tensors_(tensors) {}
   ~Files() {
     for (auto& [name, fd] : fds_) ::close(fd);
   }
@@ -57,13 +74,13 @@ class Files {
     if (it != fds_.end()) return it->second;
     const std::string path = (fs::path(dir_) / name).string();
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0 && errno == ENOENT)
-      fail(ExitCode::kData, "checkpoint '{}' is damaged: '{}' is missing", dir_, name);
+    if (fd < 0 && errno == ENOENT) missing(dir_, name, tensors_);
     if (fd < 0) fail(ExitCode::kIo, "cannot read '{}': {}", path, std::strerror(errno));
     fds_[name] = fd;
     return fd;
   }
   std::string dir_;
+  const std::map<std::string, TensorEntry>& tensors_;
   std::map<std::string, int> fds_;
 };
 
@@ -116,7 +133,7 @@ uint64_t Checkpoint::bytes() const {
 }
 
 void Checkpoint::read(const std::vector<TensorRequest>& requests) const {
-  Files files(dir_);
+  Files files(dir_, tensors_);
   struct Cut {
     uint64_t dst, src, n;  // bytes
   };
@@ -176,7 +193,7 @@ std::string Checkpoint::verify_file(const std::string& name) const {
   const fs::path p = fs::path(dir_) / name;
   std::error_code ec;
   const auto size = fs::file_size(p, ec);
-  if (ec) fail(ExitCode::kData, "checkpoint '{}' is damaged: '{}' is missing", dir_, name);
+  if (ec) missing(dir_, name, tensors_);
   if (size != it->second.bytes)
     fail(ExitCode::kData, "checkpoint '{}' is damaged: '{}' has {} bytes, the manifest says {}", dir_, name,
          size, it->second.bytes);

@@ -88,10 +88,21 @@ TEST_CASE("damaged checkpoints: each problem is a data error naming the file") {
     CHECK(e.code() == forge::ExitCode::kData);
     CHECK(mentions(e, "truncated"));
   }
-  SECTION("missing data file") {
+  SECTION("missing data file: a rank's shard, named by the tensor range it held") {
     fs::remove(part);
     auto e = error_of([&] { Checkpoint::open(dir).verify(); });
-    CHECK(mentions(e, "'rank-00000.bin' is missing"));
+    INFO(e.what());
+    CHECK(e.code() == forge::ExitCode::kData);
+    CHECK(mentions(
+        e,
+        "'rank-00000.bin' is missing; it held tensor 'adam_m/blocks.0.b1' elements [0] to [23] and 17 more"));
+    auto r = error_of([&] {
+      const Checkpoint c = Checkpoint::open(dir);
+      std::vector<float> v(24);
+      c.read({TensorRequest{Slice::whole("adam_m/blocks.0.b1", {24}), v.data()}});
+    });
+    CHECK(r.code() == forge::ExitCode::kData);
+    CHECK(mentions(r, "it held tensor 'adam_m/blocks.0.b1' elements [0] to [23]"));
   }
   SECTION("edited manifest no longer matches COMMITTED") {
     std::string m = forge::read_file(dir + "/manifest.json");

@@ -3,7 +3,8 @@
 # losses at every step and the same final weights and AdamW moments (forge-ckpt export, h5diff) at dp2;
 # dp4 with gradient accumulation; tp2 x dp2 on a GQA + RoPE Llama; pp2 x dp2; cp2 x dp2; a Mixtral on
 # dp4 x ep2; a non-finite step injected; ZeRO-3 without prefetch. A ZeRO-1 checkpoint resumes on ZeRO-3 at
-# another dp, that one on ZeRO-2 at another layout, on the one-process curve. The training state's resident
+# another dp, that one on ZeRO-2 at another layout, on the one-process curve; a ZeRO-3 checkpoint missing a
+# rank's shard is named by the tensor range it held and the one before it is used. The training state's resident
 # memory (state_mib, the backend's page counts) at ZeRO-3 and dp4 against ZeRO-1's. Bad keys exit 64.
 # Usage: zero_test.sh FORGE_TRAIN FORGE_CKPT SOURCE_DIR MPIEXEC
 set -uo pipefail
@@ -12,10 +13,12 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 source "$src/test/parallel/common.sh"
 base=(--run.threads=1 --run.peak_gflops=100 --model.heads=4 --model.vocab=256 --model.seq_len=32
-  --ckpt.recovery_every=0 --ckpt.milestone_every=0 --guard.watchdog_s=300)
+  --ckpt.milestone_every=0 --guard.watchdog_s=300)
 small=(--model.layers=4 --model.d_model=64)
+# run NP DIR ARGS...: forge-train on NP ranks; checkpoints every $EVERY steps (none by default).
 run() { local np=$1 dir=$2; shift 2
-  "$mpiexec" --oversubscribe -np "$np" "$train" "$src/configs/tiny.ini" --run.dir="$work/$dir" "${base[@]}" "$@" \
+  "$mpiexec" --oversubscribe -np "$np" "$train" "$src/configs/tiny.ini" --run.dir="$work/$dir" "${base[@]}" \
+    --ckpt.recovery_every="${EVERY:-0}" "$@" \
     2>"$work/$dir.log" || fail "$dir failed: $(grep -i error "$work/$dir.log" | head -3)"; }
 # same_state A B STEP: the checkpoints of STEP hold the same weights and moments, bit for bit.
 same_state() {
@@ -62,7 +65,7 @@ PY
 # Resume across stages and layouts, the global batch kept by parallel.elastic (dp follows the ranks, the
 # micro-batches make up the rest): ZeRO-1 on dp2 to step 3, ZeRO-3 on dp4 to step 6, ZeRO-2 on tp2 x dp2 to
 # step 20, against one process training the same 4 sequences a step.
-"$train" "$src/configs/tiny.ini" --run.dir="$work/one" "${base[@]}" "${small[@]}" --run.steps=20 --data.batch=1 \
+"$train" "$src/configs/tiny.ini" --run.dir="$work/one" "${base[@]}" --ckpt.recovery_every=0 "${small[@]}" --run.steps=20 --data.batch=1 \
   --parallel.microbatches=4 2>"$work/one.log" || fail "one process: $(tail -n2 "$work/one.log")"
 elastic=("${small[@]}" --data.batch=1 --parallel.dp=4 --parallel.elastic=true)
 run 2 resume --run.steps=3 "${elastic[@]}" --parallel.zero=1
@@ -72,6 +75,21 @@ grep -q "resuming without the verification step" "$work/resume.log" || fail "the
 run 4 resume --run.steps=20 "${elastic[@]}" --parallel.zero=2 --parallel.tp=2
 grep -q "verification loss .* matches" "$work/resume.log" || fail "the ZeRO-2 resume skipped the verification step"
 compare "$work/one" "$work/resume" 4
+
+# A ZeRO-3 checkpoint that lost one rank's shard: the resume names the file and the tensor range it held,
+# goes back to the previous checkpoint, and the curve goes on as ZeRO-1's.
+shard=("${small[@]}" --data.batch=2 --parallel.dp=2 --parallel.zero=3)
+EVERY=2 run 2 shard --run.steps=4 "${shard[@]}"
+# (The run's end saves step 4 twice, recovery and milestone: both lose the shard.)
+lost=("$work"/shard/checkpoints/*/step-00000004/rank-00001.bin)
+[ ${#lost[@]} -eq 2 ] && [ -f "${lost[0]}" ] || fail "no shards of rank 1 in step 4's checkpoints: ${lost[*]}"
+rm "${lost[@]}"
+EVERY=2 run 2 shard --run.steps=6 "${shard[@]}"
+grep -q "not resuming from .*step-00000004: .*'rank-00001.bin' is missing; it held tensor '.*' elements \[.*\] to \[.*\]" \
+  "$work/shard.log" || fail "the lost shard: $(grep -m1 'not resuming' "$work/shard.log")"
+grep -q "resum.*step-00000002" "$work/shard.log" || fail "did not resume from step 2: $(grep -m2 -i resum "$work/shard.log")"
+compare "$work/dp2-z1" "$work/shard"
+echo "a lost shard: $(grep -o "'rank-00001.bin' is missing; it held tensor '[^']*'" "$work/shard.log" | head -n1); resumed from step 2"
 
 # Memory: a deeper, wider model (16 blocks of 256, 3 MiB a block) on dp4. ZeRO-1 holds every weight and
 # gradient (and its shard of both moments and of the gradients); ZeRO-3 its quarter of each, the blocks a
