@@ -12,7 +12,8 @@ namespace {
 
 // Serialized form: magic, rows, seq_len, which optional fields follow, then the arrays in field order.
 constexpr char kMagic[8] = {'F', 'M', 'B', 'A', 'T', 'C', 'H', '1'};
-constexpr uint32_t kHasWeights = 1, kHasPositions = 2, kHasSegments = 4, kHasReference = 8, kHasDomains = 16;
+constexpr uint32_t kHasWeights = 1, kHasPositions = 2, kHasSegments = 4, kHasReference = 8, kHasDomains = 16,
+                   kHasRollout = 32, kHasRolloutReference = 64;
 
 template <typename T>
 void put(std::string& out, const std::vector<T>& v) {
@@ -58,6 +59,9 @@ void MicroBatch::resize(int r, int t, Targets form) {
   segments.clear();
   domains.clear();
   reference_logps.clear();
+  advantages.clear();
+  old_logps.clear();
+  ref_logps.clear();
 }
 
 double MicroBatch::weight_sum() const {
@@ -137,7 +141,9 @@ std::optional<std::string> MicroBatch::problem(int vocab, int max_positions) con
   if (inputs.size() != n || (next_token ? next_tokens.size() != size_t(rows) : targets.size() != n) ||
       sample_ids.size() != size_t(rows) || (!weights.empty() && weights.size() != n) ||
       (!positions.empty() && positions.size() != n) || (!segments.empty() && segments.size() != n) ||
-      (!domains.empty() && domains.size() != size_t(rows)))
+      (!domains.empty() && domains.size() != size_t(rows)) ||
+      (!advantages.empty() && (advantages.size() != size_t(rows) || old_logps.size() != n)) ||
+      (advantages.empty() && !old_logps.empty()) || (!ref_logps.empty() && ref_logps.size() != n))
     return fmt::format("a micro-batch of {} x {} positions has fields of the wrong length", rows, seq_len);
   for (size_t i = 0; i < n; ++i) {
     if (inputs[i] < 0 || inputs[i] >= vocab)
@@ -156,6 +162,11 @@ std::optional<std::string> MicroBatch::problem(int vocab, int max_positions) con
         if (!(std::isfinite(lp) && lp <= 0))
           return where(i, fmt::format("reference log-probability {} is not a finite value <= 0", lp));
     }
+    if (!advantages.empty() && i % size_t(seq_len) == 0 && !std::isfinite(advantages[i / size_t(seq_len)]))
+      return where(i, fmt::format("advantage {} is not finite", advantages[i / size_t(seq_len)]));
+    for (const auto* logps : {&old_logps, &ref_logps})
+      if (!logps->empty() && !(std::isfinite((*logps)[i]) && (*logps)[i] <= 0))
+        return where(i, fmt::format("log-probability {} is not a finite value <= 0", (*logps)[i]));
     const int32_t pos = positions.empty() ? int32_t(i % size_t(seq_len)) : positions[i];
     if (pos < 0 || pos >= max_positions)
       return where(i, fmt::format("position {} is outside [0, {})", pos, max_positions));
@@ -186,6 +197,9 @@ MicroBatch MicroBatch::slice_rows(int first, int count) const {
   if (!domains.empty()) append_rows(out.domains, domains, size_t(first), size_t(count));
   if (!reference_logps.empty())
     append_rows(out.reference_logps, reference_logps, 2 * size_t(first), 2 * size_t(count));
+  if (!advantages.empty()) append_rows(out.advantages, advantages, size_t(first), size_t(count));
+  if (!old_logps.empty()) append_rows(out.old_logps, old_logps, lo, n);
+  if (!ref_logps.empty()) append_rows(out.ref_logps, ref_logps, lo, n);
   return out;
 }
 
@@ -214,6 +228,12 @@ MicroBatch MicroBatch::concat(std::span<const MicroBatch> parts) {
     if (p.reference_logps.size() != (parts[0].reference_logps.empty() ? 0 : 2 * size_t(p.rows)))
       throw std::invalid_argument("MicroBatch::concat: preference pairs mixed with other rows");
     append_rows(out.reference_logps, p.reference_logps, 0, p.reference_logps.size());
+    if (p.advantages.empty() != parts[0].advantages.empty() ||
+        p.ref_logps.empty() != parts[0].ref_logps.empty())
+      throw std::invalid_argument("MicroBatch::concat: sampled replies mixed with other rows");
+    append_rows(out.advantages, p.advantages, 0, p.advantages.size());
+    append_rows(out.old_logps, p.old_logps, 0, p.old_logps.size());
+    append_rows(out.ref_logps, p.ref_logps, 0, p.ref_logps.size());
     // A part without an optional field contributes its default values.
     for (size_t i = 0; i < p.size(); ++i) {
       if (explicit_targets) out.targets.push_back(p.target(i));
@@ -230,7 +250,9 @@ std::string MicroBatch::serialize() const {
   std::string out(kMagic, sizeof kMagic);
   const uint32_t flags = (weights.empty() ? 0 : kHasWeights) | (positions.empty() ? 0 : kHasPositions) |
                          (segments.empty() ? 0 : kHasSegments) |
-                         (reference_logps.empty() ? 0 : kHasReference) | (domains.empty() ? 0 : kHasDomains);
+                         (reference_logps.empty() ? 0 : kHasReference) | (domains.empty() ? 0 : kHasDomains) |
+                         (advantages.empty() ? 0 : kHasRollout) |
+                         (ref_logps.empty() ? 0 : kHasRolloutReference);
   const uint32_t header[3] = {uint32_t(rows), uint32_t(seq_len), flags};
   out.append(reinterpret_cast<const char*>(header), sizeof header);
   put(out, inputs);
@@ -243,7 +265,10 @@ std::string MicroBatch::serialize() const {
   put(out, sample_ids);
   put(out, epochs);
   put(out, reference_logps);
-  put(out, domains);  // last: bytes written before the field existed read back without it
+  put(out, domains);  // after the older fields: bytes written before a field existed read back without it
+  put(out, advantages);
+  put(out, old_logps);
+  put(out, ref_logps);
   return out;
 }
 
@@ -267,6 +292,9 @@ MicroBatch MicroBatch::deserialize(std::string_view in) {
   take(in, b.epochs, size_t(b.rows));
   take(in, b.reference_logps, header[2] & kHasReference ? 2 * size_t(b.rows) : 0);
   take(in, b.domains, header[2] & kHasDomains ? size_t(b.rows) : 0);
+  take(in, b.advantages, header[2] & kHasRollout ? size_t(b.rows) : 0);
+  take(in, b.old_logps, header[2] & kHasRollout ? n : 0);
+  take(in, b.ref_logps, header[2] & kHasRolloutReference ? n : 0);
   if (!in.empty()) fail(ExitCode::kData, "serialized micro-batch has {} trailing bytes", in.size());
   return b;
 }

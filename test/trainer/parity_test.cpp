@@ -291,3 +291,97 @@ TEST_CASE("Distillation from a teacher equal to the student: KL 0, the loss its 
   const std::map<std::string, double> after(next.objective.begin(), next.objective.end());
   CHECK(after.at("kl_teacher") > 0.0);
 }
+
+// The fixture's four sampled replies in two groups, with their advantages and old and reference
+// log-probabilities.
+MicroBatch fixture_rollout(const H5Fixture& f, const TrainSpec& spec) {
+  MicroBatch batch =
+      forge::test::micro_batch(f.ints("grpo/tokens"), f.ints("grpo/targets"), 4, spec.model.seq_len);
+  const auto weights = f.floats("grpo/weights");
+  batch.weights.assign(weights.begin(), weights.end());
+  batch.advantages = f.floats("grpo/advantages");
+  batch.old_logps = f.floats("grpo/old_logps");
+  batch.ref_logps = f.floats("grpo/ref_logps");
+  return batch;
+}
+
+GrpoOptions fixture_grpo(const H5Fixture& f, GrpoOptions::Norm norm) {
+  return {f.attr("grpo/clip_low"), f.attr("grpo/clip_high"), f.attr("grpo/kl_coef"), norm};
+}
+
+TEST_CASE("GRPO advantages match PyTorch's; a group of equal rewards carries no signal", "[trainer][grpo]") {
+  const H5Fixture f(fixture_path());
+  const auto rewards = f.floats("grpo/rewards");
+  CHECK(rel_diff(grpo_advantages(rewards, int(f.attr("grpo/group_size")), true),
+                 f.floats("grpo/advantages")) < 1e-6);
+  const std::vector<float> flat = {0.5f, 0.5f, 0.5f, 1.0f, 0.0f, 0.5f};
+  const auto adv = grpo_advantages(flat, 3, true);
+  CHECK(adv[0] == 0.0f);
+  CHECK(adv[1] == 0.0f);
+  CHECK(adv[2] == 0.0f);
+  CHECK(grpo_advantages(flat, 3, false)[3] == 0.5f);  // unscaled: reward minus the group's mean
+  CHECK_THROWS_AS(grpo_advantages(flat, 4, true), std::invalid_argument);
+  CHECK_THROWS_AS(grpo_advantages(flat, 1, true), std::invalid_argument);
+}
+
+TEST_CASE("GRPO matches PyTorch on four replies in two groups, per token and per sequence",
+          "[trainer][parity][grpo]") {
+  const H5Fixture f(fixture_path());
+  const TrainSpec spec = fixture_spec(f);
+  for (const auto& [norm, group] :
+       {std::pair{GrpoOptions::Norm::kToken, "token"}, std::pair{GrpoOptions::Norm::kSequence, "sequence"}}) {
+    INFO(group);
+    const auto loss = std::make_shared<GrpoLoss>(fixture_grpo(f, norm));
+    GPT model(spec.model, {.batch = 4, .loss = loss});
+    load_initial(model, f);
+    const MicroBatch batch = fixture_rollout(f, spec);
+    REQUIRE_FALSE(batch.problem(spec.model.vocab, spec.model.max_positions));
+    model.zero_grad();
+    const double weight = loss->weight(batch);
+    CHECK(weight == (norm == GrpoOptions::Norm::kToken ? 4 * 60 - 15 : 4));
+    const LossSums sums = model.forward_backward(batch, float(1.0 / weight));
+    const double ref_loss = f.doubles(std::string("grpo/") + group + "/loss")[0];
+    CHECK(std::abs(sums.loss / sums.weight - ref_loss) < 1e-5 * std::max(1.0, std::abs(ref_loss)));
+    for (const auto& p : model.params()) {
+      INFO(p.name);
+      CHECK(rel_diff(model.grad(p.name), f.floats(std::string("grpo/") + group + "/grad/" + p.name)) < 2e-5);
+    }
+    const std::map<std::string, double> figures = [&] {
+      const auto m = loss->take_metrics();
+      return std::map<std::string, double>(m.begin(), m.end());
+    }();
+    CHECK(figures.at("clip_fraction") > 0);  // the fixture's old log-probabilities put some ratios outside
+    CHECK(figures.at("kl") > 0);
+  }
+}
+
+TEST_CASE("GRPO at the first update of a rollout: ratio exactly 1, KL to the same weights exactly 0",
+          "[trainer][grpo]") {
+  // The rollout's log-probabilities are recorded (TokenLogps) under the weights that then train on it.
+  const H5Fixture f(fixture_path());
+  const TrainSpec spec = fixture_spec(f);
+  MicroBatch batch = fixture_rollout(f, spec);
+  const auto logps = std::make_shared<TokenLogps>();
+  GPT sampler(spec.model, {.batch = 4, .loss = logps});
+  load_initial(sampler, f);
+  sampler.forward_loss(batch);
+  batch.old_logps = batch.ref_logps = logps->last();
+  REQUIRE_FALSE(batch.problem(spec.model.vocab, spec.model.max_positions));
+
+  const auto loss = std::make_shared<GrpoLoss>(GrpoOptions{0.2, 0.28, 0.05, GrpoOptions::Norm::kToken});
+  GPT model(spec.model, {.batch = 4, .loss = loss});
+  load_initial(model, f);
+  model.zero_grad();
+  const double weight = loss->weight(batch);
+  const LossSums sums = model.forward_backward(batch, float(1.0 / weight));
+  const auto m = loss->take_metrics();
+  const std::map<std::string, double> figures(m.begin(), m.end());
+  CHECK(figures.at("ratio") == weight);  // every scored token's ratio is exactly 1
+  CHECK(figures.at("kl") == 0.0);
+  CHECK(figures.at("clip_fraction") == 0.0);
+  // -ratio x A summed: the advantages' weighted sum over the scored tokens.
+  double expected = 0;
+  for (size_t i = 0; i < batch.size(); ++i)
+    expected -= double(batch.weight(i)) * batch.advantages[i / size_t(batch.seq_len)];
+  CHECK(std::abs(sums.loss - expected) < 1e-9 * std::max(1.0, std::abs(expected)));
+}

@@ -107,6 +107,105 @@ std::vector<std::pair<std::string, double>> DpoLoss::take_metrics() const {
   return out;
 }
 
+double TokenLogps::chunk(Backend&, float*, const DeviceBatch&, int, int, int, int, float, bool,
+                         VocabGroup*) const {
+  throw std::logic_error("TokenLogps::chunk: a sequence loss (the classifier calls sequences)");
+}
+
+double TokenLogps::sequences(const MicroBatch& batch, const float* nll, float* coeff) const {
+  last_.assign(batch.size(), 0.0f);
+  for (size_t i = 0; i < batch.size(); ++i)
+    if (batch.weight(i) != 0.0f) last_[i] = -nll[i];
+  std::fill_n(coeff, batch.size(), 0.0f);
+  return 0;
+}
+
+std::vector<float> grpo_advantages(std::span<const float> rewards, int group_size, bool scale) {
+  if (group_size < 2 || rewards.size() % size_t(group_size) != 0)
+    throw std::invalid_argument("grpo_advantages: groups of at least 2 that divide the rewards");
+  std::vector<float> out(rewards.size());
+  const size_t g = size_t(group_size);
+  for (size_t at = 0; at < rewards.size(); at += g) {
+    double mean = 0, var = 0;
+    for (size_t i = at; i < at + g; ++i) mean += rewards[i];
+    mean /= double(g);
+    for (size_t i = at; i < at + g; ++i) var += (rewards[i] - mean) * (rewards[i] - mean);
+    const double div = scale ? std::sqrt(var / double(g - 1)) + 1e-4 : 1.0;
+    for (size_t i = at; i < at + g; ++i) out[i] = float((rewards[i] - mean) / div);
+  }
+  return out;
+}
+
+double GrpoLoss::weight(const MicroBatch& batch) const {
+  if (o_.norm == GrpoOptions::Norm::kToken) return batch.weight_sum();
+  double replies = 0;
+  for (size_t r = 0; r < size_t(batch.rows); ++r)
+    for (size_t i = r * size_t(batch.seq_len); i < (r + 1) * size_t(batch.seq_len); ++i)
+      if (batch.weight(i) != 0.0f) {
+        replies += 1;
+        break;
+      }
+  return replies;
+}
+
+double GrpoLoss::chunk(Backend&, float*, const DeviceBatch&, int, int, int, int, float, bool,
+                       VocabGroup*) const {
+  throw std::logic_error("GrpoLoss::chunk: a sequence loss (the classifier calls sequences)");
+}
+
+double GrpoLoss::sequences(const MicroBatch& b, const float* nll, float* coeff) const {
+  if (b.advantages.size() != size_t(b.rows) || b.old_logps.size() != b.size())
+    throw std::invalid_argument(
+        "GrpoLoss: the batch holds no sampled replies (advantages, old log-probabilities)");
+  if (o_.kl_coef != 0 && b.ref_logps.size() != b.size())
+    throw std::invalid_argument("GrpoLoss: a KL coefficient needs the reference's log-probabilities");
+  const size_t T = size_t(b.seq_len);
+  const double lo = 1 - o_.clip_low, hi = 1 + o_.clip_high;
+  double total = 0, clipped = 0, kl = 0, ratios = 0;
+  for (size_t r = 0; r < size_t(b.rows); ++r) {
+    double scored = 0;
+    for (size_t i = r * T; i < (r + 1) * T; ++i) scored += b.weight(i);
+    const double per_reply = o_.norm == GrpoOptions::Norm::kSequence && scored > 0 ? 1 / scored : 1;
+    const double a = b.advantages[r];
+    for (size_t i = r * T; i < (r + 1) * T; ++i) {
+      const double w = double(b.weight(i)) * per_reply;
+      coeff[i] = 0.0f;
+      if (w == 0) continue;
+      const double logp = -double(nll[i]);
+      const double ratio = std::exp(logp - double(b.old_logps[i]));
+      const double unclipped = ratio * a, held = std::clamp(ratio, lo, hi) * a;
+      // d/dlogp of -min(unclipped, held): -ratio A where the unclipped term is the smaller (the clipped
+      // one equals it inside the range), 0 where the clip holds the ratio.
+      double loss = -std::min(unclipped, held), dlogp = unclipped <= held ? -unclipped : 0.0;
+      double k3 = 0;
+      if (o_.kl_coef != 0) {
+        const double e = double(b.ref_logps[i]) - logp;
+        k3 = std::exp(e) - e - 1;
+        loss += o_.kl_coef * k3;
+        dlogp += o_.kl_coef * (1 - std::exp(e));
+      }
+      total += w * loss;
+      coeff[i] = float(-w * dlogp);  // logp = -nll
+      clipped += unclipped > held ? w : 0.0;
+      kl += w * k3;
+      ratios += w * ratio;
+    }
+  }
+  std::lock_guard lock(mu_);
+  clipped_ += clipped;
+  kl_ += kl;
+  ratio_ += ratios;
+  return total;
+}
+
+std::vector<std::pair<std::string, double>> GrpoLoss::take_metrics() const {
+  std::lock_guard lock(mu_);
+  std::vector<std::pair<std::string, double>> out = {
+      {"clip_fraction", clipped_}, {"kl", kl_}, {"ratio", ratio_}};
+  clipped_ = kl_ = ratio_ = 0;
+  return out;
+}
+
 DistillLoss::DistillLoss(double alpha, double temperature, std::shared_ptr<GPT> teacher)
     : alpha_(alpha), temperature_(temperature), teacher_(std::move(teacher)) {}
 

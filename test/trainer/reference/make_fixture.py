@@ -3,8 +3,10 @@
 loss, every gradient, and ten AdamW steps (warm-up + cosine schedule, clipping, two accumulated
 micro-batches); and a batch of packed documents (positions restarting per document, attention masked to
 each document, per-token loss weights, ignored targets) with its logits, weighted loss and gradients; and
-the DPO loss of two preference pairs (label smoothing on) with its gradients; and the distillation loss of
-the packed batch from a teacher of another size (temperature 2) with the student's gradients.
+the DPO loss of two preference pairs (label smoothing on) with its gradients; the distillation loss of
+the packed batch from a teacher of another size (temperature 2) with the student's gradients; and the GRPO
+loss of four sampled replies in two groups (advantages from their rewards, clipped ratios against old
+log-probabilities, the k3 KL to a reference), normalised per token and per sequence, with its gradients.
 test/trainer/parity_test.cpp checks the C++ trainer against it.
 
 Run with Debian's torch:  /usr/bin/python3 test/trainer/reference/make_fixture.py
@@ -210,6 +212,45 @@ t_kl = (kl * w).sum() / w.sum()
 t_loss.backward()
 t_grads = {k: v.grad.detach().clone() for k, v in params.items()}
 
+# GRPO, from the initial weights: four replies in two groups of two, each after a 20-token prompt (not
+# scored), the last one ending early. Advantages: the reward minus its group's mean over the group's
+# standard deviation (unbiased) + 1e-4. Per scored token, with r = exp(logp - old):
+# -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A) + kl_coef (exp(ref - logp) - (ref - logp) - 1),
+# averaged over the scored tokens (token) or over each reply's, then the replies (sequence).
+with torch.no_grad():
+    for k, p in params.items(): p.copy_(init[k]); p.grad = None
+GRPO = dict(group_size=2, clip_low=0.2, clip_high=0.28, kl_coef=0.05)
+g_idx = torch.randint(0, V, (B, T)); g_tgt = torch.randint(0, V, (B, T))
+g_w = torch.ones(B, T)
+g_w[:, :20] = 0.0; g_tgt[:, :20] = -1
+g_w[3, 65:] = 0.0; g_tgt[3, 65:] = -1
+g_rewards = torch.tensor([1.0, 0.0, 0.2, 0.9])
+grouped = g_rewards.view(-1, GRPO["group_size"])
+g_adv = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)).view(-1)
+with torch.no_grad():
+    logp0 = -F.cross_entropy(m.logits(g_idx).reshape(-1, V), g_tgt.reshape(-1).clamp(min=0), reduction="none").view(B, T)
+g_old = logp0 + 0.3 * torch.randn(B, T)
+g_ref = logp0 + 0.2 * torch.randn(B, T)
+
+
+def grpo_loss(norm):
+    logp = -F.cross_entropy(m.logits(g_idx).reshape(-1, V), g_tgt.reshape(-1).clamp(min=0), reduction="none").view(B, T)
+    ratio = torch.exp(logp - g_old)
+    A = g_adv[:, None]
+    clipped = ratio.clamp(1 - GRPO["clip_low"], 1 + GRPO["clip_high"])
+    per = -torch.min(ratio * A, clipped * A) + GRPO["kl_coef"] * (torch.exp(g_ref - logp) - (g_ref - logp) - 1)
+    if norm == "token": return (per * g_w).sum() / g_w.sum()
+    return ((per * g_w).sum(1) / g_w.sum(1)).mean()
+
+
+g_loss, g_grads = {}, {}
+for norm in ("token", "sequence"):
+    for p in params.values(): p.grad = None
+    loss_n = grpo_loss(norm)
+    loss_n.backward()
+    g_loss[norm] = loss_n.item()
+    g_grads[norm] = {k: v.grad.detach().clone() for k, v in params.items()}
+
 path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpt_parity.h5")
 with h5py.File(path, "w") as f:
     for k, v in CFG.items(): f.attrs[k] = v
@@ -243,5 +284,14 @@ with h5py.File(path, "w") as f:
     for k, p in t_params.items(): g[f"teacher/{k}"] = p.detach().numpy()
     g["loss"] = np.float64(t_loss.item()); g["kl"] = np.float64(t_kl.item())
     for k in params: g[f"grad/{k}"] = t_grads[k].numpy()
+    g = f.create_group("grpo")
+    for k, v in GRPO.items(): g.attrs[k] = v
+    g["tokens"] = g_idx.numpy().astype(np.int32); g["targets"] = g_tgt.numpy().astype(np.int32)
+    g["weights"] = g_w.numpy().astype(np.float32)
+    g["rewards"] = g_rewards.numpy().astype(np.float32); g["advantages"] = g_adv.numpy().astype(np.float32)
+    g["old_logps"] = g_old.numpy().astype(np.float32); g["ref_logps"] = g_ref.numpy().astype(np.float32)
+    for norm in ("token", "sequence"):
+        g[f"{norm}/loss"] = np.float64(g_loss[norm])
+        for k in params: g[f"{norm}/grad/{k}"] = g_grads[norm][k].numpy()
 print(f"wrote {path}: loss {loss.item():.6f}, step losses {[round(x, 4) for x in losses]}, norms "
       f"{[round(x, 3) for x in norms]}")

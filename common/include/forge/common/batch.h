@@ -47,10 +47,15 @@ struct MicroBatch {
   // one as document 1; reference_logps[2r] and [2r + 1] are the reference model's summed log-probabilities
   // of their scored tokens. Empty: not a batch of pairs.
   std::vector<double> reference_logps;
+  // Sampled replies (reinforcement learning: GrpoLoss): `advantages`, one per row, the reply's advantage
+  // from its group's rewards; `old_logps`, one per position, the log-probability of the target under the
+  // policy that sampled it (0 where not scored); `ref_logps`, the same under the frozen reference (empty:
+  // no KL term). Empty advantages: not a batch of rollouts.
+  std::vector<float> advantages, old_logps, ref_logps;
 
   size_t size() const { return size_t(rows) * size_t(seq_len); }
   // Sizes inputs, the targets of the given form, sample_ids and epochs for `rows` x `seq_len`; clears the
-  // optional fields (domains and reference_logps included).
+  // optional fields (domains, reference_logps and the rollout fields included).
   void resize(int rows, int seq_len, Targets form = Targets::kExplicit);
   Targets form() const {
     return targets.empty() && !next_tokens.empty() ? Targets::kNextToken : Targets::kExplicit;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -120,6 +121,57 @@ class DpoLoss final : public Loss {
   double beta_, smoothing_;
   mutable std::mutex mu_;  // the sums below; a step runs its micro-batches one after another
   mutable double chosen_ = 0, rejected_ = 0, margin_ = 0, correct_ = 0;
+};
+
+// The log-probability of every position's target (0 where not scored), kept from the last batch it saw
+// (`last`): a sequence "loss" of 0 that records what a rollout's tokens had under the weights that ran it
+// (MicroBatch::old_logps) or under a frozen reference (ref_logps).
+class TokenLogps final : public Loss {
+ public:
+  std::string name() const override { return "token-logps"; }
+  double chunk(Backend&, float*, const DeviceBatch&, int, int, int, int, float, bool,
+               VocabGroup*) const override;
+  bool per_sequence() const override { return true; }
+  double sequences(const MicroBatch& batch, const float* nll, float* coeff) const override;
+  const std::vector<float>& last() const { return last_; }
+
+ private:
+  mutable std::vector<float> last_;
+};
+
+// GRPO's advantages (Shao et al., 2024): each group of `group_size` consecutive rewards minus the group's
+// mean, divided by the group's standard deviation (unbiased) + 1e-4 when `scale`. A group of equal rewards
+// gets 0: it carries no signal. Throws std::invalid_argument unless group_size >= 2 divides the count.
+std::vector<float> grpo_advantages(std::span<const float> rewards, int group_size, bool scale);
+
+// Group relative policy optimisation on a batch of sampled replies (MicroBatch::advantages, old_logps,
+// ref_logps). Per scored token t of reply r, with ratio = exp(logp - old):
+//   -min(ratio A_r, clip(ratio, 1 - clip_low, 1 + clip_high) A_r) + kl_coef k3,
+//   k3 = exp(ref - logp) - (ref - logp) - 1 (Schulman's estimator of KL(policy || reference), >= 0),
+// times the token's loss weight; averaged over the step's scored tokens (kToken, as DAPO recommends, so a
+// long reply's tokens count as much as a short one's) or over each reply's tokens and then the replies
+// (kSequence, the original GRPO). At the first update of a rollout the ratio is exactly 1 and, against the
+// same weights as reference, k3 exactly 0. Metrics, per scored token (kSequence: per reply): clip_fraction
+// (the ratios the clip held), kl (k3) and ratio.
+struct GrpoOptions {
+  double clip_low = 0.2, clip_high = 0.2, kl_coef = 0;
+  enum class Norm { kToken, kSequence } norm = Norm::kToken;
+};
+class GrpoLoss final : public Loss {
+ public:
+  explicit GrpoLoss(const GrpoOptions& options) : o_(options) {}
+  std::string name() const override { return "grpo"; }
+  double weight(const MicroBatch& batch) const override;
+  double chunk(Backend&, float*, const DeviceBatch&, int, int, int, int, float, bool,
+               VocabGroup*) const override;
+  bool per_sequence() const override { return true; }
+  double sequences(const MicroBatch& batch, const float* nll, float* coeff) const override;
+  std::vector<std::pair<std::string, double>> take_metrics() const override;
+
+ private:
+  GrpoOptions o_;
+  mutable std::mutex mu_;
+  mutable double clipped_ = 0, kl_ = 0, ratio_ = 0;
 };
 
 // Knowledge distillation (Hinton et al., 2015) from a frozen teacher with the same tokenizer: per scored
