@@ -2,7 +2,7 @@
 # ZeRO-2 and ZeRO-3 through forge-train on real MPI ranks, against ZeRO-1 on the same layout: the same
 # losses at every step and the same final weights and AdamW moments (forge-ckpt export, h5diff) at dp2;
 # dp4 with gradient accumulation; tp2 x dp2 on a GQA + RoPE Llama; pp2 x dp2; cp2 x dp2; a Mixtral on
-# dp4 x ep2; a non-finite step injected; ZeRO-3 without prefetch. A ZeRO-1 checkpoint resumes on ZeRO-3 at
+# dp4 x ep2; a non-finite step injected; ZeRO-3 without prefetch; ZeRO-2/3 reducing each micro-batch. A ZeRO-1 checkpoint resumes on ZeRO-3 at
 # another dp, that one on ZeRO-2 at another layout, on the one-process curve; a ZeRO-3 checkpoint missing a
 # rank's shard is named by the tensor range it held and the one before it is used. The training state's resident
 # memory (state_mib, the backend's page counts) at ZeRO-3 and dp4 against ZeRO-1's. Bad keys exit 64.
@@ -48,6 +48,13 @@ stages pp2dp2 4 --data.batch=2 --parallel.pp=2 --parallel.dp=2 --parallel.microb
 stages cp2dp2 4 --data.batch=2 --model.family=llama --model.kv_heads=2 --parallel.cp=2 --parallel.dp=2
 stages ep2 4 --data.batch=1 --model.family=mixtral --model.kv_heads=2 --model.experts=4 --model.moe_hidden=64 \
   --parallel.dp=4 --parallel.ep=2
+# parallel.reduce_each_microbatch: each micro-batch's gradients reduced as its backward goes; ZeRO-1's curve
+# (the sums' order differs: the ranks' sum of each micro-batch, then the micro-batches').
+for z in 2 3; do
+  run 4 "dp4-z${z}e" "${small[@]}" --run.steps=20 --data.batch=1 --parallel.dp=4 --parallel.microbatches=2 \
+    --parallel.zero=$z --parallel.reduce_each_microbatch=true
+  compare "$work/dp4-z1" "$work/dp4-z${z}e"
+done
 FROM=6 stages nan 2 --data.batch=2 --parallel.dp=2 --guard.inject_nan_step=5
 grep -q '"skipped":true' "$work/nan-z3/metrics/rank-0.jsonl" || fail "the injected non-finite step was not skipped"
 run 2 noprefetch "${small[@]}" --run.steps=20 --data.batch=2 --parallel.dp=2 --parallel.zero=3 --parallel.prefetch=false
@@ -107,6 +114,18 @@ z1, z3 = peak(sys.argv[1]), peak(sys.argv[2])
 print(f"training state per rank: ZeRO-1 {z1:.1f} MiB, ZeRO-3 {z3:.1f} MiB ({z3 / z1:.2f}x)")
 assert z3 <= 0.55 * z1, (z1, z3)
 PY
+# With 4 micro-batches, ZeRO-2 accumulates the whole gradients until the last; reducing each micro-batch
+# keeps a few layers' at a time.
+run 4 mem-z2 "${deep[@]}" --parallel.zero=2 --parallel.microbatches=4
+run 4 mem-z2e "${deep[@]}" --parallel.zero=2 --parallel.microbatches=4 --parallel.reduce_each_microbatch=true
+python3 - "$work/mem-z2/metrics" "$work/mem-z2e/metrics" <<'PY' || fail "reduce_each_microbatch memory"
+import json, sys
+def peak(d):
+    return max(json.loads(l)["state_mib"] for r in range(4) for l in open(f"{d}/rank-{r}.jsonl"))
+once, each = peak(sys.argv[1]), peak(sys.argv[2])
+print(f"ZeRO-2, 4 micro-batches: {once:.1f} MiB reducing once a step, {each:.1f} MiB reducing each micro-batch")
+assert each < once, (once, each)
+PY
 
 # Bad keys: exit 64 naming the key and the choices.
 bad() { local want=$1; shift
@@ -117,4 +136,5 @@ bad() { local want=$1; shift
 }
 bad "parallel.zero.*must be 0, 1, 2 or 3" --parallel.zero=4
 bad "parallel.zero.*ZeRO-3 runs on run.device = cpu in FP32" --parallel.zero=3 --precision.dtype=bf16
+bad "parallel.reduce_each_microbatch.*under ZeRO-2 or 3" --parallel.zero=1 --parallel.reduce_each_microbatch=true
 echo "PASS"

@@ -163,6 +163,9 @@ void add_trainer_keys(ConfigSchema& s) {
                 "too; 3 weights too, gathered layer by layer where forward and backward read them")
       .add<bool>("parallel.prefetch", true,
                  "ZeRO-3: start gathering the next layer's weights while the current layer computes")
+      .add<bool>("parallel.reduce_each_microbatch", false,
+                 "ZeRO-2/3: reduce-scatter each micro-batch's gradients as backward makes them (less memory) "
+                 "instead of once per step")
       .add<std::string>("parallel.stage_layers", "",
                         "blocks per pipeline stage, e.g. 3,5 (empty: balanced by compute)")
       .add<bool>("parallel.elastic", false,
@@ -603,6 +606,12 @@ TrainSpec train_spec(const Config& c) {
   }
   s.parallel.zero = c.get<int>("parallel.zero");
   s.parallel.prefetch = c.get<bool>("parallel.prefetch");
+  s.parallel.reduce_each_microbatch = c.get<bool>("parallel.reduce_each_microbatch");
+  if (s.parallel.reduce_each_microbatch && s.parallel.zero < 2)
+    c.reject("parallel.reduce_each_microbatch",
+             fmt::format("reduces each micro-batch's gradient shards under ZeRO-2 or 3; parallel.zero is {}: "
+                         "set parallel.zero = 2 or 3, or leave it off",
+                         s.parallel.zero));
   s.microbatches = positive<int>(c, "parallel.microbatches");
   s.parallel.elastic = c.get<bool>("parallel.elastic");
   const std::string stages = c.get<std::string>("parallel.stage_layers");

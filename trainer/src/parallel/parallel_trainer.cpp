@@ -186,6 +186,7 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, comm::ProcessGroups& gro
     at += part;
   }
   shard_ = backend.alloc<float>(at);
+  if (spec.parallel.reduce_each_microbatch) partial_ = backend.alloc<float>(at);
   gathered_ = buckets_.size();  // no gather pending
   // Each gradient element counts once in the global norm: tensors not split by tensor parallelism on
   // tensor-parallel rank 0 only, the tied embedding on the first stage only. Expert tensors differ across
@@ -265,8 +266,8 @@ void ParallelTrainer::finish_gather(Bucket& b) {
 void ParallelTrainer::sample_state() {
   const auto resident = [&](std::span<float> s) { return backend_.resident_bytes(s.data(), s.size()); };
   peak_state_ = std::max(peak_state_, resident(model_->weights()) + resident(model_->grads()) +
-                                          resident(shard_.span()) + resident(optimizer_->m()) +
-                                          resident(optimizer_->v()));
+                                          resident(shard_.span()) + resident(partial_.span()) +
+                                          resident(optimizer_->m()) + resident(optimizer_->v()));
 }
 
 void ParallelTrainer::gather_layer(int layer, int next) {
@@ -295,17 +296,33 @@ void ParallelTrainer::settle(Bucket& b) {
   if (!b.request || b.settled) return;
   b.request->wait();
   b.settled = true;
+  if (b.into_partial) {
+    // shard += partial: add_chunk_sums of one chunk is an elementwise add.
+    const size_t part = (b.hi - b.lo) / size_t(b.group->size());
+    backend_.add_chunk_sums(shard_.data() + b.shard_at, partial_.data() + b.shard_at, 1, int(part),
+                            int(part));
+  }
+  b.reduced = true;
   // ZeRO-2/3: the bucket's sum is in this rank's shard; its gradients are not kept.
   if (spec_.parallel.zero >= 2) backend_.release(model_->grads().data() + b.lo, b.hi - b.lo);
+}
+
+void ParallelTrainer::settle_microbatch() {
+  for (Bucket& b : buckets_) {
+    settle(b);
+    b.request.reset();
+    b.settled = false;
+  }
 }
 
 void ParallelTrainer::launch(Bucket& b) {
   if (b.group->size() == 1 || b.request) return;
   float* g = model_->grads().data();
   const size_t n = b.hi - b.lo;
+  b.into_partial = b.reduced;
   if (spec_.parallel.zero >= 1)
-    b.request = b.group->reduce_scatter(g + b.lo, shard_.data() + b.shard_at, n / size_t(b.group->size()),
-                                        comm::CommType::kF32);
+    b.request = b.group->reduce_scatter(g + b.lo, (b.into_partial ? partial_ : shard_).data() + b.shard_at,
+                                        n / size_t(b.group->size()), comm::CommType::kF32);
   else
     b.request = b.group->all_reduce(g + b.lo, n, comm::CommType::kF32, comm::ReduceOp::kSum);
 }
@@ -401,8 +418,9 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   sample_state();
   for (Bucket& bk : buckets_) {
     bk.request.reset();
-    bk.settled = false;
+    bk.settled = bk.reduced = false;
   }
+  const bool each = spec_.parallel.reduce_each_microbatch;
 
   std::vector<comm::RequestPtr> sent_act(static_cast<size_t>(slots_)), sent_grad(static_cast<size_t>(slots_));
   double loss_sum = 0;
@@ -428,7 +446,9 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
     for (Bucket& bk : buckets_) {
       if (bk.key == layer) launch(bk);
       // MPI progresses non-blocking collectives inside MPI calls; ZeRO-2/3 let go of what is reduced.
-      if (bk.request && bk.request->test() && zero >= 2) settle(bk);
+      // Reducing each micro-batch, at most two layers' reductions stay in flight (backward runs the layers
+      // downwards), so the gradients resident at once are those of a few layers, not the stage's.
+      if (bk.request && zero >= 2 && ((each && bk.key > layer + 1) || bk.request->test())) settle(bk);
     }
   };
   const auto backward = [&](int i) {
@@ -440,8 +460,9 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
     mark_activity("backward");
     TraceSpan span("backward micro-batch", "schedule", i);
     model_->backward(slot, recv_grad_.data(),
-                     i == m - 1 ? std::function<void(int)>(on_grads) : std::function<void(int)>(),
+                     i == m - 1 || each ? std::function<void(int)>(on_grads) : std::function<void(int)>(),
                      backward_weights);
+    if (each && i != m - 1) settle_microbatch();
     if (!first)
       sent_grad[size_t(slot)] =
           g.pp->send(model_->input_grad(slot).data(), nc, comm::CommType::kF32, stage - 1, 2 * i + 1);

@@ -85,11 +85,18 @@ class ParallelTrainer {
     comm::RequestPtr request;
     comm::RequestPtr gather = {};  // ZeRO-1: the all-gather of the updated parameters; ZeRO-3: of the layer
     bool whole = true;             // ZeRO-3: every rank's part of its weights is here
-    bool settled = false;          // this step's reduction is complete (settle)
+    bool settled = false;          // the reduction in flight is complete (settle)
+    // parallel.reduce_each_microbatch: a reduction of this step is already in shard_, so the one in flight
+    // writes to partial_ and settle adds it in.
+    bool reduced = false, into_partial = false;
   };
   void launch(Bucket& bucket);
   // Waits for the bucket's reduction; ZeRO-2/3 then release its gradients (the rank's part is in shard_).
   void settle(Bucket& bucket);
+  // parallel.reduce_each_microbatch, after a micro-batch's backward that is not the step's last: every
+  // launched reduction completes (the next backward adds into released, zeroed gradients) and may be
+  // launched again.
+  void settle_microbatch();
   void finish_gradients();
   // ZeRO-3: gather_layer(l, next) makes the buckets of layer l whole (their all-gathers started now unless
   // prefetched) and, with parallel.prefetch, starts those of layer `next`; release_weights hands back
@@ -126,6 +133,7 @@ class ParallelTrainer {
   std::vector<FlatRange> owned_;        // this rank's shard: its group rank's part of every bucket
   std::vector<FlatRange> norm_ranges_;  // owned elements counted once in the global norm
   Buffer<float> shard_;                 // reduce-scatter output, back to back
+  Buffer<float> partial_;  // reduce_each_microbatch: a later micro-batch's output, shard_'s layout
   Buffer<float> recv_act_, recv_grad_;
   size_t gathered_ = 0;  // buckets_[0, gathered_) hold their updated parameters (need_weights)
   // Fewer key/value heads than tensor-parallel ranks: the ranks holding the same head (kv_), and per

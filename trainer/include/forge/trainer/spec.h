@@ -43,6 +43,10 @@ struct ParallelConfig {
   // 3 the weights too (gathered layer by layer where a pass reads them, the next one's prefetched).
   int zero = 0;
   bool prefetch = true;  // parallel.prefetch: ZeRO-3 starts the next layer's gather before it is needed
+  // parallel.reduce_each_microbatch: ZeRO-2/3 reduce-scatter every micro-batch's gradients as its backward
+  // produces them and keep only the rank's summed part, instead of accumulating the whole gradients until
+  // the step's last micro-batch (less memory, one reduce-scatter per micro-batch).
+  bool reduce_each_microbatch = false;
   std::vector<int> stage_layers;  // blocks per pipeline stage; empty: balanced
   bool elastic = false;           // parallel.elastic: dp follows the ranks started (elastic_spec)
 };
