@@ -152,6 +152,22 @@ fq=$FORGE_DEVCLUSTER_DIR/bin/forge-quota
 approval=$("$fq" request --team team-a --tier pretrain --gpus "$ranks" --time 48:00:00 --reason "the demo's pretraining run")
 runuser -u carol -- "$fq" approve "$approval"
 
+stage "admission holds after submission: alice grows, moves and re-QOSes her held job"
+# What sbatch and the controller admitted cannot be walked around with scontrol update: job_submit.lua
+# judges every change of a training job by the submission's rules (Slurm 22.05 passes the user only the
+# rule's error code; slurmctld's log has the sentence). Her job is held, so it never runs.
+held=$(runuser -u alice -- env SLURM_CONF="$SLURM_CONF" sbatch --parsable -H --train-team=team-a --train-tier=explore \
+  --train-layout=tp1,pp1,dp8 -N1 --gpus-per-node=8 -t 30 -D /tmp -o /dev/null --wrap true)
+for change in NumNodes=3 Gres=gpu:24 Partition=eval QOS=pretrain; do
+  if out=$(runuser -u alice -- env SLURM_CONF="$SLURM_CONF" scontrol update JobId="$held" "$change" 2>&1); then
+    echo "alice's $change of job $held was accepted" >&2; exit 1
+  fi
+  why=$(grep -F "forge job_modify: refused uid $(id -u alice)'s update of job $held:" "$FORGE_DEVCLUSTER_DIR/log/slurmctld.log" |
+    tail -n1 | sed 's/.*update of job [0-9]*: //; s/;.*//')
+  echo "refused $change: ${out#scontrol: error: } ($why)"
+done
+scancel "$held"
+
 stage "submit the pipeline: pretrain a Llama-family model (team-a, pretrain tier, $layout), then the gate (afterok)"
 # --fast trains 40 steps: at about 0.1 s a step on an idle machine, 20 left the resumed job (preempted
 # near step 15 while the signal travelled) too few steps to meet the injected GPU fault before it finished.

@@ -64,7 +64,8 @@ if [ $rc -ne 0 ]; then
   tail -n 40 "$LOG" | sed 's/^/    /'
 fi
 
-for s in "install dependencies" "build" "dev cluster up" "demo corpus and dataset" "approval: the pretraining job" "submit the pipeline" \
+for s in "install dependencies" "build" "dev cluster up" "demo corpus and dataset" "approval: the pretraining job" \
+  "admission holds after submission" "submit the pipeline" \
   "preempt the training job" "a GPU fails mid-run" "gate: evaluate" "post-training: SFT on chat data" \
   "post-training: DPO on preference pairs" "open weights: the release out" "evaluation: task suites" \
   "accounting: forge-quota sync and report" "done"; do
@@ -88,6 +89,10 @@ train_job=$(grep -m1 -oE '^train job: [0-9]+' "$LOG" | grep -oE '[0-9]+$')
 grep -E "^$approval\b|\b$approval\b" "$LOG" | grep -qw "carol" ||
   fail "the approval report does not show carol's decision on $approval"
 grep -q "^as bob: 0 rows mention $approval" "$LOG" || fail "bob sees team-a's approval: $(grep -m1 '^as bob:' "$LOG")"
+for change in NumNodes=3 Gres=gpu:24 Partition=eval QOS=pretrain; do
+  grep -qE "^refused $change: .* for job [0-9]+ \(.+\)$" "$LOG" ||
+    fail "alice's $change of her held job was not refused with the rule: $(grep -m1 "$change" "$LOG")"
+done
 sacct -n -X -P -j "$train_job" -o AdminComment | grep -q "forge-approval=$approval" ||
   fail "training job $train_job does not carry forge-approval=$approval"
 [ -s "$run/summary.json" ] || fail "no $run/summary.json"
