@@ -264,11 +264,14 @@ scancel "$held"
 echo "  job $held: alice's GPUs, nodes, pool, QOS and account changes refused; a shorter time admitted on $id4 ($uses uses); dave's move logged"
 # A plain job of alice's that claims to be a forge job in its Comment, requeued: the controller's epilog
 # leaves it to Slurm's requeue delay (it releases only jobs job_submit.lua marked in the AdminComment).
-fake=$(as alice sbatch --parsable --requeue -p train -t 5 --comment="forge:{} forge-tier=pretrain" -o /dev/null --wrap 'sleep 60') ||
-  fail "alice's plain job was refused"
+# (Requeued once its script runs: a job requeued while its allocation is still starting gets no delay.)
+fake=$(as alice sbatch --parsable --requeue -p train -t 5 --comment="forge:{} forge-tier=pretrain" -o /dev/null \
+  -D "$work/alice" --wrap 'touch started; sleep 60') || fail "alice's plain job was refused"
 jobs+=("$fake")
-for _ in $(seq 1 60); do [ "$(squeue -h -j "$fake" -o %T)" = RUNNING ] && break; sleep 0.5; done
+for _ in $(seq 1 180); do [ -f "$work/alice/started" ] && break; sleep 0.5; done
+[ -f "$work/alice/started" ] || fail "alice's plain job $fake did not start: $(squeue -h -j "$fake" -o '%T %r')"
 as alice scontrol requeue "$fake" || fail "alice could not requeue her job $fake"
+for _ in $(seq 1 60); do [ "$(squeue -h -j "$fake" -o %T)" = PENDING ] && break; sleep 0.5; done
 sleep 8
 state=$(squeue -h -j "$fake" -o "%T %r")
 [ "$state" = "PENDING BeginTime" ] || fail "alice's plain job $fake with a forged Comment was released early: $state"
