@@ -255,12 +255,16 @@ local function add_mark(job, mark)
   job.admin_comment = (job.admin_comment and job.admin_comment ~= "") and (job.admin_comment .. " " .. mark) or mark
 end
 
--- What the policy expects of a job with the plugin's choices `c`, or nil and the rejection. An unreadable
--- policy refuses training jobs (fail closed) unless plugstack.conf's forge_spank.so line says
--- controller_fallback=trust-plugin: then the plugin's FORGE_* values stand in for it (docs/ADMISSION.md,
--- "When a component is unavailable").
-local function expectations(policy, source, c, layout)
-  local want = {}
+-- What the policy expects of a job with the plugin's choices `c` (want.layout: the plugin's layout), or nil
+-- and the rejection. An unreadable policy refuses training jobs (fail closed) unless plugstack.conf's
+-- forge_spank.so line says controller_fallback=trust-plugin: then the plugin's FORGE_* values stand in for
+-- it (docs/ADMISSION.md, "When a component is unavailable").
+local function expectations(policy, source, c)
+  local layout = parse_layout(c.FORGE_LAYOUT)
+  if not layout then
+    return nil, "the plugin's layout is missing or malformed; resubmit with --train-layout=tpX,ppY,dpZ"
+  end
+  local want = { layout = layout }
   if policy then
     local team, tier = policy.teams[c.FORGE_TEAM or ""], policy.tiers[c.FORGE_TIER]
     if not team then return nil, string.format("unknown team '%s' in %s", tostring(c.FORGE_TEAM), source.path) end
@@ -453,10 +457,9 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     return slurm.SUCCESS
   end
 
-  local layout = parse_layout(c.FORGE_LAYOUT)
-  if not layout then return reject("the plugin's layout is missing or malformed; resubmit with --train-layout=tpX,ppY,dpZ") end
-  local want, why = expectations(policy, source, c, layout)
+  local want, why = expectations(policy, source, c)
   if not want then return reject(why) end
+  local layout = want.layout
   for _, rule in ipairs({ check.qos, check.account, check.size, check.time }) do
     why = rule(job_desc, want, c, layout)
     if why then return reject(why) end
@@ -483,7 +486,8 @@ local function is_admin(uid, policy)
     controller_uid = f and tonumber(f:read("*l") or "") or -1
     if f then f:close() end
   end
-  if uid == controller_uid or not policy then return uid == controller_uid end
+  if uid == controller_uid then return true end
+  if not policy then return false end
   local f = io.popen("getent passwd " .. string.format("%d", uid) .. " 2>/dev/null")
   local user = f and (f:read("*l") or ""):match("^([^:]+):") or nil
   if f then f:close() end
@@ -546,10 +550,9 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
       job_rec.job_id, table.concat(what, ",")))
     return slurm.SUCCESS
   end
-  local layout = parse_layout(c.FORGE_LAYOUT)
-  if not layout then return refuse("its layout is missing or malformed") end
-  local want, why = expectations(policy, source, c, layout)
+  local want, why = expectations(policy, source, c)
   if not want then return refuse(why) end
+  local layout = want.layout
 
   -- The job as it would be: the record, with what the change sets.
   local job = {}
