@@ -1,15 +1,47 @@
 #include "forge/dataio/decontam.h"
 
+#include "forge/common/error.h"
+#include "forge/common/hash.h"
 #include "forge/common/progress_line.h"
 #include "forge/dataio/ingest.h"
 #include "forge/dataio/normalize.h"
 #include "forge/dataio/text.h"
 
+#include <cctype>
+#include <filesystem>
+
 namespace forge::data {
+
+std::string exact_text_form(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  bool space = false;
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v') {
+      space = !out.empty();
+      continue;
+    }
+    if (space) out.push_back(' ');
+    space = false;
+    out.push_back(c >= 'A' && c <= 'Z' ? static_cast<char>(c | 0x20) : ch);
+  }
+  return out;
+}
 
 void NgramIndex::add(std::string_view text) {
   const auto words = word_hashes(text);
   for (size_t i = 0; i + n_ <= words.size(); ++i) grams_.insert(ngram_hash(&words[i], n_));
+  const std::string form = exact_text_form(text);
+  if (!form.empty()) texts_.insert(xxh3_64(form.data(), form.size()));
+}
+
+bool NgramIndex::equals_any(std::string_view text, std::string* match) const {
+  if (texts_.empty()) return false;
+  std::string form = exact_text_form(text);
+  if (form.empty() || !texts_.count(xxh3_64(form.data(), form.size()))) return false;
+  if (match) *match = std::move(form);
+  return true;
 }
 
 bool NgramIndex::contains_any(std::string_view text, std::string* match) const {
@@ -45,6 +77,27 @@ NgramIndex load_eval_sets(const std::vector<std::string>& files, int n) {
   IngestStats stats;
   ingest(specs, options, corpus, stats);
   for (const auto& doc : corpus.docs) index.add(normalize_text(doc.text));
+  // The gate's task files ({"id", "prompt", ...}, no "text"): ingest skipped their records; their prompts
+  // are what a model must not have trained on.
+  for (const auto& f : files) {
+    std::string ext = std::filesystem::path(f).extension().string();
+    for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (ext != ".jsonl") continue;
+    const std::string data = read_file(f);
+    size_t start = 0;
+    while (start < data.size()) {
+      size_t nl = data.find('\n', start);
+      if (nl == std::string::npos) nl = data.size();
+      const std::string line = repair_utf8(std::string_view(data).substr(start, nl - start), nullptr);
+      start = nl + 1;
+      const Json rec = Json::parse(line, nullptr, false);
+      if (rec.is_discarded() || !rec.is_object()) continue;
+      const auto text = rec.find("text");
+      const auto prompt = rec.find("prompt");
+      if ((text == rec.end() || !text->is_string()) && prompt != rec.end() && prompt->is_string())
+        index.add(normalize_text(prompt->get<std::string>()));
+    }
+  }
   return index;
 }
 

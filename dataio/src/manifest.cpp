@@ -7,7 +7,29 @@
 
 namespace forge::data {
 
+namespace {
+
+void check_inside(const std::string& file, const std::string& where, const char* what) {
+  if (file.find("..") != std::string::npos || file.empty() || file[0] == '/')
+    fail(ExitCode::kData, "{}: {} file '{}' must be a path inside the dataset", where, what, file);
+}
+
+}  // namespace
+
 Json Manifest::to_json() const {
+  if (format == "prompts") {
+    // A prompt set: no tokenizer, token dtype, licenses or shards; its data files instead.
+    Json files_json = Json::array();
+    for (const auto& f : files)
+      files_json.push_back({{"file", f.file}, {"xxh3", f.xxh3}, {"bytes", f.bytes}, {"records", f.records}});
+    Json j = {{"schema_version", schema_version},
+              {"format", format},
+              {"domains", domains},
+              {"settings", settings},
+              {"files", files_json}};
+    if (!version.empty()) j["version"] = version;
+    return j;
+  }
   Json shards_json = Json::array();
   for (const auto& s : shards)
     shards_json.push_back({{"file", s.file},
@@ -42,6 +64,24 @@ Manifest Manifest::from_json(const Json& j, const std::string& where) {
       fail(ExitCode::kData, "{}: schema_version {} (this build reads {})", where, m.schema_version,
            kManifestSchemaVersion);
     m.version = j.at("version").get<std::string>();
+    m.format = j.value("format", std::string("text"));
+    if (m.format != "text" && m.format != "chat" && m.format != "preference" && m.format != "prompts")
+      fail(ExitCode::kData, "{}: format '{}' unknown (this build reads text, chat, preference and prompts)",
+           where, m.format);
+    if (m.format == "prompts") {
+      m.domains = j.at("domains").get<std::vector<std::string>>();
+      m.settings = j.at("settings");
+      for (const auto& f : j.at("files")) {
+        DataFileEntry e;
+        e.file = f.at("file").get<std::string>();
+        e.xxh3 = f.at("xxh3").get<std::string>();
+        e.bytes = f.at("bytes").get<uint64_t>();
+        e.records = f.at("records").get<uint64_t>();
+        check_inside(e.file, where, "data");
+        m.files.push_back(std::move(e));
+      }
+      return m;
+    }
     const Json& t = j.at("tokenizer");
     m.tokenizer_file = t.at("file").get<std::string>();
     m.tokenizer_sha256 = t.at("sha256").get<std::string>();
@@ -51,10 +91,6 @@ Manifest Manifest::from_json(const Json& j, const std::string& where) {
     if (dtype != "uint16" && dtype != "uint32")
       fail(ExitCode::kData, "{}: token_dtype '{}' unknown", where, dtype);
     m.token_bytes = dtype == "uint16" ? 2 : 4;
-    m.format = j.value("format", std::string("text"));
-    if (m.format != "text" && m.format != "chat" && m.format != "preference")
-      fail(ExitCode::kData, "{}: format '{}' unknown (this build reads text, chat and preference)", where,
-           m.format);
     m.domains = j.at("domains").get<std::vector<std::string>>();
     m.licenses = j.at("licenses").get<std::vector<std::string>>();
     m.languages = j.value("languages", std::vector<std::string>());
@@ -68,8 +104,7 @@ Manifest Manifest::from_json(const Json& j, const std::string& where) {
       e.bytes = s.at("bytes").get<uint64_t>();
       e.tokens = s.at("tokens").get<uint64_t>();
       e.documents = s.at("documents").get<uint64_t>();
-      if (e.file.find("..") != std::string::npos || e.file.empty() || e.file[0] == '/')
-        fail(ExitCode::kData, "{}: shard file '{}' must be a path inside the dataset", where, e.file);
+      check_inside(e.file, where, "shard");
       m.shards.push_back(std::move(e));
     }
   } catch (const Json::exception& e) {
@@ -98,7 +133,7 @@ uint64_t Manifest::tokens(const std::string& split, const std::string& domain) c
   return n;
 }
 
-Manifest load_manifest(const std::string& dataset_dir) {
+Manifest load_any_manifest(const std::string& dataset_dir) {
   const std::string path = (std::filesystem::path(dataset_dir) / "manifest.json").string();
   if (!std::filesystem::exists(path))
     fail(ExitCode::kData, "{}: no manifest.json (not a dataset, or `forge-data prepare` did not finish)",
@@ -110,6 +145,17 @@ Manifest load_manifest(const std::string& dataset_dir) {
          "{}: version {} does not match its content ({}): the manifest was edited or damaged; rebuild the "
          "dataset with `forge-data prepare`",
          path, m.version, expected);
+  return m;
+}
+
+Manifest load_manifest(const std::string& dataset_dir) {
+  Manifest m = load_any_manifest(dataset_dir);
+  if (m.format == "prompts")
+    fail(ExitCode::kUsage,
+         "{}: a prompt set (format prompts: prompts for reinforcement learning, no tokenizer or token "
+         "shards), not a token dataset; RL training loads it (forge::data::load_prompt_set) and `forge-data "
+         "verify` and `inspect` read it; a token dataset is prepared with `--format text|chat|preference`",
+         dataset_dir);
   return m;
 }
 

@@ -10,6 +10,7 @@
 #include "forge/dataio/decontam.h"
 #include "forge/dataio/manifest.h"
 #include "forge/dataio/normalize.h"
+#include "forge/dataio/prompts.h"
 #include "forge/dataio/shard.h"
 #include "forge/dataio/split.h"
 #include "report.h"
@@ -171,7 +172,7 @@ void check_options(const PrepareOptions& o) {
     fail(ExitCode::kUsage, "--valid-fraction {}: must be between 0 and 0.5", o.valid_fraction);
   if (o.shard_tokens == 0) fail(ExitCode::kUsage, "--shard-tokens must be positive");
   if (o.ingest.format != "text" && o.ingest.format != "chat" && o.ingest.format != "preference")
-    fail(ExitCode::kUsage, "--format {}: must be text, chat or preference", o.ingest.format);
+    fail(ExitCode::kUsage, "--format {}: must be text, chat, preference or prompts", o.ingest.format);
   if (o.chat.max_tokens == 1)
     fail(ExitCode::kUsage,
          "--max-tokens 1: must be 0 (no limit) or at least 2 (one token is end-of-sequence)");
@@ -669,6 +670,14 @@ ChatTemplate load_model_template(const std::string& path, bool preference) {
 }  // namespace
 
 PrepareResult prepare_dataset(const PrepareOptions& o, Ranks& ranks) {
+  // A prompt set (prompts.h) is not tokenized and has a pipeline of its own.
+  if (o.ingest.format == kPromptsFormat) {
+    if (ranks.size() > 1)
+      fail(ExitCode::kUsage,
+           "--format prompts: a distributed prepare reads text datasets only; run one process (a prompt set "
+           "is small)");
+    return prepare_prompt_set(o);
+  }
   check_options(o);
   // Chat and preference data: the chat template, a loss mask, no prose filters. A preference dataset's
   // documents go in pairs.

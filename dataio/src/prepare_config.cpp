@@ -39,8 +39,9 @@ ConfigSchema prepare_schema() {
       .add<std::string>("ingest.default_domain", in.default_domain, "domain of inputs given without =DOMAIN")
       .add<std::string>(
           "ingest.format", in.format,
-          "text (documents), chat (JSONL conversations) or preference (JSONL prompt/chosen/rejected "
-          "pairs); chat and preference read every input file as JSONL (docs/DATA.md)")
+          "text (documents), chat (JSONL conversations), preference (JSONL prompt/chosen/rejected "
+          "pairs) or prompts (JSONL prompts for RL, not tokenized); chat, preference and prompts read every "
+          "input file as JSONL (docs/DATA.md)")
       .add<int>("ingest.repo_depth", in.repo_depth,
                 "files of an input directory belong to the repository named by their first N directories "
                 "below it (2 for DIR/owner/name/...; 0 = none); JSONL records use their \"repo\" field")
@@ -129,8 +130,9 @@ void apply_config(const Config& c, PrepareOptions& o) {
   o.ingest.default_domain = c.get<std::string>("ingest.default_domain");
   check_domain_name(o.ingest.default_domain, c.source("ingest.default_domain") + ": ingest.default_domain");
   o.ingest.format = c.get<std::string>("ingest.format");
-  if (o.ingest.format != "text" && o.ingest.format != "chat" && o.ingest.format != "preference")
-    c.reject("ingest.format", "must be text, chat or preference");
+  if (o.ingest.format != "text" && o.ingest.format != "chat" && o.ingest.format != "preference" &&
+      o.ingest.format != "prompts")
+    c.reject("ingest.format", "must be text, chat, preference or prompts");
   o.ingest.max_bad_lines = fraction("ingest.max_bad_lines");
   o.ingest.repo_depth = c.get<int>("ingest.repo_depth");
   if (o.ingest.repo_depth < 0) c.reject("ingest.repo_depth", "must be >= 0");

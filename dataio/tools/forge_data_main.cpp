@@ -6,6 +6,7 @@
 #include "forge/dataio/compare.h"
 #include "forge/dataio/manifest.h"
 #include "forge/dataio/prepare.h"
+#include "forge/dataio/prompts.h"
 #include "forge/dataio/shard.h"
 #include "forge/dataio/tokenizer.h"
 #include "forge/dataio/verify.h"
@@ -33,8 +34,11 @@ commands:
           [--format text|chat|preference] [--max-bad-lines F] [--max-tokens N]
           [--truncate drop|truncate] [--chat-template MODEL_DIR|tokenizer_config.json]
           [--section.key=value ...]
+  prepare --format prompts --input FILE.jsonl[=DOMAIN] ... --out DIR [--eval-set FILE ...]
+                                      a prompt set for RL (not tokenized): JSONL {"prompt", "answer" |
+                                      "answers" | "tests", "entry_point"?, "id"?, "domain"?}
   verify  DATASET_DIR                 checksums, schema, loss masks and pairs; exit 65 naming what differs
-  inspect DATASET_DIR [--docs N]      manifest summary and decoded sample documents (pairs)
+  inspect DATASET_DIR [--docs N]      manifest summary and decoded sample documents (pairs, prompts)
   compare A B [--threshold T] [--json]  which settings changed, what each stage removed, and drift between
                                       two datasets; exit 1 when over the threshold
 Run 'forge-data <command> --help' for a command's options.
@@ -107,7 +111,9 @@ int cmd_prepare(const std::vector<std::string>& args) {
       "config", po::value(&config_path), "prepare.ini with stage settings (configs/prepare.example.ini)")(
       "format", po::value(&format),
       "text (default); chat: every input is JSONL of {\"messages\": [{\"role\", \"content\"}, ...]}; "
-      "preference: every input is JSONL of {\"prompt\", \"chosen\", \"rejected\"} (ingest.format)")(
+      "preference: every input is JSONL of {\"prompt\", \"chosen\", \"rejected\"}; prompts: a prompt set "
+      "for RL, every input is JSONL of {\"prompt\", \"answer\" | \"answers\" | \"tests\", "
+      "\"entry_point\"?, \"id\"?, \"domain\"?}, not tokenized (ingest.format)")(
       "max-bad-lines", po::value(&max_bad_lines),
       "chat, preference: fail (exit 65) above this fraction of malformed lines (default 0.001; "
       "ingest.max_bad_lines)")("max-tokens", po::value(&max_tokens),
@@ -127,6 +133,16 @@ int cmd_prepare(const std::vector<std::string>& args) {
   std::string stage_keys = "\nStage settings (INI keys, also as --section.key=value):\n";
   for (const auto& key : prepare_schema().keys()) stage_keys += "  " + key + "\n";
   if (!c.pass_through(&overrides).help_tail(stage_keys).parse(args)) return 0;
+  // A prompt set is not tokenized, split or sharded: options about tokens are mistakes, said at once.
+  if (format == "prompts")
+    for (const char* token_option : {"tokenizer", "vocab", "chat-template", "max-tokens", "truncate",
+                                     "shard-tokens", "valid-fraction", "max-bad-lines"})
+      if (c.given(token_option))
+        fail(ExitCode::kUsage,
+             "--{} does not apply to --format prompts: a prompt set is not tokenized, split or sharded at "
+             "prepare (a rollout renders each prompt in the policy's own chat format), and every bad line "
+             "is an error",
+             token_option);
   if (c.given("tokenizer") && c.given("vocab"))
     fail(ExitCode::kUsage, "--tokenizer and --vocab exclude each other (the model fixes the vocabulary)");
   if (vocab <= 0 || vocab > (1 << 24)) fail(ExitCode::kUsage, "--vocab {}: out of range", vocab);
@@ -172,11 +188,42 @@ int cmd_verify(const std::vector<std::string>& args) {
   Command c("forge-data verify DATASET_DIR");
   c.options()("dataset", po::value(&dir)->required(), "dataset directory");
   if (!c.positional("dataset", 1).parse(args)) return 0;
+  if (load_any_manifest(dir).format == kPromptsFormat) {
+    const PromptSet set = load_prompt_set(dir);
+    std::cout << fmt::format(
+        "ok: {} prompts ({} with answers, {} with tests), {} domains, format prompts, "
+        "version {}\n",
+        set.prompts.size(), set.with_answers(), set.with_tests(), set.domains.size(), set.version);
+    return 0;
+  }
   const VerifyResult r = verify_dataset(dir);
   verify_chat_masks(dir);
   const Manifest m = load_manifest(dir);
   std::cout << fmt::format("ok: {} shards, {} documents, {} tokens, format {}, version {}\n", r.shards,
                            r.documents, r.tokens, m.format, m.version);
+  return 0;
+}
+
+// inspect on a prompt set: its counts per domain and its first prompts with their references.
+int inspect_prompts(const std::string& dir, int docs) {
+  const PromptSet set = load_prompt_set(dir);
+  std::cout << fmt::format("prompt set {}\nversion {}\nformat prompts (not tokenized)\n", dir, set.version);
+  std::cout << fmt::format("{:<12} {:>8} {:>13} {:>11}\n", "domain", "prompts", "with answers", "with tests");
+  for (const auto& d : set.domains) {
+    uint64_t n = 0, answers = 0, tests = 0;
+    for (const auto& p : set.prompts)
+      if (p.domain == d) ++n, answers += !p.answers.empty(), tests += !p.tests.empty();
+    std::cout << fmt::format("{:<12} {:>8} {:>13} {:>11}\n", d, n, answers, tests);
+  }
+  for (size_t i = 0; i < set.prompts.size() && i < static_cast<size_t>(std::max(docs, 0)); ++i) {
+    const Prompt& p = set.prompts[i];
+    std::string text = p.prompt.size() > 600 ? p.prompt.substr(0, 600) + " [...]" : p.prompt;
+    std::cout << fmt::format("\n--- prompt {} (id {}, domain {})\n{}\n", i, p.id, p.domain, text);
+    if (!p.answers.empty()) std::cout << "answers: " << Json(p.answers).dump() << "\n";
+    if (!p.tests.empty())
+      std::cout << fmt::format("tests ({} lines){}\n", std::count(p.tests.begin(), p.tests.end(), '\n') + 1,
+                               p.entry_point.empty() ? "" : ", entry point " + p.entry_point);
+  }
   return 0;
 }
 
@@ -187,6 +234,7 @@ int cmd_inspect(const std::vector<std::string>& args) {
   c.options()("dataset", po::value(&dir)->required(), "dataset directory")(
       "docs", po::value(&docs)->default_value(3), "sample documents to decode");
   if (!c.positional("dataset", 1).parse(args)) return 0;
+  if (load_any_manifest(dir).format == kPromptsFormat) return inspect_prompts(dir, docs);
   const Manifest m = load_manifest(dir);
   std::cout << fmt::format(
       "dataset {}\nversion {}\nformat {}\ntokenizer {} (sha256 {}), vocab {}, tokens {}\n", dir, m.version,

@@ -218,4 +218,38 @@ printf '{"chat_template": "{{ messages | wordwrap }}"}' > bad_config.json
 expect_exit 65 "filter 'wordwrap' is not supported" -- "$forge_data" prepare --input chat.jsonl --out x \
   --format chat --tokenizer qwen/tokenizer.json --chat-template bad_config.json
 [ ! -e x ] || fail "a refused template left x"
+# Prompt sets (--format prompts) through the CLI; prompts_test.cpp checks the fields, reports and refusals.
+# A gate suite's task file is the eval set: its prompt, asked verbatim, is contamination.
+mkdir -p suite
+echo '{"id": "e1", "prompt": "What is 7 + 12?", "answer": "19"}' > suite/tasks.jsonl
+cat > prompts.jsonl <<'EOF'
+{"id": "s1", "prompt": "What is 3 + 4?", "answer": "7"}
+{"prompt": "What is 7 + 12?", "answer": "19"}
+
+{"prompt": "Write add(a, b).", "tests": "assert add(1, 2) == 3", "entry_point": "add", "domain": "code"}
+{"prompt": "What is 3 + 4?", "answers": ["7", "seven"]}
+EOF
+"$forge_data" prepare --format prompts --input prompts.jsonl --eval-set suite/tasks.jsonl --out ps > ps.txt \
+  || fail "prompts prepare failed: $(cat ps.txt)"
+[ -f ps/prompts.jsonl ] && [ -f ps/manifest.json ] && [ -f ps/quality.json ] && [ -f ps/quality.txt ] || fail "prompt set files missing"
+[ ! -e ps/tokenizer.model ] && [ ! -e ps/shards ] || fail "a prompt set is not tokenized"
+[ "$(json ps/manifest.json 'd["format"]')" = prompts ] || fail "manifest format is not prompts"
+[ "$(json ps/quality.json '[d["summary"][k] for k in ("prompts_read", "prompts_kept", "duplicates", "contaminated", "with_answers", "with_tests")]')" = "[4, 2, 1, 1, 1, 1]" ] \
+  || fail "prompt counts: $(json ps/quality.json 'd["summary"]')"
+[ "$(json ps/quality.json 'd["stages"]["decontam"]["examples"][0]["removed"]')" = prompts.jsonl:2 ] || fail "contaminated prompt not named"
+grep -q 'contaminated 1' ps.txt || fail "summary lacks the contamination: $(cat ps.txt)"
+"$forge_data" prepare --format prompts --input prompts.jsonl --eval-set suite/tasks.jsonl --out ps2 > /dev/null
+[ "$(json ps/manifest.json 'd["version"]')" = "$(json ps2/manifest.json 'd["version"]')" ] || fail "prompt set version not reproducible"
+"$forge_data" verify ps | grep -q '^ok: 2 prompts (1 with answers, 1 with tests), 2 domains, format prompts' || fail "verify refuses the prompt set"
+"$forge_data" inspect ps --docs 1 | grep -q 'What is 3 + 4?' || fail "inspect shows no prompt"
+printf '{"prompt": "What is 1 + 1?", "answer": "2"}\n{"prompt": "What is 2 + 2?"}\n' > badprompts.jsonl
+expect_exit 65 'badprompts.jsonl:2: no "answer", "answers" or "tests"' -- \
+  "$forge_data" prepare --format prompts --input badprompts.jsonl --out psbad
+[ ! -e psbad ] && ! ls -d psbad.partial-* 2>/dev/null || fail "a failed prompts prepare left a directory behind"
+expect_exit 64 'does not apply to --format prompts' -- \
+  "$forge_data" prepare --format prompts --input prompts.jsonl --out x --tokenizer ds/tokenizer.model
+expect_exit 64 'a prompt set' -- "$forge_data" compare ps ps2
+cp -r ps ps_edit
+sed -i 's/"answers":\["7"\]/"answers":["8"]/' ps_edit/prompts.jsonl
+expect_exit 65 'ps_edit/prompts.jsonl: xxh3' -- "$forge_data" verify ps_edit
 echo "cli test passed"
