@@ -55,11 +55,25 @@ double sample_draw(uint64_t seed, uint64_t key, int step) {
   return double(xxh3_64(words, sizeof(words)) >> 11) * 0x1.0p-53;
 }
 
-Generator::Generator(trainer::GPT& model, int batch)
-    : model_(model), batch_(batch), cache_(model, batch, model.config().max_positions) {
-  if (int64_t(batch) * model.config().max_positions > model.rows())
-    throw std::invalid_argument("Generator: the model's rows() must hold batch x max_positions");
+Generator::Generator(trainer::GPT& model, int batch, int max_len)
+    : model_(model),
+      batch_(batch),
+      cache_(model, batch, max_len > 0 ? max_len : model.config().max_positions) {
+  if (int64_t(batch) * cache_.max_len() > model.rows())
+    throw std::invalid_argument("Generator: the model's rows() must hold batch x max_len");
 }
+
+namespace {
+
+// log softmax(logits)[token], in double.
+float token_logp(std::span<const float> logits, int32_t token) {
+  const double top = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (const float x : logits) sum += std::exp(double(x) - top);
+  return float(double(logits[size_t(token)]) - top - std::log(sum));
+}
+
+}  // namespace
 
 std::vector<Generation> Generator::run(std::span<const Request> requests, const Sampling& s) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -109,8 +123,9 @@ std::vector<Generation> Generator::run(std::span<const Request> requests, const 
       Slot& slot = slots[size_t(logit_slot[i])];
       Generation& g = out[size_t(slot.request)];
       const uint64_t key = requests[size_t(slot.request)].key;
-      const int32_t token = pick_token({logits.data() + i * size_t(V), size_t(V)}, s,
-                                       sample_draw(s.seed, key, int(g.tokens.size())));
+      const std::span<const float> row(logits.data() + i * size_t(V), size_t(V));
+      const int32_t token = pick_token(row, s, sample_draw(s.seed, key, int(g.tokens.size())));
+      g.logps.push_back(token_logp(row, token));
       if (std::find(s.stop_tokens.begin(), s.stop_tokens.end(), token) != s.stop_tokens.end()) {
         g.stopped = true;
         g.stop_token = token;

@@ -5,6 +5,7 @@
 #include "forge/dataio/manifest.h"
 #include "forge/dataio/reader.h"
 #include "forge/dataio/synthetic.h"
+#include "rollouts.h"
 
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
@@ -103,6 +104,7 @@ class Dataset final : public DataSource {
 std::unique_ptr<DataSource> open_data(const Config& config, const trainer::TrainSpec& spec, int dp_rank,
                                       comm::Comm& world, trainer::Backend& backend) {
   const trainer::ObjectiveTraits& objective = trainer::traits(spec.objective);
+  if (objective.rollouts) return open_rollouts(config, spec, dp_rank, backend);
   const std::string wanted = fmt::format("{}", fmt::join(objective.formats, " or "));
   if (spec.dataset == "synthetic") {
     if (!objective.synthetic)

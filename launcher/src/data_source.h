@@ -13,6 +13,10 @@
 #include <string>
 #include <vector>
 
+namespace forge::trainer {
+class ParallelTrainer;
+}
+
 namespace forge::launcher {
 
 class DataSource {
@@ -35,6 +39,11 @@ class DataSource {
   virtual data::CacheStats cache_stats() const { return {}; }
   // The reader's cursor after `steps` optimizer steps, for checkpoints (null for the synthetic stream).
   virtual Json cursor(int64_t /*steps*/) const { return nullptr; }
+  // Rollouts (rollouts.h) sample from the model being trained: it is handed over once it is built.
+  virtual void set_policy(trainer::ParallelTrainer&) {}
+  // What producing the last step's batches did, over the data-parallel group (the rollouts' rewards,
+  // lengths, generation speed), for the step's metrics record; null when there is nothing to say.
+  virtual Json step_metrics() const { return nullptr; }
 };
 
 // Checks the dataset against the spec (vocabulary: a usage error naming model.vocab; the objective's format;

@@ -78,12 +78,26 @@ void TensorBoardLog::write(const Json& record) {
       if (record.contains(field) && record.at(field).is_number())
         file.scalar(tag, step, record.at(field).get<double>());
   };
+  // run.objective = grpo: the rollouts' figures (rollouts.h; nested ones under their parent's name) and the
+  // loss's.
+  std::vector<std::pair<std::string, double>> rollout;
+  const Json figures = record.value("rollout", Json::object());
+  for (const auto& [name, value] : figures.items()) {
+    if (value.is_number()) rollout.emplace_back("rl/" + name, value.get<double>());
+    if (value.is_object())
+      for (const auto& [part, v] : value.items())
+        if (v.is_number()) rollout.emplace_back(fmt::format("rl/{}/{}", name, part), v.get<double>());
+  }
+  for (const char* field : {"clip_fraction", "kl", "ratio"})
+    if (!rollout.empty() && record.contains(field) && record.at(field).is_number())
+      rollout.emplace_back(std::string("rl/") + field, record.at(field).get<double>());
   guarded(run_, [&](auto& f) {
     scalars(f, kRunScalars);
     for (const char* events : {"guard_events", "ckpt_events"})
       if (record.contains(events))
         for (const Json& e : record.at(events)) f.text(fmt::format("events/{}", events), step, e.dump());
     if (record.value("skipped", false)) f.text("events/guard_events", step, "update skipped (non-finite)");
+    for (const auto& [tag, value] : rollout) f.scalar(tag, step, value);
     for (const Json& m : record.value("moe", Json::array()))
       for (const char* field : {"tokens_cv", "dropped_fraction", "router_entropy", "aux_loss", "z_loss"})
         if (m.contains(field) && m.at(field).is_number())

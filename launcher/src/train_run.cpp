@@ -547,6 +547,7 @@ TrainingRun::TrainingRun(const Config& config, trainer::TrainSpec spec, bool for
         fmt::format("{}; the plan of rank {}: {}", e.what(), groups_.rank, device_plan(spec_, groups_)),
         e.fault());
   }
+  data_->set_policy(*trainer_);
   const std::string plan = trainer_->describe_plan();
   if (groups_.rank == 0) fmt::print(stderr, "{}", plan);
   if (device_.cuda == nullptr) check_memory_plan(groups_, *trainer_, memory_available);
@@ -662,6 +663,7 @@ bool TrainingRun::record_step(const StepCosts& costs, int64_t tokens_so_far, boo
     rec["device_mem_mib"] = double(info.peak_device_bytes) / (1 << 20);
   }
   if (!step_domains.empty()) rec["data_domains"] = domain_counts(info.domains, step_domains);
+  if (Json rollout = data_->step_metrics(); !rollout.is_null()) rec["rollout"] = std::move(rollout);
   // The cache works once, at open: this rank's part goes with the process's first record.
   if (first_record && !info.cache.is_null()) rec["data_cache"] = data_->cache_stats().to_json();
   std::optional<TraceSpan> span(std::in_place, "status exchange", "bookkeeping");
@@ -691,9 +693,14 @@ bool TrainingRun::record_step(const StepCosts& costs, int64_t tokens_so_far, boo
   const double process_s = seconds_since(g_process_start);
   gauges_->update(rec, {process_s - std::max(0.0, totals_.committed_at_s), totals_.kept_train_s / process_s});
   if (groups_.rank == 0)
-    fmt::print(stderr, "step {}/{} loss {:.4f} gnorm {:.3f} lr {:.2e} {:.0f} ms {:.0f} tok/s mfu {:.1f}%\n",
+    fmt::print(stderr, "step {}/{} loss {:.4f} gnorm {:.3f} lr {:.2e} {:.0f} ms {:.0f} tok/s mfu {:.1f}%{}\n",
                st_.step, spec_.steps, st_.loss, st_.grad_norm, st_.lr, st_.seconds * 1e3,
-               rec["tokens_per_s"].get<double>(), 100.0 * rec["mfu"].get<double>());
+               rec["tokens_per_s"].get<double>(), 100.0 * rec["mfu"].get<double>(),
+               rec.contains("rollout") ? fmt::format(" reward {:.3f} reply {:.0f} tok, generation {:.0f} ms",
+                                                     rec["rollout"]["reward"].get<double>(),
+                                                     rec["rollout"]["reply_tokens"].get<double>(),
+                                                     rec["rollout"]["generation_ms"].get<double>())
+                                       : std::string());
   return status.stop;
 }
 

@@ -527,7 +527,9 @@ std::span<const float> GPT::input_grad(int slot) const {
 }
 
 LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input, float loss_scale,
-                          bool backward, float* logits_out, bool classify, const WeightHooks& weights) {
+                          bool backward, float* logits_out, bool classify, const WeightHooks& weights,
+                          const Loss* loss_of) {
+  const Loss& objective = loss_of != nullptr ? *loss_of : *loss_;
   Slot& s = *slots_.at(size_t(slot));
   if (batch.rows != batch_ || batch.seq_len != config_.seq_len)
     throw std::invalid_argument("GPT: the micro-batch is not batch x seq_len");
@@ -582,9 +584,9 @@ LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input,
   }
   TraceSpan span("forward head + loss", "compute");
   const double loss = classifier_->forward_backward(backward ? s.dlnf.data() : nullptr, s.lnf.data(), s.batch,
-                                                    int(rows()), *loss_, loss_scale, logits_out);
+                                                    int(rows()), objective, loss_scale, logits_out);
   done();
-  return {loss, loss_->weight(batch)};
+  return {loss, objective.weight(batch)};
 }
 
 void GPT::run_blocks(int slot, int N, const std::function<void(int, ConstAct, float*)>& attention,
@@ -722,9 +724,9 @@ LossSums GPT::forward_backward(const MicroBatch& batch, float loss_scale) {
   return sums;
 }
 
-LossSums GPT::forward_loss(const MicroBatch& batch) {
+LossSums GPT::forward_loss(const MicroBatch& batch, const Loss* loss) {
   check_whole(batch);
-  return run_forward(0, batch, nullptr, 1.0f, false, nullptr);
+  return run_forward(0, batch, nullptr, 1.0f, false, nullptr, true, {}, loss);
 }
 
 void GPT::forward_logits(const MicroBatch& batch, std::span<float> logits) {

@@ -18,14 +18,18 @@ std::shared_ptr<const Loss> dpo_loss(const TrainSpec& spec, std::shared_ptr<GPT>
   return std::make_shared<DpoLoss>(spec.dpo.beta, spec.dpo.label_smoothing);
 }
 
+std::shared_ptr<const Loss> grpo_loss(const TrainSpec& spec, std::shared_ptr<GPT>) {
+  return std::make_shared<GrpoLoss>(spec.rl.loss);
+}
+
 std::shared_ptr<const Loss> distill_loss(const TrainSpec& spec, std::shared_ptr<GPT> teacher) {
   return std::make_shared<DistillLoss>(spec.distill.alpha, spec.distill.temperature, std::move(teacher));
 }
 
-const std::array<ObjectiveTraits, 4>& table() {
-  static const std::array<ObjectiveTraits, 4> t = {{
-      {Objective::kLm, "lm", {}, true, Scored::kAll, Companion::kNone, true, {}, lm_loss},
-      {Objective::kSft, "sft", {"chat"}, false, Scored::kReplies, Companion::kNone, true, {}, lm_loss},
+const std::array<ObjectiveTraits, 5>& table() {
+  static const std::array<ObjectiveTraits, 5> t = {{
+      {Objective::kLm, "lm", {}, true, Scored::kAll, Companion::kNone, true, {}, false, lm_loss},
+      {Objective::kSft, "sft", {"chat"}, false, Scored::kReplies, Companion::kNone, true, {}, false, lm_loss},
       {Objective::kDpo,
        "dpo",
        {"preference"},
@@ -34,6 +38,7 @@ const std::array<ObjectiveTraits, 4>& table() {
        Companion::kReference,
        false,
        "the DPO reference's log-probabilities or live copy",
+       false,
        dpo_loss},
       {Objective::kDistill,
        "distill",
@@ -43,7 +48,19 @@ const std::array<ObjectiveTraits, 4>& table() {
        Companion::kTeacher,
        false,
        "the teacher (last stage)",
+       false,
        distill_loss},
+      // The KL's reference is optional (rl.kl_coef), so the rollouts hold it, not the table.
+      {Objective::kGrpo,
+       "grpo",
+       {"prompts"},
+       false,
+       Scored::kReplies,
+       Companion::kNone,
+       false,
+       "the rollouts' key/value cache and the KL reference's copy",
+       true,
+       grpo_loss},
   }};
   return t;
 }

@@ -30,10 +30,11 @@ void add_trainer_keys(ConfigSchema& s) {
                   "input and runs its forward again before its backward (the same numbers, less memory)")
       .add<int>("model.recompute_every", 1,
                 "model.recompute in every n-th block (those whose index divides by n)")
-      .add_choice("run.objective", "lm", objective_names(),
-                  "what the run learns: lm, every token of the data; sft, the replies a chat dataset's loss "
-                  "mask marks; dpo, the preferences of a preference dataset; distill, a teacher model's "
-                  "distributions (docs/TRAINER.md)")
+      .add_choice(
+          "run.objective", "lm", objective_names(),
+          "what the run learns: lm, every token of the data; sft, the replies a chat dataset's loss "
+          "mask marks; dpo, the preferences of a preference dataset; distill, a teacher model's "
+          "distributions; grpo, rewards of the policy's own replies to a prompt set (docs/TRAINER.md)")
       .add_choice("run.device", "auto", {"auto", "cpu", "cuda"},
                   "where each rank computes: cuda (one GPU per rank), cpu, or auto (cuda when the process "
                   "sees a GPU and forge-train was built with CUDA)")
@@ -129,6 +130,28 @@ void add_trainer_keys(ConfigSchema& s) {
                      "distillation: the teacher's checkpoint (any size and layout, the same tokenizer)")
       .add<double>("distill.alpha", 0.5, "distillation: weight of the KL term (1 - alpha: the cross-entropy)")
       .add<double>("distill.temperature", 1.0, "distillation: softmax temperature of both distributions");
+  s.add<int>("rl.group_size", 8, "grpo: replies sampled per prompt (>= 2, dividing data.batch)")
+      .add<bool>("rl.scale_rewards", true, "grpo: advantages divided by their group's standard deviation")
+      .add<double>("rl.clip_low", 0.2, "grpo: the policy ratio is clipped below at 1 - clip_low")
+      .add<double>("rl.clip_high", 0.2,
+                   "grpo: the policy ratio is clipped above at 1 + clip_high (DAPO: 0.28)")
+      .add_choice("rl.loss_norm", "token", {"token", "sequence"},
+                  "grpo: the loss averaged over every scored token of the step (DAPO), or per reply first")
+      .add<double>("rl.kl_coef", 0.0, "grpo: weight of the KL to the frozen reference (0: no reference held)")
+      .add<std::string>("rl.reference", "", "grpo: the KL's reference checkpoint (empty: ckpt.init_from)")
+      .add<int>("rl.updates_per_rollout", 1, "grpo: optimizer steps over each rollout batch")
+      .add<int>("rl.max_new_tokens", 64, "grpo: tokens a reply may have")
+      .add<double>("rl.temperature", 1.0, "grpo: sampling temperature of the rollouts")
+      .add<double>("rl.top_p", 1.0, "grpo: nucleus sampling of the rollouts (1: off)")
+      .add<std::string>("rl.format_dataset", "",
+                        "grpo: a prepared dataset whose tokenizer and chat format the policy speaks (its SFT "
+                        "data; empty: the policy checkpoint's own tokenizer files)")
+      .add<int>("rl.sandbox_parallel", 0, "grpo: code rewards run in sandboxes at once (0: run.threads)")
+      .add<std::string>("reward.weights", "exact_match:1",
+                        "grpo: each scorer's weight in a reply's reward, SCORER:WEIGHT,... (scorers: "
+                        "exact_match, code, format, length)")
+      .add_choice("reward.answer", "last_number", {"last_number", "boxed", "first_line"},
+                  "grpo: what of a reply exact_match compares with the prompt's answers");
   s.add<double>("optim.lr", 3e-4, "peak learning rate")
       .add<double>("optim.min_lr", 3e-5, "learning rate at the end of the cosine decay")
       .add<int64_t>("optim.warmup_steps", 0, "linear warm-up steps")
@@ -208,14 +231,14 @@ TraceSteps trace_steps(const Config& c, int64_t steps) {
   return t;
 }
 
-// data.domain_weights: NAME:WEIGHT,... with names as prepare allows them and finite weights >= 0, not all 0.
-std::map<std::string, double> domain_weights(const Config& c) {
-  const std::string key = "data.domain_weights", v = c.get<std::string>(key);
+// NAME:WEIGHT,... (data.domain_weights, reward.weights): names of [A-Za-z0-9_-], each once; finite weights,
+// negative ones only where `negative` allows; not all 0. `example` completes the rule in a rejection.
+std::map<std::string, double> named_weights(const Config& c, const std::string& key, const char* what,
+                                            bool negative, const char* example) {
+  const std::string v = c.get<std::string>(key);
   std::map<std::string, double> out;
   const auto bad = [&](const std::string& why) {
-    c.reject(key, why +
-                      "; give NAME:WEIGHT pairs separated by commas, e.g. code:0.3,prose:0.7, or leave it "
-                      "empty for the dataset's natural proportions");
+    c.reject(key, fmt::format("{}; give NAME:WEIGHT pairs separated by commas, {}", why, example));
   };
   for (size_t at = 0; at < v.size();) {
     const size_t comma = std::min(v.find(',', at), v.size());
@@ -231,18 +254,73 @@ std::map<std::string, double> domain_weights(const Config& c) {
     if (name.empty() || !std::all_of(name.begin(), name.end(), [](char ch) {
           return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-';
         }))
-      bad(fmt::format("entry '{}': '{}' is not a domain name ([A-Za-z0-9_-]+)", item, name));
+      bad(fmt::format("entry '{}': '{}' is not a {} name ([A-Za-z0-9_-]+)", item, name, what));
     char* end = nullptr;
     const double w = std::strtod(number.c_str(), &end);
     if (number.empty() || *end != '\0') bad(fmt::format("entry '{}': '{}' is not a number", item, number));
-    if (!std::isfinite(w) || w < 0)
-      bad(fmt::format("entry '{}': the weight must be a finite number >= 0", item));
-    if (!out.emplace(name, w).second) bad(fmt::format("domain '{}' is given twice", name));
+    if (!std::isfinite(w) || (w < 0 && !negative))
+      bad(fmt::format("entry '{}': the weight must be a finite number{}", item, negative ? "" : " >= 0"));
+    if (!out.emplace(name, w).second) bad(fmt::format("{} '{}' is given twice", what, name));
     at = comma + 1;
   }
   if (!v.empty() && std::all_of(out.begin(), out.end(), [](const auto& kv) { return kv.second == 0; }))
-    bad("every weight is 0: no domain would be read");
+    bad("every weight is 0");
   return out;
+}
+
+std::map<std::string, double> domain_weights(const Config& c) {
+  return named_weights(c, "data.domain_weights", "domain", false,
+                       "e.g. code:0.3,prose:0.7, or leave it empty for the dataset's natural proportions");
+}
+
+// run.objective = grpo's keys ([rl], [reward]).
+RlConfig rl_config(const Config& c, const TrainSpec& s) {
+  RlConfig rl;
+  rl.group_size = c.get<int>("rl.group_size");
+  if (rl.group_size < 2)
+    c.reject("rl.group_size", "must be >= 2: a reply's advantage is its reward against its group's mean");
+  if (s.batch % rl.group_size != 0)
+    c.reject("rl.group_size",
+             fmt::format("must divide data.batch = {}: a prompt's replies are sampled and scored together, "
+                         "on one rank",
+                         s.batch));
+  rl.scale_rewards = c.get<bool>("rl.scale_rewards");
+  rl.loss.clip_low = c.get<double>("rl.clip_low");
+  if (!(rl.loss.clip_low > 0 && rl.loss.clip_low < 1)) c.reject("rl.clip_low", "must be in (0, 1)");
+  rl.loss.clip_high = c.get<double>("rl.clip_high");
+  if (!(rl.loss.clip_high > 0 && rl.loss.clip_high <= 10)) c.reject("rl.clip_high", "must be in (0, 10]");
+  rl.loss.norm = c.get<std::string>("rl.loss_norm") == "sequence" ? GrpoOptions::Norm::kSequence
+                                                                  : GrpoOptions::Norm::kToken;
+  rl.loss.kl_coef = c.get<double>("rl.kl_coef");
+  if (!(rl.loss.kl_coef >= 0 && rl.loss.kl_coef <= 100)) c.reject("rl.kl_coef", "must be in [0, 100]");
+  rl.reference = c.get<std::string>("rl.reference");
+  rl.updates_per_rollout = c.get<int>("rl.updates_per_rollout");
+  if (rl.updates_per_rollout != 1)
+    c.reject("rl.updates_per_rollout",
+             "must be 1 for now: each step samples its own rollouts (several updates per rollout batch "
+             "need the batch kept in checkpoints, which is not built yet)");
+  rl.max_new_tokens = c.get<int>("rl.max_new_tokens");
+  if (rl.max_new_tokens < 1 || rl.max_new_tokens >= s.model.seq_len)
+    c.reject("rl.max_new_tokens",
+             fmt::format("must be in [1, model.seq_len = {}): a prompt and its reply are one training row",
+                         s.model.seq_len));
+  rl.temperature = c.get<double>("rl.temperature");
+  if (!(rl.temperature > 0 && rl.temperature <= 10))
+    c.reject("rl.temperature", "must be in (0, 10]: the replies of a group must differ (greedy ones do not)");
+  rl.top_p = c.get<double>("rl.top_p");
+  if (!(rl.top_p > 0 && rl.top_p <= 1)) c.reject("rl.top_p", "must be in (0, 1]");
+  rl.format_dataset = c.get<std::string>("rl.format_dataset");
+  rl.sandbox_parallel = c.get<int>("rl.sandbox_parallel");
+  if (rl.sandbox_parallel < 0) c.reject("rl.sandbox_parallel", "must be >= 0 (0: run.threads)");
+  rl.reward.weights =
+      named_weights(c, "reward.weights", "scorer", true, "e.g. exact_match:1,format:0.1,length:-0.05");
+  if (rl.reward.weights.empty()) c.reject("reward.weights", "names no scorer: a reward needs at least one");
+  for (const auto& [name, weight] : rl.reward.weights)
+    if (std::find(std::begin(kRewardScorers), std::end(kRewardScorers), name) == std::end(kRewardScorers))
+      c.reject("reward.weights",
+               fmt::format("'{}' is not a scorer: use exact_match, code, format or length", name));
+  rl.reward.answer = c.get<std::string>("reward.answer");
+  return rl;
 }
 
 }  // namespace
@@ -580,6 +658,7 @@ TrainSpec train_spec(const Config& c) {
   s.distill.temperature = c.get<double>("distill.temperature");
   if (!(s.distill.temperature >= 0.05 && s.distill.temperature <= 100))
     c.reject("distill.temperature", "must be in [0.05, 100]");
+  if (objective.rollouts) s.rl = rl_config(c, s);
   const std::string device = c.get<std::string>("run.device"), comm = c.get<std::string>("parallel.comm");
   s.device = device == "cuda" ? Device::kCuda : device == "cpu" ? Device::kCpu : Device::kAuto;
   s.parallel.comm = comm == "nccl" ? CommKind::kNccl : comm == "mpi" ? CommKind::kMpi : CommKind::kAuto;
@@ -674,6 +753,14 @@ TrainSpec train_spec(const Config& c) {
                       "data.batch or model.seq_len, or set it to false",
                       rows, s.layout.tp, kNormChunkRows, unit));
   }
+  // The rollouts generate with the whole model on every rank (generate.h's Generator).
+  if (objective.rollouts)
+    for (const auto& [key, n] : {std::pair{"parallel.tp", s.layout.tp}, std::pair{"parallel.pp", s.layout.pp},
+                                 std::pair{"parallel.ep", s.layout.ep}})
+      if (n > 1)
+        c.reject(key, fmt::format("run.objective = {} samples its rollouts with the whole model on each rank "
+                                  "for now: it must be 1 (scale out with parallel.dp)",
+                                  objective.name));
   s.guard = guard_config(c);
   if (s.guard.inject_dead_layer >= 0 &&
       (!s.model.moe_block(s.guard.inject_dead_layer) || s.guard.inject_dead_layer >= s.model.layers ||

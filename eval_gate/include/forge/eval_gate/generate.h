@@ -42,6 +42,10 @@ struct Request {
 
 struct Generation {
   std::vector<int32_t> tokens;
+  // Each sampled token's log-probability under the model (its softmax at temperature 1, whatever the
+  // sampling settings), the stop token's last when it ended the sample: what a rollout's trainer compares
+  // its own recomputation with.
+  std::vector<float> logps;
   bool stopped = false;           // ended at a stop token, or where stop_after said
   int32_t stop_token = -1;        // the stop token that ended it (not in `tokens`); -1 otherwise
   bool prompt_truncated = false;  // the prompt was cut from the left to leave room for one token
@@ -54,13 +58,14 @@ struct GenerationStats {
 };
 
 // Generates on `model` (whole, on one rank; its rows() bounds one call: build it with batch = the
-// sequences in flight and seq_len = max_positions), `batch` sequences at a time. A finished sequence's
-// slot takes the next request at once: its prompt is prefilled in the same call as the others' next
-// tokens. A sample ends at a stop token, where Sampling::stop_after says, after max_new_tokens, or at the
-// model's last position.
+// sequences in flight and seq_len = max_positions), `batch` sequences at a time, each at most `max_len`
+// positions long (0: the model's max_positions; the prompt and the sample are max_len + 1 tokens at most). A
+// finished sequence's slot takes the next request at once: its prompt is prefilled in the same call as the
+// others' next tokens. A sample ends at a stop token, where Sampling::stop_after says, after max_new_tokens,
+// or at the model's last position.
 class Generator {
  public:
-  Generator(trainer::GPT& model, int batch);
+  Generator(trainer::GPT& model, int batch, int max_len = 0);
   std::vector<Generation> run(std::span<const Request> requests, const Sampling& s);
   // Everything run() generated so far.
   const GenerationStats& stats() const { return stats_; }

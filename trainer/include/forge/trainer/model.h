@@ -310,7 +310,9 @@ class GPT {
   // adds the gradients of loss_scale x the loss sum to grads(); a batch that does not fit the model is
   // forge::Error(kData).
   LossSums forward_backward(const MicroBatch& batch, float loss_scale);
-  LossSums forward_loss(const MicroBatch& batch);
+  // `loss`: another objective than the model's, for this forward only (a rollout's log-probabilities under
+  // the weights being trained: TokenLogps).
+  LossSums forward_loss(const MicroBatch& batch, const Loss* loss = nullptr);
   // All logits, batch x seq_len x vocab, into host memory (tests and evaluation; an unsplit model).
   void forward_logits(const MicroBatch& batch, std::span<float> logits);
 
@@ -345,7 +347,8 @@ class GPT {
   struct Slot;
   struct Workspace;
   LossSums run_forward(int slot, const MicroBatch& batch, const float* input, float loss_scale, bool backward,
-                       float* logits_out, bool classify = true, const WeightHooks& weights = {});
+                       float* logits_out, bool classify = true, const WeightHooks& weights = {},
+                       const Loss* loss_of = nullptr);
   // The blocks of slot `slot` over its first N rows (the stream entering them in res), and the final norm
   // when the slice has the head; attention(l, in, out) runs block l's attention slot (training or
   // decoding); weights as forward's (the blocks' need and done).

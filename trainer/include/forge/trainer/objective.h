@@ -15,8 +15,9 @@ class Loss;
 struct TrainSpec;
 
 // What a run learns: every token of the data; fine-tuning on a chat dataset, the tokens its loss mask
-// scores (the assistant's replies); preferences between pairs of replies; or a teacher's distributions.
-enum class Objective { kLm, kSft, kDpo, kDistill };
+// scores (the assistant's replies); preferences between pairs of replies; a teacher's distributions; or
+// rewards of the policy's own replies to prompts (reinforcement learning).
+enum class Objective { kLm, kSft, kDpo, kDistill, kGrpo };
 
 // Which positions the loss scores: all, only the replies of a conversation (the dataset's loss mask), or
 // the replies when the dataset is chat (every token of text).
@@ -40,6 +41,9 @@ struct ObjectiveTraits {
   bool splits_over_context;
   // What the plan leaves out for it (forge-train --plan's "not planned"); empty: nothing.
   std::string_view unplanned;
+  // Whether its batches are the policy's own replies to a prompt set, sampled every step (rollout.h), not
+  // read from documents.
+  bool rollouts;
   // Its loss (loss.h), from the validated spec; `teacher` for a Companion::kTeacher.
   std::shared_ptr<const Loss> (*make_loss)(const TrainSpec& spec, std::shared_ptr<GPT> teacher);
 };

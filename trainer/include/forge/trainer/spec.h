@@ -4,6 +4,7 @@
 
 #include "forge/common/config.h"
 #include "forge/trainer/guard.h"
+#include "forge/trainer/loss.h"
 #include "forge/trainer/model.h"
 #include "forge/trainer/objective.h"
 
@@ -11,6 +12,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace forge::trainer {
@@ -74,6 +76,30 @@ struct DistillConfig {
   double temperature = 1.0;
 };
 
+// run.objective = grpo (docs/TRAINER.md, "Objectives"): the rollouts each step samples from the policy, the
+// rewards that score them (RewardConfig) and the loss's settings (GrpoLoss, loss.h).
+// The scorers a reward may weigh (reward.weights), in their order in metrics.
+inline constexpr std::string_view kRewardScorers[] = {"exact_match", "code", "format", "length"};
+struct RewardConfig {
+  // reward.weights: each scorer's weight in a reply's reward (rewards.h, eval_gate).
+  std::map<std::string, double> weights{{"exact_match", 1.0}};
+  std::string answer = "last_number";  // reward.answer: what of a reply exact_match compares
+};
+struct RlConfig {
+  int group_size = 8;  // replies sampled per prompt; their rewards' mean is each one's baseline
+  bool scale_rewards = true;
+  GrpoOptions loss;
+  std::string reference;  // rl.reference: the KL's frozen model (empty: ckpt.init_from)
+  int updates_per_rollout = 1;
+  int max_new_tokens = 64;
+  double temperature = 1.0, top_p = 1.0;
+  // rl.format_dataset: a prepared dataset whose tokenizer and chat format the policy speaks (its SFT data);
+  // empty: the policy checkpoint's own files (an imported model).
+  std::string format_dataset;
+  int sandbox_parallel = 0;  // code rewards run at once (0: run.threads)
+  RewardConfig reward;
+};
+
 // Everything one training process needs, validated.
 struct TrainSpec {
   std::string name, dir, dataset;
@@ -97,6 +123,7 @@ struct TrainSpec {
   Objective objective = Objective::kLm;
   DpoConfig dpo;
   DistillConfig distill;
+  RlConfig rl;
   ModelSpec model;
   OptimConfig optim;
   Device device = Device::kAuto;

@@ -1,0 +1,177 @@
+#include "forge/eval_gate/rewards.h"
+
+#include "forge/common/error.h"
+#include "forge/eval_gate/suite.h"
+#include "forge/eval_gate/tasks.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <random>
+#include <stdexcept>
+#include <thread>
+
+namespace forge::gate {
+
+AnswerRule parse_answer_rule(std::string_view name) {
+  if (name == "last_number") return AnswerRule::kLastNumber;
+  if (name == "boxed") return AnswerRule::kBoxed;
+  if (name == "first_line") return AnswerRule::kFirstLine;
+  throw std::invalid_argument(
+      fmt::format("'{}' is not an answer rule (last_number, boxed, first_line)", name));
+}
+
+namespace {
+
+bool digit(char c) {
+  return std::isdigit(static_cast<unsigned char>(c)) != 0;
+}
+
+// The last number of `text`: an optional '-', digits (commas between digit groups dropped), an optional
+// fraction.
+std::string last_number(std::string_view text) {
+  size_t end = text.size();
+  while (end > 0 && !digit(text[end - 1])) --end;
+  if (end == 0) return "";
+  size_t begin = end;
+  while (begin > 0 && (digit(text[begin - 1]) || ((text[begin - 1] == ',' || text[begin - 1] == '.') &&
+                                                  begin >= 2 && digit(text[begin - 2]))))
+    --begin;
+  if (begin > 0 && text[begin - 1] == '-') --begin;
+  std::string out;
+  for (const char c : text.substr(begin, end - begin))
+    if (c != ',') out += c;
+  return out;
+}
+
+// The contents of the last \boxed{...}, braces balanced.
+std::string boxed(std::string_view text) {
+  const size_t at = text.rfind("\\boxed{");
+  if (at == std::string_view::npos) return "";
+  int depth = 1;
+  for (size_t i = at + 7; i < text.size(); ++i) {
+    if (text[i] == '{') ++depth;
+    if (text[i] == '}' && --depth == 0) return std::string(text.substr(at + 7, i - at - 7));
+  }
+  return "";
+}
+
+// The gate's code suites judge a chat reply by its first fenced block; so do the rewards.
+const Suite& chat_code_suite() {
+  static const Suite suite = [] {
+    Suite s;
+    s.type = SuiteType::kCode;
+    s.chat = true;
+    return s;
+  }();
+  return suite;
+}
+
+int outcome_of(const SandboxResult& r, bool passed) {
+  if (passed) return 0;
+  switch (r.status) {
+    case SandboxStatus::kExited:
+      return r.exit_code == 0 ? 2 : 1;
+    case SandboxStatus::kTimedOut:
+      return 3;
+    case SandboxStatus::kCpuLimit:
+      return 4;
+    case SandboxStatus::kSignaled:
+      return 5;
+  }
+  return 1;
+}
+
+}  // namespace
+
+std::string extract_answer(std::string_view reply, AnswerRule rule) {
+  switch (rule) {
+    case AnswerRule::kLastNumber:
+      return last_number(reply);
+    case AnswerRule::kBoxed:
+      return boxed(reply);
+    case AnswerRule::kFirstLine:
+      break;
+  }
+  const size_t start = std::min(reply.find_first_not_of(" \t\r\n"), reply.size());
+  return std::string(reply.substr(start, reply.find('\n', start) - start));
+}
+
+RewardModel::RewardModel(RewardSettings settings) : s_(std::move(settings)) {
+  s_.parallel = std::max(1, s_.parallel);
+  if (s_.weights[kCode] == 0) return;
+  // A sandbox that cannot start fails every code reply the same way: that is the node, not the policy.
+  SandboxResult probe;
+  try {
+    probe = run_sandboxed({s_.python, "-I", "-c", "print('ok')"}, {}, s_.scratch_parent, s_.sandbox);
+  } catch (const Error& e) {
+    fail(ExitCode::kComm,
+         "reward code: the sandbox cannot start: {}; install bubblewrap (scripts/install-deps.sh)", e.what());
+  }
+  if (!probe.passed() || probe.output != "ok\n")
+    fail(ExitCode::kComm,
+         "reward code: a trivial program in the sandbox ({} -I) ended with {} ({}): bubblewrap is denied "
+         "here (user namespaces?) or {} is missing; fix the node or train without the code reward",
+         s_.python, probe.describe(), probe.output.substr(0, 200), s_.python);
+}
+
+std::vector<Reward> RewardModel::score(std::span<const Reply> replies) const {
+  std::vector<Reward> out(replies.size());
+  std::vector<size_t> code;
+  for (size_t i = 0; i < replies.size(); ++i) {
+    const Reply& r = replies[i];
+    Reward& w = out[i];
+    const RewardTarget& t = *r.target;
+    w.applies[kExactMatch] = !t.answers.empty();
+    if (w.applies[kExactMatch]) {
+      const std::string answer = extract_answer(r.text, s_.answer);
+      w.parts[kExactMatch] = exact_match(answer, t.answers) ? 1 : 0;
+    }
+    w.applies[kCode] = !t.tests.empty() && s_.weights[kCode] != 0;
+    if (w.applies[kCode]) code.push_back(i);
+    w.applies[kFormat] = w.applies[kLength] = true;
+    w.parts[kFormat] = r.stopped ? 1 : 0;
+    w.parts[kLength] = std::clamp(double(r.tokens) / double(s_.max_new_tokens), 0.0, 1.0);
+  }
+  if (!code.empty()) {
+    // A fresh sentinel per call: a reply cannot print it without running the tests to their end.
+    std::random_device entropy;
+    const std::string sentinel = fmt::format("forge-tests-passed-{:08x}{:08x}", entropy(), entropy());
+    std::atomic<size_t> next{0};
+    std::vector<std::exception_ptr> errors(size_t(s_.parallel));
+    const auto work = [&](size_t worker) {
+      try {
+        for (size_t k = next++; k < code.size(); k = next++) {
+          const size_t i = code[k];
+          Task task;
+          task.tests = replies[i].target->tests;
+          task.entry_point = replies[i].target->entry_point;
+          const SandboxResult r = run_sandboxed(
+              {s_.python, "-I", "solution.py"},
+              {{"solution.py", code_program(chat_code_suite(), task, replies[i].text, sentinel)}},
+              s_.scratch_parent, s_.sandbox);
+          const bool passed = code_passed(r, sentinel);
+          out[i].parts[kCode] = passed ? 1 : 0;
+          out[i].sandbox_outcome = outcome_of(r, passed);
+        }
+      } catch (...) {
+        errors[worker] = std::current_exception();
+      }
+    };
+    std::vector<std::thread> pool;
+    const size_t workers = std::min(code.size(), size_t(s_.parallel));
+    for (size_t w = 1; w < workers; ++w) pool.emplace_back(work, w);
+    work(0);
+    for (std::thread& t : pool) t.join();
+    for (const std::exception_ptr& e : errors)
+      if (e) std::rethrow_exception(e);
+  }
+  for (Reward& w : out)
+    for (size_t k = 0; k < kScorers; ++k)
+      if (w.applies[k]) w.total += s_.weights[k] * w.parts[k];
+  return out;
+}
+
+}  // namespace forge::gate

@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# run.objective = grpo end to end on the real binaries: a chat model fine-tuned on sums (forge-data
+# prepare --format chat, run.objective = sft), a prompt set of sums (forge-data prepare --format prompts),
+# then GRPO from that model: rollouts sampled on the training ranks with the weights being trained, scored
+# by the gate's exact match, the ratio exactly 1 and the KL to the (identical) reference exactly 0 at the
+# first update, the sampler's log-probabilities equal to the trainer's in FP32, the same rollouts and losses
+# on a second run, after a preemption and on 2 data-parallel ranks; code rewards through the sandbox; what
+# grpo needs refused with 64 or 65.
+# Usage: grpo_test.sh FORGE_TRAIN FORGE_DATA SOURCE_DIR
+set -uo pipefail
+train=$1 data=$2 src=$3
+work=$(mktemp -d)
+trap '[ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
+# shellcheck source=test/parallel/common.sh
+source "$src/test/parallel/common.sh"
+# shellcheck source=test/support/metrics.sh
+source "$src/test/support/metrics.sh"
+
+python3 - "$work" <<'EOF_PY'
+import json, random, sys
+work = sys.argv[1]
+random.seed(5)
+with open(f"{work}/chat.jsonl", "w") as f:
+    for _ in range(800):
+        a, b = random.randint(0, 9), random.randint(0, 9)
+        f.write(json.dumps({"messages": [{"role": "user", "content": f"What is {a} + {b}?"},
+                                         {"role": "assistant", "content": f"{a + b}"}]}) + "\n")
+with open(f"{work}/sums.jsonl", "w") as f:
+    for a in range(10):
+        for b in range(10):
+            f.write(json.dumps({"id": f"sum-{a}-{b}", "prompt": f"What is {a} + {b}?", "answer": str(a + b),
+                                "domain": "arithmetic"}) + "\n")
+with open(f"{work}/code.jsonl", "w") as f:
+    for n in range(4):
+        f.write(json.dumps({"id": f"code-{n}", "prompt": f"Write f returning {n}.",
+                            "tests": f"def check(g):\n    assert g() == {n}\n", "entry_point": "f"}) + "\n")
+EOF_PY
+"$data" prepare --format chat --input "$work/chat.jsonl=chat" --vocab 288 --valid-fraction 0.05 \
+  --out "$work/chat" >/dev/null 2>"$work/prepare.log" || fail "prepare chat: $(tail -n1 "$work/prepare.log")"
+"$data" prepare --format prompts --input "$work/sums.jsonl" --out "$work/sums" >/dev/null 2>"$work/prepare.log" ||
+  fail "prepare prompts: $(tail -n1 "$work/prepare.log")"
+"$data" prepare --format prompts --input "$work/code.jsonl" --out "$work/code" >/dev/null 2>"$work/prepare.log" ||
+  fail "prepare code prompts: $(tail -n1 "$work/prepare.log")"
+
+model=(--run.threads=1 --run.peak_gflops=100 --model.layers=2 --model.d_model=64 --model.heads=2
+  --model.seq_len=32 --model.vocab=288)
+"$train" "$src/configs/tiny.ini" --run.dir="$work/sft" "${model[@]}" --data.dataset="$work/chat" \
+  --run.objective=sft --optim.lr=3e-3 --run.steps=300 --ckpt.milestone_every=300 2>"$work/sft.log" ||
+  fail "sft run: $(tail -n1 "$work/sft.log")"
+sft=$work/sft/checkpoints/milestone/step-00000300
+rl=(--run.objective=grpo --rl.format_dataset="$work/chat" --rl.max_new_tokens=6 --optim.lr=3e-4
+  --optim.min_lr=3e-4 --ckpt.recovery_every=10 --ckpt.init_from="$sft")
+grpo=("${model[@]}" "${rl[@]}" --rl.group_size=4 --data.batch=8 --data.dataset="$work/sums")
+
+"$train" "$src/configs/tiny.ini" --run.dir="$work/a" "${grpo[@]}" --run.steps=100 2>"$work/a.log" ||
+  fail "grpo run: $(tail -n1 "$work/a.log")"
+python3 - "$work/a/metrics/rank-0.jsonl" <<'EOF_PY' || fail "the GRPO metrics are wrong"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 100, len(rows)
+first = rows[0]
+# The first update of a rollout: the trainer's recomputed log-probabilities are the ones it divides by.
+assert first["ratio"] == 1.0 and first["clip_fraction"] == 0.0, first
+for r in rows:
+    ro = r["rollout"]
+    assert 0 <= ro["reward"] <= 1 and 0 <= ro["flat_groups"] <= 1, ro
+    assert set(ro["reward_parts"]) >= {"exact_match", "format", "length"}, ro
+    assert 0 < ro["reply_tokens"] <= 6 and ro["generation_tokens_per_s"] > 0, ro
+    assert ro["logp_diff_max"] < 1e-4, ("sampler and trainer disagree", ro["logp_diff_max"])
+    assert r["data_domains"] == {"arithmetic": 8}, r
+print("reward by 20 steps", [round(sum(r["rollout"]["reward"] for r in rows[i:i + 20]) / 20, 3) for i in range(0, 100, 20)])
+EOF_PY
+grep -q "reward [0-9.]* reply [0-9]* tok, generation" "$work/a.log" || fail "no rollout figures in the progress lines"
+
+# The same seed, the same rollouts and losses.
+"$train" "$src/configs/tiny.ini" --run.dir="$work/b" "${grpo[@]}" --run.steps=100 2>"$work/b.log" ||
+  fail "second grpo run: $(tail -n1 "$work/b.log")"
+same() {  # same A B FIELD...: the two runs logged the same values
+  python3 - "$@" <<'EOF_PY'
+import json, sys
+a, b, fields = sys.argv[1], sys.argv[2], sys.argv[3:]
+get = lambda r, f: r["rollout"][f[8:]] if f.startswith("rollout.") else r[f]
+ra = {r["step"]: r for r in map(json.loads, open(a))}
+rb = {r["step"]: r for r in map(json.loads, open(b))}
+for s, r in rb.items():
+    for f in fields:
+        assert get(r, f) == get(ra[s], f), (s, f, get(ra[s], f), get(r, f))
+EOF_PY
+}
+same "$work/a/metrics/rank-0.jsonl" "$work/b/metrics/rank-0.jsonl" loss rollout.reward rollout.reply_tokens ||
+  fail "a second run sampled other rollouts"
+
+# Preempted mid-run and resumed: the rollouts are sampled again from the step and the same weights.
+preempt_and_resume "$work/c" 4 "$work/c.log" "$train" "$src/configs/tiny.ini" --run.dir="$work/c" "${grpo[@]}" \
+  --run.steps=100 || fail "preempt and resume"
+same "$work/a/metrics/rank-0.jsonl" "$work/c/metrics/rank-0.jsonl" loss rollout.reward ||
+  fail "the resumed run's curve differs"
+
+# The KL to the reference, which at step 1 is the policy itself: exactly 0.
+"$train" "$src/configs/tiny.ini" --run.dir="$work/kl" "${grpo[@]}" --rl.kl_coef=0.05 --run.steps=3 \
+  2>"$work/kl.log" || fail "grpo with kl: $(tail -n1 "$work/kl.log")"
+python3 - "$work/kl/metrics/rank-0.jsonl" <<'EOF_PY' || fail "the KL is wrong"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert rows[0]["kl"] == 0.0 and rows[0]["ratio"] == 1.0, rows[0]
+assert rows[-1]["kl"] > 0, ("the policy moved but its KL is 0", rows[-1])
+EOF_PY
+
+# Two data-parallel ranks sample and train the rows one rank does in two micro-batches.
+layout=("${model[@]}" "${rl[@]}" --rl.group_size=4 --data.batch=4 --data.dataset="$work/sums" --run.steps=3)
+"$train" "$src/configs/tiny.ini" --run.dir="$work/dp1" "${layout[@]}" --parallel.microbatches=2 \
+  2>"$work/dp1.log" || fail "dp1: $(tail -n1 "$work/dp1.log")"
+mpirun -np 2 "$train" "$src/configs/tiny.ini" --run.dir="$work/dp2" "${layout[@]}" \
+  --parallel.dp=2 2>"$work/dp2.log" || fail "dp2: $(tail -n1 "$work/dp2.log")"
+compare "$work/dp1" "$work/dp2"
+python3 - "$work/dp1/metrics/rank-0.jsonl" "$work/dp2/metrics/rank-0.jsonl" <<'EOF_PY' || fail "dp2 sampled other rollouts"
+import json, sys
+a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:])
+assert a[0]["rollout"]["reward"] == b[0]["rollout"]["reward"], (a[0]["rollout"], b[0]["rollout"])
+assert a[0]["rollout"]["reply_tokens"] == b[0]["rollout"]["reply_tokens"]
+for x, y in zip(a, b):
+    assert abs(x["grad_norm"] - y["grad_norm"]) <= 1e-4 * max(x["grad_norm"], 1e-3), (x["grad_norm"], y["grad_norm"])
+EOF_PY
+
+# Code rewards: the prompts' tests in the sandbox, their outcomes counted.
+"$train" "$src/configs/tiny.ini" --run.dir="$work/code-run" "${model[@]}" "${rl[@]}" --rl.group_size=4 --data.batch=8 --data.dataset="$work/code" \
+  --reward.weights=code:1,format:0.1 --run.steps=1 2>"$work/code.log" || fail "code rewards: $(tail -n1 "$work/code.log")"
+python3 - "$work/code-run/metrics/rank-0.jsonl" <<'EOF_PY' || fail "no sandbox outcomes"
+import json, sys
+ro = json.loads(open(sys.argv[1]).readline())["rollout"]
+assert sum(ro["sandbox"].values()) == 8, ro
+assert "code" in ro["reward_parts"] and "exact_match" not in ro["reward_parts"], ro
+EOF_PY
+
+# Bad input: one line naming the key or file, 64 or 65, nothing trained.
+refused() {  # refused RC PATTERN ARGS...
+  local rc=$1 pattern=$2
+  shift 2
+  "$train" "$src/configs/tiny.ini" --run.dir="$work/bad" "${model[@]}" "${rl[@]}" --data.batch=8 --run.steps=1 \
+    "$@" >"$work/bad.log" 2>&1
+  local got=$?
+  [ $got -eq "$rc" ] || { cat "$work/bad.log" >&2; fail "$* exited $got, want $rc"; }
+  grep -q -- "$pattern" "$work/bad.log" || { cat "$work/bad.log" >&2; fail "$*: no '$pattern'"; }
+}
+refused 64 "rl.group_size" --rl.group_size=1 --data.dataset="$work/sums"
+refused 64 "rl.group_size" --rl.group_size=3 --data.dataset="$work/sums"
+refused 64 "reward.weights.*'judge' is not a scorer" --reward.weights=judge:1 --data.dataset="$work/sums"
+refused 64 "parallel.tp" --parallel.tp=2 --data.dataset="$work/sums"
+refused 64 "rl.temperature" --rl.temperature=0 --data.dataset="$work/sums"
+refused 65 "prompts.jsonl: 4 of 4 prompts.*no answer" --data.dataset="$work/code"
+refused 64 "run.objective" --data.dataset="$work/chat"
+no_policy=()
+for a in "${rl[@]}"; do [[ $a == --ckpt.init_from=* ]] || no_policy+=("$a"); done
+"$train" "$src/configs/tiny.ini" --run.dir="$work/bad" "${model[@]}" "${no_policy[@]}" \
+  --data.dataset="$work/sums" --data.batch=8 --run.steps=1 >"$work/bad.log" 2>&1
+[ $? -eq 64 ] && grep -q "ckpt.init_from" "$work/bad.log" || { cat "$work/bad.log" >&2; fail "no policy: not 64"; }
+echo "grpo: ok"
