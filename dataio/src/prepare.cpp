@@ -165,9 +165,19 @@ Json settings_json(const PrepareOptions& o, const std::vector<std::string>& eval
   return s;
 }
 
-void check_options(const PrepareOptions& o) {
+// What every format needs: inputs, eval sets that exist, and an output directory that is new or empty.
+void check_destination(const PrepareOptions& o) {
   if (o.inputs.empty()) fail(ExitCode::kUsage, "no --input given");
   if (o.out.empty()) fail(ExitCode::kUsage, "no --out given");
+  for (const auto& e : o.eval_sets)
+    if (!fs::is_regular_file(e)) fail(ExitCode::kUsage, "--eval-set {}: no such file", e);
+  std::error_code ec;
+  if (fs::exists(o.out, ec) && !(fs::is_directory(o.out, ec) && fs::is_empty(o.out, ec)))
+    fail(ExitCode::kUsage,
+         "--out {}: already exists and is not an empty directory; remove it or pick another path", o.out);
+}
+
+void check_options(const PrepareOptions& o) {
   if (!(o.valid_fraction >= 0 && o.valid_fraction <= 0.5))
     fail(ExitCode::kUsage, "--valid-fraction {}: must be between 0 and 0.5", o.valid_fraction);
   if (o.shard_tokens == 0) fail(ExitCode::kUsage, "--shard-tokens must be positive");
@@ -196,12 +206,6 @@ void check_options(const PrepareOptions& o) {
            "directory holding one)",
            o.chat_template);
   }
-  for (const auto& e : o.eval_sets)
-    if (!fs::is_regular_file(e)) fail(ExitCode::kUsage, "--eval-set {}: no such file", e);
-  std::error_code ec;
-  if (fs::exists(o.out, ec) && !(fs::is_directory(o.out, ec) && fs::is_empty(o.out, ec)))
-    fail(ExitCode::kUsage,
-         "--out {}: already exists and is not an empty directory; remove it or pick another path", o.out);
 }
 
 // A model's chat template at the encode step: the mode of its segments and, per document, the masks and
@@ -670,6 +674,7 @@ ChatTemplate load_model_template(const std::string& path, bool preference) {
 }  // namespace
 
 PrepareResult prepare_dataset(const PrepareOptions& o, Ranks& ranks) {
+  check_destination(o);
   // A prompt set (prompts.h) is not tokenized and has a pipeline of its own.
   if (o.ingest.format == kPromptsFormat) {
     if (ranks.size() > 1)

@@ -225,8 +225,6 @@ std::string prompt_json_line(const Prompt& p) {
 
 PrepareResult prepare_prompt_set(const PrepareOptions& o) {
   const double t_start = now_s();
-  if (o.inputs.empty()) fail(ExitCode::kUsage, "no --input given");
-  if (o.out.empty()) fail(ExitCode::kUsage, "no --out given");
   if (!o.tokenizer_model.empty() || !o.chat_template.empty())
     fail(
         ExitCode::kUsage,
@@ -234,14 +232,6 @@ PrepareResult prepare_prompt_set(const PrepareOptions& o) {
         "the policy's own chat format, so one set serves any model); leave it out",
         o.tokenizer_model.empty() ? "--chat-template" : "--tokenizer",
         o.tokenizer_model.empty() ? o.chat_template : o.tokenizer_model);
-  for (const auto& e : o.eval_sets)
-    if (!fs::is_regular_file(e)) fail(ExitCode::kUsage, "--eval-set {}: no such file", e);
-  {
-    std::error_code ec;
-    if (fs::exists(o.out, ec) && !(fs::is_directory(o.out, ec) && fs::is_empty(o.out, ec)))
-      fail(ExitCode::kUsage,
-           "--out {}: already exists and is not an empty directory; remove it or pick another path", o.out);
-  }
 
   // Ingest: every non-blank line is a prompt, or the run stops naming it (nothing is written yet).
   double t = now_s();

@@ -90,10 +90,10 @@ ckpt::Checkpoint open_reference(const trainer::TrainSpec& spec, const std::strin
 // FP32 on the run's backend (a GPU's FP32 kernels): the reference's log-probabilities as exact as it has
 // them.
 std::unique_ptr<trainer::GPT> reference_model(const trainer::TrainSpec& spec,
-                                              std::shared_ptr<trainer::ReplyLogps> logps,
+                                              std::shared_ptr<const trainer::Loss> loss,
                                               trainer::Backend& backend) {
   return std::make_unique<trainer::GPT>(
-      spec.model, trainer::ModelSetup{.batch = spec.batch, .backend = &backend, .loss = std::move(logps)});
+      spec.model, trainer::ModelSetup{.batch = spec.batch, .backend = &backend, .loss = std::move(loss)});
 }
 
 }  // namespace
@@ -153,12 +153,20 @@ std::vector<double> reference_logps(const trainer::TrainSpec& spec, const data::
   return values;
 }
 
+std::unique_ptr<trainer::GPT> frozen_reference(const trainer::TrainSpec& spec, const std::string& dir,
+                                               std::shared_ptr<const trainer::Loss> loss,
+                                               trainer::Backend& backend) {
+  const ckpt::Checkpoint checkpoint = open_reference(spec, dir);
+  checkpoint.verify();
+  std::unique_ptr<trainer::GPT> model = reference_model(spec, std::move(loss), backend);
+  trainer::load_checkpoint(checkpoint, *model, nullptr);
+  return model;
+}
+
 LiveReference::LiveReference(const trainer::TrainSpec& spec, const std::string& reference_dir,
                              trainer::Backend& backend)
-    : logps_(std::make_shared<trainer::ReplyLogps>()), model_(reference_model(spec, logps_, backend)) {
-  const ckpt::Checkpoint checkpoint = open_reference(spec, reference_dir);
-  checkpoint.verify();
-  trainer::load_checkpoint(checkpoint, *model_, nullptr);
+    : logps_(std::make_shared<trainer::ReplyLogps>()),
+      model_(frozen_reference(spec, reference_dir, logps_, backend)) {
   spdlog::info("dpo reference {}: a frozen copy computes its log-probabilities every step", reference_dir);
 }
 

@@ -26,6 +26,13 @@ std::vector<double> reference_logps(const trainer::TrainSpec& spec, const data::
                                     const std::string& reference_dir, comm::Comm& world,
                                     trainer::Backend& backend);
 
+// A frozen copy of the checkpoint at `dir`, which must hold the spec's model, verified and loaded into a
+// whole model of data.batch rows whose loss is `loss` (what the reference computes: ReplyLogps for DPO,
+// TokenLogps for GRPO's KL), in FP32 on `backend`.
+std::unique_ptr<trainer::GPT> frozen_reference(const trainer::TrainSpec& spec, const std::string& dir,
+                                               std::shared_ptr<const trainer::Loss> loss,
+                                               trainer::Backend& backend);
+
 // dpo.reference_mode = live: a frozen copy of the reference on this rank computes the log-probabilities of
 // each micro-batch's pairs as it is read (every rank: each keeps the batches whole, and a checkpoint's
 // verification batch carries them). Costs a reference forward per micro-batch instead of a file read;

@@ -1,6 +1,7 @@
 #include "rollouts.h"
 
-#include "forge/ckpt/checkpoint.h"
+#include "dpo_reference.h"
+
 #include "forge/common/error.h"
 #include "forge/common/hash.h"
 #include "forge/common/text.h"
@@ -9,7 +10,6 @@
 #include "forge/eval_gate/generate.h"
 #include "forge/eval_gate/prompt_format.h"
 #include "forge/eval_gate/rewards.h"
-#include "forge/trainer/checkpoint_io.h"
 #include "forge/trainer/loss.h"
 #include "forge/trainer/parallel.h"
 
@@ -97,24 +97,16 @@ class Rollouts final : public DataSource {
                     fmt::format("the policy's tokenizer has {} tokens: it must be at least that",
                                 format_.tokenizer->vocab_size()));
     stops_ = format_.stops(true);
+    std::string kl;
     if (spec.rl.loss.kl_coef > 0) {
       const std::string reference = spec.rl.reference.empty() ? init_from : spec.rl.reference;
-      const ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(reference);
-      ckpt::check_expectations(checkpoint.manifest(),
-                               {.model_config = trainer::model_spec_json(spec.model), .dataset_version = {}},
-                               reference);
-      checkpoint.verify();
-      reference_ = std::make_unique<trainer::GPT>(
-          spec.model,
-          trainer::ModelSetup{.batch = spec.batch, .backend = &backend, .loss = reference_logps_});
-      trainer::load_checkpoint(checkpoint, *reference_, nullptr);
-      reference_dir_ = reference;
+      reference_ = frozen_reference(spec, reference, reference_logps_, backend);
+      kl = fmt::format(", KL to {}", reference);
     }
     const int per_step = spec.layout.dp * spec.microbatches * spec.batch / spec.rl.group_size;
     if (dp_rank == 0)
       spdlog::info("grpo: {} prompts of {} per step, {} replies each, reward {}{}", per_step, set_.dir,
-                   spec.rl.group_size, spec.rl.reward.weights.size(),
-                   reference_ ? fmt::format(", KL to {}", reference_dir_) : "");
+                   spec.rl.group_size, spec.rl.reward.weights.size(), kl);
   }
 
   void set_policy(trainer::ParallelTrainer& policy) override { policy_ = &policy; }
@@ -278,6 +270,8 @@ class Rollouts final : public DataSource {
       kTokens,
       kStopped,
       kNewTokens,
+      kDiff,
+      kScored,
       kParts
     };
     // kParts: per scorer its summed score and the replies it applied to; then the sandbox outcomes.
@@ -303,12 +297,12 @@ class Rollouts final : public DataSource {
       sums[kFlatGroups] += flat ? 1 : 0;
     }
     sums[kNewTokens] = double(new_tokens);
+    sums[kDiff] = diff_sum;
+    sums[kScored] = scored;
     comm::Comm& dp = *policy_->groups().dp;
     dp.all_reduce(sums.data(), sums.size(), comm::CommType::kF64, comm::ReduceOp::kSum)->wait();
     double slowest[3] = {generation_s, reward_s, diff_max};
     dp.all_reduce(slowest, 3, comm::CommType::kF64, comm::ReduceOp::kMax)->wait();
-    double diff[2] = {diff_sum, scored};
-    dp.all_reduce(diff, 2, comm::CommType::kF64, comm::ReduceOp::kSum)->wait();
     const double n = sums[kReplies], mean = sums[kReward] / n;
     Json parts = Json::object(), sandbox = Json::object();
     for (size_t s = 0; s < gate::kScorers; ++s)
@@ -326,7 +320,7 @@ class Rollouts final : public DataSource {
                 {"generation_ms", slowest[0] * 1e3},
                 {"reward_ms", slowest[1] * 1e3},
                 {"generation_tokens_per_s", slowest[0] > 0 ? sums[kNewTokens] / slowest[0] : 0.0},
-                {"logp_diff_mean", diff[1] > 0 ? diff[0] / diff[1] : 0.0},
+                {"logp_diff_mean", sums[kScored] > 0 ? sums[kDiff] / sums[kScored] : 0.0},
                 {"logp_diff_max", slowest[2]}};
     if (!sandbox.empty()) metrics_["sandbox"] = sandbox;
   }
@@ -342,7 +336,6 @@ class Rollouts final : public DataSource {
   std::shared_ptr<trainer::TokenLogps> token_logps_ = std::make_shared<trainer::TokenLogps>();
   std::shared_ptr<trainer::TokenLogps> reference_logps_ = std::make_shared<trainer::TokenLogps>();
   std::unique_ptr<trainer::GPT> reference_;
-  std::string reference_dir_;
   std::vector<size_t> order_;
   uint64_t order_epoch_ = 0;
   Json metrics_;

@@ -51,7 +51,8 @@ inline constexpr const char* kPromptRules = "forge-prompts-v1";
 inline constexpr const char* kDefaultPromptDomain = "default";
 
 // `forge-data prepare --format prompts` (PrepareOptions::ingest.format "prompts"; prepare_dataset calls
-// this). Reads every input as JSONL, one prompt a line:
+// this, after the checks every format has: inputs given, eval sets present, --out new or empty). Reads
+// every input as JSONL, one prompt a line:
 //   {"id"?: "...", "prompt": "...", "answer": "19" | "answers": ["19", ...], "tests"?: "python",
 //    "entry_point"?: "f", "domain"?: "..."}
 // Every non-blank line needs a non-empty string prompt and an answer, answers or tests; anything wrong is
