@@ -23,6 +23,7 @@ packages=(
   libcld2-dev                         # language identification in prepare (Compact Language Detector 2)
   libpcre2-dev                        # Hugging Face tokenizers' pre-tokenizer patterns (Unicode classes, JIT)
   libicu-dev                          # Hugging Face tokenizers' NFC/NFKC normalizers (ICU's Normalizer2)
+  libpng-dev libjpeg62-turbo-dev      # decoding the images of image-text datasets (libpng, libjpeg-turbo)
   # --- the embedded dev cluster (scripts/devcluster)
   slurm-wlm slurmctld slurmd slurmdbd slurm-client libslurm-dev slurm-wlm-basic-plugins
   slurm-wlm-mysql-plugin munge mariadb-server libpmix-dev libpmix-bin
@@ -31,12 +32,13 @@ packages=(
   python3-h5py                        # forge-ckpt export's interoperability check reads the file with h5py
   python3-regex python3-jinja2        # the tokenizer and chat-template references of the dataio tests
   python3-torch                       # the PyTorch references the Hugging Face import/export tests run
+  python3-pil python3-numpy           # the image reference of the dataio tests (PIL's decoders and resize)
   bubblewrap                          # the evaluation gate's sandbox for candidate programs (bwrap)
   lua5.1                              # runs job_submit.lua in its test (Slurm's job_submit_lua.so links Lua 5.1)
   prometheus                          # promtool checks the textfile-collector output (the server is not started)
 )
 if [ "${1:-}" = --browser ]; then
-  packages+=(chromium chromium-driver python3-selenium python3-pil)  # the reports as a browser renders them
+  packages+=(chromium chromium-driver python3-selenium)  # the reports as a browser renders them
 fi
 
 missing=()

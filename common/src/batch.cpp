@@ -13,7 +13,7 @@ namespace {
 // Serialized form: magic, rows, seq_len, which optional fields follow, then the arrays in field order.
 constexpr char kMagic[8] = {'F', 'M', 'B', 'A', 'T', 'C', 'H', '1'};
 constexpr uint32_t kHasWeights = 1, kHasPositions = 2, kHasSegments = 4, kHasReference = 8, kHasDomains = 16,
-                   kHasRollout = 32, kHasRolloutReference = 64;
+                   kHasRollout = 32, kHasRolloutReference = 64, kHasImages = 128;
 
 template <typename T>
 void put(std::string& out, const std::vector<T>& v) {
@@ -62,6 +62,13 @@ void MicroBatch::resize(int r, int t, Targets form) {
   advantages.clear();
   old_logps.clear();
   ref_logps.clear();
+  image_pixels.clear();
+  image_starts.clear();
+}
+
+void MicroBatch::add_image(int r, int t, const uint8_t* rgb) {
+  image_starts.push_back(int64_t(r) * seq_len + t);
+  image_pixels.insert(image_pixels.end(), rgb, rgb + image_bytes());
 }
 
 double MicroBatch::weight_sum() const {
@@ -145,6 +152,17 @@ std::optional<std::string> MicroBatch::problem(int vocab, int max_positions) con
       (!advantages.empty() && (advantages.size() != size_t(rows) || old_logps.size() != n)) ||
       (advantages.empty() && !old_logps.empty()) || (!ref_logps.empty() && ref_logps.size() != n))
     return fmt::format("a micro-batch of {} x {} positions has fields of the wrong length", rows, seq_len);
+  if (image_pixels.size() != images() * image_bytes() || (images() > 0 && image_tokens <= 0))
+    return fmt::format("{} pictures of {}x{} with {} bytes of pixels and {} positions each", images(),
+                       image_size, image_size, image_pixels.size(), image_tokens);
+  for (size_t k = 0; k < images(); ++k) {
+    const int64_t at = image_starts[k], T = seq_len;
+    if (at < 0 || size_t(at) >= n || at % T + image_tokens > T ||
+        (k > 0 && at < image_starts[k - 1] + image_tokens))
+      return where(size_t(std::clamp<int64_t>(at, 0, int64_t(n) - 1)),
+                   fmt::format("picture {}'s {} positions leave the row or overlap the previous picture's", k,
+                               image_tokens));
+  }
   for (size_t i = 0; i < n; ++i) {
     if (inputs[i] < 0 || inputs[i] >= vocab)
       return where(i, fmt::format("input id {} is outside the vocabulary [0, {})", inputs[i], vocab));
@@ -200,6 +218,13 @@ MicroBatch MicroBatch::slice_rows(int first, int count) const {
   if (!advantages.empty()) append_rows(out.advantages, advantages, size_t(first), size_t(count));
   if (!old_logps.empty()) append_rows(out.old_logps, old_logps, lo, n);
   if (!ref_logps.empty()) append_rows(out.ref_logps, ref_logps, lo, n);
+  out.image_size = image_size;
+  out.image_tokens = image_tokens;
+  for (size_t k = 0; k < images(); ++k)
+    if (size_t(image_starts[k]) >= lo && size_t(image_starts[k]) < lo + n) {
+      out.image_starts.push_back(image_starts[k] - int64_t(lo));
+      append_rows(out.image_pixels, image_pixels, k * image_bytes(), image_bytes());
+    }
   return out;
 }
 
@@ -234,6 +259,14 @@ MicroBatch MicroBatch::concat(std::span<const MicroBatch> parts) {
     append_rows(out.advantages, p.advantages, 0, p.advantages.size());
     append_rows(out.old_logps, p.old_logps, 0, p.old_logps.size());
     append_rows(out.ref_logps, p.ref_logps, 0, p.ref_logps.size());
+    if (p.images() > 0) {
+      if (out.images() > 0 && (p.image_size != out.image_size || p.image_tokens != out.image_tokens))
+        throw std::invalid_argument("MicroBatch::concat: pictures of different sizes");
+      out.image_size = p.image_size;
+      out.image_tokens = p.image_tokens;
+      for (const int64_t at : p.image_starts) out.image_starts.push_back(at + int64_t(out.size() - p.size()));
+      append_rows(out.image_pixels, p.image_pixels, 0, p.image_pixels.size());
+    }
     // A part without an optional field contributes its default values.
     for (size_t i = 0; i < p.size(); ++i) {
       if (explicit_targets) out.targets.push_back(p.target(i));
@@ -248,11 +281,11 @@ MicroBatch MicroBatch::concat(std::span<const MicroBatch> parts) {
 
 std::string MicroBatch::serialize() const {
   std::string out(kMagic, sizeof kMagic);
-  const uint32_t flags = (weights.empty() ? 0 : kHasWeights) | (positions.empty() ? 0 : kHasPositions) |
-                         (segments.empty() ? 0 : kHasSegments) |
-                         (reference_logps.empty() ? 0 : kHasReference) | (domains.empty() ? 0 : kHasDomains) |
-                         (advantages.empty() ? 0 : kHasRollout) |
-                         (ref_logps.empty() ? 0 : kHasRolloutReference);
+  const uint32_t flags =
+      (weights.empty() ? 0 : kHasWeights) | (positions.empty() ? 0 : kHasPositions) |
+      (segments.empty() ? 0 : kHasSegments) | (reference_logps.empty() ? 0 : kHasReference) |
+      (domains.empty() ? 0 : kHasDomains) | (advantages.empty() ? 0 : kHasRollout) |
+      (ref_logps.empty() ? 0 : kHasRolloutReference) | (image_starts.empty() ? 0 : kHasImages);
   const uint32_t header[3] = {uint32_t(rows), uint32_t(seq_len), flags};
   out.append(reinterpret_cast<const char*>(header), sizeof header);
   put(out, inputs);
@@ -269,6 +302,11 @@ std::string MicroBatch::serialize() const {
   put(out, advantages);
   put(out, old_logps);
   put(out, ref_logps);
+  if (!image_starts.empty()) {
+    put(out, std::vector<int64_t>{image_size, image_tokens, int64_t(images())});
+    put(out, image_starts);
+    put(out, image_pixels);
+  }
   return out;
 }
 
@@ -295,6 +333,16 @@ MicroBatch MicroBatch::deserialize(std::string_view in) {
   take(in, b.advantages, header[2] & kHasRollout ? size_t(b.rows) : 0);
   take(in, b.old_logps, header[2] & kHasRollout ? n : 0);
   take(in, b.ref_logps, header[2] & kHasRolloutReference ? n : 0);
+  if (header[2] & kHasImages) {
+    std::vector<int64_t> shape;
+    take(in, shape, 3);
+    if (shape[0] <= 0 || shape[0] > 4096 || shape[1] <= 0 || shape[2] <= 0 || size_t(shape[2]) > n)
+      fail(ExitCode::kData, "serialized micro-batch has a bad picture header");
+    b.image_size = int(shape[0]);
+    b.image_tokens = int(shape[1]);
+    take(in, b.image_starts, size_t(shape[2]));
+    take(in, b.image_pixels, size_t(shape[2]) * b.image_bytes());
+  }
   if (!in.empty()) fail(ExitCode::kData, "serialized micro-batch has {} trailing bytes", in.size());
   return b;
 }

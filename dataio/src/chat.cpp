@@ -217,31 +217,35 @@ std::string chat_template_sha256() {
   return sha256_hex(chat_template_json().dump());
 }
 
+std::optional<uint32_t> reserved_piece_id(const Tokenizer& tok, std::string_view piece) {
+  const auto id = tok.piece_id(piece);
+  // A piece that BPE merely happens to hold encodes as one id alone but not always next to other text; a
+  // reserved one is its id wherever it appears, so probe it in context (counting, so that a model that
+  // adds a dummy prefix passes too).
+  bool ok = id.has_value();
+  std::vector<int> got;
+  for (const auto& [before, after] : std::initializer_list<std::pair<const char*, const char*>>{
+           {"", ""}, {"a", "b"}, {"Hello <", "| x"}, {"\n", " \n"}, {"<|end", "|>"}, {"x|", "<|"}}) {
+    for (int copies = 1; ok && copies <= 2; ++copies) {
+      std::string text = before;
+      for (int c = 0; c < copies; ++c) text += piece;
+      tok.encode(text + after, got);
+      ok = std::count(got.begin(), got.end(), static_cast<int>(*id)) == copies &&
+           (copies > 1 || *before || *after || got.size() == 1);
+    }
+  }
+  return ok ? id : std::nullopt;
+}
+
 ChatMarkerIds chat_marker_ids(const Tokenizer& tok, const std::string& model_path) {
   uint32_t ids[4] = {};
-  std::vector<int> got;
   for (size_t k = 0; k < kChatMarkers.size(); ++k) {
-    const std::string marker(kChatMarkers[k]);
-    const auto id = tok.piece_id(marker);
-    // A piece that BPE merely happens to hold encodes as one id alone but not always next to other text;
-    // the mask needs the marker's id wherever the template puts it, so probe it in context (counting, so a
-    // model that adds a dummy prefix passes too).
-    bool ok = id.has_value();
-    for (const auto& [before, after] : std::initializer_list<std::pair<const char*, const char*>>{
-             {"", ""}, {"a", "b"}, {"Hello <", "| x"}, {"\n", " \n"}, {"<|end", "|>"}, {"x|", "<|"}}) {
-      for (int copies = 1; ok && copies <= 2; ++copies) {
-        std::string text = before;
-        for (int c = 0; c < copies; ++c) text += marker;
-        tok.encode(text + after, got);
-        ok = std::count(got.begin(), got.end(), static_cast<int>(*id)) == copies &&
-             (copies > 1 || *before || *after || got.size() == 1);
-      }
-    }
-    if (!ok)
+    const auto id = reserved_piece_id(tok, kChatMarkers[k]);
+    if (!id)
       fail(ExitCode::kUsage,
            "--tokenizer {}: the chat marker {} is not a single reserved piece of this model; use a tokenizer "
            "trained by 'forge-data prepare' (it reserves {}, {}, {} and {}) or drop --tokenizer to train one",
-           model_path, marker, kChatSystem, kChatUser, kChatAssistant, kChatEnd);
+           model_path, kChatMarkers[k], kChatSystem, kChatUser, kChatAssistant, kChatEnd);
     ids[k] = *id;
   }
   return {ids[0], ids[1], ids[2], ids[3]};
@@ -351,7 +355,7 @@ bool uses_model_template(const Json& settings) {
 
 void verify_chat_masks(const std::string& dataset_dir) {
   const Manifest m = load_manifest(dataset_dir);
-  const bool masked = m.format == "chat" || m.format == "preference";
+  const bool masked = m.format == "chat" || m.format == "preference" || m.format == "image-text";
   const bool model_template = masked && uses_model_template(m.settings);
   std::optional<ChatMarkerIds> markers;
   if (m.format == "preference" && !model_template) {

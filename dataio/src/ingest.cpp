@@ -282,6 +282,58 @@ void ingest_preference_jsonl(const std::string& data, const std::string& path, c
   });
 }
 
+// Image-text: one chat Document per record, its pictures into corpus.images. A record naming a picture that
+// cannot be read is a malformed line, one whose picture is tiny or extreme a quality drop; either way none
+// of its pictures is kept.
+void ingest_image_text_jsonl(const std::string& data, const std::string& path, const InputSpec& in,
+                             const IngestOptions& options, Corpus& corpus, IngestStats& stats) {
+  ChatIngestStats& cs = stats.chat;
+  ImageIngestStats& is = stats.images;
+  ImageTextRecord rec;
+  std::vector<LoadedImage> loaded;
+  ingest_records(data, path, options, stats, [&](const std::string& line, int line_no) {
+    if (std::string why = parse_image_text_line(line, rec); !why.empty()) return why;
+    size_t placeholders = 0;
+    for (auto& m : rec.chat.messages) {
+      clean_content(m.content, cs);
+      placeholders += count_placeholders(m.content);
+    }
+    if (placeholders != rec.images.size()) {
+      ++is.bad["placeholder_mismatch"];
+      return fmt::format("{} {} placeholders for {} images", placeholders, kImagePlaceholder,
+                         rec.images.size());
+    }
+    if (const std::string why = chat_degenerate_reason(rec.chat.messages); !why.empty()) {
+      ++cs.degenerate[why];
+      return std::string();
+    }
+    loaded.clear();
+    for (const auto& ref : rec.images) {
+      loaded.push_back(load_record_image(path, ref, options.image));
+      const LoadedImage& li = loaded.back();
+      is.decode_cpu_seconds += li.cpu_seconds;
+      if (li.reason.empty()) continue;
+      const bool quality =
+          std::find(ImageIngestStats::kQualityReasons.begin(), ImageIngestStats::kQualityReasons.end(),
+                    li.reason) != ImageIngestStats::kQualityReasons.end();
+      ++(quality ? is.dropped : is.bad)[li.reason];
+      return quality ? std::string() : fmt::format("image {}: {} ({})", ref, li.reason, li.detail);
+    }
+    const size_t before = corpus.docs.size();
+    admit_record(render_chat(rec.chat.messages), rec.chat.source,
+                 record_domain(in, rec.chat.domain, options, path, line_no), rec.chat.license, path, line_no,
+                 options, corpus, stats);
+    if (corpus.docs.size() == before) return std::string();
+    for (LoadedImage& li : loaded) {
+      corpus.docs.back().images.push_back(static_cast<uint32_t>(corpus.images.size()));
+      corpus.images.push_back(std::move(li.image));
+      ++is.images;
+      is.bytes += li.file_bytes;
+    }
+    return std::string();
+  });
+}
+
 }  // namespace
 
 InputSpec parse_input_spec(const std::string& arg) {
@@ -392,6 +444,8 @@ void ingest(const std::vector<InputSpec>& inputs, const IngestOptions& options, 
       ingest_chat_jsonl(data, path, in, options, corpus, stats);
     } else if (options.format == "preference") {
       ingest_preference_jsonl(data, path, in, options, corpus, stats);
+    } else if (options.format == kImageTextFormat) {
+      ingest_image_text_jsonl(data, path, in, options, corpus, stats);
     } else if (lower_extension(f->path) == "jsonl") {
       ingest_jsonl(data, path, in, options, corpus, stats);
     } else {

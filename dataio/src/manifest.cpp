@@ -65,9 +65,11 @@ Manifest Manifest::from_json(const Json& j, const std::string& where) {
            kManifestSchemaVersion);
     m.version = j.at("version").get<std::string>();
     m.format = j.value("format", std::string("text"));
-    if (m.format != "text" && m.format != "chat" && m.format != "preference" && m.format != "prompts")
-      fail(ExitCode::kData, "{}: format '{}' unknown (this build reads text, chat, preference and prompts)",
-           where, m.format);
+    if (m.format != "text" && m.format != "chat" && m.format != "preference" && m.format != "image-text" &&
+        m.format != "prompts")
+      fail(ExitCode::kData,
+           "{}: format '{}' unknown (this build reads text, chat, preference, image-text and prompts)", where,
+           m.format);
     if (m.format == "prompts") {
       m.domains = j.at("domains").get<std::vector<std::string>>();
       m.settings = j.at("settings");

@@ -160,6 +160,10 @@ Json settings_json(const PrepareOptions& o, const std::vector<std::string>& eval
     }
   }
   if (o.ingest.format == "preference") s["preference"] = preference_rules_json();
+  if (o.ingest.format == kImageTextFormat) {
+    s["image"] = o.ingest.image.to_json();
+    s["image"]["decoder"] = kImageDecoder;
+  }
   for (size_t t = 0; t < kPiiTypes; ++t)
     if (o.pii.types[t]) s["pii"]["types"].push_back(pii_type_name(PiiType(t)));
   return s;
@@ -181,8 +185,11 @@ void check_options(const PrepareOptions& o) {
   if (!(o.valid_fraction >= 0 && o.valid_fraction <= 0.5))
     fail(ExitCode::kUsage, "--valid-fraction {}: must be between 0 and 0.5", o.valid_fraction);
   if (o.shard_tokens == 0) fail(ExitCode::kUsage, "--shard-tokens must be positive");
-  if (o.ingest.format != "text" && o.ingest.format != "chat" && o.ingest.format != "preference")
-    fail(ExitCode::kUsage, "--format {}: must be text, chat, preference or prompts", o.ingest.format);
+  if (o.ingest.format != "text" && o.ingest.format != "chat" && o.ingest.format != "preference" &&
+      o.ingest.format != kImageTextFormat)
+    fail(ExitCode::kUsage, "--format {}: must be text, chat, preference, image-text or prompts",
+         o.ingest.format);
+  if (o.ingest.format == kImageTextFormat) check_image_options(o.ingest.image);
   if (o.chat.max_tokens == 1)
     fail(ExitCode::kUsage,
          "--max-tokens 1: must be 0 (no limit) or at least 2 (one token is end-of-sequence)");
@@ -309,6 +316,20 @@ Fit fit_to_limit(std::vector<uint32_t>& ids, std::vector<uint8_t>& mask, uint32_
   ids.push_back(eos);
   mask.push_back(0);
   return std::find(mask.begin(), mask.end(), uint8_t{1}) == mask.end() ? Fit::kNoScoredToken : Fit::kCut;
+}
+
+// After --max-tokens: a cut inside a picture's run (just before the end-of-sequence id) leaves part of a
+// run; it goes. Returns the pictures left.
+size_t drop_partial_image(std::vector<uint32_t>& ids, std::vector<uint8_t>& mask, uint32_t image_id,
+                          uint32_t tokens) {
+  const auto placeholders = static_cast<size_t>(std::count(ids.begin(), ids.end(), image_id));
+  const size_t partial = placeholders % tokens;
+  if (partial > 0) {
+    const auto end = ids.end() - 1;  // the end-of-sequence id
+    ids.erase(end - static_cast<std::ptrdiff_t>(partial), end);
+    mask.erase(mask.end() - 1 - static_cast<std::ptrdiff_t>(partial), mask.end() - 1);
+  }
+  return placeholders / tokens;
 }
 
 uint64_t scored_in(const std::vector<uint8_t>& mask) {
@@ -494,6 +515,32 @@ struct ShardTally {
   uint64_t tokens = 0, shards = 0;
 };
 
+// Image-text: the placeholder id, positions per picture and picture side, and the pictures the documents
+// index.
+struct ImageRuns {
+  uint32_t id = 0, tokens = 0, size = 0;
+  const std::vector<CorpusImage>* pictures = nullptr;
+};
+
+// A document's pictures into a shard, before its tokens: each run of `tokens` placeholder ids is one picture,
+// in order. (A distributed prepare reads text only, so a document's pictures never travel between ranks.)
+void append_images(ShardData& data, const Document& doc, const std::vector<uint32_t>& ids,
+                   const ImageRuns& images) {
+  size_t next = 0;
+  for (size_t t = 0; t < ids.size(); ++t) {
+    if (ids[t] != images.id) continue;
+    if (next == doc.images.size())
+      fail(ExitCode::kData, "{}: more picture runs than pictures (internal)", doc.source);
+    data.image_positions.push_back(data.tokens.size() + t);
+    const auto& rgb = (*images.pictures)[doc.images[next++]].rgb;
+    data.images.insert(data.images.end(), rgb.begin(), rgb.end());
+    t += images.tokens - 1;
+  }
+  if (next != doc.images.size())
+    fail(ExitCode::kData, "{}: {} picture runs for {} pictures (internal)", doc.source, next,
+         doc.images.size());
+}
+
 // Shards: one stream per (split, domain), cut at document boundaries every shard_tokens tokens; in a
 // preference stream only after a rejected half, so a pair never straddles two shards (the reader batches
 // pairs within a shard). Distributed, the cuts are those of one process: the ranks decide theirs in rank
@@ -503,7 +550,8 @@ struct ShardTally {
 void write_shards(const Corpus& corpus, const std::vector<std::vector<uint32_t>>& encoded,
                   const std::vector<std::vector<uint8_t>>& masks, const std::vector<uint8_t>& valid,
                   Manifest& m, const std::string& tokenizer_sha256, const fs::path& partial,
-                  uint64_t shard_tokens, bool preference, ShardTally& tally, Ranks& ranks) {
+                  uint64_t shard_tokens, bool preference, const ImageRuns* images, ShardTally& tally,
+                  Ranks& ranks) {
   const size_t domains = corpus.domains.size(), streams = 2 * domains;  // train streams, then valid ones
   const auto stream_of = [&](size_t i) { return (valid[i] ? domains : 0) + corpus.docs[i].domain; };
   struct Open {  // the shard a stream is filling
@@ -560,7 +608,9 @@ void write_shards(const Corpus& corpus, const std::vector<std::vector<uint32_t>>
     const std::vector<uint32_t>& ids = encoded[i];
     const uint8_t* mask = masks.empty() ? nullptr : masks[i].data();
     if (place[i].owner == ranks.rank()) {
-      append(mine[{stream_of(i), place[i].seq}], doc.domain, license, language, ids.data(), ids.size(), mask);
+      ShardData& data = mine[{stream_of(i), place[i].seq}];
+      if (images) append_images(data, doc, ids, *images);
+      append(data, doc.domain, license, language, ids.data(), ids.size(), mask);
     } else {
       Packer& p = continued.to[static_cast<size_t>(place[i].owner)];
       p.put<uint64_t>(stream_of(i))
@@ -611,8 +661,12 @@ void write_shards(const Corpus& corpus, const std::vector<std::vector<uint32_t>>
     const std::string& domain = corpus.domains[stream % domains];
     const std::string rel = fmt::format("shards/{}-{}-{:05d}.h5", split, domain, seq);
     const std::string path = (partial / rel).string();
-    write_shard(path, data, {kShardSchemaVersion, split, domain, tokenizer_sha256, m.vocab_size},
-                m.token_bytes);
+    ShardAttrs attrs{kShardSchemaVersion, split, domain, tokenizer_sha256, m.vocab_size};
+    if (images) {
+      attrs.image_size = images->size;
+      attrs.image_tokens = images->tokens;
+    }
+    write_shard(path, data, attrs, m.token_bytes);
     entries.put<uint64_t>(stream)
         .put(seq)
         .put(std::string_view(rel))
@@ -687,12 +741,13 @@ PrepareResult prepare_dataset(const PrepareOptions& o, Ranks& ranks) {
   // Chat and preference data: the chat template, a loss mask, no prose filters. A preference dataset's
   // documents go in pairs.
   const bool preference = o.ingest.format == "preference";
-  const bool chat = o.ingest.format == "chat" || preference;
+  const bool image_text = o.ingest.format == kImageTextFormat;
+  const bool chat = o.ingest.format == "chat" || preference || image_text;
   const std::string unit = preference ? "pair" : "conversation";
   if (chat && ranks.size() > 1)
     fail(ExitCode::kUsage,
-         "--format {}: a distributed prepare reads text datasets only; run one process (a chat "
-         "or preference corpus is small next to pretraining text)",
+         "--format {}: a distributed prepare reads text datasets only; run one process (a chat, "
+         "preference or image-text corpus is small next to pretraining text)",
          o.ingest.format);
   // A given tokenizer without the chat markers is a usage error for forge's template; say so before any
   // work is done. A model's template is loaded and tried before any work too: one the engine cannot render
@@ -702,6 +757,8 @@ PrepareResult prepare_dataset(const PrepareOptions& o, Ranks& ranks) {
     model_template.emplace(load_model_template(o.chat_template, preference));
   else if (chat && !o.tokenizer_model.empty())
     chat_marker_ids(Tokenizer::load(o.tokenizer_model), o.tokenizer_model);
+  if (image_text && !o.tokenizer_model.empty())
+    image_token_id(Tokenizer::load(o.tokenizer_model), o.tokenizer_model);
   const double t_start = now_s(), cpu_start = cpu_s();
   Json stages = Json::object();
   // Every check on what is left is of the whole corpus, so every rank fails the same way.
@@ -801,8 +858,16 @@ PrepareResult prepare_dataset(const PrepareOptions& o, Ranks& ranks) {
     run("repository", [&] { return dedup_repositories(corpus, o.repository, ranks); });
   else
     stages["repository"] = {{"skipped", "no document names a repository"}, {"removed", Json::object()}};
-  run("exact_dedup", [&] { return exact_dedup(corpus, ranks); });
-  if (o.near_dedup) run("near_dedup", [&] { return near_dedup(corpus, o.minhash, ranks); });
+  if (image_text) {
+    // The text stages' unit, the text, would call two questions about two pictures duplicates.
+    for (const char* stage : {"exact_dedup", "near_dedup"})
+      stages[stage] = {{"skipped", "image-text: deduplicated as text with its pictures (image_dedup)"},
+                       {"removed", Json::object()}};
+    run("image_dedup", [&] { return dedup_image_text(corpus, o.minhash, o.ingest.image.near_distance); });
+  } else {
+    run("exact_dedup", [&] { return exact_dedup(corpus, ranks); });
+    if (o.near_dedup) run("near_dedup", [&] { return near_dedup(corpus, o.minhash, ranks); });
+  }
   if (chat) {
     stages["filters"] = {{"skipped", filters_skipped(o.ingest.format)}, {"removed", Json::object()}};
   } else {
@@ -813,6 +878,12 @@ PrepareResult prepare_dataset(const PrepareOptions& o, Ranks& ranks) {
   require_docs(corpus, "the license allow-list", stages["license"]);
   run("decontam", [&] { return decontaminate(corpus, eval_index, o.eval_sets); });
   require_docs(corpus, "decontamination", stages["decontam"]);
+  if (image_text) {
+    const std::vector<uint64_t> eval_pictures = load_eval_images(o.eval_sets, o.ingest.image);
+    run("image_decontam",
+        [&] { return decontaminate_images(corpus, eval_pictures, o.ingest.image.near_distance); });
+    require_docs(corpus, "picture decontamination", stages["image_decontam"]);
+  }
   // From here on a preference corpus holds the halves, in pairs: the tokenizer trains on what is encoded.
   const uint64_t pairs_cleaned = preference ? corpus.docs.size() : 0;
   if (preference) corpus = split_pairs(std::move(corpus));
@@ -856,7 +927,9 @@ PrepareResult prepare_dataset(const PrepareOptions& o, Ranks& ranks) {
         Corpus sample;
         for (const auto& block : gathered)
           for (Unpacker in(block); !in.done();) sample.docs.emplace_back().text = in.str();
-        trained.emplace(Tokenizer::train(sample, o.tokenizer, model_path, 1));
+        TokenizerTrainOptions train = o.tokenizer;
+        train.image_placeholder = image_text;
+        trained.emplace(Tokenizer::train(sample, train, model_path, 1));
       }
     }
     ranks.all_gather("");  // the model is written
@@ -878,6 +951,15 @@ PrepareResult prepare_dataset(const PrepareOptions& o, Ranks& ranks) {
       by_template->scored = preference ? ScoredReplies::kFinal : ScoredReplies::kAll;
     }
     auto encoded = encode_all(corpus, tok, threads, by_template ? &*by_template : nullptr);
+    // Each picture's placeholder becomes its run of positions before masks and --max-tokens see the ids.
+    std::optional<uint32_t> image_id;
+    if (image_text) {
+      image_id = image_token_id(tok, o.tokenizer_model.empty() ? model_path : o.tokenizer_model);
+      std::vector<uint8_t> none;
+      for (size_t i = 0; i < encoded.size(); ++i)
+        expand_image_tokens(encoded[i], by_template ? by_template->masks[i] : none, *image_id,
+                            o.ingest.image.tokens());
+    }
     {
       uint64_t bytes = 0;
       for (const auto& d : corpus.docs) bytes += d.text.size();
@@ -922,7 +1004,13 @@ PrepareResult prepare_dataset(const PrepareOptions& o, Ranks& ranks) {
       }
       chat_report["filters"] = filters_skipped(o.ingest.format);
       if (preference) chat_report["pairs_after_cleaning"] = pairs_cleaned;
+      if (image_text) chat_report["images"] = ist.images.to_json();
     }
+    // A cut inside a picture's run drops the picture: its positions and the document's reference to it.
+    if (image_id)
+      for (size_t i = 0; i < encoded.size(); ++i)
+        corpus.docs[i].images.resize(
+            drop_partial_image(encoded[i], masks[i], *image_id, o.ingest.image.tokens()));
     const std::vector<uint8_t> valid =
         preference ? pair_valid_split(corpus, o.valid_fraction, o.split_seed)
                    : assign_valid_split(corpus, o.valid_fraction, o.split_seed, ranks);
@@ -955,12 +1043,16 @@ PrepareResult prepare_dataset(const PrepareOptions& o, Ranks& ranks) {
     m.eos_id = tok.eos_id();
     m.token_bytes = token_bytes_for_vocab(m.vocab_size);
     m.format = o.ingest.format;
+    const std::optional<ImageRuns> runs =
+        image_id ? std::optional<ImageRuns>(
+                       {*image_id, o.ingest.image.tokens(), o.ingest.image.size, &corpus.images})
+                 : std::nullopt;
 
     t = now_s();
     cpu = cpu_s();
     ShardTally tally(m);
-    write_shards(corpus, encoded, masks, valid, m, tok.sha256(), partial, o.shard_tokens, preference, tally,
-                 ranks);
+    write_shards(corpus, encoded, masks, valid, m, tok.sha256(), partial, o.shard_tokens, preference,
+                 runs ? &*runs : nullptr, tally, ranks);
     stages["shards"] = merged(ranks, {{"shards", tally.shards},
                                       {"token_dtype", m.token_bytes == 2 ? "uint16" : "uint32"},
                                       {"seconds", now_s() - t},
@@ -985,6 +1077,7 @@ PrepareResult prepare_dataset(const PrepareOptions& o, Ranks& ranks) {
     }
     m.settings = settings_json(o, eval_hashes, o.tokenizer_model.empty() ? "trained" : "given",
                                model_template ? &*model_template : nullptr);
+    if (image_id) m.settings["image"]["token_id"] = *image_id;
     m.version = m.compute_version();
 
     // Report, then the manifest last: a directory without manifest.json is not a dataset.

@@ -25,6 +25,7 @@ ConfigSchema prepare_schema() {
   const MinHashOptions mh;
   const FilterOptions f;
   const TokenizerTrainOptions tok;
+  const ImageOptions img;
   ConfigSchema s;
   s.add<std::string>("ingest.extensions",
                      "txt,text,md,rst,jsonl,py,c,h,cc,cpp,hpp,rs,go,java,js,ts,sh,pl,rb,lua,tex,man",
@@ -40,8 +41,8 @@ ConfigSchema prepare_schema() {
       .add<std::string>(
           "ingest.format", in.format,
           "text (documents), chat (JSONL conversations), preference (JSONL prompt/chosen/rejected "
-          "pairs) or prompts (JSONL prompts for RL, not tokenized); chat, preference and prompts read every "
-          "input file as JSONL (docs/DATA.md)")
+          "pairs), image-text (JSONL captions or conversations about pictures) or prompts (JSONL prompts for "
+          "RL, not tokenized); all but text read every input file as JSONL (docs/DATA.md)")
       .add<int>("ingest.repo_depth", in.repo_depth,
                 "files of an input directory belong to the repository named by their first N directories "
                 "below it (2 for DIR/owner/name/...; 0 = none); JSONL records use their \"repo\" field")
@@ -106,7 +107,21 @@ ConfigSchema prepare_schema() {
                     "end-of-sequence id included (0 = no limit)")
       .add<std::string>("chat.truncate", "truncate",
                         "chat, preference: a longer conversation is cut to max_tokens (truncate) or left out "
-                        "(drop; a pair with a longer half)");
+                        "(drop; a pair with a longer half)")
+      .add<int>("image.size", int(img.size),
+                "image-text: the encoder's input side; pictures are stored size x size")
+      .add<int>("image.patch", int(img.patch),
+                "image-text: the encoder's patch side; a picture takes (size / patch)^2 token positions")
+      .add_choice("image.fit", image_fit_name(img.fit), {"pad", "crop", "stretch"},
+                  "image-text: how a picture that is not square is fitted (docs/DATA.md)")
+      .add<int>("image.min_side", int(img.min_side),
+                "image-text: a picture with a shorter side is dropped (tiny)")
+      .add<double>("image.max_aspect", img.max_aspect,
+                   "image-text: a picture whose longer side is more times its shorter is dropped")
+      .add<int64_t>("image.max_pixels", static_cast<int64_t>(img.max_pixels),
+                    "image-text: a larger picture is a bad line (too_large), refused before decoding")
+      .add<int>("image.near_distance", img.near_distance,
+                "image-text: perceptual-hash bits within which two pictures are near duplicates");
   return s;
 }
 
@@ -131,8 +146,21 @@ void apply_config(const Config& c, PrepareOptions& o) {
   check_domain_name(o.ingest.default_domain, c.source("ingest.default_domain") + ": ingest.default_domain");
   o.ingest.format = c.get<std::string>("ingest.format");
   if (o.ingest.format != "text" && o.ingest.format != "chat" && o.ingest.format != "preference" &&
-      o.ingest.format != "prompts")
-    c.reject("ingest.format", "must be text, chat, preference or prompts");
+      o.ingest.format != kImageTextFormat && o.ingest.format != "prompts")
+    c.reject("ingest.format", "must be text, chat, preference, image-text or prompts");
+  ImageOptions& img = o.ingest.image;
+  img.size = static_cast<uint32_t>(positive("image.size", c.get<int>("image.size")));
+  img.patch = static_cast<uint32_t>(positive("image.patch", c.get<int>("image.patch")));
+  if (img.size % img.patch != 0 || img.size < 8 || img.size > 4096)
+    c.reject("image.size",
+             fmt::format("{} must be 8..4096 and a multiple of image.patch ({})", img.size, img.patch));
+  img.fit = parse_image_fit(c.get<std::string>("image.fit"));
+  img.min_side = static_cast<uint32_t>(positive("image.min_side", c.get<int>("image.min_side")));
+  img.max_aspect = c.get<double>("image.max_aspect");
+  if (!(img.max_aspect >= 1)) c.reject("image.max_aspect", "must be at least 1");
+  img.max_pixels = static_cast<uint64_t>(positive("image.max_pixels", c.get<int64_t>("image.max_pixels")));
+  img.near_distance = c.get<int>("image.near_distance");
+  if (img.near_distance < 0 || img.near_distance > 32) c.reject("image.near_distance", "must be 0..32");
   o.ingest.max_bad_lines = fraction("ingest.max_bad_lines");
   o.ingest.repo_depth = c.get<int>("ingest.repo_depth");
   if (o.ingest.repo_depth < 0) c.reject("ingest.repo_depth", "must be >= 0");

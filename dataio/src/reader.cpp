@@ -31,6 +31,7 @@ struct Mapping {
   size_t size = 0;
   uint64_t token_offset = 0, tokens = 0;
   uint64_t loss_mask_offset = 0;  // of /loss_mask, when the reader applies it
+  uint64_t images_offset = 0;     // of /images, in an image-text shard
 
   Mapping() = default;
   Mapping(const Mapping&) = delete;
@@ -42,6 +43,7 @@ struct Mapping {
     token_offset = o.token_offset;
     tokens = o.tokens;
     loss_mask_offset = o.loss_mask_offset;
+    images_offset = o.images_offset;
     return *this;
   }
   ~Mapping() {
@@ -61,6 +63,13 @@ struct DomainStream {
   // of seq_len: where each bin starts in the stream and how many of its window's tokens it holds.
   std::vector<uint64_t> bin_starts;
   std::vector<uint32_t> bin_tokens;
+  // Image-text: the stream token where each picture's run starts, ascending, and where its pixels are.
+  struct Picture {
+    size_t map = 0;  // index into Impl::maps
+    uint64_t index = 0;
+  };
+  std::vector<uint64_t> image_starts;
+  std::vector<Picture> pictures;
 };
 
 // Widens stored tokens to int32 in one pass over the mapped bytes; returns their maximum (for the
@@ -111,7 +120,9 @@ constexpr uint64_t kBlockBytes = 64 << 10;
 // cut at its end (the rest is never scored). The window reads on past the bin's last conversation (the
 // first tokens of the next bin, unscored there), and a bin whose window would run past the stream's end is
 // left out, as the last partial window of a text stream is.
-void pack_conversations(DomainStream& d, uint32_t seq_len) {
+// A conversation cut at the window's end is cut before a picture's run the end would split (image_tokens:
+// the run's length; 0 without pictures).
+void pack_conversations(DomainStream& d, uint32_t seq_len, uint32_t image_tokens) {
   const std::vector<uint64_t>& starts = d.doc_starts;
   const auto end_of = [&](size_t i) { return i + 1 < starts.size() ? starts[i + 1] : d.tokens; };
   for (size_t i = 0; i < starts.size();) {
@@ -119,8 +130,11 @@ void pack_conversations(DomainStream& d, uint32_t seq_len) {
     if (limit > d.tokens) break;
     size_t j = i + 1;
     while (j < starts.size() && end_of(j) <= limit) ++j;
+    uint64_t end = std::min(end_of(j - 1), limit);
+    const auto run = std::upper_bound(d.image_starts.begin(), d.image_starts.end(), end);
+    if (run != d.image_starts.begin() && run[-1] >= first && run[-1] + image_tokens > end) end = run[-1];
     d.bin_starts.push_back(first);
-    d.bin_tokens.push_back(static_cast<uint32_t>(std::min(end_of(j - 1), limit) - first));
+    d.bin_tokens.push_back(static_cast<uint32_t>(end - first));
     i = j;
   }
 }
@@ -192,6 +206,9 @@ struct Reader::Impl {
   // What document_mask and loss_mask add to row `row` of `b` (copied from the window at `w`): segments and
   // positions, and the targets not scored. `starts` is scratch.
   void mark_row(const WindowAt& w, MicroBatch& b, int row, std::vector<int32_t>& starts) const;
+  // The pictures whose runs lie whole in the inputs of the window at `w` and inside its bin, into row `row`.
+  void add_pictures(const WindowAt& w, MicroBatch& b, int row) const;
+  uint32_t image_size = 0, image_tokens = 0;  // image-text datasets
   [[noreturn]] void bad_token(const Mapping& m, uint64_t sample_id, uint32_t token, uint64_t local) const;
   void build(uint64_t position, MicroBatch& b);
   void start_worker();
@@ -280,12 +297,28 @@ void Reader::Impl::mark_row(const WindowAt& w, MicroBatch& b, int row, std::vect
     std::fill(targets + w.bin_tokens - 1, targets + T, MicroBatch::kIgnore);
 }
 
+void Reader::Impl::add_pictures(const WindowAt& w, MicroBatch& b, int row) const {
+  if (image_tokens == 0) return;
+  const DomainStream& d = *w.domain;
+  const uint64_t first = d.starts[w.shard] + w.local;
+  const uint64_t end = first + std::min<uint64_t>(w.bin_tokens, opt.seq_len);
+  const size_t bytes = size_t(image_size) * image_size * 3;
+  for (auto it = std::lower_bound(d.image_starts.begin(), d.image_starts.end(), first);
+       it != d.image_starts.end() && *it + image_tokens <= end; ++it) {
+    const DomainStream::Picture& p = d.pictures[size_t(it - d.image_starts.begin())];
+    const Mapping& m = maps[p.map];
+    b.add_image(row, static_cast<int>(*it - first), m.base + m.images_offset + p.index * bytes);
+  }
+}
+
 void Reader::Impl::build(uint64_t position, MicroBatch& b) {
   const uint32_t rows = opt.global_batch / opt.dp_size;
   // Next-token form unless documents are marked (their boundaries unscore targets).
   b.resize(static_cast<int>(rows), static_cast<int>(opt.seq_len),
            opt.document_mask ? MicroBatch::Targets::kExplicit : MicroBatch::Targets::kNextToken);
   b.domains.resize(rows);
+  b.image_size = static_cast<int>(image_size);
+  b.image_tokens = static_cast<int>(image_tokens);
   const uint64_t first = position + uint64_t(opt.dp_rank) * rows;
   const uint64_t next_position = position + opt.global_batch;
   const uint64_t next_first = next_position + uint64_t(opt.dp_rank) * rows;
@@ -324,6 +357,7 @@ void Reader::Impl::build(uint64_t position, MicroBatch& b) {
     copy_row(w, b.sample_ids[i], b.inputs.data() + i * T, &next);
     b.set_next_token(static_cast<int>(i), next);
     mark_row(w, b, static_cast<int>(i), pipe.doc_starts);
+    add_pictures(w, b, static_cast<int>(i));
     b.domains[i] = w.domain->index;
   }
   // The pass over the data each row was drawn in: its global position's epoch.
@@ -412,6 +446,17 @@ Reader::Reader(const std::string& dataset_dir, const ReaderOptions& options)
          "chat` (or preference), or train every token (run.objective = lm)",
          dataset_dir);
   const bool pairs = options.loss_mask && s.manifest.format == "preference";
+  // A picture's run must not straddle two samples: image-text data is read in conversation bins.
+  if (s.manifest.format == "image-text") {
+    if (!options.loss_mask)
+      fail(ExitCode::kUsage,
+           "dataset {} is format image-text: its samples are whole conversations with their pictures, read "
+           "with "
+           "loss_mask (the trainer's vision-language objectives do)",
+           dataset_dir);
+    s.image_size = s.manifest.settings.at("image").at("size").get<uint32_t>();
+    s.image_tokens = s.manifest.settings.at("image").at("tokens").get<uint32_t>();
+  }
   if (!options.expected_tokenizer_sha256.empty() &&
       options.expected_tokenizer_sha256 != s.manifest.tokenizer_sha256)
     fail(ExitCode::kData, "{}: dataset {} was tokenized with tokenizer {}, the job expects {}", dataset_dir,
@@ -491,6 +536,19 @@ Reader::Reader(const std::string& dataset_dir, const ReaderOptions& options)
                s.manifest.format);
         m.loss_mask_offset = layout.loss_mask_offset;
       }
+      if (s.image_tokens > 0 && layout.has_images) {
+        if (layout.attrs.image_size != s.image_size || layout.attrs.image_tokens != s.image_tokens)
+          fail(ExitCode::kData,
+               "shard {}: pictures of {}x{} in runs of {}, the manifest says {}x{} in runs of {}", m.path,
+               layout.attrs.image_size, layout.attrs.image_size, layout.attrs.image_tokens, s.image_size,
+               s.image_size, s.image_tokens);
+        m.images_offset = layout.images_offset;
+        const std::vector<uint64_t> positions = read_image_positions(m.path, layout);
+        for (size_t k = 0; k < positions.size(); ++k) {
+          d.image_starts.push_back(d.tokens + positions[k]);
+          d.pictures.push_back({s.maps.size(), k});
+        }
+      }
       if (options.document_mask) {
         // Shards are cut at document boundaries, so a shard's first document starts where it does.
         const std::vector<uint64_t> offsets = read_doc_offsets(m.path, layout);
@@ -513,7 +571,7 @@ Reader::Reader(const std::string& dataset_dir, const ReaderOptions& options)
       s.pairs_left_out += pack_pairs(d, options.seq_len);
       d.windows = d.bin_starts.size();
     } else if (options.loss_mask) {
-      pack_conversations(d, options.seq_len);
+      pack_conversations(d, options.seq_len, s.image_tokens);
       d.windows = d.bin_starts.size();
     } else {
       d.windows = d.tokens > options.seq_len ? (d.tokens - 1) / options.seq_len : 0;
@@ -695,6 +753,25 @@ void Reader::read_sample(uint64_t sample_id, MicroBatch& batch, int row) const {
   if (!batch.weights.empty()) std::fill_n(batch.weights.begin() + int64_t(at), s.opt.seq_len, 1.0f);
   std::vector<int32_t> starts;
   s.mark_row(w, batch, row, starts);
+  // The row's pictures replace any it held, in their place among the other rows'.
+  if (s.image_tokens > 0) {
+    batch.image_size = int(s.image_size);
+    batch.image_tokens = int(s.image_tokens);
+    MicroBatch mine;
+    mine.seq_len = batch.seq_len;
+    mine.image_size = batch.image_size;
+    s.add_pictures(w, mine, row);
+    auto& starts_of = batch.image_starts;
+    const int64_t lo = int64_t(at), hi = lo + batch.seq_len;
+    const auto from = std::lower_bound(starts_of.begin(), starts_of.end(), lo) - starts_of.begin();
+    const auto to = std::lower_bound(starts_of.begin(), starts_of.end(), hi) - starts_of.begin();
+    const auto bytes = int64_t(batch.image_bytes());
+    starts_of.erase(starts_of.begin() + from, starts_of.begin() + to);
+    starts_of.insert(starts_of.begin() + from, mine.image_starts.begin(), mine.image_starts.end());
+    auto& pixels = batch.image_pixels;
+    pixels.erase(pixels.begin() + from * bytes, pixels.begin() + to * bytes);
+    pixels.insert(pixels.begin() + from * bytes, mine.image_pixels.begin(), mine.image_pixels.end());
+  }
 }
 
 const std::string& Reader::sample_domain(uint64_t sample_id) const {

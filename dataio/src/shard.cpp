@@ -11,6 +11,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <initializer_list>
+#include <iterator>
 
 namespace forge::data {
 namespace {
@@ -52,16 +54,21 @@ void check(herr_t status, const std::string& path, const char* what) {
 }
 
 void write_dataset(hid_t file, const char* name, hid_t mem_type, hid_t file_type, const void* data,
-                   uint64_t count, const std::string& path) {
-  const hsize_t dims[1] = {count};
-  Handle space(H5Screate_simple(1, dims, nullptr), H5Sclose);
+                   std::initializer_list<hsize_t> dims, const std::string& path) {
+  Handle space(H5Screate_simple(static_cast<int>(dims.size()), std::data(dims), nullptr), H5Sclose);
   Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
   H5Pset_obj_track_times(dcpl, false);  // no timestamps: same content, same bytes, same checksum
   H5Pset_layout(dcpl, H5D_CONTIGUOUS);
   H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY);
   Handle ds(H5Dcreate2(file, name, file_type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT), H5Dclose);
   if (!ds.ok()) fail(ExitCode::kIo, "{}: HDF5 failed to create dataset {}", path, name);
-  if (count > 0) check(H5Dwrite(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), path, "write a dataset");
+  if (std::data(dims)[0] > 0)
+    check(H5Dwrite(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), path, "write a dataset");
+}
+
+void write_dataset(hid_t file, const char* name, hid_t mem_type, hid_t file_type, const void* data,
+                   uint64_t count, const std::string& path) {
+  write_dataset(file, name, mem_type, file_type, data, {hsize_t{count}}, path);
 }
 
 void write_string_attr(hid_t obj, const char* name, const std::string& value, const std::string& path) {
@@ -119,6 +126,40 @@ uint64_t dataset_length(hid_t file, const char* name, size_t want_bytes, const s
   return dims[0];
 }
 
+// An image-text shard's /images (pictures of image_size^2 * 3 bytes, contiguous inside the file) and
+// /image_positions (one per picture).
+void read_image_layout(hid_t file, const std::string& path, ShardLayout& layout) {
+  layout.attrs.image_size = static_cast<uint32_t>(read_int_attr(file, "image_size", path));
+  layout.attrs.image_tokens = static_cast<uint32_t>(read_int_attr(file, "image_tokens", path));
+  const uint32_t size = layout.attrs.image_size;
+  if (size == 0 || size > 4096 || layout.attrs.image_tokens == 0)
+    fail(ExitCode::kData, "shard {}: image_size {} and image_tokens {} do not describe pictures", path, size,
+         layout.attrs.image_tokens);
+  Handle images(H5Dopen2(file, "images", H5P_DEFAULT), H5Dclose);
+  if (!images.ok()) fail(ExitCode::kData, "shard {}: dataset 'images' unreadable", path);
+  Handle space(H5Dget_space(images), H5Sclose);
+  Handle type(H5Dget_type(images), H5Tclose);
+  Handle dcpl(H5Dget_create_plist(images), H5Pclose);
+  hsize_t dims[4] = {};
+  if (H5Sget_simple_extent_ndims(space) != 4 || H5Sget_simple_extent_dims(space, dims, nullptr) < 0 ||
+      dims[1] != size || dims[2] != size || dims[3] != 3 || H5Tget_class(type) != H5T_INTEGER ||
+      H5Tget_size(type) != 1 || H5Pget_layout(dcpl) != H5D_CONTIGUOUS)
+    fail(ExitCode::kData, "shard {}: /images is not contiguous uint8 [pictures, {}, {}, 3]", path, size,
+         size);
+  hid_t pos_raw = -1;
+  const uint64_t positions = dataset_length(file, "image_positions", 8, path, &pos_raw);
+  Handle close_positions(pos_raw, H5Dclose);
+  if (positions != dims[0])
+    fail(ExitCode::kData, "shard {}: {} image_positions for {} pictures", path, positions, dims[0]);
+  const uint64_t bytes = dims[0] * size * size * 3;
+  const haddr_t at = H5Dget_offset(images);
+  if (bytes > 0 && (at == HADDR_UNDEF || uint64_t(at) + bytes > layout.file_bytes))
+    fail(ExitCode::kData, "shard {}: truncated: /images lies outside the file", path);
+  layout.has_images = true;
+  layout.images = dims[0];
+  layout.images_offset = bytes > 0 ? uint64_t(at) : 0;
+}
+
 }  // namespace
 
 int token_bytes_for_vocab(uint32_t vocab) {
@@ -159,6 +200,18 @@ void write_shard(const std::string& path, const ShardData& data, const ShardAttr
       if (data.loss_mask.size() != n)
         fail(ExitCode::kIo, "{}: {} loss-mask values for {} tokens", tmp, data.loss_mask.size(), n);
       write_dataset(file, "loss_mask", H5T_NATIVE_UINT8, H5T_STD_U8LE, data.loss_mask.data(), n, tmp);
+    }
+    if (attrs.image_size > 0) {
+      const uint64_t pixels = uint64_t{attrs.image_size} * attrs.image_size * 3;
+      if (data.images.size() != data.image_positions.size() * pixels)
+        fail(ExitCode::kIo, "{}: {} image bytes for {} pictures of {}x{}", tmp, data.images.size(),
+             data.image_positions.size(), attrs.image_size, attrs.image_size);
+      write_dataset(file, "images", H5T_NATIVE_UINT8, H5T_STD_U8LE, data.images.data(),
+                    {data.image_positions.size(), attrs.image_size, attrs.image_size, 3}, tmp);
+      write_dataset(file, "image_positions", H5T_NATIVE_UINT64, H5T_STD_U64LE, data.image_positions.data(),
+                    data.image_positions.size(), tmp);
+      write_int_attr(file, "image_size", attrs.image_size, tmp);
+      write_int_attr(file, "image_tokens", attrs.image_tokens, tmp);
     }
     write_int_attr(file, "schema_version", attrs.schema_version, tmp);
     write_string_attr(file, "split", attrs.split, tmp);
@@ -251,6 +304,7 @@ ShardLayout read_shard_layout(const std::string& path) {
     layout.has_loss_mask = true;
     layout.loss_mask_offset = n_mask > 0 ? uint64_t(mask_at) : 0;
   }
+  if (H5Lexists(file, "images", H5P_DEFAULT) > 0) read_image_layout(file, path, layout);
   return layout;
 }
 
@@ -273,6 +327,28 @@ std::vector<uint64_t> read_doc_offsets(const std::string& path, const ShardLayou
     if (offsets[i] > offsets[i + 1])
       fail(ExitCode::kData, "shard {}: doc_offsets decrease at document {}", path, i);
   return offsets;
+}
+
+std::vector<uint64_t> read_image_positions(const std::string& path, const ShardLayout& layout) {
+  const QuietErrors quiet;
+  Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  hid_t raw = -1;
+  if (!file.ok() || dataset_length(file, "image_positions", 8, path, &raw) != layout.images) {
+    if (raw >= 0) H5Dclose(raw);
+    fail(ExitCode::kData, "shard {}: /image_positions does not have one value per picture ({})", path,
+         layout.images);
+  }
+  Handle ds(raw, H5Dclose);
+  std::vector<uint64_t> positions(layout.images);
+  if (layout.images > 0 &&
+      H5Dread(ds, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, positions.data()) < 0)
+    fail(ExitCode::kData, "shard {}: cannot read dataset 'image_positions' (corrupted?)", path);
+  const uint64_t run = layout.attrs.image_tokens;
+  for (size_t k = 0; k < positions.size(); ++k)
+    if (positions[k] + run > layout.tokens || (k > 0 && positions[k] < positions[k - 1] + run))
+      fail(ExitCode::kData, "shard {}: picture {}'s run at token {} overlaps another or leaves /tokens", path,
+           k, positions[k]);
+  return positions;
 }
 
 ShardData read_shard(const std::string& path, ShardLayout* layout_out) {
@@ -302,6 +378,13 @@ ShardData read_shard(const std::string& path, ShardLayout* layout_out) {
       data.doc_languages.resize(layout.documents);
       read("doc_languages", H5T_NATIVE_UINT16, data.doc_languages.data());
     }
+  }
+  if (layout.has_images && layout.images > 0) {
+    const uint64_t size = layout.attrs.image_size;
+    data.images.resize(layout.images * size * size * 3);
+    data.image_positions.resize(layout.images);
+    read("images", H5T_NATIVE_UINT8, data.images.data());
+    read("image_positions", H5T_NATIVE_UINT64, data.image_positions.data());
   }
   if (layout_out) *layout_out = layout;
   return data;

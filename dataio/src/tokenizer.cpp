@@ -4,6 +4,7 @@
 #include "forge/common/hash.h"
 #include "forge/common/json.h"
 #include "forge/dataio/chat.h"
+#include "forge/dataio/image_text.h"
 #include "hf_tokenizer.h"
 
 #include <sentencepiece_processor.h>
@@ -127,6 +128,7 @@ Tokenizer Tokenizer::train(const Corpus& corpus, const TokenizerTrainOptions& op
   // at commas; no symbol contains one.
   std::string symbols = "\n";
   for (const std::string_view marker : kChatMarkers) (symbols += ',') += marker;
+  if (options.image_placeholder) (symbols += ',') += kImagePlaceholder;
   if (options.vocab < 260 || options.vocab > (1u << 24))
     fail(ExitCode::kUsage, "--vocab {}: must be between 260 (256 byte pieces + specials) and 16777216",
          options.vocab);

@@ -2,6 +2,7 @@
 
 #include "forge/common/error.h"
 #include "forge/common/hash.h"
+#include "forge/dataio/image_text.h"
 
 #include <filesystem>
 
@@ -75,6 +76,8 @@ VerifyResult verify_dataset(const std::string& dataset_dir) {
     if (data.documents() > 0 && data.doc_languages.empty() != m.languages.empty())
       fail(ExitCode::kData, "shard {}: {} /doc_languages but the manifest {} a language list", path,
            data.doc_languages.empty() ? "no" : "has", m.languages.empty() ? "has no" : "has");
+    if (!data.image_positions.empty() && m.format != kImageTextFormat)
+      fail(ExitCode::kData, "shard {}: holds pictures but the manifest's format is {}", path, m.format);
     ++result.shards;
     result.tokens += data.tokens.size();
     result.documents += data.documents();

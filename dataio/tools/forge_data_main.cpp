@@ -4,6 +4,7 @@
 #include "forge/dataio/cache.h"
 #include "forge/dataio/chat.h"
 #include "forge/dataio/compare.h"
+#include "forge/dataio/image_text.h"
 #include "forge/dataio/manifest.h"
 #include "forge/dataio/prepare.h"
 #include "forge/dataio/prompts.h"
@@ -31,7 +32,7 @@ constexpr const char* kUsage = R"(usage: forge-data <command> [options]
 commands:
   prepare --input PATH[=DOMAIN] ... --out DATASET_DIR [--tokenizer MODEL | --vocab N]
           [--eval-set FILE ...] [--valid-fraction F] [--shard-tokens N] [--config prepare.ini]
-          [--format text|chat|preference] [--max-bad-lines F] [--max-tokens N]
+          [--format text|chat|preference|image-text] [--max-bad-lines F] [--max-tokens N]
           [--truncate drop|truncate] [--chat-template MODEL_DIR|tokenizer_config.json]
           [--section.key=value ...]
   prepare --format prompts --input FILE.jsonl[=DOMAIN] ... --out DIR [--eval-set FILE ...]
@@ -111,7 +112,9 @@ int cmd_prepare(const std::vector<std::string>& args) {
       "config", po::value(&config_path), "prepare.ini with stage settings (configs/prepare.example.ini)")(
       "format", po::value(&format),
       "text (default); chat: every input is JSONL of {\"messages\": [{\"role\", \"content\"}, ...]}; "
-      "preference: every input is JSONL of {\"prompt\", \"chosen\", \"rejected\"}; prompts: a prompt set "
+      "preference: every input is JSONL of {\"prompt\", \"chosen\", \"rejected\"}; image-text: every input "
+      "is JSONL of {\"image\": path or [paths], \"text\" (a caption) or \"messages\" (with one <image> per "
+      "picture)}, paths relative to the JSONL file ([image] keys); prompts: a prompt set "
       "for RL, every input is JSONL of {\"prompt\", \"answer\" | \"answers\" | \"tests\", "
       "\"entry_point\"?, \"id\"?, \"domain\"?}, not tokenized (ingest.format)")(
       "max-bad-lines", po::value(&max_bad_lines),
@@ -199,6 +202,7 @@ int cmd_verify(const std::vector<std::string>& args) {
   const VerifyResult r = verify_dataset(dir);
   verify_chat_masks(dir);
   const Manifest m = load_manifest(dir);
+  if (m.format == kImageTextFormat) verify_image_runs(dir);
   std::cout << fmt::format("ok: {} shards, {} documents, {} tokens, format {}, version {}\n", r.shards,
                            r.documents, r.tokens, m.format, m.version);
   return 0;
@@ -245,6 +249,14 @@ int cmd_inspect(const std::vector<std::string>& args) {
                                  ? std::string("of the model (prepare --chat-template)")
                                  : m.settings["chat"]["template"].value("name", "?"),
                              m.settings["chat"].value("template_sha256", "?"));
+  if (m.format == kImageTextFormat) {
+    const Json& image = m.settings.at("image");
+    std::cout << fmt::format(
+        "pictures {}x{} ({}), {} token positions each (placeholder id {}), shown as "
+        "<image xN>\n",
+        image.at("size").get<int>(), image.at("size").get<int>(), image.at("fit").get<std::string>(),
+        image.at("tokens").get<int>(), image.at("token_id").get<int>());
+  }
   std::cout << fmt::format("{:<8} {:<12} {:>8} {:>12} {:>12}\n", "split", "domain", "shards", "documents",
                            "tokens");
   for (const std::string split : {"train", "valid"}) {
@@ -279,6 +291,15 @@ int cmd_inspect(const std::vector<std::string>& args) {
         text += data.loss_mask[begin + a] ? "[[" + part + "]]" : part;
         a = b;
       }
+    }
+    if (m.format == kImageTextFormat) {
+      // A picture's run of placeholders, one piece each, as one mark.
+      const int n = m.settings["image"]["tokens"].get<int>();
+      std::string run;
+      for (int k = 0; k < n; ++k) run += kImagePlaceholder;
+      const std::string mark = fmt::format("<image x{}>", n);
+      for (size_t at = text.find(run); at != std::string::npos; at = text.find(run, at + mark.size()))
+        text.replace(at, run.size(), mark);
     }
     if (text.size() > 600 && pairs) {
       // A half's point is its final reply, which is at the end: keep the tail (from a character start).

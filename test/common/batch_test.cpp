@@ -1,5 +1,5 @@
-// The batch's rollout fields (MicroBatch::advantages, old_logps, ref_logps) through the batch's own
-// transformations and its validation.
+// The batch's rollout fields (MicroBatch::advantages, old_logps, ref_logps) and pictures through the batch's
+// own transformations and its validation.
 #include "forge/common/batch.h"
 
 #include <catch2/catch.hpp>
@@ -60,4 +60,38 @@ TEST_CASE("rollout fields survive serialize, slice_rows and concat; mixing and b
   bad.resize(2, 4);  // clears them with the other optional fields
   CHECK(bad.advantages.empty());
   CHECK(bad.old_logps.empty());
+}
+
+TEST_CASE("pictures follow their rows through serialize, slice_rows and concat; bad runs are refused") {
+  MicroBatch b;
+  b.resize(3, 8, MicroBatch::Targets::kNextToken);
+  b.image_size = 2;
+  b.image_tokens = 3;
+  const std::vector<uint8_t> red(12, 200), blue(12, 30), green(12, 90);
+  b.add_image(0, 1, red.data());
+  b.add_image(2, 0, blue.data());
+  b.add_image(2, 4, green.data());
+  REQUIRE_FALSE(b.problem(7, 8));
+  const MicroBatch back = MicroBatch::deserialize(b.serialize());
+  CHECK(back.image_starts == b.image_starts);
+  CHECK(back.image_pixels == b.image_pixels);
+  CHECK(back.image_tokens == 3);
+  // Row 2 alone: its pictures at rows 0's positions.
+  const MicroBatch last = b.slice_rows(2, 1);
+  CHECK(last.image_starts == std::vector<int64_t>{0, 4});
+  CHECK(std::vector<uint8_t>(last.image_pixels.begin(), last.image_pixels.begin() + 12) == blue);
+  const MicroBatch joined = MicroBatch::concat(std::vector<MicroBatch>{b.slice_rows(0, 2), last});
+  CHECK(joined.image_starts == b.image_starts);
+  CHECK(joined.image_pixels == b.image_pixels);
+  CHECK(MicroBatch::deserialize(rollout(1, 0).serialize()).images() == 0);
+  // A run past its row's end, and one overlapping the previous picture.
+  MicroBatch bad = b;
+  bad.image_starts[0] = 6;
+  CHECK(bad.problem(7, 8)->find("picture 0") != std::string::npos);
+  bad = b;
+  bad.image_starts[2] = 17;
+  CHECK(bad.problem(7, 8)->find("picture 2") != std::string::npos);
+  bad = b;
+  bad.image_pixels.pop_back();
+  CHECK(bad.problem(7, 8));
 }

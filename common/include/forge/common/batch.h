@@ -53,9 +53,20 @@ struct MicroBatch {
   // no KL term). Empty advantages: not a batch of rollouts.
   std::vector<float> advantages, old_logps, ref_logps;
 
+  // Pictures (image-text data, docs/DATA.md "Image-text data"): picture k is image_size x image_size RGB
+  // bytes at image_pixels[k * image_bytes()], and fills the image_tokens positions of one row from flat
+  // position image_starts[k] (row * seq_len + t); starts increase and runs do not overlap. Empty: none.
+  int image_size = 0, image_tokens = 0;
+  std::vector<uint8_t> image_pixels;
+  std::vector<int64_t> image_starts;
+  size_t image_bytes() const { return size_t(image_size) * size_t(image_size) * 3; }
+  size_t images() const { return image_starts.size(); }
+  // Appends a picture whose run starts at position t of row r (after every picture added before it).
+  void add_image(int r, int t, const uint8_t* rgb);
+
   size_t size() const { return size_t(rows) * size_t(seq_len); }
   // Sizes inputs, the targets of the given form, sample_ids and epochs for `rows` x `seq_len`; clears the
-  // optional fields (domains, reference_logps and the rollout fields included).
+  // optional fields (domains, reference_logps, the rollout fields and the pictures included).
   void resize(int rows, int seq_len, Targets form = Targets::kExplicit);
   Targets form() const {
     return targets.empty() && !next_tokens.empty() ? Targets::kNextToken : Targets::kExplicit;

@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -75,6 +76,10 @@ std::string chat_template_sha256();
 struct ChatMarkerIds {
   uint32_t system = 0, user = 0, assistant = 0, end = 0;
 };
+
+// The id of `piece` when `tokenizer` makes it one token wherever it appears in text (a user-defined symbol),
+// probed in several contexts; nullopt otherwise.
+std::optional<uint32_t> reserved_piece_id(const Tokenizer& tokenizer, std::string_view piece);
 
 // The marker ids of `tokenizer`. Each marker must be one piece that the tokenizer produces wherever the
 // marker appears in text (a user-defined symbol); otherwise forge::Error(kUsage) naming `model_path`, the

@@ -18,11 +18,20 @@ struct Document {
   // layout (ingest.repo_depth). Its family (the repository itself, or the one it is a fork of) keeps all of
   // the family's files on one side of the validation split.
   std::string repo, repo_family;
+  // Image-text documents: their pictures, indices into Corpus::images, in the order of their placeholders.
+  std::vector<uint32_t> images;
+};
+
+// A picture of an image-text document, decoded and fitted at ingest (image_text.h).
+struct CorpusImage {
+  std::vector<uint8_t> rgb;  // size x size x 3, as stored in the shards
+  uint64_t pixel_hash = 0, perceptual_hash = 0;
 };
 
 struct Corpus {
   std::vector<std::string> domains;  // in order of first appearance
   std::vector<Document> docs;
+  std::vector<CorpusImage> images;  // image-text corpora only
 
   // Index of `name`, added if new. Domain names are [A-Za-z0-9_-]+ (they appear in shard file names).
   uint16_t domain_id(const std::string& name);

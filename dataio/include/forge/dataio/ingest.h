@@ -3,11 +3,14 @@
 // With format "chat" every file is JSONL of conversations (forge/dataio/chat.h); each usable one becomes
 // one Document holding the rendered template. With format "preference" every file is JSONL of pairs; each
 // usable one becomes one Document holding both rendered halves (render_preference_pair), so the cleaning
-// stages keep or remove a pair whole.
+// stages keep or remove a pair whole. With format "image-text" every file is JSONL of captions or
+// conversations about pictures (forge/dataio/image_text.h): each usable one becomes one chat Document, its
+// pictures decoded and fitted into Corpus::images.
 #pragma once
 
 #include "forge/common/json.h"
 #include "forge/dataio/document.h"
+#include "forge/dataio/image_text.h"
 #include "forge/dataio/ranks.h"
 
 #include <cstddef>
@@ -36,10 +39,11 @@ struct IngestOptions {
   // below it (2 for a layout DIR/owner/name/...; 0 = no repositories from the layout). JSONL records name
   // theirs in a "repo" field.
   int repo_depth = 0;
-  std::string format = "text";  // "text", "chat" or "preference"
+  std::string format = "text";  // "text", "chat", "preference" or "image-text"
   // chat and preference: above this fraction of malformed (non-blank) lines `ingest` fails with kData, naming
   // the count, the fraction and the first bad line; at or below it they are counted and listed.
   double max_bad_lines = 0.001;
+  ImageOptions image;  // image-text only
 };
 
 // What chat or preference ingestion saw; every line not turned into a conversation (a pair) is counted
@@ -60,7 +64,8 @@ struct IngestStats {
   uint64_t utf8_repaired = 0, dropped_invalid_utf8 = 0, dropped_binary = 0, dropped_long_lines = 0,
            dropped_too_large = 0, dropped_empty = 0;
   std::string first_bad_jsonl;  // "file:line: why"
-  ChatIngestStats chat;         // formats "chat" and "preference" only
+  ChatIngestStats chat;         // formats "chat", "preference" and "image-text" only
+  ImageIngestStats images;      // format "image-text" only
   Json to_json() const;
 };
 

@@ -40,7 +40,8 @@ struct Manifest {
   // chat template, forge/dataio/chat.h; the shards carry a loss mask) or "preference" (pairs: documents
   // 2k and 2k + 1 of each domain's stream are the chosen and the rejected conversation of pair k, always
   // in the same shard; loss masks as chat). Absent in the JSON = "text", so the versions of text datasets
-  // did not change when the field came. "prompts": a prompt set for reinforcement learning (prompts.h): no
+  // did not change when the field came. "image-text" (image_text.h): chat documents with pictures, the
+  // shards carrying them. "prompts": a prompt set for reinforcement learning (prompts.h): no
   // tokenizer, shards or licenses (absent in its JSON), its data in `files`.
   std::string format = "text";
   std::vector<std::string> domains;   // per-document domain ids index this

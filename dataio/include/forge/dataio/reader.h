@@ -58,8 +58,10 @@ struct ReaderOptions {
   // trained once per epoch with its prompt; a target is scored only where the mask marks its token (an
   // assistant's reply and its end of turn). Preference datasets: a sample is one pair, its chosen
   // conversation as document 0 and its rejected one as document 1 (a pair longer than the window is left
-  // out, pairs_left_out()). Needs document_mask. Off: windows at multiples of seq_len, every target scored
-  // (pretraining on the same data).
+  // out, pairs_left_out()). Image-text datasets: as chat, a conversation cut at the window's end is cut
+  // before a picture's run it would split, and each row carries the pictures whose runs lie whole in its
+  // bin (MicroBatch::image_starts, image_pixels); they need loss_mask. Needs document_mask. Off: windows at
+  // multiples of seq_len, every target scored (pretraining on the same data).
   bool loss_mask = false;
   // Node-local copies of the shards read (cache.h; docs/DATA.md, "Node-local cache"): staged at open,
   // read from there; the dataset directory on a miss the cache cannot serve. Empty dir: off.

@@ -9,7 +9,12 @@
 //                 manifest's language list
 //   /loss_mask    uint8 [tokens], chat datasets only, contiguous like /tokens: 1 where the token is scored
 //                 as a target (an assistant's reply and its end of turn), 0 elsewhere
-//   attributes on "/": schema_version, split, domain, tokenizer_sha256, vocab_size
+//   /images       uint8 [images, size, size, 3], image-text datasets only, contiguous: each picture fitted to
+//                 the encoder's input (image_text.h), in the order of their runs
+//   /image_positions uint64 [images]: where each picture's run of image_tokens placeholder ids starts in
+//                 /tokens (increasing, runs inside one document, never overlapping)
+//   attributes on "/": schema_version, split, domain, tokenizer_sha256, vocab_size; image-text shards also
+//                 image_size and image_tokens
 #pragma once
 
 #include <cstdint>
@@ -27,6 +32,8 @@ struct ShardData {
   std::vector<uint16_t> doc_licenses;
   std::vector<uint16_t> doc_languages;  // empty, or one per document
   std::vector<uint8_t> loss_mask;       // empty, or one per token (chat datasets)
+  std::vector<uint8_t> images;          // image-text: image_positions.size() pictures of size^2 * 3 bytes
+  std::vector<uint64_t> image_positions;
 
   uint64_t documents() const { return doc_domains.size(); }
 };
@@ -35,6 +42,7 @@ struct ShardAttrs {
   int schema_version = kShardSchemaVersion;
   std::string split, domain, tokenizer_sha256;
   uint32_t vocab_size = 0;
+  uint32_t image_size = 0, image_tokens = 0;  // image-text shards only (0: none)
 };
 
 // Token element size for a vocabulary: 2 bytes when every id fits in uint16 with room to spare.
@@ -50,6 +58,8 @@ struct ShardLayout {
   uint64_t token_offset = 0;  // byte offset of /tokens in the file
   bool has_loss_mask = false, has_languages = false;
   uint64_t loss_mask_offset = 0;  // byte offset of /loss_mask in the file, when it has one
+  bool has_images = false;
+  uint64_t images = 0, images_offset = 0;  // pictures, and the byte offset of /images when there are any
   uint64_t file_bytes = 0;
 };
 
@@ -60,6 +70,10 @@ ShardLayout read_shard_layout(const std::string& path);
 // Reads /doc_offsets only (the reader's document boundaries) and checks them: documents + 1 values from 0
 // to the token count, never decreasing. Anything wrong: forge::Error(kData) naming the shard.
 std::vector<uint64_t> read_doc_offsets(const std::string& path, const ShardLayout& layout);
+
+// Reads /image_positions of an image-text shard (layout.has_images) and checks that they increase by at
+// least image_tokens and that every run lies inside /tokens. Anything wrong: forge::Error(kData).
+std::vector<uint64_t> read_image_positions(const std::string& path, const ShardLayout& layout);
 
 // Reads everything through HDF5 (verify, inspect, tests).
 ShardData read_shard(const std::string& path, ShardLayout* layout = nullptr);

@@ -26,6 +26,7 @@ struct TokenizerTrainOptions {
   uint32_t vocab = 8192;
   uint64_t sample_bytes = 8 << 20;  // training text taken evenly across the corpus
   int threads = 2;
+  bool image_placeholder = false;  // image-text datasets: also reserve kImagePlaceholder (image_text.h)
 };
 
 // Memoized encodings of text chunks, one per encoding thread. Text is cut between two bytes that no

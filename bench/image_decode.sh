@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Image decoding for image-text datasets on one core (bench_image_decode): 200 photo-like 640 x 480 pictures,
+# half JPEG (libjpeg-turbo, quality 90) and half PNG, decoded by the libraries directly, by decode_image, by
+# decode_image + fit_image to 224 and 336, and hashed by perceptual_hash; images per CPU-second, and the
+# pipeline's time over the library's.
+#
+# usage: bench/image_decode.sh [BUILD_DIR] [IMAGES] [WIDTH] [HEIGHT] [PASSES]
+#   (default build/release, 200, 640, 480, 3; bench_image_decode is built if needed). JOBS=N sets the build
+#   parallelism.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$root/build/release}
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  echo "image_decode.sh: $build is not a configured build tree (cmake --preset release)" >&2
+  exit 64
+fi
+log=$(cmake --build "$build" --target bench_image_decode ${JOBS:+-j "$JOBS"} 2>&1) || { echo "$log" >&2; exit 1; }
+echo "machine: $(nproc) cores, $(uname -m), $(lscpu | sed -n 's/^Model name: *//p'), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+"$build/bench/bench_image_decode" "${2:-200}" "${3:-640}" "${4:-480}" "${5:-3}"
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

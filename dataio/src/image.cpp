@@ -1,0 +1,616 @@
+// Decoding through the reference libraries, resampling, the hashes and the PNG encoder (image.h).
+//
+// libpng and libjpeg report errors by longjmp. Each call into them that can fail runs in a small phase
+// function of its own whose frame holds only trivial locals, with the setjmp at its top, so a jump skips no
+// destructor; the C++ objects (the picture, the row table, the output buffer) live in the callers.
+#include "forge/dataio/image.h"
+#include "forge/common/error.h"
+#include "forge/common/hash.h"
+
+#include <png.h>
+
+// jpeglib.h needs FILE and size_t declared before it, jerror.h (the message codes) its types.
+#include <cstdio>
+
+#include <jpeglib.h>
+
+#include <jerror.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <csetjmp>
+#include <cstring>
+#include <new>
+
+namespace forge::data {
+namespace {
+
+constexpr uint8_t kPngSignature[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+constexpr uint8_t kJpegSignature[] = {0xFF, 0xD8, 0xFF};  // SOI and the first marker's 0xFF
+
+bool starts_with(std::span<const uint8_t> bytes, std::span<const uint8_t> prefix) {
+  return bytes.size() >= prefix.size() && std::equal(prefix.begin(), prefix.end(), bytes.begin());
+}
+
+DecodeResult refused(std::string reason, std::string detail) {
+  DecodeResult r;
+  r.reason = std::move(reason);
+  r.detail = std::move(detail);
+  return r;
+}
+
+// Dimensions are checked as soon as the library has read them, also when the data ends or breaks right
+// after: a bomb is refused for its size whatever follows its header.
+bool too_large(uint64_t width, uint64_t height, uint64_t max_pixels) {
+  return width * height > max_pixels;
+}
+
+DecodeResult too_large_result(uint64_t width, uint64_t height, uint64_t max_pixels) {
+  return refused("too_large", fmt::format("{} x {} pixels, more than {}", width, height, max_pixels));
+}
+
+Image blank(uint32_t width, uint32_t height) {
+  Image image;
+  image.width = width;
+  image.height = height;
+  image.rgb.resize(size_t{3} * width * height);
+  return image;
+}
+
+void check_picture(const Image& image, const char* what) {
+  if (image.width == 0 || image.height == 0 || image.rgb.size() != size_t{3} * image.width * image.height)
+    fail(ExitCode::kUsage, "{}: a picture of {} x {} with {} bytes of RGB", what, image.width, image.height,
+         image.rgb.size());
+}
+
+// --- PNG
+
+// The reader's input and the message of the error that ended it (error and io pointer of libpng).
+struct PngIo {
+  std::span<const uint8_t> bytes;
+  size_t pos = 0;
+  char message[256] = {};
+};
+
+[[noreturn]] void png_fail(png_structp png, png_const_charp message) {
+  auto* io = static_cast<PngIo*>(png_get_error_ptr(png));
+  std::snprintf(io->message, sizeof io->message, "%s", message);
+  png_longjmp(png, 1);
+}
+
+void png_ignore_warning(png_structp, png_const_charp) {}
+
+void png_read_bytes(png_structp png, png_bytep out, size_t n) {
+  auto* io = static_cast<PngIo*>(png_get_io_ptr(png));
+  if (io->bytes.size() - io->pos < n) png_error(png, "unexpected end of data");
+  std::memcpy(out, io->bytes.data() + io->pos, n);
+  io->pos += n;
+}
+
+// Reads the chunks before the image data and sets the transforms to 8-bit RGB (image.h's rules); false on
+// a libpng error.
+bool png_read_header(png_structp png, png_infop info) {
+  if (setjmp(png_jmpbuf(png))) return false;
+  png_read_info(png, info);
+  const int type = png_get_color_type(png, info);
+  if (type == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
+  if (type == PNG_COLOR_TYPE_GRAY && png_get_bit_depth(png, info) < 8) png_set_expand_gray_1_2_4_to_8(png);
+  png_set_strip_16(png);     // the high byte (png_set_scale_16 would round)
+  png_set_strip_alpha(png);  // also the alpha that palette expansion makes of tRNS; no compositing
+  if (!(type & PNG_COLOR_MASK_COLOR)) png_set_gray_to_rgb(png);
+  png_set_interlace_handling(png);
+  png_read_update_info(png, info);
+  return true;
+}
+
+bool png_read_pixels(png_structp png, png_bytepp rows) {
+  if (setjmp(png_jmpbuf(png))) return false;
+  png_read_image(png, rows);
+  return true;
+}
+
+struct PngReader {
+  png_structp png = nullptr;
+  png_infop info = nullptr;
+  explicit PngReader(PngIo* io) {
+    png = png_create_read_struct(PNG_LIBPNG_VER_STRING, io, png_fail, png_ignore_warning);
+    if (png) info = png_create_info_struct(png);
+    if (!info) {
+      png_destroy_read_struct(&png, nullptr, nullptr);
+      throw std::bad_alloc();
+    }
+    png_set_read_fn(png, io, png_read_bytes);
+  }
+  ~PngReader() { png_destroy_read_struct(&png, &info, nullptr); }
+  PngReader(const PngReader&) = delete;
+  PngReader& operator=(const PngReader&) = delete;
+};
+
+DecodeResult decode_png(std::span<const uint8_t> bytes, uint64_t max_pixels) {
+  PngIo io{bytes};
+  PngReader reader(&io);
+  const bool header = png_read_header(reader.png, reader.info);
+  const uint32_t width = png_get_image_width(reader.png, reader.info);
+  const uint32_t height = png_get_image_height(reader.png, reader.info);
+  if (too_large(width, height, max_pixels)) return too_large_result(width, height, max_pixels);
+  if (!header) return refused("undecodable", io.message);
+  DecodeResult r;
+  r.image = blank(width, height);
+  std::vector<png_bytep> rows(height);
+  for (uint32_t y = 0; y < height; ++y) rows[y] = r.image.rgb.data() + size_t{3} * width * y;
+  if (!png_read_pixels(reader.png, rows.data())) return refused("undecodable", io.message);
+  return r;
+}
+
+// --- JPEG
+
+struct JpegError {
+  jpeg_error_mgr mgr;  // first: libjpeg's cinfo->err points here
+  std::jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+};
+
+[[noreturn]] void jpeg_fail(j_common_ptr cinfo) {
+  auto* err = reinterpret_cast<JpegError*>(cinfo->err);
+  cinfo->err->format_message(cinfo, err->message);
+  std::longjmp(err->jump, 1);
+}
+
+// Warnings are not printed, and a picture with corrupt entropy data still decodes (as in PIL), except at
+// the end of the data: libjpeg would fill the missing rows with grey, where PIL refuses a truncated file.
+void jpeg_warning(j_common_ptr cinfo, int level) {
+  if (level < 0 && cinfo->err->msg_code == JWRN_JPEG_EOF) jpeg_fail(cinfo);
+}
+
+bool jpeg_read_header_phase(jpeg_decompress_struct* cinfo, JpegError* err, std::span<const uint8_t> bytes) {
+  if (setjmp(err->jump)) return false;
+  jpeg_create_decompress(cinfo);
+  jpeg_mem_src(cinfo, bytes.data(), bytes.size());
+  jpeg_read_header(cinfo, TRUE);
+  return true;
+}
+
+// Decodes into `out` (output_width x output_height x 3; 1:1 scale and RGB output make those the image's).
+bool jpeg_read_pixels(jpeg_decompress_struct* cinfo, JpegError* err, uint8_t* out) {
+  if (setjmp(err->jump)) return false;
+  jpeg_start_decompress(cinfo);
+  while (cinfo->output_scanline < cinfo->output_height) {
+    JSAMPROW row = out + size_t{3} * cinfo->output_width * cinfo->output_scanline;
+    jpeg_read_scanlines(cinfo, &row, 1);
+  }
+  jpeg_finish_decompress(cinfo);
+  return true;
+}
+
+struct JpegReader {
+  jpeg_decompress_struct cinfo{};  // zeroed: destroying it before jpeg_create_decompress ran is a no-op
+  JpegError err{};
+  JpegReader() {
+    cinfo.err = jpeg_std_error(&err.mgr);
+    err.mgr.error_exit = jpeg_fail;
+    err.mgr.emit_message = jpeg_warning;
+  }
+  ~JpegReader() { jpeg_destroy_decompress(&cinfo); }
+  JpegReader(const JpegReader&) = delete;
+  JpegReader& operator=(const JpegReader&) = delete;
+};
+
+const char* jpeg_color_name(J_COLOR_SPACE space) {
+  switch (space) {
+    case JCS_CMYK:
+      return "CMYK";
+    case JCS_YCCK:
+      return "YCCK";
+    default:
+      return "unknown";
+  }
+}
+
+DecodeResult decode_jpeg(std::span<const uint8_t> bytes, uint64_t max_pixels) {
+  JpegReader reader;
+  jpeg_decompress_struct& cinfo = reader.cinfo;
+  const bool header = jpeg_read_header_phase(&cinfo, &reader.err, bytes);
+  if (too_large(cinfo.image_width, cinfo.image_height, max_pixels))
+    return too_large_result(cinfo.image_width, cinfo.image_height, max_pixels);
+  if (!header) return refused("undecodable", reader.err.message);
+  // Grey and YCbCr, and the rare Adobe RGB JPEG, convert to RGB in libjpeg; CMYK and YCCK would need the
+  // colour profile PIL ignores too (its inverted-CMYK guess is not a conversion).
+  if (cinfo.jpeg_color_space != JCS_GRAYSCALE && cinfo.jpeg_color_space != JCS_YCbCr &&
+      cinfo.jpeg_color_space != JCS_RGB)
+    return refused("unsupported_color",
+                   fmt::format("{} JPEG ({} components)", jpeg_color_name(cinfo.jpeg_color_space),
+                               cinfo.num_components));
+  cinfo.out_color_space = JCS_RGB;
+  cinfo.dct_method = JDCT_ISLOW;
+  cinfo.do_fancy_upsampling = TRUE;
+  DecodeResult r;
+  r.image = blank(cinfo.image_width, cinfo.image_height);
+  if (!jpeg_read_pixels(&cinfo, &reader.err, r.image.rgb.data()))
+    return refused("undecodable", reader.err.message);
+  return r;
+}
+
+// --- resampling
+
+// One axis of the separable triangle filter, as PIL computes it (Resample.c, precompute_coeffs): output i
+// reads count[i] inputs from first[i] with weights weight[i * taps ...], which sum to 1.
+struct Taps {
+  std::vector<uint32_t> first, count;
+  std::vector<float> weight;
+  uint32_t taps = 0;
+};
+
+Taps triangle_taps(uint32_t in, uint32_t out) {
+  const double scale = double(in) / out;
+  const double widen = std::max(1.0, scale);  // shrinking widens the kernel: every input contributes
+  const double support = widen;               // the triangle's own support is 1
+  Taps t;
+  t.taps = static_cast<uint32_t>(std::ceil(support)) * 2 + 1;
+  t.first.resize(out);
+  t.count.resize(out);
+  t.weight.assign(size_t{out} * t.taps, 0.0f);
+  std::vector<double> w(t.taps);
+  for (uint32_t i = 0; i < out; ++i) {
+    const double centre = (i + 0.5) * scale;
+    const auto lo = static_cast<uint32_t>(std::max(0.0, std::trunc(centre - support + 0.5)));
+    const auto hi = static_cast<uint32_t>(std::min(double(in), std::trunc(centre + support + 0.5)));
+    double sum = 0;
+    uint32_t n = 0, skip = 0;
+    for (uint32_t x = lo; x < hi; ++x) {
+      const double v = std::max(0.0, 1.0 - std::abs((x - centre + 0.5) / widen));
+      if (v == 0 && n == 0) {  // zero weights at either end read nothing
+        ++skip;
+        continue;
+      }
+      w[n++] = v;
+      sum += v;
+    }
+    while (n > 0 && w[n - 1] == 0) --n;
+    t.first[i] = lo + skip;
+    t.count[i] = n;
+    for (uint32_t k = 0; k < n; ++k) t.weight[size_t{i} * t.taps + k] = static_cast<float>(w[k] / sum);
+  }
+  return t;
+}
+
+// acc[i] += w * row[i]: the vertical pass's inner loop, the bulk of a downscale. The clone for the CPU is
+// picked at load time (AVX-512, AVX2, else SSE2).
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void add_scaled(
+    float* __restrict acc, const uint8_t* __restrict row, float w, size_t n) {
+  for (size_t i = 0; i < n; ++i) acc[i] += w * static_cast<float>(row[i]);
+}
+
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void add_scaled(
+    float* __restrict acc, const float* __restrict row, float w, size_t n) {
+  for (size_t i = 0; i < n; ++i) acc[i] += w * row[i];
+}
+
+// The vertical pass for output row j: the weighted sum of y.count[j] rows of n samples into acc.
+template <typename T>
+void vertical(const std::vector<const T*>& rows, const Taps& y, size_t j, size_t n, float* acc) {
+  std::fill(acc, acc + n, 0.0f);
+  for (uint32_t k = 0; k < y.count[j]; ++k)
+    add_scaled(acc, rows[y.first[j] + k], y.weight[j * y.taps + k], n);
+}
+
+// The row every tap of output row j reads, when they all read one (a row table may repeat a pointer).
+template <typename T>
+const T* single_row(const std::vector<const T*>& rows, const Taps& y, size_t j) {
+  const T* row = rows[y.first[j]];
+  for (uint32_t k = 1; k < y.count[j]; ++k)
+    if (rows[y.first[j] + k] != row) return nullptr;
+  return row;
+}
+
+using Float4 = float __attribute__((vector_size(16)));
+
+Float4 pixel_at(const float* p) {
+  Float4 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// The horizontal pass over one row of C-channel floats. For RGB a pixel is loaded as four floats (its three
+// and the next one's first, so `row` has one float to spare at its end) and weighted in one vector
+// operation; the fourth lane is dropped.
+template <int C>
+void horizontal(const float* row, const Taps& x, float* out) {
+  const auto width = static_cast<uint32_t>(x.first.size());
+  for (uint32_t i = 0; i < width; ++i) {
+    const float* s = row + size_t{C} * x.first[i];
+    const float* w = &x.weight[size_t{i} * x.taps];
+    if constexpr (C == 3) {
+      // Even and odd taps in two sums: one chain of dependent additions would wait on each one's latency.
+      Float4 even = {}, odd = {};
+      const uint32_t n = x.count[i];
+      uint32_t k = 0;
+      for (; k + 1 < n; k += 2) {
+        even += w[k] * pixel_at(s + 3 * k);
+        odd += w[k + 1] * pixel_at(s + 3 * k + 3);
+      }
+      if (k < n) even += w[k] * pixel_at(s + 3 * k);
+      const Float4 acc = even + odd;
+      for (int c = 0; c < 3; ++c) out[3 * i + c] = acc[c];
+    } else {
+      float acc = 0;
+      for (uint32_t k = 0; k < x.count[i]; ++k) acc += w[k] * s[k];
+      out[i] = acc;
+    }
+  }
+}
+
+// Rounded half up and clamped; in integers, so that the loop over a row vectorizes (truncation is the floor
+// wherever it matters: below 0 everything ends at 0).
+uint8_t to_byte(float v) {
+  return static_cast<uint8_t>(std::clamp(static_cast<int>(v + 0.5f), 0, 255));
+}
+
+// One finished output row: rounded to nearest and clamped for bytes, as is for floats.
+template <typename Out>
+void store(const float* row, size_t n, Out* out) {
+  if constexpr (std::is_same_v<Out, uint8_t>) {
+    for (size_t i = 0; i < n; ++i) out[i] = to_byte(row[i]);
+  } else {
+    std::copy(row, row + n, out);
+  }
+}
+
+// Resamples the picture whose row r is rows[r] (width C-channel pixels) to out_width x out_height. The
+// passes are separable and linear, so in float their order changes nothing but rounding error; the cheaper
+// one goes first: the vertical pass (contiguous, vectorized, done on whole rows) when it shrinks the rows
+// the horizontal pass (one pixel at a time) must then run over, the horizontal one when the rows grow.
+template <int C, typename T, typename Out>
+void resample(const std::vector<const T*>& rows, uint32_t width, uint32_t out_width, uint32_t out_height,
+              Out* out) {
+  const auto height = static_cast<uint32_t>(rows.size());
+  const Taps x = triangle_taps(width, out_width), y = triangle_taps(height, out_height);
+  const size_t in_n = size_t{C} * width, out_n = size_t{C} * out_width;
+  // Costs in multiply-adds: the contiguous ones (the vertical pass, a row's conversion to float) at 8 to a
+  // vector operation, the horizontal pass's at one per output pixel and tap.
+  const double vector = 8, per_row_x = double(out_width) * x.taps;
+  const bool vertical_first = out_height * (in_n * y.taps / vector + per_row_x) <=
+                              height * (in_n / vector + per_row_x) + out_height * out_n * y.taps / vector;
+  std::vector<float> line(std::max(in_n, out_n) + 1), done(out_n);
+  if (vertical_first) {
+    for (uint32_t j = 0; j < out_height; ++j, out += out_n) {
+      // Output rows made of one shared source row alone (pad's fill) are alike: computed once.
+      const T* only = single_row(rows, y, j);
+      if (j > 0 && only && only == single_row(rows, y, j - 1)) {
+        std::copy_n(out - out_n, out_n, out);
+        continue;
+      }
+      vertical(rows, y, j, in_n, line.data());
+      horizontal<C>(line.data(), x, done.data());
+      store(done.data(), out_n, out);
+    }
+    return;
+  }
+  std::vector<float> across(out_n * height);  // the horizontal pass of every source row
+  std::vector<const float*> across_rows(height);
+  for (uint32_t r = 0; r < height; ++r) {
+    std::copy(rows[r], rows[r] + in_n, line.begin());
+    horizontal<C>(line.data(), x, &across[out_n * r]);
+    across_rows[r] = &across[out_n * r];
+  }
+  for (uint32_t j = 0; j < out_height; ++j, out += out_n) {
+    vertical(across_rows, y, j, out_n, done.data());
+    store(done.data(), out_n, out);
+  }
+}
+
+// The rows, from column `left` on, of an RGB picture's `height` rows from `top`.
+std::vector<const uint8_t*> window_rows(const Image& source, uint32_t left, uint32_t top, uint32_t height) {
+  std::vector<const uint8_t*> rows(height);
+  for (uint32_t r = 0; r < height; ++r) rows[r] = &source.rgb[3 * (size_t{source.width} * (top + r) + left)];
+  return rows;
+}
+
+Image resample_rgb(const std::vector<const uint8_t*>& rows, uint32_t width, uint32_t out_width,
+                   uint32_t out_height) {
+  Image out = blank(out_width, out_height);
+  resample<3>(rows, width, out_width, out_height, out.rgb.data());
+  return out;
+}
+
+// The square of side max(w, h) with the picture centred on `fill`, as a row table: rows of fill are one
+// shared row, and the picture's rows are used in place when it spans the width (else copied, padded, into
+// `storage`).
+std::vector<const uint8_t*> padded_rows(const Image& source, std::array<uint8_t, 3> fill,
+                                        std::vector<uint8_t>& storage) {
+  const uint32_t w = source.width, h = source.height, side = std::max(w, h);
+  const uint32_t left = (side - w) / 2, top = (side - h) / 2;
+  const size_t n = size_t{3} * side;
+  storage.resize(left ? n * (h + 1) : n);
+  for (size_t i = 0; i < storage.size(); i += 3) std::copy(fill.begin(), fill.end(), &storage[i]);
+  std::vector<const uint8_t*> rows(side, storage.data());
+  const std::vector<const uint8_t*> picture = window_rows(source, 0, 0, h);
+  for (uint32_t r = 0; r < h; ++r) {
+    if (left == 0) {
+      rows[top + r] = picture[r];
+      continue;
+    }
+    uint8_t* row = &storage[n * (r + 1)];
+    std::copy_n(picture[r], size_t{3} * w, row + size_t{3} * left);
+    rows[top + r] = row;
+  }
+  return rows;
+}
+
+// --- the perceptual hash
+
+constexpr int kHashSide = 32;  // the luma picture the DCT runs on
+constexpr int kHashFreqs = 8;  // the lowest frequencies kept per axis
+
+// cos(pi * u * (2n + 1) / 64): the unnormalised DCT-II basis; scaling a frequency would move it against
+// the median.
+const std::array<std::array<double, kHashSide>, kHashFreqs>& dct_basis() {
+  static const auto basis = [] {
+    std::array<std::array<double, kHashSide>, kHashFreqs> b{};
+    for (int u = 0; u < kHashFreqs; ++u)
+      for (int n = 0; n < kHashSide; ++n) b[u][n] = std::cos(M_PI * u * (2 * n + 1) / (2.0 * kHashSide));
+    return b;
+  }();
+  return basis;
+}
+
+// --- PNG encoding
+
+struct PngSink {
+  std::vector<uint8_t> bytes;
+  char message[256] = {};
+};
+
+[[noreturn]] void png_write_fail(png_structp png, png_const_charp message) {
+  auto* sink = static_cast<PngSink*>(png_get_error_ptr(png));
+  std::snprintf(sink->message, sizeof sink->message, "%s", message);
+  png_longjmp(png, 1);
+}
+
+// The allocation's exception is caught here, not thrown through libpng's C frames, and reported as a
+// libpng error once the handler is done.
+void png_append(png_structp png, png_bytep data, size_t n) {
+  auto* sink = static_cast<PngSink*>(png_get_io_ptr(png));
+  bool grown = true;
+  try {
+    sink->bytes.insert(sink->bytes.end(), data, data + n);
+  } catch (const std::bad_alloc&) {
+    grown = false;
+  }
+  if (!grown) png_error(png, "out of memory");
+}
+
+void png_flush_nothing(png_structp) {}
+
+bool png_write_phase(png_structp png, png_infop info, const uint8_t* rgb, uint32_t width, uint32_t height) {
+  if (setjmp(png_jmpbuf(png))) return false;
+  png_set_IHDR(png, info, width, height, 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
+               PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+  png_write_info(png, info);
+  for (uint32_t y = 0; y < height; ++y) png_write_row(png, rgb + size_t{3} * width * y);
+  png_write_end(png, nullptr);
+  return true;
+}
+
+struct PngWriter {
+  png_structp png = nullptr;
+  png_infop info = nullptr;
+  explicit PngWriter(PngSink* sink) {
+    png = png_create_write_struct(PNG_LIBPNG_VER_STRING, sink, png_write_fail, png_ignore_warning);
+    if (png) info = png_create_info_struct(png);
+    if (!info) {
+      png_destroy_write_struct(&png, nullptr);
+      throw std::bad_alloc();
+    }
+    png_set_write_fn(png, sink, png_append, png_flush_nothing);
+  }
+  ~PngWriter() { png_destroy_write_struct(&png, &info); }
+  PngWriter(const PngWriter&) = delete;
+  PngWriter& operator=(const PngWriter&) = delete;
+};
+
+}  // namespace
+
+DecodeResult decode_image(std::span<const uint8_t> bytes, uint64_t max_pixels) {
+  if (starts_with(bytes, kPngSignature)) return decode_png(bytes, max_pixels);
+  if (starts_with(bytes, kJpegSignature)) return decode_jpeg(bytes, max_pixels);
+  return refused("unsupported_format", "neither a PNG nor a JPEG signature");
+}
+
+ImageFit parse_image_fit(const std::string& name) {
+  if (name == "pad") return ImageFit::kPad;
+  if (name == "crop") return ImageFit::kCrop;
+  if (name == "stretch") return ImageFit::kStretch;
+  fail(ExitCode::kUsage, "unknown image fit '{}'; use pad, crop or stretch", name);
+}
+
+const char* image_fit_name(ImageFit fit) {
+  switch (fit) {
+    case ImageFit::kPad:
+      return "pad";
+    case ImageFit::kCrop:
+      return "crop";
+    case ImageFit::kStretch:
+      return "stretch";
+  }
+  return "?";
+}
+
+Image resize_image(const Image& source, uint32_t width, uint32_t height) {
+  check_picture(source, "resize_image");
+  if (width == 0 || height == 0) fail(ExitCode::kUsage, "resize_image: target size {} x {}", width, height);
+  return resample_rgb(window_rows(source, 0, 0, source.height), source.width, width, height);
+}
+
+Image fit_image(const Image& source, uint32_t size, ImageFit fit, std::array<uint8_t, 3> fill) {
+  check_picture(source, "fit_image");
+  if (size == 0) fail(ExitCode::kUsage, "fit_image: size 0");
+  const uint32_t w = source.width, h = source.height;
+  switch (fit) {
+    case ImageFit::kCrop: {
+      const uint32_t side = std::min(w, h);
+      return resample_rgb(window_rows(source, (w - side) / 2, (h - side) / 2, side), side, size, size);
+    }
+    case ImageFit::kPad: {
+      std::vector<uint8_t> storage;
+      return resample_rgb(padded_rows(source, fill, storage), std::max(w, h), size, size);
+    }
+    case ImageFit::kStretch:
+      break;
+  }
+  return resample_rgb(window_rows(source, 0, 0, h), w, size, size);
+}
+
+uint64_t pixel_hash(const Image& image) {
+  Xxh3Stream h;
+  const uint32_t dims[2] = {image.width, image.height};
+  h.update(dims, sizeof dims);
+  h.update(image.rgb.data(), image.rgb.size());
+  return h.digest();
+}
+
+uint64_t perceptual_hash(const Image& image) {
+  check_picture(image, "perceptual_hash");
+  std::vector<float> luma(size_t{image.width} * image.height);
+  for (size_t p = 0; p < luma.size(); ++p)
+    luma[p] = 0.299f * image.rgb[3 * p] + 0.587f * image.rgb[3 * p + 1] + 0.114f * image.rgb[3 * p + 2];
+  std::vector<const float*> rows(image.height);
+  for (uint32_t r = 0; r < image.height; ++r) rows[r] = &luma[size_t{image.width} * r];
+  std::array<float, kHashSide * kHashSide> small{};
+  resample<1>(rows, image.width, kHashSide, kHashSide, small.data());
+  // The 8 x 8 lowest frequencies of the 2-D DCT-II: coefficient (u, v) = sum over y, x of
+  // basis[u][y] * small[y][x] * basis[v][x], u the vertical frequency; bit 8u + v.
+  const auto& basis = dct_basis();
+  std::array<std::array<double, kHashFreqs>, kHashSide> by_row{};  // [y][v]
+  for (int y = 0; y < kHashSide; ++y)
+    for (int v = 0; v < kHashFreqs; ++v)
+      for (int x = 0; x < kHashSide; ++x) by_row[y][v] += small[y * kHashSide + x] * basis[v][x];
+  std::array<double, kHashFreqs * kHashFreqs> coeff{};
+  for (int u = 0; u < kHashFreqs; ++u)
+    for (int v = 0; v < kHashFreqs; ++v)
+      for (int y = 0; y < kHashSide; ++y) coeff[u * kHashFreqs + v] += basis[u][y] * by_row[y][v];
+  std::array<double, kHashFreqs * kHashFreqs - 1> ac;
+  std::copy(coeff.begin() + 1, coeff.end(), ac.begin());
+  std::nth_element(ac.begin(), ac.begin() + ac.size() / 2, ac.end());
+  const double median = ac[ac.size() / 2];
+  uint64_t hash = 0;
+  for (size_t i = 0; i < coeff.size(); ++i)
+    if (coeff[i] > median) hash |= uint64_t{1} << i;
+  return hash;
+}
+
+int hamming_distance(uint64_t a, uint64_t b) {
+  return std::popcount(a ^ b);
+}
+
+std::vector<uint8_t> encode_png(const Image& image) {
+  check_picture(image, "encode_png");
+  PngSink sink;
+  sink.bytes.reserve(image.rgb.size() / 2);
+  PngWriter writer(&sink);
+  if (!png_write_phase(writer.png, writer.info, image.rgb.data(), image.width, image.height))
+    fail(ExitCode::kData, "encode_png: {}", sink.message);
+  return std::move(sink.bytes);
+}
+
+}  // namespace forge::data
