@@ -46,8 +46,9 @@ ConfigSchema prepare_schema() {
       .add<int>("ingest.repo_depth", in.repo_depth,
                 "files of an input directory belong to the repository named by their first N directories "
                 "below it (2 for DIR/owner/name/...; 0 = none); JSONL records use their \"repo\" field")
-      .add<double>("ingest.max_bad_lines", in.max_bad_lines,
-                   "chat, preference: fraction of malformed lines above which prepare fails (exit 65)")
+      .add<double>(
+          "ingest.max_bad_lines", in.max_bad_lines,
+          "chat, preference, image-text: fraction of malformed lines above which prepare fails (exit 65)")
       .add<bool>("near_dedup.enabled", true, "run MinHash near dedup")
       .add<int>("near_dedup.ngram", mh.ngram, "words per shingle")
       .add<int>("near_dedup.bands", mh.bands, "LSH bands (0 with rows = 0: chosen from the threshold)")

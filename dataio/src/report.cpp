@@ -75,7 +75,7 @@ std::string quality_summary(const Json& q) {
                      pii.value("action", "") == "drop" ? pii["removed"].value("pii_drop", uint64_t{0})
                                                        : pii.value("documents_redacted", uint64_t{0})));
   }
-  if (q.at("stages").contains("exact_dedup"))
+  if (q.at("stages").contains("exact_dedup") && !q["stages"]["exact_dedup"].contains("skipped"))
     line(fmt::format(
         "duplicate rate: exact {:.1f}%, near {:.1f}%",
         100 * q["stages"]["exact_dedup"].value("duplicate_rate", 0.0),
@@ -103,8 +103,22 @@ std::string quality_summary(const Json& q) {
                      d.at("documents").get<uint64_t>(), 100 * d.at("document_share").get<double>(),
                      d.at("tokens").get<uint64_t>(), 100 * d.at("token_share").get<double>(),
                      d.at("valid_documents").get<uint64_t>()));
-  // Chat and preference share the ingest and truncation lines; their token figures differ.
-  for (const char* format : {"chat", "preference"}) {
+  if (const Json d = q.at("stages").value("image_dedup", Json::object()); d.contains("removed")) {
+    const Json& im = q.at("image-text").at("images");
+    std::string bad, dropped;
+    for (const auto& [reason, n] : im.at("bad").items())
+      if (n.get<uint64_t>() > 0) bad += fmt::format(" {}={}", reason, n.get<uint64_t>());
+    for (const auto& [reason, n] : im.at("dropped").items())
+      if (n.get<uint64_t>() > 0) dropped += fmt::format(" {}={}", reason, n.get<uint64_t>());
+    line(fmt::format(
+        "pictures: {} decoded ({:.0f} per CPU-second); bad:{}; dropped:{}; duplicate rate (text with "
+        "pictures) {:.1f}%, {} repeated pictures",
+        im.at("images").get<uint64_t>(), im.at("images_per_cpu_s").get<double>(), bad.empty() ? " none" : bad,
+        dropped.empty() ? " none" : dropped, 100 * d.value("duplicate_rate", 0.0),
+        d.value("repeated_pictures", uint64_t{0})));
+  }
+  // Chat, preference and image-text share the ingest and truncation lines; their token figures differ.
+  for (const char* format : {"chat", "preference", "image-text"}) {
     if (!q.contains(format)) continue;
     const bool pairs = std::string_view(format) == "preference";
     const Json& c = q[format];
