@@ -501,6 +501,17 @@ print(f"long context: {len(rows)} steps of 2048 tokens on cp2, loss {f['loss']:.
       f"{l['cp_comm_bytes'] / 1e6:.1f} MB a step, {l['cp_comm_ms']:.1f} ms of a {l['step_ms']:.0f} ms step not hidden")
 PY
 
+stage "image-text data: rendered pictures of shapes prepared into versioned shards (the vision model is next)"
+# Pictures drawn here (scripts/make-demo-images.py, python3-pil), captions and questions about them; prepare
+# decodes and fits each to 32 x 32 (4 x 4 patches of 8: 16 positions a picture), deduplicates text with its
+# pictures and removes training pictures near a held-out one (--eval-set).
+/usr/bin/python3 "$root/scripts/make-demo-images.py" "$work/images" 400
+"$bin/dataio/forge-data" prepare --format image-text --input "$work/images/train.jsonl" \
+  --eval-set "$work/images/heldout.jsonl" --image.size=32 --image.patch=8 --vocab 300 \
+  --out "$work/image-dataset" | grep -E "^pictures|^image-text|^  image_|^wrote"
+"$bin/dataio/forge-data" verify "$work/image-dataset"
+"$bin/dataio/forge-data" inspect "$work/image-dataset" --docs 1 | sed -n '/^pictures/p;/^--- /,$p'
+
 stage "accounting: forge-quota sync and report"
 # --runs: the run's summary.json gives the report its tokens and MFU columns.
 quota sync --runs "$work/runs"

@@ -53,8 +53,9 @@ std::string quality_summary(const Json& q) {
                    s.at("documents_in").get<uint64_t>(), s.at("documents_out").get<uint64_t>(),
                    s.at("bytes_in").get<uint64_t>() / 1e6, s.at("tokens_out").get<uint64_t>()));
   line("removed per stage:");
-  for (const auto& stage : {"ingest", "normalize", "pii", "safety", "language", "repository", "exact_dedup",
-                            "near_dedup", "filters", "license", "decontam"}) {
+  for (const auto& stage :
+       {"ingest", "normalize", "pii", "safety", "language", "repository", "exact_dedup", "near_dedup",
+        "image_dedup", "filters", "license", "decontam", "image_decontam"}) {
     if (!q.at("stages").contains(stage)) continue;
     const Json& st = q.at("stages").at(stage);
     std::string parts;
@@ -62,7 +63,7 @@ std::string quality_summary(const Json& q) {
     for (const auto& [name, n] : removed.items())
       if (n.get<uint64_t>() > 0) parts += fmt::format(" {}={}", name, n.get<uint64_t>());
     const double secs = st.value("seconds", 0.0);
-    line(fmt::format("  {:<12}{}{}", stage, parts.empty() ? " -" : parts,
+    line(fmt::format("  {:<14}{}{}", stage, parts.empty() ? " -" : parts,
                      secs > 0 ? fmt::format("  ({:.2f}s)", secs) : std::string()));
   }
   if (q.at("stages").contains("pii")) {
