@@ -451,8 +451,7 @@ Reader::Reader(const std::string& dataset_dir, const ReaderOptions& options)
     if (!options.loss_mask)
       fail(ExitCode::kUsage,
            "dataset {} is format image-text: its samples are whole conversations with their pictures, read "
-           "with "
-           "loss_mask (the trainer's vision-language objectives do)",
+           "with loss_mask (a picture's run must not straddle two samples)",
            dataset_dir);
     s.image_size = s.manifest.settings.at("image").at("size").get<uint32_t>();
     s.image_tokens = s.manifest.settings.at("image").at("tokens").get<uint32_t>();

@@ -2,6 +2,7 @@
 
 #include "dpo_reference.h"
 #include "forge/common/error.h"
+#include "forge/dataio/image_text.h"
 #include "forge/dataio/manifest.h"
 #include "forge/dataio/reader.h"
 #include "forge/dataio/synthetic.h"
@@ -117,6 +118,14 @@ std::unique_ptr<DataSource> open_data(const Config& config, const trainer::Train
     return std::make_unique<Synthetic>(spec, dp_rank);
   }
   const data::Manifest manifest = data::load_manifest(spec.dataset);
+  // Pictures need a vision encoder in front of the language model (docs/DATA.md, "Image-text data"); no
+  // model of this build has one, and the placeholders alone would train on nothing.
+  if (manifest.format == data::kImageTextFormat)
+    config.reject(
+        "data.dataset",
+        fmt::format("{} is format image-text, and no model of this build has a vision encoder to read "
+                    "its pictures; train on chat or text data (forge-data verify and inspect read it)",
+                    spec.dataset));
   if (manifest.vocab_size != uint32_t(spec.model.vocab))
     config.reject("model.vocab", fmt::format("must equal the vocabulary of the dataset's tokenizer ({}, from "
                                              "{}/manifest.json)",

@@ -183,6 +183,16 @@ TEST_CASE("run.objective = sft trains the replies a chat dataset's loss masks ma
   r = run(tiny(dir) + " --run.objective=sft");
   CHECK(r.code == 64);
   CHECK_THAT(r.output, Catch::Contains("sft needs a chat dataset (the synthetic stream has none)"));
+  // Pictures (an image-text manifest): no model of this build has a vision encoder, whatever the objective.
+  fs::copy(dir / "text", dir / "pictures", fs::copy_options::recursive);
+  forge::data::Manifest pictures = forge::data::load_manifest(dir / "pictures");
+  pictures.format = "image-text";
+  forge::data::write_manifest(dir / "pictures", pictures);
+  for (const char* objective : {"lm", "sft"}) {
+    r = run(tiny(dir) + " --run.objective=" + objective + " --data.dataset=" + (dir / "pictures"));
+    CHECK(r.code == 64);
+    CHECK_THAT(r.output, Catch::Contains("data.dataset") && Catch::Contains("vision encoder"));
+  }
   r = run(tiny(dir) + " --run.objective=ppo");
   CHECK(r.code == 64);
   CHECK_THAT(r.output, Catch::Contains("run.objective"));
