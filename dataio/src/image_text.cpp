@@ -209,7 +209,9 @@ Json dedup_image_text(Corpus& corpus, const MinHashOptions& minhash, int near_di
       }
       if (images_near(corpus, corpus.docs[k], doc, near_distance)) verdict[i] = kNearImages;
     }
-    if (verdict[i] == kKept)
+    // Text-only records all share the empty key: comparing each with every one before it would be
+    // quadratic, so they are deduplicated exactly only.
+    if (verdict[i] == kKept && !doc.images.empty())
       for (const size_t k : same_images)
         if (estimated_jaccard(signature(k), signature(i)) >= hasher.plan().confirm_threshold()) {
           verdict[i] = kNearText;

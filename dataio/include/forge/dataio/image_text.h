@@ -90,7 +90,8 @@ LoadedImage load_record_image(const std::filesystem::path& jsonl_path, const std
 // pictures duplicates): a document is removed as an exact duplicate of an earlier one with the same text
 // and the same pictures (pixel_hash), and as a near duplicate of one with the same text and every picture
 // near (perceptual hashes within near_distance bits), or the same pictures and near text (MinHash at
-// `minhash`'s threshold). Reports pictures that repeat across documents too (kept: a picture with two
+// `minhash`'s threshold; text-only records, which all share the empty set of pictures, only exactly). Reports
+// pictures that repeat across documents too (kept: a picture with two
 // captions is two samples).
 Json dedup_image_text(Corpus& corpus, const MinHashOptions& minhash, int near_distance);
 
