@@ -29,6 +29,24 @@ fs::path resolve(const fs::path& jsonl_path, const std::string& ref) {
   return fs::path(ref).is_absolute() ? fs::path(ref) : jsonl_path.parent_path() / ref;
 }
 
+// A record's "image" field: one path or a list of them. Returns "" or why it is malformed.
+std::string image_refs(const Json& field, std::vector<std::string>& refs) {
+  refs.clear();
+  if (field.is_string()) {
+    refs.push_back(field.get<std::string>());
+  } else if (field.is_array()) {
+    for (const auto& p : field) {
+      if (!p.is_string()) return "\"image\" holds a non-string";
+      refs.push_back(p.get<std::string>());
+    }
+  } else {
+    return "\"image\" is neither a path nor a list of paths";
+  }
+  for (const auto& p : refs)
+    if (p.empty()) return "\"image\" holds an empty path";
+  return "";
+}
+
 // A document's pictures as one key: equal keys, the same pictures in the same order.
 uint64_t images_key(const Corpus& corpus, const Document& doc) {
   std::vector<uint64_t> hashes;
@@ -127,18 +145,7 @@ std::string parse_image_text_line(std::string_view line, ImageTextRecord& record
   if (rec.is_discarded() || !rec.is_object()) return "not a JSON object";
   const auto image = rec.find("image");
   if (image == rec.end()) return "no \"image\" field (a path, or a list of paths)";
-  if (image->is_string()) {
-    record.images.push_back(image->get<std::string>());
-  } else if (image->is_array()) {
-    for (const auto& p : *image) {
-      if (!p.is_string()) return "\"image\" holds a non-string";
-      record.images.push_back(p.get<std::string>());
-    }
-  } else {
-    return "\"image\" is neither a path nor a list of paths";
-  }
-  for (const auto& p : record.images)
-    if (p.empty()) return "\"image\" holds an empty path";
+  if (std::string why = image_refs(*image, record.images); !why.empty()) return why;
   if (rec.contains("messages")) return parse_chat_line(line, record.chat);
   const auto text = rec.find("text");
   if (text == rec.end() || !text->is_string())
@@ -264,6 +271,7 @@ Json dedup_image_text(Corpus& corpus, const MinHashOptions& minhash, int near_di
 
 std::vector<uint64_t> load_eval_images(const std::vector<std::string>& files, const ImageOptions& options) {
   std::vector<uint64_t> hashes;
+  std::vector<std::string> refs;
   for (const auto& file : files) {
     if (fs::path(file).extension() != ".jsonl") continue;
     const std::string data = read_file(file);
@@ -274,11 +282,8 @@ std::vector<uint64_t> load_eval_images(const std::vector<std::string>& files, co
       const Json rec = Json::parse(std::string_view(data).substr(start, nl - start), nullptr, false);
       start = nl + 1;
       if (!rec.is_object() || !rec.contains("image")) continue;
-      std::vector<std::string> refs;
-      if (rec["image"].is_string()) refs.push_back(rec["image"].get<std::string>());
-      if (rec["image"].is_array())
-        for (const auto& r : rec["image"])
-          if (r.is_string()) refs.push_back(r.get<std::string>());
+      if (const std::string why = image_refs(rec["image"], refs); !why.empty())
+        fail(ExitCode::kData, "--eval-set {}:{}: {}; fix the eval set", file, line_no, why);
       for (const auto& ref : refs) {
         // The eval set's pictures are compared as they are: not checked for size or fitted.
         const fs::path path = resolve(file, ref);
@@ -334,9 +339,8 @@ uint32_t image_token_id(const Tokenizer& tokenizer, const std::string& model_pat
   if (!id)
     fail(ExitCode::kUsage,
          "--tokenizer {}: {} is not a single reserved piece of this model, so pictures cannot be placed in "
-         "its "
-         "token stream; use a tokenizer trained by 'forge-data prepare --format image-text' (it reserves {}) "
-         "or drop --tokenizer to train one",
+         "its token stream; use a tokenizer trained by 'forge-data prepare --format image-text' (it "
+         "reserves {}) or drop --tokenizer to train one",
          model_path, kImagePlaceholder, kImagePlaceholder);
   return *id;
 }
@@ -376,8 +380,7 @@ void verify_image_runs(const std::string& dataset_dir) {
     if (!layout.has_images || layout.attrs.image_size != size || layout.attrs.image_tokens != tokens)
       fail(ExitCode::kData,
            "shard {}: {} placeholder tokens but pictures of {}x{} with {} tokens each (the manifest says "
-           "{}x{}, "
-           "{})",
+           "{}x{}, {})",
            path, placeholders, layout.attrs.image_size, layout.attrs.image_size, layout.attrs.image_tokens,
            size, size, tokens);
     if (placeholders != layout.images * tokens)

@@ -2,6 +2,7 @@
 
 #include "forge/common/error.h"
 #include "forge/common/hash.h"
+#include "forge/dataio/image_text.h"
 #include "forge/dataio/verify.h"
 #include "sample_order.h"
 
@@ -447,7 +448,7 @@ Reader::Reader(const std::string& dataset_dir, const ReaderOptions& options)
          dataset_dir);
   const bool pairs = options.loss_mask && s.manifest.format == "preference";
   // A picture's run must not straddle two samples: image-text data is read in conversation bins.
-  if (s.manifest.format == "image-text") {
+  if (s.manifest.format == kImageTextFormat) {
     if (!options.loss_mask)
       fail(ExitCode::kUsage,
            "dataset {} is format image-text: its samples are whole conversations with their pictures, read "
