@@ -118,14 +118,30 @@ std::unique_ptr<DataSource> open_data(const Config& config, const trainer::Train
     return std::make_unique<Synthetic>(spec, dp_rank);
   }
   const data::Manifest manifest = data::load_manifest(spec.dataset);
-  // Pictures need a vision encoder in front of the language model (docs/DATA.md, "Image-text data"); no
-  // model of this build has one, and the placeholders alone would train on nothing.
-  if (manifest.format == data::kImageTextFormat)
-    config.reject(
-        "data.dataset",
-        fmt::format("{} is format image-text, and no model of this build has a vision encoder to read "
-                    "its pictures; train on chat or text data (forge-data verify and inspect read it)",
-                    spec.dataset));
+  // Pictures need a vision tower in front of the language model (docs/TRAINER.md, "Vision-language
+  // models"), taking pictures of the size and patch the data was prepared for.
+  const trainer::VisionSpec& vision = spec.model.vision;
+  if (manifest.format == data::kImageTextFormat) {
+    if (!vision.enabled())
+      config.reject("data.dataset",
+                    fmt::format("{} is format image-text, and the model has no vision tower to read its "
+                                "pictures: set vision.layers (and the [vision] keys, docs/TRAINER.md)",
+                                spec.dataset));
+    if (!trainer::scores_replies(objective, manifest.format))
+      config.reject("run.objective",
+                    fmt::format("{} is format image-text: train it with sft (the loss on the captions and "
+                                "replies, not on the pictures' placeholders)",
+                                spec.dataset));
+    const Json image = manifest.settings.value("image", Json::object());
+    const int size = image.value("size", 0), patch = image.value("patch", 0);
+    if (size != vision.image_size || patch != vision.patch)
+      config.reject(
+          "vision.image_size",
+          fmt::format("{0} holds pictures of {1} x {1} pixels in {2}-pixel patches, and the vision "
+                      "tower takes {3} x {3} in {4}: set vision.image_size = {1} and vision.patch = "
+                      "{2}, or prepare the data with --image.size={3} --image.patch={4}",
+                      spec.dataset, size, patch, vision.image_size, vision.patch));
+  }
   if (manifest.vocab_size != uint32_t(spec.model.vocab))
     config.reject("model.vocab", fmt::format("must equal the vocabulary of the dataset's tokenizer ({}, from "
                                              "{}/manifest.json)",

@@ -144,6 +144,20 @@ size_t activation_bytes(const T::ModelSpec& m, const T::ModelSlice& slice, int b
   // Selective recompute's shared buffers (GPT::Workspace): the attention output, SwiGLU's activation.
   if (any_selective)
     n += N * q_width * act + (swiglu && m.dense_blocks() ? N * size_t(m.ffn_hidden / tp) * act : 0);
+  // The vision tower with the embedding (trainer/src/vision.h), FP32, for as many pictures as the
+  // micro-batch's rows can hold (M rows of patches): per slot the normalised patches, the stream entering
+  // each block and leaving the last, per block ln1, ln2 (and their 2 statistics), qkv, the attention's
+  // output and lse, res_mid, the MLP's pre-activation and activation, then the final norm, the projector's
+  // two and the features; once, the backward's scratch.
+  const T::VisionSpec& v = m.vision;
+  if (slice.embedding && v.enabled()) {
+    const size_t T_ = size_t(v.tokens()), M = std::max<size_t>(1, N / T_) * T_, W = size_t(v.width),
+                 H = size_t(v.mlp_hidden), P = size_t(v.projector_hidden), VL = size_t(v.layers);
+    const size_t block = M * (7 * W + 4 + size_t(v.heads) + 2 * H);
+    const size_t per_slot =
+        M * size_t(v.patch_values()) + (VL + 1) * M * W + VL * block + M * (W + 2 + 2 * P + C);
+    n += (S * per_slot + M * (C + 6 * W + H + P)) * kF32;
+  }
   return n;
 }
 

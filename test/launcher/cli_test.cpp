@@ -178,21 +178,32 @@ TEST_CASE("run.objective = sft trains the replies a chat dataset's loss masks ma
   fs::remove_all(dir / "run");
   Result r = run(tiny(dir) + " --run.objective=sft --data.dataset=" + (dir / "text"));
   CHECK(r.code == 64);
-  CHECK_THAT(r.output, Catch::Contains("run.objective = sft: sft needs a chat dataset") &&
+  CHECK_THAT(r.output, Catch::Contains("run.objective = sft: sft needs a chat or image-text dataset") &&
                            Catch::Contains("--format chat"));
   r = run(tiny(dir) + " --run.objective=sft");
   CHECK(r.code == 64);
-  CHECK_THAT(r.output, Catch::Contains("sft needs a chat dataset (the synthetic stream has none)"));
-  // Pictures (an image-text manifest): no model of this build has a vision encoder, whatever the objective.
+  CHECK_THAT(r.output,
+             Catch::Contains("sft needs a chat or image-text dataset (the synthetic stream has none)"));
+  // Pictures (an image-text manifest of 32-pixel pictures in 8-pixel patches): a model without a vision
+  // tower, a tower of another picture size, or an objective that would score the pictures' placeholders.
   fs::copy(dir / "text", dir / "pictures", fs::copy_options::recursive);
   forge::data::Manifest pictures = forge::data::load_manifest(dir / "pictures");
   pictures.format = "image-text";
+  pictures.settings["image"] = {{"size", 32}, {"patch", 8}};
   forge::data::write_manifest(dir / "pictures", pictures);
+  const std::string on_pictures = tiny(dir) + " --data.dataset=" + (dir / "pictures");
   for (const char* objective : {"lm", "sft"}) {
-    r = run(tiny(dir) + " --run.objective=" + objective + " --data.dataset=" + (dir / "pictures"));
+    r = run(on_pictures + " --run.objective=" + objective);
     CHECK(r.code == 64);
-    CHECK_THAT(r.output, Catch::Contains("data.dataset") && Catch::Contains("vision encoder"));
+    CHECK_THAT(r.output, Catch::Contains("data.dataset") && Catch::Contains("no vision tower"));
   }
+  const std::string vlm = on_pictures + " --model.positions=rope --vision.layers=1 --vision.patch=8";
+  r = run(vlm + " --run.objective=lm --vision.image_size=32");
+  CHECK(r.code == 64);
+  CHECK_THAT(r.output, Catch::Contains("run.objective") && Catch::Contains("train it with sft"));
+  r = run(vlm + " --run.objective=sft --vision.image_size=16");
+  CHECK(r.code == 64);
+  CHECK_THAT(r.output, Catch::Contains("vision.image_size = 16") && Catch::Contains("32 x 32 pixels"));
   r = run(tiny(dir) + " --run.objective=ppo");
   CHECK(r.code == 64);
   CHECK_THAT(r.output, Catch::Contains("run.objective"));

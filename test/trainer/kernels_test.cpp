@@ -27,8 +27,8 @@ namespace {
 
 // Naive causal grouped-query attention on qkv rows [B*T, shape.qkv_width()] (q | k | v heads, query head
 // h reading key/value head h / (heads / kv_heads)), the query at row position t seeing keys
-// [first[b*T + t], t] (first empty: [0, t]), the last shape.window of them when window > 0; returns out
-// [B*T, q_width] and, given dout, dqkv.
+// [first[b*T + t], t] (first empty: [0, t]), the last shape.window of them when window > 0; every key
+// [0, T) when not shape.causal. Returns out [B*T, q_width] and, given dout, dqkv.
 void reference_attention(const std::vector<float>& qkv, const std::vector<float>& dout,
                          const std::vector<int32_t>& first, int B, int T,
                          const forge::trainer::AttentionShape& shape, std::vector<double>& out,
@@ -47,30 +47,31 @@ void reference_attention(const std::vector<float>& qkv, const std::vector<float>
         const auto Q = [&](int i, int c) { return double(qkv[at(i, qc + c)]); };
         const auto K = [&](int i, int c) { return double(qkv[at(i, kc + c)]); };
         const auto Vv = [&](int i, int c) { return double(qkv[at(i, vc + c)]); };
-        int j0 = first.empty() ? 0 : first[size_t(b) * T + t];
-        if (shape.window > 0) j0 = std::max(j0, t - shape.window + 1);
+        int j0 = first.empty() || !shape.causal ? 0 : first[size_t(b) * T + t];
+        if (shape.window > 0 && shape.causal) j0 = std::max(j0, t - shape.window + 1);
+        const int last = shape.causal ? t : T - 1;
         double mx = -1e300;
-        for (int j = j0; j <= t; ++j) {
+        for (int j = j0; j <= last; ++j) {
           double s = 0;
           for (int c = 0; c < hd; ++c) s += Q(t, c) * K(j, c);
           p[j] = s * scale;
           mx = std::max(mx, p[j]);
         }
         double sum = 0;
-        for (int j = j0; j <= t; ++j) sum += (p[j] = std::exp(p[j] - mx));
-        for (int j = j0; j <= t; ++j) p[j] /= sum;
+        for (int j = j0; j <= last; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        for (int j = j0; j <= last; ++j) p[j] /= sum;
         const float* g = dout.data() + (size_t(b) * T + t) * QW + qc;
         double* o = out.data() + (size_t(b) * T + t) * QW + qc;
         for (int c = 0; c < hd; ++c)
-          for (int j = j0; j <= t; ++j) o[c] += p[j] * Vv(j, c);
+          for (int j = j0; j <= last; ++j) o[c] += p[j] * Vv(j, c);
         // backward of row t
         double dot = 0;
-        for (int j = j0; j <= t; ++j) {
+        for (int j = j0; j <= last; ++j) {
           dp[j] = 0;
           for (int c = 0; c < hd; ++c) dp[j] += g[c] * Vv(j, c);
           dot += p[j] * dp[j];
         }
-        for (int j = j0; j <= t; ++j) {
+        for (int j = j0; j <= last; ++j) {
           const double ds = p[j] * (dp[j] - dot) * scale;
           for (int c = 0; c < hd; ++c) {
             dqkv[at(t, qc + c)] += ds * K(j, c);
@@ -103,11 +104,13 @@ TEST_CASE("attention matches the naive reference across row blocks", "[trainer][
     AttentionShape shape;
     int T;
   };
-  // Multi-head (C 32, 4 heads), grouped-query (2 and 1 key/value heads), head_dim != C / heads, and a
-  // sliding window of 20 keys over 80 rows (the window crosses the 64-row block).
-  const Case cases[] = {{{4, 4, 8, 0}, 150},  {{4, 2, 8, 0}, 150},  {{4, 1, 8, 0}, 150},
-                        {{4, 4, 16, 0}, 150}, {{4, 2, 16, 0}, 100}, {{4, 4, 8, 20}, 80},
-                        {{4, 2, 16, 20}, 80}, {{6, 3, 8, 20}, 150}, {{4, 1, 8, 70}, 150}};
+  // Multi-head (C 32, 4 heads), grouped-query (2 and 1 key/value heads), head_dim != C / heads, a
+  // sliding window of 20 keys over 80 rows (the window crosses the 64-row block), and bidirectional
+  // attention (a vision encoder's).
+  const Case cases[] = {{{4, 4, 8, 0}, 150},        {{4, 2, 8, 0}, 150},       {{4, 1, 8, 0}, 150},
+                        {{4, 4, 16, 0}, 150},       {{4, 2, 16, 0}, 100},      {{4, 4, 8, 20}, 80},
+                        {{4, 2, 16, 20}, 80},       {{6, 3, 8, 20}, 150},      {{4, 1, 8, 70}, 150},
+                        {{4, 4, 8, 0, false}, 150}, {{2, 2, 12, 0, false}, 16}};
   const int B = 2;
   const int threads = omp_get_max_threads();
   for (const Case& c : cases) {
@@ -119,7 +122,8 @@ TEST_CASE("attention matches the naive reference across row blocks", "[trainer][
     const auto dout = randn(size_t(B) * T * shape.q_width(), 2);
     const std::vector<int32_t> first = packed_documents(B, T);
     for (const bool documents : {false, true}) {
-      INFO((documents ? "packed documents" : "causal"));
+      if (documents && !shape.causal) continue;  // a picture's patches are one sequence
+      INFO((documents ? "packed documents" : shape.causal ? "causal" : "bidirectional"));
       const std::vector<int32_t> starts = documents ? first : std::vector<int32_t>{};
       std::vector<double> ref_out, ref_dqkv;
       reference_attention(qkv, dout, starts, B, T, shape, ref_out, ref_dqkv);

@@ -106,7 +106,8 @@ std::string_view on_off(bool v) {
   return v ? "on" : "off";
 }
 
-// Every architecture key of [model] (without "model.") and its value in `m`, spelled as a job spec would.
+// Every architecture key of [model] (without "model.") and of [vision] (with "vision.") and its value in
+// `m`, spelled as a job spec would.
 // Capacity and the router losses are training settings, not part of the model.
 std::vector<std::pair<std::string, Json>> architecture(const ModelSpec& m) {
   constexpr std::string_view scalings[] = {"none", "linear", "llama3", "yarn"};
@@ -146,6 +147,16 @@ std::vector<std::pair<std::string, Json>> architecture(const ModelSpec& m) {
                            {"moe_hidden", m.moe_hidden},
                            {"router_renormalize", on_off(m.router_renormalize)},
                            {"shared_expert_hidden", m.shared_expert_hidden}});
+  // The vision tower's keys are [vision]'s: spelled with their section.
+  const VisionSpec& v = m.vision;
+  if (v.enabled())
+    out.insert(out.end(), {{"vision.layers", v.layers},
+                           {"vision.image_size", v.image_size},
+                           {"vision.patch", v.patch},
+                           {"vision.width", v.width},
+                           {"vision.heads", v.heads},
+                           {"vision.mlp_hidden", v.mlp_hidden},
+                           {"vision.projector_hidden", v.projector_hidden}});
   return out;
 }
 
@@ -178,7 +189,7 @@ ModelSpec model_spec_from_json(const Json& j, const std::string& where) {
   if (!j.is_object()) fail(ExitCode::kData, "{}: the model record is not a JSON object", where);
   std::vector<std::string> overrides;
   for (const auto& [key, value] : j.items())
-    overrides.push_back("--model." + key + "=" +
+    overrides.push_back((key.find('.') == std::string::npos ? "--model." : "--") + key + "=" +
                         (value.is_string() ? value.get<std::string>() : value.dump()));
   // The same keys, defaults and rules as a job spec's [model] section: a record without a key (one written
   // before the key existed) reads as a spec without it did.

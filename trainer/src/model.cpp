@@ -8,6 +8,7 @@
 #include "forge/common/trace.h"
 #include "forge/trainer/attention.h"
 #include "forge/trainer/moe.h"
+#include "vision.h"
 
 #include <algorithm>
 #include <cmath>
@@ -411,6 +412,14 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
     blocks_.push_back(std::move(block));
   }
   if (slice_.embedding) embedding_ = layers.embedding(backend, ref("wte.weight"), optional_ref("wpe.weight"));
+  if (slice_.embedding && config.vision.enabled()) {
+    if (tps != 1 || shards_ != 1 || bf16)
+      throw std::invalid_argument(
+          "GPT: the vision tower runs in FP32 without tensor or sequence parallelism (for now)");
+    const int pictures = std::max(1, int(N) / config.vision.tokens());
+    vision_ = std::make_unique<VisionTower>(backend, config.vision, config.d_model, pictures, slots,
+                                            [this](const std::string& name) { return ref(name); });
+  }
   if (slice_.head) {
     classifier_ = layers.classifier(backend, ref(classifier_weight()));
     lnf_ = norm("lnf");
@@ -513,6 +522,7 @@ size_t GPT::activation_bytes() const {
   size_t n = ws_->bytes();
   for (const auto& s : slots_) n += s->bytes();
   for (const auto& b : blocks_) n += b->bytes();
+  if (vision_) n += vision_->activation_bytes();
   return n;
 }
 
@@ -564,6 +574,7 @@ LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input,
   if (slice_.embedding) {
     TraceSpan span("forward embedding", "compute");
     embedding_->forward(s.res.data(), s.batch.inputs, s.batch.positions, B, T);
+    if (vision_ && batch.images() > 0) place_pictures(slot, batch);
   } else {
     backend_.copy(s.res.data(), input, sizeof(float) * size_t(stream_rows()) * size_t(config_.d_model));
   }
@@ -696,9 +707,31 @@ void GPT::backward(int slot, const float* d_output, const std::function<void(int
   }
   if (slice_.embedding) {
     TraceSpan span("backward embedding", "compute");
+    // A picture's placeholder tokens gave their embeddings no part in the forward: their rows' gradient
+    // goes to the vision tower instead.
+    const bool pictures = vision_ && s.batch.host->images() > 0;
+    if (pictures) {
+      const MicroBatch& batch = *s.batch.host;
+      const int64_t run = int64_t(config_.vision.tokens()) * C;
+      for (size_t k = 0; k < batch.images(); ++k) {
+        float* rows = dres + batch.image_starts[k] * C;
+        backend_.copy(vision_->d_features() + int64_t(k) * run, rows, sizeof(float) * size_t(run));
+        backend_.fill(rows, 0.0f, size_t(run));
+      }
+    }
     embedding_->backward(dres, s.batch.inputs, s.batch.positions, B, T);
+    if (pictures) vision_->backward(slot, vision_->d_features());
     if (on_grads) on_grads(-1);
   }
+}
+
+void GPT::place_pictures(int slot, const MicroBatch& batch) {
+  Slot& s = *slots_.at(size_t(slot));
+  const int64_t C = config_.d_model, run = int64_t(config_.vision.tokens()) * C;
+  const float* features = vision_->forward(slot, batch.image_pixels.data(), int(batch.images()));
+  for (size_t k = 0; k < batch.images(); ++k)
+    backend_.copy(s.res.data() + batch.image_starts[k] * C, features + int64_t(k) * run,
+                  sizeof(float) * size_t(run));
 }
 
 void GPT::check_batch(const MicroBatch& batch, int rows, const ModelSpec& config) {
@@ -709,6 +742,19 @@ void GPT::check_batch(const MicroBatch& batch, int rows, const ModelSpec& config
          batch.rows, batch.seq_len, rows, config.seq_len);
   if (const auto problem = batch.problem(config.vocab, config.max_positions))
     fail(ExitCode::kData, "{}", *problem);
+  const VisionSpec& v = config.vision;
+  if (batch.images() > 0 && !v.enabled())
+    fail(ExitCode::kData,
+         "a micro-batch with {} pictures, but the model has no vision tower: set vision.layers "
+         "(docs/TRAINER.md)",
+         batch.images());
+  if (batch.images() > 0 && (batch.image_size != v.image_size || batch.image_tokens != v.tokens()))
+    fail(
+        ExitCode::kData,
+        "the micro-batch's pictures are {0} x {0} pixels of {1} tokens, but the vision tower takes {2} x {2} "
+        "of {3} (vision.image_size, vision.patch): prepare the data with --image.size={2} and "
+        "--image.patch={4}",
+        batch.image_size, batch.image_tokens, v.image_size, v.tokens(), v.patch);
 }
 
 void GPT::check_whole(const MicroBatch& batch) const {

@@ -29,7 +29,16 @@ std::shared_ptr<const Loss> distill_loss(const TrainSpec& spec, std::shared_ptr<
 const std::array<ObjectiveTraits, 5>& table() {
   static const std::array<ObjectiveTraits, 5> t = {{
       {Objective::kLm, "lm", {}, true, Scored::kAll, Companion::kNone, true, {}, false, lm_loss},
-      {Objective::kSft, "sft", {"chat"}, false, Scored::kReplies, Companion::kNone, true, {}, false, lm_loss},
+      {Objective::kSft,
+       "sft",
+       {"chat", "image-text"},
+       false,
+       Scored::kReplies,
+       Companion::kNone,
+       true,
+       {},
+       false,
+       lm_loss},
       {Objective::kDpo,
        "dpo",
        {"preference"},

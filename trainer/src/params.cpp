@@ -102,6 +102,34 @@ std::vector<ParamInfo> parameter_table(const ModelSpec& cfg, const ModelSlice& s
   if (slice.embedding || (slice.head && cfg.tied_embeddings)) t.add("wte.weight", {V, C}, rows, true, std);
   if (slice.embedding && cfg.positions == Positions::kLearned)
     t.add("wpe.weight", {cfg.max_positions, C}, replicated, true, std);
+  // The vision tower goes with the embedding (the first pipeline stage), whole on every rank.
+  const VisionSpec& vis = cfg.vision;
+  if (slice.embedding && vis.enabled()) {
+    const int64_t W = vis.width, H = vis.mlp_hidden, P = vis.projector_hidden;
+    const float vis_proj_std = std / std::sqrt(2.0f * float(vis.layers));
+    const auto layernorm = [&](const std::string& name, int64_t width) {
+      t.add(name + ".weight", {width}, replicated, false, 0, 1.0f);
+      t.add(name + ".bias", {width}, replicated, false, 0);
+    };
+    const auto linear = [&](const std::string& name, int64_t out, int64_t in, float init_std) {
+      t.add(name + ".weight", {out, in}, replicated, true, init_std);
+      t.add(name + ".bias", {out}, replicated, false, 0);
+    };
+    linear("vision.patch", W, vis.patch_values(), std);
+    t.add("vision.pos.weight", {vis.tokens(), W}, replicated, true, std);
+    for (int l = 0; l < vis.layers; ++l) {
+      const std::string b = "vision.blocks." + std::to_string(l) + ".";
+      layernorm(b + "ln1", W);
+      linear(b + "attn.qkv", 3 * W, W, std);
+      linear(b + "attn.proj", W, W, vis_proj_std);
+      layernorm(b + "ln2", W);
+      linear(b + "mlp.fc", H, W, std);
+      linear(b + "mlp.proj", W, H, vis_proj_std);
+    }
+    layernorm("vision.ln_post", W);
+    linear("projector.fc1", P, W, std);
+    linear("projector.fc2", C, P, std);
+  }
   for (int l = slice.first_layer; l < last; ++l) {
     const std::string b = "blocks." + std::to_string(l) + ".";
     t.align(layer_align);
@@ -166,6 +194,8 @@ ParameterCounts parameter_counts(const ModelSpec& cfg) {
   for (const auto& p : parameter_table(cfg)) {
     if (p.name == "wpe.weight") continue;
     n.total += double(p.numel);
+    // A text token's product runs through the language model only; a picture's through the vision tower.
+    if (p.name.rfind("vision.", 0) == 0 || p.name.rfind("projector.", 0) == 0) continue;
     const bool expert = p.shard.kind == ShardRule::Kind::kExperts;
     n.active += expert ? double(p.numel) * cfg.top_k / cfg.experts : double(p.numel);
   }

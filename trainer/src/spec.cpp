@@ -30,11 +30,11 @@ void add_trainer_keys(ConfigSchema& s) {
                   "input and runs its forward again before its backward (the same numbers, less memory)")
       .add<int>("model.recompute_every", 1,
                 "model.recompute in every n-th block (those whose index divides by n)")
-      .add_choice(
-          "run.objective", "lm", objective_names(),
-          "what the run learns: lm, every token of the data; sft, the replies a chat dataset's loss "
-          "mask marks; dpo, the preferences of a preference dataset; distill, a teacher model's "
-          "distributions; grpo, rewards of the policy's own replies to a prompt set (docs/TRAINER.md)")
+      .add_choice("run.objective", "lm", objective_names(),
+                  "what the run learns: lm, every token of the data; sft, the replies (captions) a chat "
+                  "(image-text) dataset's loss mask marks; dpo, the preferences of a preference dataset; "
+                  "distill, a teacher model's distributions; grpo, rewards of the policy's own replies to a "
+                  "prompt set (docs/TRAINER.md)")
       .add_choice("run.device", "auto", {"auto", "cpu", "cuda"},
                   "where each rank computes: cuda (one GPU per rank), cpu, or auto (cuda when the process "
                   "sees a GPU and forge-train was built with CUDA)")
@@ -101,6 +101,14 @@ void add_trainer_keys(ConfigSchema& s) {
                    "the rest go around it (0: dropless)")
       .add<double>("model.router_aux_coef", 1e-2, "moe: weight of the load-balancing loss")
       .add<double>("model.router_z_coef", 1e-3, "moe: weight of the router z-loss");
+  s.add<int>("vision.layers", 0, "blocks of the vision encoder (0: a text-only model)")
+      .add<int>("vision.image_size", 224, "side of the square RGB pictures the encoder takes (pixels)")
+      .add<int>("vision.patch", 14, "side of a patch (pixels): a picture is (image_size / patch)^2 tokens")
+      .add<int>("vision.width", 0, "width of the encoder (0: model.d_model)")
+      .add<int>("vision.heads", 0, "attention heads of the encoder (0: model.heads)")
+      .add<int>("vision.mlp_hidden", 0, "hidden width of the encoder's MLP (0: 4 x vision.width)")
+      .add<int>("vision.projector_hidden", 0,
+                "hidden width of the projector into the language model (0: model.d_model)");
   s.add<std::string>("data.dataset", "synthetic", "dataset directory, or 'synthetic'")
       .add<int>("data.batch", 8, "sequences per micro-batch (per data-parallel rank)")
       .add<std::string>(
@@ -433,10 +441,53 @@ std::string model_description(const ModelSpec& m) {
                            : std::string());
   else
     out += fmt::format(", {} {}", act, m.ffn_hidden);
-  return out + (m.tied_embeddings ? ", tied classifier" : "");
+  if (m.tied_embeddings) out += ", tied classifier";
+  const VisionSpec& v = m.vision;
+  if (v.enabled())
+    out += fmt::format(
+        "; vision: {} blocks of {}, {} heads, {}-pixel patches of {}-pixel pictures ({} tokens), "
+        "projector {}",
+        v.layers, v.width, v.heads, v.patch, v.image_size, v.tokens(), v.projector_hidden);
+  return out;
 }
 
-ModelSpec model_spec(const Config& c) {
+namespace {
+
+// The [vision] keys of a model whose language side is `m` (its d_model, heads, positions, seq_len).
+VisionSpec vision_spec(const Config& c, const ModelSpec& m) {
+  VisionSpec v;
+  v.layers = c.get<int>("vision.layers");
+  if (v.layers < 0) c.reject("vision.layers", "must be >= 0 (0: a text-only model)");
+  if (v.layers == 0) return v;
+  v.image_size = positive<int>(c, "vision.image_size");
+  v.patch = positive<int>(c, "vision.patch");
+  if (v.image_size % v.patch != 0)
+    c.reject("vision.image_size", fmt::format("must be a multiple of vision.patch = {}", v.patch));
+  if (v.tokens() > m.seq_len)
+    c.reject("vision.image_size", fmt::format("a picture is {} tokens of (image_size / patch)^2, more than "
+                                              "model.seq_len = {}: use larger patches or smaller pictures",
+                                              v.tokens(), m.seq_len));
+  const auto width_key = [&](const std::string& key, int otherwise) {
+    const int n = c.get<int>(key);
+    if (n < 0) c.reject(key, "must be >= 0 (0: the default)");
+    return n == 0 ? otherwise : n;
+  };
+  v.width = width_key("vision.width", m.d_model);
+  v.heads = width_key("vision.heads", m.heads);
+  if (v.width % v.heads != 0) c.reject("vision.heads", fmt::format("must divide vision.width = {}", v.width));
+  v.mlp_hidden = width_key("vision.mlp_hidden", 4 * v.width);
+  v.projector_hidden = width_key("vision.projector_hidden", m.d_model);
+  // A picture's features replace its placeholder tokens' embeddings; a learned position table would have
+  // to be added to them again, which the embedding layer does not do.
+  if (m.positions != Positions::kRotary)
+    c.reject("model.positions",
+             "a vision-language model needs rotary positions (rope): set model.positions "
+             "= rope or a family that has them");
+  return v;
+}
+
+// The [model] keys: the language model.
+ModelSpec language_model_spec(const Config& c) {
   ModelSpec m;
   const std::string family = c.get<std::string>("model.family");
   for (size_t i = 0; i < std::size(kFamilies); ++i)
@@ -566,6 +617,14 @@ ModelSpec model_spec(const Config& c) {
   if (m.shared_expert_hidden > 0 && m.activation != Activation::kSwiglu)
     c.reject("model.shared_expert_hidden",
              "a shared expert is a SwiGLU expert: set model.activation = swiglu");
+  return m;
+}
+
+}  // namespace
+
+ModelSpec model_spec(const Config& c) {
+  ModelSpec m = language_model_spec(c);
+  m.vision = vision_spec(c, m);
   return m;
 }
 
@@ -761,6 +820,17 @@ TrainSpec train_spec(const Config& c) {
         c.reject(key, fmt::format("run.objective = {} samples its rollouts with the whole model on each rank "
                                   "for now: it must be 1 (scale out with parallel.dp)",
                                   objective.name));
+  // The vision tower (vision.h) runs whole and in FP32 on the first pipeline stage, for now.
+  if (s.model.vision.enabled()) {
+    for (const auto& [key, n] :
+         {std::pair{"parallel.tp", s.layout.tp}, std::pair{"parallel.cp", s.layout.cp}})
+      if (n > 1)
+        c.reject(key,
+                 "a vision-language model trains without tensor or context parallelism for now: it must "
+                 "be 1 (scale out with parallel.dp or parallel.pp)");
+    if (s.dtype == DType::kBF16)
+      c.reject("precision.dtype", "a vision-language model trains in fp32 for now: set fp32 or auto");
+  }
   s.guard = guard_config(c);
   if (s.guard.inject_dead_layer >= 0 &&
       (!s.model.moe_block(s.guard.inject_dead_layer) || s.guard.inject_dead_layer >= s.model.layers ||
@@ -799,6 +869,11 @@ void resolve_device(TrainSpec& spec, int visible_gpus, const std::string& no_gpu
          "parallel.comm = nccl, but run.device = auto chose cpu (no GPU visible, or no CUDA build); set "
          "parallel.comm = mpi or auto, or run.device = cuda");
   if (spec.parallel.comm == CommKind::kAuto) spec.parallel.comm = cuda ? CommKind::kNccl : CommKind::kMpi;
+  if (cuda && spec.model.vision.enabled())
+    fail(ExitCode::kUsage,
+         "vision.layers = {}: the vision tower's bidirectional attention has no CUDA kernel yet; set "
+         "run.device = cpu",
+         spec.model.vision.layers);
   if (spec.dtype_auto) {
     spec.dtype = cuda ? DType::kBF16 : DType::kF32;
     spec.dtype_auto = false;

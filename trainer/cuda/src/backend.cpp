@@ -25,6 +25,7 @@
 #include <functional>
 #include <iterator>
 #include <map>
+#include <stdexcept>
 #include <vector>
 
 namespace forge::trainer::cuda {
@@ -226,6 +227,7 @@ class CudaBackend final : public Backend {
   void add_bias(float* out, const float* bias, int N, int OC) override { seam::add_bias(out, bias, N, OC); }
   void attention_forward(Act out, float* lse, ConstAct qkv, const int32_t* doc_start, int B, int T,
                          const AttentionShape& shape) override {
+    require_causal(shape);
     const size_t rows = size_t(B) * size_t(T), n = rows * size_t(shape.q_width());
     const size_t n_qkv = rows * size_t(shape.qkv_width());
     if (tensor_core_attention(qkv.bf16, doc_start, B, T, shape)) {
@@ -240,6 +242,7 @@ class CudaBackend final : public Backend {
   }
   void attention_backward(float* dqkv, const float* dout, ConstAct qkv, ConstAct out, const float* lse,
                           const int32_t* doc_start, int B, int T, const AttentionShape& shape) override {
+    require_causal(shape);
     const size_t rows = size_t(B) * size_t(T), n = rows * size_t(shape.q_width());
     const size_t n_qkv = rows * size_t(shape.qkv_width());
     if (!tensor_core_attention(qkv.bf16, doc_start, B, T, shape))
@@ -495,6 +498,13 @@ class CudaBackend final : public Backend {
     if (w == nullptr) return nullptr;
     const bf16* kept = kept_copy(w, n);
     return kept != nullptr ? kept : bf16_copy(buffer, w, n);
+  }
+  // The kernels here are causal; a vision encoder's bidirectional attention runs on the CPU backend.
+  static void require_causal(const AttentionShape& shape) {
+    if (!shape.causal)
+      throw std::invalid_argument(
+          "the CUDA backend has no bidirectional attention yet (a vision encoder): train it with "
+          "run.device = cpu");
   }
   // Whether the attention runs on the tensor-core kernels: BF16 products or operands, no documents, and a
   // head dim that they have (any grouping of the query heads, any window).

@@ -1,7 +1,8 @@
 // Causal grouped-query attention, optionally inside packed documents and a sliding window: a query sees
-// the keys of its own document up to itself, the last `window` of them when window > 0. Query head h reads
-// key/value head h / (heads / kv_heads). Per (batch, query head), query rows are processed in blocks of
-// kBlock: scores for a block against the keys it may see are formed by sgemm in per-thread scratch,
+// the keys of its own document up to itself, the last `window` of them when window > 0; or bidirectional
+// attention (shape.causal = false, a vision encoder's): every query sees every key of its sequence. Query
+// head h reads key/value head h / (heads / kv_heads). Per (batch, query head), query rows are processed in
+// blocks of kBlock: scores for a block against the keys it may see are formed by sgemm in per-thread scratch,
 // softmaxed in place, and multiplied with V. Only the row log-sum-exp survives the forward; backward
 // recomputes the probabilities from it (FlashAttention's trade: one extra Q.K^T product instead of keeping
 // B*heads*T*T probabilities per layer). Masked keys are mostly never multiplied: a block touches keys [its
@@ -32,21 +33,25 @@ namespace {
 
 constexpr int kBlock = 64;
 
-// The first key the query at position t of a batch row sees (its last is t): its document's start
-// (doc_start: the row's starts, null: 0), moved up to t - window + 1 when window > 0. Never decreases
-// with t, so a row block's first row sees the block's earliest key.
-struct FirstKey {
+// The keys [first(t), last(t)) the query at position t of a batch row sees: causal, from its document's
+// start (doc_start: the row's starts, null: 0), moved up to t - window + 1 when window > 0, to t itself;
+// bidirectional, all T. first never decreases with t, so a row block's first row sees the block's
+// earliest key, and its last row the latest.
+struct VisibleKeys {
   const int32_t* doc_start;
-  int window;
-  int operator()(int t) const {
+  const AttentionShape& shape;
+  int T;
+  int first(int t) const {
+    if (!shape.causal) return 0;
     const int doc = doc_start != nullptr ? doc_start[t] : 0;
-    return window > 0 ? std::max(doc, t - window + 1) : doc;
+    return shape.window > 0 ? std::max(doc, t - shape.window + 1) : doc;
   }
+  int last(int t) const { return shape.causal ? t + 1 : T; }
 };
 
 // The most keys one row block touches: the scratch width.
-size_t block_keys(int T, int window) {
-  return size_t(window > 0 ? std::min(T, kBlock + window - 1) : T);
+size_t block_keys(int T, const AttentionShape& shape) {
+  return size_t(shape.causal && shape.window > 0 ? std::min(T, kBlock + shape.window - 1) : T);
 }
 
 }  // namespace
@@ -59,7 +64,7 @@ void attention_forward(float* out, float* lse, const float* qkv, const int32_t* 
   BlasSingleThread single;
 #pragma omp parallel
   {
-    std::vector<float> scores(size_t(kBlock) * block_keys(T, shape.window));
+    std::vector<float> scores(size_t(kBlock) * block_keys(T, shape));
 #pragma omp for schedule(dynamic, 1)
     for (int bh = 0; bh < B * NH; ++bh) {
       const int b = bh / NH, h = bh % NH;
@@ -68,18 +73,18 @@ void attention_forward(float* out, float* lse, const float* qkv, const int32_t* 
       const float* v = k + KW;
       float* o = out + int64_t(b) * T * QW + h * hd;
       float* l = lse + int64_t(bh) * T;
-      const FirstKey first_key{doc_start != nullptr ? doc_start + int64_t(b) * T : nullptr, shape.window};
+      const VisibleKeys visible_keys{doc_start != nullptr ? doc_start + int64_t(b) * T : nullptr, shape, T};
       for (int r0 = 0; r0 < T; r0 += kBlock) {
-        // Keys [lo, keys): the block's first row sees the earliest key (first keys never decrease).
-        const int rows = std::min(kBlock, T - r0), keys = r0 + rows;
-        const int lo = first_key(r0), nk = keys - lo;
+        // Keys [lo, keys): the block's first row sees the earliest key, its last row the latest.
+        const int rows = std::min(kBlock, T - r0), keys = visible_keys.last(r0 + rows - 1);
+        const int lo = visible_keys.first(r0), nk = keys - lo;
         float* s = scores.data();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nk, hd, scale, q + int64_t(r0) * W, W,
                     k + int64_t(lo) * W, W, 0.0f, s, nk);
         for (int i = 0; i < rows; ++i) {
           float* row = s + int64_t(i) * nk;
-          const int first = first_key(r0 + i) - lo;
-          const int visible = r0 + i + 1 - lo;
+          const int first = visible_keys.first(r0 + i) - lo;
+          const int visible = visible_keys.last(r0 + i) - lo;
           float* seen = row + first;  // the keys this query may attend to
           const int n = visible - first;
           l[r0 + i] = softmax_in_place(seen, n);
@@ -101,7 +106,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   BlasSingleThread single;
 #pragma omp parallel
   {
-    const size_t width = block_keys(T, shape.window);
+    const size_t width = block_keys(T, shape);
     std::vector<float> probs(size_t(kBlock) * width), dprobs(size_t(kBlock) * width), delta(T);
     // dK and dV of a group's later query heads, [T, hd] each, before they are added in head order.
     std::vector<float> dk_part(group > 1 ? size_t(T) * hd : 0), dv_part(dk_part.size());
@@ -116,7 +121,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
       const float* o = out + int64_t(b) * T * QW + h * hd;
       const float* dO = dout + int64_t(b) * T * QW + h * hd;
       const float* l = lse + int64_t(bh) * T;
-      const FirstKey first_key{doc_start != nullptr ? doc_start + int64_t(b) * T : nullptr, shape.window};
+      const VisibleKeys visible_keys{doc_start != nullptr ? doc_start + int64_t(b) * T : nullptr, shape, T};
       for (int t = 0; t < T; ++t) {
         float d = 0;
         const float* a = o + int64_t(t) * QW;
@@ -128,8 +133,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
         std::fill(dv + int64_t(t) * ld, dv + int64_t(t) * ld + hd, 0.0f);
       }
       for (int r0 = 0; r0 < T; r0 += kBlock) {
-        const int rows = std::min(kBlock, T - r0), keys = r0 + rows;
-        const int lo = first_key(r0), nk = keys - lo;
+        const int rows = std::min(kBlock, T - r0), keys = visible_keys.last(r0 + rows - 1);
+        const int lo = visible_keys.first(r0), nk = keys - lo;
         const float* k_lo = k + int64_t(lo) * W;
         float* p = probs.data();
         float* dp = dprobs.data();
@@ -137,8 +142,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                     k_lo, W, 0.0f, p, nk);
         for (int i = 0; i < rows; ++i) {
           float* row = p + int64_t(i) * nk;
-          const int first = first_key(r0 + i) - lo;
-          const int visible = r0 + i + 1 - lo;
+          const int first = visible_keys.first(r0 + i) - lo;
+          const int visible = visible_keys.last(r0 + i) - lo;
           float* seen = row + first;
           const int n = visible - first;
           const float li = l[r0 + i];

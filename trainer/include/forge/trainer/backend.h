@@ -112,10 +112,12 @@ struct AdamWStep {
 // The heads of an attention layer (Backend::attention_forward), as one rank holds them: `heads` query
 // heads share `kv_heads` key/value heads (grouped-query attention; kv_heads = heads is multi-head, 1 is
 // multi-query), each head_dim wide, which need not be width / heads. window > 0: a query sees at most
-// `window` keys, itself included (sliding-window attention); 0: all of its causal past.
+// `window` keys, itself included (sliding-window attention); 0: all of its causal past. causal = false: a
+// query sees every key of its sequence (a vision encoder's patches; no documents, no window).
 struct AttentionShape {
   int heads = 0, kv_heads = 0, head_dim = 0;
   int window = 0;
+  bool causal = true;
   int q_width() const { return heads * head_dim; }
   int kv_width() const { return kv_heads * head_dim; }
   int qkv_width() const { return q_width() + 2 * kv_width(); }

@@ -45,6 +45,26 @@ enum class Positions { kLearned, kRotary };
 // moe_every-th block (moe.h).
 enum class Ffn { kDense, kMoe };
 
+// The vision tower of a vision-language model ([vision] keys; docs/TRAINER.md, "Vision-language models"): a
+// ViT encoder over image_size x image_size RGB pictures cut into patch x patch squares (patch embedding by
+// a product over each flattened patch, a learned position per patch, `layers` pre-norm blocks of
+// bidirectional attention and a GELU MLP, a final LayerNorm) and a projector (Linear, GELU, Linear) into
+// the language model's width, whose outputs replace the embeddings of a picture's placeholder tokens.
+// layers = 0: a text-only model.
+struct VisionSpec {
+  int layers = 0;
+  int image_size = 0;
+  int patch = 0;
+  int width = 0;
+  int heads = 0;
+  int mlp_hidden = 0;
+  int projector_hidden = 0;
+  bool enabled() const { return layers > 0; }
+  int grid() const { return image_size / patch; }
+  int tokens() const { return grid() * grid(); }          // positions of one picture in a sequence
+  int patch_values() const { return 3 * patch * patch; }  // one flattened patch: channel, row, column
+};
+
 // The architecture of a decoder, resolved: what model_spec (spec.h) builds from the [model] keys, and what
 // a checkpoint records (checkpoint_io.h) and is read back through the same code. A block is made of slots
 // (docs/ARCHITECTURE.md, "The model"): norm, attention, norm, FFN (dense or MoE); around the blocks the
@@ -86,6 +106,7 @@ struct ModelSpec {
   double capacity_factor = 0;  // moe: an expert takes at most ceil(factor x tokens x top_k / experts); 0: all
   double router_aux_coef = 1e-2;  // moe: weight of the load-balancing loss
   double router_z_coef = 1e-3;    // moe: weight of the router z-loss
+  VisionSpec vision;              // a vision-language model's encoder and projector
 
   // The attention's parameters are GPT-2's fused attn.qkv tensor (gpt2), or attn.q, attn.k, attn.v.
   bool fused_qkv() const { return family == Family::kGpt2; }
@@ -155,7 +176,7 @@ std::vector<ParamInfo> parameter_table(const ModelSpec& config, const ModelSlice
 void init_parameter(const ParamInfo& p, const ModelSlice& slice, uint64_t seed, std::span<float> out);
 
 // Parameters of the logical model (position embeddings excluded): all of them, and those one token
-// computes with (an MoE block's top_k experts of its `experts`, and its router).
+// computes with (an MoE block's top_k experts of its `experts`, and its router; not the vision tower).
 struct ParameterCounts {
   double total = 0, active = 0;
 };
@@ -212,6 +233,7 @@ struct ModelSetup {
 
 class GPT;
 class MoeLayer;
+class VisionTower;
 struct RouterStats;
 
 // Where a caller keeps the weights a pass reads (ZeRO): need(l) before the pass first reads the weights of
@@ -355,6 +377,10 @@ class GPT {
   void run_blocks(int slot, int N, const std::function<void(int, ConstAct, float*)>& attention,
                   const WeightHooks& weights = {});
   void check_whole(const MicroBatch& batch) const;
+  // A vision-language model: the batch's pictures through the vision tower, their features in place of
+  // their placeholder tokens' embeddings in slot's stream; and back, after the embedding's backward.
+  void place_pictures(int slot, const MicroBatch& batch);
+  void pictures_backward(int slot);
   ParamRef ref(const std::string& name);
   ParamRef optional_ref(const std::string& name);  // empty when the table has no such parameter
   // One tensor over parameters the table stores back to back, [sum of their rows, ...] (attn.q, k, v).
@@ -379,7 +405,8 @@ class GPT {
   std::unique_ptr<Classifier> classifier_;
   std::vector<MoeLayer*> moe_layers_;  // owned by their blocks
   std::unique_ptr<NormLayer> lnf_;
-  std::deque<ParamInfo> views_;  // of fused_ref
+  std::unique_ptr<VisionTower> vision_;  // a vision-language model's slice with the embedding
+  std::deque<ParamInfo> views_;          // of fused_ref
 };
 
 }  // namespace forge::trainer

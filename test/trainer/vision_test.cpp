@@ -1,0 +1,194 @@
+// A vision-language model against PyTorch (fixture written by reference/make_vision.py after SigLIP's vision
+// transformer, LLaVA's projector and Llama): a batch with two pictures in one row and a text-only row, the
+// loss on text only. Logits, loss and every gradient, at the families' tolerances (families_test.cpp). And
+// the rules of the [vision] keys, its record in a checkpoint, and the batches the model refuses.
+#include "h5_fixture.h"
+#include "support/paths.h"
+#include "support/training.h"
+
+#include "forge/common/error.h"
+#include "forge/trainer/checkpoint_io.h"
+#include "forge/trainer/spec.h"
+
+#include <fmt/format.h>
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <functional>
+#include <string>
+
+using forge::MicroBatch;
+using forge::test::H5Fixture;
+using forge::test::rel_diff;
+using namespace forge::trainer;
+
+namespace {
+
+std::string fixture_path() {
+  return forge::test::source_path("test/trainer/reference/vision_parity.h5");
+}
+
+// The fixture's model through the job spec's own reader.
+std::vector<std::string> fixture_keys(const H5Fixture& f) {
+  const auto n = [&](const char* key) { return fmt::format("{}", f.attr(key)); };
+  return {"--model.family=llama",
+          "--model.layers=" + n("layers"),
+          "--model.d_model=" + n("d_model"),
+          "--model.heads=" + n("heads"),
+          "--model.kv_heads=" + n("kv_heads"),
+          "--model.head_dim=" + n("head_dim"),
+          "--model.vocab=" + n("vocab"),
+          "--model.seq_len=" + n("seq_len"),
+          "--model.ffn_hidden=" + n("ffn_hidden"),
+          "--model.norm_eps=" + n("norm_eps"),
+          "--model.rope_theta=" + n("rope_theta"),
+          "--vision.layers=" + n("vision_layers"),
+          "--vision.image_size=" + n("image_size"),
+          "--vision.patch=" + n("patch"),
+          "--vision.width=" + n("vision_width"),
+          "--vision.heads=" + n("vision_heads"),
+          "--vision.mlp_hidden=" + n("vision_mlp_hidden"),
+          "--vision.projector_hidden=" + n("projector_hidden")};
+}
+
+// The fixture's batch: its tokens, targets and loss weights, and its pictures where the reader puts them.
+MicroBatch fixture_batch(const H5Fixture& f, const ModelSpec& spec) {
+  const int B = int(f.attr("batch"));
+  MicroBatch b = forge::test::micro_batch(f.ints("tokens"), f.ints("targets"), B, spec.seq_len);
+  const auto weights = f.floats("weights");
+  b.weights.assign(weights.begin(), weights.end());
+  b.image_size = spec.vision.image_size;
+  b.image_tokens = spec.vision.tokens();
+  const auto pixels = f.ints("pictures");  // uint8 values, read widened
+  const auto starts = f.ints("picture_starts");
+  std::vector<uint8_t> rgb(b.image_bytes());
+  for (size_t k = 0; k < starts.size(); ++k) {
+    for (size_t i = 0; i < rgb.size(); ++i) rgb[i] = uint8_t(pixels[k * rgb.size() + i]);
+    b.add_image(starts[k] / spec.seq_len, starts[k] % spec.seq_len, rgb.data());
+  }
+  return b;
+}
+
+void load_initial(GPT& model, const H5Fixture& f) {
+  for (const auto& p : model.params()) {
+    INFO(p.name);
+    const auto w = f.floats("init/" + p.name);
+    REQUIRE(w.size() == p.numel);
+    std::copy(w.begin(), w.end(), model.weight(p.name).begin());
+  }
+  model.weights_changed();
+}
+
+forge::Error error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const forge::Error& e) {
+    return e;
+  }
+  FAIL("accepted");
+  return forge::Error(forge::ExitCode::kOk, "");
+}
+
+}  // namespace
+
+TEST_CASE("A vision-language model matches PyTorch: logits, loss and every gradient",
+          "[trainer][parity][vision]") {
+  const H5Fixture f(fixture_path());
+  const ModelSpec spec = model_spec(fixture_keys(f));
+  REQUIRE(spec.vision.tokens() == 16);
+  const MicroBatch b = fixture_batch(f, spec);
+  REQUIRE(b.images() == 2);
+  GPT model(spec, {.batch = b.rows});
+  load_initial(model, f);
+
+  std::vector<float> logits(b.size() * size_t(spec.vocab));
+  model.forward_logits(b, logits);
+  CHECK(rel_diff(logits, f.floats("logits")) < 1e-5);
+  model.zero_grad();
+  const double weight = b.weight_sum();
+  const double loss = model.forward_backward(b, float(1.0 / weight)).loss / weight;
+  const double ref = f.doubles("loss")[0];
+  CHECK(std::abs(loss - ref) / ref < 1e-5);
+  for (const auto& p : model.params()) {
+    INFO(p.name);
+    CHECK(rel_diff(model.grad(p.name), f.floats("grad/" + p.name)) < 2e-5);
+  }
+  // The placeholder token's embedding had no part in the forward: no gradient reaches it.
+  const int placeholder = int(f.attr("placeholder"));
+  const auto dwte = model.grad("wte.weight");
+  for (int c = 0; c < spec.d_model; ++c)
+    CHECK(dwte[size_t(placeholder) * size_t(spec.d_model) + size_t(c)] == 0);
+
+  // A batch without pictures runs the language model alone: the tower's gradients stay zero.
+  MicroBatch text = b;
+  text.image_pixels.clear();
+  text.image_starts.clear();
+  model.zero_grad();
+  model.forward_backward(text, 1.0f);
+  for (const auto& p : model.params())
+    if (p.name.starts_with("vision.") || p.name.starts_with("projector.")) {
+      INFO(p.name);
+      for (float g : model.grad(p.name)) REQUIRE(g == 0);
+    }
+}
+
+TEST_CASE("The [vision] keys: defaults, rules naming the key, and the checkpoint's record",
+          "[trainer][spec][vision]") {
+  const std::vector<std::string> llama = {"--model.family=llama", "--model.d_model=64", "--model.heads=4",
+                                          "--model.seq_len=64"};
+  const auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), llama.begin(), llama.end());
+    return extra;
+  };
+  CHECK_FALSE(model_spec(llama).vision.enabled());
+  const ModelSpec m = model_spec(with({"--vision.layers=2", "--vision.image_size=32", "--vision.patch=8"}));
+  CHECK(m.vision.width == 64);
+  CHECK(m.vision.heads == 4);
+  CHECK(m.vision.mlp_hidden == 256);
+  CHECK(m.vision.projector_hidden == 64);
+  CHECK(m.vision.tokens() == 16);
+  CHECK_THAT(model_description(m), Catch::Contains("vision: 2 blocks of 64") && Catch::Contains("16 tokens"));
+  // The record a checkpoint keeps reads back as the same model; a text model's record has no vision keys.
+  const forge::Json record = model_spec_json(m);
+  CHECK(record.at("vision.layers") == 2);
+  CHECK(model_spec_json(model_spec_from_json(record, "record")) == record);
+  CHECK_FALSE(model_spec_json(model_spec(llama)).contains("vision.layers"));
+  // The tower's parameters are counted in the total, not in what a text token computes with.
+  const ParameterCounts with_vision = parameter_counts(m), text = parameter_counts(model_spec(llama));
+  CHECK(with_vision.total > text.total);
+  CHECK(with_vision.active == text.active);
+
+  const auto rejected = [&](std::vector<std::string> extra) {
+    const forge::Error e = error_of([&] { model_spec(with(std::move(extra))); });
+    CHECK(e.code() == forge::ExitCode::kUsage);
+    return std::string(e.what());
+  };
+  CHECK_THAT(rejected({"--vision.layers=1", "--vision.image_size=30", "--vision.patch=8"}),
+             Catch::Contains("vision.image_size = 30") && Catch::Contains("multiple of vision.patch = 8"));
+  CHECK_THAT(rejected({"--vision.layers=1", "--vision.image_size=64", "--vision.patch=4"}),
+             Catch::Contains("256 tokens") && Catch::Contains("model.seq_len = 64"));
+  CHECK_THAT(
+      rejected({"--vision.layers=1", "--vision.image_size=32", "--vision.patch=8", "--vision.heads=3"}),
+      Catch::Contains("vision.heads = 3") && Catch::Contains("divide vision.width = 64"));
+  CHECK_THAT(rejected({"--vision.layers=1", "--vision.image_size=32", "--vision.patch=8",
+                       "--model.positions=learned"}),
+             Catch::Contains("model.positions") && Catch::Contains("rotary"));
+}
+
+TEST_CASE("A model refuses pictures it cannot take, naming what to change", "[trainer][vision]") {
+  const H5Fixture f(fixture_path());
+  const ModelSpec spec = model_spec(fixture_keys(f));
+  const MicroBatch b = fixture_batch(f, spec);
+  // Pictures into a text-only model.
+  ModelSpec text = spec;
+  text.vision = {};
+  forge::Error e = error_of([&] { GPT::check_batch(b, b.rows, text); });
+  CHECK(e.code() == forge::ExitCode::kData);
+  CHECK_THAT(e.what(), Catch::Contains("2 pictures") && Catch::Contains("no vision tower"));
+  // Pictures of another size than the tower takes.
+  ModelSpec larger = spec;
+  larger.vision.image_size = 32;
+  e = error_of([&] { GPT::check_batch(b, b.rows, larger); });
+  CHECK(e.code() == forge::ExitCode::kData);
+  CHECK_THAT(e.what(), Catch::Contains("16 x 16") && Catch::Contains("--image.size=32"));
+}
