@@ -501,7 +501,7 @@ print(f"long context: {len(rows)} steps of 2048 tokens on cp2, loss {f['loss']:.
       f"{l['cp_comm_bytes'] / 1e6:.1f} MB a step, {l['cp_comm_ms']:.1f} ms of a {l['step_ms']:.0f} ms step not hidden")
 PY
 
-stage "image-text data: rendered pictures of shapes prepared into versioned shards (the vision model is next)"
+stage "image-text data: rendered pictures of shapes prepared into versioned shards"
 # Pictures drawn here (scripts/make-demo-images.py, python3-pil), captions and questions about them; prepare
 # decodes and fits each to 32 x 32 (4 x 4 patches of 8: 16 positions a picture), deduplicates text with its
 # pictures and removes training pictures near a held-out one (--eval-set).
@@ -511,6 +511,58 @@ stage "image-text data: rendered pictures of shapes prepared into versioned shar
   --out "$work/image-dataset" | grep -E "^pictures|^image-text|^  image_|^wrote"
 "$bin/dataio/forge-data" verify "$work/image-dataset"
 "$bin/dataio/forge-data" inspect "$work/image-dataset" --docs 1 | sed -n '/^pictures/p;/^--- /,$p'
+
+stage "vision-language model: a ViT encoder and projector in front of a small Llama, trained on the pictures (team-a, explore tier)"
+# configs/vlm.ini: sft on the captions and answers (never on a picture's positions), on dp2; then a second
+# stage from its checkpoint with the encoder frozen (train.freeze = vision), on pp2: the frozen tensors come
+# out bit for bit as they went in, with no optimizer state kept for them.
+vlm_steps=$((fast ? 30 : 60))
+vlm_ini() {  # NAME STEPS PARALLEL EXTRA: configs/vlm.ini for this demo, [parallel] and extra lines appended
+  sed -e "s|^dir = .*|dir = $work/runs/$1|" -e "s|^dataset = .*|dataset = $work/image-dataset|" \
+    -e "s/^name = .*/name = $1/" -e "s/^steps = .*/steps = $2/" -e "s/^milestone_every = .*/milestone_every = $2/" \
+    -e "s/^recovery_every = .*/recovery_every = $(($2 / 2))/" "$root/configs/vlm.ini" > "$work/$1.ini"
+  printf '\n[parallel]\n%b\n%b\n' "$3" "$4" >> "$work/$1.ini"
+}
+vlm_train() {  # NAME LAYOUT
+  local ids
+  ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=explore --train-layout="$2" \
+    --gate-policy=none "$work/$1.ini" "$work/image-dataset")
+  echo "$ids"
+  train=$(awk '/train job/ {print $3}' <<<"$ids")
+  state=$(final_state "$train" 600)
+  [ "$state" = COMPLETED ] || { echo "demo: the $1 job ended $state" >&2; exit 1; }
+}
+vlm_ini vlm "$vlm_steps" 'dp = 2' ''
+vlm_train vlm tp1,pp1,dp2
+vlm_ckpt=$(ls -d "$work/runs/vlm/checkpoints/milestone/step-"* | tail -n1)
+vlm_ini vlm-frozen "$vlm_steps" 'pp = 2' "[train]\nfreeze = vision\n\n[ckpt]\ninit_from = $vlm_ckpt"
+# The [ckpt] section appended last: the ini's own has no init_from, so the key is set once.
+vlm_train vlm-frozen tp1,pp2,dp1
+frozen_ckpt=$(ls -d "$work/runs/vlm-frozen/checkpoints/milestone/step-"* | tail -n1)
+"$bin/ckpt/forge-ckpt" export "$vlm_ckpt" --out "$work/vlm.h5" >/dev/null
+"$bin/ckpt/forge-ckpt" export "$frozen_ckpt" --out "$work/vlm-frozen.h5" >/dev/null
+/usr/bin/python3 - "$work/runs/vlm/metrics/rank-0.jsonl" "$work/runs/vlm-frozen/metrics/rank-0.jsonl" \
+  "$work/vlm.h5" "$work/vlm-frozen.h5" <<'PY'
+import json, sys
+import h5py, numpy as np
+for path, what in zip(sys.argv[1:3], ["joint", "encoder frozen"]):
+    rows = [json.loads(l) for l in open(path)]
+    print(f"vlm ({what}): {len(rows)} steps, loss {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f}, "
+          f"{sum(r['scored_tokens'] for r in rows) / len(rows):.0f} scored tokens per step")
+def tensors(path):
+    out = {}
+    with h5py.File(path) as f:
+        f.visititems(lambda name, obj: out.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else None)
+    return out
+a, b = tensors(sys.argv[3]), tensors(sys.argv[4])
+enc = [k for k in a if "vision." in k and "adam" not in k]
+same = sum(np.array_equal(a[k], b[k]) for k in enc)
+moved = [k for k in a if ("projector." in k or "blocks." in k) and "vision." not in k and "adam" not in k]
+print(f"encoder frozen: {same} of {len(enc)} encoder tensors bit-identical, {sum(not np.array_equal(a[k], b[k]) for k in moved)} "
+      f"of {len(moved)} projector and language-model tensors trained, "
+      f"{sum('adam' in k and 'vision.' in k for k in b)} encoder moments kept")
+assert enc and same == len(enc) and not any("adam" in k and "vision." in k for k in b)
+PY
 
 stage "accounting: forge-quota sync and report"
 # --runs: the run's summary.json gives the report its tokens and MFU columns.

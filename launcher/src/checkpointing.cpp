@@ -132,7 +132,7 @@ RunCheckpoints::RunCheckpoints(const Config& config, const trainer::TrainSpec& s
   // Dense weights are replicated over dp x cp (dp_cp, which is dp at cp 1); under ZeRO-3 each rank holds
   // and writes its own ranges of them.
   const bool zero3 = spec.parallel.zero == 3;
-  role_.owned_params = zero3;
+  if (zero3) role_.owned_params = trainer.owned_ranges();
   role_.params = zero3 || g.dp_cp->rank() == 0;
   role_.moments = spec.parallel.zero >= 1 || g.dp_cp->rank() == 0;
   role_.expert_params = zero3 || g.expert_dp->rank() == 0;

@@ -244,7 +244,20 @@ Plan make_plan(const T::TrainSpec& validated) {
     size_t largest_block = 0;
     for (const auto& [layer, n] : block) largest_block = std::max(largest_block, n);
     st.grad_shard = owned * kF32;
-    st.optimizer = 2 * (zero >= 1 ? owned : flat) * kF32;
+    // The moments of what the rank updates: its owned part of every bucket (ZeRO) or all of it, less what
+    // train.freeze leaves out (the rank with the most).
+    size_t updated = 0;
+    for (size_t r = 0; r < (zero >= 1 ? dp : 1); ++r) {
+      std::vector<T::FlatRange> ranges;
+      for (const Bucket& b : buckets) {
+        const size_t part = (b.hi - b.lo) / b.group, at = b.lo + (r % b.group) * part;
+        ranges.push_back(zero >= 1 ? T::FlatRange{at, at + part} : T::FlatRange{b.lo, b.hi});
+      }
+      size_t n = 0;
+      for (const T::FlatRange& t : T::trained_ranges(ranges, params, spec.freeze)) n += t.hi - t.lo;
+      updated = std::max(updated, n);
+    }
+    st.optimizer = 2 * updated * kF32;
     // ZeRO-2 keeps a rank's part of the gradients and those of the blocks backward is at or reducing
     // (two); ZeRO-3 also its part of the weights, the blocks a pass is at and prefetching, and the
     // embeddings, classifier and final norm through the step.

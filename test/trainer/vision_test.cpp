@@ -8,11 +8,13 @@
 
 #include "forge/common/error.h"
 #include "forge/trainer/checkpoint_io.h"
+#include "forge/trainer/parallel.h"
 #include "forge/trainer/spec.h"
 
 #include <fmt/format.h>
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -119,6 +121,22 @@ TEST_CASE("A vision-language model matches PyTorch: logits, loss and every gradi
   for (int c = 0; c < spec.d_model; ++c)
     CHECK(dwte[size_t(placeholder) * size_t(spec.d_model) + size_t(c)] == 0);
 
+  // A frozen encoder (train.freeze = vision): the backward stops at the projector, whose gradients are
+  // the same; the encoder's stay zero.
+  GPT frozen(spec, {.batch = b.rows, .frozen_encoder = true});
+  load_initial(frozen, f);
+  frozen.zero_grad();
+  frozen.forward_backward(b, float(1.0 / weight));
+  for (const auto& p : frozen.params()) {
+    INFO(p.name);
+    const bool encoder = p.name.starts_with("vision.");
+    const auto g = frozen.grad(p.name);
+    if (encoder)
+      CHECK(std::all_of(g.begin(), g.end(), [](float x) { return x == 0; }));
+    else
+      CHECK(std::equal(g.begin(), g.end(), model.grad(p.name).begin()));
+  }
+
   // A batch without pictures runs the language model alone: the tower's gradients stay zero.
   MicroBatch text = b;
   text.image_pixels.clear();
@@ -191,4 +209,56 @@ TEST_CASE("A model refuses pictures it cannot take, naming what to change", "[tr
   e = error_of([&] { GPT::check_batch(b, b.rows, larger); });
   CHECK(e.code() == forge::ExitCode::kData);
   CHECK_THAT(e.what(), Catch::Contains("16 x 16") && Catch::Contains("--image.size=32"));
+}
+
+TEST_CASE("train.freeze: frozen parts keep their weights bit for bit and hold no optimizer state",
+          "[trainer][vision][freeze]") {
+  const H5Fixture f(fixture_path());
+  // LLaVA's two stages: the projector alone, then the projector and the language model.
+  for (const std::string freeze : {"vision,lm", "vision"}) {
+    INFO("train.freeze = " << freeze);
+    std::vector<std::string> keys = fixture_keys(f);
+    for (const std::string k : {"--data.batch=2", "--run.threads=1", "--optim.warmup_steps=0"})
+      keys.push_back(k);
+    keys.push_back("--train.freeze=" + freeze);
+    forge::ConfigSchema schema;
+    add_trainer_keys(schema);
+    const TrainSpec spec = train_spec(forge::load_config(schema, "", keys));
+    forge::test::OneProcess trainer(spec);
+    GPT& model = trainer->model();
+    load_initial(model, f);
+    const std::vector<float> before(model.weights().begin(), model.weights().end());
+    const MicroBatch b = fixture_batch(f, spec.model);
+    for (int step = 0; step < 2; ++step) REQUIRE(trainer->step({&b, 1}).finite);
+    const auto ranges = trainer->optimizer().ranges();
+    size_t moments = 0;
+    for (const FlatRange& r : ranges) moments += r.hi - r.lo;
+    CHECK(trainer->optimizer().m().size() == moments);
+    for (const auto& p : model.params()) {
+      INFO(p.name);
+      const bool frozen = spec.freeze.frozen(p.name);
+      const auto now = model.weight(p.name);
+      const bool same = std::equal(now.begin(), now.end(), before.begin() + ptrdiff_t(p.offset));
+      CHECK(same == frozen);
+      // The optimizer's ranges hold every trained element and none of a frozen one.
+      size_t held = 0;
+      for (const FlatRange& r : ranges) {
+        const size_t lo = std::max(r.lo, p.offset), hi = std::min(r.hi, p.offset + p.numel);
+        if (lo < hi) held += hi - lo;
+      }
+      CHECK(held == (frozen ? 0 : p.numel));
+    }
+  }
+  // Parts that are not there, or nothing left to train: exit 64 naming the key.
+  forge::ConfigSchema schema;
+  add_trainer_keys(schema);
+  const auto rejected = [&](const std::vector<std::string>& keys) {
+    const forge::Error e = error_of([&] { train_spec(forge::load_config(schema, "", keys)); });
+    CHECK(e.code() == forge::ExitCode::kUsage);
+    return std::string(e.what());
+  };
+  CHECK_THAT(rejected({"--train.freeze=vision"}),
+             Catch::Contains("train.freeze = vision") && Catch::Contains("no vision tower"));
+  CHECK_THAT(rejected({"--train.freeze=lm"}), Catch::Contains("leaves nothing to train"));
+  CHECK_THAT(rejected({"--train.freeze=encoder"}), Catch::Contains("'encoder' is not a part"));
 }

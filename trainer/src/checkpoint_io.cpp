@@ -71,9 +71,8 @@ void owned_parts(const Piece& piece, const std::vector<FlatRange>& ranges, Fn&& 
   }
 }
 
-// Visits (slice, pointer) for every piece this rank holds: parameters from the model's buffer (cut to the
-// optimizer's owned ranges when role.owned_params), moments from the optimizer's packed buffers, cut to
-// its owned ranges.
+// Visits (slice, pointer) for every piece this rank holds: parameters from the model's buffer (cut to
+// role.owned_params when set), moments from the optimizer's packed buffers, cut to its ranges.
 template <typename Fn>
 void for_each_piece(GPT& model, AdamW* optimizer, bool saving, const SaveRole& role, Fn&& fn) {
   const ModelSlice& slice = model.slice();
@@ -82,8 +81,8 @@ void for_each_piece(GPT& model, AdamW* optimizer, bool saving, const SaveRole& r
     if (saving && !writes(p, slice, role)) continue;
     if (!saving || (expert(p) ? role.expert_params : role.params))
       for (const Piece& piece : shard_pieces("param", p, slice)) {
-        if (saving && role.owned_params && optimizer != nullptr)
-          owned_parts(piece, optimizer->ranges(),
+        if (saving && !role.owned_params.empty())
+          owned_parts(piece, role.owned_params,
                       [&](const ckpt::Slice& s, size_t at, size_t) { fn(s, weights + at); });
         else
           fn(piece.slice, weights + piece.lo);

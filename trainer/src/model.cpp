@@ -417,8 +417,9 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
       throw std::invalid_argument(
           "GPT: the vision tower runs in FP32 without tensor or sequence parallelism (for now)");
     const int pictures = std::max(1, int(N) / config.vision.tokens());
-    vision_ = std::make_unique<VisionTower>(backend, config.vision, config.d_model, pictures, slots,
-                                            [this](const std::string& name) { return ref(name); });
+    vision_ = std::make_unique<VisionTower>(
+        backend, config.vision, config.d_model, pictures, slots,
+        [this](const std::string& name) { return ref(name); }, setup.frozen_encoder);
   }
   if (slice_.head) {
     classifier_ = layers.classifier(backend, ref(classifier_weight()));

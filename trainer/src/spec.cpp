@@ -43,6 +43,9 @@ void add_trainer_keys(ConfigSchema& s) {
           "run.memory_per_rank_gib", 0.0,
           "memory a rank may use (GiB): a layout whose plan (forge-train --plan) needs more is refused "
           "before anything is allocated (0: no cap)")
+      .add<std::string>("train.freeze", "none",
+                        "parts whose weights stay as they are (no update, no optimizer state): none, or a "
+                        "comma-separated list of vision (the encoder), projector, lm (the language model)")
       .add<std::string>(
           "run.trace_steps", "",
           "steps to trace per rank into <run.dir>/trace/ (A-B, 1-based; auto: the 3 steps after "
@@ -486,6 +489,30 @@ VisionSpec vision_spec(const Config& c, const ModelSpec& m) {
   return v;
 }
 
+// train.freeze of a model `m`.
+Freeze freeze_config(const Config& c, const ModelSpec& m) {
+  Freeze f;
+  const std::string value = c.get<std::string>("train.freeze");
+  if (value == "none" || value.empty()) return f;
+  std::stringstream parts(value);
+  for (std::string part; std::getline(parts, part, ',');) {
+    bool* flag = part == "vision"      ? &f.vision
+                 : part == "projector" ? &f.projector
+                 : part == "lm"        ? &f.lm
+                                       : nullptr;
+    if (flag == nullptr)
+      c.reject("train.freeze",
+               fmt::format("'{}' is not a part: none, or a list of vision, projector, lm", part));
+    if ((flag == &f.vision || flag == &f.projector) && !m.vision.enabled())
+      c.reject("train.freeze",
+               fmt::format("the model has no vision tower to freeze the {} of (vision.layers = 0)", part));
+    *flag = true;
+  }
+  if (f.lm && (!m.vision.enabled() || (f.vision && f.projector)))
+    c.reject("train.freeze", "leaves nothing to train: keep a part of the model out of it");
+  return f;
+}
+
 // The [model] keys: the language model.
 ModelSpec language_model_spec(const Config& c) {
   ModelSpec m;
@@ -831,6 +858,7 @@ TrainSpec train_spec(const Config& c) {
     if (s.dtype == DType::kBF16)
       c.reject("precision.dtype", "a vision-language model trains in fp32 for now: set fp32 or auto");
   }
+  s.freeze = freeze_config(c, s.model);
   s.guard = guard_config(c);
   if (s.guard.inject_dead_layer >= 0 &&
       (!s.model.moe_block(s.guard.inject_dead_layer) || s.guard.inject_dead_layer >= s.model.layers ||
@@ -838,6 +866,12 @@ TrainSpec train_spec(const Config& c) {
     c.reject("guard.inject_dead_expert", "names no expert of an MoE block of this model");
   s.threads = resolve_threads(threads);
   return s;
+}
+
+bool Freeze::frozen(std::string_view param) const {
+  if (param.starts_with("vision.")) return vision;
+  if (param.starts_with("projector.")) return projector;
+  return lm;
 }
 
 std::shared_ptr<const Loss> objective_loss(const TrainSpec& spec, std::shared_ptr<GPT> teacher) {

@@ -25,8 +25,12 @@ struct VisionTower::Acts {
 };
 
 VisionTower::VisionTower(Backend& backend, const VisionSpec& spec, int d_model, int max_pictures, int slots,
-                         const std::function<ParamRef(const std::string&)>& ref)
-    : backend_(backend), spec_(spec), d_model_(d_model), max_rows_(max_pictures * spec.tokens()) {
+                         const std::function<ParamRef(const std::string&)>& ref, bool frozen_encoder)
+    : backend_(backend),
+      spec_(spec),
+      d_model_(d_model),
+      max_rows_(max_pictures * spec.tokens()),
+      frozen_encoder_(frozen_encoder) {
   if (!spec.enabled() || max_pictures < 1 || slots < 1)
     throw std::invalid_argument("VisionTower: needs a vision spec, >= 1 picture and >= 1 slot");
   shape_ = {spec.heads, spec.heads, spec.width / spec.heads, 0, false};
@@ -151,7 +155,8 @@ void VisionTower::backward(int slot, float* d_features) {
   float *dx = dx_.data(), *dln = dln_.data();
   fc2_->backward(dproj_.data(), d_features, a.hidden.data(), M);
   backend_.gelu_backward(dproj_.data(), a.pre1.data(), M, P);
-  fc1_->backward(dln, dproj_.data(), a.post.data(), M);
+  fc1_->backward(frozen_encoder_ ? nullptr : dln, dproj_.data(), a.post.data(), M);
+  if (frozen_encoder_) return;
   backend_.fill(dx, 0.0f, size_t(MW));
   ln_post_->backward(dx, dln, x + int64_t(blocks_.size()) * MW, a.post_stats.data(), M, W);
   // dx = dL/d(block output), in place: the MLP's norm adds its path (dx = dL/d(res_mid)), then the

@@ -21,9 +21,9 @@ namespace forge::trainer {
 class VisionTower {
  public:
   // Up to `max_pictures` pictures per micro-batch, for `slots` micro-batches in flight; `ref` looks up a
-  // parameter of the model's table by name.
+  // parameter of the model's table by name. frozen_encoder: backward() stops at the projector.
   VisionTower(Backend& backend, const VisionSpec& spec, int d_model, int max_pictures, int slots,
-              const std::function<ParamRef(const std::string&)>& ref);
+              const std::function<ParamRef(const std::string&)>& ref, bool frozen_encoder = false);
   ~VisionTower();
   VisionTower(const VisionTower&) = delete;
   VisionTower& operator=(const VisionTower&) = delete;
@@ -45,6 +45,7 @@ class VisionTower {
   Backend& backend_;
   VisionSpec spec_;
   int d_model_, max_rows_;
+  bool frozen_encoder_;
   AttentionShape shape_;
   std::unique_ptr<Linear> patch_, fc1_, fc2_;
   std::unique_ptr<NormLayer> ln_post_;

@@ -94,6 +94,24 @@ std::vector<int> stage_bounds(const ModelSpec& cfg, int pp, const std::vector<in
   return bounds;
 }
 
+std::vector<FlatRange> trained_ranges(const std::vector<FlatRange>& ranges,
+                                      const std::vector<ParamInfo>& params, const Freeze& freeze) {
+  if (!freeze.any()) return ranges;
+  std::vector<FlatRange> out;
+  for (const FlatRange& r : ranges) {
+    size_t at = r.lo;  // the start of the stretch being kept
+    for (const ParamInfo& p : params) {
+      const size_t lo = std::max(r.lo, p.offset), hi = std::min(r.hi, p.offset + p.numel);
+      if (lo >= hi || !freeze.frozen(p.name)) continue;
+      if (at < lo) out.push_back({at, lo});
+      at = hi;
+    }
+    if (at < r.hi) out.push_back({at, r.hi});
+  }
+  if (out.empty()) out.push_back({0, 0});
+  return out;
+}
+
 int gradient_bucket(const std::string& param, int layers) {
   if (param.rfind("blocks.", 0) == 0) return std::stoi(param.substr(7));
   if (param.rfind("lnf.", 0) == 0) return layers;
@@ -142,7 +160,8 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, comm::ProcessGroups& gro
                                                    .flat_multiple = align,
                                                    .layer_align = zero >= 2 ? align : 1,
                                                    .loss = loss_,
-                                                   .recompute = spec.recompute});
+                                                   .recompute = spec.recompute,
+                                                   .frozen_encoder = spec.freeze.vision});
   model_->init(spec.seed);
   if (const int replicas = std::max(1, lay.tp / spec.model.kv_heads); replicas > 1) {
     kv_ = groups.tp->split(groups.tp_rank / replicas, groups.tp_rank % replicas, "kv");
@@ -195,14 +214,16 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, comm::ProcessGroups& gro
     const bool replicated = lay.tp > 1 && p.shard.kind != ShardRule::Kind::kSplit;
     const bool tied_copy = p.name == "wte.weight" && lay.pp > 1 && !groups.first_stage();
     const bool replica = groups.tp_rank % p.shard.replicas != 0;  // a key/value head's other holders
-    if ((replicated && groups.tp_rank != 0) || tied_copy || replica) continue;
+    if ((replicated && groups.tp_rank != 0) || tied_copy || replica || spec.freeze.frozen(p.name)) continue;
     for (const FlatRange& r : owned_) {
       const size_t lo = std::max(r.lo, p.offset), hi = std::min(r.hi, p.offset + p.numel);
       if (lo < hi) norm_ranges_.push_back({lo, hi});
     }
   }
-  optimizer_ = std::make_unique<AdamW>(spec.optim, model_->params(), flat,
-                                       zero >= 1 ? owned_ : std::vector<FlatRange>{}, backend);
+  optimizer_ = std::make_unique<AdamW>(
+      spec.optim, model_->params(), flat,
+      trained_ranges(zero >= 1 ? owned_ : std::vector<FlatRange>{{0, flat}}, model_->params(), spec.freeze),
+      backend);
   // ZeRO-3: a rank keeps its part of the weights; the rest is gathered where a pass needs it.
   if (zero == 3) release_weights([](int) { return true; });
   const size_t nc = size_t(model_->stream_rows()) * size_t(spec.model.d_model);

@@ -33,9 +33,9 @@ struct SaveRole {
   // group: their parameters (its rank 0) and moments (every rank under ZeRO-1, else its rank 0).
   bool expert_params = true;
   bool expert_moments = true;
-  // ZeRO-3: the parameters written as the optimizer's owned ranges (each rank its own; params and
-  // expert_params on every rank), so that a save gathers nothing.
-  bool owned_params = false;
+  // ZeRO-3: the parameters written as the rank's owned ranges of the flat buffer (ParallelTrainer::
+  // owned_ranges(); params and expert_params on every rank), so that a save gathers nothing. Empty: whole.
+  std::vector<FlatRange> owned_params;
 };
 
 // This process's pieces of the parameters and, with an optimizer, its moments (tensor-parallel shards

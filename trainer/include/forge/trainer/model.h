@@ -229,6 +229,9 @@ struct ModelSetup {
   size_t layer_align = 1;    // each layer's parameters start at a multiple (parameter_table)
   std::shared_ptr<const Loss> loss = nullptr;  // the head's objective; null: the LM cross-entropy
   Recompute recompute = {};                    // none by default
+  // The vision tower's encoder is frozen (train.freeze = vision): the backward stops at the projector
+  // and leaves the encoder's gradients zero.
+  bool frozen_encoder = false;
 };
 
 class GPT;

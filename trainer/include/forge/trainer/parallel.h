@@ -34,6 +34,11 @@ std::vector<int> stage_bounds(const ModelSpec& config, int pp, const std::vector
 // embeddings (and an untied head), `layers` for the final norm.
 int gradient_bucket(const std::string& param, int layers);
 
+// `ranges` of a model's flat buffers without the parameters train.freeze leaves out of the update: what
+// the optimizer keeps state for and writes. Nothing left: the one empty range.
+std::vector<FlatRange> trained_ranges(const std::vector<FlatRange>& ranges,
+                                      const std::vector<ParamInfo>& params, const Freeze& freeze);
+
 class ParallelTrainer {
  public:
   // Builds this rank's slice on `backend`, initialized from spec.seed exactly as the whole model would
@@ -50,6 +55,9 @@ class ParallelTrainer {
   // weights are current (what a checkpoint writes with SaveRole::owned_params).
   GPT& held_model() { return *model_; }
   AdamW& optimizer() { return *optimizer_; }
+  // This rank's part of the flat buffers: what it reduces gradients into, updates (less what train.freeze
+  // leaves out: optimizer().ranges()) and, under ZeRO-3, holds of the weights.
+  const std::vector<FlatRange>& owned_ranges() const { return owned_; }
   comm::ProcessGroups& groups() { return groups_; }
   int64_t steps_taken() const { return optimizer_->steps_taken(); }
   const std::vector<int>& bounds() const { return bounds_; }

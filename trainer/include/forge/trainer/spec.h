@@ -101,6 +101,15 @@ struct RlConfig {
 };
 
 // Everything one training process needs, validated.
+// train.freeze: the parts of a model whose weights a run leaves as they are (no gradient step, no
+// optimizer state): a vision-language model's encoder (vision.*), its projector (projector.*), or the
+// language model (every other parameter). LLaVA's stages: vision,lm (align the projector), then vision.
+struct Freeze {
+  bool vision = false, projector = false, lm = false;
+  bool any() const { return vision || projector || lm; }
+  bool frozen(std::string_view param) const;
+};
+
 struct TrainSpec {
   std::string name, dir, dataset;
   std::string data_order = "block";  // the reader's sample order: "block" or "global"
@@ -132,6 +141,7 @@ struct TrainSpec {
   Layout layout;
   ParallelConfig parallel;
   GuardConfig guard;
+  Freeze freeze;
 };
 
 // Registers the trainer's keys (with defaults and help) in `schema`.
