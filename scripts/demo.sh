@@ -50,13 +50,18 @@ train_variant() {
     -e "s/^milestone_every = .*/milestone_every = $steps/" -e "s/^recovery_every = .*/recovery_every = $((steps / 2))/" \
     -e "s/^batch = .*/batch = $batch/" -e "s/^seq_len = .*/$model/" "$root/configs/demo.ini" > "$work/$name.ini"
   printf '\n[parallel]\n%b\n' "$parallel" >> "$work/$name.ini"
+  submit_train "$name" "$layout" "$work/dataset"
+}
+# submit_train NAME LAYOUT DATASET: the training job of $work/NAME.ini (team-a, explore tier, no gate),
+# waited for.
+submit_train() {
   local ids state
-  ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=explore --train-layout="$layout" \
-    --gate-policy=none "$work/$name.ini" "$work/dataset")
+  ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=explore --train-layout="$2" \
+    --gate-policy=none "$work/$1.ini" "$3")
   echo "$ids"
   train=$(awk '/train job/ {print $3}' <<<"$ids")
   state=$(final_state "$train" 600)
-  [ "$state" = COMPLETED ] || { echo "demo: the $name job ended $state" >&2; exit 1; }
+  [ "$state" = COMPLETED ] || { echo "demo: the $1 job ended $state" >&2; exit 1; }
 }
 
 stage() {
@@ -517,27 +522,19 @@ stage "vision-language model: a ViT encoder and projector in front of a small Ll
 # stage from its checkpoint with the encoder frozen (train.freeze = vision), on pp2: the frozen tensors come
 # out bit for bit as they went in, with no optimizer state kept for them.
 vlm_steps=$((fast ? 30 : 60))
-vlm_ini() {  # NAME STEPS PARALLEL EXTRA: configs/vlm.ini for this demo, [parallel] and extra lines appended
+vlm_ini() {  # NAME STEPS PARALLEL [FREEZE INIT_FROM]: configs/vlm.ini for this demo
   sed -e "s|^dir = .*|dir = $work/runs/$1|" -e "s|^dataset = .*|dataset = $work/image-dataset|" \
     -e "s/^name = .*/name = $1/" -e "s/^steps = .*/steps = $2/" -e "s/^milestone_every = .*/milestone_every = $2/" \
-    -e "s/^recovery_every = .*/recovery_every = $(($2 / 2))/" "$root/configs/vlm.ini" > "$work/$1.ini"
-  printf '\n[parallel]\n%b\n%b\n' "$3" "$4" >> "$work/$1.ini"
+    -e "s/^recovery_every = .*/recovery_every = $(($2 / 2))/" ${5:+-e "s|^\[ckpt\]|[ckpt]\ninit_from = $5|"} \
+    "$root/configs/vlm.ini" > "$work/$1.ini"
+  printf '\n[parallel]\n%b\n' "$3" >> "$work/$1.ini"
+  [ -z "${4:-}" ] || printf '\n[train]\nfreeze = %s\n' "$4" >> "$work/$1.ini"
 }
-vlm_train() {  # NAME LAYOUT
-  local ids
-  ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=explore --train-layout="$2" \
-    --gate-policy=none "$work/$1.ini" "$work/image-dataset")
-  echo "$ids"
-  train=$(awk '/train job/ {print $3}' <<<"$ids")
-  state=$(final_state "$train" 600)
-  [ "$state" = COMPLETED ] || { echo "demo: the $1 job ended $state" >&2; exit 1; }
-}
-vlm_ini vlm "$vlm_steps" 'dp = 2' ''
-vlm_train vlm tp1,pp1,dp2
+vlm_ini vlm "$vlm_steps" 'dp = 2'
+submit_train vlm tp1,pp1,dp2 "$work/image-dataset"
 vlm_ckpt=$(ls -d "$work/runs/vlm/checkpoints/milestone/step-"* | tail -n1)
-vlm_ini vlm-frozen "$vlm_steps" 'pp = 2' "[train]\nfreeze = vision\n\n[ckpt]\ninit_from = $vlm_ckpt"
-# The [ckpt] section appended last: the ini's own has no init_from, so the key is set once.
-vlm_train vlm-frozen tp1,pp2,dp1
+vlm_ini vlm-frozen "$vlm_steps" 'pp = 2' vision "$vlm_ckpt"
+submit_train vlm-frozen tp1,pp2,dp1 "$work/image-dataset"
 frozen_ckpt=$(ls -d "$work/runs/vlm-frozen/checkpoints/milestone/step-"* | tail -n1)
 "$bin/ckpt/forge-ckpt" export "$vlm_ckpt" --out "$work/vlm.h5" >/dev/null
 "$bin/ckpt/forge-ckpt" export "$frozen_ckpt" --out "$work/vlm-frozen.h5" >/dev/null

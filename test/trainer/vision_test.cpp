@@ -150,6 +150,55 @@ TEST_CASE("A vision-language model matches PyTorch: logits, loss and every gradi
     }
 }
 
+TEST_CASE("A vision-language model decodes through its KV cache as its full forward computes",
+          "[trainer][vision][decode]") {
+  const H5Fixture f(fixture_path());
+  const ModelSpec spec = model_spec(fixture_keys(f));
+  const MicroBatch b = fixture_batch(f, spec);
+  GPT model(spec, {.batch = b.rows});
+  load_initial(model, f);
+  const int T = spec.seq_len, V = spec.vocab, run = spec.vision.tokens();
+  std::vector<float> full(b.size() * size_t(V));
+  model.forward_logits(b, full);
+  // Row 0 (pictures at 3 and 27): a prompt with the first picture (positions 0..26), the second picture's
+  // run as one call, then a token at a time.
+  KvCache cache(model, 1, T);
+  const auto picture = [&](size_t k) { return b.image_pixels.data() + k * b.image_bytes(); };
+  const auto rows_of = [&](int from, int to) {
+    std::vector<DecodeRow> rows;
+    for (int t = from; t < to; ++t) rows.push_back({0, t, b.inputs[size_t(t)]});
+    return rows;
+  };
+  double worst = 0;
+  const auto compare = [&](const std::vector<float>& got, int first, int count) {
+    for (int i = 0; i < count; ++i)
+      for (int v = 0; v < V; ++v)
+        worst = std::max(worst, std::abs(double(got[size_t(i) * size_t(V) + size_t(v)]) -
+                                         full[size_t(first + i) * size_t(V) + size_t(v)]));
+  };
+  const auto call = [&](int from, int to, std::vector<DecodePicture> pictures) {
+    const auto rows = rows_of(from, to);
+    std::vector<int> wanted(rows.size());
+    for (size_t i = 0; i < wanted.size(); ++i) wanted[i] = int(i);
+    std::vector<float> logits(wanted.size() * size_t(V));
+    model.decode(cache, rows, wanted, logits, pictures);
+    compare(logits, from, to - from);
+  };
+  REQUIRE(b.image_starts[0] == 3);
+  REQUIRE(b.image_starts[1] == 27);
+  call(0, 27, {{3, picture(0)}});
+  call(27, 27 + run, {{0, picture(1)}});
+  for (int t = 27 + run; t < T; ++t) call(t, t + 1, {});
+  CHECK(worst < 1e-5);
+  // A picture whose run would leave the call's rows.
+  KvCache other(model, 1, T);
+  const auto rows = rows_of(0, 10);
+  const int last = 9;
+  std::vector<float> logits(static_cast<size_t>(V));
+  const DecodePicture outside{3, picture(0)};
+  CHECK_THROWS_AS(model.decode(other, rows, {&last, 1}, logits, {&outside, 1}), std::invalid_argument);
+}
+
 TEST_CASE("The [vision] keys: defaults, rules naming the key, and the checkpoint's record",
           "[trainer][spec][vision]") {
   const std::vector<std::string> llama = {"--model.family=llama", "--model.d_model=64", "--model.heads=4",

@@ -805,7 +805,7 @@ size_t KvCache::bytes() const {
 }
 
 void GPT::decode(KvCache& cache, std::span<const DecodeRow> rows, std::span<const int> logit_rows,
-                 std::span<float> logits) {
+                 std::span<float> logits, std::span<const DecodePicture> pictures) {
   if (!slice_.embedding || !slice_.head || slice_.tp_size != 1)
     throw std::invalid_argument("GPT::decode: needs the whole model on one rank");
   if (cache.keys_.size() != blocks_.size())
@@ -834,6 +834,28 @@ void GPT::decode(KvCache& cache, std::span<const DecodeRow> rows, std::span<cons
   }
   // A row's position is both the position embedding's row and its place in the cache.
   embedding_->forward(s.res.data(), host, host + N, 1, N);
+  if (!pictures.empty()) {
+    if (!vision_) throw std::invalid_argument("GPT::decode: pictures, but the model has no vision tower");
+    const VisionSpec& v = config_.vision;
+    const size_t bytes = size_t(v.image_size) * size_t(v.image_size) * 3;
+    std::vector<uint8_t> pixels(pictures.size() * bytes);
+    for (size_t k = 0; k < pictures.size(); ++k) {
+      const int first = pictures[k].row, end = first + v.tokens();
+      if (first < 0 || end > N)
+        throw std::invalid_argument("GPT::decode: a picture's rows are outside the call's rows");
+      for (int r = first + 1; r < end; ++r)
+        if (rows[size_t(r)].sequence != rows[size_t(first)].sequence ||
+            rows[size_t(r)].position != rows[size_t(r) - 1].position + 1)
+          throw std::invalid_argument(
+              "GPT::decode: a picture's rows are not consecutive positions of a sequence");
+      std::copy(pictures[k].rgb, pictures[k].rgb + bytes, pixels.begin() + ptrdiff_t(k * bytes));
+    }
+    const int64_t run = int64_t(v.tokens()) * C;
+    const float* features = vision_->forward(0, pixels.data(), int(pictures.size()));
+    for (size_t k = 0; k < pictures.size(); ++k)
+      backend_.copy(s.res.data() + int64_t(pictures[k].row) * C, features + int64_t(k) * run,
+                    sizeof(float) * size_t(run));
+  }
   run_blocks(0, N, [&](int l, ConstAct in, float* out) {
     blocks_[size_t(l)]->attn->decode(in, out, cache.keys_[size_t(l)].data(), cache.values_[size_t(l)].data(),
                                      host + 2 * N, host + N, N, cache.max_len());

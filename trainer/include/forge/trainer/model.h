@@ -266,6 +266,13 @@ class KvCache {
 struct DecodeRow {
   int32_t sequence = 0, position = 0, token = 0;
 };
+// A picture in a decode call (a vision-language model): its features replace the embeddings of rows
+// [row, row + the picture's tokens) of the call, consecutive positions of one sequence; `rgb` holds
+// image_size^2 RGB bytes (host memory).
+struct DecodePicture {
+  int row = 0;
+  const uint8_t* rgb = nullptr;
+};
 
 class GPT {
  public:
@@ -347,9 +354,10 @@ class GPT {
   // prompt at once, then a token a step; a new sequence in a slot starts again at 0). Writes the logits of
   // the rows `logit_rows` lists into `logits` (host memory, [logit_rows.size(), vocab]). The same
   // arithmetic as forward() up to the attention's summation order: a token's logits match the full
-  // forward's at its position. Throws std::invalid_argument for a row outside the cache or the model.
+  // forward's at its position. `pictures` go through the vision tower into their rows (a prompt's). Throws
+  // std::invalid_argument for a row outside the cache or the model, or a picture the model cannot take.
   void decode(KvCache& cache, std::span<const DecodeRow> rows, std::span<const int> logit_rows,
-              std::span<float> logits);
+              std::span<float> logits, std::span<const DecodePicture> pictures = {});
 
   // A frozen model's forward (a distillation teacher, loss.h; the whole model): runs `batch` up to the
   // final LayerNorm and keeps that; feature_logits then forms the logits of positions [row0, row0 + rows)
