@@ -560,6 +560,18 @@ print(f"encoder frozen: {same} of {len(enc)} encoder tensors bit-identical, {sum
       f"{sum('adam' in k and 'vision.' in k for k in b)} encoder moments kept")
 assert enc and same == len(enc) and not any("adam" in k and "vision." in k for k in b)
 PY
+# The held-out questions as the gate's vqa suite: each picture decoded, fitted and run through the tower in
+# the prompt's prefill, the short answer generated through the KV cache and matched exactly.
+"$bin/eval_gate/forge-gate" evaluate --checkpoint "$frozen_ckpt" --dataset "$work/image-dataset" --baseline none \
+  --policy "$root/configs/gate.vlm.ini" --suites "$work/images/suites" --out "$work/runs/vlm-frozen/gate" \
+  --no-promote --threads 1 | grep -E "^shapes|^gate verdict"
+python3 - "$work/images/suites/shapes/tasks.jsonl" <<'PY'
+import json, sys
+options = {"colour": 4, "shape": 3, "many": 3, "side": 2}
+tasks = [json.loads(l) for l in open(sys.argv[1])]
+chance = sum(1 / next(n for k, n in options.items() if k in t["prompt"]) for t in tasks) / len(tasks)
+print(f"vqa: chance on these {len(tasks)} questions is {chance:.2f} (one answer of 4 colours, 3 shapes, 3 counts, 2 sides)")
+PY
 
 stage "accounting: forge-quota sync and report"
 # --runs: the run's summary.json gives the report its tokens and MFU columns.

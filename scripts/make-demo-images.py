@@ -5,9 +5,10 @@ same seed gives the same files), with questions about their colour, shape, count
 Usage: scripts/make-demo-images.py OUT_DIR [PICTURES]
 
 Writes OUT_DIR/img/*.png and *.jpg, OUT_DIR/train.jsonl (a caption or a question per picture, the input of
-`forge-data prepare --format image-text`, docs/DATA.md "Image-text data") and OUT_DIR/heldout.jsonl (held-out
-pictures with a question and its answer, the gate's kind of task, given to prepare as --eval-set so that no
-training picture is a near copy of one). Needs python3-pil.
+`forge-data prepare --format image-text`, docs/DATA.md "Image-text data"), OUT_DIR/heldout.jsonl (held-out
+pictures with a question and its answer, given to prepare as --eval-set so that no training picture is a near
+copy of one) and the same questions as the gate's vqa suite OUT_DIR/suites/shapes (suite.json, tasks.jsonl).
+Needs python3-pil.
 """
 import json
 import os
@@ -77,6 +78,16 @@ def main():
     for name, records in (("train.jsonl", train), ("heldout.jsonl", heldout)):
         with open(os.path.join(out, name), "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
+    suite = os.path.join(out, "suites", "shapes")
+    os.makedirs(suite, exist_ok=True)
+    with open(os.path.join(suite, "suite.json"), "w") as f:
+        json.dump({"name": "shapes", "type": "vqa", "max_new_tokens": 16,
+                   "description": "colour, shape, count and side of the held-out pictures' shapes"}, f)
+    with open(os.path.join(suite, "tasks.jsonl"), "w") as f:
+        for i, r in enumerate(heldout):
+            task = {"id": f"shapes-{i}", "prompt": f"<image>\n{r['prompt']}", "image": "../../" + r["image"],
+                    "answer": r["answer"]}
+            f.write(json.dumps(task) + "\n")
     print(f"make-demo-images: {pictures} pictures, {len(train)} training records, {len(heldout)} held out")
 
 

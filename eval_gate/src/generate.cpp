@@ -88,10 +88,12 @@ std::vector<Generation> Generator::run(std::span<const Request> requests, const 
   std::deque<size_t> waiting(requests.size());
   std::iota(waiting.begin(), waiting.end(), size_t{0});
   std::vector<trainer::DecodeRow> rows;
+  std::vector<trainer::DecodePicture> pictures;
   std::vector<int> logit_rows, logit_slot;
   std::vector<float> logits;
   while (true) {
     rows.clear();
+    pictures.clear();
     logit_rows.clear();
     logit_slot.clear();
     for (int b = 0; b < batch_; ++b) {
@@ -104,6 +106,10 @@ std::vector<Generation> Generator::run(std::span<const Request> requests, const 
         if (prompt.empty()) throw std::invalid_argument("Generator: an empty prompt");
         const size_t n = std::min(prompt.size(), size_t(max_len - 1));
         out[r].prompt_truncated = n < prompt.size();
+        if (out[r].prompt_truncated && !requests[r].pictures.empty())
+          throw std::invalid_argument("Generator: a prompt with pictures is longer than the cache");
+        for (const PromptPicture& p : requests[r].pictures)
+          pictures.push_back({int(rows.size() + p.at), p.rgb});
         for (size_t i = 0; i < n; ++i) rows.push_back({b, int32_t(i), prompt[prompt.size() - n + i]});
         slot = {int64_t(r), int(n), 0};
         stats_.prompt_tokens += int64_t(n);
@@ -118,7 +124,7 @@ std::vector<Generation> Generator::run(std::span<const Request> requests, const 
     }
     if (rows.empty()) break;
     logits.resize(logit_rows.size() * size_t(V));
-    model_.decode(cache_, rows, logit_rows, logits);
+    model_.decode(cache_, rows, logit_rows, logits, pictures);
     for (size_t i = 0; i < logit_slot.size(); ++i) {
       Slot& slot = slots[size_t(logit_slot[i])];
       Generation& g = out[size_t(slot.request)];

@@ -3,6 +3,7 @@
 #include "forge/common/error.h"
 #include "forge/common/hash.h"
 #include "forge/common/text.h"
+#include "forge/dataio/image_text.h"
 
 #include <fmt/format.h>
 
@@ -23,11 +24,12 @@ constexpr const char* kSuiteKeys[] = {"name",        "type",           "tasks", 
                                       "format",      "max_new_tokens", "samples", "pass_at",
                                       "temperature", "top_k",          "top_p",   "seed"};
 
-constexpr std::array<std::pair<SuiteType, const char*>, 4> kTypes{
+constexpr std::array<std::pair<SuiteType, const char*>, 5> kTypes{
     {{SuiteType::kExactMatch, "exact_match"},
      {SuiteType::kMultipleChoice, "multiple_choice"},
      {SuiteType::kCode, "code"},
-     {SuiteType::kRefusal, "refusal"}}};
+     {SuiteType::kRefusal, "refusal"},
+     {SuiteType::kVqa, "vqa"}}};
 
 // Reads the settings of suite.json, each error naming the file and the key.
 class SettingsReader {
@@ -232,7 +234,25 @@ void read_refusal(const Json& j, Task& t, const LineContext& at) {
   t.should_refuse = j["should_refuse"].get<bool>();
 }
 
-std::vector<Task> read_tasks(const std::string& file, const std::string& bytes, SuiteType type) {
+// A vqa task: an exact-match answer about the picture named by "image" (relative to the suite
+// directory `dir`), which the prompt's one placeholder stands for.
+void read_vqa(const Json& j, Task& t, const LineContext& at, const std::string& dir) {
+  read_exact_match(j, t, at);
+  if (!j.contains("image") || !j["image"].is_string() || j["image"].get<std::string>().empty())
+    at.fail_line("vqa task \"{}\" needs \"image\": the picture's path, relative to the suite directory",
+                 printable(t.id));
+  if (const size_t n = data::count_placeholders(t.prompt); n != 1)
+    at.fail_line(
+        "vqa task \"{}\": its prompt holds {} \"{}\" placeholders; it needs one, where the picture goes",
+        printable(t.id), n, data::kImagePlaceholder);
+  t.image = (fs::path(dir) / j["image"].get<std::string>()).string();
+  std::error_code ec;
+  if (!fs::is_regular_file(t.image, ec))
+    at.fail_line("vqa task \"{}\": picture '{}' does not exist", printable(t.id), t.image);
+}
+
+std::vector<Task> read_tasks(const std::string& file, const std::string& bytes, SuiteType type,
+                             const std::string& dir) {
   std::vector<Task> tasks;
   std::map<std::string, int> first_line;  // id -> line
   size_t pos = 0;
@@ -273,6 +293,9 @@ std::vector<Task> read_tasks(const std::string& file, const std::string& bytes, 
         break;
       case SuiteType::kRefusal:
         read_refusal(j, t, at);
+        break;
+      case SuiteType::kVqa:
+        read_vqa(j, t, at, dir);
         break;
     }
     tasks.push_back(std::move(t));
@@ -374,7 +397,7 @@ Suite load_suite(const std::string& dir) {
          "{}: task file '{}' does not exist (\"tasks\" names it, relative to the suite directory)", json_path,
          tasks_path);
   const std::string bytes = read_file(tasks_path);
-  s.tasks = read_tasks(tasks_path, bytes, s.type);
+  s.tasks = read_tasks(tasks_path, bytes, s.type, dir);
   if (s.tasks.empty())
     fail(ExitCode::kData, "{}: no tasks; a suite needs at least one task line (blank lines are skipped)",
          tasks_path);
@@ -384,6 +407,11 @@ Suite load_suite(const std::string& dir) {
   hash.update(canonical.data(), canonical.size());
   hash.update("", 1);  // a NUL between the two: canonical JSON never holds one
   hash.update(bytes.data(), bytes.size());
+  for (const Task& t : s.tasks)
+    if (!t.image.empty()) {
+      const std::string picture = read_file(t.image);
+      hash.update(picture.data(), picture.size());
+    }
   s.version = hash.hex();
   return s;
 }

@@ -4,6 +4,8 @@
 #include "forge/common/hash.h"
 #include "forge/common/progress_line.h"
 #include "forge/common/text.h"
+#include "forge/dataio/image.h"
+#include "forge/dataio/image_text.h"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -29,6 +31,30 @@ std::vector<int32_t> prompt_tokens(const Suite& suite, const PromptFormat& f, co
   if (!suite.chat) return f.text_prompt(prompt);
   const data::ChatMessage user{data::ChatRole::kUser, prompt};
   return f.chat_prompt(std::span(&user, 1));
+}
+
+// A vqa task's picture in its request: the prompt's placeholder expanded into the picture's run of the
+// tower's positions, the picture decoded and fitted as prepare fits the data (pad, docs/DATA.md) into
+// `rgb`, which the request points at.
+void add_picture(const Suite& suite, const Task& task, const trainer::VisionSpec& vision,
+                 const PromptFormat& f, Request& request, std::vector<uint8_t>& rgb) {
+  const uint32_t id = data::image_token_id(*f.tokenizer, f.tokenizer_path);
+  std::vector<uint32_t> ids(request.prompt.begin(), request.prompt.end());
+  std::vector<uint8_t> no_mask;
+  const std::vector<uint64_t> runs = data::expand_image_tokens(ids, no_mask, id, uint32_t(vision.tokens()));
+  if (runs.size() != 1)
+    fail(ExitCode::kData,
+         "suite {}: task \"{}\": its prompt holds {} placeholder tokens once formatted; it needs one",
+         suite.name, task.id, runs.size());
+  request.prompt.assign(ids.begin(), ids.end());
+  const std::string bytes = read_file(task.image);
+  const data::DecodeResult d =
+      data::decode_image({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
+  if (!d.reason.empty())
+    fail(ExitCode::kData, "suite {}: task \"{}\": picture {} is {} ({}); replace it", suite.name, task.id,
+         task.image, d.reason, d.detail);
+  rgb = data::fit_image(d.image, uint32_t(vision.image_size), data::ImageFit::kPad).rgb;
+  request.pictures.push_back({size_t(runs[0]), rgb.data()});
 }
 
 // Sum of log p(continuation | context) under the model: the two sequences run through one cache slot
@@ -112,6 +138,7 @@ SuiteMetric SuiteMetric::from_json(const Json& j) {
 std::vector<std::string> suite_metrics(const Suite& suite) {
   switch (suite.type) {
     case SuiteType::kExactMatch:
+    case SuiteType::kVqa:
       return {"accuracy"};
     case SuiteType::kMultipleChoice:
       return {"accuracy", "accuracy_raw"};
@@ -184,6 +211,12 @@ SuiteResult run_suite(const Suite& suite, trainer::GPT& model, const PromptForma
          "the "
          "model was trained on",
          suite.name, tok.vocab_size(), model.config().vocab);
+  const trainer::VisionSpec& vision = model.config().vision;
+  if (suite.type == SuiteType::kVqa && !vision.enabled())
+    fail(ExitCode::kUsage,
+         "suite {} ({}) asks about pictures, and the model has no vision tower: evaluate a vision-language "
+         "model, or leave the suite out of the policy",
+         suite.name, suite.dir);
   const std::vector<std::string> names = suite_metrics(suite);
   const size_t n_tasks = suite.size(), M = names.size();
   // Per metric and task: the score and whether the metric applies to the task; each task on one rank.
@@ -240,10 +273,16 @@ SuiteResult run_suite(const Suite& suite, trainer::GPT& model, const PromptForma
     const Stops stops = format.stops(suite.chat);
     format.set_stops(stops, sampling);
     std::vector<Request> requests;
-    for (size_t i : mine)
-      for (int s = 0; s < g.samples; ++s)
-        requests.push_back(
-            {prompt_tokens(suite, format, suite.tasks[i].prompt), request_key(suite.tasks[i].id, s)});
+    std::vector<std::vector<uint8_t>> pictures(mine.size());  // vqa: each task's, fitted
+    for (size_t j = 0; j < mine.size(); ++j) {
+      const Task& task = suite.tasks[mine[j]];
+      Request request{prompt_tokens(suite, format, task.prompt), 0, {}};
+      if (suite.type == SuiteType::kVqa) add_picture(suite, task, vision, format, request, pictures[j]);
+      for (int s = 0; s < g.samples; ++s) {
+        request.key = request_key(task.id, s);
+        requests.push_back(request);
+      }
+    }
     Generator generator(model, options.batch);
     const std::vector<Generation> generated = generator.run(requests, sampling);
     std::random_device entropy;
@@ -260,6 +299,7 @@ SuiteResult run_suite(const Suite& suite, trainer::GPT& model, const PromptForma
         if (s == 0) first = text;
         switch (suite.type) {
           case SuiteType::kExactMatch:
+          case SuiteType::kVqa:
             passed += exact_match(text, task.answers) ? 1 : 0;
             break;
           case SuiteType::kRefusal:

@@ -403,3 +403,40 @@ TEST_CASE("scorer: pass@k equals 1 - C(n-c, k) / C(n, k)") {
   CHECK_THROWS_AS(pass_at_k(5, 2, 0), std::invalid_argument);
   CHECK_THROWS_AS(pass_at_k(5, 2, 6), std::invalid_argument);
 }
+
+TEST_CASE(
+    "suite: a vqa suite loads its pictures' paths; their bytes are in the version; bad tasks are named") {
+  TempDir dir;
+  dir.write("img/a.png", "picture a");  // bytes only: load_suite does not decode (run_suite does)
+  const std::string json = R"({"name": "shapes", "type": "vqa", "max_new_tokens": 8})";
+  write_suite(
+      dir, json,
+      R"({"id": "q1", "prompt": "<image>\nWhat colour?", "image": "img/a.png", "answers": ["red", "Red"]})"
+      "\n");
+  const Suite s = load_suite(dir.path().string());
+  CHECK(s.type == SuiteType::kVqa);
+  CHECK(std::string(suite_type_name(s.type)) == "vqa");
+  REQUIRE(s.tasks.size() == 1);
+  CHECK(s.tasks[0].image == (dir.path() / "img/a.png").string());
+  CHECK(s.tasks[0].answers == std::vector<std::string>{"red", "Red"});
+  // The picture's bytes are part of what is evaluated: another picture, another version.
+  const std::string v0 = s.version;
+  dir.write("img/a.png", "picture b");
+  CHECK(load_suite(dir.path().string()).version != v0);
+
+  const auto bad = [&](const std::string& task) {
+    write_suite(dir, json, task + "\n");
+    const forge::Error e = load_error(dir);
+    CHECK(e.code() == ExitCode::kData);
+    return std::string(e.what());
+  };
+  CHECK_THAT(bad(R"({"id": "q1", "prompt": "<image>\nWhat colour?", "answer": "red"})"),
+             Catch::Contains("tasks.jsonl:1") && Catch::Contains("needs \"image\""));
+  CHECK_THAT(bad(R"({"id": "q1", "prompt": "What colour?", "image": "img/a.png", "answer": "red"})"),
+             Catch::Contains("holds 0 \"<image>\" placeholders"));
+  CHECK_THAT(bad(R"({"id": "q1", "prompt": "<image><image>?", "image": "img/a.png", "answer": "red"})"),
+             Catch::Contains("holds 2"));
+  CHECK_THAT(bad(R"({"id": "q1", "prompt": "<image>?", "image": "img/gone.png", "answer": "red"})"),
+             Catch::Contains("img/gone.png") && Catch::Contains("does not exist"));
+  CHECK_THAT(bad(R"({"id": "q1", "prompt": "<image>?", "image": "img/a.png"})"), Catch::Contains("answer"));
+}

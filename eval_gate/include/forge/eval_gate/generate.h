@@ -35,9 +35,17 @@ int32_t pick_token(std::span<const float> logits, const Sampling& s, double u);
 // The draw of step `step` of the sample keyed `key`: xxh3 of (seed, key, step) as a double in [0, 1).
 double sample_draw(uint64_t seed, uint64_t key, int step);
 
+// A picture of a vision-language model's prompt: its features fill the prompt's positions from `at` on
+// (its placeholder run); `rgb` holds the tower's image_size^2 RGB bytes and outlives the run.
+struct PromptPicture {
+  size_t at = 0;
+  const uint8_t* rgb = nullptr;
+};
+
 struct Request {
   std::vector<int32_t> prompt;  // at least one token
   uint64_t key = 0;             // what keys its draws (e.g. the hash of a task id and sample index)
+  std::vector<PromptPicture> pictures = {};
 };
 
 struct Generation {
@@ -62,7 +70,8 @@ struct GenerationStats {
 // positions long (0: the model's max_positions; the prompt and the sample are max_len + 1 tokens at most). A
 // finished sequence's slot takes the next request at once: its prompt is prefilled in the same call as the
 // others' next tokens. A sample ends at a stop token, where Sampling::stop_after says, after max_new_tokens,
-// or at the model's last position.
+// or at the model's last position. A prompt with pictures too long for max_len is refused
+// (std::invalid_argument): cutting it from the left would cut a picture's run or drop it unseen.
 class Generator {
  public:
   Generator(trainer::GPT& model, int batch, int max_len = 0);
