@@ -129,7 +129,7 @@ expect64() {
   [ ! -e "$work/e/checkpoints" ] || fail "$what: a refused run left checkpoints"
 }
 expect64 "dpo without a reference" "dpo needs a reference model" "${model[@]}" --run.objective=dpo
-expect64 "sft on preference data" "sft needs a chat dataset" "${model[@]}" --run.objective=sft
+expect64 "sft on preference data" "sft needs a chat or image-text dataset" "${model[@]}" --run.objective=sft
 expect64 "dpo on the synthetic stream" "dpo needs a preference dataset" --model.vocab=400 --run.objective=dpo \
   --ckpt.init_from="$base"
 expect64 "a reference of another architecture" "d_model" "${model[@]}" --model.d_model=64 --run.objective=dpo \

@@ -3,6 +3,7 @@
 // loss on text only. Logits, loss and every gradient, at the families' tolerances (families_test.cpp). And
 // the rules of the [vision] keys, its record in a checkpoint, and the batches the model refuses.
 #include "h5_fixture.h"
+#include "support/errors.h"
 #include "support/paths.h"
 #include "support/training.h"
 
@@ -16,10 +17,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <string>
 
 using forge::MicroBatch;
+using forge::test::error_of;
 using forge::test::H5Fixture;
 using forge::test::rel_diff;
 using namespace forge::trainer;
@@ -79,16 +80,6 @@ void load_initial(GPT& model, const H5Fixture& f) {
     std::copy(w.begin(), w.end(), model.weight(p.name).begin());
   }
   model.weights_changed();
-}
-
-forge::Error error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const forge::Error& e) {
-    return e;
-  }
-  FAIL("accepted");
-  return forge::Error(forge::ExitCode::kOk, "");
 }
 
 }  // namespace
