@@ -575,7 +575,7 @@ LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input,
   if (slice_.embedding) {
     TraceSpan span("forward embedding", "compute");
     embedding_->forward(s.res.data(), s.batch.inputs, s.batch.positions, B, T);
-    if (vision_ && batch.images() > 0) place_pictures(slot, batch);
+    if (vision_ && batch.images() > 0) place_pictures(slot, batch.image_pixels.data(), batch.image_starts);
   } else {
     backend_.copy(s.res.data(), input, sizeof(float) * size_t(stream_rows()) * size_t(config_.d_model));
   }
@@ -726,13 +726,12 @@ void GPT::backward(int slot, const float* d_output, const std::function<void(int
   }
 }
 
-void GPT::place_pictures(int slot, const MicroBatch& batch) {
+void GPT::place_pictures(int slot, const uint8_t* pixels, std::span<const int64_t> starts) {
   Slot& s = *slots_.at(size_t(slot));
   const int64_t C = config_.d_model, run = int64_t(config_.vision.tokens()) * C;
-  const float* features = vision_->forward(slot, batch.image_pixels.data(), int(batch.images()));
-  for (size_t k = 0; k < batch.images(); ++k)
-    backend_.copy(s.res.data() + batch.image_starts[k] * C, features + int64_t(k) * run,
-                  sizeof(float) * size_t(run));
+  const float* features = vision_->forward(slot, pixels, int(starts.size()));
+  for (size_t k = 0; k < starts.size(); ++k)
+    backend_.copy(s.res.data() + starts[k] * C, features + int64_t(k) * run, sizeof(float) * size_t(run));
 }
 
 void GPT::check_batch(const MicroBatch& batch, int rows, const ModelSpec& config) {
@@ -839,6 +838,7 @@ void GPT::decode(KvCache& cache, std::span<const DecodeRow> rows, std::span<cons
     const VisionSpec& v = config_.vision;
     const size_t bytes = size_t(v.image_size) * size_t(v.image_size) * 3;
     std::vector<uint8_t> pixels(pictures.size() * bytes);
+    std::vector<int64_t> starts;
     for (size_t k = 0; k < pictures.size(); ++k) {
       const int first = pictures[k].row, end = first + v.tokens();
       if (first < 0 || end > N)
@@ -849,12 +849,9 @@ void GPT::decode(KvCache& cache, std::span<const DecodeRow> rows, std::span<cons
           throw std::invalid_argument(
               "GPT::decode: a picture's rows are not consecutive positions of a sequence");
       std::copy(pictures[k].rgb, pictures[k].rgb + bytes, pixels.begin() + ptrdiff_t(k * bytes));
+      starts.push_back(first);
     }
-    const int64_t run = int64_t(v.tokens()) * C;
-    const float* features = vision_->forward(0, pixels.data(), int(pictures.size()));
-    for (size_t k = 0; k < pictures.size(); ++k)
-      backend_.copy(s.res.data() + int64_t(pictures[k].row) * C, features + int64_t(k) * run,
-                    sizeof(float) * size_t(run));
+    place_pictures(0, pixels.data(), starts);
   }
   run_blocks(0, N, [&](int l, ConstAct in, float* out) {
     blocks_[size_t(l)]->attn->decode(in, out, cache.keys_[size_t(l)].data(), cache.values_[size_t(l)].data(),

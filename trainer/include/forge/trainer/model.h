@@ -388,10 +388,9 @@ class GPT {
   void run_blocks(int slot, int N, const std::function<void(int, ConstAct, float*)>& attention,
                   const WeightHooks& weights = {});
   void check_whole(const MicroBatch& batch) const;
-  // A vision-language model: the batch's pictures through the vision tower, their features in place of
-  // their placeholder tokens' embeddings in slot's stream; and back, after the embedding's backward.
-  void place_pictures(int slot, const MicroBatch& batch);
-  void pictures_backward(int slot);
+  // A vision-language model: pictures (image_size^2 RGB bytes each, host memory) through the vision tower,
+  // their features in place of the embeddings of their runs, from stream rows `starts`, in slot's stream.
+  void place_pictures(int slot, const uint8_t* pixels, std::span<const int64_t> starts);
   ParamRef ref(const std::string& name);
   ParamRef optional_ref(const std::string& name);  // empty when the table has no such parameter
   // One tensor over parameters the table stores back to back, [sum of their rows, ...] (attn.q, k, v).
