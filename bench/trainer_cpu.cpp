@@ -13,6 +13,7 @@
 #include "forge/common/trace.h"
 #include "forge/trainer/parallel.h"
 #include "forge/trainer/runtime.h"
+#include "timing.h"
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -35,17 +36,6 @@ using forge::Trace;
 using forge::TraceSpan;
 
 namespace {
-
-double seconds_of(const std::function<void()>& f, int reps = 3) {
-  f();  // warm-up
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
 
 // Time of each kernel at the model's shapes, times its count per step; the ops follow the spec's slots (norm:
 // LayerNorm or RMSNorm; activation: GELU or SwiGLU; positions: learned or rotary; the attention's q | k | v
@@ -101,11 +91,11 @@ void profile(const ModelSpec& m, int B, double step_s, double peak_gflops) {
   const auto linear = [&](const std::string& name, float* in, float* out, float* din, float* dout, int cin,
                           int cout, float* b, bool forward_bias) {
     const double f = 2.0 * N * cin * cout;
-    rows.push_back({"matmul fwd " + name, seconds_of([&] {
+    rows.push_back({"matmul fwd " + name, forge::bench::best_seconds([&] {
                       k::matmul_forward(out, in, w.data(), forward_bias ? b : nullptr, N, cin, cout);
                     }),
                     L, f});
-    rows.push_back({"matmul bwd " + name, seconds_of([&] {
+    rows.push_back({"matmul bwd " + name, forge::bench::best_seconds([&] {
                       k::matmul_backward(din, dw.data(), b != nullptr ? dw.data() : nullptr, dout, in,
                                          w.data(), N, cin, cout);
                     }),
@@ -122,79 +112,85 @@ void profile(const ModelSpec& m, int B, double step_s, double peak_gflops) {
   const std::string heads = shape.kv_heads == shape.heads
                                 ? std::string()
                                 : " (GQA " + std::to_string(NH) + "/" + std::to_string(shape.kv_heads) + ")";
-  rows.push_back({"attention fwd" + heads, seconds_of([&] {
+  rows.push_back({"attention fwd" + heads, forge::bench::best_seconds([&] {
                     k::attention_forward(att.data(), lse.data(), qkv.data(), nullptr, B, T, shape);
                   }),
                   L});
-  rows.push_back({"attention bwd" + heads, seconds_of([&] {
+  rows.push_back({"attention bwd" + heads, forge::bench::best_seconds([&] {
                     k::attention_backward(dqkv.data(), datt.data(), qkv.data(), att.data(), lse.data(),
                                           nullptr, B, T, shape);
                   }),
                   L});
   if (rotary) {
-    rows.push_back({"rope fwd", seconds_of([&] {
+    rows.push_back({"rope fwd", forge::bench::best_seconds([&] {
                       k::rope(qkv.data(), nullptr, rope.inv_freq.data(), rope.magnitude, N, T, shape, false);
                     }),
                     L});
-    rows.push_back({"rope bwd", seconds_of([&] {
+    rows.push_back({"rope bwd", forge::bench::best_seconds([&] {
                       k::rope(dqkv.data(), nullptr, rope.inv_freq.data(), rope.magnitude, N, T, shape, true);
                     }),
                     L});
   }
   if (rms) {
-    rows.push_back({"rmsnorm fwd", seconds_of([&] {
+    rows.push_back({"rmsnorm fwd", forge::bench::best_seconds([&] {
                       k::rmsnorm_forward(y.data(), stats.data(), x.data(), bias.data(), m.norm_eps, N, C);
                     }),
                     1});
-    rows.push_back({"residual+rmsnorm fwd", seconds_of([&] {
+    rows.push_back({"residual+rmsnorm fwd", forge::bench::best_seconds([&] {
                       k::residual_rmsnorm_forward(dx.data(), y.data(), stats.data(), x.data(), y.data(),
                                                   lin_bias, bias.data(), m.norm_eps, N, C);
                     }),
                     2 * L});
-    rows.push_back({"rmsnorm bwd", seconds_of([&] {
+    rows.push_back({"rmsnorm bwd", forge::bench::best_seconds([&] {
                       k::rmsnorm_backward(dx.data(), dw.data(), y.data(), x.data(), bias.data(), stats.data(),
                                           N, C);
                     }),
                     2 * L + 1});
   } else {
-    rows.push_back({"layernorm fwd", seconds_of([&] {
+    rows.push_back({"layernorm fwd", forge::bench::best_seconds([&] {
                       k::layernorm_forward(y.data(), stats.data(), stats.data() + N, x.data(), bias.data(),
                                            bias.data(), N, C);
                     }),
                     1});
-    rows.push_back({"residual+layernorm fwd", seconds_of([&] {
+    rows.push_back({"residual+layernorm fwd", forge::bench::best_seconds([&] {
                       k::residual_layernorm_forward(dx.data(), y.data(), stats.data(), stats.data() + N,
                                                     x.data(), y.data(), lin_bias, bias.data(), bias.data(), N,
                                                     C);
                     }),
                     2 * L});
-    rows.push_back({"layernorm bwd", seconds_of([&] {
+    rows.push_back({"layernorm bwd", forge::bench::best_seconds([&] {
                       k::layernorm_backward(dx.data(), dw.data(), dw.data() + C, y.data(), x.data(),
                                             bias.data(), stats.data(), stats.data() + N, N, C);
                     }),
                     2 * L + 1});
   }
   if (swiglu) {
-    rows.push_back({"swiglu fwd", seconds_of([&] { k::swiglu_forward(act.data(), pre.data(), N, H); }), L});
-    rows.push_back({"swiglu bwd",
-                    seconds_of([&] { k::swiglu_backward(dpre.data(), dact.data(), pre.data(), N, H); }), L});
+    rows.push_back({"swiglu fwd",
+                    forge::bench::best_seconds([&] { k::swiglu_forward(act.data(), pre.data(), N, H); }), L});
+    rows.push_back({"swiglu bwd", forge::bench::best_seconds([&] {
+                      k::swiglu_backward(dpre.data(), dact.data(), pre.data(), N, H);
+                    }),
+                    L});
   } else {
-    rows.push_back({"bias+gelu fwd",
-                    seconds_of([&] { k::bias_gelu_forward(act.data(), pre.data(), bias.data(), N, H); }), L});
-    rows.push_back({"gelu bwd", seconds_of([&] { k::gelu_backward(dpre.data(), pre.data(), N, H); }), L});
+    rows.push_back({"bias+gelu fwd", forge::bench::best_seconds([&] {
+                      k::bias_gelu_forward(act.data(), pre.data(), bias.data(), N, H);
+                    }),
+                    L});
+    rows.push_back({"gelu bwd",
+                    forge::bench::best_seconds([&] { k::gelu_backward(dpre.data(), pre.data(), N, H); }), L});
   }
   rows.push_back(
       {"classifier fwd+bwd",
-       seconds_of(
+       forge::bench::best_seconds(
            [&] { classifier.forward_backward(dx.data(), x.data(), batch, N, loss, 1.0f / N, nullptr); }, 1),
        1});
   const bool wpe = !rotary;  // the learned position table
-  rows.push_back({"embedding fwd", seconds_of([&] {
+  rows.push_back({"embedding fwd", forge::bench::best_seconds([&] {
                     k::embedding_forward(x.data(), tok.data(), nullptr, wte.data(),
                                          wpe ? wte.data() : nullptr, B, T, C);
                   }),
                   1});
-  rows.push_back({"embedding bwd", seconds_of([&] {
+  rows.push_back({"embedding bwd", forge::bench::best_seconds([&] {
                     k::embedding_backward(dwte.data(), wpe ? dw.data() : nullptr, dx.data(), tok.data(),
                                           nullptr, B, T, C);
                   }),
@@ -203,7 +199,7 @@ void profile(const ModelSpec& m, int B, double step_s, double peak_gflops) {
   std::vector<float> pw(n_params, 0.01f), pg(n_params, 0.001f);
   OptimConfig oc;
   AdamW opt(oc, parameter_table(m), n_params);
-  rows.push_back({"adamw + grad norm", seconds_of([&] {
+  rows.push_back({"adamw + grad norm", forge::bench::best_seconds([&] {
                     clip_grad_norm(pg, 1.0);
                     opt.step(pw, pg, 1e-4);
                   }),
@@ -228,12 +224,12 @@ void profile(const ModelSpec& m, int B, double step_s, double peak_gflops) {
   }
   const int chunk = std::min(N, 256), chunks = (N + chunk - 1) / chunk;
   const double cls_s =
-      chunks *
-      (seconds_of([&] { k::matmul_forward(logits.data(), x.data(), wte.data(), nullptr, chunk, C, V); }) +
-       seconds_of([&] {
-         k::matmul_backward(dx.data(), dwte.data(), nullptr, logits.data(), x.data(), wte.data(), chunk, C,
-                            V);
-       }));
+      chunks * (forge::bench::best_seconds(
+                    [&] { k::matmul_forward(logits.data(), x.data(), wte.data(), nullptr, chunk, C, V); }) +
+                forge::bench::best_seconds([&] {
+                  k::matmul_backward(dx.data(), dwte.data(), nullptr, logits.data(), x.data(), wte.data(),
+                                     chunk, C, V);
+                }));
   const double cls_f = 6.0 * N * C * V;
   const auto gf = [](double f, double s) { return f / s / 1e9; };
   // The peak once more, next to the products: on a shared machine one measurement may be disturbed, and

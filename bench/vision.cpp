@@ -10,32 +10,16 @@
 #include "forge/trainer/model.h"
 #include "forge/trainer/runtime.h"
 #include "forge/trainer/spec.h"
+#include "timing.h"
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
 using namespace forge::trainer;
-
-namespace {
-
-double best_seconds(const std::function<void()>& f, int reps) {
-  f();  // warm-up
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   int threads = 2, reps = 3;
@@ -80,8 +64,9 @@ int main(int argc, char** argv) {
   without.image_starts.clear();
 
   const double peak = measure_sgemm_gflops(2048, 3);
-  const double step_with = best_seconds([&] { model.forward_backward(with, 1.0f); }, reps);
-  const double step_without = best_seconds([&] { model.forward_backward(without, 1.0f); }, reps);
+  const double step_with = forge::bench::best_seconds([&] { model.forward_backward(with, 1.0f); }, reps);
+  const double step_without =
+      forge::bench::best_seconds([&] { model.forward_backward(without, 1.0f); }, reps);
   // The tower's products per picture, forward and backward (3 x the forward's 2 x multiply-adds): its
   // parameters times its positions, and per block the attention's two T x T x width products.
   double tower_params = 0;
