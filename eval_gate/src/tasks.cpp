@@ -33,12 +33,11 @@ std::vector<int32_t> prompt_tokens(const Suite& suite, const PromptFormat& f, co
   return f.chat_prompt(std::span(&user, 1));
 }
 
-// A vqa task's picture in its request: the prompt's placeholder expanded into the picture's run of the
-// tower's positions, the picture decoded and fitted as prepare fits the data (pad, docs/DATA.md) into
+// A vqa task's picture in its request: the prompt's placeholder (`id`) expanded into the picture's run of
+// the tower's positions, the picture decoded and fitted as prepare fits the data (pad, docs/DATA.md) into
 // `rgb`, which the request points at.
-void add_picture(const Suite& suite, const Task& task, const trainer::VisionSpec& vision,
-                 const PromptFormat& f, Request& request, std::vector<uint8_t>& rgb) {
-  const uint32_t id = data::image_token_id(*f.tokenizer, f.tokenizer_path);
+void add_picture(const Suite& suite, const Task& task, const trainer::VisionSpec& vision, uint32_t id,
+                 Request& request, std::vector<uint8_t>& rgb) {
   std::vector<uint32_t> ids(request.prompt.begin(), request.prompt.end());
   std::vector<uint8_t> no_mask;
   const std::vector<uint64_t> runs = data::expand_image_tokens(ids, no_mask, id, uint32_t(vision.tokens()));
@@ -274,10 +273,12 @@ SuiteResult run_suite(const Suite& suite, trainer::GPT& model, const PromptForma
     format.set_stops(stops, sampling);
     std::vector<Request> requests;
     std::vector<std::vector<uint8_t>> pictures(mine.size());  // vqa: each task's, fitted
+    const bool vqa = suite.type == SuiteType::kVqa;
+    const uint32_t image_id = vqa ? data::image_token_id(*format.tokenizer, format.tokenizer_path) : 0;
     for (size_t j = 0; j < mine.size(); ++j) {
       const Task& task = suite.tasks[mine[j]];
       Request request{prompt_tokens(suite, format, task.prompt), 0, {}};
-      if (suite.type == SuiteType::kVqa) add_picture(suite, task, vision, format, request, pictures[j]);
+      if (vqa) add_picture(suite, task, vision, image_id, request, pictures[j]);
       for (int s = 0; s < g.samples; ++s) {
         request.key = request_key(task.id, s);
         requests.push_back(request);

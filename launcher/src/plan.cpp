@@ -245,9 +245,10 @@ Plan make_plan(const T::TrainSpec& validated) {
     for (const auto& [layer, n] : block) largest_block = std::max(largest_block, n);
     st.grad_shard = owned * kF32;
     // The moments of what the rank updates: its owned part of every bucket (ZeRO) or all of it, less what
-    // train.freeze leaves out (the rank with the most).
-    size_t updated = 0;
-    for (size_t r = 0; r < (zero >= 1 ? dp : 1); ++r) {
+    // train.freeze leaves out (then the rank with the most).
+    size_t updated = zero >= 1 ? owned : flat;
+    if (spec.freeze.any()) updated = 0;
+    for (size_t r = 0; spec.freeze.any() && r < (zero >= 1 ? dp : 1); ++r) {
       std::vector<T::FlatRange> ranges;
       for (const Bucket& b : buckets) {
         const size_t part = (b.hi - b.lo) / b.group, at = b.lo + (r % b.group) * part;

@@ -2,6 +2,7 @@
 #include "forge/trainer/spec.h"
 
 #include "forge/common/error.h"
+#include "forge/common/text.h"
 #include "forge/trainer/loss.h"
 
 #include <fmt/format.h>
@@ -494,8 +495,7 @@ Freeze freeze_config(const Config& c, const ModelSpec& m) {
   Freeze f;
   const std::string value = c.get<std::string>("train.freeze");
   if (value == "none" || value.empty()) return f;
-  std::stringstream parts(value);
-  for (std::string part; std::getline(parts, part, ',');) {
+  for (const std::string& part : split_list(value)) {
     bool* flag = part == "vision"      ? &f.vision
                  : part == "projector" ? &f.projector
                  : part == "lm"        ? &f.lm
