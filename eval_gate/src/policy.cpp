@@ -72,7 +72,8 @@ MetricChecks metric_checks(const Config& c, const MetricSection& m) {
 bool higher_is_better(const std::string& metric) {
   for (const auto& m : kSections)
     if (metric == m.name) return m.higher_is_better;
-  // A suite metric is a share of tasks done right; over-refusal is the share done wrong.
+  // A suite metric is a share of tasks done right (or a caption score); over-refusal is the share done
+  // wrong.
   return metric != "over_refusal_rate";
 }
 
@@ -112,10 +113,11 @@ GatePolicy load_policy(const std::string& path) {
       for (const IniEntry& e : section.entries) {
         const auto dot = e.key.rfind('.');
         const std::string kind = dot == std::string::npos ? "" : e.key.substr(dot + 1);
-        if (kind != "min_absolute" && kind != "max_absolute" && kind != "max_regression")
+        if (kind != "min_absolute" && kind != "min_lower_bound" && kind != "max_absolute" &&
+            kind != "max_regression")
           fail(ExitCode::kUsage,
-               "{}:{}: [{}] {}: a suite's keys are METRIC.min_absolute, METRIC.max_absolute or "
-               "METRIC.max_regression (e.g. accuracy.min_absolute = 0.5)",
+               "{}:{}: [{}] {}: a suite's keys are METRIC.min_absolute, METRIC.min_lower_bound, "
+               "METRIC.max_absolute or METRIC.max_regression (e.g. accuracy.min_absolute = 0.5)",
                path, e.line, section.name, e.key);
         schema.add<double>(section.name + "." + e.key, -1, "a check on a suite metric");
         suite_keys.push_back(section.name + "." + e.key);
@@ -150,12 +152,16 @@ GatePolicy load_policy(const std::string& path) {
     const std::string suite = rest.substr(0, first), metric = rest.substr(first + 1, last - first - 1),
                       kind = rest.substr(last + 1);
     const double v = c.get<double>(key);
-    if ((v < 0 && v != -1) || v > 1)
-      c.reject(key, "suite metrics are shares: give a value from 0 to 1, or -1 to turn the check off");
+    // CIDEr-D is on the COCO scale, 0 to 10; every other suite metric is a share.
+    const double top = metric == "cider_d" ? 10 : 1;
+    if ((v < 0 && v != -1) || v > top)
+      c.reject(key, fmt::format("{} is {}: give a value from 0 to {}, or -1 to turn the check off", metric,
+                                metric == "cider_d" ? "a CIDEr-D score" : "a share", top));
     SuiteMetricChecks& checks = sp.checks[suite][metric];
-    (kind == "min_absolute"   ? checks.min_absolute
-     : kind == "max_absolute" ? checks.max_absolute
-                              : checks.max_regression) = v;
+    (kind == "min_absolute"      ? checks.min_absolute
+     : kind == "min_lower_bound" ? checks.min_lower_bound
+     : kind == "max_absolute"    ? checks.max_absolute
+                                 : checks.max_regression) = v;
   }
   return p;
 }

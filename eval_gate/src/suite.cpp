@@ -4,6 +4,7 @@
 #include "forge/common/hash.h"
 #include "forge/common/text.h"
 #include "forge/dataio/image_text.h"
+#include "forge/eval_gate/cider.h"
 
 #include <fmt/format.h>
 
@@ -24,12 +25,13 @@ constexpr const char* kSuiteKeys[] = {"name",        "type",           "tasks", 
                                       "format",      "max_new_tokens", "samples", "pass_at",
                                       "temperature", "top_k",          "top_p",   "seed"};
 
-constexpr std::array<std::pair<SuiteType, const char*>, 5> kTypes{
+constexpr std::array<std::pair<SuiteType, const char*>, 6> kTypes{
     {{SuiteType::kExactMatch, "exact_match"},
      {SuiteType::kMultipleChoice, "multiple_choice"},
      {SuiteType::kCode, "code"},
      {SuiteType::kRefusal, "refusal"},
-     {SuiteType::kVqa, "vqa"}}};
+     {SuiteType::kVqa, "vqa"},
+     {SuiteType::kCaption, "caption"}}};
 
 // Reads the settings of suite.json, each error naming the file and the key.
 class SettingsReader {
@@ -131,8 +133,9 @@ std::vector<int> read_pass_at(const Json& doc, const SettingsReader& r, int samp
 SuiteType parse_type(const std::string& name, const SettingsReader& r) {
   for (const auto& [type, spelling] : kTypes)
     if (name == spelling) return type;
-  r.reject("type", fmt::format("is \"{}\"; it must be one of exact_match, multiple_choice, code, refusal",
-                               printable(name)));
+  std::vector<const char*> names;
+  for (const auto& [_, spelling] : kTypes) names.push_back(spelling);
+  r.reject("type", fmt::format("is \"{}\"; it must be one of {}", printable(name), fmt::join(names, ", ")));
 }
 
 // One task line's errors: "FILE:LINE: what".
@@ -234,21 +237,40 @@ void read_refusal(const Json& j, Task& t, const LineContext& at) {
   t.should_refuse = j["should_refuse"].get<bool>();
 }
 
-// A vqa task: an exact-match answer about the picture named by "image" (relative to the suite
-// directory `dir`), which the prompt's one placeholder stands for.
-void read_vqa(const Json& j, Task& t, const LineContext& at, const std::string& dir) {
-  read_exact_match(j, t, at);
-  if (!j.contains("image") || !j["image"].is_string() || j["image"].get<std::string>().empty())
-    at.fail_line("vqa task \"{}\" needs \"image\": the picture's path, relative to the suite directory",
-                 printable(t.id));
+// A task's picture, named by "image" (relative to the suite directory `dir`), which the prompt's one
+// placeholder stands for: required by vqa and caption tasks, optional on multiple_choice ones.
+void read_picture(const Json& j, Task& t, const LineContext& at, const std::string& dir, SuiteType type) {
+  const char* kind = suite_type_name(type);
+  if (!j.contains("image")) {
+    if (type != SuiteType::kMultipleChoice)
+      at.fail_line("{} task \"{}\" needs \"image\": the picture's path, relative to the suite directory",
+                   kind, printable(t.id));
+    return;
+  }
+  if (!j["image"].is_string() || j["image"].get<std::string>().empty())
+    at.fail_line("{} task \"{}\": \"image\" must be the picture's path, relative to the suite directory",
+                 kind, printable(t.id));
   if (const size_t n = data::count_placeholders(t.prompt); n != 1)
     at.fail_line(
-        "vqa task \"{}\": its prompt holds {} \"{}\" placeholders; it needs one, where the picture goes",
+        "{} task \"{}\": its prompt holds {} \"{}\" placeholders; it needs one, where the picture goes", kind,
         printable(t.id), n, data::kImagePlaceholder);
   t.image = (fs::path(dir) / j["image"].get<std::string>()).string();
   std::error_code ec;
   if (!fs::is_regular_file(t.image, ec))
-    at.fail_line("vqa task \"{}\": picture '{}' does not exist", printable(t.id), t.image);
+    at.fail_line("{} task \"{}\": picture '{}' does not exist", kind, printable(t.id), t.image);
+}
+
+// A caption task: "references", the captions a generated one is scored against (CIDEr-D, cider.h).
+void read_caption(const Json& j, Task& t, const LineContext& at) {
+  const Json* refs = j.contains("references") ? &j["references"] : nullptr;
+  if (refs == nullptr || !refs->is_array() || refs->empty())
+    at.fail_line("caption task \"{}\" needs \"references\": a non-empty list of captions", printable(t.id));
+  for (const Json& r : *refs) {
+    if (!r.is_string() || caption_words(r.get<std::string>()).empty())
+      at.fail_line("task \"{}\": \"references\" must hold captions with words (got {})", printable(t.id),
+                   printable(r.dump()));
+    t.references.push_back(r.get<std::string>());
+  }
 }
 
 std::vector<Task> read_tasks(const std::string& file, const std::string& bytes, SuiteType type,
@@ -295,9 +317,14 @@ std::vector<Task> read_tasks(const std::string& file, const std::string& bytes, 
         read_refusal(j, t, at);
         break;
       case SuiteType::kVqa:
-        read_vqa(j, t, at, dir);
+        read_exact_match(j, t, at);
+        break;
+      case SuiteType::kCaption:
+        read_caption(j, t, at);
         break;
     }
+    if (type == SuiteType::kVqa || type == SuiteType::kCaption || type == SuiteType::kMultipleChoice)
+      read_picture(j, t, at, dir, type);
     tasks.push_back(std::move(t));
   }
   return tasks;

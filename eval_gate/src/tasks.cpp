@@ -6,6 +6,7 @@
 #include "forge/common/text.h"
 #include "forge/dataio/image.h"
 #include "forge/dataio/image_text.h"
+#include "forge/eval_gate/cider.h"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -33,19 +34,19 @@ std::vector<int32_t> prompt_tokens(const Suite& suite, const PromptFormat& f, co
   return f.chat_prompt(std::span(&user, 1));
 }
 
-// A vqa task's picture in its request: the prompt's placeholder (`id`) expanded into the picture's run of
-// the tower's positions, the picture decoded and fitted as prepare fits the data (pad, docs/DATA.md) into
-// `rgb`, which the request points at.
-void add_picture(const Suite& suite, const Task& task, const trainer::VisionSpec& vision, uint32_t id,
-                 Request& request, std::vector<uint8_t>& rgb) {
-  std::vector<uint32_t> ids(request.prompt.begin(), request.prompt.end());
+// A task's picture in its prompt: the placeholder (`id`) expanded into the picture's run of the tower's
+// positions, the picture decoded and fitted as prepare fits the data (pad, docs/DATA.md) into `rgb`.
+// Returns where the run starts.
+size_t place_picture(const Suite& suite, const Task& task, const trainer::VisionSpec& vision, uint32_t id,
+                     std::vector<int32_t>& prompt, std::vector<uint8_t>& rgb) {
+  std::vector<uint32_t> ids(prompt.begin(), prompt.end());
   std::vector<uint8_t> no_mask;
   const std::vector<uint64_t> runs = data::expand_image_tokens(ids, no_mask, id, uint32_t(vision.tokens()));
   if (runs.size() != 1)
     fail(ExitCode::kData,
          "suite {}: task \"{}\": its prompt holds {} placeholder tokens once formatted; it needs one",
          suite.name, task.id, runs.size());
-  request.prompt.assign(ids.begin(), ids.end());
+  prompt.assign(ids.begin(), ids.end());
   const std::string bytes = read_file(task.image);
   const data::DecodeResult d =
       data::decode_image({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
@@ -53,15 +54,22 @@ void add_picture(const Suite& suite, const Task& task, const trainer::VisionSpec
     fail(ExitCode::kData, "suite {}: task \"{}\": picture {} is {} ({}); replace it", suite.name, task.id,
          task.image, d.reason, d.detail);
   rgb = data::fit_image(d.image, uint32_t(vision.image_size), data::ImageFit::kPad).rgb;
-  request.pictures.push_back({size_t(runs[0]), rgb.data()});
+  return size_t(runs[0]);
 }
 
 // Sum of log p(continuation | context) under the model: the two sequences run through one cache slot
-// together (the context's last max_positions - |continuation| tokens when too long).
+// together (the context's last max_positions - |continuation| tokens when too long; a context with a
+// picture, whose run that would cut or drop, is refused instead).
 double log_likelihood(trainer::GPT& model, trainer::KvCache& cache, std::vector<int32_t> context,
-                      const std::vector<int32_t>& continuation) {
+                      const std::vector<int32_t>& continuation,
+                      std::span<const trainer::DecodePicture> pictures = {}) {
   const int max_len = cache.max_len(), V = model.config().vocab;
   const size_t room = size_t(max_len) - std::min(continuation.size(), size_t(max_len) - 1);
+  if (context.size() > room && !pictures.empty())
+    fail(ExitCode::kData,
+         "a prompt with a picture and its choice are {} tokens, more than the model's {} positions: shorten "
+         "the prompt or the choice",
+         context.size() + continuation.size(), max_len);
   if (context.size() > room) context.erase(context.begin(), context.end() - ptrdiff_t(room));
   std::vector<int32_t> seq = context;
   seq.insert(seq.end(), continuation.begin(), continuation.end());
@@ -72,7 +80,7 @@ double log_likelihood(trainer::GPT& model, trainer::KvCache& cache, std::vector<
   std::vector<int> wanted;
   for (size_t i = context.size(); i < seq.size(); ++i) wanted.push_back(int(i) - 1);
   std::vector<float> logits(wanted.size() * size_t(V));
-  model.decode(cache, rows, wanted, logits);
+  model.decode(cache, rows, wanted, logits, pictures);
   double total = 0;
   for (size_t j = 0; j < wanted.size(); ++j) {
     const std::span<const float> row(logits.data() + j * size_t(V), size_t(V));
@@ -148,6 +156,8 @@ std::vector<std::string> suite_metrics(const Suite& suite) {
     }
     case SuiteType::kRefusal:
       return {"refusal_rate", "over_refusal_rate"};
+    case SuiteType::kCaption:
+      return {"cider_d"};
   }
   return {};
 }
@@ -211,7 +221,9 @@ SuiteResult run_suite(const Suite& suite, trainer::GPT& model, const PromptForma
          "model was trained on",
          suite.name, tok.vocab_size(), model.config().vocab);
   const trainer::VisionSpec& vision = model.config().vision;
-  if (suite.type == SuiteType::kVqa && !vision.enabled())
+  const bool pictures =
+      std::any_of(suite.tasks.begin(), suite.tasks.end(), [](const Task& t) { return !t.image.empty(); });
+  if (pictures && !vision.enabled())
     fail(ExitCode::kUsage,
          "suite {} ({}) asks about pictures, and the model has no vision tower: evaluate a vision-language "
          "model, or leave the suite out of the policy",
@@ -241,17 +253,23 @@ SuiteResult run_suite(const Suite& suite, trainer::GPT& model, const PromptForma
   std::optional<ProgressLine> progress;
   if (rank == 0) progress.emplace("suite " + suite.name, "tasks", mine.size());
 
+  const uint32_t image_id = pictures ? data::image_token_id(*format.tokenizer, format.tokenizer_path) : 0;
   if (suite.type == SuiteType::kMultipleChoice) {
     trainer::KvCache cache(model, 1, model.config().max_positions);
     for (size_t i : mine) {
       const Task& task = suite.tasks[i];
-      const std::vector<int32_t> context = prompt_tokens(suite, format, task.prompt);
+      std::vector<int32_t> context = prompt_tokens(suite, format, task.prompt);
+      std::vector<uint8_t> rgb;
+      std::vector<trainer::DecodePicture> picture;
+      if (!task.image.empty())
+        picture.push_back({int(place_picture(suite, task, vision, image_id, context, rgb)), nullptr});
+      if (!picture.empty()) picture[0].rgb = rgb.data();
       // Raw: the summed log-likelihood; normalised: per byte of the choice (longer choices are not
       // penalised for their length). The first of equals wins.
       int best_raw = 0, best_norm = 0;
       double top_raw = -INFINITY, top_norm = -INFINITY;
       for (size_t c = 0; c < task.choices.size(); ++c) {
-        const double ll = log_likelihood(model, cache, context, format.encode(task.choices[c]));
+        const double ll = log_likelihood(model, cache, context, format.encode(task.choices[c]), picture);
         const double norm = ll / double(std::max<size_t>(task.choices[c].size(), 1));
         if (ll > top_raw) top_raw = ll, best_raw = int(c);
         if (norm > top_norm) top_norm = norm, best_norm = int(c);
@@ -272,13 +290,13 @@ SuiteResult run_suite(const Suite& suite, trainer::GPT& model, const PromptForma
     const Stops stops = format.stops(suite.chat);
     format.set_stops(stops, sampling);
     std::vector<Request> requests;
-    std::vector<std::vector<uint8_t>> pictures(mine.size());  // vqa: each task's, fitted
-    const bool vqa = suite.type == SuiteType::kVqa;
-    const uint32_t image_id = vqa ? data::image_token_id(*format.tokenizer, format.tokenizer_path) : 0;
+    std::vector<std::vector<uint8_t>> rgb(mine.size());  // each task's picture, fitted
     for (size_t j = 0; j < mine.size(); ++j) {
       const Task& task = suite.tasks[mine[j]];
       Request request{prompt_tokens(suite, format, task.prompt), 0, {}};
-      if (vqa) add_picture(suite, task, vision, image_id, request, pictures[j]);
+      if (!task.image.empty())
+        request.pictures.push_back(
+            {place_picture(suite, task, vision, image_id, request.prompt, rgb[j]), rgb[j].data()});
       for (int s = 0; s < g.samples; ++s) {
         request.key = request_key(task.id, s);
         requests.push_back(request);
@@ -289,10 +307,22 @@ SuiteResult run_suite(const Suite& suite, trainer::GPT& model, const PromptForma
     std::random_device entropy;
     const std::string sentinel = fmt::format("forge-tests-passed-{:08x}{:08x}", entropy(), entropy());
     out.generation = generator.stats();
+    // Captions are scored against every task's references: the n-grams' document frequencies are the
+    // suite's, whichever rank scores a task.
+    std::optional<CiderD> cider;
+    if (suite.type == SuiteType::kCaption) {
+      std::vector<std::vector<Words>> corpus;
+      for (const Task& t : suite.tasks) {
+        corpus.emplace_back();
+        for (const std::string& r : t.references) corpus.back().push_back(caption_words(r));
+      }
+      cider.emplace(corpus);
+    }
     for (size_t j = 0; j < mine.size(); ++j) {
       const size_t i = mine[j];
       const Task& task = suite.tasks[i];
       int passed = 0;
+      double cider_sum = 0;
       std::string first;
       for (int s = 0; s < g.samples; ++s) {
         const std::string text =
@@ -306,6 +336,12 @@ SuiteResult run_suite(const Suite& suite, trainer::GPT& model, const PromptForma
           case SuiteType::kRefusal:
             passed += is_refusal(text) ? 1 : 0;
             break;
+          case SuiteType::kCaption: {
+            std::vector<Words> refs;
+            for (const std::string& r : task.references) refs.push_back(caption_words(r));
+            cider_sum += cider->score(caption_words(text), refs);
+            break;
+          }
           case SuiteType::kCode: {
             const SandboxResult r =
                 run_sandboxed({options.python, "-I", "solution.py"},
@@ -319,7 +355,8 @@ SuiteResult run_suite(const Suite& suite, trainer::GPT& model, const PromptForma
             break;
         }
       }
-      const double share = double(passed) / double(g.samples);
+      const double share =
+          (suite.type == SuiteType::kCaption ? cider_sum : double(passed)) / double(g.samples);
       if (suite.type == SuiteType::kCode) {
         for (size_t k = 0; k < M; ++k) set(k, i, pass_at_k(g.samples, passed, g.pass_at[k]));
       } else if (suite.type == SuiteType::kRefusal) {
@@ -333,7 +370,7 @@ SuiteResult run_suite(const Suite& suite, trainer::GPT& model, const PromptForma
   }
   if (progress) progress->finish();
   comm.all_reduce(score.data(), score.size(), comm::CommType::kF64, comm::ReduceOp::kSum)->wait();
-  const bool rate = suite.generation.samples == 1;
+  const bool rate = suite.generation.samples == 1 && suite.type != SuiteType::kCaption;
   for (size_t m = 0; m < M; ++m) {
     SuiteMetric& metric = out.metrics[names[m]];
     metric.rate = rate;

@@ -139,6 +139,14 @@ void judge_suites(const SuitePolicy& policy, const std::vector<std::string>& req
       if (higher && m.min_absolute >= 0)
         out.checks.push_back({metric, "suite:" + name, "min_absolute", value, NAN, m.min_absolute,
                               value >= m.min_absolute, true});
+      if (higher && m.min_lower_bound >= 0) {
+        const Interval ci = cand.interval(policy.confidence);
+        Check check{metric, "suite:" + name,   "min_lower_bound",          value,
+                    NAN,    m.min_lower_bound, ci.lo >= m.min_lower_bound, true};  // NaN never passes
+        check.lo = ci.lo;
+        check.hi = ci.hi;
+        out.checks.push_back(check);
+      }
       if (!higher && m.max_absolute >= 0)
         out.checks.push_back({metric, "suite:" + name, "max_absolute", value, NAN, m.max_absolute,
                               value <= m.max_absolute, false});

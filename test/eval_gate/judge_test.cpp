@@ -176,6 +176,21 @@ TEST_CASE("suite verdicts: trained passes, untrained fails, noise passes, a real
   CHECK_FALSE(j.checks[1].pass);
   // Without a baseline only the absolute bound applies.
   CHECK(judged(suite_result("accuracy", 55, 100), nullptr).checks.size() == 1);
+  // Better than chance (0.32) beyond the noise: the whole Wilson interval above it. 45 of 100 is
+  // ([0.355, 0.548] at 95%); 38 of 100 is above chance by its point only ([0.29, 0.48]) and fails.
+  SuitePolicy chance;
+  chance.required = {"arith"};
+  chance.checks["arith"]["accuracy"].min_lower_bound = 0.32;
+  for (const auto& [right, pass] : {std::pair{45, true}, std::pair{38, false}}) {
+    Judgement k;
+    judge_suites(chance, chance.required, {{"arith", suite_result("accuracy", right, 100)}}, nullptr, k);
+    REQUIRE(k.checks.size() == 1);
+    CHECK(k.checks[0].kind == "min_lower_bound");
+    CHECK(k.checks[0].value == Approx(right / 100.0));
+    CHECK(k.pass == pass);
+    CHECK((k.checks[0].lo > 0.32) == pass);
+    CHECK(k.checks[0].hi > right / 100.0);
+  }
   // A suite the policy requires but the candidate lacks fails.
   Judgement missing;
   judge_suites(p, {"arith", "copy"}, {{"arith", trained}}, nullptr, missing);
@@ -248,16 +263,22 @@ TEST_CASE("suite policy: required suites per objective and tier, checks per metr
   const std::string path = dir / "gate.ini";
   std::ofstream(path) << "[suites]\ndir = s\nrequired = arith\nrequired.sft = code, refusal\n"
                          "required.release = copy\n[suite.arith]\naccuracy.min_absolute = 0.5\n"
-                         "[suite.code]\npass@1.max_regression = 0.05\n";
+                         "accuracy.min_lower_bound = 0.32\n[suite.code]\npass@1.max_regression = 0.05\n";
   const GatePolicy p = load_policy(path);
   CHECK(p.suites.dir == dir / "s");
   CHECK(p.suites.suites_for("lm", "") == std::vector<std::string>{"arith"});
   CHECK(p.suites.suites_for("sft", "release") ==
         std::vector<std::string>{"arith", "code", "refusal", "copy"});
   CHECK(p.suites.checks.at("arith").at("accuracy").min_absolute == 0.5);
+  CHECK(p.suites.checks.at("arith").at("accuracy").min_lower_bound == 0.32);
   CHECK(p.suites.checks.at("code").at("pass@1").max_regression == 0.05);
   std::ofstream(path) << "[suite.arith]\naccuracy.minimum = 0.5\n";
   CHECK_THROWS_WITH(load_policy(path), Catch::Contains("gate.ini:2") && Catch::Contains("min_absolute"));
   std::ofstream(path) << "[suite.arith]\naccuracy.min_absolute = 1.5\n";
   CHECK_THROWS_WITH(load_policy(path), Catch::Contains("from 0 to 1"));
+  // A caption score is on CIDEr-D's scale, 0 to 10.
+  std::ofstream(path) << "[suite.captions]\ncider_d.min_lower_bound = 2.5\n";
+  CHECK(load_policy(path).suites.checks.at("captions").at("cider_d").min_lower_bound == 2.5);
+  std::ofstream(path) << "[suite.captions]\ncider_d.min_absolute = 11\n";
+  CHECK_THROWS_WITH(load_policy(path), Catch::Contains("CIDEr-D") && Catch::Contains("from 0 to 10"));
 }

@@ -440,3 +440,53 @@ TEST_CASE(
              Catch::Contains("img/gone.png") && Catch::Contains("does not exist"));
   CHECK_THAT(bad(R"({"id": "q1", "prompt": "<image>?", "image": "img/a.png"})"), Catch::Contains("answer"));
 }
+
+TEST_CASE("suite: caption tasks need a picture and references; multiple choice may ask about a picture") {
+  TempDir dir;
+  dir.write("img/a.png", "picture a");
+  const std::string json = R"({"name": "captions", "type": "caption", "max_new_tokens": 16})";
+  write_suite(dir, json,
+              R"({"id": "c1", "prompt": "<image>\nDescribe it.", "image": "img/a.png", )"
+              R"("references": ["two red circles", "Two red circles, on the left."]})"
+              "\n");
+  const Suite s = load_suite(dir.path().string());
+  CHECK(s.type == SuiteType::kCaption);
+  CHECK(std::string(suite_type_name(s.type)) == "caption");
+  REQUIRE(s.tasks.size() == 1);
+  CHECK(s.tasks[0].references ==
+        std::vector<std::string>{"two red circles", "Two red circles, on the left."});
+  CHECK(s.tasks[0].image == (dir.path() / "img/a.png").string());
+  const auto bad = [&](const std::string& suite_json, const std::string& task) {
+    write_suite(dir, suite_json, task + "\n");
+    const forge::Error e = load_error(dir);
+    CHECK(e.code() == ExitCode::kData);
+    return std::string(e.what());
+  };
+  CHECK_THAT(bad(json, R"({"id": "c1", "prompt": "<image>", "image": "img/a.png"})"),
+             Catch::Contains("tasks.jsonl:1") && Catch::Contains("needs \"references\""));
+  CHECK_THAT(bad(json, R"({"id": "c1", "prompt": "<image>", "image": "img/a.png", "references": ["..."]})"),
+             Catch::Contains("captions with words"));
+  CHECK_THAT(bad(json, R"({"id": "c1", "prompt": "<image>", "references": ["a"]})"),
+             Catch::Contains("caption task") && Catch::Contains("needs \"image\""));
+
+  // A multiple-choice task about a picture: optional, and then held to the same rules as vqa's.
+  const std::string mc = R"({"name": "pick", "type": "multiple_choice"})";
+  write_suite(
+      dir, mc,
+      R"({"id": "m1", "prompt": "<image>\nWhich shape?", "image": "img/a.png", "choices": ["circle", "square"], "answer": 0})"
+      "\n"
+      R"({"id": "m2", "prompt": "Which is a colour?", "choices": ["red", "square"], "answer": 0})"
+      "\n");
+  const Suite p = load_suite(dir.path().string());
+  REQUIRE(p.tasks.size() == 2);
+  CHECK(p.tasks[0].image == (dir.path() / "img/a.png").string());
+  CHECK(p.tasks[1].image.empty());
+  CHECK_THAT(
+      bad(mc,
+          R"({"id": "m1", "prompt": "Which?", "image": "img/a.png", "choices": ["a", "b"], "answer": 0})"),
+      Catch::Contains("multiple_choice task") && Catch::Contains("holds 0"));
+  CHECK_THAT(bad(mc, R"({"id": "m1", "prompt": "<image>", "image": 3, "choices": ["a", "b"], "answer": 0})"),
+             Catch::Contains("\"image\" must be the picture's path"));
+  CHECK_THAT(bad(R"({"name": "x", "type": "captions"})", R"({"id": "m1", "prompt": "p", "answer": "a"})"),
+             Catch::Contains("exact_match, multiple_choice, code, refusal, vqa, caption"));
+}

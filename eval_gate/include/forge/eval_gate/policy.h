@@ -25,9 +25,10 @@ struct MetricChecks {
 // bounds are on the point estimate; a regression is judged on the confidence interval of the difference
 // candidate - baseline (paired over the same tasks), so a difference inside the noise never fails.
 struct SuiteMetricChecks {
-  double min_absolute = -1;    // higher-is-better metrics: candidate >= x
-  double max_absolute = -1;    // lower-is-better metrics (over_refusal_rate): candidate <= x
-  double max_regression = -1;  // fail when the whole interval of the difference is worse than x
+  double min_absolute = -1;     // higher-is-better metrics: candidate >= x
+  double max_absolute = -1;     // lower-is-better metrics (over_refusal_rate): candidate <= x
+  double max_regression = -1;   // fail when the whole interval of the difference is worse than x
+  double min_lower_bound = -1;  // higher-is-better metrics: the candidate's whole interval >= x (chance)
 };
 
 // Which task suites a candidate must be evaluated on ([suites]) and the checks on their metrics.

@@ -9,13 +9,16 @@
 // relative to the suite's directory). Unknown keys in suite.json are an error: a misspelt setting must not
 // pass silently. Task lines by type (unknown keys are metadata and allowed; blank lines are skipped):
 //   exact_match      {"id", "prompt", "answer": "19"} or {"id", "prompt", "answers": ["19", "nineteen"]}
-//   multiple_choice  {"id", "prompt", "choices": [">= 2 strings"], "answer": 0-based index}
+//   multiple_choice  {"id", "prompt", "choices": [">= 2 strings"], "answer": 0-based index}, and optionally
+//                    "image" as for vqa (the choices' likelihoods are then conditioned on the picture)
 //   code             {"id", "prompt", "tests": "python asserting on the candidate", "entry_point": "f"}
 //                    ("entry_point" optional; "tests" must have non-whitespace text)
 //   refusal          {"id", "prompt", "should_refuse": true | false}
 //   vqa              {"id", "prompt" with one "<image>", "image": "a PNG or JPEG, relative to the suite
 //                    directory", "answer" | "answers"} (a vision-language model's short answer about the
 //                    picture, scored as exact_match)
+//   caption          {"id", "prompt" with one "<image>", "image" as for vqa, "references": ["captions"]}
+//                    (a generated caption, scored by CIDEr-D against the references, cider.h)
 // Every task has a unique non-empty string "id" and a non-empty string "prompt".
 #pragma once
 
@@ -28,20 +31,22 @@
 
 namespace forge::gate {
 
-enum class SuiteType { kExactMatch, kMultipleChoice, kCode, kRefusal, kVqa };
+enum class SuiteType { kExactMatch, kMultipleChoice, kCode, kRefusal, kVqa, kCaption };
 
-// "exact_match", "multiple_choice", "code", "refusal", "vqa": the spelling of suite.json's "type".
+// "exact_match", "multiple_choice", "code", "refusal", "vqa", "caption": the spelling of suite.json's "type".
 const char* suite_type_name(SuiteType type);
 
 struct Task {
   std::string id, prompt;
-  std::vector<std::string> answers;  // exact_match, vqa: any of them is right ("answer" gives one)
-  std::vector<std::string> choices;  // multiple_choice
-  int answer = -1;                   // multiple_choice: index into choices
-  std::string tests, entry_point;    // code (entry_point empty when not given)
-  bool should_refuse = false;        // refusal
-  std::string image;                 // vqa: the picture's path (the suite directory's joined)
-  int line = 0;                      // 1-based line in the task file, for messages
+  std::vector<std::string> answers;     // exact_match, vqa: any of them is right ("answer" gives one)
+  std::vector<std::string> choices;     // multiple_choice
+  int answer = -1;                      // multiple_choice: index into choices
+  std::string tests, entry_point;       // code (entry_point empty when not given)
+  bool should_refuse = false;           // refusal
+  std::vector<std::string> references;  // caption
+  std::string
+      image;  // vqa, caption, multiple_choice (optional): the picture's path (the suite directory's joined)
+  int line = 0;  // 1-based line in the task file, for messages
 };
 
 // How each prompt is generated from. samples > 1 needs temperature > 0 (greedy samples are all the same).
@@ -75,8 +80,8 @@ struct Suite {
 // file (and "FILE:LINE" for a task) and what to do.
 //
 // `version` is xxh3-64 (hex) over suite.json parsed and dumped again (keys sorted, no whitespace: layout
-// and key order do not change it) followed by the task file's exact bytes and, for vqa, every picture's
-// bytes: any edit that can change a score changes the version. A vqa picture that does not exist is
+// and key order do not change it) followed by the task file's exact bytes and every task's picture's
+// bytes: any edit that can change a score changes the version. A task's picture that does not exist is
 // forge::Error(kData) naming its task line; one that does not decode fails the evaluation the same way.
 Suite load_suite(const std::string& dir);
 

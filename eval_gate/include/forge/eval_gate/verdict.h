@@ -25,6 +25,7 @@ struct Check {
   bool higher_is_better = false;  // pass means value >= limit (an improvement check: >), else value <= limit
   // A suite's regression check: value is the difference candidate - baseline and [lo, hi] its confidence
   // interval, which must reach the limit (hi >= limit, or lo <= limit for a lower-is-better metric).
+  // min_lower_bound: value is the candidate's and [lo, hi] its interval, whose lo must reach the limit.
   double lo = NAN, hi = NAN;
   Json to_json() const;
 };
