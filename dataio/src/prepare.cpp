@@ -928,7 +928,7 @@ PrepareResult prepare_dataset(const PrepareOptions& o, Ranks& ranks) {
         for (const auto& block : gathered)
           for (Unpacker in(block); !in.done();) sample.docs.emplace_back().text = in.str();
         TokenizerTrainOptions train = o.tokenizer;
-        train.image_placeholder = image_text;
+        train.image_placeholder |= image_text;
         trained.emplace(Tokenizer::train(sample, train, model_path, 1));
       }
     }

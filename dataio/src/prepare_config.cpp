@@ -101,6 +101,9 @@ ConfigSchema prepare_schema() {
       .add<int64_t>("tokenizer.sample_bytes", static_cast<int64_t>(tok.sample_bytes),
                     "bytes of cleaned text the tokenizer is trained on")
       .add<int>("tokenizer.threads", tok.threads, "threads for tokenizer training")
+      .add<bool>("tokenizer.image_placeholder", false,
+                 "reserve <image> in a trained tokenizer (always for image-text): a text model that will "
+                 "take pictures later")
       .add<int64_t>("split.seed", 0, "seed of the document hash that picks the validation split")
       .add<int>("prepare.threads", 0, "threads for encoding (0 = all cores)")
       .add<int64_t>("chat.max_tokens", 0,
@@ -232,6 +235,7 @@ void apply_config(const Config& c, PrepareOptions& o) {
   o.tokenizer.sample_bytes =
       static_cast<uint64_t>(positive("tokenizer.sample_bytes", c.get<int64_t>("tokenizer.sample_bytes")));
   o.tokenizer.threads = positive("tokenizer.threads", c.get<int>("tokenizer.threads"));
+  o.tokenizer.image_placeholder = c.get<bool>("tokenizer.image_placeholder");
   o.split_seed = static_cast<uint64_t>(c.get<int64_t>("split.seed"));
   o.threads = c.get<int>("prepare.threads");
   if (o.threads < 0) c.reject("prepare.threads", "must be >= 0");

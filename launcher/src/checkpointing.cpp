@@ -169,16 +169,29 @@ int64_t RunCheckpoints::resume() {
     // optimizer's moments), a fresh step count and schedule.
     const auto source = ckpt::Checkpoint::open(init_from_);
     source.verify();
-    trainer::check_model_family(source.manifest().meta.model_config, spec_.model, init_from_);
+    const Json& saved = source.manifest().meta.model_config;
+    trainer::check_model_family(saved, spec_.model, init_from_);
     // The weights do not depend on the sequence length: a run may fine-tune at another one (an imported
     // model records its longest, max_positions, which the job must match).
     Json model = *expect.model_config;
-    if (const Json& saved = source.manifest().meta.model_config; saved.contains("seq_len"))
-      model["seq_len"] = saved["seq_len"];
+    if (saved.contains("seq_len")) model["seq_len"] = saved["seq_len"];
+    // A vision-language model may start from a text-only one (LLaVA's recipe): its language model is the
+    // checkpoint's, the vision tower and projector start as initialised.
+    const bool adds_vision =
+        spec_.model.vision.enabled() && !trainer::model_spec_from_json(saved, init_from_).vision.enabled();
+    if (adds_vision)
+      for (auto it = model.begin(); it != model.end();)
+        it = it.key().starts_with("vision.") ? model.erase(it) : std::next(it);
     ckpt::check_expectations(source.manifest(), {.model_config = model, .dataset_version = {}}, init_from_);
     const ckpt::CheckpointMeta& parent = source.manifest().meta;
     const bool keep = config_.get<std::string>("ckpt.init_optimizer") == "keep";
-    trainer::load_checkpoint(source, trainer_.model(), keep ? &trainer_.optimizer() : nullptr);
+    if (keep && adds_vision)
+      config_.reject(
+          "ckpt.init_optimizer",
+          fmt::format("is keep, but {} is a text-only model and [vision] adds a tower and projector "
+                      "it has no moments for: use reset",
+                      init_from_));
+    trainer::load_checkpoint(source, trainer_.model(), keep ? &trainer_.optimizer() : nullptr, adds_vision);
     if (keep)
       trainer_.optimizer().set_moment_steps_before(parent.step +
                                                    parent.extra.value(kMomentStepsBefore, int64_t{0}));
@@ -187,7 +200,8 @@ int64_t RunCheckpoints::resume() {
                 {"parent_dataset_version", parent.dataset_version},
                 {"parent_spec_hash", parent.spec_hash},
                 {"parent_lineage", parent.extra.value("lineage", Json())}};
-    spdlog::info("initialised weights{} from {}", keep ? " and optimizer moments" : "", init_from_);
+    spdlog::info("initialised weights{} from {}{}", keep ? " and optimizer moments" : "", init_from_,
+                 adds_vision ? " (its language model; the vision tower and projector start fresh)" : "");
     return 0;
   }
   return load(*checkpoint, "resumed from");

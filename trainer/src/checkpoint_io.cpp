@@ -228,10 +228,12 @@ void snapshot_through(Backend& backend, ckpt::SaverOptions& options) {
   };
 }
 
-void load_checkpoint(const ckpt::Checkpoint& checkpoint, GPT& model, AdamW* optimizer) {
+void load_checkpoint(const ckpt::Checkpoint& checkpoint, GPT& model, AdamW* optimizer, bool lm_only) {
   std::vector<ckpt::TensorRequest> requests;
   std::vector<float*> targets;
   for_each_piece(model, optimizer, false, {}, [&](const ckpt::Slice& s, float* data) {
+    const std::string_view param = std::string_view(s.name).substr(s.name.find('/') + 1);
+    if (lm_only && model_part(param) != ModelPart::kLm) return;
     requests.push_back({s, data});
     targets.push_back(data);
   });

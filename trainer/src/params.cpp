@@ -189,13 +189,19 @@ std::vector<ParamInfo> parameter_table(const ModelSpec& cfg, const ModelSlice& s
   return std::move(t.out);
 }
 
+ModelPart model_part(std::string_view param) {
+  if (param.starts_with("vision.")) return ModelPart::kVision;
+  if (param.starts_with("projector.")) return ModelPart::kProjector;
+  return ModelPart::kLm;
+}
+
 ParameterCounts parameter_counts(const ModelSpec& cfg) {
   ParameterCounts n;
   for (const auto& p : parameter_table(cfg)) {
     if (p.name == "wpe.weight") continue;
     n.total += double(p.numel);
     // A text token's product runs through the language model only; a picture's through the vision tower.
-    if (p.name.rfind("vision.", 0) == 0 || p.name.rfind("projector.", 0) == 0) continue;
+    if (model_part(p.name) != ModelPart::kLm) continue;
     const bool expert = p.shard.kind == ShardRule::Kind::kExperts;
     n.active += expert ? double(p.numel) * cfg.top_k / cfg.experts : double(p.numel);
   }

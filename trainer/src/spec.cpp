@@ -869,8 +869,14 @@ TrainSpec train_spec(const Config& c) {
 }
 
 bool Freeze::frozen(std::string_view param) const {
-  if (param.starts_with("vision.")) return vision;
-  if (param.starts_with("projector.")) return projector;
+  switch (model_part(param)) {
+    case ModelPart::kVision:
+      return vision;
+    case ModelPart::kProjector:
+      return projector;
+    case ModelPart::kLm:
+      return lm;
+  }
   return lm;
 }
 

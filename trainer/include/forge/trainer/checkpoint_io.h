@@ -50,7 +50,8 @@ void snapshot_through(Backend& backend, ckpt::SaverOptions& options);
 
 // Fills the model's weights (and the optimizer's moments, when given) from a checkpoint, then refreshes
 // the model's working copy (through page-locked host memory on a device backend). Throws forge::Error(kData)
-// naming a missing or mis-shaped tensor.
-void load_checkpoint(const ckpt::Checkpoint& checkpoint, GPT& model, AdamW* optimizer);
+// naming a missing or mis-shaped tensor. `lm_only`: the checkpoint is a text-only model's, and the vision
+// tower and projector keep their initialisation (a vision-language model started from a language model).
+void load_checkpoint(const ckpt::Checkpoint& checkpoint, GPT& model, AdamW* optimizer, bool lm_only = false);
 
 }  // namespace forge::trainer

@@ -65,6 +65,12 @@ struct VisionSpec {
   int patch_values() const { return 3 * patch * patch; }  // one flattened patch: channel, row, column
 };
 
+// The part of a vision-language model a parameter belongs to, by its name: the vision tower
+// ("vision.*"), the projector ("projector.*") or the language model (everything else). Freezing and
+// starting from a text-only checkpoint go by it.
+enum class ModelPart { kVision, kProjector, kLm };
+ModelPart model_part(std::string_view param);
+
 // The architecture of a decoder, resolved: what model_spec (spec.h) builds from the [model] keys, and what
 // a checkpoint records (checkpoint_io.h) and is read back through the same code. A block is made of slots
 // (docs/ARCHITECTURE.md, "The model"): norm, attention, norm, FFN (dense or MoE); around the blocks the
