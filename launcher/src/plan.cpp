@@ -148,15 +148,17 @@ size_t activation_bytes(const T::ModelSpec& m, const T::ModelSlice& slice, int b
   // micro-batch's rows can hold (M rows of patches): per slot the normalised patches, the stream entering
   // each block and leaving the last, per block ln1, ln2 (and their 2 statistics), qkv, the attention's
   // output and lse, res_mid, the MLP's pre-activation and activation, then the final norm, the projector's
-  // two and the features; once, the backward's scratch.
+  // two and the features; once, the backward's scratch. Tensor parallelism splits qkv, the attention's
+  // output and lse, the MLP's and the projector's hidden units.
   const T::VisionSpec& v = m.vision;
   if (slice.embedding && v.enabled()) {
     const size_t T_ = size_t(v.tokens()), M = std::max<size_t>(1, N / T_) * T_, W = size_t(v.width),
-                 H = size_t(v.mlp_hidden), P = size_t(v.projector_hidden), VL = size_t(v.layers);
-    const size_t block = M * (7 * W + 4 + size_t(v.heads) + 2 * H);
+                 A = W / size_t(tp), H = size_t(v.mlp_hidden / tp), P = size_t(v.projector_hidden / tp),
+                 VL = size_t(v.layers);
+    const size_t block = M * (3 * W + 4 * A + 4 + size_t(v.heads / tp) + 2 * H);
     const size_t per_slot =
         M * size_t(v.patch_values()) + (VL + 1) * M * W + VL * block + M * (W + 2 + 2 * P + C);
-    n += (S * per_slot + M * (C + 6 * W + H + P)) * kF32;
+    n += (S * per_slot + M * (C + 2 * W + 4 * A + H + P)) * kF32;
   }
   return n;
 }

@@ -25,16 +25,22 @@ run() { local np=$1 dir=$2; shift 2
 run 1 one --data.batch=4
 run 2 dp2 --data.batch=2 --parallel.dp=2
 run 2 pp2 --data.batch=2 --parallel.pp=2 --parallel.microbatches=2
+run 2 tp2 --data.batch=4 --parallel.tp=2
 compare "$work/one" "$work/dp2"
 compare "$work/one" "$work/pp2"
+compare "$work/one" "$work/tp2"
 
-# The encoder frozen, on dp2 with ZeRO-1, from the one-process run's checkpoint.
+# The encoder frozen, from the one-process run's checkpoint: on dp2 with ZeRO-1, and on tp2 (its split
+# products loaded from and saved to whole tensors).
 start=$(ls -d "$work/one/checkpoints/milestone/step-"*) || fail "one: no checkpoint"
-run 2 frozen --data.batch=2 --parallel.dp=2 --parallel.zero=1 --ckpt.init_from="$start" --train.freeze=vision
-end=$(ls -d "$work/frozen/checkpoints/milestone/step-"*) || fail "frozen: no checkpoint"
-"$ckpt" export "$start" --out "$work/start.h5" >/dev/null && "$ckpt" export "$end" --out "$work/end.h5" >/dev/null \
-  || fail "export failed"
-/usr/bin/python3 - "$work/start.h5" "$work/end.h5" <<'PY' || fail "the frozen encoder moved, or kept moments"
+"$ckpt" export "$start" --out "$work/start.h5" >/dev/null || fail "export failed"
+for layout in "dp2 --data.batch=2 --parallel.dp=2 --parallel.zero=1" "tp2 --data.batch=4 --parallel.tp=2"; do
+  read -r name args <<<"$layout"
+  # shellcheck disable=SC2086 # the layout's options, one word each
+  run 2 "frozen-$name" $args --ckpt.init_from="$start" --train.freeze=vision
+  end=$(ls -d "$work/frozen-$name/checkpoints/milestone/step-"*) || fail "frozen-$name: no checkpoint"
+  "$ckpt" export "$end" --out "$work/end.h5" >/dev/null || fail "export failed"
+  /usr/bin/python3 - "$work/start.h5" "$work/end.h5" "$name" <<'PY' || fail "frozen-$name: the frozen encoder moved, or kept moments"
 import sys
 import h5py, numpy as np
 a, b = h5py.File(sys.argv[1]), h5py.File(sys.argv[2])
@@ -43,8 +49,9 @@ trained = [k for k in a["param"] if not k.startswith("vision.")]
 assert encoder and all(np.array_equal(a["param"][k][()], b["param"][k][()]) for k in encoder)
 assert all(not np.array_equal(a["param"][k][()], b["param"][k][()]) for k in trained if not k.endswith("norm.weight"))
 assert not any(k.startswith("vision.") for k in b["adam_m"]) and any(k.startswith("projector.") for k in b["adam_m"])
-print(f"frozen: {len(encoder)} encoder tensors bit for bit, no encoder moments; {len(trained)} others trained")
+print(f"frozen on {sys.argv[3]}: {len(encoder)} encoder tensors bit for bit, no encoder moments; {len(trained)} others trained")
 PY
+done
 
 # A vision-language model started from a text-only one (the same language model, the dataset's tokenizer):
 # the encoder and projector trained, the language model frozen (train.freeze = lm) comes out bit for bit.
@@ -107,13 +114,14 @@ assert cider["interval"] == "bootstrap" and len(set(cider["per_task"].values()))
 print("gate:", ", ".join(f"{n} {k} {m['value']:.3f}" for (n, k), m in sorted(a.items())))
 PY
 
-# Layouts the tower does not take yet: exit 64 naming the key, on every rank.
-for bad in "--parallel.tp=2" "--parallel.cp=2"; do
+# What the tower does not take yet: exit 64 naming the key, on every rank.
+for bad in "--parallel.cp=2" "--parallel.tp=2 --parallel.sequence_parallel=true" "--parallel.tp=2 --vision.heads=1"; do
   rc=0
+  # shellcheck disable=SC2086 # the options, one word each
   "$mpiexec" --oversubscribe -np 2 "$train" "$src/configs/vlm.ini" --run.dir="$work/bad" "${vlm[@]}" \
-    --data.batch=4 "$bad" >"$work/bad.log" 2>&1 || rc=$?
+    --data.batch=4 $bad >"$work/bad.log" 2>&1 || rc=$?
   [ "$rc" -eq 64 ] || fail "$bad: exit $rc, not 64"
-  key=${bad%%=*}
-  grep -q "${key#--} = ${bad#*=}: a vision-language model" "$work/bad.log" || fail "$bad: $(head -n1 "$work/bad.log")"
+  grep -qE "(parallel.cp = 2|sequence_parallel = true): a vision-language model|must divide vision.heads = 1" \
+    "$work/bad.log" || fail "$bad: $(head -n1 "$work/bad.log")"
 done
-echo "vision: dp2 and pp2 equal one process; frozen encoder and frozen language model bit for bit; picture suites alike on 1 and 2 ranks; tp2 and cp2 refused"
+echo "vision: dp2, pp2 and tp2 equal one process; frozen encoder (dp2, tp2) and frozen language model bit for bit; picture suites alike on 1 and 2 ranks; cp2, sequence parallelism and a width tp2 does not divide refused"

@@ -413,12 +413,16 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
   }
   if (slice_.embedding) embedding_ = layers.embedding(backend, ref("wte.weight"), optional_ref("wpe.weight"));
   if (slice_.embedding && config.vision.enabled()) {
-    if (tps != 1 || shards_ != 1 || bf16)
+    if (shards_ != 1 || bf16)
       throw std::invalid_argument(
-          "GPT: the vision tower runs in FP32 without tensor or sequence parallelism (for now)");
-    const int pictures = std::max(1, int(N) / config.vision.tokens());
+          "GPT: the vision tower runs in FP32 without sequence parallelism (for now)");
+    const VisionSpec& v = config.vision;
+    if (v.heads % tps != 0 || v.mlp_hidden % tps != 0 || v.projector_hidden % tps != 0)
+      throw std::invalid_argument(
+          "GPT: the tensor-parallel size must divide the vision tower's heads, MLP and projector widths");
+    const int pictures = std::max(1, int(N) / v.tokens());
     vision_ = std::make_unique<VisionTower>(
-        backend, config.vision, config.d_model, pictures, slots,
+        backend, layers, v, config.d_model, pictures, slots,
         [this](const std::string& name) { return ref(name); }, setup.frozen_encoder);
   }
   if (slice_.head) {

@@ -102,7 +102,9 @@ std::vector<ParamInfo> parameter_table(const ModelSpec& cfg, const ModelSlice& s
   if (slice.embedding || (slice.head && cfg.tied_embeddings)) t.add("wte.weight", {V, C}, rows, true, std);
   if (slice.embedding && cfg.positions == Positions::kLearned)
     t.add("wpe.weight", {cfg.max_positions, C}, replicated, true, std);
-  // The vision tower goes with the embedding (the first pipeline stage), whole on every rank.
+  // The vision tower goes with the embedding (the first pipeline stage). Under tensor parallelism its
+  // products split as a block's do (q|k|v, fc and the projector's fc1 by output rows; the products after
+  // them by input columns, their biases whole) and the rest is whole on every rank.
   const VisionSpec& vis = cfg.vision;
   if (slice.embedding && vis.enabled()) {
     const int64_t W = vis.width, H = vis.mlp_hidden, P = vis.projector_hidden;
@@ -111,24 +113,25 @@ std::vector<ParamInfo> parameter_table(const ModelSpec& cfg, const ModelSlice& s
       t.add(name + ".weight", {width}, replicated, false, 0, 1.0f);
       t.add(name + ".bias", {width}, replicated, false, 0);
     };
-    const auto linear = [&](const std::string& name, int64_t out, int64_t in, float init_std) {
-      t.add(name + ".weight", {out, in}, replicated, true, init_std);
-      t.add(name + ".bias", {out}, replicated, false, 0);
+    const auto linear = [&](const std::string& name, int64_t out, int64_t in, float init_std,
+                            const ShardRule& rule) {
+      t.add(name + ".weight", {out, in}, rule, true, init_std);
+      t.add(name + ".bias", {out}, rule.dim == 0 ? rule : replicated, false, 0);
     };
-    linear("vision.patch", W, vis.patch_values(), std);
+    linear("vision.patch", W, vis.patch_values(), std, replicated);
     t.add("vision.pos.weight", {vis.tokens(), W}, replicated, true, std);
     for (int l = 0; l < vis.layers; ++l) {
       const std::string b = "vision.blocks." + std::to_string(l) + ".";
       layernorm(b + "ln1", W);
-      linear(b + "attn.qkv", 3 * W, W, std);
-      linear(b + "attn.proj", W, W, vis_proj_std);
+      linear(b + "attn.qkv", 3 * W, W, std, qkv_rows);
+      linear(b + "attn.proj", W, W, vis_proj_std, cols);
       layernorm(b + "ln2", W);
-      linear(b + "mlp.fc", H, W, std);
-      linear(b + "mlp.proj", W, H, vis_proj_std);
+      linear(b + "mlp.fc", H, W, std, rows);
+      linear(b + "mlp.proj", W, H, vis_proj_std, cols);
     }
     layernorm("vision.ln_post", W);
-    linear("projector.fc1", P, W, std);
-    linear("projector.fc2", C, P, std);
+    linear("projector.fc1", P, W, std, rows);
+    linear("projector.fc2", C, P, std, cols);
   }
   for (int l = slice.first_layer; l < last; ++l) {
     const std::string b = "blocks." + std::to_string(l) + ".";

@@ -847,14 +847,16 @@ TrainSpec train_spec(const Config& c) {
         c.reject(key, fmt::format("run.objective = {} samples its rollouts with the whole model on each rank "
                                   "for now: it must be 1 (scale out with parallel.dp)",
                                   objective.name));
-  // The vision tower (vision.h) runs whole and in FP32 on the first pipeline stage, for now.
+  // The vision tower (vision.h) runs in FP32 on the first pipeline stage, its products split over tp, for
+  // now without context or sequence parallelism (its rows are every picture's, on every rank).
   if (s.model.vision.enabled()) {
-    for (const auto& [key, n] :
-         {std::pair{"parallel.tp", s.layout.tp}, std::pair{"parallel.cp", s.layout.cp}})
-      if (n > 1)
-        c.reject(key,
-                 "a vision-language model trains without tensor or context parallelism for now: it must "
-                 "be 1 (scale out with parallel.dp or parallel.pp)");
+    if (s.layout.cp > 1)
+      c.reject("parallel.cp",
+               "a vision-language model trains without context parallelism for now: it must be 1 (scale out "
+               "with parallel.dp, parallel.tp or parallel.pp)");
+    if (s.parallel.sequence_parallel && s.layout.tp > 1)
+      c.reject("parallel.sequence_parallel",
+               "a vision-language model trains without sequence parallelism for now: set it to false");
     if (s.dtype == DType::kBF16)
       c.reject("precision.dtype", "a vision-language model trains in fp32 for now: set fp32 or auto");
   }
@@ -960,6 +962,17 @@ std::optional<LayoutProblem> parallel_problem(const ModelSpec& m, const Layout& 
       return problem("parallel.tp", fmt::format("must divide {} = {} (each rank holds a share of the FFN's "
                                                 "hidden units)",
                                                 key, width));
+  // The vision tower splits as a block does: its heads, its MLP's and the projector's hidden units.
+  if (m.vision.enabled())
+    for (const auto& [key, width] : {std::pair<const char*, int>{"vision.heads", m.vision.heads},
+                                     {"vision.mlp_hidden", m.vision.mlp_hidden},
+                                     {"vision.projector_hidden", m.vision.projector_hidden}})
+      if (width % l.tp != 0)
+        return problem(
+            "parallel.tp",
+            fmt::format("must divide {} = {} (each rank holds a share of the vision "
+                        "tower's {})",
+                        key, width, key == std::string_view("vision.heads") ? "heads" : "hidden units"));
   if (!p.stage_layers.empty()) {
     int total = 0;
     for (int n : p.stage_layers) {

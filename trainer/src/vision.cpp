@@ -24,8 +24,9 @@ struct VisionTower::Acts {
   Buffer<float> post, post_stats, pre1, hidden, features;
 };
 
-VisionTower::VisionTower(Backend& backend, const VisionSpec& spec, int d_model, int max_pictures, int slots,
-                         const std::function<ParamRef(const std::string&)>& ref, bool frozen_encoder)
+VisionTower::VisionTower(Backend& backend, const LayerFactory& layers, const VisionSpec& spec, int d_model,
+                         int max_pictures, int slots, const std::function<ParamRef(const std::string&)>& ref,
+                         bool frozen_encoder)
     : backend_(backend),
       spec_(spec),
       d_model_(d_model),
@@ -33,9 +34,15 @@ VisionTower::VisionTower(Backend& backend, const VisionSpec& spec, int d_model, 
       frozen_encoder_(frozen_encoder) {
   if (!spec.enabled() || max_pictures < 1 || slots < 1)
     throw std::invalid_argument("VisionTower: needs a vision spec, >= 1 picture and >= 1 slot");
-  shape_ = {spec.heads, spec.heads, spec.width / spec.heads, 0, false};
+  const auto local_rows = [&](const std::string& name) { return int(ref(name).info->local_shape[0]); };
+  qkv_ = local_rows("vision.blocks.0.attn.qkv.weight");
+  att_ = qkv_ / 3;
+  mlp_ = local_rows("vision.blocks.0.mlp.fc.weight");
+  proj_ = local_rows("projector.fc1.weight");
+  const int head_dim = spec.width / spec.heads;
+  shape_ = {att_ / head_dim, att_ / head_dim, head_dim, 0, false};
   const auto linear = [&](const std::string& name, bool add_bias) {
-    return std::make_unique<Linear>(backend, ref(name + ".weight"), ref(name + ".bias"), add_bias);
+    return layers.linear(backend, ref(name + ".weight"), ref(name + ".bias"), add_bias);
   };
   const auto layernorm = [&](const std::string& name) {
     return std::make_unique<NormLayer>(backend, true, 1e-5f, ref(name + ".weight"), ref(name + ".bias"));
@@ -58,8 +65,9 @@ VisionTower::VisionTower(Backend& backend, const VisionSpec& spec, int d_model, 
   fc1_ = linear("projector.fc1", true);
   fc2_ = linear("projector.fc2", true);
 
-  const size_t M = size_t(max_rows_), W = size_t(spec.width), H = size_t(spec.mlp_hidden),
-               P = size_t(spec.projector_hidden), C = size_t(d_model);
+  // This rank's share of the split widths (all of them on one rank).
+  const size_t M = size_t(max_rows_), W = size_t(spec.width), Q = size_t(qkv_), A = size_t(att_),
+               H = size_t(mlp_), P = size_t(proj_), C = size_t(d_model);
   for (int s = 0; s < slots; ++s) {
     auto a = std::make_unique<Acts>();
     a->patches = backend.alloc<float>(M * size_t(spec.patch_values()));
@@ -68,9 +76,9 @@ VisionTower::VisionTower(Backend& backend, const VisionSpec& spec, int d_model, 
       Acts::PerBlock k;
       k.ln1 = backend.alloc<float>(M * W);
       k.ln1_stats = backend.alloc<float>(2 * M);
-      k.qkv = backend.alloc<float>(M * 3 * W);
-      k.att = backend.alloc<float>(M * W);
-      k.lse = backend.alloc<float>(M * size_t(spec.heads));
+      k.qkv = backend.alloc<float>(M * Q);
+      k.att = backend.alloc<float>(M * A);
+      k.lse = backend.alloc<float>(M * size_t(shape_.heads));
       k.res_mid = backend.alloc<float>(M * W);
       k.ln2 = backend.alloc<float>(M * W);
       k.ln2_stats = backend.alloc<float>(2 * M);
@@ -88,8 +96,8 @@ VisionTower::VisionTower(Backend& backend, const VisionSpec& spec, int d_model, 
   d_features_ = backend.alloc<float>(M * C);
   dx_ = backend.alloc<float>(M * W);
   dln_ = backend.alloc<float>(M * W);
-  dqkv_ = backend.alloc<float>(M * 3 * W);
-  datt_ = backend.alloc<float>(M * W);
+  dqkv_ = backend.alloc<float>(M * Q);
+  datt_ = backend.alloc<float>(M * A);
   dmlp_ = backend.alloc<float>(M * H);
   dproj_ = backend.alloc<float>(M * P);
 }
@@ -148,7 +156,7 @@ const float* VisionTower::forward(int slot, const uint8_t* pixels, int pictures)
 void VisionTower::backward(int slot, float* d_features) {
   TraceSpan span("backward vision", "compute");
   Acts& a = *acts_.at(size_t(slot));
-  const int T = spec_.tokens(), W = spec_.width, H = spec_.mlp_hidden, P = spec_.projector_hidden;
+  const int T = spec_.tokens(), W = spec_.width, H = mlp_, P = proj_;
   const int M = a.pictures * T;
   const int64_t MW = int64_t(M) * W;
   const float* x = a.x.data();

@@ -21,9 +21,12 @@ namespace forge::trainer {
 class VisionTower {
  public:
   // Up to `max_pictures` pictures per micro-batch, for `slots` micro-batches in flight; `ref` looks up a
-  // parameter of the model's table by name. frozen_encoder: backward() stops at the projector.
-  VisionTower(Backend& backend, const VisionSpec& spec, int d_model, int max_pictures, int slots,
-              const std::function<ParamRef(const std::string&)>& ref, bool frozen_encoder = false);
+  // parameter of the model's table by name, `layers` makes the products (split over tensor-parallel ranks
+  // as their parameters are: every rank holds every picture's rows, and its share of the heads and of the
+  // MLP's and projector's hidden width). frozen_encoder: backward() stops at the projector.
+  VisionTower(Backend& backend, const LayerFactory& layers, const VisionSpec& spec, int d_model,
+              int max_pictures, int slots, const std::function<ParamRef(const std::string&)>& ref,
+              bool frozen_encoder = false);
   ~VisionTower();
   VisionTower(const VisionTower&) = delete;
   VisionTower& operator=(const VisionTower&) = delete;
@@ -45,6 +48,8 @@ class VisionTower {
   Backend& backend_;
   VisionSpec spec_;
   int d_model_, max_rows_;
+  int qkv_, att_, mlp_,
+      proj_;  // this rank's widths: q|k|v, the attention's output, the MLP's and projector's hidden
   bool frozen_encoder_;
   AttentionShape shape_;
   std::unique_ptr<Linear> patch_, fc1_, fc2_;
