@@ -88,7 +88,7 @@ void TensorBoardLog::write(const Json& record) {
       for (const auto& [part, v] : value.items())
         if (v.is_number()) rollout.emplace_back(fmt::format("rl/{}/{}", name, part), v.get<double>());
   }
-  for (const char* field : {"clip_fraction", "kl", "ratio"})
+  for (const char* field : {"clip_fraction", "kl", "ratio", "entropy"})
     if (!rollout.empty() && record.contains(field) && record.at(field).is_number())
       rollout.emplace_back(std::string("rl/") + field, record.at(field).get<double>());
   guarded(run_, [&](auto& f) {

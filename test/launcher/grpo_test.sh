@@ -67,6 +67,7 @@ for r in rows:
     assert set(ro["reward_parts"]) >= {"exact_match", "format", "length"}, ro
     assert 0 < ro["reply_tokens"] <= 6 and ro["generation_tokens_per_s"] > 0, ro
     assert ro["logp_diff_max"] < 1e-4, ("sampler and trainer disagree", ro["logp_diff_max"])
+    assert r["entropy"] > 0, r  # the sampled tokens' mean surprise under the policy
     assert r["data_domains"] == {"arithmetic": 8}, r
 print("reward by 20 steps", [round(sum(r["rollout"]["reward"] for r in rows[i:i + 20]) / 20, 3) for i in range(0, 100, 20)])
 EOF_PY

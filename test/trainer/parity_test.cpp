@@ -379,6 +379,11 @@ TEST_CASE("GRPO at the first update of a rollout: ratio exactly 1, KL to the sam
   CHECK(figures.at("ratio") == weight);  // every scored token's ratio is exactly 1
   CHECK(figures.at("kl") == 0.0);
   CHECK(figures.at("clip_fraction") == 0.0);
+  // The sampled tokens' surprise under the policy: the recorded log-probabilities' negated weighted sum.
+  double surprise = 0;
+  for (size_t i = 0; i < batch.size(); ++i) surprise -= double(batch.weight(i)) * double(batch.old_logps[i]);
+  CHECK(figures.at("entropy") == Approx(surprise).epsilon(1e-12));
+  CHECK(surprise > 0);
   // -ratio x A summed: the advantages' weighted sum over the scored tokens.
   double expected = 0;
   for (size_t i = 0; i < batch.size(); ++i)

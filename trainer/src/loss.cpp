@@ -161,7 +161,7 @@ double GrpoLoss::sequences(const MicroBatch& b, const float* nll, float* coeff) 
     throw std::invalid_argument("GrpoLoss: a KL coefficient needs the reference's log-probabilities");
   const size_t T = size_t(b.seq_len);
   const double lo = 1 - o_.clip_low, hi = 1 + o_.clip_high;
-  double total = 0, clipped = 0, kl = 0, ratios = 0;
+  double total = 0, clipped = 0, kl = 0, ratios = 0, surprise = 0;
   for (size_t r = 0; r < size_t(b.rows); ++r) {
     double scored = 0;
     for (size_t i = r * T; i < (r + 1) * T; ++i) scored += b.weight(i);
@@ -189,20 +189,22 @@ double GrpoLoss::sequences(const MicroBatch& b, const float* nll, float* coeff) 
       clipped += unclipped > held ? w : 0.0;
       kl += w * k3;
       ratios += w * ratio;
+      surprise -= w * logp;
     }
   }
   std::lock_guard lock(mu_);
   clipped_ += clipped;
   kl_ += kl;
   ratio_ += ratios;
+  entropy_ += surprise;
   return total;
 }
 
 std::vector<std::pair<std::string, double>> GrpoLoss::take_metrics() const {
   std::lock_guard lock(mu_);
   std::vector<std::pair<std::string, double>> out = {
-      {"clip_fraction", clipped_}, {"kl", kl_}, {"ratio", ratio_}};
-  clipped_ = kl_ = ratio_ = 0;
+      {"clip_fraction", clipped_}, {"kl", kl_}, {"ratio", ratio_}, {"entropy", entropy_}};
+  clipped_ = kl_ = ratio_ = entropy_ = 0;
   return out;
 }
 

@@ -152,7 +152,9 @@ std::vector<float> grpo_advantages(std::span<const float> rewards, int group_siz
 // long reply's tokens count as much as a short one's) or over each reply's tokens and then the replies
 // (kSequence, the original GRPO). At the first update of a rollout the ratio is exactly 1 and, against the
 // same weights as reference, k3 exactly 0. Metrics, per scored token (kSequence: per reply): clip_fraction
-// (the ratios the clip held), kl (k3) and ratio.
+// (the ratios the clip held), kl (k3), ratio, and entropy: the sampled tokens' -logp under the policy, an
+// unbiased estimate of its entropy on the replies' prefixes at the first update of a rollout sampled at
+// temperature 1 (at another temperature, the cross-entropy of the sampler's distribution and the policy's).
 struct GrpoOptions {
   double clip_low = 0.2, clip_high = 0.2, kl_coef = 0;
   enum class Norm { kToken, kSequence } norm = Norm::kToken;
@@ -171,7 +173,7 @@ class GrpoLoss final : public Loss {
  private:
   GrpoOptions o_;
   mutable std::mutex mu_;
-  mutable double clipped_ = 0, kl_ = 0, ratio_ = 0;
+  mutable double clipped_ = 0, kl_ = 0, ratio_ = 0, entropy_ = 0;
 };
 
 // Knowledge distillation (Hinton et al., 2015) from a frozen teacher with the same tokenizer: per scored
