@@ -11,14 +11,13 @@
 #include "forge/dataio/shard.h"
 #include "forge/dataio/synthetic.h"
 #include "synthetic_dataset.h"
+#include "timing.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <chrono>
-#include <ctime>
 #include <filesystem>
 #include <memory>
 #include <vector>
@@ -27,16 +26,6 @@ namespace fs = std::filesystem;
 using namespace forge::data;
 
 namespace {
-
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double cpu_now() {  // the whole process: the prefetch thread's work counts too
-  timespec t;
-  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
-}
 
 long minor_faults() {
   rusage u;
@@ -63,11 +52,11 @@ struct Best {
 template <typename F>
 Pass measure(double tokens, F&& body) {
   const long f0 = minor_faults();
-  const double c0 = cpu_now(), t0 = now();
+  const double c0 = forge::bench::process_cpu_now(), t0 = forge::bench::wall_now();
   body();
   Pass p;
-  p.wall = now() - t0;
-  p.cpu = cpu_now() - c0;
+  p.wall = forge::bench::wall_now() - t0;
+  p.cpu = forge::bench::process_cpu_now() - c0;
   p.faults = minor_faults() - f0;
   p.tokens = tokens;
   return p;

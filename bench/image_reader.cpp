@@ -7,28 +7,17 @@
 #include "forge/dataio/reader.h"
 #include "forge/trainer/model.h"
 #include "forge/trainer/spec.h"
+#include "timing.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
-#include <ctime>
 #include <string>
 
 using namespace forge;
 
 namespace {
-
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double cpu_now() {  // the whole process: a prefetch thread's work counts too
-  timespec t;
-  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
-}
 
 constexpr double kH200Bf16Tflops = 989.4;  // dense, SXM (NVIDIA's data sheet; the H100 SXM's too)
 
@@ -67,14 +56,14 @@ int main(int argc, char** argv) {
     const uint64_t steps = std::max<uint64_t>(1, reader.samples_per_epoch() / o.global_batch);
     MicroBatch batch;
     uint64_t rows = 0, pictures = 0, bytes = 0;
-    const double c0 = cpu_now(), w0 = now();
+    const double c0 = bench::process_cpu_now(), w0 = bench::wall_now();
     for (uint64_t s = 0; s < steps; ++s) {
       reader.next(batch);
       rows += uint64_t(batch.rows);
       pictures += batch.images();
       bytes += batch.image_pixels.size() + batch.inputs.size() * sizeof(batch.inputs[0]);
     }
-    const double cpu = cpu_now() - c0, wall = now() - w0;
+    const double cpu = bench::process_cpu_now() - c0, wall = bench::wall_now() - w0;
     best_rows_per_cpu_s = std::max(best_rows_per_cpu_s, double(rows) / cpu);
     worst_rows_per_cpu_s = std::min(worst_rows_per_cpu_s, double(rows) / cpu);
     pictures_per_row = double(pictures) / double(rows);
