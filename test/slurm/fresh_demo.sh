@@ -242,8 +242,12 @@ rows = [json.loads(l) for l in open(f"{run}/metrics/rank-0.jsonl")]
 assert len(rows) == 20 and rows[-1]["kl_teacher"] < 0.8 * rows[0]["kl_teacher"], (rows[0], rows[-1])
 v = json.load(open(f"{run}/gate/verdict.json"))
 assert v["pass"], v
-for name, d in v["domains"].items():
-    assert 0 < d["kl"] < rows[0]["kl_teacher"] and d["kl_se"] > 0, (name, d)
+domains = v["domains"]
+assert all(d["kl"] > 0 and d["kl_se"] > 0 for d in domains.values()), domains
+# Over all held-out tokens, not per domain: the first step's KL is the mixture's, and one domain (code) can
+# sit above the mixture's mean even after training.
+held_out = sum(d["kl_sum"] for d in domains.values()) / sum(d["tokens"] for d in domains.values())
+assert held_out < rows[0]["kl_teacher"], (held_out, rows[0], domains)
 PY
   fail "the distillation run or its gate is wrong: $(cat "$FORGE_DEMO_DIR/runs/distill/gate/summary.txt" 2>&1 | head -n 5)"
 
