@@ -149,13 +149,13 @@ void profile(const ModelSpec& m, int B, double step_s, double peak_gflops) {
   } else {
     rows.push_back({"layernorm fwd", forge::bench::best_seconds([&] {
                       k::layernorm_forward(y.data(), stats.data(), stats.data() + N, x.data(), bias.data(),
-                                           bias.data(), N, C);
+                                           bias.data(), 1e-5f, N, C);
                     }),
                     1});
     rows.push_back({"residual+layernorm fwd", forge::bench::best_seconds([&] {
                       k::residual_layernorm_forward(dx.data(), y.data(), stats.data(), stats.data() + N,
-                                                    x.data(), y.data(), lin_bias, bias.data(), bias.data(), N,
-                                                    C);
+                                                    x.data(), y.data(), lin_bias, bias.data(), bias.data(),
+                                                    1e-5f, N, C);
                     }),
                     2 * L});
     rows.push_back({"layernorm bwd", forge::bench::best_seconds([&] {

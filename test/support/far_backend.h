@@ -63,8 +63,8 @@ class FarBackend final : public trainer::Backend {
                             ve);
   }
   void layernorm_forward(trainer::Act out, float* mean, float* rstd, const float* in, const float* weight,
-                         const float* bias, int N, int C) override {
-    cpu_.layernorm_forward(near(out), near(mean), near(rstd), near(in), near(weight), near(bias), N, C);
+                         const float* bias, float eps, int N, int C) override {
+    cpu_.layernorm_forward(near(out), near(mean), near(rstd), near(in), near(weight), near(bias), eps, N, C);
   }
   void layernorm_backward(float* din, float* dweight, float* dbias, const float* dout, const float* in,
                           const float* weight, const float* mean, const float* rstd, int N, int C) override {
@@ -73,9 +73,9 @@ class FarBackend final : public trainer::Backend {
   }
   void residual_layernorm_forward(float* res_out, trainer::Act ln_out, float* mean, float* rstd,
                                   const float* res_in, const float* delta, const float* delta_bias,
-                                  const float* weight, const float* bias, int N, int C) override {
+                                  const float* weight, const float* bias, float eps, int N, int C) override {
     cpu_.residual_layernorm_forward(near(res_out), near(ln_out), near(mean), near(rstd), near(res_in),
-                                    near(delta), near(delta_bias), near(weight), near(bias), N, C);
+                                    near(delta), near(delta_bias), near(weight), near(bias), eps, N, C);
   }
   void residual_forward(float* res_out, const float* res_in, const float* delta, const float* delta_bias,
                         int N, int C) override {

@@ -362,7 +362,7 @@ TEST_CASE("layernorm backward matches the naive reference and accumulates", "[tr
   const auto in = randn(size_t(N) * C, 5, 2.0f), w = randn(size_t(C), 6), b = randn(size_t(C), 7);
   const auto dout = randn(size_t(N) * C, 8);
   std::vector<float> out(size_t(N) * C), mean(N), rstd(N), din(size_t(N) * C, 1.0f), dw(C, 0.0f), db(C, 0.0f);
-  k::layernorm_forward(out.data(), mean.data(), rstd.data(), in.data(), w.data(), b.data(), N, C);
+  k::layernorm_forward(out.data(), mean.data(), rstd.data(), in.data(), w.data(), b.data(), 1e-5f, N, C);
   k::layernorm_backward(din.data(), dw.data(), db.data(), dout.data(), in.data(), w.data(), mean.data(),
                         rstd.data(), N, C);
   std::vector<double> ref_out(out.size()), ref_din(din.size()), ref_dw(C, 0.0), ref_db(C, 0.0);
@@ -492,15 +492,16 @@ TEST_CASE("the CPU backend's ops on BF16 activations round each FP32 result once
 
   auto ln = halves(NC);
   std::vector<float> ln32(NC);
-  be.layernorm_forward(ln.data(), mean.data(), rstd.data(), x.data(), lnw.data(), lnb.data(), N, C);
-  be.layernorm_forward(ln32.data(), mean2.data(), rstd2.data(), x.data(), lnw.data(), lnb.data(), N, C);
+  be.layernorm_forward(ln.data(), mean.data(), rstd.data(), x.data(), lnw.data(), lnb.data(), 1e-5f, N, C);
+  be.layernorm_forward(ln32.data(), mean2.data(), rstd2.data(), x.data(), lnw.data(), lnb.data(), 1e-5f, N,
+                       C);
   CHECK(same_bits(widened(ln), rounded(ln32)));
   CHECK(same_bits(mean, mean2));
   auto ln2 = halves(NC);
   be.residual_layernorm_forward(res.data(), ln2.data(), mean.data(), rstd.data(), x.data(), delta.data(),
-                                lnb.data(), lnw.data(), lnb.data(), N, C);
+                                lnb.data(), lnw.data(), lnb.data(), 1e-5f, N, C);
   be.residual_layernorm_forward(res2.data(), ln32.data(), mean2.data(), rstd2.data(), x.data(), delta.data(),
-                                lnb.data(), lnw.data(), lnb.data(), N, C);
+                                lnb.data(), lnw.data(), lnb.data(), 1e-5f, N, C);
   CHECK(same_bits(widened(ln2), rounded(ln32)));
   CHECK(same_bits(res, res2));
 

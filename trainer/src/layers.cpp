@@ -33,7 +33,7 @@ NormLayer::NormLayer(Backend& backend, bool layernorm, float eps, ParamRef weigh
 
 void NormLayer::forward(Act out, float* st, const float* in, int N, int C) const {
   if (layernorm_)
-    backend_.layernorm_forward(out, st, st + N, in, w_.value, b_.value, N, C);
+    backend_.layernorm_forward(out, st, st + N, in, w_.value, b_.value, eps_, N, C);
   else
     backend_.rmsnorm_forward(out, st, in, w_.value, eps_, N, C);
 }
@@ -42,7 +42,7 @@ void NormLayer::residual_forward(float* res_out, Act out, float* st, const float
                                  const float* delta_bias, int N, int C) const {
   if (layernorm_)
     backend_.residual_layernorm_forward(res_out, out, st, st + N, res_in, delta, delta_bias, w_.value,
-                                        b_.value, N, C);
+                                        b_.value, eps_, N, C);
   else
     backend_.residual_rmsnorm_forward(res_out, out, st, res_in, delta, delta_bias, w_.value, eps_, N, C);
 }

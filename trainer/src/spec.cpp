@@ -557,9 +557,6 @@ ModelSpec language_model_spec(const Config& c) {
   const double eps = c.get<double>("model.norm_eps");
   if (!(eps >= 0 && eps < 1)) c.reject("model.norm_eps", "must be in [0, 1) (0: the family's)");
   m.norm_eps = eps == 0 ? f.norm_eps : float(eps);
-  if (m.norm == Norm::kLayerNorm && m.norm_eps != 1e-5f)
-    c.reject("model.norm_eps",
-             "LayerNorm's epsilon is 1e-5 here: leave it at 0, or use model.norm = rmsnorm");
 
   const std::string positions = c.get<std::string>("model.positions");
   m.positions = positions == "auto"   ? f.positions

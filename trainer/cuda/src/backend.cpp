@@ -136,13 +136,13 @@ class CudaBackend final : public Backend {
     seam::embedding_backward(dwte, dwpe, dout, tokens, positions, B, T, C, vocab_begin, vocab_end);
   }
   void layernorm_forward(Act out, float* mean, float* rstd, const float* in, const float* weight,
-                         const float* bias, int N, int C) override {
+                         const float* bias, float eps, int N, int C) override {
     if (N <= 0) return;
     if (out.bf16)
       cuda::layernorm_forward<bf16>(half(out), mean, rstd, in, weights_bf16(weight, size_t(C), w_),
-                                    weights_bf16(bias, size_t(C), w2_), N, C);
+                                    weights_bf16(bias, size_t(C), w2_), eps, N, C);
     else
-      cuda::layernorm_forward<float>(out.f32(), mean, rstd, in, weight, bias, N, C);
+      cuda::layernorm_forward<float>(out.f32(), mean, rstd, in, weight, bias, eps, N, C);
   }
   void layernorm_backward(float* din, float* dweight, float* dbias, const float* dout, const float* in,
                           const float* weight, const float* mean, const float* rstd, int N, int C) override {
@@ -151,15 +151,15 @@ class CudaBackend final : public Backend {
   }
   void residual_layernorm_forward(float* res_out, Act ln_out, float* mean, float* rstd, const float* res_in,
                                   const float* delta, const float* delta_bias, const float* weight,
-                                  const float* bias, int N, int C) override {
+                                  const float* bias, float eps, int N, int C) override {
     if (N <= 0) return;
     if (ln_out.bf16)
       cuda::residual_layernorm_forward<bf16>(
           res_out, half(ln_out), mean, rstd, res_in, delta, weights_bf16(delta_bias, size_t(C), w_),
-          weights_bf16(weight, size_t(C), w2_), weights_bf16(bias, size_t(C), w3_), N, C);
+          weights_bf16(weight, size_t(C), w2_), weights_bf16(bias, size_t(C), w3_), eps, N, C);
     else
       cuda::residual_layernorm_forward<float>(res_out, ln_out.f32(), mean, rstd, res_in, delta, delta_bias,
-                                              weight, bias, N, C);
+                                              weight, bias, eps, N, C);
   }
   void residual_forward(float* res_out, const float* res_in, const float* delta, const float* delta_bias,
                         int N, int C) override {

@@ -13,7 +13,6 @@ namespace forge::trainer::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr float kEps = 1e-5f;
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kCubic = 0.044715f;
 
@@ -50,30 +49,30 @@ __global__ void embedding_backward_wpe(float* dwpe, const float* dout, int B, in
 // One warp per row: mean and rstd in two passes over the row (it stays in L1), then the normalized output.
 template <class T>
 __device__ void layernorm_row(T* out, float* mean, float* rstd, const float* x, const T* w, const T* b,
-                              int64_t r, int C) {
+                              int64_t r, int C, float eps) {
   const int lane = threadIdx.x % 32;
   float s = 0;
   for (int c = lane; c < C; c += 32) s += x[c];
   const float m = warp_sum(s) / C;
   float v = 0;
   for (int c = lane; c < C; c += 32) v += (x[c] - m) * (x[c] - m);
-  const float rs = rsqrtf(warp_sum(v) / C + kEps);
+  const float rs = rsqrtf(warp_sum(v) / C + eps);
   for (int c = lane; c < C; c += 32) out[c] = from_f<T>((x[c] - m) * rs * to_f(w[c]) + to_f(b[c]));
   if (lane == 0) mean[r] = m, rstd[r] = rs;
 }
 
 template <class T>
 __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const float* in, const T* w,
-                                         const T* b, int N, int C) {
+                                         const T* b, float eps, int N, int C) {
   const int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (r >= N) return;
-  layernorm_row(out + r * C, mean, rstd, in + r * C, w, b, r, C);
+  layernorm_row(out + r * C, mean, rstd, in + r * C, w, b, r, C, eps);
 }
 
 template <class T>
 __global__ void residual_layernorm_kernel(float* res_out, T* ln_out, float* mean, float* rstd,
                                           const float* res_in, const float* delta, const T* delta_bias,
-                                          const T* w, const T* b, int N, int C) {
+                                          const T* w, const T* b, float eps, int N, int C) {
   const int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (r >= N) return;
   const int lane = threadIdx.x % 32;
@@ -81,7 +80,7 @@ __global__ void residual_layernorm_kernel(float* res_out, T* ln_out, float* mean
   for (int c = lane; c < C; c += 32)
     x[c] = res_in[r * C + c] + delta[r * C + c] + (delta_bias != nullptr ? to_f(delta_bias[c]) : 0.0f);
   __syncwarp();
-  layernorm_row(ln_out + r * C, mean, rstd, x, w, b, r, C);
+  layernorm_row(ln_out + r * C, mean, rstd, x, w, b, r, C, eps);
 }
 
 // A grid-stride set of warps, one row at a time, V columns per lane access. Each warp sums the weight and
@@ -296,8 +295,9 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 
 template <class T>
 void layernorm_forward(T* out, float* mean, float* rstd, const float* in, const T* weight, const T* bias,
-                       int N, int C) {
-  layernorm_forward_kernel<<<row_blocks(N), kThreads, 0, stream()>>>(out, mean, rstd, in, weight, bias, N, C);
+                       float eps, int N, int C) {
+  layernorm_forward_kernel<<<row_blocks(N), kThreads, 0, stream()>>>(out, mean, rstd, in, weight, bias, eps,
+                                                                     N, C);
   check_launch("layernorm_forward");
 }
 
@@ -334,9 +334,9 @@ void layernorm_backward(float* din, T* din_t, float* dweight, float* dbias, cons
 template <class T>
 void residual_layernorm_forward(float* res_out, T* ln_out, float* mean, float* rstd, const float* res_in,
                                 const float* delta, const T* delta_bias, const T* weight, const T* bias,
-                                int N, int C) {
-  residual_layernorm_kernel<<<row_blocks(N), kThreads, 0, stream()>>>(res_out, ln_out, mean, rstd, res_in,
-                                                                      delta, delta_bias, weight, bias, N, C);
+                                float eps, int N, int C) {
+  residual_layernorm_kernel<<<row_blocks(N), kThreads, 0, stream()>>>(
+      res_out, ln_out, mean, rstd, res_in, delta, delta_bias, weight, bias, eps, N, C);
   check_launch("residual_layernorm_forward");
 }
 
@@ -393,19 +393,19 @@ void sum_squares(double* out, const float* g, size_t n) {
   check_launch("sum_squares");
 }
 
-#define FORGE_INSTANTIATE(T)                                                                           \
-  template void embedding_forward<T>(float*, const int32_t*, const T*, const T*, int, int, int);       \
-  template void layernorm_forward<T>(T*, float*, float*, const float*, const T*, const T*, int, int);  \
-  template void layernorm_backward<T>(float*, T*, float*, float*, const T*, const float*, const T*,    \
-                                      const float*, const float*, int, int);                           \
-  template void residual_layernorm_forward<T>(float*, T*, float*, float*, const float*, const float*,  \
-                                              const T*, const T*, const T*, int, int);                 \
-  template void bias_gelu_forward<T>(T*, T*, const T*, int, int);                                      \
-  template void gelu_backward<T, T>(T*, const T*, int, int);                                           \
-  template void bias_backward<T>(float*, const T*, int, int);                                          \
-  template void convert<T>(T*, const float*, int64_t);                                                 \
-  template void cross_entropy_rows<T>(T*, float*, const float*, const int32_t*, int, int, float);      \
-  template void adamw_update<T>(float*, T*, const float*, float*, float*, size_t, float, float, float, \
+#define FORGE_INSTANTIATE(T)                                                                                 \
+  template void embedding_forward<T>(float*, const int32_t*, const T*, const T*, int, int, int);             \
+  template void layernorm_forward<T>(T*, float*, float*, const float*, const T*, const T*, float, int, int); \
+  template void layernorm_backward<T>(float*, T*, float*, float*, const T*, const float*, const T*,          \
+                                      const float*, const float*, int, int);                                 \
+  template void residual_layernorm_forward<T>(float*, T*, float*, float*, const float*, const float*,        \
+                                              const T*, const T*, const T*, float, int, int);                \
+  template void bias_gelu_forward<T>(T*, T*, const T*, int, int);                                            \
+  template void gelu_backward<T, T>(T*, const T*, int, int);                                                 \
+  template void bias_backward<T>(float*, const T*, int, int);                                                \
+  template void convert<T>(T*, const float*, int64_t);                                                       \
+  template void cross_entropy_rows<T>(T*, float*, const float*, const int32_t*, int, int, float);            \
+  template void adamw_update<T>(float*, T*, const float*, float*, float*, size_t, float, float, float,       \
                                 float, float, float, float);
 FORGE_INSTANTIATE(float)
 FORGE_INSTANTIATE(bf16)

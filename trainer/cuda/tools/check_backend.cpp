@@ -240,8 +240,9 @@ struct Checker {
                  b = rng.floats(size_t(C));
     Floats out(x.size()), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
     auto gx = up(x), gw = up(w), gb = up(b), gout = up(out), gmean = up(mean), grstd = up(rstd);
-    cpu.layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
-    gpu.layernorm_forward(gout.data(), gmean.data(), grstd.data(), gx.data(), gw.data(), gb.data(), N, C);
+    cpu.layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), 1e-5f, N, C);
+    gpu.layernorm_forward(gout.data(), gmean.data(), grstd.data(), gx.data(), gw.data(), gb.data(), 1e-5f, N,
+                          C);
     cmp("layernorm_forward out" + tag, gout, out, kElementwise);
     cmp("layernorm_forward mean" + tag, gmean, mean, kElementwise);
     cmp("layernorm_forward rstd" + tag, grstd, rstd, kElementwise);
@@ -266,9 +267,9 @@ struct Checker {
     auto gr = up(r), gd = up(d), gdb = up(db), gw = up(w), gb = up(b);
     auto gres = up(res), gln = up(ln), gmean = up(mean), grstd = up(rstd);
     cpu.residual_layernorm_forward(res.data(), ln.data(), mean.data(), rstd.data(), r.data(), d.data(),
-                                   db.data(), w.data(), b.data(), N, C);
+                                   db.data(), w.data(), b.data(), 1e-5f, N, C);
     gpu.residual_layernorm_forward(gres.data(), gln.data(), gmean.data(), grstd.data(), gr.data(), gd.data(),
-                                   gdb.data(), gw.data(), gb.data(), N, C);
+                                   gdb.data(), gw.data(), gb.data(), 1e-5f, N, C);
     cmp("residual_layernorm_forward res_out", gres, res, kElementwise);
     cmp("residual_layernorm_forward ln_out", gln, ln, kElementwise);
     cmp("residual_layernorm_forward mean", gmean, mean, kElementwise);
@@ -824,13 +825,14 @@ struct Checker {
 
     Halves ln(NC);
     auto gln = up(ln);
-    cpu.layernorm_forward(ln.data(), mean.data(), rstd.data(), x.data(), lnw.data(), lnb.data(), N, C);
-    gpu.layernorm_forward(gln.data(), gmean.data(), grstd.data(), gx.data(), glnw.data(), glnb.data(), N, C);
+    cpu.layernorm_forward(ln.data(), mean.data(), rstd.data(), x.data(), lnw.data(), lnb.data(), 1e-5f, N, C);
+    gpu.layernorm_forward(gln.data(), gmean.data(), grstd.data(), gx.data(), glnw.data(), glnb.data(), 1e-5f,
+                          N, C);
     cmp("BF16 activations: layernorm_forward out", gln, ln, kBf16);
     cpu.residual_layernorm_forward(res.data(), ln.data(), mean.data(), rstd.data(), x.data(), d.data(),
-                                   lnb.data(), lnw.data(), lnb.data(), N, C);
+                                   lnb.data(), lnw.data(), lnb.data(), 1e-5f, N, C);
     gpu.residual_layernorm_forward(gres.data(), gln.data(), gmean.data(), grstd.data(), gx.data(), gd.data(),
-                                   glnb.data(), glnw.data(), glnb.data(), N, C);
+                                   glnb.data(), glnw.data(), glnb.data(), 1e-5f, N, C);
     cmp("BF16 activations: residual_layernorm_forward ln_out", gln, ln, kBf16);
     cmp("BF16 activations: residual_layernorm_forward res_out", gres, res, kElementwise);
 

@@ -142,11 +142,11 @@ struct Checker {
     const Vec x = rng.vec(size_t(N) * C, -2, 2), w = in(size_t(C), 0.5f, 1.5f),
               b = in(static_cast<size_t>(C));
     Vec out(x.size()), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
-    cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+    cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), 1e-5f, N, C);
     DeviceBuffer dx = up<float>(x), dw = up<T>(w), db = up<T>(b);
     DeviceBuffer dout(out.size() * sizeof(T)), dmean(size_t(N) * 4), drstd(size_t(N) * 4);
     layernorm_forward<T>(dout.as<T>(), dmean.as<float>(), drstd.as<float>(), dx.as<float>(), dw.as<T>(),
-                         db.as<T>(), N, C);
+                         db.as<T>(), 1e-5f, N, C);
     cmp("layernorm forward" + tag, down<T>(dout, out.size()), out);
     cmp("layernorm forward rstd" + tag, down<float>(drstd, rstd.size()), rstd);
     // Backward (accumulating into din, dweight, dbias that start non-zero).
@@ -172,11 +172,12 @@ struct Checker {
               w = in(size_t(C), 0.5f, 1.5f), b = in(static_cast<size_t>(C));
     Vec res(r.size()), ln(r.size()), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
     cpu::residual_layernorm_forward(res.data(), ln.data(), mean.data(), rstd.data(), r.data(), d.data(),
-                                    dbias.data(), w.data(), b.data(), N, C);
+                                    dbias.data(), w.data(), b.data(), 1e-5f, N, C);
     DeviceBuffer dr = up<float>(r), dd = up<float>(d), ddb = up<T>(dbias), dw = up<T>(w), db = up<T>(b);
     DeviceBuffer dres(res.size() * 4), dln(ln.size() * sizeof(T)), dm(size_t(N) * 4), ds(size_t(N) * 4);
     residual_layernorm_forward<T>(dres.as<float>(), dln.as<T>(), dm.as<float>(), ds.as<float>(),
-                                  dr.as<float>(), dd.as<float>(), ddb.as<T>(), dw.as<T>(), db.as<T>(), N, C);
+                                  dr.as<float>(), dd.as<float>(), ddb.as<T>(), dw.as<T>(), db.as<T>(), 1e-5f,
+                                  N, C);
     cmp("residual+layernorm forward res", down<float>(dres, res.size()), res);
     cmp("residual+layernorm forward ln", down<T>(dln, ln.size()), ln);
   }

@@ -106,10 +106,10 @@ class CpuBackend final : public Backend {
     cpu::embedding_backward(dwte, dwpe, dout, tokens, positions, B, T, C, vocab_begin, vocab_end);
   }
   void layernorm_forward(Act out, float* mean, float* rstd, const float* in, const float* weight,
-                         const float* bias, int N, int C) override {
+                         const float* bias, float eps, int N, int C) override {
     const size_t n = size_t(N) * size_t(C);
     float* o = target(out, n, scratch.out);
-    cpu::layernorm_forward(o, mean, rstd, in, weight, bias, N, C);
+    cpu::layernorm_forward(o, mean, rstd, in, weight, bias, eps, N, C);
     narrow(out, o, n);
   }
   void layernorm_backward(float* din, float* dweight, float* dbias, const float* dout, const float* in,
@@ -118,10 +118,11 @@ class CpuBackend final : public Backend {
   }
   void residual_layernorm_forward(float* res_out, Act ln_out, float* mean, float* rstd, const float* res_in,
                                   const float* delta, const float* delta_bias, const float* weight,
-                                  const float* bias, int N, int C) override {
+                                  const float* bias, float eps, int N, int C) override {
     const size_t n = size_t(N) * size_t(C);
     float* ln = target(ln_out, n, scratch.out);
-    cpu::residual_layernorm_forward(res_out, ln, mean, rstd, res_in, delta, delta_bias, weight, bias, N, C);
+    cpu::residual_layernorm_forward(res_out, ln, mean, rstd, res_in, delta, delta_bias, weight, bias, eps, N,
+                                    C);
     narrow(ln_out, ln, n);
   }
   void residual_forward(float* res_out, const float* res_in, const float* delta, const float* delta_bias,

@@ -26,7 +26,7 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 
 // ---- layernorm.cpp ----
 void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* weight,
-                       const float* bias, int N, int C);
+                       const float* bias, float eps, int N, int C);
 // din += dL/din (accumulates: the residual stream's gradient); dweight, dbias +=.
 void layernorm_backward(float* din, float* dweight, float* dbias, const float* dout, const float* in,
                         const float* weight, const float* mean, const float* rstd, int N, int C);
@@ -40,7 +40,7 @@ void layernorm_backward_partials(float* din, float* partial, const float* dout, 
 // identity on the residual stream plus layernorm_backward (which accumulates into the stream's gradient).
 void residual_layernorm_forward(float* res_out, float* ln_out, float* mean, float* rstd, const float* res_in,
                                 const float* delta, const float* delta_bias, const float* weight,
-                                const float* bias, int N, int C);
+                                const float* bias, float eps, int N, int C);
 
 // res_out = res_in + delta + delta_bias (null: none; a residual add with no LayerNorm after it: a pipeline
 // stage's last block hands the stream to the next stage, which owns that LayerNorm).

@@ -1,4 +1,4 @@
-// LayerNorm over the channel dimension (eps 1e-5, as PyTorch).
+// LayerNorm over the channel dimension.
 #include "kernels.h"
 #include "row_chunks.h"
 
@@ -7,12 +7,8 @@
 
 namespace forge::trainer::cpu {
 
-namespace {
-constexpr float kEps = 1e-5f;
-}
-
 void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* weight,
-                       const float* bias, int N, int C) {
+                       const float* bias, float eps, int N, int C) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < N; ++r) {
     const float* x = in + r * C;
@@ -23,7 +19,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* in, co
     float v = 0;
 #pragma omp simd reduction(+ : v)
     for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
-    const float rs = 1.0f / std::sqrt(v / C + kEps);
+    const float rs = 1.0f / std::sqrt(v / C + eps);
     float* o = out + r * C;
 #pragma omp simd
     for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * rs * weight[c] + bias[c];

@@ -7,7 +7,7 @@ namespace forge::trainer::cpu {
 
 void residual_layernorm_forward(float* res_out, float* ln_out, float* mean, float* rstd, const float* res_in,
                                 const float* delta, const float* delta_bias, const float* weight,
-                                const float* bias, int N, int C) {
+                                const float* bias, float eps, int N, int C) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < N; ++r) {
     const float* a = res_in + r * C;
@@ -31,7 +31,7 @@ void residual_layernorm_forward(float* res_out, float* ln_out, float* mean, floa
     float v = 0;
 #pragma omp simd reduction(+ : v)
     for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
-    const float rs = 1.0f / std::sqrt(v / C + 1e-5f);
+    const float rs = 1.0f / std::sqrt(v / C + eps);
     float* o = ln_out + r * C;
 #pragma omp simd
     for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * rs * weight[c] + bias[c];

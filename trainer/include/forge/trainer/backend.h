@@ -215,15 +215,17 @@ class Backend {
                                   const int32_t* positions, int B, int T, int C, int vocab_begin,
                                   int vocab_end) = 0;
   virtual void layernorm_forward(Act out, float* mean, float* rstd, const float* in, const float* weight,
-                                 const float* bias, int N, int C) = 0;
+                                 const float* bias, float eps, int N, int C) = 0;
   // din += dL/din (the residual stream's gradient accumulates); dweight, dbias +=.
   virtual void layernorm_backward(float* din, float* dweight, float* dbias, const float* dout,
                                   const float* in, const float* weight, const float* mean, const float* rstd,
                                   int N, int C) = 0;
-  // res_out = res_in + delta + delta_bias (null: none); ln_out = LayerNorm(res_out).
+  // res_out = res_in + delta + delta_bias (null: none); ln_out = LayerNorm(res_out) (epsilon eps, as in
+  // layernorm_forward: inside the square root, as PyTorch).
   virtual void residual_layernorm_forward(float* res_out, Act ln_out, float* mean, float* rstd,
                                           const float* res_in, const float* delta, const float* delta_bias,
-                                          const float* weight, const float* bias, int N, int C) = 0;
+                                          const float* weight, const float* bias, float eps, int N,
+                                          int C) = 0;
   // res_out = res_in + delta + delta_bias (null: none).
   virtual void residual_forward(float* res_out, const float* res_in, const float* delta,
                                 const float* delta_bias, int N, int C) = 0;

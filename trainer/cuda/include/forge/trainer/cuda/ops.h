@@ -30,7 +30,7 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 
 template <class T>
 void layernorm_forward(T* out, float* mean, float* rstd, const float* in, const T* weight, const T* bias,
-                       int N, int C);
+                       float eps, int N, int C);
 // din += dL/din; dweight, dbias +=. din_t, if not null, receives the updated din as T (the copy of the
 // residual gradient the next matrix product reads).
 template <class T>
@@ -40,7 +40,7 @@ void layernorm_backward(float* din, T* din_t, float* dweight, float* dbias, cons
 template <class T>
 void residual_layernorm_forward(float* res_out, T* ln_out, float* mean, float* rstd, const float* res_in,
                                 const float* delta, const T* delta_bias, const T* weight, const T* bias,
-                                int N, int C);
+                                float eps, int N, int C);
 
 // pre += bias (row-wise); out = gelu(pre), tanh approximation.
 template <class T>
