@@ -6,6 +6,7 @@
 #include "forge/common/error.h"
 #include "forge/common/hash.h"
 #include "forge/dataio/chat.h"
+#include "forge/dataio/image_text.h"
 #include "forge/dataio/manifest.h"
 #include "forge/dataio/tokenizer.h"
 #include "forge/trainer/checkpoint_io.h"
@@ -23,19 +24,24 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The [model] section of a job spec that starts from `spec` (seq_len left to the job).
+// The [model] (and a vision-language model's [vision]) section of a job spec that starts from `spec`
+// (seq_len left to the job).
 std::string model_section(const trainer::ModelSpec& spec) {
-  std::string out = fmt::format("[model]\nfamily = {}\n", trainer::family_name(spec.family));
+  std::string out = fmt::format("[model]\nfamily = {}\n", trainer::family_name(spec.family)), vision;
   const Json record = trainer::model_spec_json(spec);
   for (const auto& [key, value] : record.items()) {
     if (key == "seq_len" || key == "family") continue;
     // norm_eps is a float: its shortest decimal (1e-05), not the double it widens to.
-    const std::string text = key == "norm_eps"   ? fmt::format("{}", spec.norm_eps)
-                             : value.is_string() ? value.get<std::string>()
-                                                 : value.dump();
-    out += fmt::format("{} = {}\n", key, text);
+    const std::string text = key == "norm_eps"          ? fmt::format("{}", spec.norm_eps)
+                             : key == "vision.norm_eps" ? fmt::format("{}", spec.vision.norm_eps)
+                             : value.is_string()        ? value.get<std::string>()
+                                                        : value.dump();
+    if (key.starts_with("vision."))
+      vision += fmt::format("{} = {}\n", key.substr(7), text);
+    else
+      out += fmt::format("{} = {}\n", key, text);
   }
-  return out;
+  return vision.empty() ? out : out + "[vision]\n" + vision;
 }
 
 // The tokenizer files a model trained here hands on: its SentencePiece model, and a tokenizer_config.json
@@ -61,15 +67,23 @@ void add_tokenizer(const Checkpoint& c, const std::string& given, trainer::HfExp
   if (!want.empty() && tok.sha256() != want)
     fail(ExitCode::kUsage, "{}: this tokenizer (sha256 {}) is not the one {} was trained with ({})", path,
          tok.sha256().substr(0, 12), c.dir(), want.substr(0, 12));
+  const auto model = trainer::model_spec_from_json(c.manifest().meta.model_config, c.dir());
   const bool bpe = fs::path(path).extension() == ".json";
   o.files[bpe ? "tokenizer.json" : "tokenizer.model"] = read_file(path);
   const int eos = tok.eos_id();
-  Json config = {{"model_max_length",
-                  trainer::model_spec_from_json(c.manifest().meta.model_config, c.dir()).max_positions},
+  Json config = {{"model_max_length", model.max_positions},
                  {"add_bos_token", false},
                  {"add_eos_token", false},
                  {"chat_template", data::chat_template_jinja()}};
   if (!bpe) config["tokenizer_class"] = "LlamaTokenizer";  // transformers' SentencePiece tokenizer
+  // A vision-language model's pictures sit at runs of the <image> token (LLaVA's image_token_index).
+  if (model.vision.enabled()) {
+    const auto image = tok.piece_id(data::kImagePlaceholder);
+    if (!image)
+      fail(ExitCode::kUsage, "{}: this tokenizer has no {} token for the model's pictures", path,
+           data::kImagePlaceholder);
+    o.config_keys["image_token_index"] = *image;
+  }
   if (eos >= 0) {
     config["eos_token"] = tok.piece(eos);
     o.config_keys["eos_token_id"] = eos;

@@ -3,6 +3,7 @@
 #include "forge/ckpt/resume.h"
 #include "forge/common/error.h"
 #include "forge/trainer/checkpoint_io.h"
+#include "forge/trainer/hf.h"
 #include "forge/trainer/metrics.h"
 
 #include <spdlog/spdlog.h>
@@ -26,6 +27,9 @@ void add_checkpoint_keys(ConfigSchema& s) {
       .add_choice("ckpt.async_policy", "wait", {"wait", "skip"},
                   "a save due while one is in flight waits or is skipped")
       .add<std::string>("ckpt.init_from", "", "checkpoint whose weights start a fresh run (fine-tuning)")
+      .add<std::string>("ckpt.init_vision_from", "",
+                        "Hugging Face SiglipVisionModel or SiglipModel directory whose vision tower starts a "
+                        "fresh run's encoder (the projector starts as initialised)")
       .add_choice("ckpt.init_optimizer", "reset", {"reset", "keep"},
                   "with ckpt.init_from: a fresh optimizer (reset), or the checkpoint's AdamW moments (keep: "
                   "continued pretraining); the schedule and its warm-up start again either way");
@@ -125,6 +129,7 @@ RunCheckpoints::RunCheckpoints(const Config& config, const trainer::TrainSpec& s
       dataset_version_(data.version()),
       tokenizer_(data.tokenizer()),
       init_from_(config.get<std::string>("ckpt.init_from")),
+      init_vision_from_(config.get<std::string>("ckpt.init_vision_from")),
       coord_(*trainer.groups().world),
       saver_(coord_, saver_options(config, spec, trainer.model().backend())) {
   // Each logical element is written by one rank (trainer::SaveRole).
@@ -146,6 +151,8 @@ RunCheckpoints::RunCheckpoints(const Config& config, const trainer::TrainSpec& s
   if (tiers_.recovery_every < 0) config.reject("ckpt.recovery_every", "must be >= 0");
   if (tiers_.milestone_every < 0) config.reject("ckpt.milestone_every", "must be >= 0");
   if (!(tiers_.recovery_every_s >= 0)) config.reject("ckpt.recovery_every_s", "must be >= 0");
+  if (!init_vision_from_.empty() && !spec.model.vision.enabled())
+    config.reject("ckpt.init_vision_from", "is set, but the model has no vision tower (vision.layers = 0)");
   if (spec.guard.policy == trainer::NonFinitePolicy::kRewind && tiers_.recovery_every == 0 &&
       tiers_.recovery_every_s == 0)
     config.reject("guard.nonfinite",
@@ -164,47 +171,65 @@ int64_t RunCheckpoints::resume() {
   const ckpt::Expectations expect = expectations();
   auto checkpoint = ckpt::open_for_resume(coord_, spec_.dir, expect);
   if (!checkpoint) {
-    if (init_from_.empty()) return 0;
-    // Fine-tuning and continued pretraining: the weights of another run's checkpoint (and, kept, its
-    // optimizer's moments), a fresh step count and schedule.
-    const auto source = ckpt::Checkpoint::open(init_from_);
-    source.verify();
-    const Json& saved = source.manifest().meta.model_config;
-    trainer::check_model_family(saved, spec_.model, init_from_);
-    // The weights do not depend on the sequence length: a run may fine-tune at another one (an imported
-    // model records its longest, max_positions, which the job must match).
-    Json model = *expect.model_config;
-    if (saved.contains("seq_len")) model["seq_len"] = saved["seq_len"];
-    // A vision-language model may start from a text-only one (LLaVA's recipe): its language model is the
-    // checkpoint's, the vision tower and projector start as initialised.
-    const bool adds_vision =
-        spec_.model.vision.enabled() && !trainer::model_spec_from_json(saved, init_from_).vision.enabled();
-    if (adds_vision)
-      for (auto it = model.begin(); it != model.end();)
-        it = it.key().starts_with("vision.") ? model.erase(it) : std::next(it);
-    ckpt::check_expectations(source.manifest(), {.model_config = model, .dataset_version = {}}, init_from_);
-    const ckpt::CheckpointMeta& parent = source.manifest().meta;
-    const bool keep = config_.get<std::string>("ckpt.init_optimizer") == "keep";
-    if (keep && adds_vision)
-      config_.reject(
-          "ckpt.init_optimizer",
-          fmt::format("is keep, but {} is a text-only model and [vision] adds a tower and projector "
-                      "it has no moments for: use reset",
-                      init_from_));
-    trainer::load_checkpoint(source, trainer_.model(), keep ? &trainer_.optimizer() : nullptr, adds_vision);
-    if (keep)
-      trainer_.optimizer().set_moment_steps_before(parent.step +
-                                                   parent.extra.value(kMomentStepsBefore, int64_t{0}));
-    lineage_ = {{"parent", std::filesystem::absolute(init_from_).lexically_normal().string()},
-                {"parent_step", parent.step},
-                {"parent_dataset_version", parent.dataset_version},
-                {"parent_spec_hash", parent.spec_hash},
-                {"parent_lineage", parent.extra.value("lineage", Json())}};
-    spdlog::info("initialised weights{} from {}{}", keep ? " and optimizer moments" : "", init_from_,
-                 adds_vision ? " (its language model; the vision tower and projector start fresh)" : "");
+    if (!init_from_.empty()) start_from_parent();
+    if (!init_vision_from_.empty()) start_vision_from();
     return 0;
   }
   return load(*checkpoint, "resumed from");
+}
+
+void RunCheckpoints::start_from_parent() {
+  const ckpt::Expectations expect = expectations();
+  // Fine-tuning and continued pretraining: the weights of another run's checkpoint (and, kept, its
+  // optimizer's moments), a fresh step count and schedule.
+  const auto source = ckpt::Checkpoint::open(init_from_);
+  source.verify();
+  const Json& saved = source.manifest().meta.model_config;
+  trainer::check_model_family(saved, spec_.model, init_from_);
+  // The weights do not depend on the sequence length: a run may fine-tune at another one (an imported
+  // model records its longest, max_positions, which the job must match).
+  Json model = *expect.model_config;
+  if (saved.contains("seq_len")) model["seq_len"] = saved["seq_len"];
+  // A vision-language model may start from a text-only one (LLaVA's recipe): its language model is the
+  // checkpoint's, the vision tower and projector start as initialised.
+  const bool adds_vision =
+      spec_.model.vision.enabled() && !trainer::model_spec_from_json(saved, init_from_).vision.enabled();
+  if (adds_vision)
+    for (auto it = model.begin(); it != model.end();)
+      it = it.key().starts_with("vision.") ? model.erase(it) : std::next(it);
+  ckpt::check_expectations(source.manifest(), {.model_config = model, .dataset_version = {}}, init_from_);
+  const ckpt::CheckpointMeta& parent = source.manifest().meta;
+  const bool keep = config_.get<std::string>("ckpt.init_optimizer") == "keep";
+  if (keep && adds_vision)
+    config_.reject("ckpt.init_optimizer",
+                   fmt::format("is keep, but {} is a text-only model and [vision] adds a tower and projector "
+                               "it has no moments for: use reset",
+                               init_from_));
+  trainer::load_checkpoint(source, trainer_.model(), keep ? &trainer_.optimizer() : nullptr, adds_vision);
+  if (keep)
+    trainer_.optimizer().set_moment_steps_before(parent.step +
+                                                 parent.extra.value(kMomentStepsBefore, int64_t{0}));
+  lineage_ = {{"parent", std::filesystem::absolute(init_from_).lexically_normal().string()},
+              {"parent_step", parent.step},
+              {"parent_dataset_version", parent.dataset_version},
+              {"parent_spec_hash", parent.spec_hash},
+              {"parent_lineage", parent.extra.value("lineage", Json())}};
+  spdlog::info("initialised weights{} from {}{}", keep ? " and optimizer moments" : "", init_from_,
+               adds_vision ? " (its language model; the vision tower and projector start fresh)" : "");
+}
+
+void RunCheckpoints::start_vision_from() {
+  if (!init_from_.empty() && trainer::model_spec_from_json(
+                                 ckpt::Checkpoint::open(init_from_).manifest().meta.model_config, init_from_)
+                                 .vision.enabled())
+    config_.reject("ckpt.init_vision_from",
+                   fmt::format("is set, but ckpt.init_from {} already holds a vision tower: give one of them",
+                               init_from_));
+  const Json origin = trainer::load_hf_vision_tower(init_vision_from_, trainer_.model());
+  if (!lineage_.is_object()) lineage_ = Json::object();
+  lineage_["vision_from"] = origin;
+  spdlog::info("initialised the vision tower from {} ({}, {}); the projector starts fresh", init_vision_from_,
+               origin.value("architecture", ""), origin.value("model_id", "no model id"));
 }
 
 int64_t RunCheckpoints::rewind() {

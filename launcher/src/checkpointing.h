@@ -32,8 +32,9 @@ class RunCheckpoints {
                  const DataSource& data);
 
   // Loads the newest valid checkpoint of the run directory (or, on a fresh run, ckpt.init_from's
-  // weights) and returns the number of steps already done. A checkpoint of another model or dataset
-  // stops the run (64/65); one whose verification step disagrees is a data error (65).
+  // weights and ckpt.init_vision_from's vision tower) and returns the number of steps already done. A
+  // checkpoint of another model or dataset stops the run (64/65); one whose verification step disagrees is a
+  // data error (65).
   int64_t resume();
 
   // guard.nonfinite = rewind: waits for the save in flight, reloads the newest valid checkpoint (with
@@ -65,6 +66,9 @@ class RunCheckpoints {
  private:
   ckpt::Expectations expectations() const;
   int64_t load(const ckpt::Checkpoint& checkpoint, const char* verb);
+  // A fresh run: ckpt.init_from's weights (and moments), then ckpt.init_vision_from's vision tower.
+  void start_from_parent();
+  void start_vision_from();
   ckpt::CheckpointMeta meta(const trainer::StepStats& stats, int64_t tokens, const MicroBatch& first);
   ckpt::SaveEvent save(ckpt::Tier tier, const trainer::StepStats& stats, int64_t tokens,
                        std::span<const MicroBatch> batches, bool wait);
@@ -74,9 +78,10 @@ class RunCheckpoints {
   trainer::ParallelTrainer& trainer_;
   const DataSource& data_;
   trainer::SaveRole role_;
-  std::string dataset_version_, tokenizer_, init_from_;
+  std::string dataset_version_, tokenizer_, init_from_, init_vision_from_;
   // Where the run's weights came from (ckpt.init_from): that checkpoint, its dataset version and spec, and
-  // its own lineage; kept in every checkpoint's manifest (extra.lineage) and carried across resumes.
+  // its own lineage; with ckpt.init_vision_from, "vision_from": the tower's origin (trainer::
+  // load_hf_vision_tower). Kept in every checkpoint's manifest (extra.lineage) and carried across resumes.
   Json lineage_;
   Json loaded_outcome_;
   ckpt::TierPolicy tiers_;

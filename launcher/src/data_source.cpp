@@ -2,6 +2,7 @@
 
 #include "dpo_reference.h"
 #include "forge/common/error.h"
+#include "forge/common/hash.h"
 #include "forge/dataio/image_text.h"
 #include "forge/dataio/manifest.h"
 #include "forge/dataio/reader.h"
@@ -12,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstring>
 
 namespace forge::launcher {
 
@@ -35,8 +37,23 @@ class Synthetic final : public DataSource {
         const uint64_t id = uint64_t(((step * m + i) * dp + dp_rank_) * b + r);
         stream_.sample(id, window_);
         batch.set_window(r, window_.data(), id, 0);
+        if (spec_.model.vision.enabled()) add_picture(batch, r, id);
       }
     }
+  }
+  // A vision-language model's rows carry one picture each, of seeded noise at a seeded position, so that
+  // a trial run or a test without an image-text dataset exercises the tower.
+  void add_picture(MicroBatch& batch, int r, uint64_t id) {
+    const trainer::VisionSpec& v = spec_.model.vision;
+    batch.image_size = v.image_size;
+    batch.image_tokens = v.tokens();
+    pixels_.resize(batch.image_bytes());
+    const uint64_t key = splitmix64(spec_.seed ^ splitmix64(id ^ 0x9e3779b97f4a7c15ull));
+    for (size_t i = 0; i < pixels_.size(); i += 8) {
+      const uint64_t bits = splitmix64(key + i);
+      std::memcpy(pixels_.data() + i, &bits, std::min<size_t>(8, pixels_.size() - i));
+    }
+    batch.add_image(r, int(key % uint64_t(spec_.model.seq_len - v.tokens() + 1)), pixels_.data());
   }
   std::string describe() const override { return "synthetic stream"; }
   std::string version() const override { return ""; }
@@ -48,6 +65,7 @@ class Synthetic final : public DataSource {
   const trainer::TrainSpec& spec_;
   int dp_rank_;
   std::vector<int32_t> window_;
+  std::vector<uint8_t> pixels_;
 };
 
 class Dataset final : public DataSource {

@@ -1,6 +1,7 @@
 // A vision-language model against PyTorch (fixture written by reference/make_vision.py after SigLIP's vision
 // transformer, LLaVA's projector and Llama): a batch with two pictures in one row and a text-only row, the
-// loss on text only. Logits, loss and every gradient, at the families' tolerances (families_test.cpp). And
+// loss on text only. Logits, loss and every gradient, at the families' tolerances (families_test.cpp), also
+// in LLaVA's arrangement (no final norm, SigLIP's epsilon). And
 // the rules of the [vision] keys, its record in a checkpoint, and the batches the model refuses.
 #include "h5_fixture.h"
 #include "support/errors.h"
@@ -82,6 +83,25 @@ void load_initial(GPT& model, const H5Fixture& f) {
   model.weights_changed();
 }
 
+// Logits, loss and every gradient of `model` on `b` against the fixture's (group: "" or "llava/"), at the
+// families' tolerances; returns the logits. The gradients stay in the model.
+std::vector<float> check_against(GPT& model, const MicroBatch& b, const H5Fixture& f,
+                                 const std::string& group) {
+  std::vector<float> logits(b.size() * size_t(model.config().vocab));
+  model.forward_logits(b, logits);
+  CHECK(rel_diff(logits, f.floats(group + "logits")) < 1e-5);
+  model.zero_grad();
+  const double weight = b.weight_sum();
+  const double loss = model.forward_backward(b, float(1.0 / weight)).loss / weight;
+  const double ref = f.doubles(group + "loss")[0];
+  CHECK(std::abs(loss - ref) / ref < 1e-5);
+  for (const auto& p : model.params()) {
+    INFO(p.name);
+    CHECK(rel_diff(model.grad(p.name), f.floats(group + "grad/" + p.name)) < 2e-5);
+  }
+  return logits;
+}
+
 }  // namespace
 
 TEST_CASE("A vision-language model matches PyTorch: logits, loss and every gradient",
@@ -93,19 +113,7 @@ TEST_CASE("A vision-language model matches PyTorch: logits, loss and every gradi
   REQUIRE(b.images() == 2);
   GPT model(spec, {.batch = b.rows});
   load_initial(model, f);
-
-  std::vector<float> logits(b.size() * size_t(spec.vocab));
-  model.forward_logits(b, logits);
-  CHECK(rel_diff(logits, f.floats("logits")) < 1e-5);
-  model.zero_grad();
-  const double weight = b.weight_sum();
-  const double loss = model.forward_backward(b, float(1.0 / weight)).loss / weight;
-  const double ref = f.doubles("loss")[0];
-  CHECK(std::abs(loss - ref) / ref < 1e-5);
-  for (const auto& p : model.params()) {
-    INFO(p.name);
-    CHECK(rel_diff(model.grad(p.name), f.floats("grad/" + p.name)) < 2e-5);
-  }
+  check_against(model, b, f, "");
   // The placeholder token's embedding had no part in the forward: no gradient reaches it.
   const int placeholder = int(f.attr("placeholder"));
   const auto dwte = model.grad("wte.weight");
@@ -117,7 +125,7 @@ TEST_CASE("A vision-language model matches PyTorch: logits, loss and every gradi
   GPT frozen(spec, {.batch = b.rows, .frozen_encoder = true});
   load_initial(frozen, f);
   frozen.zero_grad();
-  frozen.forward_backward(b, float(1.0 / weight));
+  frozen.forward_backward(b, float(1.0 / b.weight_sum()));
   for (const auto& p : frozen.params()) {
     INFO(p.name);
     const bool encoder = p.name.starts_with("vision.");
@@ -139,6 +147,23 @@ TEST_CASE("A vision-language model matches PyTorch: logits, loss and every gradi
       INFO(p.name);
       for (float g : model.grad(p.name)) REQUIRE(g == 0);
     }
+}
+
+TEST_CASE("LLaVA's arrangement matches PyTorch: the projector reads the last block, SigLIP's epsilon",
+          "[trainer][parity][vision]") {
+  const H5Fixture f(fixture_path());
+  auto keys = fixture_keys(f);
+  keys.push_back("--vision.post_norm=off");
+  keys.push_back(fmt::format("--vision.norm_eps={}", f.attr("llava_norm_eps")));
+  const ModelSpec spec = model_spec(keys);
+  const MicroBatch b = fixture_batch(f, spec);
+  GPT model(spec, {.batch = b.rows});
+  REQUIRE(std::none_of(model.params().begin(), model.params().end(),
+                       [](const ParamInfo& p) { return p.name.starts_with("vision.ln_post"); }));
+  load_initial(model, f);
+  const std::vector<float> logits = check_against(model, b, f, "llava/");
+  // (the fixture's model with its final norm scores otherwise: the checks can tell them apart)
+  CHECK(rel_diff(logits, f.floats("logits")) > 1e-3);
 }
 
 TEST_CASE("A vision-language model decodes through its KV cache as its full forward computes",

@@ -156,6 +156,11 @@ std::vector<std::pair<std::string, Json>> architecture(const ModelSpec& m) {
                            {"vision.heads", v.heads},
                            {"vision.mlp_hidden", v.mlp_hidden},
                            {"vision.projector_hidden", v.projector_hidden}});
+  // Recorded when not the default, so that the records written before the keys existed still compare
+  // equal to the same model's.
+  if (v.enabled() && v.norm_eps != VisionSpec{}.norm_eps)
+    out.push_back({"vision.norm_eps", double(v.norm_eps)});
+  if (v.enabled() && !v.post_norm) out.push_back({"vision.post_norm", on_off(false)});
   return out;
 }
 
@@ -228,16 +233,20 @@ void snapshot_through(Backend& backend, ckpt::SaverOptions& options) {
   };
 }
 
-void load_checkpoint(const ckpt::Checkpoint& checkpoint, GPT& model, AdamW* optimizer, bool lm_only) {
+namespace {
+
+// Reads the pieces this process holds that `wanted` accepts (a "param/..." or "adam_m/..." name) with
+// read_all, into the model's memory (through page-locked host memory on a device backend), then refreshes
+// the model's working copy.
+template <typename Wanted, typename ReadAll>
+void load_pieces(GPT& model, AdamW* optimizer, Wanted&& wanted, ReadAll&& read_all) {
   std::vector<ckpt::TensorRequest> requests;
   std::vector<float*> targets;
   for_each_piece(model, optimizer, false, {}, [&](const ckpt::Slice& s, float* data) {
-    const std::string_view param = std::string_view(s.name).substr(s.name.find('/') + 1);
-    if (lm_only && model_part(param) != ModelPart::kLm) return;
+    if (!wanted(std::string_view(s.name))) return;
     requests.push_back({s, data});
     targets.push_back(data);
   });
-  // A device backend: the checkpoint is read into host memory, then copied piece by piece.
   Backend& backend = model.backend();
   std::unique_ptr<Allocation> staging;
   if (!backend.host_memory()) {
@@ -250,11 +259,33 @@ void load_checkpoint(const ckpt::Checkpoint& checkpoint, GPT& model, AdamW* opti
       at += r.slice.bytes();
     }
   }
-  checkpoint.read(requests);
+  read_all(requests);
   if (staging)
     for (size_t i = 0; i < requests.size(); ++i)
       backend.copy_from_host(targets[i], requests[i].data, requests[i].slice.bytes());
   model.weights_changed();
+}
+
+std::string_view param_of(std::string_view slice_name) {
+  return slice_name.substr(slice_name.find('/') + 1);
+}
+
+}  // namespace
+
+void load_checkpoint(const ckpt::Checkpoint& checkpoint, GPT& model, AdamW* optimizer, bool lm_only) {
+  load_pieces(
+      model, optimizer,
+      [&](std::string_view name) { return !lm_only || model_part(param_of(name)) == ModelPart::kLm; },
+      [&](std::vector<ckpt::TensorRequest>& requests) { checkpoint.read(requests); });
+}
+
+void load_params(GPT& model, const std::function<bool(std::string_view)>& wanted,
+                 const std::function<void(const ckpt::Slice&, float*)>& read) {
+  load_pieces(
+      model, nullptr, [&](std::string_view name) { return wanted(param_of(name)); },
+      [&](std::vector<ckpt::TensorRequest>& requests) {
+        for (auto& r : requests) read(r.slice, static_cast<float*>(r.data));
+      });
 }
 
 }  // namespace forge::trainer

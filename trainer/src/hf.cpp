@@ -24,6 +24,11 @@ struct Architecture {
   double norm_eps;
 };
 
+constexpr std::string_view kLlava = "LlavaForConditionalGeneration";
+constexpr std::string_view kSiglipOnly =
+    "the vision tower read here is SigLIP's (siglip_vision_model); CLIP's class token and quick-GELU are "
+    "not supported";
+
 constexpr Architecture kArchitectures[] = {
     {"GPT2LMHeadModel", "gpt2", Family::kGpt2, 1024, 0, 1e-5},
     {"LlamaForCausalLM", "llama", Family::kLlama, 2048, 1e4, 1e-6},
@@ -148,9 +153,8 @@ int window_of(const Keys& k, Family family) {
   return window;
 }
 
-}  // namespace
-
-ModelSpec spec_from_hf_config(const Json& config, const std::string& where) {
+// The [model] overrides of a text model's config.json (model_spec's "--model.key=value" arguments).
+std::vector<std::string> text_model_overrides(const Json& config, const std::string& where) {
   if (!config.is_object()) fail(ExitCode::kData, "{}: not a JSON object", where);
   const Keys k(config, where);
   const Architecture* arch = nullptr;
@@ -248,6 +252,85 @@ ModelSpec spec_from_hf_config(const Json& config, const std::string& where) {
   }
   std::vector<std::string> overrides;
   for (const auto& [key, value] : keys) overrides.push_back("--model." + key + "=" + value);
+  return overrides;
+}
+
+// LlavaForConditionalGeneration: a text model (text_config) and a SigLIP vision transformer
+// (vision_config) joined by a two-layer projector, the vision tower's last block feeding the projector
+// (vision_feature_layer -1, every patch: "full"). The [vision] overrides of the tower and projector.
+std::vector<std::string> llava_vision_overrides(const Keys& k, int d_model) {
+  if (!k.has("vision_config") || !k.at("vision_config").is_object())
+    k.bad("vision_config", "a LLaVA model needs its vision_config object");
+  const std::string where = k.where() + ": vision_config";
+  const Keys vision(k.at("vision_config"), where);
+  // (LLaVA's vision_config is CLIP's when it names no model_type)
+  if (vision.text("model_type", "clip_vision_model") != "siglip_vision_model")
+    vision.bad("model_type", kSiglipOnly);
+  const VisionSpec v = siglip_vision_spec(k.at("vision_config"), where);
+  k.require("projector_hidden_act", Json::array({"gelu_pytorch_tanh"}),
+            "the projector's GELU is the tanh form here (gelu_pytorch_tanh)");
+  k.require("vision_feature_layer", Json::array({-1}),
+            "the projector reads the tower's last block here (-1); a deeper feature layer is not supported");
+  if (k.text("vision_feature_select_strategy", "default") != "full")
+    k.bad("vision_feature_select_strategy", "SigLIP has no class token to drop: it must be \"full\"");
+  k.require("multimodal_projector_bias", Json::array({true}), "the projector's products have biases here");
+  if (k.has("image_seq_length") && k.count("image_seq_length") != v.tokens())
+    k.bad("image_seq_length", fmt::format("a {0} x {0} picture in {1}-pixel patches is {2} positions",
+                                          v.image_size, v.patch, v.tokens()));
+  return {fmt::format("--vision.layers={}", v.layers),
+          fmt::format("--vision.image_size={}", v.image_size),
+          fmt::format("--vision.patch={}", v.patch),
+          fmt::format("--vision.width={}", v.width),
+          fmt::format("--vision.heads={}", v.heads),
+          fmt::format("--vision.mlp_hidden={}", v.mlp_hidden),
+          fmt::format("--vision.projector_hidden={}", d_model),
+          fmt::format("--vision.norm_eps={}", v.norm_eps),
+          "--vision.post_norm=off"};
+}
+
+bool is_llava(const Keys& k) {
+  if (k.has("architectures") && k.at("architectures").is_array() && !k.at("architectures").empty())
+    return k.at("architectures")[0] == kLlava;
+  return k.text("model_type", "") == "llava";
+}
+
+}  // namespace
+
+VisionSpec siglip_vision_spec(const Json& config, const std::string& where) {
+  if (!config.is_object()) fail(ExitCode::kData, "{}: not a JSON object", where);
+  const Keys v(config, where);
+  v.require("model_type", Json::array({"siglip_vision_model"}), kSiglipOnly);
+  v.require("hidden_act", Json::array({"gelu_pytorch_tanh"}), "SigLIP's tanh GELU is the encoder's here");
+  v.require("num_channels", Json::array({3}), "the encoder takes RGB pictures");
+  VisionSpec out;
+  out.layers = v.count("num_hidden_layers", 12);
+  out.image_size = v.count("image_size", 224);
+  out.patch = v.count("patch_size", 16);
+  out.width = v.count("hidden_size", 768);
+  out.heads = v.count("num_attention_heads", 12);
+  out.mlp_hidden = v.count("intermediate_size", 3072);
+  out.norm_eps = static_cast<float>(v.number("layer_norm_eps", 1e-6));
+  if (out.image_size % out.patch != 0)
+    v.bad("image_size", fmt::format("not a multiple of patch_size {}", out.patch));
+  if (out.width % out.heads != 0)
+    v.bad("num_attention_heads", fmt::format("does not divide hidden_size {}", out.width));
+  return out;
+}
+
+ModelSpec spec_from_hf_config(const Json& config, const std::string& where) {
+  if (!config.is_object()) fail(ExitCode::kData, "{}: not a JSON object", where);
+  const Keys k(config, where);
+  std::vector<std::string> overrides;
+  if (is_llava(k)) {
+    if (!k.has("text_config") || !k.at("text_config").is_object())
+      k.bad("text_config", "a LLaVA model needs its text_config object");
+    overrides = text_model_overrides(k.at("text_config"), where + ": text_config");
+    const int d_model = Keys(k.at("text_config"), where).count("hidden_size");
+    const auto vision = llava_vision_overrides(k, d_model);
+    overrides.insert(overrides.end(), vision.begin(), vision.end());
+  } else {
+    overrides = text_model_overrides(config, where);
+  }
   try {
     return model_spec(overrides);
   } catch (const Error& e) {
@@ -255,7 +338,10 @@ ModelSpec spec_from_hf_config(const Json& config, const std::string& where) {
   }
 }
 
-Json hf_config(const ModelSpec& m, const Json& base, std::string_view torch_dtype) {
+namespace {
+
+// config.json of the language model alone (a text model, or a LLaVA model's text_config).
+Json text_config(const ModelSpec& m, const Json& base, std::string_view torch_dtype) {
   const Architecture& arch = architecture_of(m.family);
   Json c = base.is_object() ? base : Json::object();
   c["architectures"] = {arch.name};
@@ -324,18 +410,73 @@ Json hf_config(const ModelSpec& m, const Json& base, std::string_view torch_dtyp
       c["mlp_only_layers"] = Json::array();
     }
   }
+  return c;
+}
+
+// LlavaForConditionalGeneration's config.json around the text model's: the SigLIP tower and projector.
+Json llava_config(const ModelSpec& m, const Json& base, std::string_view torch_dtype) {
+  Json c = base.is_object() ? base : Json::object();
+  ModelSpec text = m;
+  text.vision = {};
+  c["text_config"] = text_config(text, c.value("text_config", Json::object()), torch_dtype);
+  c["text_config"].erase("architectures");
+  const VisionSpec& v = m.vision;
+  Json vision = c.value("vision_config", Json::object());
+  vision.update({{"model_type", "siglip_vision_model"},
+                 {"hidden_size", v.width},
+                 {"intermediate_size", v.mlp_hidden},
+                 {"num_hidden_layers", v.layers},
+                 {"num_attention_heads", v.heads},
+                 {"num_channels", 3},
+                 {"image_size", v.image_size},
+                 {"patch_size", v.patch},
+                 {"hidden_act", "gelu_pytorch_tanh"},
+                 {"layer_norm_eps", std::stod(fmt::format("{}", v.norm_eps))},
+                 {"vision_use_head", false}});
+  c["vision_config"] = vision;
+  c["architectures"] = {kLlava};
+  c["model_type"] = "llava";
+  c["torch_dtype"] = torch_dtype;
+  c["projector_hidden_act"] = "gelu_pytorch_tanh";
+  c["vision_feature_layer"] = -1;
+  c["vision_feature_select_strategy"] = "full";
+  c["multimodal_projector_bias"] = true;
+  c["image_seq_length"] = v.tokens();
+  c["tie_word_embeddings"] = m.tied_embeddings;
+  return c;
+}
+
+}  // namespace
+
+Json hf_config(const ModelSpec& m, const Json& base, std::string_view torch_dtype) {
+  const bool llava = m.vision.enabled();
+  if (llava && !base.contains("image_token_index"))
+    fail(ExitCode::kData,
+         "a vision-language model exports as {}, whose config.json names the picture placeholder's token "
+         "id (image_token_index): give the tokenizer that reserves <image>",
+         kLlava);
+  const Json c = llava ? llava_config(m, base, torch_dtype) : text_config(m, base, torch_dtype);
   // Whatever the class cannot express shows as a difference between the spec and the config read back.
   Json want = model_spec_json(m), have = model_spec_json(spec_from_hf_config(c, "config.json"));
   for (Json* j : {&want, &have}) {
     j->erase("seq_len");
     if (!m.dense_blocks()) j->erase("ffn_hidden");  // no block has the dense FFN
   }
-  for (const auto& [key, value] : want.items())
-    if (!have.contains(key) || have[key] != value)
+  const std::string_view name = llava ? kLlava : architecture_of(m.family).name;
+  // (a key only one side records is the other's default)
+  Json keys = want;
+  keys.update(have);
+  for (const auto& [key, unused] : keys.items())
+    if (want.value(key, Json()) != have.value(key, Json()))
       fail(ExitCode::kData,
-           "model.{} = {} has no place in {}'s config.json (it would read back as {}): this model cannot be "
-           "exported in the Hugging Face layout",
-           key, value.dump(), arch.name, have.contains(key) ? have[key].dump() : "absent");
+           "{}{} = {} has no place in {}'s config.json (it would read back as {}): this model cannot be "
+           "exported in the Hugging Face layout{}",
+           key.find('.') == std::string::npos ? "model." : "", key,
+           want.contains(key) ? want[key].dump() : "(its default)", name,
+           have.contains(key) ? have[key].dump() : "absent",
+           llava ? " (LLaVA's projector reads the tower's last block, without a final norm, and is as wide "
+                   "as the language model: vision.post_norm = off, vision.projector_hidden = model.d_model)"
+                 : "");
   return c;
 }
 
@@ -357,8 +498,53 @@ std::vector<HfTensor> hf_tensors(const ModelSpec& m) {
     else if (s.size() == 2)
       out.push_back({std::move(hf), {n, s[1]}, param, s, {r0, 0}, {n, s[1]}, false});
     else
-      out.push_back({std::move(hf), {n}, param, s, {e, r0}, {1, n}, false});
+      out.push_back({std::move(hf), {n}, param, s, {r0}, {n}, false});
   };
+  // LLaVA: the tower, the projector, then the language model under language_model. (the layout of
+  // transformers before 4.52, which later versions still read; hf_canonical_name maps the newer one).
+  const std::string lm = m.vision.enabled() ? "language_model." : "";
+  if (m.vision.enabled()) {
+    const VisionSpec& v = m.vision;
+    const int64_t W = v.width;
+    const std::string e = "vision_tower.vision_model.";
+    const auto& patch = shapes.at("vision.patch.weight");  // published as the convolution's [W, 3, p, p]
+    out.push_back({e + "embeddings.patch_embedding.weight",
+                   {W, 3, v.patch, v.patch},
+                   "vision.patch.weight",
+                   patch,
+                   {0, 0},
+                   patch,
+                   false});
+    whole(e + "embeddings.patch_embedding.bias", "vision.patch.bias");
+    whole(e + "embeddings.position_embedding.weight", "vision.pos.weight");
+    for (int l = 0; l < v.layers; ++l) {
+      const std::string b = fmt::format("vision.blocks.{}.", l),
+                        h = fmt::format("{}encoder.layers.{}.", e, l);
+      whole(h + "layer_norm1.weight", b + "ln1.weight");
+      whole(h + "layer_norm1.bias", b + "ln1.bias");
+      const char* qkv[] = {"q", "k", "v"};  // forge's qkv holds q rows, then k, then v
+      for (int i = 0; i < 3; ++i) {
+        rows(h + "self_attn." + qkv[i] + "_proj.weight", b + "attn.qkv.weight", 0, i * W, W);
+        rows(h + "self_attn." + qkv[i] + "_proj.bias", b + "attn.qkv.bias", 0, i * W, W);
+      }
+      whole(h + "self_attn.out_proj.weight", b + "attn.proj.weight");
+      whole(h + "self_attn.out_proj.bias", b + "attn.proj.bias");
+      whole(h + "layer_norm2.weight", b + "ln2.weight");
+      whole(h + "layer_norm2.bias", b + "ln2.bias");
+      whole(h + "mlp.fc1.weight", b + "mlp.fc.weight");
+      whole(h + "mlp.fc1.bias", b + "mlp.fc.bias");
+      whole(h + "mlp.fc2.weight", b + "mlp.proj.weight");
+      whole(h + "mlp.fc2.bias", b + "mlp.proj.bias");
+    }
+    if (v.post_norm) {  // hf_config refuses such a model; the mapping still names every parameter
+      whole(e + "post_layernorm.weight", "vision.ln_post.weight");
+      whole(e + "post_layernorm.bias", "vision.ln_post.bias");
+    }
+    for (const char* x : {"weight", "bias"}) {
+      whole(std::string("multi_modal_projector.linear_1.") + x, std::string("projector.fc1.") + x);
+      whole(std::string("multi_modal_projector.linear_2.") + x, std::string("projector.fc2.") + x);
+    }
+  }
   if (m.family == Family::kGpt2) {
     whole("transformer.wte.weight", "wte.weight");
     whole("transformer.wpe.weight", "wpe.weight");
@@ -388,9 +574,9 @@ std::vector<HfTensor> hf_tensors(const ModelSpec& m) {
     rows(hf + up + ".weight", param + "gate_up.weight", e, hidden, hidden);
     rows(hf + down + ".weight", down_param, e, 0, shapes.at(down_param)[shapes.at(down_param).size() - 2]);
   };
-  whole("model.embed_tokens.weight", "wte.weight");
+  whole(lm + "model.embed_tokens.weight", "wte.weight");
   for (int l = 0; l < m.layers; ++l) {
-    const std::string b = fmt::format("blocks.{}.", l), h = fmt::format("model.layers.{}.", l);
+    const std::string b = fmt::format("blocks.{}.", l), h = fmt::format("{}model.layers.{}.", lm, l);
     whole(h + "input_layernorm.weight", b + "ln1.weight");
     for (const char* x : {"q", "k", "v"}) {
       whole(h + "self_attn." + x + "_proj.weight", b + "attn." + x + ".weight");
@@ -422,25 +608,39 @@ std::vector<HfTensor> hf_tensors(const ModelSpec& m) {
       }
     }
   }
-  whole("model.norm.weight", "lnf.weight");
-  if (!m.tied_embeddings) whole("lm_head.weight", "head.weight");
+  whole(lm + "model.norm.weight", "lnf.weight");
+  if (!m.tied_embeddings) whole(lm + "lm_head.weight", "head.weight");
   return out;
 }
 
-std::string_view hf_tied_head_name(const ModelSpec&) {
-  return "lm_head.weight";
+std::string hf_tied_head_name(const ModelSpec& m) {
+  return m.vision.enabled() ? "language_model.lm_head.weight" : "lm_head.weight";
 }
 
 bool hf_ignored_tensor(std::string_view name) {
   const auto ends = [&](std::string_view s) {
     return name.size() >= s.size() && name.substr(name.size() - s.size()) == s;
   };
-  return ends(".rotary_emb.inv_freq") || ends(".attn.bias") || ends(".attn.masked_bias");
+  // LLaVA's SigLIP tower keeps its final norm and pooling head, which LLaVA does not use.
+  const bool unused_by_llava = name.starts_with("vision_tower.vision_model.post_layernorm.") ||
+                               name.starts_with("vision_tower.vision_model.head.");
+  return unused_by_llava || ends(".rotary_emb.inv_freq") || ends(".attn.bias") || ends(".attn.masked_bias");
 }
 
 std::string hf_canonical_name(const ModelSpec& m, std::string_view name) {
   if (m.family == Family::kGpt2 && name.rfind("transformer.", 0) != 0 && name != "lm_head.weight")
     return "transformer." + std::string(name);
+  if (m.vision.enabled()) {  // transformers >= 4.52 saves LLaVA as model.{language_model, vision_tower, ...}
+    const auto moved = [&](std::string_view from, std::string_view to) -> std::optional<std::string> {
+      if (!name.starts_with(from)) return std::nullopt;
+      return std::string(to) + std::string(name.substr(from.size()));
+    };
+    for (const auto& [from, to] : {std::pair{"model.language_model.", "language_model.model."},
+                                   std::pair{"model.vision_tower.", "vision_tower."},
+                                   std::pair{"model.multi_modal_projector.", "multi_modal_projector."},
+                                   std::pair{"lm_head.", "language_model.lm_head."}})
+      if (auto n = moved(from, to)) return *n;
+  }
   return std::string(name);
 }
 

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -106,6 +107,15 @@ void transpose(const float* in, int64_t rows, int64_t cols, float* out) {
     for (int64_t c0 = 0; c0 < cols; c0 += kTile)
       for (int64_t r = r0; r < std::min(rows, r0 + kTile); ++r)
         for (int64_t c = c0; c < std::min(cols, c0 + kTile); ++c) out[c * rows + r] = in[r * cols + c];
+}
+
+// The element type most of a model's bytes are stored in (F32 when none).
+ckpt::DType most_bytes(const std::map<ckpt::DType, uint64_t>& bytes_by_dtype) {
+  ckpt::DType dtype = ckpt::DType::kF32;
+  uint64_t most = 0;
+  for (const auto& [d, b] : bytes_by_dtype)
+    if (b > most) most = b, dtype = d;
+  return dtype;
 }
 
 std::string_view torch_dtype_name(ckpt::DType d) {
@@ -270,7 +280,8 @@ HfImport import_hf(const std::string& dir_name, const std::string& out, bool rep
       fail(ExitCode::kData, "{}: {} lists tensor '{}', which {} does not hold", dir.string(), kIndexName,
            name, file);
   if (tied_head) {
-    const auto* embedding = found.at(mapping.front().name).second;
+    const auto is_embedding = [](const HfTensor& t) { return t.param == "wte.weight"; };
+    const auto* embedding = found.at(std::find_if(mapping.begin(), mapping.end(), is_embedding)->name).second;
     if (tied_head->dtype != embedding->dtype || tied_head->shape != embedding->shape ||
         std::memcmp(tied_head->bytes.data(), embedding->bytes.data(), embedding->bytes.size()) != 0)
       fail(ExitCode::kData,
@@ -278,11 +289,7 @@ HfImport import_hf(const std::string& dir_name, const std::string& out, bool rep
            "tie_word_embeddings to false",
            (dir / tied_head_file->name).string(), tied_head->name);
   }
-  ckpt::DType dtype = ckpt::DType::kF32;
-  uint64_t most = 0;
-  for (const auto& [d, b] : dtype_bytes)
-    if (b > most) most = b, dtype = d;
-  result.dtype = torch_dtype_name(dtype);
+  result.dtype = torch_dtype_name(most_bytes(dtype_bytes));
 
   // One pass over each file in order: hash it, and convert every tensor into its checkpoint piece.
   ckpt::CheckpointWriter writer(out, replace);
@@ -459,6 +466,111 @@ HfExport export_hf(const ckpt::Checkpoint& checkpoint, const std::string& out_na
     throw;
   }
   return result;
+}
+
+Json load_hf_vision_tower(const std::string& dir_name, GPT& model) {
+  const fs::path dir = fs::absolute(dir_name).lexically_normal();
+  if (!fs::exists(dir / "config.json"))
+    fail(ExitCode::kUsage,
+         "ckpt.init_vision_from = {}: no config.json there: give a Hugging Face SigLIP model "
+         "directory",
+         dir_name);
+  const std::string config_path = (dir / "config.json").string();
+  const Json config = read_json_file(dir / "config.json");
+  const std::string type = config.is_object() ? config.value("model_type", "") : "";
+  if (type != "siglip_vision_model" && type != "siglip")
+    fail(ExitCode::kData,
+         "{}: model_type = \"{}\": ckpt.init_vision_from reads a SiglipVisionModel or a "
+         "SiglipModel",
+         config_path, type);
+  const bool whole_siglip = type == "siglip";
+  const VisionSpec have =
+      siglip_vision_spec(whole_siglip ? config.value("vision_config", Json::object()) : config,
+                         config_path + (whole_siglip ? ": vision_config" : ""));
+  const VisionSpec& want = model.config().vision;
+  if (!want.enabled())
+    fail(ExitCode::kUsage,
+         "ckpt.init_vision_from is set, but the model has no vision tower (vision.layers = 0)");
+  // (compared as printed: the shortest text of a float is its own)
+  const std::pair<const char*, std::pair<std::string, std::string>> keys[] = {
+      {"layers", {fmt::format("{}", want.layers), fmt::format("{}", have.layers)}},
+      {"image_size", {fmt::format("{}", want.image_size), fmt::format("{}", have.image_size)}},
+      {"patch", {fmt::format("{}", want.patch), fmt::format("{}", have.patch)}},
+      {"width", {fmt::format("{}", want.width), fmt::format("{}", have.width)}},
+      {"heads", {fmt::format("{}", want.heads), fmt::format("{}", have.heads)}},
+      {"mlp_hidden", {fmt::format("{}", want.mlp_hidden), fmt::format("{}", have.mlp_hidden)}},
+      {"norm_eps", {fmt::format("{}", want.norm_eps), fmt::format("{}", have.norm_eps)}}};
+  for (const auto& [key, values] : keys)
+    if (values.first != values.second)
+      fail(ExitCode::kUsage,
+           "vision.{} = {}, but the tower in {} has {}: set vision.{} = {} to start from it", key,
+           values.first, dir.string(), values.second, key, values.second);
+
+  // The tower's tensors as LLaVA names them without "vision_tower.": SigLIP's own names.
+  constexpr std::string_view kPrefix = "vision_tower.";
+  std::map<std::string, HfTensor> wanted;
+  for (HfTensor& t : hf_tensors(model.config()))
+    if (model_part(t.param) == ModelPart::kVision) {
+      t.name.erase(0, kPrefix.size());
+      wanted.emplace(t.name, std::move(t));
+    }
+  std::map<std::string, std::string> index_map;
+  const std::vector<Source> sources = open_weights(dir, index_map);
+  // param -> (its published tensors, what each holds)
+  std::map<std::string, std::vector<std::pair<const HfTensor*, const ckpt::SafeTensor*>>> by_param;
+  std::set<std::string> found;
+  Json files = Json::object();
+  std::map<ckpt::DType, uint64_t> dtype_bytes;
+  for (const Source& s : sources) {
+    const std::string where = (dir / s.name).string();
+    Sha256Stream sha;
+    sha.update(s.file.header().data(), s.file.header().size());
+    for (const ckpt::SafeTensor& t : s.file.tensors()) {
+      sha.update(t.bytes.data(), t.bytes.size());
+      // SiglipModel's text model, the pooling head, and the final norm of a model with post_norm off
+      if (!t.name.starts_with("vision_model.") || t.name.starts_with("vision_model.head.") ||
+          (!want.post_norm && t.name.starts_with("vision_model.post_layernorm.")))
+        continue;
+      const auto w = wanted.find(t.name);
+      if (w == wanted.end())
+        fail(ExitCode::kData, "{}: tensor '{}' is not part of the SigLIP tower config.json describes", where,
+             t.name);
+      if (t.shape != w->second.shape)
+        fail(ExitCode::kData, "{}: tensor '{}' has shape {}, but config.json makes it {}", where, t.name,
+             fmt::format("{}", t.shape), fmt::format("{}", w->second.shape));
+      if (!found.insert(t.name).second) fail(ExitCode::kData, "{}: tensor '{}' appears twice", where, t.name);
+      by_param[w->second.param].push_back({&w->second, &t});
+      dtype_bytes[t.dtype] += t.bytes.size();
+    }
+    files[s.name] = sha.hex();
+  }
+  for (const auto& [name, t] : wanted)
+    if (!found.count(name))
+      fail(ExitCode::kData, "{}: tensor '{}' is missing (config.json describes a tower that has it)",
+           dir.string(), name);
+
+  load_params(
+      model, [&](std::string_view param) { return by_param.count(std::string(param)) > 0; },
+      [&](const ckpt::Slice& piece, float* out) {
+        const std::vector<ckpt::Run> runs = ckpt::runs_of(piece.normalized());
+        for (const auto& [m, t] : by_param.at(piece.name.substr(piece.name.find('/') + 1))) {
+          ckpt::Slice published = ckpt::Slice::whole(piece.name, m->param_shape);
+          published.offset = m->offset;
+          published.count = m->count;
+          ckpt::intersect_runs(runs, ckpt::runs_of(published.normalized()),
+                               [&](int64_t lo, int64_t hi, int64_t at_piece, int64_t at_published) {
+                                 for (int64_t i = 0; i < hi - lo; ++i)
+                                   out[at_piece + i] = element(*t, at_published + i);
+                               });
+        }
+      });
+  Json origin = {{"format", "hf"},
+                 {"source", dir.string()},
+                 {"architecture", config.contains("architectures") ? config["architectures"][0] : Json(type)},
+                 {"torch_dtype", torch_dtype_name(most_bytes(dtype_bytes))},
+                 {"files", files}};
+  identify(dir, config, origin);
+  return origin;
 }
 
 }  // namespace forge::trainer

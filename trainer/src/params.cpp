@@ -129,7 +129,7 @@ std::vector<ParamInfo> parameter_table(const ModelSpec& cfg, const ModelSlice& s
       linear(b + "mlp.fc", H, W, std, rows);
       linear(b + "mlp.proj", W, H, vis_proj_std, cols);
     }
-    layernorm("vision.ln_post", W);
+    if (vis.post_norm) layernorm("vision.ln_post", W);
     linear("projector.fc1", P, W, std, rows);
     linear("projector.fc2", C, P, std, cols);
   }

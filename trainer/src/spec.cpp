@@ -112,7 +112,11 @@ void add_trainer_keys(ConfigSchema& s) {
       .add<int>("vision.heads", 0, "attention heads of the encoder (0: model.heads)")
       .add<int>("vision.mlp_hidden", 0, "hidden width of the encoder's MLP (0: 4 x vision.width)")
       .add<int>("vision.projector_hidden", 0,
-                "hidden width of the projector into the language model (0: model.d_model)");
+                "hidden width of the projector into the language model (0: model.d_model)")
+      .add<double>("vision.norm_eps", 1e-5, "epsilon of the encoder's LayerNorms (SigLIP: 1e-6)")
+      .add<bool>("vision.post_norm", true,
+                 "a LayerNorm after the last block (SigLIP's post_layernorm); LLaVA's projector reads the "
+                 "last block's output without it: off");
   s.add<std::string>("data.dataset", "synthetic", "dataset directory, or 'synthetic'")
       .add<int>("data.batch", 8, "sequences per micro-batch (per data-parallel rank)")
       .add<std::string>(
@@ -481,6 +485,9 @@ VisionSpec vision_spec(const Config& c, const ModelSpec& m) {
   if (v.width % v.heads != 0) c.reject("vision.heads", fmt::format("must divide vision.width = {}", v.width));
   v.mlp_hidden = width_key("vision.mlp_hidden", 4 * v.width);
   v.projector_hidden = width_key("vision.projector_hidden", m.d_model);
+  v.norm_eps = static_cast<float>(c.get<double>("vision.norm_eps"));
+  if (!(v.norm_eps > 0 && v.norm_eps < 1)) c.reject("vision.norm_eps", "must be in (0, 1)");
+  v.post_norm = c.get<bool>("vision.post_norm");
   // A picture's features replace its placeholder tokens' embeddings; a learned position table would have
   // to be added to them again, which the embedding layer does not do.
   if (m.positions != Positions::kRotary)

@@ -21,7 +21,8 @@ struct VisionTower::Acts {
     Buffer<float> ln1, ln1_stats, qkv, att, lse, res_mid, ln2, ln2_stats, pre, act;
   };
   std::vector<PerBlock> blocks;
-  Buffer<float> post, post_stats, pre1, hidden, features;
+  Buffer<float> post, post_stats, pre1, hidden, features;  // post: empty without the final norm
+  const float* projected = nullptr;  // what the projector read: post, or the last block's output
 };
 
 VisionTower::VisionTower(Backend& backend, const LayerFactory& layers, const VisionSpec& spec, int d_model,
@@ -45,7 +46,8 @@ VisionTower::VisionTower(Backend& backend, const LayerFactory& layers, const Vis
     return layers.linear(backend, ref(name + ".weight"), ref(name + ".bias"), add_bias);
   };
   const auto layernorm = [&](const std::string& name) {
-    return std::make_unique<NormLayer>(backend, true, 1e-5f, ref(name + ".weight"), ref(name + ".bias"));
+    return std::make_unique<NormLayer>(backend, true, spec.norm_eps, ref(name + ".weight"),
+                                       ref(name + ".bias"));
   };
   patch_ = linear("vision.patch", true);
   pos_ = ref("vision.pos.weight");
@@ -61,7 +63,7 @@ VisionTower::VisionTower(Backend& backend, const LayerFactory& layers, const Vis
     block->fc_proj = linear(b + "mlp.proj", false);
     blocks_.push_back(std::move(block));
   }
-  ln_post_ = layernorm("vision.ln_post");
+  if (spec.post_norm) ln_post_ = layernorm("vision.ln_post");
   fc1_ = linear("projector.fc1", true);
   fc2_ = linear("projector.fc2", true);
 
@@ -86,8 +88,10 @@ VisionTower::VisionTower(Backend& backend, const LayerFactory& layers, const Vis
       k.act = backend.alloc<float>(M * H);
       a->blocks.push_back(std::move(k));
     }
-    a->post = backend.alloc<float>(M * W);
-    a->post_stats = backend.alloc<float>(2 * M);
+    if (ln_post_) {
+      a->post = backend.alloc<float>(M * W);
+      a->post_stats = backend.alloc<float>(2 * M);
+    }
     a->pre1 = backend.alloc<float>(M * P);
     a->hidden = backend.alloc<float>(M * P);
     a->features = backend.alloc<float>(M * C);
@@ -147,8 +151,13 @@ const float* VisionTower::forward(int slot, const uint8_t* pixels, int pictures)
     b.fc_proj->forward(delta, k.act.data(), M);
     backend_.residual_forward(x + int64_t(l + 1) * MW, k.res_mid.data(), delta, b.fc_proj->bias(), M, W);
   }
-  ln_post_->forward(a.post.data(), a.post_stats.data(), x + int64_t(blocks_.size()) * MW, M, W);
-  fc1_->forward_gelu(a.hidden.data(), a.pre1.data(), a.post.data(), M);
+  const float* last = x + int64_t(blocks_.size()) * MW;
+  if (ln_post_) {
+    ln_post_->forward(a.post.data(), a.post_stats.data(), last, M, W);
+    last = a.post.data();
+  }
+  a.projected = last;
+  fc1_->forward_gelu(a.hidden.data(), a.pre1.data(), last, M);
   fc2_->forward(a.features.data(), a.hidden.data(), M);
   return a.features.data();
 }
@@ -163,10 +172,14 @@ void VisionTower::backward(int slot, float* d_features) {
   float *dx = dx_.data(), *dln = dln_.data();
   fc2_->backward(dproj_.data(), d_features, a.hidden.data(), M);
   backend_.gelu_backward(dproj_.data(), a.pre1.data(), M, P);
-  fc1_->backward(frozen_encoder_ ? nullptr : dln, dproj_.data(), a.post.data(), M);
+  // dx = dL/d(last block's output): through the final norm, or straight from the projector.
+  float* d_projected = ln_post_ ? dln : dx;
+  fc1_->backward(frozen_encoder_ ? nullptr : d_projected, dproj_.data(), a.projected, M);
   if (frozen_encoder_) return;
-  backend_.fill(dx, 0.0f, size_t(MW));
-  ln_post_->backward(dx, dln, x + int64_t(blocks_.size()) * MW, a.post_stats.data(), M, W);
+  if (ln_post_) {
+    backend_.fill(dx, 0.0f, size_t(MW));
+    ln_post_->backward(dx, dln, x + int64_t(blocks_.size()) * MW, a.post_stats.data(), M, W);
+  }
   // dx = dL/d(block output), in place: the MLP's norm adds its path (dx = dL/d(res_mid)), then the
   // attention's norm adds its own (dx = dL/d(block input)).
   for (size_t l = blocks_.size(); l-- > 0;) {

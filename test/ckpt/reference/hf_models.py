@@ -9,18 +9,24 @@ as int16), and the models are computed in float64 by test/trainer/reference/make
 (llama, qwen2, qwen3, mistral, mixtral, qwen2_moe: the Hugging Face modeling code written out in PyTorch,
 which the C++ trainer is checked against) after renaming the published tensors to its names; GPT-2 (learned
 positions, LayerNorm with bias, fused c_attn, Conv1D weights stored [in, out], GELU's tanh form, tied
-classifier) is written out below after transformers' modeling_gpt2.
+classifier) is written out below after transformers' modeling_gpt2. LLaVA (LlavaForConditionalGeneration: a
+SigLIP vision transformer whose last block feeds a two-layer tanh-GELU projector, the pictures' features in
+place of their placeholder tokens' embeddings in a Llama model) is make_vision.py's vision_features in front
+of make_families' forward.
 
 Subcommands (run with Debian's /usr/bin/python3, python3-torch and numpy):
 
-  write --family F --dtype f32|bf16 [--shards N] --vocab V --out DIR [--seed S] [--tokenizer] [--legacy-names]
-      A tiny random model of family F (llama qwen2 qwen3 mistral mixtral qwen2_moe gpt2): config.json with
+  write --family F --dtype f32|bf16 [--shards N] --vocab V --out DIR [--seed S] [--tokenizer] [--legacy-names] [--new-names]
+      A tiny random model of family F (llama qwen2 qwen3 mistral mixtral qwen2_moe gpt2 llava): config.json with
       the keys its transformers class reads, generation_config.json, model.safetensors or N shards
       model-0000k-of-0000N.safetensors with model.safetensors.index.json (weight_map, metadata.total_size).
       Shapes are make_families.FAMILIES' (2 layers, d_model 32, 4 query heads sharing 2 key/value heads of
       8, or 16 for qwen3) with vocabulary V; weights from make_families.draw_params (float32, sane scales),
       stored as F32 or rounded to BF16. --tokenizer: also a word-level tokenizer's files. --legacy-names
       (gpt2): the hub's gpt2 naming, without "transformer." and with the h.N.attn.bias mask buffers.
+      --new-names (llava): the names transformers >= 4.52 saves (model.language_model., model.vision_tower., lm_head.), not the
+      older language_model.model. ones. A llava model is the llama one with LLAVA_VISION's SigLIP tower
+      (whose post_layernorm, which LLaVA does not use, is written too) and projector.
 
   loss --dir DIR --batch verify-batch.bin [--positions-from-batch] [--verbose]
       Reads a model directory (single file or sharded; F32, BF16, F16) and a serialized forge::MicroBatch
@@ -61,7 +67,13 @@ import argparse, json, math, os, re, shlex, struct, sys, types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FAMILIES_PY = os.path.normpath(os.path.join(HERE, "..", "..", "trainer", "reference", "make_families.py"))
-FAMILY_NAMES = ["llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen2_moe", "gpt2"]
+VISION_PY = os.path.join(os.path.dirname(FAMILIES_PY), "make_vision.py")
+FAMILY_NAMES = ["llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen2_moe", "gpt2", "llava"]
+LLAVA = "LlavaForConditionalGeneration"
+# The tower of the llava test model: 8 x 8 pictures in 4-pixel patches (4 positions each), SigLIP's epsilon.
+LLAVA_VISION = dict(vision_layers=2, image_size=8, patch=4, vision_width=24, vision_heads=2, vision_mlp_hidden=48,
+                    vision_norm_eps=1e-6)
+LLAVA_SEED = 20261207
 ARCH = {"llama": ("LlamaForCausalLM", "llama"), "qwen2": ("Qwen2ForCausalLM", "qwen2"),
         "qwen3": ("Qwen3ForCausalLM", "qwen3"), "mistral": ("MistralForCausalLM", "mistral"),
         "mixtral": ("MixtralForCausalLM", "mixtral"), "qwen2_moe": ("Qwen2MoeForCausalLM", "qwen2_moe"),
@@ -107,6 +119,19 @@ def mf():
 def torch_mod():
     import torch
     return torch
+
+
+_mv = None
+
+
+def mv():
+    """test/trainer/reference/make_vision.py as a module (it runs only under __main__)."""
+    global _mv
+    if _mv is None:
+        sys.path.insert(0, os.path.dirname(VISION_PY))
+        import make_vision
+        _mv = make_vision
+    return _mv
 
 
 # ------------------------------------------------------------------------------------------ safetensors
@@ -252,8 +277,13 @@ def from_bytes(dtype, shape, data):
 
 # --------------------------------------------------------------------------------------- configurations
 def family_config(fam, vocab):
-    """make_families' configuration of a family (its FAMILIES shapes) with vocabulary `vocab`; GPT-2's is
-    written here."""
+    """make_families' configuration of a family (its FAMILIES shapes) with vocabulary `vocab`; GPT-2's and
+    LLaVA's (the llama one with LLAVA_VISION) are written here."""
+    if fam == "llava":
+        c = family_config("llama", vocab)
+        c["vision"] = dict(LLAVA_VISION)
+        c["image_token_index"] = vocab - 3
+        return c
     if fam == "gpt2":
         return dict(family="gpt2", layers=2, d_model=32, heads=4, kv_heads=4, head_dim=8, vocab=vocab,
                     positions=GPT2_POSITIONS, ffn_hidden=128, norm_eps=1e-5, tied_embeddings=1)
@@ -265,6 +295,21 @@ def family_config(fam, vocab):
 
 def hf_config(fam, c, dtype):
     """config.json of the family's transformers class for configuration c."""
+    if fam == "llava":
+        text = hf_config("llama", {k: v for k, v in c.items() if k != "vision"}, dtype)
+        del text["architectures"]
+        v = c["vision"]
+        vision = {"model_type": "siglip_vision_model", "hidden_size": v["vision_width"],
+                  "intermediate_size": v["vision_mlp_hidden"], "num_hidden_layers": v["vision_layers"],
+                  "num_attention_heads": v["vision_heads"], "num_channels": 3, "image_size": v["image_size"],
+                  "patch_size": v["patch"], "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": v["vision_norm_eps"],
+                  "attention_dropout": 0.0, "vision_use_head": False}
+        return {"architectures": [LLAVA], "model_type": "llava", "text_config": text, "vision_config": vision,
+                "image_token_index": c["image_token_index"], "projector_hidden_act": "gelu_pytorch_tanh",
+                "vision_feature_layer": -1, "vision_feature_select_strategy": "full",
+                "image_seq_length": (v["image_size"] // v["patch"]) ** 2, "multimodal_projector_bias": True,
+                "tie_word_embeddings": bool(c["tied_embeddings"]), "torch_dtype": text["torch_dtype"],
+                "transformers_version": text["transformers_version"]}
     arch, mt = ARCH[fam]
     torch_dtype = {"f32": "float32", "bf16": "bfloat16"}[dtype]
     if fam == "gpt2":
@@ -326,6 +371,8 @@ def config_model(cfg, where="config.json"):
     """The configuration make_families.forward (or gpt2_forward) computes with, read from config.json the
     way the transformers class reads it (its defaults for absent keys); Bad for what this reference does
     not compute."""
+    if (cfg.get("architectures") or [None])[0] == LLAVA or cfg.get("model_type") == "llava":
+        return llava_config_model(cfg, where)
     if cfg.get("architectures"):
         arch = cfg["architectures"][0]
         if arch not in FAMILY_OF_ARCH:
@@ -400,10 +447,93 @@ def config_model(cfg, where="config.json"):
     return c
 
 
+def llava_config_model(cfg, where):
+    """A LLaVA config: its text model's configuration with c["vision"] (make_vision's keys) added."""
+    g = lambda d, k, default=None: default if d.get(k) is None else d[k]
+    text, vc = cfg.get("text_config"), cfg.get("vision_config")
+    if not isinstance(text, dict) or not isinstance(vc, dict):
+        raise Bad(f"{where}: a LLaVA config needs text_config and vision_config objects")
+    text = dict(text)
+    text.setdefault("architectures", [ARCH[FAMILY_OF_TYPE.get(text.get("model_type"), "llama")][0]])
+    c = config_model(text, where + ": text_config")
+    checks = [(vc.get("model_type"), "siglip_vision_model", "vision_config.model_type"),
+              (g(vc, "hidden_act", "gelu_pytorch_tanh"), "gelu_pytorch_tanh", "vision_config.hidden_act"),
+              (g(cfg, "projector_hidden_act", "gelu"), "gelu_pytorch_tanh", "projector_hidden_act"),
+              (g(cfg, "vision_feature_layer", -2), -1, "vision_feature_layer"),
+              (g(cfg, "vision_feature_select_strategy", "default"), "full", "vision_feature_select_strategy"),
+              (g(cfg, "multimodal_projector_bias", True), True, "multimodal_projector_bias")]
+    for have, want, key in checks:
+        if have != want:
+            raise Bad(f"{where}: {key} {have!r} is not computed here (only {want!r})")
+    c["vision"] = dict(vision_layers=g(vc, "num_hidden_layers", 12), image_size=g(vc, "image_size", 224),
+                       patch=g(vc, "patch_size", 16), vision_width=g(vc, "hidden_size", 768),
+                       vision_heads=g(vc, "num_attention_heads", 12),
+                       vision_mlp_hidden=g(vc, "intermediate_size", 3072),
+                       vision_norm_eps=float(g(vc, "layer_norm_eps", 1e-6)))
+    c["image_token_index"] = g(cfg, "image_token_index", 32000)
+    return c
+
+
 # --------------------------------------------------------------------------------- tensor name mapping
+def llava_vision_shapes(c):
+    """forge's vision tower and projector parameters (without vision.ln_post: LLaVA reads the last block)."""
+    v, C = c["vision"], c["d_model"]
+    W, H, k = v["vision_width"], v["vision_mlp_hidden"], v["patch"]
+    s = {"vision.patch.weight": (W, 3 * k * k), "vision.patch.bias": (W,),
+         "vision.pos.weight": ((v["image_size"] // k) ** 2, W)}
+    for i in range(v["vision_layers"]):
+        b = f"vision.blocks.{i}."
+        s.update({b + "ln1.weight": (W,), b + "ln1.bias": (W,), b + "attn.qkv.weight": (3 * W, W),
+                  b + "attn.qkv.bias": (3 * W,), b + "attn.proj.weight": (W, W), b + "attn.proj.bias": (W,),
+                  b + "ln2.weight": (W,), b + "ln2.bias": (W,), b + "mlp.fc.weight": (H, W),
+                  b + "mlp.fc.bias": (H,), b + "mlp.proj.weight": (W, H), b + "mlp.proj.bias": (W,)})
+    s.update({"projector.fc1.weight": (C, W), "projector.fc1.bias": (C,), "projector.fc2.weight": (C, C),
+              "projector.fc2.bias": (C,)})
+    return s
+
+
+def llava_canonical(name):
+    """A LLaVA tensor's name in the layout of transformers before 4.52 (which hf_layout spells)."""
+    for new, old in (("model.language_model.", "language_model.model."), ("model.vision_tower.", "vision_tower."),
+                     ("model.multi_modal_projector.", "multi_modal_projector."), ("lm_head.", "language_model.lm_head.")):
+        if name.startswith(new):
+            return old + name[len(new):]
+    return name
+
+
+LLAVA_UNUSED = ("vision_tower.vision_model.post_layernorm.", "vision_tower.vision_model.head.")
+
+
+def tower_layout(v, e):
+    """hf_layout's rows of a SigLIP tower whose tensor names start with e (without its final norm)."""
+    W = v["vision_width"]
+    out = [(e + "embeddings.patch_embedding.weight", "vision.patch.weight", None, 0, None),
+           (e + "embeddings.patch_embedding.bias", "vision.patch.bias", None, 0, None),
+           (e + "embeddings.position_embedding.weight", "vision.pos.weight", None, 0, None)]
+    for i in range(v["vision_layers"]):
+        h, b = f"{e}encoder.layers.{i}.", f"vision.blocks.{i}."
+        out += [(h + "layer_norm1.weight", b + "ln1.weight", None, 0, None),
+                (h + "layer_norm1.bias", b + "ln1.bias", None, 0, None)]
+        for j, x in enumerate("qkv"):
+            out += [(h + f"self_attn.{x}_proj.weight", b + "attn.qkv.weight", None, j * W, W),
+                    (h + f"self_attn.{x}_proj.bias", b + "attn.qkv.bias", None, j * W, W)]
+        for hf, fp in (("self_attn.out_proj", "attn.proj"), ("layer_norm2", "ln2"), ("mlp.fc1", "mlp.fc"),
+                       ("mlp.fc2", "mlp.proj")):
+            out += [(h + hf + ".weight", b + fp + ".weight", None, 0, None),
+                    (h + hf + ".bias", b + fp + ".bias", None, 0, None)]
+    return out
+
+
 def hf_layout(c):
     """Every published tensor of a (non-GPT-2) model: (hf name, forge name, expert or None, first row,
     rows or None). A None rows means the whole forge parameter (or the whole expert's matrix)."""
+    if "vision" in c:  # LLaVA: the SigLIP tower, the projector, the language model under language_model.
+        text = {k: v for k, v in c.items() if k != "vision"}
+        out = tower_layout(c["vision"], "vision_tower.vision_model.")
+        for hf, fp in (("linear_1", "fc1"), ("linear_2", "fc2")):
+            for x in ("weight", "bias"):
+                out.append((f"multi_modal_projector.{hf}.{x}", f"projector.{fp}.{x}", None, 0, None))
+        return out + [("language_model." + hf, *rest) for hf, *rest in hf_layout(text)]
     out = [("model.embed_tokens.weight", "wte.weight", None, 0, None)]
     for i in range(c["layers"]):
         h, b = f"model.layers.{i}.", f"blocks.{i}."
@@ -452,24 +582,36 @@ def _piece(t, e, r0, n):
     return t if n is None else t[r0:r0 + n]
 
 
+def _published_shape(c, hf, t):
+    """The patch embedding is published as the convolution's [W, 3, p, p]; forge holds it [W, 3 p p]."""
+    if hf.endswith("patch_embedding.weight"):
+        k = c["vision"]["patch"]
+        return t.reshape(t.shape[0], 3, k, k)
+    return t
+
+
 def forge_to_hf(c, P):
-    return {hf: _piece(P[fp], e, r0, n).clone() for hf, fp, e, r0, n in hf_layout(c)}
+    return {hf: _published_shape(c, hf, _piece(P[fp], e, r0, n)).clone() for hf, fp, e, r0, n in hf_layout(c)}
 
 
 def hf_to_forge(c, T, where):
     """forge-named float64 parameters from published tensors (every one placed once, shapes checked)."""
     torch = torch_mod()
     shapes = mf().param_shapes(c)
+    if "vision" in c:
+        shapes.update(llava_vision_shapes(c))
+        T = {llava_canonical(k): v for k, v in T.items() if not llava_canonical(k).startswith(LLAVA_UNUSED)}
     P = {k: torch.full(s, float("nan"), dtype=torch.float64) for k, s in shapes.items()}
     layout = hf_layout(c)
     want = {hf for hf, *_ in layout}
-    extra = sorted(set(T) - want - ({"lm_head.weight"} if c["tied_embeddings"] else set()))
+    head = "language_model.lm_head.weight" if "vision" in c else "lm_head.weight"
+    extra = sorted(set(T) - want - ({head} if c["tied_embeddings"] else set()))
     if extra:
         raise Bad(f"{where}: tensors this config.json has no place for: {extra[:5]}")
     for hf, fp, e, r0, n in layout:
         if hf not in T:
             raise Bad(f"{where}: tensor '{hf}' is missing")
-        dst = _piece(P[fp], e, r0, n)
+        dst = _published_shape(c, hf, _piece(P[fp], e, r0, n))
         if tuple(dst.shape) != tuple(T[hf].shape):
             raise Bad(f"{where}: tensor '{hf}' has shape {list(T[hf].shape)}, expected {list(dst.shape)}")
         dst.copy_(T[hf])
@@ -561,9 +703,10 @@ def publish(out, cfg, tensors, dtype, shards, order):
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2, sort_keys=True)
         f.write("\n")
+    ids = cfg.get("text_config", cfg)
     with open(os.path.join(out, "generation_config.json"), "w") as f:
-        json.dump({"_from_model_config": True, "bos_token_id": cfg["bos_token_id"],
-                   "eos_token_id": cfg["eos_token_id"], "transformers_version": cfg["transformers_version"]},
+        json.dump({"_from_model_config": True, "bos_token_id": ids["bos_token_id"],
+                   "eos_token_id": ids["eos_token_id"], "transformers_version": cfg["transformers_version"]},
                   f, indent=2)
         f.write("\n")
     if shards <= 1:
@@ -594,7 +737,7 @@ def cmd_write(a):
     torch = torch_mod()
     fam = a.family
     c = family_config(fam, a.vocab)
-    seed = a.seed if a.seed is not None else (GPT2_SEED if fam == "gpt2" else mf().SEEDS[fam])
+    seed = a.seed if a.seed is not None else {"gpt2": GPT2_SEED, "llava": LLAVA_SEED}.get(fam) or mf().SEEDS[fam]
     gen = torch.Generator().manual_seed(seed)
     if fam == "gpt2":
         T = gpt2_draw(c, gen)
@@ -604,6 +747,8 @@ def cmd_write(a):
             T = {k[len("transformer."):]: v for k, v in T.items()}
             for i in range(c["layers"]):
                 T[f"h.{i}.attn.bias"] = mask
+    elif fam == "llava":
+        T = llava_draw(c, gen, a.new_names)
     else:
         T = forge_to_hf(c, mf().draw_params(c, gen))
     order = list(T)  # transformers' order: embeddings, layers in turn, final norm, classifier
@@ -613,15 +758,57 @@ def cmd_write(a):
         write_tokenizer(a.out, c["vocab"], cfg)
 
 
+def llava_draw(c, gen, new_names):
+    """Published LLaVA tensors: make_families' llama weights, and a tower and projector drawn as
+    make_vision.initial draws its own (q and k rows N(0, 0.25), patch embedding N(0, 0.1), projector
+    N(0, 0.15): the pictures visibly move the logits), with a random post_layernorm LLaVA must not use."""
+    torch = torch_mod()
+    text = {k: v for k, v in c.items() if k != "vision"}
+    P = mf().draw_params(text, gen)
+    W = c["vision"]["vision_width"]
+    for name, shape in llava_vision_shapes(c).items():
+        n = torch.randn(shape, generator=gen, dtype=torch.float32)
+        if "ln" in name and name.endswith(".weight"):
+            w = 1 + 0.1 * n
+        elif name.endswith(".bias"):
+            w = 0.02 * n
+        else:
+            std = 0.1 if name.startswith("vision.patch") else 0.15 if name.startswith("projector.") else 0.02
+            w = std * n
+            if "attn.qkv.weight" in name:
+                w[: 2 * W] = 0.25 * n[: 2 * W]
+        P[name] = w
+    T = forge_to_hf(c, P)
+    e = "vision_tower.vision_model.post_layernorm."
+    T[e + "weight"] = 1 + 0.1 * torch.randn(W, generator=gen)
+    T[e + "bias"] = 0.02 * torch.randn(W, generator=gen)
+    if new_names:
+        T = {_new_name(n): t for n, t in T.items()}
+    return T
+
+
+def _new_name(name):
+    """A LLaVA tensor's name as transformers >= 4.52 saves it."""
+    for old, new in (("language_model.model.", "model.language_model."), ("vision_tower.", "model.vision_tower."),
+                     ("multi_modal_projector.", "model.multi_modal_projector."), ("language_model.lm_head.", "lm_head.")):
+        if name.startswith(old):
+            return new + name[len(old):]
+    return name
+
+
 def write_tokenizer(out, V, cfg):
     """A word-level tokenizer of V tokens in transformers' files (tokenizer.json, tokenizer_config.json,
     special_tokens_map.json): what an import keeps and an export hands back unchanged."""
-    bos, eos = cfg["bos_token_id"], cfg["eos_token_id"]
+    ids = cfg.get("text_config", cfg)
+    bos, eos = ids["bos_token_id"], ids["eos_token_id"]
     names = [f"w{i}" for i in range(V)]
     names[0] = "<unk>"
     names[bos], names[eos] = ("<|endoftext|>",) * 2 if bos == eos else ("<s>", "</s>")
+    if "image_token_index" in cfg:
+        names[cfg["image_token_index"]] = "<image>"
     added = [{"id": i, "content": names[i], "single_word": False, "lstrip": False, "rstrip": False,
-              "normalized": False, "special": True} for i in sorted({0, bos, eos})]
+              "normalized": False, "special": True}
+             for i in sorted({0, bos, eos} | ({cfg["image_token_index"]} if "image_token_index" in cfg else set()))]
     tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
            "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None, "decoder": None,
            "model": {"type": "WordLevel", "vocab": {n: i for i, n in enumerate(names)}, "unk_token": "<unk>"}}
@@ -629,7 +816,7 @@ def write_tokenizer(out, V, cfg):
     with open(os.path.join(out, "tokenizer.json"), "w") as f:
         json.dump(tok, f, ensure_ascii=False)
     with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
-        json.dump(dict(special, model_max_length=cfg.get("max_position_embeddings", cfg.get("n_positions")),
+        json.dump(dict(special, model_max_length=ids.get("max_position_embeddings", ids.get("n_positions")),
                        tokenizer_class="PreTrainedTokenizerFast", clean_up_tokenization_spaces=False), f, indent=2)
     with open(os.path.join(out, "special_tokens_map.json"), "w") as f:
         json.dump(special, f, indent=2)
@@ -639,7 +826,10 @@ def write_tokenizer(out, V, cfg):
 def read_batch(path):
     """A serialized forge::MicroBatch (common/src/batch.cpp): magic FMBATCH1; rows, seq_len, flags (u32);
     inputs, targets (i32); weights (f32, flag 1), positions (i32, 2), segments (i32, 4); sample_ids (u64),
-    epochs (u32) per row; reference log-probabilities (f64, 2 a row, flag 8); domains (u16 a row, 16)."""
+    epochs (u32) per row; reference log-probabilities (f64, 2 a row, flag 8); domains (u16 a row, 16);
+    rollouts (flag 32: advantages f32 a row, old log-probabilities f32; flag 64: reference log-probabilities
+    f32); pictures (flag 128: image_size, image_tokens, count (i64); count run starts (i64, row x seq_len +
+    t); count x image_size^2 x 3 RGB bytes)."""
     import numpy as np
     data = open(path, "rb").read()
     if data[:8] != b"FMBATCH1":
@@ -665,6 +855,17 @@ def read_batch(path):
     take("epochs", "<u4", rows)
     take("reference_logps", "<f8", 2 * rows if flags & 8 else 0)
     take("domains", "<u2", rows if flags & 16 else 0)
+    take("advantages", "<f4", rows if flags & 32 else 0)
+    take("old_logps", "<f4", n if flags & 32 else 0)
+    take("ref_logps", "<f4", n if flags & 64 else 0)
+    b["image_size"] = b["image_tokens"] = 0
+    b["image_starts"], b["pictures"] = [], None
+    if flags & 128:
+        take("picture_header", "<i8", 3)
+        b["image_size"], b["image_tokens"], count = (int(x) for x in b["picture_header"])
+        take("image_starts", "<i8", count)
+        take("pixels", "u1", count * b["image_size"] ** 2 * 3)
+        b["pictures"] = b["pixels"].reshape(count, b["image_size"], b["image_size"], 3)
     if at != len(data):
         raise Bad(f"{path}: {len(data) - at} trailing bytes")
     return b
@@ -711,7 +912,19 @@ def model_loss(d, batch, positions_from_batch=False, verbose=False):
             gap = None
         else:
             P = hf_to_forge(c, T, d)
-            logits, routers = mf().forward(c, P, idx, pos, seg, strict=False)
+            embeds = None
+            if "vision" in c:  # LLaVA: each picture's features in place of its run of positions
+                if not len(batch["image_starts"]):
+                    raise Bad(f"{d} is a LLaVA model, and the batch has no pictures")
+                v = c["vision"]
+                if batch["image_size"] != v["image_size"]:
+                    raise Bad(f"the batch's pictures are {batch['image_size']} pixels, the model's {v['image_size']}")
+                feats = mv().vision_features(dict(v, d_model=c["d_model"]), P, batch["pictures"])
+                embeds = P["wte.weight"][idx].clone().view(B * Tn, -1)
+                for k, start in enumerate(batch["image_starts"]):
+                    embeds[int(start): int(start) + feats.shape[1]] = feats[k]
+                embeds = embeds.view(B, Tn, -1)
+            logits, routers = mf().forward(c, P, idx, pos, seg, strict=False, embeds=embeds)
             gap = router_gap(c, P, idx, pos, seg) if c["experts"] else None
     w = torch.ones(B * Tn, dtype=torch.float64)
     if len(batch["weights"]):
@@ -784,7 +997,8 @@ def cmd_loss(a):
 # ----------------------------------------------------------------------------------------------- hostile
 HOSTILE = ["header-too-long", "header-len-wraps", "header-not-json", "offsets-past-end", "overlap", "dtype-size", "config-nan",
            "shape-2p63", "truncated", "missing-tensor", "extra-tensor", "misshapen", "unknown-arch",
-           "rope-type", "relu", "missing-shard", "index-wrong-file", "tensor-in-two-shards"]
+           "rope-type", "relu", "missing-shard", "index-wrong-file", "tensor-in-two-shards", "llava-clip",
+           "llava-feature-layer"]
 
 
 def base_llama(vocab=64):
@@ -934,6 +1148,20 @@ def write_hostile(out, case):
         with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {"total_size": sum(len(v) for v in data.values())}, "weight_map": wm}, f)
         pats = [re.escape(name)]
+    elif case in ("llava-clip", "llava-feature-layer"):
+        # the llama inside a LLaVA config: a CLIP tower (a vision_config naming no model_type is CLIP's),
+        # or the projector reading the second-to-last block, as LLaVA-1.5 does
+        write_raw_st(st, header, blob)
+        vision = {"hidden_size": 24, "intermediate_size": 48, "num_hidden_layers": 1, "num_attention_heads": 2,
+                  "image_size": 8, "patch_size": 4}
+        if case == "llava-feature-layer":
+            vision["model_type"] = "siglip_vision_model"
+        cfg = {"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava",
+               "text_config": {k: v for k, v in cfg.items() if k not in ("architectures", "torch_dtype")},
+               "vision_config": vision, "image_token_index": 60, "projector_hidden_act": "gelu_pytorch_tanh",
+               "vision_feature_select_strategy": "full",
+               "vision_feature_layer": -2 if case == "llava-feature-layer" else -1}
+        pats = ["config\\.json", "model_type" if case == "llava-clip" else "vision_feature_layer"]
     else:
         raise SystemExit(f"hostile: unknown case '{case}' (one of: {', '.join(HOSTILE)}, all)")
     if not os.path.exists(os.path.join(out, "config.json")):
@@ -1003,10 +1231,13 @@ ST_NAME = {"f32": "F32", "bf16": "BF16", "f16": "F16"}
 def cmd_compare_hf(a):
     diffs = []
     ra, rb = read_raw_dir(a.a), read_raw_dir(a.b)
-    fam = config_model(read_config(a.a))["family"]
-    if fam == "gpt2":  # the hub's files may name GPT-2's tensors without "transformer." and hold mask buffers
+    model = config_model(read_config(a.a))
+    if model["family"] == "gpt2":  # the hub's files may name GPT-2's tensors without "transformer." and hold mask buffers
         canon = lambda r: {("transformer." + k if not k.startswith("transformer.") and k != "lm_head.weight"
                             else k): v for k, v in r.items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}
+        ra, rb = canon(ra), canon(rb)
+    if "vision" in model:
+        canon = lambda r: {llava_canonical(k): v for k, v in r.items() if not llava_canonical(k).startswith(LLAVA_UNUSED)}
         ra, rb = canon(ra), canon(rb)
     if a.convert:  # A's values as B should hold them in that dtype: rounded to nearest even by torch
         st = ST_NAME[a.convert]
@@ -1090,6 +1321,13 @@ def cmd_model_config(a):
                         shared_expert_hidden=c["shared_expert_hidden"])
         else:
             want.update(ffn="dense", ffn_hidden=c["ffn_hidden"])
+        if "vision" in c:
+            v = c["vision"]
+            want.update({"vision.layers": v["vision_layers"], "vision.image_size": v["image_size"],
+                         "vision.patch": v["patch"], "vision.width": v["vision_width"],
+                         "vision.heads": v["vision_heads"], "vision.mlp_hidden": v["vision_mlp_hidden"],
+                         "vision.projector_hidden": c["d_model"], "vision.norm_eps": v["vision_norm_eps"],
+                         "vision.post_norm": "off"})
         required = set(want)
     diffs = []
     for k, v in want.items():
@@ -1098,7 +1336,7 @@ def cmd_model_config(a):
                 diffs.append(f"model.{k}: absent, config.json makes it {v!r}")
             continue
         r = rec[k]
-        same = np.float32(r) == np.float32(v) if k == "norm_eps" else \
+        same = np.float32(r) == np.float32(v) if k.endswith("norm_eps") else \
             (float(r) == float(v) if isinstance(v, float) else r == v)
         if not same:
             diffs.append(f"model.{k}: checkpoint {r!r}, config.json makes it {v!r}")
@@ -1134,6 +1372,62 @@ def cmd_same_params(a):
     print(f"bit-identical /param tensors ({len(pa)})")
 
 
+# ---------------------------------------------------------------------------------- SigLIP vision tower
+def cmd_siglip(a):
+    """A SiglipVisionModel directory holding the tower of the LLaVA model at --llava under SigLIP's own names
+    (vision_model.*), with its post_layernorm and a pooling head (head.probe, which LLaVA drops), in --dtype."""
+    torch = torch_mod()
+    cfg = read_config(a.llava)
+    T = {}
+    for k, (dt, shape, data, _) in read_raw_dir(a.llava).items():
+        k = llava_canonical(k)
+        if k.startswith("vision_tower."):
+            T[k[len("vision_tower."):]] = from_bytes(dt, shape, data)
+    W = cfg["vision_config"]["hidden_size"]
+    T["vision_model.head.probe"] = torch.randn(1, 1, W, generator=torch.Generator().manual_seed(LLAVA_SEED))
+    if a.drop:
+        del T[a.drop]
+    st = {"f32": "F32", "bf16": "BF16"}[a.dtype]
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "config.json"), "w") as f:
+        json.dump(dict(cfg["vision_config"], architectures=["SiglipVisionModel"], model_type="siglip_vision_model",
+                       torch_dtype={"f32": "float32", "bf16": "bfloat16"}[a.dtype],
+                       _name_or_path="forge-test/siglip-tiny"), f, indent=2, sort_keys=True)
+    st_write(os.path.join(a.out, "model.safetensors"),
+             sorted((n, st, list(t.shape), to_bytes(t, st)) for n, t in T.items()))
+
+
+def cmd_same_tower(a):
+    """Every vision.* parameter of a forge checkpoint's HDF5 export (forge-ckpt export --params-only) holds
+    the SigLIP directory's tensor it maps to, bit for bit (vision.ln_post: its post_layernorm)."""
+    import h5py, numpy as np
+    cfg = read_config(a.siglip)
+    g = lambda k, default: cfg.get(k, default)
+    v = dict(vision_layers=g("num_hidden_layers", 12), image_size=g("image_size", 224), patch=g("patch_size", 16),
+             vision_width=g("hidden_size", 768))
+    T = {k: from_bytes(dt, shape, data).to(torch_mod().float32).numpy()
+         for k, (dt, shape, data, _) in read_raw_dir(a.siglip).items()}
+    with h5py.File(a.h5, "r") as f:
+        P = {n: np.asarray(d[()], dtype=np.float32) for n, d in f["param"].items() if n.startswith("vision.")}
+    rows = tower_layout(v, "vision_model.")
+    if "vision.ln_post.weight" in P:
+        rows += [("vision_model.post_layernorm." + x, "vision.ln_post." + x, None, 0, None) for x in ("weight", "bias")]
+    diffs, seen = [], set()
+    for hf, fp, _, r0, n in rows:
+        seen.add(fp)
+        if fp not in P:
+            diffs.append(f"{a.h5}: no param/{fp}")
+            continue
+        piece = P[fp] if n is None else P[fp][r0:r0 + n]
+        if piece.tobytes() != T[hf].reshape(piece.shape).tobytes():
+            diffs.append(f"param/{fp}{'' if n is None else f' rows [{r0}, {r0 + n})'} is not {hf}")
+    diffs += [f"param/{n}: no SigLIP tensor maps to it" for n in sorted(set(P) - seen)]
+    if diffs:
+        print("\n".join(diffs[:30]), file=sys.stderr)
+        sys.exit(1)
+    print(f"the SigLIP tower, bit for bit ({len(seen)} parameters)")
+
+
 # -------------------------------------------------------------------------------------------------- main
 def parser():
     ap = argparse.ArgumentParser(prog="hf_models.py", description=__doc__.split("\n\n")[0])
@@ -1148,6 +1442,8 @@ def parser():
     w.add_argument("--legacy-names", action="store_true",
                    help="gpt2: tensor names without 'transformer.' and the h.N.attn.bias mask buffers, as the "
                    "hub's gpt2 files have them")
+    w.add_argument("--new-names", action="store_true",
+                   help="llava: the names transformers >= 4.52 saves (model.language_model., model.vision_tower.)")
     w.add_argument("--tokenizer", action="store_true",
                    help="also tokenizer.json, tokenizer_config.json, special_tokens_map.json (word-level)")
     w.set_defaults(fn=cmd_write)
@@ -1183,6 +1479,16 @@ def parser():
     s.add_argument("a")
     s.add_argument("b")
     s.set_defaults(fn=cmd_same_params)
+    sg = sub.add_parser("siglip")
+    sg.add_argument("--llava", required=True)
+    sg.add_argument("--dtype", required=True, choices=["f32", "bf16"])
+    sg.add_argument("--out", required=True)
+    sg.add_argument("--drop", help="leave this tensor out (a hostile directory)")
+    sg.set_defaults(fn=cmd_siglip)
+    t = sub.add_parser("same-tower")
+    t.add_argument("h5")
+    t.add_argument("siglip")
+    t.set_defaults(fn=cmd_same_tower)
     b = sub.add_parser("batch")
     b.set_defaults(fn=cmd_batch)
     return ap

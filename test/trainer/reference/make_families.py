@@ -230,15 +230,16 @@ def attention_mask(T, seg, window):
     return allowed[None, None] & (seg[:, None, :, None] == seg[:, None, None, :])
 
 
-def forward(c, P, idx, pos, seg, rope=apply_rope, strict=True):
+def forward(c, P, idx, pos, seg, rope=apply_rope, strict=True, embeds=None):
     """Logits [B, T, V] and, per MoE block, (aux, z, expert_index). strict: assert decisive routing (off for
-    the diagnostic variants below, which only measure how much a feature moves the logits)."""
+    the diagnostic variants below, which only measure how much a feature moves the logits). embeds: the
+    input embeddings [B, T, C] in place of the tokens' (a vision-language model's, pictures placed)."""
     Bx, T = idx.shape
     C, NH, KV, hd, eps = c["d_model"], c["heads"], c["kv_heads"], c["head_dim"], c["norm_eps"]
     inv, _ = inv_freq_of(c)
     cos, sin = rope_cos_sin(inv, pos)
     allowed = attention_mask(T, seg, c["window"])
-    x = P["wte.weight"][idx]
+    x = P["wte.weight"][idx] if embeds is None else embeds
     routers = []
     for i in range(c["layers"]):
         b = f"blocks.{i}."

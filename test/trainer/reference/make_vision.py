@@ -13,7 +13,9 @@ reader's loss mask makes it.
 Layout: attributes hold the configuration (int64 / float64); datasets init/<param>, tokens [B, T] and targets
 [B, T] (int32), weights [B, T] (float32), pictures [n, S, S, 3] (uint8, RGB), picture_starts [n] (int64, flat
 position row x T + t), logits [B, T, V], loss [1] (sum of weight x cross-entropy / sum of weights),
-grad/<param> (of loss).
+grad/<param> (of loss). The llava/ group holds logits, loss and grad/<param> of the same model in LLaVA's
+arrangement: no final norm (vision.post_norm off; its weights unused) and the encoder's LayerNorms at
+epsilon llava_norm_eps (an attribute; SigLIP's 1e-6).
 
 Pixels enter as SigLIP's processor leaves them: x / 255 normalised by mean 0.5 and std 0.5. The patch
 embedding is a convolution here, a product over flattened patches in C++: the two must agree on the patch
@@ -34,6 +36,7 @@ CFG = dict(layers=2, d_model=32, heads=4, kv_heads=2, head_dim=8, vocab=64, seq_
 STARTS = [(0, 3), (0, 27)]  # (row, position) of each picture
 SEED = 20261206
 LN_EPS = 1e-5
+LLAVA_EPS = 1e-6  # SigLIP's LayerNorm epsilon, in the llava/ variant
 
 
 def param_shapes(c):
@@ -107,7 +110,11 @@ def gelu(x):
 
 
 def vision_features(c, p, pixels, causal=False):
-    """SigLIP's vision transformer and LLaVA's projector: pixels [n, S, S, 3] uint8 -> [n, T, d_model]."""
+    """SigLIP's vision transformer and LLaVA's projector: pixels [n, S, S, 3] uint8 -> [n, T, d_model]. The
+    LayerNorms' epsilon is c["vision_norm_eps"] (default LN_EPS); without vision.ln_post in p the projector
+    reads the last block's output (LLaVA's vision_feature_layer -1)."""
+    eps = c.get("vision_norm_eps", LN_EPS)
+    layer_norm = lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, eps)
     W, heads, k = c["vision_width"], c["vision_heads"], c["patch"]
     hd = W // heads
     x = torch.as_tensor(pixels).double().permute(0, 3, 1, 2) / 255.0
@@ -129,7 +136,8 @@ def vision_features(c, p, pixels, causal=False):
         h = layer_norm(x, p[b + "ln2.weight"], p[b + "ln2.bias"])
         x = x + gelu(h @ p[b + "mlp.fc.weight"].t() + p[b + "mlp.fc.bias"]) @ p[b + "mlp.proj.weight"].t() \
             + p[b + "mlp.proj.bias"]
-    x = layer_norm(x, p["vision.ln_post.weight"], p["vision.ln_post.bias"])
+    if "vision.ln_post.weight" in p:
+        x = layer_norm(x, p["vision.ln_post.weight"], p["vision.ln_post.bias"])
     h = gelu(x @ p["projector.fc1.weight"].t() + p["projector.fc1.bias"])
     return h @ p["projector.fc2.weight"].t() + p["projector.fc2.bias"]
 
@@ -188,12 +196,19 @@ def main():
     weights = ((tokens != c["placeholder"]) & (targets != c["placeholder"])).float()
     pictures = torch.randint(0, 256, (len(STARTS), S, S, 3), generator=gen, dtype=torch.int32).to(torch.uint8)
 
-    p = {k: v.double().requires_grad_(True) for k, v in init.items()}
-    logits = model_logits(c, p, tokens, pictures.numpy())
-    ce = F.cross_entropy(logits.view(-1, V), targets.long().view(-1), reduction="none")
-    w = weights.double().view(-1)
-    loss = (ce * w).sum() / w.sum()
-    loss.backward()
+    def run(c, init):
+        p = {k: v.double().requires_grad_(True) for k, v in init.items()}
+        logits = model_logits(c, p, tokens, pictures.numpy())
+        ce = F.cross_entropy(logits.view(-1, V), targets.long().view(-1), reduction="none")
+        w = weights.double().view(-1)
+        loss = (ce * w).sum() / w.sum()
+        loss.backward()
+        return p, logits, loss
+
+    p, logits, loss = run(c, init)
+    # LLaVA's arrangement (vision.post_norm off, SigLIP's epsilon): the same weights without the final norm.
+    llava_init = {k: v for k, v in init.items() if not k.startswith("vision.ln_post.")}
+    llava_p, llava_logits, llava_loss = run(dict(c, vision_norm_eps=LLAVA_EPS), llava_init)
 
     # Every part must move the logits: the pictures' features, and the encoder's attention being bidirectional.
     with torch.no_grad():
@@ -226,7 +241,12 @@ def main():
         put("picture_starts", np.array([r * T + t for r, t in STARTS], dtype=np.int64))
         put("logits", logits.detach().float().numpy())
         put("loss", np.array([loss.item()], dtype=np.float64))
-    print(f"wrote {out}: loss {loss.item():.6f}")
+        f.attrs["llava_norm_eps"] = np.float64(LLAVA_EPS)
+        for k in llava_init:
+            put("llava/grad/" + k, llava_p[k].grad.float().numpy())
+        put("llava/logits", llava_logits.detach().float().numpy())
+        put("llava/loss", np.array([llava_loss.item()], dtype=np.float64))
+    print(f"wrote {out}: loss {loss.item():.6f}, without the final norm {llava_loss.item():.6f}")
 
 
 if __name__ == "__main__":

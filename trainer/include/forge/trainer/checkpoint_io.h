@@ -8,7 +8,9 @@
 #include "forge/trainer/model.h"
 #include "forge/trainer/optimizer.h"
 
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace forge::trainer {
@@ -53,5 +55,11 @@ void snapshot_through(Backend& backend, ckpt::SaverOptions& options);
 // naming a missing or mis-shaped tensor. `lm_only`: the checkpoint is a text-only model's, and the vision
 // tower and projector keep their initialisation (a vision-language model started from a language model).
 void load_checkpoint(const ckpt::Checkpoint& checkpoint, GPT& model, AdamW* optimizer, bool lm_only = false);
+
+// Fills the parameters this process holds whose name `wanted` accepts from another source than a
+// checkpoint: read(slice, out) writes the slice of that logical tensor (its elements in the slice's order,
+// FP32) to host memory. Then refreshes the model's working copy, as load_checkpoint does.
+void load_params(GPT& model, const std::function<bool(std::string_view param)>& wanted,
+                 const std::function<void(const ckpt::Slice&, float*)>& read);
 
 }  // namespace forge::trainer

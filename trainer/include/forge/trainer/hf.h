@@ -17,11 +17,20 @@ namespace forge::trainer {
 
 // The model config.json describes: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
 // Qwen3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM or GPT2LMHeadModel, with each class's defaults
-// for absent keys; seq_len = max_positions (a job sets its own). forge::Error(kData) naming `where`, the
-// key and its value for another architecture, a key that changes the math and is not supported here (a
-// rope_scaling type, a hidden_act, biases the family has no place for, a sliding window on some layers
-// only) or a value that is not a number of the right kind.
+// for absent keys, or LlavaForConditionalGeneration (one of those with a SigLIP vision tower whose last
+// block feeds a tanh-GELU projector: a vision-language model with vision.post_norm off); seq_len =
+// max_positions (a job sets its own). forge::Error(kData) naming `where`, the key and its value for another
+// architecture, a key that changes the math and is not supported here (a rope_scaling type, a hidden_act,
+// biases the family has no place for, a sliding window on some layers only) or a value that is not a number
+// of the right kind.
 ModelSpec spec_from_hf_config(const Json& config, const std::string& where);
+
+// The encoder a SigLIP vision config describes (SiglipVisionModel's config.json, or the vision_config of
+// SiglipModel or LLaVA), with SiglipVisionConfig's defaults for absent keys: its layers, picture and patch
+// size, width, heads, MLP width and LayerNorm epsilon; post_norm on (SigLIP's post_layernorm) and no
+// projector width. forge::Error(kData) naming `where` and the key for what the encoder does not compute
+// (CLIP, another activation, other than three channels).
+VisionSpec siglip_vision_spec(const Json& vision_config, const std::string& where);
 
 // config.json for `spec`: `base` (the imported model's own config, which keeps the keys forge does not
 // read, such as token ids) with every key of the math set from the spec, and torch_dtype. forge::Error
@@ -45,14 +54,15 @@ struct HfTensor {
 std::vector<HfTensor> hf_tensors(const ModelSpec& spec);
 
 // The name under which a tied model's files may also hold the classifier (a copy of the embedding).
-std::string_view hf_tied_head_name(const ModelSpec& spec);
+std::string hf_tied_head_name(const ModelSpec& spec);
 
 // Buffers some published files carry that are not parameters (rotary inv_freq tables, GPT-2's causal
-// masks): a reader skips them.
+// masks), and the parts of LLaVA's SigLIP tower LLaVA does not use (its final norm and pooling head): a
+// reader skips them.
 bool hf_ignored_tensor(std::string_view name);
 
-// GPT-2's published files name their tensors with or without the "transformer." prefix: the name as
-// hf_tensors spells it.
+// GPT-2's published files name their tensors with or without the "transformer." prefix, LLaVA's in the
+// layout of transformers before 4.52 or after: the name as hf_tensors spells it.
 std::string hf_canonical_name(const ModelSpec& spec, std::string_view name);
 
 // ---- Import and export (hf_io.cpp) ----
@@ -101,5 +111,15 @@ struct HfExport {
 // is kUsage unless `replace`.
 HfExport export_hf(const ckpt::Checkpoint& checkpoint, const std::string& out,
                    const HfExportOptions& options);
+
+// ckpt.init_vision_from: fills the vision encoder of `model` (not its projector) from the Hugging Face
+// directory `dir` of a SiglipVisionModel or a SiglipModel (its vision_model; the text model is not read),
+// each process reading the pieces it holds, on any layout. The final norm is read into vision.ln_post, or
+// skipped when the model's post_norm is off (LLaVA's use). forge::Error(kUsage) naming the [vision] key
+// when the config describes another encoder than the model's; kData naming the file and tensor for one
+// missing, extra or misshapen. Returns the record of where the weights came from: format "hf", source
+// (the directory, absolute), architecture, model_id and revision when known, torch_dtype, and files
+// {name: sha256}.
+Json load_hf_vision_tower(const std::string& dir, GPT& model);
 
 }  // namespace forge::trainer

@@ -48,9 +48,11 @@ enum class Ffn { kDense, kMoe };
 // The vision tower of a vision-language model ([vision] keys; docs/TRAINER.md, "Vision-language models"): a
 // ViT encoder over image_size x image_size RGB pictures cut into patch x patch squares (patch embedding by
 // a product over each flattened patch, a learned position per patch, `layers` pre-norm blocks of
-// bidirectional attention and a GELU MLP, a final LayerNorm) and a projector (Linear, GELU, Linear) into
-// the language model's width, whose outputs replace the embeddings of a picture's placeholder tokens.
-// layers = 0: a text-only model.
+// bidirectional attention and a GELU MLP, a final LayerNorm unless post_norm is off) and a projector
+// (Linear, GELU, Linear) into the language model's width, whose outputs replace the embeddings of a
+// picture's placeholder tokens. layers = 0: a text-only model. SigLIP's vision transformer is this encoder
+// (norm_eps 1e-6); LLaVA feeds its projector the last block's output, before SigLIP's final LayerNorm
+// (post_norm off).
 struct VisionSpec {
   int layers = 0;
   int image_size = 0;
@@ -59,6 +61,8 @@ struct VisionSpec {
   int heads = 0;
   int mlp_hidden = 0;
   int projector_hidden = 0;
+  float norm_eps = 1e-5f;  // of every LayerNorm of the encoder
+  bool post_norm = true;   // the final LayerNorm, between the last block and the projector
   bool enabled() const { return layers > 0; }
   int grid() const { return image_size / patch; }
   int tokens() const { return grid() * grid(); }          // positions of one picture in a sequence
