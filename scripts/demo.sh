@@ -573,6 +573,24 @@ print(f"vqa: chance on these {len(tasks)} questions is {chance:.3f}; "
 assert checks and all(c["pass"] and c["limit"] >= chance - 0.005 for c in checks)
 PY
 
+# The trained model leaves in LLaVA's layout (LlavaForConditionalGeneration: configs/vlm.ini's tower feeds
+# the projector from its last block, vision.post_norm = off, as LLaVA's SigLIP tower does), the <image>
+# token's id from the dataset's tokenizer in its config.json, and comes back in bit for bit.
+"$bin/ckpt/forge-ckpt" export "$vlm_ckpt" --format hf --out "$hf/vlm" | sed -n 1p
+"$bin/ckpt/forge-ckpt" import "$hf/vlm" --out "$hf/vlm-imported" | grep -E "^imported|^\[vision\]"
+"$bin/ckpt/forge-ckpt" export "$vlm_ckpt" --out "$work/vlm.h5" --params-only >/dev/null
+"$bin/ckpt/forge-ckpt" export "$hf/vlm-imported" --out "$work/vlm-imported.h5" --params-only >/dev/null
+/usr/bin/python3 - "$hf/vlm/config.json" "$work/vlm.h5" "$work/vlm-imported.h5" <<'PY'
+import json, sys
+import h5py, numpy as np
+config = json.load(open(sys.argv[1]))
+a, b = h5py.File(sys.argv[2])["param"], h5py.File(sys.argv[3])["param"]
+same = sum(k in b and np.array_equal(a[k][()], b[k][()]) for k in a)
+print(f"llava: {config['architectures'][0]}, image_token_index {config['image_token_index']}, "
+      f"{config['image_seq_length']} positions a picture; {same} of {len(a)} tensors back bit for bit")
+assert same == len(a) == len(b)
+PY
+
 stage "accounting: forge-quota sync and report"
 # --runs: the run's summary.json gives the report its tokens and MFU columns.
 quota sync --runs "$work/runs"
@@ -596,7 +614,7 @@ echo "demo: dataset $work/dataset (quality report $work/dataset/quality.json)"
 echo "demo: run $run (metrics, summary.json, checkpoints, gate/verdict.json)"
 echo "demo: fine-tune $sft_run on $work/chat-dataset (report.html, gate/verdict.json against $release)"
 echo "demo: preference tuning $dpo_run on $work/pairs-dataset (report.html, gate/verdict.json against $sft_release; references in $work/pairs-dataset/references)"
-echo "demo: open weights $hf (published: the release in the Hugging Face layout; imported; fine-tuned: the SFT from the import, exported)"
+echo "demo: open weights $hf (published: the release in the Hugging Face layout; imported; fine-tuned: the SFT from the import, exported; vlm: the vision-language model in LLaVA's layout)"
 echo "demo: distillation $distill_run from $release (report.html, gate/verdict.json)"
 echo "demo: Mixture of Experts $moe_run (report.html: expert load per block)"
 echo "demo: long context $long_run (2048-token sequences on cp2)"

@@ -123,11 +123,15 @@ python3 "$SRC/test/launcher/check_trace.py" "$run/trace/steps-3-4" "$run" 3 4 --
 grep -q "^forge_job_tokens_per_second{job_id=" "$LOG" || fail "the running job's Prometheus gauges were not shown"
 grep -q "^prometheus: .*forge_quota.prom" "$LOG" || fail "no forge-quota Prometheus textfile"
 # The vision-language model: aligned from the release (which comes out bit for bit), then gated on the
-# held-out pictures with both question suites' intervals above chance.
+# held-out pictures with both question suites' intervals above chance, and round-tripped through LLaVA's
+# layout.
 grep -qE "^alignment: ([0-9]+) of \1 language-model tensors bit-identical to the release" "$LOG" ||
   fail "no bit-identical release after alignment: $(grep -m1 '^alignment:' "$LOG")"
 grep -qE "^vqa: chance on these 100 questions is 0\.[0-9]+; suite:shapes accuracy .*; suite:shapes-choice accuracy" "$LOG" ||
   fail "the vision-language model's gate did not beat chance: $(grep -m1 '^vqa:' "$LOG")"
+grep -qE "^llava: LlavaForConditionalGeneration, image_token_index [0-9]+, 16 positions a picture; ([0-9]+) of \1 tensors back bit for bit" "$LOG" ||
+  fail "the vision-language model did not round-trip through LLaVA's layout: $(grep -m1 '^llava:' "$LOG")"
+[ -s "$ow/vlm/model.safetensors" ] && [ -s "$ow/vlm/tokenizer.model" ] || fail "no LLaVA export at $ow/vlm"
 grep -q "quota not checked" "$LOG" && fail "a submission was not checked against the quota: $(grep -m1 'quota not checked' "$LOG")"
 # The preemption is the planned path: one line for the 16-rank job, not one per rank, and not an error.
 train_out=$(ls -v "$FORGE_DEMO_DIR"/forge-forge-pretrain-*.out 2>/dev/null | head -n1)
