@@ -192,8 +192,12 @@ void RunCheckpoints::start_from_parent() {
   if (saved.contains("seq_len")) model["seq_len"] = saved["seq_len"];
   // A vision-language model may start from a text-only one (LLaVA's recipe): its language model is the
   // checkpoint's, the vision tower and projector start as initialised.
-  const bool adds_vision =
-      spec_.model.vision.enabled() && !trainer::model_spec_from_json(saved, init_from_).vision.enabled();
+  const bool parent_has_tower = trainer::model_spec_from_json(saved, init_from_).vision.enabled();
+  if (parent_has_tower && !init_vision_from_.empty())
+    config_.reject("ckpt.init_vision_from",
+                   fmt::format("is set, but ckpt.init_from {} already holds a vision tower: give one of them",
+                               init_from_));
+  const bool adds_vision = spec_.model.vision.enabled() && !parent_has_tower;
   if (adds_vision)
     for (auto it = model.begin(); it != model.end();)
       it = it.key().starts_with("vision.") ? model.erase(it) : std::next(it);
@@ -219,12 +223,6 @@ void RunCheckpoints::start_from_parent() {
 }
 
 void RunCheckpoints::start_vision_from() {
-  if (!init_from_.empty() && trainer::model_spec_from_json(
-                                 ckpt::Checkpoint::open(init_from_).manifest().meta.model_config, init_from_)
-                                 .vision.enabled())
-    config_.reject("ckpt.init_vision_from",
-                   fmt::format("is set, but ckpt.init_from {} already holds a vision tower: give one of them",
-                               init_from_));
   const Json origin = trainer::load_hf_vision_tower(init_vision_from_, trainer_.model());
   if (!lineage_.is_object()) lineage_ = Json::object();
   lineage_["vision_from"] = origin;

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A vision-language model through forge-train on real MPI ranks, on image-text data prepared here from the
-# demo's rendered shapes (scripts/make-demo-images.py, python3-pil): dp2 and pp2 (the tower on the first
-# stage) against one process, step by step; the encoder frozen on dp2 (ZeRO-1) from the one-process run's
-# checkpoint, its tensors bit for bit as they went in (forge-ckpt export); bad layouts for a tower (exit 64).
+# demo's rendered shapes (scripts/make-demo-images.py, python3-pil): dp2, pp2 (the tower on the first
+# stage) and tp2 (also with the final norm) against one process, step by step; the encoder frozen on dp2
+# (ZeRO-1) from the one-process run's checkpoint, its tensors bit for bit as they went in (forge-ckpt
+# export); bad layouts for a tower (exit 64).
 # A vision-language model started from a text-only one: its language model bit for bit under
 # train.freeze = lm. The gate's picture suites on one and two ranks.
 # Usage: vision_test.sh FORGE_TRAIN FORGE_DATA FORGE_CKPT FORGE_GATE SOURCE_DIR MPIEXEC
@@ -29,6 +30,10 @@ run 2 tp2 --data.batch=4 --parallel.tp=2
 compare "$work/one" "$work/dp2"
 compare "$work/one" "$work/pp2"
 compare "$work/one" "$work/tp2"
+# (configs/vlm.ini's tower has no final norm, as LLaVA's; with one, tp2 equals one process too)
+run 1 one-post --data.batch=4 --vision.post_norm=on
+run 2 tp2-post --data.batch=4 --parallel.tp=2 --vision.post_norm=on
+compare "$work/one-post" "$work/tp2-post"
 
 # The encoder frozen, from the one-process run's checkpoint: on dp2 with ZeRO-1, and on tp2 (its split
 # products loaded from and saved to whole tensors).

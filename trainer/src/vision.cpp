@@ -22,7 +22,6 @@ struct VisionTower::Acts {
   };
   std::vector<PerBlock> blocks;
   Buffer<float> post, post_stats, pre1, hidden, features;  // post: empty without the final norm
-  const float* projected = nullptr;  // what the projector read: post, or the last block's output
 };
 
 VisionTower::VisionTower(Backend& backend, const LayerFactory& layers, const VisionSpec& spec, int d_model,
@@ -152,12 +151,8 @@ const float* VisionTower::forward(int slot, const uint8_t* pixels, int pictures)
     backend_.residual_forward(x + int64_t(l + 1) * MW, k.res_mid.data(), delta, b.fc_proj->bias(), M, W);
   }
   const float* last = x + int64_t(blocks_.size()) * MW;
-  if (ln_post_) {
-    ln_post_->forward(a.post.data(), a.post_stats.data(), last, M, W);
-    last = a.post.data();
-  }
-  a.projected = last;
-  fc1_->forward_gelu(a.hidden.data(), a.pre1.data(), last, M);
+  if (ln_post_) ln_post_->forward(a.post.data(), a.post_stats.data(), last, M, W);
+  fc1_->forward_gelu(a.hidden.data(), a.pre1.data(), ln_post_ ? a.post.data() : last, M);
   fc2_->forward(a.features.data(), a.hidden.data(), M);
   return a.features.data();
 }
@@ -173,12 +168,15 @@ void VisionTower::backward(int slot, float* d_features) {
   fc2_->backward(dproj_.data(), d_features, a.hidden.data(), M);
   backend_.gelu_backward(dproj_.data(), a.pre1.data(), M, P);
   // dx = dL/d(last block's output): through the final norm, or straight from the projector.
-  float* d_projected = ln_post_ ? dln : dx;
-  fc1_->backward(frozen_encoder_ ? nullptr : d_projected, dproj_.data(), a.projected, M);
+  const float* last = x + int64_t(blocks_.size()) * MW;
+  fc1_->backward(frozen_encoder_ ? nullptr
+                 : ln_post_      ? dln
+                                 : dx,
+                 dproj_.data(), ln_post_ ? a.post.data() : last, M);
   if (frozen_encoder_) return;
   if (ln_post_) {
     backend_.fill(dx, 0.0f, size_t(MW));
-    ln_post_->backward(dx, dln, x + int64_t(blocks_.size()) * MW, a.post_stats.data(), M, W);
+    ln_post_->backward(dx, dln, last, a.post_stats.data(), M, W);
   }
   // dx = dL/d(block output), in place: the MLP's norm adds its path (dx = dL/d(res_mid)), then the
   // attention's norm adds its own (dx = dL/d(block input)).

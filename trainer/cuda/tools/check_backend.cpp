@@ -240,8 +240,10 @@ struct Checker {
                  b = rng.floats(size_t(C));
     Floats out(x.size()), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
     auto gx = up(x), gw = up(w), gb = up(b), gout = up(out), gmean = up(mean), grstd = up(rstd);
-    cpu.layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), 1e-5f, N, C);
-    gpu.layernorm_forward(gout.data(), gmean.data(), grstd.data(), gx.data(), gw.data(), gb.data(), 1e-5f, N,
+    // An epsilon far from the 1e-5 both kernels once held as a constant: one that ignored it would differ.
+    constexpr float eps = 0.25f;
+    cpu.layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), eps, N, C);
+    gpu.layernorm_forward(gout.data(), gmean.data(), grstd.data(), gx.data(), gw.data(), gb.data(), eps, N,
                           C);
     cmp("layernorm_forward out" + tag, gout, out, kElementwise);
     cmp("layernorm_forward mean" + tag, gmean, mean, kElementwise);
@@ -267,9 +269,9 @@ struct Checker {
     auto gr = up(r), gd = up(d), gdb = up(db), gw = up(w), gb = up(b);
     auto gres = up(res), gln = up(ln), gmean = up(mean), grstd = up(rstd);
     cpu.residual_layernorm_forward(res.data(), ln.data(), mean.data(), rstd.data(), r.data(), d.data(),
-                                   db.data(), w.data(), b.data(), 1e-5f, N, C);
+                                   db.data(), w.data(), b.data(), 0.25f, N, C);
     gpu.residual_layernorm_forward(gres.data(), gln.data(), gmean.data(), grstd.data(), gr.data(), gd.data(),
-                                   gdb.data(), gw.data(), gb.data(), 1e-5f, N, C);
+                                   gdb.data(), gw.data(), gb.data(), 0.25f, N, C);
     cmp("residual_layernorm_forward res_out", gres, res, kElementwise);
     cmp("residual_layernorm_forward ln_out", gln, ln, kElementwise);
     cmp("residual_layernorm_forward mean", gmean, mean, kElementwise);
