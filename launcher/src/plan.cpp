@@ -209,43 +209,40 @@ Plan make_plan(const T::TrainSpec& validated) {
     st.weights = flat * kF32;
     st.gradients = flat * kF32;
     if (spec.dtype == T::DType::kBF16) st.bf16_copy = flat * kF32;  // GPT::work_: an FP32-sized buffer
-    // ParallelTrainer's buckets: one per block, the embeddings and the final norm, and one per MoE block's
-    // experts (reduced over expert_dp); boundaries rounded up to a multiple of dp. Each rank owns its group
+    // ParallelTrainer's buckets (an MoE block's experts reduced over expert_dp). Each rank owns its group
     // rank's part of every bucket: the reduce-scatter's output (shard_) and, under ZeRO-1, AdamW's ranges.
+    // Gradients train.freeze leaves out are never formed: their memory is never touched (GPT::zero_grad),
+    // nor a frozen bucket's part of shard_.
     struct Bucket {
       size_t lo, hi, group;
       int key;
+      bool trains;
     };
     std::vector<Bucket> buckets;
-    std::pair<int, bool> key{-2, false};
-    for (const T::ParamInfo& p : params) {
-      const std::pair<int, bool> k{T::gradient_bucket(p.name, m.layers),
-                                   p.shard.kind == T::ShardRule::Kind::kExperts};
-      if (k == key) continue;
-      key = k;
-      const size_t group = k.second ? expert_dp : dp;
-      const size_t lo = buckets.empty() ? 0 : round_up(p.offset, align);
-      if (!buckets.empty()) {
-        if (lo == buckets.back().lo) {
-          buckets.back().group = group;
-          continue;
-        }
-        buckets.back().hi = lo;
-      }
-      buckets.push_back({lo, flat, group, k.first});
-    }
-    size_t owned = 0, held = 0;
-    std::map<int, size_t> block;  // a block's buckets, experts included
+    for (const T::GradientBucket& b : T::gradient_buckets(params, m.layers, align, flat, spec.freeze))
+      buckets.push_back({b.lo, b.hi, b.experts ? expert_dp : dp, b.key, b.trains});
+    for (const T::ParamInfo& p : params)
+      if (spec.freeze.frozen(p.name)) st.gradients -= p.numel * kF32;
+    size_t owned = 0, owned_trained = 0, held = 0;
+    std::map<int, size_t> block, block_trained;  // a block's buckets, experts included
     for (const Bucket& b : buckets) {
-      owned += (b.hi - b.lo) / b.group;
-      if (b.key >= 0 && b.key < m.layers)
+      const size_t part = (b.hi - b.lo) / b.group;
+      owned += part;
+      if (b.trains) owned_trained += part;
+      if (b.key >= 0 && b.key < m.layers) {
         block[b.key] += b.hi - b.lo;
-      else
+        if (b.trains) block_trained[b.key] += b.hi - b.lo;
+      } else {
         held += b.hi - b.lo;
+      }
     }
-    size_t largest_block = 0;
-    for (const auto& [layer, n] : block) largest_block = std::max(largest_block, n);
-    st.grad_shard = owned * kF32;
+    const auto largest = [](const std::map<int, size_t>& blocks) {
+      size_t n = 0;
+      for (const auto& [layer, size] : blocks) n = std::max(n, size);
+      return n;
+    };
+    const size_t largest_block = largest(block);
+    st.grad_shard = owned_trained * kF32;
     // The moments of what the rank updates: its owned part of every bucket (ZeRO) or all of it, less what
     // train.freeze leaves out (then the rank with the most).
     size_t updated = zero >= 1 ? owned : flat;
@@ -264,7 +261,7 @@ Plan make_plan(const T::TrainSpec& validated) {
     // ZeRO-2 keeps a rank's part of the gradients and those of the blocks backward is at or reducing
     // (two); ZeRO-3 also its part of the weights, the blocks a pass is at and prefetching, and the
     // embeddings, classifier and final norm through the step.
-    if (zero >= 2) st.gradients = (owned + 2 * largest_block) * kF32;
+    if (zero >= 2) st.gradients = (owned_trained + 2 * largest(block_trained)) * kF32;
     if (zero == 3) st.weights = (owned + std::min(flat - owned, held + 2 * largest_block)) * kF32;
     const int shards = spec.parallel.sequence_parallel ? lay.tp : 1;
     st.activations = activation_bytes(local, slice, spec.batch, spec.dtype, st.slots, spec.recompute, shards);

@@ -5,7 +5,8 @@
 # (ZeRO-1) from the one-process run's checkpoint, its tensors bit for bit as they went in (forge-ckpt
 # export); bad layouts for a tower (exit 64).
 # A vision-language model started from a text-only one: its language model bit for bit under
-# train.freeze = lm. The gate's picture suites on one and two ranks.
+# train.freeze = lm, on dp2 and pp2 as on one process, and no gradients held for it. The gate's picture
+# suites on one and two ranks.
 # Usage: vision_test.sh FORGE_TRAIN FORGE_DATA FORGE_CKPT FORGE_GATE SOURCE_DIR MPIEXEC
 set -uo pipefail
 train=$1 data=$2 ckpt=$3 gate=$4 src=$5 mpiexec=$6
@@ -84,6 +85,28 @@ assert sorted({k.split(".")[0] for k in new}) == ["projector", "vision"], new
 assert not any(k in lm for k in b["adam_m"]) and all(k in b["adam_m"] for k in new)
 print(f"aligned: {len(lm)} language-model tensors bit for bit from the text model, {len(new)} new ones trained")
 PY
+# The same on one process, step by step; and on two pipeline stages, the second wholly frozen.
+run 1 aligned-one --data.batch=4 --ckpt.init_from="$text" --train.freeze=lm
+run 2 aligned-pp2 --data.batch=2 --parallel.pp=2 --parallel.microbatches=2 --ckpt.init_from="$text" \
+  --train.freeze=lm
+compare "$work/aligned-one" "$work/aligned"
+compare "$work/aligned-one" "$work/aligned-pp2"
+# A frozen language model holds no gradients: under a wider one (8 blocks of 256), the training state a
+# process peaks at (weights, gradients, AdamW's moments: the backend's resident pages) is the language
+# model's weights, 4 bytes a parameter of the 16 a trained one holds, and the tower's whole state.
+wide=("${vlm[@]/--model.layers=2/--model.layers=8}")
+wide=("${wide[@]/--model.d_model=64/--model.d_model=256}")
+mem() { "$train" "$src/configs/vlm.ini" --run.dir="$work/$1" "${wide[@]}" --data.batch=4 --run.steps=2 \
+  --ckpt.milestone_every=0 "${@:2}" 2>"$work/$1.log" || fail "$1 failed: $(grep -i error "$work/$1.log" | head -3)"; }
+mem mem-all
+mem mem-lm --train.freeze=lm
+/usr/bin/python3 - "$work/mem-all/metrics/rank-0.jsonl" "$work/mem-lm/metrics/rank-0.jsonl" <<'PY' \
+  || fail "a frozen language model's training state"
+import json, sys
+whole, frozen = (max(json.loads(l)["state_mib"] for l in open(p)) for p in sys.argv[1:3])
+print(f"training state: {whole:.1f} MiB trained, {frozen:.1f} MiB with the language model frozen ({frozen / whole:.2f}x)")
+assert frozen <= 0.35 * whole, (whole, frozen)
+PY
 rc=0
 "$train" "$src/configs/vlm.ini" --run.dir="$work/keep" "${vlm[@]}" --data.batch=4 --ckpt.init_from="$text" \
   --ckpt.init_optimizer=keep >"$work/keep.log" 2>&1 || rc=$?
@@ -129,4 +152,4 @@ for bad in "--parallel.cp=2" "--parallel.tp=2 --parallel.sequence_parallel=true"
   grep -qE "(parallel.cp = 2|sequence_parallel = true): a vision-language model|must divide vision.heads = 1" \
     "$work/bad.log" || fail "$bad: $(head -n1 "$work/bad.log")"
 done
-echo "vision: dp2, pp2 and tp2 equal one process; frozen encoder (dp2, tp2) and frozen language model bit for bit; picture suites alike on 1 and 2 ranks; cp2, sequence parallelism and a width tp2 does not divide refused"
+echo "vision: dp2, pp2 and tp2 equal one process; frozen encoder (dp2, tp2) and frozen language model bit for bit (one, dp2, pp2) and holding no gradients; picture suites alike on 1 and 2 ranks; cp2, sequence parallelism and a width tp2 does not divide refused"

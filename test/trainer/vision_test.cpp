@@ -120,20 +120,28 @@ TEST_CASE("A vision-language model matches PyTorch: logits, loss and every gradi
   for (int c = 0; c < spec.d_model; ++c)
     CHECK(dwte[size_t(placeholder) * size_t(spec.d_model) + size_t(c)] == 0);
 
-  // A frozen encoder (train.freeze = vision): the backward stops at the projector, whose gradients are
-  // the same; the encoder's stay zero.
-  GPT frozen(spec, {.batch = b.rows, .frozen_encoder = true});
-  load_initial(frozen, f);
-  frozen.zero_grad();
-  frozen.forward_backward(b, float(1.0 / b.weight_sum()));
-  for (const auto& p : frozen.params()) {
-    INFO(p.name);
-    const bool encoder = p.name.starts_with("vision.");
-    const auto g = frozen.grad(p.name);
-    if (encoder)
-      CHECK(std::all_of(g.begin(), g.end(), [](float x) { return x == 0; }));
-    else
-      CHECK(std::equal(g.begin(), g.end(), model.grad(p.name).begin()));
+  // Frozen parts (train.freeze): no gradient of theirs is formed (they stay as allocated, zero), and the
+  // other parts' are the same bit for bit, the input gradients passed through a frozen part included. A
+  // frozen encoder: the backward stops at the projector. A frozen language model: its products form only
+  // their input gradients, down to the pictures' rows.
+  for (const std::string parts : {"vision", "lm", "vision,lm", "projector"}) {
+    INFO("train.freeze = " << parts);
+    Freeze freeze;
+    freeze.vision = parts.starts_with("vision");
+    freeze.lm = parts.ends_with("lm");
+    freeze.projector = parts == "projector";
+    GPT frozen(spec, {.batch = b.rows, .frozen = freeze.predicate()});
+    load_initial(frozen, f);
+    frozen.zero_grad();
+    frozen.forward_backward(b, float(1.0 / b.weight_sum()));
+    for (const auto& p : frozen.params()) {
+      INFO(p.name);
+      const auto g = frozen.grad(p.name);
+      if (freeze.frozen(p.name))
+        CHECK(std::all_of(g.begin(), g.end(), [](float x) { return x == 0; }));
+      else
+        CHECK(std::equal(g.begin(), g.end(), model.grad(p.name).begin()));
+    }
   }
 
   // A batch without pictures runs the language model alone: the tower's gradients stay zero.
@@ -279,8 +287,9 @@ TEST_CASE("A model refuses pictures it cannot take, naming what to change", "[tr
 TEST_CASE("train.freeze: frozen parts keep their weights bit for bit and hold no optimizer state",
           "[trainer][vision][freeze]") {
   const H5Fixture f(fixture_path());
-  // LLaVA's two stages: the projector alone, then the projector and the language model.
-  for (const std::string freeze : {"vision,lm", "vision"}) {
+  // LLaVA's two stages: the projector alone, then the projector and the language model; and the tower
+  // trained under a frozen language model.
+  for (const std::string freeze : {"vision,lm", "vision", "lm"}) {
     INFO("train.freeze = " << freeze);
     std::vector<std::string> keys = fixture_keys(f);
     for (const std::string k : {"--data.batch=2", "--run.threads=1", "--optim.warmup_steps=0"})
@@ -306,6 +315,9 @@ TEST_CASE("train.freeze: frozen parts keep their weights bit for bit and hold no
       const auto now = model.weight(p.name);
       const bool same = std::equal(now.begin(), now.end(), before.begin() + ptrdiff_t(p.offset));
       CHECK(same == frozen);
+      // A frozen part's gradients were never formed.
+      const auto g = model.grad(p.name);
+      if (frozen) CHECK(std::all_of(g.begin(), g.end(), [](float x) { return x == 0; }));
       // The optimizer's ranges hold every trained element and none of a frozen one.
       size_t held = 0;
       for (const FlatRange& r : ranges) {

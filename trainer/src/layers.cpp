@@ -68,6 +68,7 @@ void Embedding::forward(float* out, const int32_t* tokens, const int32_t* positi
 }
 
 void Embedding::backward(const float* dout, const int32_t* tokens, const int32_t* positions, int B, int T) {
+  if (wte_.grad == nullptr) return;  // frozen: the embeddings' gradients are all it forms
   backend_.embedding_backward(wte_.grad, wpe_.grad, dout, tokens, positions, B, T, C_, vocab_begin_,
                               vocab_end_);
 }

@@ -268,6 +268,14 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
   const size_t flat_multiple = setup.flat_multiple;
   if (slice_.last_layer < 0) slice_.last_layer = config.layers;
   params_ = parameter_table(config_, slice_, std::max<size_t>(flat_multiple, 1), setup.layer_align);
+  frozen_ = setup.frozen;
+  for (const ParamInfo& p : params_) {  // what a frozen run's zero_grad() zeroes
+    if (!frozen_ || frozen_(p.name)) continue;
+    if (!trained_.empty() && trained_.back().hi == p.offset)
+      trained_.back().hi += p.numel;
+    else
+      trained_.push_back({p.offset, p.offset + p.numel});
+  }
   if (batch < 1) throw std::invalid_argument("GPT: batch must be >= 1");
   if (slots < 1) throw std::invalid_argument("GPT: slots must be >= 1");
   if (setup.recompute.kind == Recompute::Kind::kFull && config.ffn == Ffn::kMoe)
@@ -377,12 +385,13 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
       moe.swiglu = swiglu;
       moe.renormalize = config.router_renormalize;
       // The router computes in FP32: its master weights, also in BF16 mode.
-      const ParamInfo& router = param(b + "moe.router.weight");
+      ParamRef router = ref(b + "moe.router.weight");
+      router.value = weights_.data() + router.info->offset;
       const std::string fc = swiglu ? "moe.gate_up" : "moe.fc", proj = swiglu ? "moe.down" : "moe.proj";
-      auto layer = std::make_unique<MoeLayer>(
-          backend, moe, l, ParamRef{&router, weights_.data() + router.offset, grads_.data() + router.offset},
-          ref(b + fc + ".weight"), optional_ref(b + fc + ".bias"), ref(b + proj + ".weight"),
-          optional_ref(b + proj + ".bias"), layers.token_exchange(), slots, int(N));
+      auto layer = std::make_unique<MoeLayer>(backend, moe, l, router, ref(b + fc + ".weight"),
+                                              optional_ref(b + fc + ".bias"), ref(b + proj + ".weight"),
+                                              optional_ref(b + proj + ".bias"), layers.token_exchange(),
+                                              slots, int(N));
       moe_layers_.push_back(layer.get());
       if (config.shared_expert_hidden > 0)
         block->ffn = std::make_unique<SharedExpertMoe>(
@@ -421,9 +430,8 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
       throw std::invalid_argument(
           "GPT: the tensor-parallel size must divide the vision tower's heads, MLP and projector widths");
     const int pictures = std::max(1, int(N) / v.tokens());
-    vision_ = std::make_unique<VisionTower>(
-        backend, layers, v, config.d_model, pictures, slots,
-        [this](const std::string& name) { return ref(name); }, setup.frozen_encoder);
+    vision_ = std::make_unique<VisionTower>(backend, layers, v, config.d_model, pictures, slots,
+                                            [this](const std::string& name) { return ref(name); });
   }
   if (slice_.head) {
     classifier_ = layers.classifier(backend, ref(classifier_weight()));
@@ -436,7 +444,7 @@ GPT::~GPT() = default;
 ParamRef GPT::ref(const std::string& name) {
   const ParamInfo& p = param(name);
   const float* values = (dtype_ == DType::kBF16 ? work_.data() : weights_.data()) + p.offset;
-  return {&p, values, grads_.data() + p.offset};
+  return {&p, values, frozen_ && frozen_(name) ? nullptr : grads_.data() + p.offset};
 }
 
 ParamRef GPT::optional_ref(const std::string& name) {
@@ -500,7 +508,8 @@ void GPT::init(uint64_t seed) {
 }
 
 void GPT::zero_grad() {
-  backend_.fill(grads_.data(), 0.0f, grads_.size());
+  if (!frozen_) return backend_.fill(grads_.data(), 0.0f, grads_.size());  // the padding too, as always
+  for (const FlatRange& r : trained_) backend_.fill(grads_.data() + r.lo, 0.0f, r.hi - r.lo);
 }
 
 void GPT::weights_changed() {
@@ -725,7 +734,7 @@ void GPT::backward(int slot, const float* d_output, const std::function<void(int
       }
     }
     embedding_->backward(dres, s.batch.inputs, s.batch.positions, B, T);
-    if (pictures) vision_->backward(slot, vision_->d_features());
+    if (pictures && vision_->trains()) vision_->backward(slot, vision_->d_features());
     if (on_grads) on_grads(-1);
   }
 }

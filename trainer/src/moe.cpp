@@ -31,7 +31,8 @@ void reserve(Backend& backend, ActBuffer& buffer, size_t n, bool bf16) {
   if (buffer.size() < n) buffer = ActBuffer(backend, std::max(n, buffer.size() + buffer.size() / 4), bf16);
 }
 
-// Expert e's part of a parameter (`n` values each), or null for a missing one (no bias).
+// Expert e's part of a parameter (`n` values each), or null for a missing one (no bias; a frozen
+// gradient).
 template <typename T>
 T* part(T* p, int e, int64_t n) {
   return p != nullptr ? p + e * n : nullptr;
@@ -451,7 +452,7 @@ void MoeLayer::expert_backward(Slot& s, const float* dy, float* dx) {
     const int r0 = s.expert_begin[size_t(e)], n = s.expert_begin[size_t(e) + 1] - r0;
     if (n == 0) continue;
     float* da = dact + int64_t(r0) * H;
-    backend_.matmul_backward(da, proj_w_.grad + int64_t(e) * C * H, part(proj_b_.grad, e, C),
+    backend_.matmul_backward(da, part(proj_w_.grad, e, int64_t(C) * H), part(proj_b_.grad, e, C),
                              dy + int64_t(r0) * C, s.act.at(size_t(r0) * H),
                              proj_w_.value + int64_t(e) * C * H, n, H, C);
     float* dp = dpre + int64_t(r0) * F;  // dL/d(pre): in place for GELU
@@ -459,8 +460,9 @@ void MoeLayer::expert_backward(Slot& s, const float* dy, float* dx) {
       backend_.swiglu_backward(dp, da, s.pre.at(size_t(r0) * F), n, H);
     else
       backend_.gelu_backward(dp, s.pre.at(size_t(r0) * F), n, H);
-    backend_.matmul_backward(dx + int64_t(r0) * C, fc_w_.grad + int64_t(e) * F * C, part(fc_b_.grad, e, F),
-                             dp, s.x.data() + int64_t(r0) * C, fc_w_.value + int64_t(e) * F * C, n, C, F);
+    backend_.matmul_backward(dx + int64_t(r0) * C, part(fc_w_.grad, e, int64_t(F) * C),
+                             part(fc_b_.grad, e, F), dp, s.x.data() + int64_t(r0) * C,
+                             fc_w_.value + int64_t(e) * F * C, n, C, F);
   }
 }
 

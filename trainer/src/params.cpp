@@ -47,7 +47,7 @@ struct TableBuilder {
 
 }  // namespace
 
-std::vector<ParamInfo> parameter_table(const ModelSpec& cfg, const ModelSlice& slice, size_t expert_align,
+std::vector<ParamInfo> parameter_table(const ModelSpec& cfg, const ModelSlice& slice, size_t part_align,
                                        size_t layer_align) {
   const int last = slice.last_layer < 0 ? cfg.layers : slice.last_layer;
   if (slice.first_layer < 0 || slice.first_layer > last || last > cfg.layers)
@@ -118,6 +118,7 @@ std::vector<ParamInfo> parameter_table(const ModelSpec& cfg, const ModelSlice& s
       t.add(name + ".weight", {out, in}, rule, true, init_std);
       t.add(name + ".bias", {out}, rule.dim == 0 ? rule : replicated, false, 0);
     };
+    t.align(part_align);
     linear("vision.patch", W, vis.patch_values(), std, replicated);
     t.add("vision.pos.weight", {vis.tokens(), W}, replicated, true, std);
     for (int l = 0; l < vis.layers; ++l) {
@@ -130,8 +131,10 @@ std::vector<ParamInfo> parameter_table(const ModelSpec& cfg, const ModelSlice& s
       linear(b + "mlp.proj", W, H, vis_proj_std, cols);
     }
     if (vis.post_norm) layernorm("vision.ln_post", W);
+    t.align(part_align);
     linear("projector.fc1", P, W, std, rows);
     linear("projector.fc2", C, P, std, cols);
+    t.align(part_align);
   }
   for (int l = slice.first_layer; l < last; ++l) {
     const std::string b = "blocks." + std::to_string(l) + ".";
@@ -169,7 +172,7 @@ std::vector<ParamInfo> parameter_table(const ModelSpec& cfg, const ModelSlice& s
       t.add(b + "moe.shared_gate.weight", {1, C}, replicated, true, std);
     }
     // The experts last, on their own aligned stretch: their gradients are reduced over another group.
-    t.align(expert_align);
+    t.align(part_align);
     if (swiglu) {
       t.add(b + "moe.gate_up.weight", {E, 2 * H, C}, experts, true, std);
       if (cfg.linear_bias) t.add(b + "moe.gate_up.bias", {E, 2 * H}, experts, false, 0);
@@ -181,7 +184,7 @@ std::vector<ParamInfo> parameter_table(const ModelSpec& cfg, const ModelSlice& s
       t.add(b + "moe.proj.weight", {E, C, H}, experts, true, proj_std);
       if (cfg.linear_bias) t.add(b + "moe.proj.bias", {E, C}, experts, false, 0);
     }
-    t.align(expert_align);
+    t.align(part_align);
   }
   if (slice.head) {
     t.align(layer_align);

@@ -886,6 +886,11 @@ bool Freeze::frozen(std::string_view param) const {
   return lm;
 }
 
+std::function<bool(std::string_view)> Freeze::predicate() const {
+  if (!any()) return nullptr;
+  return [freeze = *this](std::string_view param) { return freeze.frozen(param); };
+}
+
 std::shared_ptr<const Loss> objective_loss(const TrainSpec& spec, std::shared_ptr<GPT> teacher) {
   return traits(spec.objective).make_loss(spec, std::move(teacher));
 }

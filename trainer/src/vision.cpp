@@ -25,13 +25,13 @@ struct VisionTower::Acts {
 };
 
 VisionTower::VisionTower(Backend& backend, const LayerFactory& layers, const VisionSpec& spec, int d_model,
-                         int max_pictures, int slots, const std::function<ParamRef(const std::string&)>& ref,
-                         bool frozen_encoder)
+                         int max_pictures, int slots, const std::function<ParamRef(const std::string&)>& ref)
     : backend_(backend),
       spec_(spec),
       d_model_(d_model),
       max_rows_(max_pictures * spec.tokens()),
-      frozen_encoder_(frozen_encoder) {
+      frozen_encoder_(ref("vision.patch.weight").grad == nullptr),
+      trains_(!frozen_encoder_ || ref("projector.fc2.weight").grad != nullptr) {
   if (!spec.enabled() || max_pictures < 1 || slots < 1)
     throw std::invalid_argument("VisionTower: needs a vision spec, >= 1 picture and >= 1 slot");
   const auto local_rows = [&](const std::string& name) { return int(ref(name).info->local_shape[0]); };

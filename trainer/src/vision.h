@@ -23,10 +23,10 @@ class VisionTower {
   // Up to `max_pictures` pictures per micro-batch, for `slots` micro-batches in flight; `ref` looks up a
   // parameter of the model's table by name, `layers` makes the products (split over tensor-parallel ranks
   // as their parameters are: every rank holds every picture's rows, and its share of the heads and of the
-  // MLP's and projector's hidden width). frozen_encoder: backward() stops at the projector.
+  // MLP's and projector's hidden width). A frozen parameter's ref has no gradient: with the encoder frozen,
+  // backward() stops at the projector.
   VisionTower(Backend& backend, const LayerFactory& layers, const VisionSpec& spec, int d_model,
-              int max_pictures, int slots, const std::function<ParamRef(const std::string&)>& ref,
-              bool frozen_encoder = false);
+              int max_pictures, int slots, const std::function<ParamRef(const std::string&)>& ref);
   ~VisionTower();
   VisionTower(const VisionTower&) = delete;
   VisionTower& operator=(const VisionTower&) = delete;
@@ -39,6 +39,8 @@ class VisionTower {
   void backward(int slot, float* d_features);
   // Scratch of [max_pictures x tokens, d_model] floats for the caller's d_features.
   float* d_features() { return d_features_.data(); }
+  // Whether backward() forms any gradient (false: the encoder and the projector are frozen).
+  bool trains() const { return trains_; }
   size_t activation_bytes() const;
 
  private:
@@ -50,7 +52,7 @@ class VisionTower {
   int d_model_, max_rows_;
   int qkv_, att_, mlp_,
       proj_;  // this rank's widths: q|k|v, the attention's output, the MLP's and projector's hidden
-  bool frozen_encoder_;
+  bool frozen_encoder_, trains_;
   AttentionShape shape_;
   std::unique_ptr<Linear> patch_, fc1_, fc2_;
   std::unique_ptr<NormLayer> ln_post_;

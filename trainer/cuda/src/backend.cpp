@@ -218,9 +218,10 @@ class CudaBackend final : public Backend {
       return;
     }
     if (bf16_products_ || in.bf16)
-      cuda::matmul_backward<bf16, float>(din, dw, dbias, bf16_copy(dout_, dout, size_t(N) * size_t(OC)),
-                                         bf16_operand(in, size_t(N) * size_t(C), in_),
-                                         weights_bf16(w, size_t(OC) * size_t(C), w_), N, C, OC);
+      cuda::matmul_backward<bf16, float>(
+          din, dw, dbias, bf16_copy(dout_, dout, size_t(N) * size_t(OC)),
+          dw != nullptr ? bf16_operand(in, size_t(N) * size_t(C), in_) : nullptr,
+          weights_bf16(w, size_t(OC) * size_t(C), w_), N, C, OC);
     else
       cuda::matmul_backward<float>(din, dw, dbias, dout, in.f32(), w, N, C, OC);
   }

@@ -242,6 +242,10 @@ void matmul_backward(O* din, float* dw, float* dbias, const T* dout, const T* in
         if (gelu_pre != nullptr) gelu_backward<T>(din, gelu_pre, N, C);
     }
   }
+  if (dw == nullptr) {  // a frozen weight (and so its bias): only din is wanted
+    if (dbias != nullptr) bias_backward(dbias, dout, N, OC);
+    return;
+  }
   // dw^T[C, OC] += in^T[C, N] x dout[N, OC]; the bias gradient (column sums of dout) from the same pass
   // over dout where cuBLASLt can (BGRADB reduces B = dout over k = N).
   float* bgrad = dbias != nullptr ? bias_grad_scratch(OC) : nullptr;

@@ -125,6 +125,7 @@ __global__ void layernorm_backward_kernel(float* din, T* din_t, float* dweight, 
     }
   }
   __syncthreads();
+  if (dweight == nullptr) return;  // a frozen norm: only din is wanted
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
     const int at = (c % V) * CV + c / V;
     float sw = 0, sb = 0;

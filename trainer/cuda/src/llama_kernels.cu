@@ -95,7 +95,7 @@ __global__ void add_column_sums_kernel(float* dst, const float* partial, int row
 }
 
 void add_column_sums(float* dst, const float* partial, int rows, int n, int64_t stride) {
-  if (n <= 0 || rows <= 0) return;
+  if (dst == nullptr || n <= 0 || rows <= 0) return;  // null: a frozen weight
   add_column_sums_kernel<<<(n + 31) / 32, dim3(32, 8), 0, stream()>>>(dst, partial, rows, n, stride);
   check_launch("weight gradient (column sums)");
 }

@@ -252,6 +252,7 @@ struct Checker {
     const Floats dout = rng.floats(x.size());
     Floats din = rng.floats(x.size()), dw = rng.floats(size_t(C)), db = rng.floats(size_t(C));
     auto gdout = up(dout), gdin = up(din), gdw = up(dw), gdb = up(db), cmean = up(mean), crstd = up(rstd);
+    auto gfrozen = up(din);
     cpu.layernorm_backward(din.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(),
                            rstd.data(), N, C);
     gpu.layernorm_backward(gdin.data(), gdw.data(), gdb.data(), gdout.data(), gx.data(), gw.data(),
@@ -259,6 +260,10 @@ struct Checker {
     cmp("layernorm_backward din" + tag, gdin, din, kSums);
     cmp("layernorm_backward dweight" + tag, gdw, dw, kSums);
     cmp("layernorm_backward dbias" + tag, gdb, db, kSums);
+    // A frozen norm (train.freeze): no weight gradients formed, din the same bits.
+    gpu.layernorm_backward(gfrozen.data(), nullptr, nullptr, gdout.data(), gx.data(), gw.data(), cmean.data(),
+                           crstd.data(), N, C);
+    report.bits<float>("layernorm_backward din, weights frozen" + tag, down(gfrozen), down(gdin));
   }
 
   void residual() {
@@ -310,6 +315,12 @@ struct Checker {
     cmp("matmul_backward din" + tag, gdin, din, kSums);
     cmp("matmul_backward dweight" + tag, gdw, dw, kSums);
     cmp("matmul_backward dbias" + tag, gdb, db, kSums);
+    if (with_bias) {  // a frozen weight (train.freeze): din the same bits, the input not read
+      auto gfrozen = up(Floats(x.size()));
+      gpu.matmul_backward(gfrozen.data(), nullptr, nullptr, gdout.data(), static_cast<const float*>(nullptr),
+                          gw.data(), N, C, OC);
+      report.bits<float>("matmul_backward din, weight frozen" + tag, down(gfrozen), down(gdin));
+    }
   }
 
   static std::string shape_tag(const AttentionShape& shape) {
@@ -439,6 +450,9 @@ struct Checker {
     auto gdin2 = up(din0), gdw2 = up(dw0);
     gpu.rmsnorm_backward(gdin2.data(), gdw2.data(), gdout.data(), gx.data(), gw.data(), crstd.data(), N, C);
     report.bits<float>("rmsnorm_backward dweight run again" + tag, down(gdw2), down(gdw));
+    auto gfrozen = up(din0);  // a frozen norm (train.freeze): din the same bits
+    gpu.rmsnorm_backward(gfrozen.data(), nullptr, gdout.data(), gx.data(), gw.data(), crstd.data(), N, C);
+    report.bits<float>("rmsnorm_backward din, weight frozen" + tag, down(gfrozen), down(gdin));
   }
 
   // Qwen 3's qk-norm on the q and k heads of qkv rows (v untouched): head dims 12 and 128 (four columns a

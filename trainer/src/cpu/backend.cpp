@@ -148,7 +148,8 @@ class CpuBackend final : public Backend {
   }
   void matmul_backward(float* din, float* dw, float* dbias, const float* dout, ConstAct in, const float* w,
                        int N, int C, int OC) override {
-    cpu::matmul_backward(din, dw, dbias, dout, widen(in, size_t(N) * size_t(C), scratch.in), w, N, C, OC);
+    const float* x = dw != nullptr ? widen(in, size_t(N) * size_t(C), scratch.in) : nullptr;
+    cpu::matmul_backward(din, dw, dbias, dout, x, w, N, C, OC);
   }
   void add_bias(float* out, const float* bias, int N, int OC) override { cpu::add_bias(out, bias, N, OC); }
   void attention_forward(Act out, float* lse, ConstAct qkv, const int32_t* doc_start, int B, int T,

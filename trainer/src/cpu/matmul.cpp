@@ -86,7 +86,7 @@ void bias_backward(float* dbias, const float* dout, int N, int OC) {
 void matmul_backward(float* din, float* dw, float* dbias, const float* dout, const float* in, const float* w,
                      int N, int C, int OC) {
   if (din != nullptr) sgemm(false, false, N, C, OC, 1.0f, dout, OC, w, C, 0.0f, din, C);
-  sgemm(true, false, OC, C, N, 1.0f, dout, OC, in, C, 1.0f, dw, C);
+  if (dw != nullptr) sgemm(true, false, OC, C, N, 1.0f, dout, OC, in, C, 1.0f, dw, C);
   if (dbias != nullptr) bias_backward(dbias, dout, N, OC);
 }
 

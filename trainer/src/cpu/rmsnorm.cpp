@@ -69,6 +69,7 @@ void rmsnorm_backward_partials(float* din, float* partial, const float* dout, co
 }
 
 void add_chunk_sums(float* grad, const float* partial, int64_t chunks, int width, int stride) {
+  if (grad == nullptr) return;  // a frozen weight
   sum_chunks(partial, chunks, width, stride,
              [&](int c, double sum) { grad[c] = float(double(grad[c]) + sum); });
 }

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <tuple>
 
 namespace forge::trainer {
 
@@ -118,6 +119,31 @@ int gradient_bucket(const std::string& param, int layers) {
   return -1;
 }
 
+std::vector<GradientBucket> gradient_buckets(const std::vector<ParamInfo>& params, int layers, size_t align,
+                                             size_t flat, const Freeze& freeze) {
+  std::vector<GradientBucket> out;
+  std::tuple<int, bool, ModelPart> key{-2, false, ModelPart::kLm};
+  for (const ParamInfo& p : params) {
+    const std::tuple<int, bool, ModelPart> k{gradient_bucket(p.name, layers), expert(p), model_part(p.name)};
+    if (k == key) continue;
+    key = k;
+    const size_t lo = out.empty() ? 0 : round_up(p.offset, align);
+    if (!out.empty()) {
+      if (lo == out.back().lo) {  // an empty predecessor: this one takes its place
+        out.back() = {lo, flat, std::get<0>(k), std::get<1>(k)};
+        continue;
+      }
+      out.back().hi = lo;
+    }
+    out.push_back({lo, flat, std::get<0>(k), std::get<1>(k)});
+  }
+  for (GradientBucket& b : out)
+    b.trains = std::ranges::any_of(params, [&](const ParamInfo& p) {
+      return p.offset < b.hi && b.lo < p.offset + p.numel && !freeze.frozen(p.name);
+    });
+  return out;
+}
+
 ParallelTrainer::ParallelTrainer(const TrainSpec& spec, comm::ProcessGroups& groups, Backend& backend,
                                  std::shared_ptr<GPT> teacher)
     : spec_(spec), groups_(groups), backend_(backend) {
@@ -161,40 +187,28 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, comm::ProcessGroups& gro
                                                    .layer_align = zero >= 2 ? align : 1,
                                                    .loss = loss_,
                                                    .recompute = spec.recompute,
-                                                   .frozen_encoder = spec.freeze.vision});
+                                                   .frozen = spec.freeze.predicate()});
   model_->init(spec.seed);
   if (const int replicas = std::max(1, lay.tp / spec.model.kv_heads); replicas > 1) {
     kv_ = groups.tp->split(groups.tp_rank / replicas, groups.tp_rank % replicas, "kv");
     for (const ParamInfo& p : model_->params())
-      if (p.shard.replicas > 1) kv_params_[gradient_bucket(p.name, spec.model.layers)].push_back(&p);
+      if (p.shard.replicas > 1 && !spec.freeze.frozen(p.name))
+        kv_params_[gradient_bucket(p.name, spec.model.layers)].push_back(&p);
   }
   // The router losses of a step: the mean over its micro-batches on every data-parallel rank.
   model_->set_router_loss_weight(1.0f / float(spec.microbatches * lay.dp));
   for (MoeLayer* moe : model_->moe_layers())
     if (moe->layer() == spec.guard.inject_dead_layer) moe->never_choose(spec.guard.inject_dead_expert);
 
-  // Buckets: one per block (plus the embeddings and the final LayerNorm) and one for the experts of an MoE
-  // block, which are reduced over expert_dp (the ranks holding the same experts) instead of dp.
-  // Boundaries are rounded up to a multiple of dp so each splits evenly over its group; rounding up only
-  // ever moves elements into the bucket of a layer whose backward comes later, so a bucket is complete
-  // when its layer's callback fires. The experts' stretch is aligned already (parameter_table), so no
-  // element changes group.
+  // Buckets (gradient_buckets): the experts of an MoE block are reduced over expert_dp (the ranks holding
+  // the same experts) instead of dp; their stretch is aligned already (parameter_table), so no element
+  // changes group. A bucket with nothing that trains (train.freeze) is never reduced: its gradients are
+  // never formed.
   const size_t flat = model_->weights().size();
-  std::pair<int, bool> key{-2, false};
-  for (const ParamInfo& p : model_->params()) {
-    const std::pair<int, bool> k{gradient_bucket(p.name, spec.model.layers), expert(p)};
-    if (k == key) continue;
-    key = k;
-    const size_t lo = buckets_.empty() ? 0 : round_up(p.offset, align);
-    if (!buckets_.empty()) {
-      if (lo == buckets_.back().lo) {  // an empty predecessor: fold it into this one
-        buckets_.back().key = k.first;
-        buckets_.back().group = k.second ? groups.expert_dp.get() : dense;
-        continue;
-      }
-      buckets_.back().hi = lo;
-    }
-    buckets_.push_back({lo, flat, k.first, k.second ? groups.expert_dp.get() : dense, 0, nullptr, nullptr});
+  for (const GradientBucket& b :
+       gradient_buckets(model_->params(), spec.model.layers, align, flat, spec.freeze)) {
+    buckets_.push_back({b.lo, b.hi, b.key, b.experts ? groups.expert_dp.get() : dense, 0, nullptr, nullptr});
+    buckets_.back().trains = b.trains;
   }
   size_t at = 0;
   for (Bucket& b : buckets_) {
@@ -241,7 +255,7 @@ GPT& ParallelTrainer::model() {
 void ParallelTrainer::launch_gathers() {
   float* w = model_->weights().data();
   for (size_t i = 0; i < buckets_.size(); ++i)
-    if (buckets_[i].group->size() > 1)
+    if (buckets_[i].group->size() > 1 && buckets_[i].trains)  // a frozen bucket is the same everywhere
       buckets_[i].gather = buckets_[i].group->all_gather(w + owned_[i].lo, w + buckets_[i].lo,
                                                          owned_[i].hi - owned_[i].lo, comm::CommType::kF32);
   gathered_ = 0;
@@ -337,7 +351,7 @@ void ParallelTrainer::settle_microbatch() {
 }
 
 void ParallelTrainer::launch(Bucket& b) {
-  if (b.group->size() == 1 || b.request) return;
+  if (b.group->size() == 1 || b.request || !b.trains) return;
   float* g = model_->grads().data();
   const size_t n = b.hi - b.lo;
   b.into_partial = b.reduced;
@@ -349,7 +363,7 @@ void ParallelTrainer::launch(Bucket& b) {
 }
 
 void ParallelTrainer::finish_gradients() {
-  if (groups_.embed && spec_.model.tied_embeddings) {
+  if (groups_.embed && spec_.model.tied_embeddings && !spec_.freeze.frozen("wte.weight")) {
     mark_activity("all_reduce embed (tied embedding)");
     auto wte = model_->grad("wte.weight");
     groups_.embed->all_reduce_sum(wte.data(), wte.size());
@@ -360,7 +374,7 @@ void ParallelTrainer::finish_gradients() {
     TraceSpan span("gradient shards", "compute");
     float* g = model_->grads().data();
     for (size_t i = 0; i < buckets_.size(); ++i)
-      if (buckets_[i].group->size() > 1)
+      if (buckets_[i].group->size() > 1 && buckets_[i].trains)
         backend_.copy(g + owned_[i].lo, shard_.data() + buckets_[i].shard_at,
                       sizeof(float) * (owned_[i].hi - owned_[i].lo));
     if (spec_.parallel.zero >= 2) backend_.release(shard_.data(), shard_.size());

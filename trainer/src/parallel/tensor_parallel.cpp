@@ -65,7 +65,9 @@ void ColumnParallelLinear::backward(float* din, const float* dout, ConstAct in, 
   // The input is gathered again rather than kept: keeping it would cost what the cut saves (Megatron
   // does the same). The summed input gradient goes back cut: reduce-scatter.
   float* whole = din != nullptr ? sequence_->full.data() : nullptr;
-  Linear::backward(whole, dout, sequence_->gather(group_, in.f32(), rows, in_), rows);
+  // A frozen weight's product does not read the input (Backend::matmul_backward): no gather.
+  Linear::backward(whole, dout, weight_.grad != nullptr ? sequence_->gather(group_, in.f32(), rows, in_) : in,
+                   rows);
   if (din != nullptr) SequenceScratch::scatter(group_, whole, din, rows, in_);
 }
 
@@ -174,6 +176,7 @@ void SequenceParallelNorm::backward(float* din, const float* dout, const float* 
     backend_.layernorm_backward_partials(din, partial, dout, in, w_.value, st, st + N, N, C);
   else
     backend_.rmsnorm_backward_partials(din, partial, dout, in, w_.value, st, N, C);
+  if (w_.grad == nullptr) return;  // frozen: the partials serve only the weights' gradients
   group_.all_gather(partial, sequence_.partials.data(), size_t(chunks) * size_t(width), comm::CommType::kF32)
       ->wait();
   const int64_t all = chunks * group_.size();  // the ranks hold consecutive rows: chunk order is rank order

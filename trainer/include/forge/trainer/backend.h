@@ -216,7 +216,7 @@ class Backend {
                                   int vocab_end) = 0;
   virtual void layernorm_forward(Act out, float* mean, float* rstd, const float* in, const float* weight,
                                  const float* bias, float eps, int N, int C) = 0;
-  // din += dL/din (the residual stream's gradient accumulates); dweight, dbias +=.
+  // din += dL/din (the residual stream's gradient accumulates); dweight, dbias += (both null: not formed).
   virtual void layernorm_backward(float* din, float* dweight, float* dbias, const float* dout,
                                   const float* in, const float* weight, const float* mean, const float* rstd,
                                   int N, int C) = 0;
@@ -237,7 +237,8 @@ class Backend {
   // pre are both FP32 or both BF16.
   virtual void matmul_bias_gelu_forward(Act out, Act pre, ConstAct in, const float* w, const float* bias,
                                         int N, int C, int OC) = 0;
-  // din = dout @ w (overwrites; skipped if null); dw += dout^T @ in; dbias += column sums (if not null).
+  // din = dout @ w (overwrites; skipped if null); dw += dout^T @ in; dbias += column sums. A null dw or
+  // dbias is not formed (a weight train.freeze leaves as it is); `in` is then not read.
   virtual void matmul_backward(float* din, float* dw, float* dbias, const float* dout, ConstAct in,
                                const float* w, int N, int C, int OC) = 0;
   // out[r,:] += bias.
@@ -284,7 +285,7 @@ class Backend {
   virtual void head_rmsnorm_forward(Act qkv, float* saved, float* rstd, const float* q_weight,
                                     const float* k_weight, float eps, int N, const AttentionShape& shape) = 0;
   // In place on the q and k heads of dqkv: the gradient of the normed values becomes that of their inputs;
-  // dq_weight, dk_weight +=.
+  // dq_weight, dk_weight += (both null: not formed).
   virtual void head_rmsnorm_backward(float* dqkv, float* dq_weight, float* dk_weight, const float* saved,
                                      const float* rstd, const float* q_weight, const float* k_weight, int N,
                                      const AttentionShape& shape) = 0;
@@ -298,7 +299,7 @@ class Backend {
   // RMSNorm over rows of C: out = in / sqrt(mean(in^2) + eps) x weight; rstd [N] keeps 1 / that root.
   virtual void rmsnorm_forward(Act out, float* rstd, const float* in, const float* weight, float eps, int N,
                                int C) = 0;
-  // din += dL/din (the residual stream's gradient accumulates); dweight +=.
+  // din += dL/din (the residual stream's gradient accumulates); dweight += (null: not formed).
   virtual void rmsnorm_backward(float* din, float* dweight, const float* dout, const float* in,
                                 const float* weight, const float* rstd, int N, int C) = 0;
   // Sequence parallelism (a norm over this process's share of the rows): the *_backward ops, but the
@@ -306,7 +307,8 @@ class Backend {
   // [chunks, 2C], the weight's terms then the bias's) instead of into the gradients. add_chunk_sums adds
   // `width` columns of `chunks` partials (row stride `stride`) to grad, in chunk order: the sum the
   // *_backward ops take, so the partials of consecutive rows gathered from a group give one process's
-  // gradient bit for bit. FP32; a backend without them refuses sequence parallelism.
+  // gradient bit for bit (grad null: adds nothing). FP32; a backend without them refuses sequence
+  // parallelism.
   virtual void rmsnorm_backward_partials(float* din, float* partial, const float* dout, const float* in,
                                          const float* weight, const float* rstd, int N, int C);
   virtual void layernorm_backward_partials(float* din, float* partial, const float* dout, const float* in,

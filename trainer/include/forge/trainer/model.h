@@ -173,13 +173,14 @@ struct ModelSlice {
   int ep_size = 1;
 };
 
-// Parameter table of `slice` in storage order. The experts of each MoE block are one stretch whose ends are
-// multiples of `expert_align` elements (its gradients are reduced over another group than the rest); the
-// parameters of each layer (the embeddings, a block, the final norm, an untied head) start at a multiple
-// of `layer_align` (ZeRO-2/3 reduce, gather and release a layer's parameters alone). Throws
+// Parameter table of `slice` in storage order. The experts of each MoE block, and a vision-language model's
+// encoder and its projector, are stretches whose ends are multiples of `part_align` elements (the experts'
+// gradients are reduced over another group than the rest; a part train.freeze leaves out is not reduced at
+// all); the parameters of each layer (the embeddings, a block, the final norm, an untied head) start at a
+// multiple of `layer_align` (ZeRO-2/3 reduce, gather and release a layer's parameters alone). Throws
 // std::invalid_argument if the slice does not fit.
 std::vector<ParamInfo> parameter_table(const ModelSpec& config, const ModelSlice& slice = {},
-                                       size_t expert_align = 1, size_t layer_align = 1);
+                                       size_t part_align = 1, size_t layer_align = 1);
 
 // Initial values of `slice`'s shard of `p` (GPT-2 scheme): element i of the logical tensor is a pure
 // function of (seed, p.name, i), so every layout draws the same logical model.
@@ -239,9 +240,10 @@ struct ModelSetup {
   size_t layer_align = 1;    // each layer's parameters start at a multiple (parameter_table)
   std::shared_ptr<const Loss> loss = nullptr;  // the head's objective; null: the LM cross-entropy
   Recompute recompute = {};                    // none by default
-  // The vision tower's encoder is frozen (train.freeze = vision): the backward stops at the projector
-  // and leaves the encoder's gradients zero.
-  bool frozen_encoder = false;
+  // The parameters a run leaves as they are (train.freeze; null: none). No gradient is formed for them
+  // (their layers get a null one) and their stretch of grads() is never written, not even zeroed; the
+  // backward stops where nothing before it trains (a frozen vision encoder).
+  std::function<bool(std::string_view param)> frozen = nullptr;
 };
 
 class GPT;
@@ -310,6 +312,7 @@ class GPT {
 
   // Deterministic initialization of every parameter (init_parameter).
   void init(uint64_t seed);
+  // Zeroes the gradients of every parameter that trains (ModelSetup::frozen).
   void zero_grad();
   // Call after changing weights() (optimizer step, loading): refreshes the BF16 working copy, of every
   // weight or of the flat range `part`.
@@ -416,6 +419,8 @@ class GPT {
   std::shared_ptr<const Loss> loss_;
   int layers_;  // blocks in this slice
   std::vector<ParamInfo> params_;
+  std::function<bool(std::string_view)> frozen_;  // ModelSetup::frozen
+  std::vector<FlatRange> trained_;                // the stretches of grads() a backward adds to
   Buffer<float> weights_, grads_;
   Buffer<float> work_;  // BF16 mode: weights rounded to BF16 (the copy forward/backward use)
   std::unique_ptr<Workspace> ws_;

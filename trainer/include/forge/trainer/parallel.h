@@ -34,6 +34,22 @@ std::vector<int> stage_bounds(const ModelSpec& config, int pp, const std::vector
 // embeddings (and an untied head), `layers` for the final norm.
 int gradient_bucket(const std::string& param, int layers);
 
+// A stretch of the flat buffers whose gradients are reduced at once: a layer's (gradient_bucket), an MoE
+// block's experts (reduced over expert_dp), a part of a vision-language model (model_part: what
+// train.freeze may leave out on its own).
+struct GradientBucket {
+  size_t lo, hi;
+  int key;             // gradient_bucket
+  bool experts;        // reduced over expert_dp instead of dp
+  bool trains = true;  // holds a parameter train.freeze leaves in (else its gradients are never formed)
+};
+// The buckets of a parameter table whose flat buffers are `flat` long. Each starts where its first
+// parameter does, rounded up to a multiple of `align` (so it splits evenly over its group): rounding only
+// moves elements into the bucket of a layer whose backward comes later, so a bucket is complete when its
+// layer's backward is.
+std::vector<GradientBucket> gradient_buckets(const std::vector<ParamInfo>& params, int layers, size_t align,
+                                             size_t flat, const Freeze& freeze);
+
 // `ranges` of a model's flat buffers without the parameters train.freeze leaves out of the update: what
 // the optimizer keeps state for and writes. Nothing left: the one empty range.
 std::vector<FlatRange> trained_ranges(const std::vector<FlatRange>& ranges,
@@ -97,6 +113,7 @@ class ParallelTrainer {
     // parallel.reduce_each_microbatch: a reduction of this step is already in shard_, so the one in flight
     // writes to partial_ and settle adds it in.
     bool reduced = false, into_partial = false;
+    bool trains = true;  // GradientBucket::trains: else never reduced, nor gathered after an update
   };
   void launch(Bucket& bucket);
   // Waits for the bucket's reduction; ZeRO-2/3 then release its gradients (the rank's part is in shard_).

@@ -9,6 +9,7 @@
 #include "forge/trainer/objective.h"
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -108,6 +109,8 @@ struct Freeze {
   bool vision = false, projector = false, lm = false;
   bool any() const { return vision || projector || lm; }
   bool frozen(std::string_view param) const;
+  // frozen() as ModelSetup::frozen takes it: null when nothing is.
+  std::function<bool(std::string_view)> predicate() const;
 };
 
 struct TrainSpec {
