@@ -4,7 +4,8 @@
 // patches (64 positions each), two pictures a row (half the positions). Prints the step's time with the
 // pictures and without (the same tokens, the tower skipped), the tower's share, the tower's own forward +
 // backward time and GFLOP/s against the sgemm peak measured in the same run; bench/vision.sh sets the PyTorch
-// peer of the tower beside it.
+// peer of the tower beside it. Then the step with the language model frozen (train.freeze = lm: none of
+// its weight gradients formed) against the same step trained, next to the ratio of their FLOPs.
 //
 // Usage: bench_vision [--threads N] [--reps N]
 #include "forge/trainer/model.h"
@@ -78,6 +79,21 @@ int main(int argc, char** argv) {
       pictures * 6.0 *
       (tower_params * v.tokens() + 2.0 * v.layers * double(v.tokens()) * v.tokens() * v.width);
   const double tower_s = step_with - step_without;
+  // The language model frozen: its products form their input gradients only, 2 of their 6 FLOPs per
+  // multiplying parameter and position saved (the embedding is a lookup, not a product).
+  Freeze lm;
+  lm.lm = true;
+  GPT frozen(spec, {.batch = B, .frozen = lm.predicate()});
+  frozen.init(1);
+  const double step_frozen = forge::bench::best_seconds([&] { frozen.forward_backward(with, 1.0f); }, reps);
+  double lm_params = 0;
+  for (const ParamInfo& p : model.params())
+    if (model_part(p.name) == ModelPart::kLm && p.shape.size() == 2 && p.name != "wte.weight")
+      lm_params += double(p.numel);
+  const double positions = double(B) * T, C = spec.d_model;
+  const double attention = 6.0 * spec.layers * B * double(T) * T * C;  // causal: half of QK^T and AV, x3
+  const double trained_flops = 6.0 * lm_params * positions + attention + tower_flops;
+  const double frozen_flops = trained_flops - 2.0 * lm_params * positions;
   std::printf(
       "shape: llama 6 x 384, %d x %d positions; vision %d blocks of %d, %d pictures of %d x %d (%d tokens "
       "each), %.1f M tower parameters; %d threads\n",
@@ -88,5 +104,7 @@ int main(int argc, char** argv) {
   std::printf("tower_ms=%.1f tower_share=%.1f%% tower_gflops=%.1f (%.1f%% of peak) pictures_per_s=%.1f\n",
               tower_s * 1e3, 100.0 * tower_s / step_with, tower_flops / tower_s / 1e9,
               100.0 * tower_flops / tower_s / 1e9 / peak, pictures / tower_s);
+  std::printf("step_lm_frozen_ms=%.1f frozen_over_trained=%.3f flops_ratio=%.3f\n", step_frozen * 1e3,
+              step_frozen / step_with, frozen_flops / trained_flops);
   return 0;
 }

@@ -2,7 +2,8 @@
 # The vision tower's cost in a vision-language training step on the CPU (bench_vision: the trainer benchmark's
 # Llama shape with a 6-block, 384-wide ViT over 16 pictures of 112 x 112 in 14-pixel patches, 2 threads) and
 # the same tower in PyTorch (torch_vision_cpu.py, Debian's python3-torch, installed if missing), in one
-# invocation: the tower's share of the step, its GFLOP/s against the sgemm peak, and forge/torch time.
+# invocation: the tower's share of the step, its GFLOP/s against the sgemm peak, and forge/torch time; and
+# the step with the language model frozen (train.freeze = lm) against the trained one and their FLOPs' ratio.
 #
 # usage: bench/vision.sh [BUILD_DIR]   (default build/release; bench_vision is built if needed). JOBS=N sets
 #   the build parallelism.
