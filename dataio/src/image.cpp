@@ -136,6 +136,8 @@ DecodeResult decode_png(std::span<const uint8_t> bytes, uint64_t max_pixels) {
   if (too_large(width, height, max_pixels)) return too_large_result(width, height, max_pixels);
   if (!header) return refused("undecodable", io.message);
   DecodeResult r;
+  r.stored_width = width;
+  r.stored_height = height;
   r.image = blank(width, height);
   std::vector<png_bytep> rows(height);
   for (uint32_t y = 0; y < height; ++y) rows[y] = r.image.rgb.data() + size_t{3} * width * y;
@@ -171,7 +173,7 @@ bool jpeg_read_header_phase(jpeg_decompress_struct* cinfo, JpegError* err, std::
   return true;
 }
 
-// Decodes into `out` (output_width x output_height x 3; 1:1 scale and RGB output make those the image's).
+// Decodes into `out` (output_width x output_height x 3: RGB output at the scale set).
 bool jpeg_read_pixels(jpeg_decompress_struct* cinfo, JpegError* err, uint8_t* out) {
   if (setjmp(err->jump)) return false;
   jpeg_start_decompress(cinfo);
@@ -207,7 +209,16 @@ const char* jpeg_color_name(J_COLOR_SPACE space) {
   }
 }
 
-DecodeResult decode_jpeg(std::span<const uint8_t> bytes, uint64_t max_pixels) {
+// The DCT scaling denominator for `reduce` (Reduce): the largest of 8, 4, 2 that keeps the side the fit
+// resizes from at least reduce.size, else 1.
+unsigned jpeg_reduction(uint32_t width, uint32_t height, const Reduce& reduce) {
+  const uint64_t from = reduce.fit == ImageFit::kPad ? std::max(width, height) : std::min(width, height);
+  for (const unsigned k : {8u, 4u, 2u})
+    if (reduce.size > 0 && from >= uint64_t{k} * reduce.size) return k;
+  return 1;
+}
+
+DecodeResult decode_jpeg(std::span<const uint8_t> bytes, uint64_t max_pixels, const Reduce& reduce) {
   JpegReader reader;
   jpeg_decompress_struct& cinfo = reader.cinfo;
   const bool header = jpeg_read_header_phase(&cinfo, &reader.err, bytes);
@@ -224,8 +235,13 @@ DecodeResult decode_jpeg(std::span<const uint8_t> bytes, uint64_t max_pixels) {
   cinfo.out_color_space = JCS_RGB;
   cinfo.dct_method = JDCT_ISLOW;
   cinfo.do_fancy_upsampling = TRUE;
+  const unsigned k = jpeg_reduction(cinfo.image_width, cinfo.image_height, reduce);
+  cinfo.scale_num = 1;
+  cinfo.scale_denom = k;
   DecodeResult r;
-  r.image = blank(cinfo.image_width, cinfo.image_height);
+  r.stored_width = cinfo.image_width;
+  r.stored_height = cinfo.image_height;
+  r.image = blank((cinfo.image_width + k - 1) / k, (cinfo.image_height + k - 1) / k);  // libjpeg's rounding
   if (!jpeg_read_pixels(&cinfo, &reader.err, r.image.rgb.data()))
     return refused("undecodable", reader.err.message);
   return r;
@@ -511,9 +527,9 @@ struct PngWriter {
 
 }  // namespace
 
-DecodeResult decode_image(std::span<const uint8_t> bytes, uint64_t max_pixels) {
+DecodeResult decode_image(std::span<const uint8_t> bytes, uint64_t max_pixels, Reduce reduce) {
   if (starts_with(bytes, kPngSignature)) return decode_png(bytes, max_pixels);
-  if (starts_with(bytes, kJpegSignature)) return decode_jpeg(bytes, max_pixels);
+  if (starts_with(bytes, kJpegSignature)) return decode_jpeg(bytes, max_pixels, reduce);
   return refused("unsupported_format", "neither a PNG nor a JPEG signature");
 }
 

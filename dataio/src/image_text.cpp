@@ -81,19 +81,21 @@ LoadedImage load_image(const fs::path& jsonl_path, const std::string& ref, const
     return out;
   }
   out.file_bytes = bytes.size();
-  const DecodeResult decoded =
-      decode_image(std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()), o.max_pixels);
+  const DecodeResult decoded = decode_image(
+      std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()), o.max_pixels, {o.size, o.fit});
   if (!decoded.reason.empty()) {
     out.reason = decoded.reason;
     out.detail =
         fmt::format("{}: {}", path.string(), decoded.detail.empty() ? decoded.reason : decoded.detail);
     return out;
   }
+  // The size rules read the file's own size; a JPEG's pixels may have been decoded reduced for the fit.
   const Image& image = decoded.image;
-  const uint32_t shorter = std::min(image.width, image.height), longer = std::max(image.width, image.height);
+  const uint32_t w = decoded.stored_width, h = decoded.stored_height;
+  const uint32_t shorter = std::min(w, h), longer = std::max(w, h);
   if (shorter < o.min_side || double(longer) > o.max_aspect * double(shorter)) {
     out.reason = shorter < o.min_side ? "tiny" : "extreme_aspect";
-    out.detail = fmt::format("{}: {}x{}", path.string(), image.width, image.height);
+    out.detail = fmt::format("{}: {}x{}", path.string(), w, h);
     return out;
   }
   out.image.pixel_hash = pixel_hash(image);

@@ -48,12 +48,14 @@ size_t place_picture(const Suite& suite, const Task& task, const trainer::Vision
          suite.name, task.id, runs.size());
   prompt.assign(ids.begin(), ids.end());
   const std::string bytes = read_file(task.image);
+  // Decoded for the fit as prepare decodes training pictures (a large JPEG reduced by DCT scaling).
+  const data::Reduce reduce{uint32_t(vision.image_size), data::ImageFit::kPad};
   const data::DecodeResult d =
-      data::decode_image({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
+      data::decode_image({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}, 1ull << 27, reduce);
   if (!d.reason.empty())
     fail(ExitCode::kData, "suite {}: task \"{}\": picture {} is {} ({}); replace it", suite.name, task.id,
          task.image, d.reason, d.detail);
-  rgb = data::fit_image(d.image, uint32_t(vision.image_size), data::ImageFit::kPad).rgb;
+  rgb = data::fit_image(d.image, reduce.size, reduce.fit).rgb;
   return size_t(runs[0]);
 }
 

@@ -140,6 +140,43 @@ TEST_CASE("decode_image: every PNG and JPEG equals PIL's pixels under the header
   CHECK(jpeg >= 12);
 }
 
+TEST_CASE("decode_image for a fit: a JPEG reduced by DCT scaling equals PIL's draft; a PNG decodes whole") {
+  int reduced = 0;
+  for (const forge::Json& c : manifest()["cases"]) {
+    if (c["reason"] != "") continue;
+    const std::string name = c["name"];
+    const uint32_t width = c["width"], height = c["height"];
+    INFO(name);
+    for (const ImageFit fit : {ImageFit::kPad, ImageFit::kCrop, ImageFit::kStretch})
+      for (const uint32_t k : {1u, 2u, 4u, 8u}) {
+        // The size that makes 1/k the largest reduction whose side the fit resizes from stays >= size.
+        const uint32_t from = fit == ImageFit::kPad ? std::max(width, height) : std::min(width, height);
+        // (PIL's draft cannot reduce a side below 1 pixel: no reference for a JPEG that thin)
+        if (from / k == 0 || (k > 1 && is_jpeg(name) && std::min(width, height) < k)) continue;
+        const uint32_t size = from / k;
+        INFO(image_fit_name(fit) << " " << size << ", 1/" << k);
+        const DecodeResult r = decode_image(bytes_of(name), 1ull << 27, {size, fit});
+        REQUIRE(r.reason.empty());
+        CHECK(r.stored_width == width);
+        CHECK(r.stored_height == height);
+        Diff diff;
+        if (k == 1 || !is_jpeg(name)) {
+          diff.add(r.image, expected(c));  // whole
+        } else {
+          const forge::Json* want = nullptr;
+          for (const forge::Json& at : c["reduced"])
+            if (at["k"] == k) want = &at;
+          REQUIRE(want != nullptr);
+          diff.add(r.image, raw((*want)["pixels"], (width + k - 1) / k, (height + k - 1) / k));
+          ++reduced;
+        }
+        CHECK(diff.max == 0);
+      }
+  }
+  fmt::print("decode_image for a fit: {} reduced JPEG decodes equal PIL's draft exactly\n", reduced);
+  CHECK(reduced >= 60);
+}
+
 TEST_CASE("decode_image: EXIF orientation is ignored (pixels as stored)") {
   const DecodeResult r = decode("exif_orientation6.jpg");
   REQUIRE(r.reason.empty());

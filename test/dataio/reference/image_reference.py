@@ -131,9 +131,26 @@ def expected_rgb(path):
     """The RGB pixels decode_image must produce for `path` (height x width x 3, uint8)."""
     with Image.open(path) as im:
         im.load()
-        mode, fmt = im.mode, im.format
-        a = np.array(im)
-        palette = im.getpalette()
+        return rules_rgb(im, path)
+
+
+def drafted_rgb(path, k):
+    """A JPEG as PIL's draft mode decodes it at 1/k (libjpeg's DCT scaling; k = 2, 4, 8), under the header's
+    rules: what decode_image makes of it reduced for a fit."""
+    with Image.open(path) as im:
+        w, h = im.size
+        im.draft("RGB", (w // k, h // k))
+        if im.size != (-(-w // k), -(-h // k)):
+            raise SystemExit(f"{path}: PIL's draft at 1/{k} gives {im.size}")
+        im.load()
+        return rules_rgb(im, path)
+
+
+def rules_rgb(im, path):
+    """The header's rules on a loaded PIL picture."""
+    mode, fmt = im.mode, im.format
+    a = np.array(im)
+    palette = im.getpalette()
     if mode == "RGB":
         return a
     if mode in ("RGBA", "RGBX"):
@@ -214,8 +231,12 @@ class Writer:
         im = Image.fromarray(rgb, "RGB")
         resizes = [self.resize(name, im, w, h) for w, h in resize_targets(width, height)]
         fits = [self.fit(name, im, fit, FIT_SIZE, fill) for fit in ("pad", "crop", "stretch")]
-        self.cases.append({"name": name, "file": name, "reason": "", "width": width, "height": height,
-                           "pixels": self.raw(f"{name}.rgb", rgb), "resize": resizes, "fit": fits})
+        case = {"name": name, "file": name, "reason": "", "width": width, "height": height,
+                "pixels": self.raw(f"{name}.rgb", rgb), "resize": resizes, "fit": fits}
+        if name.endswith(".jpg"):  # decoded reduced, at every scale the picture allows
+            case["reduced"] = [{"k": k, "pixels": self.raw(f"{name}.reduced_{k}.rgb", drafted_rgb(self.path(name), k))}
+                               for k in (2, 4, 8) if min(width, height) >= k]
+        self.cases.append(case)
         return rgb
 
     # Each resize and fit as PIL's BILINEAR on RGB ("pixels") and on float channels ("floats": float32).

@@ -13,13 +13,23 @@ namespace forge::data {
 
 // The decoding, fitting and hashing rules below, by name: part of an image-text dataset's settings, so that
 // a change to them (under a new name) changes the version of every dataset they made.
-inline constexpr const char* kImageDecoder = "forge-image-1: libpng, libjpeg-turbo (islow), triangle resize";
+inline constexpr const char* kImageDecoder =
+    "forge-image-2: libpng, libjpeg-turbo (islow, DCT-scaled for the fit), triangle resize";
 
 // 8-bit RGB, row-major, interleaved: pixel (x, y) is rgb[3 * (y * width + x) + c].
 struct Image {
   uint32_t width = 0, height = 0;
   std::vector<uint8_t> rgb;
 };
+
+// The encoder's input is size x size. How a picture that is not square gets there:
+//   kPad:     centred on a square of side max(w, h) filled with `fill` (at offsets floor((side - w) / 2),
+//             floor((side - h) / 2)), then resized; nothing is lost (LLaVA's expand-to-square).
+//   kCrop:    the centred square of side min(w, h) (same offset rule), then resized (CLIP's centre crop).
+//   kStretch: resized as is; the aspect ratio is lost.
+enum class ImageFit { kPad, kCrop, kStretch };
+ImageFit parse_image_fit(const std::string& name);  // "pad" | "crop" | "stretch"; forge::Error(kUsage) else
+const char* image_fit_name(ImageFit fit);
 
 // What decode_image makes of every kind of file, in one place (docs/DATA.md lists it):
 //   PNG: grey, grey+alpha, palette (with or without tRNS), RGB, RGBA at 1-16 bits, interlaced or not.
@@ -31,6 +41,7 @@ struct Image {
 //   EXIF orientation is ignored: pixels are taken as stored (as PIL's Image.open does).
 struct DecodeResult {
   Image image;
+  uint32_t stored_width = 0, stored_height = 0;  // the file's own size: image's, unless decoded reduced
   // "" on success, else the reason prepare counts it under: "unsupported_format" (neither PNG nor JPEG by
   // its signature), "undecodable" (the library refused the data: corrupt or truncated), "unsupported_color"
   // (a colour model decode_image does not convert), "too_large" (more than max_pixels pixels).
@@ -38,18 +49,21 @@ struct DecodeResult {
   std::string detail;  // the library's message, for the bad-line report
 };
 
+// A picture decoded for fit_image(..., size, fit) (decode_image's `reduce`): a JPEG is decoded reduced by
+// libjpeg's DCT scaling, to 1/k of its size (k = 8, 4 or 2, rounded up: libjpeg's output size), for the
+// largest k that leaves the side the fit resizes from at least `size` (pad: the longer, crop and stretch:
+// the shorter), as PIL's draft mode does. The IDCT then does most of a large downscale, at a fraction of a
+// whole decode's cost, and fit_image the rest; the scaled IDCT's pixels are libjpeg's (tested against PIL's
+// draft). PNG has no such scaling and decodes whole; size 0: every file whole.
+struct Reduce {
+  uint32_t size = 0;
+  ImageFit fit = ImageFit::kPad;
+};
+
 // Never throws on bad data; max_pixels guards against decompression bombs (checked from the header,
 // before any pixel is allocated).
-DecodeResult decode_image(std::span<const uint8_t> bytes, uint64_t max_pixels = 1ull << 27);
-
-// The encoder's input is size x size. How a picture that is not square gets there:
-//   kPad:     centred on a square of side max(w, h) filled with `fill` (at offsets floor((side - w) / 2),
-//             floor((side - h) / 2)), then resized; nothing is lost (LLaVA's expand-to-square).
-//   kCrop:    the centred square of side min(w, h) (same offset rule), then resized (CLIP's centre crop).
-//   kStretch: resized as is; the aspect ratio is lost.
-enum class ImageFit { kPad, kCrop, kStretch };
-ImageFit parse_image_fit(const std::string& name);  // "pad" | "crop" | "stretch"; forge::Error(kUsage) else
-const char* image_fit_name(ImageFit fit);
+DecodeResult decode_image(std::span<const uint8_t> bytes, uint64_t max_pixels = 1ull << 27,
+                          Reduce reduce = {});
 
 // Resampling with a triangle (bilinear) kernel whose support widens by the scale factor when shrinking, so
 // every source pixel contributes (antialiased, as PIL's Image.resize with BILINEAR), separably, in float
