@@ -151,6 +151,14 @@ RunCheckpoints::RunCheckpoints(const Config& config, const trainer::TrainSpec& s
   if (tiers_.recovery_every < 0) config.reject("ckpt.recovery_every", "must be >= 0");
   if (tiers_.milestone_every < 0) config.reject("ckpt.milestone_every", "must be >= 0");
   if (!(tiers_.recovery_every_s >= 0)) config.reject("ckpt.recovery_every_s", "must be >= 0");
+  // grpo with several updates per rollout: checkpoints fall between rollouts (one holds no rollout), a
+  // save on the clock waiting for the rollout's last update.
+  for (const auto& [key, every] : {std::pair{"ckpt.recovery_every", tiers_.recovery_every},
+                                   {"ckpt.milestone_every", tiers_.milestone_every}})
+    if (every % spec.rl.updates_per_rollout != 0)
+      config.reject(key, fmt::format("must be a multiple of rl.updates_per_rollout = {}: a checkpoint "
+                                     "falls between rollouts",
+                                     spec.rl.updates_per_rollout));
   if (!init_vision_from_.empty() && !spec.model.vision.enabled())
     config.reject("ckpt.init_vision_from", "is set, but the model has no vision tower (vision.layers = 0)");
   if (spec.guard.policy == trainer::NonFinitePolicy::kRewind && tiers_.recovery_every == 0 &&
@@ -344,6 +352,7 @@ ckpt::SaveEvent RunCheckpoints::save(ckpt::Tier tier, const trainer::StepStats& 
 
 void RunCheckpoints::after_step(const trainer::StepStats& stats, int64_t tokens,
                                 std::span<const MicroBatch> batch) {
+  if (stats.step % spec_.rl.updates_per_rollout != 0) return;  // inside a rollout
   const double since =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save_time_).count();
   ckpt::Due due = ckpt::due_at(tiers_, stats.step, last_saved_step_, since);

@@ -111,15 +111,33 @@ class Rollouts final : public DataSource {
 
   void set_policy(trainer::ParallelTrainer& policy) override { policy_ = &policy; }
 
+  // A rollout serves rl.updates_per_rollout steps: sampled at its first, under the weights of that moment,
+  // each step then trains the next spec.microbatches of its micro-batches. Checkpoints fall between
+  // rollouts (RunCheckpoints), so a resumed or rewound run samples every rollout as it was sampled before.
   void next(int64_t step, std::vector<MicroBatch>& out) override {
+    const int U = spec_.rl.updates_per_rollout, M = spec_.microbatches;
+    const int64_t first = step - step % U;
+    if (rollout_.empty() || rollout_step_ != first) {
+      sample(first);
+      rollout_step_ = first;
+    } else {
+      metrics_ = nullptr;  // the rollout's figures went with its first step
+    }
+    const auto at = rollout_.begin() + ptrdiff_t((step - first) * M);
+    out.assign(at, at + M);
+  }
+
+  // The rollout of steps [first, first + rl.updates_per_rollout) into rollout_.
+  void sample(int64_t first) {
     if (policy_ == nullptr) throw std::logic_error("Rollouts: no policy to sample from (set_policy)");
     trainer::GPT& model = policy_->model();
-    const int B = spec_.batch, M = spec_.microbatches, G = spec_.rl.group_size, T = spec_.model.seq_len;
-    const int dp = spec_.layout.dp;
+    const int B = spec_.batch, G = spec_.rl.group_size, T = spec_.model.seq_len;
+    const int dp = spec_.layout.dp, M = spec_.microbatches * spec_.rl.updates_per_rollout;
     if (!generator_) generator_.emplace(model, B, T);
-    // Global row (i dp + r) B + j of the step (micro-batch i, rank r, row j) is reply (row mod G) of the
-    // step's prompt row / G: the same rows on any dp x microbatches of the same global batch.
-    const uint64_t per_step = uint64_t(dp) * uint64_t(M) * uint64_t(B) / uint64_t(G);
+    // Global row (i dp + r) B + j of the rollout (micro-batch i of all its steps', rank r, row j) is reply
+    // (row mod G) of the rollout's prompt row / G: the same rows on any dp x microbatches of the same global
+    // batch; its prompts follow the previous rollout's.
+    const uint64_t per_step = uint64_t(dp) * uint64_t(spec_.microbatches) * uint64_t(B) / uint64_t(G);
     std::vector<gate::Request> requests;
     std::vector<uint64_t> counters;  // per row: the run's prompt counter
     std::vector<size_t> prompt_of;   // per row: its prompt's index in the set
@@ -127,7 +145,7 @@ class Rollouts final : public DataSource {
     for (int i = 0; i < M; ++i)
       for (int j = 0; j < B; ++j) {
         const uint64_t row = uint64_t((i * dp + dp_rank_) * B + j);
-        const uint64_t counter = uint64_t(step) * per_step + row / uint64_t(G);
+        const uint64_t counter = uint64_t(first) * per_step + row / uint64_t(G);
         const size_t p = prompt_at(counter);
         if (j % G == 0) {
           const data::ChatMessage user{data::ChatRole::kUser, set_.prompts[p].prompt};
@@ -142,8 +160,9 @@ class Rollouts final : public DataSource {
     sampling.temperature = float(spec_.rl.temperature);
     sampling.top_p = float(spec_.rl.top_p);
     sampling.max_new_tokens = spec_.rl.max_new_tokens;
-    // Draws keyed by the run's seed and the step, so a resumed step samples what it sampled before.
-    const uint64_t words[2] = {spec_.seed, uint64_t(step)};
+    // Draws keyed by the run's seed and the rollout's first step, so a resumed run samples what it sampled
+    // before.
+    const uint64_t words[2] = {spec_.seed, uint64_t(first)};
     sampling.seed = xxh3_64(words, sizeof words);
     format_.set_stops(stops_, sampling);
     auto t0 = Clock::now();
@@ -166,6 +185,7 @@ class Rollouts final : public DataSource {
     for (size_t k = 0; k < rewards.size(); ++k) totals[k] = float(rewards[k].total);
     const std::vector<float> advantages = trainer::grpo_advantages(totals, G, spec_.rl.scale_rewards);
 
+    std::vector<MicroBatch>& out = rollout_;
     out.resize(size_t(M));
     double logp_diff_sum = 0, logp_diff_max = 0, scored = 0;
     for (int i = 0; i < M; ++i) {
@@ -195,8 +215,8 @@ class Rollouts final : public DataSource {
         batch.domains[size_t(j)] = uint16_t(
             std::lower_bound(set_.domains.begin(), set_.domains.end(), p.domain) - set_.domains.begin());
       }
-      // The log-probabilities the ratio divides by: the trainer's own forward under these weights (of the
-      // batch before it is one of rollouts).
+      // The log-probabilities the ratio divides by: the trainer's own forward under the weights that sampled
+      // it (so the ratio is exactly 1 at the rollout's first update).
       model.forward_loss(batch, token_logps_.get());
       std::vector<float> old_logps = token_logps_->last();
       if (reference_) {
@@ -338,6 +358,8 @@ class Rollouts final : public DataSource {
   std::unique_ptr<trainer::GPT> reference_;
   std::vector<size_t> order_;
   uint64_t order_epoch_ = 0;
+  std::vector<MicroBatch> rollout_;  // every micro-batch of the rollout of steps from rollout_step_ on
+  int64_t rollout_step_ = -1;
   Json metrics_;
 };
 

@@ -809,7 +809,9 @@ int TrainingRun::run() {
       totals_.bookkeeping_s += std::chrono::duration<double>(t2 - t1).count() + seconds_since(t3);
       publish();
       if (st_.step == tracing.last) finish_trace(groups_, trace_dir, tracing);
-      if (stop && st_.step < spec_.steps) stop_preempted(tokens_so_far);
+      // (a preemption inside a rollout stops after its last update: a checkpoint holds no rollout)
+      if (stop && st_.step < spec_.steps && st_.step % spec_.rl.updates_per_rollout == 0)
+        stop_preempted(tokens_so_far);
     }
     mark_activity("checkpoint");
     if (st_.step > 0) checkpoints_->finish(st_, st_.step * st_.tokens, batches_);

@@ -97,6 +97,39 @@ preempt_and_resume "$work/c" 4 "$work/c.log" "$train" "$src/configs/tiny.ini" --
 same "$work/a/metrics/rank-0.jsonl" "$work/c/metrics/rank-0.jsonl" loss rollout.reward ||
   fail "the resumed run's curve differs"
 
+# Two updates per rollout: a rollout is sampled at its first step, under the weights of that moment, and its
+# second step trains the other half of its replies one update later: the ratio is exactly 1 at a rollout's
+# first update and moves at its second. Preempted at step 3 or later, the run stops after the rollout's last
+# update (checkpoints fall between rollouts) and resumes to the same curve.
+u2=("${grpo[@]}" --rl.updates_per_rollout=2 --run.steps=20)
+"$train" "$src/configs/tiny.ini" --run.dir="$work/u2" "${u2[@]}" 2>"$work/u2.log" ||
+  fail "two updates per rollout: $(tail -n1 "$work/u2.log")"
+python3 - "$work/u2/metrics/rank-0.jsonl" <<'EOF_PY' || fail "two updates per rollout: the ratio or the rollouts are wrong"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 20, len(rows)
+firsts, seconds = rows[0::2], rows[1::2]
+assert all("rollout" in r and r["ratio"] == 1.0 and r["clip_fraction"] == 0.0 for r in firsts), firsts[0]
+assert all("rollout" not in r for r in seconds), seconds[0]
+moved = sum(r["ratio"] != 1.0 for r in seconds)
+assert moved >= len(seconds) // 2, [r["ratio"] for r in seconds]
+print(f"two updates per rollout: ratio 1 at every rollout's first update, moved at {moved} of {len(seconds)} second ones")
+EOF_PY
+preempt_and_resume "$work/u2r" 3 "$work/u2r.log" "$train" "$src/configs/tiny.ini" --run.dir="$work/u2r" "${u2[@]}" ||
+  fail "two updates per rollout: preempt and resume"
+python3 - "$work/u2r" <<'EOF_PY' || fail "two updates per rollout: a checkpoint inside a rollout"
+import os, sys
+steps = [int(d.split("-")[1]) for t in ("recovery", "milestone") for d in os.listdir(f"{sys.argv[1]}/checkpoints/{t}")]
+assert steps and all(s % 2 == 0 for s in steps), steps
+EOF_PY
+same "$work/u2/metrics/rank-0.jsonl" "$work/u2r/metrics/rank-0.jsonl" loss ratio ||
+  fail "two updates per rollout: the resumed run's curve differs"
+rc=0
+"$train" "$src/configs/tiny.ini" --run.dir="$work/bad" "${grpo[@]/--ckpt.recovery_every=10/--ckpt.recovery_every=5}" \
+  --rl.updates_per_rollout=2 --run.steps=20 >"$work/bad.log" 2>&1 || rc=$?
+[ "$rc" -eq 64 ] && grep -q "ckpt.recovery_every.*multiple of rl.updates_per_rollout = 2" "$work/bad.log" ||
+  fail "recovery_every inside a rollout: exit $rc, $(head -n1 "$work/bad.log")"
+
 # The KL to the reference, which at step 1 is the policy itself: exactly 0.
 "$train" "$src/configs/tiny.ini" --run.dir="$work/kl" "${grpo[@]}" --rl.kl_coef=0.05 --run.steps=3 \
   2>"$work/kl.log" || fail "grpo with kl: $(tail -n1 "$work/kl.log")"
@@ -148,6 +181,8 @@ refused 64 "rl.group_size" --rl.group_size=3 --data.dataset="$work/sums"
 refused 64 "reward.weights.*'judge' is not a scorer" --reward.weights=judge:1 --data.dataset="$work/sums"
 refused 64 "parallel.tp" --parallel.tp=2 --data.dataset="$work/sums"
 refused 64 "rl.temperature" --rl.temperature=0 --data.dataset="$work/sums"
+refused 64 "rl.updates_per_rollout.*\[1, 64\]" --rl.updates_per_rollout=0 --data.dataset="$work/sums"
+refused 64 "run.steps.*multiple of rl.updates_per_rollout = 2" --rl.updates_per_rollout=2 --data.dataset="$work/sums"
 refused 65 "prompts.jsonl: 4 of 4 prompts.*no answer" --data.dataset="$work/code"
 refused 64 "run.objective" --data.dataset="$work/chat"
 no_policy=()

@@ -155,7 +155,8 @@ void add_trainer_keys(ConfigSchema& s) {
                   "grpo: the loss averaged over every scored token of the step (DAPO), or per reply first")
       .add<double>("rl.kl_coef", 0.0, "grpo: weight of the KL to the frozen reference (0: no reference held)")
       .add<std::string>("rl.reference", "", "grpo: the KL's reference checkpoint (empty: ckpt.init_from)")
-      .add<int>("rl.updates_per_rollout", 1, "grpo: optimizer steps over each rollout batch")
+      .add<int>("rl.updates_per_rollout", 1,
+                "grpo: optimizer steps per rollout, each on its own mini-batch of the rollout's replies")
       .add<int>("rl.max_new_tokens", 64, "grpo: tokens a reply may have")
       .add<double>("rl.temperature", 1.0, "grpo: sampling temperature of the rollouts")
       .add<double>("rl.top_p", 1.0, "grpo: nucleus sampling of the rollouts (1: off)")
@@ -311,10 +312,13 @@ RlConfig rl_config(const Config& c, const TrainSpec& s) {
   if (!(rl.loss.kl_coef >= 0 && rl.loss.kl_coef <= 100)) c.reject("rl.kl_coef", "must be in [0, 100]");
   rl.reference = c.get<std::string>("rl.reference");
   rl.updates_per_rollout = c.get<int>("rl.updates_per_rollout");
-  if (rl.updates_per_rollout != 1)
-    c.reject("rl.updates_per_rollout",
-             "must be 1 for now: each step samples its own rollouts (several updates per rollout batch "
-             "need the batch kept in checkpoints, which is not built yet)");
+  if (rl.updates_per_rollout < 1 || rl.updates_per_rollout > 64)
+    c.reject("rl.updates_per_rollout", "must be in [1, 64]");
+  // A rollout's updates run between checkpoints, never across one (a checkpoint holds no rollout).
+  if (s.steps % rl.updates_per_rollout != 0)
+    c.reject("run.steps", fmt::format("must be a multiple of rl.updates_per_rollout = {}: a run ends with "
+                                      "the last update of a rollout",
+                                      rl.updates_per_rollout));
   rl.max_new_tokens = c.get<int>("rl.max_new_tokens");
   if (rl.max_new_tokens < 1 || rl.max_new_tokens >= s.model.seq_len)
     c.reject("rl.max_new_tokens",

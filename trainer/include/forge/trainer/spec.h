@@ -91,6 +91,8 @@ struct RlConfig {
   bool scale_rewards = true;
   GrpoOptions loss;
   std::string reference;  // rl.reference: the KL's frozen model (empty: ckpt.init_from)
+  // Optimizer steps per rollout: a rollout samples this many steps' worth of replies at its first step,
+  // under the weights of that moment, and each step trains the next mini-batch of them.
   int updates_per_rollout = 1;
   int max_new_tokens = 64;
   double temperature = 1.0, top_p = 1.0;
