@@ -128,6 +128,7 @@ void VocabParallelEmbedding::forward(float* out, const int32_t* tokens, const in
 
 void VocabParallelEmbedding::backward(const float* dout, const int32_t* tokens, const int32_t* positions,
                                       int B, int T) {
+  if (wte_.grad == nullptr) return;  // frozen (on every rank of the group): nothing to gather for
   if (sequence_ != nullptr) dout = sequence_->gather(group_, dout, B * T, C_);
   Embedding::backward(dout, tokens, positions, B, T);
 }
