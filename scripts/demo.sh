@@ -468,6 +468,41 @@ echo "the model taught wrong answers, gated against the taught model:"
 grep -E "^(gate verdict|FAIL)" "$work/runs/tasks-wrong/gate/summary.txt" | sed 's/^/  /'
 [ "$state" = FAILED ] || { echo "demo: the gate did not block the damaged model (job $gate ended $state)" >&2; exit 1; }
 
+stage "reinforcement learning: GRPO on the sums from the taught model, rollouts on the training ranks (team-a, explore tier, dp2)"
+# run.objective = grpo (configs/grpo.ini): the arithmetic suite's prompts as a prompt set; every rollout
+# samples four replies to each of its prompts with the weights being trained (the gate's KV-cached
+# generator on the training ranks, no copy), scores them by exact match on the reply's last number and
+# makes each reply's advantage its reward against its group's; two updates per rollout, the ratio exactly 1
+# at a rollout's first. No gate: the job's own figures are the result here.
+"$bin/dataio/forge-data" prepare --format prompts --input "$work/suites/arith/tasks.jsonl=arithmetic" \
+  --out "$work/prompts" | grep -E "^prompts" || true
+grpo_run=$work/runs/grpo
+grpo_steps=$((fast ? 10 : 20))
+sed -e "s|^dir = .*|dir = $grpo_run|" -e "s|^dataset = .*|dataset = $work/prompts|" \
+  -e "s|^format_dataset = .*|format_dataset = $work/tasks-dataset|" -e "s/^steps = .*/steps = $grpo_steps/" \
+  -e "s/^milestone_every = .*/milestone_every = $grpo_steps/" "$root/configs/grpo.ini" >"$work/grpo.ini"
+ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp2 \
+  --gate-policy=none --finetune-from="$tasks_release" "$work/grpo.ini" "$work/prompts")
+echo "$ids"
+train=$(awk '/train job/ {print $3}' <<<"$ids")
+state=$(final_state "$train" 900)
+[ "$state" = COMPLETED ] || { echo "demo: the GRPO job ended $state" >&2; exit 1; }
+python3 - "$grpo_run/metrics/rank-0.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+rollouts = [r for r in rows if "rollout" in r]
+assert all(r["ratio"] == 1.0 for r in rollouts), "a rollout's first update has a ratio other than 1"
+half = len(rollouts) // 2
+mean = lambda rs, f: sum(r["rollout"][f] for r in rs) / len(rs)
+print(f"grpo: {len(rows)} steps, {len(rollouts)} rollouts of 32 replies (8 prompts x 4); "
+      f"reward {mean(rollouts[:half], 'reward'):.2f} -> {mean(rollouts[half:], 'reward'):.2f}, "
+      f"groups without signal {mean(rollouts, 'flat_groups'):.2f}, "
+      f"generation {mean(rollouts, 'generation_tokens_per_s'):.0f} tokens/s, "
+      f"sampler vs trainer log-probabilities within {max(r['rollout']['logp_diff_max'] for r in rollouts):.1e}")
+print("  example:", json.dumps(rows[0]["rollout"]["example"]))
+PY
+"$bin/launcher/forge-train" report "$grpo_run" >/dev/null
+
 stage "Mixture of Experts: 4 experts, top-2, on dp2 with expert parallelism ep2 and ZeRO-3 (team-a, explore tier)"
 # model.ffn = moe: every block's MLP becomes 4 experts and a router; each of the 2 ranks holds 2 experts,
 # and the tokens routed to the other rank's experts go there and back by all-to-all. The metrics carry each

@@ -68,6 +68,7 @@ for s in "install dependencies" "build" "dev cluster up" "demo corpus and datase
   "admission holds after submission" "submit the pipeline" \
   "preempt the training job" "a GPU fails mid-run" "gate: evaluate" "post-training: SFT on chat data" \
   "post-training: DPO on preference pairs" "open weights: the release out" "evaluation: task suites" \
+  "reinforcement learning: GRPO" \
   "accounting: forge-quota sync and report" "done"; do
   grep -qE "^\[demo [0-9:]+\] == $s" "$LOG" || fail "no progress line for stage '$s'"
 done
@@ -132,6 +133,8 @@ grep -qE "^vqa: chance on these 100 questions is 0\.[0-9]+; suite:shapes accurac
 grep -qE "^llava: LlavaForConditionalGeneration, image_token_index [0-9]+, 16 positions a picture; ([0-9]+) of \1 tensors back bit for bit" "$LOG" ||
   fail "the vision-language model did not round-trip through LLaVA's layout: $(grep -m1 '^llava:' "$LOG")"
 [ -s "$ow/vlm/model.safetensors" ] && [ -s "$ow/vlm/tokenizer.model" ] || fail "no LLaVA export at $ow/vlm"
+grep -qE "^grpo: [0-9]+ steps, [0-9]+ rollouts of 32 replies .* sampler vs trainer log-probabilities within" "$LOG" ||
+  fail "the reinforcement-learning stage did not report its rollouts: $(grep -m1 '^grpo:' "$LOG")"
 grep -q "quota not checked" "$LOG" && fail "a submission was not checked against the quota: $(grep -m1 'quota not checked' "$LOG")"
 # The preemption is the planned path: one line for the 16-rank job, not one per rank, and not an error.
 train_out=$(ls -v "$FORGE_DEMO_DIR"/forge-forge-pretrain-*.out 2>/dev/null | head -n1)
