@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Where a GRPO step's time goes on the CPU, and whether sampling on the training ranks is as fast as the
+# gate's own generator (issue 43): a chat model fine-tuned on single-digit sums (4 blocks of 256, 2
+# threads; its replies a short sentence), then run.objective = grpo on the sums' prompt set (32 replies a
+# step: 4 prompts x 8, up to 24 new tokens, temperature 1, exact-match reward). Prints the step's shares
+# (generation, reward, the rollout's other work: the trainer's recomputed log-probabilities; training), the
+# rollouts' generation tokens/s, and `forge-gate generate` on the same checkpoint with the same batch,
+# sampling and prompts in the same run: the ratio RL / generate (the issue's goal: >= 0.9).
+#
+# usage: bench/grpo.sh [BUILD_DIR] [STEPS]   (default build/release, 20 GRPO steps; the programs are built if
+#   needed). JOBS=N sets the build parallelism.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$root/build/release}
+steps=${2:-20}
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  echo "grpo.sh: $build is not a configured build tree (cmake --preset release)" >&2
+  exit 64
+fi
+log=$(cmake --build "$build" --target forge-train forge-data forge-gate ${JOBS:+-j "$JOBS"} 2>&1) ||
+  { echo "$log" >&2; exit 1; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+echo "machine: $(nproc) cores, $(uname -m), $(lscpu | sed -n 's/^Model name: *//p'), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+/usr/bin/python3 - "$work" <<'PY'
+import json, random, sys
+work = sys.argv[1]
+random.seed(5)
+with open(f"{work}/chat.jsonl", "w") as f:
+    for _ in range(2000):
+        a, b = random.randint(0, 9), random.randint(0, 9)
+        f.write(json.dumps({"messages": [{"role": "user", "content": f"What is {a} + {b}?"},
+                                         {"role": "assistant",
+                                          "content": f"{a} and {b} make {a + b}, so the answer is {a + b}."}]}) + "\n")
+with open(f"{work}/sums.jsonl", "w") as f, open(f"{work}/generate.jsonl", "w") as g:
+    for a in range(10):
+        for b in range(10):
+            f.write(json.dumps({"id": f"sum-{a}-{b}", "prompt": f"What is {a} + {b}?", "answer": str(a + b)}) + "\n")
+            g.write(json.dumps({"messages": [{"role": "user", "content": f"What is {a} + {b}?"}]}) + "\n")
+PY
+"$build/dataio/forge-data" prepare --format chat --input "$work/chat.jsonl=chat" --vocab 320 --valid-fraction 0.05 \
+  --out "$work/chat" >/dev/null 2>"$work/prepare.log" || { tail -n3 "$work/prepare.log" >&2; exit 1; }
+"$build/dataio/forge-data" prepare --format prompts --input "$work/sums.jsonl=arithmetic" --out "$work/sums" \
+  >/dev/null 2>"$work/prepare.log" || { tail -n3 "$work/prepare.log" >&2; exit 1; }
+model=(--run.threads=2 --model.family=llama --model.layers=4 --model.d_model=256 --model.heads=4 --model.kv_heads=2
+  --model.seq_len=64 --model.vocab=320 --ckpt.recovery_every=0)
+"$build/launcher/forge-train" "$root/configs/tiny.ini" --run.dir="$work/sft" "${model[@]}" --data.dataset="$work/chat" \
+  --run.objective=sft --optim.lr=3e-3 --run.steps=300 --ckpt.milestone_every=300 2>"$work/sft.log" ||
+  { tail -n3 "$work/sft.log" >&2; exit 1; }
+sft=$work/sft/checkpoints/milestone/step-00000300
+"$build/launcher/forge-train" "$root/configs/tiny.ini" --run.dir="$work/grpo" "${model[@]}" --run.objective=grpo \
+  --ckpt.init_from="$sft" --rl.format_dataset="$work/chat" --data.dataset="$work/sums" --data.batch=32 \
+  --rl.group_size=8 --rl.max_new_tokens=24 --optim.lr=1e-4 --optim.min_lr=1e-4 --optim.warmup_steps=0 \
+  --run.steps="$steps" --ckpt.milestone_every=0 2>"$work/grpo.log" || { tail -n3 "$work/grpo.log" >&2; exit 1; }
+# The peer: the gate's generator on the same checkpoint, batch 32 (4 prompts x 8 samples at a time), the
+# same sampling, every one of the 100 prompts.
+"$build/eval_gate/forge-gate" generate --checkpoint "$sft" --dataset "$work/chat" --chat \
+  --prompts "$work/generate.jsonl" --samples 8 --batch 32 --max-new-tokens 24 --temperature 1 --threads 2 2>"$work/generate.err" >/dev/null ||
+  { tail -n3 "$work/generate.err" >&2; exit 1; }
+peer=$(sed -n 's/.*; \([0-9.]*\) tokens\/s per rank.*/\1/p' "$work/generate.err")
+/usr/bin/python3 - "$work/grpo/metrics/rank-0.jsonl" "$peer" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])][2:]  # the first two steps warm the caches
+peer = float(sys.argv[2])
+n = len(rows)
+mean = lambda f: sum(f(r) for r in rows) / n
+step = mean(lambda r: r["step_ms"])
+gen = mean(lambda r: r["rollout"]["generation_ms"])
+reward = mean(lambda r: r["rollout"]["reward_ms"])
+rollout = mean(lambda r: r["data_wait_ms"]) - gen - reward  # the trainer's log-probabilities, the batches
+train = step - gen - reward - rollout
+tps = mean(lambda r: r["rollout"]["generation_tokens_per_s"])
+print(f"shape: llama 4 x 256, 32 replies a step (4 prompts x 8), up to 24 new tokens, 2 threads; steps 3-{n + 2}")
+print(f"step {step:.1f} ms: generation {gen:.1f} ms ({100 * gen / step:.1f}%), reward {reward:.2f} ms "
+      f"({100 * reward / step:.2f}%), rollout's other work {rollout:.1f} ms ({100 * rollout / step:.1f}%), "
+      f"training {train:.1f} ms ({100 * train / step:.1f}%)")
+reply = mean(lambda r: r["rollout"]["reply_tokens"])
+print(f"reward {mean(lambda r: r['rollout']['reward']):.3f}, reply {reply:.1f} tokens")
+print(f"generation: {tps:.0f} tokens/s during RL, forge-gate generate {peer:.0f} tokens/s: "
+      f"RL / generate {tps / peer:.2f}")
+PY
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
