@@ -13,12 +13,9 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build/release}
 steps=${2:-20}
-if [ ! -f "$build/CMakeCache.txt" ]; then
-  echo "grpo.sh: $build is not a configured build tree (cmake --preset release)" >&2
-  exit 64
-fi
-log=$(cmake --build "$build" --target forge-train forge-data forge-gate ${JOBS:+-j "$JOBS"} 2>&1) ||
-  { echo "$log" >&2; exit 1; }
+# shellcheck source=lib.sh
+source "$root/bench/lib.sh"
+build_targets grpo.sh "$build" forge-train forge-data forge-gate
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 echo "machine: $(nproc) cores, $(uname -m), $(lscpu | sed -n 's/^Model name: *//p'), load before: $(cut -d' ' -f1-3 /proc/loadavg)"

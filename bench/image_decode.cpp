@@ -171,7 +171,7 @@ double rate(const std::vector<Bytes>& files, int passes, const std::function<siz
 }
 
 Image decoded(const Bytes& file, Reduce reduce = {}) {
-  DecodeResult r = decode_image(file, 1ull << 27, reduce);
+  DecodeResult r = decode_image(file, kMaxPixels, reduce);
   if (!r.reason.empty()) {
     fmt::print(stderr, "bench_image_decode: {}: {}\n", r.reason, r.detail);
     std::exit(1);

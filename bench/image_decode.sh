@@ -10,11 +10,9 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build/release}
-if [ ! -f "$build/CMakeCache.txt" ]; then
-  echo "image_decode.sh: $build is not a configured build tree (cmake --preset release)" >&2
-  exit 64
-fi
-log=$(cmake --build "$build" --target bench_image_decode ${JOBS:+-j "$JOBS"} 2>&1) || { echo "$log" >&2; exit 1; }
+# shellcheck source=lib.sh
+source "$root/bench/lib.sh"
+build_targets image_decode.sh "$build" bench_image_decode
 echo "machine: $(nproc) cores, $(uname -m), $(lscpu | sed -n 's/^Model name: *//p'), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 "$build/bench/bench_image_decode" "${2:-200}" "${3:-640}" "${4:-480}" "${5:-3}"
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -11,11 +11,9 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build/release}
 pictures=${2:-1200}
-if [ ! -f "$build/CMakeCache.txt" ]; then
-  echo "image_reader.sh: $build is not a configured build tree (cmake --preset release)" >&2
-  exit 64
-fi
-log=$(cmake --build "$build" --target bench_image_reader forge-data ${JOBS:+-j "$JOBS"} 2>&1) || { echo "$log" >&2; exit 1; }
+# shellcheck source=lib.sh
+source "$root/bench/lib.sh"
+build_targets image_reader.sh "$build" bench_image_reader forge-data
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 /usr/bin/python3 - "$work" "$pictures" <<'EOF_PY'

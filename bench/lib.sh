@@ -14,3 +14,15 @@ ensure_torch() {
     return 1
   fi
 }
+
+# build_targets WHO BUILD TARGET...: builds TARGET... in BUILD, which must be a configured build tree (else
+# exit 64 naming it); the build's output is shown only when it fails. JOBS=N sets the parallelism.
+build_targets() {
+  local who=$1 build=$2 log
+  shift 2
+  if [ ! -f "$build/CMakeCache.txt" ]; then
+    echo "$who: $build is not a configured build tree (cmake --preset release)" >&2
+    exit 64
+  fi
+  log=$(cmake --build "$build" --target "$@" ${JOBS:+-j "$JOBS"} 2>&1) || { echo "$log" >&2; exit 1; }
+}

@@ -12,11 +12,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build/release}
 # shellcheck source=lib.sh
 source "$root/bench/lib.sh"
-if [ ! -f "$build/CMakeCache.txt" ]; then
-  echo "vision.sh: $build is not a configured build tree (cmake --preset release)" >&2
-  exit 64
-fi
-log=$(cmake --build "$build" --target bench_vision ${JOBS:+-j "$JOBS"} 2>&1) || { echo "$log" >&2; exit 1; }
+build_targets vision.sh "$build" bench_vision
 ensure_torch vision
 echo "machine: $(nproc) cores, $(uname -m), $(lscpu | sed -n 's/^Model name: *//p'), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 ours=$("$build/bench/bench_vision" --threads 2 --reps 3)

@@ -212,9 +212,10 @@ const char* jpeg_color_name(J_COLOR_SPACE space) {
 // The DCT scaling denominator for `reduce` (Reduce): the largest of 8, 4, 2 that keeps the side the fit
 // resizes from at least reduce.size, else 1.
 unsigned jpeg_reduction(uint32_t width, uint32_t height, const Reduce& reduce) {
+  if (reduce.size == 0) return 1;
   const uint64_t from = reduce.fit == ImageFit::kPad ? std::max(width, height) : std::min(width, height);
   for (const unsigned k : {8u, 4u, 2u})
-    if (reduce.size > 0 && from >= uint64_t{k} * reduce.size) return k;
+    if (from >= uint64_t{k} * reduce.size) return k;
   return 1;
 }
 

@@ -50,8 +50,8 @@ size_t place_picture(const Suite& suite, const Task& task, const trainer::Vision
   const std::string bytes = read_file(task.image);
   // Decoded for the fit as prepare decodes training pictures (a large JPEG reduced by DCT scaling).
   const data::Reduce reduce{uint32_t(vision.image_size), data::ImageFit::kPad};
-  const data::DecodeResult d =
-      data::decode_image({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}, 1ull << 27, reduce);
+  const data::DecodeResult d = data::decode_image(
+      {reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}, data::kMaxPixels, reduce);
   if (!d.reason.empty())
     fail(ExitCode::kData, "suite {}: task \"{}\": picture {} is {} ({}); replace it", suite.name, task.id,
          task.image, d.reason, d.detail);

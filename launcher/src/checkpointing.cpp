@@ -155,7 +155,7 @@ RunCheckpoints::RunCheckpoints(const Config& config, const trainer::TrainSpec& s
   // save on the clock waiting for the rollout's last update.
   for (const auto& [key, every] : {std::pair{"ckpt.recovery_every", tiers_.recovery_every},
                                    {"ckpt.milestone_every", tiers_.milestone_every}})
-    if (every % spec.rl.updates_per_rollout != 0)
+    if (!spec.rl.between_rollouts(every))
       config.reject(key, fmt::format("must be a multiple of rl.updates_per_rollout = {}: a checkpoint "
                                      "falls between rollouts",
                                      spec.rl.updates_per_rollout));
@@ -352,7 +352,7 @@ ckpt::SaveEvent RunCheckpoints::save(ckpt::Tier tier, const trainer::StepStats& 
 
 void RunCheckpoints::after_step(const trainer::StepStats& stats, int64_t tokens,
                                 std::span<const MicroBatch> batch) {
-  if (stats.step % spec_.rl.updates_per_rollout != 0) return;  // inside a rollout
+  if (!spec_.rl.between_rollouts(stats.step)) return;
   const double since =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save_time_).count();
   ckpt::Due due = ckpt::due_at(tiers_, stats.step, last_saved_step_, since);

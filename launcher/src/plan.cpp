@@ -213,20 +213,15 @@ Plan make_plan(const T::TrainSpec& validated) {
     // rank's part of every bucket: the reduce-scatter's output (shard_) and, under ZeRO-1, AdamW's ranges.
     // Gradients train.freeze leaves out are never formed: their memory is never touched (GPT::zero_grad),
     // nor a frozen bucket's part of shard_.
-    struct Bucket {
-      size_t lo, hi, group;
-      int key;
-      bool trains;
-    };
-    std::vector<Bucket> buckets;
-    for (const T::GradientBucket& b : T::gradient_buckets(params, m.layers, align, flat, spec.freeze))
-      buckets.push_back({b.lo, b.hi, b.experts ? expert_dp : dp, b.key, b.trains});
+    const std::vector<T::GradientBucket> buckets =
+        T::gradient_buckets(params, m.layers, align, flat, spec.freeze);
+    const auto group = [&](const T::GradientBucket& b) { return b.experts ? expert_dp : dp; };
     for (const T::ParamInfo& p : params)
       if (spec.freeze.frozen(p.name)) st.gradients -= p.numel * kF32;
     size_t owned = 0, owned_trained = 0, held = 0;
     std::map<int, size_t> block, block_trained;  // a block's buckets, experts included
-    for (const Bucket& b : buckets) {
-      const size_t part = (b.hi - b.lo) / b.group;
+    for (const T::GradientBucket& b : buckets) {
+      const size_t part = (b.hi - b.lo) / group(b);
       owned += part;
       if (b.trains) owned_trained += part;
       if (b.key >= 0 && b.key < m.layers) {
@@ -249,8 +244,8 @@ Plan make_plan(const T::TrainSpec& validated) {
     if (spec.freeze.any()) updated = 0;
     for (size_t r = 0; spec.freeze.any() && r < (zero >= 1 ? dp : 1); ++r) {
       std::vector<T::FlatRange> ranges;
-      for (const Bucket& b : buckets) {
-        const size_t part = (b.hi - b.lo) / b.group, at = b.lo + (r % b.group) * part;
+      for (const T::GradientBucket& b : buckets) {
+        const size_t part = (b.hi - b.lo) / group(b), at = b.lo + (r % group(b)) * part;
         ranges.push_back(zero >= 1 ? T::FlatRange{at, at + part} : T::FlatRange{b.lo, b.hi});
       }
       size_t n = 0;

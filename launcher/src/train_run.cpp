@@ -810,7 +810,7 @@ int TrainingRun::run() {
       publish();
       if (st_.step == tracing.last) finish_trace(groups_, trace_dir, tracing);
       // (a preemption inside a rollout stops after its last update: a checkpoint holds no rollout)
-      if (stop && st_.step < spec_.steps && st_.step % spec_.rl.updates_per_rollout == 0)
+      if (stop && st_.step < spec_.steps && spec_.rl.between_rollouts(st_.step))
         stop_preempted(tokens_so_far);
     }
     mark_activity("checkpoint");

@@ -40,7 +40,7 @@ std::vector<uint8_t> bytes_of(const std::string& name) {
   return {s.begin(), s.end()};
 }
 
-DecodeResult decode(const std::string& name, uint64_t max_pixels = 1ull << 27) {
+DecodeResult decode(const std::string& name, uint64_t max_pixels = kMaxPixels) {
   return decode_image(bytes_of(name), max_pixels);
 }
 
@@ -155,7 +155,7 @@ TEST_CASE("decode_image for a fit: a JPEG reduced by DCT scaling equals PIL's dr
         if (from / k == 0 || (k > 1 && is_jpeg(name) && std::min(width, height) < k)) continue;
         const uint32_t size = from / k;
         INFO(image_fit_name(fit) << " " << size << ", 1/" << k);
-        const DecodeResult r = decode_image(bytes_of(name), 1ull << 27, {size, fit});
+        const DecodeResult r = decode_image(bytes_of(name), kMaxPixels, {size, fit});
         REQUIRE(r.reason.empty());
         CHECK(r.stored_width == width);
         CHECK(r.stored_height == height);

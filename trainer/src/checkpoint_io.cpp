@@ -284,7 +284,11 @@ void load_params(GPT& model, const std::function<bool(std::string_view)>& wanted
   load_pieces(
       model, nullptr, [&](std::string_view name) { return wanted(param_of(name)); },
       [&](std::vector<ckpt::TensorRequest>& requests) {
-        for (auto& r : requests) read(r.slice, static_cast<float*>(r.data));
+        for (auto& r : requests) {
+          ckpt::Slice piece = r.slice;
+          piece.name = param_of(r.slice.name);
+          read(piece, static_cast<float*>(r.data));
+        }
       });
 }
 

@@ -491,20 +491,19 @@ Json load_hf_vision_tower(const std::string& dir_name, GPT& model) {
   if (!want.enabled())
     fail(ExitCode::kUsage,
          "ckpt.init_vision_from is set, but the model has no vision tower (vision.layers = 0)");
-  // (compared as printed: the shortest text of a float is its own)
-  const std::pair<const char*, std::pair<std::string, std::string>> keys[] = {
-      {"layers", {fmt::format("{}", want.layers), fmt::format("{}", have.layers)}},
-      {"image_size", {fmt::format("{}", want.image_size), fmt::format("{}", have.image_size)}},
-      {"patch", {fmt::format("{}", want.patch), fmt::format("{}", have.patch)}},
-      {"width", {fmt::format("{}", want.width), fmt::format("{}", have.width)}},
-      {"heads", {fmt::format("{}", want.heads), fmt::format("{}", have.heads)}},
-      {"mlp_hidden", {fmt::format("{}", want.mlp_hidden), fmt::format("{}", have.mlp_hidden)}},
-      {"norm_eps", {fmt::format("{}", want.norm_eps), fmt::format("{}", have.norm_eps)}}};
-  for (const auto& [key, values] : keys)
-    if (values.first != values.second)
+  const auto same = [&](const char* key, auto mine, auto theirs) {
+    if (mine != theirs)
       fail(ExitCode::kUsage,
-           "vision.{} = {}, but the tower in {} has {}: set vision.{} = {} to start from it", key,
-           values.first, dir.string(), values.second, key, values.second);
+           "vision.{} = {}, but the tower in {} has {}: set vision.{} = {} to start from it", key, mine,
+           dir.string(), theirs, key, theirs);
+  };
+  same("layers", want.layers, have.layers);
+  same("image_size", want.image_size, have.image_size);
+  same("patch", want.patch, have.patch);
+  same("width", want.width, have.width);
+  same("heads", want.heads, have.heads);
+  same("mlp_hidden", want.mlp_hidden, have.mlp_hidden);
+  same("norm_eps", want.norm_eps, have.norm_eps);
 
   // The tower's tensors as LLaVA names them without "vision_tower.": SigLIP's own names.
   constexpr std::string_view kPrefix = "vision_tower.";
@@ -553,7 +552,7 @@ Json load_hf_vision_tower(const std::string& dir_name, GPT& model) {
       model, [&](std::string_view param) { return by_param.count(std::string(param)) > 0; },
       [&](const ckpt::Slice& piece, float* out) {
         const std::vector<ckpt::Run> runs = ckpt::runs_of(piece.normalized());
-        for (const auto& [m, t] : by_param.at(piece.name.substr(piece.name.find('/') + 1))) {
+        for (const auto& [m, t] : by_param.at(piece.name)) {
           ckpt::Slice published = ckpt::Slice::whole(piece.name, m->param_shape);
           published.offset = m->offset;
           published.count = m->count;

@@ -315,7 +315,7 @@ RlConfig rl_config(const Config& c, const TrainSpec& s) {
   if (rl.updates_per_rollout < 1 || rl.updates_per_rollout > 64)
     c.reject("rl.updates_per_rollout", "must be in [1, 64]");
   // A rollout's updates run between checkpoints, never across one (a checkpoint holds no rollout).
-  if (s.steps % rl.updates_per_rollout != 0)
+  if (!rl.between_rollouts(s.steps))
     c.reject("run.steps", fmt::format("must be a multiple of rl.updates_per_rollout = {}: a run ends with "
                                       "the last update of a rollout",
                                       rl.updates_per_rollout));

@@ -60,9 +60,13 @@ struct Reduce {
   ImageFit fit = ImageFit::kPad;
 };
 
+// The default limit on a picture's pixels (image.max_pixels): a decompression bomb is refused from its
+// header.
+inline constexpr uint64_t kMaxPixels = 1ull << 27;
+
 // Never throws on bad data; max_pixels guards against decompression bombs (checked from the header,
 // before any pixel is allocated).
-DecodeResult decode_image(std::span<const uint8_t> bytes, uint64_t max_pixels = 1ull << 27,
+DecodeResult decode_image(std::span<const uint8_t> bytes, uint64_t max_pixels = kMaxPixels,
                           Reduce reduce = {});
 
 // Resampling with a triangle (bilinear) kernel whose support widens by the scale factor when shrinking, so

@@ -37,7 +37,7 @@ struct ImageOptions {
   ImageFit fit = ImageFit::kPad;
   uint32_t min_side = 16;            // a smaller source side: dropped as "tiny"
   double max_aspect = 4.0;           // longer over shorter side above this: dropped as "extreme_aspect"
-  uint64_t max_pixels = 1ull << 27;  // larger sources: bad ("too_large"), refused from the header
+  uint64_t max_pixels = kMaxPixels;  // larger sources: bad ("too_large"), refused from the header
   int near_distance = 6;             // perceptual-hash bits within which two pictures are near duplicates
 
   uint32_t tokens() const { return (size / patch) * (size / patch); }

@@ -57,8 +57,9 @@ void snapshot_through(Backend& backend, ckpt::SaverOptions& options);
 void load_checkpoint(const ckpt::Checkpoint& checkpoint, GPT& model, AdamW* optimizer, bool lm_only = false);
 
 // Fills the parameters this process holds whose name `wanted` accepts from another source than a
-// checkpoint: read(slice, out) writes the slice of that logical tensor (its elements in the slice's order,
-// FP32) to host memory. Then refreshes the model's working copy, as load_checkpoint does.
+// checkpoint: read(slice, out) writes the slice of that logical tensor (named by the parameter; its elements
+// in the slice's order, FP32) to host memory. Then refreshes the model's working copy, as load_checkpoint
+// does.
 void load_params(GPT& model, const std::function<bool(std::string_view param)>& wanted,
                  const std::function<void(const ckpt::Slice&, float*)>& read);
 

@@ -94,6 +94,9 @@ struct RlConfig {
   // Optimizer steps per rollout: a rollout samples this many steps' worth of replies at its first step,
   // under the weights of that moment, and each step trains the next mini-batch of them.
   int updates_per_rollout = 1;
+  // A rollout starts at step `step` (0-based), and a checkpoint or a stop after `step` steps falls between
+  // rollouts: a checkpoint holds no rollout.
+  bool between_rollouts(int64_t step) const { return step % updates_per_rollout == 0; }
   int max_new_tokens = 64;
   double temperature = 1.0, top_p = 1.0;
   // rl.format_dataset: a prepared dataset whose tokenizer and chat format the policy speaks (its SFT data);
