@@ -22,6 +22,7 @@
 #include <csetjmp>
 #include <cstring>
 #include <new>
+#include <type_traits>
 
 namespace forge::data {
 namespace {
@@ -291,24 +292,170 @@ Taps triangle_taps(uint32_t in, uint32_t out) {
   return t;
 }
 
-// acc[i] += w * row[i]: the vertical pass's inner loop, the bulk of a downscale. The clone for the CPU is
-// picked at load time (AVX-512, AVX2, else SSE2).
-__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void add_scaled(
-    float* __restrict acc, const uint8_t* __restrict row, float w, size_t n) {
-  for (size_t i = 0; i < n; ++i) acc[i] += w * static_cast<float>(row[i]);
+// The passes run on blocks of kLanes output rows at once, one row per vector lane. The vertical pass is
+// contiguous along a row whatever the layout; the horizontal one is not (an RGB pixel's taps are three
+// floats apart, a few per output pixel), so the block is kept transposed (block[kLanes * e + r] is sample e
+// of the block's row r) and every tap of the horizontal pass is then one whole-vector multiply-add for the
+// eight rows. The file is built without contracting a * b + c into a fused multiply-add (CMakeLists.txt),
+// so that every clone below gives the same bytes on every CPU.
+//
+// The functions marked so are compiled for AVX-512, AVX2 and plain x86-64, the CPU's clone picked at load
+// time. test/dataio/image_isa_test.sh builds this file for each of them alone (the macro empty) and checks
+// that their pictures are the same bytes.
+#ifndef FORGE_IMAGE_CLONES
+#define FORGE_IMAGE_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#endif
+// The helpers below pass 32-byte vectors by value, which GCC warns changes the ABI where AVX is off; they are
+// always inlined into the clones, so no call passes one.
+#pragma GCC diagnostic ignored "-Wpsabi"
+constexpr int kLanes = 8;
+using Float8 = float __attribute__((vector_size(kLanes * sizeof(float))));
+
+[[gnu::always_inline]] inline Float8 load8(const float* p) {
+  Float8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void add_scaled(
-    float* __restrict acc, const float* __restrict row, float w, size_t n) {
-  for (size_t i = 0; i < n; ++i) acc[i] += w * row[i];
+[[gnu::always_inline]] inline void store8(float* p, Float8 v) {
+  std::memcpy(p, &v, sizeof v);
 }
 
-// The vertical pass for output row j: the weighted sum of y.count[j] rows of n samples into acc.
+// v[r][c] becomes v[c][r]: the off-diagonal blocks of side b swap between rows i and i + b, for b = 4, 2, 1
+// (each step one two-vector shuffle per row). Sixteen lanes were no faster (AVX-512 runs as two halves here).
+[[gnu::always_inline]] inline void transpose(Float8 (&v)[kLanes]) {
+  using Index = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t))));
+  auto step = [&]<int b>() {
+    Index lo, hi;
+    for (int j = 0; j < kLanes; ++j) {
+      lo[j] = (j & b) ? kLanes + j - b : j;
+      hi[j] = (j & b) ? kLanes + j : j + b;
+    }
+    for (int i = 0; i < kLanes; ++i)
+      if (!(i & b)) {
+        const Float8 a = v[i], c = v[i + b];
+        v[i] = __builtin_shuffle(a, c, lo);
+        v[i + b] = __builtin_shuffle(a, c, hi);
+      }
+  };
+  static_assert(kLanes == 8, "three steps");
+  step.template operator()<4>();
+  step.template operator()<2>();
+  step.template operator()<1>();
+}
+
+// Samples a vertical step reads from each source row: the rows' chunks (converted to float once) stay in
+// L1 while the block's eight rows read them.
+constexpr size_t kChunk = 8 * kLanes;
+
+// The vertical pass of output rows j0 .. j0 + kLanes - 1 (rows past the last repeat it) over the first n
+// samples of rows[], into `block`, transposed (n rounded up to whole vectors). `staged` holds kChunk floats
+// per source row the block reads.
 template <typename T>
-void vertical(const std::vector<const T*>& rows, const Taps& y, size_t j, size_t n, float* acc) {
-  std::fill(acc, acc + n, 0.0f);
-  for (uint32_t k = 0; k < y.count[j]; ++k)
-    add_scaled(acc, rows[y.first[j] + k], y.weight[j * y.taps + k], n);
+FORGE_IMAGE_CLONES void vertical_block(const T* const* rows, const Taps& y, uint32_t j0, size_t n,
+                                       float* staged, float* block) {
+  const auto out_height = static_cast<uint32_t>(y.first.size());
+  uint32_t first[kLanes], count[kLanes];
+  const float* weight[kLanes];
+  for (int r = 0; r < kLanes; ++r) {
+    const uint32_t j = std::min(j0 + r, out_height - 1);
+    first[r] = y.first[j];
+    count[r] = y.count[j];
+    weight[r] = &y.weight[size_t{j} * y.taps];
+  }
+  uint32_t hi = 0;  // the source rows the block reads: lo .. hi - 1
+  for (int r = 0; r < kLanes; ++r) hi = std::max(hi, first[r] + count[r]);
+  const uint32_t lo = first[0];
+  alignas(64) float lines[kLanes][kChunk];
+  for (size_t e0 = 0; e0 < n; e0 += kChunk) {
+    const size_t m = std::min(kChunk, n - e0);
+    for (uint32_t s = lo; s < hi; ++s) {
+      float* __restrict to = staged + kChunk * (s - lo);
+      const T* __restrict from = rows[s] + e0;
+      // The row's next chunks: the hardware prefetcher loses track of this many rows read at once.
+      __builtin_prefetch(from + 2 * kChunk);
+      if (m == kChunk) {
+        for (size_t i = 0; i < kChunk; ++i) to[i] = static_cast<float>(from[i]);
+      } else {
+        for (size_t i = 0; i < kChunk; ++i) to[i] = i < m ? static_cast<float>(from[i]) : 0.0f;
+      }
+    }
+    // Eight independent sums per row, so that the additions' latency is hidden.
+    for (int r = 0; r < kLanes; ++r) {
+      Float8 a0 = {}, a1 = {}, a2 = {}, a3 = {}, a4 = {}, a5 = {}, a6 = {}, a7 = {};
+      for (uint32_t k = 0; k < count[r]; ++k) {
+        const float* p = staged + kChunk * (first[r] + k - lo);
+        const float w = weight[r][k];
+        a0 += w * load8(p);
+        a1 += w * load8(p + kLanes);
+        a2 += w * load8(p + 2 * kLanes);
+        a3 += w * load8(p + 3 * kLanes);
+        a4 += w * load8(p + 4 * kLanes);
+        a5 += w * load8(p + 5 * kLanes);
+        a6 += w * load8(p + 6 * kLanes);
+        a7 += w * load8(p + 7 * kLanes);
+      }
+      const Float8 sums[] = {a0, a1, a2, a3, a4, a5, a6, a7};
+      std::memcpy(lines[r], sums, sizeof sums);
+    }
+    for (size_t e = 0; e < m; e += kLanes) {
+      Float8 v[kLanes];
+      for (int r = 0; r < kLanes; ++r) v[r] = load8(lines[r] + e);
+      transpose(v);
+      for (int c = 0; c < kLanes; ++c) store8(block + kLanes * (e0 + e + c), v[c]);
+    }
+  }
+}
+
+// The horizontal pass over a transposed block of rows of C-channel pixels, into a transposed block. Even and
+// odd taps in two sums: one chain of dependent additions would wait on each one's latency.
+template <int C>
+FORGE_IMAGE_CLONES void horizontal_block(const float* block, const Taps& x, float* out) {
+  const auto width = static_cast<uint32_t>(x.first.size());
+  constexpr size_t kTap = size_t{kLanes} * C;  // from one tap's samples to the next one's
+  for (uint32_t i = 0; i < width; ++i) {
+    const float* w = &x.weight[size_t{i} * x.taps];
+    const uint32_t n = x.count[i];
+    for (int c = 0; c < C; ++c) {
+      const float* s = block + kLanes * (size_t{C} * x.first[i] + c);
+      Float8 even = {}, odd = {};
+      uint32_t k = 0;
+      for (; k + 1 < n; k += 2) {
+        even += w[k] * load8(s + kTap * k);
+        odd += w[k + 1] * load8(s + kTap * (k + 1));
+      }
+      if (k < n) even += w[k] * load8(s + kTap * k);
+      store8(out + kLanes * (size_t{C} * i + c), even + odd);
+    }
+  }
+}
+
+// Rounded half up and clamped; in integers, so that the loop over a row vectorizes (truncation is the floor
+// wherever it matters: below 0 everything ends at 0).
+uint8_t to_byte(float v) {
+  return static_cast<uint8_t>(std::clamp(static_cast<int>(v + 0.5f), 0, 255));
+}
+
+// A transposed block of n samples a row (whole vectors) back to its first `rows` rows of out_n samples:
+// rounded to nearest and clamped for bytes, as is for floats. `lines` holds kLanes rows of n floats.
+template <typename Out>
+FORGE_IMAGE_CLONES void unblock(const float* block, size_t n, float* lines, Out* const* out, int rows,
+                                size_t out_n) {
+  for (size_t e = 0; e < n; e += kLanes) {
+    Float8 v[kLanes];
+    for (int c = 0; c < kLanes; ++c) v[c] = load8(block + kLanes * (e + c));
+    transpose(v);
+    for (int r = 0; r < kLanes; ++r) store8(lines + n * r + e, v[r]);
+  }
+  for (int r = 0; r < rows; ++r) {
+    const float* __restrict line = lines + n * r;
+    Out* __restrict row = out[r];  // a byte could alias anything: the loop vectorizes only with the promise
+    if constexpr (std::is_same_v<Out, uint8_t>) {
+      for (size_t i = 0; i < out_n; ++i) row[i] = to_byte(line[i]);
+    } else {
+      std::copy(line, line + out_n, row);
+    }
+  }
 }
 
 // The row every tap of output row j reads, when they all read one (a row table may repeat a pointer).
@@ -320,99 +467,39 @@ const T* single_row(const std::vector<const T*>& rows, const Taps& y, size_t j) 
   return row;
 }
 
-using Float4 = float __attribute__((vector_size(16)));
-
-Float4 pixel_at(const float* p) {
-  Float4 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
+size_t whole_vectors(size_t n) {
+  return (n + kLanes - 1) / kLanes * kLanes;
 }
 
-// The horizontal pass over one row of C-channel floats. For RGB a pixel is loaded as four floats (its three
-// and the next one's first, so `row` has one float to spare at its end) and weighted in one vector
-// operation; the fourth lane is dropped.
-template <int C>
-void horizontal(const float* row, const Taps& x, float* out) {
-  const auto width = static_cast<uint32_t>(x.first.size());
-  for (uint32_t i = 0; i < width; ++i) {
-    const float* s = row + size_t{C} * x.first[i];
-    const float* w = &x.weight[size_t{i} * x.taps];
-    if constexpr (C == 3) {
-      // Even and odd taps in two sums: one chain of dependent additions would wait on each one's latency.
-      Float4 even = {}, odd = {};
-      const uint32_t n = x.count[i];
-      uint32_t k = 0;
-      for (; k + 1 < n; k += 2) {
-        even += w[k] * pixel_at(s + 3 * k);
-        odd += w[k + 1] * pixel_at(s + 3 * k + 3);
-      }
-      if (k < n) even += w[k] * pixel_at(s + 3 * k);
-      const Float4 acc = even + odd;
-      for (int c = 0; c < 3; ++c) out[3 * i + c] = acc[c];
-    } else {
-      float acc = 0;
-      for (uint32_t k = 0; k < x.count[i]; ++k) acc += w[k] * s[k];
-      out[i] = acc;
-    }
-  }
-}
-
-// Rounded half up and clamped; in integers, so that the loop over a row vectorizes (truncation is the floor
-// wherever it matters: below 0 everything ends at 0).
-uint8_t to_byte(float v) {
-  return static_cast<uint8_t>(std::clamp(static_cast<int>(v + 0.5f), 0, 255));
-}
-
-// One finished output row: rounded to nearest and clamped for bytes, as is for floats.
-template <typename Out>
-void store(const float* row, size_t n, Out* out) {
-  if constexpr (std::is_same_v<Out, uint8_t>) {
-    for (size_t i = 0; i < n; ++i) out[i] = to_byte(row[i]);
-  } else {
-    std::copy(row, row + n, out);
-  }
-}
-
-// Resamples the picture whose row r is rows[r] (width C-channel pixels) to out_width x out_height. The
-// passes are separable and linear, so in float their order changes nothing but rounding error; the cheaper
-// one goes first: the vertical pass (contiguous, vectorized, done on whole rows) when it shrinks the rows
-// the horizontal pass (one pixel at a time) must then run over, the horizontal one when the rows grow.
+// Resamples the picture whose row r is rows[r] (width C-channel pixels) to out_width x out_height: the
+// vertical pass, then the horizontal one, a block of kLanes output rows at a time.
 template <int C, typename T, typename Out>
 void resample(const std::vector<const T*>& rows, uint32_t width, uint32_t out_width, uint32_t out_height,
               Out* out) {
-  const auto height = static_cast<uint32_t>(rows.size());
-  const Taps x = triangle_taps(width, out_width), y = triangle_taps(height, out_height);
+  const Taps x = triangle_taps(width, out_width),
+             y = triangle_taps(static_cast<uint32_t>(rows.size()), out_height);
   const size_t in_n = size_t{C} * width, out_n = size_t{C} * out_width;
-  // Costs in multiply-adds: the contiguous ones (the vertical pass, a row's conversion to float) at 8 to a
-  // vector operation, the horizontal pass's at one per output pixel and tap.
-  const double vector = 8, per_row_x = double(out_width) * x.taps;
-  const bool vertical_first = out_height * (in_n * y.taps / vector + per_row_x) <=
-                              height * (in_n / vector + per_row_x) + out_height * out_n * y.taps / vector;
-  std::vector<float> line(std::max(in_n, out_n) + 1), done(out_n);
-  if (vertical_first) {
-    for (uint32_t j = 0; j < out_height; ++j, out += out_n) {
-      // Output rows made of one shared source row alone (pad's fill) are alike: computed once.
-      const T* only = single_row(rows, y, j);
-      if (j > 0 && only && only == single_row(rows, y, j - 1)) {
-        std::copy_n(out - out_n, out_n, out);
-        continue;
-      }
-      vertical(rows, y, j, in_n, line.data());
-      horizontal<C>(line.data(), x, done.data());
-      store(done.data(), out_n, out);
+  uint32_t span = 0;  // the most source rows a block reads
+  for (uint32_t j = 0; j < out_height; ++j)
+    for (uint32_t r = j; r < std::min(j + kLanes, out_height); ++r)
+      span = std::max(span, y.first[r] + y.count[r] - y.first[j]);
+  std::vector<float> staged(kChunk * span), block(kLanes * whole_vectors(in_n)),
+      done(kLanes * whole_vectors(out_n)), lines(kLanes * whole_vectors(out_n));
+  Out* out_rows[kLanes];
+  for (uint32_t j = 0; j < out_height;) {
+    // Output rows made of one shared source row alone (pad's fill) are alike: computed once.
+    const T* only = single_row(rows, y, j);
+    if (j > 0 && only && only == single_row(rows, y, j - 1)) {
+      std::copy_n(out + out_n * (j - 1), out_n, out + out_n * j);
+      ++j;
+      continue;
     }
-    return;
-  }
-  std::vector<float> across(out_n * height);  // the horizontal pass of every source row
-  std::vector<const float*> across_rows(height);
-  for (uint32_t r = 0; r < height; ++r) {
-    std::copy(rows[r], rows[r] + in_n, line.begin());
-    horizontal<C>(line.data(), x, &across[out_n * r]);
-    across_rows[r] = &across[out_n * r];
-  }
-  for (uint32_t j = 0; j < out_height; ++j, out += out_n) {
-    vertical(across_rows, y, j, out_n, done.data());
-    store(done.data(), out_n, out);
+    const int n = static_cast<int>(std::min<uint32_t>(kLanes, out_height - j));
+    vertical_block(rows.data(), y, j, in_n, staged.data(), block.data());
+    horizontal_block<C>(block.data(), x, done.data());
+    for (int r = 0; r < n; ++r) out_rows[r] = out + out_n * (j + r);
+    unblock(done.data(), whole_vectors(out_n), lines.data(), out_rows, n, out_n);
+    j += n;
   }
 }
 

@@ -14,7 +14,7 @@ namespace forge::data {
 // The decoding, fitting and hashing rules below, by name: part of an image-text dataset's settings, so that
 // a change to them (under a new name) changes the version of every dataset they made.
 inline constexpr const char* kImageDecoder =
-    "forge-image-2: libpng, libjpeg-turbo (islow, DCT-scaled for the fit), triangle resize";
+    "forge-image-3: libpng, libjpeg-turbo (islow, DCT-scaled for the fit), triangle resize (no FMA)";
 
 // 8-bit RGB, row-major, interleaved: pixel (x, y) is rgb[3 * (y * width + x) + c].
 struct Image {
