@@ -6,6 +6,10 @@
 # (generation, reward, the rollout's other work: the trainer's recomputed log-probabilities; training), the
 # rollouts' generation tokens/s, and `forge-gate generate` on the same checkpoint with the same batch,
 # sampling and prompts in the same run: the ratio RL / generate (the issue's goal: >= 0.9).
+# Then the code reward: the same model on 100 prompts with Python tests (reward.weights = code:1), every
+# reply run in the bubblewrap sandbox, 1 and 2 at once (rl.sandbox_parallel); rewards per second and their
+# share of the step, next to the machine's limit measured in the same run: the same programs run by a bare
+# python3, as many at once, no sandbox.
 #
 # usage: bench/grpo.sh [BUILD_DIR] [STEPS]   (default build/release, 20 GRPO steps; the programs are built if
 #   needed). JOBS=N sets the build parallelism.
@@ -30,6 +34,14 @@ with open(f"{work}/chat.jsonl", "w") as f:
         f.write(json.dumps({"messages": [{"role": "user", "content": f"What is {a} + {b}?"},
                                          {"role": "assistant",
                                           "content": f"{a} and {b} make {a + b}, so the answer is {a + b}."}]}) + "\n")
+with open(f"{work}/code.jsonl", "w") as f:
+    ops = [("add", "+"), ("sub", "-"), ("mul", "*"), ("big", "max"), ("small", "min")]
+    for i in range(100):
+        name, op = ops[i % len(ops)]
+        a, b = random.randint(0, 9), random.randint(0, 9)
+        want = eval(f"{op}({a}, {b})") if op.isalpha() else eval(f"{a} {op} {b}")
+        f.write(json.dumps({"id": f"code-{i}", "prompt": f"Write {name}(a, b) for {a} and {b}.",
+                            "tests": f"assert {name}({a}, {b}) == {want}", "entry_point": name}) + "\n")
 with open(f"{work}/sums.jsonl", "w") as f, open(f"{work}/generate.jsonl", "w") as g:
     for a in range(10):
         for b in range(10):
@@ -42,6 +54,8 @@ PY
   >/dev/null 2>"$work/prepare.log" || { tail -n3 "$work/prepare.log" >&2; exit 1; }
 model=(--run.threads=2 --model.family=llama --model.layers=4 --model.d_model=256 --model.heads=4 --model.kv_heads=2
   --model.seq_len=64 --model.vocab=320 --ckpt.recovery_every=0)
+"$build/dataio/forge-data" prepare --format prompts --input "$work/code.jsonl=code" --out "$work/code" \
+  >/dev/null 2>"$work/prepare.log" || { tail -n3 "$work/prepare.log" >&2; exit 1; }
 "$build/launcher/forge-train" "$root/configs/tiny.ini" --run.dir="$work/sft" "${model[@]}" --data.dataset="$work/chat" \
   --run.objective=sft --optim.lr=3e-3 --run.steps=300 --ckpt.milestone_every=300 2>"$work/sft.log" ||
   { tail -n3 "$work/sft.log" >&2; exit 1; }
@@ -62,11 +76,13 @@ rows = [json.loads(l) for l in open(sys.argv[1])][2:]  # the first two steps war
 peer = float(sys.argv[2])
 n = len(rows)
 mean = lambda f: sum(f(r) for r in rows) / n
-step = mean(lambda r: r["step_ms"])
+# A step is its batch (data_wait_ms: the rollout, sampled, scored and recomputed) and its training
+# (step_ms: forward, backward and update).
+train = mean(lambda r: r["step_ms"])
+step = train + mean(lambda r: r["data_wait_ms"])
 gen = mean(lambda r: r["rollout"]["generation_ms"])
 reward = mean(lambda r: r["rollout"]["reward_ms"])
-rollout = mean(lambda r: r["data_wait_ms"]) - gen - reward  # the trainer's log-probabilities, the batches
-train = step - gen - reward - rollout
+rollout = step - train - gen - reward  # the trainer's log-probabilities, the batches
 tps = mean(lambda r: r["rollout"]["generation_tokens_per_s"])
 print(f"shape: llama 4 x 256, 32 replies a step (4 prompts x 8), up to 24 new tokens, 2 threads; steps 3-{n + 2}")
 print(f"step {step:.1f} ms: generation {gen:.1f} ms ({100 * gen / step:.1f}%), reward {reward:.2f} ms "
@@ -76,5 +92,46 @@ reply = mean(lambda r: r["rollout"]["reply_tokens"])
 print(f"reward {mean(lambda r: r['rollout']['reward']):.3f}, reply {reply:.1f} tokens")
 print(f"generation: {tps:.0f} tokens/s during RL, forge-gate generate {peer:.0f} tokens/s: "
       f"RL / generate {tps / peer:.2f}")
+PY
+
+# The code reward: each reply (a sentence from this model, which Python rejects: a sandbox run that fails,
+# as most early code replies do) runs in its own sandbox; 1 and 2 at once.
+code_steps=6
+for parallel in 1 2; do
+  "$build/launcher/forge-train" "$root/configs/tiny.ini" --run.dir="$work/code-$parallel" "${model[@]}" \
+    --run.objective=grpo --ckpt.init_from="$sft" --rl.format_dataset="$work/chat" --data.dataset="$work/code" \
+    --data.batch=32 --rl.group_size=8 --rl.max_new_tokens=24 --reward.weights=code:1 \
+    --rl.sandbox_parallel=$parallel --run.steps=$code_steps --ckpt.milestone_every=0 2>"$work/code.log" ||
+    { tail -n3 "$work/code.log" >&2; exit 1; }
+done
+# The limit: the programs the sandbox ran, by a bare python3 (the tests after a reply of the same length),
+# 64 of them, 1 and 2 at once.
+bare() {
+  local start end
+  start=$(date +%s.%N)
+  seq 64 | xargs -P "$1" -I{} /usr/bin/python3 -c 'The answer is 7 and 2 make 9.
+assert add(7, 2) == 9' 2>/dev/null || true
+  end=$(date +%s.%N)
+  /usr/bin/python3 -c "print(64 / ($end - $start))"
+}
+bare1=$(bare 1)
+bare2=$(bare 2)
+/usr/bin/python3 - "$work" "$bare1" "$bare2" <<'PY'
+import json, sys
+work, bare = sys.argv[1], {1: float(sys.argv[2]), 2: float(sys.argv[3])}
+print("code reward: 100 prompts with Python tests, 32 replies a step, each run in the bubblewrap sandbox")
+for parallel in (1, 2):
+    rows = [json.loads(l) for l in open(f"{work}/code-{parallel}/metrics/rank-0.jsonl")][1:]
+    n = len(rows)
+    step = sum(r["step_ms"] + r["data_wait_ms"] for r in rows) / n
+    reward = sum(r["rollout"]["reward_ms"] for r in rows) / n
+    rate = 32 / (reward / 1e3)
+    outcomes = {}
+    for r in rows:
+        for k, v in r["rollout"].get("sandbox", {}).items():
+            outcomes[k] = outcomes.get(k, 0) + v
+    print(f"  {parallel} at once: {rate:.1f} rewards/s, reward {reward:.0f} ms of a {step:.0f} ms step "
+          f"({100 * reward / step:.0f}%); bare python3 {bare[parallel]:.1f} runs/s: sandbox / bare "
+          f"{rate / bare[parallel]:.2f}; outcomes {outcomes}")
 PY
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
