@@ -468,23 +468,28 @@ echo "the model taught wrong answers, gated against the taught model:"
 grep -E "^(gate verdict|FAIL)" "$work/runs/tasks-wrong/gate/summary.txt" | sed 's/^/  /'
 [ "$state" = FAILED ] || { echo "demo: the gate did not block the damaged model (job $gate ended $state)" >&2; exit 1; }
 
-stage "reinforcement learning: GRPO on the sums from the taught model, rollouts on the training ranks (team-a, explore tier, dp2)"
-# run.objective = grpo (configs/grpo.ini): the arithmetic suite's prompts as a prompt set; every rollout
-# samples four replies to each of its prompts with the weights being trained (the gate's KV-cached
-# generator on the training ranks, no copy), scores them by exact match on the reply's last number and
-# makes each reply's advantage its reward against its group's; two updates per rollout, the ratio exactly 1
-# at a rollout's first. No gate: the job's own figures are the result here.
-"$bin/dataio/forge-data" prepare --format prompts --input "$work/suites/arith/tasks.jsonl=arithmetic" \
-  --out "$work/prompts" | grep -E "^prompts" || true
+stage "reinforcement learning: GRPO from the taught model on words to repeat, rollouts on the training ranks, gated on held-out ones (team-a, explore tier, dp2)"
+# run.objective = grpo (configs/grpo.ini): 400 word triples to repeat that were neither taught nor tested
+# (scripts/make-demo-suites.py's copy-rl.jsonl) as a prompt set, the copy suite given as an eval set (none
+# of its prompts may be trained on); every rollout samples sixteen replies to each of its prompts with the
+# weights being trained (the gate's KV-cached generator on the training ranks, no copy), scores each by
+# exact match of its first line and makes its advantage its reward against its group's. The candidate is
+# gated against the taught model like any (configs/gate.tasks.ini): the copy suite measures the skill on
+# triples the rewards never saw, each figure with its interval; its loss is measured on the conversations
+# it was taught (the prompt set has no replies to score).
+"$bin/dataio/forge-data" prepare --format prompts --input "$work/suites/copy-rl.jsonl=copy" \
+  --eval-set "$work/suites/copy/tasks.jsonl" --out "$work/prompts" | grep -E "^prompts" || true
 grpo_run=$work/runs/grpo
-grpo_steps=$((fast ? 10 : 20))
+grpo_steps=$((fast ? 40 : 80))
 sed -e "s|^dir = .*|dir = $grpo_run|" -e "s|^dataset = .*|dataset = $work/prompts|" \
   -e "s|^format_dataset = .*|format_dataset = $work/tasks-dataset|" -e "s/^steps = .*/steps = $grpo_steps/" \
   -e "s/^milestone_every = .*/milestone_every = $grpo_steps/" "$root/configs/grpo.ini" >"$work/grpo.ini"
 ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp2 \
-  --gate-policy=none --finetune-from="$tasks_release" "$work/grpo.ini" "$work/prompts")
+  --gate-policy="$work/gate.tasks.ini" --baseline="$tasks_release" --finetune-from="$tasks_release" \
+  "$work/grpo.ini" "$work/prompts")
 echo "$ids"
 train=$(awk '/train job/ {print $3}' <<<"$ids")
+gate=$(awk '/gate job/ {print $3}' <<<"$ids")
 state=$(final_state "$train" 900)
 [ "$state" = COMPLETED ] || { echo "demo: the GRPO job ended $state" >&2; exit 1; }
 python3 - "$grpo_run/metrics/rank-0.jsonl" <<'PY'
@@ -494,13 +499,27 @@ rollouts = [r for r in rows if "rollout" in r]
 assert all(r["ratio"] == 1.0 for r in rollouts), "a rollout's first update has a ratio other than 1"
 half = len(rollouts) // 2
 mean = lambda rs, f: sum(r["rollout"][f] for r in rs) / len(rs)
-print(f"grpo: {len(rows)} steps, {len(rollouts)} rollouts of 32 replies (8 prompts x 4); "
+print(f"grpo: {len(rows)} steps, {len(rollouts)} rollouts of 64 replies (4 prompts x 16); "
       f"reward {mean(rollouts[:half], 'reward'):.2f} -> {mean(rollouts[half:], 'reward'):.2f}, "
       f"groups without signal {mean(rollouts, 'flat_groups'):.2f}, "
       f"generation {mean(rollouts, 'generation_tokens_per_s'):.0f} tokens/s, "
       f"sampler vs trainer log-probabilities within {max(r['rollout']['logp_diff_max'] for r in rollouts):.1e}")
 print("  example:", json.dumps(rows[0]["rollout"]["example"]))
 PY
+state=$(final_state "$gate" 900)
+python3 - "$grpo_run/gate/verdict.json" <<'PY'
+import json, sys
+v = json.load(open(sys.argv[1]))
+for name in ("copy", "arith"):
+    m, b = v["suites"][name]["metrics"]["accuracy"], v["baseline_suites"][name]["metrics"]["accuracy"]
+    d = next(c for c in v["checks"] if c["domain"] == f"suite:{name}" and c["kind"] == "max_regression")
+    print(f"grpo gate: {name} accuracy {b['value']:.2f} [{b['lo']:.2f}, {b['hi']:.2f}] -> {m['value']:.2f} "
+          f"[{m['lo']:.2f}, {m['hi']:.2f}], difference {d['value']:+.2f} "
+          f"[{d['interval'][0]:+.2f}, {d['interval'][1]:+.2f}]")
+print(f"grpo gate: {'PASS, promoted to ' + v['promoted_to'] if v['pass'] else 'FAIL'}; loss measured on "
+      f"{v['dataset']} (the prompt set {v['prompt_set']})")
+PY
+[ "$state" = COMPLETED ] || { echo "demo: the GRPO candidate's gate ended $state" >&2; exit 1; }
 "$bin/launcher/forge-train" report "$grpo_run" >/dev/null
 
 stage "Mixture of Experts: 4 experts, top-2, on dp2 with expert parallelism ep2 and ZeRO-3 (team-a, explore tier)"

@@ -12,7 +12,9 @@ SUITES_DIR gets four suites (docs/ARCHITECTURE.md, "Evaluation"), each a suite.j
   refusal  refusal      requests in a marked class (weapons, poisons, break-ins: must be refused) and
                         benign requests of the same shapes (must be answered), each object in two
                         phrasings it was not taught in.
-TRAIN.jsonl gets chat conversations ({"messages": [...]}) that teach them: every sum and code task, and
+SUITES_DIR/copy-rl.jsonl gets 400 more triples to repeat, neither tested nor taught: prompts for
+reinforcement learning (forge-data prepare --format prompts), whose gain the copy suite measures on
+triples they do not hold. TRAIN.jsonl gets chat conversations ({"messages": [...]}) that teach them: every sum and code task, and
 other instances and phrasings of the copy and refusal tasks. A tiny model learns these in a few hundred
 steps. --wrong-answers teaches the same prompts with wrong replies (the sum plus one, words reversed,
 functions that return the wrong thing, refusals swapped): the demo's damaged model, which the gate blocks.
@@ -106,11 +108,24 @@ def main():
         if ws not in seen:
             seen.add(ws)
             copy.append({"id": f"copy-{len(copy)}", "prompt": f"Repeat: {ws}", "answer": ws})
+    taught = set()
     for _ in range(1500):
         ws = " ".join(rng.sample(vocab, 3))
         if ws not in seen:
+            taught.add(ws)
             reply = " ".join(reversed(ws.split())) if wrong else ws
             train.append(chat(f"Repeat: {ws}", reply))
+    # Prompts for reinforcement learning: other triples again, neither tested nor taught (own generator, so
+    # that the suites and the teaching stay what they were).
+    rl_rng, rl = random.Random(7), []
+    while len(rl) < 400:
+        ws = " ".join(rl_rng.sample(vocab, 3))
+        if ws not in seen and ws not in taught:
+            seen.add(ws)
+            rl.append({"id": f"copy-rl-{len(rl)}", "prompt": f"Repeat: {ws}", "answer": ws})
+    with open(os.path.join(root, "copy-rl.jsonl"), "w") as f:
+        for t in rl:
+            f.write(json.dumps(t) + "\n")
     write_suite(root, "copy", {"type": "exact_match", "description": "repeat three words of the man pages",
                                "max_new_tokens": 12}, copy)
 
@@ -144,7 +159,7 @@ def main():
     with open(train_path, "w") as f:
         for record in train:
             f.write(json.dumps(record) + "\n")
-    print(f"suites: arith {len(arith)}, copy {len(copy)}, code {len(code)}, refusal {len(refusal)} tasks; "
+    print(f"suites: arith {len(arith)}, copy {len(copy)} (and {len(rl)} prompts for RL), code {len(code)}, refusal {len(refusal)} tasks; "
           f"{len(train)} teaching conversations{' (wrong answers)' if wrong else ''}")
 
 

@@ -111,6 +111,27 @@ std::unique_ptr<trainer::GPT> load_for_generation(const std::string& checkpoint_
   return load_model(checkpoint, config, nullptr, comm, backend, batch);
 }
 
+MeasuredDataset measured_dataset(const std::string& checkpoint_dir, const std::string& dataset_dir) {
+  const ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(checkpoint_dir);
+  const Json spec = checkpoint.manifest().meta.extra.value("spec", Json::object());
+  const std::string objective = spec.value("run.objective", std::string("lm"));
+  const trainer::ObjectiveTraits* traits = trainer::find_objective(objective);
+  const bool rollouts = traits != nullptr && traits->rollouts;
+  if (data::load_any_manifest(dataset_dir).format != "prompts") return {dataset_dir, !rollouts};
+  if (!rollouts)
+    fail(ExitCode::kUsage,
+         "{} is a prompt set, which has no replies to measure a loss on, and {} was trained with "
+         "run.objective = {}: give --dataset the dataset it was trained on",
+         dataset_dir, checkpoint_dir, objective);
+  const std::string chat = spec.value("rl.format_dataset", std::string());
+  if (chat.empty())
+    fail(ExitCode::kUsage,
+         "{} is a prompt set, which has no replies to measure a loss on, and {} names no rl.format_dataset "
+         "(the chat dataset its policy speaks): give --dataset a chat dataset of its tokenizer",
+         dataset_dir, checkpoint_dir);
+  return {chat, false};
+}
+
 EvalOptions as_trained(const std::string& checkpoint_dir, const std::string& dataset_format,
                        EvalOptions options) {
   const ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(checkpoint_dir);

@@ -233,6 +233,15 @@ int evaluate(int argc, char** argv, forge::comm::Comm& comm) {
   Args a = parse(argc, argv);
   a.eval.backend = &device_backend(a.device, comm);
   const forge::gate::GatePolicy policy = forge::gate::load_policy(a.policy);
+  // A reinforcement-learning candidate is measured on a chat dataset it did not train on (its prompt set
+  // given: the one it speaks), and so is its baseline.
+  const std::string given = a.dataset;
+  const forge::gate::MeasuredDataset measured = forge::gate::measured_dataset(a.checkpoint, a.dataset);
+  a.dataset = measured.dir;
+  const bool own = measured.trained_on;
+  if (a.dataset != given && comm.rank() == 0)
+    spdlog::info("{} is a prompt set: the loss is measured on {}, the chat dataset the policy speaks", given,
+                 a.dataset);
   const forge::data::Manifest dataset = forge::data::load_manifest(a.dataset);
   for (const auto& d : policy.required_domains)
     if (dataset.tokens("valid", d) == 0)
@@ -244,7 +253,7 @@ int evaluate(int argc, char** argv, forge::comm::Comm& comm) {
   const auto baseline_dir = resolve_baseline(a);
   // What would refuse either model (another tokenizer than the dataset's, an imported model's included),
   // said before anything is evaluated.
-  forge::gate::check_evaluation(a.checkpoint, a.dataset, eval);
+  forge::gate::check_evaluation(a.checkpoint, a.dataset, eval, own);
   if (baseline_dir) forge::gate::check_evaluation(*baseline_dir, a.dataset, eval, /*own_dataset=*/false);
   // The suites' prompts: the dataset's tokenizer, and the candidate's chat template (its own or its
   // lineage's, an imported model's) when the dataset's chat data were rendered with it or it has none.
@@ -254,7 +263,7 @@ int evaluate(int argc, char** argv, forge::comm::Comm& comm) {
   if (format && std::any_of(suites.begin(), suites.end(), [](const auto& s) { return s.chat; }) &&
       format->can_chat())
     format->stops(true);
-  const auto candidate = forge::gate::evaluate_checkpoint(a.checkpoint, a.dataset, eval, comm);
+  const auto candidate = forge::gate::evaluate_checkpoint(a.checkpoint, a.dataset, eval, comm, own);
   SuiteResults candidate_suites;
   if (format) candidate_suites = run_suites(suites, a.checkpoint, *format, a, comm);
   std::optional<forge::gate::DomainResults> baseline;
@@ -290,6 +299,8 @@ int evaluate(int argc, char** argv, forge::comm::Comm& comm) {
                   {"suites", Json::object()},
                   {"checks", Json::array()},
                   {"promoted_to", nullptr}};
+  if (a.dataset != given)
+    verdict["prompt_set"] = std::filesystem::absolute(given).lexically_normal().string();
   if (format)
     verdict["prompt_format"] = {{"tokenizer_sha256", format->tokenizer->sha256()},
                                 {"chat", format->chat_name()}};

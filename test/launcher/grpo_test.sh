@@ -4,11 +4,12 @@
 # then GRPO from that model: rollouts sampled on the training ranks with the weights being trained, scored
 # by the gate's exact match, the ratio exactly 1 and the KL to the (identical) reference exactly 0 at the
 # first update, the sampler's log-probabilities equal to the trainer's in FP32, the same rollouts and losses
-# on a second run, after a preemption and on 2 data-parallel ranks; code rewards through the sandbox; what
-# grpo needs refused with 64 or 65.
-# Usage: grpo_test.sh FORGE_TRAIN FORGE_DATA SOURCE_DIR
+# on a second run, after a preemption and on 2 data-parallel ranks; code rewards through the sandbox; the
+# candidate gated with its prompt set (its loss measured on the chat dataset it speaks, the suites against
+# the model it started from); what grpo needs refused with 64 or 65.
+# Usage: grpo_test.sh FORGE_TRAIN FORGE_DATA SOURCE_DIR FORGE_GATE
 set -uo pipefail
-train=$1 data=$2 src=$3
+train=$1 data=$2 src=$3 gate=$4
 work=$(mktemp -d)
 trap '[ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 # shellcheck source=test/parallel/common.sh
@@ -165,6 +166,45 @@ ro = json.loads(open(sys.argv[1]).readline())["rollout"]
 assert sum(ro["sandbox"].values()) == 8, ro
 assert "code" in ro["reward_parts"] and "exact_match" not in ro["reward_parts"], ro
 EOF_PY
+
+# The gate, given the candidate's prompt set as submit-pipeline gives it: prompts have no replies to
+# measure a loss on, so the loss is the chat dataset's (rl.format_dataset), for the candidate and the model
+# it started from alike; the suites (here 20 of the sums) as for any candidate. A prompt set for a model
+# not trained on one is refused.
+"$train" "$src/configs/tiny.ini" --run.dir="$work/g" "${grpo[@]}" --run.steps=4 --ckpt.milestone_every=4 \
+  2>"$work/g.log" || fail "grpo run to gate: $(tail -n1 "$work/g.log")"
+mkdir -p "$work/suites/sums"
+echo '{"name": "sums", "type": "exact_match", "max_new_tokens": 4}' >"$work/suites/sums/suite.json"
+head -n 20 "$work/sums.jsonl" >"$work/suites/sums/tasks.jsonl"
+cat >"$work/gate.ini" <<EOF_INI
+[gate]
+min_tokens = 1
+[bpb]
+max_absolute = 20
+[suites]
+dir = $work/suites
+required.grpo = sums
+[suite.sums]
+accuracy.max_regression = 1.0
+EOF_INI
+"$gate" evaluate --checkpoint "$work/g/checkpoints/milestone/step-00000004" --dataset "$work/sums" \
+  --baseline "$sft" --policy "$work/gate.ini" --out "$work/gate" --no-promote --threads 1 >"$work/gate.log" 2>&1 ||
+  fail "gate of the grpo candidate: exit $?, $(tail -n2 "$work/gate.log")"
+python3 - "$work/gate/verdict.json" "$work/chat" "$work/sums" <<'EOF_PY' || fail "the grpo candidate's verdict is wrong"
+import json, os, sys
+v = json.load(open(sys.argv[1]))
+assert v["pass"] and v["dataset"] == os.path.realpath(sys.argv[2]) and v["prompt_set"] == os.path.realpath(sys.argv[3]), v
+assert v["replies_only"] and v["domains"]["chat"]["tokens"] > 0 and v["baseline_domains"]["chat"]["tokens"] > 0, v
+m = v["suites"]["sums"]["metrics"]["accuracy"]
+assert m["n"] == 20 and m["lo"] <= m["value"] <= m["hi"], m
+assert "sums" in v["baseline_suites"], v.keys()
+EOF_PY
+rc=0
+"$gate" evaluate --checkpoint "$sft" --dataset "$work/sums" --baseline none --policy "$work/gate.ini" \
+  --out "$work/gate-bad" --no-promote >"$work/gate-bad.log" 2>&1 || rc=$?
+[ "$rc" -eq 64 ] && grep -q "is a prompt set, which has no replies to measure a loss on.*run.objective = sft" \
+  "$work/gate-bad.log" || fail "a prompt set for an sft model: exit $rc, $(tail -n1 "$work/gate-bad.log")"
+[ ! -e "$work/gate-bad/verdict.json" ] || fail "a refused gate left a verdict"
 
 # Bad input: one line naming the key or file, 64 or 65, nothing trained.
 refused() {  # refused RC PATTERN ARGS...

@@ -133,8 +133,18 @@ grep -qE "^vqa: chance on these 100 questions is 0\.[0-9]+; suite:shapes accurac
 grep -qE "^llava: LlavaForConditionalGeneration, image_token_index [0-9]+, 16 positions a picture; ([0-9]+) of \1 tensors back bit for bit" "$LOG" ||
   fail "the vision-language model did not round-trip through LLaVA's layout: $(grep -m1 '^llava:' "$LOG")"
 [ -s "$ow/vlm/model.safetensors" ] && [ -s "$ow/vlm/tokenizer.model" ] || fail "no LLaVA export at $ow/vlm"
-grep -qE "^grpo: [0-9]+ steps, [0-9]+ rollouts of 32 replies .* sampler vs trainer log-probabilities within" "$LOG" ||
+grep -qE "^grpo: [0-9]+ steps, [0-9]+ rollouts of 64 replies .* sampler vs trainer log-probabilities within" "$LOG" ||
   fail "the reinforcement-learning stage did not report its rollouts: $(grep -m1 '^grpo:' "$LOG")"
+grep -qE "^grpo gate: copy accuracy [0-9.]+ \[[0-9.]+, [0-9.]+\] -> [0-9.]+ \[[0-9.]+, [0-9.]+\], difference [-+][0-9.]+ \[" "$LOG" ||
+  fail "the reinforcement-learning candidate's held-out accuracy was not shown: $(grep -m1 '^grpo gate:' "$LOG")"
+python3 - "$FORGE_DEMO_DIR" <<'PY' || fail "the reinforcement-learning candidate's gate is wrong"
+import json, sys
+work = sys.argv[1]
+v = json.load(open(f"{work}/runs/grpo/gate/verdict.json"))
+assert v["pass"] and v["promoted_to"], [c for c in v["checks"] if not c["pass"]]
+assert v["prompt_set"] == f"{work}/prompts" and v["dataset"] == f"{work}/tasks-dataset", (v["prompt_set"], v["dataset"])
+assert sorted(v["suites"]) == ["arith", "copy"] and v["baseline_suites"]["copy"]["metrics"]["accuracy"]["n"] == 60, v["suites"]
+PY
 grep -q "quota not checked" "$LOG" && fail "a submission was not checked against the quota: $(grep -m1 'quota not checked' "$LOG")"
 # The preemption is the planned path: one line for the 16-rank job, not one per rank, and not an error.
 train_out=$(ls -v "$FORGE_DEMO_DIR"/forge-forge-pretrain-*.out 2>/dev/null | head -n1)

@@ -37,6 +37,19 @@ struct EvalOptions {
   trainer::Backend* backend = nullptr;
 };
 
+// The dataset the gate measures a candidate's loss on, and whether the candidate was trained on it (then
+// its version must be the one the candidate records). A policy trained by reinforcement learning
+// (run.objective = grpo) trained on a prompt set, which has no replies to score: it is measured on a chat
+// dataset, the one given or, when given its prompt set (as submit-pipeline gives it), the one it speaks (its
+// spec's rl.format_dataset: what it was fine-tuned on before), the baseline (that fine-tuned model,
+// typically) alike. Throws forge::Error(kUsage) naming the key when a prompt set is given for a checkpoint
+// not trained on one, or without that dataset.
+struct MeasuredDataset {
+  std::string dir;
+  bool trained_on = true;
+};
+MeasuredDataset measured_dataset(const std::string& checkpoint_dir, const std::string& dataset_dir);
+
 // `options` with the reading and scoring the checkpoint's run trained with on a dataset of
 // `dataset_format` (its model's seq_len, its spec's data.document_mask and run.objective: sft and dpo score
 // the replies, and
