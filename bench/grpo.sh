@@ -3,7 +3,8 @@
 # gate's own generator (issue 43): a chat model fine-tuned on single-digit sums (4 blocks of 256, 2
 # threads; its replies a short sentence), then run.objective = grpo on the sums' prompt set (32 replies a
 # step: 4 prompts x 8, up to 24 new tokens, temperature 1, exact-match reward). Prints the step's shares
-# (generation, reward, the rollout's other work: the trainer's recomputed log-probabilities; training), the
+# (generation, reward, the rollout's other work: the batches, and the KL reference's forward if any; at one
+# update per rollout the training forward is the recomputation of the log-probabilities; training), the
 # rollouts' generation tokens/s, and `forge-gate generate` on the same checkpoint with the same batch,
 # sampling and prompts in the same run: the ratio RL / generate (the issue's goal: >= 0.9).
 # Then the code reward: the same model on 100 prompts with Python tests (reward.weights = code:1), every
@@ -82,7 +83,7 @@ train = mean(lambda r: r["step_ms"])
 step = train + mean(lambda r: r["data_wait_ms"])
 gen = mean(lambda r: r["rollout"]["generation_ms"])
 reward = mean(lambda r: r["rollout"]["reward_ms"])
-rollout = step - train - gen - reward  # the trainer's log-probabilities, the batches
+rollout = step - train - gen - reward  # the batches (the log-probabilities: the training forward's)
 tps = mean(lambda r: r["rollout"]["generation_tokens_per_s"])
 print(f"shape: llama 4 x 256, 32 replies a step (4 prompts x 8), up to 24 new tokens, 2 threads; steps 3-{n + 2}")
 print(f"step {step:.1f} ms: generation {gen:.1f} ms ({100 * gen / step:.1f}%), reward {reward:.2f} ms "

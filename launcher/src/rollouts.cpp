@@ -188,6 +188,7 @@ class Rollouts final : public DataSource {
     std::vector<MicroBatch>& out = rollout_;
     out.resize(size_t(M));
     double logp_diff_sum = 0, logp_diff_max = 0, scored = 0;
+    const bool on_policy = spec_.rl.loss.on_policy;
     for (int i = 0; i < M; ++i) {
       MicroBatch& batch = out[size_t(i)];
       batch.resize(B, T);
@@ -215,30 +216,39 @@ class Rollouts final : public DataSource {
         batch.domains[size_t(j)] = uint16_t(
             std::lower_bound(set_.domains.begin(), set_.domains.end(), p.domain) - set_.domains.begin());
       }
-      // The log-probabilities the ratio divides by: the trainer's own forward under the weights that sampled
-      // it (so the ratio is exactly 1 at the rollout's first update).
-      model.forward_loss(batch, token_logps_.get());
-      std::vector<float> old_logps = token_logps_->last();
+      // The sampler's log-probabilities of the scored tokens (the decode kernels' arithmetic), in place.
+      std::vector<float> sampled(batch.size(), 0.0f);
+      for (int j = 0; j < B; ++j) {
+        const gate::Generation& g = gens[size_t(i * B + j)];
+        size_t n = 0;
+        for (size_t t = 0; t < size_t(T) && n < g.logps.size(); ++t)
+          if (const size_t pos = size_t(j) * size_t(T) + t; batch.targets[pos] != MicroBatch::kIgnore)
+            sampled[pos] = g.logps[n++];
+      }
       if (reference_) {
         reference_->forward_loss(batch);
         batch.ref_logps = reference_logps_->last();
       }
-      batch.old_logps = std::move(old_logps);
-      batch.advantages.assign(advantages.begin() + ptrdiff_t(i * B),
-                              advantages.begin() + ptrdiff_t((i + 1) * B));
-      // Against the sampler's (the decode kernels' arithmetic): ~0 in FP32, a metric in BF16.
-      for (int j = 0; j < B; ++j) {
-        const gate::Generation& g = gens[size_t(i * B + j)];
-        size_t n = 0;
-        for (size_t t = 0; t < size_t(T); ++t) {
-          const size_t pos = size_t(j) * size_t(T) + t;
-          if (batch.targets[pos] == MicroBatch::kIgnore || n >= g.logps.size()) continue;
-          const double d = std::fabs(double(batch.old_logps[pos]) - double(g.logps[n++]));
+      if (on_policy) {
+        // One update per rollout: the training forward runs under the weights that sampled it and is the
+        // recomputation (GrpoOptions::on_policy), which compares itself with the sampler's.
+        batch.old_logps = std::move(sampled);
+      } else {
+        // The log-probabilities the ratio divides by: the trainer's own forward under the weights that
+        // sampled it (so the ratio is exactly 1 at the rollout's first update), against the sampler's: ~0
+        // in FP32, a metric in BF16.
+        model.forward_loss(batch, token_logps_.get());
+        batch.old_logps = token_logps_->last();
+        for (size_t pos = 0; pos < batch.size(); ++pos) {
+          if (batch.targets[pos] == MicroBatch::kIgnore) continue;
+          const double d = std::fabs(double(batch.old_logps[pos]) - double(sampled[pos]));
           logp_diff_sum += d;
           logp_diff_max = std::max(logp_diff_max, d);
           scored += 1;
         }
       }
+      batch.advantages.assign(advantages.begin() + ptrdiff_t(i * B),
+                              advantages.begin() + ptrdiff_t((i + 1) * B));
     }
     summarise(rewards, gens, generator_->stats().new_tokens - before.new_tokens, generation_s, reward_s,
               logp_diff_sum, logp_diff_max, scored);
@@ -339,9 +349,13 @@ class Rollouts final : public DataSource {
                 {"stopped", sums[kStopped] / n},
                 {"generation_ms", slowest[0] * 1e3},
                 {"reward_ms", slowest[1] * 1e3},
-                {"generation_tokens_per_s", slowest[0] > 0 ? sums[kNewTokens] / slowest[0] : 0.0},
-                {"logp_diff_mean", sums[kScored] > 0 ? sums[kDiff] / sums[kScored] : 0.0},
-                {"logp_diff_max", slowest[2]}};
+                {"generation_tokens_per_s", slowest[0] > 0 ? sums[kNewTokens] / slowest[0] : 0.0}};
+    // At one update per rollout the loss measures them, in the training forward (train_run.cpp moves its
+    // figures here).
+    if (!spec_.rl.loss.on_policy) {
+      metrics_["logp_diff_mean"] = sums[kScored] > 0 ? sums[kDiff] / sums[kScored] : 0.0;
+      metrics_["logp_diff_max"] = slowest[2];
+    }
     if (!sandbox.empty()) metrics_["sandbox"] = sandbox;
   }
 

@@ -663,7 +663,16 @@ bool TrainingRun::record_step(const StepCosts& costs, int64_t tokens_so_far, boo
     rec["device_mem_mib"] = double(info.peak_device_bytes) / (1 << 20);
   }
   if (!step_domains.empty()) rec["data_domains"] = domain_counts(info.domains, step_domains);
-  if (Json rollout = data_->step_metrics(); !rollout.is_null()) rec["rollout"] = std::move(rollout);
+  if (Json rollout = data_->step_metrics(); !rollout.is_null()) {
+    // The training forward's agreement with the sampler is the rollout's figure, wherever measured (at one
+    // update per rollout the loss measures it: GrpoOptions::on_policy).
+    for (const char* key : {"logp_diff_mean", "logp_diff_max"})
+      if (rec.contains(key)) {
+        rollout[key] = rec[key];
+        rec.erase(key);
+      }
+    rec["rollout"] = std::move(rollout);
+  }
   // The cache works once, at open: this rank's part goes with the process's first record.
   if (first_record && !info.cache.is_null()) rec["data_cache"] = data_->cache_stats().to_json();
   std::optional<TraceSpan> span(std::in_place, "status exchange", "bookkeeping");

@@ -67,7 +67,9 @@ for r in rows:
     assert 0 <= ro["reward"] <= 1 and 0 <= ro["flat_groups"] <= 1, ro
     assert set(ro["reward_parts"]) >= {"exact_match", "format", "length"}, ro
     assert 0 < ro["reply_tokens"] <= 6 and ro["generation_tokens_per_s"] > 0, ro
-    assert ro["logp_diff_max"] < 1e-4, ("sampler and trainer disagree", ro["logp_diff_max"])
+    # One update per rollout: the training forward is the recomputation, measured against the sampler.
+    assert ro["logp_diff_max"] < 1e-4 and 0 <= ro["logp_diff_mean"] <= ro["logp_diff_max"], ro
+    assert "logp_diff_max" not in r and "logp_diff_mean" not in r, r
     assert r["entropy"] > 0, r  # the sampled tokens' mean surprise under the policy
     assert r["data_domains"] == {"arithmetic": 8}, r
 print("reward by 20 steps", [round(sum(r["rollout"]["reward"] for r in rows[i:i + 20]) / 20, 3) for i in range(0, 100, 20)])
@@ -112,6 +114,8 @@ assert len(rows) == 20, len(rows)
 firsts, seconds = rows[0::2], rows[1::2]
 assert all("rollout" in r and r["ratio"] == 1.0 and r["clip_fraction"] == 0.0 for r in firsts), firsts[0]
 assert all("rollout" not in r for r in seconds), seconds[0]
+# Here a forward at sampling time recomputes every mini-batch's log-probabilities.
+assert all(r["rollout"]["logp_diff_max"] < 1e-4 and "logp_diff_max" not in r for r in firsts), firsts[0]
 moved = sum(r["ratio"] != 1.0 for r in seconds)
 assert moved >= len(seconds) // 2, [r["ratio"] for r in seconds]
 print(f"two updates per rollout: ratio 1 at every rollout's first update, moved at {moved} of {len(seconds)} second ones")

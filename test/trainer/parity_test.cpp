@@ -18,6 +18,7 @@
 #include <cmath>
 #include <map>
 #include <string>
+#include <tuple>
 
 using forge::MicroBatch;
 using forge::test::H5Fixture;
@@ -389,4 +390,59 @@ TEST_CASE("GRPO at the first update of a rollout: ratio exactly 1, KL to the sam
   for (size_t i = 0; i < batch.size(); ++i)
     expected -= double(batch.weight(i)) * batch.advantages[i / size_t(batch.seq_len)];
   CHECK(std::abs(sums.loss - expected) < 1e-9 * std::max(1.0, std::abs(expected)));
+}
+
+TEST_CASE(
+    "GRPO on policy: the training forward is the recomputation, bit for bit, measured against the sampler",
+    "[trainer][grpo]") {
+  // One update per rollout: the loss divides by its own log-probabilities instead of recomputed ones, which
+  // are the same numbers, so loss and gradients are bit-identical; old_logps then hold the sampler's, which
+  // the loss compares with its own.
+  const H5Fixture f(fixture_path());
+  const TrainSpec spec = fixture_spec(f);
+  MicroBatch recomputed = fixture_rollout(f, spec);
+  const auto logps = std::make_shared<TokenLogps>();
+  GPT sampler(spec.model, {.batch = 4, .loss = logps});
+  load_initial(sampler, f);
+  sampler.forward_loss(recomputed);
+  recomputed.old_logps = recomputed.ref_logps = logps->last();
+  MicroBatch sampled = recomputed;  // the decode kernels' figures: off by up to 1e-3 here
+  double off_max = 0;
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    if (sampled.weight(i) == 0.0f) continue;
+    sampled.old_logps[i] = std::min(0.0f, sampled.old_logps[i] - 1e-3f * float(i % 3));
+    off_max = std::max(off_max, std::fabs(double(sampled.old_logps[i]) - double(recomputed.old_logps[i])));
+  }
+  REQUIRE(off_max > 1e-3);
+
+  auto run = [&](const MicroBatch& batch, bool on_policy) {
+    const auto loss =
+        std::make_shared<GrpoLoss>(GrpoOptions{0.2, 0.28, 0.05, GrpoOptions::Norm::kToken, on_policy});
+    GPT model(spec.model, {.batch = 4, .loss = loss});
+    load_initial(model, f);
+    model.zero_grad();
+    const LossSums sums = model.forward_backward(batch, float(1.0 / loss->weight(batch)));
+    std::map<std::string, std::vector<float>> grads;
+    for (const auto& p : model.params()) {
+      const std::span<float> g = model.grad(p.name);
+      grads[p.name].assign(g.begin(), g.end());
+    }
+    auto m = loss->take_metrics();
+    for (auto& x : loss->take_maxima()) m.push_back(x);
+    return std::tuple{sums.loss, grads, std::map<std::string, double>(m.begin(), m.end())};
+  };
+  const auto [loss_recomputed, grads_recomputed, figures_recomputed] = run(recomputed, false);
+  const auto [loss_on_policy, grads_on_policy, figures] = run(sampled, true);
+  CHECK(loss_on_policy == loss_recomputed);
+  CHECK(grads_on_policy == grads_recomputed);
+  CHECK(figures.at("ratio") == figures_recomputed.at("ratio"));
+  CHECK_FALSE(figures_recomputed.count("logp_diff_mean"));
+  CHECK(figures.at("logp_diff_max") == Approx(off_max).epsilon(1e-3));
+  double off = 0, weight = 0;
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    off +=
+        double(sampled.weight(i)) * std::fabs(double(sampled.old_logps[i]) - double(recomputed.old_logps[i]));
+    weight += double(sampled.weight(i));
+  }
+  CHECK(figures.at("logp_diff_mean") / weight == Approx(off / weight).epsilon(1e-3));
 }

@@ -161,7 +161,7 @@ double GrpoLoss::sequences(const MicroBatch& b, const float* nll, float* coeff) 
     throw std::invalid_argument("GrpoLoss: a KL coefficient needs the reference's log-probabilities");
   const size_t T = size_t(b.seq_len);
   const double lo = 1 - o_.clip_low, hi = 1 + o_.clip_high;
-  double total = 0, clipped = 0, kl = 0, ratios = 0, surprise = 0;
+  double total = 0, clipped = 0, kl = 0, ratios = 0, surprise = 0, diff = 0, diff_max = 0;
   for (size_t r = 0; r < size_t(b.rows); ++r) {
     double scored = 0;
     for (size_t i = r * T; i < (r + 1) * T; ++i) scored += b.weight(i);
@@ -172,7 +172,14 @@ double GrpoLoss::sequences(const MicroBatch& b, const float* nll, float* coeff) 
       coeff[i] = 0.0f;
       if (w == 0) continue;
       const double logp = -double(nll[i]);
-      const double ratio = std::exp(logp - double(b.old_logps[i]));
+      double old = double(b.old_logps[i]);
+      if (o_.on_policy) {  // old holds the sampler's: this forward is the recomputation
+        const double d = std::fabs(logp - old);
+        diff += w * d;
+        diff_max = std::max(diff_max, d);
+        old = logp;
+      }
+      const double ratio = std::exp(logp - old);
       const double unclipped = ratio * a, held = std::clamp(ratio, lo, hi) * a;
       // d/dlogp of -min(unclipped, held): -ratio A where the unclipped term is the smaller (the clipped
       // one equals it inside the range), 0 where the clip holds the ratio.
@@ -197,6 +204,8 @@ double GrpoLoss::sequences(const MicroBatch& b, const float* nll, float* coeff) 
   kl_ += kl;
   ratio_ += ratios;
   entropy_ += surprise;
+  diff_ += diff;
+  diff_max_ = std::max(diff_max_, diff_max);
   return total;
 }
 
@@ -204,7 +213,16 @@ std::vector<std::pair<std::string, double>> GrpoLoss::take_metrics() const {
   std::lock_guard lock(mu_);
   std::vector<std::pair<std::string, double>> out = {
       {"clip_fraction", clipped_}, {"kl", kl_}, {"ratio", ratio_}, {"entropy", entropy_}};
-  clipped_ = kl_ = ratio_ = entropy_ = 0;
+  if (o_.on_policy) out.emplace_back("logp_diff_mean", diff_);
+  clipped_ = kl_ = ratio_ = entropy_ = diff_ = 0;
+  return out;
+}
+
+std::vector<std::pair<std::string, double>> GrpoLoss::take_maxima() const {
+  std::lock_guard lock(mu_);
+  std::vector<std::pair<std::string, double>> out;
+  if (o_.on_policy) out.emplace_back("logp_diff_max", diff_max_);
+  diff_max_ = 0;
   return out;
 }
 

@@ -314,6 +314,7 @@ RlConfig rl_config(const Config& c, const TrainSpec& s) {
   rl.updates_per_rollout = c.get<int>("rl.updates_per_rollout");
   if (rl.updates_per_rollout < 1 || rl.updates_per_rollout > 64)
     c.reject("rl.updates_per_rollout", "must be in [1, 64]");
+  rl.loss.on_policy = rl.updates_per_rollout == 1;
   // A rollout's updates run between checkpoints, never across one (a checkpoint holds no rollout).
   if (!rl.between_rollouts(s.steps))
     c.reject("run.steps", fmt::format("must be a multiple of rl.updates_per_rollout = {}: a run ends with "

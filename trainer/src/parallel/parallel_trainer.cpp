@@ -392,6 +392,7 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   // verification loss of a checkpoint's save or resume, loss_of), which an uninterrupted run and a
   // resumed one do at different steps.
   loss_->take_metrics();
+  loss_->take_maxima();
   model_->take_router_stats();
   backend_.mark_step_start();
   const auto t0 = std::chrono::steady_clock::now();
@@ -542,6 +543,14 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   mark_activity("all_reduce world (loss, norm)");
   g.world->all_reduce(sums.data(), sums.size(), comm::CommType::kF64, comm::ReduceOp::kSum)->wait();
   for (size_t i = 0; i < figures.size(); ++i) figures[i].second = sums[2 + i] / weight;
+  // Its figures that are maxima: the largest over the ranks (an empty list on every rank costs nothing).
+  std::vector<std::pair<std::string, double>> maxima = loss_->take_maxima();
+  if (!maxima.empty()) {
+    std::vector<double> most;
+    for (const auto& f : maxima) most.push_back(last && g.tp_rank == 0 ? f.second : 0.0);
+    g.world->all_reduce(most.data(), most.size(), comm::CommType::kF64, comm::ReduceOp::kMax)->wait();
+    for (size_t i = 0; i < maxima.size(); ++i) figures.emplace_back(maxima[i].first, most[i]);
+  }
   for (size_t i = 0; i < routers.size(); ++i) {
     const double* in = sums.data() + router_at + i * per_router;
     RouterStats& r = routers[i];

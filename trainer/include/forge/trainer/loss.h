@@ -69,6 +69,8 @@ class Loss {
   // The loss's own figures summed over what it saw since the last call (DPO: rewards, margin, accuracy per
   // pair), in a fixed order; the trainer sums them over the ranks and divides by the step's weight.
   virtual std::vector<std::pair<std::string, double>> take_metrics() const { return {}; }
+  // Its figures that are maxima (the same rules, the largest over the ranks, not divided).
+  virtual std::vector<std::pair<std::string, double>> take_maxima() const { return {}; }
 };
 
 // Cross-entropy of every target, weighted by the batch's loss weights (pretraining: all 1).
@@ -155,9 +157,16 @@ std::vector<float> grpo_advantages(std::span<const float> rewards, int group_siz
 // (the ratios the clip held), kl (k3), ratio, and entropy: the sampled tokens' -logp under the policy, an
 // unbiased estimate of its entropy on the replies' prefixes at the first update of a rollout sampled at
 // temperature 1 (at another temperature, the cross-entropy of the sampler's distribution and the policy's).
+//
+// `on_policy` (one update per rollout: the weights being trained are those that sampled the batch): the
+// ratio divides by the policy's own log-probability (detached), which is exactly what a forward under the
+// sampling weights would have recomputed, so no such forward runs; old_logps then hold the sampler's own
+// (the decode kernels'), and the loss reports how far the training forward is from them: logp_diff_mean
+// (per scored token, weighted as the loss) and logp_diff_max (take_maxima).
 struct GrpoOptions {
   double clip_low = 0.2, clip_high = 0.2, kl_coef = 0;
   enum class Norm { kToken, kSequence } norm = Norm::kToken;
+  bool on_policy = false;
 };
 class GrpoLoss final : public Loss {
  public:
@@ -169,11 +178,12 @@ class GrpoLoss final : public Loss {
   bool per_sequence() const override { return true; }
   double sequences(const MicroBatch& batch, const float* nll, float* coeff) const override;
   std::vector<std::pair<std::string, double>> take_metrics() const override;
+  std::vector<std::pair<std::string, double>> take_maxima() const override;
 
  private:
   GrpoOptions o_;
   mutable std::mutex mu_;
-  mutable double clipped_ = 0, kl_ = 0, ratio_ = 0, entropy_ = 0;
+  mutable double clipped_ = 0, kl_ = 0, ratio_ = 0, entropy_ = 0, diff_ = 0, diff_max_ = 0;
 };
 
 // Knowledge distillation (Hinton et al., 2015) from a frozen teacher with the same tokenizer: per scored
