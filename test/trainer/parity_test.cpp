@@ -306,6 +306,18 @@ MicroBatch fixture_rollout(const H5Fixture& f, const TrainSpec& spec) {
   return batch;
 }
 
+// The fixture's rollout with the log-probabilities recorded (TokenLogps) under the weights that then train
+// on it, as old and reference ones: a rollout's first update against the same weights as reference.
+MicroBatch recorded_rollout(const H5Fixture& f, const TrainSpec& spec) {
+  MicroBatch batch = fixture_rollout(f, spec);
+  const auto logps = std::make_shared<TokenLogps>();
+  GPT sampler(spec.model, {.batch = 4, .loss = logps});
+  load_initial(sampler, f);
+  sampler.forward_loss(batch);
+  batch.old_logps = batch.ref_logps = logps->last();
+  return batch;
+}
+
 GrpoOptions fixture_grpo(const H5Fixture& f, GrpoOptions::Norm norm) {
   return {f.attr("grpo/clip_low"), f.attr("grpo/clip_high"), f.attr("grpo/kl_coef"), norm};
 }
@@ -358,15 +370,9 @@ TEST_CASE("GRPO matches PyTorch on four replies in two groups, per token and per
 
 TEST_CASE("GRPO at the first update of a rollout: ratio exactly 1, KL to the same weights exactly 0",
           "[trainer][grpo]") {
-  // The rollout's log-probabilities are recorded (TokenLogps) under the weights that then train on it.
   const H5Fixture f(fixture_path());
   const TrainSpec spec = fixture_spec(f);
-  MicroBatch batch = fixture_rollout(f, spec);
-  const auto logps = std::make_shared<TokenLogps>();
-  GPT sampler(spec.model, {.batch = 4, .loss = logps});
-  load_initial(sampler, f);
-  sampler.forward_loss(batch);
-  batch.old_logps = batch.ref_logps = logps->last();
+  const MicroBatch batch = recorded_rollout(f, spec);
   REQUIRE_FALSE(batch.problem(spec.model.vocab, spec.model.max_positions));
 
   const auto loss = std::make_shared<GrpoLoss>(GrpoOptions{0.2, 0.28, 0.05, GrpoOptions::Norm::kToken});
@@ -400,12 +406,7 @@ TEST_CASE(
   // the loss compares with its own.
   const H5Fixture f(fixture_path());
   const TrainSpec spec = fixture_spec(f);
-  MicroBatch recomputed = fixture_rollout(f, spec);
-  const auto logps = std::make_shared<TokenLogps>();
-  GPT sampler(spec.model, {.batch = 4, .loss = logps});
-  load_initial(sampler, f);
-  sampler.forward_loss(recomputed);
-  recomputed.old_logps = recomputed.ref_logps = logps->last();
+  const MicroBatch recomputed = recorded_rollout(f, spec);
   MicroBatch sampled = recomputed;  // the decode kernels' figures: off by up to 1e-3 here
   double off_max = 0;
   for (size_t i = 0; i < sampled.size(); ++i) {
