@@ -145,9 +145,14 @@ for w in d["work_split"]:
           f"{w['documents_out']} documents out, {w['shards_written']} shards written")
 print(f"  exchanged {d['exchanged_bytes_per_input_byte']:.3f} bytes per input byte")
 PY
-# sbatch --wait returns when slurmctld has the job end; its accounting record reaches sacct a moment later.
+# sbatch --wait returns when slurmctld has the job end; its accounting record reaches sacct a moment later,
+# its node list possibly later still (the last record counts: a requeued job has had others).
 final_state "$prep" 60 >/dev/null
-echo "prepare job $prep ran on partition $(sacct -n -X -P -j "$prep" -o Partition) ($(sacct -n -X -P -j "$prep" -o NodeList)), away from the training GPUs"
+for _ in $(seq 1 30); do
+  prep_nodes=$(sacct -n -X -P -j "$prep" -o NodeList | tail -n1)
+  case $prep_nodes in "" | "None assigned") sleep 1 ;; *) break ;; esac
+done
+echo "prepare job $prep ran on partition $(sacct -n -X -P -j "$prep" -o Partition | tail -n1) ($prep_nodes), away from the training GPUs"
 
 stage "approval: the pretraining job is over the policy's GPU-hour threshold; root asks, carol approves"
 # $ranks GPUs x the tier's 48 h. The installed (setgid) forge-quota writes the request into the ledger; the
