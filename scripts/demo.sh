@@ -52,14 +52,21 @@ train_variant() {
   printf '\n[parallel]\n%b\n' "$parallel" >> "$work/$name.ini"
   submit_train "$name" "$layout" "$work/dataset"
 }
+# pipeline ARGS...: scripts/sbatch/submit-pipeline ARGS, its job lines shown; sets train and gate to its
+# training and gate jobs' ids (gate empty without one).
+pipeline() {
+  local ids
+  ids=$("$root/scripts/sbatch/submit-pipeline" "$@")
+  echo "$ids"
+  train=$(awk '/train job/ {print $3}' <<<"$ids")
+  gate=$(awk '/gate job/ {print $3}' <<<"$ids")
+}
 # submit_train NAME LAYOUT DATASET: the training job of $work/NAME.ini (team-a, explore tier, no gate),
 # waited for.
 submit_train() {
-  local ids state
-  ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=explore --train-layout="$2" \
-    --gate-policy=none "$work/$1.ini" "$3")
-  echo "$ids"
-  train=$(awk '/train job/ {print $3}' <<<"$ids")
+  local state
+  pipeline --train-team=team-a --train-tier=explore --train-layout="$2" \
+    --gate-policy=none "$work/$1.ini" "$3"
   state=$(final_state "$train" 600)
   [ "$state" = COMPLETED ] || { echo "demo: the $1 job ended $state" >&2; exit 1; }
 }
@@ -145,8 +152,9 @@ for w in d["work_split"]:
           f"{w['documents_out']} documents out, {w['shards_written']} shards written")
 print(f"  exchanged {d['exchanged_bytes_per_input_byte']:.3f} bytes per input byte")
 PY
-# sbatch --wait returns when slurmctld has the job end; its accounting record reaches sacct a moment later,
-# its node list possibly later still (the last record counts: a requeued job has had others).
+# sbatch --wait returns when slurmctld has the job end; its accounting record reaches sacct a moment later.
+# The node list is waited for as well and read from the last record: a fresh demo once printed another line
+# here, cause not seen (accounting lag is the guess).
 final_state "$prep" 60 >/dev/null
 for _ in $(seq 1 30); do
   prep_nodes=$(sacct -n -X -P -j "$prep" -o NodeList | tail -n1)
@@ -201,12 +209,9 @@ sequence_parallel=false
 (( tp > 1 && (batch * 128 / cp) % (32 * tp) == 0 )) && sequence_parallel=true
 printf '\n[parallel]\ntp = %s\ncp = %s\nep = %s\npp = %s\ndp = %s\nmicrobatches = %s\nzero = %s\nsequence_parallel = %s\n' \
   "$tp" "$cp" "$ep" "$pp" "$dp" "$microbatches" "$((dp > 1 ? 1 : 0))" "$sequence_parallel" >> "$spec"
-ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=pretrain \
+pipeline --train-team=team-a --train-tier=pretrain \
   --train-layout="$layout" --gate-policy="$root/configs/gate.example.ini" --baseline=none \
-  -- --train-approval="$approval" "$spec" "$work/dataset")
-echo "$ids"
-train=$(awk '/train job/ {print $3}' <<<"$ids")
-gate=$(awk '/gate job/ {print $3}' <<<"$ids")
+  -- --train-approval="$approval" "$spec" "$work/dataset"
 
 stage "preempt the training job (USR1, as Slurm sends before preemption) and watch it resume"
 metrics=$run/metrics/rank-0.jsonl
@@ -300,12 +305,9 @@ sft_steps=$((fast ? 20 : 60))
 sed -e "s|^dir = .*|dir = $sft_run|" -e "s|^dataset = .*|dataset = $work/chat-dataset|" \
   -e "s/^steps = .*/steps = $sft_steps/" -e "s/^milestone_every = .*/milestone_every = $sft_steps/" \
   -e "s/^recovery_every = .*/recovery_every = $((sft_steps / 2))/" "$root/configs/sft.ini" > "$work/sft.ini"
-ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp2 \
+pipeline --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp2 \
   --gate-policy="$root/configs/gate.sft.ini" --baseline="$release" --finetune-from="$release" \
-  "$work/sft.ini" "$work/chat-dataset")
-echo "$ids"
-train=$(awk '/train job/ {print $3}' <<<"$ids")
-gate=$(awk '/gate job/ {print $3}' <<<"$ids")
+  "$work/sft.ini" "$work/chat-dataset"
 state=$(final_state "$gate" 900)
 python3 - "$sft_run/metrics/rank-0.jsonl" <<'PY'
 import json, sys
@@ -336,12 +338,9 @@ sed -e "s|^dir = .*|dir = $dpo_run|" -e "s|^dataset = .*|dataset = $work/pairs-d
   -e "s/^steps = .*/steps = $dpo_steps/" -e "s/^milestone_every = .*/milestone_every = $dpo_steps/" \
   -e "s/^recovery_every = .*/recovery_every = $((dpo_steps / 2))/" -e "s/^lr = .*/lr = $dpo_lr/" \
   "$root/configs/dpo.ini" > "$work/dpo.ini"
-ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp2 \
+pipeline --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp2 \
   --gate-policy="$root/configs/gate.dpo.ini" --baseline="$sft_release" --finetune-from="$sft_release" \
-  "$work/dpo.ini" "$work/pairs-dataset")
-echo "$ids"
-train=$(awk '/train job/ {print $3}' <<<"$ids")
-gate=$(awk '/gate job/ {print $3}' <<<"$ids")
+  "$work/dpo.ini" "$work/pairs-dataset"
 state=$(final_state "$gate" 900)
 [ "$(sacct -X -n -P -j "$train" -o State | tail -n1)" = COMPLETED ] || { echo "demo: the DPO job did not complete" >&2; exit 1; }
 python3 - "$dpo_run/metrics/rank-0.jsonl" <<'PY'
@@ -376,10 +375,9 @@ imported=$hf/imported
 open_run=$work/runs/sft-open
 sed -e "s|^dir = .*|dir = $open_run|" -e "s|^dataset = .*|dataset = $work/chat-template-dataset|" \
   -e "s/^name = .*/name = sft-open/" "$work/sft.ini" > "$work/sft-open.ini"
-ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp2 \
+pipeline --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp2 \
   --gate-policy="$root/configs/gate.sft.ini" --baseline="$imported" --finetune-from="$imported" \
-  "$work/sft-open.ini" "$work/chat-template-dataset")
-gate=$(awk '/gate job/ {print $3}' <<<"$ids")
+  "$work/sft-open.ini" "$work/chat-template-dataset"
 state=$(final_state "$gate" 900)
 grep -E "^(gate verdict|FAIL|pass loss)" "$open_run/gate/summary.txt" | sed 's/^/  /'
 [ "$state" = COMPLETED ] || { echo "demo: the fine-tune of the imported model's gate ended $state" >&2; exit 1; }
@@ -400,11 +398,8 @@ sed -e "s|^dir = .*|dir = $distill_run|" -e "s|^dataset = .*|dataset = $work/dat
   -e "s/^recovery_every = .*/recovery_every = $((distill_steps / 2))/" -e "s/^d_model = .*/d_model = 64/" \
   -e "s|^teacher = .*|teacher = $release|" -e "s/^lr = .*/lr = 3e-3/" -e "s/^dp = .*/tp = 2/" \
   -e "s/^batch = .*/batch = 8\ndocument_mask = true/" "$root/configs/distill.ini" > "$work/distill.ini"
-ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=explore --train-layout=tp2,pp1,dp1 \
-  --gate-policy="$root/configs/gate.distill.ini" --baseline=none "$work/distill.ini" "$work/dataset")
-echo "$ids"
-train=$(awk '/train job/ {print $3}' <<<"$ids")
-gate=$(awk '/gate job/ {print $3}' <<<"$ids")
+pipeline --train-team=team-a --train-tier=explore --train-layout=tp2,pp1,dp1 \
+  --gate-policy="$root/configs/gate.distill.ini" --baseline=none "$work/distill.ini" "$work/dataset"
 state=$(final_state "$gate" 900)
 [ "$(sacct -X -n -P -j "$train" -o State | tail -n1)" = COMPLETED ] || { echo "demo: the distillation job did not complete" >&2; exit 1; }
 python3 - "$distill_run/metrics/rank-0.jsonl" <<'PY'
@@ -441,11 +436,9 @@ for set in tasks tasks-wrong; do
     -e "s/^recovery_every = .*/recovery_every = $((tasks_steps / 2))/" -e "s/^lr = .*/lr = 3e-3/" \
     -e "s/^min_lr = .*/min_lr = 3e-4/" -e "s/^seed = .*/&\nthreads = 1/" "$root/configs/sft.ini" >"$work/$set.ini"
 done
-ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp2 \
+pipeline --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp2 \
   --gate-policy="$work/gate.tasks.ini" --baseline="$release" --finetune-from="$release" \
-  "$work/tasks.ini" "$work/tasks-dataset")
-echo "$ids"
-gate=$(awk '/gate job/ {print $3}' <<<"$ids")
+  "$work/tasks.ini" "$work/tasks-dataset"
 state=$(final_state "$gate" 900)
 cat "$work/runs/tasks/gate/summary.txt"
 [ "$state" = COMPLETED ] || { echo "demo: the taught model's gate ended $state" >&2; exit 1; }
@@ -464,10 +457,9 @@ set +e
 untrained=${PIPESTATUS[0]}
 set -e
 [ "$untrained" = 1 ] || { echo "demo: the gate did not block the untrained model (exit $untrained)" >&2; exit 1; }
-ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp2 \
+pipeline --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp2 \
   --gate-policy="$work/gate.tasks.ini" --baseline="$tasks_release" --finetune-from="$release" \
-  "$work/tasks-wrong.ini" "$work/tasks-wrong-dataset")
-gate=$(awk '/gate job/ {print $3}' <<<"$ids")
+  "$work/tasks-wrong.ini" "$work/tasks-wrong-dataset"
 state=$(final_state "$gate" 900)
 echo "the model taught wrong answers, gated against the taught model:"
 grep -E "^(gate verdict|FAIL)" "$work/runs/tasks-wrong/gate/summary.txt" | sed 's/^/  /'
@@ -489,12 +481,9 @@ grpo_steps=$((fast ? 40 : 80))
 sed -e "s|^dir = .*|dir = $grpo_run|" -e "s|^dataset = .*|dataset = $work/prompts|" \
   -e "s|^format_dataset = .*|format_dataset = $work/tasks-dataset|" -e "s/^steps = .*/steps = $grpo_steps/" \
   -e "s/^milestone_every = .*/milestone_every = $grpo_steps/" "$root/configs/grpo.ini" >"$work/grpo.ini"
-ids=$("$root/scripts/sbatch/submit-pipeline" --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp2 \
+pipeline --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp2 \
   --gate-policy="$work/gate.tasks.ini" --baseline="$tasks_release" --finetune-from="$tasks_release" \
-  "$work/grpo.ini" "$work/prompts")
-echo "$ids"
-train=$(awk '/train job/ {print $3}' <<<"$ids")
-gate=$(awk '/gate job/ {print $3}' <<<"$ids")
+  "$work/grpo.ini" "$work/prompts"
 state=$(final_state "$train" 900)
 [ "$state" = COMPLETED ] || { echo "demo: the GRPO job ended $state" >&2; exit 1; }
 python3 - "$grpo_run/metrics/rank-0.jsonl" <<'PY'
