@@ -2,10 +2,13 @@
 
 #include "forge/common/error.h"
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <stdexcept>
+#include <vector>
 
 namespace forge::comm {
 
@@ -96,6 +99,38 @@ ProcessGroups make_groups(std::unique_ptr<Comm> world, const Layout& layout) {
       world->split(c.tp + tp * (c.pp + layout.pp * g.ep_rank), c.cp + cp * (c.dp / ep), "expert_dp");
   g.world = std::move(world);
   return g;
+}
+
+NodeSplit split_by_node(Comm& group, const std::string& node, const std::string& key) {
+  // Every rank learns every rank's node name (fixed-size records; Slurm's node names are short).
+  constexpr size_t kName = 64;
+  std::string mine = node.substr(0, kName);
+  mine.resize(kName, '\0');
+  std::string all(kName * size_t(group.size()), '\0');
+  group.all_gather(mine.data(), all.data(), kName, CommType::kU8)->wait();
+  std::vector<std::string> names;  // in order of first appearance
+  std::map<std::string, int> count;
+  int index = 0, place = 0;  // this rank's node and its place among the node's ranks
+  for (int r = 0; r < group.size(); ++r) {
+    std::string name = all.substr(size_t(r) * kName, kName);
+    name.erase(std::find(name.begin(), name.end(), '\0'), name.end());
+    if (count[name]++ == 0) names.push_back(name);
+    if (r == group.rank()) {
+      index = int(std::find(names.begin(), names.end(), name) - names.begin());
+      place = count[name] - 1;
+    }
+  }
+  for (const std::string& n : names)
+    if (count[n] != count[names[0]])
+      fail(ExitCode::kUsage,
+           "{} = node needs the same number of the '{}' group's {} ranks on every node, but node {} holds {} "
+           "and node {} holds {}: give every node as many tasks, or set {} = dp",
+           key, group.name(), group.size(), names[0], count[names[0]], n, count[n], key);
+  NodeSplit out;
+  out.nodes = int(names.size());
+  out.shard = group.split(index, place, group.name() + "_shard");
+  out.replica = group.split(place, index, group.name() + "_replica");
+  return out;
 }
 
 }  // namespace forge::comm

@@ -135,13 +135,14 @@ RunCheckpoints::RunCheckpoints(const Config& config, const trainer::TrainSpec& s
   // Each logical element is written by one rank (trainer::SaveRole).
   const comm::ProcessGroups& g = trainer.groups();
   // Dense weights are replicated over dp x cp (dp_cp, which is dp at cp 1); under ZeRO-3 each rank holds
-  // and writes its own ranges of them.
-  const bool zero3 = spec.parallel.zero == 3;
+  // and writes its own ranges of them. Under hybrid sharding the first node's copy of a shard is written.
+  const bool zero3 = spec.parallel.zero == 3, sharded = spec.parallel.zero >= 1;
   if (zero3) role_.owned_params = trainer.owned_ranges();
-  role_.params = zero3 || g.dp_cp->rank() == 0;
-  role_.moments = spec.parallel.zero >= 1 || g.dp_cp->rank() == 0;
-  role_.expert_params = zero3 || g.expert_dp->rank() == 0;
-  role_.expert_moments = spec.parallel.zero >= 1 || g.expert_dp->rank() == 0;
+  const bool dense_copy = trainer.shard_copy(false) == 0, expert_copy = trainer.shard_copy(true) == 0;
+  role_.params = zero3 ? dense_copy : g.dp_cp->rank() == 0;
+  role_.moments = sharded ? dense_copy : g.dp_cp->rank() == 0;
+  role_.expert_params = zero3 ? expert_copy : g.expert_dp->rank() == 0;
+  role_.expert_moments = sharded ? expert_copy : g.expert_dp->rank() == 0;
   role_.replicated = g.tp_rank == 0;
   role_.tied_copy = g.layout.pp == 1 || g.first_stage();
   tiers_.recovery_every = config.get<int64_t>("ckpt.recovery_every");

@@ -12,7 +12,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
+#include <set>
 #include <utility>
 
 namespace forge::launcher {
@@ -163,7 +165,14 @@ size_t activation_bytes(const T::ModelSpec& m, const T::ModelSlice& slice, int b
   return n;
 }
 
-Plan make_plan(const T::TrainSpec& validated) {
+int data_parallel_nodes(const Layout& lay, const std::vector<std::string>& hosts) {
+  std::set<std::string> seen;
+  for (int d = 0; d < lay.dp; ++d)
+    for (int c = 0; c < lay.cp; ++c) seen.insert(hosts.at(size_t(lay.tp) * size_t(c + lay.cp * d)));
+  return int(seen.size());
+}
+
+Plan make_plan(const T::TrainSpec& validated, int zero_nodes) {
   Plan plan;
   plan.spec = validated;
   T::TrainSpec& spec = plan.spec;
@@ -183,6 +192,10 @@ Plan make_plan(const T::TrainSpec& validated) {
   // Dense gradients are reduced, and ZeRO-1 shards, over dp x cp; a rank holds seq_len / cp positions of
   // each sequence (ParallelTrainer).
   const size_t dp = size_t(lay.dp) * size_t(lay.cp), expert_dp = size_t(lay.dp / lay.ep) * size_t(lay.cp);
+  // Hybrid sharding shards over a node's share of each group, copied on every node.
+  plan.zero_nodes = spec.parallel.shard_within_node ? std::max(1, zero_nodes) : 1;
+  const size_t shard_dp = std::max<size_t>(1, dp / size_t(plan.zero_nodes)),
+               shard_expert_dp = std::max<size_t>(1, expert_dp / size_t(plan.zero_nodes));
   T::ModelSpec local = m;
   local.seq_len /= lay.cp;
   const size_t N = size_t(spec.batch) * size_t(local.seq_len), NC = N * size_t(m.d_model);
@@ -215,7 +228,7 @@ Plan make_plan(const T::TrainSpec& validated) {
     // nor a frozen bucket's part of shard_.
     const std::vector<T::GradientBucket> buckets =
         T::gradient_buckets(params, m.layers, align, flat, spec.freeze);
-    const auto group = [&](const T::GradientBucket& b) { return b.experts ? expert_dp : dp; };
+    const auto group = [&](const T::GradientBucket& b) { return b.experts ? shard_expert_dp : shard_dp; };
     for (const T::ParamInfo& p : params)
       if (spec.freeze.frozen(p.name)) st.gradients -= p.numel * kF32;
     size_t owned = 0, owned_trained = 0, held = 0;
@@ -242,7 +255,7 @@ Plan make_plan(const T::TrainSpec& validated) {
     // train.freeze leaves out (then the rank with the most).
     size_t updated = zero >= 1 ? owned : flat;
     if (spec.freeze.any()) updated = 0;
-    for (size_t r = 0; spec.freeze.any() && r < (zero >= 1 ? dp : 1); ++r) {
+    for (size_t r = 0; spec.freeze.any() && r < (zero >= 1 ? shard_dp : 1); ++r) {
       std::vector<T::FlatRange> ranges;
       for (const T::GradientBucket& b : buckets) {
         const size_t part = (b.hi - b.lo) / group(b), at = b.lo + (r % group(b)) * part;
@@ -314,7 +327,7 @@ void check_memory_cap(const Plan& plan) {
   std::vector<std::string> fits;
   const auto consider = [&](T::TrainSpec s, const std::string& change) {
     if (fits.size() >= 3 || T::parallel_problem(s.model, s.layout, s.parallel)) return;
-    const Plan p = make_plan(s);
+    const Plan p = make_plan(s, plan.zero_nodes);
     if (double(largest_stage(p).total()) <= cap)
       fits.push_back(fmt::format("{} ({} per rank, {} ranks)", change, bytes_str(largest_stage(p).total()),
                                  s.layout.world()));
@@ -405,9 +418,14 @@ std::string format_plan(const Plan& plan) {
     out += fmt::format("  parameters   {} held per rank (flat buffers of {} values)\n", count_str(st.held),
                        st.parameters);
     const int zero = spec.parallel.zero;
+    const std::string cp = lay.cp > 1 ? fmt::format(" x cp{}", lay.cp) : std::string();
     const std::string sharded =
-        fmt::format("sharded over dp{}{} (parallel.zero = {})", lay.dp,
-                    lay.cp > 1 ? fmt::format(" x cp{}", lay.cp) : std::string(), zero);
+        spec.parallel.shard_within_node
+            ? fmt::format(
+                  "sharded over each node's 1/{} of dp{}{}, copied on every node (parallel.zero = {}, "
+                  "zero_group = node)",
+                  plan.zero_nodes, lay.dp, cp, zero)
+            : fmt::format("sharded over dp{}{} (parallel.zero = {})", lay.dp, cp, zero);
     out += fmt::format("  weights      {:>10}  FP32 master{}\n", bytes_str(st.weights),
                        zero == 3 ? ", " + sharded + ", and the layers a pass is at" : std::string());
     out += fmt::format("  gradients    {:>10}  FP32{}\n", bytes_str(st.gradients),
@@ -489,6 +507,7 @@ Json plan_json(const Plan& plan) {
           {"device", std::string(T::device_name(spec.device))},
           {"dtype", std::string(T::dtype_name(spec.dtype))},
           {"zero", spec.parallel.zero},
+          {"zero_nodes", plan.zero_nodes},
           {"sequence_parallel", spec.parallel.sequence_parallel && lay.tp > 1},
           {"recompute", {{"kind", recompute_name(spec.recompute.kind)}, {"every", spec.recompute.every}}},
           {"batch", spec.batch},
@@ -508,7 +527,14 @@ Json plan_json(const Plan& plan) {
 int plan_command(const Config& config, bool json_only, bool schedule) {
   // train_spec validates the spec and the layout as a run does (exit 64, the same message); a plan needs
   // no ranks, so the world size is not checked.
-  const Plan plan = make_plan(T::train_spec(config));
+  // Inside an allocation the plan is for its nodes (Slurm places a job's ranks in blocks, node by node).
+  const T::TrainSpec spec = T::train_spec(config);
+  int nodes = 1;
+  if (const char* n = std::getenv("SLURM_JOB_NUM_NODES")) nodes = std::max(1, std::atoi(n));
+  std::vector<std::string> hosts;
+  const int world = spec.layout.world();
+  for (int r = 0; r < world; ++r) hosts.push_back(std::to_string(int64_t(r) * nodes / world));
+  const Plan plan = make_plan(spec, data_parallel_nodes(spec.layout, hosts));
   if (!json_only) std::fputs(format_plan(plan).c_str(), stdout);
   if (!json_only && schedule) std::fputs(format_schedule(plan).c_str(), stdout);
   check_memory_cap(plan);

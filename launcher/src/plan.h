@@ -73,11 +73,17 @@ struct Plan {
   double attention_flops = 0;  // its attention part: 12 x layers x keys x heads x head_dim
   std::vector<StagePlan> stages;
   PipelinePlan pipeline;
+  int zero_nodes = 1;  // parallel.zero_group = node: the nodes a data-parallel group spans (1 otherwise)
 };
 
 // The plan of a validated spec (train_spec). run.device = auto plans for CUDA (the cluster's nodes; an
 // automatic precision.dtype then plans BF16); --run.device=cpu plans a CPU run.
-Plan make_plan(const trainer::TrainSpec& spec);
+// Under parallel.zero_group = node the shards are those of a data-parallel group spread over `zero_nodes`
+// nodes (data_parallel_nodes).
+Plan make_plan(const trainer::TrainSpec& spec, int zero_nodes = 1);
+// The nodes the first data-parallel group (dp x cp ranks; all span as many) lies on, given each rank's
+// node name.
+int data_parallel_nodes(const Layout& layout, const std::vector<std::string>& hosts);
 
 // run.memory_per_rank_gib > 0 and the plan's largest rank needs more: forge::Error(kUsage) naming the
 // need, its largest part, and the layouts one key away (cp, tp or pp doubled up to 8x, ZeRO-1) whose plans

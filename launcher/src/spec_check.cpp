@@ -41,6 +41,7 @@ bool may_change_on_resume(const std::string& key) {
                                       "parallel.pp",
                                       "parallel.dp",
                                       "parallel.zero",
+                                      "parallel.zero_group",
                                       "parallel.prefetch",
                                       "parallel.reduce_each_microbatch",
                                       "parallel.stage_layers",

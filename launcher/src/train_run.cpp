@@ -413,8 +413,8 @@ DeviceRun open_device(trainer::TrainSpec& spec, int rank) {
 
 // What a rank's model asks of device memory: its stage's plan (plan.h), computed before anything is
 // allocated.
-std::string device_plan(const trainer::TrainSpec& spec, const comm::ProcessGroups& g) {
-  const StagePlan st = make_plan(spec).stages.at(size_t(g.pp_rank));
+std::string device_plan(const trainer::TrainSpec& spec, const comm::ProcessGroups& g, int zero_nodes) {
+  const StagePlan st = make_plan(spec, zero_nodes).stages.at(size_t(g.pp_rank));
   const double gib = 1024.0 * 1024.0 * 1024.0;
   return fmt::format(
       "{:.0f} parameters held (weights and gradients {:.2f} GiB, AdamW moments {:.2f} GiB), activations "
@@ -468,6 +468,7 @@ class TrainingRun {
   const Config& config_;
   const std::string spec_hash_;
   trainer::TrainSpec spec_;
+  int zero_nodes_ = 1;  // the nodes a data-parallel group spans (plan.h)
   DeviceRun device_;
   std::unique_ptr<DataSource> data_;
   comm::ProcessGroups groups_;
@@ -497,7 +498,9 @@ TrainingRun::TrainingRun(const Config& config, trainer::TrainSpec spec, bool for
                          double memory_available)
     : config_(config), spec_hash_(config.hash()), spec_(std::move(spec)) {
   device_ = open_device(spec_, boot.rank);
-  check_memory_cap(make_plan(spec_));  // the device resolved: the plan is this run's
+  const std::vector<std::string> hosts = gather_hosts(*world);
+  if (int(hosts.size()) == spec_.layout.world()) zero_nodes_ = data_parallel_nodes(spec_.layout, hosts);
+  check_memory_cap(make_plan(spec_, zero_nodes_));  // the device resolved: the plan is this run's
   data_ = open_data(config, spec_, spec_.layout.coords(boot.rank).dp, *world, *device_.backend);
   std::optional<trainer::ModelSpec> teacher_config;
   if (trainer::traits(spec_.objective).companion == trainer::Companion::kTeacher)
@@ -507,7 +510,7 @@ TrainingRun::TrainingRun(const Config& config, trainer::TrainSpec spec, bool for
   fs::create_directories(fs::path(spec_.dir) / "metrics", ec);
   if (ec) fail(ExitCode::kIo, "cannot create run directory {}/metrics: {}", spec_.dir, ec.message());
 
-  set_rank_hosts(gather_hosts(*world));
+  set_rank_hosts(hosts);
   groups_ = comm::make_groups(group_world(std::move(world), device_, spec_), spec_.layout);
   trainer::use_threads(spec_.threads);
   info_.emplace(RunInfo{spec_, groups_, config, 0, trainer::flops_per_token(spec_.model), Clock::now(), 0,
@@ -542,10 +545,10 @@ TrainingRun::TrainingRun(const Config& config, trainer::TrainSpec spec, bool for
         std::make_unique<trainer::ParallelTrainer>(spec_, groups_, *device_.backend, std::move(teacher));
   } catch (const Error& e) {
     if (e.fault() != Fault::kOomDevice) throw;
-    throw Error(
-        e.code(),
-        fmt::format("{}; the plan of rank {}: {}", e.what(), groups_.rank, device_plan(spec_, groups_)),
-        e.fault());
+    throw Error(e.code(),
+                fmt::format("{}; the plan of rank {}: {}", e.what(), groups_.rank,
+                            device_plan(spec_, groups_, zero_nodes_)),
+                e.fault());
   }
   data_->set_policy(*trainer_);
   const std::string plan = trainer_->describe_plan();

@@ -161,6 +161,36 @@ TEST_CASE("the plan of the large shapes needs no memory of their size", "[plan]"
   CHECK(pp.stages[1].pipeline == 2 * pp.stages[0].pipeline);
 }
 
+TEST_CASE("hybrid sharding plans each node's share of the data-parallel ranks", "[plan]") {
+  // Llama-3.1-8B at tp8 x dp4 on 4 nodes of 8 GPUs: each node holds one tensor-parallel group, so a
+  // data-parallel group has one rank a node. Sharded within the node, a rank keeps every moment (copied
+  // on the 4 nodes); over 2 nodes of 16 GPUs, half; over dp, a quarter.
+  forge::ConfigSchema schema;
+  forge::trainer::add_trainer_keys(schema);
+  const auto spec = [&](const std::string& group) {
+    return forge::trainer::train_spec(
+        forge::load_config(schema, forge::test::source_path("configs/families/llama3-8b.ini"),
+                           {"--parallel.dp=4", "--parallel.zero=1", "--parallel.zero_group=" + group}));
+  };
+  std::vector<std::string> hosts;
+  for (int r = 0; r < 32; ++r) hosts.push_back(fmt::format("node{}", r / 8));
+  CHECK(forge::launcher::data_parallel_nodes(spec("node").layout, hosts) == 4);
+  std::vector<std::string> two;  // 16 GPUs a node
+  for (int r = 0; r < 32; ++r) two.push_back(fmt::format("node{}", r / 16));
+  CHECK(forge::launcher::data_parallel_nodes(spec("node").layout, two) == 2);
+  const forge::launcher::Plan flat = forge::launcher::make_plan(spec("dp"), 4);
+  const forge::launcher::StagePlan& dp = flat.stages.at(0);
+  CHECK(flat.zero_nodes == 1);  // zero_group = dp: the nodes do not matter
+  CHECK(double(dp.optimizer) == Approx(2.0 * double(dp.weights) / 4).epsilon(1e-6));
+  for (const int nodes : {1, 2, 4}) {
+    const forge::launcher::Plan hybrid = forge::launcher::make_plan(spec("node"), nodes);
+    INFO(nodes << " nodes");
+    CHECK(hybrid.zero_nodes == nodes);
+    CHECK(double(hybrid.stages.at(0).optimizer) == Approx(double(dp.optimizer) * nodes).epsilon(1e-6));
+    CHECK(hybrid.stages.at(0).weights == dp.weights);
+  }
+}
+
 TEST_CASE("the plan holds no gradients, shard or moments for what train.freeze leaves out", "[plan]") {
   // The demo's vision-language model (configs/vlm.ini's shape) on dp2: with the language model frozen,
   // what a rank keeps of gradients is the encoder's and the projector's (up to the stretches' alignment),

@@ -2,7 +2,8 @@
 # ZeRO-2 and ZeRO-3 through forge-train on real MPI ranks, against ZeRO-1 on the same layout: the same
 # losses at every step and the same final weights and AdamW moments (forge-ckpt export, h5diff) at dp2;
 # dp4 with gradient accumulation; tp2 x dp2 on a GQA + RoPE Llama; pp2 x dp2; cp2 x dp2; a Mixtral on
-# dp4 x ep2; a non-finite step injected; ZeRO-3 without prefetch; ZeRO-2/3 reducing each micro-batch. A ZeRO-1 checkpoint resumes on ZeRO-3 at
+# dp4 x ep2; a non-finite step injected; ZeRO-3 without prefetch; ZeRO-2/3 reducing each micro-batch; each
+# stage sharded within two nodes and summed across them (hybrid sharding). A ZeRO-1 checkpoint resumes on ZeRO-3 at
 # another dp, that one on ZeRO-2 at another layout, on the one-process curve; a ZeRO-3 checkpoint missing a
 # rank's shard is named by the tensor range it held and the one before it is used. The training state's resident
 # memory (state_mib, the backend's page counts) at ZeRO-3 and dp4 against ZeRO-1's. Bad keys exit 64.
@@ -55,6 +56,44 @@ for z in 2 3; do
     --parallel.zero=$z --parallel.reduce_each_microbatch=true
   compare "$work/dp4-z1" "$work/dp4-z${z}e"
 done
+# Hybrid sharding (parallel.zero_group = node): the ranks of two nodes (named as Slurm names them, by
+# SLURMD_NODENAME; test/slurm/recovery_test.sh runs it on two nodes of the dev cluster) shard within their
+# node and sum their shards across the nodes: ZeRO-1's curve on dp4 (2 ranks a node), on tp2 x dp2 (one
+# data-parallel rank a node: nothing to shard within, every part summed across), on a Mixtral at dp4 x
+# ep2 (each expert group one rank a node); every stage's final state ZeRO-1's.
+# nodes NP DIR ARGS...: forge-train on NP ranks, the first half on node "na", the rest on "nb".
+nodes() { local np=$1 dir=$2; shift 2
+  local args=("$src/configs/tiny.ini" --run.dir="$work/$dir" "${base[@]}" --ckpt.recovery_every="${EVERY:-0}"
+    --parallel.zero_group=node "$@")
+  "$mpiexec" --oversubscribe -np $((np / 2)) env SLURMD_NODENAME=na "$train" "${args[@]}" : \
+    -np $((np / 2)) env SLURMD_NODENAME=nb "$train" "${args[@]}" 2>"$work/$dir.log" \
+    || fail "$dir failed: $(grep -i error "$work/$dir.log" | head -3)"; }
+for z in 1 2 3; do
+  nodes 4 "hy-dp4-z$z" "${small[@]}" --run.steps=20 --data.batch=1 --parallel.dp=4 --parallel.microbatches=2 \
+    --parallel.zero=$z
+  compare "$work/dp4-z1" "$work/hy-dp4-z$z"
+  same_state dp4-z1 "hy-dp4-z$z" 20
+done
+grep -q "sharded across the 2 data-parallel ranks of each node, copied on 2 nodes" "$work/hy-dp4-z1.log" \
+  || fail "the plan does not say the shards are per node: $(grep -m1 ZeRO "$work/hy-dp4-z1.log")"
+nodes 4 hy-tp2dp2 "${small[@]}" --run.steps=20 --data.batch=2 --model.family=llama --model.kv_heads=2 \
+  --parallel.tp=2 --parallel.dp=2 --parallel.zero=3
+compare "$work/tp2dp2-z1" "$work/hy-tp2dp2"
+same_state tp2dp2-z1 hy-tp2dp2 20
+nodes 4 hy-ep2 "${small[@]}" --run.steps=20 --data.batch=1 --model.family=mixtral --model.kv_heads=2 \
+  --model.experts=4 --model.moe_hidden=64 --parallel.dp=4 --parallel.ep=2 --parallel.zero=2
+compare "$work/ep2-z1" "$work/hy-ep2"
+same_state ep2-z1 hy-ep2 20
+# Nodes holding unequal numbers of ranks cannot share a shard out evenly: every rank exits 64 naming both.
+"$mpiexec" --oversubscribe -np 2 env SLURMD_NODENAME=na "$train" "$src/configs/tiny.ini" --run.dir="$work/uneven" \
+  "${base[@]}" "${small[@]}" --parallel.dp=3 --parallel.zero=1 --parallel.zero_group=node : \
+  -np 1 env SLURMD_NODENAME=nb "$train" "$src/configs/tiny.ini" --run.dir="$work/uneven" "${base[@]}" \
+  "${small[@]}" --parallel.dp=3 --parallel.zero=1 --parallel.zero_group=node >/dev/null 2>"$work/uneven.log"
+rc=$?
+[ $rc -eq 64 ] || fail "uneven nodes: exit $rc, want 64 ($(tail -n2 "$work/uneven.log"))"
+grep -q "parallel.zero_group = node needs the same number .* node na holds 2 and node nb holds 1" "$work/uneven.log" \
+  || fail "uneven nodes: $(grep -m1 -i error "$work/uneven.log")"
+
 FROM=6 stages nan 2 --data.batch=2 --parallel.dp=2 --guard.inject_nan_step=5
 grep -q '"skipped":true' "$work/nan-z3/metrics/rank-0.jsonl" || fail "the injected non-finite step was not skipped"
 run 2 noprefetch "${small[@]}" --run.steps=20 --data.batch=2 --parallel.dp=2 --parallel.zero=3 --parallel.prefetch=false
@@ -137,4 +176,6 @@ bad() { local want=$1; shift
 bad "parallel.zero.*must be 0, 1, 2 or 3" --parallel.zero=4
 bad "parallel.zero.*ZeRO-3 runs on run.device = cpu in FP32" --parallel.zero=3 --precision.dtype=bf16
 bad "parallel.reduce_each_microbatch.*under ZeRO-2 or 3" --parallel.zero=1 --parallel.reduce_each_microbatch=true
+bad "parallel.zero_group.*expected dp or node" --parallel.zero=1 --parallel.zero_group=rack
+bad "parallel.zero_group.*parallel.zero is 0" --parallel.zero_group=node
 echo "PASS"

@@ -6,7 +6,8 @@
 #   (a) a GPU that turns unhealthy mid-run: the rank stops with class gpu, the node is drained with
 #       forge-health's reason, the job is requeued on another node and resumes from its checkpoint;
 #   (b) a node that crashes mid-run (scripts/devcluster/kill-node): class node_lost, the node is drained,
-#       the elastic job (-N 1-2, parallel.elastic) comes back on the one node left with half the
+#       the elastic job (-N 1-2, parallel.elastic; ZeRO-1 sharded within each node) comes back on the one
+#       node left with half the
 #       data-parallel ranks and twice the micro-batches, and its losses follow an uninterrupted run's
 #       within 1e-5 relative. Prints the time from the crash to training again.
 # Needs scripts/devcluster/up; FORGE_BUILD_DIR is the build under test. Uses node1 and node2.
@@ -107,8 +108,10 @@ for _ in $(seq 1 120); do
   sleep 0.5
 done
 steps=60
+# Hybrid sharding: on two nodes the optimizer state is sharded over each node's 8 ranks and summed across
+# the nodes; the checkpoint (the first node's copy of each shard) resumes on the one node.
 elastic=(--run.dir="$work/elastic" "${model[@]}" --run.steps="$steps" --data.batch=1 --parallel.dp=16
-  --parallel.elastic=true --ckpt.recovery_every=10)
+  --parallel.elastic=true --ckpt.recovery_every=10 --parallel.zero=1 --parallel.zero_group=node)
 el=$(submit --train-layout=tp1,pp1,dp16 -N 1-2 --ntasks-per-node=8 --gres=gpu:8 -o "$work/elastic-%j.out" \
   "$SRC/scripts/sbatch/pretrain.sbatch" "$SRC/configs/tiny.ini" "${elastic[@]}") || fail "elastic job not submitted"
 jobs+=("$el")
@@ -135,6 +138,8 @@ grep -q "exit class: node_lost" <<<"$out" || fail "the crash is not class node_l
 case $(sinfo -h -n node2 -o %E) in "forge-health: node_lost"*) ;; *) fail "node2 not drained by forge-health: $(sinfo -h -n node2 -o %E)" ;; esac
 grep -q "resumed on tp1,pp1,dp8" <<<"$out" || fail "the job did not come back as dp8: $(grep -m2 'plan:' <<<"$out")"
 grep -q "micro-batches 2 of 1 sequences" <<<"$out" || fail "the global batch was not kept with 2 micro-batches"
+grep -q "sharded across the 8 data-parallel ranks of each node, copied on 2 nodes" <<<"$out" \
+  || fail "the first start did not shard within each node: $(grep -m1 'ZeRO' <<<"$out")"
 python3 - "$work/reference/metrics/rank-0.jsonl" "$work/elastic/metrics/rank-0.jsonl" <<'PY' || fail "the elastic run left the loss curve"
 import json, sys
 ref = {r["step"]: r["loss"] for r in map(json.loads, open(sys.argv[1]))}

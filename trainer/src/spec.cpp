@@ -201,6 +201,10 @@ void add_trainer_keys(ConfigSchema& s) {
       .add<int>("parallel.zero", 0,
                 "ZeRO stage: 0 none; 1 optimizer state sharded across data-parallel ranks; 2 gradients "
                 "too; 3 weights too, gathered layer by layer where forward and backward read them")
+      .add<std::string>("parallel.zero_group", "dp",
+                        "where ZeRO shards: dp (over all data-parallel ranks) or node (hybrid: over the "
+                        "data-parallel ranks of each node, replicated across nodes, whose shards are summed "
+                        "by an all-reduce)")
       .add<bool>("parallel.prefetch", true,
                  "ZeRO-3: start gathering the next layer's weights while the current layer computes")
       .add<bool>("parallel.reduce_each_microbatch", false,
@@ -780,6 +784,14 @@ TrainSpec train_spec(const Config& c) {
   }
   s.parallel.zero = c.get<int>("parallel.zero");
   s.parallel.prefetch = c.get<bool>("parallel.prefetch");
+  if (const std::string group = c.get<std::string>("parallel.zero_group"); group == "node")
+    s.parallel.shard_within_node = true;
+  else if (group != "dp")
+    c.reject("parallel.zero_group", "expected dp or node");
+  if (s.parallel.shard_within_node && s.parallel.zero < 1)
+    c.reject("parallel.zero_group",
+             "node shards the optimizer state (and more) within each node, but parallel.zero is 0: set "
+             "parallel.zero = 1, 2 or 3, or leave parallel.zero_group at dp");
   s.parallel.reduce_each_microbatch = c.get<bool>("parallel.reduce_each_microbatch");
   if (s.parallel.reduce_each_microbatch && s.parallel.zero < 2)
     c.reject("parallel.reduce_each_microbatch",

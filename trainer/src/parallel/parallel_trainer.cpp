@@ -204,10 +204,23 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, comm::ProcessGroups& gro
   // the same experts) instead of dp; their stretch is aligned already (parameter_table), so no element
   // changes group. A bucket with nothing that trains (train.freeze) is never reduced: its gradients are
   // never formed.
+  // Hybrid sharding: a bucket's reduce-scatter and gathers stay within the node; the node's sum of a part
+  // is added to the other nodes' by an all-reduce. The table's alignment (a multiple of dense_'s size)
+  // divides evenly by the node's share of either group, since every node holds as many of its ranks.
+  if (spec.parallel.shard_within_node) {
+    dense_nodes_ = comm::split_by_node(*dense, node_name(), "parallel.zero_group");
+    expert_nodes_ = comm::split_by_node(*groups.expert_dp, node_name(), "parallel.zero_group");
+  }
+  const auto within = [](const comm::NodeSplit& n, comm::Comm* whole) {
+    return n.shard ? n.shard.get() : whole;
+  };
+  const auto across = [](const comm::NodeSplit& n) { return n.nodes > 1 ? n.replica.get() : nullptr; };
   const size_t flat = model_->weights().size();
   for (const GradientBucket& b :
        gradient_buckets(model_->params(), spec.model.layers, align, flat, spec.freeze)) {
-    buckets_.push_back({b.lo, b.hi, b.key, b.experts ? groups.expert_dp.get() : dense, 0, nullptr, nullptr});
+    const comm::NodeSplit& nodes = b.experts ? expert_nodes_ : dense_nodes_;
+    buckets_.push_back({b.lo, b.hi, b.key, within(nodes, b.experts ? groups.expert_dp.get() : dense), 0,
+                        nullptr, across(nodes)});
     buckets_.back().trains = b.trains;
   }
   size_t at = 0;
@@ -223,13 +236,16 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, comm::ProcessGroups& gro
   gathered_ = buckets_.size();  // no gather pending
   // Each gradient element counts once in the global norm: tensors not split by tensor parallelism on
   // tensor-parallel rank 0 only, the tied embedding on the first stage only. Expert tensors differ across
-  // the ep group and are owned in parts across expert_dp, as the rest is across dp.
+  // the ep group and are owned in parts across expert_dp, as the rest is across dp; under hybrid sharding
+  // the first node's copy of a part counts.
   for (const ParamInfo& p : model_->params()) {
     const bool replicated = lay.tp > 1 && p.shard.kind != ShardRule::Kind::kSplit;
     const bool tied_copy = p.name == "wte.weight" && lay.pp > 1 && !groups.first_stage();
     const bool replica = groups.tp_rank % p.shard.replicas != 0;  // a key/value head's other holders
     if ((replicated && groups.tp_rank != 0) || tied_copy || replica || spec.freeze.frozen(p.name)) continue;
-    for (const FlatRange& r : owned_) {
+    for (size_t i = 0; i < owned_.size(); ++i) {
+      if (buckets_[i].replicas != nullptr && buckets_[i].replicas->rank() != 0) continue;
+      const FlatRange& r = owned_[i];
       const size_t lo = std::max(r.lo, p.offset), hi = std::min(r.hi, p.offset + p.numel);
       if (lo < hi) norm_ranges_.push_back({lo, hi});
     }
@@ -246,6 +262,11 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, comm::ProcessGroups& gro
 }
 
 ParallelTrainer::~ParallelTrainer() = default;
+
+int ParallelTrainer::shard_copy(bool experts) const {
+  const comm::NodeSplit& nodes = experts ? expert_nodes_ : dense_nodes_;
+  return nodes.nodes > 1 ? nodes.replica->rank() : 0;
+}
 
 GPT& ParallelTrainer::model() {
   complete_gathers();
@@ -327,9 +348,34 @@ void ParallelTrainer::release_weights(const std::function<bool(int)>& layers) {
   }
 }
 
+void ParallelTrainer::start_replica_sums(const Bucket* through) {
+  for (; replicas_started_ < launched_.size(); ++replicas_started_) {
+    Bucket& b = *launched_[replicas_started_];
+    if (through != nullptr && b.launch_order <= through->launch_order)
+      b.request->wait();
+    else if (!b.request->test())
+      return;
+    const size_t part = (b.hi - b.lo) / size_t(b.group->size());
+    b.replica_sum = b.replicas->all_reduce((b.into_partial ? partial_ : shard_).data() + b.shard_at, part,
+                                           comm::CommType::kF32, comm::ReduceOp::kSum);
+  }
+}
+
+bool ParallelTrainer::reduced(Bucket& b) {
+  if (!b.request->test()) return false;
+  if (b.replicas == nullptr) return true;
+  start_replica_sums(nullptr);
+  return b.replica_sum && b.replica_sum->test();
+}
+
 void ParallelTrainer::settle(Bucket& b) {
   if (!b.request || b.settled) return;
   b.request->wait();
+  if (b.replicas != nullptr) {
+    start_replica_sums(&b);
+    b.replica_sum->wait();
+    b.replica_sum.reset();
+  }
   b.settled = true;
   if (b.into_partial) {
     // shard += partial: add_chunk_sums of one chunk is an elementwise add.
@@ -348,10 +394,12 @@ void ParallelTrainer::settle_microbatch() {
     b.request.reset();
     b.settled = false;
   }
+  launched_.clear();
+  replicas_started_ = 0;
 }
 
 void ParallelTrainer::launch(Bucket& b) {
-  if (b.group->size() == 1 || b.request || !b.trains) return;
+  if ((b.group->size() == 1 && b.replicas == nullptr) || b.request || !b.trains) return;
   float* g = model_->grads().data();
   const size_t n = b.hi - b.lo;
   b.into_partial = b.reduced;
@@ -360,6 +408,10 @@ void ParallelTrainer::launch(Bucket& b) {
                                         n / size_t(b.group->size()), comm::CommType::kF32);
   else
     b.request = b.group->all_reduce(g + b.lo, n, comm::CommType::kF32, comm::ReduceOp::kSum);
+  if (b.replicas != nullptr) {
+    b.launch_order = launched_.size();
+    launched_.push_back(&b);
+  }
 }
 
 void ParallelTrainer::finish_gradients() {
@@ -374,7 +426,7 @@ void ParallelTrainer::finish_gradients() {
     TraceSpan span("gradient shards", "compute");
     float* g = model_->grads().data();
     for (size_t i = 0; i < buckets_.size(); ++i)
-      if (buckets_[i].group->size() > 1 && buckets_[i].trains)
+      if ((buckets_[i].group->size() > 1 || buckets_[i].replicas != nullptr) && buckets_[i].trains)
         backend_.copy(g + owned_[i].lo, shard_.data() + buckets_[i].shard_at,
                       sizeof(float) * (owned_[i].hi - owned_[i].lo));
     if (spec_.parallel.zero >= 2) backend_.release(shard_.data(), shard_.size());
@@ -454,8 +506,11 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   sample_state();
   for (Bucket& bk : buckets_) {
     bk.request.reset();
+    bk.replica_sum.reset();
     bk.settled = bk.reduced = false;
   }
+  launched_.clear();
+  replicas_started_ = 0;
   const bool each = spec_.parallel.reduce_each_microbatch;
 
   std::vector<comm::RequestPtr> sent_act(static_cast<size_t>(slots_)), sent_grad(static_cast<size_t>(slots_));
@@ -484,7 +539,7 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
       // MPI progresses non-blocking collectives inside MPI calls; ZeRO-2/3 let go of what is reduced.
       // Reducing each micro-batch, at most two layers' reductions stay in flight (backward runs the layers
       // downwards), so the gradients resident at once are those of a few layers, not the stage's.
-      if (bk.request && zero >= 2 && ((each && bk.key > layer + 1) || bk.request->test())) settle(bk);
+      if (bk.request && zero >= 2 && ((each && bk.key > layer + 1) || reduced(bk))) settle(bk);
     }
   };
   const auto backward = [&](int i) {
@@ -679,7 +734,7 @@ std::string ParallelTrainer::describe_plan() {
   const double mib = 1.0 / (1024.0 * 1024.0);
   std::string mine =
       fmt::format("{:>4} {:<12} {:>2} {:>2} {:>2}  {:>2}-{:<2} {:>10} {:>9.1f} {:>9.1f} {:>9.1f}",
-                  groups_.rank, host_name().substr(0, 12), groups_.tp_rank, groups_.dp_rank, groups_.pp_rank,
+                  groups_.rank, node_name().substr(0, 12), groups_.tp_rank, groups_.dp_rank, groups_.pp_rank,
                   s.first_layer, s.last_layer - 1, model_->weights().size(), parameter_bytes() * mib,
                   optimizer_bytes() * mib, activation_bytes() * mib);
   mine.resize(kRecord, ' ');
@@ -701,12 +756,17 @@ std::string ParallelTrainer::describe_plan() {
                         spec_.model.experts, spec_.model.top_k, groups_.layout.ep)
           : std::string());
   const int zero = spec_.parallel.zero;
-  out += fmt::format("  ZeRO-{}: {}; micro-batches {} of {} sequences per data-parallel rank\n", zero,
+  const std::string across =
+      dense_nodes_.shard
+          ? fmt::format("the {} data-parallel ranks of each node, copied on {} node{}",
+                        dense_nodes_.shard->size(), dense_nodes_.nodes, dense_nodes_.nodes == 1 ? "" : "s")
+          : std::string("dp");
+  out += fmt::format("  ZeRO-{}: {}{}; micro-batches {} of {} sequences per data-parallel rank\n", zero,
                      zero == 0   ? "replicated"
-                     : zero == 1 ? "optimizer state sharded across dp"
-                     : zero == 2 ? "optimizer state and gradients sharded across dp"
-                                 : "optimizer state, gradients and weights sharded across dp",
-                     spec_.microbatches, spec_.batch);
+                     : zero == 1 ? "optimizer state sharded across "
+                     : zero == 2 ? "optimizer state and gradients sharded across "
+                                 : "optimizer state, gradients and weights sharded across ",
+                     zero == 0 ? std::string() : across, spec_.microbatches, spec_.batch);
   out += "  rank node         tp dp pp  blocks     params  w+g MiB   opt MiB   act MiB\n";
   for (int r = 0; r < groups_.world->size(); ++r) {
     std::string rec = all.substr(size_t(r) * kRecord, kRecord);

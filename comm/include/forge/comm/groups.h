@@ -35,6 +35,17 @@ struct ProcessGroups {
 // the world size is not the layout's.
 ProcessGroups make_groups(std::unique_ptr<Comm> world, const Layout& layout);
 
+// Hybrid sharding (parallel.zero_group = node): `group`'s ranks on one node (`shard`, in group order) and
+// the ranks at the same place of the shard on every node (`replica`, in node order). Nodes are told apart by
+// `node` (forge::node_name(): Slurm's name, several per host on the dev cluster) and numbered in the order
+// of their first rank in `group`. Collective over `group`. Throws forge::Error(kUsage) naming `key` when
+// the nodes hold different numbers of the group's ranks (no even split).
+struct NodeSplit {
+  std::unique_ptr<Comm> shard, replica;
+  int nodes = 1;
+};
+NodeSplit split_by_node(Comm& group, const std::string& node, const std::string& key);
+
 // MPI: initializes MPI once per process (MPI_THREAD_FUNNELED; finalized at exit) and returns
 // MPI_COMM_WORLD as a Comm whose errors are thrown as forge::Error(kComm) naming the rank and the call.
 std::unique_ptr<Comm> mpi_world();

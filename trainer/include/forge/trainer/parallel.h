@@ -75,6 +75,10 @@ class ParallelTrainer {
   // leaves out: optimizer().ranges()) and, under ZeRO-3, holds of the weights.
   const std::vector<FlatRange>& owned_ranges() const { return owned_; }
   comm::ProcessGroups& groups() { return groups_; }
+  // Which copy of its shard this rank holds: 0, or under hybrid sharding its node's place among the nodes
+  // (of the dense weights' ranks, or with `experts` of an MoE block's experts'). Copy 0 is what a
+  // checkpoint writes.
+  int shard_copy(bool experts) const;
   int64_t steps_taken() const { return optimizer_->steps_taken(); }
   const std::vector<int>& bounds() const { return bounds_; }
 
@@ -104,9 +108,14 @@ class ParallelTrainer {
   struct Bucket {
     size_t lo, hi;      // flat range, a multiple of dp long
     int key;            // layer index; -1: embeddings (reduced after the schedule); layers: final LayerNorm
-    comm::Comm* group;  // dp; an MoE block's experts: expert_dp
+    comm::Comm* group;  // dp; an MoE block's experts: expert_dp. Hybrid sharding: their ranks on this node
     size_t shard_at;    // where this rank's part sits in shard_
     comm::RequestPtr request;
+    // Hybrid sharding (parallel.zero_group = node): the ranks holding the same part on the other nodes,
+    // whose sums of it are added by an all-reduce once the reduce-scatter is done; null otherwise.
+    comm::Comm* replicas = nullptr;
+    comm::RequestPtr replica_sum = {};
+    size_t launch_order = 0;       // its place in launched_
     comm::RequestPtr gather = {};  // ZeRO-1: the all-gather of the updated parameters; ZeRO-3: of the layer
     bool whole = true;             // ZeRO-3: every rank's part of its weights is here
     bool settled = false;          // the reduction in flight is complete (settle)
@@ -116,6 +125,13 @@ class ParallelTrainer {
     bool trains = true;  // GradientBucket::trains: else never reduced, nor gathered after an update
   };
   void launch(Bucket& bucket);
+  // Whether the bucket's reduction is complete, without blocking (hybrid sharding: it starts the sum across
+  // nodes once the reduce-scatter is done).
+  bool reduced(Bucket& bucket);
+  // Hybrid sharding: starts the sums across nodes in the order the reduce-scatters were launched (every rank
+  // issues a communicator's collectives in one order), each once its reduce-scatter is done; those up to
+  // `through` (when given) after waiting for it.
+  void start_replica_sums(const Bucket* through);
   // Waits for the bucket's reduction; ZeRO-2/3 then release its gradients (the rank's part is in shard_).
   void settle(Bucket& bucket);
   // parallel.reduce_each_microbatch, after a micro-batch's backward that is not the step's last: every
@@ -155,7 +171,11 @@ class ParallelTrainer {
   std::vector<Bucket> buckets_;
   comm::Comm* dense_ =
       nullptr;  // where dense gradients are reduced: dp, or dp x cp under context parallelism
-  std::vector<FlatRange> owned_;        // this rank's shard: its group rank's part of every bucket
+  // Hybrid sharding: dense_'s and expert_dp's ranks on this node, and on the other nodes (comm::NodeSplit).
+  comm::NodeSplit dense_nodes_, expert_nodes_;
+  std::vector<Bucket*> launched_;  // the buckets summed across nodes, in launch order (since the last settle)
+  size_t replicas_started_ = 0;    // launched_[0, replicas_started_) have their sums across nodes started
+  std::vector<FlatRange> owned_;   // this rank's shard: its group rank's part of every bucket
   std::vector<FlatRange> norm_ranges_;  // owned elements counted once in the global norm
   Buffer<float> shard_;                 // reduce-scatter output, back to back
   Buffer<float> partial_;  // reduce_each_microbatch: a later micro-batch's output, shard_'s layout

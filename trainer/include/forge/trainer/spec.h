@@ -45,6 +45,10 @@ struct ParallelConfig {
   // ZeRO stage: 0; 1 the optimizer state sharded across dp; 2 the gradients too (a rank keeps its part);
   // 3 the weights too (gathered layer by layer where a pass reads them, the next one's prefetched).
   int zero = 0;
+  // parallel.zero_group = node (hybrid sharding): the stage shards over the data-parallel ranks of each
+  // node and replicates across nodes, the shards' gradients summed by an all-reduce across nodes, so no
+  // gather or reduce-scatter spans the nodes. Off (dp): over every data-parallel rank.
+  bool shard_within_node = false;
   bool prefetch = true;  // parallel.prefetch: ZeRO-3 starts the next layer's gather before it is needed
   // parallel.reduce_each_microbatch: ZeRO-2/3 reduce-scatter every micro-batch's gradients as its backward
   // produces them and keep only the rank's summed part, instead of accumulating the whole gradients until
