@@ -4,10 +4,11 @@
 # ln 2 (policy = reference), the loss falls and the chosen replies gain; the reference log-probabilities are
 # computed once and kept beside the dataset, a second run reuses them, a damaged or foreign file exits 65; a
 # preempted DPO run resumes with exactly the uninterrupted run's losses; a live reference (a frozen copy)
-# trains as the stored one and resumes exactly; what dpo needs is refused with 64.
-# Usage: dpo_test.sh FORGE_TRAIN FORGE_DATA SOURCE_DIR
+# trains as the stored one and resumes exactly; the same losses with each pair's row shared out over
+# context-parallel ranks; what dpo needs is refused with 64.
+# Usage: dpo_test.sh FORGE_TRAIN FORGE_DATA SOURCE_DIR [MPIEXEC]
 set -uo pipefail
-train=$1 data=$2 src=$3
+train=$1 data=$2 src=$3 mpiexec=${4:-}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -75,6 +76,19 @@ lineage_of "$work/a" || fail "the DPO run's checkpoints do not name their parent
 grep -q "reference log-probabilities of" "$work/b.log" && fail "the second run computed the reference again"
 cmp -s <(grep -o '"loss":[^,]*' "$work/a/metrics/rank-0.jsonl") <(grep -o '"loss":[^,]*' "$work/b/metrics/rank-0.jsonl") ||
   fail "stored reference: other losses"
+
+# Context parallelism (MPIEXEC given): each pair's row cut into 2 x cp chunks over cp2 ranks (ring; all-to-all
+# with dp2 too), its replies' log-probabilities summed over the ranks: run a's losses and margins.
+if [ -n "$mpiexec" ]; then
+  source "$src/test/parallel/common.sh"
+  for layout in "2 --parallel.cp=2" "4 --parallel.cp=2 --parallel.dp=2 --data.batch=2 --parallel.cp_comm=a2a"; do
+    read -r np args <<<"$layout"
+    # shellcheck disable=SC2086
+    "$mpiexec" --oversubscribe -np "$np" "$train" "$src/configs/tiny.ini" --run.dir="$work/cp$np" "${dpo[@]}" \
+      --run.steps=30 $args 2>"$work/cp$np.log" || fail "dpo over cp: $(grep -i error "$work/cp$np.log" | head -2)"
+    compare "$work/a" "$work/cp$np"
+  done
+fi
 
 # Preempted at step ~6 and resumed: every loss equals the uninterrupted run's.
 preempt_and_resume "$work/c" 6 "$work/c.log" "$train" "$src/configs/tiny.ini" --run.dir="$work/c" "${dpo[@]}" \

@@ -14,7 +14,7 @@ double Loss::weight(const MicroBatch& batch) const {
   return batch.weight_sum();
 }
 
-double Loss::sequences(const MicroBatch&, const float*, float*) const {
+double Loss::sequences(const MicroBatch&, const float*, float*, RowGroup*) const {
   throw std::logic_error("Loss::sequences: " + name() + " is a per-token loss");
 }
 
@@ -36,8 +36,9 @@ double ReplyLogps::chunk(Backend&, float*, const DeviceBatch&, int, int, int, in
   throw std::logic_error("ReplyLogps::chunk: a sequence loss (the classifier calls sequences)");
 }
 
-double ReplyLogps::sequences(const MicroBatch& batch, const float* nll, float* coeff) const {
+double ReplyLogps::sequences(const MicroBatch& batch, const float* nll, float* coeff, RowGroup* rows) const {
   reply_logps(batch, nll, last_);
+  if (rows != nullptr) rows->sum(last_.data(), last_.size());
   std::fill_n(coeff, batch.size(), 0.0f);
   return 0;
 }
@@ -67,14 +68,21 @@ double sigmoid(double x) {
   return x >= 0 ? 1.0 / (1.0 + std::exp(-x)) : std::exp(x) / (1.0 + std::exp(x));
 }
 
+// The rollout losses read every row whole (train_spec refuses context parallelism for them).
+void whole_rows(const RowGroup* rows, const std::string& loss) {
+  if (rows != nullptr && rows->size() > 1)
+    throw std::logic_error(loss + ": rows shared out over context-parallel ranks");
+}
+
 }  // namespace
 
-double DpoLoss::sequences(const MicroBatch& b, const float* nll, float* coeff) const {
+double DpoLoss::sequences(const MicroBatch& b, const float* nll, float* coeff, RowGroup* rows) const {
   if (b.reference_logps.size() != 2 * size_t(b.rows) || b.segments.size() != b.size())
     throw std::invalid_argument("DpoLoss: the batch holds no preference pairs (reference log-probabilities)");
   const size_t T = size_t(b.seq_len);
   std::vector<double> logp;
   reply_logps(b, nll, logp);
+  if (rows != nullptr) rows->sum(logp.data(), logp.size());  // each rank's tokens of both replies
   double total = 0;
   for (size_t r = 0; r < size_t(b.rows); ++r) {
     const double chosen = beta_ * (logp[2 * r] - b.reference_logps[2 * r]);
@@ -112,7 +120,8 @@ double TokenLogps::chunk(Backend&, float*, const DeviceBatch&, int, int, int, in
   throw std::logic_error("TokenLogps::chunk: a sequence loss (the classifier calls sequences)");
 }
 
-double TokenLogps::sequences(const MicroBatch& batch, const float* nll, float* coeff) const {
+double TokenLogps::sequences(const MicroBatch& batch, const float* nll, float* coeff, RowGroup* rows) const {
+  whole_rows(rows, name());
   last_.assign(batch.size(), 0.0f);
   for (size_t i = 0; i < batch.size(); ++i)
     if (batch.weight(i) != 0.0f) last_[i] = -nll[i];
@@ -153,7 +162,8 @@ double GrpoLoss::chunk(Backend&, float*, const DeviceBatch&, int, int, int, int,
   throw std::logic_error("GrpoLoss::chunk: a sequence loss (the classifier calls sequences)");
 }
 
-double GrpoLoss::sequences(const MicroBatch& b, const float* nll, float* coeff) const {
+double GrpoLoss::sequences(const MicroBatch& b, const float* nll, float* coeff, RowGroup* rows) const {
+  whole_rows(rows, name());
   if (b.advantages.size() != size_t(b.rows) || b.old_logps.size() != b.size())
     throw std::invalid_argument(
         "GrpoLoss: the batch holds no sampled replies (advantages, old log-probabilities)");

@@ -45,7 +45,7 @@ const std::array<ObjectiveTraits, 5>& table() {
        false,
        Scored::kReplies,
        Companion::kReference,
-       false,
+       true,
        "the DPO reference's log-probabilities or live copy",
        false,
        dpo_loss},

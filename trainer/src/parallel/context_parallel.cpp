@@ -35,6 +35,7 @@ MicroBatch context_shard(const MicroBatch& full, int cp, int rank) {
         if (!full.weights.empty()) out.weights.push_back(full.weights[i]);
         if (!full.segments.empty()) out.segments.push_back(full.segments[i]);
       }
+  out.reference_logps = full.reference_logps;  // per row: a DPO pair's
   out.sample_ids = full.sample_ids;
   out.epochs = full.epochs;
   out.domains = full.domains;

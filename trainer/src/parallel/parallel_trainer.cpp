@@ -486,9 +486,12 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
     };
   }
   // The loss is normalised by the scored weight of the whole step (every micro-batch, every DP rank),
-  // known before the first backward so every gradient is scaled once.
+  // known before the first backward so every gradient is scaled once. A loss of whole sequences knows
+  // each row's whole loss on every context-parallel rank (Loss::sequences): one of them counts it.
+  const bool counts_rows = g.cp_rank == 0 || !loss_->per_sequence();
   double weight = 0;
-  for (const MicroBatch& b : batches) weight += loss_->weight(b);
+  if (counts_rows)
+    for (const MicroBatch& b : batches) weight += loss_->weight(b);
   if (dense_->size() > 1) weight = dense_->all_reduce_sum(weight);
   if (!(weight > 0))
     fail(ExitCode::kData,
@@ -574,8 +577,9 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   // The loss sum (the last stage's, once per data-parallel rank), the squared norm and the loss's own
   // figures (same rule as the loss) in one reduction.
   std::vector<std::pair<std::string, double>> figures = loss_->take_metrics();
-  std::vector<double> sums = {last && g.tp_rank == 0 ? loss_sum : 0.0, 0.0};
-  for (const auto& f : figures) sums.push_back(last && g.tp_rank == 0 ? f.second : 0.0);
+  const bool counts = last && g.tp_rank == 0 && counts_rows;
+  std::vector<double> sums = {counts ? loss_sum : 0.0, 0.0};
+  for (const auto& f : figures) sums.push_back(counts ? f.second : 0.0);
   // Every MoE block's router figures, from the stage holding it (tensor-parallel rank 0).
   const size_t router_at = sums.size();
   std::vector<RouterStats> routers = router_layout(spec_.model);
@@ -602,7 +606,7 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   std::vector<std::pair<std::string, double>> maxima = loss_->take_maxima();
   if (!maxima.empty()) {
     std::vector<double> most;
-    for (const auto& f : maxima) most.push_back(last && g.tp_rank == 0 ? f.second : 0.0);
+    for (const auto& f : maxima) most.push_back(counts ? f.second : 0.0);
     g.world->all_reduce(most.data(), most.size(), comm::CommType::kF64, comm::ReduceOp::kMax)->wait();
     for (size_t i = 0; i < maxima.size(); ++i) figures.emplace_back(maxima[i].first, most[i]);
   }
@@ -707,9 +711,11 @@ double ParallelTrainer::loss_of(const MicroBatch& whole) {
   const LossSums sums = model_->forward(0, mine, recv_act_.data(), 1.0f, false, weights);
   if (!g.last_stage())
     g.pp->send(model_->output(0).data(), nc, comm::CommType::kF32, g.pp_rank + 1, 0)->wait();
-  // Every rank knows its batch's weight; the loss sum is the last stage's (once per DP rank).
-  double both[2] = {g.last_stage() && g.tp_rank == 0 ? sums.loss : 0.0,
-                    g.first_stage() && g.tp_rank == 0 ? loss_->weight(mine) : 0.0};
+  // Every rank knows its batch's weight; the loss sum is the last stage's (once per DP rank, and per row
+  // for a loss of whole sequences).
+  const bool counts = g.tp_rank == 0 && (g.cp_rank == 0 || !loss_->per_sequence());
+  double both[2] = {g.last_stage() && counts ? sums.loss : 0.0,
+                    g.first_stage() && counts ? loss_->weight(mine) : 0.0};
   g.world->all_reduce(both, 2, comm::CommType::kF64, comm::ReduceOp::kSum)->wait();
   return both[0] / both[1];
 }

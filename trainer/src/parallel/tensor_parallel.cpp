@@ -220,9 +220,16 @@ std::unique_ptr<Embedding> ParallelPlan::embedding(Backend& backend, ParamRef wt
   return std::make_unique<VocabParallelEmbedding>(backend, wte, wpe, tp_, sequence_.get());
 }
 
+void ContextRows::sum(double* values, size_t count) {
+  cp_.all_reduce(values, count, comm::CommType::kF64, comm::ReduceOp::kSum)->wait();
+}
+
 std::unique_ptr<Classifier> ParallelPlan::classifier(Backend& backend, ParamRef wte) const {
-  if (tp_.size() == 1) return LayerFactory::classifier(backend, wte);
-  return std::make_unique<VocabParallelCrossEntropy>(backend, wte, tp_, sequence_.get());
+  std::unique_ptr<Classifier> out =
+      tp_.size() == 1 ? LayerFactory::classifier(backend, wte)
+                      : std::make_unique<VocabParallelCrossEntropy>(backend, wte, tp_, sequence_.get());
+  out->set_row_group(rows_.get());
+  return out;
 }
 
 std::unique_ptr<NormLayer> ParallelPlan::norm(Backend& backend, bool layernorm, float eps, ParamRef weight,
@@ -242,7 +249,8 @@ ParallelPlan::ParallelPlan(comm::Comm& tp, comm::Comm& ep, comm::Comm& cp, Conte
       cp_(cp),
       cp_comm_(cp_comm),
       context_(std::make_shared<ContextScratch>()),
-      sequence_(sequence_parallel && tp.size() > 1 ? std::make_shared<SequenceScratch>() : nullptr) {}
+      sequence_(sequence_parallel && tp.size() > 1 ? std::make_shared<SequenceScratch>() : nullptr),
+      rows_(cp.size() > 1 ? std::make_unique<ContextRows>(cp) : nullptr) {}
 
 std::unique_ptr<Attention> ParallelPlan::attention(Backend& backend, const AttentionSettings& settings,
                                                    const AttentionWeights& w, int slots, int rows,

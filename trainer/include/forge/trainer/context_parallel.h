@@ -21,7 +21,8 @@ constexpr int context_chunk_first(int cp, int rank, int c, int n) {
 
 // cp rank `rank`'s part of a batch: of every row, its two chunks back to back (seq_len / cp positions),
 // with explicit targets, the true positions (rotary and learned position tables read them), the loss
-// weights, the document ids as the whole row numbers them, the sample ids. seq_len must divide by 2·cp.
+// weights, the document ids as the whole row numbers them, the sample ids and a DPO pair's reference
+// log-probabilities. seq_len must divide by 2·cp.
 MicroBatch context_shard(const MicroBatch& full, int cp, int rank);
 
 }  // namespace forge::trainer

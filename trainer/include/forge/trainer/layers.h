@@ -116,12 +116,16 @@ class Classifier {
   // (host memory, [rows, V], the whole vocabulary only) receives the logits when not null.
   virtual double forward_backward(float* dx, const float* x, const DeviceBatch& batch, int rows,
                                   const Loss& loss, float scale, float* logits_out);
+  // Context parallelism: the ranks holding the rest of each row, over which a loss of whole sequences sums
+  // its per-row figures (Loss::sequences). Not owned.
+  void set_row_group(RowGroup* group) { row_group_ = group; }
 
  protected:
   Backend& backend_;
   ParamRef wte_;
   int vocab_begin_, V_, C_;
   VocabGroup* vocab_group_;
+  RowGroup* row_group_ = nullptr;
   Buffer<float> chunk_;
   Buffer<float> nll_, coeff_;  // sequence losses: per position, in the backend's memory
   std::vector<float> nll_host_, coeff_host_;

@@ -46,6 +46,16 @@ struct DeviceBatch {
   const MicroBatch* host = nullptr;  // the batch as the reader made it (sequence losses read it on the host)
 };
 
+// The ranks that share out each row's positions (context parallelism, context_parallel.h): a loss of whole
+// sequences sums its per-row figures over them, and every one of them then knows the rows' whole loss.
+class RowGroup {
+ public:
+  virtual ~RowGroup() = default;
+  virtual int size() const = 0;
+  // In place, host memory: the sum over the group.
+  virtual void sum(double* values, size_t count) = 0;
+};
+
 class Loss {
  public:
   virtual ~Loss() = default;
@@ -64,8 +74,11 @@ class Loss {
   // classifier then runs twice over the chunks, first for the targets' negative log-likelihoods `nll`
   // (one per position, 0 where not scored), which `sequences` turns into the loss sum and each position's
   // gradient weight `coeff` (dL/dlogits = coeff x (softmax - onehot(target))); then with those weights.
+  // Under context parallelism `rows` (else null) holds the rest of each row: the loss sums its per-row
+  // figures over it, and the whole rows' loss and figures come out on every one of its ranks (the trainer
+  // counts one rank's, and weighs the step by whole rows).
   virtual bool per_sequence() const { return false; }
-  virtual double sequences(const MicroBatch& batch, const float* nll, float* coeff) const;
+  virtual double sequences(const MicroBatch& batch, const float* nll, float* coeff, RowGroup* rows) const;
   // The loss's own figures summed over what it saw since the last call (DPO: rewards, margin, accuracy per
   // pair), in a fixed order; the trainer sums them over the ranks and divides by the step's weight.
   virtual std::vector<std::pair<std::string, double>> take_metrics() const { return {}; }
@@ -95,7 +108,7 @@ class ReplyLogps final : public Loss {
   double chunk(Backend&, float*, const DeviceBatch&, int, int, int, int, float, bool,
                VocabGroup*) const override;
   bool per_sequence() const override { return true; }
-  double sequences(const MicroBatch& batch, const float* nll, float* coeff) const override;
+  double sequences(const MicroBatch& batch, const float* nll, float* coeff, RowGroup* rows) const override;
   const std::vector<double>& last() const { return last_; }
 
  private:
@@ -116,7 +129,7 @@ class DpoLoss final : public Loss {
   double chunk(Backend&, float*, const DeviceBatch&, int, int, int, int, float, bool,
                VocabGroup*) const override;
   bool per_sequence() const override { return true; }
-  double sequences(const MicroBatch& batch, const float* nll, float* coeff) const override;
+  double sequences(const MicroBatch& batch, const float* nll, float* coeff, RowGroup* rows) const override;
   std::vector<std::pair<std::string, double>> take_metrics() const override;
 
  private:
@@ -134,7 +147,7 @@ class TokenLogps final : public Loss {
   double chunk(Backend&, float*, const DeviceBatch&, int, int, int, int, float, bool,
                VocabGroup*) const override;
   bool per_sequence() const override { return true; }
-  double sequences(const MicroBatch& batch, const float* nll, float* coeff) const override;
+  double sequences(const MicroBatch& batch, const float* nll, float* coeff, RowGroup* rows) const override;
   const std::vector<float>& last() const { return last_; }
 
  private:
@@ -176,7 +189,7 @@ class GrpoLoss final : public Loss {
   double chunk(Backend&, float*, const DeviceBatch&, int, int, int, int, float, bool,
                VocabGroup*) const override;
   bool per_sequence() const override { return true; }
-  double sequences(const MicroBatch& batch, const float* nll, float* coeff) const override;
+  double sequences(const MicroBatch& batch, const float* nll, float* coeff, RowGroup* rows) const override;
   std::vector<std::pair<std::string, double>> take_metrics() const override;
   std::vector<std::pair<std::string, double>> take_maxima() const override;
 

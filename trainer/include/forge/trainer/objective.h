@@ -35,9 +35,9 @@ struct ObjectiveTraits {
   bool synthetic;
   Scored scored;
   Companion companion;
-  // Whether its loss is a sum over positions that context parallelism may split between ranks (not a
-  // whole-sequence figure such as a DPO pair's log-probability, nor a teacher's distribution that
-  // would need the same split).
+  // Whether context parallelism may split its rows between ranks: a sum over positions, or whole-sequence
+  // figures summed over the ranks (a DPO pair's log-probabilities, Loss::sequences); not a teacher's
+  // distribution that would need the same split, nor rollouts that generate whole rows.
   bool splits_over_context;
   // What the plan leaves out for it (forge-train --plan's "not planned"); empty: nothing.
   std::string_view unplanned;

@@ -121,6 +121,17 @@ class AllToAllTokenExchange final : public TokenExchange {
   std::vector<size_t> send_, recv_;
 };
 
+// The context-parallel group as the rows a sequence loss sums over (Loss::sequences).
+class ContextRows final : public RowGroup {
+ public:
+  explicit ContextRows(comm::Comm& cp) : cp_(cp) {}
+  int size() const override { return cp_.size(); }
+  void sum(double* values, size_t count) override;
+
+ private:
+  comm::Comm& cp_;
+};
+
 class ParallelPlan final : public LayerFactory {
  public:
   // tp: the tensor-parallel group; ep: the expert-parallel group; cp: the context-parallel group, whose
@@ -147,6 +158,7 @@ class ParallelPlan final : public LayerFactory {
   ContextComm cp_comm_;
   std::shared_ptr<ContextScratch> context_;    // shared by the layers
   std::shared_ptr<SequenceScratch> sequence_;  // null without sequence parallelism
+  std::unique_ptr<ContextRows> rows_;          // null without context parallelism
 };
 
 }  // namespace forge::trainer
