@@ -57,6 +57,15 @@ trainer::ModelSpec check_teacher(const Config& config, const trainer::TrainSpec&
   if (teacher.max_positions < spec.model.seq_len)
     config.reject("distill.teacher", fmt::format("{} has {} positions, fewer than model.seq_len = {}", dir,
                                                  teacher.max_positions, spec.model.seq_len));
+  // Under context parallelism the teacher's sequences are shared out as the student's (load_teacher).
+  const int cp = spec.layout.cp;
+  if (cp > 1 && spec.parallel.cp_comm == trainer::ContextComm::kAllToAll &&
+      (teacher.heads % cp != 0 || teacher.kv_heads % cp != 0))
+    config.reject(
+        "distill.teacher",
+        fmt::format("{} has {} query and {} key/value heads, which parallel.cp_comm = a2a cannot share "
+                    "out over cp = {}: use parallel.cp_comm = ring",
+                    dir, teacher.heads, teacher.kv_heads, cp));
   const std::optional<std::string> trained = trained_tokenizer(meta);
   if (!trained)
     spdlog::warn(
@@ -74,11 +83,14 @@ trainer::ModelSpec check_teacher(const Config& config, const trainer::TrainSpec&
 }
 
 std::shared_ptr<trainer::GPT> load_teacher(const trainer::TrainSpec& spec, const trainer::ModelSpec& teacher,
-                                           trainer::Backend& backend) {
+                                           trainer::Backend& backend, const trainer::LayerFactory* context) {
   const ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(spec.distill.teacher);
   checkpoint.verify();
+  trainer::ModelSpec local = teacher;
+  local.seq_len /= spec.layout.cp;  // a rank's chunks of each sequence (context_parallel.h)
   auto model = std::make_shared<trainer::GPT>(
-      teacher, trainer::ModelSetup{.batch = spec.batch, .dtype = spec.dtype, .backend = &backend});
+      local,
+      trainer::ModelSetup{.batch = spec.batch, .dtype = spec.dtype, .backend = &backend, .layers = context});
   trainer::load_checkpoint(checkpoint, *model, nullptr);
   spdlog::info("distillation teacher {} ({} layers, d_model {}, {} parameters)", spec.distill.teacher,
                teacher.layers, teacher.d_model, model->weights().size());

@@ -20,8 +20,11 @@ trainer::ModelSpec check_teacher(const Config& config, const trainer::TrainSpec&
                                  const std::string& tokenizer_sha256);
 
 // The teacher's weights in a whole model for micro-batches of data.batch sequences (verified), on the
-// student's backend.
+// student's backend. Under context parallelism `context` (trainer::ParallelPlan::context_only over the
+// student's cp group; it must outlive the model) shares out the teacher's sequences as the student's are:
+// the teacher reads the student's chunks and gives their logits.
 std::shared_ptr<trainer::GPT> load_teacher(const trainer::TrainSpec& spec, const trainer::ModelSpec& teacher,
-                                           trainer::Backend& backend);
+                                           trainer::Backend& backend,
+                                           const trainer::LayerFactory* context = nullptr);
 
 }  // namespace forge::launcher

@@ -472,6 +472,7 @@ class TrainingRun {
   DeviceRun device_;
   std::unique_ptr<DataSource> data_;
   comm::ProcessGroups groups_;
+  std::unique_ptr<trainer::ParallelPlan> teacher_layers_;  // a distillation teacher's under cp (teacher.h)
   std::optional<RunInfo> info_;
   std::unique_ptr<trainer::ParallelTrainer> trainer_;
   std::string gpu_health_;
@@ -536,8 +537,11 @@ TrainingRun::TrainingRun(const Config& config, trainer::TrainSpec spec, bool for
   info.peak = peak * groups_.layout.world();
   // The teacher runs where the student's classifier is (teacher.h).
   std::shared_ptr<trainer::GPT> teacher;
-  if (teacher_config && groups_.last_stage())
-    teacher = load_teacher(spec_, *teacher_config, *device_.backend);
+  if (teacher_config && groups_.last_stage()) {
+    if (spec_.layout.cp > 1)
+      teacher_layers_ = trainer::ParallelPlan::context_only(*groups_.cp, spec_.parallel.cp_comm);
+    teacher = load_teacher(spec_, *teacher_config, *device_.backend, teacher_layers_.get());
+  }
   // Out of device memory while the model's buffers are allocated: the error names the allocation; the plan
   // says what the rank needed.
   try {

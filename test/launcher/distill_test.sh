@@ -2,11 +2,12 @@
 # run.objective = distill end to end on the real binaries: a teacher (two blocks of width 64) trained on a
 # text dataset, then a smaller student (one block of width 32) distilled from it: the KL to the teacher
 # falls, the teacher's tokenizer is recorded in its checkpoints, and a preempted distillation run resumes with
-# exactly the uninterrupted run's losses; a teacher that is not a checkpoint, of another vocabulary or of
-# another tokenizer is refused with 64 naming both hashes.
-# Usage: distill_test.sh FORGE_TRAIN FORGE_DATA SOURCE_DIR
+# exactly the uninterrupted run's losses, and the same losses with the rows shared out over context-parallel
+# ranks; a teacher that is not a checkpoint, of another vocabulary or of another tokenizer is refused with 64
+# naming both hashes, and one whose heads all-to-all cannot share out, naming them.
+# Usage: distill_test.sh FORGE_TRAIN FORGE_DATA SOURCE_DIR [MPIEXEC]
 set -uo pipefail
-train=$1 data=$2 src=$3
+train=$1 data=$2 src=$3 mpiexec=${4:-}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -62,6 +63,20 @@ for key in loss kl_teacher; do
     fail "the resumed distillation run's $key differs from the uninterrupted run's"
 done
 
+# Context parallelism (MPIEXEC given): the student's rows and the teacher's cut alike into 2 x cp chunks over
+# cp2 ranks (ring; all-to-all with dp2 too), the teacher's attention shared out as the student's: run a's
+# losses and KL. A teacher whose heads a2a cannot share out is refused (below).
+if [ -n "$mpiexec" ]; then
+  source "$src/test/parallel/common.sh"
+  for layout in "2 --parallel.cp=2" "4 --parallel.cp=2 --parallel.dp=2 --data.batch=2 --parallel.cp_comm=a2a"; do
+    read -r np args <<<"$layout"
+    # shellcheck disable=SC2086
+    "$mpiexec" --oversubscribe -np "$np" "$train" "$src/configs/tiny.ini" --run.dir="$work/cp$np" "${distill[@]}" \
+      $args 2>"$work/cp$np.log" || fail "distill over cp: $(grep -i error "$work/cp$np.log" | head -2)"
+    compare "$work/a" "$work/cp$np"
+  done
+fi
+
 # What a teacher must be: a checkpoint, of the student's vocabulary and tokenizer.
 expect64() {
   local what=$1 pattern=$2
@@ -86,4 +101,17 @@ expect64 "a teacher of another tokenizer" "trained with tokenizer none (syntheti
   2>"$work/wide.log" || fail "wide-vocabulary run failed: $(tail -n1 "$work/wide.log")"
 expect64 "a teacher of another vocabulary" "vocabulary of 512 tokens" \
   --distill.teacher="$(ls -d "$work"/wide/checkpoints/milestone/step-* | tail -n1)"
+if [ -n "$mpiexec" ]; then
+  "$train" "$src/configs/tiny.ini" --run.dir="$work/three" --run.threads=1 --model.heads=3 --model.seq_len=64 \
+    --model.vocab=300 --data.dataset="$work/ds" --model.layers=1 --model.d_model=48 --run.steps=1 \
+    --ckpt.milestone_every=1 2>"$work/three.log" ||
+    fail "three-head teacher run failed: $(tail -n1 "$work/three.log")"
+  three=$(ls -d "$work"/three/checkpoints/milestone/step-* | tail -n1)
+  "$mpiexec" --oversubscribe -np 2 "$train" "$src/configs/tiny.ini" --run.dir="$work/e3" "${student[@]}" \
+    --run.objective=distill --distill.teacher="$three" --run.steps=2 --parallel.cp=2 --parallel.cp_comm=a2a \
+    >/dev/null 2>"$work/e3.log"
+  rc=$?
+  [ $rc -eq 64 ] && grep -q "distill.teacher.*3 query and 3 key/value heads, which parallel.cp_comm = a2a cannot" \
+    "$work/e3.log" || fail "a teacher a2a cannot split: exit $rc: $(grep -m1 -i error "$work/e3.log")"
+fi
 echo "PASS: distillation KL $(head -n1 "$work/a/metrics/rank-0.jsonl" | grep -o '"kl_teacher":[0-9.]*') -> $(tail -n1 "$work/a/metrics/rank-0.jsonl" | grep -o '"kl_teacher":[0-9.]*'), exact resume, bad teachers refused"

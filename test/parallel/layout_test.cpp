@@ -158,10 +158,14 @@ void pair_up(forge::MicroBatch& b, int salt) {
 }
 
 // A distillation teacher larger than the student (5 blocks of width 48), of its own seed: what every rank
-// that holds the student's classifier runs beside it.
-std::shared_ptr<GPT> make_teacher(const TrainSpec& spec, Backend& backend = cpu_backend()) {
-  const ModelSpec config = gpt2_spec(5, 48, spec.model.heads, spec.model.vocab, spec.model.seq_len);
-  auto teacher = std::make_shared<GPT>(config, ModelSetup{.batch = spec.batch, .backend = &backend});
+// that holds the student's classifier runs beside it. Under context parallelism `context` shares out its
+// sequences as the student's are (ParallelPlan::context_only).
+std::shared_ptr<GPT> make_teacher(const TrainSpec& spec, Backend& backend = cpu_backend(),
+                                  const LayerFactory* context = nullptr) {
+  ModelSpec config = gpt2_spec(5, 48, spec.model.heads, spec.model.vocab, spec.model.seq_len);
+  config.seq_len /= spec.layout.cp;
+  auto teacher =
+      std::make_shared<GPT>(config, ModelSetup{.batch = spec.batch, .backend = &backend, .layers = context});
   teacher->init(99);
   return teacher;
 }
@@ -228,8 +232,11 @@ int main(int argc, char** argv) {
   spec.parallel.zero = zero;
   if (a2a) spec.parallel.cp_comm = forge::trainer::ContextComm::kAllToAll;
   ProcessGroups groups = make_groups(std::move(world), layout);
-  ParallelTrainer parallel(spec, groups, backend,
-                           distill && groups.last_stage() ? make_teacher(spec, backend) : nullptr);
+  const std::unique_ptr<ParallelPlan> teacher_layers =
+      cp > 1 ? ParallelPlan::context_only(*groups.cp, spec.parallel.cp_comm) : nullptr;
+  ParallelTrainer parallel(
+      spec, groups, backend,
+      distill && groups.last_stage() ? make_teacher(spec, backend, teacher_layers.get()) : nullptr);
   // bf16: the same layout on the CPU backend, the far run's bit-for-bit reference.
   std::optional<ProcessGroups> twin_groups;
   std::optional<ParallelTrainer> twin;

@@ -889,7 +889,8 @@ void GPT::decode(KvCache& cache, std::span<const DecodeRow> rows, std::span<cons
 }
 
 void GPT::forward_features(const MicroBatch& batch) {
-  check_whole(batch);
+  if (!slice_.embedding || !slice_.head || batch.rows != batch_ || batch.seq_len != config_.seq_len)
+    throw std::invalid_argument("GPT::forward_features: a batch of another shape, or a slice of the model");
   TraceSpan span("teacher forward", "compute");
   run_forward(0, batch, nullptr, 1.0f, false, nullptr, false);
 }

@@ -55,7 +55,7 @@ const std::array<ObjectiveTraits, 5>& table() {
        true,
        Scored::kRepliesOfChat,
        Companion::kTeacher,
-       false,
+       true,
        "the teacher (last stage)",
        false,
        distill_loss},

@@ -828,8 +828,8 @@ TrainSpec train_spec(const Config& c) {
   if (s.layout.cp > 1) {
     if (!objective.splits_over_context)
       c.reject("parallel.cp",
-               fmt::format("context parallelism does not split the rows of run.objective = {} yet (a "
-                           "teacher's distribution, or rollouts generating whole rows): it must be 1",
+               fmt::format("context parallelism does not split the rows of run.objective = {} yet (its "
+                           "rollouts generate whole rows): it must be 1",
                            objective.name));
     if (dtype == "bf16" || s.device == Device::kCuda)
       c.reject("parallel.cp",

@@ -2,6 +2,7 @@
 
 #include "context_attention.h"
 
+#include "forge/comm/groups.h"
 #include "forge/trainer/model.h"
 
 #include <algorithm>
@@ -240,6 +241,14 @@ std::unique_ptr<NormLayer> ParallelPlan::norm(Backend& backend, bool layernorm, 
 
 int ParallelPlan::sequence_shards() const {
   return sequence_ ? tp_.size() : 1;
+}
+
+std::unique_ptr<ParallelPlan> ParallelPlan::context_only(comm::Comm& cp, ContextComm cp_comm) {
+  std::unique_ptr<comm::Comm> tp = comm::self_comm("tp"), ep = comm::self_comm("ep");
+  auto plan = std::make_unique<ParallelPlan>(*tp, *ep, cp, cp_comm);
+  plan->own_tp_ = std::move(tp);
+  plan->own_ep_ = std::move(ep);
+  return plan;
 }
 
 ParallelPlan::ParallelPlan(comm::Comm& tp, comm::Comm& ep, comm::Comm& cp, ContextComm cp_comm,

@@ -375,7 +375,9 @@ class GPT {
   // A frozen model's forward (a distillation teacher, loss.h; the whole model): runs `batch` up to the
   // final LayerNorm and keeps that; feature_logits then forms the logits of positions [row0, row0 + rows)
   // over vocabulary columns [vocab_begin, vocab_begin + V) into `out` (backend memory) — the chunk the
-  // student's classifier is at, so the teacher's logits of a whole batch never exist either.
+  // student's classifier is at, so the teacher's logits of a whole batch never exist either. The batch is
+  // the student's, checked before any context-parallel split (a rank's chunks number their documents as the
+  // whole row does): only its shape is checked here.
   void forward_features(const MicroBatch& batch);
   void feature_logits(float* out, int row0, int rows, int vocab_begin, int V);
 

@@ -35,9 +35,9 @@ struct ObjectiveTraits {
   bool synthetic;
   Scored scored;
   Companion companion;
-  // Whether context parallelism may split its rows between ranks: a sum over positions, or whole-sequence
-  // figures summed over the ranks (a DPO pair's log-probabilities, Loss::sequences); not a teacher's
-  // distribution that would need the same split, nor rollouts that generate whole rows.
+  // Whether context parallelism may split its rows between ranks: a sum over positions (a distillation
+  // teacher's split as the student's), or whole-sequence figures summed over the ranks (a DPO pair's
+  // log-probabilities, Loss::sequences); not rollouts that generate whole rows.
   bool splits_over_context;
   // What the plan leaves out for it (forge-train --plan's "not planned"); empty: nothing.
   std::string_view unplanned;

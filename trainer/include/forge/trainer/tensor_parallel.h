@@ -139,6 +139,9 @@ class ParallelPlan final : public LayerFactory {
   // sequence_parallel: the residual stream cut over tp (when it has more than one rank).
   ParallelPlan(comm::Comm& tp, comm::Comm& ep, comm::Comm& cp, ContextComm cp_comm = ContextComm::kRing,
                bool sequence_parallel = false);
+  // Every weight whole in this process, the sequences shared out over `cp` as cp_comm says: the layers of
+  // a distillation teacher beside a context-parallel student (on each of its tensor-parallel ranks).
+  static std::unique_ptr<ParallelPlan> context_only(comm::Comm& cp, ContextComm cp_comm);
   std::unique_ptr<Linear> linear(Backend& backend, ParamRef weight, ParamRef bias,
                                  bool add_bias) const override;
   std::unique_ptr<Embedding> embedding(Backend& backend, ParamRef wte, ParamRef wpe) const override;
@@ -154,6 +157,8 @@ class ParallelPlan final : public LayerFactory {
   size_t scratch_bytes() const;
 
  private:
+  // context_only: one-rank tp and ep groups, owned (declared first: tp_ and ep_ refer to them).
+  std::unique_ptr<comm::Comm> own_tp_, own_ep_;
   comm::Comm &tp_, &ep_, &cp_;
   ContextComm cp_comm_;
   std::shared_ptr<ContextScratch> context_;    // shared by the layers
