@@ -131,7 +131,7 @@ RunCheckpoints::RunCheckpoints(const Config& config, const trainer::TrainSpec& s
       init_from_(config.get<std::string>("ckpt.init_from")),
       init_vision_from_(config.get<std::string>("ckpt.init_vision_from")),
       coord_(*trainer.groups().world),
-      saver_(coord_, saver_options(config, spec, trainer.model().backend())) {
+      saver_(coord_, saver_options(config, spec, trainer.held_model().backend())) {
   // Each logical element is written by one rank (trainer::SaveRole).
   const comm::ProcessGroups& g = trainer.groups();
   // Dense weights are replicated over dp x cp (dp_cp, which is dp at cp 1); under ZeRO-3 each rank holds
@@ -218,7 +218,8 @@ void RunCheckpoints::start_from_parent() {
                    fmt::format("is keep, but {} is a text-only model and [vision] adds a tower and projector "
                                "it has no moments for: use reset",
                                init_from_));
-  trainer::load_checkpoint(source, trainer_.model(), keep ? &trainer_.optimizer() : nullptr, adds_vision);
+  trainer::load_checkpoint(source, trainer_.model_to_load(), keep ? &trainer_.optimizer() : nullptr,
+                           adds_vision, role_.owned_params);
   if (keep)
     trainer_.optimizer().set_moment_steps_before(parent.step +
                                                  parent.extra.value(kMomentStepsBefore, int64_t{0}));
@@ -253,7 +254,10 @@ int64_t RunCheckpoints::rewind() {
 int64_t RunCheckpoints::load(const ckpt::Checkpoint& checkpoint, const char* verb) {
   const auto& m = checkpoint.manifest();
   check_data_cursor(checkpoint.dir(), m.meta.data_cursor, spec_.domain_weights);
-  trainer::load_checkpoint(checkpoint, trainer_.model(), &trainer_.optimizer());
+  const size_t bytes = trainer::load_checkpoint(checkpoint, trainer_.model_to_load(), &trainer_.optimizer(),
+                                                false, role_.owned_params);
+  spdlog::info("read {:.2f} MiB of {}{}", double(bytes) / (1024.0 * 1024.0), checkpoint.dir(),
+               role_.owned_params.empty() ? "" : " (its ranges of the weights: ZeRO-3)");
   // What computed the saved weights: checkpoints before the device keys recorded the precision in their
   // spec only, and trained on CPUs.
   std::string saved_dtype = m.meta.extra.value("dtype", std::string());

@@ -571,8 +571,8 @@ TrainingRun::TrainingRun(const Config& config, trainer::TrainSpec spec, bool for
       "on this rank, peak {:.0f} GFLOP/s, spec {}",
       spec_.name, trainer::model_description(spec_.model), first_step_ + 1, spec_.steps, data_->describe(),
       groups_.layout.str(), boot.describe(), device_.description, trainer::dtype_name(spec_.dtype),
-      trainer::comm_name(spec_.parallel.comm), spec_.threads, trainer_->model().weights().size(), info.peak,
-      spec_hash_);
+      trainer::comm_name(spec_.parallel.comm), spec_.threads, trainer_->held_model().weights().size(),
+      info.peak, spec_hash_);
   std::signal(SIGUSR1, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
 }

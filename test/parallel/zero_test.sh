@@ -6,7 +6,8 @@
 # stage sharded within two nodes and summed across them (hybrid sharding). A ZeRO-1 checkpoint resumes on ZeRO-3 at
 # another dp, that one on ZeRO-2 at another layout, on the one-process curve; a ZeRO-3 checkpoint missing a
 # rank's shard is named by the tensor range it held and the one before it is used. The training state's resident
-# memory (state_mib, the backend's page counts) at ZeRO-3 and dp4 against ZeRO-1's. Bad keys exit 64.
+# memory (state_mib, the backend's page counts) at ZeRO-3 and dp4 against ZeRO-1's, and what a resume reads.
+# Bad keys exit 64.
 # Usage: zero_test.sh FORGE_TRAIN FORGE_CKPT SOURCE_DIR MPIEXEC
 set -uo pipefail
 train=$1 ckpt=$2 src=$3 mpiexec=$4
@@ -142,9 +143,13 @@ echo "a lost shard: $(grep -o "'rank-00001.bin' is missing; it held tensor '[^']
 # pass is at and the gradients not yet reduced. Per parameter, ZeRO-1 = 4 + 4 + 1 + 2 = 11 bytes, ZeRO-3's
 # floor 4 bytes (0.36x), plus those blocks, which the kernel's transparent huge pages round up to 2 MiB:
 # asserted at most 0.55x, from the resident pages the backend counts.
-deep=(--model.layers=16 --model.d_model=256 --data.batch=1 --parallel.dp=4 --run.steps=3)
-run 4 mem-z1 "${deep[@]}" --parallel.zero=1
-run 4 mem-z3 "${deep[@]}" --parallel.zero=3
+# Both are stopped at step 2 and resumed: a ZeRO-3 rank reads its quarter of the weights and its moments
+# (4/4 + 8/4 bytes a parameter), a ZeRO-1 rank every weight and its moments (4 + 8/4): half as much.
+deep=(--model.layers=16 --model.d_model=256 --data.batch=1 --parallel.dp=4)
+for z in 1 3; do
+  EVERY=2 run 4 "mem-z$z" "${deep[@]}" --parallel.zero=$z --run.steps=2
+  EVERY=2 run 4 "mem-z$z" "${deep[@]}" --parallel.zero=$z --run.steps=3
+done
 python3 - "$work/mem-z1/metrics" "$work/mem-z3/metrics" <<'PY' || fail "ZeRO-3 memory"
 import json, sys
 def peak(d):
@@ -153,10 +158,13 @@ z1, z3 = peak(sys.argv[1]), peak(sys.argv[2])
 print(f"training state per rank: ZeRO-1 {z1:.1f} MiB, ZeRO-3 {z3:.1f} MiB ({z3 / z1:.2f}x)")
 assert z3 <= 0.55 * z1, (z1, z3)
 PY
+read_mib() { grep -o "read [0-9.]* MiB" "$work/$1.log" | tail -n1 | grep -o "[0-9.]*"; }
+python3 -c "import sys; a, b = map(float, sys.argv[1:]); print(f'resume reads per rank: ZeRO-1 {a} MiB, ZeRO-3 {b} MiB ({b / a:.2f}x)'); assert 0.45 <= b / a <= 0.55" \
+  "$(read_mib mem-z1)" "$(read_mib mem-z3)" || fail "the ZeRO-3 resume read more than its ranges: $(grep -m1 'read .* MiB' "$work/mem-z3.log")"
 # With 4 micro-batches, ZeRO-2 accumulates the whole gradients until the last; reducing each micro-batch
 # keeps a few layers' at a time.
-run 4 mem-z2 "${deep[@]}" --parallel.zero=2 --parallel.microbatches=4
-run 4 mem-z2e "${deep[@]}" --parallel.zero=2 --parallel.microbatches=4 --parallel.reduce_each_microbatch=true
+run 4 mem-z2 "${deep[@]}" --run.steps=3 --parallel.zero=2 --parallel.microbatches=4
+run 4 mem-z2e "${deep[@]}" --run.steps=3 --parallel.zero=2 --parallel.microbatches=4 --parallel.reduce_each_microbatch=true
 python3 - "$work/mem-z2/metrics" "$work/mem-z2e/metrics" <<'PY' || fail "reduce_each_microbatch memory"
 import json, sys
 def peak(d):

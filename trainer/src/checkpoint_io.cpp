@@ -72,7 +72,8 @@ void owned_parts(const Piece& piece, const std::vector<FlatRange>& ranges, Fn&& 
 }
 
 // Visits (slice, pointer) for every piece this rank holds: parameters from the model's buffer (cut to
-// role.owned_params when set), moments from the optimizer's packed buffers, cut to its ranges.
+// role.owned_params when set), moments from the optimizer's packed buffers, cut to its ranges. Loading
+// reads every piece the rank holds (role's other fields are the writer's).
 template <typename Fn>
 void for_each_piece(GPT& model, AdamW* optimizer, bool saving, const SaveRole& role, Fn&& fn) {
   const ModelSlice& slice = model.slice();
@@ -81,7 +82,7 @@ void for_each_piece(GPT& model, AdamW* optimizer, bool saving, const SaveRole& r
     if (saving && !writes(p, slice, role)) continue;
     if (!saving || (expert(p) ? role.expert_params : role.params))
       for (const Piece& piece : shard_pieces("param", p, slice)) {
-        if (saving && !role.owned_params.empty())
+        if (!role.owned_params.empty())
           owned_parts(piece, role.owned_params,
                       [&](const ckpt::Slice& s, size_t at, size_t) { fn(s, weights + at); });
         else
@@ -239,19 +240,19 @@ namespace {
 // read_all, into the model's memory (through page-locked host memory on a device backend), then refreshes
 // the model's working copy.
 template <typename Wanted, typename ReadAll>
-void load_pieces(GPT& model, AdamW* optimizer, Wanted&& wanted, ReadAll&& read_all) {
+size_t load_pieces(GPT& model, AdamW* optimizer, const SaveRole& role, Wanted&& wanted, ReadAll&& read_all) {
   std::vector<ckpt::TensorRequest> requests;
   std::vector<float*> targets;
-  for_each_piece(model, optimizer, false, {}, [&](const ckpt::Slice& s, float* data) {
+  for_each_piece(model, optimizer, false, role, [&](const ckpt::Slice& s, float* data) {
     if (!wanted(std::string_view(s.name))) return;
     requests.push_back({s, data});
     targets.push_back(data);
   });
   Backend& backend = model.backend();
   std::unique_ptr<Allocation> staging;
+  size_t bytes = 0;
+  for (const auto& r : requests) bytes += r.slice.bytes();
   if (!backend.host_memory()) {
-    size_t bytes = 0;
-    for (const auto& r : requests) bytes += r.slice.bytes();
     staging = backend.allocate_host(bytes);
     char* at = static_cast<char*>(staging->data());
     for (auto& r : requests) {
@@ -264,6 +265,7 @@ void load_pieces(GPT& model, AdamW* optimizer, Wanted&& wanted, ReadAll&& read_a
     for (size_t i = 0; i < requests.size(); ++i)
       backend.copy_from_host(targets[i], requests[i].data, requests[i].slice.bytes());
   model.weights_changed();
+  return bytes;
 }
 
 std::string_view param_of(std::string_view slice_name) {
@@ -272,9 +274,12 @@ std::string_view param_of(std::string_view slice_name) {
 
 }  // namespace
 
-void load_checkpoint(const ckpt::Checkpoint& checkpoint, GPT& model, AdamW* optimizer, bool lm_only) {
-  load_pieces(
-      model, optimizer,
+size_t load_checkpoint(const ckpt::Checkpoint& checkpoint, GPT& model, AdamW* optimizer, bool lm_only,
+                       const std::vector<FlatRange>& owned_params) {
+  SaveRole role;
+  role.owned_params = owned_params;
+  return load_pieces(
+      model, optimizer, role,
       [&](std::string_view name) { return !lm_only || model_part(param_of(name)) == ModelPart::kLm; },
       [&](std::vector<ckpt::TensorRequest>& requests) { checkpoint.read(requests); });
 }
@@ -282,7 +287,7 @@ void load_checkpoint(const ckpt::Checkpoint& checkpoint, GPT& model, AdamW* opti
 void load_params(GPT& model, const std::function<bool(std::string_view)>& wanted,
                  const std::function<void(const ckpt::Slice&, float*)>& read) {
   load_pieces(
-      model, nullptr, [&](std::string_view name) { return wanted(param_of(name)); },
+      model, nullptr, {}, [&](std::string_view name) { return wanted(param_of(name)); },
       [&](std::vector<ckpt::TensorRequest>& requests) {
         for (auto& r : requests) {
           ckpt::Slice piece = r.slice;

@@ -273,6 +273,12 @@ GPT& ParallelTrainer::model() {
   return *model_;
 }
 
+GPT& ParallelTrainer::model_to_load() {
+  if (spec_.parallel.zero < 3) return model();
+  release_weights([](int) { return true; });
+  return *model_;
+}
+
 void ParallelTrainer::launch_gathers() {
   float* w = model_->weights().data();
   for (size_t i = 0; i < buckets_.size(); ++i)

@@ -25,7 +25,8 @@ ModelSpec model_spec_from_json(const Json& record, const std::string& where);
 void check_model_family(const Json& record, const ModelSpec& want, const std::string& where);
 
 // Which of the pieces it holds a rank writes, so that each logical element is written once. Loading
-// needs none of this: every rank reads exactly what it holds, from whatever layout saved it.
+// reads every piece the rank holds (under ZeRO-3 its owned ranges of the weights), from whatever layout
+// saved it.
 struct SaveRole {
   bool params = true;      // its parameters (data-parallel rank 0)
   bool moments = true;     // its optimizer moments (every rank under ZeRO-1, else data-parallel rank 0)
@@ -35,8 +36,9 @@ struct SaveRole {
   // group: their parameters (its rank 0) and moments (every rank under ZeRO-1, else its rank 0).
   bool expert_params = true;
   bool expert_moments = true;
-  // ZeRO-3: the parameters written as the rank's owned ranges of the flat buffer (ParallelTrainer::
-  // owned_ranges(); params and expert_params on every rank), so that a save gathers nothing. Empty: whole.
+  // ZeRO-3: the parameters written (and read) as the rank's owned ranges of the flat buffer
+  // (ParallelTrainer::owned_ranges(); params and expert_params on every rank), so that a save gathers
+  // nothing and a load reads the rank's part. Empty: whole.
   std::vector<FlatRange> owned_params;
 };
 
@@ -54,7 +56,10 @@ void snapshot_through(Backend& backend, ckpt::SaverOptions& options);
 // the model's working copy (through page-locked host memory on a device backend). Throws forge::Error(kData)
 // naming a missing or mis-shaped tensor. `lm_only`: the checkpoint is a text-only model's, and the vision
 // tower and projector keep their initialisation (a vision-language model started from a language model).
-void load_checkpoint(const ckpt::Checkpoint& checkpoint, GPT& model, AdamW* optimizer, bool lm_only = false);
+// `owned_params` (ZeRO-3: ParallelTrainer::owned_ranges()): only those ranges of the weights are read, the
+// rest left as it is (released). Returns the bytes read.
+size_t load_checkpoint(const ckpt::Checkpoint& checkpoint, GPT& model, AdamW* optimizer, bool lm_only = false,
+                       const std::vector<FlatRange>& owned_params = {});
 
 // Fills the parameters this process holds whose name `wanted` accepts from another source than a
 // checkpoint: read(slice, out) writes the slice of that logical tensor (named by the parameter; its elements

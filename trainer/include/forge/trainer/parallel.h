@@ -70,6 +70,10 @@ class ParallelTrainer {
   // The model as this rank holds it, nothing gathered: under ZeRO-3 only the optimizer's ranges of the
   // weights are current (what a checkpoint writes with SaveRole::owned_params).
   GPT& held_model() { return *model_; }
+  // The model to load a checkpoint into (load_checkpoint with owned_ranges() under ZeRO-3): under ZeRO-3
+  // what this rank does not own of the weights is released first (a pass gathers it), so a resume reads
+  // and holds the rank's part only; elsewhere model().
+  GPT& model_to_load();
   AdamW& optimizer() { return *optimizer_; }
   // This rank's part of the flat buffers: what it reduces gradients into, updates (less what train.freeze
   // leaves out: optimizer().ranges()) and, under ZeRO-3, holds of the weights.
