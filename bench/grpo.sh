@@ -96,14 +96,17 @@ print(f"generation: {tps:.0f} tokens/s during RL, forge-gate generate {peer:.0f}
 PY
 
 # The code reward: each reply (a sentence from this model, which Python rejects: a sandbox run that fails,
-# as most early code replies do) runs in its own sandbox; 1 and 2 at once.
+# as most early code replies do) runs in its own sandbox; 1 and 2 at once, scored after the rollout
+# (rl.overlap_rewards = false, the peer) and as each reply's sampling ends (the default).
 code_steps=6
 for parallel in 1 2; do
-  "$build/launcher/forge-train" "$root/configs/tiny.ini" --run.dir="$work/code-$parallel" "${model[@]}" \
-    --run.objective=grpo --ckpt.init_from="$sft" --rl.format_dataset="$work/chat" --data.dataset="$work/code" \
-    --data.batch=32 --rl.group_size=8 --rl.max_new_tokens=24 --reward.weights=code:1 \
-    --rl.sandbox_parallel=$parallel --run.steps=$code_steps --ckpt.milestone_every=0 2>"$work/code.log" ||
-    { tail -n3 "$work/code.log" >&2; exit 1; }
+  for overlap in false true; do
+    "$build/launcher/forge-train" "$root/configs/tiny.ini" --run.dir="$work/code-$parallel-$overlap" "${model[@]}" \
+      --run.objective=grpo --ckpt.init_from="$sft" --rl.format_dataset="$work/chat" --data.dataset="$work/code" \
+      --data.batch=32 --rl.group_size=8 --rl.max_new_tokens=24 --reward.weights=code:1 \
+      --rl.sandbox_parallel=$parallel --rl.overlap_rewards=$overlap --run.steps=$code_steps \
+      --ckpt.milestone_every=0 2>"$work/code.log" || { tail -n3 "$work/code.log" >&2; exit 1; }
+  done
 done
 # The limit: the programs the sandbox ran, by a bare python3 (the tests after a reply of the same length),
 # 64 of them, 1 and 2 at once.
@@ -122,17 +125,28 @@ import json, sys
 work, bare = sys.argv[1], {1: float(sys.argv[2]), 2: float(sys.argv[3])}
 print("code reward: 100 prompts with Python tests, 32 replies a step, each run in the bubblewrap sandbox")
 for parallel in (1, 2):
-    rows = [json.loads(l) for l in open(f"{work}/code-{parallel}/metrics/rank-0.jsonl")][1:]
-    n = len(rows)
-    step = sum(r["step_ms"] + r["data_wait_ms"] for r in rows) / n
-    reward = sum(r["rollout"]["reward_ms"] for r in rows) / n
-    rate = 32 / (reward / 1e3)
-    outcomes = {}
-    for r in rows:
-        for k, v in r["rollout"].get("sandbox", {}).items():
-            outcomes[k] = outcomes.get(k, 0) + v
-    print(f"  {parallel} at once: {rate:.1f} rewards/s, reward {reward:.0f} ms of a {step:.0f} ms step "
-          f"({100 * reward / step:.0f}%); bare python3 {bare[parallel]:.1f} runs/s: sandbox / bare "
-          f"{rate / bare[parallel]:.2f}; outcomes {outcomes}")
+    steps = {}
+    for overlap in ("false", "true"):
+        rows = [json.loads(l) for l in open(f"{work}/code-{parallel}-{overlap}/metrics/rank-0.jsonl")][1:]
+        n = len(rows)
+        mean = lambda f: sum(f(r) for r in rows) / n
+        step = mean(lambda r: r["step_ms"] + r["data_wait_ms"])
+        steps[overlap] = step
+        gen = mean(lambda r: r["rollout"]["generation_ms"])
+        wait = mean(lambda r: r["rollout"]["reward_ms"])
+        span = mean(lambda r: r["rollout"]["reward_span_ms"])
+        outcomes = {}
+        for r in rows:
+            for k, v in r["rollout"].get("sandbox", {}).items():
+                outcomes[k] = outcomes.get(k, 0) + v
+        if overlap == "false":  # scored after sampling: the span is the scoring alone
+            rate = 32 / (wait / 1e3)
+            print(f"  {parallel} at once, after the rollout: {rate:.1f} rewards/s, reward {wait:.0f} ms of a "
+                  f"{step:.0f} ms step ({100 * wait / step:.0f}%), generation {gen:.0f} ms; bare python3 "
+                  f"{bare[parallel]:.1f} runs/s: sandbox / bare {rate / bare[parallel]:.2f}; outcomes {outcomes}")
+        else:
+            print(f"  {parallel} at once, while sampling: the step waits {wait:.0f} ms for rewards "
+                  f"({100 * wait / step:.0f}% of a {step:.0f} ms step), generation {gen:.0f} ms, scoring spans "
+                  f"{span:.0f} ms from the first reply; step after / while {steps['false'] / step:.2f}")
 PY
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

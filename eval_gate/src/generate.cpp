@@ -75,7 +75,8 @@ float token_logp(std::span<const float> logits, int32_t token) {
 
 }  // namespace
 
-std::vector<Generation> Generator::run(std::span<const Request> requests, const Sampling& s) {
+std::vector<Generation> Generator::run(std::span<const Request> requests, const Sampling& s,
+                                       const std::function<void(size_t, const Generation&)>& on_done) {
   const auto t0 = std::chrono::steady_clock::now();
   const int V = model_.config().vocab, max_len = cache_.max_len();
   std::vector<Generation> out(requests.size());
@@ -91,6 +92,10 @@ std::vector<Generation> Generator::run(std::span<const Request> requests, const 
   std::vector<trainer::DecodePicture> pictures;
   std::vector<int> logit_rows, logit_slot;
   std::vector<float> logits;
+  const auto done = [&](Slot& slot) {
+    if (on_done) on_done(size_t(slot.request), out[size_t(slot.request)]);
+    slot.request = -1;
+  };
   while (true) {
     rows.clear();
     pictures.clear();
@@ -135,19 +140,19 @@ std::vector<Generation> Generator::run(std::span<const Request> requests, const 
       if (std::find(s.stop_tokens.begin(), s.stop_tokens.end(), token) != s.stop_tokens.end()) {
         g.stopped = true;
         g.stop_token = token;
-        slot.request = -1;
+        done(slot);
         continue;
       }
       g.tokens.push_back(token);
       ++stats_.new_tokens;
       if (s.stop_after && s.stop_after(g.tokens)) {
         g.stopped = true;
-        slot.request = -1;
+        done(slot);
         continue;
       }
       // Fed at the next step, if there is a position left for it.
       if (int(g.tokens.size()) >= s.max_new_tokens || slot.position >= max_len) {
-        slot.request = -1;
+        done(slot);
         continue;
       }
       slot.next = token;

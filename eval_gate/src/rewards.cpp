@@ -7,7 +7,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <random>
 #include <stdexcept>
@@ -118,60 +117,108 @@ RewardModel::RewardModel(RewardSettings settings) : s_(std::move(settings)) {
 }
 
 std::vector<Reward> RewardModel::score(std::span<const Reply> replies) const {
-  std::vector<Reward> out(replies.size());
-  std::vector<size_t> code;
-  for (size_t i = 0; i < replies.size(); ++i) {
-    const Reply& r = replies[i];
-    Reward& w = out[i];
-    const RewardTarget& t = *r.target;
-    w.applies[kExactMatch] = !t.answers.empty();
-    if (w.applies[kExactMatch]) {
-      const std::string answer = extract_answer(r.text, s_.answer);
-      w.parts[kExactMatch] = exact_match(answer, t.answers) ? 1 : 0;
+  RewardStream stream(*this, replies.size());
+  for (size_t i = 0; i < replies.size(); ++i) stream.add(i, replies[i]);
+  return stream.finish();
+}
+
+namespace {
+
+std::string fresh_sentinel() {
+  std::random_device entropy;
+  return fmt::format("forge-tests-passed-{:08x}{:08x}", entropy(), entropy());
+}
+
+}  // namespace
+
+RewardStream::RewardStream(const RewardModel& model, size_t replies)
+    : model_(model), sentinel_(fresh_sentinel()), replies_(replies), out_(replies) {}
+
+RewardStream::~RewardStream() {
+  stop();
+}
+
+void RewardStream::add(size_t index, Reply reply) {
+  const RewardSettings& s = model_.s_;
+  if (added_++ == 0) first_ = std::chrono::steady_clock::now();
+  Reward& w = out_.at(index);
+  const RewardTarget& t = *reply.target;
+  w.applies[kExactMatch] = !t.answers.empty();
+  if (w.applies[kExactMatch])
+    w.parts[kExactMatch] = exact_match(extract_answer(reply.text, s.answer), t.answers) ? 1 : 0;
+  w.applies[kCode] = !t.tests.empty() && s.weights[kCode] != 0;
+  w.applies[kFormat] = w.applies[kLength] = true;
+  w.parts[kFormat] = reply.stopped ? 1 : 0;
+  w.parts[kLength] = std::clamp(double(reply.tokens) / double(s.max_new_tokens), 0.0, 1.0);
+  replies_[index] = std::move(reply);
+  std::lock_guard lock(mu_);
+  last_ = std::max(last_, std::chrono::steady_clock::now());
+  if (!w.applies[kCode]) {
+    ++scored_;
+    return;
+  }
+  queue_.push_back(index);
+  if (workers_.size() < size_t(std::max(1, s.parallel))) workers_.emplace_back([this] { work(); });
+  ready_.notify_one();
+}
+
+void RewardStream::work() {
+  const RewardSettings& s = model_.s_;
+  while (true) {
+    size_t i = 0;
+    {
+      std::unique_lock lock(mu_);
+      ready_.wait(lock, [&] { return closing_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      i = queue_.front();
+      queue_.pop_front();
     }
-    w.applies[kCode] = !t.tests.empty() && s_.weights[kCode] != 0;
-    if (w.applies[kCode]) code.push_back(i);
-    w.applies[kFormat] = w.applies[kLength] = true;
-    w.parts[kFormat] = r.stopped ? 1 : 0;
-    w.parts[kLength] = std::clamp(double(r.tokens) / double(s_.max_new_tokens), 0.0, 1.0);
+    try {
+      Task task;
+      task.tests = replies_[i].target->tests;
+      task.entry_point = replies_[i].target->entry_point;
+      const SandboxResult r =
+          run_sandboxed({s.python, "-I", "solution.py"},
+                        {{"solution.py", code_program(chat_code_suite(), task, replies_[i].text, sentinel_)}},
+                        s.scratch_parent, s.sandbox);
+      const bool passed = code_passed(r, sentinel_);
+      out_[i].parts[kCode] = passed ? 1 : 0;
+      out_[i].sandbox_outcome = outcome_of(r, passed);
+      std::lock_guard lock(mu_);
+      last_ = std::max(last_, std::chrono::steady_clock::now());
+      ++scored_;
+    } catch (...) {
+      std::lock_guard lock(mu_);
+      if (!error_) error_ = std::current_exception();
+    }
   }
-  if (!code.empty()) {
-    // A fresh sentinel per call: a reply cannot print it without running the tests to their end.
-    std::random_device entropy;
-    const std::string sentinel = fmt::format("forge-tests-passed-{:08x}{:08x}", entropy(), entropy());
-    std::atomic<size_t> next{0};
-    std::vector<std::exception_ptr> errors(size_t(s_.parallel));
-    const auto work = [&](size_t worker) {
-      try {
-        for (size_t k = next++; k < code.size(); k = next++) {
-          const size_t i = code[k];
-          Task task;
-          task.tests = replies[i].target->tests;
-          task.entry_point = replies[i].target->entry_point;
-          const SandboxResult r = run_sandboxed(
-              {s_.python, "-I", "solution.py"},
-              {{"solution.py", code_program(chat_code_suite(), task, replies[i].text, sentinel)}},
-              s_.scratch_parent, s_.sandbox);
-          const bool passed = code_passed(r, sentinel);
-          out[i].parts[kCode] = passed ? 1 : 0;
-          out[i].sandbox_outcome = outcome_of(r, passed);
-        }
-      } catch (...) {
-        errors[worker] = std::current_exception();
-      }
-    };
-    std::vector<std::thread> pool;
-    const size_t workers = std::min(code.size(), size_t(s_.parallel));
-    for (size_t w = 1; w < workers; ++w) pool.emplace_back(work, w);
-    work(0);
-    for (std::thread& t : pool) t.join();
-    for (const std::exception_ptr& e : errors)
-      if (e) std::rethrow_exception(e);
+}
+
+size_t RewardStream::scored() const {
+  std::lock_guard lock(mu_);
+  return scored_;
+}
+
+void RewardStream::stop() {
+  {
+    std::lock_guard lock(mu_);
+    closing_ = true;
   }
-  for (Reward& w : out)
+  ready_.notify_all();
+  for (std::thread& t : workers_) t.join();
+  workers_.clear();
+}
+
+std::vector<Reward> RewardStream::finish() {
+  stop();  // the threads drain the queue before they see it closing
+  if (error_) std::rethrow_exception(error_);
+  if (added_ != out_.size())
+    throw std::logic_error(fmt::format("RewardStream: {} of {} replies added", added_, out_.size()));
+  const RewardSettings& s = model_.s_;
+  for (Reward& w : out_)
     for (size_t k = 0; k < kScorers; ++k)
-      if (w.applies[k]) w.total += s_.weights[k] * w.parts[k];
-  return out;
+      if (w.applies[k]) w.total += s.weights[k] * w.parts[k];
+  return std::move(out_);
 }
 
 }  // namespace forge::gate

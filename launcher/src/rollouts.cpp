@@ -165,21 +165,32 @@ class Rollouts final : public DataSource {
     const uint64_t words[2] = {spec_.seed, uint64_t(first)};
     sampling.seed = xxh3_64(words, sizeof words);
     format_.set_stops(stops_, sampling);
-    auto t0 = Clock::now();
-    const gate::GenerationStats before = generator_->stats();
-    const std::vector<gate::Generation> gens = generator_->run(requests, sampling);
-    const double generation_s = seconds_since(t0);
-
-    t0 = Clock::now();
+    // Each reply is scored as soon as its sampling ends: code replies' sandboxes run while the rest of the
+    // rollout samples; what is left after the last reply is the step's wait for its rewards.
     std::vector<gate::RewardTarget> targets(requests.size());
-    std::vector<gate::Reply> replies(requests.size());
     for (size_t k = 0; k < requests.size(); ++k) {
       const data::Prompt& p = set_.prompts[prompt_of[k]];
       targets[k] = {p.answers, p.tests, p.entry_point};
-      replies[k] = {&targets[k], format_.completion(gens[k].tokens, stops_), int(gens[k].tokens.size()),
-                    gens[k].stopped};
     }
-    const std::vector<gate::Reward> rewards = rewards_.score(replies);
+    std::string first_reply;  // row 0's, for the example metric
+    gate::RewardStream scoring(rewards_, requests.size());
+    std::vector<gate::Reply> held(spec_.rl.overlap_rewards ? 0 : requests.size());  // scored after sampling
+    auto t0 = Clock::now();
+    const gate::GenerationStats before = generator_->stats();
+    const std::vector<gate::Generation> gens =
+        generator_->run(requests, sampling, [&](size_t k, const gate::Generation& g) {
+          gate::Reply reply{&targets[k], format_.completion(g.tokens, stops_), int(g.tokens.size()),
+                            g.stopped};
+          if (k == 0) first_reply = reply.text;
+          if (held.empty())
+            scoring.add(k, std::move(reply));
+          else
+            held[k] = std::move(reply);
+        });
+    const double generation_s = seconds_since(t0);
+    t0 = Clock::now();
+    for (size_t k = 0; k < held.size(); ++k) scoring.add(k, std::move(held[k]));
+    const std::vector<gate::Reward> rewards = scoring.finish();
     const double reward_s = seconds_since(t0);
     std::vector<float> totals(rewards.size());
     for (size_t k = 0; k < rewards.size(); ++k) totals[k] = float(rewards[k].total);
@@ -251,10 +262,10 @@ class Rollouts final : public DataSource {
                               advantages.begin() + ptrdiff_t((i + 1) * B));
     }
     summarise(rewards, gens, generator_->stats().new_tokens - before.new_tokens, generation_s, reward_s,
-              logp_diff_sum, logp_diff_max, scored);
+              scoring.span_seconds(), logp_diff_sum, logp_diff_max, scored);
     // One of the step's replies, to read what the policy says (data-parallel rank 0's first).
     metrics_["example"] = {{"prompt", printable(set_.prompts[prompt_of[0]].prompt, 160, true)},
-                           {"reply", printable(replies[0].text, 160, true)},
+                           {"reply", printable(first_reply, 160, true)},
                            {"reward", rewards[0].total}};
   }
 
@@ -288,8 +299,8 @@ class Rollouts final : public DataSource {
 
   // The step's figures over the data-parallel group: sums, then means; times are the slowest rank's.
   void summarise(const std::vector<gate::Reward>& rewards, const std::vector<gate::Generation>& gens,
-                 int64_t new_tokens, double generation_s, double reward_s, double diff_sum, double diff_max,
-                 double scored) {
+                 int64_t new_tokens, double generation_s, double reward_s, double scoring_s, double diff_sum,
+                 double diff_max, double scored) {
     const int G = spec_.rl.group_size;
     enum : size_t {
       kReplies,
@@ -331,8 +342,8 @@ class Rollouts final : public DataSource {
     sums[kScored] = scored;
     comm::Comm& dp = *policy_->groups().dp;
     dp.all_reduce(sums.data(), sums.size(), comm::CommType::kF64, comm::ReduceOp::kSum)->wait();
-    double slowest[3] = {generation_s, reward_s, diff_max};
-    dp.all_reduce(slowest, 3, comm::CommType::kF64, comm::ReduceOp::kMax)->wait();
+    double slowest[4] = {generation_s, reward_s, diff_max, scoring_s};
+    dp.all_reduce(slowest, 4, comm::CommType::kF64, comm::ReduceOp::kMax)->wait();
     const double n = sums[kReplies], mean = sums[kReward] / n;
     Json parts = Json::object(), sandbox = Json::object();
     for (size_t s = 0; s < gate::kScorers; ++s)
@@ -349,6 +360,7 @@ class Rollouts final : public DataSource {
                 {"stopped", sums[kStopped] / n},
                 {"generation_ms", slowest[0] * 1e3},
                 {"reward_ms", slowest[1] * 1e3},
+                {"reward_span_ms", slowest[3] * 1e3},
                 {"generation_tokens_per_s", slowest[0] > 0 ? sums[kNewTokens] / slowest[0] : 0.0}};
     // At one update per rollout the loss measures them, in the training forward (train_run.cpp moves its
     // figures here).

@@ -42,6 +42,7 @@ bool may_change_on_resume(const std::string& key) {
                                       "parallel.dp",
                                       "parallel.zero",
                                       "parallel.zero_group",
+                                      "rl.overlap_rewards",
                                       "parallel.prefetch",
                                       "parallel.reduce_each_microbatch",
                                       "parallel.stage_layers",

@@ -1,9 +1,13 @@
 // The rewards of sampled replies (rewards.h): answers extracted as the rule says, the scorers weighted
 // into one number, code judged in the sandbox exactly as the gate judges it (a reply that prints what the
-// tests would print, or leaves before them, gets 0), several sandboxes at once.
+// tests would print, or leaves before them, gets 0), several sandboxes at once, and each reply scored as
+// it arrives (RewardStream).
 #include "forge/eval_gate/rewards.h"
 
 #include <catch2/catch.hpp>
+
+#include <chrono>
+#include <thread>
 
 using namespace forge::gate;
 
@@ -77,4 +81,40 @@ TEST_CASE("code rewards: the gate's judgement in the sandbox; reward hackers get
   CHECK(r[4].total == 0);
   CHECK((kSandboxOutcomes[size_t(r[4].sandbox_outcome)] == "cpu_limit" ||
          kSandboxOutcomes[size_t(r[4].sandbox_outcome)] == "killed"));
+}
+
+TEST_CASE("a reward stream scores each reply as it comes, its sandbox running before the rest arrive",
+          "[rewards][sandbox]") {
+  RewardSettings s;
+  s.weights = {1.0, 1.0, 0.0, 0.0};
+  s.parallel = 2;
+  s.sandbox.wall_seconds = 10;
+  const RewardModel model(s);
+  const RewardTarget add{{}, "def check(f):\n    assert f(2, 3) == 5\n", "add"}, seven{{"7"}, "", ""};
+  const std::string right = "```python\ndef add(a, b):\n    return a + b\n```";
+  const std::string wrong = "```python\ndef add(a, b):\n    return a * b\n```";
+  RewardStream stream(model, 4);
+  // Replies end in another order than they were asked for (the generator's slots free up as they stop).
+  stream.add(2, {&add, right, 12, true});
+  // The sandbox of reply 2 runs while the others are still being sampled: it is scored before they come.
+  // (A bound against a hang, not a timing: the sandbox's wall limit is 10 s.)
+  for (int i = 0; i < 3000 && stream.scored() < 1; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK(stream.scored() == 1);
+  stream.add(0, {&seven, "It is 7", 4, true});
+  stream.add(3, {&add, wrong, 12, true});
+  stream.add(1, {&seven, "It is 6", 4, true});
+  const std::vector<Reward> r = stream.finish();
+  REQUIRE(r.size() == 4);
+  CHECK(r[0].total == 1);
+  CHECK(r[1].total == 0);
+  CHECK(r[2].total == 1);
+  CHECK(kSandboxOutcomes[size_t(r[2].sandbox_outcome)] == "passed");
+  CHECK(r[3].total == 0);
+  CHECK(kSandboxOutcomes[size_t(r[3].sandbox_outcome)] == "failed");
+  CHECK(stream.span_seconds() > 0);
+  // A stream finished before every reply came is a bug in its caller, not a reward of 0.
+  RewardStream short_one(model, 2);
+  short_one.add(1, {&seven, "7", 1, true});
+  CHECK_THROWS_AS(short_one.finish(), std::logic_error);
 }

@@ -4,7 +4,8 @@
 # then GRPO from that model: rollouts sampled on the training ranks with the weights being trained, scored
 # by the gate's exact match, the ratio exactly 1 and the KL to the (identical) reference exactly 0 at the
 # first update, the sampler's log-probabilities equal to the trainer's in FP32, the same rollouts and losses
-# on a second run, after a preemption and on 2 data-parallel ranks; code rewards through the sandbox; the
+# on a second run, after a preemption and on 2 data-parallel ranks; code rewards through the sandbox, the
+# same whether scored while sampling or after; the
 # candidate gated with its prompt set (its loss measured on the chat dataset it speaks, the suites against
 # the model it started from); what grpo needs refused with 64 or 65.
 # Usage: grpo_test.sh FORGE_TRAIN FORGE_DATA SOURCE_DIR FORGE_GATE
@@ -161,14 +162,22 @@ for x, y in zip(a, b):
     assert abs(x["grad_norm"] - y["grad_norm"]) <= 1e-4 * max(x["grad_norm"], 1e-3), (x["grad_norm"], y["grad_norm"])
 EOF_PY
 
-# Code rewards: the prompts' tests in the sandbox, their outcomes counted.
-"$train" "$src/configs/tiny.ini" --run.dir="$work/code-run" "${model[@]}" "${rl[@]}" --rl.group_size=4 --data.batch=8 --data.dataset="$work/code" \
-  --reward.weights=code:1,format:0.1 --run.steps=1 2>"$work/code.log" || fail "code rewards: $(tail -n1 "$work/code.log")"
-python3 - "$work/code-run/metrics/rank-0.jsonl" <<'EOF_PY' || fail "no sandbox outcomes"
+# Code rewards: the prompts' tests in the sandbox, their outcomes counted; scored as each reply's sampling
+# ends (the default) or after the rollout (rl.overlap_rewards = false): the same rewards and losses.
+for overlap in true false; do
+  "$train" "$src/configs/tiny.ini" --run.dir="$work/code-$overlap" "${model[@]}" "${rl[@]}" --rl.group_size=4 \
+    --data.batch=8 --data.dataset="$work/code" --reward.weights=code:1,format:0.1 --run.steps=2 \
+    --rl.overlap_rewards=$overlap 2>"$work/code.log" || fail "code rewards: $(tail -n1 "$work/code.log")"
+done
+python3 - "$work/code-true/metrics/rank-0.jsonl" "$work/code-false/metrics/rank-0.jsonl" <<'EOF_PY' || fail "code rewards"
 import json, sys
-ro = json.loads(open(sys.argv[1]).readline())["rollout"]
+while_sampling, after = ([json.loads(l) for l in open(p)] for p in sys.argv[1:])
+ro = while_sampling[0]["rollout"]
 assert sum(ro["sandbox"].values()) == 8, ro
 assert "code" in ro["reward_parts"] and "exact_match" not in ro["reward_parts"], ro
+assert ro["reward_span_ms"] >= ro["reward_ms"] >= 0, ro
+for x, y in zip(while_sampling, after):
+    assert x["loss"] == y["loss"] and x["rollout"]["reward"] == y["rollout"]["reward"], (x, y)
 EOF_PY
 
 # The gate, given the candidate's prompt set as submit-pipeline gives it: prompts have no replies to

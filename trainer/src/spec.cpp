@@ -164,6 +164,9 @@ void add_trainer_keys(ConfigSchema& s) {
                         "grpo: a prepared dataset whose tokenizer and chat format the policy speaks (its SFT "
                         "data; empty: the policy checkpoint's own tokenizer files)")
       .add<int>("rl.sandbox_parallel", 0, "grpo: code rewards run in sandboxes at once (0: run.threads)")
+      .add<bool>("rl.overlap_rewards", true,
+                 "grpo: score each reply as its sampling ends, code sandboxes running while the rest samples "
+                 "(false: after the whole rollout, when sampling needs every core)")
       .add<std::string>("reward.weights", "exact_match:1",
                         "grpo: each scorer's weight in a reply's reward, SCORER:WEIGHT,... (scorers: "
                         "exact_match, code, format, length)")
@@ -336,6 +339,7 @@ RlConfig rl_config(const Config& c, const TrainSpec& s) {
   if (!(rl.top_p > 0 && rl.top_p <= 1)) c.reject("rl.top_p", "must be in (0, 1]");
   rl.format_dataset = c.get<std::string>("rl.format_dataset");
   rl.sandbox_parallel = c.get<int>("rl.sandbox_parallel");
+  rl.overlap_rewards = c.get<bool>("rl.overlap_rewards");
   if (rl.sandbox_parallel < 0) c.reject("rl.sandbox_parallel", "must be >= 0 (0: run.threads)");
   rl.reward.weights =
       named_weights(c, "reward.weights", "scorer", true, "e.g. exact_match:1,format:0.1,length:-0.05");

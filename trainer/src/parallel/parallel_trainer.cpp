@@ -200,10 +200,6 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, comm::ProcessGroups& gro
   for (MoeLayer* moe : model_->moe_layers())
     if (moe->layer() == spec.guard.inject_dead_layer) moe->never_choose(spec.guard.inject_dead_expert);
 
-  // Buckets (gradient_buckets): the experts of an MoE block are reduced over expert_dp (the ranks holding
-  // the same experts) instead of dp; their stretch is aligned already (parameter_table), so no element
-  // changes group. A bucket with nothing that trains (train.freeze) is never reduced: its gradients are
-  // never formed.
   // Hybrid sharding: a bucket's reduce-scatter and gathers stay within the node; the node's sum of a part
   // is added to the other nodes' by an all-reduce. The table's alignment (a multiple of dense_'s size)
   // divides evenly by the node's share of either group, since every node holds as many of its ranks.
@@ -215,6 +211,10 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, comm::ProcessGroups& gro
     return n.shard ? n.shard.get() : whole;
   };
   const auto across = [](const comm::NodeSplit& n) { return n.nodes > 1 ? n.replica.get() : nullptr; };
+  // Buckets (gradient_buckets): the experts of an MoE block are reduced over expert_dp (the ranks holding
+  // the same experts) instead of dp; their stretch is aligned already (parameter_table), so no element
+  // changes group. A bucket with nothing that trains (train.freeze) is never reduced: its gradients are
+  // never formed.
   const size_t flat = model_->weights().size();
   for (const GradientBucket& b :
        gradient_buckets(model_->params(), spec.model.layers, align, flat, spec.freeze)) {

@@ -75,7 +75,10 @@ struct GenerationStats {
 class Generator {
  public:
   Generator(trainer::GPT& model, int batch, int max_len = 0);
-  std::vector<Generation> run(std::span<const Request> requests, const Sampling& s);
+  // `on_done` (when given) is called with each request's index and its generation as soon as its sampling
+  // ends, before the rest finish (a reward scorer works meanwhile: RewardStream).
+  std::vector<Generation> run(std::span<const Request> requests, const Sampling& s,
+                              const std::function<void(size_t, const Generation&)>& on_done = nullptr);
   // Everything run() generated so far.
   const GenerationStats& stats() const { return stats_; }
 

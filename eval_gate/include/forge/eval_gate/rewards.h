@@ -7,11 +7,17 @@
 #include "forge/eval_gate/sandbox.h"
 
 #include <array>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <exception>
 #include <map>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 namespace forge::gate {
@@ -78,7 +84,45 @@ class RewardModel {
   const RewardSettings& settings() const { return s_; }
 
  private:
+  friend class RewardStream;
   RewardSettings s_;
+};
+
+// Scores replies as they are handed in (the generator's on_done: each as its sampling ends), so that the
+// code replies' sandboxes run while the rest of the rollout is still sampled: the cheap scorers at once,
+// the sandboxes on up to settings().parallel threads of the stream's own. finish() waits for the last and
+// returns every reward in the replies' order; what it waited is the scoring the sampling did not hide.
+class RewardStream {
+ public:
+  RewardStream(const RewardModel& model, size_t replies);
+  ~RewardStream();  // stops and joins the sandbox threads (a stream left by an exception)
+  RewardStream(const RewardStream&) = delete;
+  RewardStream& operator=(const RewardStream&) = delete;
+  // Reply `index` (< replies), once. Its target must stay alive until finish().
+  void add(size_t index, Reply reply);
+  // Every reply added: their rewards. A sandbox that could not run is rethrown here.
+  std::vector<Reward> finish();
+  // How many replies are scored so far (their sandboxes done), from any thread.
+  size_t scored() const;
+  // From the first reply added to the last one scored (after finish()).
+  double span_seconds() const { return std::chrono::duration<double>(last_ - first_).count(); }
+
+ private:
+  void work();
+  void stop();
+
+  const RewardModel& model_;
+  const std::string sentinel_;  // fresh per stream: a reply cannot print it without running the tests
+  std::vector<Reply> replies_;
+  std::vector<Reward> out_;
+  mutable std::mutex mu_;
+  std::condition_variable ready_;
+  std::deque<size_t> queue_;  // code replies waiting for a sandbox
+  bool closing_ = false;
+  std::exception_ptr error_;
+  std::vector<std::thread> workers_;
+  size_t added_ = 0, scored_ = 0;                           // scored_: under mu_
+  std::chrono::steady_clock::time_point first_{}, last_{};  // last_: under mu_
 };
 
 }  // namespace forge::gate

@@ -107,6 +107,8 @@ struct RlConfig {
   // empty: the policy checkpoint's own files (an imported model).
   std::string format_dataset;
   int sandbox_parallel = 0;  // code rewards run at once (0: run.threads)
+  // rl.overlap_rewards: each reply scored as its sampling ends (gate::RewardStream), not after the rollout.
+  bool overlap_rewards = true;
   RewardConfig reward;
 };
 
