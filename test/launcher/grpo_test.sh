@@ -146,21 +146,27 @@ assert rows[0]["kl"] == 0.0 and rows[0]["ratio"] == 1.0, rows[0]
 assert rows[-1]["kl"] > 0, ("the policy moved but its KL is 0", rows[-1])
 EOF_PY
 
-# Two data-parallel ranks sample and train the rows one rank does in two micro-batches.
-layout=("${model[@]}" "${rl[@]}" --rl.group_size=4 --data.batch=4 --data.dataset="$work/sums" --run.steps=3)
+# Two data-parallel ranks sample and train the rows one rank does in two micro-batches; two
+# tensor-parallel ranks sample in step from the logits they gather (each holds half the vocabulary's
+# columns, half the heads and their cache) and train as one rank does: the same rollouts, the same curve.
+layout=("${model[@]}" "${rl[@]}" --rl.group_size=4 --data.batch=4 --data.dataset="$work/sums" --run.steps=5)
 "$train" "$src/configs/tiny.ini" --run.dir="$work/dp1" "${layout[@]}" --parallel.microbatches=2 \
   2>"$work/dp1.log" || fail "dp1: $(tail -n1 "$work/dp1.log")"
 mpirun -np 2 "$train" "$src/configs/tiny.ini" --run.dir="$work/dp2" "${layout[@]}" \
   --parallel.dp=2 2>"$work/dp2.log" || fail "dp2: $(tail -n1 "$work/dp2.log")"
-compare "$work/dp1" "$work/dp2"
-python3 - "$work/dp1/metrics/rank-0.jsonl" "$work/dp2/metrics/rank-0.jsonl" <<'EOF_PY' || fail "dp2 sampled other rollouts"
+mpirun -np 2 "$train" "$src/configs/tiny.ini" --run.dir="$work/tp2" "${layout[@]}" --parallel.microbatches=2 \
+  --parallel.tp=2 2>"$work/tp2.log" || fail "tp2: $(tail -n1 "$work/tp2.log")"
+for other in dp2 tp2; do
+  compare "$work/dp1" "$work/$other"
+  python3 - "$work/dp1/metrics/rank-0.jsonl" "$work/$other/metrics/rank-0.jsonl" <<'EOF_PY' || fail "$other sampled other rollouts"
 import json, sys
 a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:])
-assert a[0]["rollout"]["reward"] == b[0]["rollout"]["reward"], (a[0]["rollout"], b[0]["rollout"])
-assert a[0]["rollout"]["reply_tokens"] == b[0]["rollout"]["reply_tokens"]
 for x, y in zip(a, b):
+    assert x["rollout"]["reward"] == y["rollout"]["reward"], (x["rollout"], y["rollout"])
+    assert x["rollout"]["reply_tokens"] == y["rollout"]["reply_tokens"]
     assert abs(x["grad_norm"] - y["grad_norm"]) <= 1e-4 * max(x["grad_norm"], 1e-3), (x["grad_norm"], y["grad_norm"])
 EOF_PY
+done
 
 # Code rewards: the prompts' tests in the sandbox, their outcomes counted; scored as each reply's sampling
 # ends (the default) or after the rollout (rl.overlap_rewards = false): the same rewards and losses.
@@ -232,7 +238,9 @@ refused() {  # refused RC PATTERN ARGS...
 refused 64 "rl.group_size" --rl.group_size=1 --data.dataset="$work/sums"
 refused 64 "rl.group_size" --rl.group_size=3 --data.dataset="$work/sums"
 refused 64 "reward.weights.*'judge' is not a scorer" --reward.weights=judge:1 --data.dataset="$work/sums"
-refused 64 "parallel.tp" --parallel.tp=2 --data.dataset="$work/sums"
+refused 64 "parallel.pp.*every layer on each rank" --parallel.pp=2 --data.dataset="$work/sums"
+refused 64 "parallel.sequence_parallel.*decodes a few rows" --parallel.tp=2 --parallel.sequence_parallel=true \
+  --data.dataset="$work/sums"
 refused 64 "rl.temperature" --rl.temperature=0 --data.dataset="$work/sums"
 refused 64 "rl.updates_per_rollout.*\[1, 64\]" --rl.updates_per_rollout=0 --data.dataset="$work/sums"
 refused 64 "run.steps.*multiple of rl.updates_per_rollout = 2" --rl.updates_per_rollout=2 --data.dataset="$work/sums"

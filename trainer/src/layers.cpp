@@ -133,6 +133,13 @@ double Classifier::forward_backward(float* dx, const float* x, const DeviceBatch
   return total;
 }
 
+void Classifier::logits(float* out, const float* x, int rows) {
+  if (backend_.host_memory()) return backend_.matmul_forward(out, x, wte_.value, nullptr, rows, C_, V_);
+  Buffer<float> buf = backend_.alloc<float>(size_t(rows) * size_t(V_));
+  backend_.matmul_forward(buf.data(), x, wte_.value, nullptr, rows, C_, V_);
+  backend_.copy_to_host(out, buf.data(), buf.size() * sizeof(float));
+}
+
 double LmCrossEntropy::chunk(Backend& backend, float* logits, const DeviceBatch& batch, int row0, int rows,
                              int V, int vocab_begin, float scale, bool backward, VocabGroup* group) const {
   return backend.cross_entropy(logits, batch.targets + row0,

@@ -801,9 +801,11 @@ KvCache::KvCache(GPT& model, int sequences, int max_len) : sequences_(sequences)
   const ModelSpec& c = model.config();
   if (sequences < 1 || max_len < 1 || max_len > c.max_positions)
     throw std::invalid_argument("KvCache: needs >= 1 sequence and 1 to max_positions positions");
-  // The key and value heads of every position: kv_heads of them (a grouped-query model's cache is
-  // heads / kv_heads times smaller).
-  const size_t n = size_t(sequences) * size_t(max_len) * size_t(c.kv_heads) * size_t(c.head_dim);
+  // The key and value heads of every position this process holds: kv_heads of them (a grouped-query
+  // model's cache is heads / kv_heads times smaller), a tensor-parallel rank's share (at least the one its
+  // query heads read), as the attention slot holds them.
+  const int kv = std::max(1, c.kv_heads / model.slice().tp_size);
+  const size_t n = size_t(sequences) * size_t(max_len) * size_t(kv) * size_t(c.head_dim);
   for (int l = model.slice().first_layer; l < model.slice().last_layer; ++l) {
     keys_.push_back(model.backend().alloc<float>(n));
     values_.push_back(model.backend().alloc<float>(n));
@@ -818,8 +820,9 @@ size_t KvCache::bytes() const {
 
 void GPT::decode(KvCache& cache, std::span<const DecodeRow> rows, std::span<const int> logit_rows,
                  std::span<float> logits, std::span<const DecodePicture> pictures) {
-  if (!slice_.embedding || !slice_.head || slice_.tp_size != 1)
-    throw std::invalid_argument("GPT::decode: needs the whole model on one rank");
+  if (!slice_.embedding || !slice_.head)
+    throw std::invalid_argument(
+        "GPT::decode: needs every layer in this process (a tensor-parallel share of each)");
   if (cache.keys_.size() != blocks_.size())
     throw std::invalid_argument("GPT::decode: the cache was made for another model");
   const int N = int(rows.size()), C = config_.d_model, V = config_.vocab;
@@ -878,14 +881,7 @@ void GPT::decode(KvCache& cache, std::span<const DecodeRow> rows, std::span<cons
     if (r < 0 || r >= N) throw std::invalid_argument("GPT::decode: a logit row outside the rows");
     backend_.copy(gathered + int64_t(i) * C, s.lnf.data() + int64_t(r) * C, sizeof(float) * size_t(C));
   }
-  const ParamRef wte = ref(classifier_weight());
-  if (backend_.host_memory()) {
-    backend_.matmul_forward(logits.data(), gathered, wte.value, nullptr, M, C, V);
-  } else {
-    Buffer<float> out = backend_.alloc<float>(logits.size());
-    backend_.matmul_forward(out.data(), gathered, wte.value, nullptr, M, C, V);
-    backend_.copy_to_host(logits.data(), out.data(), logits.size() * sizeof(float));
-  }
+  classifier_->logits(logits.data(), gathered, M);
 }
 
 void GPT::forward_features(const MicroBatch& batch) {

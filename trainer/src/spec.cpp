@@ -864,14 +864,21 @@ TrainSpec train_spec(const Config& c) {
                       "data.batch or model.seq_len, or set it to false",
                       rows, s.layout.tp, kNormChunkRows, unit));
   }
-  // The rollouts generate with the whole model on every rank (generate.h's Generator).
-  if (objective.rollouts)
-    for (const auto& [key, n] : {std::pair{"parallel.tp", s.layout.tp}, std::pair{"parallel.pp", s.layout.pp},
-                                 std::pair{"parallel.ep", s.layout.ep}})
+  // The rollouts generate with every layer on every rank, a tensor-parallel share of each (generate.h's
+  // Generator; the ranks of a tp group sample in step, from the same gathered logits).
+  if (objective.rollouts) {
+    for (const auto& [key, n] :
+         {std::pair{"parallel.pp", s.layout.pp}, std::pair{"parallel.ep", s.layout.ep}})
       if (n > 1)
-        c.reject(key, fmt::format("run.objective = {} samples its rollouts with the whole model on each rank "
-                                  "for now: it must be 1 (scale out with parallel.dp)",
+        c.reject(key, fmt::format("run.objective = {} samples its rollouts with every layer on each rank for "
+                                  "now: it must be 1 (scale out with parallel.tp or parallel.dp)",
                                   objective.name));
+    if (s.parallel.sequence_parallel && s.layout.tp > 1)
+      c.reject("parallel.sequence_parallel",
+               fmt::format("run.objective = {} decodes a few rows at a time, which sequence parallelism does "
+                           "not cut: set it to false",
+                           objective.name));
+  }
   // The vision tower (vision.h) runs in FP32 on the first pipeline stage, its products split over tp, for
   // now without context or sequence parallelism (its rows are every picture's, on every rank).
   if (s.model.vision.enabled()) {

@@ -155,6 +155,27 @@ double VocabParallelCrossEntropy::forward_backward(float* dx, const float* x, co
   return total;
 }
 
+void VocabParallelCrossEntropy::logits(float* out, const float* x, int rows) {
+  if (sequence_ != nullptr)
+    throw std::logic_error("VocabParallelCrossEntropy::logits: decoding under sequence parallelism");
+  const size_t part = size_t(rows) * size_t(V_), ranks = size_t(group_.size());
+  Buffer<float> mine = backend_.alloc<float>(part), all = backend_.alloc<float>(ranks * part);
+  backend_.matmul_forward(mine.data(), x, wte_.value, nullptr, rows, C_, V_);
+  group_.all_gather(mine.data(), all.data(), part, comm::CommType::kF32)->wait();
+  std::vector<float> copy;
+  const float* gathered = all.data();
+  if (!backend_.host_memory()) {
+    copy.resize(all.size());
+    backend_.copy_to_host(copy.data(), all.data(), copy.size() * sizeof(float));
+    gathered = copy.data();
+  }
+  // Rank q's block holds columns [q V_, (q + 1) V_) of every row.
+  const size_t V = ranks * size_t(V_);
+  for (size_t q = 0; q < ranks; ++q)
+    for (size_t r = 0; r < size_t(rows); ++r)
+      std::copy_n(gathered + q * part + r * size_t(V_), size_t(V_), out + r * V + q * size_t(V_));
+}
+
 void VocabParallelCrossEntropy::max(float* values, int n) {
   group_.all_reduce(values, size_t(n), comm::CommType::kF32, comm::ReduceOp::kMax)->wait();
 }

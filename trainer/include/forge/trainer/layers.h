@@ -116,6 +116,9 @@ class Classifier {
   // (host memory, [rows, V], the whole vocabulary only) receives the logits when not null.
   virtual double forward_backward(float* dx, const float* x, const DeviceBatch& batch, int rows,
                                   const Loss& loss, float scale, float* logits_out);
+  // The logits of `rows` positions x [rows, C] over the whole vocabulary into host memory [rows, vocab]
+  // (decoding: the generator samples from them). Collective over a split vocabulary's ranks.
+  virtual void logits(float* out, const float* x, int rows);
   // Context parallelism: the ranks holding the rest of each row, over which a loss of whole sequences sums
   // its per-row figures (Loss::sequences). Not owned.
   void set_row_group(RowGroup* group) { row_group_ = group; }

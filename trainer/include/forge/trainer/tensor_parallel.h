@@ -83,6 +83,8 @@ class VocabParallelCrossEntropy final : public Classifier, private VocabGroup {
   VocabParallelCrossEntropy(Backend& backend, ParamRef wte, comm::Comm& group, SequenceScratch* sequence);
   double forward_backward(float* dx, const float* x, const DeviceBatch& batch, int rows, const Loss& loss,
                           float scale, float* logits_out) override;
+  // Each rank's vocabulary columns, all-gathered over the group (the whole rows on every rank).
+  void logits(float* out, const float* x, int rows) override;
 
  private:
   void max(float* values, int n) override;
