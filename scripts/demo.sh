@@ -320,9 +320,11 @@ cat "$sft_run/gate/summary.txt"
 [ "$state" = COMPLETED ] || { echo "demo: the fine-tune's gate ended $state" >&2; exit 1; }
 "$bin/launcher/forge-train" report "$sft_run" >/dev/null
 
-stage "post-training: DPO on preference pairs from the fine-tune (its own reference), gated against it (team-a, explore tier)"
+stage "post-training: DPO on preference pairs from the fine-tune (its own reference), each pair's row shared out over cp2, gated against it (team-a, explore tier)"
 # Pairs from the same pages: each question's own answer chosen, its words out of order rejected. The reference
-# log-probabilities are computed by the job's ranks at its start and kept beside the dataset. The gate
+# log-probabilities are computed by the job's ranks at its start and kept beside the dataset. The job's two
+# ranks share out each pair's row by context parallelism (a pair's two replies spread over both ranks, their
+# log-probabilities summed over them: docs/PARALLEL.md), 16 pairs a step as configs/dpo.ini's dp2 of 8. The gate
 # measures preference accuracy and reward margin on the held-out pairs against the fine-tune (which, as the
 # reference, scores margin 0: the DPO model must rank pairs better than chance with confidence).
 sft_release=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["promoted_to"] or "")' "$sft_run/gate/verdict.json")
@@ -337,8 +339,8 @@ dpo_lr=5e-4
 sed -e "s|^dir = .*|dir = $dpo_run|" -e "s|^dataset = .*|dataset = $work/pairs-dataset|" \
   -e "s/^steps = .*/steps = $dpo_steps/" -e "s/^milestone_every = .*/milestone_every = $dpo_steps/" \
   -e "s/^recovery_every = .*/recovery_every = $((dpo_steps / 2))/" -e "s/^lr = .*/lr = $dpo_lr/" \
-  "$root/configs/dpo.ini" > "$work/dpo.ini"
-pipeline --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp2 \
+  -e "s/^batch = .*/batch = 16/" -e "s/^dp = 2$/dp = 1\ncp = 2/" "$root/configs/dpo.ini" > "$work/dpo.ini"
+pipeline --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp1,cp2 \
   --gate-policy="$root/configs/gate.dpo.ini" --baseline="$sft_release" --finetune-from="$sft_release" \
   "$work/dpo.ini" "$work/pairs-dataset"
 state=$(final_state "$gate" 900)
