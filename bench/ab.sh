@@ -11,6 +11,8 @@
 # and prints new/old for each figure.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=lib.sh
+source "$root/bench/lib.sh"
 [ $# -ge 2 ] || { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
 old=$(realpath "$1") new=$(realpath "$2") rounds=${3:-3}
 for b in "$old" "$new"; do
@@ -22,7 +24,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_tc
   OMPI_MCA_oob_tcp_if_include=lo OPENBLAS_NUM_THREADS=1
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-echo "machine: $(nproc) cores, $(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+machine
 echo "old: $old ($(git -C "$old" rev-parse --short HEAD 2>/dev/null || echo '?'))"
 echo "new: $new ($(git -C "$new" rev-parse --short HEAD 2>/dev/null || echo '?'))"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -48,7 +50,7 @@ for round in $(seq 1 "$rounds"); do
     "$b/bench/bench_data_reader" "$out/reader-data" 32 2048 3 >> "$out/reader.$side"
   done
 done
-echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+load_after
 
 python3 - "$out" "$rounds" <<'PY'
 import json, re, sys

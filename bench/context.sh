@@ -15,12 +15,13 @@
 #   bench/context.sh [BUILD_DIR]   (targets bench_parallel and forge-train)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=lib.sh
+source "$root/bench/lib.sh"
 build=${1:-$root/build/release}
 bin=$build/bench/bench_parallel train=$build/launcher/forge-train
 for b in "$bin" "$train"; do
   [[ -x $b ]] || { echo "bench/context.sh: $b missing (cmake --build $build --target bench_parallel forge-train)" >&2; exit 64; }
 done
-cores=$(nproc)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_tcp_if_include=lo \
   OMPI_MCA_oob_tcp_if_include=lo OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 spec=$root/configs/bench-cpu.ini
@@ -32,7 +33,7 @@ run() {  # [LAYERS=2] [BATCH=1] run NP SEQ STEPS overrides...
   mpirun --oversubscribe --bind-to core -np "$np" "$bin" "$spec" "${model[@]}" --model.layers="${LAYERS:-2}" \
     --data.batch="${BATCH:-1}" --model.seq_len="$seq" --run.steps="$steps" "$@"
 }
-echo "machine: $cores cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), load $(cut -d' ' -f1-3 /proc/loadavg)"
+machine
 echo "# 8K positions: cp1 on 1 rank, cp2 on 2 ranks (1 thread each; 2 warm-up steps, then ${STEPS:-3})"
 cp1=$(run 1 8192 $((2 + ${STEPS:-3})))
 echo "$cp1"

@@ -41,8 +41,7 @@ if [ -z "${NO_TORCH:-}" ]; then
   /usr/bin/python3 -c 'import torch' 2>/dev/null && torch_ok=1
 fi
 
-echo "machine: $(nproc) cores, $(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)," \
-  "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+machine
 rc=0
 ours=$("$bin" --threads "$threads" --reps "$reps" "${mode[@]}") || rc=$?
 echo "$ours"
@@ -110,7 +109,7 @@ PY
   )
   echo "pytorch $theirs"
 fi
-echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+load_after
 
 val() { sed -n "s/^$1 .*$2=\([0-9.]*\).*/\1/p" <<<"$3" | head -1; }
 gqa_summary() {  # the GQA comparison's lines, when it ran

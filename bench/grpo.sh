@@ -23,7 +23,7 @@ source "$root/bench/lib.sh"
 build_targets grpo.sh "$build" forge-train forge-data forge-gate
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-echo "machine: $(nproc) cores, $(uname -m), $(lscpu | sed -n 's/^Model name: *//p'), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+machine
 
 /usr/bin/python3 - "$work" <<'PY'
 import json, random, sys
@@ -149,4 +149,4 @@ for parallel in (1, 2):
                   f"({100 * wait / step:.0f}% of a {step:.0f} ms step), generation {gen:.0f} ms, scoring spans "
                   f"{span:.0f} ms from the first reply; step after / while {steps['false'] / step:.2f}")
 PY
-echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+load_after

@@ -14,6 +14,8 @@
 #   WORK=DIR (default: a temporary directory under /var/tmp, on disk) LAYERS=9 override the defaults.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=lib.sh
+source "$root/bench/lib.sh"
 build=${1:-$root/build/release}
 layers=${LAYERS:-9}
 
@@ -50,7 +52,7 @@ timed() {
   read -r secs rss_kb <"$work/time.txt"
 }
 
-echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), disk $(df -h "$work" | awk 'NR == 2 {print $1}')"
+machine "$(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), disk $(df -h "$work" | awk 'NR == 2 {print $1}')"
 /usr/bin/python3 "$root/bench/hf_model.py" "$model" --layers "$layers" --shards 2
 model_bytes=$(cat "$model"/*.safetensors | wc -c)
 echo "model: Llama-shaped, $layers blocks of 2048, BF16, $(ls "$model"/*.safetensors | wc -l) files, $model_bytes bytes"

@@ -13,6 +13,6 @@ build=${1:-$root/build/release}
 # shellcheck source=lib.sh
 source "$root/bench/lib.sh"
 build_targets image_decode.sh "$build" bench_image_decode
-echo "machine: $(nproc) cores, $(uname -m), $(lscpu | sed -n 's/^Model name: *//p'), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+machine
 "$build/bench/bench_image_decode" "${2:-200}" "${3:-640}" "${4:-480}" "${5:-3}"
-echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+load_after

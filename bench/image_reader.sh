@@ -36,6 +36,6 @@ with open(os.path.join(out, "pictures.jsonl"), "w") as f:
 EOF_PY
 "$build/dataio/forge-data" prepare --format image-text --input "$work/pictures.jsonl" --image.size=336 \
   --image.patch=14 --vocab 400 --out "$work/dataset" | grep -E "^pictures|^wrote"
-echo "machine: $(nproc) cores, $(uname -m), $(lscpu | sed -n 's/^Model name: *//p'), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+machine
 "$build/bench/bench_image_reader" "$work/dataset" "${3:-5}"
-echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+load_after

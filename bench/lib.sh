@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by the bench scripts (source it).
 
 # ensure_torch WHO: Debian's python3-torch (the PyTorch peers) installed if missing, idempotently; non-zero
@@ -26,3 +27,11 @@ build_targets() {
   fi
   log=$(cmake --build "$build" --target "$@" ${JOBS:+-j "$JOBS"} 2>&1) || { echo "$log" >&2; exit 1; }
 }
+
+# machine [EXTRA]: the line every benchmark prints before it measures, which docs/PERFORMANCE.md's entries
+# quote: cores, architecture, CPU model, the load before, and EXTRA. load_after: the load when it is done.
+machine() {
+  echo "machine: $(nproc) cores, $(uname -m), $(lscpu | sed -n 's/^Model name: *//p'), load before:" \
+    "$(cut -d' ' -f1-3 /proc/loadavg)${1:+; $1}"
+}
+load_after() { echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"; }

@@ -7,6 +7,8 @@
 #   bench/moe.sh [BUILD_DIR]    (STEPS=8 by default)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=lib.sh
+source "$root/bench/lib.sh"
 build=${1:-$root/build/release}
 train=$build/launcher/forge-train
 [[ -x $train ]] || { echo "bench/moe.sh: $train missing (cmake --build $build --target forge-train)" >&2; exit 64; }
@@ -24,7 +26,7 @@ run() {  # NAME NP THREADS overrides...
     --ckpt.recovery_every=0 --ckpt.milestone_every=0 "$@" 2>"$work/$name.log" ||
     { tail -n3 "$work/$name.log" >&2; exit 1; }
 }
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+machine
 run dense 1 2
 run moe 1 2 "${moe[@]}"
 run ep1 2 1 "${moe[@]}" --data.batch=4 --parallel.dp=2

@@ -9,12 +9,14 @@
 #   (default build/, 2000 documents with 8 copies each, 400 words; needs the target bench_near_dedup)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=lib.sh
+source "$root/bench/lib.sh"
 build=${1:-$root/build}
 bin=$build/bench/bench_near_dedup
 if [ ! -x "$bin" ]; then
   echo "near_dedup.sh: $bin not found; build it: cmake --build $build --target bench_near_dedup" >&2
   exit 64
 fi
-echo "machine: $(nproc) cores, $(uname -m), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+machine
 "$bin" "${2:-2000}" "${3:-8}" "${4:-400}"
-echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+load_after

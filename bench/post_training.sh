@@ -15,6 +15,8 @@
 #   THREADS=2 STEPS=12 override the defaults.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=lib.sh
+source "$root/bench/lib.sh"
 build=${1:-$root/build/release}
 threads=${THREADS:-2}
 steps=${STEPS:-12}
@@ -25,7 +27,7 @@ done
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-echo "machine: $(nproc) cores, $(uname -m), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+machine
 "$root/scripts/make-demo-corpus.sh" "$work/corpus" 2 >/dev/null
 "$data" prepare --input "$work/corpus/code=code" --input "$work/corpus/docs=docs" --vocab 8192 \
   --valid-fraction 0.01 --out "$work/text" >/dev/null 2>&1
@@ -66,7 +68,7 @@ teacher=$(ls -d "$work"/teacher/checkpoints/milestone/step-* | tail -n1)
   >/dev/null 2>&1
 "$train" "$root/configs/tiny.ini" --run.dir="$work/distill" "${model[@]}" --run.steps="$steps" \
   --data.dataset="$work/text" --run.objective=distill --distill.teacher="$teacher" --distill.temperature=2 >/dev/null 2>&1
-echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+load_after
 /usr/bin/python3 - "$work" "$total" <<'PY'
 import json, statistics, sys
 work, total = sys.argv[1], float(sys.argv[2])

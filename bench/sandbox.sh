@@ -9,6 +9,6 @@ build=${1:-$root/build/release}
 # shellcheck source=lib.sh
 source "$root/bench/lib.sh"
 build_targets sandbox.sh "$build" bench_sandbox
-echo "machine: $(nproc) cores, $(uname -m), $(lscpu | sed -n 's/^Model name: *//p'), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+machine
 "$build/bench/bench_sandbox" "${2:-20}"
-echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+load_after

@@ -14,6 +14,8 @@
 # Needs scripts/devcluster/up (root); not part of the CI suite (test/slurm/recovery_test.sh is its short form).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=lib.sh
+source "$root/bench/lib.sh"
 build=${1:-$root/build/release}
 steps=${2:-1800}
 STATE=${FORGE_DEVCLUSTER_DIR:-/var/lib/forge-devcluster}
@@ -35,7 +37,7 @@ restore() {
 }
 trap restore EXIT
 export FORGE_HOME=$root FORGE_BUILD_DIR=$build
-echo "machine: $(nproc) cores, $(uname -m), load before: $(cut -d' ' -f1-3 /proc/loadavg); $steps steps"
+machine "$steps steps"
 
 job=$(sbatch --parsable --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp16 -N 1-2 \
   --ntasks-per-node=8 --gres=gpu:8 -o "$work/job-%j.out" "$root/scripts/sbatch/pretrain.sbatch" \
@@ -109,4 +111,4 @@ print(f"segments {len(segs)}, final step {s['steps']}, steps missing {len(missin
       f"committed training {kept:.0f} s, lost {lost:.0f} s: ETTR {kept / allocated:.3f}")
 sys.exit(0 if not missing and s["steps"] == steps and s["exit_class"] == "ok" else 1)
 PY
-echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+load_after

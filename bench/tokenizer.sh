@@ -11,6 +11,8 @@
 #                                              built if needed). JOBS=N sets the build parallelism.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=lib.sh
+source "$root/bench/lib.sh"
 build=${1:-$root/build/release}
 mb=${2:-4}
 fixtures=$root/test/dataio/fixtures/hf_tokenizers
@@ -30,8 +32,7 @@ n = max(1, int(float(sys.argv[2]) * 1e6) // len(unit.encode("utf-8")))
 open(sys.argv[3], "w", encoding="utf-8").write(unit * n)
 PY
 
-echo "machine: $(nproc) cores, $(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')," \
-  "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+machine
 echo "corpus: $(wc -c < "$work/corpus.txt") bytes ($(wc -l < "$work/corpus.txt") lines), the test cases repeated"
 printf '%-13s %14s %14s %10s %12s %10s\n' tokenizer "forge cached" "forge no-cache" decode "reference" ratio
 for name in gpt2 llama3 qwen2 bytefallback; do
@@ -46,4 +47,4 @@ print("%-13s %9.1f MB/s %9.1f MB/s %5.0f MB/s %7.2f MB/s %9.0fx" % (
 PY
 done
 echo "ratio: forge with its cache / the reference with its cache, both one core (CPU time)"
-echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+load_after

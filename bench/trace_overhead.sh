@@ -6,6 +6,8 @@
 # usage: bench/trace_overhead.sh [BUILD_DIR] [ROUNDS]    (default build/release, 5 rounds)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=lib.sh
+source "$root/bench/lib.sh"
 build=${1:-$root/build/release}
 rounds=${2:-5}
 bin=$build/bench/bench_trainer_cpu
@@ -13,7 +15,7 @@ if [ ! -x "$bin" ]; then
   echo "trace_overhead.sh: $bin not found; build it: cmake --build $build --target bench_trainer_cpu" >&2
   exit 64
 fi
-echo "machine: $(nproc) cores, $(uname -m), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+machine
 "$bin" --threads 2 --steps 3 --no-profile --trace-rounds "$rounds" \
   --layers 6 --dmodel 384 --heads 6 --vocab 8192 --seq 256 --batch 8
-echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+load_after

@@ -46,8 +46,7 @@ done
 source "$(dirname "$0")/lib.sh"
 ensure_torch trainer-cpu || exit 1
 
-echo "machine: $(nproc) cores, $(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)," \
-  "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+machine
 summary=()
 for m in $models; do
   if [ "$m" = gpt2 ]; then
@@ -63,7 +62,7 @@ for m in $models; do
   theirs=$(OMP_NUM_THREADS=$threads /usr/bin/python3 "$peer" "${config[@]}" "${peer_args[@]}" \
     --threads "$threads" --steps "$steps" --peak-gflops "$peak")
   echo "pytorch $theirs"
-  echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+  load_after
 
   our_tps=$(sed -n 's/^forge .*tokens_per_s=\([0-9.]*\).*/\1/p' <<<"$ours")
   our_mfu=$(sed -n 's/^forge .*mfu=\([0-9.]*\)%.*/\1/p' <<<"$ours")

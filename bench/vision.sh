@@ -14,7 +14,7 @@ build=${1:-$root/build/release}
 source "$root/bench/lib.sh"
 build_targets vision.sh "$build" bench_vision
 ensure_torch vision
-echo "machine: $(nproc) cores, $(uname -m), $(lscpu | sed -n 's/^Model name: *//p'), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+machine
 ours=$("$build/bench/bench_vision" --threads 2 --reps 3)
 echo "$ours"
 peer=$(/usr/bin/python3 "$root/bench/torch_vision_cpu.py" --pictures 16 --image-size 112 --patch 14 --width 384 \
@@ -23,4 +23,4 @@ echo "$peer"
 tower=$(sed -n 's/.*tower_ms=\([0-9.]*\).*/\1/p' <<<"$ours")
 torch_ms=$(sed -n 's/.*torch_tower_ms=\([0-9.]*\).*/\1/p' <<<"$peer")
 awk -v f="$tower" -v t="$torch_ms" 'BEGIN { printf "tower forward+backward: forge %.1f ms, torch %.1f ms: forge/torch time %.2f\n", f, t, f / t }'
-echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+load_after

@@ -9,8 +9,9 @@
 #     memory, ZeRO-1 against ZeRO-3.
 #   bench/zero.sh [BUILD_DIR]   (target forge-train)
 set -euo pipefail
-cores=$(nproc)
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=lib.sh
+source "$root/bench/lib.sh"
 build=${1:-$root/build/release}
 train=$build/launcher/forge-train
 [[ -x $train ]] || { echo "bench/zero.sh: $train missing (cmake --build $build --target forge-train)" >&2; exit 64; }
@@ -22,7 +23,7 @@ model=(--model.family=llama --model.d_model=512 --model.heads=8 --model.kv_heads
   --model.vocab=8192 --model.seq_len=512 --data.batch=1 --run.threads=1 --run.device=cpu --run.peak_gflops=100
   --ckpt.recovery_every=0 --ckpt.milestone_every=0)
 steps=${STEPS:-8}
-echo "machine: $cores cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), load $(cut -d' ' -f1-3 /proc/loadavg)"
+machine
 echo "# dp2, 2 warm-up steps then $steps measured"
 for run in "z1 --parallel.zero=1" "z2 --parallel.zero=2" "z3 --parallel.zero=3" "z3-noprefetch --parallel.zero=3 --parallel.prefetch=false"; do
   set -- $run
