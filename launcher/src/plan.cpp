@@ -271,6 +271,7 @@ Plan make_plan(const T::TrainSpec& validated, int zero_nodes) {
     // embeddings, classifier and final norm through the step.
     if (zero >= 2) st.gradients = (owned_trained + 2 * largest(block_trained)) * kF32;
     if (zero == 3) st.weights = (owned + std::min(flat - owned, held + 2 * largest_block)) * kF32;
+    if (zero == 3 && spec.dtype == T::DType::kBF16) st.bf16_copy = st.weights;  // released alike
     const int shards = spec.parallel.sequence_parallel ? lay.tp : 1;
     st.activations = activation_bytes(local, slice, spec.batch, spec.dtype, st.slots, spec.recompute, shards);
     if (shards > 1) {  // SequenceScratch (tensor_parallel.cpp): gathered and whole rows; norm partials

@@ -264,7 +264,10 @@ size_t load_pieces(GPT& model, AdamW* optimizer, const SaveRole& role, Wanted&& 
   if (staging)
     for (size_t i = 0; i < requests.size(); ++i)
       backend.copy_from_host(targets[i], requests[i].data, requests[i].slice.bytes());
-  model.weights_changed();
+  if (role.owned_params.empty())
+    model.weights_changed();
+  else  // the rest stays released
+    for (const FlatRange& r : role.owned_params) model.weights_changed(r);
   return bytes;
 }
 

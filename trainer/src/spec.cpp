@@ -840,11 +840,10 @@ TrainSpec train_spec(const Config& c) {
                "context parallelism runs on run.device = cpu in FP32 for now: it must be 1 with "
                "precision.dtype = bf16 or run.device = cuda");
   }
-  if (s.parallel.zero >= 2 && (dtype == "bf16" || s.device == Device::kCuda))
-    c.reject("parallel.zero",
-             fmt::format("ZeRO-{} runs on run.device = cpu in FP32 for now: use parallel.zero = 1 with "
-                         "precision.dtype = bf16 or run.device = cuda",
-                         s.parallel.zero));
+  if (s.parallel.zero >= 2 && s.device == Device::kCuda)
+    c.reject("parallel.zero", fmt::format("ZeRO-{} runs on run.device = cpu for now: use parallel.zero = 1 "
+                                          "with run.device = cuda",
+                                          s.parallel.zero));
   s.parallel.sequence_parallel = c.get<bool>("parallel.sequence_parallel");
   if (s.parallel.sequence_parallel && s.layout.tp > 1) {
     const int rows = s.batch * s.model.seq_len / s.layout.cp, unit = s.layout.tp * kNormChunkRows;

@@ -321,15 +321,17 @@ void ParallelTrainer::finish_gather(Bucket& b) {
     b.gather.reset();
     gather_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     gather_bytes_ += (b.hi - b.lo) * sizeof(float);
+    model_->weights_changed({b.lo, b.hi});  // BF16: the working copy of what arrived
   }
   b.whole = true;
 }
 
 void ParallelTrainer::sample_state() {
   const auto resident = [&](std::span<float> s) { return backend_.resident_bytes(s.data(), s.size()); };
-  peak_state_ = std::max(peak_state_, resident(model_->weights()) + resident(model_->grads()) +
-                                          resident(shard_.span()) + resident(partial_.span()) +
-                                          resident(optimizer_->m()) + resident(optimizer_->v()));
+  peak_state_ = std::max(peak_state_, resident(model_->weights()) + resident(model_->working_copy()) +
+                                          resident(model_->grads()) + resident(shard_.span()) +
+                                          resident(partial_.span()) + resident(optimizer_->m()) +
+                                          resident(optimizer_->v()));
 }
 
 void ParallelTrainer::gather_layer(int layer, int next) {
@@ -343,13 +345,15 @@ void ParallelTrainer::gather_layer(int layer, int next) {
 }
 
 void ParallelTrainer::release_weights(const std::function<bool(int)>& layers) {
-  float* w = model_->weights().data();
   for (size_t i = 0; i < buckets_.size(); ++i) {
     Bucket& b = buckets_[i];
     if (b.group->size() == 1 || !layers(b.key)) continue;
     finish_gather(b);  // a prefetch still in flight lands before its memory goes
-    backend_.release(w + b.lo, owned_[i].lo - b.lo);
-    backend_.release(w + owned_[i].hi, b.hi - owned_[i].hi);
+    for (float* w : {model_->weights().data(), model_->working_copy().data()}) {
+      if (w == nullptr) continue;  // FP32: no working copy
+      backend_.release(w + b.lo, owned_[i].lo - b.lo);
+      backend_.release(w + owned_[i].hi, b.hi - owned_[i].hi);
+    }
     b.whole = false;
   }
 }
@@ -647,7 +651,9 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
       backend_.scale(model_->grads().data(), float(clip / (norm + 1e-6)), optimizer_->ranges());
     optimizer_->step(model_->weights(), model_->grads(), lr);
     if (zero == 3) {
-      // Each rank updated its part; the next pass gathers the layers it reads.
+      // Each rank updated its part (its working copy refreshed here); the next pass gathers the layers it
+      // reads.
+      for (const FlatRange& r : owned_) model_->weights_changed(r);
     } else if (zero >= 1 && dense_->size() > 1) {
       launch_gathers();  // completed by the next forward (need_weights) or whoever asks for model()
     } else {

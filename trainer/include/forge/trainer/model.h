@@ -318,6 +318,9 @@ class GPT {
   // weight or of the flat range `part`.
   void weights_changed();
   void weights_changed(FlatRange part);
+  // BF16 mode: the working copy (FP32 slots, the weights' layout); empty in FP32. Memory a caller that
+  // lets go of weights (ZeRO-3) lets go of here too.
+  std::span<float> working_copy() { return work_.span(); }
 
   // Pipeline-stage primitives on activation set `slot`, for `batch`, this rank's micro-batch (batch()
   // rows of config.seq_len). rows() = batch x seq_len.
