@@ -333,8 +333,8 @@ void check_memory_cap(const Plan& plan) {
       fits.push_back(fmt::format("{} ({} per rank, {} ranks)", change, bytes_str(largest_stage(p).total()),
                                  s.layout.world()));
   };
-  // A higher ZeRO stage (2 and 3: CPU ranks in FP32 for now).
-  const int top = spec.device == T::Device::kCpu && spec.dtype == T::DType::kF32 ? 3 : 1;
+  // A higher ZeRO stage (2 and 3: CPU ranks for now).
+  const int top = spec.device == T::Device::kCpu ? 3 : 1;
   for (int zero = spec.parallel.zero + 1; spec.layout.dp > 1 && zero <= top; ++zero) {
     T::TrainSpec s = spec;
     s.parallel.zero = zero;

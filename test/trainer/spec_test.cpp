@@ -159,8 +159,10 @@ TEST_CASE("parallel layouts that cannot work are rejected naming the rule", "[tr
   CHECK_THAT(usage_error({"--model.layers=2", "--parallel.pp=3"}), Catch::Contains("at least one block"));
   CHECK_THAT(usage_error({"--parallel.zero=4"}), Catch::Contains("must be 0, 1, 2 or 3"));
   CHECK_NOTHROW(train_spec(load({"--parallel.dp=2", "--parallel.zero=3", "--run.device=cpu"})));
+  CHECK_NOTHROW(train_spec(
+      load({"--parallel.dp=2", "--parallel.zero=3", "--run.device=cpu", "--precision.dtype=bf16"})));
   CHECK_THAT(usage_error({"--parallel.zero=2", "--run.device=cuda"}),
-             Catch::Contains("ZeRO-2 runs on run.device = cpu in FP32"));
+             Catch::Contains("ZeRO-2 runs on run.device = cpu for now"));
   CHECK_THAT(usage_error({"--parallel.pp=2", "--parallel.stage_layers=1,2"}),
              Catch::Contains("adds up to 3"));
   CHECK_THAT(usage_error({"--parallel.pp=2", "--parallel.stage_layers=2"}),
