@@ -101,19 +101,25 @@ ProcessGroups make_groups(std::unique_ptr<Comm> world, const Layout& layout) {
   return g;
 }
 
-NodeSplit split_by_node(Comm& group, const std::string& node, const std::string& key) {
-  // Every rank learns every rank's node name (fixed-size records; Slurm's node names are short).
+std::vector<std::string> gather_node_names(Comm& group, const std::string& node) {
+  // Fixed-size records, NUL-terminated (Slurm's node names are short).
   constexpr size_t kName = 64;
-  std::string mine = node.substr(0, kName);
+  std::string mine = node.substr(0, kName - 1);
   mine.resize(kName, '\0');
   std::string all(kName * size_t(group.size()), '\0');
   group.all_gather(mine.data(), all.data(), kName, CommType::kU8)->wait();
+  std::vector<std::string> out;
+  for (int r = 0; r < group.size(); ++r) out.emplace_back(all.c_str() + size_t(r) * kName);
+  return out;
+}
+
+NodeSplit split_by_node(Comm& group, const std::string& node, const std::string& key) {
+  const std::vector<std::string> all = gather_node_names(group, node);
   std::vector<std::string> names;  // in order of first appearance
   std::map<std::string, int> count;
   int index = 0, place = 0;  // this rank's node and its place among the node's ranks
   for (int r = 0; r < group.size(); ++r) {
-    std::string name = all.substr(size_t(r) * kName, kName);
-    name.erase(std::find(name.begin(), name.end(), '\0'), name.end());
+    const std::string& name = all[size_t(r)];
     if (count[name]++ == 0) names.push_back(name);
     if (r == group.rank()) {
       index = int(std::find(names.begin(), names.end(), name) - names.begin());

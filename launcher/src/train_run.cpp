@@ -285,18 +285,6 @@ void compare_replicas(comm::ProcessGroups& g, trainer::GPT& model, int64_t step)
   trainer::check_replicas(step, all);
 }
 
-// Each rank's node, for failure records that name a peer (every rank learns every host).
-std::vector<std::string> gather_hosts(comm::Comm& world) {
-  constexpr size_t kHost = 64;
-  std::string mine = node_name().substr(0, kHost - 1);
-  mine.resize(kHost, '\0');
-  std::string all(kHost * size_t(world.size()), '\0');
-  world.all_gather(mine.data(), all.data(), kHost, comm::CommType::kU8)->wait();
-  std::vector<std::string> hosts;
-  for (int r = 0; r < world.size(); ++r) hosts.emplace_back(all.c_str() + size_t(r) * kHost);
-  return hosts;
-}
-
 // MemAvailable of this host, bytes (0 when /proc/meminfo cannot say).
 double host_memory_available() {
   std::ifstream in("/proc/meminfo");
@@ -499,7 +487,8 @@ TrainingRun::TrainingRun(const Config& config, trainer::TrainSpec spec, bool for
                          double memory_available)
     : config_(config), spec_hash_(config.hash()), spec_(std::move(spec)) {
   device_ = open_device(spec_, boot.rank);
-  const std::vector<std::string> hosts = gather_hosts(*world);
+  // Each rank's node: for failure records that name a peer, and the plan's data-parallel nodes.
+  const std::vector<std::string> hosts = comm::gather_node_names(*world, node_name());
   if (int(hosts.size()) == spec_.layout.world()) zero_nodes_ = data_parallel_nodes(spec_.layout, hosts);
   check_memory_cap(make_plan(spec_, zero_nodes_));  // the device resolved: the plan is this run's
   data_ = open_data(config, spec_, spec_.layout.coords(boot.rank).dp, *world, *device_.backend);

@@ -77,6 +77,14 @@ for z in 1 2 3; do
 done
 grep -q "sharded across the 2 data-parallel ranks of each node, copied on 2 nodes" "$work/hy-dp4-z1.log" \
   || fail "the plan does not say the shards are per node: $(grep -m1 ZeRO "$work/hy-dp4-z1.log")"
+# Its traffic is counted: per rank and step a reduce-scatter (n) and a gather (n) within the node and the sum
+# of the rank's half across nodes (n / 2), against dp4's n + n.
+python3 - "$work/dp4-z1/metrics/rank-0.jsonl" "$work/hy-dp4-z1/metrics/rank-0.jsonl" <<'PY' || fail "hybrid traffic"
+import json, sys
+flat, hybrid = ([json.loads(l)["comm_bytes"] for l in open(p)][-1] for p in sys.argv[1:])
+print(f"bytes a rank moves a step: dp4 {flat}, two nodes of two {hybrid}")
+assert 1.1 * flat <= hybrid <= 1.4 * flat, (flat, hybrid)
+PY
 nodes 4 hy-tp2dp2 "${small[@]}" --run.steps=20 --data.batch=2 --model.family=llama --model.kv_heads=2 \
   --parallel.tp=2 --parallel.dp=2 --parallel.zero=3
 compare "$work/tp2dp2-z1" "$work/hy-tp2dp2"

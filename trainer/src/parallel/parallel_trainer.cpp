@@ -47,7 +47,7 @@ std::vector<RouterStats> router_layout(const ModelSpec& model) {
   return out;
 }
 
-CommTotals totals(std::initializer_list<comm::Comm*> comms) {
+CommTotals totals(std::span<comm::Comm* const> comms) {
   CommTotals t;
   for (comm::Comm* c : comms)
     if (c != nullptr) {
@@ -459,11 +459,23 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   backend_.mark_step_start();
   const auto t0 = std::chrono::steady_clock::now();
   comm::ProcessGroups& g = groups_;
-  const CommTotals comm0 = totals({g.tp.get(), g.dp.get(), g.cp.get(), g.dp_cp.get(), g.embed.get(),
-                                   g.world.get(), g.ep.get(), g.expert_dp.get()});
-  const CommTotals experts0 = totals({g.ep.get()});
-  const CommTotals ring0 = totals({g.cp.get()});
-  const CommTotals pipe0 = totals({g.pp.get()});
+  // Every group the step's communication figures count; the pipeline's waits are its bubble, apart.
+  comm::Comm* const all[] = {g.tp.get(),
+                             g.dp.get(),
+                             g.cp.get(),
+                             g.dp_cp.get(),
+                             g.embed.get(),
+                             g.world.get(),
+                             g.ep.get(),
+                             g.expert_dp.get(),
+                             kv_.get(),
+                             dense_nodes_.shard.get(),
+                             dense_nodes_.replica.get(),
+                             expert_nodes_.shard.get(),
+                             expert_nodes_.replica.get()};
+  comm::Comm *const experts[] = {g.ep.get()}, *const ring[] = {g.cp.get()}, *const pipe[] = {g.pp.get()};
+  const CommTotals comm0 = totals(all), experts0 = totals(experts), ring0 = totals(ring),
+                   pipe0 = totals(pipe);
   gather_s_ = 0;
   gather_bytes_ = 0;
   peak_state_ = 0;
@@ -665,11 +677,8 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
     optimizer_->restore_steps(step);
   }
   const double device_seconds = backend_.step_seconds();  // waits for the device's queued work
-  const CommTotals comm1 = totals({g.tp.get(), g.dp.get(), g.cp.get(), g.dp_cp.get(), g.embed.get(),
-                                   g.world.get(), g.ep.get(), g.expert_dp.get()});
-  const CommTotals pipe1 = totals({g.pp.get()});
-  const CommTotals experts1 = totals({g.ep.get()});
-  const CommTotals ring1 = totals({g.cp.get()});
+  const CommTotals comm1 = totals(all), pipe1 = totals(pipe), experts1 = totals(experts),
+                   ring1 = totals(ring);
   StepStats st;
   st.step = step;
   st.loss = loss;

@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace forge::comm {
 
@@ -34,6 +35,10 @@ struct ProcessGroups {
 // Splits `world` into the layout's groups (collective over `world`). Throws forge::Error(kUsage) when
 // the world size is not the layout's.
 ProcessGroups make_groups(std::unique_ptr<Comm> world, const Layout& layout);
+
+// Every rank's `node` name (forge::node_name()), in rank order (collective over `group`; names are cut to
+// 63 bytes).
+std::vector<std::string> gather_node_names(Comm& group, const std::string& node);
 
 // Hybrid sharding (parallel.zero_group = node): `group`'s ranks on one node (`shard`, in group order) and
 // the ranks at the same place of the shard on every node (`replica`, in node order). Nodes are told apart by
