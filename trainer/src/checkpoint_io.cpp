@@ -73,7 +73,7 @@ void owned_parts(const Piece& piece, const std::vector<FlatRange>& ranges, Fn&& 
 
 // Visits (slice, pointer) for every piece this rank holds: parameters from the model's buffer (cut to
 // role.owned_params when set), moments from the optimizer's packed buffers, cut to its ranges. Loading
-// reads every piece the rank holds (role's other fields are the writer's).
+// reads every piece the rank holds (of role, only owned_params applies).
 template <typename Fn>
 void for_each_piece(GPT& model, AdamW* optimizer, bool saving, const SaveRole& role, Fn&& fn) {
   const ModelSlice& slice = model.slice();
@@ -240,9 +240,12 @@ namespace {
 // read_all, into the model's memory (through page-locked host memory on a device backend), then refreshes
 // the model's working copy.
 template <typename Wanted, typename ReadAll>
-size_t load_pieces(GPT& model, AdamW* optimizer, const SaveRole& role, Wanted&& wanted, ReadAll&& read_all) {
+size_t load_pieces(GPT& model, AdamW* optimizer, const std::vector<FlatRange>& owned, Wanted&& wanted,
+                   ReadAll&& read_all) {
   std::vector<ckpt::TensorRequest> requests;
   std::vector<float*> targets;
+  SaveRole role;
+  role.owned_params = owned;
   for_each_piece(model, optimizer, false, role, [&](const ckpt::Slice& s, float* data) {
     if (!wanted(std::string_view(s.name))) return;
     requests.push_back({s, data});
@@ -264,10 +267,10 @@ size_t load_pieces(GPT& model, AdamW* optimizer, const SaveRole& role, Wanted&& 
   if (staging)
     for (size_t i = 0; i < requests.size(); ++i)
       backend.copy_from_host(targets[i], requests[i].data, requests[i].slice.bytes());
-  if (role.owned_params.empty())
+  if (owned.empty())
     model.weights_changed();
   else  // the rest stays released
-    for (const FlatRange& r : role.owned_params) model.weights_changed(r);
+    for (const FlatRange& r : owned) model.weights_changed(r);
   return bytes;
 }
 
@@ -279,10 +282,8 @@ std::string_view param_of(std::string_view slice_name) {
 
 size_t load_checkpoint(const ckpt::Checkpoint& checkpoint, GPT& model, AdamW* optimizer, bool lm_only,
                        const std::vector<FlatRange>& owned_params) {
-  SaveRole role;
-  role.owned_params = owned_params;
   return load_pieces(
-      model, optimizer, role,
+      model, optimizer, owned_params,
       [&](std::string_view name) { return !lm_only || model_part(param_of(name)) == ModelPart::kLm; },
       [&](std::vector<ckpt::TensorRequest>& requests) { checkpoint.read(requests); });
 }

@@ -135,9 +135,10 @@ double Classifier::forward_backward(float* dx, const float* x, const DeviceBatch
 
 void Classifier::logits(float* out, const float* x, int rows) {
   if (backend_.host_memory()) return backend_.matmul_forward(out, x, wte_.value, nullptr, rows, C_, V_);
-  Buffer<float> buf = backend_.alloc<float>(size_t(rows) * size_t(V_));
-  backend_.matmul_forward(buf.data(), x, wte_.value, nullptr, rows, C_, V_);
-  backend_.copy_to_host(out, buf.data(), buf.size() * sizeof(float));
+  const size_t n = size_t(rows) * size_t(V_);
+  if (decoded_.size() < n) decoded_ = backend_.alloc<float>(n);
+  backend_.matmul_forward(decoded_.data(), x, wte_.value, nullptr, rows, C_, V_);
+  backend_.copy_to_host(out, decoded_.data(), n * sizeof(float));
 }
 
 double LmCrossEntropy::chunk(Backend& backend, float* logits, const DeviceBatch& batch, int row0, int rows,

@@ -158,15 +158,17 @@ double VocabParallelCrossEntropy::forward_backward(float* dx, const float* x, co
 void VocabParallelCrossEntropy::logits(float* out, const float* x, int rows) {
   if (sequence_ != nullptr)
     throw std::logic_error("VocabParallelCrossEntropy::logits: decoding under sequence parallelism");
+  // decoded_ holds this rank's columns, then every rank's (kept across decoding steps).
   const size_t part = size_t(rows) * size_t(V_), ranks = size_t(group_.size());
-  Buffer<float> mine = backend_.alloc<float>(part), all = backend_.alloc<float>(ranks * part);
-  backend_.matmul_forward(mine.data(), x, wte_.value, nullptr, rows, C_, V_);
-  group_.all_gather(mine.data(), all.data(), part, comm::CommType::kF32)->wait();
+  if (decoded_.size() < (ranks + 1) * part) decoded_ = backend_.alloc<float>((ranks + 1) * part);
+  float *mine = decoded_.data(), *all = mine + part;
+  backend_.matmul_forward(mine, x, wte_.value, nullptr, rows, C_, V_);
+  group_.all_gather(mine, all, part, comm::CommType::kF32)->wait();
   std::vector<float> copy;
-  const float* gathered = all.data();
+  const float* gathered = all;
   if (!backend_.host_memory()) {
-    copy.resize(all.size());
-    backend_.copy_to_host(copy.data(), all.data(), copy.size() * sizeof(float));
+    copy.resize(ranks * part);
+    backend_.copy_to_host(copy.data(), all, copy.size() * sizeof(float));
     gathered = copy.data();
   }
   // Rank q's block holds columns [q V_, (q + 1) V_) of every row.

@@ -131,6 +131,7 @@ class Classifier {
   RowGroup* row_group_ = nullptr;
   Buffer<float> chunk_;
   Buffer<float> nll_, coeff_;  // sequence losses: per position, in the backend's memory
+  Buffer<float> decoded_;      // logits(): the products of a decoding step, kept across steps
   std::vector<float> nll_host_, coeff_host_;
 };
 
