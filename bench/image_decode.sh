@@ -12,7 +12,4 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build/release}
 # shellcheck source=lib.sh
 source "$root/bench/lib.sh"
-build_targets image_decode.sh "$build" bench_image_decode
-machine
-"$build/bench/bench_image_decode" "${2:-200}" "${3:-640}" "${4:-480}" "${5:-3}"
-load_after
+run_bench image_decode.sh "$build" bench_image_decode "${2:-200}" "${3:-640}" "${4:-480}" "${5:-3}"

@@ -30,8 +30,20 @@ build_targets() {
 
 # machine [EXTRA]: the line every benchmark prints before it measures, which docs/PERFORMANCE.md's entries
 # quote: cores, architecture, CPU model, the load before, and EXTRA. load_after: the load when it is done.
+# shellcheck disable=SC2120 # EXTRA is optional
 machine() {
   echo "machine: $(nproc) cores, $(uname -m), $(lscpu | sed -n 's/^Model name: *//p'), load before:" \
     "$(cut -d' ' -f1-3 /proc/loadavg)${1:+; $1}"
 }
 load_after() { echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"; }
+
+# run_bench WHO BUILD TARGET [ARGS...]: the benchmark program TARGET built if needed (build_targets) and run
+# with ARGS between the machine line and the load after.
+run_bench() {
+  local who=$1 build=$2 target=$3
+  shift 3
+  build_targets "$who" "$build" "$target"
+  machine
+  "$build/bench/$target" "$@"
+  load_after
+}

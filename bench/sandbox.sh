@@ -8,7 +8,4 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build/release}
 # shellcheck source=lib.sh
 source "$root/bench/lib.sh"
-build_targets sandbox.sh "$build" bench_sandbox
-machine
-"$build/bench/bench_sandbox" "${2:-20}"
-load_after
+run_bench sandbox.sh "$build" bench_sandbox "${2:-20}"
