@@ -91,9 +91,16 @@ class CpuBackend final : public Backend {
     const uintptr_t page = uintptr_t(kPageBytes), lo = uintptr_t(x) / page * page, hi = uintptr_t(x + n);
     std::vector<unsigned char> in((hi - lo + page - 1) / page);
     if (n == 0 || mincore(reinterpret_cast<void*>(lo), hi - lo, in.data()) != 0) return n * sizeof(float);
-    size_t pages = 0;
-    for (unsigned char c : in) pages += c & 1;
-    return std::min(n * sizeof(float), pages * kPageBytes);
+    // The range's own bytes in each resident page: the first and last pages are shared with neighbours,
+    // and counting them whole (then clamping to n) let a release look a page smaller than it was.
+    const uintptr_t begin = uintptr_t(x);
+    size_t bytes = 0;
+    for (size_t i = 0; i < in.size(); ++i) {
+      if (!(in[i] & 1)) continue;
+      const uintptr_t page_lo = lo + i * page;
+      bytes += std::min(hi, page_lo + page) - std::max(begin, page_lo);
+    }
+    return bytes;
   }
 
   void embedding_forward(float* out, const int32_t* tokens, const int32_t* positions, const float* wte,
