@@ -7,6 +7,7 @@
 # update per rollout the training forward is the recomputation of the log-probabilities; training), the
 # rollouts' generation tokens/s, and `forge-gate generate` on the same checkpoint with the same batch,
 # sampling and prompts in the same run: the ratio RL / generate (the issue's goal: >= 0.9).
+# Then PPO with the same settings: its training time a step against GRPO's (the value head's cost).
 # Then the code reward: the same model on 100 prompts with Python tests (reward.weights = code:1), every
 # reply run in the bubblewrap sandbox, 1 and 2 at once (rl.sandbox_parallel); rewards per second and their
 # share of the step, next to the machine's limit measured in the same run: the same programs run by a bare
@@ -93,6 +94,23 @@ reply = mean(lambda r: r["rollout"]["reply_tokens"])
 print(f"reward {mean(lambda r: r['rollout']['reward']):.3f}, reply {reply:.1f} tokens")
 print(f"generation: {tps:.0f} tokens/s during RL, forge-gate generate {peer:.0f} tokens/s: "
       f"RL / generate {tps / peer:.2f}")
+PY
+
+# PPO on the same shape (run.objective = ppo, the same settings and seed): what the value head costs a step
+# (its estimates, the advantages along each reply, its share of the backward), against the GRPO run above.
+"$build/launcher/forge-train" "$root/configs/tiny.ini" --run.dir="$work/ppo" "${model[@]}" --run.objective=ppo \
+  --ckpt.init_from="$sft" --rl.format_dataset="$work/chat" --data.dataset="$work/sums" --data.batch=32 \
+  --rl.group_size=8 --rl.max_new_tokens=24 --optim.lr=1e-4 --optim.min_lr=1e-4 --optim.warmup_steps=0 \
+  --run.steps="$steps" --ckpt.milestone_every=0 2>"$work/ppo.log" || { tail -n3 "$work/ppo.log" >&2; exit 1; }
+/usr/bin/python3 - "$work/grpo/metrics/rank-0.jsonl" "$work/ppo/metrics/rank-0.jsonl" <<'PY'
+import json, sys
+runs = [[json.loads(l) for l in open(p)][2:] for p in sys.argv[1:]]
+mean = lambda rows, f: sum(f(r) for r in rows) / len(rows)
+(g_train, p_train), (g_gen, p_gen) = ([mean(rows, f) for rows in runs] for f in (
+    lambda r: r["step_ms"], lambda r: r["rollout"]["generation_ms"]))
+print(f"ppo: training {p_train:.1f} ms a step against grpo's {g_train:.1f} ms: ppo / grpo {p_train / g_train:.3f}; "
+      f"generation {p_gen:.1f} against {g_gen:.1f} ms; value loss {runs[1][0]['value_loss']:.4f} at step 3, "
+      f"{runs[1][-1]['value_loss']:.4f} at the last")
 PY
 
 # The code reward: each reply (a sentence from this model, which Python rejects: a sandbox run that fails,

@@ -8,6 +8,7 @@
 #include "forge/dataio/chat.h"
 #include "forge/dataio/image_text.h"
 #include "forge/dataio/manifest.h"
+#include "forge/dataio/prompts.h"
 #include "forge/dataio/tokenizer.h"
 #include "forge/trainer/checkpoint_io.h"
 #include "forge/trainer/hf.h"
@@ -46,17 +47,22 @@ std::string model_section(const trainer::ModelSpec& spec) {
 
 // The tokenizer files a model trained here hands on: its SentencePiece model, and a tokenizer_config.json
 // with forge's chat template and its special tokens. `given` (--tokenizer), else the training dataset's
-// tokenizer, which must be the one the checkpoint records.
+// tokenizer (for a run on a prompt set, which has none, that of the chat dataset its policy speaks:
+// rl.format_dataset), which must be the one the checkpoint records.
 void add_tokenizer(const Checkpoint& c, const std::string& given, trainer::HfExportOptions& o) {
   const Json& extra = c.manifest().meta.extra;
   std::string path = given;
   if (path.empty()) {
     const Json spec = extra.value("spec", Json::object());
-    const std::string dataset = spec.value("data.dataset", "");
+    std::string dataset = spec.value("data.dataset", "");
+    std::error_code ec;
+    if (fs::exists(fs::path(dataset) / "manifest.json", ec) &&
+        data::load_any_manifest(dataset).format == data::kPromptsFormat)
+      dataset = spec.value("rl.format_dataset", "");
     if (dataset.empty() || dataset == "synthetic" || !fs::exists(fs::path(dataset) / "manifest.json")) {
       fmt::print(stderr,
-                 "forge-ckpt: warning: no tokenizer exported: the training dataset '{}' is not here; give "
-                 "--tokenizer FILE\n",
+                 "forge-ckpt: warning: no tokenizer exported: the training dataset '{}' is not here (or, for "
+                 "a prompt set, rl.format_dataset is empty); give --tokenizer FILE\n",
                  dataset);
       return;
     }

@@ -13,7 +13,8 @@ namespace {
 // Serialized form: magic, rows, seq_len, which optional fields follow, then the arrays in field order.
 constexpr char kMagic[8] = {'F', 'M', 'B', 'A', 'T', 'C', 'H', '1'};
 constexpr uint32_t kHasWeights = 1, kHasPositions = 2, kHasSegments = 4, kHasReference = 8, kHasDomains = 16,
-                   kHasRollout = 32, kHasRolloutReference = 64, kHasImages = 128;
+                   kHasRollout = 32, kHasRolloutReference = 64, kHasImages = 128, kHasPpo = 256,
+                   kHasOldValues = 512;
 
 template <typename T>
 void put(std::string& out, const std::vector<T>& v) {
@@ -62,6 +63,8 @@ void MicroBatch::resize(int r, int t, Targets form) {
   advantages.clear();
   old_logps.clear();
   ref_logps.clear();
+  rewards.clear();
+  old_values.clear();
   image_pixels.clear();
   image_starts.clear();
 }
@@ -150,7 +153,11 @@ std::optional<std::string> MicroBatch::problem(int vocab, int max_positions) con
       (!positions.empty() && positions.size() != n) || (!segments.empty() && segments.size() != n) ||
       (!domains.empty() && domains.size() != size_t(rows)) ||
       (!advantages.empty() && (advantages.size() != size_t(rows) || old_logps.size() != n)) ||
-      (advantages.empty() && !old_logps.empty()) || (!ref_logps.empty() && ref_logps.size() != n))
+      (!rewards.empty() && (rewards.size() != size_t(rows) || old_logps.size() != n)) ||
+      (!advantages.empty() && !rewards.empty()) || (rewards.empty() && !old_values.empty()) ||
+      (!old_values.empty() && old_values.size() != n) ||
+      (advantages.empty() && rewards.empty() && !old_logps.empty()) ||
+      (!ref_logps.empty() && ref_logps.size() != n))
     return fmt::format("a micro-batch of {} x {} positions has fields of the wrong length", rows, seq_len);
   if (image_pixels.size() != images() * image_bytes() || (images() > 0 && image_tokens <= 0))
     return fmt::format("{} pictures of {}x{} with {} bytes of pixels and {} positions each", images(),
@@ -182,6 +189,10 @@ std::optional<std::string> MicroBatch::problem(int vocab, int max_positions) con
     }
     if (!advantages.empty() && i % size_t(seq_len) == 0 && !std::isfinite(advantages[i / size_t(seq_len)]))
       return where(i, fmt::format("advantage {} is not finite", advantages[i / size_t(seq_len)]));
+    if (!rewards.empty() && i % size_t(seq_len) == 0 && !std::isfinite(rewards[i / size_t(seq_len)]))
+      return where(i, fmt::format("reward {} is not finite", rewards[i / size_t(seq_len)]));
+    if (!old_values.empty() && !std::isfinite(old_values[i]))
+      return where(i, fmt::format("value {} is not finite", old_values[i]));
     for (const auto* logps : {&old_logps, &ref_logps})
       if (!logps->empty() && !(std::isfinite((*logps)[i]) && (*logps)[i] <= 0))
         return where(i, fmt::format("log-probability {} is not a finite value <= 0", (*logps)[i]));
@@ -218,6 +229,8 @@ MicroBatch MicroBatch::slice_rows(int first, int count) const {
   if (!advantages.empty()) append_rows(out.advantages, advantages, size_t(first), size_t(count));
   if (!old_logps.empty()) append_rows(out.old_logps, old_logps, lo, n);
   if (!ref_logps.empty()) append_rows(out.ref_logps, ref_logps, lo, n);
+  if (!rewards.empty()) append_rows(out.rewards, rewards, size_t(first), size_t(count));
+  if (!old_values.empty()) append_rows(out.old_values, old_values, lo, n);
   out.image_size = image_size;
   out.image_tokens = image_tokens;
   for (size_t k = 0; k < images(); ++k)
@@ -254,11 +267,15 @@ MicroBatch MicroBatch::concat(std::span<const MicroBatch> parts) {
       throw std::invalid_argument("MicroBatch::concat: preference pairs mixed with other rows");
     append_rows(out.reference_logps, p.reference_logps, 0, p.reference_logps.size());
     if (p.advantages.empty() != parts[0].advantages.empty() ||
+        p.rewards.empty() != parts[0].rewards.empty() ||
+        p.old_values.empty() != parts[0].old_values.empty() ||
         p.ref_logps.empty() != parts[0].ref_logps.empty())
       throw std::invalid_argument("MicroBatch::concat: sampled replies mixed with other rows");
     append_rows(out.advantages, p.advantages, 0, p.advantages.size());
     append_rows(out.old_logps, p.old_logps, 0, p.old_logps.size());
     append_rows(out.ref_logps, p.ref_logps, 0, p.ref_logps.size());
+    append_rows(out.rewards, p.rewards, 0, p.rewards.size());
+    append_rows(out.old_values, p.old_values, 0, p.old_values.size());
     if (p.images() > 0) {
       if (out.images() > 0 && (p.image_size != out.image_size || p.image_tokens != out.image_tokens))
         throw std::invalid_argument("MicroBatch::concat: pictures of different sizes");
@@ -285,7 +302,8 @@ std::string MicroBatch::serialize() const {
       (weights.empty() ? 0 : kHasWeights) | (positions.empty() ? 0 : kHasPositions) |
       (segments.empty() ? 0 : kHasSegments) | (reference_logps.empty() ? 0 : kHasReference) |
       (domains.empty() ? 0 : kHasDomains) | (advantages.empty() ? 0 : kHasRollout) |
-      (ref_logps.empty() ? 0 : kHasRolloutReference) | (image_starts.empty() ? 0 : kHasImages);
+      (ref_logps.empty() ? 0 : kHasRolloutReference) | (image_starts.empty() ? 0 : kHasImages) |
+      (rewards.empty() ? 0 : kHasPpo) | (old_values.empty() ? 0 : kHasOldValues);
   const uint32_t header[3] = {uint32_t(rows), uint32_t(seq_len), flags};
   out.append(reinterpret_cast<const char*>(header), sizeof header);
   put(out, inputs);
@@ -307,6 +325,8 @@ std::string MicroBatch::serialize() const {
     put(out, image_starts);
     put(out, image_pixels);
   }
+  put(out, rewards);  // after the pictures: the bytes written before PPO read back as they were
+  put(out, old_values);
   return out;
 }
 
@@ -331,7 +351,7 @@ MicroBatch MicroBatch::deserialize(std::string_view in) {
   take(in, b.reference_logps, header[2] & kHasReference ? 2 * size_t(b.rows) : 0);
   take(in, b.domains, header[2] & kHasDomains ? size_t(b.rows) : 0);
   take(in, b.advantages, header[2] & kHasRollout ? size_t(b.rows) : 0);
-  take(in, b.old_logps, header[2] & kHasRollout ? n : 0);
+  take(in, b.old_logps, header[2] & (kHasRollout | kHasPpo) ? n : 0);
   take(in, b.ref_logps, header[2] & kHasRolloutReference ? n : 0);
   if (header[2] & kHasImages) {
     std::vector<int64_t> shape;
@@ -343,6 +363,8 @@ MicroBatch MicroBatch::deserialize(std::string_view in) {
     take(in, b.image_starts, size_t(shape[2]));
     take(in, b.image_pixels, size_t(shape[2]) * b.image_bytes());
   }
+  take(in, b.rewards, header[2] & kHasPpo ? size_t(b.rows) : 0);
+  take(in, b.old_values, header[2] & kHasOldValues ? n : 0);
   if (!in.empty()) fail(ExitCode::kData, "serialized micro-batch has {} trailing bytes", in.size());
   return b;
 }

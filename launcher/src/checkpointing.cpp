@@ -210,6 +210,9 @@ void RunCheckpoints::start_from_parent() {
   if (adds_vision)
     for (auto it = model.begin(); it != model.end();)
       it = it.key().starts_with("vision.") ? model.erase(it) : std::next(it);
+  // PPO starts from a policy without a value head (an SFT run's): the head starts as initialised.
+  const bool adds_value_head = spec_.model.value_head && !saved.contains("value_head");
+  if (adds_value_head) model.erase("value_head");
   ckpt::check_expectations(source.manifest(), {.model_config = model, .dataset_version = {}}, init_from_);
   const ckpt::CheckpointMeta& parent = source.manifest().meta;
   const bool keep = config_.get<std::string>("ckpt.init_optimizer") == "keep";
@@ -218,8 +221,18 @@ void RunCheckpoints::start_from_parent() {
                    fmt::format("is keep, but {} is a text-only model and [vision] adds a tower and projector "
                                "it has no moments for: use reset",
                                init_from_));
-  trainer::load_checkpoint(source, trainer_.model_to_load(), keep ? &trainer_.optimizer() : nullptr,
-                           adds_vision, role_.owned_params);
+  if (keep && adds_value_head)
+    config_.reject(
+        "ckpt.init_optimizer",
+        fmt::format("is keep, but {} has no value head, which run.objective = ppo adds and it has no "
+                    "moments for: use reset",
+                    init_from_));
+  const auto wanted = [&](std::string_view param) {
+    if (adds_value_head && param.starts_with("value_head.")) return false;
+    return !adds_vision || trainer::model_part(param) == trainer::ModelPart::kLm;
+  };
+  trainer::load_checkpoint(source, trainer_.model_to_load(), keep ? &trainer_.optimizer() : nullptr, wanted,
+                           role_.owned_params);
   if (keep)
     trainer_.optimizer().set_moment_steps_before(parent.step +
                                                  parent.extra.value(kMomentStepsBefore, int64_t{0}));
@@ -255,7 +268,7 @@ int64_t RunCheckpoints::load(const ckpt::Checkpoint& checkpoint, const char* ver
   const auto& m = checkpoint.manifest();
   check_data_cursor(checkpoint.dir(), m.meta.data_cursor, spec_.domain_weights);
   const size_t bytes = trainer::load_checkpoint(checkpoint, trainer_.model_to_load(), &trainer_.optimizer(),
-                                                false, role_.owned_params);
+                                                {}, role_.owned_params);
   spdlog::info("read {:.2f} MiB of {}{}", double(bytes) / (1024.0 * 1024.0), checkpoint.dir(),
                role_.owned_params.empty() ? "" : " (its ranges of the weights: ZeRO-3)");
   // What computed the saved weights: checkpoints before the device keys recorded the precision in their

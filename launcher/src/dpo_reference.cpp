@@ -77,12 +77,19 @@ std::string place_for(const trainer::TrainSpec& spec, const Json& key) {
   return "";
 }
 
+// The reference's model: the policy's, without a value head (PPO's critic is not the reference's).
+trainer::ModelSpec reference_spec(const trainer::TrainSpec& spec) {
+  trainer::ModelSpec m = spec.model;
+  m.value_head = false;
+  return m;
+}
+
 // The reference checkpoint, which must hold the spec's model.
 ckpt::Checkpoint open_reference(const trainer::TrainSpec& spec, const std::string& reference_dir) {
   ckpt::Checkpoint checkpoint = ckpt::Checkpoint::open(reference_dir);
-  ckpt::check_expectations(checkpoint.manifest(),
-                           {.model_config = trainer::model_spec_json(spec.model), .dataset_version = {}},
-                           reference_dir);
+  ckpt::check_expectations(
+      checkpoint.manifest(),
+      {.model_config = trainer::model_spec_json(reference_spec(spec)), .dataset_version = {}}, reference_dir);
   return checkpoint;
 }
 
@@ -93,7 +100,8 @@ std::unique_ptr<trainer::GPT> reference_model(const trainer::TrainSpec& spec,
                                               std::shared_ptr<const trainer::Loss> loss,
                                               trainer::Backend& backend) {
   return std::make_unique<trainer::GPT>(
-      spec.model, trainer::ModelSetup{.batch = spec.batch, .backend = &backend, .loss = std::move(loss)});
+      reference_spec(spec),
+      trainer::ModelSetup{.batch = spec.batch, .backend = &backend, .loss = std::move(loss)});
 }
 
 }  // namespace

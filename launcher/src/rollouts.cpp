@@ -11,6 +11,7 @@
 #include "forge/eval_gate/prompt_format.h"
 #include "forge/eval_gate/rewards.h"
 #include "forge/trainer/loss.h"
+#include "forge/trainer/objective.h"
 #include "forge/trainer/parallel.h"
 
 #include <fmt/format.h>
@@ -73,17 +74,21 @@ class Rollouts final : public DataSource {
       : spec_(spec), dp_rank_(dp_rank), rewards_(reward_settings(spec)) {
     const std::string init_from = config.get<std::string>("ckpt.init_from");
     if (init_from.empty())
-      config.reject("ckpt.init_from",
-                    "run.objective = grpo improves a model that can already answer its prompts: set it to "
-                    "that model's checkpoint (an SFT run's release, scripts/sbatch/finetune.sbatch)");
+      config.reject(
+          "ckpt.init_from",
+          fmt::format("run.objective = {} improves a model that can already answer its prompts: set "
+                      "it to that model's checkpoint (an SFT run's release, "
+                      "scripts/sbatch/finetune.sbatch)",
+                      objective_));
     const std::string format =
         spec.dataset == "synthetic" ? "synthetic" : data::load_any_manifest(spec.dataset).format;
     if (format != data::kPromptsFormat)
       config.reject(
           "run.objective",
-          fmt::format("grpo samples replies to a prompt set, and {} is {}: prepare one with `forge-data "
+          fmt::format("{} samples replies to a prompt set, and {} is {}: prepare one with `forge-data "
                       "prepare --format prompts` and name it in data.dataset",
-                      spec.dataset, format == "synthetic" ? "the synthetic stream" : "format " + format));
+                      objective_, spec.dataset,
+                      format == "synthetic" ? "the synthetic stream" : "format " + format));
     set_ = data::load_prompt_set(spec.dataset);
     check_scorable(set_, rewards_.settings());
     format_ = gate::PromptFormat::of_model(init_from, spec.rl.format_dataset);
@@ -105,8 +110,8 @@ class Rollouts final : public DataSource {
     }
     const int per_step = spec.layout.dp * spec.microbatches * spec.batch / spec.rl.group_size;
     if (dp_rank == 0)
-      spdlog::info("grpo: {} prompts of {} per step, {} replies each, reward {}{}", per_step, set_.dir,
-                   spec.rl.group_size, spec.rl.reward.weights.size(), kl);
+      spdlog::info("{}: {} prompts of {} per step, {} replies each, reward {}{}", objective_, per_step,
+                   set_.dir, spec.rl.group_size, spec.rl.reward.weights.size(), kl);
   }
 
   void set_policy(trainer::ParallelTrainer& policy) override { policy_ = &policy; }
@@ -194,7 +199,10 @@ class Rollouts final : public DataSource {
     const double reward_s = seconds_since(t0);
     std::vector<float> totals(rewards.size());
     for (size_t k = 0; k < rewards.size(); ++k) totals[k] = float(rewards[k].total);
-    const std::vector<float> advantages = trainer::grpo_advantages(totals, G, spec_.rl.scale_rewards);
+    // GRPO's baseline is the group's mean; PPO's the value head, along each reply in the loss (PpoLoss).
+    const bool ppo = spec_.objective == trainer::Objective::kPpo;
+    const std::vector<float> advantages =
+        ppo ? totals : trainer::grpo_advantages(totals, G, spec_.rl.scale_rewards);
 
     std::vector<MicroBatch>& out = rollout_;
     out.resize(size_t(M));
@@ -250,6 +258,7 @@ class Rollouts final : public DataSource {
         // in FP32, a metric in BF16.
         model.forward_loss(batch, token_logps_.get());
         batch.old_logps = token_logps_->last();
+        if (ppo) batch.old_values = token_logps_->last_values();
         for (size_t pos = 0; pos < batch.size(); ++pos) {
           if (batch.targets[pos] == MicroBatch::kIgnore) continue;
           const double d = std::fabs(double(batch.old_logps[pos]) - double(sampled[pos]));
@@ -258,8 +267,8 @@ class Rollouts final : public DataSource {
           scored += 1;
         }
       }
-      batch.advantages.assign(advantages.begin() + ptrdiff_t(i * B),
-                              advantages.begin() + ptrdiff_t((i + 1) * B));
+      (ppo ? batch.rewards : batch.advantages)
+          .assign(advantages.begin() + ptrdiff_t(i * B), advantages.begin() + ptrdiff_t((i + 1) * B));
     }
     summarise(rewards, gens, generator_->stats().new_tokens - before.new_tokens, generation_s, reward_s,
               scoring.span_seconds(), logp_diff_sum, logp_diff_max, scored);
@@ -355,7 +364,6 @@ class Rollouts final : public DataSource {
     metrics_ = {{"reward", mean},
                 {"reward_std", std::sqrt(std::max(0.0, sums[kReward2] / n - mean * mean))},
                 {"reward_parts", parts},
-                {"flat_groups", sums[kFlatGroups] / sums[kGroups]},
                 {"reply_tokens", sums[kTokens] / n},
                 {"stopped", sums[kStopped] / n},
                 {"generation_ms", slowest[0] * 1e3},
@@ -369,9 +377,12 @@ class Rollouts final : public DataSource {
       metrics_["logp_diff_max"] = slowest[2];
     }
     if (!sandbox.empty()) metrics_["sandbox"] = sandbox;
+    if (G >= 2)
+      metrics_["flat_groups"] = sums[kFlatGroups] / sums[kGroups];  // a group of one is its own mean
   }
 
   const trainer::TrainSpec& spec_;
+  std::string_view objective_ = trainer::traits(spec_.objective).name;
   int dp_rank_;
   gate::RewardModel rewards_;
   data::PromptSet set_;
@@ -379,7 +390,9 @@ class Rollouts final : public DataSource {
   gate::Stops stops_;
   trainer::ParallelTrainer* policy_ = nullptr;
   std::optional<gate::Generator> generator_;
-  std::shared_ptr<trainer::TokenLogps> token_logps_ = std::make_shared<trainer::TokenLogps>();
+  // The rollout's log-probabilities (and PPO's values) under the weights that sampled it.
+  std::shared_ptr<trainer::TokenLogps> token_logps_ =
+      std::make_shared<trainer::TokenLogps>(spec_.objective == trainer::Objective::kPpo);
   std::shared_ptr<trainer::TokenLogps> reference_logps_ = std::make_shared<trainer::TokenLogps>();
   std::unique_ptr<trainer::GPT> reference_;
   std::vector<size_t> order_;

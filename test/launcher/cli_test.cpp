@@ -204,7 +204,7 @@ TEST_CASE("run.objective = sft trains the replies a chat dataset's loss masks ma
   r = run(vlm + " --run.objective=sft --vision.image_size=16");
   CHECK(r.code == 64);
   CHECK_THAT(r.output, Catch::Contains("vision.image_size = 16") && Catch::Contains("32 x 32 pixels"));
-  r = run(tiny(dir) + " --run.objective=ppo");
+  r = run(tiny(dir) + " --run.objective=reinforce");
   CHECK(r.code == 64);
   CHECK_THAT(r.output, Catch::Contains("run.objective"));
   CHECK_FALSE(fs::exists(dir / "run"));

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run.objective = grpo end to end on the real binaries: a chat model fine-tuned on sums (forge-data
+# run.objective = grpo (and ppo) end to end on the real binaries: a chat model fine-tuned on sums (forge-data
 # prepare --format chat, run.objective = sft), a prompt set of sums (forge-data prepare --format prompts),
 # then GRPO from that model: rollouts sampled on the training ranks with the weights being trained, scored
 # by the gate's exact match, the ratio exactly 1 and the KL to the (identical) reference exactly 0 at the
@@ -7,10 +7,11 @@
 # on a second run, after a preemption and on 2 data-parallel ranks; code rewards through the sandbox, the
 # same whether scored while sampling or after; the
 # candidate gated with its prompt set (its loss measured on the chat dataset it speaks, the suites against
-# the model it started from); what grpo needs refused with 64 or 65.
-# Usage: grpo_test.sh FORGE_TRAIN FORGE_DATA SOURCE_DIR FORGE_GATE
+# the model it started from); PPO with a value head added to that model (on policy, resumed, on dp and tp
+# ranks, gated); what grpo and ppo need refused with 64 or 65.
+# Usage: grpo_test.sh FORGE_TRAIN FORGE_DATA SOURCE_DIR FORGE_GATE FORGE_CKPT
 set -uo pipefail
-train=$1 data=$2 src=$3 gate=$4
+train=$1 data=$2 src=$3 gate=$4 ckpt=$5
 work=$(mktemp -d)
 trap '[ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 # shellcheck source=test/parallel/common.sh
@@ -225,6 +226,78 @@ rc=0
   "$work/gate-bad.log" || fail "a prompt set for an sft model: exit $rc, $(tail -n1 "$work/gate-bad.log")"
 [ ! -e "$work/gate-bad/verdict.json" ] || fail "a refused gate left a verdict"
 
+# PPO from the same policy, which has no value head: the head is added (ModelSpec::value_head) and trains
+# beside the policy, its estimates the advantages' baseline (GAE). At one update per rollout the ratio is
+# exactly 1 and the values are the forward's own (the value clip never holds); the value loss falls as the
+# head learns what the replies earn. The same rollouts and curve after a preemption, on 2 data-parallel and
+# on 2 tensor-parallel ranks; two updates per rollout record the rollout's values and clip against them; the
+# candidate is gated like GRPO's.
+ppo=("${model[@]}" "${rl[@]/--run.objective=grpo/--run.objective=ppo}" --rl.group_size=2 --data.batch=8
+  --data.dataset="$work/sums" --rl.value_coef=0.5)
+"$train" "$src/configs/tiny.ini" --run.dir="$work/ppo" "${ppo[@]}" --run.steps=60 --ckpt.milestone_every=60 2>"$work/ppo.log" ||
+  fail "ppo run: $(tail -n1 "$work/ppo.log")"
+grep -q "initialised weights from .*step-00000300" "$work/ppo.log" || fail "ppo did not start from the sft policy"
+python3 - "$work/ppo/metrics/rank-0.jsonl" <<'EOF_PY' || fail "the PPO metrics are wrong"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 60, len(rows)
+for r in rows:
+    assert r["ratio"] == 1.0 and r["clip_fraction"] == 0.0 and r["value_clip_fraction"] == 0.0, r
+    assert r["value_loss"] > 0 and "value" in r and 0 <= r["rollout"]["reward"] <= 1, r
+    assert r["rollout"]["logp_diff_max"] < 1e-4, r["rollout"]
+mean = lambda key, a, b: sum(r[key] for r in rows[a:b]) / (b - a)
+first, last = mean("value_loss", 0, 10), mean("value_loss", 50, 60)
+assert last < 0.75 * first, ("the value head did not learn", first, last)
+print(f"ppo: value loss {first:.4f} over the first 10 steps, {last:.4f} over the last 10; reward by 20 steps",
+      [round(sum(r["rollout"]["reward"] for r in rows[i:i + 20]) / 20, 3) for i in range(0, 60, 20)])
+EOF_PY
+preempt_and_resume "$work/ppo-r" 4 "$work/ppo-r.log" "$train" "$src/configs/tiny.ini" --run.dir="$work/ppo-r" \
+  "${ppo[@]}" --run.steps=60 || fail "ppo: preempt and resume"
+same "$work/ppo/metrics/rank-0.jsonl" "$work/ppo-r/metrics/rank-0.jsonl" loss value_loss rollout.reward ||
+  fail "ppo: the resumed run's curve differs"
+"$train" "$src/configs/tiny.ini" --run.dir="$work/ppo-u2" "${ppo[@]}" --rl.updates_per_rollout=2 --run.steps=10 \
+  2>"$work/ppo-u2.log" || fail "ppo, two updates per rollout: $(tail -n1 "$work/ppo-u2.log")"
+python3 - "$work/ppo-u2/metrics/rank-0.jsonl" <<'EOF_PY' || fail "ppo, two updates per rollout"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+firsts, seconds = rows[0::2], rows[1::2]
+assert all(r["ratio"] == 1.0 and r["value_clip_fraction"] == 0.0 for r in firsts), firsts[0]
+assert any(r["ratio"] != 1.0 for r in seconds), seconds
+EOF_PY
+ppo_layout=("${model[@]}" "${rl[@]/--run.objective=grpo/--run.objective=ppo}" --rl.group_size=2 --data.batch=4
+  --data.dataset="$work/sums" --run.steps=5)
+"$train" "$src/configs/tiny.ini" --run.dir="$work/ppo-dp1" "${ppo_layout[@]}" --parallel.microbatches=2 \
+  2>"$work/ppo-dp1.log" || fail "ppo dp1: $(tail -n1 "$work/ppo-dp1.log")"
+mpirun -np 2 "$train" "$src/configs/tiny.ini" --run.dir="$work/ppo-dp2" "${ppo_layout[@]}" --parallel.dp=2 \
+  2>"$work/ppo-dp2.log" || fail "ppo dp2: $(tail -n1 "$work/ppo-dp2.log")"
+mpirun -np 2 "$train" "$src/configs/tiny.ini" --run.dir="$work/ppo-tp2" "${ppo_layout[@]}" \
+  --parallel.microbatches=2 --parallel.tp=2 2>"$work/ppo-tp2.log" || fail "ppo tp2: $(tail -n1 "$work/ppo-tp2.log")"
+for other in ppo-dp2 ppo-tp2; do
+  compare "$work/ppo-dp1" "$work/$other"
+  same "$work/ppo-dp1/metrics/rank-0.jsonl" "$work/$other/metrics/rank-0.jsonl" rollout.reward \
+    rollout.reply_tokens || fail "$other sampled other rollouts"
+done
+sed 's/required.grpo = sums/required.ppo = sums/' "$work/gate.ini" >"$work/gate-ppo.ini"
+"$gate" evaluate --checkpoint "$work/ppo/checkpoints/milestone/step-00000060" --dataset "$work/sums" \
+  --baseline "$sft" --policy "$work/gate-ppo.ini" --out "$work/gate-ppo" --no-promote --threads 1 \
+  >"$work/gate-ppo.log" 2>&1 || fail "gate of the ppo candidate: exit $?, $(tail -n2 "$work/gate-ppo.log")"
+python3 -c 'import json, sys; v = json.load(open(sys.argv[1])); assert v["suites"]["sums"]["metrics"]["accuracy"]["n"] == 20, v' \
+  "$work/gate-ppo/verdict.json" || fail "the ppo candidate's verdict is wrong"
+# Handed back as open weights: the policy in the Hugging Face layout, the critic left behind.
+"$ckpt" export "$work/ppo/checkpoints/milestone/step-00000060" --format hf --out "$work/ppo-hf" \
+  >"$work/export.log" 2>&1 || fail "export of the ppo candidate: $(tail -n1 "$work/export.log")"
+python3 - "$work/ppo-hf" <<'EOF_PY' || fail "the exported ppo policy is wrong"
+import glob, json, struct, sys
+names = []
+for f in glob.glob(f"{sys.argv[1]}/*.safetensors"):
+    with open(f, "rb") as fh:
+        names += [k for k in json.loads(fh.read(struct.unpack("<Q", fh.read(8))[0])) if k != "__metadata__"]
+assert "lm_head.weight" in names or "transformer.wte.weight" in names, names
+assert not any("value" in k for k in names), names
+# The tokenizer of the chat dataset the policy speaks (rl.format_dataset): a prompt set has none.
+assert glob.glob(f"{sys.argv[1]}/tokenizer.*"), "no tokenizer exported"
+EOF_PY
+
 # Bad input: one line naming the key or file, 64 or 65, nothing trained.
 refused() {  # refused RC PATTERN ARGS...
   local rc=$1 pattern=$2
@@ -246,9 +319,15 @@ refused 64 "rl.updates_per_rollout.*\[1, 64\]" --rl.updates_per_rollout=0 --data
 refused 64 "run.steps.*multiple of rl.updates_per_rollout = 2" --rl.updates_per_rollout=2 --data.dataset="$work/sums"
 refused 65 "prompts.jsonl: 4 of 4 prompts.*no answer" --data.dataset="$work/code"
 refused 64 "run.objective" --data.dataset="$work/chat"
+refused 64 "rl.value_coef.*PPO's value head" --rl.value_coef=1 --data.dataset="$work/sums"
+refused 64 "model.value_head.*only run.objective = ppo" --model.value_head=on --data.dataset="$work/sums"
+"$train" "$src/configs/tiny.ini" --run.dir="$work/bad" "${ppo[@]}" --ckpt.init_optimizer=keep --run.steps=1 \
+  >"$work/bad.log" 2>&1
+[ $? -eq 64 ] && grep -q "ckpt.init_optimizer.*has no value head" "$work/bad.log" && [ ! -e "$work/bad/checkpoints" ] ||
+  { cat "$work/bad.log" >&2; fail "ppo keeping moments the head has none of: not 64"; }
 no_policy=()
 for a in "${rl[@]}"; do [[ $a == --ckpt.init_from=* ]] || no_policy+=("$a"); done
 "$train" "$src/configs/tiny.ini" --run.dir="$work/bad" "${model[@]}" "${no_policy[@]}" \
   --data.dataset="$work/sums" --data.batch=8 --run.steps=1 >"$work/bad.log" 2>&1
 [ $? -eq 64 ] && grep -q "ckpt.init_from" "$work/bad.log" || { cat "$work/bad.log" >&2; fail "no policy: not 64"; }
-echo "grpo: ok"
+echo "grpo and ppo: ok"

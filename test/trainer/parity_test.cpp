@@ -447,3 +447,114 @@ TEST_CASE(
   }
   CHECK(figures.at("logp_diff_mean") / weight == Approx(off / weight).epsilon(1e-3));
 }
+
+// The fixture's replies as PPO sees them: rewards instead of advantages, the rollout's values; the model
+// with the fixture's value head.
+MicroBatch fixture_ppo_rollout(const H5Fixture& f, const TrainSpec& spec) {
+  MicroBatch batch = fixture_rollout(f, spec);
+  batch.advantages.clear();
+  batch.rewards = f.floats("grpo/rewards");
+  batch.old_values = f.floats("ppo/old_values");
+  return batch;
+}
+
+TrainSpec fixture_ppo_spec(const H5Fixture& f) {
+  TrainSpec spec = fixture_spec(f);
+  spec.model.value_head = true;
+  return spec;
+}
+
+void load_with_value_head(GPT& model, const H5Fixture& f) {
+  for (const auto& p : model.params()) {
+    const auto w = f.floats((p.name.starts_with("value_head.") ? "ppo/init/" : "init/") + p.name);
+    REQUIRE(w.size() == p.numel);
+    std::copy(w.begin(), w.end(), model.weight(p.name).begin());
+  }
+  model.weights_changed();
+}
+
+PpoOptions fixture_ppo(const H5Fixture& f) {
+  return {f.attr("ppo/gamma"), f.attr("ppo/lam"), f.attr("ppo/value_coef"), f.attr("ppo/value_clip")};
+}
+
+TEST_CASE("GAE: one-step errors at lambda 0, reward minus value at gamma = lambda = 1", "[trainer][ppo]") {
+  const std::vector<float> rewards = {0, 0, 2}, values = {0.5f, 1.0f, 1.5f};
+  std::vector<float> adv(3);
+  gae(rewards, values, 1.0, 1.0, adv);
+  CHECK(adv == std::vector<float>{1.5f, 1.0f, 0.5f});  // 2 - V_t
+  gae(rewards, values, 0.5, 0.0, adv);
+  CHECK(adv == std::vector<float>{0.0f, -0.25f, 0.5f});  // r_t + 0.5 V_(t+1) - V_t
+  gae(rewards, values, 0.5, 0.5, adv);
+  CHECK(adv[2] == 0.5f);
+  CHECK(adv[1] == Approx(-0.25 + 0.25 * 0.5));
+  CHECK(adv[0] == Approx(0.0 + 0.25 * (-0.25 + 0.25 * 0.5)));
+}
+
+TEST_CASE("PPO matches PyTorch: advantages by GAE, the clipped value loss, the value head's gradients",
+          "[trainer][parity][ppo]") {
+  const H5Fixture f(fixture_path());
+  const TrainSpec spec = fixture_ppo_spec(f);
+  for (const auto& [norm, group] :
+       {std::pair{GrpoOptions::Norm::kToken, "token"}, std::pair{GrpoOptions::Norm::kSequence, "sequence"}}) {
+    INFO(group);
+    GrpoOptions policy = fixture_grpo(f, norm);
+    const auto loss = std::make_shared<PpoLoss>(policy, fixture_ppo(f));
+    GPT model(spec.model, {.batch = 4, .loss = loss});
+    load_with_value_head(model, f);
+    const MicroBatch batch = fixture_ppo_rollout(f, spec);
+    REQUIRE_FALSE(batch.problem(spec.model.vocab, spec.model.max_positions));
+    model.zero_grad();
+    const double weight = loss->weight(batch);
+    const LossSums sums = model.forward_backward(batch, float(1.0 / weight));
+    const double ref_loss = f.doubles(std::string("ppo/") + group + "/loss")[0];
+    CHECK(std::abs(sums.loss / sums.weight - ref_loss) < 1e-5 * std::max(1.0, std::abs(ref_loss)));
+    for (const auto& p : model.params()) {
+      INFO(p.name);
+      CHECK(rel_diff(model.grad(p.name), f.floats(std::string("ppo/") + group + "/grad/" + p.name)) < 2e-5);
+    }
+    const auto m = loss->take_metrics();
+    const std::map<std::string, double> figures(m.begin(), m.end());
+    CHECK(figures.at("value_clip_fraction") > 0);  // the fixture's old values are off by more than the clip
+    CHECK(figures.at("value_loss") > 0);
+    CHECK(figures.at("clip_fraction") > 0);
+  }
+}
+
+TEST_CASE("PPO on policy: ratio exactly 1, the values the forward's own, the clip never holds",
+          "[trainer][ppo]") {
+  // One update per rollout: no old values; the forward's own (detached) are the rollout's, so the value
+  // term is the plain squared error to the returns, and the loss equals the off-policy loss given those
+  // values as old ones, bit for bit.
+  const H5Fixture f(fixture_path());
+  const TrainSpec spec = fixture_ppo_spec(f);
+  MicroBatch recorded = fixture_ppo_rollout(f, spec);
+  const auto record = std::make_shared<TokenLogps>(true);
+  GPT sampler(spec.model, {.batch = 4, .loss = record});
+  load_with_value_head(sampler, f);
+  sampler.forward_loss(recorded);
+  recorded.old_logps = recorded.ref_logps = record->last();
+  recorded.old_values = record->last_values();
+
+  auto run = [&](const MicroBatch& batch, bool on_policy) {
+    const auto loss = std::make_shared<PpoLoss>(
+        GrpoOptions{0.2, 0.28, 0.05, GrpoOptions::Norm::kToken, on_policy}, fixture_ppo(f));
+    GPT model(spec.model, {.batch = 4, .loss = loss});
+    load_with_value_head(model, f);
+    model.zero_grad();
+    const LossSums sums = model.forward_backward(batch, float(1.0 / loss->weight(batch)));
+    std::vector<float> grads(model.grads().begin(), model.grads().end());
+    const auto m = loss->take_metrics();
+    return std::tuple{sums.loss, grads, std::map<std::string, double>(m.begin(), m.end())};
+  };
+  MicroBatch on_policy = recorded;
+  on_policy.old_values.clear();
+  const auto [loss_recorded, grads_recorded, figures_recorded] = run(recorded, false);
+  const auto [loss_on_policy, grads_on_policy, figures] = run(on_policy, true);
+  CHECK(loss_on_policy == loss_recorded);
+  CHECK(grads_on_policy == grads_recorded);
+  CHECK(figures.at("ratio") == recorded.weight_sum());
+  CHECK(figures.at("kl") == 0.0);
+  CHECK(figures.at("value_clip_fraction") == 0.0);
+  CHECK(figures_recorded.at("value_clip_fraction") == 0.0);
+  CHECK(figures.at("value_loss") > 0);
+}

@@ -2,6 +2,7 @@
 // was set, before anything is allocated.
 #include "forge/trainer/spec.h"
 #include "forge/common/error.h"
+#include "forge/trainer/checkpoint_io.h"
 #include "support/temp_dir.h"
 
 #include <catch2/catch.hpp>
@@ -58,8 +59,8 @@ TEST_CASE("run.objective: every objective of the table resolves to its own trait
       CHECK_THAT(usage_error({keys[0], keys.size() > 1 ? keys[1] : "--run.seed=1", "--parallel.cp=2"}),
                  Catch::Contains("run.objective = " + std::string(t.name)));
   }
-  CHECK(find_objective("ppo") == nullptr);
-  CHECK_THAT(usage_error({"--run.objective=ppo"}), Catch::Contains("run.objective"));
+  CHECK(find_objective("reinforce") == nullptr);
+  CHECK_THAT(usage_error({"--run.objective=reinforce"}), Catch::Contains("run.objective"));
   // Which positions are scored, by dataset format.
   CHECK_FALSE(scores_replies(traits(Objective::kLm), "chat"));
   CHECK(scores_replies(traits(Objective::kSft), "chat"));
@@ -68,6 +69,29 @@ TEST_CASE("run.objective: every objective of the table resolves to its own trait
   CHECK(reads_format(traits(Objective::kLm), "preference"));
   CHECK_FALSE(reads_format(traits(Objective::kDistill), "preference"));
   CHECK_FALSE(reads_format(traits(Objective::kDpo), "chat"));
+}
+
+TEST_CASE("run.objective = ppo: a value head, its keys PPO's alone", "[trainer][spec][ppo]") {
+  const TrainSpec ppo = train_spec(load({"--run.objective=ppo", "--rl.group_size=1", "--rl.lambda=0.9"}));
+  CHECK(ppo.model.value_head);
+  CHECK(ppo.rl.group_size == 1);
+  CHECK(ppo.rl.ppo.lambda == 0.9);
+  CHECK(model_spec_json(ppo.model).at("value_head") == "on");
+  CHECK(model_spec_from_json(model_spec_json(ppo.model), "here").value_head);
+  const TrainSpec grpo = train_spec(load({"--run.objective=grpo"}));
+  CHECK_FALSE(grpo.model.value_head);
+  CHECK_FALSE(model_spec_json(grpo.model).contains("value_head"));
+  for (const char* key : {"--rl.gamma=0.99", "--rl.lambda=0.9", "--rl.value_coef=1", "--rl.value_clip=0.5"})
+    CHECK_THAT(usage_error({"--run.objective=grpo", key}),
+               Catch::Contains(std::string(key).substr(2, std::string(key).find('=') - 2)) &&
+                   Catch::Contains("PPO's value head"));
+  CHECK_THAT(usage_error({"--run.objective=grpo", "--model.value_head=on"}),
+             Catch::Contains("model.value_head") && Catch::Contains("only run.objective = ppo"));
+  CHECK_THAT(usage_error({"--run.objective=ppo", "--model.value_head=off"}),
+             Catch::Contains("model.value_head"));
+  CHECK_THAT(usage_error({"--run.objective=grpo", "--rl.group_size=1"}), Catch::Contains("rl.group_size"));
+  CHECK_THAT(usage_error({"--run.objective=ppo", "--rl.gamma=1.5"}), Catch::Contains("rl.gamma"));
+  CHECK_THAT(usage_error({"--run.objective=ppo", "--rl.value_clip=0"}), Catch::Contains("rl.value_clip"));
 }
 
 TEST_CASE("inconsistent model configs are rejected naming key and rule", "[trainer][spec]") {

@@ -162,6 +162,7 @@ std::vector<std::pair<std::string, Json>> architecture(const ModelSpec& m) {
   if (v.enabled() && v.norm_eps != VisionSpec{}.norm_eps)
     out.push_back({"vision.norm_eps", double(v.norm_eps)});
   if (v.enabled() && !v.post_norm) out.push_back({"vision.post_norm", on_off(false)});
+  if (m.value_head) out.push_back({"value_head", on_off(true)});
   return out;
 }
 
@@ -280,11 +281,12 @@ std::string_view param_of(std::string_view slice_name) {
 
 }  // namespace
 
-size_t load_checkpoint(const ckpt::Checkpoint& checkpoint, GPT& model, AdamW* optimizer, bool lm_only,
+size_t load_checkpoint(const ckpt::Checkpoint& checkpoint, GPT& model, AdamW* optimizer,
+                       const std::function<bool(std::string_view param)>& wanted,
                        const std::vector<FlatRange>& owned_params) {
   return load_pieces(
       model, optimizer, owned_params,
-      [&](std::string_view name) { return !lm_only || model_part(param_of(name)) == ModelPart::kLm; },
+      [&](std::string_view name) { return !wanted || wanted(param_of(name)); },
       [&](std::vector<ckpt::TensorRequest>& requests) { checkpoint.read(requests); });
 }
 

@@ -357,7 +357,8 @@ HfImport import_hf(const std::string& dir_name, const std::string& out, bool rep
 HfExport export_hf(const ckpt::Checkpoint& checkpoint, const std::string& out_name,
                    const HfExportOptions& options) {
   const ckpt::Manifest& manifest = checkpoint.manifest();
-  const ModelSpec spec = model_spec_from_json(manifest.meta.model_config, checkpoint.dir());
+  ModelSpec spec = model_spec_from_json(manifest.meta.model_config, checkpoint.dir());
+  spec.value_head = false;  // the policy is handed back; PPO's critic stays with the checkpoint
   const Json origin = manifest.meta.extra.value("origin", Json());
   std::string dtype_name = options.dtype;
   if (dtype_name.empty())

@@ -104,7 +104,7 @@ double Classifier::forward_backward(float* dx, const float* x, const DeviceBatch
                              1.0f, false, vocab_group_, nll_.data() + r0);
     }
     backend_.copy_to_host(nll_host_.data(), nll_.data(), sizeof(float) * size_t(rows));
-    total = loss.sequences(*batch.host, nll_host_.data(), coeff_host_.data(), row_group_);
+    total = loss.sequences(batch, nll_host_.data(), coeff_host_.data(), row_group_);
     if (dx == nullptr && logits_out == nullptr) return total;
     if (backend_.host_memory()) {
       coeff = coeff_host_.data();

@@ -242,12 +242,16 @@ struct GPT::Slot {
   std::vector<int32_t> doc_start_host;
   std::vector<int32_t> targets_host;  // a next-token batch's targets, written out for the loss
   DeviceBatch batch;
+  // The value head's estimates and their gradient (Loss::values): [N] each, and their host copies.
+  Buffer<float> values, dvalues;
+  std::vector<float> values_host, dvalues_host;
   std::vector<int32_t> decode_host;  // decode(): tokens, positions, cache sequences
   Buffer<int32_t> decode;            // device backends: their copy
 
   size_t bytes() const {
     size_t n = 0;
-    for (const auto* v : {&res, &lnf, &lnf_stats, &dlnf, &dres, &weights}) n += v->size() * sizeof(float);
+    for (const auto* v : {&res, &lnf, &lnf_stats, &dlnf, &dres, &weights, &values, &dvalues})
+      n += v->size() * sizeof(float);
     for (const auto* v : {&inputs, &targets, &positions, &doc_start, &decode})
       n += v->size() * sizeof(int32_t);
     return n;
@@ -436,6 +440,12 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
   if (slice_.head) {
     classifier_ = layers.classifier(backend, ref(classifier_weight()));
     lnf_ = norm("lnf");
+    if (config.value_head) {
+      // Its estimates are of whole rows: the stream must not be cut (sequence parallelism).
+      if (shards_ != 1) throw std::invalid_argument("GPT: a value head needs the whole rows of the stream");
+      value_weight_ = ref("value_head.weight");
+      value_bias_ = ref("value_head.bias");
+    }
   }
 }
 
@@ -608,10 +618,43 @@ LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input,
     return {};
   }
   TraceSpan span("forward head + loss", "compute");
+  const bool values = objective.values();
+  if (values) form_values(s);
+  s.batch.values = values ? s.values_host.data() : nullptr;
+  s.batch.dvalues = values ? s.dvalues_host.data() : nullptr;
   const double loss = classifier_->forward_backward(backward ? s.dlnf.data() : nullptr, s.lnf.data(), s.batch,
                                                     int(rows()), objective, loss_scale, logits_out);
+  if (values && backward) values_backward(s, loss_scale);
   done();
   return {loss, objective.weight(batch)};
+}
+
+void GPT::form_values(Slot& s) {
+  if (!value_weight_.info)
+    throw std::invalid_argument(
+        "GPT: the objective reads a value head, and the model has none (model.value_head)");
+  const int N = int(rows()), C = config_.d_model;
+  if (s.values.size() != size_t(N)) {
+    s.values = backend_.alloc<float>(size_t(N));
+    s.dvalues = backend_.alloc<float>(size_t(N));
+  }
+  backend_.matmul_forward(Act(s.values.data()), ConstAct(s.lnf.data()), value_weight_.value,
+                          value_bias_.value, N, C, 1);
+  s.values_host.resize(size_t(N));
+  backend_.copy_to_host(s.values_host.data(), s.values.data(), sizeof(float) * size_t(N));
+  s.dvalues_host.assign(size_t(N), 0.0f);
+}
+
+void GPT::values_backward(Slot& s, float loss_scale) {
+  const int N = int(rows()), C = config_.d_model;
+  for (float& d : s.dvalues_host) d *= loss_scale;
+  backend_.copy_from_host(s.dvalues.data(), s.dvalues_host.data(), sizeof(float) * size_t(N));
+  // The head's share of the final norm's gradient, beside the classifier's (the workspace's delta is free
+  // here, and [N, C]: the stream is whole).
+  float* dx = ws_->delta.data();
+  backend_.matmul_backward(dx, value_weight_.grad, value_bias_.grad, s.dvalues.data(), ConstAct(s.lnf.data()),
+                           value_weight_.value, N, C, 1);
+  backend_.residual_forward(s.dlnf.data(), s.dlnf.data(), dx, nullptr, N, C);
 }
 
 void GPT::run_blocks(int slot, int N, const std::function<void(int, ConstAct, float*)>& attention,

@@ -22,12 +22,16 @@ std::shared_ptr<const Loss> grpo_loss(const TrainSpec& spec, std::shared_ptr<GPT
   return std::make_shared<GrpoLoss>(spec.rl.loss);
 }
 
+std::shared_ptr<const Loss> ppo_loss(const TrainSpec& spec, std::shared_ptr<GPT>) {
+  return std::make_shared<PpoLoss>(spec.rl.loss, spec.rl.ppo);
+}
+
 std::shared_ptr<const Loss> distill_loss(const TrainSpec& spec, std::shared_ptr<GPT> teacher) {
   return std::make_shared<DistillLoss>(spec.distill.alpha, spec.distill.temperature, std::move(teacher));
 }
 
-const std::array<ObjectiveTraits, 5>& table() {
-  static const std::array<ObjectiveTraits, 5> t = {{
+const std::array<ObjectiveTraits, 6>& table() {
+  static const std::array<ObjectiveTraits, 6> t = {{
       {Objective::kLm, "lm", {}, true, Scored::kAll, Companion::kNone, true, {}, false, lm_loss},
       {Objective::kSft,
        "sft",
@@ -70,6 +74,17 @@ const std::array<ObjectiveTraits, 5>& table() {
        "the rollouts' key/value cache and the KL reference's copy",
        true,
        grpo_loss},
+      // GRPO's rollouts, with the policy's value head as the advantages' baseline.
+      {Objective::kPpo,
+       "ppo",
+       {"prompts"},
+       false,
+       Scored::kReplies,
+       Companion::kNone,
+       false,
+       "the rollouts' key/value cache and the KL reference's copy",
+       true,
+       ppo_loss},
   }};
   return t;
 }

@@ -191,6 +191,10 @@ std::vector<ParamInfo> parameter_table(const ModelSpec& cfg, const ModelSlice& s
     norm("lnf");
     t.align(layer_align);
     if (!cfg.tied_embeddings) t.add("head.weight", {V, C}, rows, true, std);
+    if (cfg.value_head) {  // whole on every rank, as the final norm whose output it reads
+      t.add("value_head.weight", {1, C}, replicated, true, std);
+      t.add("value_head.bias", {1}, replicated, false, 0);
+    }
   }
   return std::move(t.out);
 }

@@ -31,11 +31,12 @@ void add_trainer_keys(ConfigSchema& s) {
                   "input and runs its forward again before its backward (the same numbers, less memory)")
       .add<int>("model.recompute_every", 1,
                 "model.recompute in every n-th block (those whose index divides by n)")
-      .add_choice("run.objective", "lm", objective_names(),
-                  "what the run learns: lm, every token of the data; sft, the replies (captions) a chat "
-                  "(image-text) dataset's loss mask marks; dpo, the preferences of a preference dataset; "
-                  "distill, a teacher model's distributions; grpo, rewards of the policy's own replies to a "
-                  "prompt set (docs/TRAINER.md)")
+      .add_choice(
+          "run.objective", "lm", objective_names(),
+          "what the run learns: lm, every token of the data; sft, the replies (captions) a chat "
+          "(image-text) dataset's loss mask marks; dpo, the preferences of a preference dataset; "
+          "distill, a teacher model's distributions; grpo and ppo, rewards of the policy's own replies "
+          "to a prompt set (ppo with a value head; docs/TRAINER.md)")
       .add_choice("run.device", "auto", {"auto", "cpu", "cuda"},
                   "where each rank computes: cuda (one GPU per rank), cpu, or auto (cuda when the process "
                   "sees a GPU and forge-train was built with CUDA)")
@@ -89,6 +90,8 @@ void add_trainer_keys(ConfigSchema& s) {
                 "hidden width of the dense FFN (0: 4 d_model for gelu, 8/3 for swiglu)")
       .add_choice("model.tied_embeddings", "auto", {"auto", "on", "off"},
                   "the classifier reuses the token embedding (off: its own head.weight)")
+      .add_choice("model.value_head", "auto", {"auto", "on", "off"},
+                  "a value head on the final norm (PPO's critic; auto: on for run.objective = ppo)")
       .add_choice(
           "model.ffn", "auto", {"auto", "dense", "moe"},
           "the blocks' feed-forward network: the dense MLP, or Mixture-of-Experts blocks (docs/TRAINER.md)")
@@ -146,32 +149,41 @@ void add_trainer_keys(ConfigSchema& s) {
                      "distillation: the teacher's checkpoint (any size and layout, the same tokenizer)")
       .add<double>("distill.alpha", 0.5, "distillation: weight of the KL term (1 - alpha: the cross-entropy)")
       .add<double>("distill.temperature", 1.0, "distillation: softmax temperature of both distributions");
-  s.add<int>("rl.group_size", 8, "grpo: replies sampled per prompt (>= 2, dividing data.batch)")
+  s.add<int>("rl.group_size", 8, "grpo, ppo: replies sampled per prompt (dividing data.batch; grpo: >= 2)")
       .add<bool>("rl.scale_rewards", true, "grpo: advantages divided by their group's standard deviation")
-      .add<double>("rl.clip_low", 0.2, "grpo: the policy ratio is clipped below at 1 - clip_low")
+      .add<double>("rl.clip_low", 0.2, "grpo, ppo: the policy ratio is clipped below at 1 - clip_low")
       .add<double>("rl.clip_high", 0.2,
-                   "grpo: the policy ratio is clipped above at 1 + clip_high (DAPO: 0.28)")
-      .add_choice("rl.loss_norm", "token", {"token", "sequence"},
-                  "grpo: the loss averaged over every scored token of the step (DAPO), or per reply first")
-      .add<double>("rl.kl_coef", 0.0, "grpo: weight of the KL to the frozen reference (0: no reference held)")
-      .add<std::string>("rl.reference", "", "grpo: the KL's reference checkpoint (empty: ckpt.init_from)")
+                   "grpo, ppo: the policy ratio is clipped above at 1 + clip_high (DAPO: 0.28)")
+      .add_choice(
+          "rl.loss_norm", "token", {"token", "sequence"},
+          "grpo, ppo: the loss averaged over every scored token of the step (DAPO), or per reply first")
+      .add<double>("rl.kl_coef", 0.0,
+                   "grpo, ppo: weight of the KL to the frozen reference (0: no reference held)")
+      .add<std::string>("rl.reference", "",
+                        "grpo, ppo: the KL's reference checkpoint (empty: ckpt.init_from)")
+      .add<double>("rl.gamma", 1.0, "ppo: discount of later rewards in the advantages (GAE's gamma)")
+      .add<double>("rl.lambda", 0.95, "ppo: GAE's lambda (1: returns minus values; 0: one-step errors)")
+      .add<double>("rl.value_coef", 0.1, "ppo: weight of the value head's loss")
+      .add<double>("rl.value_clip", 0.2, "ppo: how far a value estimate may move from the rollout's")
       .add<int>("rl.updates_per_rollout", 1,
-                "grpo: optimizer steps per rollout, each on its own mini-batch of the rollout's replies")
-      .add<int>("rl.max_new_tokens", 64, "grpo: tokens a reply may have")
-      .add<double>("rl.temperature", 1.0, "grpo: sampling temperature of the rollouts")
-      .add<double>("rl.top_p", 1.0, "grpo: nucleus sampling of the rollouts (1: off)")
-      .add<std::string>("rl.format_dataset", "",
-                        "grpo: a prepared dataset whose tokenizer and chat format the policy speaks (its SFT "
-                        "data; empty: the policy checkpoint's own tokenizer files)")
-      .add<int>("rl.sandbox_parallel", 0, "grpo: code rewards run in sandboxes at once (0: run.threads)")
-      .add<bool>("rl.overlap_rewards", true,
-                 "grpo: score each reply as its sampling ends, code sandboxes running while the rest samples "
-                 "(false: after the whole rollout, when sampling needs every core)")
+                "grpo, ppo: optimizer steps per rollout, each on its own mini-batch of the rollout's replies")
+      .add<int>("rl.max_new_tokens", 64, "grpo, ppo: tokens a reply may have")
+      .add<double>("rl.temperature", 1.0, "grpo, ppo: sampling temperature of the rollouts")
+      .add<double>("rl.top_p", 1.0, "grpo, ppo: nucleus sampling of the rollouts (1: off)")
+      .add<std::string>(
+          "rl.format_dataset", "",
+          "grpo, ppo: a prepared dataset whose tokenizer and chat format the policy speaks (its SFT "
+          "data; empty: the policy checkpoint's own tokenizer files)")
+      .add<int>("rl.sandbox_parallel", 0, "grpo, ppo: code rewards run in sandboxes at once (0: run.threads)")
+      .add<bool>(
+          "rl.overlap_rewards", true,
+          "grpo, ppo: score each reply as its sampling ends, code sandboxes running while the rest samples "
+          "(false: after the whole rollout, when sampling needs every core)")
       .add<std::string>("reward.weights", "exact_match:1",
-                        "grpo: each scorer's weight in a reply's reward, SCORER:WEIGHT,... (scorers: "
+                        "grpo, ppo: each scorer's weight in a reply's reward, SCORER:WEIGHT,... (scorers: "
                         "exact_match, code, format, length)")
       .add_choice("reward.answer", "last_number", {"last_number", "boxed", "first_line"},
-                  "grpo: what of a reply exact_match compares with the prompt's answers");
+                  "grpo, ppo: what of a reply exact_match compares with the prompt's answers");
   s.add<double>("optim.lr", 3e-4, "peak learning rate")
       .add<double>("optim.min_lr", 3e-5, "learning rate at the end of the cosine decay")
       .add<int64_t>("optim.warmup_steps", 0, "linear warm-up steps")
@@ -297,12 +309,31 @@ std::map<std::string, double> domain_weights(const Config& c) {
                        "e.g. code:0.3,prose:0.7, or leave it empty for the dataset's natural proportions");
 }
 
-// run.objective = grpo's keys ([rl], [reward]).
-RlConfig rl_config(const Config& c, const TrainSpec& s) {
+// run.objective = grpo's and ppo's keys ([rl], [reward]).
+RlConfig rl_config(const Config& c, const TrainSpec& s, const ObjectiveTraits& objective) {
   RlConfig rl;
+  const bool ppo = objective.objective == Objective::kPpo;
   rl.group_size = c.get<int>("rl.group_size");
-  if (rl.group_size < 2)
+  if (!ppo && rl.group_size < 2)
     c.reject("rl.group_size", "must be >= 2: a reply's advantage is its reward against its group's mean");
+  if (rl.group_size < 1) c.reject("rl.group_size", "must be >= 1");
+  // The value head's keys: PPO's alone.
+  const std::tuple<const char*, double*, double> value_keys[] = {
+      {"rl.gamma", &rl.ppo.gamma, 1.0},
+      {"rl.lambda", &rl.ppo.lambda, 1.0},
+      {"rl.value_coef", &rl.ppo.value_coef, 100.0},
+      {"rl.value_clip", &rl.ppo.value_clip, 100.0}};
+  for (const auto& [key, value, most] : value_keys) {
+    const double set = c.get<double>(key);
+    if (!ppo && set != *value)
+      c.reject(key,
+               fmt::format("is a setting of PPO's value head, and run.objective = {} has none: remove it, "
+                           "or set run.objective = ppo",
+                           objective.name));
+    if (!(set >= 0 && set <= most)) c.reject(key, fmt::format("must be in [0, {}]", most));
+    *value = set;
+  }
+  if (rl.ppo.value_clip == 0) c.reject("rl.value_clip", "must be > 0 (how far a value may move an update)");
   if (s.batch % rl.group_size != 0)
     c.reject("rl.group_size",
              fmt::format("must divide data.batch = {}: a prompt's replies are sampled and scored together, "
@@ -669,6 +700,7 @@ ModelSpec language_model_spec(const Config& c) {
 ModelSpec model_spec(const Config& c) {
   ModelSpec m = language_model_spec(c);
   m.vision = vision_spec(c, m);
+  m.value_head = c.get<std::string>("model.value_head") == "on";
   return m;
 }
 
@@ -761,7 +793,18 @@ TrainSpec train_spec(const Config& c) {
   s.distill.temperature = c.get<double>("distill.temperature");
   if (!(s.distill.temperature >= 0.05 && s.distill.temperature <= 100))
     c.reject("distill.temperature", "must be in [0.05, 100]");
-  if (objective.rollouts) s.rl = rl_config(c, s);
+  if (objective.rollouts) s.rl = rl_config(c, s, objective);
+  // PPO's critic is a head of the policy (PpoLoss); no other objective trains one.
+  const std::string value_head = c.get<std::string>("model.value_head");
+  if (objective.objective == Objective::kPpo && value_head == "off")
+    c.reject("model.value_head",
+             "is off, but run.objective = ppo learns its advantages' baseline with a value head: leave it at "
+             "auto");
+  if (objective.objective != Objective::kPpo && value_head == "on")
+    c.reject("model.value_head",
+             fmt::format("is on, but only run.objective = ppo trains a value head, not {}: leave it at auto",
+                         objective.name));
+  s.model.value_head = objective.objective == Objective::kPpo;
   const std::string device = c.get<std::string>("run.device"), comm = c.get<std::string>("parallel.comm");
   s.device = device == "cuda" ? Device::kCuda : device == "cpu" ? Device::kCpu : Device::kAuto;
   s.parallel.comm = comm == "nccl" ? CommKind::kNccl : comm == "mpi" ? CommKind::kMpi : CommKind::kAuto;

@@ -6,8 +6,9 @@ each document, per-token loss weights, ignored targets) with its logits, weighte
 the DPO loss of two preference pairs (label smoothing on) with its gradients; the distillation loss of
 the packed batch from a teacher of another size (temperature 2) with the student's gradients; and the GRPO
 loss of four sampled replies in two groups (advantages from their rewards, clipped ratios against old
-log-probabilities, the k3 KL to a reference), normalised per token and per sequence, with its gradients.
-test/trainer/parity_test.cpp checks the C++ trainer against it.
+log-probabilities, the k3 KL to a reference), normalised per token and per sequence, with its gradients;
+and the PPO loss of the same replies with a value head (advantages by GAE from the rollout's values, the
+clipped value loss), per token and per sequence, with its gradients. test/trainer/parity_test.cpp checks the C++ trainer against it.
 
 Run with Debian's torch:  /usr/bin/python3 test/trainer/reference/make_fixture.py
 """
@@ -251,6 +252,56 @@ for norm in ("token", "sequence"):
     g_loss[norm] = loss_n.item()
     g_grads[norm] = {k: v.grad.detach().clone() for k, v in params.items()}
 
+# PPO, from the initial weights, on the GRPO replies: a value head (weight [1, C], bias [1]) on the final
+# norm's output; each reply's reward at its last scored token; along its scored tokens, generalised
+# advantage estimation from the rollout's values (the head's, perturbed: old_values) with the value after
+# the last token 0; GRPO's clipped term and KL with those advantages, plus
+# value_coef 0.5 max((V - G)^2, (V_old + clip(V - V_old, -value_clip, value_clip) - G)^2), G = A + V_old.
+with torch.no_grad():
+    for k, p in params.items(): p.copy_(init[k]); p.grad = None
+PPO = dict(gamma=0.9, lam=0.8, value_coef=0.5, value_clip=0.05)
+v_w = nn.Parameter(0.3 * torch.randn(1, C)); v_b = nn.Parameter(torch.tensor([0.1]))
+ppo_params = dict(params, **{"value_head.weight": v_w, "value_head.bias": v_b})
+
+
+def values_of(idx):
+    x = m.wte(idx) + m.wpe(torch.arange(T))
+    for b in m.blocks: x = b(x)
+    return (m.lnf(x) @ v_w.t() + v_b).squeeze(-1)
+
+
+with torch.no_grad(): v_old = values_of(g_idx) + 0.1 * torch.randn(B, T)
+v_adv, v_ret = torch.zeros(B, T), torch.zeros(B, T)
+for r in range(B):
+    scored = [t for t in range(T) if g_w[r, t] > 0]
+    next_value, next_adv = 0.0, 0.0
+    for k in reversed(range(len(scored))):
+        t = scored[k]
+        reward = float(g_rewards[r]) if k == len(scored) - 1 else 0.0
+        next_adv = reward + PPO["gamma"] * next_value - float(v_old[r, t]) + PPO["gamma"] * PPO["lam"] * next_adv
+        v_adv[r, t] = next_adv; v_ret[r, t] = next_adv + float(v_old[r, t]); next_value = float(v_old[r, t])
+
+
+def ppo_loss(norm):
+    logp = -F.cross_entropy(m.logits(g_idx).reshape(-1, V), g_tgt.reshape(-1).clamp(min=0), reduction="none").view(B, T)
+    ratio = torch.exp(logp - g_old)
+    clipped = ratio.clamp(1 - GRPO["clip_low"], 1 + GRPO["clip_high"])
+    per = -torch.min(ratio * v_adv, clipped * v_adv) + GRPO["kl_coef"] * (torch.exp(g_ref - logp) - (g_ref - logp) - 1)
+    v = values_of(g_idx)
+    held = v_old + (v - v_old).clamp(-PPO["value_clip"], PPO["value_clip"])
+    per = per + PPO["value_coef"] * 0.5 * torch.max((v - v_ret) ** 2, (held - v_ret) ** 2)
+    if norm == "token": return (per * g_w).sum() / g_w.sum()
+    return ((per * g_w).sum(1) / g_w.sum(1)).mean()
+
+
+v_loss, v_grads = {}, {}
+for norm in ("token", "sequence"):
+    for p in ppo_params.values(): p.grad = None
+    loss_n = ppo_loss(norm)
+    loss_n.backward()
+    v_loss[norm] = loss_n.item()
+    v_grads[norm] = {k: v.grad.detach().clone() for k, v in ppo_params.items()}
+
 path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpt_parity.h5")
 with h5py.File(path, "w") as f:
     for k, v in CFG.items(): f.attrs[k] = v
@@ -293,5 +344,12 @@ with h5py.File(path, "w") as f:
     for norm in ("token", "sequence"):
         g[f"{norm}/loss"] = np.float64(g_loss[norm])
         for k in params: g[f"{norm}/grad/{k}"] = g_grads[norm][k].numpy()
+    g = f.create_group("ppo")
+    for k, v in PPO.items(): g.attrs[k] = v
+    g["init/value_head.weight"] = v_w.detach().numpy(); g["init/value_head.bias"] = v_b.detach().numpy()
+    g["old_values"] = v_old.numpy().astype(np.float32); g["advantages"] = v_adv.numpy().astype(np.float32)
+    for norm in ("token", "sequence"):
+        g[f"{norm}/loss"] = np.float64(v_loss[norm])
+        for k in ppo_params: g[f"{norm}/grad/{k}"] = v_grads[norm][k].numpy()
 print(f"wrote {path}: loss {loss.item():.6f}, step losses {[round(x, 4) for x in losses]}, norms "
       f"{[round(x, 3) for x in norms]}")

@@ -50,8 +50,10 @@ struct MicroBatch {
   // Sampled replies (reinforcement learning: GrpoLoss): `advantages`, one per row, the reply's advantage
   // from its group's rewards; `old_logps`, one per position, the log-probability of the target under the
   // policy that sampled it (0 where not scored); `ref_logps`, the same under the frozen reference (empty:
-  // no KL term). Empty advantages: not a batch of rollouts.
-  std::vector<float> advantages, old_logps, ref_logps;
+  // no KL term). Empty advantages: not a batch of rollouts. PPO (PpoLoss) instead: `rewards`, one per row,
+  // the reply's reward; `old_values`, one per position, the value head's estimates under the policy that
+  // sampled it (empty at one update per rollout: the training forward's own).
+  std::vector<float> advantages, old_logps, ref_logps, rewards, old_values;
 
   // Pictures (image-text data, docs/DATA.md "Image-text data"): picture k is image_size x image_size RGB
   // bytes at image_pixels[k * image_bytes()], and fills the image_tokens positions of one row from flat

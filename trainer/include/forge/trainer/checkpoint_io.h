@@ -54,11 +54,12 @@ void snapshot_through(Backend& backend, ckpt::SaverOptions& options);
 
 // Fills the model's weights (and the optimizer's moments, when given) from a checkpoint, then refreshes
 // the model's working copy (through page-locked host memory on a device backend). Throws forge::Error(kData)
-// naming a missing or mis-shaped tensor. `lm_only`: the checkpoint is a text-only model's, and the vision
-// tower and projector keep their initialisation (a vision-language model started from a language model).
-// `owned_params` (ZeRO-3: ParallelTrainer::owned_ranges()): only those ranges of the weights are read, the
-// rest left as it is (released). Returns the bytes read.
-size_t load_checkpoint(const ckpt::Checkpoint& checkpoint, GPT& model, AdamW* optimizer, bool lm_only = false,
+// naming a missing or mis-shaped tensor. `wanted` (null: every one): the parameters read, the others keeping
+// their initialisation (a vision-language model's tower started from a language model, PPO's value head
+// from a policy without one). `owned_params` (ZeRO-3: ParallelTrainer::owned_ranges()): only those ranges of
+// the weights are read, the rest left as it is (released). Returns the bytes read.
+size_t load_checkpoint(const ckpt::Checkpoint& checkpoint, GPT& model, AdamW* optimizer,
+                       const std::function<bool(std::string_view param)>& wanted = {},
                        const std::vector<FlatRange>& owned_params = {});
 
 // Fills the parameters this process holds whose name `wanted` accepts from another source than a

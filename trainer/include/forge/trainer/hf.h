@@ -108,7 +108,7 @@ struct HfExport {
 // imported config, if any), generation_config.json, model.safetensors or shards with
 // model.safetensors.index.json, and `options.files` (an imported checkpoint's own tokenizer files unless
 // given). Written in a staging directory and renamed when complete; an `out` that exists and is not empty
-// is kUsage unless `replace`.
+// is kUsage unless `replace`. A value head (PPO's critic) stays behind: the policy is what is handed back.
 HfExport export_hf(const ckpt::Checkpoint& checkpoint, const std::string& out,
                    const HfExportOptions& options);
 

@@ -44,6 +44,10 @@ struct DeviceBatch {
   const int32_t* positions = nullptr;
   const int32_t* doc_start = nullptr;
   const MicroBatch* host = nullptr;  // the batch as the reader made it (sequence losses read it on the host)
+  // For a loss that reads the value head (Loss::values), host memory, one per position: the head's
+  // estimates, and where sequences() writes the gradient of the loss sum for them (zeroed before).
+  const float* values = nullptr;
+  float* dvalues = nullptr;
 };
 
 // The ranks that share out each row's positions (context parallelism, context_parallel.h): a loss of whole
@@ -78,7 +82,10 @@ class Loss {
   // figures over it, and the whole rows' loss and figures come out on every one of its ranks (the trainer
   // counts one rank's, and weighs the step by whole rows).
   virtual bool per_sequence() const { return false; }
-  virtual double sequences(const MicroBatch& batch, const float* nll, float* coeff, RowGroup* rows) const;
+  virtual double sequences(const DeviceBatch& batch, const float* nll, float* coeff, RowGroup* rows) const;
+  // Whether sequences() reads the model's value head (DeviceBatch::values; PPO): the model then forms the
+  // estimates before and backpropagates their gradient after.
+  virtual bool values() const { return false; }
   // The loss's own figures summed over what it saw since the last call (DPO: rewards, margin, accuracy per
   // pair), in a fixed order; the trainer sums them over the ranks and divides by the step's weight.
   virtual std::vector<std::pair<std::string, double>> take_metrics() const { return {}; }
@@ -108,7 +115,7 @@ class ReplyLogps final : public Loss {
   double chunk(Backend&, float*, const DeviceBatch&, int, int, int, int, float, bool,
                VocabGroup*) const override;
   bool per_sequence() const override { return true; }
-  double sequences(const MicroBatch& batch, const float* nll, float* coeff, RowGroup* rows) const override;
+  double sequences(const DeviceBatch& batch, const float* nll, float* coeff, RowGroup* rows) const override;
   const std::vector<double>& last() const { return last_; }
 
  private:
@@ -129,7 +136,7 @@ class DpoLoss final : public Loss {
   double chunk(Backend&, float*, const DeviceBatch&, int, int, int, int, float, bool,
                VocabGroup*) const override;
   bool per_sequence() const override { return true; }
-  double sequences(const MicroBatch& batch, const float* nll, float* coeff, RowGroup* rows) const override;
+  double sequences(const DeviceBatch& batch, const float* nll, float* coeff, RowGroup* rows) const override;
   std::vector<std::pair<std::string, double>> take_metrics() const override;
 
  private:
@@ -140,18 +147,23 @@ class DpoLoss final : public Loss {
 
 // The log-probability of every position's target (0 where not scored), kept from the last batch it saw
 // (`last`): a sequence "loss" of 0 that records what a rollout's tokens had under the weights that ran it
-// (MicroBatch::old_logps) or under a frozen reference (ref_logps).
+// (MicroBatch::old_logps) or under a frozen reference (ref_logps). With `values`, also the value head's
+// estimates (`last_values`: MicroBatch::old_values).
 class TokenLogps final : public Loss {
  public:
+  explicit TokenLogps(bool values = false) : values_(values) {}
   std::string name() const override { return "token-logps"; }
+  bool values() const override { return values_; }
+  const std::vector<float>& last_values() const { return last_values_; }
   double chunk(Backend&, float*, const DeviceBatch&, int, int, int, int, float, bool,
                VocabGroup*) const override;
   bool per_sequence() const override { return true; }
-  double sequences(const MicroBatch& batch, const float* nll, float* coeff, RowGroup* rows) const override;
+  double sequences(const DeviceBatch& batch, const float* nll, float* coeff, RowGroup* rows) const override;
   const std::vector<float>& last() const { return last_; }
 
  private:
-  mutable std::vector<float> last_;
+  bool values_;
+  mutable std::vector<float> last_, last_values_;
 };
 
 // GRPO's advantages (Shao et al., 2024): each group of `group_size` consecutive rewards minus the group's
@@ -189,14 +201,62 @@ class GrpoLoss final : public Loss {
   double chunk(Backend&, float*, const DeviceBatch&, int, int, int, int, float, bool,
                VocabGroup*) const override;
   bool per_sequence() const override { return true; }
-  double sequences(const MicroBatch& batch, const float* nll, float* coeff, RowGroup* rows) const override;
+  double sequences(const DeviceBatch& batch, const float* nll, float* coeff, RowGroup* rows) const override;
   std::vector<std::pair<std::string, double>> take_metrics() const override;
   std::vector<std::pair<std::string, double>> take_maxima() const override;
 
  private:
+  friend class PpoLoss;  // the same clipped term, with an advantage per token
+  // Each position's share of the normaliser: its loss weight, divided by its reply's under kSequence.
+  std::vector<double> token_weights(const MicroBatch& batch) const;
+  // The clipped term and the KL of every scored position with its `advantage` (one per position) into
+  // the loss sum and `coeff`, counted into the figures; `weights` (when not null) gets token_weights.
+  double clipped(const MicroBatch& batch, const float* nll, std::span<const float> advantage, float* coeff,
+                 std::vector<double>* weights) const;
+
   GrpoOptions o_;
   mutable std::mutex mu_;
   mutable double clipped_ = 0, kl_ = 0, ratio_ = 0, entropy_ = 0, diff_ = 0, diff_max_ = 0;
+};
+
+// Generalised advantage estimation over one reply's scored tokens: rewards[k] and values[k] at its k-th,
+// the value after the last 0; advantages[k] = sum over j >= k of (gamma lambda)^(j - k) delta_j with
+// delta_j = rewards[j] + gamma values[j + 1] - values[j]. The spans have one length.
+void gae(std::span<const float> rewards, std::span<const float> values, double gamma, double lambda,
+         std::span<float> advantages);
+
+// Proximal policy optimisation (Schulman et al., 2017) with a learned value head (ModelSpec::value_head) on
+// a batch of sampled replies (MicroBatch::rewards, old_logps, ref_logps, old_values). A reply's reward
+// comes at its last scored token; along its scored tokens t, with the values V_old the rollout's weights
+// gave (old_values; at one update per rollout, the forward's own, detached), generalised advantage
+// estimation (Schulman et al., 2016):
+//   delta_t = r_t + gamma V_old(t + 1) - V_old(t) (V_old after the last token: 0),
+//   A_t = delta_t + gamma lambda A_(t + 1), and the return G_t = A_t + V_old(t).
+// Per scored token, GRPO's clipped policy term and KL (GrpoOptions) with A_t, plus
+//   value_coef x 0.5 max((V - G_t)^2, (V_old + clip(V - V_old, -value_clip, value_clip) - G_t)^2),
+// weighted and normalised as GRPO's. Metrics beside GRPO's: value_loss (the clipped squared error, per
+// token), value (the head's mean estimate) and value_clip_fraction (where the clipped error was larger).
+struct PpoOptions {
+  double gamma = 1.0, lambda = 0.95, value_coef = 0.1, value_clip = 0.2;
+};
+class PpoLoss final : public Loss {
+ public:
+  PpoLoss(const GrpoOptions& policy, const PpoOptions& options) : policy_(policy), o_(options) {}
+  std::string name() const override { return "ppo"; }
+  double weight(const MicroBatch& batch) const override;
+  double chunk(Backend&, float*, const DeviceBatch&, int, int, int, int, float, bool,
+               VocabGroup*) const override;
+  bool per_sequence() const override { return true; }
+  bool values() const override { return true; }
+  double sequences(const DeviceBatch& batch, const float* nll, float* coeff, RowGroup* rows) const override;
+  std::vector<std::pair<std::string, double>> take_metrics() const override;
+  std::vector<std::pair<std::string, double>> take_maxima() const override;
+
+ private:
+  GrpoLoss policy_;  // its per-token term and figures
+  PpoOptions o_;
+  mutable std::mutex mu_;
+  mutable double value_loss_ = 0, value_ = 0, value_clipped_ = 0;
 };
 
 // Knowledge distillation (Hinton et al., 2015) from a frozen teacher with the same tokenizer: per scored

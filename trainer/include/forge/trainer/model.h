@@ -117,6 +117,9 @@ struct ModelSpec {
   double router_aux_coef = 1e-2;  // moe: weight of the load-balancing loss
   double router_z_coef = 1e-3;    // moe: weight of the router z-loss
   VisionSpec vision;              // a vision-language model's encoder and projector
+  // A value head (PPO's critic, loss.h): value_head.weight [1, d_model] and .bias [1] on the final norm's
+  // output, one estimate per position, read by a loss that asks for it (Loss::values).
+  bool value_head = false;
 
   // The attention's parameters are GPT-2's fused attn.qkv tensor (gpt2), or attn.q, attn.k, attn.v.
   bool fused_qkv() const { return family == Family::kGpt2; }
@@ -406,6 +409,11 @@ class GPT {
   void run_blocks(int slot, int N, const std::function<void(int, ConstAct, float*)>& attention,
                   const WeightHooks& weights = {});
   void check_whole(const MicroBatch& batch) const;
+  // The value head (Loss::values): its estimates of slot s's rows into the slot's DeviceBatch (host
+  // memory), and the gradient the loss left there (of loss_scale x its sum) into the final norm's and the
+  // head's own.
+  void form_values(Slot& s);
+  void values_backward(Slot& s, float loss_scale);
   // A vision-language model: pictures (image_size^2 RGB bytes each, host memory) through the vision tower,
   // their features in place of the embeddings of their runs, from stream rows `starts`, in slot's stream.
   void place_pictures(int slot, const uint8_t* pixels, std::span<const int64_t> starts);
@@ -435,6 +443,7 @@ class GPT {
   std::unique_ptr<Classifier> classifier_;
   std::vector<MoeLayer*> moe_layers_;  // owned by their blocks
   std::unique_ptr<NormLayer> lnf_;
+  ParamRef value_weight_, value_bias_;   // ModelSpec::value_head; empty without one
   std::unique_ptr<VisionTower> vision_;  // a vision-language model's slice with the embedding
   std::deque<ParamInfo> views_;          // of fused_ref
 };

@@ -17,7 +17,7 @@ struct TrainSpec;
 // What a run learns: every token of the data; fine-tuning on a chat dataset, the tokens its loss mask
 // scores (the assistant's replies); preferences between pairs of replies; a teacher's distributions; or
 // rewards of the policy's own replies to prompts (reinforcement learning).
-enum class Objective { kLm, kSft, kDpo, kDistill, kGrpo };
+enum class Objective { kLm, kSft, kDpo, kDistill, kGrpo, kPpo };
 
 // Which positions the loss scores: all, only the replies of a conversation (the dataset's loss mask), or
 // the replies when the dataset is chat (every token of text).

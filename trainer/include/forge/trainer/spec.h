@@ -94,6 +94,7 @@ struct RlConfig {
   int group_size = 8;  // replies sampled per prompt; their rewards' mean is each one's baseline
   bool scale_rewards = true;
   GrpoOptions loss;
+  PpoOptions ppo;         // run.objective = ppo: the value head's settings (rl.gamma, lambda, value_*)
   std::string reference;  // rl.reference: the KL's frozen model (empty: ckpt.init_from)
   // Optimizer steps per rollout: a rollout samples this many steps' worth of replies at its first step,
   // under the weights of that moment, and each step trains the next mini-batch of them.
