@@ -149,7 +149,9 @@ EOF_PY
 
 # Two data-parallel ranks sample and train the rows one rank does in two micro-batches; two
 # tensor-parallel ranks sample in step from the logits they gather (each holds half the vocabulary's
-# columns, half the heads and their cache) and train as one rank does: the same rollouts, the same curve.
+# columns, half the heads and their cache) and train as one rank does; two pipeline stages decode in turn
+# (the stream's rows passed on, the last stage's logits sent back to the first) and train through the
+# schedule; tp2 x pp2 both: the same rollouts, the same curve.
 layout=("${model[@]}" "${rl[@]}" --rl.group_size=4 --data.batch=4 --data.dataset="$work/sums" --run.steps=5)
 "$train" "$src/configs/tiny.ini" --run.dir="$work/dp1" "${layout[@]}" --parallel.microbatches=2 \
   2>"$work/dp1.log" || fail "dp1: $(tail -n1 "$work/dp1.log")"
@@ -157,7 +159,12 @@ mpirun -np 2 "$train" "$src/configs/tiny.ini" --run.dir="$work/dp2" "${layout[@]
   --parallel.dp=2 2>"$work/dp2.log" || fail "dp2: $(tail -n1 "$work/dp2.log")"
 mpirun -np 2 "$train" "$src/configs/tiny.ini" --run.dir="$work/tp2" "${layout[@]}" --parallel.microbatches=2 \
   --parallel.tp=2 2>"$work/tp2.log" || fail "tp2: $(tail -n1 "$work/tp2.log")"
-for other in dp2 tp2; do
+mpirun -np 2 "$train" "$src/configs/tiny.ini" --run.dir="$work/pp2" "${layout[@]}" --parallel.microbatches=2 \
+  --parallel.pp=2 2>"$work/pp2.log" || fail "pp2: $(tail -n1 "$work/pp2.log")"
+mpirun -np 4 --oversubscribe "$train" "$src/configs/tiny.ini" --run.dir="$work/tp2pp2" "${layout[@]}" \
+  --parallel.microbatches=2 --parallel.tp=2 --parallel.pp=2 2>"$work/tp2pp2.log" ||
+  fail "tp2 x pp2: $(tail -n1 "$work/tp2pp2.log")"
+for other in dp2 tp2 pp2 tp2pp2; do
   compare "$work/dp1" "$work/$other"
   python3 - "$work/dp1/metrics/rank-0.jsonl" "$work/$other/metrics/rank-0.jsonl" <<'EOF_PY' || fail "$other sampled other rollouts"
 import json, sys
@@ -230,7 +237,7 @@ rc=0
 # beside the policy, its estimates the advantages' baseline (GAE). At one update per rollout the ratio is
 # exactly 1 and the values are the forward's own (the value clip never holds); the value loss falls as the
 # head learns what the replies earn. The same rollouts and curve after a preemption, on 2 data-parallel and
-# on 2 tensor-parallel ranks; two updates per rollout record the rollout's values and clip against them; the
+# on 2 tensor-parallel ranks and on 2 pipeline stages; two updates per rollout record the rollout's values and clip against them; the
 # candidate is gated like GRPO's.
 ppo=("${model[@]}" "${rl[@]/--run.objective=grpo/--run.objective=ppo}" --rl.group_size=2 --data.batch=8
   --data.dataset="$work/sums" --rl.value_coef=0.5)
@@ -272,7 +279,9 @@ mpirun -np 2 "$train" "$src/configs/tiny.ini" --run.dir="$work/ppo-dp2" "${ppo_l
   2>"$work/ppo-dp2.log" || fail "ppo dp2: $(tail -n1 "$work/ppo-dp2.log")"
 mpirun -np 2 "$train" "$src/configs/tiny.ini" --run.dir="$work/ppo-tp2" "${ppo_layout[@]}" \
   --parallel.microbatches=2 --parallel.tp=2 2>"$work/ppo-tp2.log" || fail "ppo tp2: $(tail -n1 "$work/ppo-tp2.log")"
-for other in ppo-dp2 ppo-tp2; do
+mpirun -np 2 "$train" "$src/configs/tiny.ini" --run.dir="$work/ppo-pp2" "${ppo_layout[@]}" \
+  --parallel.microbatches=2 --parallel.pp=2 2>"$work/ppo-pp2.log" || fail "ppo pp2: $(tail -n1 "$work/ppo-pp2.log")"
+for other in ppo-dp2 ppo-tp2 ppo-pp2; do
   compare "$work/ppo-dp1" "$work/$other"
   same "$work/ppo-dp1/metrics/rank-0.jsonl" "$work/$other/metrics/rank-0.jsonl" rollout.reward \
     rollout.reply_tokens || fail "$other sampled other rollouts"
@@ -311,7 +320,10 @@ refused() {  # refused RC PATTERN ARGS...
 refused 64 "rl.group_size" --rl.group_size=1 --data.dataset="$work/sums"
 refused 64 "rl.group_size" --rl.group_size=3 --data.dataset="$work/sums"
 refused 64 "reward.weights.*'judge' is not a scorer" --reward.weights=judge:1 --data.dataset="$work/sums"
-refused 64 "parallel.pp.*every layer on each rank" --parallel.pp=2 --data.dataset="$work/sums"
+"$train" "$src/configs/tiny.ini" --run.dir="$work/bad" "${grpo[@]}" --parallel.pp=2 --rl.updates_per_rollout=2 \
+  --run.steps=2 >"$work/bad.log" 2>&1
+[ $? -eq 64 ] && grep -q "parallel.pp.*forward of the whole model" "$work/bad.log" ||
+  { cat "$work/bad.log" >&2; fail "pp with two updates per rollout: not 64"; }
 refused 64 "parallel.sequence_parallel.*decodes a few rows" --parallel.tp=2 --parallel.sequence_parallel=true \
   --data.dataset="$work/sums"
 refused 64 "rl.temperature" --rl.temperature=0 --data.dataset="$work/sums"

@@ -268,6 +268,7 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
       loss_(setup.loss != nullptr ? setup.loss : std::make_shared<LmCrossEntropy>()) {
   Backend& backend = backend_;
   const LayerFactory& layers = setup.layers != nullptr ? *setup.layers : LayerFactory::whole();
+  stage_link_ = layers.stage_link();
   const int batch = setup.batch, slots = setup.slots;
   const size_t flat_multiple = setup.flat_multiple;
   if (slice_.last_layer < 0) slice_.last_layer = config.layers;
@@ -863,9 +864,10 @@ size_t KvCache::bytes() const {
 
 void GPT::decode(KvCache& cache, std::span<const DecodeRow> rows, std::span<const int> logit_rows,
                  std::span<float> logits, std::span<const DecodePicture> pictures) {
-  if (!slice_.embedding || !slice_.head)
+  if ((!slice_.embedding || !slice_.head) && stage_link_ == nullptr)
     throw std::invalid_argument(
-        "GPT::decode: needs every layer in this process (a tensor-parallel share of each)");
+        "GPT::decode: needs every layer in this process (a tensor-parallel share of each), or a pipeline "
+        "stage's with the link to the others");
   if (cache.keys_.size() != blocks_.size())
     throw std::invalid_argument("GPT::decode: the cache was made for another model");
   const int N = int(rows.size()), C = config_.d_model, V = config_.vocab;
@@ -890,9 +892,13 @@ void GPT::decode(KvCache& cache, std::span<const DecodeRow> rows, std::span<cons
     backend_.copy_from_host(s.decode.data(), host, s.decode_host.size() * sizeof(int32_t));
     host = s.decode.data();
   }
-  // A row's position is both the position embedding's row and its place in the cache.
-  embedding_->forward(s.res.data(), host, host + N, 1, N);
-  if (!pictures.empty()) {
+  // A row's position is both the position embedding's row and its place in the cache. A later pipeline
+  // stage takes the stream from the one before.
+  if (slice_.embedding)
+    embedding_->forward(s.res.data(), host, host + N, 1, N);
+  else
+    stage_link_->receive(s.res.data(), size_t(N) * size_t(C));
+  if (!pictures.empty() && slice_.embedding) {
     if (!vision_) throw std::invalid_argument("GPT::decode: pictures, but the model has no vision tower");
     const VisionSpec& v = config_.vision;
     const size_t bytes = size_t(v.image_size) * size_t(v.image_size) * 3;
@@ -916,8 +922,13 @@ void GPT::decode(KvCache& cache, std::span<const DecodeRow> rows, std::span<cons
     blocks_[size_t(l)]->attn->decode(in, out, cache.keys_[size_t(l)].data(), cache.values_[size_t(l)].data(),
                                      host + 2 * N, host + N, N, cache.max_len());
   });
-  // The classifier of the rows asked for: gathered next to each other, one product.
   const int M = int(logit_rows.size());
+  if (!slice_.head) {
+    stage_link_->send(s.res.data() + int64_t(layers_) * N * C, size_t(N) * size_t(C));
+    share_logits(logits);
+    return;
+  }
+  // The classifier of the rows asked for: gathered next to each other, one product.
   float* gathered = ws_->delta.data();
   for (int i = 0; i < M; ++i) {
     const int r = logit_rows[size_t(i)];
@@ -925,6 +936,17 @@ void GPT::decode(KvCache& cache, std::span<const DecodeRow> rows, std::span<cons
     backend_.copy(gathered + int64_t(i) * C, s.lnf.data() + int64_t(r) * C, sizeof(float) * size_t(C));
   }
   classifier_->logits(logits.data(), gathered, M);
+  share_logits(logits);
+}
+
+void GPT::share_logits(std::span<float> logits) {
+  if (stage_link_ == nullptr) return;
+  if (backend_.host_memory()) return stage_link_->share_logits(logits.data(), logits.size());
+  // A device backend's communicator moves its memory: through a copy there.
+  if (shared_logits_.size() < logits.size()) shared_logits_ = backend_.alloc<float>(logits.size());
+  backend_.copy_from_host(shared_logits_.data(), logits.data(), logits.size() * sizeof(float));
+  stage_link_->share_logits(shared_logits_.data(), logits.size());
+  backend_.copy_to_host(logits.data(), shared_logits_.data(), logits.size() * sizeof(float));
 }
 
 void GPT::forward_features(const MicroBatch& batch) {

@@ -906,15 +906,23 @@ TrainSpec train_spec(const Config& c) {
                       "data.batch or model.seq_len, or set it to false",
                       rows, s.layout.tp, kNormChunkRows, unit));
   }
-  // The rollouts generate with every layer on every rank, a tensor-parallel share of each (generate.h's
-  // Generator; the ranks of a tp group sample in step, from the same gathered logits).
+  // The rollouts generate on the training ranks (generate.h's Generator): a tensor-parallel share of each
+  // layer, the ranks of a tp group sampling in step from the same gathered logits; the stages of a pipeline
+  // in turn, each sampling from the last stage's logits. Not the experts of expert parallelism, whose ranks
+  // sample different prompts and stop at different steps.
   if (objective.rollouts) {
-    for (const auto& [key, n] :
-         {std::pair{"parallel.pp", s.layout.pp}, std::pair{"parallel.ep", s.layout.ep}})
-      if (n > 1)
-        c.reject(key, fmt::format("run.objective = {} samples its rollouts with every layer on each rank for "
-                                  "now: it must be 1 (scale out with parallel.tp or parallel.dp)",
-                                  objective.name));
+    if (s.layout.ep > 1)
+      c.reject("parallel.ep",
+               fmt::format("run.objective = {} samples its rollouts with every expert on each rank "
+                           "for now: it must be 1 (scale out with parallel.tp, pp or dp)",
+                           objective.name));
+    if (s.layout.pp > 1 && s.rl.updates_per_rollout > 1)
+      c.reject(
+          "parallel.pp",
+          fmt::format("rl.updates_per_rollout = {} records the rollout's log-probabilities with a forward of "
+                      "the whole model, which a pipeline stage does not hold: it must be 1 with "
+                      "rl.updates_per_rollout > 1 (or set that to 1)",
+                      s.rl.updates_per_rollout));
     if (s.parallel.sequence_parallel && s.layout.tp > 1)
       c.reject("parallel.sequence_parallel",
                fmt::format("run.objective = {} decodes a few rows at a time, which sequence parallelism does "

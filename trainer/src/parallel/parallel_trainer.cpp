@@ -172,7 +172,7 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, comm::ProcessGroups& gro
   const int zero = spec.parallel.zero;
   const size_t align = zero >= 2 ? dp * kReleaseFloats : dp;
   plan_ = std::make_unique<ParallelPlan>(*groups.tp, *groups.ep, *groups.cp, spec.parallel.cp_comm,
-                                         spec.parallel.sequence_parallel);
+                                         spec.parallel.sequence_parallel, groups.pp.get());
   loss_ = objective_loss(spec, std::move(teacher));
   // Under context parallelism the model holds this rank's two chunks of each sequence (context_parallel.h).
   ModelSpec local = spec.model;

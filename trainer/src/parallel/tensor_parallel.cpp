@@ -274,15 +274,40 @@ std::unique_ptr<ParallelPlan> ParallelPlan::context_only(comm::Comm& cp, Context
   return plan;
 }
 
+namespace {
+
+// Stage s receives from s - 1 and sends to s + 1; the last stage's logits are broadcast.
+class PipelineLink final : public StageLink {
+ public:
+  explicit PipelineLink(comm::Comm& pp) : pp_(pp) {}
+  void receive(float* rows, size_t count) override {
+    pp_.recv(rows, count, comm::CommType::kF32, pp_.rank() - 1, kTag)->wait();
+  }
+  void send(const float* rows, size_t count) override {
+    pp_.send(rows, count, comm::CommType::kF32, pp_.rank() + 1, kTag)->wait();
+  }
+  void share_logits(float* logits, size_t count) override {
+    pp_.broadcast(logits, count, comm::CommType::kF32, pp_.size() - 1)->wait();
+  }
+
+ private:
+  static constexpr int kTag =
+      32767;  // MPI's least tag bound: apart from a training step's (2 x micro-batch + 0, 1)
+  comm::Comm& pp_;
+};
+
+}  // namespace
+
 ParallelPlan::ParallelPlan(comm::Comm& tp, comm::Comm& ep, comm::Comm& cp, ContextComm cp_comm,
-                           bool sequence_parallel)
+                           bool sequence_parallel, comm::Comm* pp)
     : tp_(tp),
       ep_(ep),
       cp_(cp),
       cp_comm_(cp_comm),
       context_(std::make_shared<ContextScratch>()),
       sequence_(sequence_parallel && tp.size() > 1 ? std::make_shared<SequenceScratch>() : nullptr),
-      rows_(cp.size() > 1 ? std::make_unique<ContextRows>(cp) : nullptr) {}
+      rows_(cp.size() > 1 ? std::make_unique<ContextRows>(cp) : nullptr),
+      stages_(pp != nullptr && pp->size() > 1 ? std::make_unique<PipelineLink>(*pp) : nullptr) {}
 
 std::unique_ptr<Attention> ParallelPlan::attention(Backend& backend, const AttentionSettings& settings,
                                                    const AttentionWeights& w, int slots, int rows,

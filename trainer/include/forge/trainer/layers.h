@@ -156,6 +156,17 @@ class TokenExchange {
   virtual void sum_over_context(double*, int) {}
 };
 
+// A pipeline stage's neighbours while decoding (GPT::decode on a stage's slice): the residual stream's rows
+// arrive from the previous stage and leave for the next (backend memory), and the last stage's logits go
+// to every stage, so that each samples the same tokens. Collective over the pipeline's ranks, in order.
+class StageLink {
+ public:
+  virtual ~StageLink() = default;
+  virtual void receive(float* rows, size_t count) = 0;
+  virtual void send(const float* rows, size_t count) = 0;
+  virtual void share_logits(float* logits, size_t count) = 0;
+};
+
 class LayerFactory {
  public:
   virtual ~LayerFactory() = default;
@@ -176,6 +187,8 @@ class LayerFactory {
   virtual std::unique_ptr<Attention> attention(Backend& backend, const AttentionSettings& settings,
                                                const AttentionWeights& weights, int slots, int rows,
                                                float* dqkv, float* datt) const;
+  // The pipeline's link for decoding (null: every layer is in this process).
+  virtual StageLink* stage_link() const { return nullptr; }
   // Layers with every parameter whole, in this process.
   static const LayerFactory& whole();
 };

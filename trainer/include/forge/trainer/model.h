@@ -367,7 +367,8 @@ class GPT {
   // All logits, batch x seq_len x vocab, into host memory (tests and evaluation; an unsplit model).
   void forward_logits(const MicroBatch& batch, std::span<float> logits);
 
-  // Incremental decoding (the whole model): runs `rows` (at most rows() of them) through the model, each
+  // Incremental decoding (the whole model, or a pipeline stage's slice whose stages all call it alike:
+  // LayerFactory::stage_link): runs `rows` (at most rows() of them) through the model, each
   // attending to the keys and values of its sequence's earlier positions in `cache` and of the rows
   // before it in this call, and appends theirs. A sequence's positions must arrive in order from 0 (a
   // prompt at once, then a token a step; a new sequence in a slot starts again at 0). Writes the logits of
@@ -375,6 +376,7 @@ class GPT {
   // arithmetic as forward() up to the attention's summation order: a token's logits match the full
   // forward's at its position. `pictures` go through the vision tower into their rows (a prompt's). Throws
   // std::invalid_argument for a row outside the cache or the model, or a picture the model cannot take.
+  // On a pipeline stage every stage gets the logits (the last stage's, sent to each).
   void decode(KvCache& cache, std::span<const DecodeRow> rows, std::span<const int> logit_rows,
               std::span<float> logits, std::span<const DecodePicture> pictures = {});
 
@@ -414,6 +416,8 @@ class GPT {
   // head's own.
   void form_values(Slot& s);
   void values_backward(Slot& s, float loss_scale);
+  // decode() on a pipeline stage: the last stage's logits (host memory) to every stage.
+  void share_logits(std::span<float> logits);
   // A vision-language model: pictures (image_size^2 RGB bytes each, host memory) through the vision tower,
   // their features in place of the embeddings of their runs, from stream rows `starts`, in slot's stream.
   void place_pictures(int slot, const uint8_t* pixels, std::span<const int64_t> starts);
@@ -444,6 +448,8 @@ class GPT {
   std::vector<MoeLayer*> moe_layers_;  // owned by their blocks
   std::unique_ptr<NormLayer> lnf_;
   ParamRef value_weight_, value_bias_;   // ModelSpec::value_head; empty without one
+  StageLink* stage_link_ = nullptr;      // LayerFactory::stage_link: decoding on a pipeline stage
+  Buffer<float> shared_logits_;          // share_logits on a device backend
   std::unique_ptr<VisionTower> vision_;  // a vision-language model's slice with the embedding
   std::deque<ParamInfo> views_;          // of fused_ref
 };

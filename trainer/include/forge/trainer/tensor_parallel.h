@@ -139,8 +139,9 @@ class ParallelPlan final : public LayerFactory {
   // tp: the tensor-parallel group; ep: the expert-parallel group; cp: the context-parallel group, whose
   // attention slots (when it has more than one rank) exchange keys and values as cp_comm says;
   // sequence_parallel: the residual stream cut over tp (when it has more than one rank).
+  // pp (when given, of more than one rank): the pipeline whose stages decode in turn (stage_link).
   ParallelPlan(comm::Comm& tp, comm::Comm& ep, comm::Comm& cp, ContextComm cp_comm = ContextComm::kRing,
-               bool sequence_parallel = false);
+               bool sequence_parallel = false, comm::Comm* pp = nullptr);
   // Every weight whole in this process, the sequences shared out over `cp` as cp_comm says: the layers of
   // a distillation teacher beside a context-parallel student (on each of its tensor-parallel ranks).
   static std::unique_ptr<ParallelPlan> context_only(comm::Comm& cp, ContextComm cp_comm);
@@ -152,6 +153,7 @@ class ParallelPlan final : public LayerFactory {
   std::unique_ptr<NormLayer> norm(Backend& backend, bool layernorm, float eps, ParamRef weight,
                                   ParamRef bias) const override;
   int sequence_shards() const override;
+  StageLink* stage_link() const override { return stages_.get(); }
   std::unique_ptr<Attention> attention(Backend& backend, const AttentionSettings& settings,
                                        const AttentionWeights& weights, int slots, int rows, float* dqkv,
                                        float* datt) const override;
@@ -166,6 +168,7 @@ class ParallelPlan final : public LayerFactory {
   std::shared_ptr<ContextScratch> context_;    // shared by the layers
   std::shared_ptr<SequenceScratch> sequence_;  // null without sequence parallelism
   std::unique_ptr<ContextRows> rows_;          // null without context parallelism
+  std::unique_ptr<StageLink> stages_;          // null without pipeline parallelism
 };
 
 }  // namespace forge::trainer
