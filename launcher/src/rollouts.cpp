@@ -208,6 +208,7 @@ class Rollouts final : public DataSource {
     out.resize(size_t(M));
     double logp_diff_sum = 0, logp_diff_max = 0, scored = 0;
     const bool on_policy = spec_.rl.loss.on_policy;
+    comm::Comm& pp = *policy_->groups().pp;
     for (int i = 0; i < M; ++i) {
       MicroBatch& batch = out[size_t(i)];
       batch.resize(B, T);
@@ -256,9 +257,16 @@ class Rollouts final : public DataSource {
         // The log-probabilities the ratio divides by: the trainer's own forward under the weights that
         // sampled it (so the ratio is exactly 1 at the rollout's first update), against the sampler's: ~0
         // in FP32, a metric in BF16.
-        model.forward_loss(batch, token_logps_.get());
+        policy_->forward_loss(batch, *token_logps_);
         batch.old_logps = token_logps_->last();
         if (ppo) batch.old_values = token_logps_->last_values();
+        // The head's stage computed them; every stage's batch holds them (MicroBatch::problem).
+        if (pp.size() > 1)
+          for (std::vector<float>* v : {&batch.old_logps, &batch.old_values}) {
+            if (v == &batch.old_values && !ppo) continue;
+            v->resize(batch.size());
+            pp.broadcast(v->data(), v->size(), comm::CommType::kF32, pp.size() - 1)->wait();
+          }
         for (size_t pos = 0; pos < batch.size(); ++pos) {
           if (batch.targets[pos] == MicroBatch::kIgnore) continue;
           const double d = std::fabs(double(batch.old_logps[pos]) - double(sampled[pos]));

@@ -709,8 +709,8 @@ void GPT::run_blocks(int slot, int N, const std::function<void(int, ConstAct, fl
 }
 
 LossSums GPT::forward(int slot, const MicroBatch& batch, const float* input, float loss_scale, bool backward,
-                      const WeightHooks& weights) {
-  return run_forward(slot, batch, input, loss_scale, backward, nullptr, true, weights);
+                      const WeightHooks& weights, const Loss* loss) {
+  return run_forward(slot, batch, input, loss_scale, backward, nullptr, true, weights, loss);
 }
 
 void GPT::backward(int slot, const float* d_output, const std::function<void(int)>& on_grads,

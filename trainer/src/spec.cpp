@@ -916,13 +916,6 @@ TrainSpec train_spec(const Config& c) {
                fmt::format("run.objective = {} samples its rollouts with every expert on each rank "
                            "for now: it must be 1 (scale out with parallel.tp, pp or dp)",
                            objective.name));
-    if (s.layout.pp > 1 && s.rl.updates_per_rollout > 1)
-      c.reject(
-          "parallel.pp",
-          fmt::format("rl.updates_per_rollout = {} records the rollout's log-probabilities with a forward of "
-                      "the whole model, which a pipeline stage does not hold: it must be 1 with "
-                      "rl.updates_per_rollout > 1 (or set that to 1)",
-                      s.rl.updates_per_rollout));
     if (s.parallel.sequence_parallel && s.layout.tp > 1)
       c.reject("parallel.sequence_parallel",
                fmt::format("run.objective = {} decodes a few rows at a time, which sequence parallelism does "

@@ -715,6 +715,22 @@ std::vector<MicroBatch> ParallelTrainer::context_shards(std::span<const MicroBat
 }
 
 double ParallelTrainer::loss_of(const MicroBatch& whole) {
+  const LossSums sums = forward_only(whole, *loss_);
+  // Every rank knows its batch's weight; the loss sum is the last stage's (once per DP rank, and per row
+  // for a loss of whole sequences).
+  comm::ProcessGroups& g = groups_;
+  const bool counts = g.tp_rank == 0 && (g.cp_rank == 0 || !loss_->per_sequence());
+  double both[2] = {g.last_stage() && counts ? sums.loss : 0.0,
+                    g.first_stage() && counts ? sums.weight : 0.0};
+  g.world->all_reduce(both, 2, comm::CommType::kF64, comm::ReduceOp::kSum)->wait();
+  return both[0] / both[1];
+}
+
+void ParallelTrainer::forward_loss(const MicroBatch& whole, const Loss& loss) {
+  forward_only(whole, loss);
+}
+
+LossSums ParallelTrainer::forward_only(const MicroBatch& whole, const Loss& loss) {
   // ZeRO-3 gathers the layers as the forward reaches them and lets them go after, as a step does.
   WeightHooks weights;
   if (spec_.parallel.zero == 3) {
@@ -729,16 +745,11 @@ double ParallelTrainer::loss_of(const MicroBatch& whole) {
   comm::ProcessGroups& g = groups_;
   const size_t nc = size_t(model_->stream_rows()) * size_t(spec_.model.d_model);
   if (!g.first_stage()) g.pp->recv(recv_act_.data(), nc, comm::CommType::kF32, g.pp_rank - 1, 0)->wait();
-  const LossSums sums = model_->forward(0, mine, recv_act_.data(), 1.0f, false, weights);
+  LossSums sums = model_->forward(0, mine, recv_act_.data(), 1.0f, false, weights, &loss);
   if (!g.last_stage())
     g.pp->send(model_->output(0).data(), nc, comm::CommType::kF32, g.pp_rank + 1, 0)->wait();
-  // Every rank knows its batch's weight; the loss sum is the last stage's (once per DP rank, and per row
-  // for a loss of whole sequences).
-  const bool counts = g.tp_rank == 0 && (g.cp_rank == 0 || !loss_->per_sequence());
-  double both[2] = {g.last_stage() && counts ? sums.loss : 0.0,
-                    g.first_stage() && counts ? loss_->weight(mine) : 0.0};
-  g.world->all_reduce(both, 2, comm::CommType::kF64, comm::ReduceOp::kSum)->wait();
-  return both[0] / both[1];
+  sums.weight = loss.weight(mine);  // a stage without the head returns none
+  return sums;
 }
 
 size_t ParallelTrainer::parameter_bytes() const {

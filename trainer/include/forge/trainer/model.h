@@ -336,8 +336,10 @@ class GPT {
   // classifier included) and done last with the final norm; a block's need comes before the previous
   // block's done (its norm is fused with that block's residual add). Where a caller completes the
   // weights' update (ZeRO-1's all-gather) or gathers and releases them (ZeRO-3).
+  // `loss`: another objective than the model's for this pass (forward only: a rollout's log-probabilities
+  // under the weights being trained, TokenLogps).
   LossSums forward(int slot, const MicroBatch& batch, const float* input, float loss_scale, bool backward,
-                   const WeightHooks& weights = {});
+                   const WeightHooks& weights = {}, const Loss* loss = nullptr);
   std::span<const float> output(int slot) const;
   // backward of the micro-batch forward() ran on `slot`: from the classifier gradient (head) or from
   // `d_output` (the next stage's input gradient). Leaves the gradient of the slice's input in
