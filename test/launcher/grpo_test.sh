@@ -145,6 +145,15 @@ for x, y in zip(a, b):
     assert x.get("rollout", {}).get("reward") == y.get("rollout", {}).get("reward"), (x["step"], "other rollouts")
     assert abs(x["loss"] - y["loss"]) <= 1e-5 and abs(x["ratio"] - y["ratio"]) <= 1e-5, (x["step"], x["loss"], y["loss"])
 EOF_PY
+# Under ZeRO-3 the rollouts sample from, and record their log-probabilities under, the gathered weights:
+# two data-parallel ranks give ZeRO-1's losses and ratios bit for bit.
+for z in 1 3; do
+  mpirun -np 2 "$train" "$src/configs/tiny.ini" --run.dir="$work/u2z$z" "${model[@]}" "${rl[@]}" --rl.group_size=4 \
+    --data.batch=4 --data.dataset="$work/sums" --rl.updates_per_rollout=2 --run.steps=6 --parallel.dp=2 \
+    --parallel.zero=$z 2>"$work/u2z$z.log" || fail "ZeRO-$z rollouts: $(tail -n1 "$work/u2z$z.log")"
+done
+same "$work/u2z1/metrics/rank-0.jsonl" "$work/u2z3/metrics/rank-0.jsonl" loss ratio ||
+  fail "rollouts under ZeRO-3 differ from ZeRO-1's"
 rc=0
 "$train" "$src/configs/tiny.ini" --run.dir="$work/bad" "${grpo[@]/--ckpt.recovery_every=10/--ckpt.recovery_every=5}" \
   --rl.updates_per_rollout=2 --run.steps=20 >"$work/bad.log" 2>&1 || rc=$?
