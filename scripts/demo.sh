@@ -518,6 +518,34 @@ PY
 [ "$state" = COMPLETED ] || { echo "demo: the GRPO candidate's gate ended $state" >&2; exit 1; }
 "$bin/launcher/forge-train" report "$grpo_run" >/dev/null
 
+stage "reinforcement learning: PPO from the taught model, a value head added to it, rollouts on two pipeline stages (team-a, explore tier, pp2)"
+# run.objective = ppo on the same prompt set: the taught model gets a value head (its estimate of what a
+# reply will earn, at each token), which trains beside it and is each token's baseline (advantages by GAE);
+# no group is needed, so each prompt is sampled four times, not sixteen. The two pipeline stages decode in
+# turn: the first embeds and runs its block, the second its block and the classifier, whose logits go back
+# to the first, so both sample the same tokens. The checkpoint keeps the head; an export leaves it behind.
+ppo_run=$work/runs/ppo
+sed -e "s|^dir = .*|dir = $ppo_run|" -e "s|^dataset = .*|dataset = $work/prompts|" \
+  -e "s|^format_dataset = .*|format_dataset = $work/tasks-dataset|" -e "s/^steps = .*/steps = $((fast ? 20 : 40))/" \
+  -e "s/^milestone_every = .*/milestone_every = $((fast ? 20 : 40))/" -e "s/^objective = grpo/objective = ppo/" \
+  -e "s/^name = grpo/name = ppo/" -e "s/^group_size = 16/group_size = 4/" -e "s/^dp = 2/pp = 2\nmicrobatches = 2/" \
+  "$root/configs/grpo.ini" >"$work/ppo.ini"
+pipeline --train-team=team-a --train-tier=explore --train-layout=tp1,pp2,dp1 --gate-policy=none \
+  --finetune-from="$tasks_release" "$work/ppo.ini" "$work/prompts"
+state=$(final_state "$train" 900)
+[ "$state" = COMPLETED ] || { echo "demo: the PPO job ended $state" >&2; exit 1; }
+python3 - "$ppo_run/metrics/rank-0.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+half = len(rows) // 2
+mean = lambda rs, f: sum(f(r) for r in rs) / len(rs)
+print(f"ppo: {len(rows)} steps of 64 replies (16 prompts x 4) on pp2; reward "
+      f"{mean(rows[:half], lambda r: r['rollout']['reward']):.2f} -> {mean(rows[half:], lambda r: r['rollout']['reward']):.2f}, "
+      f"value loss {mean(rows[:5], lambda r: r['value_loss']):.4f} -> {mean(rows[-5:], lambda r: r['value_loss']):.4f} "
+      f"(the head learning what replies earn), ratio {rows[0]['ratio']:.1f} at every first update, "
+      f"sampler vs trainer log-probabilities within {max(r['rollout']['logp_diff_max'] for r in rows):.1e}")
+PY
+
 stage "Mixture of Experts: 4 experts, top-2, on dp2 with expert parallelism ep2 and ZeRO-3 (team-a, explore tier)"
 # model.ffn = moe: every block's MLP becomes 4 experts and a router; each of the 2 ranks holds 2 experts,
 # and the tokens routed to the other rank's experts go there and back by all-to-all. The metrics carry each
