@@ -537,12 +537,13 @@ state=$(final_state "$train" 900)
 python3 - "$ppo_run/metrics/rank-0.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
+assert all(r["ratio"] == 1.0 for r in rows), "a rollout's first update has a ratio other than 1"
 half = len(rows) // 2
 mean = lambda rs, f: sum(f(r) for r in rs) / len(rs)
 print(f"ppo: {len(rows)} steps of 64 replies (16 prompts x 4) on pp2; reward "
       f"{mean(rows[:half], lambda r: r['rollout']['reward']):.2f} -> {mean(rows[half:], lambda r: r['rollout']['reward']):.2f}, "
       f"value loss {mean(rows[:5], lambda r: r['value_loss']):.4f} -> {mean(rows[-5:], lambda r: r['value_loss']):.4f} "
-      f"(the head learning what replies earn), ratio {rows[0]['ratio']:.1f} at every first update, "
+      f"(the head learning what replies earn), ratio exactly 1 at every update (one per rollout), "
       f"sampler vs trainer log-probabilities within {max(r['rollout']['logp_diff_max'] for r in rows):.1e}")
 PY
 

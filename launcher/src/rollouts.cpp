@@ -199,16 +199,22 @@ class Rollouts final : public DataSource {
     const double reward_s = seconds_since(t0);
     std::vector<float> totals(rewards.size());
     for (size_t k = 0; k < rewards.size(); ++k) totals[k] = float(rewards[k].total);
-    // GRPO's baseline is the group's mean; PPO's the value head, along each reply in the loss (PpoLoss).
+    // Per reply, GRPO's advantage (its reward against its group's mean), or PPO's reward (its baseline is
+    // the value head, along each reply in the loss: PpoLoss).
     const bool ppo = spec_.objective == trainer::Objective::kPpo;
-    const std::vector<float> advantages =
+    const std::vector<float> per_reply =
         ppo ? totals : trainer::grpo_advantages(totals, G, spec_.rl.scale_rewards);
 
     std::vector<MicroBatch>& out = rollout_;
     out.resize(size_t(M));
     double logp_diff_sum = 0, logp_diff_max = 0, scored = 0;
     const bool on_policy = spec_.rl.loss.on_policy;
-    comm::Comm& pp = *policy_->groups().pp;
+    // What the head's pipeline stage recorded, to every stage's batch (MicroBatch::problem checks them).
+    const auto from_last_stage = [pp = policy_->groups().pp.get()](std::vector<float>& v, size_t n) {
+      if (pp->size() == 1) return;
+      v.resize(n);
+      pp->broadcast(v.data(), n, comm::CommType::kF32, pp->size() - 1)->wait();
+    };
     for (int i = 0; i < M; ++i) {
       MicroBatch& batch = out[size_t(i)];
       batch.resize(B, T);
@@ -259,14 +265,11 @@ class Rollouts final : public DataSource {
         // in FP32, a metric in BF16.
         policy_->forward_loss(batch, *token_logps_);
         batch.old_logps = token_logps_->last();
-        if (ppo) batch.old_values = token_logps_->last_values();
-        // The head's stage computed them; every stage's batch holds them (MicroBatch::problem).
-        if (pp.size() > 1)
-          for (std::vector<float>* v : {&batch.old_logps, &batch.old_values}) {
-            if (v == &batch.old_values && !ppo) continue;
-            v->resize(batch.size());
-            pp.broadcast(v->data(), v->size(), comm::CommType::kF32, pp.size() - 1)->wait();
-          }
+        from_last_stage(batch.old_logps, batch.size());
+        if (ppo) {
+          batch.old_values = token_logps_->last_values();
+          from_last_stage(batch.old_values, batch.size());
+        }
         for (size_t pos = 0; pos < batch.size(); ++pos) {
           if (batch.targets[pos] == MicroBatch::kIgnore) continue;
           const double d = std::fabs(double(batch.old_logps[pos]) - double(sampled[pos]));
@@ -276,7 +279,7 @@ class Rollouts final : public DataSource {
         }
       }
       (ppo ? batch.rewards : batch.advantages)
-          .assign(advantages.begin() + ptrdiff_t(i * B), advantages.begin() + ptrdiff_t((i + 1) * B));
+          .assign(per_reply.begin() + ptrdiff_t(i * B), per_reply.begin() + ptrdiff_t((i + 1) * B));
     }
     summarise(rewards, gens, generator_->stats().new_tokens - before.new_tokens, generation_s, reward_s,
               scoring.span_seconds(), logp_diff_sum, logp_diff_max, scored);

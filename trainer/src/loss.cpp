@@ -173,7 +173,7 @@ double GrpoLoss::sequences(const DeviceBatch& d, const float* nll, float* coeff,
     throw std::invalid_argument("GrpoLoss: the batch holds no sampled replies (advantages)");
   std::vector<float> advantage(b.size());
   for (size_t i = 0; i < b.size(); ++i) advantage[i] = b.advantages[i / size_t(b.seq_len)];
-  return clipped(b, nll, advantage, coeff, nullptr);
+  return clipped(b, nll, advantage, coeff);
 }
 
 std::vector<double> GrpoLoss::token_weights(const MicroBatch& b) const {
@@ -189,7 +189,7 @@ std::vector<double> GrpoLoss::token_weights(const MicroBatch& b) const {
 }
 
 double GrpoLoss::clipped(const MicroBatch& b, const float* nll, std::span<const float> advantage,
-                         float* coeff, std::vector<double>* weights) const {
+                         float* coeff) const {
   if (b.old_logps.size() != b.size())
     throw std::invalid_argument("GrpoLoss: the batch holds no old log-probabilities of its replies");
   if (o_.kl_coef != 0 && b.ref_logps.size() != b.size())
@@ -229,7 +229,6 @@ double GrpoLoss::clipped(const MicroBatch& b, const float* nll, std::span<const 
     ratios += w * ratio;
     surprise -= w * logp;
   }
-  if (weights != nullptr) *weights = token_weight;
   std::lock_guard lock(mu_);
   clipped_ += clipped;
   kl_ += kl;
@@ -309,8 +308,8 @@ double PpoLoss::sequences(const DeviceBatch& d, const float* nll, float* coeff, 
       returns[scored[k]] = adv[k] + value[k];
     }
   }
-  std::vector<double> w;
-  double total = policy_.clipped(b, nll, advantage, coeff, &w);
+  double total = policy_.clipped(b, nll, advantage, coeff);
+  const std::vector<double> w = policy_.token_weights(b);
   double value_loss = 0, values = 0, clipped = 0;
   for (size_t i = 0; i < b.size(); ++i) {
     d.dvalues[i] = 0.0f;

@@ -210,9 +210,9 @@ class GrpoLoss final : public Loss {
   // Each position's share of the normaliser: its loss weight, divided by its reply's under kSequence.
   std::vector<double> token_weights(const MicroBatch& batch) const;
   // The clipped term and the KL of every scored position with its `advantage` (one per position) into
-  // the loss sum and `coeff`, counted into the figures; `weights` (when not null) gets token_weights.
-  double clipped(const MicroBatch& batch, const float* nll, std::span<const float> advantage, float* coeff,
-                 std::vector<double>* weights) const;
+  // the loss sum and `coeff`, counted into the figures.
+  double clipped(const MicroBatch& batch, const float* nll, std::span<const float> advantage,
+                 float* coeff) const;
 
   GrpoOptions o_;
   mutable std::mutex mu_;
