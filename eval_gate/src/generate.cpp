@@ -127,7 +127,9 @@ std::vector<Generation> Generator::run(std::span<const Request> requests, const 
       logit_rows.push_back(int(rows.size()) - 1);
       logit_slot.push_back(b);
     }
-    if (rows.empty()) break;
+    // Under expert parallelism the group's ranks decode other sequences in step: one that has run out
+    // decodes no rows until all have.
+    if (!model_.decoding(!rows.empty())) break;
     logits.resize(logit_rows.size() * size_t(V));
     model_.decode(cache_, rows, logit_rows, logits, pictures);
     for (size_t i = 0; i < logit_slot.size(); ++i) {

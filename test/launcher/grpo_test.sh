@@ -199,6 +199,30 @@ for x, y in zip(a, b):
 EOF_PY
 done
 
+# A Mixture-of-Experts policy with its experts shared out over two ranks (ep2 within dp2): each rank
+# samples its own prompts, and a decoding step sends tokens to the other rank's experts, so the two decode
+# in step while either has rows (GPT::decoding), the one that finished with none (without that, the ranks
+# wait on each other's exchanges for ever: hence the timeout). PPO with one reply a prompt and a hot
+# sampler, so that the ranks' replies end at different steps. The same rollouts and curve as dp2 with every
+# expert on each rank.
+moe=(--model.ffn=moe --model.experts=4 --model.top_k=2)
+"$train" "$src/configs/tiny.ini" --run.dir="$work/sft-moe" "${model[@]}" "${moe[@]}" --data.dataset="$work/chat" \
+  --run.objective=sft --optim.lr=3e-3 --run.steps=100 --ckpt.milestone_every=100 2>"$work/sft-moe.log" ||
+  fail "moe sft run: $(tail -n1 "$work/sft-moe.log")"
+moe_rl=("${model[@]}" "${moe[@]}" "${rl[@]/--ckpt.init_from=*/--ckpt.init_from=$work/sft-moe/checkpoints/milestone/step-00000100}")
+moe_rl=("${moe_rl[@]/--run.objective=grpo/--run.objective=ppo}")
+moe_rl=("${moe_rl[@]/--rl.max_new_tokens=6/--rl.max_new_tokens=12}" --rl.temperature=3 --rl.group_size=1
+  --data.batch=1 --data.dataset="$work/sums" --run.steps=5 --parallel.dp=2)
+for ep in 1 2; do
+  timeout 120 mpirun -np 2 "$train" "$src/configs/tiny.ini" --run.dir="$work/moe-ep$ep" "${moe_rl[@]}" \
+    --parallel.ep=$ep 2>"$work/moe-ep$ep.log" || fail "moe rollouts at ep$ep: exit $?, $(tail -n1 "$work/moe-ep$ep.log")"
+done
+python3 -c 'import json, sys; assert any(json.loads(l)["rollout"]["reply_tokens"] % 1 for l in open(sys.argv[1]))' \
+  "$work/moe-ep2/metrics/rank-0.jsonl" || fail "the ranks' replies never differed in length: not a test of decoding in step"
+compare "$work/moe-ep1" "$work/moe-ep2"
+same "$work/moe-ep1/metrics/rank-0.jsonl" "$work/moe-ep2/metrics/rank-0.jsonl" rollout.reward rollout.reply_tokens ||
+  fail "ep2 sampled other rollouts"
+
 # Code rewards: the prompts' tests in the sandbox, their outcomes counted; scored as each reply's sampling
 # ends (the default) or after the rollout (rl.overlap_rewards = false): the same rewards and losses.
 for overlap in true false; do

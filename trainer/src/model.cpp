@@ -871,7 +871,7 @@ void GPT::decode(KvCache& cache, std::span<const DecodeRow> rows, std::span<cons
   if (cache.keys_.size() != blocks_.size())
     throw std::invalid_argument("GPT::decode: the cache was made for another model");
   const int N = int(rows.size()), C = config_.d_model, V = config_.vocab;
-  if (N < 1 || N > this->rows()) throw std::invalid_argument("GPT::decode: 1 to rows() rows at a time");
+  if (N > this->rows()) throw std::invalid_argument("GPT::decode: at most rows() rows at a time");
   if (logits.size() != logit_rows.size() * size_t(V))
     throw std::invalid_argument("GPT::decode: logits must hold logit_rows x vocab values");
   Slot& s = *slots_[0];
@@ -937,6 +937,11 @@ void GPT::decode(KvCache& cache, std::span<const DecodeRow> rows, std::span<cons
   }
   classifier_->logits(logits.data(), gathered, M);
   share_logits(logits);
+}
+
+bool GPT::decoding(bool mine) {
+  // One expert-parallel group for every MoE block.
+  return moe_layers_.empty() ? mine : moe_layers_.front()->exchange().any(mine);
 }
 
 void GPT::share_logits(std::span<float> logits) {

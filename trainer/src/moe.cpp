@@ -248,7 +248,8 @@ void MoeLayer::route(Slot& s, ConstAct in, int N) {
     std::copy(sums.begin() + E, sums.begin() + 2 * E, routed.begin());
     s.sequence_tokens = sums.back();
   }
-  const double tokens = s.sequence_tokens;
+  // No tokens (a rank of an expert-parallel group that has nothing left to decode): nothing to count.
+  const double tokens = std::max(s.sequence_tokens, 1.0);
   s.routed_share.resize(size_t(E));
   double aux = 0;
   for (int e = 0; e < E; ++e) {

@@ -215,6 +215,12 @@ void AllToAllTokenExchange::exchange_counts(const int64_t* send, int64_t* recv, 
   group_.all_to_all_v(send, send_.data(), recv, send_.data(), comm::CommType::kU8)->wait();
 }
 
+bool AllToAllTokenExchange::any(bool mine) {
+  int32_t flag = mine ? 1 : 0;
+  group_.all_reduce(&flag, 1, comm::CommType::kI32, comm::ReduceOp::kMax)->wait();
+  return flag != 0;
+}
+
 void AllToAllTokenExchange::exchange_rows(Backend&, const float* in, const int64_t* send_rows, float* out,
                                           const int64_t* recv_rows, int C) {
   send_.resize(size_t(size()));

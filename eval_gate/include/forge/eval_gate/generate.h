@@ -71,7 +71,9 @@ struct GenerationStats {
 // finished sequence's slot takes the next request at once: its prompt is prefilled in the same call as the
 // others' next tokens. A sample ends at a stop token, where Sampling::stop_after says, after max_new_tokens,
 // or at the model's last position. A prompt with pictures too long for max_len is refused
-// (std::invalid_argument): cutting it from the left would cut a picture's run or drop it unseen.
+// (std::invalid_argument): cutting it from the left would cut a picture's run or drop it unseen. On the
+// ranks of an expert-parallel group, each with its own requests, run() is collective: a rank that has
+// finished decodes nothing until all have (GPT::decoding).
 class Generator {
  public:
   Generator(trainer::GPT& model, int batch, int max_len = 0);

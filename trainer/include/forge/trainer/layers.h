@@ -154,6 +154,9 @@ class TokenExchange {
   // model's: one rank, nothing to add.
   virtual int context_size() const { return 1; }
   virtual void sum_over_context(double*, int) {}
+  // Whether a rank of the group has rows to decode (`mine`: this one's): the group's ranks decode other
+  // sequences, and each decoding step exchanges between them (GPT::decoding). The whole model's: mine.
+  virtual bool any(bool mine) { return mine; }
 };
 
 // A pipeline stage's neighbours while decoding (GPT::decode on a stage's slice): the residual stream's rows

@@ -381,6 +381,11 @@ class GPT {
   // On a pipeline stage every stage gets the logits (the last stage's, sent to each).
   void decode(KvCache& cache, std::span<const DecodeRow> rows, std::span<const int> logit_rows,
               std::span<float> logits, std::span<const DecodePicture> pictures = {});
+  // Whether decoding goes on among the processes whose decode() calls are collective with this one's
+  // though they decode other sequences (expert parallelism's group: each step exchanges tokens between
+  // them); `mine`: whether this process has rows. Every process asks before each decode() and, while the
+  // answer is true, calls it, with no rows when it has none. Elsewhere: mine.
+  bool decoding(bool mine);
 
   // A frozen model's forward (a distillation teacher, loss.h; the whole model): runs `batch` up to the
   // final LayerNorm and keeps that; feature_logits then forms the logits of positions [row0, row0 + rows)

@@ -117,6 +117,7 @@ class AllToAllTokenExchange final : public TokenExchange {
                      const int64_t* recv_rows, int C) override;
   int context_size() const override { return context_.size(); }
   void sum_over_context(double* values, int n) override;
+  bool any(bool mine) override;
 
  private:
   comm::Comm &group_, &context_;
