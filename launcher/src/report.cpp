@@ -32,6 +32,24 @@ struct Point {
 constexpr const char* kSplitKeys[] = {"compute_ms", "comm_ms", "bubble_ms", "data_wait_ms", "ckpt_stall_ms"};
 constexpr const char* kSplitNames[] = {"compute", "communication", "bubble", "data wait", "checkpoint stall"};
 
+// Reinforcement learning's figures (run.objective = grpo, ppo), a chart each: its series and the record
+// field each reads ("rollout." for the rollout's figures, in the first record of each rollout).
+struct RlChart {
+  const char* title;
+  std::vector<std::pair<const char*, const char*>> series;  // name, field
+};
+const std::vector<RlChart>& rl_charts() {
+  static const std::vector<RlChart> charts = {
+      {"rollouts: mean reward (and each scorer's, over the replies it applies to)",
+       {{"reward", "rollout.reward"}}},
+      {"rollouts: reply length (tokens)", {{"reply tokens", "rollout.reply_tokens"}}},
+      {"rollouts: generation tokens/s", {{"generation", "rollout.generation_tokens_per_s"}}},
+      {"policy update: KL to the reference, share of ratios (and values) the clip held",
+       {{"KL", "kl"}, {"clip fraction", "clip_fraction"}, {"value clip fraction", "value_clip_fraction"}}},
+      {"value head (ppo): clipped squared error to the returns", {{"value loss", "value_loss"}}}};
+  return charts;
+}
+
 struct Marker {
   int64_t step = 0;
   std::string kind;  // "resume", "ckpt", "guard"
@@ -323,6 +341,8 @@ RunReport write_report(const std::string& run_dir) {
   std::map<int, Series> dropped;
   std::set<int> stragglers;
   std::vector<Json> saves;
+  std::vector<std::vector<Series>> rl(rl_charts().size());  // per chart of rl_charts(), its series
+  std::map<std::string, Series> reward_parts;
   for (const auto& [rank, file] : files) {
     const auto records = read_metrics(file);
     const bool plotted = rank == files.begin()->first;
@@ -341,6 +361,24 @@ RunReport write_report(const std::string& run_dir) {
             {double(step), number(rec, "loss"), number(rec, "tokens_per_s"), number(rec, "mfu")});
         ++r.records;
         for (const auto& e : rec.value("ckpt_events", Json::array())) saves.push_back(e);
+        const Json rollout = rec.value("rollout", Json::object());
+        for (size_t c = 0; c < rl.size(); ++c) {
+          const auto& fields = rl_charts()[c].series;
+          rl[c].resize(fields.size());
+          for (size_t i = 0; i < fields.size(); ++i) {
+            constexpr std::string_view kNested = "rollout.";
+            const bool nested = std::string_view(fields[i].second).starts_with(kNested);
+            const double v = number(nested ? rollout : rec, fields[i].second + (nested ? kNested.size() : 0));
+            rl[c][i].name = fields[i].first;
+            if (std::isfinite(v)) rl[c][i].pts.emplace_back(double(step), v);
+          }
+        }
+        const Json parts = rollout.value("reward_parts", Json::object());
+        for (const auto& [part, v] : parts.items())
+          if (v.is_number()) {
+            reward_parts[part].name = "reward: " + part;
+            reward_parts[part].pts.emplace_back(double(step), v.get<double>());
+          }
         for (const auto& m : rec.value("moe", Json::array())) {
           const auto tokens = m.value("tokens", std::vector<double>{});
           double sum = 0;
@@ -481,6 +519,11 @@ RunReport write_report(const std::string& run_dir) {
     std::vector<Series> d;
     for (auto& [layer, series] : dropped) d.push_back(std::move(series));
     html += svg_chart("MoE: share of assignments dropped at capacity", std::move(d), mark, x_lo, x_hi);
+  }
+  for (auto& [part, series] : reward_parts) rl[0].push_back(std::move(series));
+  for (size_t c = 0; c < rl.size(); ++c) {
+    std::erase_if(rl[c], [](const Series& sr) { return sr.pts.empty(); });
+    if (!rl[c].empty()) html += svg_chart(rl_charts()[c].title, std::move(rl[c]), mark, x_lo, x_hi);
   }
   if (s.is_object() && s.contains("segments") && s["segments"].is_array()) {
     html +=

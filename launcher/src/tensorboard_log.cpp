@@ -78,8 +78,8 @@ void TensorBoardLog::write(const Json& record) {
       if (record.contains(field) && record.at(field).is_number())
         file.scalar(tag, step, record.at(field).get<double>());
   };
-  // run.objective = grpo: the rollouts' figures (rollouts.h; nested ones under their parent's name) and the
-  // loss's.
+  // run.objective = grpo, ppo: the rollouts' figures (rollouts.h; nested ones under their parent's name) and
+  // the loss's (PPO's value head's too).
   std::vector<std::pair<std::string, double>> rollout;
   const Json figures = record.value("rollout", Json::object());
   for (const auto& [name, value] : figures.items()) {
@@ -88,7 +88,8 @@ void TensorBoardLog::write(const Json& record) {
       for (const auto& [part, v] : value.items())
         if (v.is_number()) rollout.emplace_back(fmt::format("rl/{}/{}", name, part), v.get<double>());
   }
-  for (const char* field : {"clip_fraction", "kl", "ratio", "entropy"})
+  for (const char* field :
+       {"clip_fraction", "kl", "ratio", "entropy", "value_loss", "value", "value_clip_fraction"})
     if (!rollout.empty() && record.contains(field) && record.at(field).is_number())
       rollout.emplace_back(std::string("rl/") + field, record.at(field).get<double>());
   guarded(run_, [&](auto& f) {

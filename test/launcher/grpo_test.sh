@@ -305,6 +305,16 @@ assert last < 0.75 * first, ("the value head did not learn", first, last)
 print(f"ppo: value loss {first:.4f} over the first 10 steps, {last:.4f} over the last 10; reward by 20 steps",
       [round(sum(r["rollout"]["reward"] for r in rows[i:i + 20]) / 20, 3) for i in range(0, 60, 20)])
 EOF_PY
+# The run report plots the rollouts and the update: rewards (and each scorer's), reply length, the KL and
+# clip fractions, the value head's loss; TensorBoard has them under rl/.
+grep -qa "rl/value_loss" "$work"/ppo/tb/events.* && grep -qa "rl/reward" "$work"/ppo/tb/events.* ||
+  fail "the ppo run's TensorBoard events have no rl/value_loss or rl/reward"
+"$train" report "$work/ppo" >/dev/null 2>"$work/report.log" || fail "report of the ppo run: $(tail -n1 "$work/report.log")"
+for series in reward "reward: exact_match" "reply tokens" generation KL "clip fraction" "value clip fraction" \
+  "value loss"; do
+  grep -q "<polyline class=\"series\" data-series=\"$series\"" "$work/ppo/report.html" ||
+    fail "the ppo run's report has no '$series' series"
+done
 preempt_and_resume "$work/ppo-r" 4 "$work/ppo-r.log" "$train" "$src/configs/tiny.ini" --run.dir="$work/ppo-r" \
   "${ppo[@]}" --run.steps=60 || fail "ppo: preempt and resume"
 same "$work/ppo/metrics/rank-0.jsonl" "$work/ppo-r/metrics/rank-0.jsonl" loss value_loss rollout.reward ||
