@@ -205,7 +205,7 @@ done
 # wait on each other's exchanges for ever: hence the timeout). PPO with one reply a prompt and a hot
 # sampler, so that the ranks' replies end at different steps. The same rollouts and curve as dp2 with every
 # expert on each rank.
-moe=(--model.ffn=moe --model.experts=4 --model.top_k=2)
+moe=(--model.ffn=moe --model.experts=4 --model.top_k=2 --model.moe_every=2)  # the second block: pp2 puts it on stage 1
 "$train" "$src/configs/tiny.ini" --run.dir="$work/sft-moe" "${model[@]}" "${moe[@]}" --data.dataset="$work/chat" \
   --run.objective=sft --optim.lr=3e-3 --run.steps=100 --ckpt.milestone_every=100 2>"$work/sft-moe.log" ||
   fail "moe sft run: $(tail -n1 "$work/sft-moe.log")"
@@ -217,11 +217,17 @@ for ep in 1 2; do
   timeout 120 mpirun -np 2 "$train" "$src/configs/tiny.ini" --run.dir="$work/moe-ep$ep" "${moe_rl[@]}" \
     --parallel.ep=$ep 2>"$work/moe-ep$ep.log" || fail "moe rollouts at ep$ep: exit $?, $(tail -n1 "$work/moe-ep$ep.log")"
 done
+# On two pipeline stages too (4 ranks): the stage without the MoE block follows its peers' decoding.
+timeout 120 mpirun -np 4 --oversubscribe "$train" "$src/configs/tiny.ini" --run.dir="$work/moe-ep2pp2" \
+  "${moe_rl[@]}" --parallel.ep=2 --parallel.pp=2 2>"$work/moe-ep2pp2.log" ||
+  fail "moe rollouts at ep2 x pp2: exit $?, $(tail -n1 "$work/moe-ep2pp2.log")"
 python3 -c 'import json, sys; assert any(json.loads(l)["rollout"]["reply_tokens"] % 1 for l in open(sys.argv[1]))' \
   "$work/moe-ep2/metrics/rank-0.jsonl" || fail "the ranks' replies never differed in length: not a test of decoding in step"
-compare "$work/moe-ep1" "$work/moe-ep2"
-same "$work/moe-ep1/metrics/rank-0.jsonl" "$work/moe-ep2/metrics/rank-0.jsonl" rollout.reward rollout.reply_tokens ||
-  fail "ep2 sampled other rollouts"
+for other in moe-ep2 moe-ep2pp2; do
+  compare "$work/moe-ep1" "$work/$other"
+  same "$work/moe-ep1/metrics/rank-0.jsonl" "$work/$other/metrics/rank-0.jsonl" rollout.reward \
+    rollout.reply_tokens || fail "$other sampled other rollouts"
+done
 
 # Code rewards: the prompts' tests in the sandbox, their outcomes counted; scored as each reply's sampling
 # ends (the default) or after the rollout (rl.overlap_rewards = false): the same rewards and losses.

@@ -268,7 +268,7 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
       loss_(setup.loss != nullptr ? setup.loss : std::make_shared<LmCrossEntropy>()) {
   Backend& backend = backend_;
   const LayerFactory& layers = setup.layers != nullptr ? *setup.layers : LayerFactory::whole();
-  stage_link_ = layers.stage_link();
+  decode_link_ = layers.decode_link();
   const int batch = setup.batch, slots = setup.slots;
   const size_t flat_multiple = setup.flat_multiple;
   if (slice_.last_layer < 0) slice_.last_layer = config.layers;
@@ -864,7 +864,7 @@ size_t KvCache::bytes() const {
 
 void GPT::decode(KvCache& cache, std::span<const DecodeRow> rows, std::span<const int> logit_rows,
                  std::span<float> logits, std::span<const DecodePicture> pictures) {
-  if ((!slice_.embedding || !slice_.head) && stage_link_ == nullptr)
+  if ((!slice_.embedding || !slice_.head) && decode_link_ == nullptr)
     throw std::invalid_argument(
         "GPT::decode: needs every layer in this process (a tensor-parallel share of each), or a pipeline "
         "stage's with the link to the others");
@@ -897,7 +897,7 @@ void GPT::decode(KvCache& cache, std::span<const DecodeRow> rows, std::span<cons
   if (slice_.embedding)
     embedding_->forward(s.res.data(), host, host + N, 1, N);
   else
-    stage_link_->receive(s.res.data(), size_t(N) * size_t(C));
+    decode_link_->receive(s.res.data(), size_t(N) * size_t(C));
   if (!pictures.empty() && slice_.embedding) {
     if (!vision_) throw std::invalid_argument("GPT::decode: pictures, but the model has no vision tower");
     const VisionSpec& v = config_.vision;
@@ -924,7 +924,7 @@ void GPT::decode(KvCache& cache, std::span<const DecodeRow> rows, std::span<cons
   });
   const int M = int(logit_rows.size());
   if (!slice_.head) {
-    stage_link_->send(s.res.data() + int64_t(layers_) * N * C, size_t(N) * size_t(C));
+    decode_link_->send(s.res.data() + int64_t(layers_) * N * C, size_t(N) * size_t(C));
     share_logits(logits);
     return;
   }
@@ -940,17 +940,16 @@ void GPT::decode(KvCache& cache, std::span<const DecodeRow> rows, std::span<cons
 }
 
 bool GPT::decoding(bool mine) {
-  // One expert-parallel group for every MoE block.
-  return moe_layers_.empty() ? mine : moe_layers_.front()->exchange().any(mine);
+  return decode_link_ != nullptr ? decode_link_->any(mine) : mine;
 }
 
 void GPT::share_logits(std::span<float> logits) {
-  if (stage_link_ == nullptr) return;
-  if (backend_.host_memory()) return stage_link_->share_logits(logits.data(), logits.size());
+  if (decode_link_ == nullptr || (slice_.embedding && slice_.head)) return;  // no pipeline
+  if (backend_.host_memory()) return decode_link_->share_logits(logits.data(), logits.size());
   // A device backend's communicator moves its memory: through a copy there.
   if (shared_logits_.size() < logits.size()) shared_logits_ = backend_.alloc<float>(logits.size());
   backend_.copy_from_host(shared_logits_.data(), logits.data(), logits.size() * sizeof(float));
-  stage_link_->share_logits(shared_logits_.data(), logits.size());
+  decode_link_->share_logits(shared_logits_.data(), logits.size());
   backend_.copy_to_host(logits.data(), shared_logits_.data(), logits.size() * sizeof(float));
 }
 

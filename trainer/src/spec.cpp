@@ -909,15 +909,8 @@ TrainSpec train_spec(const Config& c) {
   // The rollouts generate on the training ranks (generate.h's Generator): a tensor-parallel share of each
   // layer, the ranks of a tp group sampling in step from the same gathered logits; the stages of a pipeline
   // in turn, each sampling from the last stage's logits; an expert-parallel group's ranks, which sample
-  // other prompts, decoding in step while one of them has rows (GPT::decoding), which a pipeline's stages
-  // without MoE blocks would not know.
+  // other prompts, decoding in step while one of them has rows (GPT::decoding).
   if (objective.rollouts) {
-    if (s.layout.ep > 1 && s.layout.pp > 1)
-      c.reject(
-          "parallel.ep",
-          fmt::format("run.objective = {} samples its rollouts on expert-parallel ranks without pipeline "
-                      "stages for now: with parallel.pp > 1 it must be 1",
-                      objective.name));
     if (s.parallel.sequence_parallel && s.layout.tp > 1)
       c.reject("parallel.sequence_parallel",
                fmt::format("run.objective = {} decodes a few rows at a time, which sequence parallelism does "

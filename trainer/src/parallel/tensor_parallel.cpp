@@ -215,12 +215,6 @@ void AllToAllTokenExchange::exchange_counts(const int64_t* send, int64_t* recv, 
   group_.all_to_all_v(send, send_.data(), recv, send_.data(), comm::CommType::kU8)->wait();
 }
 
-bool AllToAllTokenExchange::any(bool mine) {
-  int32_t flag = mine ? 1 : 0;
-  group_.all_reduce(&flag, 1, comm::CommType::kI32, comm::ReduceOp::kMax)->wait();
-  return flag != 0;
-}
-
 void AllToAllTokenExchange::exchange_rows(Backend&, const float* in, const int64_t* send_rows, float* out,
                                           const int64_t* recv_rows, int C) {
   send_.resize(size_t(size()));
@@ -282,10 +276,12 @@ std::unique_ptr<ParallelPlan> ParallelPlan::context_only(comm::Comm& cp, Context
 
 namespace {
 
-// Stage s receives from s - 1 and sends to s + 1; the last stage's logits are broadcast.
-class PipelineLink final : public StageLink {
+// Stage s receives from s - 1 and sends to s + 1; the last stage's logits are broadcast. Whether any rank
+// decodes: over the expert-parallel group, then the pipeline (whose stages share their replica's rows), so
+// every rank of the groups' product learns the same answer, the stages without MoE blocks too.
+class ParallelDecodeLink final : public DecodeLink {
  public:
-  explicit PipelineLink(comm::Comm& pp) : pp_(pp) {}
+  ParallelDecodeLink(comm::Comm& pp, comm::Comm& ep) : pp_(pp), ep_(ep) {}
   void receive(float* rows, size_t count) override {
     pp_.recv(rows, count, comm::CommType::kF32, pp_.rank() - 1, kTag)->wait();
   }
@@ -295,11 +291,17 @@ class PipelineLink final : public StageLink {
   void share_logits(float* logits, size_t count) override {
     pp_.broadcast(logits, count, comm::CommType::kF32, pp_.size() - 1)->wait();
   }
+  bool any(bool mine) override {
+    int32_t flag = mine ? 1 : 0;
+    for (comm::Comm* group : {&ep_, &pp_})
+      if (group->size() > 1) group->all_reduce(&flag, 1, comm::CommType::kI32, comm::ReduceOp::kMax)->wait();
+    return flag != 0;
+  }
 
  private:
   static constexpr int kTag =
       32767;  // MPI's least tag bound: apart from a training step's (2 x micro-batch + 0, 1)
-  comm::Comm& pp_;
+  comm::Comm &pp_, &ep_;
 };
 
 }  // namespace
@@ -313,7 +315,9 @@ ParallelPlan::ParallelPlan(comm::Comm& tp, comm::Comm& ep, comm::Comm& cp, Conte
       context_(std::make_shared<ContextScratch>()),
       sequence_(sequence_parallel && tp.size() > 1 ? std::make_shared<SequenceScratch>() : nullptr),
       rows_(cp.size() > 1 ? std::make_unique<ContextRows>(cp) : nullptr),
-      stages_(pp != nullptr && pp->size() > 1 ? std::make_unique<PipelineLink>(*pp) : nullptr) {}
+      decoding_(pp != nullptr && (pp->size() > 1 || ep.size() > 1)
+                    ? std::make_unique<ParallelDecodeLink>(*pp, ep)
+                    : nullptr) {}
 
 std::unique_ptr<Attention> ParallelPlan::attention(Backend& backend, const AttentionSettings& settings,
                                                    const AttentionWeights& w, int slots, int rows,

@@ -154,20 +154,21 @@ class TokenExchange {
   // model's: one rank, nothing to add.
   virtual int context_size() const { return 1; }
   virtual void sum_over_context(double*, int) {}
-  // Whether a rank of the group has rows to decode (`mine`: this one's): the group's ranks decode other
-  // sequences, and each decoding step exchanges between them (GPT::decoding). The whole model's: mine.
-  virtual bool any(bool mine) { return mine; }
 };
 
-// A pipeline stage's neighbours while decoding (GPT::decode on a stage's slice): the residual stream's rows
-// arrive from the previous stage and leave for the next (backend memory), and the last stage's logits go
-// to every stage, so that each samples the same tokens. Collective over the pipeline's ranks, in order.
-class StageLink {
+// The other processes a decoding step involves (GPT::decode, GPT::decoding): a pipeline's stages, which
+// decode in turn (the residual stream's rows arrive from the previous stage and leave for the next, in
+// backend memory, and the last stage's logits go to every stage, so that each samples the same tokens),
+// and an expert-parallel group's ranks, which decode other sequences but exchange tokens at every step.
+// Collective over them, in order.
+class DecodeLink {
  public:
-  virtual ~StageLink() = default;
+  virtual ~DecodeLink() = default;
   virtual void receive(float* rows, size_t count) = 0;
   virtual void send(const float* rows, size_t count) = 0;
   virtual void share_logits(float* logits, size_t count) = 0;
+  // Whether any of them has rows to decode (`mine`: this process's).
+  virtual bool any(bool mine) = 0;
 };
 
 class LayerFactory {
@@ -190,8 +191,8 @@ class LayerFactory {
   virtual std::unique_ptr<Attention> attention(Backend& backend, const AttentionSettings& settings,
                                                const AttentionWeights& weights, int slots, int rows,
                                                float* dqkv, float* datt) const;
-  // The pipeline's link for decoding (null: every layer is in this process).
-  virtual StageLink* stage_link() const { return nullptr; }
+  // The link of decoding (null: every layer and expert is in this process, or a tensor-parallel share).
+  virtual DecodeLink* decode_link() const { return nullptr; }
   // Layers with every parameter whole, in this process.
   static const LayerFactory& whole();
 };

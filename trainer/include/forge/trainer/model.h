@@ -370,7 +370,7 @@ class GPT {
   void forward_logits(const MicroBatch& batch, std::span<float> logits);
 
   // Incremental decoding (the whole model, or a pipeline stage's slice whose stages all call it alike:
-  // LayerFactory::stage_link): runs `rows` (at most rows() of them) through the model, each
+  // LayerFactory::decode_link): runs `rows` (at most rows() of them) through the model, each
   // attending to the keys and values of its sequence's earlier positions in `cache` and of the rows
   // before it in this call, and appends theirs. A sequence's positions must arrive in order from 0 (a
   // prompt at once, then a token a step; a new sequence in a slot starts again at 0). Writes the logits of
@@ -455,7 +455,7 @@ class GPT {
   std::vector<MoeLayer*> moe_layers_;  // owned by their blocks
   std::unique_ptr<NormLayer> lnf_;
   ParamRef value_weight_, value_bias_;   // ModelSpec::value_head; empty without one
-  StageLink* stage_link_ = nullptr;      // LayerFactory::stage_link: decoding on a pipeline stage
+  DecodeLink* decode_link_ = nullptr;    // LayerFactory::decode_link: decoding beside other processes
   Buffer<float> shared_logits_;          // share_logits on a device backend
   std::unique_ptr<VisionTower> vision_;  // a vision-language model's slice with the embedding
   std::deque<ParamInfo> views_;          // of fused_ref

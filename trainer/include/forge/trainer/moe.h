@@ -57,7 +57,6 @@ class MoeLayer final : public FeedForward {
   ~MoeLayer() override;
 
   void forward(int slot, ConstAct in, float* out, int rows) override;
-  TokenExchange& exchange() { return *exchange_; }
   void backward(int slot, ConstAct in, const float* dout, float* din, int rows) override;
   const float* output_bias() const override;  // zeros: each expert's bias is in its output
   size_t activation_bytes() const override;

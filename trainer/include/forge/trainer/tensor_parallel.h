@@ -117,7 +117,6 @@ class AllToAllTokenExchange final : public TokenExchange {
                      const int64_t* recv_rows, int C) override;
   int context_size() const override { return context_.size(); }
   void sum_over_context(double* values, int n) override;
-  bool any(bool mine) override;
 
  private:
   comm::Comm &group_, &context_;
@@ -140,7 +139,7 @@ class ParallelPlan final : public LayerFactory {
   // tp: the tensor-parallel group; ep: the expert-parallel group; cp: the context-parallel group, whose
   // attention slots (when it has more than one rank) exchange keys and values as cp_comm says;
   // sequence_parallel: the residual stream cut over tp (when it has more than one rank).
-  // pp (when given, of more than one rank): the pipeline whose stages decode in turn (stage_link).
+  // pp (when given): the pipeline whose stages decode in turn (decode_link, with ep's ranks).
   ParallelPlan(comm::Comm& tp, comm::Comm& ep, comm::Comm& cp, ContextComm cp_comm = ContextComm::kRing,
                bool sequence_parallel = false, comm::Comm* pp = nullptr);
   // Every weight whole in this process, the sequences shared out over `cp` as cp_comm says: the layers of
@@ -154,7 +153,7 @@ class ParallelPlan final : public LayerFactory {
   std::unique_ptr<NormLayer> norm(Backend& backend, bool layernorm, float eps, ParamRef weight,
                                   ParamRef bias) const override;
   int sequence_shards() const override;
-  StageLink* stage_link() const override { return stages_.get(); }
+  DecodeLink* decode_link() const override { return decoding_.get(); }
   std::unique_ptr<Attention> attention(Backend& backend, const AttentionSettings& settings,
                                        const AttentionWeights& weights, int slots, int rows, float* dqkv,
                                        float* datt) const override;
@@ -169,7 +168,7 @@ class ParallelPlan final : public LayerFactory {
   std::shared_ptr<ContextScratch> context_;    // shared by the layers
   std::shared_ptr<SequenceScratch> sequence_;  // null without sequence parallelism
   std::unique_ptr<ContextRows> rows_;          // null without context parallelism
-  std::unique_ptr<StageLink> stages_;          // null without pipeline parallelism
+  std::unique_ptr<DecodeLink> decoding_;       // null without pipeline or expert parallelism
 };
 
 }  // namespace forge::trainer
