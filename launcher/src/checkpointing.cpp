@@ -5,6 +5,7 @@
 #include "forge/trainer/checkpoint_io.h"
 #include "forge/trainer/hf.h"
 #include "forge/trainer/metrics.h"
+#include "forge/trainer/objective.h"
 
 #include <spdlog/spdlog.h>
 
@@ -241,6 +242,13 @@ void RunCheckpoints::start_from_parent() {
               {"parent_dataset_version", parent.dataset_version},
               {"parent_spec_hash", parent.spec_hash},
               {"parent_lineage", parent.extra.value("lineage", Json())}};
+  // Reinforcement learning: what the rewards were and what they were earned on, as the registry shows it.
+  if (const trainer::ObjectiveTraits& objective = trainer::traits(spec_.objective); objective.rollouts)
+    lineage_["rl"] = {{"objective", objective.name},
+                      {"prompt_set", spec_.dataset},
+                      {"prompt_set_version", dataset_version_},
+                      {"reward_weights", spec_.rl.reward.weights},
+                      {"reward_answer", spec_.rl.reward.answer}};
   spdlog::info("initialised weights{} from {}{}", keep ? " and optimizer moments" : "", init_from_,
                adds_vision ? " (its language model; the vision tower and projector start fresh)" : "");
 }

@@ -355,6 +355,16 @@ sed 's/required.grpo = sums/required.ppo = sums/' "$work/gate.ini" >"$work/gate-
   >"$work/gate-ppo.log" 2>&1 || fail "gate of the ppo candidate: exit $?, $(tail -n2 "$work/gate-ppo.log")"
 python3 -c 'import json, sys; v = json.load(open(sys.argv[1])); assert v["suites"]["sums"]["metrics"]["accuracy"]["n"] == 20, v' \
   "$work/gate-ppo/verdict.json" || fail "the ppo candidate's verdict is wrong"
+# The checkpoint's lineage names the policy it started from, the reward and the prompt set's version.
+python3 - "$work/ppo/checkpoints/milestone/step-00000060/manifest.json" "$sft" <<'EOF_PY' || fail "the ppo checkpoint's lineage"
+import json, os, sys
+meta = json.load(open(sys.argv[1]))
+lineage = meta["extra"]["lineage"]
+rl = lineage["rl"]
+assert os.path.realpath(lineage["parent"]) == os.path.realpath(sys.argv[2]), lineage
+assert rl["objective"] == "ppo" and rl["reward_weights"] == {"exact_match": 1.0}, rl
+assert rl["prompt_set_version"] == meta["dataset_version"] and rl["prompt_set_version"], (rl, meta["dataset_version"])
+EOF_PY
 # Handed back as open weights: the policy in the Hugging Face layout, the critic left behind.
 "$ckpt" export "$work/ppo/checkpoints/milestone/step-00000060" --format hf --out "$work/ppo-hf" \
   >"$work/export.log" 2>&1 || fail "export of the ppo candidate: $(tail -n1 "$work/export.log")"
