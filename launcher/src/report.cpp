@@ -341,7 +341,11 @@ RunReport write_report(const std::string& run_dir) {
   std::map<int, Series> dropped;
   std::set<int> stragglers;
   std::vector<Json> saves;
-  std::vector<std::vector<Series>> rl(rl_charts().size());  // per chart of rl_charts(), its series
+  std::vector<std::vector<Series>> rl;  // per chart of rl_charts(), its series
+  for (const RlChart& chart : rl_charts()) {
+    rl.emplace_back();
+    for (const auto& [name, field] : chart.series) rl.back().push_back({name, {}});
+  }
   std::map<std::string, Series> reward_parts;
   for (const auto& [rank, file] : files) {
     const auto records = read_metrics(file);
@@ -362,17 +366,14 @@ RunReport write_report(const std::string& run_dir) {
         ++r.records;
         for (const auto& e : rec.value("ckpt_events", Json::array())) saves.push_back(e);
         const Json rollout = rec.value("rollout", Json::object());
-        for (size_t c = 0; c < rl.size(); ++c) {
-          const auto& fields = rl_charts()[c].series;
-          rl[c].resize(fields.size());
-          for (size_t i = 0; i < fields.size(); ++i) {
+        for (size_t c = 0; c < rl.size(); ++c)
+          for (size_t i = 0; i < rl[c].size(); ++i) {
             constexpr std::string_view kNested = "rollout.";
-            const bool nested = std::string_view(fields[i].second).starts_with(kNested);
-            const double v = number(nested ? rollout : rec, fields[i].second + (nested ? kNested.size() : 0));
-            rl[c][i].name = fields[i].first;
+            const char* field = rl_charts()[c].series[i].second;
+            const bool nested = std::string_view(field).starts_with(kNested);
+            const double v = number(nested ? rollout : rec, field + (nested ? kNested.size() : 0));
             if (std::isfinite(v)) rl[c][i].pts.emplace_back(double(step), v);
           }
-        }
         const Json parts = rollout.value("reward_parts", Json::object());
         for (const auto& [part, v] : parts.items())
           if (v.is_number()) {

@@ -299,8 +299,8 @@ class ParallelDecodeLink final : public DecodeLink {
   }
 
  private:
-  static constexpr int kTag =
-      32767;  // MPI's least tag bound: apart from a training step's (2 x micro-batch + 0, 1)
+  // MPI's least tag bound: apart from a training step's (2 x micro-batch + 0 or 1).
+  static constexpr int kTag = 32767;
   comm::Comm &pp_, &ep_;
 };
 
