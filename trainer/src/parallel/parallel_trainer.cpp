@@ -715,7 +715,7 @@ std::vector<MicroBatch> ParallelTrainer::context_shards(std::span<const MicroBat
 }
 
 double ParallelTrainer::loss_of(const MicroBatch& whole) {
-  const LossSums sums = forward_only(whole, *loss_);
+  const LossSums sums = forward_loss(whole, *loss_);
   // Every rank knows its batch's weight; the loss sum is the last stage's (once per DP rank, and per row
   // for a loss of whole sequences).
   comm::ProcessGroups& g = groups_;
@@ -726,11 +726,7 @@ double ParallelTrainer::loss_of(const MicroBatch& whole) {
   return both[0] / both[1];
 }
 
-void ParallelTrainer::forward_loss(const MicroBatch& whole, const Loss& loss) {
-  forward_only(whole, loss);
-}
-
-LossSums ParallelTrainer::forward_only(const MicroBatch& whole, const Loss& loss) {
+LossSums ParallelTrainer::forward_loss(const MicroBatch& whole, const Loss& loss) {
   // ZeRO-3 gathers the layers as the forward reaches them and lets them go after, as a step does.
   WeightHooks weights;
   if (spec_.parallel.zero == 3) {

@@ -95,9 +95,10 @@ class ParallelTrainer {
   // The loss of one micro-batch of the step (this rank's part), forward only, through the pipeline
   // (collective; the same value on every rank). Checkpoint resumes verify with it.
   double loss_of(const MicroBatch& mine);
-  // The same forward under another loss than the run's (a rollout's log-probabilities at sampling time:
-  // TokenLogps), whose figures are then the last stage's; collective over the pipeline.
-  void forward_loss(const MicroBatch& mine, const Loss& loss);
+  // The same forward under `loss` (another than the run's: a rollout's log-probabilities at sampling time,
+  // TokenLogps, whose figures are then the last stage's): this stage's loss sums (the head's stage's) and
+  // the batch's weight; collective over the pipeline.
+  LossSums forward_loss(const MicroBatch& mine, const Loss& loss);
   // Testing hook (guard.inject_nan_step): the next step's loss is NaN on every rank.
   void inject_nan_once() { inject_nan_ = true; }
 
@@ -112,8 +113,6 @@ class ParallelTrainer {
   size_t activation_bytes() const;
 
  private:
-  // loss_of's forward under `loss`: this stage's loss sums (the head's stage) and the batch's weight.
-  LossSums forward_only(const MicroBatch& whole, const Loss& loss);
   struct Bucket {
     size_t lo, hi;      // flat range, a multiple of dp long
     int key;            // layer index; -1: embeddings (reduced after the schedule); layers: final LayerNorm
