@@ -173,7 +173,7 @@ double GrpoLoss::sequences(const DeviceBatch& d, const float* nll, float* coeff,
     throw std::invalid_argument("GrpoLoss: the batch holds no sampled replies (advantages)");
   std::vector<float> advantage(b.size());
   for (size_t i = 0; i < b.size(); ++i) advantage[i] = b.advantages[i / size_t(b.seq_len)];
-  return clipped(b, nll, advantage, coeff);
+  return clipped(b, nll, advantage, token_weights(b), coeff);
 }
 
 std::vector<double> GrpoLoss::token_weights(const MicroBatch& b) const {
@@ -189,13 +189,12 @@ std::vector<double> GrpoLoss::token_weights(const MicroBatch& b) const {
 }
 
 double GrpoLoss::clipped(const MicroBatch& b, const float* nll, std::span<const float> advantage,
-                         float* coeff) const {
+                         std::span<const double> token_weight, float* coeff) const {
   if (b.old_logps.size() != b.size())
     throw std::invalid_argument("GrpoLoss: the batch holds no old log-probabilities of its replies");
   if (o_.kl_coef != 0 && b.ref_logps.size() != b.size())
     throw std::invalid_argument("GrpoLoss: a KL coefficient needs the reference's log-probabilities");
   const double lo = 1 - o_.clip_low, hi = 1 + o_.clip_high;
-  const std::vector<double> token_weight = token_weights(b);
   double total = 0, clipped = 0, kl = 0, ratios = 0, surprise = 0, diff = 0, diff_max = 0;
   for (size_t i = 0; i < b.size(); ++i) {
     const double w = token_weight[i];
@@ -308,8 +307,8 @@ double PpoLoss::sequences(const DeviceBatch& d, const float* nll, float* coeff, 
       returns[scored[k]] = adv[k] + value[k];
     }
   }
-  double total = policy_.clipped(b, nll, advantage, coeff);
   const std::vector<double> w = policy_.token_weights(b);
+  double total = policy_.clipped(b, nll, advantage, w, coeff);
   double value_loss = 0, values = 0, clipped = 0;
   for (size_t i = 0; i < b.size(); ++i) {
     d.dvalues[i] = 0.0f;

@@ -946,11 +946,13 @@ bool GPT::decoding(bool mine) {
 void GPT::share_logits(std::span<float> logits) {
   if (decode_link_ == nullptr || (slice_.embedding && slice_.head)) return;  // no pipeline
   if (backend_.host_memory()) return decode_link_->share_logits(logits.data(), logits.size());
-  // A device backend's communicator moves its memory: through a copy there.
+  // A device backend's communicator moves its memory: through a copy there (the last stage's own logits
+  // go in, the others' come out).
   if (shared_logits_.size() < logits.size()) shared_logits_ = backend_.alloc<float>(logits.size());
-  backend_.copy_from_host(shared_logits_.data(), logits.data(), logits.size() * sizeof(float));
+  const size_t bytes = logits.size() * sizeof(float);
+  if (slice_.head) backend_.copy_from_host(shared_logits_.data(), logits.data(), bytes);
   decode_link_->share_logits(shared_logits_.data(), logits.size());
-  backend_.copy_to_host(logits.data(), shared_logits_.data(), logits.size() * sizeof(float));
+  if (!slice_.head) backend_.copy_to_host(logits.data(), shared_logits_.data(), bytes);
 }
 
 void GPT::forward_features(const MicroBatch& batch) {

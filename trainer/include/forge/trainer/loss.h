@@ -209,10 +209,10 @@ class GrpoLoss final : public Loss {
   friend class PpoLoss;  // the same clipped term, with an advantage per token
   // Each position's share of the normaliser: its loss weight, divided by its reply's under kSequence.
   std::vector<double> token_weights(const MicroBatch& batch) const;
-  // The clipped term and the KL of every scored position with its `advantage` (one per position) into
-  // the loss sum and `coeff`, counted into the figures.
+  // The clipped term and the KL of every scored position with its `advantage` and `token_weight` (one of
+  // each per position; the weights token_weights's) into the loss sum and `coeff`, counted into the figures.
   double clipped(const MicroBatch& batch, const float* nll, std::span<const float> advantage,
-                 float* coeff) const;
+                 std::span<const double> token_weight, float* coeff) const;
 
   GrpoOptions o_;
   mutable std::mutex mu_;
