@@ -2,9 +2,10 @@
 // grain, so JPEG and PNG are not trivially small) encoded as JPEG (libjpeg-turbo, quality 90, 4:2:0) and as
 // PNG (encode_png), then, per format and in images per CPU-second (this thread's CPU time):
 //   (a) the library's own decode straight into a buffer (libjpeg-turbo / libpng called here directly),
-//   (b) decode_image, (c) decode_image for the fit (a JPEG reduced by DCT scaling where large enough: what
-//   prepare does) + fit_image to 224 and 336 (pad, the default; crop at 224), and at pad 224 decoded whole,
-//   (d) perceptual_hash of a decoded picture, alone.
+//   (b) decode_image, (c) decode_image for the fit (a JPEG reduced by DCT scaling where large enough, else
+//   as its YCbCr planes: what prepare does) + fit_image to 224 and 336 (pad, the default; crop at 224), and
+//   at pad 224 and 336 decoded whole to RGB (the previous rules), (d) perceptual_hash of a decoded picture,
+//   alone, (e) prepare's whole work on a picture at pad 336: decode for the fit, both hashes, the fit.
 // Each figure is the best of PASSES passes over all files (the machine is shared). bench/image_decode.sh
 // runs it.
 //
@@ -170,13 +171,13 @@ double rate(const std::vector<Bytes>& files, int passes, const std::function<siz
   return double(files.size()) / best;
 }
 
-Image decoded(const Bytes& file, Reduce reduce = {}) {
+DecodeResult decoded(const Bytes& file, Reduce reduce = {}) {
   DecodeResult r = decode_image(file, kMaxPixels, reduce);
   if (!r.reason.empty()) {
     fmt::print(stderr, "bench_image_decode: {}: {}\n", r.reason, r.detail);
     std::exit(1);
   }
-  return std::move(r.image);
+  return r;
 }
 
 void report(const std::string& format, const std::vector<Bytes>& files, int passes) {
@@ -184,7 +185,7 @@ void report(const std::string& format, const std::vector<Bytes>& files, int pass
   uint64_t sink = 0;
   for (const Bytes& f : files) bytes += f.size();
   const double lib = rate(files, passes, format == "JPEG" ? raw_jpeg : raw_png);
-  const double dec = rate(files, passes, [](const Bytes& f) { return decoded(f).rgb[7]; });
+  const double dec = rate(files, passes, [](const Bytes& f) { return decoded(f).image.rgb[7]; });
   // As prepare decodes for the fit (a JPEG reduced by DCT scaling where it is large enough), and whole.
   auto fitted = [&](uint32_t size, ImageFit fit, bool reduce = true) {
     return rate(files, passes, [&](const Bytes& f) {
@@ -193,8 +194,13 @@ void report(const std::string& format, const std::vector<Bytes>& files, int pass
   };
   const double pad224 = fitted(224, ImageFit::kPad), pad336 = fitted(336, ImageFit::kPad);
   const double crop224 = fitted(224, ImageFit::kCrop), whole224 = fitted(224, ImageFit::kPad, false);
+  const double whole336 = fitted(336, ImageFit::kPad, false);
+  const double prepare336 = rate(files, passes, [](const Bytes& f) {
+    const DecodeResult d = decoded(f, Reduce{336, ImageFit::kPad});
+    return pixel_hash(d) ^ perceptual_hash(d) ^ fit_image(d, 336, ImageFit::kPad).rgb[7];
+  });
   std::vector<Image> pictures;
-  for (const Bytes& f : files) pictures.push_back(decoded(f));
+  for (const Bytes& f : files) pictures.push_back(decoded(f).image);
   auto on_pictures = [&](const std::function<uint64_t(const Image&)>& work) {
     double best = 1e300;
     for (int p = 0; p < passes; ++p) {
@@ -209,7 +215,7 @@ void report(const std::string& format, const std::vector<Bytes>& files, int pass
   };
   const double alone_pad224 = fit_alone(224, ImageFit::kPad), alone_pad336 = fit_alone(336, ImageFit::kPad);
   const double alone_crop224 = fit_alone(224, ImageFit::kCrop);
-  const double phash = on_pictures(perceptual_hash);
+  const double phash = on_pictures([](const Image& im) { return perceptual_hash(im); });
   const double ms = 1e3;
   fmt::print("{}: {} files, {:.1f} KiB each on average\n", format, files.size(),
              bytes / 1024.0 / files.size());
@@ -219,13 +225,16 @@ void report(const std::string& format, const std::vector<Bytes>& files, int pass
   for (const auto& [name, r] : {std::pair{"pad 224", pad224},
                                 {"pad 336", pad336},
                                 {"crop 224", crop224},
-                                {"pad 224, decoded whole", whole224}})
+                                {"pad 224, decoded whole", whole224},
+                                {"pad 336, decoded whole", whole336}})
     fmt::print("  (c) decode + fit {:<22}   {:8.1f} images/s  ({:.2f} ms)  (c)/(a) time {:.3f}\n", name, r,
                ms / r, lib / r);
   for (const auto& [name, r] :
        {std::pair{"pad 224", alone_pad224}, {"pad 336", alone_pad336}, {"crop 224", alone_crop224}})
     fmt::print("      fit_image {:<9} alone {:8.1f} images/s  ({:.2f} ms)\n", name, r, ms / r);
   fmt::print("  (d) perceptual_hash         {:8.1f} images/s  ({:.2f} ms)\n", phash, ms / phash);
+  fmt::print("  (e) prepare's work, pad 336  {:8.1f} images/s  ({:.2f} ms)  (e)/(a) time {:.3f}\n",
+             prepare336, ms / prepare336, lib / prepare336);
   if (sink == 42) std::puts("");  // keeps the work from being optimised away
 }
 

@@ -21,6 +21,7 @@
 #include <cmath>
 #include <csetjmp>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <type_traits>
 
@@ -186,6 +187,20 @@ bool jpeg_read_pixels(jpeg_decompress_struct* cinfo, JpegError* err, uint8_t* ou
   return true;
 }
 
+// Decodes the three components as stored (raw data: no upsampling, no colour conversion) into the row
+// tables rows[c], each holding the component's rows of every iMCU row.
+bool jpeg_read_planes(jpeg_decompress_struct* cinfo, JpegError* err, JSAMPARRAY const* rows) {
+  if (setjmp(err->jump)) return false;
+  jpeg_start_decompress(cinfo);
+  for (JDIMENSION imcu = 0; cinfo->output_scanline < cinfo->output_height; ++imcu) {
+    JSAMPARRAY at[3];
+    for (int c = 0; c < 3; ++c) at[c] = rows[c] + size_t{imcu} * cinfo->comp_info[c].v_samp_factor * DCTSIZE;
+    jpeg_read_raw_data(cinfo, at, cinfo->max_v_samp_factor * DCTSIZE);
+  }
+  jpeg_finish_decompress(cinfo);
+  return true;
+}
+
 struct JpegReader {
   jpeg_decompress_struct cinfo{};  // zeroed: destroying it before jpeg_create_decompress ran is a no-op
   JpegError err{};
@@ -220,6 +235,44 @@ unsigned jpeg_reduction(uint32_t width, uint32_t height, const Reduce& reduce) {
   return 1;
 }
 
+// The planar route's JPEGs: three components, YCbCr, chroma subsampled by 1 or 2 each way.
+bool planar_jpeg(const jpeg_decompress_struct& cinfo) {
+  if (cinfo.jpeg_color_space != JCS_YCbCr || cinfo.num_components != 3) return false;
+  const jpeg_component_info* c = cinfo.comp_info;
+  return c[0].h_samp_factor <= 2 && c[0].v_samp_factor <= 2 && c[1].h_samp_factor == 1 &&
+         c[1].v_samp_factor == 1 && c[2].h_samp_factor == 1 && c[2].v_samp_factor == 1;
+}
+
+DecodeResult decode_jpeg_planes(JpegReader& reader) {
+  jpeg_decompress_struct& cinfo = reader.cinfo;
+  cinfo.raw_data_out = TRUE;
+  DecodeResult r;
+  YCbCrPlanes& p = r.planes;
+  r.stored_width = p.width = cinfo.image_width;
+  r.stored_height = p.height = cinfo.image_height;
+  const uint32_t mcu_x = cinfo.comp_info[0].h_samp_factor, mcu_y = cinfo.comp_info[0].v_samp_factor;
+  p.chroma_step = {mcu_x, mcu_y};
+  // libjpeg writes whole blocks, of whole MCUs in an interleaved scan: the buffers are padded to those.
+  const uint32_t mcus_across = (p.width + mcu_x * DCTSIZE - 1) / (mcu_x * DCTSIZE);
+  const uint32_t imcu_rows = (p.height + mcu_y * DCTSIZE - 1) / (mcu_y * DCTSIZE);
+  std::array<std::vector<JSAMPROW>, 3> rows;
+  JSAMPARRAY tables[3];
+  for (int c = 0; c < 3; ++c) {
+    const uint32_t sx = c == 0 ? 1 : mcu_x, sy = c == 0 ? 1 : mcu_y;  // luma pixels per sample
+    const uint32_t bx = c == 0 ? mcu_x : 1, by = c == 0 ? mcu_y : 1;  // blocks per MCU
+    YCbCrPlanes::Plane& plane = p.plane[c];
+    plane.width = (p.width + sx - 1) / sx;
+    plane.height = (p.height + sy - 1) / sy;
+    plane.stride = mcus_across * bx * DCTSIZE;
+    rows[c].resize(size_t{imcu_rows} * by * DCTSIZE);
+    plane.bytes.resize(size_t{plane.stride} * rows[c].size());
+    for (size_t y = 0; y < rows[c].size(); ++y) rows[c][y] = plane.bytes.data() + plane.stride * y;
+    tables[c] = rows[c].data();
+  }
+  if (!jpeg_read_planes(&cinfo, &reader.err, tables)) return refused("undecodable", reader.err.message);
+  return r;
+}
+
 DecodeResult decode_jpeg(std::span<const uint8_t> bytes, uint64_t max_pixels, const Reduce& reduce) {
   JpegReader reader;
   jpeg_decompress_struct& cinfo = reader.cinfo;
@@ -234,10 +287,11 @@ DecodeResult decode_jpeg(std::span<const uint8_t> bytes, uint64_t max_pixels, co
     return refused("unsupported_color",
                    fmt::format("{} JPEG ({} components)", jpeg_color_name(cinfo.jpeg_color_space),
                                cinfo.num_components));
-  cinfo.out_color_space = JCS_RGB;
   cinfo.dct_method = JDCT_ISLOW;
-  cinfo.do_fancy_upsampling = TRUE;
   const unsigned k = jpeg_reduction(cinfo.image_width, cinfo.image_height, reduce);
+  if (reduce.size > 0 && k == 1 && planar_jpeg(cinfo)) return decode_jpeg_planes(reader);
+  cinfo.out_color_space = JCS_RGB;
+  cinfo.do_fancy_upsampling = TRUE;
   cinfo.scale_num = 1;
   cinfo.scale_denom = k;
   DecodeResult r;
@@ -251,45 +305,79 @@ DecodeResult decode_jpeg(std::span<const uint8_t> bytes, uint64_t max_pixels, co
 
 // --- resampling
 
-// One axis of the separable triangle filter, as PIL computes it (Resample.c, precompute_coeffs): output i
-// reads count[i] inputs from first[i] with weights weight[i * taps ...], which sum to 1.
+// One axis of the separable triangle filter, as PIL computes it (Resample.c, precompute_coeffs, with a box):
+// output i reads count[i] inputs from first[i] with weights weight[i * taps ...]. The window [in0, in1) of
+// the axis's n samples is what the output spans; the kernel is clipped at its edges (rounded outward to
+// whole samples) and its weights normalised to sum 1 there. A window may reach past the picture (pad's
+// fill, in plane coordinates): samples outside 0 .. n - 1 are then dropped without renormalising, and
+// mass[i] is the weight left on the picture (1 inside it; the fill's share is 1 - mass[i]).
 struct Taps {
   std::vector<uint32_t> first, count;
-  std::vector<float> weight;
-  uint32_t taps = 0;
+  std::vector<float> weight, mass;
+  uint32_t taps = 0, in = 0;
 };
 
-Taps triangle_taps(uint32_t in, uint32_t out) {
-  const double scale = double(in) / out;
+Taps window_taps(double in0, double in1, uint32_t n, uint32_t out) {
+  const double scale = (in1 - in0) / out;
   const double widen = std::max(1.0, scale);  // shrinking widens the kernel: every input contributes
   const double support = widen;               // the triangle's own support is 1
+  const double lo_edge = std::floor(in0), hi_edge = std::ceil(in1);
   Taps t;
+  t.in = n;
   t.taps = static_cast<uint32_t>(std::ceil(support)) * 2 + 1;
   t.first.resize(out);
   t.count.resize(out);
+  t.mass.resize(out);
   t.weight.assign(size_t{out} * t.taps, 0.0f);
   std::vector<double> w(t.taps);
   for (uint32_t i = 0; i < out; ++i) {
-    const double centre = (i + 0.5) * scale;
-    const auto lo = static_cast<uint32_t>(std::max(0.0, std::trunc(centre - support + 0.5)));
-    const auto hi = static_cast<uint32_t>(std::min(double(in), std::trunc(centre + support + 0.5)));
+    const double centre = in0 + (i + 0.5) * scale;
+    const auto lo = static_cast<int64_t>(std::max(lo_edge, std::floor(centre - support + 0.5)));
+    const auto hi = static_cast<int64_t>(std::min(hi_edge, std::floor(centre + support + 0.5)));
     double sum = 0;
-    uint32_t n = 0, skip = 0;
-    for (uint32_t x = lo; x < hi; ++x) {
-      const double v = std::max(0.0, 1.0 - std::abs((x - centre + 0.5) / widen));
-      if (v == 0 && n == 0) {  // zero weights at either end read nothing
-        ++skip;
-        continue;
-      }
-      w[n++] = v;
+    uint32_t k = 0;
+    int64_t start = -1;
+    for (int64_t x = lo; x < hi; ++x) {
+      const double v = std::max(0.0, 1.0 - std::abs((double(x) - centre + 0.5) / widen));
       sum += v;
+      if (x < 0 || x >= int64_t{n} || (v == 0 && k == 0)) continue;  // off the picture; zeros before
+      if (k == 0) start = x;
+      w[k++] = v;
     }
-    while (n > 0 && w[n - 1] == 0) --n;
-    t.first[i] = lo + skip;
-    t.count[i] = n;
-    for (uint32_t k = 0; k < n; ++k) t.weight[size_t{i} * t.taps + k] = static_cast<float>(w[k] / sum);
+    while (k > 0 && w[k - 1] == 0) --k;  // and after: read nothing
+    // An output reading nothing (all fill) still gets a valid, non-decreasing first.
+    t.first[i] = static_cast<uint32_t>(k ? start : std::clamp<int64_t>(lo, 0, n - 1));
+    t.count[i] = k;
+    double kept = 0;
+    for (uint32_t j = 0; j < k; ++j) {
+      t.weight[size_t{i} * t.taps + j] = static_cast<float>(w[j] / sum);
+      kept += w[j];
+    }
+    t.mass[i] = static_cast<float>(kept / sum);
   }
   return t;
+}
+
+// The taps of the last few windows, per thread: a dataset's pictures mostly share a few sizes, and
+// computing taps (in double, per output) cost a tenth of a fit.
+std::shared_ptr<const Taps> cached_taps(double in0, double in1, uint32_t n, uint32_t out) {
+  struct Entry {
+    double in0 = 0, in1 = 0;
+    uint32_t n = 0, out = 0;
+    std::shared_ptr<const Taps> taps;
+  };
+  constexpr size_t kEntries = 8;
+  thread_local std::array<Entry, kEntries> cache;
+  thread_local size_t next = 0;
+  for (const Entry& e : cache)
+    if (e.taps && e.in0 == in0 && e.in1 == in1 && e.n == n && e.out == out) return e.taps;
+  Entry& e = cache[next++ % kEntries];
+  e = {in0, in1, n, out, std::make_shared<const Taps>(window_taps(in0, in1, n, out))};
+  return e.taps;
+}
+
+std::shared_ptr<const Taps> triangle_taps(uint32_t in, uint32_t out) {
+  return cached_taps(0, in, in, out);
 }
 
 // The passes run on blocks of kLanes output rows at once, one row per vector lane. The vertical pass is
@@ -374,10 +462,13 @@ FORGE_IMAGE_CLONES void vertical_block(const T* const* rows, const Taps& y, uint
       const T* __restrict from = rows[s] + e0;
       // The row's next chunks: the hardware prefetcher loses track of this many rows read at once.
       __builtin_prefetch(from + 2 * kChunk);
+      // Past m the chunk keeps what it held (finite: zeros or samples): its sums land past the row's samples,
+      // where only horizontal_block's zero-weighted taps read them. (Zeroing it there one float at a time
+      // stalled the vector loads that follow, which wait for such stores.)
       if (m == kChunk) {
         for (size_t i = 0; i < kChunk; ++i) to[i] = static_cast<float>(from[i]);
       } else {
-        for (size_t i = 0; i < kChunk; ++i) to[i] = i < m ? static_cast<float>(from[i]) : 0.0f;
+        for (size_t i = 0; i < m; ++i) to[i] = static_cast<float>(from[i]);
       }
     }
     // Eight independent sums per row, so that the additions' latency is hidden.
@@ -408,14 +499,16 @@ FORGE_IMAGE_CLONES void vertical_block(const T* const* rows, const Taps& y, uint
 }
 
 // The horizontal pass over a transposed block of rows of C-channel pixels, into a transposed block. Even and
-// odd taps in two sums: one chain of dependent additions would wait on each one's latency.
-template <int C>
+// odd taps in two sums: one chain of dependent additions would wait on each one's latency. With kTaps > 0
+// (x.taps, known when compiled) every output runs all kTaps taps, the unused ones weighing 0 (the block is
+// padded with zeros past its samples for them): no loop bounds to branch on, and x + 0 * s is x.
+template <int C, int kTaps = 0>
 FORGE_IMAGE_CLONES void horizontal_block(const float* block, const Taps& x, float* out) {
   const auto width = static_cast<uint32_t>(x.first.size());
   constexpr size_t kTap = size_t{kLanes} * C;  // from one tap's samples to the next one's
   for (uint32_t i = 0; i < width; ++i) {
     const float* w = &x.weight[size_t{i} * x.taps];
-    const uint32_t n = x.count[i];
+    const uint32_t n = kTaps > 0 ? kTaps : x.count[i];
     for (int c = 0; c < C; ++c) {
       const float* s = block + kLanes * (size_t{C} * x.first[i] + c);
       Float8 even = {}, odd = {};
@@ -430,6 +523,20 @@ FORGE_IMAGE_CLONES void horizontal_block(const float* block, const Taps& x, floa
   }
 }
 
+template <int C>
+void horizontal_pass(const float* block, const Taps& x, float* out) {
+  switch (x.taps) {
+    case 3:
+      return horizontal_block<C, 3>(block, x, out);
+    case 5:
+      return horizontal_block<C, 5>(block, x, out);
+    case 7:
+      return horizontal_block<C, 7>(block, x, out);
+    default:
+      return horizontal_block<C>(block, x, out);
+  }
+}
+
 // Rounded half up and clamped; in integers, so that the loop over a row vectorizes (truncation is the floor
 // wherever it matters: below 0 everything ends at 0).
 uint8_t to_byte(float v) {
@@ -441,12 +548,16 @@ uint8_t to_byte(float v) {
 template <typename Out>
 FORGE_IMAGE_CLONES void unblock(const float* block, size_t n, float* lines, Out* const* out, int rows,
                                 size_t out_n) {
+  // Floats of a whole block of whole vectors go straight to their rows.
+  const bool direct = std::is_same_v<Out, float> && rows == kLanes && out_n == n;
   for (size_t e = 0; e < n; e += kLanes) {
     Float8 v[kLanes];
     for (int c = 0; c < kLanes; ++c) v[c] = load8(block + kLanes * (e + c));
     transpose(v);
-    for (int r = 0; r < kLanes; ++r) store8(lines + n * r + e, v[r]);
+    for (int r = 0; r < kLanes; ++r)
+      store8(direct ? reinterpret_cast<float*>(out[r]) + e : lines + n * r + e, v[r]);
   }
+  if (direct) return;
   for (int r = 0; r < rows; ++r) {
     const float* __restrict line = lines + n * r;
     Out* __restrict row = out[r];  // a byte could alias anything: the loop vectorizes only with the promise
@@ -461,6 +572,7 @@ FORGE_IMAGE_CLONES void unblock(const float* block, size_t n, float* lines, Out*
 // The row every tap of output row j reads, when they all read one (a row table may repeat a pointer).
 template <typename T>
 const T* single_row(const std::vector<const T*>& rows, const Taps& y, size_t j) {
+  if (y.count[j] == 0) return nullptr;
   const T* row = rows[y.first[j]];
   for (uint32_t k = 1; k < y.count[j]; ++k)
     if (rows[y.first[j] + k] != row) return nullptr;
@@ -471,22 +583,27 @@ size_t whole_vectors(size_t n) {
   return (n + kLanes - 1) / kLanes * kLanes;
 }
 
-// Resamples the picture whose row r is rows[r] (width C-channel pixels) to out_width x out_height: the
-// vertical pass, then the horizontal one, a block of kLanes output rows at a time.
+// Resamples the picture whose row r is rows[r] (x.in C-channel pixels) by the taps x and y: the vertical
+// pass, then the horizontal one, a block of kLanes output rows at a time.
 template <int C, typename T, typename Out>
-void resample(const std::vector<const T*>& rows, uint32_t width, uint32_t out_width, uint32_t out_height,
-              Out* out) {
-  const Taps x = triangle_taps(width, out_width),
-             y = triangle_taps(static_cast<uint32_t>(rows.size()), out_height);
-  const size_t in_n = size_t{C} * width, out_n = size_t{C} * out_width;
+void resample(const std::vector<const T*>& rows, const Taps& x, const Taps& y, Out* out) {
+  const auto out_width = static_cast<uint32_t>(x.first.size()),
+             out_height = static_cast<uint32_t>(y.first.size());
+  const size_t in_n = size_t{C} * x.in, out_n = size_t{C} * out_width;
   uint32_t span = 0;  // the most source rows a block reads
   for (uint32_t j = 0; j < out_height; ++j)
     for (uint32_t r = j; r < std::min(j + kLanes, out_height); ++r)
       span = std::max(span, y.first[r] + y.count[r] - y.first[j]);
-  std::vector<float> staged(kChunk * span), block(kLanes * whole_vectors(in_n)),
+  // The block's zeros past its samples are what horizontal_block's unused taps read.
+  std::vector<float> staged(kChunk * span), block(kLanes * (whole_vectors(in_n) + size_t{C} * x.taps)),
       done(kLanes * whole_vectors(out_n)), lines(kLanes * whole_vectors(out_n));
   Out* out_rows[kLanes];
   for (uint32_t j = 0; j < out_height;) {
+    if (y.count[j] == 0) {  // all past the picture (fit_planes' pad)
+      std::fill_n(out + out_n * j, out_n, Out{});
+      ++j;
+      continue;
+    }
     // Output rows made of one shared source row alone (pad's fill) are alike: computed once.
     const T* only = single_row(rows, y, j);
     if (j > 0 && only && only == single_row(rows, y, j - 1)) {
@@ -496,11 +613,19 @@ void resample(const std::vector<const T*>& rows, uint32_t width, uint32_t out_wi
     }
     const int n = static_cast<int>(std::min<uint32_t>(kLanes, out_height - j));
     vertical_block(rows.data(), y, j, in_n, staged.data(), block.data());
-    horizontal_block<C>(block.data(), x, done.data());
+    horizontal_pass<C>(block.data(), x, done.data());
     for (int r = 0; r < n; ++r) out_rows[r] = out + out_n * (j + r);
     unblock(done.data(), whole_vectors(out_n), lines.data(), out_rows, n, out_n);
     j += n;
   }
+}
+
+// The same over whole axes: rows[] of width pixels to out_width x out_height.
+template <int C, typename T, typename Out>
+void resample(const std::vector<const T*>& rows, uint32_t width, uint32_t out_width, uint32_t out_height,
+              Out* out) {
+  resample<C>(rows, *triangle_taps(width, out_width),
+              *triangle_taps(static_cast<uint32_t>(rows.size()), out_height), out);
 }
 
 // The rows, from column `left` on, of an RGB picture's `height` rows from `top`.
@@ -541,6 +666,125 @@ std::vector<const uint8_t*> padded_rows(const Image& source, std::array<uint8_t,
   return rows;
 }
 
+// --- fitting a picture's YCbCr planes
+
+// The region a fit resizes from, in luma pixels: [x0, x0 + side_x) x [y0, y0 + side_y), reaching past the
+// picture for pad (fit_image's offsets).
+struct FitWindow {
+  double x0 = 0, y0 = 0, side_x = 0, side_y = 0;
+};
+
+FitWindow fit_window(uint32_t w, uint32_t h, ImageFit fit) {
+  switch (fit) {
+    case ImageFit::kPad: {
+      const uint32_t side = std::max(w, h);
+      return {-double((side - w) / 2), -double((side - h) / 2), double(side), double(side)};
+    }
+    case ImageFit::kCrop: {
+      const uint32_t side = std::min(w, h);
+      return {double((w - side) / 2), double((h - side) / 2), double(side), double(side)};
+    }
+    case ImageFit::kStretch:
+      break;
+  }
+  return {0, 0, double(w), double(h)};
+}
+
+// A picture's planes fitted: Y and the chroma planes resampled over the window, each in its own samples,
+// then converted. Where the window reaches past the picture (pad) the fill takes the weight off it; that
+// share is the luma's (the picture's own edges: a chroma plane of an odd side has a last sample half past
+// them), and chroma is renormalised over its samples on the picture: a pixel at the edge is the picture's
+// colour blended with the fill's as the RGB route blends them.
+struct PlaneFit {
+  std::shared_ptr<const Taps> x, y;
+};
+
+PlaneFit plane_taps(const YCbCrPlanes& planes, int p, const FitWindow& window, uint32_t size) {
+  const double sx = p == 0 ? 1 : planes.chroma_step[0], sy = p == 0 ? 1 : planes.chroma_step[1];
+  const YCbCrPlanes::Plane& plane = planes.plane[p];
+  return {cached_taps(window.x0 / sx, (window.x0 + window.side_x) / sx, plane.width, size),
+          cached_taps(window.y0 / sy, (window.y0 + window.side_y) / sy, plane.height, size)};
+}
+
+void resample_plane(const YCbCrPlanes::Plane& plane, const PlaneFit& taps, float* out) {
+  std::vector<const uint8_t*> rows(plane.height);
+  for (uint32_t r = 0; r < plane.height; ++r) rows[r] = plane.row(r);
+  resample<1>(rows, *taps.x, *taps.y, out);
+}
+
+// JFIF's YCbCr -> RGB (ITU-R 601, full range) of n pixels, rounded and clamped as the resampler's bytes.
+FORGE_IMAGE_CLONES void ycbcr_to_rgb(const float* __restrict y, const float* __restrict cb,
+                                     const float* __restrict cr, size_t n, uint8_t* __restrict rgb) {
+  for (size_t i = 0; i < n; ++i) {
+    const float b = cb[i] - 128, r = cr[i] - 128;
+    rgb[3 * i] = to_byte(y[i] + 1.402f * r);
+    rgb[3 * i + 1] = to_byte(y[i] - 0.344136f * b - 0.714136f * r);
+    rgb[3 * i + 2] = to_byte(y[i] + 1.772f * b);
+  }
+}
+
+// One row's share of the fill: y += fill * off, chroma = chroma * scale + fill * off, where off is the weight
+// off the picture (1 - mass_y * mass_x[i]) and scale renormalises chroma's weight to the luma's.
+struct Blend {
+  float mass_y, scale_y;
+  std::array<float, 3> fill;  // Y, Cb, Cr
+};
+
+FORGE_IMAGE_CLONES void blend_fill(const Blend& b, float* __restrict y, float* __restrict cb,
+                                   float* __restrict cr, const float* mass_x, const float* scale_x,
+                                   size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const float off = 1 - b.mass_y * mass_x[i], scale = b.scale_y * scale_x[i];
+    y[i] += b.fill[0] * off;
+    cb[i] = cb[i] * scale + b.fill[1] * off;
+    cr[i] = cr[i] * scale + b.fill[2] * off;
+  }
+}
+
+Image fit_planes(const YCbCrPlanes& planes, uint32_t size, ImageFit fit, std::array<uint8_t, 3> fill) {
+  const FitWindow window = fit_window(planes.width, planes.height, fit);
+  const PlaneFit luma = plane_taps(planes, 0, window, size), chroma = plane_taps(planes, 1, window, size);
+  const Taps &luma_x = *luma.x, &luma_y = *luma.y, &chroma_x = *chroma.x, &chroma_y = *chroma.y;
+  const size_t n = size_t{size} * size;
+  std::unique_ptr<float[]> fitted(new float[3 * n]);  // Y, Cb, Cr planes of the fitted picture
+  float* const y = fitted.get();
+  float* const cb = y + n;
+  float* const cr = cb + n;
+  resample_plane(planes.plane[0], luma, y);
+  resample_plane(planes.plane[1], chroma, cb);
+  resample_plane(planes.plane[2], chroma, cr);
+  if (fit == ImageFit::kPad) {
+    // The fill in YCbCr (JFIF's RGB -> YCbCr), not rounded: a pixel all fill converts back to it exactly.
+    const double r = fill[0], g = fill[1], b = fill[2];
+    const float fill_y = float(0.299 * r + 0.587 * g + 0.114 * b);
+    const float fill_cb = float(128 - 0.168736 * r - 0.331264 * g + 0.5 * b);
+    const float fill_cr = float(128 + 0.5 * r - 0.418688 * g - 0.081312 * b);
+    // Per row and column: the luma's weight on the picture, and the factor renormalising chroma's to it.
+    auto ratio = [](float l, float c) { return c > 0 ? l / c : 0.0f; };
+    std::vector<float> scale_x(size), scale_y(size);
+    std::vector<uint32_t> edge_columns;  // those whose weight is not all on the picture
+    for (uint32_t i = 0; i < size; ++i) {
+      scale_x[i] = ratio(luma_x.mass[i], chroma_x.mass[i]);
+      scale_y[i] = ratio(luma_y.mass[i], chroma_y.mass[i]);
+      if (luma_x.mass[i] != 1 || chroma_x.mass[i] != 1) edge_columns.push_back(i);
+    }
+    for (uint32_t j = 0; j < size; ++j) {
+      const size_t row = size_t{j} * size;
+      const bool whole_row = luma_y.mass[j] == 1 && chroma_y.mass[j] == 1;
+      const Blend blend{luma_y.mass[j], scale_y[j], {fill_y, fill_cb, fill_cr}};
+      if (whole_row) {
+        for (const uint32_t i : edge_columns)
+          blend_fill(blend, y + row + i, cb + row + i, cr + row + i, luma_x.mass.data() + i, &scale_x[i], 1);
+      } else {
+        blend_fill(blend, y + row, cb + row, cr + row, luma_x.mass.data(), scale_x.data(), size);
+      }
+    }
+  }
+  Image out = blank(size, size);
+  ycbcr_to_rgb(y, cb, cr, n, out.rgb.data());
+  return out;
+}
+
 // --- the perceptual hash
 
 // ITU-R 601 luma of n RGB pixels, in float. A clone, like the resampler's: the stride-3 reads vectorize only
@@ -563,6 +807,29 @@ const std::array<std::array<double, kHashSide>, kHashFreqs>& dct_basis() {
     return b;
   }();
   return basis;
+}
+
+// The hash of the 32 x 32 luma picture: the 8 x 8 lowest frequencies of its 2-D DCT-II against their median.
+uint64_t dct_hash(const std::array<float, kHashSide * kHashSide>& small) {
+  // The 8 x 8 lowest frequencies of the 2-D DCT-II: coefficient (u, v) = sum over y, x of
+  // basis[u][y] * small[y][x] * basis[v][x], u the vertical frequency; bit 8u + v.
+  const auto& basis = dct_basis();
+  std::array<std::array<double, kHashFreqs>, kHashSide> by_row{};  // [y][v]
+  for (int y = 0; y < kHashSide; ++y)
+    for (int v = 0; v < kHashFreqs; ++v)
+      for (int x = 0; x < kHashSide; ++x) by_row[y][v] += small[y * kHashSide + x] * basis[v][x];
+  std::array<double, kHashFreqs * kHashFreqs> coeff{};
+  for (int u = 0; u < kHashFreqs; ++u)
+    for (int v = 0; v < kHashFreqs; ++v)
+      for (int y = 0; y < kHashSide; ++y) coeff[u * kHashFreqs + v] += basis[u][y] * by_row[y][v];
+  std::array<double, kHashFreqs * kHashFreqs - 1> ac;
+  std::copy(coeff.begin() + 1, coeff.end(), ac.begin());
+  std::nth_element(ac.begin(), ac.begin() + ac.size() / 2, ac.end());
+  const double median = ac[ac.size() / 2];
+  uint64_t hash = 0;
+  for (size_t i = 0; i < coeff.size(); ++i)
+    if (coeff[i] > median) hash |= uint64_t{1} << i;
+  return hash;
 }
 
 // --- PNG encoding
@@ -680,6 +947,23 @@ uint64_t pixel_hash(const Image& image) {
   return h.digest();
 }
 
+Image fit_image(const DecodeResult& decoded, uint32_t size, ImageFit fit, std::array<uint8_t, 3> fill) {
+  if (decoded.planes.plane[0].bytes.empty()) return fit_image(decoded.image, size, fit, fill);
+  if (size == 0) fail(ExitCode::kUsage, "fit_image: size 0");
+  return fit_planes(decoded.planes, size, fit, fill);
+}
+
+uint64_t pixel_hash(const DecodeResult& decoded) {
+  const YCbCrPlanes& p = decoded.planes;
+  if (p.plane[0].bytes.empty()) return pixel_hash(decoded.image);
+  Xxh3Stream h;
+  const uint32_t dims[4] = {p.width, p.height, p.chroma_step[0], p.chroma_step[1]};
+  h.update(dims, sizeof dims);
+  for (const YCbCrPlanes::Plane& plane : p.plane)
+    for (uint32_t r = 0; r < plane.height; ++r) h.update(plane.row(r), plane.width);
+  return h.digest();
+}
+
 uint64_t perceptual_hash(const Image& image) {
   check_picture(image, "perceptual_hash");
   std::vector<float> luma(size_t{image.width} * image.height);
@@ -688,27 +972,18 @@ uint64_t perceptual_hash(const Image& image) {
   for (uint32_t r = 0; r < image.height; ++r) rows[r] = &luma[size_t{image.width} * r];
   std::array<float, kHashSide * kHashSide> small{};
   resample<1>(rows, image.width, kHashSide, kHashSide, small.data());
-  // The 8 x 8 lowest frequencies of the 2-D DCT-II: coefficient (u, v) = sum over y, x of
-  // basis[u][y] * small[y][x] * basis[v][x], u the vertical frequency; bit 8u + v.
-  const auto& basis = dct_basis();
-  std::array<std::array<double, kHashFreqs>, kHashSide> by_row{};  // [y][v]
-  for (int y = 0; y < kHashSide; ++y)
-    for (int v = 0; v < kHashFreqs; ++v)
-      for (int x = 0; x < kHashSide; ++x) by_row[y][v] += small[y * kHashSide + x] * basis[v][x];
-  std::array<double, kHashFreqs * kHashFreqs> coeff{};
-  for (int u = 0; u < kHashFreqs; ++u)
-    for (int v = 0; v < kHashFreqs; ++v)
-      for (int y = 0; y < kHashSide; ++y) coeff[u * kHashFreqs + v] += basis[u][y] * by_row[y][v];
-  std::array<double, kHashFreqs * kHashFreqs - 1> ac;
-  std::copy(coeff.begin() + 1, coeff.end(), ac.begin());
-  std::nth_element(ac.begin(), ac.begin() + ac.size() / 2, ac.end());
-  const double median = ac[ac.size() / 2];
-  uint64_t hash = 0;
-  for (size_t i = 0; i < coeff.size(); ++i)
-    if (coeff[i] > median) hash |= uint64_t{1} << i;
-  return hash;
+  return dct_hash(small);
 }
 
+uint64_t perceptual_hash(const DecodeResult& decoded) {
+  const YCbCrPlanes::Plane& luma = decoded.planes.plane[0];
+  if (luma.bytes.empty()) return perceptual_hash(decoded.image);
+  std::vector<const uint8_t*> rows(luma.height);
+  for (uint32_t r = 0; r < luma.height; ++r) rows[r] = luma.row(r);
+  std::array<float, kHashSide * kHashSide> small{};
+  resample<1>(rows, luma.width, kHashSide, kHashSide, small.data());
+  return dct_hash(small);
+}
 int hamming_distance(uint64_t a, uint64_t b) {
   return std::popcount(a ^ b);
 }

@@ -1,6 +1,6 @@
-// Prints one digest of fit_image's pictures (every fit, shrinking and growing, odd widths) and of the
-// perceptual hash, over fixed pseudo-random pictures. image_isa_test.sh builds it with image.cpp for each
-// instruction set the library has a clone for, and compares the digests.
+// Prints one digest of fit_image's pictures (every fit, shrinking and growing, odd widths; of RGB and of a
+// JPEG's planes) and of the perceptual hash, over fixed pseudo-random pictures. image_isa_test.sh builds it
+// with image.cpp for each instruction set the library has a clone for, and compares the digests.
 #include "forge/common/hash.h"
 #include "forge/dataio/image.h"
 
@@ -28,6 +28,27 @@ int main() {
     }
     const uint64_t p = perceptual_hash(picture);
     digest.update(&p, sizeof p);
+    // A JPEG's planes, chroma subsampled both ways and across only.
+    for (const std::array<uint32_t, 2> step : {std::array<uint32_t, 2>{2, 2}, {2, 1}}) {
+      DecodeResult planes;
+      planes.planes.width = c.width;
+      planes.planes.height = c.height;
+      planes.planes.chroma_step = step;
+      for (int k = 0; k < 3; ++k) {
+        YCbCrPlanes::Plane& plane = planes.planes.plane[k];
+        plane.width = k == 0 ? c.width : (c.width + step[0] - 1) / step[0];
+        plane.height = k == 0 ? c.height : (c.height + step[1] - 1) / step[1];
+        plane.stride = plane.width;
+        plane.bytes.resize(size_t{plane.width} * plane.height);
+        for (uint8_t& v : plane.bytes) v = static_cast<uint8_t>(random());
+      }
+      for (const ImageFit fit : {ImageFit::kPad, ImageFit::kCrop, ImageFit::kStretch}) {
+        const uint64_t h = pixel_hash(fit_image(planes, c.size, fit));
+        digest.update(&h, sizeof h);
+      }
+      const uint64_t q = perceptual_hash(planes);
+      digest.update(&q, sizeof q);
+    }
   }
   std::printf("%016llx\n", static_cast<unsigned long long>(digest.digest()));
 }

@@ -146,6 +146,51 @@ def drafted_rgb(path, k):
         return rules_rgb(im, path)
 
 
+def ycbcr_planes(path):
+    """For a JPEG decode_image may return as planes (three components, YCbCr, chroma subsampled by 1 or 2
+    each way): ((luma pixels per chroma sample across, down), PIL's YCbCr decode, height x width x 3). Its Y
+    is the stored luma (libjpeg converts no colour for YCbCr output); its chroma is upsampled unless 4:4:4."""
+    with Image.open(path) as im:
+        if im.mode != "RGB" or len(im.layer) != 3:
+            return None
+        (_, h, v, _), *chroma = im.layer
+        if h > 2 or v > 2 or any((ch, cv) != (1, 1) for _, ch, cv, _ in chroma):
+            return None
+        im.draft("YCbCr", im.size)
+        im.load()
+        assert im.mode == "YCbCr"
+        return (h, v), np.array(im)
+
+
+def to_ycbcr(rgb):
+    """JFIF's RGB -> YCbCr in float (the fill's)."""
+    r, g, b = (float(v) for v in rgb)
+    return (0.299 * r + 0.587 * g + 0.114 * b, 128 - 0.168736 * r - 0.331264 * g + 0.5 * b,
+            128 + 0.5 * r - 0.418688 * g - 0.081312 * b)
+
+
+def planar_fitted(ycc, size, fit, fill):
+    """fit_image of a 4:4:4 JPEG's planes, in float: each plane fitted as a float picture (mode F) on the
+    fill's own YCbCr value, then JFIF's YCbCr -> RGB; not rounded (float32)."""
+    planes = []
+    for c, fill_value in enumerate(to_ycbcr(fill)):
+        plane = Image.fromarray(ycc[..., c].astype(np.float32), "F")
+        w, h = plane.size
+        if fit == "pad":
+            side = max(w, h)
+            square = Image.new("F", (side, side), fill_value)
+            square.paste(plane, ((side - w) // 2, (side - h) // 2))
+            plane = square
+        elif fit == "crop":
+            side = min(w, h)
+            left, top = (w - side) // 2, (h - side) // 2
+            plane = plane.crop((left, top, left + side, top + side))
+        planes.append(np.array(plane.resize((size, size), Image.BILINEAR), dtype=np.float64))
+    y, cb, cr = planes[0], planes[1] - 128, planes[2] - 128
+    rgb = np.stack([y + 1.402 * cr, y - 0.344136 * cb - 0.714136 * cr, y + 1.772 * cb], axis=-1)
+    return rgb.astype("<f4")
+
+
 def rules_rgb(im, path):
     """The header's rules on a loaded PIL picture."""
     mode, fmt = im.mode, im.format
@@ -236,6 +281,16 @@ class Writer:
         if name.endswith(".jpg"):  # decoded reduced, at every scale the picture allows
             case["reduced"] = [{"k": k, "pixels": self.raw(f"{name}.reduced_{k}.rgb", drafted_rgb(self.path(name), k))}
                                for k in (2, 4, 8) if min(width, height) >= k]
+            planes = ycbcr_planes(self.path(name))
+            if planes is not None:
+                step, ycc = planes
+                case["planes"] = {"chroma_step": list(step), "ycbcr": self.raw(f"{name}.ycbcr", ycc)}
+                if step == (1, 1):  # chroma as stored is PIL's YCbCr: the planar fit computed here too
+                    case["planes"]["fit"] = [
+                        {"fit": fit, "size": FIT_SIZE, "fill": list(fill),
+                         "floats": self.raw(f"{name}.planar_{fit}_{FIT_SIZE}.f32",
+                                            planar_fitted(ycc, FIT_SIZE, fit, fill))}
+                        for fit in ("pad", "crop", "stretch")]
         self.cases.append(case)
         return rgb
 
@@ -345,6 +400,9 @@ def jpeg_cases(out):
     out.decodable("s420_37x23.jpg", pil_bytes(odd, "JPEG", quality=92, subsampling=2))
     out.decodable("s422_37x23.jpg", pil_bytes(odd, "JPEG", quality=92, subsampling=1))
     out.decodable("s444_37x23.jpg", pil_bytes(odd, "JPEG", quality=92, subsampling=0))
+    portrait = Image.fromarray(natural(77, 29, 41))  # pad's fill left and right, at an odd offset
+    out.decodable("s444_29x41.jpg", pil_bytes(portrait, "JPEG", quality=92, subsampling=0))
+    out.decodable("s420_29x41.jpg", pil_bytes(portrait, "JPEG", quality=92, subsampling=2))
     out.decodable("progressive_s420_37x23.jpg", pil_bytes(odd, "JPEG", subsampling=2, progressive=True))
     # Orientation 6 ("rotate 90 CW to display"): decode_image keeps the stored 48 x 32.
     exif = Image.Exif()

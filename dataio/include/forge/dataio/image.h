@@ -14,7 +14,8 @@ namespace forge::data {
 // The decoding, fitting and hashing rules below, by name: part of an image-text dataset's settings, so that
 // a change to them (under a new name) changes the version of every dataset they made.
 inline constexpr const char* kImageDecoder =
-    "forge-image-3: libpng, libjpeg-turbo (islow, DCT-scaled for the fit), triangle resize (no FMA)";
+    "forge-image-4: libpng, libjpeg-turbo (islow, DCT-scaled or planar for the fit), triangle resize (no "
+    "FMA)";
 
 // 8-bit RGB, row-major, interleaved: pixel (x, y) is rgb[3 * (y * width + x) + c].
 struct Image {
@@ -39,8 +40,24 @@ const char* image_fit_name(ImageFit fit);
 //        accurate integer IDCT and default (fancy) upsampling. CMYK/YCCK JPEGs are refused as
 //        unsupported_color; one that ends early is undecodable (as in PIL; libjpeg would pad it with grey).
 //   EXIF orientation is ignored: pixels are taken as stored (as PIL's Image.open does).
+// A YCbCr JPEG as stored (decode_image for a fit, below): luma at the picture's size, chroma at its
+// subsampled size, neither upsampled nor converted to RGB. Plane 0 is Y, 1 Cb, 2 Cr; chroma_step is the luma
+// pixels per chroma sample across and down (1 or 2; a chroma sample's centre is the centre of the luma
+// pixels it covers, as JFIF places it).
+struct YCbCrPlanes {
+  struct Plane {
+    uint32_t width = 0, height = 0, stride = 0;  // stride >= width: libjpeg writes whole blocks
+    std::vector<uint8_t> bytes;
+    const uint8_t* row(uint32_t r) const { return bytes.data() + size_t{stride} * r; }
+  };
+  uint32_t width = 0, height = 0;
+  std::array<uint32_t, 2> chroma_step{1, 1};
+  std::array<Plane, 3> plane;
+};
+
 struct DecodeResult {
-  Image image;
+  Image image;         // empty when the picture came back as planes
+  YCbCrPlanes planes;  // set instead of image by the planar route of a decode for a fit (Reduce)
   uint32_t stored_width = 0, stored_height = 0;  // the file's own size: image's, unless decoded reduced
   // "" on success, else the reason prepare counts it under: "unsupported_format" (neither PNG nor JPEG by
   // its signature), "undecodable" (the library refused the data: corrupt or truncated), "unsupported_color"
@@ -55,6 +72,12 @@ struct DecodeResult {
 // the shorter), as PIL's draft mode does. The IDCT then does most of a large downscale, at a fraction of a
 // whole decode's cost, and fit_image the rest; the scaled IDCT's pixels are libjpeg's (tested against PIL's
 // draft). PNG has no such scaling and decodes whole; size 0: every file whole.
+// A YCbCr JPEG that no reduction serves (between one and two times the fit's side) comes back as its
+// planes, with chroma subsampled by 1 or 2 each way (4:4:4, 4:2:2, 4:2:0, 4:4:0), other ones as RGB: the
+// fit then resamples each plane as stored and converts only the fitted pixels to RGB, skipping the chroma
+// upsampling and colour conversion of every source pixel (fit_image of a DecodeResult, below). Its pixels
+// are within a few levels of fitting the RGB decode, not equal: chroma is resampled once, from the stored
+// samples, where the RGB route upsamples it first (libjpeg's fancy upsampling), and converted in float.
 struct Reduce {
   uint32_t size = 0;
   ImageFit fit = ImageFit::kPad;
@@ -79,10 +102,19 @@ Image resize_image(const Image& source, uint32_t width, uint32_t height);
 // The fitted size x size picture. source must be non-empty.
 Image fit_image(const Image& source, uint32_t size, ImageFit fit,
                 std::array<uint8_t, 3> fill = {122, 116, 104});
+// The same of a decoded picture, RGB or planes. Planes: each is resampled over the fit's window (in its
+// own samples: a fractional window where chroma is subsampled), the kernel clipped at the window's edges
+// as the RGB route's at the square's; where the window reaches past the picture (pad) the fill, converted
+// to YCbCr in float, takes the weight that fell outside it; then JFIF's YCbCr -> RGB in float, rounded.
+Image fit_image(const DecodeResult& decoded, uint32_t size, ImageFit fit,
+                std::array<uint8_t, 3> fill = {122, 116, 104});
 
 // Exact duplicates: xxh3-64 of the dimensions and the decoded pixels (a PNG re-compressed or converted to
 // another lossless file is the same picture).
 uint64_t pixel_hash(const Image& image);
+// A decoded picture's: planes hash as planes (a JPEG fitted from its planes and a PNG of its RGB decode
+// differ here; the perceptual hash finds them).
+uint64_t pixel_hash(const DecodeResult& decoded);
 
 // Near duplicates: the 64-bit DCT perceptual hash. Luma (ITU-R 601: 0.299 R + 0.587 G + 0.114 B) resized
 // to 32 x 32 with resize_image's kernel (in float, not rounded), its 2-D DCT-II (unnormalised: every
@@ -91,6 +123,8 @@ uint64_t pixel_hash(const Image& image);
 // those 64 without the DC term (the 32nd of the 63). A re-encoded, rescaled or
 // lightly re-coloured copy differs in a few bits; unrelated pictures in about half.
 uint64_t perceptual_hash(const Image& image);
+// A decoded picture's: of planes, the stored luma (Y is the same 601 luma, before rounding to RGB).
+uint64_t perceptual_hash(const DecodeResult& decoded);
 int hamming_distance(uint64_t a, uint64_t b);
 
 // A PNG of `image` (8-bit RGB, no interlace): the demo's rendered image sets and the tests' fixtures.
