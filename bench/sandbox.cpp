@@ -2,8 +2,10 @@
 // trainer scoring code rewards, or a gate running a code suite, holds gigabytes while it starts sandboxes.
 // For 0, 1 and 2 GiB touched in this process: the mean wall time of a sandboxed `python3 -I -c 'print(1)'`
 // (run_sandboxed: bubblewrap, the gate's limits) and of the same program started bare from the same
-// process (posix_spawn), and their ratio. Usage: bench_sandbox [RUNS]   (default 20 each)
+// process (posix_spawn), and their ratio; then what the sandbox's own cgroup costs of that (made with its
+// limits and removed, no process in it). Usage: bench_sandbox [RUNS]   (default 20 each)
 #include "forge/eval_gate/sandbox.h"
+#include "sandbox_cgroup.h"  // eval_gate/src: private to the gate
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -65,4 +67,10 @@ int main(int argc, char** argv) {
     fmt::print("{} GiB held: sandboxed {:.1f} ms, bare {:.1f} ms a run: sandbox / bare {:.2f}\n", gib,
                sandboxed, bare, sandboxed / bare);
   }
+  const forge::gate::SandboxLimits limits;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < runs; ++i)
+    forge::gate::SandboxCgroup({limits.memory_bytes, uint64_t(limits.processes), limits.cpus});
+  fmt::print("the sandbox's cgroup alone (made with its limits, removed): {:.2f} ms a run\n",
+             seconds_since(t0) / runs * 1e3);
 }

@@ -79,6 +79,8 @@ int outcome_of(const SandboxResult& r, bool passed) {
       return 4;
     case SandboxStatus::kSignaled:
       return 5;
+    case SandboxStatus::kMemoryLimit:
+      return 6;
   }
   return 1;
 }

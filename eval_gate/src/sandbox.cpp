@@ -1,6 +1,7 @@
 #include "forge/eval_gate/sandbox.h"
 
 #include "forge/common/error.h"
+#include "sandbox_cgroup.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -36,7 +37,7 @@ constexpr const char* kBwrap = "/usr/bin/bwrap";
 constexpr uid_t kNobody = 65534;  // nobody/nogroup on Debian
 constexpr int kInfoFd = 3;        // bwrap --info-fd: where bwrap writes the host pid of the sandbox's init
 constexpr int kReportFd = 4;      // the child's report when it fails before exec (close-on-exec)
-// Tasks bwrap itself adds under the sandbox's RLIMIT_NPROC: its monitor and the sandbox's init (pid 1).
+// Tasks of bwrap's own in the sandbox's cgroup: its monitor and the sandbox's init (pid 1).
 constexpr int kBwrapTasks = 2;
 
 // Through syscall(): glibc 2.36's <sys/pidfd.h> lacks C++ linkage.
@@ -83,29 +84,6 @@ Pipe make_pipe() {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) fail(ExitCode::kIo, "sandbox: pipe2 failed: {}", errno_text(errno));
   return {Fd(fds[0]), Fd(fds[1])};
-}
-
-// Tasks (threads included) whose real uid is `uid`, as RLIMIT_NPROC counts them: the kernel counts a
-// user's tasks host-wide (per user namespace level, and the host level includes every process of the uid),
-// so other processes of the uid, such as other sandboxes running at the same time, use up the limit too.
-int count_tasks(uid_t uid) {
-  int tasks = 0;
-  DIR* proc = ::opendir("/proc");
-  if (!proc) return 0;
-  while (const dirent* e = ::readdir(proc)) {
-    const std::string name = e->d_name;
-    if (!std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
-    std::ifstream in("/proc/" + name + "/status");
-    std::string line;
-    long real_uid = -1, threads = 0;
-    while (std::getline(in, line)) {
-      if (line.rfind("Uid:", 0) == 0) real_uid = std::strtol(line.c_str() + 4, nullptr, 10);
-      if (line.rfind("Threads:", 0) == 0) threads = std::strtol(line.c_str() + 8, nullptr, 10);
-    }
-    if (real_uid == static_cast<long>(uid)) tasks += static_cast<int>(threads);
-  }
-  ::closedir(proc);
-  return tasks;
 }
 
 // The parent pid of `pid` from /proc/<pid>/stat ("pid (comm) state ppid ..."; comm may hold anything).
@@ -221,11 +199,12 @@ struct ChildPlan {
   std::vector<char*> argv, envp;
   int stdin_fd = -1, output_fd = -1, info_fd = -1, report_fd = -1;
   std::vector<std::pair<int, rlimit>> limits;
+  std::vector<int> cgroup_fds;  // the sandbox's cgroup.procs files, to join
   bool drop_to_nobody = false;
   const char* scratch = nullptr;
 };
 
-enum ChildStage : int { kStageFds = 1, kStageLimits, kStageUser, kStageReach, kStageExec };
+enum ChildStage : int { kStageFds = 1, kStageCgroup, kStageLimits, kStageUser, kStageReach, kStageExec };
 
 // Tells the parent where the child failed, and why (errno).
 [[noreturn]] __attribute__((no_sanitize("address"))) void child_failed(int report, ChildStage stage) {
@@ -239,6 +218,10 @@ enum ChildStage : int { kStageFds = 1, kStageLimits, kStageUser, kStageReach, kS
 // would size and map for a stack it cannot see.
 [[noreturn]] __attribute__((no_sanitize("address"))) void run_child(const ChildPlan& plan) {
   int report = plan.report_fd;
+  // Into the sandbox's cgroup first, while still the caller's uid (who made it): bwrap and everything it
+  // starts are born there.
+  for (const int fd : plan.cgroup_fds)
+    if (::write(fd, "0", 1) != 1) child_failed(report, kStageCgroup);
   // Lift the four descriptors above 0..4 first, so that placing them cannot overwrite one another.
   int fds[4] = {plan.stdin_fd, plan.output_fd, plan.info_fd, plan.report_fd};
   for (int& fd : fds)
@@ -345,7 +328,11 @@ std::string SandboxResult::describe() const {
     case SandboxStatus::kTimedOut:
       line = fmt::format("timed out after {:.1f} s", wall_seconds);
       break;
+    case SandboxStatus::kMemoryLimit:
+      line = "killed by the memory limit";
+      break;
   }
+  if (task_limit_hit) line += ", task limit reached";
   if (output_truncated) line += ", output truncated";
   return line;
 }
@@ -359,10 +346,12 @@ SandboxResult run_sandboxed(const std::vector<std::string>& argv,
     fail(ExitCode::kUsage, "sandbox: {} not found: install bubblewrap (scripts/install-deps.sh)", kBwrap);
   for (const auto& [name, content] : files) check_file_name(name);
 
-  // RLIMIT_NPROC does not bind real uid 0, so root hands the program to nobody.
+  // Root hands the program to nobody, who owns nothing on the host.
   const bool drop = ::geteuid() == 0;
   const uid_t sandbox_uid = drop ? kNobody : ::getuid();
 
+  const SandboxCgroup cgroup(
+      {limits.memory_bytes, static_cast<uint64_t>(std::max(limits.processes, 1)) + kBwrapTasks, limits.cpus});
   Scratch scratch(scratch_parent);
   for (const auto& [name, content] : files) write_file(fs::path(scratch.path()) / name, content);
   if (drop) {
@@ -375,21 +364,18 @@ SandboxResult run_sandboxed(const std::vector<std::string>& argv,
       fail(ExitCode::kIo, "sandbox: cannot hand {} to uid {}", scratch.path(), kNobody);
   }
 
-  // The limits. RLIMIT_AS, RLIMIT_CPU and RLIMIT_FSIZE bind each process on its own; bwrap's own processes
-  // are small and have address spaces of their own, so memory_bytes needs no room for them. RLIMIT_NPROC
-  // counts all tasks of the uid host-wide (count_tasks), so the program's allowance comes on top of what
-  // the uid runs already, plus bwrap's two. Without root the hard limits in force cannot be raised.
+  // The per-process limits (the cgroup bounds their sum). RLIMIT_AS, RLIMIT_CPU and RLIMIT_FSIZE bind each
+  // process on its own; bwrap's own processes are small and have address spaces of their own, so
+  // memory_bytes needs no room for them. Without root the hard limits in force cannot be raised.
   const int cpu = std::max(1, static_cast<int>(std::ceil(limits.cpu_seconds)));
-  const rlim_t nproc =
-      static_cast<rlim_t>(count_tasks(sandbox_uid) + std::max(limits.processes, 1) + kBwrapTasks);
   const std::pair<int, rlim_t> wanted[] = {
       {RLIMIT_CPU, static_cast<rlim_t>(cpu)},
       {RLIMIT_AS, limits.memory_bytes},
-      {RLIMIT_NPROC, nproc},
       {RLIMIT_FSIZE, limits.file_bytes},
       {RLIMIT_CORE, 0},
   };
   ChildPlan plan;
+  plan.cgroup_fds = cgroup.join_fds();
   for (const auto& [resource, value] : wanted) {
     rlimit current{};
     ::getrlimit(resource, &current);
@@ -465,6 +451,8 @@ SandboxResult run_sandboxed(const std::vector<std::string>& argv,
         fail(ExitCode::kIo, "sandbox: cannot switch to uid {}: {}", kNobody, errno_text(err));
       case kStageLimits:
         fail(ExitCode::kIo, "sandbox: cannot set the resource limits: {}", errno_text(err));
+      case kStageCgroup:
+        fail(ExitCode::kComm, "sandbox: cannot join its cgroup {}: {}", cgroup.path(), errno_text(err));
       default:
         fail(ExitCode::kIo, "sandbox: cannot set up the child's descriptors: {}", errno_text(err));
     }
@@ -560,6 +548,10 @@ SandboxResult run_sandboxed(const std::vector<std::string>& argv,
     result.status = SandboxStatus::kExited;
     result.exit_code = code;
   }
+  // The memory limit kills with SIGKILL, as other causes may: the cgroup's count tells it apart.
+  if (result.status == SandboxStatus::kSignaled && result.signal == SIGKILL && cgroup.memory_limit_hit())
+    result.status = SandboxStatus::kMemoryLimit;
+  result.task_limit_hit = cgroup.task_limit_hit();
   return result;
 }
 

@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -18,6 +19,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -70,6 +72,48 @@ SandboxResult run_python(const std::string& program, const std::string& parent,
                          std::map<std::string, std::string> files = {}) {
   files["prog.py"] = program;
   return run_sandboxed({kPython, "prog.py", marker}, files, parent, limits);
+}
+
+// Forks sleeping children until a fork fails; prints how many it made and the errno.
+const std::string kForkBomb = R"py(
+import os, sys, time
+n = 0
+try:
+    for _ in range(1000):
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        n += 1
+except OSError as e:
+    print("fork failed after", n, e.errno)
+    sys.exit(1)
+print("forked", n)
+)py";
+
+// The forks kForkBomb made before one failed with EAGAIN; -1 if it did not say so.
+int forks_before_refusal(const std::string& output) {
+  int forked = -1, err = -1;
+  const auto at = output.find("fork failed after ");
+  if (at == std::string::npos ||
+      std::sscanf(output.c_str() + at, "fork failed after %d %d", &forked, &err) != 2 || err != EAGAIN)
+    return -1;
+  return forked;
+}
+
+// This process's sandbox cgroups still on the host (forge-sbx-<pid>-N in any hierarchy).
+std::vector<std::string> sandbox_cgroups() {
+  std::vector<std::string> found;
+  const std::string prefix = "forge-sbx-" + std::to_string(::getpid()) + "-";
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator("/sys/fs/cgroup",
+                                                  fs::directory_options::skip_permission_denied, ec);
+       !ec && it != fs::end(it); it.increment(ec)) {
+    if (!it->is_directory(ec) || it->is_symlink(ec)) {
+      continue;
+    }
+    if (it->path().filename().string().rfind(prefix, 0) == 0) found.push_back(it->path().string());
+  }
+  return found;
 }
 
 // Fast limits for the hostile programs.
@@ -169,35 +213,130 @@ sys.exit(0 if connected else 1)
 TEST_CASE("sandbox: a fork bomb hits the process limit and leaves no process behind") {
   Parent parent;
   const std::string marker = unique_marker();
-  const std::string program = R"py(
-import os, sys, time
-n = 0
-try:
-    for _ in range(1000):
-        if os.fork() == 0:
-            time.sleep(30)
-            os._exit(0)
-        n += 1
-except OSError as e:
-    print("fork failed after", n, e.errno)
-    sys.exit(1)
-print("forked", n)
-)py";
-  const auto r = run_python(program, parent.path(), tight(), marker);
+  const auto r = run_python(kForkBomb, parent.path(), tight(), marker);
   INFO(r.output);
   CHECK_FALSE(r.passed());
-  // Stopped by RLIMIT_NPROC (EAGAIN) near `processes`: the allowance comes on top of the tasks uid 65534 has
-  // at the start, which may include zombie inits of earlier runs that the host's init has yet to reap.
-  int forked = -1, err = -1;
-  const auto at = r.output.find("fork failed after ");
-  REQUIRE(at != std::string::npos);
-  REQUIRE(std::sscanf(r.output.c_str() + at, "fork failed after %d %d", &forked, &err) == 2);
-  CHECK(err == EAGAIN);
-  CHECK(forked >= SandboxLimits{}.processes - 8);
-  CHECK(forked <= SandboxLimits{}.processes + 8);
+  // Stopped at the sandbox's task limit (its cgroup's pids.max: EAGAIN): `processes` tasks of the program's,
+  // the interpreter being one.
+  CHECK(forks_before_refusal(r.output) == SandboxLimits{}.processes - 1);
+  CHECK(r.task_limit_hit);
+  CHECK(r.describe().find("task limit reached") != std::string::npos);
   CHECK(r.wall_seconds < 4);  // it did not wait for the sleeping children
   CHECK(processes_with(marker) == 0);
   CHECK(is_empty_dir(parent.path()));
+  CHECK(sandbox_cgroups().empty());
+}
+
+TEST_CASE("sandbox: sandboxes running at once each have their own task allowance") {
+  // Under RLIMIT_NPROC, which counts uid 65534's tasks host-wide, two fork bombs shared one allowance.
+  Parent parent;
+  std::vector<SandboxResult> results(2);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < results.size(); ++i)
+    threads.emplace_back([&, i] { results[i] = run_python(kForkBomb, parent.path(), tight()); });
+  for (auto& t : threads) t.join();
+  for (const SandboxResult& r : results) {
+    INFO(r.output);
+    CHECK(forks_before_refusal(r.output) == SandboxLimits{}.processes - 1);
+  }
+  CHECK(sandbox_cgroups().empty());
+}
+
+TEST_CASE("sandbox: the memory of the sandbox as a whole is bounded") {
+  // Each process stays well under its address-space limit; together they pass the sandbox's memory.
+  Parent parent;
+  SandboxLimits limits = tight();
+  limits.memory_bytes = 256ull << 20;
+  const std::string program = R"py(
+import os, time
+r, w = os.pipe()
+if os.fork() == 0:
+    held = b"\1" * (100 << 20)
+    os.write(w, b"x")
+    time.sleep(30)
+    os._exit(0)
+os.read(r, 1)
+held = []
+for _ in range(40):
+    held.append(b"\1" * (10 << 20))
+print("allocated", len(held) * 10, "MiB beside the child's 100")
+)py";
+  const auto r = run_python(program, parent.path(), limits);
+  INFO(r.output);
+  CHECK(r.status == SandboxStatus::kMemoryLimit);
+  CHECK(r.describe() == "killed by the memory limit");
+  CHECK(r.output.find("allocated") == std::string::npos);
+  CHECK(r.output.find("MemoryError") == std::string::npos);  // not RLIMIT_AS: each process is far below it
+  CHECK(sandbox_cgroups().empty());
+}
+
+TEST_CASE("sandbox: the sandbox's CPU share is bounded") {
+  // Two busy processes for a second of wall-clock time: unbounded they would take up to two CPU-seconds.
+  Parent parent;
+  SandboxLimits limits = tight();
+  limits.cpus = 0.25;
+  const std::string program = R"py(
+import os, time
+for _ in range(2):
+    if os.fork() == 0:
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            pass
+        os._exit(0)
+os.wait(); os.wait()
+t = os.times()
+print("cpu", t.children_user + t.children_system)
+)py";
+  const auto r = run_python(program, parent.path(), limits);
+  INFO(r.output);
+  REQUIRE(r.passed());
+  double cpu = -1;
+  REQUIRE(std::sscanf(r.output.c_str(), "cpu %lf", &cpu) == 1);
+  // A quarter of a CPU over one second, give or take a CFS period (0.1 s) of either process.
+  CHECK(cpu > 0.1);
+  CHECK(cpu < 0.5);
+}
+
+TEST_CASE("sandbox: one that cannot have its cgroup does not run (69)") {
+  if (::geteuid() != 0) return;  // needs a uid without write access to its cgroup: nobody, by root's setuid
+  for (const char* delegated : {"/sys/fs/cgroup/memory/forge-sandbox", "/sys/fs/cgroup/pids/forge-sandbox",
+                                "/sys/fs/cgroup/forge-sandbox"})
+    if (fs::exists(delegated)) {
+      WARN(delegated << " exists (a site's delegation): nobody may have a cgroup here; not checked");
+      return;
+    }
+  Parent parent;
+  fs::permissions(parent.path(), fs::perms(0777));
+  int report[2];
+  REQUIRE(::pipe(report) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(report[0]);
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(100);
+    int code = 0;
+    try {
+      run_sandboxed({kPython, "-c", "open('ran', 'w')"}, {}, parent.path(), tight());
+    } catch (const forge::Error& e) {
+      [[maybe_unused]] const ssize_t n = ::write(report[1], e.what(), std::strlen(e.what()));
+      code = static_cast<int>(e.code());
+    }
+    ::_exit(code);
+  }
+  ::close(report[1]);
+  std::string message(4096, '\0');
+  const ssize_t n = ::read(report[0], message.data(), message.size());
+  message.resize(n > 0 ? size_t(n) : 0);
+  ::close(report[0]);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  INFO(message);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 69);
+  CHECK(message.find("cannot make its memory cgroup in /sys/fs/cgroup/memory") != std::string::npos);
+  CHECK(message.find("forge-sandbox") != std::string::npos);
+  CHECK(is_empty_dir(parent.path()));  // no scratch either: nothing ran
+  CHECK(sandbox_cgroups().empty());
 }
 
 TEST_CASE("sandbox: 10 GB of memory is refused") {

@@ -64,8 +64,8 @@ struct Reply {
 // How a code reply's sandbox run ended (reported per cause): passed; failed (an exit code, an exception,
 // a test's assertion); no_sentinel (exit 0 without the tests' last line: it left early or drowned them);
 // timed_out; cpu_limit; killed (a signal: memory, ...).
-inline constexpr std::array<std::string_view, 6> kSandboxOutcomes = {"passed",    "failed",    "no_sentinel",
-                                                                     "timed_out", "cpu_limit", "killed"};
+inline constexpr std::array<std::string_view, 7> kSandboxOutcomes = {
+    "passed", "failed", "no_sentinel", "timed_out", "cpu_limit", "killed", "memory_limit"};
 
 struct Reward {
   double total = 0;
