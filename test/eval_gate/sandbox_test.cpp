@@ -7,6 +7,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <grp.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -24,6 +25,7 @@
 #include <fstream>
 #include <random>
 #include <thread>
+#include <tuple>
 
 using namespace forge::gate;
 namespace fs = std::filesystem;
@@ -100,10 +102,11 @@ int forks_before_refusal(const std::string& output) {
   return forked;
 }
 
-// This process's sandbox cgroups still on the host (forge-sbx-<pid>-N in any hierarchy).
-std::vector<std::string> sandbox_cgroups() {
+// The sandbox cgroups of process `pid` (this one's by default) still on the host: forge-sbx-<pid>-N in any
+// hierarchy.
+std::vector<std::string> sandbox_cgroups(pid_t pid = ::getpid()) {
   std::vector<std::string> found;
-  const std::string prefix = "forge-sbx-" + std::to_string(::getpid()) + "-";
+  const std::string prefix = "forge-sbx-" + std::to_string(pid) + "-";
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator("/sys/fs/cgroup",
                                                   fs::directory_options::skip_permission_denied, ec);
@@ -297,26 +300,25 @@ print("cpu", t.children_user + t.children_system)
   CHECK(cpu < 0.5);
 }
 
-TEST_CASE("sandbox: one that cannot have its cgroup does not run (69)") {
-  if (::geteuid() != 0) return;  // needs a uid without write access to its cgroup: nobody, by root's setuid
-  for (const char* delegated : {"/sys/fs/cgroup/memory/forge-sandbox", "/sys/fs/cgroup/pids/forge-sandbox",
-                                "/sys/fs/cgroup/forge-sandbox"})
-    if (fs::exists(delegated)) {
-      WARN(delegated << " exists (a site's delegation): nobody may have a cgroup here; not checked");
-      return;
-    }
-  Parent parent;
-  fs::permissions(parent.path(), fs::perms(0777));
+namespace {
+
+// Runs run_sandboxed as uid 65534 with the given groups (the first the primary), in a child process of
+// root's: its exit code, the message of what it threw, and its pid.
+std::tuple<int, std::string, pid_t> sandbox_as_nobody(const std::vector<gid_t>& groups,
+                                                      const std::string& parent) {
   int report[2];
   REQUIRE(::pipe(report) == 0);
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
     ::close(report[0]);
-    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(100);
+    if (::setgroups(groups.size(), groups.data()) != 0 || ::setgid(groups.front()) != 0 ||
+        ::setuid(65534) != 0)
+      ::_exit(100);
     int code = 0;
     try {
-      run_sandboxed({kPython, "-c", "open('ran', 'w')"}, {}, parent.path(), tight());
+      const SandboxResult r = run_sandboxed({kPython, "-c", "print('ran')"}, {}, parent, tight());
+      code = r.output == "ran\n" ? 0 : 101;
     } catch (const forge::Error& e) {
       [[maybe_unused]] const ssize_t n = ::write(report[1], e.what(), std::strlen(e.what()));
       code = static_cast<int>(e.code());
@@ -330,13 +332,49 @@ TEST_CASE("sandbox: one that cannot have its cgroup does not run (69)") {
   ::close(report[0]);
   int status = 0;
   REQUIRE(::waitpid(pid, &status, 0) == pid);
-  INFO(message);
   REQUIRE(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 69);
+  return {WEXITSTATUS(status), message, pid};
+}
+
+// A site's delegated directory for the memory hierarchy (scripts/devcluster/up makes one), if any.
+const char* const kDelegatedMemory = "/sys/fs/cgroup/memory/forge-sandbox";
+
+}  // namespace
+
+TEST_CASE("sandbox: one that cannot have its cgroup does not run (69)") {
+  // Needs a uid without write access to its cgroup: nobody, by root's setuid.
+  if (::geteuid() != 0) return;
+  struct stat st {};
+  if (::stat(kDelegatedMemory, &st) == 0 && (st.st_mode & S_IWOTH)) {
+    WARN(kDelegatedMemory << " is open to everyone: every uid may have a cgroup here; not checked");
+    return;
+  }
+  Parent parent;
+  fs::permissions(parent.path(), fs::perms(0777));
+  const auto [code, message, pid] = sandbox_as_nobody({65534}, parent.path());
+  INFO(message);
+  CHECK(code == 69);
   CHECK(message.find("cannot make its memory cgroup in /sys/fs/cgroup/memory") != std::string::npos);
   CHECK(message.find("forge-sandbox") != std::string::npos);
   CHECK(is_empty_dir(parent.path()));  // no scratch either: nothing ran
-  CHECK(sandbox_cgroups().empty());
+  CHECK(sandbox_cgroups(pid).empty());
+}
+
+TEST_CASE("sandbox: a member of a site's delegated directory has its cgroup there") {
+  struct stat st {};
+  if (::geteuid() != 0 || ::stat(kDelegatedMemory, &st) != 0) {
+    WARN("no delegated " << kDelegatedMemory
+                         << " (scripts/devcluster/up makes one) or not root; not checked");
+    return;
+  }
+  Parent parent;
+  fs::permissions(parent.path(), fs::perms(0777));
+  // nobody, with the directory's group: its own cgroup is root's, the delegated one takes it.
+  const auto [code, message, pid] = sandbox_as_nobody({st.st_gid, 65534}, parent.path());
+  INFO(message);
+  CHECK(code == 0);
+  CHECK(is_empty_dir(parent.path()));
+  CHECK(sandbox_cgroups(pid).empty());
 }
 
 TEST_CASE("sandbox: 10 GB of memory is refused") {
