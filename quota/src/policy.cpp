@@ -210,6 +210,10 @@ ApprovalRules read_approval(const Reader& r, const std::string& file,
     if (e->value.empty() || e->value[0] != '/') r.bad(*e, "must be an absolute path");
     a.checker = r.text("checker", a.checker);
   }
+  if (const IniEntry* e = r.find("controller")) {
+    if (!is_name(e->value)) r.bad(*e, "expected the user name slurmctld runs as (SlurmUser)");
+    a.controller = e->value;
+  }
   return a;
 }
 
@@ -469,7 +473,7 @@ Policy parse_policy(const std::string& text, const std::string& file) {
       }
       p.teams.emplace(name, std::move(t));
     } else if (s.name == "approval") {
-      Reader r(s, file, {"gpus", "gpu_hours", "tiers", "ttl", "checker"});
+      Reader r(s, file, {"gpus", "gpu_hours", "tiers", "ttl", "checker", "controller"});
       p.approval = read_approval(r, file, p.tiers);
     } else if (s.name.rfind("pool.", 0) == 0) {
       Pool pool;

@@ -7,6 +7,7 @@
 #include "forge/quota/identity.h"
 #include "forge/quota/usage.h"
 
+#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -211,13 +212,18 @@ int cmd_admit(const std::vector<std::string>& args) {
       "approval", po::value(&approval), "the approval id it gave (a use is taken)")(
       "held-approval", po::value(&held), "the approval it took a use of at submission (a change to the job)");
   if (!parse("admit", args, d)) return 0;
-  // The answer spends approvals and speaks for the controller: only root (slurmctld) or, on a test
-  // cluster, the owner of the policy file may ask.
-  struct stat st {};
-  const uid_t me = ::getuid();
-  if (me != 0 && (::stat(policy_path.c_str(), &st) != 0 || st.st_uid != me))
-    fail(ExitCode::kUsage, "admit is for the controller (job_submit.lua as root)");
+  // The answer spends approvals and speaks for the controller: only root, the user slurmctld runs as
+  // ([approval] controller, its SlurmUser) or, on a test cluster, the owner of the policy file may ask.
+  // The policy names that user because a setgid checker cannot trust slurm.conf: SLURM_CONF is the caller's.
   const Policy policy = load_run_policy(policy_path);
+  const uid_t me = ::getuid();
+  const passwd* controller = ::getpwnam(policy.approval.controller.c_str());
+  struct stat st {};
+  if (me != 0 && !(controller && controller->pw_uid == me) &&
+      (::stat(policy_path.c_str(), &st) != 0 || st.st_uid != me))
+    fail(ExitCode::kUsage, "admit is for the controller (job_submit.lua, run by root or the policy's [approval] "
+                           "controller '{}')",
+         policy.approval.controller);
   if (uid < 0 || uid > 4294967294LL) fail(ExitCode::kUsage, "--uid {}: expected a uid", uid);
   if (minutes < 1 || minutes > 366LL * 24 * 60)
     fail(ExitCode::kUsage, "--minutes {}: expected 1 to {}", minutes, 366LL * 24 * 60);

@@ -29,6 +29,7 @@ MUNGE_KEY=$ETC/munge.key
 MYSQL_SOCKET=$RUN/mysqld/mysqld.sock
 
 CLUSTER_NAME=forge
+SLURM_USER=slurm        # slurmctld and slurmdbd run as this user (SlurmUser); slurmd as root
 HOST_SHORT=$(hostname -s)
 NODES=(node1 node2 node3 node4)
 GPUS_PER_NODE=8

@@ -237,6 +237,12 @@ if [ "$(id -un)" = root ] && command -v setpriv >/dev/null && getent passwd nobo
   [ $? -eq 0 ] && [ "$out" = "admit partition=train approval=$id" ] || fail "admit with the approval said: $out"
   out=$(as_nobody "$bin" admit "${ap[@]}" --uid 0 --team team-a --tier explore --gpus 1 --minutes 1 2>&1)
   [ $? -eq 64 ] && [[ $out == *"admit is for the controller"* ]] || fail "admit as nobody said: $out"
+  # ... unless the policy names nobody as the controller (the user slurmctld runs as).
+  sed 's/^controller = .*/controller = nobody/' "$tmp/policy.ini" >"$tmp/policy-nobody.ini"
+  chmod 644 "$tmp/policy-nobody.ini"
+  out=$(as_nobody "$bin" admit --policy "$tmp/policy-nobody.ini" --ledger "$tmp/ledger.db" --uid 0 --team team-a \
+    --tier explore --gpus 1 --minutes 1 2>&1)
+  [ $? -eq 0 ] && [ "$out" = "admit partition=train approval=-" ] || fail "admit as the policy's controller said: $out"
   echo "105|forge-elastic:nodes=1-2 forge-approval=$id" >"$tmp/admin_comments.txt"
   "$bin" sync "${ap[@]}" --snapshot "$tmp/state/usage.json" -S 2026-02-01 -E 2026-03-01 >"$tmp/sync.out" 2>&1 ||
     fail "sync failed: $(cat "$tmp/sync.out")"

@@ -16,6 +16,15 @@ fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 source "$STATE/env.sh"
 scontrol ping 2>/dev/null | grep -q 'is UP' || { echo "FAIL: slurmctld not answering (scripts/devcluster/status)"; exit 1; }
 
+# The controller and the accounting daemon run as a site runs them: as SlurmUser, not root.
+slurm_user=$(scontrol show config | sed -n 's/^SlurmUser *= *\([^(]*\)(.*/\1/p')
+[ -n "$slurm_user" ] && [ "$slurm_user" != root ] || fail "SlurmUser is '${slurm_user}', expected a user other than root"
+for d in slurmctld slurmdbd; do
+  pid=$(cat "$STATE/run/$d.pid" 2>/dev/null)
+  owner=$(ps -o user= -p "${pid:-0}" 2>/dev/null)
+  [ -n "$owner" ] && [ "$owner" = "$slurm_user" ] || fail "$d (pid ${pid:-?}) runs as '${owner}', expected $slurm_user"
+done
+
 # Job files must be readable from the job (same host, so any temp dir works); removed at exit.
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/forge-smoke.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT

@@ -71,6 +71,7 @@ struct ApprovalRules {
   std::vector<std::string> tiers;  // tiers whose jobs always need one
   int64_t ttl_s = 7 * 86400;       // how long an approval is valid unless the approver says otherwise
   std::string checker = "/usr/local/bin/forge-quota";  // what job_submit.lua runs to admit jobs
+  std::string controller = "slurm";  // the user slurmctld runs as (SlurmUser): with root, the one who admits
 };
 
 // A set of Slurm partitions' worth of nodes and the tiers whose jobs may run there ([pool.NAME]).
