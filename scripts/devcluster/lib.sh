@@ -20,7 +20,7 @@ SPOOL=$STATE/spool      # slurmctld StateSaveLocation and one SlurmdSpoolDir per
 DBDIR=$STATE/mysql      # MariaDB datadir (its own, so a system MariaDB is never touched)
 GPUDIR=$STATE/gpu       # plain files standing in for /dev/nvidia0..7
 GPU_HEALTH_DIR=$STATE/gpu-health  # <node>/gpu<i>: each fake GPU's health ("ok" or a fault), read by forge-health
-TMPFS_DIR=$STATE/tmpfs  # slurm TmpFS; each slurmd mounts its own private tmpfs here (PMIx dirs)
+TMPFS_DIR=$STATE/tmpfs  # slurm TmpFS; each slurmd mounts its own private tmpfs here (PMIx dirs, jobs/)
 ENV_FILE=$STATE/env.sh
 
 export SLURM_CONF=$ETC/slurm.conf
@@ -121,6 +121,17 @@ port_holder() {
   fi
 }
 port_holder_pid() { ss -Hltnp "sport = :$1" 2>/dev/null | grep -o 'pid=[0-9]*' | head -n1 | cut -d= -f2 || true; }
+
+# A node's processes: its slurmd, slurmstepd and job tasks all see that slurmd's private tmpfs on TmpFS
+# (`up` mounts it in the slurmd's own mount namespace, and each task's namespace, for its private /tmp, is
+# a copy of that one), and nothing else does: on the host the path is a plain directory. So the device a
+# process sees there names its node, also after its slurmd or slurmstepd is gone.
+tmpfs_dev_of() { stat -L -c %d "/proc/$1/root$TMPFS_DIR" 2>/dev/null; }   # tmpfs_dev_of PID
+node_pids() {   # node_pids DEV: every pid that sees DEV on TmpFS, in one pass over /proc (a fork each: seconds)
+  [ -n "$1" ] && [ "$1" != "$(stat -c %d "$TMPFS_DIR")" ] || return 0   # the host's own view is no node
+  find /proc/[0-9]*/root"$TMPFS_DIR" -maxdepth 0 -printf '%D %p\n' 2>/dev/null |
+    awk -v dev="$1" '$1 == dev { split($2, p, "/"); print p[3] }' || true
+}
 
 # Slurm client commands with a bound on how long they may hang when a daemon is half up.
 sq() { timeout 15 "$@"; }

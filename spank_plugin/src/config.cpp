@@ -25,13 +25,19 @@ std::optional<PluginConfig> parse_config(int ac, char** av, std::string* why) {
       c.on_snapshot_problem = quota::SnapshotFailure::kOpen;
     } else if (arg == "fail-closed") {
       c.on_snapshot_problem = quota::SnapshotFailure::kClosed;
+    } else if (arg.rfind("job_tmp=", 0) == 0) {
+      c.job_tmp = value("job_tmp=");
+      if (c.job_tmp.size() < 2 || c.job_tmp[0] != '/') {
+        *why = "plugstack.conf: job_tmp= needs an absolute directory";
+        return std::nullopt;
+      }
     } else if (arg == "controller_fallback=trust-plugin") {
       // job_submit.lua's, for when slurmctld cannot read the policy (docs/ADMISSION.md); nothing here.
     } else {
       *why =
           "plugstack.conf: unknown argument '" + printable(arg) +
           "' for forge_spank.so; allowed: policy=PATH snapshot=PATH mode=enforce|warn fail-open|fail-closed "
-          "controller_fallback=trust-plugin";
+          "job_tmp=DIR controller_fallback=trust-plugin";
       return std::nullopt;
     }
   }

@@ -5,6 +5,8 @@
 
 #include <slurm/slurm_version.h>
 
+#include <string>
+
 extern "C" {
 extern const char plugin_name[] = "forge";
 extern const char plugin_type[] = "spank";
@@ -43,5 +45,16 @@ int slurm_spank_user_init(spank_t sp, int, char**) {
 }
 
 int slurm_spank_task_init_privileged(spank_t sp, int, char**) {
-  return spank_context() == S_CTX_REMOTE ? stepd_task_init_privileged(sp) : 0;
+  if (spank_context() != S_CTX_REMOTE) return 0;
+  const int rc = stepd_task_init_privileged(sp);
+  return rc != 0 ? rc : stepd_enter_job_tmp(sp);
+}
+
+// The epilog (slurmd's `slurmstepd spank epilog`) does not pass through slurm_spank_init: its arguments
+// come here. It must never fail (a failed epilog drains the node).
+int slurm_spank_job_epilog(spank_t sp, int ac, char** av) {
+  if (spank_context() != S_CTX_JOB_SCRIPT) return 0;
+  std::string why;
+  if (const auto config = parse_config(ac, av, &why)) job_epilog_remove_job_tmp(sp, *config);
+  return 0;
 }

@@ -18,10 +18,11 @@ extern "C" {
 namespace forge::spank {
 
 // plugstack.conf: `required|optional forge_spank.so policy=PATH [snapshot=PATH] [mode=enforce|warn]
-// [fail-open|fail-closed]`.
+// [fail-open|fail-closed] [job_tmp=DIR]`.
 struct PluginConfig {
   std::string policy_path = "/etc/forge/quota.ini";
   std::string snapshot_path;  // empty: the policy's [policy] snapshot
+  std::string job_tmp;        // root's directory on each node for the jobs' private /tmp; empty: none
   bool enforce = true;        // warn: report what would be rejected, reject nothing
   quota::SnapshotFailure on_snapshot_problem = quota::SnapshotFailure::kOpen;
 };
@@ -68,5 +69,8 @@ int alloc_init_post_opt(spank_t sp);
 int srun_init_post_opt(spank_t sp);
 int stepd_user_init(spank_t sp);
 int stepd_task_init_privileged(spank_t sp);
+// job_tmp.cpp: the task enters the job's private /tmp and /dev/shm; the job's epilog removes them.
+int stepd_enter_job_tmp(spank_t sp);
+void job_epilog_remove_job_tmp(spank_t sp, const PluginConfig& config);
 
 }  // namespace forge::spank

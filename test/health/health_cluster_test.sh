@@ -35,7 +35,7 @@ not_drained() { ! drained; }  # for wait_for
 flip() { echo "$2" >"$GPUS/gpu$1"; }
 heal() { local g; for g in "$GPUS"/gpu*; do echo ok >"$g"; done; }
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/forge-health-test.XXXXXX")
+WORK=$(mktemp -d /var/tmp/forge-health-test.XXXXXX)
 chmod 755 "$WORK"
 JOBS=()
 set_by_us=0

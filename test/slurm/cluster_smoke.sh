@@ -25,8 +25,8 @@ for d in slurmctld slurmdbd; do
   [ -n "$owner" ] && [ "$owner" = "$slurm_user" ] || fail "$d (pid ${pid:-?}) runs as '${owner}', expected $slurm_user"
 done
 
-# Job files must be readable from the job (same host, so any temp dir works); removed at exit.
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/forge-smoke.XXXXXX")
+# Job files must be readable from the job: a shared directory (each job has its own /tmp); removed at exit.
+WORK=$(mktemp -d /var/tmp/forge-smoke.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 chmod 755 "$WORK"
 

@@ -18,7 +18,7 @@ source "$STATE/env.sh"
 scontrol ping 2>/dev/null | grep -q 'is UP' || { echo "FAIL: slurmctld not answering (scripts/devcluster/status)"; exit 1; }
 unset SLURM_JOB_ID SLURM_JOBID   # ctest may itself run inside an allocation: debug.sh must make its own
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/forge-debug-test.XXXXXX")
+WORK=$(mktemp -d /var/tmp/forge-debug-test.XXXXXX)
 chmod 755 "$WORK"
 job=""
 cleanup() {

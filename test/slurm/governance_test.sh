@@ -5,8 +5,8 @@
 #   pools      alice prepares a dataset with scripts/sbatch/prepare.sbatch on the data partition and trains
 #              on it in team-a's directory; a training tier on the eval partition is refused;
 #   isolation  bob cannot read alice's checkpoints, submit as team-a (not even past the plugin with a
-#              forged environment), see her jobs in squeue or sacct, or approve; a run.dir outside the team's
-#              directory fails the job at start without draining the node;
+#              forged environment), see her jobs in squeue or sacct, her job's /tmp or /dev/shm, or approve;
+#              a run.dir outside the team's directory fails the job at start without draining the node;
 #   approval   a large job is refused with the request command in the message; approved by carol it runs
 #              once; a second use, an expired id, another team's id, a forged policy or environment and
 #              garbage ids are refused, the controller stays up and no node is drained; the ledger shows it;
@@ -157,6 +157,33 @@ jobs+=("$held")
 [ -n "$(as dave squeue -h -o '%u' | grep -x alice)" ] || fail "dave (admin) does not see alice's jobs"
 scancel "$held"
 echo "  bob sees none of alice's jobs in squeue or sacct; dave (admin) does"
+# Private /tmp and /dev/shm per job (forge_spank.so job_tmp=): files alice's job keeps there are seen by its
+# own steps, not by bob's job on the same node, not on the host, and are gone when her job ends.
+mkdir "$work/bob" && chown bob "$work/bob"
+holder=$(as alice sbatch --parsable -A team-a -p train -w node1 -t 5 -o /dev/null -D "$work/alice" \
+  --wrap 'echo alice-secret >/tmp/secret && echo alice-secret >/dev/shm/secret && touch tmp-ready && sleep 300') ||
+  fail "alice's job holding /tmp files not submitted"
+jobs+=("$holder")
+for _ in $(seq 1 120); do [ -f "$work/alice/tmp-ready" ] && break; sleep 0.5; done
+[ -f "$work/alice/tmp-ready" ] || fail "alice's job $holder did not start: $(squeue -h -j "$holder" -o '%T %r')"
+[ "$(as alice srun --jobid="$holder" --overlap -n1 cat /tmp/secret /dev/shm/secret 2>&1)" = $'alice-secret\nalice-secret' ] ||
+  fail "a step of alice's job $holder does not see the job's /tmp and /dev/shm"
+peek=$(as bob sbatch --parsable -A team-b -p train -w node1 -t 5 -o "$work/bob/peek.out" -D "$work/bob" \
+  --wrap 'ls -A /tmp /dev/shm; cat /tmp/secret /dev/shm/secret; true') || fail "bob's job not submitted"
+jobs+=("$peek")
+[ "$(final_state "$peek")" = COMPLETED ] || fail "bob's job $peek: $(cat "$work/bob/peek.out")"
+! grep -q alice-secret "$work/bob/peek.out" && [ "$(grep -c 'No such file' "$work/bob/peek.out")" -eq 2 ] ||
+  fail "bob's job on node1 saw alice's /tmp or /dev/shm: $(cat "$work/bob/peek.out")"
+[ ! -e /tmp/secret ] && [ ! -e /dev/shm/secret ] || fail "alice's job wrote the host's /tmp or /dev/shm"
+# On node1 (in its own tmpfs, which only the node's processes see): root's, closed to everyone else.
+on_node1() { nsenter -t "$(cat "$STATE/run/slurmd-node1.pid")" -m "$@"; }
+jobtmp=$STATE/tmpfs/jobs/$holder
+[ "$(on_node1 stat -c '%U %a' "$jobtmp" 2>&1)" = "root 700" ] ||
+  fail "$jobtmp on node1: $(on_node1 stat -c '%U %a' "$jobtmp" 2>&1), want root 700"
+scancel "$holder"
+for _ in $(seq 1 60); do on_node1 test -e "$jobtmp" || break; sleep 0.5; done
+! on_node1 test -e "$jobtmp" || fail "alice's job $holder ended but its /tmp stays in $jobtmp on node1"
+echo "  /tmp and /dev/shm: alice's job $holder keeps its own (its steps see them), bob's job $peek on node1 does not, gone at the end"
 # run.dir outside the team's directory: sbatch refuses it at once; a spec changed after submission (held,
 # edited, released) is caught in slurmstepd, where the job fails at start and the node stays up.
 sed -e "s|^dir = .*|dir = /var/tmp/gov-escape-$$|" "$work/alice.ini" >"$work/outside.ini"

@@ -7,7 +7,7 @@ SRC=${FORGE_SOURCE_DIR:?} BUILD=${FORGE_BUILD_DIR:?}
 export FORGE_HOME=$SRC  # the batch script finds scripts/sbatch/common.sh there
 source "${FORGE_DEVCLUSTER_DIR:?}/env.sh"
 fail() { echo "FAIL: $*" >&2; exit 1; }
-work=$(mktemp -d /tmp/forge-prepare-slurm.XXXXXX)
+work=$(mktemp -d /var/tmp/forge-prepare-slurm.XXXXXX)
 chmod 755 "$work"
 jobs=()
 cleanup() {

@@ -214,6 +214,12 @@ TEST_CASE("sbatch: plugstack.conf mistakes and a broken policy reject with the r
   CHECK(f.sbatch("team-a", "pretrain", "tp1,pp1,dp1", "controller_fallback=trust-plugin") == 0);
   fake::reset(S_CTX_ALLOCATOR);
   CHECK(f.sbatch("team-a", "pretrain", "tp1,pp1,dp1", "controller_fallback=yes") == -1);
+  // job_tmp= is the nodes' (a private /tmp per job, tested on the dev cluster); it must be absolute.
+  fake::reset(S_CTX_ALLOCATOR);
+  CHECK(f.sbatch("team-a", "pretrain", "tp1,pp1,dp1", "job_tmp=/var/spool/forge-jobs") == 0);
+  fake::reset(S_CTX_ALLOCATOR);
+  CHECK(f.sbatch("team-a", "pretrain", "tp1,pp1,dp1", "job_tmp=relative/dir") == -1);
+  CHECK_THAT(last_error(), Catch::Contains("job_tmp= needs an absolute directory"));
   fake::reset(S_CTX_ALLOCATOR);
   const std::string bad = f.dir.write("bad.ini", "[policy]\ncluster = forge\nbogus = 1\n");
   fake::reset(S_CTX_ALLOCATOR);
