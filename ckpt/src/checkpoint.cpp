@@ -88,7 +88,11 @@ class Files {
 
 Checkpoint Checkpoint::open(const std::string& dir) {
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) fail(ExitCode::kUsage, "no checkpoint directory '{}'", dir);
+  if (!fs::is_directory(dir, ec)) {
+    if (ec && ec != std::errc::no_such_file_or_directory)
+      fail(ExitCode::kIo, "checkpoint directory '{}': cannot read it: {}", dir, ec.message());
+    fail(ExitCode::kUsage, "no checkpoint directory '{}'", dir);
+  }
   DirLock lock = DirLock::shared(dir);
   if (!lock.still_at(dir))
     fail(ExitCode::kData, "checkpoint '{}' was replaced or removed while opening it", dir);

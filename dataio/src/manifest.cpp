@@ -137,9 +137,12 @@ uint64_t Manifest::tokens(const std::string& split, const std::string& domain) c
 
 Manifest load_any_manifest(const std::string& dataset_dir) {
   const std::string path = (std::filesystem::path(dataset_dir) / "manifest.json").string();
-  if (!std::filesystem::exists(path))
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    if (ec) fail(ExitCode::kIo, "dataset {}: cannot read it: {}", dataset_dir, ec.message());
     fail(ExitCode::kData, "{}: no manifest.json (not a dataset, or `forge-data prepare` did not finish)",
          dataset_dir);
+  }
   Manifest m = Manifest::from_json(read_json(path), path);
   const std::string expected = m.compute_version();
   if (m.version != expected)

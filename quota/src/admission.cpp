@@ -3,6 +3,7 @@
 #include "forge/common/text.h"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -230,16 +231,42 @@ std::string number_text(double v) {
   return s;
 }
 
-// The path with symlinks resolved as far as it exists, then lexically normal: a link inside the team's
-// root that points outside it is outside. When resolving fails (a component not searchable), the lexical
-// form is all there is.
+// The path as the kernel would walk it: each component in turn, a symlink replaced by its target (read
+// with readlink, which needs only the link's own directory), '..' taken from what was reached so far. A
+// link inside the team's root to a directory the caller cannot even enter is still seen to leave the root;
+// a component that is missing or cannot be examined is taken as written.
 std::filesystem::path resolved(const std::filesystem::path& p) {
+  namespace fs = std::filesystem;
   std::error_code ec;
-  const auto abs = std::filesystem::absolute(p, ec);
-  if (ec) return p.lexically_normal();
-  auto canon = std::filesystem::weakly_canonical(abs, ec);
-  auto out = (ec ? abs : canon).lexically_normal();
-  if (!out.has_filename() && out != out.root_path()) out = out.parent_path();
+  const fs::path abs = fs::absolute(p, ec);
+  std::vector<std::string> pending;  // components still to walk, the next one last
+  const auto push = [&pending](const fs::path& path) {
+    std::vector<std::string> parts;
+    for (const auto& c : path.relative_path()) parts.push_back(c.string());
+    pending.insert(pending.end(), parts.rbegin(), parts.rend());
+  };
+  push(ec ? p : abs);
+  fs::path out = "/";
+  for (int links = 0; !pending.empty();) {
+    const std::string c = std::move(pending.back());
+    pending.pop_back();
+    if (c.empty() || c == ".") continue;
+    if (c == "..") {
+      out = out.parent_path();
+      continue;
+    }
+    const fs::path next = out / c;
+    struct stat st {};
+    if (::lstat(next.c_str(), &st) == 0 && S_ISLNK(st.st_mode) && ++links <= 40) {
+      const fs::path target = fs::read_symlink(next, ec);
+      if (!ec) {
+        if (target.is_absolute()) out = "/";
+        push(target);
+        continue;
+      }
+    }
+    out = next;
+  }
   return out;
 }
 

@@ -285,6 +285,21 @@ TEST_CASE("run_dir_violation: the team's directory, prefix tricks, symlinks and 
   // A symlink inside the root that points out of it: where the files land is outside.
   fs::create_directory_symlink(base + "/elsewhere", base + "/team-a/runs/escape");
   CHECK(run_dir_violation(p, a, alice, base + "/team-a/runs/escape/r1"));
+  // ... also when its target cannot be reached (missing here; for a user, a directory they cannot enter):
+  // the link itself says where it goes.
+  fs::create_directory_symlink(base + "/elsewhere/not-yet", base + "/team-a/runs/dangling");
+  CHECK(run_dir_violation(p, a, alice, base + "/team-a/runs/dangling/r1"));
+  fs::create_directory_symlink("../../elsewhere/not-yet", base + "/team-a/runs/relative");
+  CHECK(run_dir_violation(p, a, alice, base + "/team-a/runs/relative/r1"));
+  // '..' after a link leaves the link's target, as the kernel walks it, not the link's directory.
+  fs::create_directories(base + "/elsewhere/sub");
+  fs::create_directory_symlink(base + "/elsewhere/sub", base + "/team-a/runs/deep");
+  CHECK(run_dir_violation(p, a, alice, base + "/team-a/runs/deep/../r1"));
+  // A link inside the root to inside the root is inside; a loop ends (taken as written) instead of hanging.
+  fs::create_directory_symlink(base + "/team-a/runs", base + "/team-a/runs/self");
+  CHECK_FALSE(run_dir_violation(p, a, alice, base + "/team-a/runs/self/r1"));
+  fs::create_directory_symlink("loop", base + "/team-a/runs/loop");
+  CHECK_FALSE(run_dir_violation(p, a, alice, base + "/team-a/runs/loop/r1"));
   // A relative run.dir is taken from the working directory.
   const auto cwd = fs::current_path();
   fs::current_path(base + "/team-a");

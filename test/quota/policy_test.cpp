@@ -158,9 +158,9 @@ TEST_CASE("every user and group the policy names is kept with its line for check
     return 0;
   };
   CHECK(named("dave", "admin", "") == 20);
-  CHECK(named("carol", "approver", "team-a") == 82);
-  CHECK(named("carol", "approver", "team-b") == 92);
-  CHECK(named("forge-a", "group", "team-a") == 84);
+  CHECK(named("carol", "approver", "team-a") == 84);
+  CHECK(named("carol", "approver", "team-b") == 94);
+  CHECK(named("forge-a", "group", "team-a") == 86);
   CHECK(named("forge-b", "member", "team-b") > 0);
   for (const auto& n : p.names)
     if (n.name == "forge-a" || n.name == "forge-b") CHECK(n.group);

@@ -12,7 +12,9 @@
 #              garbage ids are refused, the controller stays up and no node is drained; the ledger shows it;
 #   after submission  alice's scontrol update of her approved job (GPUs, nodes, pool, QOS, account) is
 #              refused, a shorter time is judged against the approval it holds, dave's change is logged;
-#              the hooks' markers written into a Comment hold nothing.
+#              the hooks' markers written into a Comment hold nothing;
+#   hostile paths  bob's run.dir into team-a through '..' or a link is refused by sbatch; his jobs starting
+#              from alice's checkpoint or training on her dataset fail naming the path, no node drained.
 # Needs scripts/devcluster/up; FORGE_BUILD_DIR is the build under test.
 set -uo pipefail
 STATE=${FORGE_DEVCLUSTER_DIR:-/var/lib/forge-devcluster}
@@ -309,6 +311,53 @@ wait_s=$(($(date -d "$eligible" +%s) - $(date +%s)))
 scancel "$fake"
 echo "  a plain job with forge words in its Comment stays in Slurm's requeue delay (eligible in ${wait_s} s)"
 no_drain "changes after submission"
+
+echo "== hostile paths: bob's jobs aim at team-a's files"
+# bob trains for team-b on a dataset anyone may read (a copy), so that each job below fails on the one path
+# it aims at team-a, with the kernel's refusal naming it, and never drains a node.
+TEAM_B=$STATE/teams/team-b
+cp -r "$dataset" "$work/public-dataset" && chmod -R a+rX "$work/public-dataset"
+mkdir "$work/bob/run" && chown bob "$work/bob/run"
+bob_spec() {  # bob_spec NAME KEY=VALUE...: team-b's spec with the given keys set (sed expressions)
+  local name=$1
+  shift
+  sed -e "s|^dir = .*|dir = $TEAM_B/runs/gov-$$-$name|" -e "s|^dataset = .*|dataset = $work/public-dataset|" \
+    -e "s/^steps = .*/steps = 2/" "$@" "$SRC/configs/tiny.ini" >"$work/bob-$name.ini"
+  chmod 644 "$work/bob-$name.ini"
+  echo "$work/bob-$name.ini"
+}
+bob_train() {  # bob_train SPEC: bob's team-b training job; prints its id
+  as bob sbatch --parsable --train-team=team-b --train-tier=explore --train-layout=tp1,pp1,dp1 --train-spec="$1" \
+    -n1 --gres=gpu:1 -o "$work/bob/%j.out" -D "$work/bob" "$home/scripts/sbatch/pretrain.sbatch" "$1" --run.threads=1
+}
+expect_failed() {  # expect_failed WHAT JOB PATTERN: JOB failed and its output names PATTERN; no node drained
+  local state
+  state=$(final_state "$2")
+  [ "$state" = FAILED ] || fail "$1: job $2 ended $state: $(cat "$work/bob/$2.out")"
+  grep -qF -- "$3" "$work/bob/$2.out" || fail "$1: job $2's output does not name '$3': $(cat "$work/bob/$2.out")"
+  no_drain "$1"
+  echo "  refused ($1): job $2 FAILED: $(grep -m1 -F -- "$3" "$work/bob/$2.out" | cut -c1-140)"
+}
+# run.dir into team-a's directory through '..' and through a link in team-b's: resolved before it is judged.
+expect_refused "run.dir '..' out of team-b's directory" "is outside team team-b's directory" \
+  as bob sbatch --test-only --train-team=team-b --train-tier=explore --train-layout=tp1,pp1,dp1 \
+  --train-spec="$(bob_spec dotdot -e "s|^dir = .*|dir = $TEAM_B/runs/../../team-a/runs/gov-$$-bob|")" -n1 --gres=gpu:1 --wrap true
+as bob ln -s "$TEAM_A/runs" "$TEAM_B/runs/gov-$$-link" || fail "bob cannot make a link in team-b's runs"
+expect_refused "run.dir through a link to team-a" "is outside team team-b's directory" \
+  as bob sbatch --test-only --train-team=team-b --train-tier=explore --train-layout=tp1,pp1,dp1 \
+  --train-spec="$(bob_spec link -e "s|^dir = .*|dir = $TEAM_B/runs/gov-$$-link/bob|")" -n1 --gres=gpu:1 --wrap true
+rm -f "$TEAM_B/runs/gov-$$-link"
+# Starting from alice's checkpoint, or training on her dataset: the job runs as bob and cannot read them.
+spec=$(bob_spec init -e "s|^dir = .*|&|")
+printf '\n[ckpt]\ninit_from = %s\n' "$ckpt" >>"$spec"
+j=$(bob_train "$spec") || fail "bob's job from alice's checkpoint not submitted"
+jobs+=("$j")
+expect_failed "ckpt.init_from = alice's checkpoint" "$j" "checkpoint directory '$ckpt': cannot read it: Permission denied"
+j=$(bob_train "$(bob_spec data -e "s|^dataset = .*|dataset = $dataset|")") || fail "bob's job on alice's dataset not submitted"
+jobs+=("$j")
+expect_failed "data.dataset = alice's dataset" "$j" "dataset $dataset: cannot read it: Permission denied"
+[ ! -e "$TEAM_A/runs/gov-$$-bob" ] || fail "bob's job wrote into team-a's runs"
+rm -rf "$TEAM_B/runs/gov-$$-"*
 
 echo "== the ledger: requests, decisions, uses and jobs"
 "$BUILD/quota/forge-quota" sync >/dev/null || fail "forge-quota sync failed"
