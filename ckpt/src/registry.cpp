@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -167,6 +168,17 @@ std::optional<Manifest> read_manifest(const std::string& dir) {
 
 bool caller_can_write(const std::string& dir) {
   return ::access(dir.c_str(), W_OK | X_OK) == 0;
+}
+
+bool caller_may_see(const Release& r) {
+  if (::getuid() == 0 || ::access(r.path.c_str(), R_OK | X_OK) == 0) return true;
+  if (errno != ENOENT || r.owner_group.empty()) return false;
+  const group* g = ::getgrnam(r.owner_group.c_str());
+  if (!g) return false;
+  if (g->gr_gid == ::getgid()) return true;
+  std::vector<gid_t> groups(static_cast<size_t>(std::max(::getgroups(0, nullptr), 0)));
+  groups.resize(static_cast<size_t>(std::max(::getgroups(static_cast<int>(groups.size()), groups.data()), 0)));
+  return std::find(groups.begin(), groups.end(), g->gr_gid) != groups.end();
 }
 
 void require_caller_can_write(const std::string& run_dir) {

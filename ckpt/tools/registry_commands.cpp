@@ -28,7 +28,7 @@ constexpr const char* kRegistryUsage =
     R"(usage: forge-ckpt registry COMMAND [options]   (forge-ckpt registry COMMAND --help for its options)
 
   add [RELEASE_DIR] [--verdict FILE]   register a release (or the one the gate's verdict.json promoted)
-  list                        every release: name:version, team, step, data, gate, parent
+  list                        every release you may see: name:version, team, step, data, gate, parent
   show MODEL                  all fields of one release
   lineage MODEL               the model and its parents back to the run trained from scratch
   export MODEL --out FILE|DIR one HDF5 file (docs/CHECKPOINTS.md), recorded as the release's export
@@ -36,7 +36,8 @@ constexpr const char* kRegistryUsage =
 
 MODEL is NAME (its newest version), NAME:VERSION, or a release directory (a path with a '/').
 Every command takes --registry DB (default: $FORGE_REGISTRY, else {}).
-Only who may write a release's run directory (its team) registers it or records its export.
+Only who may write a release's run directory (its team) registers it or records its export; only who
+may read it (its team) sees it: other teams' releases are neither listed nor shown.
 exit status: 0 ok, 64 unknown model or bad option, 65 damaged registry or checkpoint, 74 I/O or a run
 directory the caller cannot write
 )";
@@ -58,7 +59,17 @@ std::string gate_word(const Json& verdict) {
 std::string parent_ref(const Registry& reg, const Release& r) {
   if (r.parent.empty()) return "";
   const auto p = reg.find_path(r.parent);
+  if (p && !caller_may_see(*p)) return "(another team's release)";
   return p ? p->ref() : r.parent;
+}
+
+// The release MODEL names, if the caller may see it; another team's is as unknown as a missing one.
+Release find_visible(const Registry& reg, const std::string& model) {
+  Release r = reg.find(model);
+  if (!caller_may_see(r))
+    fail(ExitCode::kUsage, "no model '{}' that you may see in registry '{}': it is another team's", model,
+         reg.path());
+  return r;
 }
 
 int registry_add(const Args& args) {
@@ -115,6 +126,7 @@ int registry_list(const Args& args) {
     fmt::print("{:<24} {:<12} {:>8} {:<9} {:<12} {:<4} {:<24} {}\n", "MODEL", "TEAM", "STEP", "OBJECTIVE",
                "DATASET", "GATE", "PARENT", "PATH");
   for (const Release& r : reg.list()) {
+    if (!caller_may_see(r)) continue;
     if (json) {
       fmt::print("{}\n", r.to_json().dump());
       continue;
@@ -135,7 +147,7 @@ int registry_show(const Args& args) {
   po::variables_map vm;
   if (!parse(args, desc, "model", "registry show NAME[:VERSION]|PATH [--registry DB] [--json]", vm)) return 0;
   const Registry reg = open_registry(registry_for(registry), Registry::Mode::kExisting);
-  const Release r = reg.find(model);
+  const Release r = find_visible(reg, model);
   const std::string parent = parent_ref(reg, r);
   if (vm.count("json")) {
     Json out = r.to_json();
@@ -173,7 +185,7 @@ int registry_lineage(const Args& args) {
   const Registry reg = open_registry(registry_for(registry), Registry::Mode::kExisting);
   // A path needs no entry of its own: an unregistered checkpoint's lineage comes from its manifest.
   const bool is_path = model.find('/') != std::string::npos;
-  const std::string dir = is_path ? model : reg.find(model).path;
+  const std::string dir = is_path ? model : find_visible(reg, model).path;
   const std::vector<Generation> gens = reg.lineage(dir);
   if (vm.count("json")) {
     Json out{{"model", model}, {"registry", reg.path()}, {"generations", Json::array()}};
@@ -219,7 +231,7 @@ int registry_export(const Args& args) {
   if (!parse(args, desc, "model", "registry export NAME[:VERSION]|PATH --out FILE|DIR [--params-only]", vm))
     return 0;
   Registry reg = open_registry(registry_for(registry), Registry::Mode::kExisting);
-  const Release r = reg.find(model);
+  const Release r = find_visible(reg, model);
   std::string file;
   {
     // The export is the caller's: read and written with the caller's rights and umask.

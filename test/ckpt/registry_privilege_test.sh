@@ -119,6 +119,19 @@ grep -q "the export is not recorded in the registry: only the team that owns $wo
   python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["export_path"].endswith("/priv.h5"), d' ||
   fail "nobody's export replaced the recorded one"
 
+# Another team's release (a run directory nobody cannot read) is neither listed, shown nor exported to nobody,
+# and said to be another team's rather than where it lies.
+chmod 700 "$work/run"
+out=$(as_nobody "$ckpt" registry list --registry "$work/reg/registry.db" 2>&1) || fail "registry list as nobody failed: $out"
+[ "$(wc -l <<<"$out")" -eq 1 ] && ! grep -q "priv" <<<"$out" || fail "registry list shows nobody a release it cannot read: $out"
+for cmd in show lineage; do
+  expect 64 "forge-ckpt: error: no model 'priv' that you may see in registry '$work/reg/registry.db': it is another team's" \
+    as_nobody "$ckpt" registry $cmd priv --registry "$work/reg/registry.db"
+done
+expect 64 "forge-ckpt: error: no model 'priv:1' that you may see in registry '$work/reg/registry.db': it is another team's" \
+  as_nobody "$ckpt" registry export priv:1 --registry "$work/reg/registry.db" --out "$work/nobody-out" --params-only
+"$ckpt" registry list --registry "$work/reg/registry.db" | grep -q "^priv:1 " || fail "root no longer sees the release"
+chmod 755 "$work/run"
 if findmnt -no OPTIONS -T "$ckpt_sys" | grep -qw nosuid || findmnt -no OPTIONS -T "$work" | grep -qw nosuid; then
   echo "SKIP: setgid checks: the build or temporary directory is mounted nosuid"
   echo "PASS (without the setgid checks)"

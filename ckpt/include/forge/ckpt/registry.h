@@ -89,6 +89,10 @@ bool caller_can_write(const std::string& dir);
 // kIo "user U cannot write DIR: only its team (the group that owns it) registers its releases" unless
 // caller_can_write(run_dir).
 void require_caller_can_write(const std::string& run_dir);
+// Whether the calling user may see a release in the registry: root; who may read its directory (its team);
+// once the directory is gone, the members of the group that owned it. Another team's entries (names, data,
+// gate results, paths) are not listed, shown or exported to them.
+bool caller_may_see(const Release& r);
 
 class Registry {
  public:
