@@ -177,7 +177,8 @@ bool caller_may_see(const Release& r) {
   if (!g) return false;
   if (g->gr_gid == ::getgid()) return true;
   std::vector<gid_t> groups(static_cast<size_t>(std::max(::getgroups(0, nullptr), 0)));
-  groups.resize(static_cast<size_t>(std::max(::getgroups(static_cast<int>(groups.size()), groups.data()), 0)));
+  groups.resize(
+      static_cast<size_t>(std::max(::getgroups(static_cast<int>(groups.size()), groups.data()), 0)));
   return std::find(groups.begin(), groups.end(), g->gr_gid) != groups.end();
 }
 

@@ -221,8 +221,7 @@ int cmd_admit(const std::vector<std::string>& args) {
   struct stat st {};
   if (me != 0 && !(controller && controller->pw_uid == me) &&
       (::stat(policy_path.c_str(), &st) != 0 || st.st_uid != me))
-    fail(ExitCode::kUsage, "admit is for the controller (job_submit.lua, run by root or the policy's [approval] "
-                           "controller '{}')",
+    fail(ExitCode::kUsage, "admit is for the controller (root or [approval] controller '{}')",
          policy.approval.controller);
   if (uid < 0 || uid > 4294967294LL) fail(ExitCode::kUsage, "--uid {}: expected a uid", uid);
   if (minutes < 1 || minutes > 366LL * 24 * 60)

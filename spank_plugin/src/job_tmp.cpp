@@ -33,14 +33,17 @@ std::string errno_text() {
   return std::strerror(errno);
 }
 
-// PATH is a directory (not a link) owned by UID, and, when `private_to_owner`, closed to everyone else.
-std::optional<std::string> dir_problem(const std::string& path, uid_t uid, bool private_to_owner) {
+// PATH is root's directory (not a link) with none of the `forbidden` mode bits and, if `exact` is set,
+// exactly that mode.
+std::optional<std::string> dir_problem(const std::string& path, mode_t forbidden, mode_t exact = 0) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) return path + ": " + errno_text();
   if (!S_ISDIR(st.st_mode)) return path + " is not a directory";
-  if (st.st_uid != uid) return path + " belongs to uid " + std::to_string(st.st_uid) + ", not " + std::to_string(uid);
-  if (private_to_owner ? (st.st_mode & 077) != 0 : (st.st_mode & 022) != 0)
-    return fmt::format("{} is open to others (mode {:04o})", path, st.st_mode & 07777);
+  if (st.st_uid != 0) return path + " belongs to uid " + std::to_string(st.st_uid) + ", not root";
+  const mode_t mode = st.st_mode & 07777;
+  if ((mode & forbidden) != 0 || (exact != 0 && mode != exact))
+    return fmt::format("{} has mode {:04o}, expected {}", path, mode,
+                       exact != 0 ? fmt::format("{:04o}", exact) : fmt::format("none of {:04o}", forbidden));
   return std::nullopt;
 }
 
@@ -54,16 +57,19 @@ void remove_tree(const std::string& path) {
   ::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
 }
 
-// DIR/<job> with tmp/ and shm/ of the job's user inside, made whole under a temporary name and renamed into
-// place, so that a task never sees it half made; the first task of the job on the node makes it, the others
-// find it.
-std::optional<std::string> make_job_dir(const std::string& job_dir, uid_t uid, gid_t gid) {
+// /tmp and /dev/shm as every program expects them: anyone's, sticky. They are private through the job's
+// namespace, not their mode; a root job's code sandbox, as nobody, needs the usual mode to reach its scratch.
+constexpr mode_t kScratchMode = 01777;
+
+// DIR/<job> with tmp/ and shm/ inside, made whole under a temporary name and renamed into place, so that a
+// task never sees it half made; the first task of the job on the node makes it, the others find it.
+std::optional<std::string> make_job_dir(const std::string& job_dir) {
   if (::access(job_dir.c_str(), F_OK) == 0) return std::nullopt;
   std::string staging = job_dir + ".new-XXXXXX";
   if (!::mkdtemp(staging.data())) return "cannot make " + staging + ": " + errno_text();
   for (const char* sub : {"/tmp", "/shm"}) {
     const std::string d = staging + sub;
-    if (::mkdir(d.c_str(), 0700) != 0 || ::chown(d.c_str(), uid, gid) != 0) {
+    if (::mkdir(d.c_str(), 0700) != 0 || ::chmod(d.c_str(), kScratchMode) != 0) {
       const std::string why = "cannot make " + d + ": " + errno_text();
       remove_tree(staging);
       return why;
@@ -77,19 +83,21 @@ std::optional<std::string> make_job_dir(const std::string& job_dir, uid_t uid, g
   return std::nullopt;
 }
 
-std::optional<std::string> enter(const std::string& base, uint32_t job_id, uid_t uid, gid_t gid) {
-  if (auto bad = dir_problem(base, 0, false)) return "job_tmp: " + *bad;
+std::optional<std::string> enter(const std::string& base, uint32_t job_id) {
+  if (auto bad = dir_problem(base, 022)) return "job_tmp: " + *bad;
   const std::string job_dir = base + "/" + std::to_string(job_id);
-  if (auto bad = make_job_dir(job_dir, uid, gid)) return bad;
-  // The job's user may write tmp/ and shm/, never the directory that holds them: what is bound below is
-  // what this task made or checked, not a link the user put there.
-  if (auto bad = dir_problem(job_dir, 0, true)) return bad;
+  if (auto bad = make_job_dir(job_dir)) return bad;
+  // The job may write tmp/ and shm/, never the directory that holds them: what is bound below is what this
+  // task made or checked, not a link the job put there.
+  if (auto bad = dir_problem(job_dir, 077)) return bad;
   for (const char* sub : {"/tmp", "/shm"})
-    if (auto bad = dir_problem(job_dir + sub, uid, true)) return bad;
+    if (auto bad = dir_problem(job_dir + sub, 0, kScratchMode)) return bad;
   if (::unshare(CLONE_NEWNS) != 0) return "unshare(CLONE_NEWNS): " + errno_text();
   // Slave: mounts made on the node still reach the job; the job's two binds never reach the node.
-  if (::mount(nullptr, "/", nullptr, MS_REC | MS_SLAVE, nullptr) != 0) return "making / a slave mount: " + errno_text();
-  for (const auto& [from, to] : {std::pair{job_dir + "/tmp", "/tmp"}, std::pair{job_dir + "/shm", "/dev/shm"}})
+  if (::mount(nullptr, "/", nullptr, MS_REC | MS_SLAVE, nullptr) != 0)
+    return "making / a slave mount: " + errno_text();
+  for (const auto& [from, to] :
+       {std::pair{job_dir + "/tmp", "/tmp"}, std::pair{job_dir + "/shm", "/dev/shm"}})
     if (::mount(from.c_str(), to, nullptr, MS_BIND, nullptr) != 0)
       return "binding " + from + " on " + to + ": " + errno_text();
   return std::nullopt;
@@ -100,14 +108,11 @@ std::optional<std::string> enter(const std::string& base, uint32_t job_id, uid_t
 int stepd_enter_job_tmp(spank_t sp) {
   if (!state().config || state().config->job_tmp.empty()) return 0;
   uint32_t job_id = 0;
-  uid_t uid = 0;
-  gid_t gid = 0;
-  if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS || spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS ||
-      spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS) {
-    slurm_error("forge: private /tmp: cannot read the job's id and user from Slurm");
+  if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS) {
+    slurm_error("forge: private /tmp: cannot read the job's id from Slurm");
     return -1;
   }
-  if (const auto bad = enter(state().config->job_tmp, job_id, uid, gid)) {
+  if (const auto bad = enter(state().config->job_tmp, job_id)) {
     slurm_error("forge: job %u: cannot give it a private /tmp and /dev/shm: %s", job_id, bad->c_str());
     return -1;
   }
