@@ -175,11 +175,7 @@ bool caller_may_see(const Release& r) {
   if (errno != ENOENT || r.owner_group.empty()) return false;
   const group* g = ::getgrnam(r.owner_group.c_str());
   if (!g) return false;
-  if (g->gr_gid == ::getgid()) return true;
-  std::vector<gid_t> groups(static_cast<size_t>(std::max(::getgroups(0, nullptr), 0)));
-  groups.resize(
-      static_cast<size_t>(std::max(::getgroups(static_cast<int>(groups.size()), groups.data()), 0)));
-  return std::find(groups.begin(), groups.end(), g->gr_gid) != groups.end();
+  return g->gr_gid == ::getgid() || ::group_member(g->gr_gid) != 0;
 }
 
 void require_caller_can_write(const std::string& run_dir) {

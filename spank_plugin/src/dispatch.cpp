@@ -50,8 +50,8 @@ int slurm_spank_task_init_privileged(spank_t sp, int, char**) {
   return rc != 0 ? rc : stepd_enter_job_tmp(sp);
 }
 
-// The epilog (slurmd's `slurmstepd spank epilog`) does not pass through slurm_spank_init: its arguments
-// come here. It must never fail (a failed epilog drains the node).
+// The epilog (slurmd's `slurmstepd spank epilog`) reads its configuration from its own arguments: the state
+// slurm_spank_init fills was found empty there. It must never fail (a failed epilog drains the node).
 int slurm_spank_job_epilog(spank_t sp, int ac, char** av) {
   if (spank_context() != S_CTX_JOB_SCRIPT) return 0;
   std::string why;
