@@ -6,7 +6,8 @@
 #   SNAPSHOT default: $FORGE_DEVCLUSTER_DIR/forge-quota/usage.json (the dev cluster's), which
 #            `forge-quota sync --snapshot ...` writes; tests and bench use the same path.
 #   JOB_TMP  default: $FORGE_DEVCLUSTER_DIR/tmpfs/jobs, where each dev-cluster node keeps its jobs' private
-#            /tmp and /dev/shm (root's, made by scripts/devcluster/up in the node's own tmpfs); '-': none
+#            /tmp and /dev/shm (root's, made by scripts/devcluster/up in the node's own tmpfs); '-': none,
+#            also the default for a build under /tmp or /dev/shm
 # The plugin is `required`: if it cannot load, Slurm refuses jobs rather than run them unchecked.
 set -euo pipefail
 [ $# -ge 2 ] || { echo "usage: $0 BUILD_DIR OUT [POLICY] [SNAPSHOT] [JOB_TMP]" >&2; exit 64; }
@@ -16,6 +17,16 @@ cluster_policy=${FORGE_DEVCLUSTER_DIR:-/var/lib/forge-devcluster}/forge-quota/qu
 policy=${3:-$cluster_policy}
 snapshot=${4:-${FORGE_DEVCLUSTER_DIR:-/var/lib/forge-devcluster}/forge-quota/usage.json}
 job_tmp=${5:-${FORGE_DEVCLUSTER_DIR:-/var/lib/forge-devcluster}/tmpfs/jobs}
+# The dev cluster's jobs run this build's programs on this host: a private /tmp would hide a build that lives
+# in the host's /tmp or /dev/shm, so such a build's jobs keep the node's (say so; a real cluster's jobs never
+# see a login node's /tmp anyway).
+case "$build/" in /tmp/* | /dev/shm/*)
+  if [ -z "${5:-}" ]; then
+    echo "write-plugstack: note: $build is under /tmp or /dev/shm, which jobs would not see with a private" \
+      "/tmp: no job_tmp= (jobs share the node's /tmp); build elsewhere for private job scratch" >&2
+    job_tmp=-
+  fi ;;
+esac
 if [ "$job_tmp" = - ]; then job_tmp=""; else job_tmp=" job_tmp=$job_tmp"; fi
 so=$build/spank_plugin/forge_spank.so
 [ -f "$so" ] || { echo "write-plugstack: no $so; build the forge_spank target first" >&2; exit 66; }
