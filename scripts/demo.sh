@@ -39,13 +39,13 @@ final_state() {
   done
   echo "$state"
 }
-# train_variant NAME STEPS BATCH MODEL_LINES LAYOUT PARALLEL_LINES: configs/demo.ini as run NAME (STEPS
-# steps, a recovery checkpoint halfway, BATCH sequences, the [model] lines MODEL_LINES after seq_len, then
-# [parallel] PARALLEL_LINES) on the demo dataset, submitted as team-a on the explore tier with LAYOUT
-# and no gate; sets train (its job id) once it has completed.
+# train_variant NAME STEPS BATCH MODEL_LINES LAYOUT PARALLEL_LINES [IMAGE]: configs/demo.ini as run NAME
+# (STEPS steps, a recovery checkpoint halfway, BATCH sequences, the [model] lines MODEL_LINES after seq_len,
+# then [parallel] PARALLEL_LINES; every rank in IMAGE when given) on the demo dataset, submitted as team-a
+# on the explore tier with LAYOUT and no gate; sets train (its job id) once it has completed.
 train_variant() {
-  local name=$1 steps=$2 batch=$3 model=$4 layout=$5 parallel=$6
-  sed -e "s|^dir = .*|dir = $work/runs/$name|" -e "s|^dataset = .*|dataset = $work/dataset|" \
+  local name=$1 steps=$2 batch=$3 model=$4 layout=$5 parallel=$6 image=${7:-}
+  sed -e "s|^dir = .*|dir = $work/runs/$name${image:+\\nimage = $image}|" -e "s|^dataset = .*|dataset = $work/dataset|" \
     -e "s/^name = .*/name = $name/" -e "s/^steps = .*/steps = $steps/" \
     -e "s/^milestone_every = .*/milestone_every = $steps/" -e "s/^recovery_every = .*/recovery_every = $((steps / 2))/" \
     -e "s/^batch = .*/batch = $batch/" -e "s/^seq_len = .*/$model/" "$root/configs/demo.ini" > "$work/$name.ini"
@@ -571,12 +571,24 @@ for m in l["moe"]:
 PY
 "$bin/launcher/forge-train" report "$moe_run" >/dev/null
 
-stage "long context: 2048-token sequences shared out over two ranks (context parallelism, ring attention)"
+stage "container image: the programs and the Debian packages of their libraries as an OCI bundle (forge-image)"
+# The image pins the run's software: the build's forge-* programs and the files of the ~100 Debian packages
+# their libraries come from, at this machine's versions. Its digest (sha256 of the manifest of every file)
+# goes into each checkpoint the run writes and into the registry (docs/IMAGES.md).
+image_digest=$("$root/scripts/forge-image" build --build-dir "$bin" "$work/image" 2>/dev/null | tail -n1)
+echo "image $work/image: $(du -sm "$work/image" | cut -f1) MiB, $(grep -c '^    "' "$work/image/rootfs/etc/forge-image.json") programs and packages, $image_digest"
+
+stage "long context in the image: 2048-token sequences shared out over two ranks (context parallelism, ring attention)"
 # parallel.cp = 2: each sequence in 4 chunks, each rank holding 2 (load-balanced under the causal mask);
 # key/value chunks pass between the ranks while each computes, and packed documents span them. Full
 # activation recompute: each block keeps only its input and runs its forward again before its backward.
+# run.image: each rank is started inside the image by the node's OCI runtime (crun, from oci.conf).
 long_run=$work/runs/long
-train_variant long $((fast ? 10 : 30)) 1 'seq_len = 2048\nrecompute = full' tp1,pp1,dp1,cp2 'cp = 2'
+train_variant long $((fast ? 10 : 30)) 1 'seq_len = 2048\nrecompute = full' tp1,pp1,dp1,cp2 'cp = 2' "$work/image"
+grep -h "every rank runs in image" "$work"/forge-*-"$train".out
+grep -q "\"image\": \"$image_digest\"" "$long_run"/checkpoints/milestone/step-*/manifest.json ||
+  { echo "demo: the long-context checkpoint does not record the image" >&2; exit 1; }
+echo "its checkpoints record the image: $image_digest"
 python3 - "$long_run/metrics/rank-0.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]

@@ -34,6 +34,7 @@ packages=(
   python3-torch                       # the PyTorch references the Hugging Face import/export tests run
   python3-pil python3-numpy           # the image reference of the dataio tests (PIL's decoders and resize)
   bubblewrap                          # the evaluation gate's sandbox for candidate programs (bwrap)
+  crun                                # the OCI runtime Slurm runs a job's image with (oci.conf; docs/IMAGES.md)
   lua5.1                              # runs job_submit.lua in its test (Slurm's job_submit_lua.so links Lua 5.1)
   prometheus                          # promtool checks the textfile-collector output (the server is not started)
 )

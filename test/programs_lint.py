@@ -9,9 +9,11 @@ each target of `programs`). Collected from scripts/, configs/, docs/ and README.
     path must be one of the list's;
   - `forge_bin NAME` (scripts/sbatch/common.sh's lookup) and `forge-NAME ARGS` at a command's place (a
     line's or a code span's start, after |, &&, ;, $(, srun/runuser/sudo and their options): the name
-    must be a program of the list. A name alone in a code span (`forge-a`, a group) is not a command.
+    must be a program of the list or an executable script scripts/forge-NAME (forge-image). A name alone
+    in a code span (`forge-a`, a group) is not a command.
 Prints one line per offender (file:line: what, and what to do) and exits 1 when there is any.
 """
+import os
 import pathlib
 import re
 import sys
@@ -43,6 +45,7 @@ def main():
     root, listing = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
     paths = {line.strip() for line in listing.read_text().splitlines() if line.strip()}
     names = {pathlib.PurePath(p).name for p in paths}
+    names |= {p.name for p in (root / "scripts").glob("forge-*") if p.is_file() and os.access(p, os.X_OK)}
     offenders = []
     for doc in documents(root):
         try:
@@ -68,10 +71,10 @@ def main():
     if offenders:
         print(f"{len(offenders)} invocation(s) of programs not built by `cmake --build <build> --target programs`: "
               f"add the program to FORGE_PROGRAMS (CMakeLists.txt) or correct the name "
-              f"(the target builds: {', '.join(sorted(names))})")
+              f"(known: {', '.join(sorted(names))})")
         return 1
     print(f"programs lint: every invocation in scripts/, configs/, docs/ and README.md is one of the "
-          f"{len(names)} programs the target builds")
+          f"{len(names)} programs the target builds or scripts/ holds")
     return 0
 
 

@@ -23,8 +23,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// 1: the first; 2: owner_group; 3: origin.
-constexpr int kSchemaVersion = 3;
+// 1: the first; 2: owner_group; 3: origin; 4: image.
+constexpr int kSchemaVersion = 4;
 
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS releases (
@@ -34,7 +34,8 @@ CREATE TABLE IF NOT EXISTS releases (
   tokenizer_sha256 TEXT NOT NULL, spec_hash TEXT NOT NULL, parent TEXT NOT NULL,
   parent_id INTEGER REFERENCES releases(id), lineage TEXT NOT NULL, verdict TEXT NOT NULL,
   metrics TEXT NOT NULL, export_path TEXT NOT NULL, registered_unix REAL NOT NULL,
-  owner_group TEXT NOT NULL DEFAULT '', origin TEXT NOT NULL DEFAULT 'null', UNIQUE (name, version));
+  owner_group TEXT NOT NULL DEFAULT '', origin TEXT NOT NULL DEFAULT 'null', image TEXT NOT NULL DEFAULT '',
+  UNIQUE (name, version));
 CREATE INDEX IF NOT EXISTS releases_source ON releases(source);
 CREATE INDEX IF NOT EXISTS releases_parent ON releases(parent);
 )sql";
@@ -42,7 +43,7 @@ CREATE INDEX IF NOT EXISTS releases_parent ON releases(parent);
 constexpr const char* kColumns =
     "id,name,version,path,source,team,run_dir,objective,step,train_jobs,promote_job,dataset_version,"
     "tokenizer_sha256,spec_hash,parent,parent_id,lineage,verdict,metrics,export_path,registered_unix,owner_"
-    "group,origin";
+    "group,origin,image";
 
 // How the registry's SQLite failures read (forge/common/sqlite.h): a damaged file is kData, the rest kIo.
 sqlite::Errors registry_errors() {
@@ -125,7 +126,7 @@ void check_name(const std::string& name) {
 Generation generation_of(const Release& r) {
   return Generation{
       r.ref(),     r.path, r.run_dir, r.step, r.objective, r.dataset_version, r.tokenizer_sha256,
-      r.spec_hash, true,   r.origin};
+      r.spec_hash, true,   r.origin,  r.image};
 }
 
 // The directory whose writers own a checkpoint: its run's, or, for a model imported from elsewhere (which
@@ -215,7 +216,8 @@ Json Release::to_json() const {
               {"metrics", metrics},
               {"export_path", export_path},
               {"registered_unix", registered_unix},
-              {"origin", origin}};
+              {"origin", origin},
+              {"image", image}};
 }
 
 Json Generation::to_json() const {
@@ -228,7 +230,8 @@ Json Generation::to_json() const {
               {"tokenizer_sha256", tokenizer_sha256},
               {"spec_hash", spec_hash},
               {"on_disk", on_disk},
-              {"origin", origin}};
+              {"origin", origin},
+              {"image", image}};
 }
 
 Registry::Registry(const std::string& path, Mode mode) : path_(path) {
@@ -283,6 +286,8 @@ Registry::Registry(const std::string& path, Mode mode) : path_(path) {
       db_->exec("ALTER TABLE releases ADD COLUMN owner_group TEXT NOT NULL DEFAULT ''", "schema upgrade");
     if (!has_column("origin"))
       db_->exec("ALTER TABLE releases ADD COLUMN origin TEXT NOT NULL DEFAULT 'null'", "schema upgrade");
+    if (!has_column("image"))
+      db_->exec("ALTER TABLE releases ADD COLUMN image TEXT NOT NULL DEFAULT ''", "schema upgrade");
     db_->exec(fmt::format("PRAGMA user_version={}", kSchemaVersion), "schema version");
   }
   tx.commit();
@@ -323,6 +328,7 @@ std::vector<Release> Registry::select(const std::string& where,
     r.registered_unix = s.real(20);
     r.owner_group = s.text(21);
     r.origin = json_column(s, 22, path_);
+    r.image = s.text(23);
     out.push_back(std::move(r));
   }
   return out;
@@ -359,6 +365,7 @@ Release Registry::add(const std::string& release_dir, const RegisterOptions& opt
   r.tokenizer_sha256 = str(m.meta.extra, "tokenizer_sha256");
   r.spec_hash = m.meta.spec_hash;
   r.lineage = m.meta.extra.value("lineage", Json());
+  r.image = str(m.meta.extra, "image");
   if (const std::string parent = str(r.lineage, "parent"); !parent.empty()) r.parent = normal_path(parent);
   r.verdict = m.promotion.is_object() ? m.promotion.value("verdict", Json()) : Json();
   if (r.verdict.is_object() && r.verdict.contains("domains")) r.metrics = r.verdict.at("domains");
@@ -394,17 +401,18 @@ Release Registry::add(const std::string& release_dir, const RegisterOptions& opt
   Stmt up(*db_,
           "INSERT INTO releases (name,version,path,source,team,run_dir,objective,step,train_jobs,promote_job,"
           "dataset_version,tokenizer_sha256,spec_hash,parent,parent_id,lineage,verdict,metrics,export_path,"
-          "registered_unix,owner_group,origin) VALUES "
+          "registered_unix,owner_group,origin,image) VALUES "
           "(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,"
-          "?18,?19,?20,?21,?22) ON CONFLICT(path) DO UPDATE SET "
+          "?18,?19,?20,?21,?22,?23) ON CONFLICT(path) DO UPDATE SET "
           "source=?4,team=?5,run_dir=?6,objective=?7,step=?8,"
           "train_jobs=?9,promote_job=?10,dataset_version=?11,tokenizer_sha256=?12,spec_hash=?13,parent=?14,"
-          "parent_id=?15,lineage=?16,verdict=?17,metrics=?18,owner_group=?21,origin=?22");
+          "parent_id=?15,lineage=?16,verdict=?17,metrics=?18,owner_group=?21,origin=?22,image=?23");
   up.bind(1, r.name).bind(2, r.version).bind(3, r.path).bind(4, r.source).bind(5, r.team).bind(6, r.run_dir);
   up.bind(7, r.objective).bind(8, r.step).bind(9, Json(r.train_jobs).dump()).bind(10, r.promote_job);
   up.bind(11, r.dataset_version).bind(12, r.tokenizer_sha256).bind(13, r.spec_hash).bind(14, r.parent);
   up.bind(15, r.parent_id).bind(16, r.lineage.dump()).bind(17, r.verdict.dump()).bind(18, r.metrics.dump());
   up.bind(19, r.export_path).bind(20, r.registered_unix).bind(21, r.owner_group).bind(22, r.origin.dump());
+  up.bind(23, r.image);
   up.step();
   // Children registered before their parent get their link now.
   Stmt link(*db_,
@@ -491,7 +499,8 @@ std::vector<Generation> Registry::lineage(const std::string& checkpoint_dir) con
                      str(m->meta.extra, "tokenizer_sha256"),
                      m->meta.spec_hash,
                      true,
-                     m->meta.extra.value("origin", Json())};
+                     m->meta.extra.value("origin", Json()),
+                     str(m->meta.extra, "image")};
       next = m->meta.extra.value("lineage", Json());
     } else if (record.is_object()) {
       g.path = path;

@@ -163,6 +163,7 @@ int registry_show(const Args& args) {
              or_dash(r.promote_job));
   fmt::print("dataset      {}\ntokenizer    {}\nspec hash    {}\n", or_dash(r.dataset_version),
              or_dash(r.tokenizer_sha256), or_dash(r.spec_hash));
+  fmt::print("image        {}\n", r.image.empty() ? "- (the nodes' software)" : r.image);
   fmt::print("parent       {}\n", parent.empty() ? "- (trained from scratch)" : parent);
   fmt::print("gate         {}\n", gate_word(r.verdict));
   if (r.metrics.is_object())
@@ -216,6 +217,7 @@ int registry_lineage(const Args& args) {
                  g.origin.contains("model_id") ? ", model " + g.origin["model_id"].get<std::string>() : "",
                  g.origin.contains("revision") ? " at " + g.origin["revision"].get<std::string>() : "",
                  g.origin.value("files", Json::object()).size());
+    if (!g.image.empty()) fmt::print("  trained in image {}\n", g.image);
   }
   return 0;
 }

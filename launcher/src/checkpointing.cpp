@@ -2,6 +2,7 @@
 
 #include "forge/ckpt/resume.h"
 #include "forge/common/error.h"
+#include "forge/common/image.h"
 #include "forge/trainer/checkpoint_io.h"
 #include "forge/trainer/hf.h"
 #include "forge/trainer/metrics.h"
@@ -131,6 +132,7 @@ RunCheckpoints::RunCheckpoints(const Config& config, const trainer::TrainSpec& s
       tokenizer_(data.tokenizer()),
       init_from_(config.get<std::string>("ckpt.init_from")),
       init_vision_from_(config.get<std::string>("ckpt.init_vision_from")),
+      image_(running_image_digest()),
       coord_(*trainer.groups().world),
       saver_(coord_, saver_options(config, spec, trainer.held_model().backend())) {
   // Each logical element is written by one rank (trainer::SaveRole).
@@ -293,6 +295,14 @@ int64_t RunCheckpoints::load(const ckpt::Checkpoint& checkpoint, const char* ver
         "{} was trained in {} on {}; continuing in {} on {} from its FP32 master weights and moments",
         checkpoint.dir(), saved_dtype, saved_device, dtype, device);
   lineage_ = m.meta.extra.value("lineage", Json());
+  // Another image is other software (libraries, the programs themselves): said, not refused.
+  const std::string saved_image = m.meta.extra.value("image", std::string());
+  if (saved_image != image_) {
+    auto where = [](const std::string& d) {
+      return d.empty() ? std::string("outside any image") : "in image " + d;
+    };
+    spdlog::warn("{} was trained {}; this run is {}", checkpoint.dir(), where(saved_image), where(image_));
+  }
   loaded_outcome_ = m.meta.extra.value(kStepOutcome, Json());
   trainer_.optimizer().restore_steps(m.meta.step);
   trainer_.optimizer().set_moment_steps_before(m.meta.extra.value(kMomentStepsBefore, int64_t{0}));
@@ -343,6 +353,8 @@ ckpt::CheckpointMeta RunCheckpoints::meta(const trainer::StepStats& stats, int64
   // The resolved spec itself, so a resume with another spec can say which keys differ (spec_check.h).
   m.extra["spec"] = config_.values();
   if (!lineage_.is_null()) m.extra["lineage"] = lineage_;
+  // Which software computed the weights: the image's digest (docs/IMAGES.md); none outside an image.
+  if (!image_.empty()) m.extra["image"] = image_;
   // Which tokenizer the weights speak: a run that uses this model as a teacher checks it (teacher.h).
   m.extra["tokenizer_sha256"] = tokenizer_;
   // What computed the weights (the tensors are FP32 master weights and moments whatever it was).

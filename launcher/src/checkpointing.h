@@ -83,6 +83,8 @@ class RunCheckpoints {
   // its own lineage; with ckpt.init_vision_from, "vision_from": the tower's origin (trainer::
   // load_hf_vision_tower). Kept in every checkpoint's manifest (extra.lineage) and carried across resumes.
   Json lineage_;
+  // The digest of the image the ranks run in ("" outside one): every checkpoint records it (extra.image).
+  std::string image_;
   Json loaded_outcome_;
   ckpt::TierPolicy tiers_;
   comm::CommCoordinator coord_;

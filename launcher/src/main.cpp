@@ -3,6 +3,7 @@
 // forge-train report RUN_DIR
 // forge-train trace-merge TRACE_DIR
 // forge-train failure RUN_DIR --exit RC [--srun-log FILE] [--lost-node NODE ...] [--max-comm-retries N]
+// forge-train in-image IMAGE PROGRAM [ARGS...]
 // Trains a GPT from a job spec on every rank of the job (srun --mpi=pmix, mpirun, or one process), or reports
 // on a run directory. Exit codes: docs/ARCHITECTURE.md (64 bad spec, 65 bad data, 69 hang, 71 non-finite
 // loss, 74 I/O, 75 preempted).
@@ -11,10 +12,12 @@
 #include "forge/comm/bootstrap.h"
 #include "forge/common/config.h"
 #include "forge/common/error.h"
+#include "forge/common/image.h"
 #include "forge/common/local_rank.h"
 #include "forge/common/log.h"
 #include "forge/common/trace.h"
 #include "forge/trainer/spec.h"
+#include "in_image.h"
 #include "plan.h"
 #include "report.h"
 #include "train_run.h"
@@ -36,6 +39,7 @@ constexpr const char* kUsage =
     "       forge-train trace-merge TRACE_DIR\n"
     "       forge-train failure RUN_DIR --exit RC [--srun-log FILE] [--lost-node NODE ...] "
     "[--max-comm-retries N]\n"
+    "       forge-train in-image IMAGE PROGRAM [ARGS...]\n"
     "  Trains a GPT from the job spec; every key can be overridden as --section.key=value.\n"
     "  --print-config  print the resolved spec (and its hash) and exit\n"
     "  --plan          validate the spec and print, without allocating, what it asks of every rank at its\n"
@@ -53,6 +57,8 @@ constexpr const char* kUsage =
     "  trace-merge: puts the rank-*.json of TRACE_DIR on one timeline again (merged.json).\n"
     "  failure: for the batch scripts, after the step: completes RUN_DIR/failures/<job>-<restart>.json\n"
     "  and prints what to do (class, requeue, drain, deep_check, advice) as key=value lines.\n"
+    "  in-image: for the batch scripts, as one task of a step: runs PROGRAM inside the OCI bundle IMAGE\n"
+    "  (forge-image build) through the runtime of the node's oci.conf (docs/IMAGES.md).\n"
     "  Exit: 0 done, 64 bad spec, 65 bad data, 69 no progress (guard.watchdog_s), 71 non-finite loss\n"
     "  beyond [guard], 74 I/O failure, 75 preempted (checkpoint saved; requeue); every other exit\n"
     "  leaves <run.dir>/failures/<job>-<restart>.json with its class, suspects and evidence.\n";
@@ -83,6 +89,8 @@ int train_command(const forge::Config& config, bool print_config, bool force_new
     fmt::print("# spec hash {}\n{}", config.hash(), config.to_ini());
     return 0;
   }
+  // Before MPI starts: a rank outside the image the job asked for would start it from other libraries.
+  forge::check_running_image(config.get<std::string>("run.image"));
   boot = forge::comm::bootstrap();
   // FORGE_LOG_LEVEL (trace..off) and FORGE_LOG_ALL_RANKS=1 for debugging (scripts/sbatch/debug.sh).
   const char* level = std::getenv("FORGE_LOG_LEVEL");
@@ -112,6 +120,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (argc >= 2 && std::string(argv[1]) == "failure") return forge::launcher::failure_command(argc, argv);
+    if (argc >= 2 && std::string(argv[1]) == "in-image") return forge::launcher::in_image_command(argc, argv);
     if (argc >= 2 && std::string(argv[1]) == "trace-merge") {
       if (argc != 3)
         forge::fail(forge::ExitCode::kUsage,

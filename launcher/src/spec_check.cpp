@@ -21,8 +21,10 @@ bool may_change_on_resume(const std::string& key) {
   // What the run trains is the model, data and optimizer; how long, on how many threads or ranks
   // (checkpoints reshard), on which device and in which precision (checkpoints hold FP32 master weights
   // and moments whatever computed them: a change is one warning line at resume), where, through which
-  // node-local cache, and how it is checkpointed, guarded and traced may change.
+  // node-local cache, in which image (a change is one warning line at resume), and how it is checkpointed,
+  // guarded and traced may change.
   static const char* const kKeys[] = {"run.steps",
+                                      "run.image",
                                       "run.threads",
                                       "run.peak_gflops",
                                       "run.memory_per_rank_gib",

@@ -50,6 +50,11 @@ forge_run_step() {
   # srun step, so pass it on and keep waiting for the step to save its checkpoint and exit.
   trap 'echo "forge: caught USR1/TERM, asking ranks to checkpoint and stop"; FORGE_JOB_SIGNALLED=1
     kill -USR1 "$step_pid" 2>/dev/null' USR1 TERM
+  # In an image (forge_use_image) each task is `forge-train in-image`, which starts the program's copy in
+  # the image through the node's OCI runtime.
+  if [ -n "${FORGE_IMAGE:-}" ]; then
+    set -- "$(forge_bin forge-train)" in-image "$FORGE_IMAGE" "/opt/forge/bin/$(basename "$1")" "${@:2}"
+  fi
   srun --mpi="${FORGE_SRUN_MPI:-pmix}" --kill-on-bad-exit=1 "$@" 2> >(tee -a "$FORGE_STEP_LOG" >&2) &
   step_pid=$!
   FORGE_STEP_RC=0
@@ -185,9 +190,30 @@ forge_finish() {
   exit "$rc"
 }
 
-# forge_run_dir SPEC [OVERRIDES...]: the run directory the spec resolves to (forge-train --print-config).
-forge_run_dir() {
-  "$(forge_bin forge-train)" "$@" --print-config 2>/dev/null | awk -F' = ' '
+# forge_spec_value SECTION.KEY SPEC [OVERRIDES...]: the key's value in the resolved spec (forge-train
+# --print-config).
+forge_spec_value() {
+  local key=$1
+  shift
+  "$(forge_bin forge-train)" "$@" --print-config 2>/dev/null | awk -F' = ' -v section_key="$key" '
     /^\[/ { section = substr($0, 2, length($0) - 2) }
-    section == "run" && $1 == "dir" { print $2 }'
+    section "." $1 == section_key { print $2 }'
+}
+
+# forge_run_dir SPEC [OVERRIDES...]: the run directory the spec resolves to.
+forge_run_dir() { forge_spec_value run.dir "$@"; }
+
+# forge_use_image SPEC [OVERRIDES...]: when the spec names run.image, checks the image before any rank
+# starts (forge-image check: an image of ours, with this build's programs, and the node's OCI runtime;
+# it exits 64, 66 or 69 naming what is wrong, and so does the job) and exports FORGE_IMAGE and
+# FORGE_IMAGE_DIGEST: forge_run_step then starts every rank inside it, and each rank checks it runs there.
+forge_use_image() {
+  local image digest rc=0
+  image=$(forge_spec_value run.image "$@")
+  [ -n "$image" ] || return 0
+  digest=$("${FORGE_HOME:-$SLURM_SUBMIT_DIR}/scripts/forge-image" check "$image" \
+    ${FORGE_BUILD_DIR:+--build-dir "$FORGE_BUILD_DIR"}) || rc=$?
+  [ "$rc" -eq 0 ] || { echo "forge: run.image: the job cannot start in $image (exit $rc)"; exit "$rc"; }
+  export FORGE_IMAGE=$image FORGE_IMAGE_DIGEST=$digest
+  echo "forge: every rank runs in image $image ($digest)"
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Who may write the model registry (docs/CHECKPOINTS.md, "Registry"): only who may write a release's run
 # directory registers it (exit 74 naming the user otherwise); a new registry is made 0660 with its -wal and
-# -shm kept; a registry of schema version 1 gains owner_group and origin. As root, also a setgid copy of forge-ckpt
+# -shm kept; a registry of schema version 1 gains owner_group, origin and image. As root, also a setgid copy of forge-ckpt
 # (AT_SECURE), built with a system registry under the build directory: it refuses any other registry (64),
 # wants the registry's files made by root (74), and lets a user register releases only from run
 # directories that user may write, without ever owning a file of the registry.
@@ -54,7 +54,7 @@ done
   fail "registry export failed"
 [ "$(stat -c %a "$work/priv.h5")" = 644 ] || fail "the export is mode $(stat -c %a "$work/priv.h5"), expected 644"
 
-# A registry of schema version 1 (no owner_group, no origin) is brought up to date, its entries kept.
+# A registry of schema version 1 (no owner_group, origin or image) is brought up to date, its entries kept.
 python3 - "$work/v1.db" "$release" <<'PY' || fail "could not write a version 1 registry"
 import sqlite3, sys
 db = sqlite3.connect(sys.argv[1])
@@ -75,10 +75,11 @@ db.execute("INSERT INTO releases VALUES (1,'old',1,'/x/old/checkpoints/release/s
 db.commit()
 PY
 "$ckpt" registry show old:1 --registry "$work/v1.db" | grep -qx "owner group  -" || fail "the version 1 entry reads wrong"
-[ "$(python3 -c 'import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute("PRAGMA user_version").fetchone()[0])' "$work/v1.db")" = 3 ] ||
-  fail "the version 1 registry was not brought to version 3"
-"$ckpt" registry show old:1 --registry "$work/v1.db" --json | python3 -c 'import json,sys; assert json.load(sys.stdin)["origin"] is None' ||
-  fail "the version 1 entry gained an origin"
+[ "$(python3 -c 'import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute("PRAGMA user_version").fetchone()[0])' "$work/v1.db")" = 4 ] ||
+  fail "the version 1 registry was not brought to version 4"
+"$ckpt" registry show old:1 --registry "$work/v1.db" --json |
+  python3 -c 'import json,sys; d = json.load(sys.stdin); assert d["origin"] is None and d["image"] == "", d' ||
+  fail "the version 1 entry gained an origin or an image"
 "$ckpt" registry add "$release" --registry "$work/v1.db" --json >"$work/v1-add.json" || fail "registry add into the upgraded registry failed"
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["ref"] == "priv:1" and d["owner_group"] == sys.argv[2], d' \
   "$work/v1-add.json" "$my_group" || fail "registry add into the upgraded registry: $(cat "$work/v1-add.json")"

@@ -22,6 +22,9 @@ namespace forge::trainer {
 void add_trainer_keys(ConfigSchema& s) {
   s.add<std::string>("run.name", "run", "run name (metrics, summary)")
       .add<std::string>("run.dir", "runs/run", "run directory: metrics/, summary.json")
+      .add<std::string>("run.image", "",
+                        "container image every rank runs in: an OCI bundle made by forge-image build; the "
+                        "batch scripts start the ranks in it (docs/IMAGES.md); empty: the node's software")
       .add<int64_t>("run.steps", 100, "optimizer steps to train")
       .add<int64_t>("run.seed", 1234, "seed of initialization and synthetic data")
       .add<int>("run.threads", 0, "CPU threads (0: SLURM_CPUS_PER_TASK, else all cores)")

@@ -56,6 +56,7 @@ struct Release {
   std::string export_path;           // the newest export; "" when never exported
   double registered_unix = 0;
   Json origin;  // a model imported from elsewhere: where from (extra.origin; null for a model trained here)
+  std::string image;  // the digest of the image its ranks ran in (extra.image; docs/IMAGES.md); "" for none
 
   std::string ref() const { return name + ":" + std::to_string(version); }
   Json to_json() const;
@@ -79,6 +80,7 @@ struct Generation {
   std::string spec_hash;
   bool on_disk = true;  // false: known only from its child's lineage record (run, objective unknown)
   Json origin;          // imported: the directory, model id, revision and file hashes it came from
+  std::string image;    // the digest of the image that trained it; "" outside an image (or unknown)
 
   Json to_json() const;
 };
