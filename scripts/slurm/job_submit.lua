@@ -420,7 +420,10 @@ function check.admit(job, c, uid, policy, layout, approval)
   local verdict, why = run_checker(checker, args)
   if not verdict then
     slurm.log_error("%s", "forge job_submit: approval checker failed: " .. why)
-    return "the admission checker failed; ask an admin (slurmctld log)"
+    -- Its own error line says what it could not do (a policy it cannot read names the file).
+    local said = why:match("forge%-quota: error: ([^\n]*)")
+    return "the admission checker failed" .. (said and (": " .. said:sub(1, 200)) or "") ..
+      "; ask an admin (slurmctld log)"
   end
   if not verdict.admit then return verdict.message end
   if verdict.partition ~= "-" and verdict.partition ~= "" then job.partition = verdict.partition end

@@ -5,7 +5,8 @@
 #   pools      alice prepares a dataset with scripts/sbatch/prepare.sbatch on the data partition and trains
 #              on it in team-a's directory; a training tier on the eval partition is refused;
 #   isolation  bob cannot read alice's checkpoints, submit as team-a (not even past the plugin with a
-#              forged environment), see her jobs in squeue or sacct, her job's /tmp or /dev/shm, or approve;
+#              forged environment; with the policy unreadable to slurmctld no forged job passes), see her
+#              jobs in squeue or sacct, her job's /tmp or /dev/shm, or approve;
 #              a run.dir outside the team's directory fails the job at start without draining the node;
 #   approval   a large job is refused with the request command in the message; approved by carol it runs
 #              once; a second use, an expired id, another team's id, a forged policy or environment and
@@ -151,6 +152,31 @@ chmod 644 "$work"/forger*
 forged() { local user=$1; shift; as "$user" env SLURM_CONF="$work/forger.conf" "$@"; }
 expect_refused "bob forges the plugin's choices" "not a member" \
   forged bob FORGED_TEAM=team-a FORGED_TIER=explore FORGED_LAYOUT=tp1,pp1,dp1 sbatch --test-only -n1 --gres=gpu:1 --wrap true
+# The same forgery while slurmctld cannot read the policy: refused, naming the file (fail closed), not judged
+# on what the plugin sent: by the checker it runs while job_submit.lua still holds the policy it read last
+# (at most 30 s), then by job_submit.lua itself. The check asks until each shows, and after the policy is
+# readable again, until jobs pass again.
+policy_file=$(readlink -f "$(sed -n 's/.* policy=\([^ ]*\).*/\1/p' "$STATE/etc/plugstack.conf" | head -n1)")
+policy_mode=$(stat -c %a "$policy_file")
+[ "$(stat -c %u "$policy_file")" = 0 ] || fail "the policy $policy_file is not root's"
+trap 'chmod "$policy_mode" "$policy_file"; scancel "${jobs[@]}" 2>/dev/null; rm -rf "$work"; rm -rf "$TEAM_A/runs/gov-$$" "$TEAM_A/datasets/gov-$$"' EXIT
+forge_alice_choices() {
+  forged alice FORGED_TEAM=team-a FORGED_TIER=explore FORGED_LAYOUT=tp1,pp1,dp1 sbatch --test-only -n1 --gres=gpu:1 --wrap true 2>&1
+}
+chmod 600 "$policy_file"
+for i in $(seq 1 40); do
+  if out=$(forge_alice_choices); then fail "a forged job passed while slurmctld cannot read the policy: $out"; fi
+  grep -q "slurmctld cannot read the admission policy $policy_file" <<<"$out" && break
+  grep -q "the admission checker failed: cannot read the system policy" <<<"$out" ||
+    fail "a forged job while slurmctld cannot read the policy, refused without naming it: $out"
+  [ "$i" -lt 40 ] || fail "job_submit.lua did not notice the unreadable policy within 40 s"
+  sleep 1
+done
+echo "refused as expected: forged choices while the controller cannot read the policy (each refusal names it)"
+chmod "$policy_mode" "$policy_file"
+for _ in $(seq 1 40); do forge_alice_choices >/dev/null && break; sleep 1; done
+forge_alice_choices >/dev/null || fail "the controller does not accept jobs again once the policy is readable"
+no_drain "an unreadable policy"
 held=$(as alice sbatch --parsable -H -A team-a -t 1 -o /dev/null --wrap true) || fail "alice's held job not submitted"
 jobs+=("$held")
 [ -n "$(as alice squeue -h -j "$held" -o %i)" ] || fail "alice cannot see her own job $held"

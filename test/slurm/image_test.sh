@@ -6,8 +6,8 @@
 #            every user may write, one with other programs than the job's build (64), a node whose oci.conf
 #            names a runtime that is not installed (69): each refused by name before any rank starts, and
 #            a job of bob's naming alice's image fails the same way, no node drained;
-#   train    alice's 2-rank job with run.image runs every rank in the image (through oci.conf's crun) with
-#            the losses of the same job outside it; its checkpoints record the image's digest;
+#   train    alice's 16-rank job on two nodes with run.image runs every rank in the image (through
+#            oci.conf's crun) with the losses of the same job outside it; its checkpoints record the digest;
 #   resume   the run resumed in another image says so with both digests, and trains on; its release's
 #            registry entry and lineage name the image.
 # Needs scripts/devcluster/up (with crun: scripts/install-deps.sh); FORGE_BUILD_DIR is the build under test.
@@ -91,13 +91,15 @@ expect_exit "a rank outside its image" 64 "runs outside any image" \
   "$BUILD/launcher/forge-train" "$work/tiny.ini" --run.dir="$work/outside" --run.image="$work/image" --run.steps=1
 
 # --- train in the image --------------------------------------------------------------------------------
-args=(--run.threads=1 --parallel.dp=2 --data.batch=2 --ckpt.recovery_every=3 --ckpt.milestone_every=0)
-submit() {  # submit USER NAME ARGS...: a 2-rank training job; prints its id
+# 16 ranks on two nodes: containers on one node and across nodes bootstrap MPI together (PMIx).
+args=(--run.threads=1 --parallel.dp=16 --data.batch=16 --model.d_model=32 --model.seq_len=32
+  --ckpt.recovery_every=3 --ckpt.milestone_every=0)
+submit() {  # submit USER NAME ARGS...: a 16-rank training job on two nodes; prints its id
   local user=$1 name=$2
   shift 2
-  as "$user" sbatch --parsable --train-team="team-${user:0:1}" --train-tier=explore --train-layout=tp1,pp1,dp2 \
-    -N1 -n2 --gres=gpu:2 -o "$work/$user/$name-%j.out" -D "$work/$user" "$home/scripts/sbatch/pretrain.sbatch" \
-    "$work/tiny.ini" "${args[@]}" "$@"
+  as "$user" sbatch --parsable --train-team="team-${user:0:1}" --train-tier=explore --train-layout=tp1,pp1,dp16 \
+    -N2 --ntasks-per-node=8 --gres=gpu:8 -o "$work/$user/$name-%j.out" -D "$work/$user" \
+    "$home/scripts/sbatch/pretrain.sbatch" "$work/tiny.ini" "${args[@]}" "$@"
 }
 wait_job() {  # wait_job ID: its final state
   local state=""
@@ -120,7 +122,7 @@ for m in "$work"/alice/inside/checkpoints/*/step-*/manifest.json; do
   grep -q "\"image\": \"$digest\"" "$m" || fail "$m does not record the image's digest"
 done
 grep -q '"image"' "$work"/alice/outside/checkpoints/*/step-*/manifest.json && fail "a run outside any image records one"
-echo "2 ranks in the image: the losses of the run outside it; checkpoints record $digest"
+echo "16 ranks on 2 nodes in the image: the losses of the run outside it; checkpoints record $digest"
 
 # --- resume in another image ---------------------------------------------------------------------------
 other=$("$IMAGE" build --build-dir "$BUILD" --bind /var/tmp "$work/image2" 2>/dev/null | tail -n1) || fail "second build failed"
