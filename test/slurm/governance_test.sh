@@ -14,6 +14,9 @@
 #   after submission  alice's scontrol update of her approved job (GPUs, nodes, pool, QOS, account) is
 #              refused, a shorter time is judged against the approval it holds, dave's change is logged;
 #              the hooks' markers written into a Comment hold nothing;
+#   sandbox    alice's gate step (eval pool) runs a code suite whose tests try every way out of the sandbox
+#              (homes, run directory, dataset, world-readable files, writes, network, fork bomb, memory, a
+#              lingering child): none works, nothing is left on the host, no node drained;
 #   hostile paths  bob's run.dir into team-a through '..' or a link is refused by sbatch; his jobs starting
 #              from alice's checkpoint or training on her dataset fail naming the path, no node drained.
 # Needs scripts/devcluster/up; FORGE_BUILD_DIR is the build under test.
@@ -386,6 +389,60 @@ j=$(bob_train "$(bob_spec data -e "s|^dataset = .*|dataset = $dataset|")") || fa
 jobs+=("$j")
 expect_failed "data.dataset = alice's dataset" "$j" "dataset $dataset: cannot read it: Permission denied"
 rm -rf "$TEAM_B/runs/gov-$$-"*
+
+echo "== sandbox: alice's gate runs code that tries every way out"
+# A team writes its own code suites, so their tests are anyone's code. Each task below passes only if its
+# escape works: a pass@1 above 0 is an escape. What would outlive the sandbox is looked for on the host.
+ctld_port=$(scontrol show config | awk '$1 == "SlurmctldPort" {print $3}')
+echo "team-b's world-readable data" >"$work/world.txt" && chmod 644 "$work/world.txt"
+mkdir -p "$work/suites/escape"
+echo '{"name": "escape", "type": "code", "format": "text", "max_new_tokens": 2, "samples": 1}' >"$work/suites/escape/suite.json"
+escape_task() {  # escape_task ID PYTHON: the completion lands in a string, then PYTHON runs as the tests
+  python3 -c 'import json, sys; print(json.dumps({"id": sys.argv[1], "prompt": "note = r\"\"\"", "tests": "\"\"\"\n" + sys.argv[2]}))' "$1" "$2"
+}
+{
+  escape_task home 'import os; assert os.listdir("/home/alice") is not None'
+  escape_task run-dir "import os; assert os.listdir('$run')"
+  escape_task dataset "import os; assert os.listdir('$dataset')"
+  escape_task world-readable "assert open('$work/world.txt').read()"
+  escape_task write "open('$run/escaped', 'w').write('x'); open('/var/tmp/forge-escaped-$$', 'w').write('x')"
+  escape_task network "import socket; socket.create_connection(('127.0.0.1', $ctld_port), 2)"
+  escape_task fork-bomb $'import os
+while True:
+    try:
+        os.fork()
+    except OSError:
+        pass'
+  escape_task memory 'b = bytearray(8 << 30); assert b'
+  escape_task linger "import subprocess; subprocess.Popen(['sleep', '600'], start_new_session=True); import time; time.sleep(1); assert False"
+} >"$work/suites/escape/tasks.jsonl"
+cat >"$work/escape-gate.ini" <<INI
+[gate]
+required_domains = code, legal
+min_tokens = 64
+[bpb]
+max_absolute = 100
+[suites]
+dir = $work/suites
+required = escape
+INI
+chmod -R a+rX "$work/suites" "$work/escape-gate.ini"
+cp "$BUILD/eval_gate/forge-gate" "$home/build/forge-gate" && chmod 755 "$home/build/forge-gate"
+as alice srun --train-team=team-a --train-tier=eval --train-layout=tp1,pp1,dp1 -p eval -n1 --gres=gpu:1 -D "$work/alice" \
+  "$home/build/forge-gate" evaluate --dataset "$dataset" --policy "$work/escape-gate.ini" --checkpoint "$ckpt" \
+  --baseline none --no-promote --out "$work/alice/escape" --max-sequences 4 --threads 1 >"$work/alice/escape.log" 2>&1
+[ -f "$work/alice/escape/verdict.json" ] || fail "alice's gate with the escape suite gave no verdict: $(tail -n3 "$work/alice/escape.log")"
+scores=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["suites"]["escape"]["metrics"]["pass@1"]["per_task"])' \
+  "$work/alice/escape/verdict.json") || fail "no escape scores in the verdict"
+python3 -c 'import ast, sys; d = ast.literal_eval(sys.argv[1]); assert len(d) == 9 and not any(d.values()), d' "$scores" ||
+  fail "an escape from the sandbox worked: $scores"
+if [ -e "$run/escaped" ] || [ -e "/var/tmp/forge-escaped-$$" ]; then fail "a sandboxed program wrote outside its scratch"; fi
+# The step's teardown may take a moment to reap its last processes; a lingering child would stay.
+for _ in $(seq 1 20); do [ -z "$(pgrep -u alice)" ] && break; sleep 0.5; done
+[ -z "$(pgrep -u alice)" ] || fail "processes of alice outlived her gate: $(pgrep -a -u alice)"
+no_drain "the escape suite"
+echo "  9 ways out (home, run directory, dataset, world-readable data, writes, network, fork bomb, memory, a"
+echo "  lingering child) all failed inside alice's gate step; nothing left on the host, no node drained"
 
 echo "== the ledger: requests, decisions, uses and jobs"
 "$BUILD/quota/forge-quota" sync >/dev/null || fail "forge-quota sync failed"
