@@ -6,6 +6,7 @@
 #            every user may write, one with other programs than the job's build (64), a node whose oci.conf
 #            names a runtime that is not installed (69): each refused by name before any rank starts, and
 #            a job of bob's naming alice's image fails the same way, no node drained;
+#   slurm    Slurm's own `srun --container` runs the image for a one-task step;
 #   train    alice's 16-rank job on two nodes with run.image runs every rank in the image (through
 #            oci.conf's crun) with the losses of the same job outside it; its checkpoints record the digest;
 #   resume   the run resumed in another image says so with both digests, and trains on; its release's
@@ -85,6 +86,17 @@ mkdir "$work/etc" && cp "$SLURM_CONF" "$work/etc/slurm.conf"
 sed 's|crun |/nonexistent/crun |' "$STATE/etc/oci.conf" >"$work/etc/oci.conf"
 expect_exit "no OCI runtime on the node" 69 "/nonexistent/crun" env SLURM_CONF="$work/etc/slurm.conf" "$IMAGE" check "$work/image"
 [ "$("$IMAGE" check "$work/image" --build-dir "$home/build")" = "$digest" ] || fail "the good image does not check"
+
+# Slurm's own `srun --container` runs the same image for a one-task step; 22.05 refuses two tasks on a node
+# in one (why the batch scripts start each rank with forge-train in-image, through the same oci.conf).
+out=$(as alice srun --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp1 -N1 -n1 --gpus-per-node=1 \
+  --mpi=none -D "$work/alice" --container="$work/image" /opt/forge/bin/forge-ckpt --help 2>&1) ||
+  fail "srun --container with the image failed: $out"
+grep -q "usage: forge-ckpt" <<<"$out" || fail "srun --container did not run the image's forge-ckpt: $out"
+as alice srun --train-team=team-a --train-tier=explore --train-layout=tp1,pp1,dp2 -N1 -n2 --gpus-per-node=2 \
+  --mpi=none -D "$work/alice" --container="$work/image" /opt/forge/bin/forge-ckpt --help >/dev/null 2>&1 &&
+  echo "note: this Slurm runs two containerized tasks on a node; forge-train in-image is no longer needed for it"
+echo "srun --container runs the image for a one-task step"
 
 # A rank started outside the image the spec names (not through the batch scripts) refuses to train.
 expect_exit "a rank outside its image" 64 "runs outside any image" \
