@@ -205,7 +205,7 @@ forge_run_dir() { forge_spec_value run.dir "$@"; }
 
 # forge_use_image SPEC [OVERRIDES...]: when the spec names run.image, checks the image before any rank
 # starts (forge-image check: an image of ours, with this build's programs, and the node's OCI runtime;
-# it exits 64, 66 or 69 naming what is wrong, and so does the job) and exports FORGE_IMAGE and
+# it exits 64 or 69 naming what is wrong, and so does the job) and exports FORGE_IMAGE and
 # FORGE_IMAGE_DIGEST: forge_run_step then starts every rank inside it, and each rank checks it runs there.
 forge_use_image() {
   local image digest rc=0
