@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 extern char** environ;
 
@@ -29,6 +30,20 @@ std::string env_or(const char* name, const std::string& fallback) {
 // The name part of an environment entry ("NAME=value").
 std::string env_name(const std::string& entry) {
   return entry.substr(0, entry.find('='));
+}
+
+// The node's directories the image shows at their own paths: its bind mounts whose source is their
+// destination (one seen elsewhere inside does not count).
+std::vector<std::string> node_paths_in_image(const Json& image_config) {
+  std::vector<std::string> out;
+  for (const auto& m : image_config.value("mounts", Json::array())) {
+    const auto options = m.value("options", std::vector<std::string>());
+    const bool bind = std::find(options.begin(), options.end(), "bind") != options.end() ||
+                      std::find(options.begin(), options.end(), "rbind") != options.end();
+    const std::string dest = m.value("destination", std::string());
+    if (bind && m.value("source", std::string()) == dest) out.push_back(dest);
+  }
+  return out;
 }
 
 }  // namespace
@@ -72,6 +87,9 @@ Json task_config(const Json& image_config, const std::string& image_dir, const s
 
 std::string runtime_command(const std::string& pattern, const std::string& bundle, const std::string& rootfs,
                             const TaskIds& ids) {
+  const std::map<char, std::string> values = {{'%', "%"},      {'b', bundle},   {'r', rootfs},
+                                              {'n', ids.node}, {'u', ids.user}, {'U', ids.uid},
+                                              {'j', ids.job},  {'s', ids.step}, {'t', ids.task}};
   std::string out;
   for (size_t i = 0; i < pattern.size(); ++i) {
     if (pattern[i] != '%') {
@@ -79,40 +97,13 @@ std::string runtime_command(const std::string& pattern, const std::string& bundl
       continue;
     }
     const char c = i + 1 < pattern.size() ? pattern[++i] : '\0';
-    switch (c) {
-      case '%':
-        out += '%';
-        break;
-      case 'b':
-        out += bundle;
-        break;
-      case 'r':
-        out += rootfs;
-        break;
-      case 'n':
-        out += ids.node;
-        break;
-      case 'u':
-        out += ids.user;
-        break;
-      case 'U':
-        out += ids.uid;
-        break;
-      case 'j':
-        out += ids.job;
-        break;
-      case 's':
-        out += ids.step;
-        break;
-      case 't':
-        out += ids.task;
-        break;
-      default:
-        fail(ExitCode::kUsage,
-             "oci.conf's RunTimeRun has the pattern '%{}', which forge-train in-image does not fill in "
-             "(it knows %b %r %n %u %U %j %s %t %%): docs/IMAGES.md",
-             c);
-    }
+    const auto value = values.find(c);
+    if (value == values.end())
+      fail(ExitCode::kUsage,
+           "oci.conf's RunTimeRun has the pattern '%{}', which forge-train in-image does not fill in "
+           "(it knows %b %r %n %u %U %j %s %t %%): docs/IMAGES.md",
+           c);
+    out += value->second;
   }
   return out;
 }
@@ -139,13 +130,7 @@ std::string oci_run_pattern(const std::string& path) {
 
 bool visible_in_image(const Json& image_config, const std::string& path) {
   const fs::path p = fs::weakly_canonical(fs::absolute(path));
-  for (const auto& m : image_config.value("mounts", Json::array())) {
-    const auto options = m.value("options", std::vector<std::string>());
-    if (std::find(options.begin(), options.end(), "bind") == options.end() &&
-        std::find(options.begin(), options.end(), "rbind") == options.end())
-      continue;
-    const fs::path dest = m.value("destination", std::string());
-    if (m.value("source", std::string()) != dest.string()) continue;  // seen elsewhere inside
+  for (const std::string& dest : node_paths_in_image(image_config)) {
     const auto rel = p.lexically_relative(dest);
     if (!rel.empty() && *rel.begin() != "..") return true;
   }
@@ -169,14 +154,10 @@ int in_image_command(int argc, char** argv) {
   const std::string cwd = fs::current_path().string();
   auto require_visible = [&](const std::string& path, const char* what) {
     if (visible_in_image(image_config, path)) return;
-    std::string binds;
-    for (const auto& m : image_config.value("mounts", Json::array()))
-      if (const std::string dest = m.value("destination", std::string());
-          m.value("source", std::string()) == dest && dest != "/proc" && dest != "/sys" && dest != "/dev" &&
-          dest.rfind("/etc/", 0) != 0) {
-        if (!binds.empty()) binds += ' ';
-        binds += dest;
-      }
+    std::string binds;  // the site's directories: not the system's every image has
+    for (const std::string& dest : node_paths_in_image(image_config))
+      if (dest != "/proc" && dest != "/sys" && dest != "/dev" && dest.rfind("/etc/", 0) != 0)
+        binds += (binds.empty() ? "" : " ") + dest;
     fail(ExitCode::kUsage,
          "{} '{}' is not visible inside image '{}', which shows only {} of this node: move it under one of "
          "them, or build the image with --bind (docs/IMAGES.md)",
@@ -191,15 +172,13 @@ int in_image_command(int argc, char** argv) {
   const Json config =
       task_config(image_config, fs::absolute(image).string(), args, env, cwd, getuid(), getgid());
 
-  // The task's own bundle: its config.json next to nothing else (root.path points into the image).
+  // The task's own bundle: its config.json next to nothing else (root.path points into the image). A
+  // directory of its own in the temporary directory, never one shared with other users' tasks.
   const TaskIds ids = TaskIds::from_environment();
-  const fs::path base = fs::path(env_or("TMPDIR", "/tmp")) / "forge-oci";
-  std::error_code ec;
-  fs::create_directories(base, ec);
-  std::string dir = (base / fmt::format("{}.{}.{}.XXXXXX", ids.job, ids.step, ids.task)).string();
-  if (ec || mkdtemp(dir.data()) == nullptr)
-    fail(ExitCode::kIo, "cannot make the task's bundle directory under {}: {}", base.string(),
-         ec ? ec.message() : std::strerror(errno));
+  const std::string tmp = env_or("TMPDIR", "/tmp");
+  std::string dir = fmt::format("{}/forge-oci-{}.{}.{}.XXXXXX", tmp, ids.job, ids.step, ids.task);
+  if (mkdtemp(dir.data()) == nullptr)
+    fail(ExitCode::kIo, "cannot make the task's bundle directory in {}: {}", tmp, std::strerror(errno));
   write_json_atomic(dir + "/config.json", config);
 
   const std::string conf_dir = fs::path(env_or("SLURM_CONF", "/etc/slurm/slurm.conf")).parent_path().string();

@@ -49,15 +49,8 @@ cp "$BUILD/dataio/forge-data" "$home/build/dataio/"
 chmod -R a+rX "$work"
 mkdir "$work/alice" && chown alice "$work/alice"  # where alice's jobs write their output
 
-# as USER CMD...: CMD as USER with a clean environment: the dev cluster's settings, no root leftovers.
-as() {
-  local user=$1
-  shift
-  runuser -u "$user" -- env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="/home/$user" USER="$user" \
-    SLURM_CONF="$SLURM_CONF" FORGE_HOME="$home" FORGE_BUILD_DIR="$home/build" \
-    OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo OMPI_MCA_pml=ob1 \
-    OMPI_MCA_osc=^ucx OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1 "$@"
-}
+# shellcheck source=test/support/slurm_users.sh
+source "$SRC/test/support/slurm_users.sh"
 expect_refused() {  # expect_refused WHAT PATTERN CMD...: CMD fails and says PATTERN
   local what=$1 pattern=$2 out
   shift 2

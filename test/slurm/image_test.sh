@@ -9,6 +9,8 @@
 #   slurm    Slurm's own `srun --container` runs the image for a one-task step;
 #   train    alice's 16-rank job on two nodes with run.image runs every rank in the image (through
 #            oci.conf's crun) with the losses of the same job outside it; its checkpoints record the digest;
+#   preempt  SIGUSR1 reaches the ranks through crun: a recovery checkpoint, exit 75, and the run started
+#            again in the image goes on along the uninterrupted run's loss curve;
 #   resume   the run resumed in another image says so with both digests, and trains on; its release's
 #            registry entry and lineage name the image.
 # Needs scripts/devcluster/up (with crun: scripts/install-deps.sh); FORGE_BUILD_DIR is the build under test.
@@ -38,14 +40,8 @@ done
 mkdir "$work/alice" "$work/bob" && chown alice "$work/alice" && chown bob "$work/bob"
 cp "$SRC/configs/tiny.ini" "$work/tiny.ini"
 chmod -R a+rX "$work"
-as() {  # as USER CMD...: CMD as USER with the dev cluster's settings and nothing of root's
-  local user=$1
-  shift
-  runuser -u "$user" -- env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="/home/$user" USER="$user" \
-    SLURM_CONF="$SLURM_CONF" FORGE_HOME="$home" FORGE_BUILD_DIR="$home/build" \
-    OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo OMPI_MCA_pml=ob1 \
-    OMPI_MCA_osc=^ucx OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1 "$@"
-}
+# shellcheck source=test/support/slurm_users.sh
+source "$SRC/test/support/slurm_users.sh"
 expect_exit() {  # expect_exit WHAT CODE PATTERN CMD...: CMD exits CODE and says PATTERN
   local what=$1 code=$2 pattern=$3 out rc=0
   shift 3
@@ -135,6 +131,23 @@ for m in "$work"/alice/inside/checkpoints/*/step-*/manifest.json; do
 done
 grep -q '"image"' "$work"/alice/outside/checkpoints/*/step-*/manifest.json && fail "a run outside any image records one"
 echo "16 ranks on 2 nodes in the image: the losses of the run outside it; checkpoints record $digest"
+
+# --- preemption in the image --------------------------------------------------------------------------
+# Slurm's preemption warning (SIGUSR1 to the step, from srun) reaches the ranks through crun: they save a
+# recovery checkpoint and exit 75, and the run started again in the image goes on along the loss curve of the
+# same run outside it, uninterrupted.
+step=(srun --train-team=team-a --train-tier=explore "--train-layout=tp1,pp1,dp2" -N1 -n2 --gres=gpu:2 --mpi=pmix -D "$work")
+long=("$work/tiny.ini" --run.threads=1 --parallel.dp=2 --data.batch=2 --run.steps=300 --ckpt.recovery_every=0
+  --ckpt.milestone_every=0)
+"${step[@]}" "$BUILD/launcher/forge-train" "${long[@]}" --run.dir="$work/plain" >"$work/plain.log" 2>&1 ||
+  fail "the uninterrupted run failed: $(tail -n3 "$work/plain.log")"
+preempt_and_resume "$work/preempted" 20 "$work/preempted.log" "${step[@]}" "$BUILD/launcher/forge-train" in-image \
+  "$work/image" /opt/forge/bin/forge-train "${long[@]}" --run.dir="$work/preempted" --run.image="$work/image" ||
+  fail "preemption in the image: $(tail -n3 "$work/preempted.log")"
+grep -q "stopped: preempted" "$work/preempted.log" || fail "the ranks in the image did not stop for the preemption"
+diff <(losses "$work/plain/metrics/rank-0.jsonl") <(losses "$work/preempted/metrics/rank-0.jsonl") >/dev/null ||
+  fail "the run preempted in the image left the loss curve of the uninterrupted run"
+echo "preempted in the image (SIGUSR1 through crun): checkpoint, exit 75, resumed on the uninterrupted loss curve"
 
 # --- resume in another image ---------------------------------------------------------------------------
 other=$("$IMAGE" build --build-dir "$BUILD" --bind /var/tmp "$work/image2" 2>/dev/null | tail -n1) || fail "second build failed"
