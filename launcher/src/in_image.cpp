@@ -5,10 +5,12 @@
 
 #include <fmt/format.h>
 #include <pwd.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -44,6 +46,47 @@ std::vector<std::string> node_paths_in_image(const Json& image_config) {
     if (bind && m.value("source", std::string()) == dest) out.push_back(dest);
   }
   return out;
+}
+
+// The runtime, as a child this process waits for, passing on the signals Slurm sends the task (preemption's
+// SIGUSR1, a cancel's SIGTERM): then the task's bundle directory goes too, also where /tmp outlives the job.
+// Returns the child's exit status; a child killed by a signal is this process killed by it.
+volatile std::sig_atomic_t runtime_pid = 0;
+void pass_on(int sig) {
+  if (runtime_pid > 0) ::kill(runtime_pid, sig);
+}
+
+int run_removing(const std::string& command, const std::string& dir) {
+  const int forwarded[] = {SIGUSR1, SIGUSR2, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGCONT};
+  sigset_t set, before;
+  ::sigemptyset(&set);
+  for (const int sig : forwarded) ::sigaddset(&set, sig);
+  // Held until the child's pid is known, so that none arrives with nowhere to go.
+  ::sigprocmask(SIG_BLOCK, &set, &before);
+  struct sigaction sa {};
+  sa.sa_handler = pass_on;
+  for (const int sig : forwarded) ::sigaction(sig, &sa, nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    sa.sa_handler = SIG_DFL;
+    for (const int sig : forwarded) ::sigaction(sig, &sa, nullptr);
+    ::sigprocmask(SIG_SETMASK, &before, nullptr);
+    ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  if (pid < 0) fail(ExitCode::kIo, "cannot start the OCI runtime: {}", std::strerror(errno));
+  runtime_pid = pid;
+  ::sigprocmask(SIG_SETMASK, &before, nullptr);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  if (WIFSIGNALED(status)) {
+    ::signal(WTERMSIG(status), SIG_DFL);
+    ::raise(WTERMSIG(status));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
 }
 
 }  // namespace
@@ -184,8 +227,7 @@ int in_image_command(int argc, char** argv) {
   const std::string conf_dir = fs::path(env_or("SLURM_CONF", "/etc/slurm/slurm.conf")).parent_path().string();
   const std::string command =
       runtime_command(oci_run_pattern(conf_dir + "/oci.conf"), dir, config["root"]["path"], ids);
-  execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
-  fail(ExitCode::kIo, "cannot run /bin/sh for the OCI runtime: {}", std::strerror(errno));
+  return run_removing(command, dir);
 }
 
 }  // namespace forge::launcher

@@ -1,7 +1,8 @@
 // forge-train in-image IMAGE PROGRAM [ARGS...]: runs one task of a Slurm step inside a container image (an
 // OCI bundle made by forge-image build; docs/IMAGES.md) through the runtime command of the node's oci.conf,
 // as slurmstepd does for `srun --container`, which in Slurm 22.05 refuses a step with more than one task
-// on a node. The batch scripts start every rank this way when the spec names run.image.
+// on a node. The batch scripts start every rank this way when the spec names run.image. It waits for the
+// runtime, passing Slurm's signals on, and removes the task's bundle directory when the runtime ends.
 #pragma once
 
 #include "forge/common/json.h"

@@ -148,6 +148,9 @@ grep -q "stopped: preempted" "$work/preempted.log" || fail "the ranks in the ima
 diff <(losses "$work/plain/metrics/rank-0.jsonl") <(losses "$work/preempted/metrics/rank-0.jsonl") >/dev/null ||
   fail "the run preempted in the image left the loss curve of the uninterrupted run"
 echo "preempted in the image (SIGUSR1 through crun): checkpoint, exit 75, resumed on the uninterrupted loss curve"
+# Each task's bundle and crun's state go when the task ends, also where the node's /tmp is shared (no job_tmp=).
+leftover=$(find /tmp -maxdepth 1 \( -name 'forge-oci-*' -o -name 'node[0-9]*.*.*.*.*' \) -print -quit)
+[ -z "$leftover" ] || fail "a task in the image left $leftover in the node's /tmp"
 
 # --- resume in another image ---------------------------------------------------------------------------
 other=$("$IMAGE" build --build-dir "$BUILD" --bind /var/tmp "$work/image2" 2>/dev/null | tail -n1) || fail "second build failed"
