@@ -281,13 +281,16 @@ Plan make_plan(const T::TrainSpec& validated, int zero_nodes) {
     }
     if (lay.cp > 1) {  // ContextScratch (context_attention.h), and a2a's whole-sequence activations
       const size_t heads = size_t(m.heads / lay.tp), kv = size_t(std::max(1, m.kv_heads / lay.tp));
-      const size_t hd = size_t(m.head_dim), qkv = (heads + 2 * kv) * hd, ids = size_t(lay.cp) * N * 4;
+      // Document ids (and a2a's document starts) on the host and in the backend's memory.
+      const size_t hd = size_t(m.head_dim), qkv = (heads + 2 * kv) * hd, ids = 2 * size_t(lay.cp) * N * 4;
       if (spec.parallel.cp_comm == T::ContextComm::kRing)  // key/value messages and accumulators, 2 each
         st.activations += (4 * N * 2 * kv * hd + N * heads) * kF32 + ids;
       else  // per layer and slot q, k, v and lse; send, receive, out, dout, dqkv
         st.activations +=
             size_t(st.last_layer - st.first_layer) * size_t(st.slots) * N * (qkv + heads) * kF32 +
-            (3 * N * qkv + 2 * N * heads * hd) * kF32 + ids + N * size_t(lay.cp) * 4;
+            (3 * N * qkv + 2 * N * heads * hd) * kF32 + 2 * ids;
+      if (spec.dtype == T::DType::kBF16)
+        st.activations += N * (qkv + heads * hd) * kF32;  // widened q, k, v, out
     }
     // recv_act_, recv_grad_: this rank's share of the stream
     st.pipeline = ((st.embedding ? 0 : NC) + (st.head ? 0 : NC)) / size_t(shards) * kF32;

@@ -369,12 +369,6 @@ DeviceRun open_device(trainer::TrainSpec& spec, int rank) {
   trainer::resolve_device(spec, gpus, why);
   // What the spec refuses on run.device = cuda, when auto chose it: before anything is allocated.
   if (spec.device == trainer::Device::kCuda && asked_auto) {
-    if (spec.layout.cp > 1)
-      fail(ExitCode::kUsage,
-           "parallel.cp = {}: context parallelism runs on CPU ranks for now, and run.device = auto chose "
-           "cuda: "
-           "set run.device = cpu, or parallel.cp = 1",
-           spec.layout.cp);
     if (spec.parallel.zero >= 2)
       fail(ExitCode::kUsage,
            "parallel.zero = {}: ZeRO-2 and -3 run on CPU ranks for now, and run.device = auto chose cuda: "

@@ -2,7 +2,8 @@
 # The GPU check on one machine with an NVIDIA GPU (made for one H200; docs/GPU.md): builds the CUDA backend
 # and runs forge-cuda-check `backend` first (the CUDA backend of the seam against the CPU backend, op by op,
 # seconds; then one line per op of the model families: RMSNorm, SwiGLU, rotary positions, qk-norm,
-# grouped-query and sliding-window attention), then forge-train itself on the GPU
+# grouped-query and sliding-window attention; and of context parallelism: the chunk attention, its delta,
+# copy_rows and convert), then forge-train itself on the GPU
 # (scripts/gpu/train_check.sh: against the CPU, 2 ranks sharing the GPU, NCCL, checkpoints between GPU and
 # CPU, SIGUSR1, GPT-2-124M and llm.c beside it; with the full project build only), then the full
 # forge-cuda-check (every CUDA op against the CPU op, training against the CPU trainer, throughput and MFU
@@ -126,17 +127,19 @@ direct_build() {
     /usr/include/openblas; do
     [ -f "$d/cblas.h" ] && blas_inc="-I$d" && break
   done
-  local inc="-I$root/common/include -I$root/trainer/include -I$root/trainer/src -I$root/trainer/cuda/include"
+  local inc="-I$root/common/include -I$root/comm/include -I$root/trainer/include -I$root/trainer/src"
+  inc="$inc -I$root/trainer/cuda/include"
   inc="$inc -I$root/trainer/cuda/src -isystem $CUDA_HOME/include $blas_inc"
   # shellcheck disable=SC2089 # the define's quotes are meant literally: the macro is a string literal
   local cxx="g++ -std=c++20 -O3 -fPIC -fopenmp -march=native -fno-math-errno $inc -DFORGE_SOURCE_DIR=\"$root\""
   local nvcc_cmd="nvcc -std=c++20 -O3 --use_fast_math -Xcompiler=-fPIC -gencode arch=compute_90,code=sm_90"
   nvcc_cmd="$nvcc_cmd -gencode arch=compute_90,code=compute_90 $inc"
-  # The sources of scripts/gpu/CMakeLists.txt.
-  local sources=("$root"/common/src/{batch,config,error,hash,huge_buffer,ini,json,layout,local_rank,text}.cpp
+  # The sources of scripts/gpu/CMakeLists.txt (forge_common, forge_trainer, forge_parallel, trainer/cuda).
+  local sources=("$root"/common/src/{batch,config,error,hash,huge_buffer,ini,json,layout,local_rank,text,activity,trace}.cpp
     "$root"/trainer/src/cpu/*.cpp
-    "$root"/trainer/src/{attention,guard,init,layers,loss,model,moe,optimizer,params,progress,rope,runtime,spec,trace}.cpp
-    "$root"/trainer/src/parallel/{groups,parallel_trainer,tensor_parallel}.cpp
+    "$root"/trainer/src/{attention,rope,init,layers,loss,model,moe,optimizer,guard,params,runtime,spec}.cpp
+    "$root"/comm/src/{comm,groups}.cpp
+    "$root"/trainer/src/parallel/{parallel_trainer,tensor_parallel,context_parallel}.cpp
     "$root"/trainer/cuda/src/*.cpp "$root"/trainer/cuda/src/*.cu "$root"/trainer/cuda/tools/*.cpp)
   local keep=() f
   for f in "${sources[@]}"; do [ "$f" = "$root/trainer/cuda/src/plugin.cpp" ] || keep+=("$f"); done
@@ -249,6 +252,8 @@ attention_decode, grouped-query heads and window|attention_decode .*(heads|windo
 attention on tensor cores, grouped-query heads or window|bf16 products: attention_.*(heads|window).*tensor cores
 attention on tensor cores, head dim 128 (WMMA)|bf16 products: attention_.*hd 128
 attention with BF16 products on the FP32 kernel (documents, hd 40)|bf16 products: attention_.*(documents|hd 40)
+context parallelism: chunk attention (merge, adds; grouped-query, documents, window)|attention_chunk_
+context parallelism: attention_delta, copy_rows, convert|attention_delta|copy_rows|convert
 OPS
 say "forge-cuda-check backend exit $backend_rc after $(($(date +%s) - start)) s"
 

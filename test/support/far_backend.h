@@ -119,6 +119,26 @@ class FarBackend final : public trainer::Backend {
     cpu_.attention_backward(near(dqkv), near(dout), near(qkv), near(out), near(lse), near(doc_start), B, T,
                             shape);
   }
+  void attention_chunk_forward(const trainer::AttentionChunks& c, trainer::ChunkRows out,
+                               float* lse) override {
+    cpu_.attention_chunk_forward(near(c), near(out), near(lse));
+  }
+  void attention_chunk_backward(const trainer::AttentionChunks& c, trainer::ChunkRows dout, const float* lse,
+                                const float* delta, trainer::ChunkRows dq, trainer::ChunkRows dk,
+                                trainer::ChunkRows dv) override {
+    cpu_.attention_chunk_backward(near(c), near(dout), near(lse), near(delta), near(dq), near(dk), near(dv));
+  }
+  void attention_delta(float* delta, const float* out, const float* dout, int B, int T,
+                       const trainer::AttentionShape& shape) override {
+    cpu_.attention_delta(near(delta), near(out), near(dout), B, T, shape);
+  }
+  void copy_rows(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int width,
+                 int64_t rows) override {
+    cpu_.copy_rows(near(dst), dst_ld, near(src), src_ld, width, rows);
+  }
+  void convert(trainer::Act out, trainer::ConstAct in, size_t n) override {
+    cpu_.convert(near(out), near(in), n);
+  }
   void attention_decode(trainer::Act out, trainer::ConstAct qkv, float* k_cache, float* v_cache,
                         const int32_t* seq, const int32_t* pos, int rows, int max_len,
                         const trainer::AttentionShape& shape) override {
@@ -217,6 +237,18 @@ class FarBackend final : public trainer::Backend {
   static trainer::ConstAct near(trainer::ConstAct a) {
     a.data = near(a.data);
     return a;
+  }
+  static trainer::ChunkRows near(trainer::ChunkRows r) {
+    r.base = near(r.base);
+    return r;
+  }
+  static trainer::AttentionChunks near(trainer::AttentionChunks c) {
+    c.q = near(c.q);
+    c.k = near(c.k);
+    c.v = near(c.v);
+    c.q_seg = near(c.q_seg);
+    c.k_seg = near(c.k_seg);
+    return c;
   }
 
  private:

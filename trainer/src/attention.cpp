@@ -125,6 +125,22 @@ void Backend::attention_chunk_backward(const AttentionChunks&, ChunkRows, const 
        name());
 }
 
+void Backend::attention_delta(float*, const float*, const float*, int, int, const AttentionShape&) {
+  fail(ExitCode::kUsage, "parallel.cp > 1: context parallelism is not available on the {} backend yet",
+       name());
+}
+
+void Backend::copy_rows(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int width,
+                        int64_t rows) {
+  for (int64_t r = 0; r < rows; ++r) copy(dst + r * dst_ld, src + r * src_ld, sizeof(float) * size_t(width));
+}
+
+void Backend::convert(Act out, ConstAct in, size_t n) {
+  if (out.bf16 != in.bf16)
+    fail(ExitCode::kUsage, "the {} backend cannot convert between BF16 and FP32 activations", name());
+  copy(out.data, in.data, n * (in.bf16 ? sizeof(uint16_t) : sizeof(float)));
+}
+
 namespace {
 [[noreturn]] void no_sequence_parallel(const Backend& backend) {
   fail(ExitCode::kUsage,

@@ -881,10 +881,6 @@ TrainSpec train_spec(const Config& c) {
                fmt::format("context parallelism does not split the rows of run.objective = {} yet (its "
                            "rollouts generate whole rows): it must be 1",
                            objective.name));
-    if (dtype == "bf16" || s.device == Device::kCuda)
-      c.reject("parallel.cp",
-               "context parallelism runs on run.device = cpu in FP32 for now: it must be 1 with "
-               "precision.dtype = bf16 or run.device = cuda");
   }
   if (s.parallel.zero >= 2 && s.device == Device::kCuda)
     c.reject("parallel.zero", fmt::format("ZeRO-{} runs on run.device = cpu for now: use parallel.zero = 1 "

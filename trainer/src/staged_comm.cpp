@@ -157,6 +157,14 @@ class StagedComm final : public comm::Comm {
     void* d = s.out(data, count * comm::comm_type_size(type));
     return s.done(inner_->recv(d, count, type, peer, tag));
   }
+  comm::RequestPtr exchange(const void* out, void* in, size_t count, comm::CommType type, int to, int from,
+                            int tag) override {
+    Stages s(*this);
+    const size_t bytes = count * comm::comm_type_size(type);
+    const void* o = s.in(out, bytes);
+    void* i = s.out(in, bytes);
+    return s.done(inner_->exchange(o, i, count, type, to, from, tag));
+  }
   void barrier() override { inner_->barrier(); }
   std::unique_ptr<comm::Comm> split(int color, int key, const std::string& name) override {
     std::unique_ptr<comm::Comm> part = inner_->split(color, key, name);

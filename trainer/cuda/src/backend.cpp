@@ -256,6 +256,37 @@ class CudaBackend final : public Backend {
                                    bf16_operand(out, n, out_), lse, B, T, shape);
     seam::from_bf16(dqkv, reinterpret_cast<const uint16_t*>(dqkv_b), n_qkv);
   }
+  // Context parallelism (context_parallel.h): the chunk attention and the backward's delta on CUDA cores in
+  // FP32 (context_attention.cu), and its data movement on the stream.
+  void attention_chunk_forward(const AttentionChunks& c, ChunkRows out, float* lse) override {
+    seam::attention_chunk_forward(c, out, lse);
+  }
+  void attention_chunk_backward(const AttentionChunks& c, ChunkRows dout, const float* lse,
+                                const float* delta, ChunkRows dq, ChunkRows dk, ChunkRows dv) override {
+    seam::attention_chunk_backward(c, dout, lse, delta, dq, dk, dv);
+  }
+  void attention_delta(float* delta, const float* out, const float* dout, int B, int T,
+                       const AttentionShape& shape) override {
+    seam::attention_delta(delta, out, dout, B, T, shape);
+  }
+  void copy_rows(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int width,
+                 int64_t rows) override {
+    if (rows <= 0 || width <= 0) return;
+    const size_t bytes = sizeof(float) * size_t(width);
+    if (rows == 1) return copy(dst, src, bytes);  // the pitches of a single row may be anything
+    check_cuda(cudaMemcpy2DAsync(dst, sizeof(float) * size_t(dst_ld), src, sizeof(float) * size_t(src_ld),
+                                 bytes, size_t(rows), cudaMemcpyDeviceToDevice, stream()),
+               "cudaMemcpy2DAsync (copy_rows)");
+  }
+  void convert(Act out, ConstAct in, size_t n) override {
+    if (n == 0) return;
+    if (in.bf16 && !out.bf16)
+      seam::from_bf16(out.f32(), static_cast<const uint16_t*>(in.data), n);
+    else if (!in.bf16 && out.bf16)
+      seam::narrow_bf16(static_cast<uint16_t*>(out.data), in.f32(), n);
+    else
+      copy(out.data, in.data, n * (in.bf16 ? sizeof(uint16_t) : sizeof(float)));
+  }
   void attention_decode(Act out, ConstAct qkv, float* k_cache, float* v_cache, const int32_t* seq,
                         const int32_t* pos, int rows, int max_len, const AttentionShape& shape) override {
     const size_t n = size_t(rows) * size_t(shape.q_width());

@@ -1,4 +1,5 @@
-// The kernels backend_kernels.cu adds for the CUDA backend (backend.cpp), private to it.
+// The kernels backend_kernels.cu (and context_attention.cu) add for the CUDA backend (backend.cpp), private
+// to it.
 #pragma once
 
 #include <cstddef>
@@ -6,7 +7,9 @@
 
 namespace forge::trainer {
 struct AttentionShape;  // backend.h
-}
+struct AttentionChunks;
+struct ChunkRows;
+}  // namespace forge::trainer
 
 namespace forge::trainer::cuda {
 
@@ -60,6 +63,15 @@ void round_to_bf16(float* out, const float* in, size_t n);
 void to_bf16(uint16_t* out, float* values, size_t n);
 void from_bf16(float* out, const uint16_t* in, size_t n);
 void scale(float* x, float factor, size_t n);
+
+// Context parallelism (context_attention.cu): the chunk attention on CUDA cores in FP32, the backward's
+// delta, and FP32 to BF16 bits without touching the input (Backend::convert).
+void attention_chunk_forward(const AttentionChunks& c, ChunkRows out, float* lse);
+void attention_chunk_backward(const AttentionChunks& c, ChunkRows dout, const float* lse, const float* delta,
+                              ChunkRows dq, ChunkRows dk, ChunkRows dv);
+void attention_delta(float* delta, const float* out, const float* dout, int B, int T,
+                     const AttentionShape& shape);
+void narrow_bf16(uint16_t* out, const float* in, size_t n);
 
 }  // namespace seam
 

@@ -127,6 +127,19 @@ class NcclComm final : public comm::Comm {
     nccl("ncclRecv", ncclRecv(data, count, nccl_type(type), peer, comm_, stream_));
     return finish("ncclRecv");
   }
+  // A ring's step: the send to `to` and the receive from `from` grouped into one operation. NCCL runs a
+  // lone ncclSend until its receive is posted, so a ring in which every rank sends first would wait forever.
+  comm::RequestPtr exchange(const void* out, void* in, size_t count, comm::CommType type, int to, int from,
+                            int /*tag*/) override {
+    begin("nccl exchange", count * comm::comm_type_size(type), to);
+    nccl("ncclGroupStart", ncclGroupStart());
+    if (count > 0) {
+      nccl("ncclSend", ncclSend(out, count, nccl_type(type), to, comm_, stream_));
+      nccl("ncclRecv", ncclRecv(in, count, nccl_type(type), from, comm_, stream_));
+    }
+    nccl("ncclGroupEnd", ncclGroupEnd());
+    return finish("ncclGroupEnd (exchange)");
+  }
   void barrier() override { all_reduce(scratch_, 1, comm::CommType::kI32, comm::ReduceOp::kSum)->wait(); }
 
   std::unique_ptr<comm::Comm> split(int color, int key, const std::string& name) override {

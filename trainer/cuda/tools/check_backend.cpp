@@ -378,6 +378,190 @@ struct Checker {
     cmp("attention_decode v_cache" + tag, gv, v, kExact);
   }
 
+  // Context parallelism's chunk attention (AttentionChunks) on B = 2 sequences of 4 chunks of n rows in the
+  // fused qkv layout (row stride qkv_width, as the ring's chunks), the query chunk being chunk 2 (q_first =
+  // 2n); lse and delta in the [B, heads, 4n] layout (stats_seq = 4n). The forward merges key chunks 3 (in
+  // the future: nothing seen, out and lse untouched), 2 (the diagonal, into out = 0 and lse = -inf), 0 (far
+  // in the past) and 1 (adjacent) into the same out and lse, each side from its own; the backward adds every
+  // pair's share into dq, dk and dv (one fused buffer that starts random: the op adds), from the CPU's
+  // merged out, lse and delta on both sides. Documents: ids that rise at random cuts inside the chunks (a
+  // row whose document starts in the query chunk sees nothing of the past chunks); a window: rows that see
+  // part of a past chunk, rows that see none of it.
+  void chunk_attention(const AttentionShape& shape, int n, bool documents) {
+    const int B = 2, L = 4 * n, W = shape.qkv_width(), QW = shape.q_width(), KV = shape.kv_width();
+    const int q_first = 2 * n;
+    const std::string tag =
+        fmt::format(" (n {}, {}, {})", n, shape_tag(shape), documents ? "documents" : "causal");
+    const size_t rows = size_t(B) * size_t(L);
+    const Floats qkv = rng.floats(rows * size_t(W), -2, 2);
+    Ints ids(rows);
+    for (int b = 0; b < B; ++b)
+      for (int t = 0, id = 0; t < L; ++t) {
+        if (t > 0 && rng.below(std::max(n / 3, 1)) == 0) ++id;  // about 3 cuts a chunk
+        ids[size_t(b) * size_t(L) + size_t(t)] = id;
+      }
+    auto gqkv = up(qkv);
+    auto gids = up(ids);
+    // The pair (query chunk 2, key chunk kc) over `fused` (the qkv rows) and `seg` (the ids).
+    const auto chunk = [&](const float* fused, const int32_t* seg, int kc) {
+      AttentionChunks c;
+      c.B = B, c.n = n, c.shape = shape;
+      c.q_first = q_first, c.k_first = kc * n;
+      float* base = const_cast<float*>(fused);
+      c.q = {base + int64_t(c.q_first) * W, int64_t(L) * W, W};
+      c.k = {base + int64_t(c.k_first) * W + QW, int64_t(L) * W, W};
+      c.v = {c.k.base + KV, c.k.seq, W};
+      if (documents) c.q_seg = seg + c.q_first, c.k_seg = seg + c.k_first, c.seg_seq = L;
+      c.stats_seq = L;
+      return c;
+    };
+    const auto out_rows = [&](const float* o) {
+      return ChunkRows{const_cast<float*>(o) + int64_t(q_first) * QW, int64_t(L) * QW, QW};
+    };
+    // The query chunk's lse values (the rest stay -inf, which a comparison of floats would fail).
+    const auto chunk_stats = [&](const Floats& all) {
+      Floats part;
+      for (int bh = 0; bh < B * shape.heads; ++bh)
+        for (int t = 0; t < n; ++t) part.push_back(all[size_t(bh) * size_t(L) + size_t(q_first + t)]);
+      return part;
+    };
+
+    Floats out(rows * size_t(QW), 0.0f),
+        lse(size_t(B) * size_t(shape.heads) * size_t(L), -std::numeric_limits<float>::infinity());
+    const Floats out0 = out, lse0 = lse;
+    auto gout = up(out), glse = up(lse);
+    const auto forward = [&](int kc) {
+      cpu.attention_chunk_forward(chunk(qkv.data(), ids.data(), kc), out_rows(out.data()),
+                                  lse.data() + q_first);
+      gpu.attention_chunk_forward(chunk(gqkv.data(), gids.data(), kc), out_rows(gout.data()),
+                                  glse.data() + q_first);
+    };
+    forward(3);
+    Floats got = down(gout), want = out0;
+    for (float x : down(glse)) got.push_back(x);
+    for (float x : lse0) want.push_back(x);
+    report.bits<float>("attention_chunk_forward, key chunk in the future: out and lse untouched" + tag, got,
+                       want);
+    forward(2);
+    cmp("attention_chunk_forward out, diagonal chunk" + tag, gout, out, kSums);
+    report.floats("attention_chunk_forward lse, diagonal chunk" + tag, chunk_stats(down(glse)),
+                  chunk_stats(lse), kSums);
+    forward(0);
+    forward(1);
+    cmp("attention_chunk_forward out, 4 key chunks merged" + tag, gout, out, kSums);
+    report.floats("attention_chunk_forward lse, 4 key chunks merged" + tag, chunk_stats(down(glse)),
+                  chunk_stats(lse), kSums);
+
+    // Backward from the CPU's merged out and lse, and its delta, on both sides.
+    const Floats dout = rng.floats(out.size());
+    Floats delta(lse.size());
+    cpu.attention_delta(delta.data(), out.data(), dout.data(), B, L, shape);
+    const Floats dqkv0 = rng.floats(qkv.size());
+    Floats dqkv = dqkv0;
+    auto gdout = up(dout), gdelta = up(delta), clse = up(lse), gdqkv = up(dqkv0);
+    const auto backward = [&](Backend& on, const float* fused, const int32_t* seg, const float* g,
+                              const float* l, const float* d, float* grads) {
+      for (int kc : {3, 2, 0, 1}) {
+        const ChunkRows dq{grads + int64_t(q_first) * W, int64_t(L) * W, W};
+        const ChunkRows dk{grads + int64_t(kc) * n * W + QW, int64_t(L) * W, W};
+        on.attention_chunk_backward(chunk(fused, seg, kc), out_rows(g), l + q_first, d + q_first, dq, dk,
+                                    {dk.base + KV, dk.seq, W});
+      }
+    };
+    backward(cpu, qkv.data(), ids.data(), dout.data(), lse.data(), delta.data(), dqkv.data());
+    backward(gpu, gqkv.data(), gids.data(), gdout.data(), clse.data(), gdelta.data(), gdqkv.data());
+    const Floats first = down(gdqkv);
+    report.floats("attention_chunk_backward dq" + tag, columns(first, W, 0, QW), columns(dqkv, W, 0, QW),
+                  kSums);
+    report.floats("attention_chunk_backward dk" + tag, columns(first, W, QW, KV), columns(dqkv, W, QW, KV),
+                  kSums);
+    report.floats("attention_chunk_backward dv" + tag, columns(first, W, QW + KV, KV),
+                  columns(dqkv, W, QW + KV, KV), kSums);
+    if (shape.kv_heads != shape.heads) {  // dK, dV summed over the group: the same bits when run again
+      auto again = up(dqkv0);
+      backward(gpu, gqkv.data(), gids.data(), gdout.data(), clse.data(), gdelta.data(), again.data());
+      report.bits<float>("attention_chunk_backward dq, dk, dv run again" + tag, down(again), first);
+    }
+  }
+  // Columns [from, from + count) of rows `width` wide.
+  static Floats columns(const Floats& rows, int width, int from, int count) {
+    Floats out;
+    for (size_t r = 0; r + size_t(width) <= rows.size(); r += size_t(width))
+      out.insert(out.end(), rows.begin() + int64_t(r) + from, rows.begin() + int64_t(r) + from + count);
+    return out;
+  }
+
+  // The backward's delta of context parallelism: head dims 40 and 64, grouped-query heads (delta is per
+  // query head); delta starts as garbage (overwritten).
+  void attention_delta(const AttentionShape& shape) {
+    const int B = 2, T = 45;
+    const size_t n = size_t(B) * size_t(T) * size_t(shape.q_width());
+    const Floats out = rng.floats(n, -2, 2), dout = rng.floats(n);
+    Floats delta = rng.floats(size_t(B) * size_t(shape.heads) * size_t(T));
+    auto gout = up(out), gdout = up(dout), gdelta = up(delta);
+    cpu.attention_delta(delta.data(), out.data(), dout.data(), B, T, shape);
+    gpu.attention_delta(gdelta.data(), gout.data(), gdout.data(), B, T, shape);
+    cmp("attention_delta (T 45, " + shape_tag(shape) + ")", gdelta, delta, kSums);
+  }
+
+  // Context parallelism's copies: rows of one stride to another (wider and narrower, contiguous on one
+  // side), one row (whose strides may be anything), none.
+  void copy_rows() {
+    const Floats src = rng.floats(300), dst0 = rng.floats(300);
+    struct Case {
+      int64_t dst_at, dst_ld, src_at, src_ld;
+      int width;
+      int64_t rows;
+    };
+    for (const Case& c : {Case{5, 29, 3, 37, 13, 7}, Case{2, 41, 7, 11, 11, 5}, Case{250, 0, 200, 0, 40, 1},
+                          Case{0, 13, 0, 13, 13, 0}}) {
+      Floats dst = dst0;
+      auto gsrc = up(src), gdst = up(dst0);
+      cpu.copy_rows(dst.data() + c.dst_at, c.dst_ld, src.data() + c.src_at, c.src_ld, c.width, c.rows);
+      gpu.copy_rows(gdst.data() + c.dst_at, c.dst_ld, gsrc.data() + c.src_at, c.src_ld, c.width, c.rows);
+      report.bits<float>(
+          fmt::format("copy_rows ({} rows of {}, ld {} to {})", c.rows, c.width, c.src_ld, c.dst_ld),
+          down(gdst), dst);
+    }
+  }
+
+  // Activations between FP32 and BF16 (Backend::convert): rounding's edge cases and random values of every
+  // magnitude (as bf16() below) to BF16, the input left as it is; every BF16 pattern to FP32; the copies
+  // when both are alike.
+  void convert() {
+    std::vector<uint32_t> patterns{0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+                                   0x7f800001u, 0xffa00000u, 0x7f7fffffu, 0xff7fffffu, 0x00000001u,
+                                   0x00008000u, 0x80018000u, 0x007fffffu, 0x3f808000u, 0x3f818000u,
+                                   0x3f807fffu, 0x3f808001u, 0x3f80ffffu, 0xbf808000u, 0xbf818000u};
+    for (int i = 0; i < 3001; ++i) {
+      const uint64_t r = rng.next();
+      patterns.push_back(i % 2 == 0 ? uint32_t(r) : (uint32_t(r) & 0xffff0000u) | 0x8000u);  // ties
+    }
+    Floats x(patterns.size());
+    std::memcpy(x.data(), patterns.data(), x.size() * sizeof(float));
+    Halves h(x.size());
+    auto gx = up(x);
+    auto gh = up(h);
+    cpu.convert(h.data(), x.data(), x.size());
+    gpu.convert(gh.data(), gx.data(), x.size());
+    report.bits<uint16_t>("convert FP32 to BF16", down(gh), h);
+    report.bits<float>("convert FP32 to BF16 leaves its input as it is", down(gx), x);
+    Halves all(65536);
+    for (size_t i = 0; i < all.size(); ++i) all[i] = uint16_t(i);
+    Floats wide(all.size());
+    auto gall = up(all);
+    auto gwide = up(wide);
+    cpu.convert(wide.data(), all.data(), all.size());
+    gpu.convert(gwide.data(), gall.data(), all.size());
+    report.bits<float>("convert BF16 to FP32 (all 65536 patterns)", down(gwide), wide);
+    auto gcopy = up(Floats(x.size()));
+    gpu.convert(gcopy.data(), gx.data(), x.size());
+    report.bits<float>("convert FP32 to FP32 (a copy)", down(gcopy), x);
+    auto ghcopy = up(Halves(all.size()));
+    gpu.convert(ghcopy.data(), gall.data(), all.size());
+    report.bits<uint16_t>("convert BF16 to BF16 (a copy)", down(ghcopy), all);
+  }
+
   // The MLP's first product with its bias and GELU fused (pre-activations over about [-4, 4]), then GELU's
   // backward.
   void gelu() {
@@ -977,6 +1161,25 @@ bool check_backend(uint64_t seed, int device) {
   run("attention_decode", [&] {
     check.attention_decode({3, 3, 12, 0}), check.attention_decode({8, 2, 12, 4});
   });
+  run("attention_chunk_forward, attention_chunk_backward", [&] {
+    struct Case {
+      AttentionShape shape;
+      int n;
+      bool documents;
+    };
+    // n = 45 and 100: tails of the kernels' 32-row tiles; head dims 40 and 64, and 12, 128 and 256 (each
+    // width the kernels pad to); grouped-query heads (4 on 2, 2 on 1); windows shorter than a chunk and
+    // longer; documents.
+    for (const Case& c :
+         {Case{{4, 4, 64, 0}, 45, false}, Case{{4, 4, 40, 0}, 100, false}, Case{{4, 2, 64, 0}, 45, false},
+          Case{{4, 2, 40, 0}, 100, true}, Case{{4, 4, 64, 0}, 45, true}, Case{{4, 2, 40, 20}, 45, false},
+          Case{{4, 2, 64, 130}, 100, true}, Case{{2, 1, 12, 0}, 45, true}, Case{{2, 2, 128, 0}, 45, false},
+          Case{{2, 1, 256, 60}, 45, false}})
+      check.chunk_attention(c.shape, c.n, c.documents);
+  });
+  run("attention_delta", [&] { check.attention_delta({4, 2, 40, 0}), check.attention_delta({3, 3, 64, 0}); });
+  run("copy_rows", [&] { check.copy_rows(); });
+  run("convert", [&] { check.convert(); });
   run("rmsnorm", [&] {
     for (const auto& [N, C] : {std::pair{29, 45}, std::pair{29, 48}, std::pair{29, 520}, std::pair{29, 2048},
                                std::pair{2100, 45}, std::pair{2100, 48}})

@@ -181,6 +181,23 @@ class CpuBackend final : public Backend {
                                 const float* delta, ChunkRows dq, ChunkRows dk, ChunkRows dv) override {
     cpu::attention_chunk_backward(c, dout, lse, delta, dq, dk, dv);
   }
+  void attention_delta(float* delta, const float* out, const float* dout, int B, int T,
+                       const AttentionShape& shape) override {
+    cpu::attention_delta(delta, out, dout, B, T, shape);
+  }
+  void copy_rows(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int width,
+                 int64_t rows) override {
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(dst + r * dst_ld, src + r * src_ld, sizeof(float) * size_t(width));
+  }
+  void convert(Act out, ConstAct in, size_t n) override {
+    if (in.bf16 && !out.bf16)
+      cpu::from_bf16(out.f32(), static_cast<const uint16_t*>(in.data), int64_t(n));
+    else if (!in.bf16 && out.bf16)
+      cpu::to_bf16(static_cast<uint16_t*>(out.data), in.f32(), int64_t(n));
+    else
+      Backend::convert(out, in, n);
+  }
   void attention_decode(Act out, ConstAct qkv, float* k_cache, float* v_cache, const int32_t* seq,
                         const int32_t* pos, int rows, int max_len, const AttentionShape& shape) override {
     const size_t n = size_t(rows) * size_t(shape.q_width());

@@ -40,6 +40,16 @@ void to_bf16(uint16_t* out, float* values, int64_t n) {
   }
 }
 
+void to_bf16(uint16_t* out, const float* values, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    const float rounded = round_one(values[i]);
+    std::memcpy(&bits, &rounded, 4);
+    out[i] = uint16_t(bits >> 16);
+  }
+}
+
 void from_bf16(float* out, const uint16_t* in, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) out[i] = widen(in[i]);

@@ -164,4 +164,17 @@ void attention_chunk_backward(const AttentionChunks& c, ChunkRows dout, const fl
   }
 }
 
+void attention_delta(float* delta, const float* out, const float* dout, int B, int T,
+                     const AttentionShape& s) {
+  const int NH = s.heads, hd = s.head_dim, QW = s.q_width();
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int t = 0; t < T; ++t) {
+        const int64_t row = (int64_t(b) * T + t) * QW + h * hd;
+        float d = 0;
+        for (int c = 0; c < hd; ++c) d += out[row + c] * dout[row + c];
+        delta[(int64_t(b) * NH + h) * T + t] = d;
+      }
+}
+
 }  // namespace forge::trainer::cpu

@@ -78,6 +78,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 void attention_chunk_forward(const AttentionChunks& c, ChunkRows out, float* lse);
 void attention_chunk_backward(const AttentionChunks& c, ChunkRows dout, const float* lse, const float* delta,
                               ChunkRows dq, ChunkRows dk, ChunkRows dv);
+void attention_delta(float* delta, const float* out, const float* dout, int B, int T,
+                     const AttentionShape& shape);
 
 // Incremental decoding: writes the key and value heads of `rows` new positions (row r: sequence seq[r],
 // position pos[r]) into the caches [sequences, max_len, kv_width], then attends each row's query over its
@@ -151,6 +153,7 @@ void round_to_bf16(float* data, int64_t n);
 void round_to_bf16(float* out, const float* in, int64_t n);
 // Rounds `values` in place as above and stores them as 2-byte BF16 in `out` (one pass); and back (exact).
 void to_bf16(uint16_t* out, float* values, int64_t n);
+void to_bf16(uint16_t* out, const float* values, int64_t n);  // leaves `values` as they are
 void from_bf16(float* out, const uint16_t* in, int64_t n);
 // One BF16 value as fp32 (exact).
 inline float widen(uint16_t bf16) {

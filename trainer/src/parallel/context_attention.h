@@ -24,15 +24,21 @@
 
 namespace forge::trainer {
 
-// Host buffers shared by a model's layers: one layer's exchange runs at a time.
+// Buffers shared by a model's layers (one layer's exchange runs at a time), in the backend's memory so that
+// the exchanges and the chunk ops run where the activations are (a GPU's, a CPU's); the document ids are
+// gathered on the host and copied there. The ring and the all-to-all work in FP32: in BF16 mode a layer's q,
+// k, v and output are widened into wide_qkv and wide_out (BF16 values, exact) and the output rounded back
+// once.
 struct ContextScratch {
-  std::vector<float> kv[2], acc[2], delta;         // ring
-  std::vector<float> send, recv, out, dout, dqkv;  // all-to-all
-  std::vector<int32_t> segments, doc_start;
+  Buffer<float> kv[2], acc[2], delta;         // ring
+  Buffer<float> send, recv, out, dout, dqkv;  // all-to-all
+  Buffer<float> wide_qkv, wide_out;           // BF16 mode
+  Buffer<int32_t> segments, doc_start;        // the host's below, copied
+  std::vector<int32_t> host_segments, host_doc_start;
   size_t bytes() const;
-  // Sized for one layer of `rows` rows and `shape`'s heads on cp ranks, before the first step, so the plan
-  // table shows them.
-  void reserve(ContextComm kind, int rows, const AttentionShape& shape, int cp);
+  // Sized for one layer of `rows` rows and `shape`'s heads on cp ranks (the largest asked for), before the
+  // first step, so the plan table shows them.
+  void reserve(Backend& backend, ContextComm kind, int rows, const AttentionShape& shape, int cp, bool bf16);
 };
 
 class RingAttention final : public Attention {
@@ -49,7 +55,7 @@ class RingAttention final : public Attention {
 
  private:
   // This rank's k and v rows, packed [B*T, 2 kv_width], into `to`.
-  void pack(const float* qkv, int rows, float* to) const;
+  void pack(const float* qkv, int rows, float* to);
   // The chunk pairs of a ring step whose keys some query may see: (query chunk, key chunk).
   std::vector<std::pair<int, int>> pairs(int src, int n) const;
   AttentionChunks chunks(const float* qkv, const float* kv, int src, int qc, int kc, bool docs, int B,
@@ -89,11 +95,15 @@ class AllToAllAttention final : public Attention {
 
   comm::Comm& cp_;
   std::shared_ptr<ContextScratch> scratch_;
-  std::vector<std::vector<float>> qkv_, lse_;  // per slot: the head group's whole-sequence q, k, v and lse
+  std::vector<Buffer<float>> qkv_, lse_;  // per slot: the head group's whole-sequence q, k, v and lse
 };
 
-// The document ids of every cp rank's rows, all-gathered into scratch.segments ([cp][B*T]); false when
-// the batch has none (one document per row).
-bool gather_segments(comm::Comm& cp, ContextScratch& scratch, const DeviceBatch& batch, int B, int T);
+// The document ids of every cp rank's rows, all-gathered into scratch.host_segments ([cp][B*T]) and copied
+// to scratch.segments; false when the batch has none (one document per row).
+bool gather_segments(comm::Comm& cp, Backend& backend, ContextScratch& scratch, const DeviceBatch& batch,
+                     int B, int T);
+
+// The FP32 values of a layer's activations: their own, or (BF16) widened into `wide`.
+const float* widened(Backend& backend, ConstAct a, size_t n, Buffer<float>& wide);
 
 }  // namespace forge::trainer

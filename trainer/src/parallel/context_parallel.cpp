@@ -47,38 +47,60 @@ constexpr int kKvTag = 40, kGradTag = 41;
 constexpr float kNoKey = -std::numeric_limits<float>::infinity();
 
 template <typename T>
-size_t capacity_bytes(const std::vector<T>& v) {
-  return v.capacity() * sizeof(T);
+void grow(Backend& backend, Buffer<T>& buffer, size_t n) {
+  if (buffer.size() < n) buffer = backend.alloc<T>(n);
+}
+template <typename T>
+size_t buffer_bytes(const Buffer<T>& b) {
+  return b.size() * sizeof(T);
 }
 }  // namespace
 
 size_t ContextScratch::bytes() const {
-  size_t n = capacity_bytes(delta) + capacity_bytes(segments) + capacity_bytes(doc_start);
-  for (const auto* v : {&kv[0], &kv[1], &acc[0], &acc[1], &send, &recv, &out, &dout, &dqkv})
-    n += capacity_bytes(*v);
+  size_t n = buffer_bytes(segments) + buffer_bytes(doc_start) +
+             (host_segments.capacity() + host_doc_start.capacity()) * sizeof(int32_t);
+  for (const auto* b :
+       {&kv[0], &kv[1], &acc[0], &acc[1], &delta, &send, &recv, &out, &dout, &dqkv, &wide_qkv, &wide_out})
+    n += buffer_bytes(*b);
   return n;
 }
 
-void ContextScratch::reserve(ContextComm kind, int rows, const AttentionShape& s, int cp) {
+void ContextScratch::reserve(Backend& backend, ContextComm kind, int rows, const AttentionShape& s, int cp,
+                             bool bf16) {
   const size_t n = size_t(rows), kv = n * 2 * size_t(s.kv_width()), qkv = n * size_t(s.qkv_width());
   if (kind == ContextComm::kRing) {
-    for (auto* v : {&this->kv[0], &this->kv[1], &acc[0], &acc[1]}) v->reserve(kv);
-    delta.reserve(n * size_t(s.heads));
+    for (auto* b : {&this->kv[0], &this->kv[1], &acc[0], &acc[1]}) grow(backend, *b, kv);
+    grow(backend, delta, n * size_t(s.heads));
   } else {
-    for (auto* v : {&send, &recv, &dqkv}) v->reserve(qkv);
-    for (auto* v : {&out, &dout}) v->reserve(n * size_t(s.q_width()));
-    doc_start.reserve(n * size_t(cp));
+    for (auto* b : {&send, &recv, &dqkv}) grow(backend, *b, qkv);
+    for (auto* b : {&out, &dout}) grow(backend, *b, n * size_t(s.q_width()));
+    grow(backend, doc_start, n * size_t(cp));
+    host_doc_start.reserve(n * size_t(cp));
   }
-  segments.reserve(n * size_t(cp));
+  if (bf16) {
+    grow(backend, wide_qkv, qkv);
+    grow(backend, wide_out, n * size_t(s.q_width()));
+  }
+  grow(backend, segments, n * size_t(cp));
+  host_segments.reserve(n * size_t(cp));
 }
 
-bool gather_segments(comm::Comm& cp, ContextScratch& scratch, const DeviceBatch& batch, int B, int T) {
+bool gather_segments(comm::Comm& cp, Backend& backend, ContextScratch& scratch, const DeviceBatch& batch,
+                     int B, int T) {
   if (batch.host == nullptr || batch.host->segments.empty()) return false;
-  scratch.segments.resize(size_t(cp.size()) * size_t(B) * size_t(T));
-  cp.all_gather(batch.host->segments.data(), scratch.segments.data(), size_t(B) * size_t(T),
+  const size_t n = size_t(cp.size()) * size_t(B) * size_t(T);
+  scratch.host_segments.resize(n);
+  cp.all_gather(batch.host->segments.data(), scratch.host_segments.data(), size_t(B) * size_t(T),
                 comm::CommType::kI32)
       ->wait();
+  backend.copy_from_host(scratch.segments.data(), scratch.host_segments.data(), n * sizeof(int32_t));
   return true;
+}
+
+const float* widened(Backend& backend, ConstAct a, size_t n, Buffer<float>& wide) {
+  if (!a.bf16) return a.f32();
+  backend.convert(wide.data(), a, n);
+  return wide.data();
 }
 
 // ---- ring ----
@@ -91,11 +113,10 @@ RingAttention::RingAttention(comm::Comm& cp, std::shared_ptr<ContextScratch> scr
       cp_(cp),
       scratch_(std::move(scratch)) {}
 
-void RingAttention::pack(const float* qkv, int rows, float* to) const {
+void RingAttention::pack(const float* qkv, int rows, float* to) {
   const AttentionShape& s = settings().shape;
-  const int W = s.qkv_width(), KV = 2 * s.kv_width();
-  for (int r = 0; r < rows; ++r)
-    std::memcpy(to + int64_t(r) * KV, qkv + int64_t(r) * W + s.q_width(), sizeof(float) * size_t(KV));
+  const int KV = 2 * s.kv_width();
+  backend_.copy_rows(to, KV, qkv + s.q_width(), s.qkv_width(), KV, rows);
 }
 
 std::vector<std::pair<int, int>> RingAttention::pairs(int src, int n) const {
@@ -138,76 +159,58 @@ void RingAttention::attend_forward(int, Act out_act, float* lse, ConstAct qkv_ac
                                    int B, int T) {
   TraceSpan span("ring attention forward", "compute");
   const AttentionShape& s = settings().shape;
-  const float* qkv = qkv_act.f32();
-  float* out = out_act.f32();
   const int P = cp_.size(), r = cp_.rank(), n = T / 2, QW = s.q_width(), rows = B * T;
   const size_t count = size_t(rows) * 2 * size_t(s.kv_width());
   ContextScratch& k = *scratch_;
-  const bool docs = gather_segments(cp_, k, batch, B, T);
-  for (auto& buffer : k.kv) buffer.resize(count);
+  const float* qkv = widened(backend_, qkv_act, size_t(rows) * size_t(s.qkv_width()), k.wide_qkv);
+  float* out = out_act.bf16 ? k.wide_out.data() : out_act.f32();
+  const bool docs = gather_segments(cp_, backend_, k, batch, B, T);
   pack(qkv, rows, k.kv[0].data());
-  std::fill(out, out + int64_t(rows) * QW, 0.0f);
-  std::fill(lse, lse + int64_t(rows) * s.heads, kNoKey);
+  backend_.fill(out, 0.0f, size_t(rows) * size_t(QW));
+  backend_.fill(lse, kNoKey, size_t(rows) * size_t(s.heads));
   for (int step = 0; step < P; ++step) {
     const int src = (r - step + P) % P;
     const float* kv = k.kv[step % 2].data();
-    comm::RequestPtr received, sent;
-    if (step + 1 < P) {  // the next step's keys arrive while this one computes
-      received = cp_.recv(k.kv[(step + 1) % 2].data(), count, comm::CommType::kF32, (r + P - 1) % P, kKvTag);
-      sent = cp_.send(kv, count, comm::CommType::kF32, (r + 1) % P, kKvTag);
-    }
+    comm::RequestPtr next;  // the next step's keys arrive while this one computes
+    if (step + 1 < P)
+      next = cp_.exchange(kv, k.kv[(step + 1) % 2].data(), count, comm::CommType::kF32, (r + 1) % P,
+                          (r + P - 1) % P, kKvTag);
     for (const auto& [qc, kc] : pairs(src, n))
       backend_.attention_chunk_forward(chunks(qkv, kv, src, qc, kc, docs, B, T),
                                        {out + int64_t(qc) * n * QW, int64_t(T) * QW, QW}, lse + qc * n);
-    if (received) {
-      received->wait();
-      sent->wait();
-    }
+    if (next) next->wait();
   }
+  if (out_act.bf16) backend_.convert(out_act, out, size_t(rows) * size_t(QW));
 }
 
 void RingAttention::attend_backward(int, float* dqkv, const float* dout, ConstAct qkv_act, ConstAct out_act,
                                     const float* lse, const DeviceBatch& batch, int B, int T) {
   TraceSpan span("ring attention backward", "compute");
   const AttentionShape& s = settings().shape;
-  const float* qkv = qkv_act.f32();
-  const float* out = out_act.f32();
-  const int P = cp_.size(), r = cp_.rank(), n = T / 2, W = s.qkv_width(), QW = s.q_width(), hd = s.head_dim;
+  const int P = cp_.size(), r = cp_.rank(), n = T / 2, W = s.qkv_width(), QW = s.q_width();
   const int rows = B * T, KV = 2 * s.kv_width();
   const size_t count = size_t(rows) * size_t(KV);
   ContextScratch& k = *scratch_;
-  const bool docs = gather_segments(cp_, k, batch, B, T);
-  // delta = rowsum(dout * out) per head and row, in the lse layout [B, heads, T].
-  k.delta.resize(size_t(rows) * size_t(s.heads));
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < s.heads; ++h)
-      for (int t = 0; t < T; ++t) {
-        const int64_t row = (int64_t(b) * T + t) * QW + h * hd;
-        float d = 0;
-        for (int c = 0; c < hd; ++c) d += out[row + c] * dout[row + c];
-        k.delta[(size_t(b) * size_t(s.heads) + size_t(h)) * size_t(T) + size_t(t)] = d;
-      }
-  for (auto* buffer : {&k.kv[0], &k.kv[1], &k.acc[0], &k.acc[1]}) buffer->resize(count);
+  const float* qkv = widened(backend_, qkv_act, size_t(rows) * size_t(W), k.wide_qkv);
+  const float* out = widened(backend_, out_act, size_t(rows) * size_t(QW), k.wide_out);
+  const bool docs = gather_segments(cp_, backend_, k, batch, B, T);
+  backend_.attention_delta(k.delta.data(), out, dout, B, T, s);  // [B, heads, T], as lse
   pack(qkv, rows, k.kv[0].data());
-  std::fill(dqkv, dqkv + int64_t(rows) * W, 0.0f);
+  backend_.fill(dqkv, 0.0f, size_t(rows) * size_t(W));
+  backend_.fill(k.acc[0].data(), 0.0f, count);
   const int left = (r + P - 1) % P, right = (r + 1) % P;
   // The accumulator of rank src's key/value gradients arrives from the left (the ranks before this one
   // have added theirs), this rank adds its share into it, and it goes on to the right: two buffers, one
   // being sent while the other receives and is added to.
-  comm::RequestPtr grad_in, grad_out;
+  comm::RequestPtr grads;
   for (int step = 0; step < P; ++step) {
     const int src = (r - step + P) % P;
     const float* kv = k.kv[step % 2].data();
     float* acc = k.acc[step % 2].data();
-    comm::RequestPtr received, sent;
-    if (step + 1 < P) {
-      received = cp_.recv(k.kv[(step + 1) % 2].data(), count, comm::CommType::kF32, left, kKvTag);
-      sent = cp_.send(kv, count, comm::CommType::kF32, right, kKvTag);
-    }
-    if (grad_in)
-      grad_in->wait();
-    else
-      std::fill(acc, acc + count, 0.0f);
+    comm::RequestPtr next;
+    if (step + 1 < P)
+      next = cp_.exchange(kv, k.kv[(step + 1) % 2].data(), count, comm::CommType::kF32, right, left, kKvTag);
+    if (grads) grads->wait();  // acc has arrived, and the other buffer is sent
     for (const auto& [qc, kc] : pairs(src, n)) {
       const ChunkRows dk{acc + int64_t(kc) * n * KV, int64_t(T) * KV, KV};
       backend_.attention_chunk_backward(
@@ -216,20 +219,13 @@ void RingAttention::attend_backward(int, float* dqkv, const float* dout, ConstAc
           k.delta.data() + qc * n, {dqkv + int64_t(qc) * n * W, int64_t(T) * W, W}, dk,
           {dk.base + s.kv_width(), dk.seq, KV});
     }
-    if (grad_out) grad_out->wait();  // the other buffer is free to receive into
-    grad_out = cp_.send(acc, count, comm::CommType::kF32, right, kGradTag);
-    grad_in = cp_.recv(k.acc[(step + 1) % 2].data(), count, comm::CommType::kF32, left, kGradTag);
-    if (received) {
-      received->wait();
-      sent->wait();
-    }
+    grads =
+        cp_.exchange(acc, k.acc[(step + 1) % 2].data(), count, comm::CommType::kF32, right, left, kGradTag);
+    if (next) next->wait();
   }
   // After cp steps this rank's own key/value gradients, summed over every rank's queries, are back.
-  grad_in->wait();
-  grad_out->wait();
-  const float* own = k.acc[P % 2].data();
-  for (int row = 0; row < rows; ++row)
-    std::memcpy(dqkv + int64_t(row) * W + QW, own + int64_t(row) * KV, sizeof(float) * size_t(KV));
+  grads->wait();
+  backend_.copy_rows(dqkv + QW, W, k.acc[P % 2].data(), KV, KV, rows);
 }
 
 // ---- all-to-all ----
@@ -241,15 +237,13 @@ AllToAllAttention::AllToAllAttention(comm::Comm& cp, std::shared_ptr<ContextScra
                                      float* datt)
     : Attention(backend, settings, std::move(qkv), std::move(proj), weights, slots, rows, dqkv, datt),
       cp_(cp),
-      scratch_(std::move(scratch)),
-      qkv_(size_t(slots)),
-      lse_(size_t(slots)) {
+      scratch_(std::move(scratch)) {
   const AttentionShape& s = settings.shape;
   if (s.heads % cp.size() != 0 || s.kv_heads % cp.size() != 0)
     throw std::invalid_argument("AllToAllAttention: the rank's heads do not divide by cp (spec validation)");
   for (int i = 0; i < slots; ++i) {
-    qkv_[size_t(i)].resize(size_t(rows) * size_t(s.qkv_width()));
-    lse_[size_t(i)].resize(size_t(rows) * size_t(s.heads));
+    qkv_.push_back(backend.alloc<float>(size_t(rows) * size_t(s.qkv_width())));
+    lse_.push_back(backend.alloc<float>(size_t(rows) * size_t(s.heads)));
   }
 }
 
@@ -277,83 +271,84 @@ std::vector<std::pair<int, int>> AllToAllAttention::columns(Rows kind, int g) co
 void AllToAllAttention::to_heads(const float* local, float* whole, Rows kind, int B, int T) {
   const AttentionShape& s = settings().shape;
   const int P = cp_.size(), n = T / 2, width = kind == Rows::kQkv ? s.qkv_width() : s.q_width();
-  const int part = width / P;
-  const size_t block = size_t(B) * size_t(T) * size_t(part);
+  const int part = width / P, rows = B * T;
+  const size_t block = size_t(rows) * size_t(part);
   ContextScratch& k = *scratch_;
-  k.send.resize(block * size_t(P));
-  k.recv.resize(block * size_t(P));
-  float* to = k.send.data();
-  for (int g = 0; g < P; ++g)
-    for (int row = 0; row < B * T; ++row)
-      for (const auto& [at, w] : columns(kind, g)) {
-        std::memcpy(to, local + int64_t(row) * width + at, sizeof(float) * size_t(w));
-        to += w;
-      }
+  for (int g = 0; g < P; ++g) {  // head group g's columns of every row, back to back
+    int at = 0;
+    for (const auto& [from, w] : columns(kind, g)) {
+      backend_.copy_rows(k.send.data() + int64_t(g) * block + at, part, local + from, width, w, rows);
+      at += w;
+    }
+  }
   const std::vector<size_t> counts(size_t(P), block);
   cp_.all_to_all_v(k.send.data(), counts.data(), k.recv.data(), counts.data(), comm::CommType::kF32)->wait();
   // Rank i's block holds its chunks' rows of this rank's heads: into their places in the sequences.
   for (int i = 0; i < P; ++i)
     for (int b = 0; b < B; ++b)
       for (int c = 0; c < 2; ++c)
-        std::memcpy(whole + (int64_t(b) * P * T + context_chunk_first(P, i, c, n)) * part,
-                    k.recv.data() + int64_t(i) * block + (int64_t(b) * T + c * n) * part,
-                    sizeof(float) * size_t(n) * size_t(part));
+        backend_.copy(whole + (int64_t(b) * P * T + context_chunk_first(P, i, c, n)) * part,
+                      k.recv.data() + int64_t(i) * block + (int64_t(b) * T + c * n) * part,
+                      sizeof(float) * size_t(n) * size_t(part));
 }
 
 void AllToAllAttention::to_chunks(const float* whole, float* local, Rows kind, int B, int T) {
   const AttentionShape& s = settings().shape;
   const int P = cp_.size(), n = T / 2, width = kind == Rows::kQkv ? s.qkv_width() : s.q_width();
-  const int part = width / P;
-  const size_t block = size_t(B) * size_t(T) * size_t(part);
+  const int part = width / P, rows = B * T;
+  const size_t block = size_t(rows) * size_t(part);
   ContextScratch& k = *scratch_;
-  k.send.resize(block * size_t(P));
-  k.recv.resize(block * size_t(P));
   for (int i = 0; i < P; ++i)
     for (int b = 0; b < B; ++b)
       for (int c = 0; c < 2; ++c)
-        std::memcpy(k.send.data() + int64_t(i) * block + (int64_t(b) * T + c * n) * part,
-                    whole + (int64_t(b) * P * T + context_chunk_first(P, i, c, n)) * part,
-                    sizeof(float) * size_t(n) * size_t(part));
+        backend_.copy(k.send.data() + int64_t(i) * block + (int64_t(b) * T + c * n) * part,
+                      whole + (int64_t(b) * P * T + context_chunk_first(P, i, c, n)) * part,
+                      sizeof(float) * size_t(n) * size_t(part));
   const std::vector<size_t> counts(size_t(P), block);
   cp_.all_to_all_v(k.send.data(), counts.data(), k.recv.data(), counts.data(), comm::CommType::kF32)->wait();
-  const float* from = k.recv.data();
-  for (int g = 0; g < P; ++g)
-    for (int row = 0; row < B * T; ++row)
-      for (const auto& [at, w] : columns(kind, g)) {
-        std::memcpy(local + int64_t(row) * width + at, from, sizeof(float) * size_t(w));
-        from += w;
-      }
+  for (int g = 0; g < P; ++g) {
+    int at = 0;
+    for (const auto& [to, w] : columns(kind, g)) {
+      backend_.copy_rows(local + to, width, k.recv.data() + int64_t(g) * block + at, part, w, rows);
+      at += w;
+    }
+  }
 }
 
 const int32_t* AllToAllAttention::doc_starts(const DeviceBatch& batch, int B, int T) {
   ContextScratch& k = *scratch_;
-  if (!gather_segments(cp_, k, batch, B, T)) return nullptr;
+  if (!gather_segments(cp_, backend_, k, batch, B, T)) return nullptr;
   const int P = cp_.size(), n = T / 2, whole = P * T;
-  k.doc_start.resize(size_t(B) * size_t(whole));
+  k.host_doc_start.resize(size_t(B) * size_t(whole));
   std::vector<int32_t> ids(static_cast<size_t>(whole));
   for (int b = 0; b < B; ++b) {
     for (int i = 0; i < P; ++i)
       for (int c = 0; c < 2; ++c)
         std::memcpy(ids.data() + context_chunk_first(P, i, c, n),
-                    k.segments.data() + (int64_t(i) * B + b) * T + c * n, sizeof(int32_t) * size_t(n));
-    int32_t* starts = k.doc_start.data() + int64_t(b) * whole;
+                    k.host_segments.data() + (int64_t(i) * B + b) * T + c * n, sizeof(int32_t) * size_t(n));
+    int32_t* starts = k.host_doc_start.data() + int64_t(b) * whole;
     for (int t = 0; t < whole; ++t)
       starts[t] = t == 0 || ids[size_t(t)] != ids[size_t(t) - 1] ? t : starts[t - 1];
   }
+  backend_.copy_from_host(k.doc_start.data(), k.host_doc_start.data(),
+                          k.host_doc_start.size() * sizeof(int32_t));
   return k.doc_start.data();
 }
 
 void AllToAllAttention::attend_forward(int slot, Act out_act, float*, ConstAct qkv_act,
                                        const DeviceBatch& batch, int B, int T) {
   TraceSpan span("all-to-all attention forward", "compute");
+  const AttentionShape& s = settings().shape;
   const int P = cp_.size();
-  float* qkv = qkv_[size_t(slot)].data();
-  float* lse = lse_[size_t(slot)].data();
-  to_heads(qkv_act.f32(), qkv, Rows::kQkv, B, T);
+  const size_t rows = size_t(B) * size_t(T);
   ContextScratch& k = *scratch_;
-  k.out.resize(size_t(B) * size_t(T) * size_t(settings().shape.q_width()));
-  backend_.attention_forward(k.out.data(), lse, qkv, doc_starts(batch, B, T), B, P * T, group_shape());
-  to_chunks(k.out.data(), out_act.f32(), Rows::kOut, B, T);
+  float* qkv = qkv_[size_t(slot)].data();
+  to_heads(widened(backend_, qkv_act, rows * size_t(s.qkv_width()), k.wide_qkv), qkv, Rows::kQkv, B, T);
+  backend_.attention_forward(k.out.data(), lse_[size_t(slot)].data(), qkv, doc_starts(batch, B, T), B, P * T,
+                             group_shape());
+  float* out = out_act.bf16 ? k.wide_out.data() : out_act.f32();
+  to_chunks(k.out.data(), out, Rows::kOut, B, T);
+  if (out_act.bf16) backend_.convert(out_act, out, rows * size_t(s.q_width()));
 }
 
 void AllToAllAttention::attend_backward(int slot, float* dqkv, const float* dout, ConstAct, ConstAct out_act,
@@ -363,10 +358,8 @@ void AllToAllAttention::attend_backward(int slot, float* dqkv, const float* dout
   const int P = cp_.size();
   ContextScratch& k = *scratch_;
   const size_t rows = size_t(B) * size_t(T);
-  k.out.resize(rows * size_t(s.q_width()));
-  k.dout.resize(rows * size_t(s.q_width()));
-  k.dqkv.resize(rows * size_t(s.qkv_width()));
-  to_heads(out_act.f32(), k.out.data(), Rows::kOut, B, T);
+  to_heads(widened(backend_, out_act, rows * size_t(s.q_width()), k.wide_out), k.out.data(), Rows::kOut, B,
+           T);
   to_heads(dout, k.dout.data(), Rows::kOut, B, T);
   backend_.attention_backward(k.dqkv.data(), k.dout.data(), qkv_[size_t(slot)].data(), k.out.data(),
                               lse_[size_t(slot)].data(), doc_starts(batch, B, T), B, P * T, group_shape());

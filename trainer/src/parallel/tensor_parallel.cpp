@@ -326,7 +326,7 @@ std::unique_ptr<Attention> ParallelPlan::attention(Backend& backend, const Atten
   if (sequence_) sequence_->reserve(rows, int(w.proj.info->shape[0]), tp_.size());
   if (cp_.size() == 1) return LayerFactory::attention(backend, settings, w, slots, rows, dqkv, datt);
   auto qkv = linear(backend, w.qkv, w.qkv_bias, true), proj = linear(backend, w.proj, w.proj_bias, false);
-  context_->reserve(cp_comm_, rows, settings.shape, cp_.size());
+  context_->reserve(backend, cp_comm_, rows, settings.shape, cp_.size(), settings.bf16);
   if (cp_comm_ == ContextComm::kAllToAll)
     return std::make_unique<AllToAllAttention>(cp_, context_, backend, settings, std::move(qkv),
                                                std::move(proj), w, slots, rows, dqkv, datt);

@@ -72,6 +72,12 @@ class Comm {
                                   const size_t* recv_counts, CommType type) = 0;
   virtual RequestPtr send(const void* data, size_t count, CommType type, int peer, int tag) = 0;
   virtual RequestPtr recv(void* data, size_t count, CommType type, int peer, int tag) = 0;
+  // Sends `count` elements of `out` to rank `to` and receives as many into `in` from rank `from`, as one
+  // operation: a ring's step, where every rank sends and receives at once. NCCL runs a lone send or receive
+  // to completion before the next call starts, so a ring of them would wait forever; this groups the pair
+  // (the default: a receive and a send in flight together, as MPI's nonblocking calls are).
+  virtual RequestPtr exchange(const void* out, void* in, size_t count, CommType type, int to, int from,
+                              int tag);
   virtual void barrier() = 0;
 
   // A new communicator of the ranks that pass the same `color`, ordered by `key` (collective).

@@ -264,6 +264,16 @@ class Backend {
   // delta = rowsum(dout * out) per head and row (stats layout).
   virtual void attention_chunk_backward(const AttentionChunks& c, ChunkRows dout, const float* lse,
                                         const float* delta, ChunkRows dq, ChunkRows dk, ChunkRows dv);
+  // delta[(b * heads + h) * T + t] = the dot product of head h of out's and dout's row b * T + t (both
+  // [B * T, q_width]): attention_chunk_backward's delta, summed over the head's values in order.
+  virtual void attention_delta(float* delta, const float* out, const float* dout, int B, int T,
+                               const AttentionShape& shape);
+  // The rest of context parallelism's data movement, in the backend's memory: `rows` rows of `width`
+  // values from src (a row every src_ld values) to dst (every dst_ld); and n activations converted (BF16
+  // widened to FP32, FP32 rounded to BF16 to nearest even, or copied when both are alike).
+  virtual void copy_rows(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int width,
+                         int64_t rows);
+  virtual void convert(Act out, ConstAct in, size_t n);
   // Incremental decoding (model.h, GPT::decode): `rows` new positions, row r being position pos[r] of
   // sequence seq[r]. Writes each row's key and value heads (from qkv [rows, qkv_width]) into k_cache and
   // v_cache ([sequences, max_len, kv_width]) at (seq[r], pos[r]), then out[r] = the attention of row r's
