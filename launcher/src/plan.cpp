@@ -278,6 +278,7 @@ Plan make_plan(const T::TrainSpec& validated, int zero_nodes) {
       const size_t chunks = (N / size_t(shards) + T::kNormChunkRows - 1) / T::kNormChunkRows;
       st.activations +=
           (2 * N * size_t(m.d_model) + (1 + size_t(shards)) * chunks * 2 * size_t(m.d_model)) * kF32;
+      if (spec.dtype == T::DType::kBF16) st.activations += N * size_t(m.d_model) * sizeof(uint16_t);
     }
     if (lay.cp > 1) {  // ContextScratch (context_attention.h), and a2a's whole-sequence activations
       const size_t heads = size_t(m.heads / lay.tp), kv = size_t(std::max(1, m.kv_heads / lay.tp));

@@ -119,6 +119,20 @@ class FarBackend final : public trainer::Backend {
     cpu_.attention_backward(near(dqkv), near(dout), near(qkv), near(out), near(lse), near(doc_start), B, T,
                             shape);
   }
+  void rmsnorm_backward_partials(float* din, float* partial, const float* dout, const float* in,
+                                 const float* weight, const float* rstd, int N, int C) override {
+    cpu_.rmsnorm_backward_partials(near(din), near(partial), near(dout), near(in), near(weight), near(rstd),
+                                   N, C);
+  }
+  void layernorm_backward_partials(float* din, float* partial, const float* dout, const float* in,
+                                   const float* weight, const float* mean, const float* rstd, int N,
+                                   int C) override {
+    cpu_.layernorm_backward_partials(near(din), near(partial), near(dout), near(in), near(weight), near(mean),
+                                     near(rstd), N, C);
+  }
+  void add_chunk_sums(float* grad, const float* partial, int64_t chunks, int width, int stride) override {
+    cpu_.add_chunk_sums(near(grad), near(partial), chunks, width, stride);
+  }
   void attention_chunk_forward(const trainer::AttentionChunks& c, trainer::ChunkRows out,
                                float* lse) override {
     cpu_.attention_chunk_forward(near(c), near(out), near(lse));

@@ -10,22 +10,25 @@
 
 namespace forge::trainer {
 
-// Host memory: sequence parallelism runs on the CPU backend (Backend::add_chunk_sums).
+// In the backend's memory, as the activations they carry.
 struct SequenceScratch {
-  std::vector<float> gathered;           // [rows, C]: a share of rows gathered from the group
-  std::vector<float> full;               // [rows, C]: a product's rows before the reduce-scatter
-  std::vector<float> partial, partials;  // a norm's weight-gradient partials: this rank's, the group's
+  Buffer<float> gathered;           // [rows, C]: a share of rows gathered from the group
+  Buffer<uint16_t> gathered_bf16;   // the same for BF16 activations (the column products' inputs)
+  Buffer<float> full;               // [rows, C]: a product's rows before the reduce-scatter
+  Buffer<float> partial, partials;  // a norm's weight-gradient partials: this rank's, the group's
 
-  void reserve(int rows, int C, int ranks) {
+  void reserve(Backend& backend, int rows, int C, int ranks, bool bf16) {
     const size_t n = size_t(rows) * size_t(C),
                  chunks = size_t(rows / ranks + kNormChunkRows - 1) / kNormChunkRows;
-    gathered.resize(std::max(gathered.size(), n));
-    full.resize(std::max(full.size(), n));
-    partial.resize(std::max(partial.size(), chunks * 2 * size_t(C)));
-    partials.resize(std::max(partials.size(), size_t(ranks) * chunks * 2 * size_t(C)));
+    grow(backend, gathered, n);
+    if (bf16) grow(backend, gathered_bf16, n);
+    grow(backend, full, n);
+    grow(backend, partial, chunks * 2 * size_t(C));
+    grow(backend, partials, size_t(ranks) * chunks * 2 * size_t(C));
   }
   size_t bytes() const {
-    return (gathered.size() + full.size() + partial.size() + partials.size()) * sizeof(float);
+    return (gathered.size() + full.size() + partial.size() + partials.size()) * sizeof(float) +
+           gathered_bf16.size() * sizeof(uint16_t);
   }
 
   // The group's shares of `rows` rows of `width` (this rank's: `mine`), whole, in rank order.
@@ -35,10 +38,25 @@ struct SequenceScratch {
         ->wait();
     return gathered.data();
   }
+  // The same for activations, BF16 ones moved as they are (half the bytes).
+  ConstAct gather(comm::Comm& group, ConstAct mine, int rows, int width) {
+    if (!mine.bf16) return gather(group, mine.f32(), rows, width);
+    group
+        .all_gather(mine.data, gathered_bf16.data(), size_t(rows / group.size()) * size_t(width),
+                    comm::CommType::kBF16)
+        ->wait();
+    return static_cast<const uint16_t*>(gathered_bf16.data());
+  }
   // Rank r of the group receives rows [r, r + 1) x rows / size of the group's sum of `whole`.
   static void scatter(comm::Comm& group, const float* whole, float* mine, int rows, int width) {
     group.reduce_scatter(whole, mine, size_t(rows / group.size()) * size_t(width), comm::CommType::kF32)
         ->wait();
+  }
+
+ private:
+  template <typename T>
+  static void grow(Backend& backend, Buffer<T>& buffer, size_t n) {
+    if (buffer.size() < n) buffer = backend.alloc<T>(n);
   }
 };
 
@@ -47,12 +65,12 @@ ColumnParallelLinear::ColumnParallelLinear(Backend& backend, ParamRef weight, Pa
     : Linear(backend, weight, bias, add_bias), group_(group), sequence_(sequence) {}
 
 void ColumnParallelLinear::forward(Act out, ConstAct in, int rows) {
-  if (sequence_ != nullptr) in = sequence_->gather(group_, in.f32(), rows, in_);
+  if (sequence_ != nullptr) in = sequence_->gather(group_, in, rows, in_);
   Linear::forward(out, in, rows);
 }
 
 void ColumnParallelLinear::forward_gelu(Act out, Act pre, ConstAct in, int rows) {
-  if (sequence_ != nullptr) in = sequence_->gather(group_, in.f32(), rows, in_);
+  if (sequence_ != nullptr) in = sequence_->gather(group_, in, rows, in_);
   Linear::forward_gelu(out, pre, in, rows);
 }
 
@@ -67,7 +85,7 @@ void ColumnParallelLinear::backward(float* din, const float* dout, ConstAct in, 
   // does the same). The summed input gradient goes back cut: reduce-scatter.
   float* whole = din != nullptr ? sequence_->full.data() : nullptr;
   // A frozen weight's product does not read the input (Backend::matmul_backward): no gather.
-  Linear::backward(whole, dout, weight_.grad != nullptr ? sequence_->gather(group_, in.f32(), rows, in_) : in,
+  Linear::backward(whole, dout, weight_.grad != nullptr ? sequence_->gather(group_, in, rows, in_) : in,
                    rows);
   if (din != nullptr) SequenceScratch::scatter(group_, whole, din, rows, in_);
 }
@@ -323,7 +341,7 @@ std::unique_ptr<Attention> ParallelPlan::attention(Backend& backend, const Atten
                                                    const AttentionWeights& w, int slots, int rows,
                                                    float* dqkv, float* datt) const {
   // Every model has attention slots, and this is where the plan learns the rows.
-  if (sequence_) sequence_->reserve(rows, int(w.proj.info->shape[0]), tp_.size());
+  if (sequence_) sequence_->reserve(backend, rows, int(w.proj.info->shape[0]), tp_.size(), settings.bf16);
   if (cp_.size() == 1) return LayerFactory::attention(backend, settings, w, slots, rows, dqkv, datt);
   auto qkv = linear(backend, w.qkv, w.qkv_bias, true), proj = linear(backend, w.proj, w.proj_bias, false);
   context_->reserve(backend, cp_comm_, rows, settings.shape, cp_.size(), settings.bf16);
