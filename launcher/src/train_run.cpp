@@ -374,11 +374,6 @@ DeviceRun open_device(trainer::TrainSpec& spec, int rank) {
            "parallel.zero = {}: ZeRO-2 and -3 run on CPU ranks for now, and run.device = auto chose cuda: "
            "set run.device = cpu, or parallel.zero = 1",
            spec.parallel.zero);
-    if (spec.parallel.sequence_parallel && spec.layout.tp > 1)
-      fail(
-          ExitCode::kUsage,
-          "parallel.sequence_parallel: sequence parallelism runs on CPU ranks for now, and run.device = auto "
-          "chose cuda: set run.device = cpu, or parallel.sequence_parallel = false");
   }
   if (spec.device != trainer::Device::kCuda) {
     // A node with a driver where auto still trains on CPU says why, once.

@@ -241,7 +241,7 @@ while IFS='|' read -r name pattern; do
     say "op $name: FAIL ($((n - pass)) of $n compared outputs)"
   fi
 done <<'OPS'
-rmsnorm (forward, FP32 and BF16 out; backward)|rmsnorm[_ ]
+rmsnorm (forward, FP32 and BF16 out; backward)|rmsnorm(_forward|_backward)?[ ]
 residual + rmsnorm|residual_rmsnorm[_ ]
 head_rmsnorm (qk-norm)|head_rmsnorm[_ ]
 swiglu|swiglu[_ ]
@@ -254,6 +254,7 @@ attention on tensor cores, head dim 128 (WMMA)|bf16 products: attention_.*hd 128
 attention with BF16 products on the FP32 kernel (documents, hd 40)|bf16 products: attention_.*(documents|hd 40)
 context parallelism: chunk attention (merge, adds; grouped-query, documents, window)|attention_chunk_
 context parallelism: attention_delta, copy_rows, convert|attention_delta|copy_rows|convert
+sequence parallelism: norm weight-gradient partials, chunk sums|rmsnorm_backward_partials|layernorm_backward_partials|add_chunk_sums
 OPS
 say "forge-cuda-check backend exit $backend_rc after $(($(date +%s) - start)) s"
 

@@ -3,9 +3,9 @@
 #   train_check.sh FORGE_TRAIN WORK_DIR [MPIEXEC]
 # (a) configs/bench-cpu.ini, one rank on the GPU against forge-train on the CPU, 20 steps: per-step loss within
 #     1e-3 (FP32) and 2e-2 (BF16 against the CPU's FP32);
-# (b) tp2, pp2, dp2 with ZeRO-1 and cp2 (ring attention: the chunk kernels, their merge and the exchanges),
-#     each as 2 ranks sharing the GPU over host-staged MPI (parallel.comm = mpi): losses equal to one GPU
-#     rank's within the BF16 tolerance;
+# (b) tp2, tp2 with sequence parallelism (the norms' partial gradients), pp2, dp2 with ZeRO-1 and cp2 (ring
+#     attention: the chunk kernels, their merge and the exchanges), each as 2 ranks sharing the GPU over
+#     host-staged MPI (parallel.comm = mpi): losses equal to one GPU rank's within the BF16 tolerance;
 # (c) NCCL on one rank, and dp2 over NCCL where the machine has two GPUs or more;
 # (d) saved on the GPU at step 10, resumed for 2 steps on the CPU and for 2 on the GPU: the uninterrupted
 #     run's losses within tolerance;
@@ -102,7 +102,8 @@ fi
 # --- (b) 2 ranks sharing the GPU over host-staged MPI, against one GPU rank
 if ! skipped b && [ -n "$mpiexec" ]; then
   [ -s "$work/gpu16/summary.json" ] || run gpu16 --run.device="$device" --precision.dtype=bf16
-  for layout in "tp2 --parallel.tp=2 --data.batch=8" "pp2 --parallel.pp=2 --data.batch=8" \
+  for layout in "tp2 --parallel.tp=2 --data.batch=8" "sp2 --parallel.tp=2 --parallel.sequence_parallel=true --data.batch=8" \
+    "pp2 --parallel.pp=2 --data.batch=8" \
     "dp2 --parallel.dp=2 --parallel.zero=1 --data.batch=4" "cp2 --parallel.cp=2 --data.batch=8"; do
     read -r name args <<<"$layout"
     # shellcheck disable=SC2086

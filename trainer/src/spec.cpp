@@ -893,10 +893,6 @@ TrainSpec train_spec(const Config& c) {
       c.reject("parallel.sequence_parallel",
                "sequence parallelism does not cut the rows of MoE blocks yet: it must be false for "
                "model.ffn = moe");
-    if (s.device == Device::kCuda)
-      c.reject(
-          "parallel.sequence_parallel",
-          "sequence parallelism runs on run.device = cpu for now: it must be false with run.device = cuda");
     if (rows % unit != 0)
       c.reject(
           "parallel.sequence_parallel",

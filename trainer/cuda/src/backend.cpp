@@ -1,8 +1,8 @@
 // The CUDA backend (backend.h): device memory and one op per call on the context's stream. Ops whose
 // semantics ops.h's kernels already have (argument order, accumulate or overwrite) call them with T = float;
-// the Llama-family ops (RMSNorm, SwiGLU, rotary positions, qk-norm) call llama_kernels.cu; the rest call
-// backend_kernels.cu. Only the ops that return a value to the host (the losses, sum_squares) and the host
-// copies synchronize.
+// the Llama-family ops (RMSNorm, SwiGLU, rotary positions, qk-norm) call llama_kernels.cu; sequence
+// parallelism's norm partials and chunk sums, sequence_kernels.cu; the rest call backend_kernels.cu. Only
+// the ops that return a value to the host (the losses, sum_squares) and the host copies synchronize.
 //
 // BF16 products (set_bf16_products, the model's BF16 mode): the matrix products and the attention run on
 // BF16 tensor cores (ops.h with T = bf16: cuBLASLt, the mma.sync attention). The activations the model
@@ -148,6 +148,24 @@ class CudaBackend final : public Backend {
                           const float* weight, const float* mean, const float* rstd, int N, int C) override {
     if (N > 0)
       cuda::layernorm_backward<float>(din, nullptr, dweight, dbias, dout, in, weight, mean, rstd, N, C);
+  }
+  // Sequence parallelism: din from the norms' backward kernels with no weight gradient (din +=), then the
+  // weight gradients' terms per chunk of kNormChunkRows rows into partial (overwritten).
+  void rmsnorm_backward_partials(float* din, float* partial, const float* dout, const float* in,
+                                 const float* weight, const float* rstd, int N, int C) override {
+    if (N <= 0 || C <= 0) return;
+    llama::rmsnorm_backward(din, nullptr, dout, in, weight, rstd, N, C, grad_partial_);
+    seam::rmsnorm_chunk_partials(partial, dout, in, rstd, N, C);
+  }
+  void layernorm_backward_partials(float* din, float* partial, const float* dout, const float* in,
+                                   const float* weight, const float* mean, const float* rstd, int N,
+                                   int C) override {
+    if (N <= 0 || C <= 0) return;
+    cuda::layernorm_backward<float>(din, nullptr, nullptr, nullptr, dout, in, weight, mean, rstd, N, C);
+    seam::layernorm_chunk_partials(partial, dout, in, mean, rstd, N, C);
+  }
+  void add_chunk_sums(float* grad, const float* partial, int64_t chunks, int width, int stride) override {
+    seam::add_chunk_sums(grad, partial, chunks, width, stride);
   }
   void residual_layernorm_forward(float* res_out, Act ln_out, float* mean, float* rstd, const float* res_in,
                                   const float* delta, const float* delta_bias, const float* weight,

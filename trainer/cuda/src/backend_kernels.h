@@ -1,5 +1,5 @@
-// The kernels backend_kernels.cu (and context_attention.cu) add for the CUDA backend (backend.cpp), private
-// to it.
+// The kernels backend_kernels.cu (and context_attention.cu, sequence_kernels.cu) add for the CUDA backend
+// (backend.cpp), private to it.
 #pragma once
 
 #include <cstddef>
@@ -72,6 +72,16 @@ void attention_chunk_backward(const AttentionChunks& c, ChunkRows dout, const fl
 void attention_delta(float* delta, const float* out, const float* dout, int B, int T,
                      const AttentionShape& shape);
 void narrow_bf16(uint16_t* out, const float* in, size_t n);
+
+// Sequence parallelism (sequence_kernels.cu): the weight gradients' terms of the norms' backward summed per
+// chunk of kNormChunkRows rows into partial (overwritten: [chunks, C]; LayerNorm [chunks, 2C], the weight's
+// then the bias's), din being the norms' backward kernels' (Backend::rmsnorm_backward_partials,
+// layernorm_backward_partials); and Backend::add_chunk_sums.
+void rmsnorm_chunk_partials(float* partial, const float* dout, const float* in, const float* rstd, int N,
+                            int C);
+void layernorm_chunk_partials(float* partial, const float* dout, const float* in, const float* mean,
+                              const float* rstd, int N, int C);
+void add_chunk_sums(float* grad, const float* partial, int64_t chunks, int width, int stride);
 
 }  // namespace seam
 

@@ -639,6 +639,82 @@ struct Checker {
     report.bits<float>("rmsnorm_backward din, weight frozen" + tag, down(gfrozen), down(gdin));
   }
 
+  // Sequence parallelism's norm backward (Backend::rmsnorm_backward_partials, layernorm_backward_partials):
+  // N = 96 (whole chunks of kNormChunkRows) and 71 (a short last chunk of 7 rows); C = 96 (RMSNorm's
+  // four-column kernel) and 4096 (its looping one). din starts non-zero (+=) and partial as garbage
+  // (overwritten); din is the bits of the plain backward's (the same kernel); the partials added up
+  // (add_chunk_sums, the LayerNorm's halves at row stride 2C) give the plain backward's weight gradients.
+  void norm_partials(bool layernorm, int N, int C) {
+    const std::string op = layernorm ? "layernorm_backward_partials" : "rmsnorm_backward_partials";
+    const std::string tag = fmt::format(" (N {}, C {})", N, C);
+    const size_t n = size_t(N) * size_t(C), chunks = (size_t(N) + kNormChunkRows - 1) / kNormChunkRows,
+                 width = layernorm ? 2 * size_t(C) : size_t(C);
+    const Floats x = rng.floats(n, -2, 2), w = rng.floats(size_t(C), 0.5f, 1.5f), b = rng.floats(size_t(C));
+    // The CPU's statistics on both sides.
+    Floats out(n), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
+    if (layernorm)
+      cpu.layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), 1e-5f, N, C);
+    else
+      cpu.rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), 1e-6f, N, C);
+    const Floats dout = rng.floats(n), din0 = rng.floats(n), partial0 = rng.floats(chunks * width),
+                 dw0 = rng.floats(size_t(C)), db0 = rng.floats(size_t(C));
+    Floats din = din0, partial = partial0;
+    auto gx = up(x), gw = up(w), gmean = up(mean), grstd = up(rstd), gdout = up(dout), gdin = up(din0),
+         gpartial = up(partial0);
+    if (layernorm) {
+      cpu.layernorm_backward_partials(din.data(), partial.data(), dout.data(), x.data(), w.data(),
+                                      mean.data(), rstd.data(), N, C);
+      gpu.layernorm_backward_partials(gdin.data(), gpartial.data(), gdout.data(), gx.data(), gw.data(),
+                                      gmean.data(), grstd.data(), N, C);
+    } else {
+      cpu.rmsnorm_backward_partials(din.data(), partial.data(), dout.data(), x.data(), w.data(), rstd.data(),
+                                    N, C);
+      gpu.rmsnorm_backward_partials(gdin.data(), gpartial.data(), gdout.data(), gx.data(), gw.data(),
+                                    grstd.data(), N, C);
+    }
+    cmp(op + " din" + tag, gdin, din, kSums);
+    cmp(op + " partial" + tag, gpartial, partial, kSums);
+    // The plain backward on the GPU: din the same bits. On the CPU: the weight gradients to add up to.
+    auto gplain = up(din0);
+    Floats plain = din0, dw = dw0, db = db0;
+    if (layernorm) {
+      gpu.layernorm_backward(gplain.data(), nullptr, nullptr, gdout.data(), gx.data(), gw.data(),
+                             gmean.data(), grstd.data(), N, C);
+      cpu.layernorm_backward(plain.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(),
+                             rstd.data(), N, C);
+    } else {
+      gpu.rmsnorm_backward(gplain.data(), nullptr, gdout.data(), gx.data(), gw.data(), grstd.data(), N, C);
+      cpu.rmsnorm_backward(plain.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), N, C);
+    }
+    report.bits<float>(op + " din as the plain backward's" + tag, down(gdin), down(gplain));
+    auto gdw = up(dw0), gdb = up(db0);
+    gpu.add_chunk_sums(gdw.data(), gpartial.data(), int64_t(chunks), C, int(width));
+    cmp(op + " + add_chunk_sums dweight" + tag, gdw, dw, kSums);
+    if (layernorm) {
+      gpu.add_chunk_sums(gdb.data(), gpartial.data() + C, int64_t(chunks), C, int(width));
+      cmp(op + " + add_chunk_sums dbias" + tag, gdb, db, kSums);
+    }
+  }
+
+  // Backend::add_chunk_sums: `width` columns of `chunks` partial rows of `stride` (> width: a LayerNorm's
+  // [chunks, 2C], its first half and its second), added to a gradient that starts non-zero; one chunk (the
+  // ZeRO buckets' elementwise add); a null gradient adds nothing.
+  void chunk_sums(int64_t chunks, int width, int stride) {
+    const std::string tag = fmt::format(" (chunks {}, width {}, stride {})", chunks, width, stride);
+    const Floats partial = rng.floats(size_t(chunks) * size_t(stride)), grad0 = rng.floats(size_t(width));
+    auto gpartial = up(partial);
+    for (int at = 0; at + width <= stride; at += width) {
+      Floats grad = grad0;
+      auto ggrad = up(grad0);
+      cpu.add_chunk_sums(grad.data(), partial.data() + at, chunks, width, stride);
+      gpu.add_chunk_sums(ggrad.data(), gpartial.data() + at, chunks, width, stride);
+      cmp("add_chunk_sums" + tag.substr(0, tag.size() - 1) + fmt::format(", columns from {})", at), ggrad,
+          grad, kSums);
+    }
+    gpu.add_chunk_sums(nullptr, gpartial.data(), chunks, width, stride);
+    report.bits<float>("add_chunk_sums, grad null: nothing written" + tag, down(gpartial), partial);
+  }
+
   // Qwen 3's qk-norm on the q and k heads of qkv rows (v untouched): head dims 12 and 128 (four columns a
   // lane access), 10 (one); 700 rows (the backward's warps take several heads each). The forward in place
   // on FP32 and BF16 rows; the backward in place on dqkv, dq_weight and dk_weight +=.
@@ -1189,6 +1265,16 @@ bool check_backend(uint64_t seed, int device) {
     for (const AttentionShape& shape :
          {AttentionShape{8, 2, 12, 0}, AttentionShape{3, 3, 10, 0}, AttentionShape{4, 2, 128, 0}})
       check.head_rmsnorm(29, shape), check.head_rmsnorm(700, shape);
+  });
+  // Sequence parallelism; named as the ops, so that an op that throws is an "(error)" line
+  // scripts/gpu/check.sh counts under them.
+  for (bool layernorm : {false, true})
+    run(layernorm ? "layernorm_backward_partials" : "rmsnorm_backward_partials", [&] {
+      for (int C : {96, 4096})
+        for (int N : {96, 71}) check.norm_partials(layernorm, N, C);
+    });
+  run("add_chunk_sums", [&] {
+    check.chunk_sums(5, 96, 192), check.chunk_sums(3, 4096, 8192), check.chunk_sums(1, 1000, 1000);
   });
   run("swiglu", [&] {
     for (int H : {37, 48}) check.swiglu(29, H);
