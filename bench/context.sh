@@ -5,6 +5,7 @@
 #   - at 8K positions, cp1 on one rank against cp2 on two (ring attention): tokens/s against twice cp1's
 #     (goal >= 0.85), the ring's exposed time as a fraction of the step (goal <= 10%), activation memory per
 #     rank against cp1's (goal <= 0.55x), bytes per step against the analytic count; and cp2 with a2a;
+#   - the same in BF16 (cp1 against cp2 ring): scaling, exposed ring time, activation memory;
 #   - selective and full recompute at 8K on cp1: activation memory and step time against keeping them;
 #   - the same blocks x 8 on 4 x 1024 positions: selective and full recompute on one rank, sequence
 #     parallelism (also with full recompute) at tp2 against tp2 without it;
@@ -52,6 +53,20 @@ print(f"cp2 bytes per step: {two['comm_mb_per_step']:.3f} MB, analytic {two['ana
 print(f"cp2 a2a tokens/s / (2 x cp1): {a2a['tokens_per_s'] / (2 * one['tokens_per_s']):.3f}, communication "
       f"{100 * a2a['cp_comm_fraction']:.1f}% of the step, activation memory / cp1 "
       f"{a2a['activation_mib_per_rank'] / one['activation_mib_per_rank']:.3f}")
+PY
+
+echo "# BF16 at 8K: cp1 on 1 rank, cp2 ring on 2 (q, k, v widened for the chunk ops, the output rounded once)"
+cp1_16=$(run 1 8192 $((2 + ${STEPS:-3})) --precision.dtype=bf16)
+echo "$cp1_16"
+cp2_16=$(run 2 8192 $((2 + ${STEPS:-3})) --parallel.cp=2 --precision.dtype=bf16)
+echo "$cp2_16"
+python3 - "$cp1_16" "$cp2_16" "$cp1" <<'PY'
+import json, sys
+one, two, fp32 = (json.loads(a) for a in sys.argv[1:])
+print(f"BF16 cp2 tokens/s / (2 x BF16 cp1): {two['tokens_per_s'] / (2 * one['tokens_per_s']):.3f}, ring time exposed "
+      f"{100 * two['cp_comm_fraction']:.1f}% of the step, activation memory per rank cp2 / cp1 "
+      f"{two['activation_mib_per_rank'] / one['activation_mib_per_rank']:.3f} ({two['activation_mib_per_rank']:.1f} / "
+      f"{one['activation_mib_per_rank']:.1f} MiB; FP32 cp1: {fp32['activation_mib_per_rank']:.1f} MiB)")
 PY
 
 echo "# activation recompute (model.recompute = selective, full), cp1 at 8K: activation memory and step time"

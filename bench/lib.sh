@@ -32,7 +32,8 @@ build_targets() {
 # quote: cores, architecture, CPU model, the load before, and EXTRA. load_after: the load when it is done.
 # shellcheck disable=SC2120 # EXTRA is optional
 machine() {
-  echo "machine: $(nproc) cores, $(uname -m), $(lscpu | sed -n 's/^Model name: *//p'), load before:" \
+  # nproc counts OMP_NUM_THREADS, which the scripts set to 1 per rank: the machine's cores without it.
+  echo "machine: $(OMP_NUM_THREADS='' OMP_THREAD_LIMIT='' nproc) cores, $(uname -m), $(lscpu | sed -n 's/^Model name: *//p'), load before:" \
     "$(cut -d' ' -f1-3 /proc/loadavg)${1:+; $1}"
 }
 load_after() { echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"; }
