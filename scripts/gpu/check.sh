@@ -137,9 +137,9 @@ direct_build() {
   # The sources of scripts/gpu/CMakeLists.txt (forge_common, forge_trainer, forge_parallel, trainer/cuda).
   local sources=("$root"/common/src/{batch,config,error,hash,huge_buffer,ini,json,layout,local_rank,text,activity,trace}.cpp
     "$root"/trainer/src/cpu/*.cpp
-    "$root"/trainer/src/{attention,rope,init,layers,loss,model,moe,optimizer,guard,params,runtime,spec}.cpp
+    "$root"/trainer/src/{attention,rope,init,layers,loss,model,moe,optimizer,guard,params,runtime,spec,objective,vision}.cpp
     "$root"/comm/src/{comm,groups}.cpp
-    "$root"/trainer/src/parallel/{parallel_trainer,tensor_parallel,context_parallel}.cpp
+    "$root"/trainer/src/parallel/{parallel_trainer,tensor_parallel,context_parallel,schedule}.cpp
     "$root"/trainer/cuda/src/*.cpp "$root"/trainer/cuda/src/*.cu "$root"/trainer/cuda/tools/*.cpp)
   local keep=() f
   for f in "${sources[@]}"; do [ "$f" = "$root/trainer/cuda/src/plugin.cpp" ] || keep+=("$f"); done
