@@ -93,7 +93,7 @@ double Classifier::forward_backward(float* dx, const float* x, const DeviceBatch
   if (loss.per_sequence()) {
     // First pass: the targets' negative log-likelihoods, chunk by chunk (the logits are formed twice: no
     // [rows, V] buffer ever exists); then the loss and each position's weight, on the host.
-    if (nll_.size() < size_t(rows)) nll_ = backend_.alloc<float>(size_t(rows));
+    backend_.grow(nll_, size_t(rows));
     nll_host_.resize(size_t(rows));
     coeff_host_.resize(size_t(rows));
     for (int r0 = 0; r0 < rows; r0 += chunk_rows) {
@@ -109,7 +109,7 @@ double Classifier::forward_backward(float* dx, const float* x, const DeviceBatch
     if (backend_.host_memory()) {
       coeff = coeff_host_.data();
     } else {
-      if (coeff_.size() < size_t(rows)) coeff_ = backend_.alloc<float>(size_t(rows));
+      backend_.grow(coeff_, size_t(rows));
       backend_.copy_from_host(coeff_.data(), coeff_host_.data(), sizeof(float) * size_t(rows));
       coeff = coeff_.data();
     }
@@ -136,7 +136,7 @@ double Classifier::forward_backward(float* dx, const float* x, const DeviceBatch
 void Classifier::logits(float* out, const float* x, int rows) {
   if (backend_.host_memory()) return backend_.matmul_forward(out, x, wte_.value, nullptr, rows, C_, V_);
   const size_t n = size_t(rows) * size_t(V_);
-  if (decoded_.size() < n) decoded_ = backend_.alloc<float>(n);
+  backend_.grow(decoded_, n);
   backend_.matmul_forward(decoded_.data(), x, wte_.value, nullptr, rows, C_, V_);
   backend_.copy_to_host(out, decoded_.data(), n * sizeof(float));
 }

@@ -948,7 +948,7 @@ void GPT::share_logits(std::span<float> logits) {
   if (backend_.host_memory()) return decode_link_->share_logits(logits.data(), logits.size());
   // A device backend's communicator moves its memory: through a copy there (the last stage's own logits
   // go in, the others' come out).
-  if (shared_logits_.size() < logits.size()) shared_logits_ = backend_.alloc<float>(logits.size());
+  backend_.grow(shared_logits_, logits.size());
   const size_t bytes = logits.size() * sizeof(float);
   if (slice_.head) backend_.copy_from_host(shared_logits_.data(), logits.data(), bytes);
   decode_link_->share_logits(shared_logits_.data(), logits.size());

@@ -47,25 +47,6 @@ __device__ __forceinline__ int lane_id() {
   return int(threadIdx.x % 32);
 }
 
-// The attention's heads as its kernels index them (attention_tc.h), checked: a head dim the registers hold,
-// query heads in whole groups.
-HeadLayout head_layout(const AttentionShape& shape, const char* op) {
-  if (shape.head_dim <= 0 || shape.head_dim > kMaxHeadDim)
-    usage_fail(std::string("CUDA backend ") + op + ": head dim must be in [1, " +
-               std::to_string(kMaxHeadDim) + "], not " + std::to_string(shape.head_dim));
-  if (shape.heads <= 0 || shape.kv_heads <= 0 || shape.heads % shape.kv_heads != 0)
-    usage_fail(std::string("CUDA backend ") + op + ": " + std::to_string(shape.heads) +
-               " query heads do not divide into " + std::to_string(shape.kv_heads) + " key/value heads");
-  HeadLayout L;
-  L.heads = shape.heads, L.kv_heads = shape.kv_heads, L.group = shape.heads / shape.kv_heads;
-  L.qkv_stride = shape.qkv_width();
-  L.k_col = shape.q_width(), L.v_col = shape.q_width() + shape.kv_width();
-  L.out_stride = shape.q_width();
-  L.window = std::max(shape.window, 0);
-  if (L.window > 0) L.span = unsigned(L.window);
-  return L;
-}
-
 // ---- memory, embedding, residual, bias
 
 __global__ void fill_kernel(float* x, float value, int64_t n) {
@@ -526,6 +507,10 @@ __global__ void to_bf16_kernel(uint16_t* out, float* values, int64_t n) {
   }
 }
 
+__global__ void narrow_bf16_kernel(uint16_t* out, const float* in, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) out[i] = uint16_t(bf16_bits(in[i]) >> 16);
+}
+
 __global__ void from_bf16_kernel(float* out, const uint16_t* in, int64_t n) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) out[i] = __uint_as_float(uint32_t(in[i]) << 16);
 }
@@ -535,6 +520,23 @@ __global__ void scale_kernel(float* x, float factor, int64_t n) {
 }
 
 }  // namespace
+
+HeadLayout head_layout(const AttentionShape& shape, const char* op) {
+  if (shape.head_dim <= 0 || shape.head_dim > kMaxHeadDim)
+    usage_fail(std::string("CUDA backend ") + op + ": head dim must be in [1, " +
+               std::to_string(kMaxHeadDim) + "], not " + std::to_string(shape.head_dim));
+  if (shape.heads <= 0 || shape.kv_heads <= 0 || shape.heads % shape.kv_heads != 0)
+    usage_fail(std::string("CUDA backend ") + op + ": " + std::to_string(shape.heads) +
+               " query heads do not divide into " + std::to_string(shape.kv_heads) + " key/value heads");
+  HeadLayout L;
+  L.heads = shape.heads, L.kv_heads = shape.kv_heads, L.group = shape.heads / shape.kv_heads;
+  L.qkv_stride = shape.qkv_width();
+  L.k_col = shape.q_width(), L.v_col = shape.q_width() + shape.kv_width();
+  L.out_stride = shape.q_width();
+  L.window = std::max(shape.window, 0);
+  if (L.window > 0) L.span = unsigned(L.window);
+  return L;
+}
 
 // Every launch is skipped for an empty op: a grid of zero blocks is a launch error.
 
@@ -703,6 +705,12 @@ void to_bf16(uint16_t* out, float* values, size_t n) {
   if (n == 0) return;
   to_bf16_kernel<<<blocks_for(int64_t(n)), kThreads, 0, stream()>>>(out, values, int64_t(n));
   check_launch("to_bf16");
+}
+
+void narrow_bf16(uint16_t* out, const float* in, size_t n) {
+  if (n == 0) return;
+  narrow_bf16_kernel<<<blocks_for(int64_t(n)), kThreads, 0, stream()>>>(out, in, int64_t(n));
+  check_launch("convert (FP32 to BF16)");
 }
 
 void from_bf16(float* out, const uint16_t* in, size_t n) {

@@ -13,6 +13,8 @@ struct ChunkRows;
 
 namespace forge::trainer::cuda {
 
+struct HeadLayout;  // attention_tc.h
+
 // The kernels backend_kernels.cu adds for the backend, one per op that ops.h has no exact match for. All
 // pointers are device memory; arguments and semantics are those of the Backend op of the same name.
 namespace seam {
@@ -59,19 +61,24 @@ void distillation_finish(double* row_loss, float* logits, const float* teacher, 
                          const float* sums, const int32_t* targets, const float* weights, int rows, int V,
                          int vocab_begin, float temperature, float alpha, float scale, bool backward);
 
+// The attention kernels' view of `shape`, checked (a head dim up to 256, query heads in whole groups): a
+// usage error naming `op` otherwise.
+HeadLayout head_layout(const AttentionShape& shape, const char* op);
+
 void round_to_bf16(float* out, const float* in, size_t n);
 void to_bf16(uint16_t* out, float* values, size_t n);
+// As to_bf16, leaving `in` as it is (Backend::convert).
+void narrow_bf16(uint16_t* out, const float* in, size_t n);
 void from_bf16(float* out, const uint16_t* in, size_t n);
 void scale(float* x, float factor, size_t n);
 
-// Context parallelism (context_attention.cu): the chunk attention on CUDA cores in FP32, the backward's
-// delta, and FP32 to BF16 bits without touching the input (Backend::convert).
+// Context parallelism (context_attention.cu): the chunk attention on CUDA cores in FP32, and the backward's
+// delta.
 void attention_chunk_forward(const AttentionChunks& c, ChunkRows out, float* lse);
 void attention_chunk_backward(const AttentionChunks& c, ChunkRows dout, const float* lse, const float* delta,
                               ChunkRows dq, ChunkRows dk, ChunkRows dv);
 void attention_delta(float* delta, const float* out, const float* dout, int B, int T,
                      const AttentionShape& shape);
-void narrow_bf16(uint16_t* out, const float* in, size_t n);
 
 // Sequence parallelism (sequence_kernels.cu): the weight gradients' terms of the norms' backward summed per
 // chunk of kNormChunkRows rows into partial (overwritten: [chunks, C]; LayerNorm [chunks, 2C], the weight's

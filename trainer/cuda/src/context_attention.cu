@@ -17,6 +17,7 @@
 // Backward (adds): dQ in one kernel over query tiles, dK and dV in another over key tiles, which loops over
 // the query tiles that may see its keys, for each query head of its key/value head's group in turn. Each
 // block owns its output rows and adds to them once at its end: no atomics, the same bits on every run.
+#include "attention_tc.h"
 #include "backend_kernels.h"
 #include "device_math.cuh"
 #include "forge/trainer/backend.h"
@@ -36,7 +37,6 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kRowsPerWarp = kTile / kWarps;
 constexpr unsigned kFull = 0xffffffffu;
-constexpr int kMaxHeadDim = 256;
 
 // Rows of a chunk in device code (ChunkRows): row t of sequence b at base + b * seq + t * ld.
 struct Rows {
@@ -364,35 +364,15 @@ __global__ void delta_kernel(float* delta, const float* out, const float* dout, 
   if (lane == 0) delta[w] = s;
 }
 
-// FP32 to BF16 bits, as backend_kernels.cu's (and cpu/bf16.cpp's) rounding: integer arithmetic on the
-// bits, round to nearest with ties to even, NaN kept quiet; the input is left as it is.
-__global__ void narrow_kernel(uint16_t* out, const float* in, int64_t n) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    uint32_t bits = __float_as_uint(in[i]);
-    if ((bits & 0x7f800000u) != 0x7f800000u)
-      bits += 0x7fffu + ((bits >> 16) & 1u);
-    else if ((bits & 0x007fffffu) != 0)
-      bits |= 0x00400000u;
-    out[i] = uint16_t(bits >> 16);
-  }
-}
-
 // The chunk pair as the kernels take it, checked.
 Chunk chunk_of(const AttentionChunks& a, const char* op) {
   const AttentionShape& s = a.shape;
-  if (s.head_dim <= 0 || s.head_dim > kMaxHeadDim)
-    usage_fail(std::string("CUDA backend ") + op + ": head dim must be in [1, " +
-               std::to_string(kMaxHeadDim) + "], not " + std::to_string(s.head_dim));
-  if (s.heads <= 0 || s.kv_heads <= 0 || s.heads % s.kv_heads != 0)
-    usage_fail(std::string("CUDA backend ") + op + ": " + std::to_string(s.heads) +
-               " query heads do not divide into " + std::to_string(s.kv_heads) + " key/value heads");
+  const HeadLayout L = head_layout(s, op);
   if ((a.q_seg == nullptr) != (a.k_seg == nullptr))
     usage_fail(std::string("CUDA backend ") + op + ": document ids for the queries or the keys only");
   Chunk c;
   c.n = a.n;
-  c.heads = s.heads, c.kv_heads = s.kv_heads, c.group = s.heads / s.kv_heads, c.hd = s.head_dim;
-  c.window = std::max(s.window, 0);
+  c.heads = L.heads, c.kv_heads = L.kv_heads, c.group = L.group, c.hd = s.head_dim, c.window = L.window;
   c.q_first = a.q_first, c.k_first = a.k_first;
   c.q = rows_of(a.q), c.k = rows_of(a.k), c.v = rows_of(a.v);
   c.q_seg = a.q_seg, c.k_seg = a.k_seg, c.seg_seq = a.seg_seq;
@@ -472,13 +452,6 @@ void attention_delta(float* delta, const float* out, const float* dout, int B, i
   delta_kernel<<<int((items + kWarps - 1) / kWarps), kThreads, 0, stream()>>>(
       delta, out, dout, T, shape.heads, shape.head_dim, items);
   check_launch("attention_delta");
-}
-
-void narrow_bf16(uint16_t* out, const float* in, size_t n) {
-  if (n == 0) return;
-  const int blocks = int(std::min<int64_t>((int64_t(n) + kThreads - 1) / kThreads, int64_t(1) << 16));
-  narrow_kernel<<<blocks, kThreads, 0, stream()>>>(out, in, int64_t(n));
-  check_launch("convert (FP32 to BF16)");
 }
 
 }  // namespace forge::trainer::cuda::seam

@@ -98,12 +98,4 @@ class AllToAllAttention final : public Attention {
   std::vector<Buffer<float>> qkv_, lse_;  // per slot: the head group's whole-sequence q, k, v and lse
 };
 
-// The document ids of every cp rank's rows, all-gathered into scratch.host_segments ([cp][B*T]) and copied
-// to scratch.segments; false when the batch has none (one document per row).
-bool gather_segments(comm::Comm& cp, Backend& backend, ContextScratch& scratch, const DeviceBatch& batch,
-                     int B, int T);
-
-// The FP32 values of a layer's activations: their own, or (BF16) widened into `wide`.
-const float* widened(Backend& backend, ConstAct a, size_t n, Buffer<float>& wide);
-
 }  // namespace forge::trainer

@@ -47,12 +47,29 @@ constexpr int kKvTag = 40, kGradTag = 41;
 constexpr float kNoKey = -std::numeric_limits<float>::infinity();
 
 template <typename T>
-void grow(Backend& backend, Buffer<T>& buffer, size_t n) {
-  if (buffer.size() < n) buffer = backend.alloc<T>(n);
-}
-template <typename T>
 size_t buffer_bytes(const Buffer<T>& b) {
   return b.size() * sizeof(T);
+}
+
+// The document ids of every cp rank's rows, all-gathered into scratch.host_segments ([cp][B*T]) and copied
+// to scratch.segments; false when the batch has none (one document per row).
+bool gather_segments(comm::Comm& cp, Backend& backend, ContextScratch& scratch, const DeviceBatch& batch,
+                     int B, int T) {
+  if (batch.host == nullptr || batch.host->segments.empty()) return false;
+  const size_t n = size_t(cp.size()) * size_t(B) * size_t(T);
+  scratch.host_segments.resize(n);
+  cp.all_gather(batch.host->segments.data(), scratch.host_segments.data(), size_t(B) * size_t(T),
+                comm::CommType::kI32)
+      ->wait();
+  backend.copy_from_host(scratch.segments.data(), scratch.host_segments.data(), n * sizeof(int32_t));
+  return true;
+}
+
+// The FP32 values of a layer's activations: their own, or (BF16) widened into `wide`.
+const float* widened(Backend& backend, ConstAct a, size_t n, Buffer<float>& wide) {
+  if (!a.bf16) return a.f32();
+  backend.convert(wide.data(), a, n);
+  return wide.data();
 }
 }  // namespace
 
@@ -69,38 +86,20 @@ void ContextScratch::reserve(Backend& backend, ContextComm kind, int rows, const
                              bool bf16) {
   const size_t n = size_t(rows), kv = n * 2 * size_t(s.kv_width()), qkv = n * size_t(s.qkv_width());
   if (kind == ContextComm::kRing) {
-    for (auto* b : {&this->kv[0], &this->kv[1], &acc[0], &acc[1]}) grow(backend, *b, kv);
-    grow(backend, delta, n * size_t(s.heads));
+    for (auto* b : {&this->kv[0], &this->kv[1], &acc[0], &acc[1]}) backend.grow(*b, kv);
+    backend.grow(delta, n * size_t(s.heads));
   } else {
-    for (auto* b : {&send, &recv, &dqkv}) grow(backend, *b, qkv);
-    for (auto* b : {&out, &dout}) grow(backend, *b, n * size_t(s.q_width()));
-    grow(backend, doc_start, n * size_t(cp));
+    for (auto* b : {&send, &recv, &dqkv}) backend.grow(*b, qkv);
+    for (auto* b : {&out, &dout}) backend.grow(*b, n * size_t(s.q_width()));
+    backend.grow(doc_start, n * size_t(cp));
     host_doc_start.reserve(n * size_t(cp));
   }
   if (bf16) {
-    grow(backend, wide_qkv, qkv);
-    grow(backend, wide_out, n * size_t(s.q_width()));
+    backend.grow(wide_qkv, qkv);
+    backend.grow(wide_out, n * size_t(s.q_width()));
   }
-  grow(backend, segments, n * size_t(cp));
+  backend.grow(segments, n * size_t(cp));
   host_segments.reserve(n * size_t(cp));
-}
-
-bool gather_segments(comm::Comm& cp, Backend& backend, ContextScratch& scratch, const DeviceBatch& batch,
-                     int B, int T) {
-  if (batch.host == nullptr || batch.host->segments.empty()) return false;
-  const size_t n = size_t(cp.size()) * size_t(B) * size_t(T);
-  scratch.host_segments.resize(n);
-  cp.all_gather(batch.host->segments.data(), scratch.host_segments.data(), size_t(B) * size_t(T),
-                comm::CommType::kI32)
-      ->wait();
-  backend.copy_from_host(scratch.segments.data(), scratch.host_segments.data(), n * sizeof(int32_t));
-  return true;
-}
-
-const float* widened(Backend& backend, ConstAct a, size_t n, Buffer<float>& wide) {
-  if (!a.bf16) return a.f32();
-  backend.convert(wide.data(), a, n);
-  return wide.data();
 }
 
 // ---- ring ----

@@ -20,11 +20,11 @@ struct SequenceScratch {
   void reserve(Backend& backend, int rows, int C, int ranks, bool bf16) {
     const size_t n = size_t(rows) * size_t(C),
                  chunks = size_t(rows / ranks + kNormChunkRows - 1) / kNormChunkRows;
-    grow(backend, gathered, n);
-    if (bf16) grow(backend, gathered_bf16, n);
-    grow(backend, full, n);
-    grow(backend, partial, chunks * 2 * size_t(C));
-    grow(backend, partials, size_t(ranks) * chunks * 2 * size_t(C));
+    backend.grow(gathered, n);
+    if (bf16) backend.grow(gathered_bf16, n);
+    backend.grow(full, n);
+    backend.grow(partial, chunks * 2 * size_t(C));
+    backend.grow(partials, size_t(ranks) * chunks * 2 * size_t(C));
   }
   size_t bytes() const {
     return (gathered.size() + full.size() + partial.size() + partials.size()) * sizeof(float) +
@@ -51,12 +51,6 @@ struct SequenceScratch {
   static void scatter(comm::Comm& group, const float* whole, float* mine, int rows, int width) {
     group.reduce_scatter(whole, mine, size_t(rows / group.size()) * size_t(width), comm::CommType::kF32)
         ->wait();
-  }
-
- private:
-  template <typename T>
-  static void grow(Backend& backend, Buffer<T>& buffer, size_t n) {
-    if (buffer.size() < n) buffer = backend.alloc<T>(n);
   }
 };
 
@@ -178,7 +172,7 @@ void VocabParallelCrossEntropy::logits(float* out, const float* x, int rows) {
     throw std::logic_error("VocabParallelCrossEntropy::logits: decoding under sequence parallelism");
   // decoded_ holds this rank's columns, then every rank's (kept across decoding steps).
   const size_t part = size_t(rows) * size_t(V_), ranks = size_t(group_.size());
-  if (decoded_.size() < (ranks + 1) * part) decoded_ = backend_.alloc<float>((ranks + 1) * part);
+  backend_.grow(decoded_, (ranks + 1) * part);
   float *mine = decoded_.data(), *all = mine + part;
   backend_.matmul_forward(mine, x, wte_.value, nullptr, rows, C_, V_);
   group_.all_gather(mine, all, part, comm::CommType::kF32)->wait();

@@ -167,6 +167,11 @@ class Backend {
   Buffer<T> alloc(size_t n) {
     return Buffer<T>(allocate(n * sizeof(T)), n);
   }
+  // `buffer` holds at least n elements: a shorter one is replaced by a new zero-filled one (its values go).
+  template <typename T>
+  void grow(Buffer<T>& buffer, size_t n) {
+    if (buffer.size() < n) buffer = alloc<T>(n);
+  }
   virtual std::unique_ptr<Allocation> allocate(size_t bytes) = 0;  // zero-filled
   // Host memory that the host copies reach at full speed: page-locked on a GPU (checkpoint snapshots),
   // plain host memory by default.
