@@ -212,9 +212,10 @@ Plan make_plan(const T::TrainSpec& validated, int zero_nodes) {
     // Tensor-parallel rank 0 and expert-parallel rank 0: every rank's shares are equal.
     const T::ModelSlice slice{st.first_layer, st.last_layer, st.embedding, st.head, 0, lay.tp, 0, lay.ep};
     // GPT's flat buffers: the table aligned for dp, padded to a multiple of dp; under ZeRO-2/3 every
-    // layer starts on a page of every rank's part (ParallelTrainer).
+    // layer starts on a page (a GPU's granule) of every rank's part (ParallelTrainer).
     const int zero = spec.parallel.zero;
-    const size_t align = zero >= 2 ? dp * T::kReleaseFloats : dp;
+    const size_t unit = spec.device == T::Device::kCuda ? T::kDeviceReleaseFloats : T::kReleaseFloats;
+    const size_t align = zero >= 2 ? dp * unit : dp;
     const std::vector<T::ParamInfo> params = T::parameter_table(m, slice, align, zero >= 2 ? align : 1);
     const size_t flat = round_up(params.back().offset + params.back().numel, align);
     for (const T::ParamInfo& p : params) st.held += double(p.numel);
@@ -337,9 +338,8 @@ void check_memory_cap(const Plan& plan) {
       fits.push_back(fmt::format("{} ({} per rank, {} ranks)", change, bytes_str(largest_stage(p).total()),
                                  s.layout.world()));
   };
-  // A higher ZeRO stage (2 and 3: CPU ranks for now).
-  const int top = spec.device == T::Device::kCpu ? 3 : 1;
-  for (int zero = spec.parallel.zero + 1; spec.layout.dp > 1 && zero <= top; ++zero) {
+  // A higher ZeRO stage.
+  for (int zero = spec.parallel.zero + 1; spec.layout.dp > 1 && zero <= 3; ++zero) {
     T::TrainSpec s = spec;
     s.parallel.zero = zero;
     consider(s, fmt::format("parallel.zero = {}", zero));

@@ -367,14 +367,6 @@ DeviceRun open_device(trainer::TrainSpec& spec, int rank) {
   }
   const bool asked_auto = spec.device == trainer::Device::kAuto;
   trainer::resolve_device(spec, gpus, why);
-  // What the spec refuses on run.device = cuda, when auto chose it: before anything is allocated.
-  if (spec.device == trainer::Device::kCuda && asked_auto) {
-    if (spec.parallel.zero >= 2)
-      fail(ExitCode::kUsage,
-           "parallel.zero = {}: ZeRO-2 and -3 run on CPU ranks for now, and run.device = auto chose cuda: "
-           "set run.device = cpu, or parallel.zero = 1",
-           spec.parallel.zero);
-  }
   if (spec.device != trainer::Device::kCuda) {
     // A node with a driver where auto still trains on CPU says why, once.
     if (asked_auto && fs::exists("/dev/nvidiactl") && rank == 0)

@@ -255,6 +255,7 @@ attention with BF16 products on the FP32 kernel (documents, hd 40)|bf16 products
 context parallelism: chunk attention (merge, adds; grouped-query, documents, window)|attention_chunk_
 context parallelism: attention_delta, copy_rows, convert|attention_delta|copy_rows|convert
 sequence parallelism: norm weight-gradient partials, chunk sums|rmsnorm_backward_partials|layernorm_backward_partials|add_chunk_sums
+ZeRO-2/3: release, acquire (granules unmapped and mapped again, the BF16 copy with them)|release|acquire
 OPS
 say "forge-cuda-check backend exit $backend_rc after $(($(date +%s) - start)) s"
 

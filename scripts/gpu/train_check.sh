@@ -5,7 +5,8 @@
 #     1e-3 (FP32) and 2e-2 (BF16 against the CPU's FP32);
 # (b) tp2, tp2 with sequence parallelism (the norms' partial gradients), pp2, dp2 with ZeRO-1 and cp2 (ring
 #     attention: the chunk kernels, their merge and the exchanges), each as 2 ranks sharing the GPU over
-#     host-staged MPI (parallel.comm = mpi): losses equal to one GPU rank's within the BF16 tolerance;
+#     host-staged MPI (parallel.comm = mpi): losses equal to one GPU rank's within the BF16 tolerance; dp2
+#     with ZeRO-3 equal to dp2 with ZeRO-1 within 1e-4;
 # (c) NCCL on one rank, and dp2 over NCCL where the machine has two GPUs or more;
 # (d) saved on the GPU at step 10, resumed for 2 steps on the CPU and for 2 on the GPU: the uninterrupted
 #     run's losses within tolerance;
@@ -110,6 +111,11 @@ if ! skipped b && [ -n "$mpiexec" ]; then
     np=2 run "mpi-$name" --run.device="$device" --precision.dtype=bf16 --parallel.comm=mpi $args
     ok_or_fail "b.$name" "mpi-$name" && check "b.$name" "mpi-$name" gpu16 2e-2
   done
+  # ZeRO-3 (weights gathered per layer, gradients reduce-scattered, both released between uses: the
+  # device's granules unmapped and mapped again) against ZeRO-1 on the same 2 ranks.
+  np=2 run mpi-z3 --run.device="$device" --precision.dtype=bf16 --parallel.comm=mpi --parallel.dp=2 \
+    --parallel.zero=3 --data.batch=4
+  ok_or_fail b.z3 mpi-z3 && check b.z3 mpi-z3 mpi-dp2 1e-4
 elif ! skipped b; then
   result b SKIP "no mpirun"
 fi

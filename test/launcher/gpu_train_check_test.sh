@@ -16,7 +16,7 @@ FORGE_TRAIN_CHECK_DEVICE=cpu FORGE_TRAIN_CHECK_SKIP="f" \
 rc=$?
 cat "$work/out.txt"
 [ "$rc" -eq 0 ] || fail "train_check.sh exit $rc"
-for item in a.fp32 a.bf16 b.tp2 b.sp2 b.pp2 b.dp2 b.cp2 d.cpu d.gpu e; do
+for item in a.fp32 a.bf16 b.tp2 b.sp2 b.pp2 b.dp2 b.cp2 b.z3 d.cpu d.gpu e; do
   grep -q "^train_check: $item PASS" "$work/out.txt" || fail "item $item did not pass"
 done
 grep -q "^train_check: c SKIP" "$work/out.txt" || fail "NCCL on cpu was not skipped"

@@ -8,8 +8,10 @@
 // With `bf16` too, both run in BF16 mode, and the far run must equal the same layout on the CPU backend bit
 // for bit: FarBackend multiplies with its own copy of the BF16 working copy, as the CUDA backend does, so a
 // working copy changed and not announced (ZeRO-1 refreshes it bucket by bucket) shows.
-//   layout_test TP PP DP ZERO [packed|dpo|distill] [llama [window]] [cpN [a2a]] [sp] [seqN] [far [bf16]]
-// sp: sequence parallelism (the residual stream cut over tp).
+//   layout_test TP PP DP ZERO [packed|dpo|distill] [llama [window]] [cpN [a2a]] [sp] [each] [seqN] [far
+//   [bf16]]
+// sp: sequence parallelism (the residual stream cut over tp). each: ZeRO-2/3 reduce every micro-batch
+// (parallel.reduce_each_microbatch).
 // With cpN, N context-parallel ranks share out each sequence (ring attention) and the reference is still
 // the one-process trainer on whole sequences.
 #include "forge/comm/groups.h"
@@ -179,6 +181,7 @@ int main(int argc, char** argv) {
   int cp = 1;
   bool a2a = false;  // cp_comm = a2a (all-to-all over heads) instead of the ring
   bool sp = false;
+  bool each = false;  // parallel.reduce_each_microbatch (ZeRO-2/3)
   for (int i = 5; i < argc; ++i) {
     if (std::string(argv[i]) == "far")
       far_memory = true;
@@ -192,6 +195,8 @@ int main(int argc, char** argv) {
       a2a = true;
     else if (std::string(argv[i]) == "sp")
       sp = true;
+    else if (std::string(argv[i]) == "each")
+      each = true;
     else if (std::string(argv[i]).rfind("cp", 0) == 0)
       cp = std::atoi(argv[i] + 2);
     else if (std::string(argv[i]).rfind("seq", 0) == 0)
@@ -203,7 +208,7 @@ int main(int argc, char** argv) {
       (bf16 && !far_memory)) {
     std::fprintf(stderr,
                  "usage: layout_test TP PP DP ZERO [packed|dpo|distill] [llama [window]] [cpN [a2a]] [sp] "
-                 "[seqN] [far [bf16]]\n");
+                 "[each] [seqN] [far [bf16]]\n");
     return 2;
   }
   forge::test::FarBackend far;
@@ -236,6 +241,7 @@ int main(int argc, char** argv) {
   spec.parallel.zero = zero;
   if (a2a) spec.parallel.cp_comm = forge::trainer::ContextComm::kAllToAll;
   spec.parallel.sequence_parallel = sp;
+  spec.parallel.reduce_each_microbatch = each;
   ProcessGroups groups = make_groups(std::move(world), layout);
   const std::unique_ptr<ParallelPlan> teacher_layers =
       cp > 1 ? ParallelPlan::context_only(*groups.cp, spec.parallel.cp_comm) : nullptr;

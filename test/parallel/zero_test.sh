@@ -192,7 +192,6 @@ bad() { local want=$1; shift
   grep -q "$want" "$work/bad.log" || fail "$*: $(tail -n1 "$work/bad.log")"
 }
 bad "parallel.zero.*must be 0, 1, 2 or 3" --parallel.zero=4
-bad "parallel.zero.*ZeRO-3 runs on run.device = cpu for now" --parallel.zero=3 --run.device=cuda
 bad "parallel.reduce_each_microbatch.*under ZeRO-2 or 3" --parallel.zero=1 --parallel.reduce_each_microbatch=true
 bad "parallel.zero_group.*expected dp or node" --parallel.zero=1 --parallel.zero_group=rack
 bad "parallel.zero_group.*parallel.zero is 0" --parallel.zero_group=node

@@ -4,6 +4,10 @@
 // for a GPU in tests of everything around the ops (the runtime, staged communicators, checkpoint staging):
 // the same arithmetic as the CPU backend, so a run on it must match a CPU run bit for bit.
 //
+// Like a GPU, which unmaps what release hands back, it makes the whole pages of a released range
+// inaccessible until acquire: a read or write of released memory (weights or gradients ZeRO-2/3 let go
+// of) crashes the test instead of reading zeros as the CPU backend allows.
+//
 // Like the CUDA backend, it keeps its own copy of each BF16 working copy of weights it is told of
 // (bf16_working_copy) and its matrix products read `w` from that copy: a working copy changed without the
 // model saying so leaves the copy stale and the run off the CPU's.
@@ -11,6 +15,8 @@
 
 #include "forge/trainer/backend.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -52,6 +58,23 @@ class FarBackend final : public trainer::Backend {
   int64_t host_copies() const { return host_copies_; }
   void copy(void* dst, const void* src, size_t bytes) override { cpu_.copy(near(dst), near(src), bytes); }
   void fill(float* x, float value, size_t n) override { cpu_.fill(near(x), value, n); }
+  void release(float* x, size_t n) override {
+    float* lo = near(x);
+    const Pages whole = inside(lo, n);
+    if (whole.bytes == 0) return cpu_.fill(lo, 0.0f, n);
+    std::memset(lo, 0, size_t(whole.at - reinterpret_cast<char*>(lo)));
+    std::memset(whole.at + whole.bytes, 0,
+                size_t(reinterpret_cast<char*>(lo + n) - (whole.at + whole.bytes)));
+    protect(whole, PROT_NONE);
+    if (madvise(whole.at, whole.bytes, MADV_DONTNEED) != 0) throw std::runtime_error("FarBackend: madvise");
+  }
+  void acquire(float* x, size_t n) override {
+    if (n == 0) return;
+    // Every page the range touches: a released one comes back readable, zeroed (MADV_DONTNEED).
+    const uintptr_t page = page_bytes(), lo = reinterpret_cast<uintptr_t>(near(x)) / page * page;
+    const uintptr_t hi = (reinterpret_cast<uintptr_t>(near(x + n)) + page - 1) / page * page;
+    protect({reinterpret_cast<char*>(lo), hi - lo}, PROT_READ | PROT_WRITE);
+  }
 
   void embedding_forward(float* out, const int32_t* tokens, const int32_t* positions, const float* wte,
                          const float* wpe, int B, int T, int C, int vb, int ve) override {
@@ -272,6 +295,9 @@ class FarBackend final : public trainer::Backend {
     Far(std::unique_ptr<trainer::Allocation> memory, size_t bytes, FarBackend& owner)
         : memory_(std::move(memory)), bytes_(bytes), owner_(owner) {}
     ~Far() override {
+      // The allocator may write into what it frees: what a release left inaccessible is made usable.
+      if (void* p = memory_->data())
+        protect(inside(static_cast<float*>(p), bytes_ / 4), PROT_READ | PROT_WRITE);
       const auto* lo = static_cast<const float*>(data());
       for (auto it = owner_.copies_.lower_bound(lo);
            it != owner_.copies_.end() && it->first < lo + bytes_ / 4;)
@@ -287,6 +313,21 @@ class FarBackend final : public trainer::Backend {
     size_t bytes_;
     FarBackend& owner_;
   };
+  // The whole pages inside [x, x + n) (host addresses).
+  struct Pages {
+    char* at;
+    size_t bytes;
+  };
+  static size_t page_bytes() { return size_t(sysconf(_SC_PAGESIZE)); }
+  static Pages inside(float* x, size_t n) {
+    const uintptr_t page = page_bytes(), lo = reinterpret_cast<uintptr_t>(x), hi = lo + n * sizeof(float);
+    const uintptr_t first = (lo + page - 1) / page * page, last = hi / page * page;
+    return first < last ? Pages{reinterpret_cast<char*>(first), last - first}
+                        : Pages{x == nullptr ? nullptr : reinterpret_cast<char*>(lo), 0};
+  }
+  static void protect(Pages p, int how) {
+    if (p.bytes > 0 && mprotect(p.at, p.bytes, how) != 0) throw std::runtime_error("FarBackend: mprotect");
+  }
   template <typename T>
   static T* host(T* p) {
     if (reinterpret_cast<uintptr_t>(p) >= kOffset)

@@ -185,8 +185,7 @@ TEST_CASE("parallel layouts that cannot work are rejected naming the rule", "[tr
   CHECK_NOTHROW(train_spec(load({"--parallel.dp=2", "--parallel.zero=3", "--run.device=cpu"})));
   CHECK_NOTHROW(train_spec(
       load({"--parallel.dp=2", "--parallel.zero=3", "--run.device=cpu", "--precision.dtype=bf16"})));
-  CHECK_THAT(usage_error({"--parallel.zero=2", "--run.device=cuda"}),
-             Catch::Contains("ZeRO-2 runs on run.device = cpu for now"));
+  CHECK_NOTHROW(train_spec(load({"--parallel.dp=2", "--parallel.zero=2", "--run.device=cuda"})));
   CHECK_THAT(usage_error({"--parallel.pp=2", "--parallel.stage_layers=1,2"}),
              Catch::Contains("adds up to 3"));
   CHECK_THAT(usage_error({"--parallel.pp=2", "--parallel.stage_layers=2"}),

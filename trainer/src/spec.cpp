@@ -882,10 +882,6 @@ TrainSpec train_spec(const Config& c) {
                            "rollouts generate whole rows): it must be 1",
                            objective.name));
   }
-  if (s.parallel.zero >= 2 && s.device == Device::kCuda)
-    c.reject("parallel.zero", fmt::format("ZeRO-{} runs on run.device = cpu for now: use parallel.zero = 1 "
-                                          "with run.device = cuda",
-                                          s.parallel.zero));
   s.parallel.sequence_parallel = c.get<bool>("parallel.sequence_parallel");
   if (s.parallel.sequence_parallel && s.layout.tp > 1) {
     const int rows = s.batch * s.model.seq_len / s.layout.cp, unit = s.layout.tp * kNormChunkRows;

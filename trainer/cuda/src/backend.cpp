@@ -15,6 +15,7 @@
 #include "forge/trainer/cuda/backend.h"
 #include "backend_kernels.h"
 #include "llama_kernels.h"
+#include "mapped_memory.h"
 
 #include "forge/trainer/cuda/context.h"
 #include "forge/trainer/cuda/ops.h"
@@ -46,6 +47,21 @@ class DeviceAllocation final : public Allocation {
 
  private:
   DeviceBuffer buffer_;
+  std::function<void(const void*, size_t)> freed_;
+};
+
+// Memory whose granules Backend::release hands back (mapped_memory.h); `freed` as above, and the backend
+// forgets where it lies.
+class MappedAllocation final : public Allocation {
+ public:
+  MappedAllocation(size_t bytes, std::function<void(const void*, size_t)> freed)
+      : memory_(bytes), freed_(std::move(freed)) {}
+  ~MappedAllocation() override { freed_(memory_.data(), memory_.bytes()); }
+  void* data() override { return memory_.data(); }
+  MappedMemory& memory() { return memory_; }
+
+ private:
+  MappedMemory memory_;
   std::function<void(const void*, size_t)> freed_;
 };
 
@@ -96,6 +112,7 @@ class CudaBackend final : public Backend {
     if (step_start_ == nullptr) return -1;
     check_cuda(cudaEventRecord(step_end_, stream()), "cudaEventRecord");
     check_cuda(cudaEventSynchronize(step_end_), "cudaEventSynchronize");
+    MappedMemory::unmap_released(false);  // the step's releases: the device is done with them
     float ms = 0;
     check_cuda(cudaEventElapsedTime(&ms, step_start_, step_end_), "cudaEventElapsedTime");
     return double(ms) / 1e3;
@@ -104,9 +121,28 @@ class CudaBackend final : public Backend {
     for (cudaEvent_t e : {step_start_, step_end_})
       if (e != nullptr) cudaEventDestroy(e);
   }
-  std::unique_ptr<Allocation> allocate(size_t bytes) override {
-    return std::make_unique<DeviceAllocation>(bytes,
-                                              [this](const void* p, size_t n) { forget_copies(p, n); });
+  // A whole number of granules, or enough of them that rounding up costs little (3%), is mapped memory
+  // (mapped_memory.h): under ZeRO-2/3 the flat buffers of weights, gradients and their shards are sized
+  // so, and release hands their granules back. The rest is cudaMalloc's.
+  std::unique_ptr<Allocation> allocate(size_t bytes) override { return allocate_device(bytes, true); }
+  // What is released of the weights' working copy goes from its BF16 copy too (bf16_working_copy).
+  void release(float* x, size_t n) override {
+    if (n == 0) return;
+    if (!on_mapped(x, n * sizeof(float), &MappedMemory::release)) fill(x, 0.0f, n);
+    if (bf16* copy = kept_copy(x, n)) {
+      if (!on_mapped(copy, n * sizeof(bf16), &MappedMemory::release))
+        check_cuda(cudaMemsetAsync(copy, 0, n * sizeof(bf16), stream()), "cudaMemsetAsync");
+    }
+  }
+  void acquire(float* x, size_t n) override {
+    if (n == 0) return;
+    on_mapped(x, n * sizeof(float), &MappedMemory::acquire);
+    if (bf16* copy = kept_copy(x, n)) on_mapped(copy, n * sizeof(bf16), &MappedMemory::acquire);
+  }
+  size_t release_floats() const override { return granule() > 0 ? kDeviceReleaseFloats : kReleaseFloats; }
+  size_t resident_bytes(const float* x, size_t n) const override {
+    const auto [memory, offset] = mapping(x);
+    return memory != nullptr ? memory->mapped_bytes(offset, n * sizeof(float)) : n * sizeof(float);
   }
   std::unique_ptr<Allocation> allocate_host(size_t bytes) override {
     return std::make_unique<PinnedAllocation>(bytes);
@@ -450,8 +486,9 @@ class CudaBackend final : public Backend {
       while (it != weight_copies_.end() && it->first < values + n) it = weight_copies_.erase(it);
       WeightCopy& kept = weight_copies_[values];
       kept.n = n;
-      kept.values = DeviceBuffer(n * sizeof(bf16));
-      copy = kept.values.as<bf16>();
+      kept.values =
+          allocate_device(n * sizeof(bf16), false);  // mapped as the working copy is: released with it
+      copy = static_cast<bf16*>(kept.values->data());
     }
     cuda::convert<bf16>(copy, values, int64_t(n));
   }
@@ -526,6 +563,39 @@ class CudaBackend final : public Backend {
   static void narrow(Act a, float* values, size_t n) {
     if (a.bf16) seam::to_bf16(static_cast<uint16_t*>(a.data), values, n);
   }
+  // `holds_copies`: freeing it drops the kept copies of what it held (a kept copy's own memory holds none).
+  std::unique_ptr<Allocation> allocate_device(size_t bytes, bool holds_copies) {
+    auto freed = [this, holds_copies](const void* p, size_t n) {
+      if (holds_copies) forget_copies(p, n);
+      mapped_.erase(reinterpret_cast<uintptr_t>(p));
+    };
+    const size_t g = granule();
+    if (g == 0 || bytes == 0 || (bytes % g != 0 && bytes < 32 * g))
+      return std::make_unique<DeviceAllocation>(bytes, std::move(freed));
+    auto a = std::make_unique<MappedAllocation>(bytes, std::move(freed));
+    mapped_[reinterpret_cast<uintptr_t>(a->data())] = &a->memory();
+    return a;
+  }
+  static size_t granule() {
+    static const size_t g = MappedMemory::granule();
+    return g;
+  }
+  // The mapped memory holding `p`, and where in it; null when cudaMalloc's.
+  std::pair<MappedMemory*, size_t> mapping(const void* p) const {
+    const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+    auto it = mapped_.upper_bound(at);
+    if (it == mapped_.begin()) return {nullptr, 0};
+    --it;
+    if (at - it->first >= it->second->bytes()) return {nullptr, 0};
+    return {it->second, at - it->first};
+  }
+  // Calls `op` (release or acquire) on [p, p + bytes) when mapped memory holds it: whether it did.
+  bool on_mapped(const void* p, size_t bytes, void (MappedMemory::*op)(size_t, size_t)) {
+    const auto [memory, offset] = mapping(p);
+    if (memory == nullptr) return false;
+    (memory->*op)(offset, bytes);
+    return true;
+  }
   // Drops the kept copies of working copies in [p, p + bytes), memory being freed: a later allocation there
   // holds something else.
   void forget_copies(const void* p, size_t bytes) {
@@ -540,7 +610,7 @@ class CudaBackend final : public Backend {
     if (it == weight_copies_.begin()) return nullptr;
     --it;
     const size_t at = size_t(values - it->first);
-    return at + n <= it->second.n ? it->second.values.as<bf16>() + at : nullptr;
+    return at + n <= it->second.n ? static_cast<bf16*>(it->second.values->data()) + at : nullptr;
   }
   // `n` weights at `w` (null: none) in BF16: from the kept copy of the working copy they lie in, else
   // converted now into `buffer` (weights no model announced, as a test's or the MoE router's).
@@ -568,11 +638,14 @@ class CudaBackend final : public Backend {
 
   struct WeightCopy {
     size_t n = 0;
-    DeviceBuffer values;  // bf16
+    std::unique_ptr<Allocation> values;  // bf16
   };
   cudaEvent_t step_start_ = nullptr, step_end_ = nullptr;  // mark_step_start, step_seconds
   bool bf16_products_ = false;                             // set_bf16_products
-  std::map<const float*, WeightCopy> weight_copies_;       // bf16_working_copy, by the working copy's start
+  // The mapped allocations by their start (declared first: the kept copies' memory, freed with
+  // weight_copies_, erases itself here).
+  std::map<uintptr_t, MappedMemory*> mapped_;
+  std::map<const float*, WeightCopy> weight_copies_;  // bf16_working_copy, by the working copy's start
   DeviceBuffer in_, dout_, w_, w2_, w3_, out_, dqkv_, delta_;  // BF16 operands (and the attention's delta)
   DeviceBuffer wide_, wide2_;                                  // FP32 forms of BF16 activations
   DeviceBuffer grad_partial_;  // the RMSNorms' per-block weight-gradient partials (llama_kernels.h)

@@ -205,6 +205,54 @@ struct Checker {
     report.bits<float>("copy", down(a), want_a);
   }
 
+  // ZeRO-2/3's release and acquire (mapped_memory.h) on 8 granules of FP32 values: a range that starts and
+  // ends inside granules (4 wholly inside leave the device); one taken back before the device got to
+  // unmap it; a working copy whose BF16 copy goes and comes back with it.
+  void release() {
+    const size_t unit = gpu.release_floats(), G = unit / 2;  // FP32 values in a granule
+    report.flag("release_floats() is a 2 MiB granule of BF16 values", unit == kDeviceReleaseFloats);
+    const size_t n = 8 * G, granule_bytes = G * sizeof(float);
+    const Floats x = rng.floats(n);
+    Buffer<float> b = up(x);
+    const size_t lo = G / 2 + 3, len = 5 * G;
+    const size_t used = gpu.device_bytes_in_use();
+    gpu.mark_step_start();
+    gpu.release(b.data() + lo, len);
+    gpu.step_seconds();  // waits for the device: what it released is unmapped
+    report.flag("release: the 4 granules wholly inside leave the device",
+                gpu.resident_bytes(b.data(), n) == (n - 4 * G) * sizeof(float) &&
+                    used >= gpu.device_bytes_in_use() + 4 * granule_bytes);
+    gpu.acquire(b.data() + lo, len);
+    Floats want = x;
+    std::fill(want.begin() + ptrdiff_t(lo), want.begin() + ptrdiff_t(lo + len), 0.0f);
+    report.bits<float>("acquire: the released range reads zeros, the rest as it was", down(b), want);
+    report.flag("acquire: mapped again", gpu.resident_bytes(b.data(), n) == n * sizeof(float));
+    gpu.release(b.data(), n);
+    gpu.acquire(b.data(), n);  // before the device got to it: the granules are kept, zeroed
+    report.bits<float>("release, acquire at once: zeros", down(b), Floats(n, 0.0f));
+
+    gpu.set_bf16_products(true);
+    const int N = 16, C = 2048, OC = int(n) / C;
+    const Floats w = bf16_values(n, -0.2f, 0.2f), in = bf16_values(size_t(N) * C, -1, 1);
+    Buffer<float> work = up(w), plain = up(w), gin = up(in), out = gpu.alloc<float>(size_t(N) * OC),
+                  want_out = gpu.alloc<float>(size_t(N) * OC);
+    gpu.bf16_working_copy(work.data(), n);  // its BF16 copy: 4 granules
+    const size_t before = gpu.device_bytes_in_use();
+    gpu.mark_step_start();
+    gpu.release(work.data() + 2 * G, 4 * G);  // FP32 granules 2-5, the BF16 copy's 1-2
+    gpu.step_seconds();
+    report.flag("release of a working copy: its BF16 copy's granules go too",
+                before >= gpu.device_bytes_in_use() + 6 * granule_bytes);
+    gpu.acquire(work.data() + 2 * G, 4 * G);
+    gpu.copy_from_host(work.data() + 2 * G, w.data() + 2 * G, 4 * G * sizeof(float));
+    gpu.bf16_working_copy(work.data() + 2 * G, 4 * G);
+    gpu.matmul_forward(out.data(), gin.data(), work.data(), nullptr, N, C, OC);
+    gpu.matmul_forward(want_out.data(), gin.data(), plain.data(), nullptr, N, C, OC);  // converted per call
+    report.bits<float>("acquire of a working copy: the products read its BF16 copy again", down(out),
+                       down(want_out));
+    gpu.set_bf16_products(false);
+  }
+
   // Vocabulary shard [5, 23) of 31 tokens; 11 position rows.
   void embedding(bool with_positions, bool with_wpe) {
     const int B = 3, T = 7, C = 37, vocab = 31, vb = 5, ve = 23, P = 11;
@@ -1223,6 +1271,7 @@ bool check_backend(uint64_t seed, int device) {
     }
   };
   run("memory", [&] { check.memory(); });
+  run("release, acquire", [&] { check.release(); });
   run("embedding",
       [&] { check.embedding(true, true), check.embedding(false, true), check.embedding(true, false); });
   run("layernorm", [&] { check.layernorm(45), check.layernorm(48); });

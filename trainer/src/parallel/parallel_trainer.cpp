@@ -167,10 +167,10 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, comm::ProcessGroups& gro
   // Dense gradients are reduced, and ZeRO-1 shards, over the ranks holding the same weights: dp, times cp.
   comm::Comm* dense = dense_ = lay.cp > 1 ? groups.dp_cp.get() : groups.dp.get();
   const size_t dp = size_t(dense->size());
-  // ZeRO-2/3 release what a rank does not own between uses, whole pages at a time: every layer's
-  // parameters start where each rank's part of them starts on a page.
+  // ZeRO-2/3 release what a rank does not own between uses, whole pages (a GPU's granules) at a time:
+  // every layer's parameters start where each rank's part of them starts on one.
   const int zero = spec.parallel.zero;
-  const size_t align = zero >= 2 ? dp * kReleaseFloats : dp;
+  const size_t align = zero >= 2 ? dp * backend.release_floats() : dp;
   plan_ = std::make_unique<ParallelPlan>(*groups.tp, *groups.ep, *groups.cp, spec.parallel.cp_comm,
                                          spec.parallel.sequence_parallel, groups.pp.get());
   loss_ = objective_loss(spec, std::move(teacher));
@@ -309,6 +309,11 @@ void ParallelTrainer::complete_gathers() {
 void ParallelTrainer::start_gather(Bucket& b) {
   if (b.whole || b.gather) return;
   const FlatRange& mine = owned_[size_t(&b - buckets_.data())];
+  for (float* w : {model_->weights().data(), model_->working_copy().data()}) {
+    if (w == nullptr) continue;                  // FP32: no working copy
+    backend_.acquire(w + b.lo, mine.lo - b.lo);  // what release_weights handed back
+    backend_.acquire(w + mine.hi, b.hi - mine.hi);
+  }
   float* w = model_->weights().data();
   b.gather = b.group->all_gather(w + mine.lo, w + b.lo, mine.hi - mine.lo, comm::CommType::kF32);
 }
@@ -342,6 +347,12 @@ void ParallelTrainer::gather_layer(int layer, int next) {
       if (b.key == next) start_gather(b);
   for (Bucket& b : buckets_)
     if (b.key == layer) finish_gather(b);
+}
+
+void ParallelTrainer::acquire_gradients(int layer) {
+  float* g = model_->grads().data();
+  for (const Bucket& b : buckets_)
+    if (b.key == layer) backend_.acquire(g + b.lo, b.hi - b.lo);
 }
 
 void ParallelTrainer::release_weights(const std::function<bool(int)>& layers) {
@@ -413,10 +424,11 @@ void ParallelTrainer::launch(Bucket& b) {
   float* g = model_->grads().data();
   const size_t n = b.hi - b.lo;
   b.into_partial = b.reduced;
-  if (spec_.parallel.zero >= 1)
-    b.request = b.group->reduce_scatter(g + b.lo, (b.into_partial ? partial_ : shard_).data() + b.shard_at,
-                                        n / size_t(b.group->size()), comm::CommType::kF32);
-  else
+  if (spec_.parallel.zero >= 1) {
+    float* out = (b.into_partial ? partial_ : shard_).data() + b.shard_at;
+    backend_.acquire(out, n / size_t(b.group->size()));  // ZeRO-2/3 released shard_ after the last step
+    b.request = b.group->reduce_scatter(g + b.lo, out, n / size_t(b.group->size()), comm::CommType::kF32);
+  } else
     b.request = b.group->all_reduce(g + b.lo, n, comm::CommType::kF32, comm::ReduceOp::kSum);
   if (b.replicas != nullptr) {
     b.launch_order = launched_.size();
@@ -436,9 +448,11 @@ void ParallelTrainer::finish_gradients() {
     TraceSpan span("gradient shards", "compute");
     float* g = model_->grads().data();
     for (size_t i = 0; i < buckets_.size(); ++i)
-      if ((buckets_[i].group->size() > 1 || buckets_[i].replicas != nullptr) && buckets_[i].trains)
+      if ((buckets_[i].group->size() > 1 || buckets_[i].replicas != nullptr) && buckets_[i].trains) {
+        backend_.acquire(g + owned_[i].lo, owned_[i].hi - owned_[i].lo);  // ZeRO-2/3: settle released them
         backend_.copy(g + owned_[i].lo, shard_.data() + buckets_[i].shard_at,
                       sizeof(float) * (owned_[i].hi - owned_[i].lo));
+      }
     if (spec_.parallel.zero >= 2) backend_.release(shard_.data(), shard_.size());
   }
 }
@@ -491,9 +505,16 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   // whole from the step's first forward to its end.
   const auto block = [layers](int l) { return l >= 0 && l < layers; };
   WeightHooks forward_weights, backward_weights;
+  // ZeRO-2/3 release the gradients at the step's start and each bucket's after its reduction: the
+  // backward takes a layer's back before it writes them (the forward the embeddings' and the classifier's,
+  // which the head's loss writes).
   if (zero < 3) {
     forward_weights.need = [this](int l) { need_weights(l); };
-    if (zero == 2) backward_weights.need = [this](int) { sample_state(); };  // gradients come and go
+    if (zero == 2)
+      backward_weights.need = [this](int l) {
+        acquire_gradients(l);
+        sample_state();
+      };
   } else {
     forward_weights.need = [&](int l) {
       gather_layer(l, l < 0 ? bounds_[size_t(stage)] : l + 1);
@@ -501,6 +522,7 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
     };
     backward_weights.need = [&](int l) {
       gather_layer(l, l - 1);
+      acquire_gradients(l);
       sample_state();
     };
     forward_weights.done = backward_weights.done = [&](int l) {
@@ -546,6 +568,7 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
     if (!first) g.pp->recv(recv_act_.data(), nc, comm::CommType::kF32, stage - 1, 2 * i)->wait();
     mark_activity("forward");
     TraceSpan span("forward micro-batch", "schedule", i);
+    if (zero >= 2) acquire_gradients(-1);
     loss_sum +=
         model_->forward(slot, batches[size_t(i)], recv_act_.data(), loss_scale, true, forward_weights).loss;
     if (!last)

@@ -22,9 +22,12 @@ namespace forge::trainer {
 
 // The rows of one partial sum of a norm's weight gradients (Backend::rmsnorm_backward_partials).
 inline constexpr int kNormChunkRows = 32;
-// Floats in a page of host memory (4 KiB): ZeRO-2/3 align every rank's part of a layer's parameters to it
-// so that Backend::release hands back whole pages.
+// Floats in a page of host memory (4 KiB): ZeRO-2/3 align every rank's part of a layer's parameters to a
+// backend's release_floats() so that Backend::release hands back whole pages.
 inline constexpr size_t kReleaseFloats = 1024;
+// The same on a GPU: CUDA maps device memory in granules of 2 MiB, which hold 1M BF16 values (the BF16
+// copy of the weights is released with them) or 512K FP32 ones.
+inline constexpr size_t kDeviceReleaseFloats = size_t{1} << 20;
 
 // Activations in a backend's memory, FP32 or 2-byte BF16 (bit patterns, uint16_t): the operands of the
 // matrix products and of the attention, which the model's BF16 mode stores as BF16 (model.h) so that a
@@ -180,11 +183,16 @@ class Backend {
   virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   virtual void fill(float* x, float value, size_t n) = 0;
-  // Hands the memory of [x, x + n) back while keeping the range allocated: it reads as zeros until
-  // written again (ZeRO-2 and -3 release the gradients and weights a rank does not own between uses). A
-  // host backend returns its whole pages to the system (what is outside them is zeroed in place); a
-  // backend without the means zeroes the range.
+  // Hands the memory of [x, x + n) back while keeping its addresses (ZeRO-2 and -3 release the gradients
+  // and weights a rank does not own between uses): nothing reads or writes the range again before
+  // acquire(x', n') of a range covering what it touches, after which that reads as zeros. A host backend
+  // returns its whole pages to the system and needs no acquire (a page comes back zeroed when touched); a
+  // GPU unmaps its whole granules, which acquire maps again (fresh memory, zeroed); what is outside them
+  // is zeroed in place, as is the whole range on a backend without the means.
   virtual void release(float* x, size_t n) { fill(x, 0.0f, n); }
+  virtual void acquire(float* /*x*/, size_t /*n*/) {}
+  // The floats of the unit release hands back whole (a range aligned to it loses all its memory).
+  virtual size_t release_floats() const { return kReleaseFloats; }
   // Bytes of [x, x + n) that occupy memory now: the host's resident pages; all of them on a backend that
   // cannot tell.
   virtual size_t resident_bytes(const float* /*x*/, size_t n) const { return n * sizeof(float); }

@@ -154,6 +154,9 @@ class ParallelTrainer {
   void finish_gather(Bucket& bucket);
   void gather_layer(int layer, int next);
   void release_weights(const std::function<bool(int)>& layers);
+  // ZeRO-2/3: takes back the gradients of the buckets of layer `layer` (released at the step's start and
+  // after each reduction) before a pass writes them.
+  void acquire_gradients(int layer);
   // The training state's resident bytes now, kept in peak_state_ when more (StepStats::state_bytes).
   void sample_state();
   // ZeRO-1 after an update: every bucket's parameter all-gather is launched; need_weights(l) completes
