@@ -5,6 +5,8 @@
 #   - tokens/s of ZeRO-2 and ZeRO-3 (prefetch on, and off) against ZeRO-1's in the same run (goal for
 #     ZeRO-3 with prefetch >= 0.9x), the time ZeRO-3's passes waited for gathers, and the training state's
 #     peak per rank (state_mib, resident pages) against ZeRO-1's;
+#   - BF16: ZeRO-3 against ZeRO-1, both BF16; a pass gathers the BF16 working copy (2 bytes a weight, not
+#     FP32's 4) and keeps only the rank's part of the FP32 weights;
 #   - from the plan: the most blocks of that width that fit dp4 ranks sharing this machine's available
 #     memory, ZeRO-1 against ZeRO-3.
 #   bench/zero.sh [BUILD_DIR]   (target forge-train)
@@ -25,7 +27,8 @@ model=(--model.family=llama --model.d_model=512 --model.heads=8 --model.kv_heads
 steps=${STEPS:-8}
 machine
 echo "# dp2, 2 warm-up steps then $steps measured"
-for run in "z1 --parallel.zero=1" "z2 --parallel.zero=2" "z3 --parallel.zero=3" "z3-noprefetch --parallel.zero=3 --parallel.prefetch=false"; do
+for run in "z1 --parallel.zero=1" "z2 --parallel.zero=2" "z3 --parallel.zero=3" "z3-noprefetch --parallel.zero=3 --parallel.prefetch=false" \
+  "z1-bf16 --parallel.zero=1 --precision.dtype=bf16" "z3-bf16 --parallel.zero=3 --precision.dtype=bf16"; do
   set -- $run
   name=$1
   shift
@@ -40,6 +43,7 @@ def figures(name):
     return {"tps": statistics.median(r["tokens_per_s"] for r in recs),
             "state": max(r["state_mib"] for r in recs),
             "gather": statistics.median(r.get("gather_ms", 0) for r in recs),
+            "gathered": statistics.median(r.get("gather_bytes", 0) for r in recs) / 1e6,
             "step": statistics.median(r["step_ms"] for r in recs)}
 z1 = figures("z1")
 print(f"ZeRO-1: {z1['tps']:.0f} tokens/s, step {z1['step']:.0f} ms, training state {z1['state']:.1f} MiB per rank")
@@ -48,7 +52,12 @@ for name in ("z2", "z3", "z3-noprefetch"):
     goal = "   (goal >= 0.9)" if name == "z3" else ""
     print(f"{name}: tokens/s / ZeRO-1 {f['tps'] / z1['tps']:.3f}{goal}; gathers waited {f['gather']:.0f} ms "
           f"({100 * f['gather'] / f['step']:.1f}% of the step); training state {f['state']:.1f} MiB "
-          f"({f['state'] / z1['state']:.2f}x)")
+          f"({f['state'] / z1['state']:.2f}x); gathered {f['gathered']:.1f} MB a step")
+b1, b3 = figures("z1-bf16"), figures("z3-bf16")
+print(f"BF16 ZeRO-1: {b1['tps']:.0f} tokens/s, training state {b1['state']:.1f} MiB; BF16 ZeRO-3: tokens/s / BF16 "
+      f"ZeRO-1 {b3['tps'] / b1['tps']:.3f}; gathers waited {b3['gather']:.0f} ms ({100 * b3['gather'] / b3['step']:.1f}%); "
+      f"gathered {b3['gathered']:.1f} MB a step ({b3['gathered'] / figures('z3')['gathered']:.2f}x FP32 ZeRO-3's); "
+      f"training state {b3['state']:.1f} MiB ({b3['state'] / b1['state']:.2f}x)")
 PY
 available=$(awk '/MemAvailable/ {print $2 * 1024}' /proc/meminfo)
 cap=$(python3 -c "print(f'{$available / 4 / 2**30:.3f}')")

@@ -269,10 +269,24 @@ Plan make_plan(const T::TrainSpec& validated, int zero_nodes) {
     st.optimizer = 2 * updated * kF32;
     // ZeRO-2 keeps a rank's part of the gradients and those of the blocks backward is at or reducing
     // (two); ZeRO-3 also its part of the weights, the blocks a pass is at and prefetching, and the
-    // embeddings, classifier and final norm through the step.
+    // embeddings, classifier and final norm through the step. In BF16 a pass gathers the working copy
+    // alone, through a BF16 buffer of a bucket's size per gather in flight (the buckets of two layers),
+    // and keeps the rank's part of the FP32 weights.
     if (zero >= 2) st.gradients = (owned_trained + 2 * largest(block_trained)) * kF32;
-    if (zero == 3) st.weights = (owned + std::min(flat - owned, held + 2 * largest_block)) * kF32;
-    if (zero == 3 && spec.dtype == T::DType::kBF16) st.bf16_copy = st.weights;  // released alike
+    if (zero == 3) {
+      const size_t gathered = (owned + std::min(flat - owned, held + 2 * largest_block)) * kF32;
+      st.weights = gathered;
+      if (spec.dtype == T::DType::kBF16) {
+        std::map<int, size_t> per_layer;
+        size_t bucket = 0, in_flight = 0;
+        for (const T::GradientBucket& b : buckets) {
+          bucket = std::max(bucket, b.hi - b.lo);
+          in_flight = std::max(in_flight, 2 * ++per_layer[b.key]);
+        }
+        st.weights = owned * kF32;
+        st.bf16_copy = gathered + in_flight * bucket * sizeof(uint16_t);
+      }
+    }
     const int shards = spec.parallel.sequence_parallel ? lay.tp : 1;
     st.activations = activation_bytes(local, slice, spec.batch, spec.dtype, st.slots, spec.recompute, shards);
     if (shards > 1) {  // SequenceScratch (tensor_parallel.cpp): gathered and whole rows; norm partials

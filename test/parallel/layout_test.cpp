@@ -38,9 +38,11 @@ namespace {
 
 // FP32 with different summation orders (tensor-parallel partial sums, data-parallel reductions,
 // accumulation across micro-batches): the loss agrees to ~1e-6 relative; AdamW divides by sqrt(v), so a
-// parameter whose gradient is tiny can move by up to ~lr x (relative gradient error) per step.
+// parameter whose gradient is tiny can move by up to ~lr x (relative gradient error) per step. Worst
+// measured: 2.17e-4 at pp2 x dp2 on packed documents on an Intel Xeon VM (OpenBLAS's kernels there), whose
+// losses agree to 1.2e-7; under 2e-4 on the AMD EPYC VMs of earlier sessions.
 constexpr double kLossRelTol = 2e-5;
-constexpr double kParamAbsTol = 2e-4;
+constexpr double kParamAbsTol = 3e-4;
 // DPO's gradient is sigmoid(-beta x margin) times log-probability gradients, and the margin is a difference
 // of nearly equal log-ratios (0 at the start): its relative error is larger than cross-entropy's. Worst
 // measured: 2.0e-4 on the Intel VM of earlier sessions, 2.5e-4 on an AMD EPYC (OpenBLAS's Zen kernels sum

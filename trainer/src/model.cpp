@@ -530,7 +530,12 @@ void GPT::weights_changed() {
 void GPT::weights_changed(FlatRange part) {
   if (dtype_ != DType::kBF16 || part.hi <= part.lo) return;
   backend_.round_to_bf16(work_.data() + part.lo, weights_.data() + part.lo, part.hi - part.lo);
-  backend_.bf16_working_copy(work_.data() + part.lo, part.hi - part.lo);
+  working_copy_changed(part);
+}
+
+void GPT::working_copy_changed(FlatRange part) {
+  if (dtype_ == DType::kBF16 && part.hi > part.lo)
+    backend_.bf16_working_copy(work_.data() + part.lo, part.hi - part.lo);
 }
 
 void GPT::set_router_loss_weight(float weight) {

@@ -302,33 +302,65 @@ void ParallelTrainer::need_weights(int layer) {
 
 void ParallelTrainer::complete_gathers() {
   if (spec_.parallel.zero < 3) return need_weights(std::numeric_limits<int>::max());
-  for (Bucket& b : buckets_) start_gather(b);
+  for (Bucket& b : buckets_) start_gather(b, Held::kWhole);
   for (Bucket& b : buckets_) finish_gather(b);
 }
 
-void ParallelTrainer::start_gather(Bucket& b) {
-  if (b.whole || b.gather) return;
+void ParallelTrainer::start_gather(Bucket& b, Held want) {
+  float* const work = model_->working_copy().data();
+  if (work == nullptr) want = Held::kWhole;  // FP32: the passes read the weights
+  if (b.held >= want || (b.gather && b.gathering >= want)) return;
+  finish_gather(b);  // a BF16 gather in flight, FP32 asked for: it lands first
+  if (b.held >= want) return;
   const FlatRange& mine = owned_[size_t(&b - buckets_.data())];
-  for (float* w : {model_->weights().data(), model_->working_copy().data()}) {
-    if (w == nullptr) continue;                  // FP32: no working copy
+  const size_t part = mine.hi - mine.lo;
+  for (float* w : {model_->weights().data(), work}) {
+    if (w == nullptr || (w != work && want == Held::kWorking)) continue;
     backend_.acquire(w + b.lo, mine.lo - b.lo);  // what release_weights handed back
     backend_.acquire(w + mine.hi, b.hi - mine.hi);
   }
-  float* w = model_->weights().data();
-  b.gather = b.group->all_gather(w + mine.lo, w + b.lo, mine.hi - mine.lo, comm::CommType::kF32);
+  b.gathering = want;
+  if (want == Held::kWhole) {
+    float* w = model_->weights().data();
+    b.gather = b.group->all_gather(w + mine.lo, w + b.lo, part, comm::CommType::kF32);
+    return;
+  }
+  // The rank's part of the working copy (BF16 values already: exact) into its place in a staging buffer.
+  size_t s = 0;
+  while (s < staging_.size() && staging_used_[s]) ++s;
+  if (s == staging_.size()) {
+    size_t largest = 0;
+    for (const Bucket& k : buckets_) largest = std::max(largest, k.hi - k.lo);
+    staging_.push_back(backend_.alloc<uint16_t>(largest));
+    staging_used_.push_back(false);
+  }
+  staging_used_[s] = true;
+  b.staged = int(s);
+  uint16_t* out = staging_[s].data();
+  backend_.convert(Act(out + (mine.lo - b.lo)), ConstAct(work + mine.lo), part);
+  b.gather = b.group->all_gather(out + (mine.lo - b.lo), out, part, comm::CommType::kBF16);
 }
 
 void ParallelTrainer::finish_gather(Bucket& b) {
-  if (b.gather) {
-    mark_activity("all_gather (ZeRO-3 parameters)");
-    const auto t0 = std::chrono::steady_clock::now();
-    b.gather->wait();
-    b.gather.reset();
-    gather_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    gather_bytes_ += (b.hi - b.lo) * sizeof(float);
+  if (!b.gather) return;
+  mark_activity("all_gather (ZeRO-3 parameters)");
+  const auto t0 = std::chrono::steady_clock::now();
+  b.gather->wait();
+  b.gather.reset();
+  gather_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const size_t n = b.hi - b.lo;
+  if (b.gathering == Held::kWhole) {
+    gather_bytes_ += n * sizeof(float);
     model_->weights_changed({b.lo, b.hi});  // BF16: the working copy of what arrived
+  } else {
+    gather_bytes_ += n * sizeof(uint16_t);
+    float* work = model_->working_copy().data() + b.lo;
+    backend_.convert(Act(work), ConstAct(staging_[size_t(b.staged)].data()), n);
+    model_->working_copy_changed({b.lo, b.hi});
+    staging_used_[size_t(b.staged)] = false;
+    b.staged = -1;
   }
-  b.whole = true;
+  b.held = b.gathering;
 }
 
 void ParallelTrainer::sample_state() {
@@ -341,10 +373,10 @@ void ParallelTrainer::sample_state() {
 
 void ParallelTrainer::gather_layer(int layer, int next) {
   for (Bucket& b : buckets_)
-    if (b.key == layer) start_gather(b);
+    if (b.key == layer) start_gather(b, Held::kWorking);
   if (spec_.parallel.prefetch)
     for (Bucket& b : buckets_)
-      if (b.key == next) start_gather(b);
+      if (b.key == next) start_gather(b, Held::kWorking);
   for (Bucket& b : buckets_)
     if (b.key == layer) finish_gather(b);
 }
@@ -365,7 +397,7 @@ void ParallelTrainer::release_weights(const std::function<bool(int)>& layers) {
       backend_.release(w + b.lo, owned_[i].lo - b.lo);
       backend_.release(w + owned_[i].hi, b.hi - owned_[i].hi);
     }
-    b.whole = false;
+    b.held = Held::kPart;
   }
 }
 

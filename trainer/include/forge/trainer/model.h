@@ -321,6 +321,9 @@ class GPT {
   // weight or of the flat range `part`.
   void weights_changed();
   void weights_changed(FlatRange part);
+  // Call after writing the working copy's range `part` directly (ZeRO-3's BF16 gathers): the backend's
+  // copy of it follows.
+  void working_copy_changed(FlatRange part);
   // BF16 mode: the working copy (FP32 slots, the weights' layout); empty in FP32. Memory a caller that
   // lets go of weights (ZeRO-3) lets go of here too.
   std::span<float> working_copy() { return work_.span(); }

@@ -113,6 +113,10 @@ class ParallelTrainer {
   size_t activation_bytes() const;
 
  private:
+  // ZeRO-3: what a rank has of a bucket's weights beyond its own part. A pass reads only the BF16 working
+  // copy in BF16 mode, so its gathers bring that (2 bytes a weight; kWorking); the FP32 weights
+  // (kWhole) are gathered for model() only, in FP32 for every pass.
+  enum class Held { kPart, kWorking, kWhole };
   struct Bucket {
     size_t lo, hi;      // flat range, a multiple of dp long
     int key;            // layer index; -1: embeddings (reduced after the schedule); layers: final LayerNorm
@@ -125,8 +129,11 @@ class ParallelTrainer {
     comm::RequestPtr replica_sum = {};
     size_t launch_order = 0;       // its place in launched_
     comm::RequestPtr gather = {};  // ZeRO-1: the all-gather of the updated parameters; ZeRO-3: of the layer
-    bool whole = true;             // ZeRO-3: every rank's part of its weights is here
-    bool settled = false;          // the reduction in flight is complete (settle)
+    // ZeRO-3: what is here of every rank's part (Held), and what the gather in flight brings; a BF16
+    // gather lands in staging_[staged].
+    Held held = Held::kWhole, gathering = Held::kPart;
+    int staged = -1;
+    bool settled = false;  // the reduction in flight is complete (settle)
     // parallel.reduce_each_microbatch: a reduction of this step is already in shard_, so the one in flight
     // writes to partial_ and settle adds it in.
     bool reduced = false, into_partial = false;
@@ -147,10 +154,11 @@ class ParallelTrainer {
   // launched again.
   void settle_microbatch();
   void finish_gradients();
-  // ZeRO-3: gather_layer(l, next) makes the buckets of layer l whole (their all-gathers started now unless
-  // prefetched) and, with parallel.prefetch, starts those of layer `next`; release_weights hands back
-  // what this rank does not own of the buckets of the layers `layers` picks.
-  void start_gather(Bucket& bucket);
+  // ZeRO-3: gather_layer(l, next) makes the buckets of layer l readable by a pass (their all-gathers
+  // started now unless prefetched) and, with parallel.prefetch, starts those of layer `next`;
+  // release_weights hands back what this rank does not own of the buckets of the layers `layers` picks.
+  // start_gather brings `want` (kWorking: what a pass reads; kWhole: the FP32 weights too).
+  void start_gather(Bucket& bucket, Held want);
   void finish_gather(Bucket& bucket);
   void gather_layer(int layer, int next);
   void release_weights(const std::function<bool(int)>& layers);
@@ -191,6 +199,10 @@ class ParallelTrainer {
   Buffer<float> shard_;                 // reduce-scatter output, back to back
   Buffer<float> partial_;  // reduce_each_microbatch: a later micro-batch's output, shard_'s layout
   Buffer<float> recv_act_, recv_grad_;
+  // BF16 ZeRO-3: the gathers' BF16 buffers (a bucket's size; as many as are in flight at once), and which
+  // are in use.
+  std::vector<Buffer<uint16_t>> staging_;
+  std::vector<bool> staging_used_;
   size_t gathered_ = 0;  // buckets_[0, gathered_) hold their updated parameters (need_weights)
   // Fewer key/value heads than tensor-parallel ranks: the ranks holding the same head (kv_), and per
   // block the parameters whose gradients they sum (each rank's holds its own query heads' share).
