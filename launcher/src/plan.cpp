@@ -320,7 +320,17 @@ Plan make_plan(const T::TrainSpec& validated, int zero_nodes) {
     }
     plan.stages.push_back(st);
   }
-  plan.pipeline.bubble = T::simulate(plan.pipeline.stages, spec.microbatches).bubble;
+  const int micro = spec.microbatches;
+  plan.pipeline.bubble = T::simulate(plan.pipeline.stages, micro).bubble;
+  if (lay.pp > 1) {
+    const bool halves = std::ranges::all_of(plan.stages, [](const StagePlan& st) {
+      return (st.last_layer - st.first_layer) % 2 == 0 && st.last_layer > st.first_layer;
+    });
+    if (halves && micro % lay.pp == 0)
+      plan.pipeline.alternatives.push_back(
+          {"interleaved", 2, T::simulate(T::interleaved(lay.pp, 2, micro), micro).bubble});
+    plan.pipeline.alternatives.push_back({"zb-h1", 1, T::simulate(T::zb_h1(lay.pp, micro), micro).bubble});
+  }
   return plan;
 }
 
@@ -422,6 +432,14 @@ std::string format_plan(const Plan& plan) {
         "backward twice a forward; --schedule lists every stage's actions)\n",
         plan.pipeline.schedule, lay.pp, spec.microbatches, spec.microbatches == 1 ? "" : "es",
         100.0 * plan.pipeline.bubble);
+  if (!plan.pipeline.alternatives.empty()) {
+    std::string other;
+    for (const PipelinePlan::Alternative& a : plan.pipeline.alternatives)
+      other +=
+          fmt::format("{}{}{} {:.1f}%", other.empty() ? "" : ", ", a.schedule,
+                      a.chunks > 1 ? fmt::format(" ({} chunks a stage)", a.chunks) : "", 100.0 * a.bubble);
+    out += fmt::format("  other schedules' bubble at this layout (not run by the trainer yet): {}\n", other);
+  }
   size_t largest = 0, job = 0;
   int largest_stage = 0;
   for (const StagePlan& st : plan.stages) {
@@ -495,6 +513,9 @@ std::string format_schedule(const Plan& plan) {
 Json plan_json(const Plan& plan) {
   const T::TrainSpec& spec = plan.spec;
   const Layout& lay = spec.layout;
+  Json alternatives = Json::object();
+  for (const PipelinePlan::Alternative& a : plan.pipeline.alternatives)
+    alternatives[a.schedule] = {{"chunks", a.chunks}, {"bubble", a.bubble}};
   Json stages = Json::array();
   size_t largest = 0, job = 0;
   for (const StagePlan& st : plan.stages) {
@@ -538,7 +559,10 @@ Json plan_json(const Plan& plan) {
             {"attention", plan.attention_flops},
             {"attention_share", plan.attention_flops / plan.flops_per_token}}},
           {"stages", stages},
-          {"pipeline", {{"schedule", plan.pipeline.schedule}, {"bubble", plan.pipeline.bubble}}},
+          {"pipeline",
+           {{"schedule", plan.pipeline.schedule},
+            {"bubble", plan.pipeline.bubble},
+            {"alternatives", alternatives}}},
           {"largest_rank_bytes", largest},
           {"job_bytes", job}};
 }

@@ -63,6 +63,15 @@ struct PipelinePlan {
   std::string schedule = "1f1b";
   std::vector<trainer::StageSchedule> stages;
   double bubble = 0;
+  // The bubble the other schedules (schedule.h) would leave at this layout, as data only: the trainer runs
+  // 1F1B. Interleaved with 2 chunks a stage where every stage's blocks split in two and the micro-batches
+  // are a multiple of the stages; ZB-H1 always.
+  struct Alternative {
+    std::string schedule;
+    int chunks = 1;  // model chunks a stage
+    double bubble = 0;
+  };
+  std::vector<Alternative> alternatives;
 };
 
 struct Plan {

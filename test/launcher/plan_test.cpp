@@ -159,6 +159,19 @@ TEST_CASE("the plan of the large shapes needs no memory of their size", "[plan]"
   CHECK(pp.stages[0].embedding);
   CHECK(pp.stages[3].head);
   CHECK(pp.stages[1].pipeline == 2 * pp.stages[0].pipeline);
+  // The other schedules' bubble beside 1F1B's (p - 1) / (m + p - 1): ZB-H1's (p - 1) / (3m + p - 1); no
+  // interleaving, the stages' blocks (8, 8, 9, 7: the classifier weighs on the last) not halving.
+  CHECK(pp.pipeline.bubble == Approx(3.0 / 11.0));
+  REQUIRE(pp.pipeline.alternatives.size() == 1);
+  CHECK(pp.pipeline.alternatives[0].schedule == "zb-h1");
+  CHECK(pp.pipeline.alternatives[0].bubble == Approx(3.0 / 27.0));
+  // Even stages of 8: interleaved with 2 chunks, (p - 1) / (2m + p - 1).
+  const forge::launcher::Plan even = plan_of(
+      "llama3-8b.ini", {"--parallel.pp=4", "--parallel.microbatches=8", "--parallel.stage_layers=8,8,8,8"});
+  REQUIRE(even.pipeline.alternatives.size() == 2);
+  CHECK(even.pipeline.alternatives[0].schedule == "interleaved");
+  CHECK(even.pipeline.alternatives[0].chunks == 2);
+  CHECK(even.pipeline.alternatives[0].bubble == Approx(3.0 / 19.0));
 }
 
 TEST_CASE("hybrid sharding plans each node's share of the data-parallel ranks", "[plan]") {

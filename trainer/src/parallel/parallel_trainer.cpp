@@ -639,6 +639,8 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
           g.pp->send(model_->input_grad(slot).data(), nc, comm::CommType::kF32, stage - 1, 2 * i + 1);
   };
   for (const PipeAction& a : schedule_) {
+    if (a.chunk != 0 || a.op == PipeOp::kWeight)
+      throw std::logic_error("ParallelTrainer: the runtime runs 1F1B's whole forwards and backwards only");
     if (a.op == PipeOp::kForward)
       forward(a.micro_batch);
     else

@@ -11,11 +11,15 @@
 
 namespace forge::trainer {
 
-enum class PipeOp { kForward, kBackward };
+// kBackward is the whole backward of a micro-batch, or, in a schedule that splits it (zero-bubble), the
+// input gradient only (B), its weight gradients being the later kWeight (W).
+enum class PipeOp { kForward, kBackward, kWeight };
 
 struct PipeAction {
   PipeOp op;
   int micro_batch;
+  // The model chunk of an interleaved schedule: stage s's chunk c holds virtual stage c x stages + s.
+  int chunk = 0;
   bool operator==(const PipeAction&) const = default;
 };
 
@@ -29,16 +33,32 @@ StageSchedule one_f_one_b(int stages, int stage, int micro_batches);
 // Every stage's, 0..stages-1.
 std::vector<StageSchedule> one_f_one_b(int stages, int micro_batches);
 
-// The most micro-batches forwarded and not yet backwarded at any point of `schedule`: the activation
-// slots the stage holds.
+// Interleaved 1F1B (Megatron-core's): `chunks` model chunks a stage; the micro-batches go through in groups
+// of `stages`, each group through every chunk in turn, with (p - s - 1) x 2 + (v - 1) x p warm-up
+// forwards on stage s (all of them when m = p). micro_batches must be a multiple of stages. A chunk's
+// forward and backward cost 1/v of a stage's, and the bubble is (p - 1) / (v·m + p - 1) of the step.
+StageSchedule interleaved(int stages, int stage, int chunks, int micro_batches);
+std::vector<StageSchedule> interleaved(int stages, int chunks, int micro_batches);
+
+// ZB-H1 (zero-bubble, arXiv 2401.10241): 1F1B's forwards and input-gradient backwards (B), the weight-
+// gradient passes (W) moved to where a stage would wait for a message, at most p micro-batches waiting for
+// theirs on any stage. With F, B and W a unit each the bubble is (p - 1)(F + B - W), a third of 1F1B's
+// (p - 1)(F + B + W): (p - 1) / (3m + p - 1) of the step.
+StageSchedule zb_h1(int stages, int stage, int micro_batches);
+std::vector<StageSchedule> zb_h1(int stages, int micro_batches);
+
+// The most activation sets forwarded and not yet backwarded (B) at any point of `schedule`: the slots
+// the stage holds (a chunk's each, in an interleaved schedule; a micro-batch waiting for its W keeps only
+// what the weight gradients read, not counted).
 int in_flight(const StageSchedule& schedule);
 
-// The schedules of stages 0..p-1 run against each other: forward i on stage s starts once stage s-1 sent
-// its output (forward i done there), backward i once stage s+1 sent its input gradient (backward i done
-// there) and forward i ran on s; a forward costs `forward_cost`, a backward `backward_cost`, messages
-// nothing. Throws std::logic_error naming the stage and the action when a stage runs an action twice,
-// a backward before its forward, misses one of the `micro_batches`, or waits for a message no stage
-// will send (a deadlock).
+// The schedules of stages 0..p-1 run against each other: forward i of a (virtual) stage starts once the
+// one before sent its output (forward i done there), backward i once the one after sent its input
+// gradient (backward i done there) and forward i ran here; a weight pass after its backward. A forward
+// costs `forward_cost`, a backward `backward_cost` (half of it each for B and W where a stage splits
+// them), both divided among a stage's chunks; messages cost nothing. Throws std::logic_error naming the
+// stage and the action when a stage runs an action twice, a backward before its forward (a W before its
+// B), misses one of the `micro_batches`, or waits for a message no stage will send (a deadlock).
 struct ScheduleTiming {
   double makespan = 0;  // the step, from the first action to the last
   double bubble = 0;    // the stages' idle time within the step, as a fraction of stages x makespan
@@ -46,7 +66,8 @@ struct ScheduleTiming {
 ScheduleTiming simulate(const std::vector<StageSchedule>& stages, int micro_batches, double forward_cost = 1,
                         double backward_cost = 2);
 
-// A stage's schedule in one line: "F0 F1 B0 F2 B1 B2".
+// A stage's schedule in one line: "F0 F1 B0 F2 B1 B2"; "F0.1" is micro-batch 0 on chunk 1, "W0" a
+// weight pass.
 std::string describe(const StageSchedule& schedule);
 
 }  // namespace forge::trainer
