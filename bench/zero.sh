@@ -47,6 +47,7 @@ def figures(name):
             "step": statistics.median(r["step_ms"] for r in recs)}
 z1 = figures("z1")
 print(f"ZeRO-1: {z1['tps']:.0f} tokens/s, step {z1['step']:.0f} ms, training state {z1['state']:.1f} MiB per rank")
+z3 = figures("z3")
 for name in ("z2", "z3", "z3-noprefetch"):
     f = figures(name)
     goal = "   (goal >= 0.9)" if name == "z3" else ""
@@ -56,7 +57,7 @@ for name in ("z2", "z3", "z3-noprefetch"):
 b1, b3 = figures("z1-bf16"), figures("z3-bf16")
 print(f"BF16 ZeRO-1: {b1['tps']:.0f} tokens/s, training state {b1['state']:.1f} MiB; BF16 ZeRO-3: tokens/s / BF16 "
       f"ZeRO-1 {b3['tps'] / b1['tps']:.3f}; gathers waited {b3['gather']:.0f} ms ({100 * b3['gather'] / b3['step']:.1f}%); "
-      f"gathered {b3['gathered']:.1f} MB a step ({b3['gathered'] / figures('z3')['gathered']:.2f}x FP32 ZeRO-3's); "
+      f"gathered {b3['gathered']:.1f} MB a step ({b3['gathered'] / z3['gathered']:.2f}x FP32 ZeRO-3's); "
       f"training state {b3['state']:.1f} MiB ({b3['state'] / b1['state']:.2f}x)")
 PY
 available=$(awk '/MemAvailable/ {print $2 * 1024}' /proc/meminfo)

@@ -322,8 +322,7 @@ class FarBackend final : public trainer::Backend {
   static Pages inside(float* x, size_t n) {
     const uintptr_t page = page_bytes(), lo = reinterpret_cast<uintptr_t>(x), hi = lo + n * sizeof(float);
     const uintptr_t first = (lo + page - 1) / page * page, last = hi / page * page;
-    return first < last ? Pages{reinterpret_cast<char*>(first), last - first}
-                        : Pages{x == nullptr ? nullptr : reinterpret_cast<char*>(lo), 0};
+    return first < last ? Pages{reinterpret_cast<char*>(first), last - first} : Pages{nullptr, 0};
   }
   static void protect(Pages p, int how) {
     if (p.bytes > 0 && mprotect(p.at, p.bytes, how) != 0) throw std::runtime_error("FarBackend: mprotect");

@@ -325,18 +325,19 @@ void ParallelTrainer::start_gather(Bucket& b, Held want) {
     b.gather = b.group->all_gather(w + mine.lo, w + b.lo, part, comm::CommType::kF32);
     return;
   }
-  // The rank's part of the working copy (BF16 values already: exact) into its place in a staging buffer.
-  size_t s = 0;
-  while (s < staging_.size() && staging_used_[s]) ++s;
-  if (s == staging_.size()) {
+  // The rank's part of the working copy (BF16 values already: exact) into its place in a staging buffer
+  // no gather in flight holds.
+  int s = 0;
+  while (s < int(staging_.size()) &&
+         std::ranges::any_of(buckets_, [s](const Bucket& k) { return k.staged == s; }))
+    ++s;
+  if (s == int(staging_.size())) {
     size_t largest = 0;
     for (const Bucket& k : buckets_) largest = std::max(largest, k.hi - k.lo);
     staging_.push_back(backend_.alloc<uint16_t>(largest));
-    staging_used_.push_back(false);
   }
-  staging_used_[s] = true;
-  b.staged = int(s);
-  uint16_t* out = staging_[s].data();
+  b.staged = s;
+  uint16_t* out = staging_[size_t(s)].data();
   backend_.convert(Act(out + (mine.lo - b.lo)), ConstAct(work + mine.lo), part);
   b.gather = b.group->all_gather(out + (mine.lo - b.lo), out, part, comm::CommType::kBF16);
 }
@@ -357,7 +358,6 @@ void ParallelTrainer::finish_gather(Bucket& b) {
     float* work = model_->working_copy().data() + b.lo;
     backend_.convert(Act(work), ConstAct(staging_[size_t(b.staged)].data()), n);
     model_->working_copy_changed({b.lo, b.hi});
-    staging_used_[size_t(b.staged)] = false;
     b.staged = -1;
   }
   b.held = b.gathering;

@@ -199,10 +199,8 @@ class ParallelTrainer {
   Buffer<float> shard_;                 // reduce-scatter output, back to back
   Buffer<float> partial_;  // reduce_each_microbatch: a later micro-batch's output, shard_'s layout
   Buffer<float> recv_act_, recv_grad_;
-  // BF16 ZeRO-3: the gathers' BF16 buffers (a bucket's size; as many as are in flight at once), and which
-  // are in use.
+  // BF16 ZeRO-3: the gathers' BF16 buffers (a bucket's size; as many as were ever in flight at once).
   std::vector<Buffer<uint16_t>> staging_;
-  std::vector<bool> staging_used_;
   size_t gathered_ = 0;  // buckets_[0, gathered_) hold their updated parameters (need_weights)
   // Fewer key/value heads than tensor-parallel ranks: the ranks holding the same head (kv_), and per
   // block the parameters whose gradients they sum (each rank's holds its own query heads' share).
