@@ -25,10 +25,11 @@ namespace {
 
 // Bytes this rank hands to its communicators per step, counted as CommStats counts them (an all-reduce
 // its buffer, a reduce-scatter its input, an all-gather its output, a send its payload).
-double analytic_bytes(const TrainSpec& s, const ProcessGroups& g, const ParallelTrainer& t) {
+double analytic_bytes(const TrainSpec& s, const ProcessGroups& g, ParallelTrainer& t) {
   const double N = double(s.batch) * s.model.seq_len / g.layout.cp, C = s.model.d_model, m = s.microbatches;
-  const auto& b = t.bounds();
-  const double blocks = b[size_t(g.pp_rank) + 1] - b[size_t(g.pp_rank)];
+  const GPT& model = t.held_model();
+  const double blocks = double(model.slice().blocks(s.model.layers).size());
+  const double chunks = model.slice().chunks;
   double floats = 0;
   if (g.layout.tp > 1) {
     // Per micro-batch: forward one all-reduce after each row-parallel product (2 per block), the
@@ -37,7 +38,10 @@ double analytic_bytes(const TrainSpec& s, const ProcessGroups& g, const Parallel
         (2 * blocks + (g.first_stage() ? 1 : 0)) * N * C + (g.last_stage() ? 3 * N + N * C : 0);
     floats += m * (fwd + 2 * blocks * N * C);
   }
-  if (g.layout.pp > 1) floats += m * N * C * ((g.last_stage() ? 0 : 1) + (g.first_stage() ? 0 : 1));
+  // A stage sends each micro-batch's output of every chunk but the head's, and the input gradient of every
+  // chunk but the embedding's.
+  if (g.layout.pp > 1)
+    floats += m * N * C * (2 * chunks - (g.last_stage() ? 1 : 0) - (g.first_stage() ? 1 : 0));
   if (g.layout.dp * g.layout.cp > 1)
     floats += (s.parallel.zero == 1 ? 2.0 : 1.0) * double(t.parameter_bytes() / 8);
   if (g.embed) floats += double(s.model.vocab / g.layout.tp) * C;
@@ -79,7 +83,7 @@ int main(int argc, char** argv) {
       }
     }
     const int warmup = 2;
-    double seconds = 0, bubble = 0, comm = 0, bytes = 0, ring = 0;
+    double seconds = 0, bubble = 0, comm = 0, bytes = 0, ring = 0, analytic_bubble = 0;
     int64_t step_tokens = 0;
     for (int64_t step = 0; step < spec.steps; ++step) {
       const StepStats st = trainer.step(tokens);
@@ -90,6 +94,7 @@ int main(int argc, char** argv) {
       bytes += double(st.comm_bytes);
       ring += st.cp_comm_s;
       step_tokens = st.tokens;
+      analytic_bubble = st.bubble_analytic;
     }
     const double steps = double(spec.steps - warmup);
     // The slowest rank sets the pace; bytes are reported for the rank that moves the most.
@@ -106,15 +111,16 @@ int main(int argc, char** argv) {
     double analytic = analytic_bytes(spec, groups, trainer);
     groups.world->all_reduce(&analytic, 1, CommType::kF64, ReduceOp::kMax)->wait();
     if (groups.rank == 0) {
-      const double p = spec.layout.pp, mb = spec.microbatches;
       const Json out{{"layout", groups.layout.str()},
+                     {"schedule", std::string(schedule_name(spec.parallel.pp_schedule))},
+                     {"chunks", trainer.held_model().slice().chunks},
                      {"zero", spec.parallel.zero},
                      {"threads_per_rank", spec.threads},
                      {"microbatches", spec.microbatches},
                      {"step_ms", worst[0] * 1e3},
                      {"tokens_per_s", double(step_tokens) / worst[0]},
                      {"bubble_fraction", worst[1] / worst[0]},
-                     {"bubble_ideal", (p - 1) / (mb + p - 1)},
+                     {"bubble_ideal", analytic_bubble},
                      {"exposed_comm_fraction", worst[2] / worst[0]},
                      {"comm_mb_per_step", worst[3] / 1e6},
                      {"analytic_mb_per_step", analytic / 1e6},

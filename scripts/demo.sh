@@ -209,6 +209,9 @@ sequence_parallel=false
 (( tp > 1 && (batch * 128 / cp) % (32 * tp) == 0 )) && sequence_parallel=true
 printf '\n[parallel]\ntp = %s\ncp = %s\nep = %s\npp = %s\ndp = %s\nmicrobatches = %s\nzero = %s\nsequence_parallel = %s\n' \
   "$tp" "$cp" "$ep" "$pp" "$dp" "$microbatches" "$((dp > 1 ? 1 : 0))" "$sequence_parallel" >> "$spec"
+# A pipeline runs the zero-bubble schedule (ZB-H1: weight gradients in their own passes, filling the
+# bubble; the same numbers as 1F1B).
+(( pp > 1 )) && echo "pp_schedule = zb-h1" >> "$spec"
 pipeline --train-team=team-a --train-tier=pretrain \
   --train-layout="$layout" --gate-policy="$root/configs/gate.example.ini" --baseline=none \
   -- --train-approval="$approval" "$spec" "$work/dataset"

@@ -9,11 +9,13 @@
 #include "forge/trainer/schedule.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <numeric>
 #include <set>
 #include <utility>
 
@@ -105,12 +107,15 @@ std::string_view family_ffn(const T::ModelSpec& m) {
 }  // namespace
 
 size_t activation_bytes(const T::ModelSpec& m, const T::ModelSlice& slice, int batch, T::DType dtype,
-                        int slots, const T::Recompute& recompute, int sequence_shards) {
+                        const std::vector<int>& slots, const T::Recompute& recompute, int sequence_shards) {
   const int last = slice.last_layer < 0 ? m.layers : slice.last_layer;
   const int tp = slice.tp_size;
   const bool swiglu = m.activation == T::Activation::kSwiglu;
   const size_t act = dtype == T::DType::kBF16 ? sizeof(uint16_t) : kF32;  // ActBuffer
-  const size_t S = size_t(slots), L = size_t(last - slice.first_layer), C = size_t(m.d_model);
+  // The slice's model chunks of L blocks each (an interleaved stage's; one otherwise), slots[c] activation
+  // sets of chunk c (one count: every chunk's).
+  const size_t L = size_t(last - slice.first_layer), C = size_t(m.d_model);
+  const auto sets_of = [&](int chunk) { return size_t(slots[slots.size() == 1 ? 0 : size_t(chunk)]); };
   // N rows in the attention and FFN slots, R of them in the residual stream (sequence parallelism).
   const size_t N = size_t(batch) * size_t(m.seq_len), R = N / size_t(sequence_shards), RC = R * C;
   const size_t stats = T::NormLayer::stats_per_row(m.norm == T::Norm::kLayerNorm) * R;
@@ -125,10 +130,14 @@ size_t activation_bytes(const T::ModelSpec& m, const T::ModelSlice& slice, int b
   // Workspace: delta, dln [R, C]; datt [N, q_width]; dqkv [N, qkv_width]; dfc [N, the widest FFN scratch].
   size_t n = (2 * RC + N * q_width + N * qkv_width + N * dfc) * kF32;
   // Slots: the residual stream (L + 1) x [R, C] and its gradient [R, C]; the head's lnf, its statistics
-  // and the classifier's gradient.
-  n += S * ((L + 1) * RC + RC + (slice.head ? 2 * RC + stats : 0)) * kF32;
+  // and the classifier's gradient (the last chunk's).
+  for (int c = 0; c < slice.chunks; ++c)
+    n += sets_of(c) * ((L + 1) * RC + RC + (slice.head && c + 1 == slice.chunks ? 2 * RC + stats : 0)) * kF32;
   bool any_selective = false, any_full = false;
-  for (int l = slice.first_layer; l < last; ++l) {
+  const std::vector<int> blocks = slice.blocks(m.layers);
+  for (size_t j = 0; j < blocks.size(); ++j) {
+    const int l = blocks[j];
+    const size_t S = sets_of(int(j / std::max<size_t>(L, 1)));
     const bool selective = recompute.selective(l), full = recompute.full(l);
     any_selective = any_selective || selective;
     // A fully recomputed block keeps nothing per slot: the first one holds the one set all of them share.
@@ -160,7 +169,33 @@ size_t activation_bytes(const T::ModelSpec& m, const T::ModelSlice& slice, int b
     const size_t block = M * (3 * W + 4 * A + 4 + size_t(v.heads / tp) + 2 * H);
     const size_t per_slot =
         M * size_t(v.patch_values()) + (VL + 1) * M * W + VL * block + M * (W + 2 + 2 * P + C);
-    n += (S * per_slot + M * (C + 2 * W + 4 * A + H + P)) * kF32;
+    n += (sets_of(0) * per_slot + M * (C + 2 * W + 4 * A + H + P)) * kF32;
+  }
+  return n;
+}
+
+size_t weight_grad_bytes(const T::ModelSpec& m, const T::ModelSlice& slice, int batch, T::DType dtype) {
+  // Each product's output gradient (FP32) and input (as stored) over N rows: q|k|v, the attention's
+  // output, the FFN's two (an MoE block's router, and its experts over top_k x N rows dropless), the
+  // shared expert's and its gate. Under tensor parallelism a rank's widths.
+  const int tp = slice.tp_size;
+  const size_t act = dtype == T::DType::kBF16 ? sizeof(uint16_t) : kF32;
+  const size_t N = size_t(batch) * size_t(m.seq_len), C = size_t(m.d_model), hd = size_t(m.head_dim);
+  const size_t q = size_t(m.heads / tp) * hd, kv = size_t(std::max(1, m.kv_heads / tp)) * hd;
+  const size_t gate = m.activation == T::Activation::kSwiglu ? 2 : 1;
+  const auto mlp = [&](size_t rows, int hidden, size_t in_bytes) {
+    const size_t H = size_t(hidden / tp);
+    return rows * (C * in_bytes + gate * H * kF32) + rows * (H * act + C * kF32);
+  };
+  size_t n = 0;
+  for (const int l : slice.blocks(m.layers)) {
+    n += N * (C * act + (q + 2 * kv) * kF32) + N * (q * act + C * kF32);
+    if (!m.moe_block(l)) {
+      n += mlp(N, m.ffn_hidden, act);
+      continue;
+    }
+    n += N * (C * act + size_t(m.experts) * kF32) + mlp(N * size_t(m.top_k), m.moe_hidden, kF32);
+    if (m.shared_expert_hidden > 0) n += mlp(N, m.shared_expert_hidden, act) + N * (C * act + kF32);
   }
   return n;
 }
@@ -188,7 +223,14 @@ Plan make_plan(const T::TrainSpec& validated, int zero_nodes) {
   const int keys = m.window > 0 ? std::min(m.window, m.seq_len) : m.seq_len;
   plan.attention_flops = 12.0 * m.layers * double(keys) * double(m.heads) * double(m.head_dim);
 
-  const std::vector<int> bounds = T::stage_bounds(m, lay.pp, spec.parallel.stage_layers);
+  // Interleaved: pp x chunks virtual stages of equal blocks, stage s holding s, s + pp, ...
+  // (ParallelTrainer).
+  const bool interleaved = spec.parallel.pp_schedule == T::PipeScheduleKind::kInterleaved;
+  const int chunks = interleaved ? spec.parallel.pp_virtual : 1, virtual_stages = lay.pp * chunks;
+  const std::vector<int> bounds =
+      interleaved ? T::stage_bounds(m, virtual_stages,
+                                    std::vector<int>(size_t(virtual_stages), m.layers / virtual_stages))
+                  : T::stage_bounds(m, lay.pp, spec.parallel.stage_layers);
   // Dense gradients are reduced, and ZeRO-1 shards, over dp x cp; a rank holds seq_len / cp positions of
   // each sequence (ParallelTrainer).
   const size_t dp = size_t(lay.dp) * size_t(lay.cp), expert_dp = size_t(lay.dp / lay.ep) * size_t(lay.cp);
@@ -199,18 +241,27 @@ Plan make_plan(const T::TrainSpec& validated, int zero_nodes) {
   T::ModelSpec local = m;
   local.seq_len /= lay.cp;
   const size_t N = size_t(spec.batch) * size_t(local.seq_len), NC = N * size_t(m.d_model);
-  plan.pipeline.stages = T::one_f_one_b(lay.pp, spec.microbatches);
+  plan.pipeline.schedule = T::schedule_name(spec.parallel.pp_schedule);
+  plan.pipeline.chunks = chunks;
+  plan.pipeline.stages = T::pipeline_schedule(spec.parallel.pp_schedule, lay.pp, chunks, spec.microbatches);
   for (int s = 0; s < lay.pp; ++s) {
     StagePlan st;
     st.stage = s;
     st.first_layer = bounds[size_t(s)];
     st.last_layer = bounds[size_t(s) + 1];
+    st.chunks = chunks;
+    st.chunk_stride = chunks > 1 ? bounds[size_t(s + lay.pp)] - bounds[size_t(s)] : 0;
     st.embedding = s == 0;
     st.head = s == lay.pp - 1;
-    st.slots = T::in_flight(plan.pipeline.stages[size_t(s)]);  // ParallelTrainer's activation slots
+    // ParallelTrainer's activation slots (each chunk's), and ZB-H1's micro-batches waiting for their W.
+    const T::StageSchedule& actions = plan.pipeline.stages[size_t(s)];
+    for (int c = 0; c < chunks; ++c) st.chunk_slots.push_back(std::max(1, T::in_flight(actions, c)));
+    st.slots = std::accumulate(st.chunk_slots.begin(), st.chunk_slots.end(), 0);
+    st.waiting = T::waiting_for_weights(actions);
     st.ranks = lay.tp * lay.cp * lay.dp;
     // Tensor-parallel rank 0 and expert-parallel rank 0: every rank's shares are equal.
-    const T::ModelSlice slice{st.first_layer, st.last_layer, st.embedding, st.head, 0, lay.tp, 0, lay.ep};
+    const T::ModelSlice slice{st.first_layer, st.last_layer, st.embedding,   st.head, 0, lay.tp, 0,
+                              lay.ep,         chunks,        st.chunk_stride};
     // GPT's flat buffers: the table aligned for dp, padded to a multiple of dp; under ZeRO-2/3 every
     // layer starts on a page (a GPU's granule) of every rank's part (ParallelTrainer).
     const int zero = spec.parallel.zero;
@@ -288,7 +339,9 @@ Plan make_plan(const T::TrainSpec& validated, int zero_nodes) {
       }
     }
     const int shards = spec.parallel.sequence_parallel ? lay.tp : 1;
-    st.activations = activation_bytes(local, slice, spec.batch, spec.dtype, st.slots, spec.recompute, shards);
+    st.activations =
+        activation_bytes(local, slice, spec.batch, spec.dtype, st.chunk_slots, spec.recompute, shards);
+    st.weight_grads = size_t(st.waiting) * weight_grad_bytes(local, slice, spec.batch, spec.dtype);
     if (shards > 1) {  // SequenceScratch (tensor_parallel.cpp): gathered and whole rows; norm partials
       const size_t chunks = (N / size_t(shards) + T::kNormChunkRows - 1) / T::kNormChunkRows;
       st.activations +=
@@ -308,8 +361,9 @@ Plan make_plan(const T::TrainSpec& validated, int zero_nodes) {
       if (spec.dtype == T::DType::kBF16)
         st.activations += N * (qkv + heads * hd) * kF32;  // widened q, k, v, out
     }
-    // recv_act_, recv_grad_: this rank's share of the stream
-    st.pipeline = ((st.embedding ? 0 : NC) + (st.head ? 0 : NC)) / size_t(shards) * kF32;
+    // recv_act_, recv_grad_: this rank's share of the stream (both on every stage of an interleaved pipeline)
+    st.pipeline =
+        ((st.embedding && chunks == 1 ? 0 : NC) + (st.head && chunks == 1 ? 0 : NC)) / size_t(shards) * kF32;
     if (st.head) {
       const std::string classifier = m.tied_embeddings ? "wte.weight" : "head.weight";
       for (const T::ParamInfo& p : params)
@@ -323,13 +377,17 @@ Plan make_plan(const T::TrainSpec& validated, int zero_nodes) {
   const int micro = spec.microbatches;
   plan.pipeline.bubble = T::simulate(plan.pipeline.stages, micro).bubble;
   if (lay.pp > 1) {
-    const bool halves = std::ranges::all_of(plan.stages, [](const StagePlan& st) {
-      return (st.last_layer - st.first_layer) % 2 == 0 && st.last_layer > st.first_layer;
-    });
-    if (halves && micro % lay.pp == 0)
+    // The other schedules at this layout: interleaved with 2 chunks a stage where the blocks split into
+    // 2 x pp equal ones and the micro-batches are a multiple of the stages.
+    for (const T::PipeScheduleKind kind : T::kPipeSchedules) {
+      const int v = kind == T::PipeScheduleKind::kInterleaved ? 2 : 1;
+      if (kind == spec.parallel.pp_schedule ||
+          (v > 1 && (m.layers % (lay.pp * v) != 0 || micro % lay.pp != 0)))
+        continue;
       plan.pipeline.alternatives.push_back(
-          {"interleaved", 2, T::simulate(T::interleaved(lay.pp, 2, micro), micro).bubble});
-    plan.pipeline.alternatives.push_back({"zb-h1", 1, T::simulate(T::zb_h1(lay.pp, micro), micro).bubble});
+          {std::string(T::schedule_name(kind)), v,
+           T::simulate(T::pipeline_schedule(kind, lay.pp, v, micro), micro).bubble});
+    }
   }
   return plan;
 }
@@ -349,8 +407,10 @@ void check_memory_cap(const Plan& plan) {
   const StagePlan& worst = largest_stage(plan);
   if (cap <= 0 || double(worst.total()) <= cap) return;
   const std::pair<const char*, size_t> parts[] = {
-      {"weights", worst.weights},     {"gradients", worst.gradients},     {"AdamW moments", worst.optimizer},
-      {"BF16 copy", worst.bf16_copy}, {"activations", worst.activations}, {"buffers", worst.buffers()}};
+      {"weights", worst.weights},         {"gradients", worst.gradients},
+      {"AdamW moments", worst.optimizer}, {"BF16 copy", worst.bf16_copy},
+      {"activations", worst.activations}, {"weight-gradient queues", worst.weight_grads},
+      {"buffers", worst.buffers()}};
   const auto& big = *std::max_element(std::begin(parts), std::end(parts),
                                       [](const auto& a, const auto& b) { return a.second < b.second; });
   // One key changed at a time, each candidate validated as a run validates it.
@@ -428,30 +488,35 @@ std::string format_plan(const Plan& plan) {
       100.0 * plan.attention_flops / plan.flops_per_token, tokens, flops_str(plan.flops_per_token * tokens));
   if (lay.pp > 1)
     out += fmt::format(
-        "pipeline: {} over {} stages, {} micro-batch{} per step: bubble {:.1f}% of the step (equal stages, a "
-        "backward twice a forward; --schedule lists every stage's actions)\n",
-        plan.pipeline.schedule, lay.pp, spec.microbatches, spec.microbatches == 1 ? "" : "es",
-        100.0 * plan.pipeline.bubble);
+        "pipeline: {}{} over {} stages, {} micro-batch{} per step: bubble {:.1f}% of the step (equal stages, "
+        "a backward twice a forward; --schedule lists every stage's actions)\n",
+        plan.pipeline.schedule,
+        plan.pipeline.chunks > 1 ? fmt::format(" ({} model chunks a stage)", plan.pipeline.chunks) : "",
+        lay.pp, spec.microbatches, spec.microbatches == 1 ? "" : "es", 100.0 * plan.pipeline.bubble);
   if (!plan.pipeline.alternatives.empty()) {
     std::string other;
     for (const PipelinePlan::Alternative& a : plan.pipeline.alternatives)
       other +=
           fmt::format("{}{}{} {:.1f}%", other.empty() ? "" : ", ", a.schedule,
                       a.chunks > 1 ? fmt::format(" ({} chunks a stage)", a.chunks) : "", 100.0 * a.bubble);
-    out += fmt::format("  other schedules' bubble at this layout (not run by the trainer yet): {}\n", other);
+    out += fmt::format("  other schedules' bubble at this layout (parallel.pp_schedule): {}\n", other);
   }
   size_t largest = 0, job = 0;
   int largest_stage = 0;
   for (const StagePlan& st : plan.stages) {
-    std::string holds = fmt::format("blocks {}-{}", st.first_layer, st.last_layer - 1);
+    std::string holds;
+    for (int c = 0; c < st.chunks; ++c)
+      holds += fmt::format("{}{}-{}", c == 0 ? "blocks " : ", ", st.first_layer + c * st.chunk_stride,
+                           st.last_layer - 1 + c * st.chunk_stride);
     if (st.first_layer == st.last_layer) holds = "no blocks";
     if (st.embedding) holds += " + embeddings";
     if (st.head) holds += " + final norm, classifier";
-    out += fmt::format("stage {} ({}): {} rank{} alike (tp{}{} x dp{}{}), {} micro-batch{} in flight\n",
-                       st.stage, holds, st.ranks, st.ranks == 1 ? "" : "s", lay.tp,
+    std::string flight = fmt::format("{} micro-batch{}", st.slots, st.slots == 1 ? "" : "es");
+    if (st.chunks > 1) flight += fmt::format(" ({} on its model chunks)", fmt::join(st.chunk_slots, ", "));
+    out += fmt::format("stage {} ({}): {} rank{} alike (tp{}{} x dp{}{}), {} in flight\n", st.stage, holds,
+                       st.ranks, st.ranks == 1 ? "" : "s", lay.tp,
                        lay.cp > 1 ? fmt::format(" x cp{}", lay.cp) : std::string(), lay.dp,
-                       lay.ep > 1 ? fmt::format(", ep{}", lay.ep) : std::string(), st.slots,
-                       st.slots == 1 ? "" : "es");
+                       lay.ep > 1 ? fmt::format(", ep{}", lay.ep) : std::string(), flight);
     out += fmt::format("  parameters   {} held per rank (flat buffers of {} values)\n", count_str(st.held),
                        st.parameters);
     const int zero = spec.parallel.zero;
@@ -473,14 +538,17 @@ std::string format_plan(const Plan& plan) {
       out +=
           fmt::format("  BF16 copy    {:>10}  the weights forward and backward read (BF16 in FP32 slots)\n",
                       bytes_str(st.bf16_copy));
-    out += fmt::format("  activations  {:>10}  saved for backward and scratch, {} micro-batch{}{}\n",
-                       bytes_str(st.activations), st.slots, st.slots == 1 ? "" : "es",
-                       lay.cp > 1
-                           ? fmt::format(" of {} positions a sequence (cp{}), {}", m.seq_len / lay.cp, lay.cp,
-                                         spec.parallel.cp_comm == T::ContextComm::kRing
-                                             ? "the ring's buffers"
-                                             : "the all-to-all's buffers and whole-sequence heads")
-                           : std::string());
+    out += fmt::format(
+        "  activations  {:>10}  saved for backward and scratch, {}{}\n", bytes_str(st.activations), flight,
+        lay.cp > 1 ? fmt::format(" of {} positions a sequence (cp{}), {}", m.seq_len / lay.cp, lay.cp,
+                                 spec.parallel.cp_comm == T::ContextComm::kRing
+                                     ? "the ring's buffers"
+                                     : "the all-to-all's buffers and whole-sequence heads")
+                   : std::string());
+    if (st.waiting > 0)
+      out += fmt::format(
+          "  W queues     {:>10}  ZB-H1: what the weight-gradient passes read, {} micro-batch{}\n",
+          bytes_str(st.weight_grads), st.waiting, st.waiting == 1 ? "" : "es");
     std::string parts = fmt::format("gradient shard {}", bytes_str(st.grad_shard));
     if (st.pipeline > 0) parts += fmt::format(", pipeline receive {}", bytes_str(st.pipeline));
     if (st.logits_chunk > 0) parts += fmt::format(", logits chunk {}", bytes_str(st.logits_chunk));
@@ -503,8 +571,10 @@ std::string format_plan(const Plan& plan) {
 }
 
 std::string format_schedule(const Plan& plan) {
-  std::string out =
-      fmt::format("schedule {} (F: forward, B: backward of micro-batch i):\n", plan.pipeline.schedule);
+  std::string out = fmt::format(
+      "schedule {} (F: forward, B: backward of micro-batch i{}{}):\n", plan.pipeline.schedule,
+      plan.pipeline.chunks > 1 ? "; Fi.c: on model chunk c" : "",
+      plan.pipeline.schedule == "zb-h1" ? "; B: its input gradients, W: its weight gradients" : "");
   for (size_t s = 0; s < plan.pipeline.stages.size(); ++s)
     out += fmt::format("  stage {}: {}\n", s, T::describe(plan.pipeline.stages[s]));
   return out;
@@ -519,8 +589,11 @@ Json plan_json(const Plan& plan) {
   Json stages = Json::array();
   size_t largest = 0, job = 0;
   for (const StagePlan& st : plan.stages) {
+    Json blocks = Json::array();
+    for (int c = 0; c < st.chunks; ++c)
+      blocks.push_back({st.first_layer + c * st.chunk_stride, st.last_layer - 1 + c * st.chunk_stride});
     stages.push_back({{"stage", st.stage},
-                      {"blocks", {st.first_layer, st.last_layer - 1}},
+                      {"blocks", st.chunks > 1 ? blocks : blocks[0]},
                       {"embedding", st.embedding},
                       {"head", st.head},
                       {"ranks", st.ranks},
@@ -533,6 +606,7 @@ Json plan_json(const Plan& plan) {
                         {"optimizer", st.optimizer},
                         {"bf16_copy", st.bf16_copy},
                         {"activations", st.activations},
+                        {"weight_grads", st.weight_grads},
                         {"grad_shard", st.grad_shard},
                         {"pipeline", st.pipeline},
                         {"logits_chunk", st.logits_chunk},
@@ -561,6 +635,7 @@ Json plan_json(const Plan& plan) {
           {"stages", stages},
           {"pipeline",
            {{"schedule", plan.pipeline.schedule},
+            {"chunks", plan.pipeline.chunks},
             {"bubble", plan.pipeline.bubble},
             {"alternatives", alternatives}}},
           {"largest_rank_bytes", largest},

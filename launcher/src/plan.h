@@ -27,45 +27,57 @@ namespace forge::launcher {
 
 // The bytes GPT's constructor allocates for activations and scratch (what GPT::activation_bytes() reports
 // right after construction) for `slice` of `model`, micro-batches of `batch` sequences, `slots` of them in
-// flight, storing activations as `dtype` says, with `recompute` (model.h), the residual stream cut into
-// `sequence_shards` (sequence parallelism). Mirrors
+// flight on each model chunk (ModelSetup::slots), storing activations as `dtype` says, with `recompute`
+// (model.h), the residual stream cut into `sequence_shards` (sequence parallelism). Mirrors
 // trainer/src/model.cpp, attention.cpp and moe.cpp
 // (MoE buffers sized for balanced routing, as the layer sizes them at first); test/launcher/plan_test.cpp
 // holds it to real models.
 size_t activation_bytes(const trainer::ModelSpec& model, const trainer::ModelSlice& slice, int batch,
-                        trainer::DType dtype, int slots, const trainer::Recompute& recompute = {},
-                        int sequence_shards = 1);
+                        trainer::DType dtype, const std::vector<int>& slots,
+                        const trainer::Recompute& recompute = {}, int sequence_shards = 1);
+
+// ZB-H1's queue of one micro-batch's weight gradients on `slice` (WeightGradQueue, backend.h): what the
+// W pass reads of each product. Dense and MoE blocks (experts dropless); a vision tower's not counted.
+size_t weight_grad_bytes(const trainer::ModelSpec& model, const trainer::ModelSlice& slice, int batch,
+                         trainer::DType dtype);
 
 // One pipeline stage's ranks: each holds this.
 struct StagePlan {
   int stage = 0;
-  int first_layer = 0, last_layer = 0;  // blocks [first_layer, last_layer)
+  int first_layer = 0, last_layer = 0;  // blocks [first_layer, last_layer) (+ c x chunk_stride, c < chunks)
+  int chunks = 1, chunk_stride = 0;     // model chunks (interleaved)
   bool embedding = false, head = false;
-  int slots = 1;            // micro-batches in flight (1F1B: min(microbatches, pp - stage))
-  int ranks = 1;            // ranks of the stage (tp x cp x dp), all alike
-  size_t parameters = 0;    // elements of the flat buffers, padding included (the run's "params")
-  double held = 0;          // parameter values the rank holds (its shard of the logical tensors)
-  size_t weights = 0;       // bytes: FP32 master weights
-  size_t gradients = 0;     // FP32 gradients
-  size_t optimizer = 0;     // AdamW m and v (FP32; its ZeRO-1 shard)
-  size_t bf16_copy = 0;     // precision.dtype = bf16: the working copy (BF16 values in FP32 slots)
-  size_t activations = 0;   // activation_bytes()
-  size_t grad_shard = 0;    // the reduce-scatter's output (ParallelTrainer's shard_)
-  size_t pipeline = 0;      // receive buffers of the neighbouring stages' activations / gradients
-  size_t logits_chunk = 0;  // the classifier's chunk of logits (allocated at the first forward)
+  int slots = 1;                 // micro-batches in flight (1F1B: min(microbatches, pp - stage)), all chunks'
+  std::vector<int> chunk_slots;  // of each model chunk (ModelSetup::slots)
+  int waiting = 0;               // ZB-H1: micro-batches waiting for their weight-gradient pass, at most
+  int ranks = 1;                 // ranks of the stage (tp x cp x dp), all alike
+  size_t parameters = 0;         // elements of the flat buffers, padding included (the run's "params")
+  double held = 0;               // parameter values the rank holds (its shard of the logical tensors)
+  size_t weights = 0;            // bytes: FP32 master weights
+  size_t gradients = 0;          // FP32 gradients
+  size_t optimizer = 0;          // AdamW m and v (FP32; its ZeRO-1 shard)
+  size_t bf16_copy = 0;          // precision.dtype = bf16: the working copy (BF16 values in FP32 slots)
+  size_t activations = 0;        // activation_bytes()
+  size_t weight_grads = 0;       // ZB-H1: waiting x weight_grad_bytes()
+  size_t grad_shard = 0;         // the reduce-scatter's output (ParallelTrainer's shard_)
+  size_t pipeline = 0;           // receive buffers of the neighbouring stages' activations / gradients
+  size_t logits_chunk = 0;       // the classifier's chunk of logits (allocated at the first forward)
   size_t buffers() const { return grad_shard + pipeline + logits_chunk; }
-  size_t total() const { return weights + gradients + optimizer + bf16_copy + activations + buffers(); }
+  size_t total() const {
+    return weights + gradients + optimizer + bf16_copy + activations + weight_grads + buffers();
+  }
 };
 
 // The pipeline's schedule (schedule.h): every stage's actions in a step and the bubble they imply with
 // equal stages and a backward costing twice a forward.
 struct PipelinePlan {
-  std::string schedule = "1f1b";
+  std::string schedule = "1f1b";  // parallel.pp_schedule
+  int chunks = 1;                 // model chunks a stage (parallel.pp_virtual under interleaved)
   std::vector<trainer::StageSchedule> stages;
   double bubble = 0;
-  // The bubble the other schedules (schedule.h) would leave at this layout, as data only: the trainer runs
-  // 1F1B. Interleaved with 2 chunks a stage where every stage's blocks split in two and the micro-batches
-  // are a multiple of the stages; ZB-H1 always.
+  // The bubble the other schedules (schedule.h) would leave at this layout: interleaved with 2 chunks a
+  // stage where the blocks split into 2 x pp equal ones and the micro-batches are a multiple of the
+  // stages; the rest always.
   struct Alternative {
     std::string schedule;
     int chunks = 1;  // model chunks a stage

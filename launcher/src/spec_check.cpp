@@ -48,6 +48,8 @@ bool may_change_on_resume(const std::string& key) {
                                       "parallel.prefetch",
                                       "parallel.reduce_each_microbatch",
                                       "parallel.stage_layers",
+                                      "parallel.pp_schedule",
+                                      "parallel.pp_virtual",
                                       "parallel.elastic",
                                       "data.cache_dir",
                                       "data.cache_max_bytes"};

@@ -6,7 +6,8 @@
 # (b) tp2, tp2 with sequence parallelism (the norms' partial gradients), pp2, dp2 with ZeRO-1 and cp2 (ring
 #     attention: the chunk kernels, their merge and the exchanges), each as 2 ranks sharing the GPU over
 #     host-staged MPI (parallel.comm = mpi): losses equal to one GPU rank's within the BF16 tolerance; dp2
-#     with ZeRO-3 equal to dp2 with ZeRO-1 within 1e-4;
+#     with ZeRO-3 equal to dp2 with ZeRO-1 within 1e-4; pp2 (2 micro-batches) interleaved and ZB-H1 equal to
+#     1F1B within 1e-6 (the same sums in the same order);
 # (c) NCCL on one rank, and dp2 over NCCL where the machine has two GPUs or more;
 # (d) saved on the GPU at step 10, resumed for 2 steps on the CPU and for 2 on the GPU: the uninterrupted
 #     run's losses within tolerance;
@@ -116,6 +117,17 @@ if ! skipped b && [ -n "$mpiexec" ]; then
   np=2 run mpi-z3 --run.device="$device" --precision.dtype=bf16 --parallel.comm=mpi --parallel.dp=2 \
     --parallel.zero=3 --data.batch=4
   ok_or_fail b.z3 mpi-z3 && check b.z3 mpi-z3 mpi-dp2 1e-4
+  # The pipeline schedules: interleaved (three model chunks of one block a stage: the last stage's output
+  # goes round to the first) and ZB-H1 (weight gradients queued by the products and formed in their own
+  # passes) against 1F1B on the same 2 micro-batches.
+  for sched in 1f1b "interleaved --parallel.pp_virtual=3" zb-h1; do
+    # shellcheck disable=SC2086
+    np=2 run "mpi-pp2-${sched%% *}" --run.device="$device" --precision.dtype=bf16 --parallel.comm=mpi \
+      --parallel.pp=2 --parallel.microbatches=2 --data.batch=4 --parallel.pp_schedule=$sched
+  done
+  for sched in interleaved zb-h1; do
+    ok_or_fail "b.pp2-$sched" mpi-pp2-1f1b "mpi-pp2-$sched" && check "b.pp2-$sched" "mpi-pp2-$sched" mpi-pp2-1f1b 1e-6
+  done
 elif ! skipped b; then
   result b SKIP "no mpirun"
 fi

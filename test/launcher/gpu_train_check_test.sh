@@ -11,12 +11,12 @@ trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 FORGE_TRAIN_CHECK_DEVICE=cpu FORGE_TRAIN_CHECK_SKIP="f" \
-  FORGE_TRAIN_CHECK_ARGS="--run.threads=1 --model.layers=2 --model.d_model=64 --model.heads=4 --model.vocab=256 --model.seq_len=32" \
+  FORGE_TRAIN_CHECK_ARGS="--run.threads=1 --model.layers=6 --model.d_model=64 --model.heads=4 --model.vocab=256 --model.seq_len=32" \
   bash "$src/scripts/gpu/train_check.sh" "$train" "$work/check" "$mpiexec" >"$work/out.txt" 2>&1
 rc=$?
 cat "$work/out.txt"
 [ "$rc" -eq 0 ] || fail "train_check.sh exit $rc"
-for item in a.fp32 a.bf16 b.tp2 b.sp2 b.pp2 b.dp2 b.cp2 b.z3 d.cpu d.gpu e; do
+for item in a.fp32 a.bf16 b.tp2 b.sp2 b.pp2 b.dp2 b.cp2 b.z3 b.pp2-interleaved b.pp2-zb-h1 d.cpu d.gpu e; do
   grep -q "^train_check: $item PASS" "$work/out.txt" || fail "item $item did not pass"
 done
 grep -q "^train_check: c SKIP" "$work/out.txt" || fail "NCCL on cpu was not skipped"

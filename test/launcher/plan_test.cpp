@@ -95,6 +95,9 @@ TEST_CASE("the plan's activation bytes are what the model allocates", "[plan]") 
       {"tp4 rank 2, last stage", {2, 3, false, true, 2, 4, 0, 1}},
       {"ep2 rank 1", {0, -1, true, true, 0, 1, 1, 2}},
       {"tp2 ep2, first stage", {0, 2, true, false, 1, 2, 1, 2}},
+      // An interleaved pipeline's stages: two model chunks (blocks 0 and 2; 1 and 2 with the head).
+      {"interleaved first stage", {0, 1, true, false, 0, 1, 0, 1, 2, 2}},
+      {"interleaved last stage, tp2", {1, 2, false, true, 1, 2, 0, 1, 2, 1}},
   };
   for (const auto& [name, spec] : models)
     for (const Case& c : slices)
@@ -113,15 +116,48 @@ TEST_CASE("the plan's activation bytes are what the model allocates", "[plan]") 
               const GPT model(spec, {.batch = batch,
                                      .dtype = dtype,
                                      .slice = c.slice,
-                                     .slots = slots,
+                                     .slots = {slots},
                                      .layers = &layers,
                                      .recompute = recompute});
               INFO(fmt::format("{}, {}, {}, {} slots, recompute kind {} every {}, stream in {}", name, c.what,
                                dtype == DType::kBF16 ? "bf16" : "fp32", slots, int(recompute.kind),
                                recompute.every, shards));
-              CHECK(forge::launcher::activation_bytes(spec, c.slice, batch, dtype, slots, recompute,
+              CHECK(forge::launcher::activation_bytes(spec, c.slice, batch, dtype, {slots}, recompute,
                                                       shards) == model.activation_bytes());
             }
+}
+
+TEST_CASE("the plan's ZB-H1 queue is what a backward defers", "[plan]") {
+  // A micro-batch's forward and backward with a WeightGradQueue set: every product's weight gradients
+  // queued with what they read, as ZB-H1's B pass does.
+  const std::vector<std::pair<std::string, ModelSpec>> models = {
+      {"gpt2", family("gpt2", {})},
+      {"llama", family("llama", {"--model.kv_heads=2"})},
+      {"mixtral (dropless)",
+       family("mixtral", {"--model.kv_heads=2", "--model.experts=4", "--model.top_k=2"})},
+      {"qwen2_moe (shared expert)",
+       family("qwen2_moe", {"--model.kv_heads=2", "--model.experts=4", "--model.top_k=2",
+                            "--model.moe_hidden=24", "--model.shared_expert_hidden=40"})},
+  };
+  for (const auto& [name, spec] : models)
+    for (const DType dtype : {DType::kF32, DType::kBF16}) {
+      INFO(name << (dtype == DType::kBF16 ? ", bf16" : ", fp32"));
+      const int batch = 2;
+      GPT model(spec, {.batch = batch, .dtype = dtype});
+      forge::MicroBatch b;
+      b.resize(batch, spec.seq_len);
+      for (size_t i = 0; i < b.inputs.size(); ++i) {
+        b.inputs[i] = int32_t(i * 7 % 64);
+        b.targets[i] = int32_t(i * 5 % 64);
+      }
+      forge::trainer::WeightGradQueue queue(model.backend());
+      model.forward(0, b, nullptr, 1.0f, true);
+      model.backend().defer_weight_grads(&queue);
+      model.backward(0, nullptr);
+      model.backend().defer_weight_grads(nullptr);
+      CHECK(!queue.empty());
+      CHECK(queue.bytes() == forge::launcher::weight_grad_bytes(spec, {}, batch, dtype));
+    }
 }
 
 TEST_CASE("the plan of the large shapes needs no memory of their size", "[plan]") {
@@ -159,19 +195,40 @@ TEST_CASE("the plan of the large shapes needs no memory of their size", "[plan]"
   CHECK(pp.stages[0].embedding);
   CHECK(pp.stages[3].head);
   CHECK(pp.stages[1].pipeline == 2 * pp.stages[0].pipeline);
-  // The other schedules' bubble beside 1F1B's (p - 1) / (m + p - 1): ZB-H1's (p - 1) / (3m + p - 1); no
-  // interleaving, the stages' blocks (8, 8, 9, 7: the classifier weighs on the last) not halving.
+  // The other schedules' bubble beside 1F1B's (p - 1) / (m + p - 1): interleaved with 2 chunks
+  // (p - 1) / (2m + p - 1), the 32 blocks splitting into 8 chunks of 4; ZB-H1's (p - 1) / (3m + p - 1).
   CHECK(pp.pipeline.bubble == Approx(3.0 / 11.0));
-  REQUIRE(pp.pipeline.alternatives.size() == 1);
-  CHECK(pp.pipeline.alternatives[0].schedule == "zb-h1");
-  CHECK(pp.pipeline.alternatives[0].bubble == Approx(3.0 / 27.0));
-  // Even stages of 8: interleaved with 2 chunks, (p - 1) / (2m + p - 1).
-  const forge::launcher::Plan even = plan_of(
-      "llama3-8b.ini", {"--parallel.pp=4", "--parallel.microbatches=8", "--parallel.stage_layers=8,8,8,8"});
-  REQUIRE(even.pipeline.alternatives.size() == 2);
-  CHECK(even.pipeline.alternatives[0].schedule == "interleaved");
-  CHECK(even.pipeline.alternatives[0].chunks == 2);
-  CHECK(even.pipeline.alternatives[0].bubble == Approx(3.0 / 19.0));
+  REQUIRE(pp.pipeline.alternatives.size() == 2);
+  CHECK(pp.pipeline.alternatives[0].schedule == "interleaved");
+  CHECK(pp.pipeline.alternatives[0].chunks == 2);
+  CHECK(pp.pipeline.alternatives[0].bubble == Approx(3.0 / 19.0));
+  CHECK(pp.pipeline.alternatives[1].schedule == "zb-h1");
+  CHECK(pp.pipeline.alternatives[1].bubble == Approx(3.0 / 27.0));
+  // Run interleaved: stage s holds blocks 4s..4s+3 and 16+4s..; each chunk has slots for its micro-batches
+  // in flight (stage 0: all 8 on chunk 0 before its first backward there, 4 on chunk 1), both receive
+  // buffers everywhere.
+  const forge::launcher::Plan inter =
+      plan_of("llama3-8b.ini",
+              {"--parallel.pp=4", "--parallel.microbatches=8", "--parallel.pp_schedule=interleaved"});
+  CHECK(inter.pipeline.schedule == "interleaved");
+  CHECK(inter.pipeline.chunks == 2);
+  CHECK(inter.pipeline.bubble == Approx(3.0 / 19.0));
+  REQUIRE(inter.stages.size() == 4);
+  CHECK(inter.stages[1].first_layer == 4);
+  CHECK(inter.stages[1].last_layer == 8);
+  CHECK(inter.stages[1].chunk_stride == 16);
+  CHECK(inter.stages[0].chunk_slots == std::vector<int>{8, 4});
+  CHECK(inter.stages[0].pipeline == inter.stages[1].pipeline);
+  // ZB-H1: 1F1B's slots; at most pp micro-batches wait for their W pass, each queue a micro-batch's.
+  const forge::launcher::Plan zb = plan_of(
+      "llama3-8b.ini", {"--parallel.pp=4", "--parallel.microbatches=8", "--parallel.pp_schedule=zb-h1"});
+  CHECK(zb.pipeline.bubble == Approx(3.0 / 27.0));
+  for (int s = 0; s < 4; ++s) {
+    CHECK(zb.stages[size_t(s)].slots == 4 - s);
+    CHECK(zb.stages[size_t(s)].waiting >= 1);
+    CHECK(zb.stages[size_t(s)].waiting <= 4);
+    CHECK(zb.stages[size_t(s)].weight_grads > 0);
+  }
 }
 
 TEST_CASE("hybrid sharding plans each node's share of the data-parallel ranks", "[plan]") {

@@ -8,10 +8,10 @@
 // With `bf16` too, both run in BF16 mode, and the far run must equal the same layout on the CPU backend bit
 // for bit: FarBackend multiplies with its own copy of the BF16 working copy, as the CUDA backend does, so a
 // working copy changed and not announced (ZeRO-1 refreshes it bucket by bucket) shows.
-//   layout_test TP PP DP ZERO [packed|dpo|distill] [llama [window]] [cpN [a2a]] [sp] [each] [seqN] [far
-//   [bf16]]
+//   layout_test TP PP DP ZERO [packed|dpo|distill] [llama [window]] [cpN [a2a]] [sp] [each]
+//   [interleaved|zb-h1] [seqN] [far [bf16]]
 // sp: sequence parallelism (the residual stream cut over tp). each: ZeRO-2/3 reduce every micro-batch
-// (parallel.reduce_each_microbatch).
+// (parallel.reduce_each_microbatch). interleaved (2 model chunks a stage), zb-h1: the pipeline schedule.
 // With cpN, N context-parallel ranks share out each sequence (ring attention) and the reference is still
 // the one-process trainer on whole sequences.
 #include "forge/comm/groups.h"
@@ -189,6 +189,7 @@ int main(int argc, char** argv) {
   bool a2a = false;  // cp_comm = a2a (all-to-all over heads) instead of the ring
   bool sp = false;
   bool each = false;  // parallel.reduce_each_microbatch (ZeRO-2/3)
+  PipeScheduleKind schedule = PipeScheduleKind::k1F1B;
   for (int i = 5; i < argc; ++i) {
     if (std::string(argv[i]) == "far")
       far_memory = true;
@@ -204,6 +205,10 @@ int main(int argc, char** argv) {
       sp = true;
     else if (std::string(argv[i]) == "each")
       each = true;
+    else if (std::string(argv[i]) == "interleaved")
+      schedule = PipeScheduleKind::kInterleaved;
+    else if (std::string(argv[i]) == "zb-h1")
+      schedule = PipeScheduleKind::kZbH1;
     else if (std::string(argv[i]).rfind("cp", 0) == 0)
       cp = std::atoi(argv[i] + 2);
     else if (std::string(argv[i]).rfind("seq", 0) == 0)
@@ -215,7 +220,7 @@ int main(int argc, char** argv) {
       (bf16 && !far_memory)) {
     std::fprintf(stderr,
                  "usage: layout_test TP PP DP ZERO [packed|dpo|distill] [llama [window]] [cpN [a2a]] [sp] "
-                 "[each] [seqN] [far [bf16]]\n");
+                 "[each] [interleaved|zb-h1] [seqN] [far [bf16]]\n");
     return 2;
   }
   forge::test::FarBackend far;
@@ -249,6 +254,8 @@ int main(int argc, char** argv) {
   if (a2a) spec.parallel.cp_comm = forge::trainer::ContextComm::kAllToAll;
   spec.parallel.sequence_parallel = sp;
   spec.parallel.reduce_each_microbatch = each;
+  spec.parallel.pp_schedule = schedule;
+  if (schedule == PipeScheduleKind::kInterleaved) spec.parallel.pp_virtual = 2;
   ProcessGroups groups = make_groups(std::move(world), layout);
   const std::unique_ptr<ParallelPlan> teacher_layers =
       cp > 1 ? ParallelPlan::context_only(*groups.cp, spec.parallel.cp_comm) : nullptr;

@@ -7,7 +7,8 @@
 # another dp, that one on ZeRO-2 at another layout, on the one-process curve; a ZeRO-3 checkpoint missing a
 # rank's shard is named by the tensor range it held and the one before it is used. The training state's resident
 # memory (state_mib, the backend's page counts) at ZeRO-3 and dp4 against ZeRO-1's, and what a resume reads.
-# Bad keys exit 64.
+# The pipeline schedules (parallel.pp_schedule) on pp2 x dp2: interleaved and ZB-H1 train 1F1B's curve and
+# state bit for bit, under ZeRO-1 and -3, and a 1F1B checkpoint resumes under either. Bad keys exit 64.
 # Usage: zero_test.sh FORGE_TRAIN FORGE_CKPT SOURCE_DIR MPIEXEC
 set -uo pipefail
 train=$1 ckpt=$2 src=$3 mpiexec=$4
@@ -184,6 +185,41 @@ print(f"ZeRO-2, 4 micro-batches: {once:.1f} MiB reducing once a step, {each:.1f}
 assert each < once, (once, each)
 PY
 
+# Pipeline schedules on pp2 x dp2 (4 blocks: interleaved's 2 chunks a stage hold one each): the same sums
+# in the same order as 1F1B, so the same losses and final state bit for bit; the bubble measured beside
+# each schedule's analytic one in the metrics.
+for sched in interleaved zb-h1; do
+  for z in 1 3; do
+    run 4 "pp2dp2-$sched-z$z" "${small[@]}" --run.steps=20 --data.batch=2 --parallel.pp=2 --parallel.dp=2 \
+      --parallel.microbatches=2 --parallel.zero=$z --parallel.pp_schedule=$sched
+    compare "$work/pp2dp2-z1" "$work/pp2dp2-$sched-z$z" 1 0
+    same_state pp2dp2-z1 "pp2dp2-$sched-z$z" 20
+  done
+done
+python3 - "$work"/pp2dp2-z1/metrics/rank-0.jsonl "$work"/pp2dp2-{interleaved,zb-h1}-z1/metrics/rank-0.jsonl <<'PY' \
+  || fail "pipeline bubble metrics"
+import json, sys
+for name, path in zip(("1f1b", "interleaved", "zb-h1"), sys.argv[1:]):
+    r = [json.loads(l) for l in open(path)][-1]
+    print(f"{name}: bubble measured {r['bubble_fraction']:.3f} of the step, analytic {r['bubble_analytic']:.3f}")
+    assert 0 <= r["bubble_fraction"] < 1, r
+analytic = [[json.loads(l) for l in open(p)][-1]["bubble_analytic"] for p in sys.argv[1:]]
+assert analytic[0] > analytic[1] > analytic[2] > 0, analytic  # 1/3, 1/5 and 1/7 at pp2 x m2
+PY
+# A 1F1B checkpoint resumes under interleaved, and that one under ZB-H1, on 1F1B's curve (a warm-up longer
+# than the runs: the learning rate of a step does not depend on run.steps, which each leg sets).
+pipe=("${small[@]}" --data.batch=2 --parallel.pp=2 --parallel.dp=2 --parallel.microbatches=2 --parallel.zero=1
+  --optim.warmup_steps=30)
+run 4 sched-1f1b "${pipe[@]}" --run.steps=12
+EVERY=2 run 4 sched-resume "${pipe[@]}" --run.steps=4
+for leg in "8 interleaved" "12 zb-h1"; do
+  read -r steps sched <<<"$leg"
+  EVERY=2 run 4 sched-resume "${pipe[@]}" --run.steps="$steps" --parallel.pp_schedule="$sched"
+  grep -q "verification loss .* matches" "$work/sched-resume.log" \
+    || fail "the $sched resume skipped verification: $(grep -i resum "$work/sched-resume.log" | tail -n1)"
+done
+compare "$work/sched-1f1b" "$work/sched-resume"
+
 # Bad keys: exit 64 naming the key and the choices.
 bad() { local want=$1; shift
   "$train" "$src/configs/tiny.ini" --run.dir="$work/bad" "${base[@]}" "$@" >/dev/null 2>"$work/bad.log"
@@ -195,4 +231,7 @@ bad "parallel.zero.*must be 0, 1, 2 or 3" --parallel.zero=4
 bad "parallel.reduce_each_microbatch.*under ZeRO-2 or 3" --parallel.zero=1 --parallel.reduce_each_microbatch=true
 bad "parallel.zero_group.*expected dp or node" --parallel.zero=1 --parallel.zero_group=rack
 bad "parallel.zero_group.*parallel.zero is 0" --parallel.zero_group=node
+bad "parallel.pp_schedule.*expected 1f1b, interleaved or zb-h1" --parallel.pp=2 --parallel.pp_schedule=gpipe
+bad "parallel.pp_virtual = 3: does not divide the blocks of each stage" "${small[@]}" --parallel.pp=2 \
+  --parallel.microbatches=2 --parallel.pp_schedule=interleaved --parallel.pp_virtual=3
 echo "PASS"

@@ -362,7 +362,7 @@ TEST_CASE("recompute trains bit for bit as keeping the activations, in less memo
       size_t activations;
     };
     const auto run = [&](Kind kind, int every) {
-      GPT m(cfg, {.batch = rows, .slots = 2, .recompute = {kind, every}});
+      GPT m(cfg, {.batch = rows, .slots = {2}, .recompute = {kind, every}});
       m.init(3);
       m.zero_grad();
       Run r;

@@ -7,7 +7,11 @@
 
 #include <algorithm>
 #include <iterator>
+#include <map>
 #include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
 
 using namespace forge::trainer;
 
@@ -99,6 +103,10 @@ TEST_CASE("ZB-H1: weight passes fill the waits, a third of 1F1B's bubble at the 
           most = std::max(most, waiting);
         }
         CHECK(most <= p);
+        // What the runtime keeps for the W passes: the B passes done and not yet weighed, at most.
+        CHECK(waiting_for_weights(st) >= 1);
+        CHECK(waiting_for_weights(st) <= most);
+        CHECK(waiting_for_weights(plain[size_t(s)]) == 0);
       }
       // F, B and W a unit each (a backward twice a forward): (p - 1)(F + B - W) idle a stage once there
       // are at least as many micro-batches as stages; less than 1F1B's always, when there is a pipeline.
@@ -123,4 +131,37 @@ TEST_CASE("broken chunked and split schedules are caught", "[schedule]") {
                     Catch::Contains("stage 0: F0.1 waits for a message no stage sends (deadlock)"));
   CHECK_THROWS_WITH(simulate({{F(0, 0), F(0, 1), B(0, 1)}}, 1),
                     Catch::Contains("stage 0: micro-batch 0 of chunk 0 is never backwarded"));
+}
+
+TEST_CASE("every pair of stages receives its messages in the order they are sent", "[schedule]") {
+  // NCCL matches point-to-point calls by their order between two ranks, not by tag (comm.h): each stage's
+  // sends to a neighbour, in its schedule's order, must be what the neighbour receives in its own. A chunk
+  // sends its output to the next virtual stage and its input gradient to the previous one (ParallelTrainer;
+  // from the last stage to the first stage's next chunk); a message is (direction, micro-batch, the
+  // activation's receiving or the gradient's sending chunk).
+  using Message = std::tuple<int, int, int>;
+  for (const PipeScheduleKind kind : kPipeSchedules)
+    for (int p : {2, 3, 4, 8})
+      for (int m : {p, 2 * p, 4 * p})
+        for (int v : {1, 2, 3}) {
+          if (v > 1 && kind != PipeScheduleKind::kInterleaved) continue;
+          CAPTURE(std::string(schedule_name(kind)), p, m, v);
+          const std::vector<StageSchedule> stages = pipeline_schedule(kind, p, v, m);
+          std::map<std::pair<int, int>, std::vector<Message>> sent, received;
+          for (int s = 0; s < p; ++s) {
+            const int next = (s + 1) % p, prev = (s + p - 1) % p, wrap = s == p - 1 ? 1 : 0;
+            for (const PipeAction& a : stages[size_t(s)]) {
+              const int c = a.chunk, i = a.micro_batch;
+              const bool enters = s == 0 && c == 0, leaves = s == p - 1 && c == v - 1;
+              if (a.op == PipeOp::kForward) {
+                if (!enters) received[{prev, s}].emplace_back(0, i, c);
+                if (!leaves) sent[{s, next}].emplace_back(0, i, c + wrap);
+              } else if (a.op == PipeOp::kBackward) {
+                if (!leaves) received[{next, s}].emplace_back(1, i, c + wrap);
+                if (!enters) sent[{s, prev}].emplace_back(1, i, c);
+              }
+            }
+          }
+          CHECK(sent == received);
+        }
 }

@@ -196,6 +196,33 @@ TEST_CASE("parallel layouts that cannot work are rejected naming the rule", "[tr
   CHECK(s.parallel.stage_layers == std::vector<int>{2, 3});
 }
 
+TEST_CASE("pipeline schedules: names, model chunks and what they cannot serve are checked",
+          "[trainer][spec]") {
+  const TrainSpec s = train_spec(load({"--model.layers=8", "--parallel.pp=2", "--parallel.microbatches=4",
+                                       "--parallel.pp_schedule=interleaved"}));
+  CHECK(s.parallel.pp_schedule == PipeScheduleKind::kInterleaved);
+  CHECK(s.parallel.pp_virtual == 2);  // 0: two chunks a stage
+  CHECK(train_spec(load({"--parallel.pp=2", "--parallel.pp_schedule=zb-h1"})).parallel.pp_virtual == 1);
+  CHECK_THAT(usage_error({"--parallel.pp_schedule=gpipe"}),
+             Catch::Contains("parallel.pp_schedule") && Catch::Contains("1f1b, interleaved or zb-h1"));
+  CHECK_THAT(usage_error({"--model.layers=8", "--parallel.pp=2", "--parallel.microbatches=4",
+                          "--parallel.pp_schedule=interleaved", "--parallel.pp_virtual=3"}),
+             Catch::Contains("parallel.pp_virtual") && Catch::Contains("pp_virtual = 3: does not divide") &&
+                 Catch::Contains("= 6 equal model chunks"));
+  CHECK_THAT(usage_error({"--model.layers=8", "--parallel.pp=2", "--parallel.microbatches=3",
+                          "--parallel.pp_schedule=interleaved"}),
+             Catch::Contains("parallel.microbatches") && Catch::Contains("multiple of 2"));
+  CHECK_THAT(usage_error({"--parallel.pp_schedule=interleaved"}), Catch::Contains("parallel.pp is 1"));
+  CHECK_THAT(usage_error({"--parallel.pp=2", "--parallel.pp_virtual=2"}),
+             Catch::Contains("parallel.pp_virtual") && Catch::Contains("the schedule is 1f1b"));
+  CHECK_THAT(usage_error({"--model.layers=8", "--parallel.pp=2", "--parallel.microbatches=2",
+                          "--parallel.pp_schedule=interleaved", "--parallel.stage_layers=3,5"}),
+             Catch::Contains("parallel.stage_layers") && Catch::Contains("equal model chunks"));
+  CHECK_THAT(usage_error({"--parallel.pp=2", "--parallel.dp=2", "--parallel.zero=3",
+                          "--parallel.pp_schedule=zb-h1", "--parallel.reduce_each_microbatch=true"}),
+             Catch::Contains("parallel.reduce_each_microbatch") && Catch::Contains("zb-h1"));
+}
+
 TEST_CASE("errors cite the file and line of the offending key", "[trainer][spec]") {
   forge::test::TempDir dir;
   const std::string path = dir.write("job.ini", "[model]\nlayers = 2\nd_model = 100\nheads = 3\n");

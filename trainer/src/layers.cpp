@@ -25,7 +25,46 @@ void Linear::forward_gelu(Act out, Act pre, ConstAct in, int rows) {
 }
 
 void Linear::backward(float* din, const float* dout, ConstAct in, int rows) {
-  backend_.matmul_backward(din, weight_.grad, bias_.grad, dout, in, weight_.value, rows, in_, out_);
+  backend_.linear_backward(din, weight_.grad, bias_.grad, dout, in, weight_.value, rows, in_, out_);
+}
+
+void Backend::linear_backward(float* din, float* dw, float* dbias, const float* dout, ConstAct in,
+                              const float* w, int N, int C, int OC) {
+  if (deferred_ == nullptr || (dw == nullptr && dbias == nullptr))
+    return matmul_backward(din, dw, dbias, dout, in, w, N, C, OC);
+  if (din != nullptr) matmul_backward(din, nullptr, nullptr, dout, in, w, N, C, OC);
+  deferred_->add(dw, dbias, dout, in, N, C, OC);
+}
+
+void WeightGradQueue::add(float* dw, float* dbias, const float* dout, ConstAct in, int N, int C, int OC) {
+  if (queued_ == products_.size()) products_.emplace_back();
+  Product& p = products_[queued_++];
+  const size_t out_n = size_t(N) * size_t(OC), in_n = dw != nullptr ? size_t(N) * size_t(C) : 0;
+  backend_->grow(p.dout, out_n);
+  if (p.in.size() < in_n || (in_n > 0 && p.in.at().bf16 != in.bf16))
+    p.in = ActBuffer(*backend_, in_n, in.bf16);
+  backend_->copy(p.dout.data(), dout, out_n * sizeof(float));
+  if (in_n > 0) backend_->copy(p.in.at().data, in.data, in_n * (in.bf16 ? sizeof(uint16_t) : sizeof(float)));
+  p.dw = dw;
+  p.dbias = dbias;
+  p.N = N;
+  p.C = C;
+  p.OC = OC;
+}
+
+void WeightGradQueue::run() {
+  // A product without din reads neither the weights nor their gradient's other terms.
+  for (size_t i = 0; i < queued_; ++i) {
+    Product& p = products_[i];
+    backend_->matmul_backward(nullptr, p.dw, p.dbias, p.dout.data(), p.in.at(), nullptr, p.N, p.C, p.OC);
+  }
+  queued_ = 0;
+}
+
+size_t WeightGradQueue::bytes() const {
+  size_t n = 0;
+  for (const Product& p : products_) n += p.dout.size() * sizeof(float) + p.in.bytes();
+  return n;
 }
 
 NormLayer::NormLayer(Backend& backend, bool layernorm, float eps, ParamRef weight, ParamRef bias)

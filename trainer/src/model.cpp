@@ -153,7 +153,7 @@ class SharedExpertMoe final : public FeedForward {
     backend_.copy_from_host(column_.data(), dlogit.data(), size_t(rows) * sizeof(float));
     shared_->backward(slot, in, d_shared_.data(), d_in_.data(), rows);
     backend_.residual_forward(din, din, d_in_.data(), nullptr, rows, C_);
-    backend_.matmul_backward(d_in_.data(), gate_.grad, nullptr, column_.data(), in, gate_.value, rows, C_, 1);
+    backend_.linear_backward(d_in_.data(), gate_.grad, nullptr, column_.data(), in, gate_.value, rows, C_, 1);
     backend_.residual_forward(din, din, d_in_.data(), nullptr, rows, C_);
   }
   const float* output_bias() const override { return routed_->output_bias(); }
@@ -269,7 +269,7 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
   Backend& backend = backend_;
   const LayerFactory& layers = setup.layers != nullptr ? *setup.layers : LayerFactory::whole();
   decode_link_ = layers.decode_link();
-  const int batch = setup.batch, slots = setup.slots;
+  const int batch = setup.batch;
   const size_t flat_multiple = setup.flat_multiple;
   if (slice_.last_layer < 0) slice_.last_layer = config.layers;
   params_ = parameter_table(config_, slice_, std::max<size_t>(flat_multiple, 1), setup.layer_align);
@@ -282,7 +282,14 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
       trained_.push_back({p.offset, p.offset + p.numel});
   }
   if (batch < 1) throw std::invalid_argument("GPT: batch must be >= 1");
-  if (slots < 1) throw std::invalid_argument("GPT: slots must be >= 1");
+  chunks_ = slice_.chunks;
+  if (setup.slots.size() != 1 && int(setup.slots.size()) != chunks_)
+    throw std::invalid_argument("GPT: slots must hold one count, or one per model chunk");
+  for (int c = 0; c < chunks_; ++c) {
+    const int n = setup.slots[setup.slots.size() == 1 ? 0 : size_t(c)];
+    if (n < 1) throw std::invalid_argument("GPT: slots must be >= 1");
+    slot_base_.push_back(slot_base_.back() + n);
+  }
   if (setup.recompute.kind == Recompute::Kind::kFull && config.ffn == Ffn::kMoe)
     throw std::invalid_argument("GPT: full recompute of MoE blocks (their routing would count twice)");
   const int tps = slice_.tp_size;
@@ -323,10 +330,10 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
   w.dqkv = backend.alloc<float>(N * size_t(attention.shape.qkv_width()));
   w.dfc = backend.alloc<float>(N * size_t(std::max(ffn_width, shared_width)));
 
-  for (int s = 0; s < slots; ++s) {
+  for (int s = 0; s < slot_base_.back(); ++s) {
     auto slot = std::make_unique<Slot>();
     slot->res = backend.alloc<float>((L + 1) * R * C);
-    if (slice_.head) {
+    if (heads(place(s).chunk)) {
       slot->lnf = backend.alloc<float>(R * C);
       slot->lnf_stats = backend.alloc<float>(stats);
       slot->dlnf = backend.alloc<float>(R * C);
@@ -343,8 +350,8 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
   const Recompute& recompute = setup.recompute;
   Block* first_full = nullptr;
   DenseMLP* first_full_mlp = nullptr;
-  // Block l's dense MLP; l = -1: an MoE block's shared expert, never recomputed.
-  const auto dense = [&](const std::string& name, int l) {
+  // Block l's dense MLP for `slots` activation sets; l = -1: an MoE block's shared expert, never recomputed.
+  const auto dense = [&](const std::string& name, int l, int slots) {
     const std::string fc = swiglu ? "gate_up" : "fc", proj = swiglu ? "down" : "proj";
     return std::make_unique<DenseMLP>(
         backend, layers.linear(backend, ref(name + fc + ".weight"), optional_ref(name + fc + ".bias"), false),
@@ -354,15 +361,17 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
   };
   // Selective recompute: the recomputed blocks share one output buffer for their attention and one for
   // their SwiGLU activation.
-  for (int l = slice_.first_layer; l < slice_.last_layer; ++l)
+  const std::vector<int> blocks = slice_.blocks(config.layers);
+  for (const int l : blocks)
     if (recompute.selective(l)) {
       w.recompute_att = ActBuffer(backend, N * size_t(attention.shape.q_width()), bf16);
       if (swiglu && config.dense_blocks())
         w.recompute_act = ActBuffer(backend, N * size_t(config.ffn_hidden / tps), bf16);
       break;
     }
-  for (int l = slice_.first_layer; l < slice_.last_layer; ++l) {
+  for (const int l : blocks) {
     const std::string b = "blocks." + std::to_string(l) + ".";
+    const int slots = chunk_sets(int(blocks_.size()) / std::max(layers_, 1));  // its chunk's
     auto block = std::make_unique<Block>();
     block->ln1 = norm(b + "ln1");
     block->ln2 = norm(b + "ln2");
@@ -400,12 +409,12 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
       moe_layers_.push_back(layer.get());
       if (config.shared_expert_hidden > 0)
         block->ffn = std::make_unique<SharedExpertMoe>(
-            backend, std::move(layer), dense(b + "moe.shared.", -1), ref(b + "moe.shared_gate.weight"), slots,
-            int(N), config.d_model);
+            backend, std::move(layer), dense(b + "moe.shared.", -1, slots), ref(b + "moe.shared_gate.weight"),
+            slots, int(N), config.d_model);
       else
         block->ffn = std::move(layer);
     } else {
-      auto mlp = dense(b + "mlp.", l);
+      auto mlp = dense(b + "mlp.", l, slots);
       if (block->recompute_full && first_full_mlp == nullptr) first_full_mlp = mlp.get();
       block->ffn = std::move(mlp);
     }
@@ -435,7 +444,7 @@ GPT::GPT(const ModelSpec& config, const ModelSetup& setup)
       throw std::invalid_argument(
           "GPT: the tensor-parallel size must divide the vision tower's heads, MLP and projector widths");
     const int pictures = std::max(1, int(N) / v.tokens());
-    vision_ = std::make_unique<VisionTower>(backend, layers, v, config.d_model, pictures, slots,
+    vision_ = std::make_unique<VisionTower>(backend, layers, v, config.d_model, pictures, chunk_sets(0),
                                             [this](const std::string& name) { return ref(name); });
   }
   if (slice_.head) {
@@ -571,6 +580,7 @@ LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input,
                           const Loss* loss_of) {
   const Loss& objective = loss_of != nullptr ? *loss_of : *loss_;
   Slot& s = *slots_.at(size_t(slot));
+  const auto [chunk, set] = place(slot);
   if (batch.rows != batch_ || batch.seq_len != config_.seq_len)
     throw std::invalid_argument("GPT: the micro-batch is not batch x seq_len");
   // The micro-batch where the backend reads it, for this forward and the backward that follows: the
@@ -601,7 +611,7 @@ LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input,
 
   const int B = batch_, T = config_.seq_len;
   if (weights.need) weights.need(-1);
-  if (slice_.embedding) {
+  if (embeds(chunk)) {
     TraceSpan span("forward embedding", "compute");
     embedding_->forward(s.res.data(), s.batch.inputs, s.batch.positions, B, T);
     if (vision_ && batch.images() > 0) place_pictures(slot, batch.image_pixels.data(), batch.image_starts);
@@ -610,16 +620,14 @@ LossSums GPT::run_forward(int slot, const MicroBatch& batch, const float* input,
   }
   run_blocks(
       slot, B * T,
-      [&](int l, ConstAct in, float* out) {
-        blocks_[size_t(l)]->attn->forward(slot, in, out, s.batch, B, T);
-      },
+      [&](int l, ConstAct in, float* out) { blocks_[size_t(l)]->attn->forward(set, in, out, s.batch, B, T); },
       weights);
   const auto done = [&] {
     if (!weights.done) return;
-    if (slice_.head) weights.done(config_.layers);
+    if (heads(chunk)) weights.done(config_.layers);
     weights.done(-1);
   };
-  if (!slice_.head || !classify) {
+  if (!heads(chunk) || !classify) {
     done();
     return {};
   }
@@ -667,8 +675,12 @@ void GPT::run_blocks(int slot, int N, const std::function<void(int, ConstAct, fl
                      const WeightHooks& weights) {
   Slot& s = *slots_.at(size_t(slot));
   Workspace& w = *ws_;
-  const auto need = [&](int layer) {
-    if (weights.need) weights.need(slice_.first_layer + layer);
+  // The slot's chunk: blocks_[first, first + layers_).
+  const auto [chunk, set] = place(slot);
+  const int first = chunk * layers_;
+  const bool head = heads(chunk);
+  const auto need = [&](int l) {
+    if (weights.need) weights.need(l < layers_ ? layer_of(first + l) : config_.layers);
   };
   const bool bf16 = dtype_ == DType::kBF16;
   // The attention and FFN slots take N rows; the stream, its norms and adds hold R of them (GPT::Slot).
@@ -678,23 +690,23 @@ void GPT::run_blocks(int slot, int N, const std::function<void(int, ConstAct, fl
   // writing them rounded; the residual stream, statistics and all accumulation stay FP32. The final
   // LayerNorm's output stays BF16 values held in FP32: the classifier's chunks read it, one per slot.
   for (int l = 0; l < L; ++l) {
-    TraceSpan span("forward block", "compute", slice_.first_layer + l);
-    Block& k = *blocks_[size_t(l)];
-    Block::Acts& a = k.at(slot);
+    TraceSpan span("forward block", "compute", layer_of(first + l));
+    Block& k = *blocks_[size_t(first + l)];
+    Block::Acts& a = k.at(set);
     float* x = s.res.data() + l * NC;
     need(l);
     if (l == 0) k.ln1->forward(a.ln1.at(), a.ln1_stats.data(), x, R, C);
-    attention(l, a.ln1.at(), w.delta.data());
+    attention(first + l, a.ln1.at(), w.delta.data());
     k.ln2->residual_forward(a.res_mid.data(), a.ln2.at(), a.ln2_stats.data(), x, w.delta.data(),
                             k.attn->output_bias(), R, C);
-    k.ffn->forward(slot, a.ln2.at(), w.delta.data(), N);
+    k.ffn->forward(set, a.ln2.at(), w.delta.data(), N);
     // The next norm (the next block's ln1, or lnf) is fused with this residual add; a stage's last block
     // without the head hands the plain stream to the next stage, which owns that norm.
-    if (l + 1 < L || slice_.head) {
+    if (l + 1 < L || head) {
       const bool last = l + 1 == L;
       need(l + 1);  // its norm: the next block's, or the final one (layer config.layers)
-      Block* next = last ? nullptr : blocks_[size_t(l) + 1].get();
-      Block::Acts* na = last ? nullptr : &next->at(slot);
+      Block* next = last ? nullptr : blocks_[size_t(first + l) + 1].get();
+      Block::Acts* na = last ? nullptr : &next->at(set);
       const Act ln_next = last ? Act(s.lnf.data()) : na->ln1.at();
       float* stats_next = last ? s.lnf_stats.data() : na->ln1_stats.data();
       (last ? *lnf_ : *next->ln1)
@@ -704,9 +716,9 @@ void GPT::run_blocks(int slot, int N, const std::function<void(int, ConstAct, fl
     } else {
       backend_.residual_forward(x + NC, a.res_mid.data(), w.delta.data(), k.ffn->output_bias(), R, C);
     }
-    if (weights.done) weights.done(slice_.first_layer + l);
+    if (weights.done) weights.done(layer_of(first + l));
   }
-  if (slice_.head && L == 0) {
+  if (head && L == 0) {
     need(0);
     lnf_->forward(s.lnf.data(), s.lnf_stats.data(), s.res.data(), R, C);
     if (bf16) backend_.round_to_bf16(s.lnf.data(), s.lnf.data(), size_t(NC));
@@ -724,6 +736,8 @@ void GPT::backward(int slot, const float* d_output, const std::function<void(int
   Workspace& w = *ws_;
   const int B = batch_, T = config_.seq_len, C = config_.d_model, L = layers_;
   const int N = B * T, R = N / shards_;  // as in run_blocks
+  const auto [chunk, set] = place(slot);
+  const int first = chunk * layers_;
   const int64_t NC = int64_t(R) * C;
   float* dres = s.dres.data();
   const auto need = [&](int layer) {
@@ -733,7 +747,7 @@ void GPT::backward(int slot, const float* d_output, const std::function<void(int
     if (weights.done) weights.done(layer);
     if (on_grads) on_grads(layer);
   };
-  if (slice_.head) {
+  if (heads(chunk)) {
     TraceSpan span("backward head", "compute");
     backend_.fill(dres, 0.0f, size_t(NC));
     // s.dlnf holds dL/d(lnf output) from the classifier.
@@ -744,31 +758,32 @@ void GPT::backward(int slot, const float* d_output, const std::function<void(int
     backend_.copy(dres, d_output, sizeof(float) * size_t(NC));
   }
   for (int l = L - 1; l >= 0; --l) {
-    TraceSpan span("backward block", "compute", slice_.first_layer + l);
-    Block& k = *blocks_[size_t(l)];
-    Block::Acts& a = k.at(slot);
+    const int layer = layer_of(first + l);
+    TraceSpan span("backward block", "compute", layer);
+    Block& k = *blocks_[size_t(first + l)];
+    Block::Acts& a = k.at(set);
     const float* x = s.res.data() + l * NC;
-    need(slice_.first_layer + l);
+    need(layer);
     if (k.recompute_full) {
       // The block's forward again from its input, into the shared set: what its backward reads. ln1 is
       // computed here on its own; the forward fused it with the previous block's residual add (the same
       // arithmetic). The FFN's output, which the backward does not read, is not formed.
-      TraceSpan again("recompute block", "compute", slice_.first_layer + l);
+      TraceSpan again("recompute block", "compute", layer);
       k.ln1->forward(a.ln1.at(), a.ln1_stats.data(), x, R, C);
-      k.attn->forward(slot, a.ln1.at(), w.delta.data(), s.batch, B, T);
+      k.attn->forward(set, a.ln1.at(), w.delta.data(), s.batch, B, T);
       k.ln2->residual_forward(a.res_mid.data(), a.ln2.at(), a.ln2_stats.data(), x, w.delta.data(),
                               k.attn->output_bias(), R, C);
-      k.ffn->forward_kept(slot, a.ln2.at(), N);
+      k.ffn->forward_kept(set, a.ln2.at(), N);
     }
     // dres = dL/d(block output) = dL/d(FFN output): FFN backward, then its norm.
-    k.ffn->backward(slot, a.ln2.at(), dres, w.dln.data(), N);
+    k.ffn->backward(set, a.ln2.at(), dres, w.dln.data(), N);
     k.ln2->backward(dres, w.dln.data(), a.res_mid.data(), a.ln2_stats.data(), R, C);
     // dres = dL/d(res_mid): attention backward, then its norm.
-    k.attn->backward(slot, a.ln1.at(), dres, w.dln.data(), s.batch, B, T);
+    k.attn->backward(set, a.ln1.at(), dres, w.dln.data(), s.batch, B, T);
     k.ln1->backward(dres, w.dln.data(), x, a.ln1_stats.data(), R, C);
-    done(slice_.first_layer + l);
+    done(layer);
   }
-  if (slice_.embedding) {
+  if (embeds(chunk)) {
     TraceSpan span("backward embedding", "compute");
     // A picture's placeholder tokens gave their embeddings no part in the forward: their rows' gradient
     // goes to the vision tower instead.
@@ -855,7 +870,7 @@ KvCache::KvCache(GPT& model, int sequences, int max_len) : sequences_(sequences)
   // query heads read), as the attention slot holds them.
   const int kv = std::max(1, c.kv_heads / model.slice().tp_size);
   const size_t n = size_t(sequences) * size_t(max_len) * size_t(kv) * size_t(c.head_dim);
-  for (int l = model.slice().first_layer; l < model.slice().last_layer; ++l) {
+  for (size_t l = 0; l < model.slice().blocks(c.layers).size(); ++l) {
     keys_.push_back(model.backend().alloc<float>(n));
     values_.push_back(model.backend().alloc<float>(n));
   }
@@ -875,6 +890,8 @@ void GPT::decode(KvCache& cache, std::span<const DecodeRow> rows, std::span<cons
         "stage's with the link to the others");
   if (cache.keys_.size() != blocks_.size())
     throw std::invalid_argument("GPT::decode: the cache was made for another model");
+  if (chunks_ > 1)
+    throw std::invalid_argument("GPT::decode: an interleaved pipeline stage's model chunks do not decode");
   const int N = int(rows.size()), C = config_.d_model, V = config_.vocab;
   if (N > this->rows()) throw std::invalid_argument("GPT::decode: at most rows() rows at a time");
   if (logits.size() != logit_rows.size() * size_t(V))

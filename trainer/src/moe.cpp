@@ -419,7 +419,7 @@ void MoeLayer::backward(int slot, ConstAct in, const float* dout, float* din, in
         w.dlogits[size_t(t) * E + size_t(e)] = float(p[e] * (dp[size_t(e)] - dot) + zt * p[e]);
     }
     backend_.copy_from_host(w.logits.data(), w.dlogits.data(), w.dlogits.size() * sizeof(float));
-    backend_.matmul_backward(din, router_.grad, nullptr, w.logits.data(), in, router_.value, N, C, E);
+    backend_.linear_backward(din, router_.grad, nullptr, w.logits.data(), in, router_.value, N, C, E);
   }
   const size_t most = size_t(std::max({s.A, s.R, 1}));
   float* a = reserve(backend_, w.a, most * C);
@@ -453,7 +453,7 @@ void MoeLayer::expert_backward(Slot& s, const float* dy, float* dx) {
     const int r0 = s.expert_begin[size_t(e)], n = s.expert_begin[size_t(e) + 1] - r0;
     if (n == 0) continue;
     float* da = dact + int64_t(r0) * H;
-    backend_.matmul_backward(da, part(proj_w_.grad, e, int64_t(C) * H), part(proj_b_.grad, e, C),
+    backend_.linear_backward(da, part(proj_w_.grad, e, int64_t(C) * H), part(proj_b_.grad, e, C),
                              dy + int64_t(r0) * C, s.act.at(size_t(r0) * H),
                              proj_w_.value + int64_t(e) * C * H, n, H, C);
     float* dp = dpre + int64_t(r0) * F;  // dL/d(pre): in place for GELU
@@ -461,7 +461,7 @@ void MoeLayer::expert_backward(Slot& s, const float* dy, float* dx) {
       backend_.swiglu_backward(dp, da, s.pre.at(size_t(r0) * F), n, H);
     else
       backend_.gelu_backward(dp, s.pre.at(size_t(r0) * F), n, H);
-    backend_.matmul_backward(dx + int64_t(r0) * C, part(fc_w_.grad, e, int64_t(F) * C),
+    backend_.linear_backward(dx + int64_t(r0) * C, part(fc_w_.grad, e, int64_t(F) * C),
                              part(fc_b_.grad, e, F), dp, s.x.data() + int64_t(r0) * C,
                              fc_w_.value + int64_t(e) * F * C, n, C, F);
   }

@@ -47,13 +47,24 @@ struct TableBuilder {
 
 }  // namespace
 
+std::vector<int> ModelSlice::blocks(int layers) const {
+  const int last = last_layer < 0 ? layers : last_layer;
+  std::vector<int> out;
+  for (int c = 0; c < chunks; ++c)
+    for (int l = first_layer; l < last; ++l) out.push_back(l + c * chunk_stride);
+  return out;
+}
+
 std::vector<ParamInfo> parameter_table(const ModelSpec& cfg, const ModelSlice& slice, size_t part_align,
                                        size_t layer_align) {
   const int last = slice.last_layer < 0 ? cfg.layers : slice.last_layer;
-  if (slice.first_layer < 0 || slice.first_layer > last || last > cfg.layers)
+  const int end = last + (slice.chunks - 1) * slice.chunk_stride;  // past the last chunk's blocks
+  if (slice.first_layer < 0 || slice.first_layer > last || end > cfg.layers || slice.chunks < 1 ||
+      (slice.chunks > 1 && slice.chunk_stride < last - slice.first_layer))
     throw std::invalid_argument("model slice: layer range [" + std::to_string(slice.first_layer) + ", " +
-                                std::to_string(last) + ") is outside [0, " + std::to_string(cfg.layers) +
-                                ")");
+                                std::to_string(last) + ") in " + std::to_string(slice.chunks) + " chunks " +
+                                std::to_string(slice.chunk_stride) + " apart is outside [0, " +
+                                std::to_string(cfg.layers) + ")");
   if (slice.tp_size < 1 || slice.tp_rank < 0 || slice.tp_rank >= slice.tp_size)
     throw std::invalid_argument("model slice: tensor-parallel rank " + std::to_string(slice.tp_rank) +
                                 " of " + std::to_string(slice.tp_size));
@@ -136,7 +147,7 @@ std::vector<ParamInfo> parameter_table(const ModelSpec& cfg, const ModelSlice& s
     linear("projector.fc2", C, P, std, cols);
     t.align(part_align);
   }
-  for (int l = slice.first_layer; l < last; ++l) {
+  for (const int l : slice.blocks(cfg.layers)) {
     const std::string b = "blocks." + std::to_string(l) + ".";
     t.align(layer_align);
     norm(b + "ln1");

@@ -230,6 +230,13 @@ void add_trainer_keys(ConfigSchema& s) {
                  "instead of once per step")
       .add<std::string>("parallel.stage_layers", "",
                         "blocks per pipeline stage, e.g. 3,5 (empty: balanced by compute)")
+      .add<std::string>("parallel.pp_schedule", "1f1b",
+                        "pipeline schedule: 1f1b; interleaved (each stage holds parallel.pp_virtual model "
+                        "chunks, dividing the bubble by them); zb-h1 (zero-bubble: weight gradients computed "
+                        "apart, filling the bubble; a third of 1f1b's)")
+      .add<int>("parallel.pp_virtual", 0,
+                "interleaved: model chunks per pipeline stage (0: 2); model.layers must split into "
+                "parallel.pp x parallel.pp_virtual equal chunks")
       .add<bool>("parallel.elastic", false,
                  "run on the ranks the job got (sbatch -N MIN-MAX): tp, cp and pp fixed, dp up to "
                  "parallel.dp, micro-batches raised to keep the global batch");
@@ -861,8 +868,36 @@ TrainSpec train_spec(const Config& c) {
     s.parallel.stage_layers.push_back(int(n));
     at = comma + 1;
   }
+  const std::string schedule = c.get<std::string>("parallel.pp_schedule");
+  const auto* kind =
+      std::ranges::find_if(kPipeSchedules, [&](auto k) { return schedule_name(k) == schedule; });
+  if (kind == std::end(kPipeSchedules))
+    c.reject("parallel.pp_schedule", "expected 1f1b, interleaved or zb-h1");
+  s.parallel.pp_schedule = *kind;
+  const bool interleaved = *kind == PipeScheduleKind::kInterleaved;
+  const int chunks = c.get<int>("parallel.pp_virtual");
+  if (chunks < 0) c.reject("parallel.pp_virtual", "must be >= 0 (0: 2 under interleaved, 1 otherwise)");
+  s.parallel.pp_virtual = chunks > 0 ? chunks : interleaved ? 2 : 1;
   if (const auto problem = parallel_problem(s.model, s.layout, s.parallel))
     c.reject(problem->key, problem->why);
+  if (interleaved && s.microbatches % s.layout.pp != 0)
+    c.reject(
+        "parallel.microbatches",
+        fmt::format("= {}: the interleaved schedule sends micro-batches through in groups of parallel.pp = "
+                    "{}, so it must be a multiple of {}",
+                    s.microbatches, s.layout.pp, s.layout.pp));
+  if (interleaved && objective.rollouts)
+    c.reject("parallel.pp_schedule",
+             fmt::format("run.objective = {} decodes its rollouts stage by stage, which interleaved model "
+                         "chunks do not do yet: use 1f1b or zb-h1",
+                         objective.name));
+  if (*kind != PipeScheduleKind::k1F1B && s.parallel.reduce_each_microbatch)
+    c.reject(
+        "parallel.reduce_each_microbatch",
+        fmt::format("reduces each micro-batch's gradients as its one backward ends, which {} does not "
+                    "have (its model chunks' or weight-gradient passes come apart): leave it off, or use "
+                    "parallel.pp_schedule = 1f1b",
+                    schedule));
   if (const std::string cp_comm = c.get<std::string>("parallel.cp_comm"); cp_comm == "a2a")
     s.parallel.cp_comm = ContextComm::kAllToAll;
   else if (cp_comm != "ring")
@@ -995,7 +1030,12 @@ TrainSpec elastic_spec(const TrainSpec& spec, int ranks) {
   // their count keeps it, with the micro-batches that make up the rest.
   const int count = full.dp * spec.microbatches;
   int dp = std::min(full.dp, ranks / replica);
-  while (dp > 0 && (count % dp != 0 || dp % full.ep != 0)) --dp;  // expert groups are carved out of dp
+  // Expert groups are carved out of dp; the interleaved schedule takes micro-batches in groups of pp.
+  const auto keeps = [&](int dp) {
+    return count % dp == 0 && dp % full.ep == 0 &&
+           (spec.parallel.pp_schedule != PipeScheduleKind::kInterleaved || count / dp % full.pp == 0);
+  };
+  while (dp > 0 && !keeps(dp)) --dp;
   if (dp < 1)
     fail(ExitCode::kUsage,
          "parallel.elastic: {} ranks cannot hold one model replica of tp*cp*pp = {} ranks ({}); submit with "
@@ -1039,6 +1079,30 @@ std::optional<LayoutProblem> parallel_problem(const ModelSpec& m, const Layout& 
             fmt::format("must divide {} = {} (each rank holds a share of the vision "
                         "tower's {})",
                         key, width, key == std::string_view("vision.heads") ? "heads" : "hidden units"));
+  if (p.pp_virtual < 1) return problem("parallel.pp_virtual", "must be >= 1");
+  if (p.pp_schedule != PipeScheduleKind::kInterleaved && p.pp_virtual > 1)
+    return problem(
+        "parallel.pp_virtual",
+        fmt::format("splits each stage into model chunks for parallel.pp_schedule = interleaved, but the "
+                    "schedule is {}: leave it at 0",
+                    schedule_name(p.pp_schedule)));
+  if (p.pp_schedule == PipeScheduleKind::kInterleaved) {
+    if (l.pp < 2)
+      return problem("parallel.pp_schedule",
+                     "interleaved runs model chunks across pipeline stages, but parallel.pp is 1: set "
+                     "parallel.pp >= 2, or use 1f1b");
+    if (p.pp_virtual < 2)
+      return problem("parallel.pp_virtual", "interleaved needs >= 2 model chunks a stage (1 is 1f1b)");
+    if (!p.stage_layers.empty())
+      return problem("parallel.stage_layers",
+                     "interleaved splits the blocks into equal model chunks: leave it empty, or use 1f1b");
+    if (m.layers % (l.pp * p.pp_virtual) != 0)
+      return problem(
+          "parallel.pp_virtual",
+          fmt::format("does not divide the blocks of each stage: model.layers = {} must split into "
+                      "parallel.pp x parallel.pp_virtual = {} equal model chunks",
+                      m.layers, l.pp * p.pp_virtual));
+  }
   if (!p.stage_layers.empty()) {
     int total = 0;
     for (int n : p.stage_layers) {

@@ -151,18 +151,37 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, comm::ProcessGroups& gro
   if (!(lay == spec.layout))
     throw std::invalid_argument("ParallelTrainer: the process groups' layout " + lay.str() +
                                 " is not the spec's " + spec.layout.str());
-  bounds_ = stage_bounds(spec.model, lay.pp, spec.parallel.stage_layers);
+  // Interleaved: pp x chunks virtual stages of equal blocks, stage s holding s, s + pp, ... (Megatron's
+  // placement, so that a micro-batch goes round the stages once per chunk).
+  const PipeScheduleKind kind = spec.parallel.pp_schedule;
+  chunks_ = kind == PipeScheduleKind::kInterleaved ? spec.parallel.pp_virtual : 1;
+  bounds_ =
+      chunks_ > 1
+          ? stage_bounds(spec.model, lay.pp * chunks_,
+                         std::vector<int>(size_t(lay.pp * chunks_), spec.model.layers / (lay.pp * chunks_)))
+          : stage_bounds(spec.model, lay.pp, spec.parallel.stage_layers);
   use_threads(spec.threads);  // before the model's buffers are touched by OpenMP
   backend.set_bf16_products(spec.dtype == DType::kBF16);
   const int s = groups.pp_rank;
-  ModelSlice slice{bounds_[size_t(s)],   bounds_[size_t(s) + 1],
-                   groups.first_stage(), groups.last_stage(),
-                   groups.tp_rank,       lay.tp,
-                   groups.ep_rank,       lay.ep};
-  // The stage's actions in a step (schedule.h); its activations are kept for the micro-batches in flight.
-  const std::vector<StageSchedule> stages = one_f_one_b(lay.pp, spec.microbatches);
+  ModelSlice slice{bounds_[size_t(s)],
+                   bounds_[size_t(s) + 1],
+                   groups.first_stage(),
+                   groups.last_stage(),
+                   groups.tp_rank,
+                   lay.tp,
+                   groups.ep_rank,
+                   lay.ep,
+                   chunks_,
+                   chunks_ > 1 ? bounds_[size_t(s + lay.pp)] - bounds_[size_t(s)] : 0};
+  // The stage's actions in a step (schedule.h); each model chunk keeps activations for its micro-batches in
+  // flight, and ZB-H1 what the weight-gradient passes read for the micro-batches waiting for theirs.
+  const std::vector<StageSchedule> stages = pipeline_schedule(kind, lay.pp, chunks_, spec.microbatches);
   schedule_ = stages[size_t(s)];
-  slots_ = in_flight(schedule_);
+  for (int c = 0; c < chunks_; ++c) {
+    slot_base_.push_back(slot_base_.back() + std::max(1, in_flight(schedule_, c)));
+    slots_.push_back(slot_base_.back() - slot_base_[size_t(c)]);
+  }
+  for (int i = 0; i < waiting_for_weights(schedule_); ++i) waiting_.emplace_back(backend);
   analytic_bubble_ = simulate(stages, spec.microbatches).bubble;
   // Dense gradients are reduced, and ZeRO-1 shards, over the ranks holding the same weights: dp, times cp.
   comm::Comm* dense = dense_ = lay.cp > 1 ? groups.dp_cp.get() : groups.dp.get();
@@ -257,8 +276,8 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, comm::ProcessGroups& gro
   // ZeRO-3: a rank keeps its part of the weights; the rest is gathered where a pass needs it.
   if (zero == 3) release_weights([](int) { return true; });
   const size_t nc = size_t(model_->stream_rows()) * size_t(spec.model.d_model);
-  if (!groups.first_stage()) recv_act_ = backend.alloc<float>(nc);
-  if (!groups.last_stage()) recv_grad_ = backend.alloc<float>(nc);
+  if (!groups.first_stage() || chunks_ > 1) recv_act_ = backend.alloc<float>(nc);
+  if (!groups.last_stage() || chunks_ > 1) recv_grad_ = backend.alloc<float>(nc);
 }
 
 ParallelTrainer::~ParallelTrainer() = default;
@@ -531,6 +550,7 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   const bool first = g.first_stage(), last = g.last_stage();
   const int stage = g.pp_rank;
   const int zero = spec_.parallel.zero, layers = spec_.model.layers;
+  int chunk = 0;  // the model chunk a pass runs (interleaved)
   // Where the passes find their weights. ZeRO-1/2: the forward completes the update's gathers as it
   // reaches each layer. ZeRO-3: each pass gathers a block's weights before it and lets them go after it
   // (the next block's gather started meanwhile); the embeddings, the classifier and the final norm stay
@@ -549,7 +569,7 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
       };
   } else {
     forward_weights.need = [&](int l) {
-      gather_layer(l, l < 0 ? bounds_[size_t(stage)] : l + 1);
+      gather_layer(l, l < 0 ? first_block(chunk) : l + 1);
       sample_state();
     };
     backward_weights.need = [&](int l) {
@@ -592,20 +612,38 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   replicas_started_ = 0;
   const bool each = spec_.parallel.reduce_each_microbatch;
 
-  std::vector<comm::RequestPtr> sent_act(static_cast<size_t>(slots_)), sent_grad(static_cast<size_t>(slots_));
+  // Slot slot_base_[c] + i mod slots_[c] holds micro-batch i on chunk c (each chunk takes its micro-batches
+  // in order and finishes them in order; GPT numbers the slots chunk by chunk). A chunk sends its output
+  // to the next virtual stage: the next stage's same chunk, or from the last stage the first stage's next
+  // chunk; gradients go back the same way.
+  const int chunks = chunks_, pp = g.layout.pp;
+  const int next_stage = (stage + 1) % pp, prev_stage = (stage + pp - 1) % pp;
+  const auto slot_of = [&](const PipeAction& a) {
+    return slot_base_[size_t(a.chunk)] + a.micro_batch % slots_[size_t(a.chunk)];
+  };
+  const auto enters = [&](int c) { return first && c == 0; };          // the embedding's chunk
+  const auto leaves = [&](int c) { return last && c == chunks - 1; };  // the head's
+  // Messages into (activations) and out of (gradients) chunk c of micro-batch i, tagged by the receiving
+  // and the sending chunk: unique within the step between two stages.
+  const auto tag = [&](int i, int c, int dir) { return 2 * (i * chunks + c) + dir; };
+  const int next_chunk_step = last ? 1 : 0;  // the next stage's chunk of chunk c is c + this
+  const bool split = !waiting_.empty();      // ZB-H1: weight gradients in their own passes
+  std::vector<comm::RequestPtr> sent_act(size_t(slot_base_.back())), sent_grad(size_t(slot_base_.back()));
   double loss_sum = 0;
-  const auto forward = [&](int i) {
-    const int slot = i % slots_;
+  const auto forward = [&](const PipeAction& a) {
+    const int i = a.micro_batch, slot = slot_of(a);
+    chunk = a.chunk;
     if (sent_act[size_t(slot)]) sent_act[size_t(slot)]->wait();  // the slot's output is about to change
-    if (!first) g.pp->recv(recv_act_.data(), nc, comm::CommType::kF32, stage - 1, 2 * i)->wait();
+    if (!enters(chunk))
+      g.pp->recv(recv_act_.data(), nc, comm::CommType::kF32, prev_stage, tag(i, chunk, 0))->wait();
     mark_activity("forward");
     TraceSpan span("forward micro-batch", "schedule", i);
     if (zero >= 2) acquire_gradients(-1);
     loss_sum +=
         model_->forward(slot, batches[size_t(i)], recv_act_.data(), loss_scale, true, forward_weights).loss;
-    if (!last)
-      sent_act[size_t(slot)] =
-          g.pp->send(model_->output(slot).data(), nc, comm::CommType::kF32, stage + 1, 2 * i);
+    if (!leaves(chunk))
+      sent_act[size_t(slot)] = g.pp->send(model_->output(slot).data(), nc, comm::CommType::kF32, next_stage,
+                                          tag(i, chunk + next_chunk_step, 0));
   };
   const auto on_grads = [&](int layer) {
     if (layer < 0) return;  // the embeddings wait for the tied copy's sum (finish_gradients)
@@ -622,29 +660,44 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
       if (bk.request && zero >= 2 && ((each && bk.key > layer + 1) || reduced(bk))) settle(bk);
     }
   };
-  const auto backward = [&](int i) {
+  const auto backward = [&](const PipeAction& a) {
     // The forwards completed ZeRO-1's gathers as they went; none may still run into the update.
     if (zero < 3) complete_gathers();
-    const int slot = i % slots_;
-    if (!last) g.pp->recv(recv_grad_.data(), nc, comm::CommType::kF32, stage + 1, 2 * i + 1)->wait();
+    const int i = a.micro_batch, slot = slot_of(a);
+    chunk = a.chunk;
+    if (!leaves(chunk))
+      g.pp->recv(recv_grad_.data(), nc, comm::CommType::kF32, next_stage, tag(i, chunk + next_chunk_step, 1))
+          ->wait();
     if (sent_grad[size_t(slot)]) sent_grad[size_t(slot)]->wait();
     mark_activity("backward");
     TraceSpan span("backward micro-batch", "schedule", i);
-    model_->backward(slot, recv_grad_.data(),
-                     i == m - 1 || each ? std::function<void(int)>(on_grads) : std::function<void(int)>(),
+    // Each chunk's layers are complete with its last micro-batch's backward (ZB-H1: its W pass).
+    const bool reduce = !split && (i == m - 1 || each);
+    if (split) backend_.defer_weight_grads(&waiting_[size_t(i) % waiting_.size()]);
+    model_->backward(slot, recv_grad_.data(), reduce ? std::function<void(int)>(on_grads) : nullptr,
                      backward_weights);
+    backend_.defer_weight_grads(nullptr);
     if (each && i != m - 1) settle_microbatch();
-    if (!first)
+    if (!enters(chunk))
       sent_grad[size_t(slot)] =
-          g.pp->send(model_->input_grad(slot).data(), nc, comm::CommType::kF32, stage - 1, 2 * i + 1);
+          g.pp->send(model_->input_grad(slot).data(), nc, comm::CommType::kF32, prev_stage, tag(i, chunk, 1));
+  };
+  const auto weight_pass = [&](int i) {
+    mark_activity("weight gradients");
+    TraceSpan span("weight gradients micro-batch", "schedule", i);
+    waiting_[size_t(i) % waiting_.size()].run();
+    if (i != m - 1) return;
+    // The stage's layers, as backward finishes them: the final norm, the blocks downwards, the embeddings.
+    if (last) on_grads(layers);
+    for (int l = bounds_[size_t(stage) + 1] - 1; l >= bounds_[size_t(stage)]; --l) on_grads(l);
   };
   for (const PipeAction& a : schedule_) {
-    if (a.chunk != 0 || a.op == PipeOp::kWeight)
-      throw std::logic_error("ParallelTrainer: the runtime runs 1F1B's whole forwards and backwards only");
     if (a.op == PipeOp::kForward)
-      forward(a.micro_batch);
+      forward(a);
+    else if (a.op == PipeOp::kBackward)
+      backward(a);
     else
-      backward(a.micro_batch);
+      weight_pass(a.micro_batch);
   }
   sample_state();
   if (zero == 3) release_weights([&](int key) { return !block(key); });
@@ -786,8 +839,9 @@ double ParallelTrainer::loss_of(const MicroBatch& whole) {
 LossSums ParallelTrainer::forward_loss(const MicroBatch& whole, const Loss& loss) {
   // ZeRO-3 gathers the layers as the forward reaches them and lets them go after, as a step does.
   WeightHooks weights;
+  int chunk = 0;
   if (spec_.parallel.zero == 3) {
-    weights.need = [&](int l) { gather_layer(l, l < 0 ? bounds_[size_t(groups_.pp_rank)] : l + 1); };
+    weights.need = [&](int l) { gather_layer(l, l < 0 ? first_block(chunk) : l + 1); };
     weights.done = [&](int l) { release_weights([l](int key) { return key == l; }); };
   } else {
     complete_gathers();
@@ -797,10 +851,20 @@ LossSums ParallelTrainer::forward_loss(const MicroBatch& whole, const Loss& loss
   const MicroBatch& mine = shard.empty() ? whole : shard[0];
   comm::ProcessGroups& g = groups_;
   const size_t nc = size_t(model_->stream_rows()) * size_t(spec_.model.d_model);
-  if (!g.first_stage()) g.pp->recv(recv_act_.data(), nc, comm::CommType::kF32, g.pp_rank - 1, 0)->wait();
-  LossSums sums = model_->forward(0, mine, recv_act_.data(), 1.0f, false, weights, &loss);
-  if (!g.last_stage())
-    g.pp->send(model_->output(0).data(), nc, comm::CommType::kF32, g.pp_rank + 1, 0)->wait();
+  const int pp = g.layout.pp;
+  // Round the virtual stages: chunk c of every stage, then chunk c + 1 (the last stage's output goes to the
+  // first stage's next chunk); tagged by the receiving chunk.
+  LossSums sums;
+  for (chunk = 0; chunk < chunks_; ++chunk) {
+    const int slot = slot_base_[size_t(chunk)];
+    if (!g.first_stage() || chunk > 0)
+      g.pp->recv(recv_act_.data(), nc, comm::CommType::kF32, (g.pp_rank + pp - 1) % pp, chunk)->wait();
+    sums = model_->forward(slot, mine, recv_act_.data(), 1.0f, false, weights, &loss);
+    if (!g.last_stage() || chunk + 1 < chunks_)
+      g.pp->send(model_->output(slot).data(), nc, comm::CommType::kF32, (g.pp_rank + 1) % pp,
+                 chunk + (g.last_stage() ? 1 : 0))
+          ->wait();
+  }
   sums.weight = loss.weight(mine);  // a stage without the head returns none
   return sums;
 }
@@ -816,7 +880,9 @@ size_t ParallelTrainer::optimizer_bytes() const {
 }
 
 size_t ParallelTrainer::activation_bytes() const {
-  return model_->activation_bytes() + plan_->scratch_bytes();
+  size_t queued = 0;
+  for (const WeightGradQueue& q : waiting_) queued += q.bytes();
+  return model_->activation_bytes() + plan_->scratch_bytes() + queued;
 }
 
 std::string ParallelTrainer::describe_plan() {
@@ -835,10 +901,14 @@ std::string ParallelTrainer::describe_plan() {
   std::string out =
       fmt::format("plan: layout {} on {} ranks; rank = tp_rank + tp*(cp_rank + cp*(dp_rank + dp*pp_rank))\n",
                   groups_.layout.str(), groups_.world->size());
-  for (size_t st = 0; st + 1 < bounds_.size(); ++st)
-    out += fmt::format("  stage {}: blocks {}-{}{}{}\n", st, bounds_[st], bounds_[st + 1] - 1,
-                       st == 0 ? " + embeddings" : "",
-                       st + 2 == bounds_.size() ? " + final LayerNorm, classifier" : "");
+  const size_t pp = size_t(groups_.layout.pp);
+  for (size_t st = 0; st < pp; ++st) {
+    std::string blocks;
+    for (size_t k = st; k + 1 < bounds_.size(); k += pp)
+      blocks += fmt::format("{}{}-{}", blocks.empty() ? "" : ", ", bounds_[k], bounds_[k + 1] - 1);
+    out += fmt::format("  stage {}: blocks {}{}{}\n", st, blocks, st == 0 ? " + embeddings" : "",
+                       st + 1 == pp ? " + final LayerNorm, classifier" : "");
+  }
   const ParameterCounts params = parameter_counts(spec_.model);
   out += fmt::format(
       "  parameters: {:.2f} M{}\n", params.total / 1e6,

@@ -113,14 +113,49 @@ StageSchedule zb_h1(int stages, int stage, int micro_batches) {
   return zb_h1(stages, micro_batches)[size_t(stage)];
 }
 
-int in_flight(const StageSchedule& schedule) {
+namespace {
+
+int in_flight_of(const StageSchedule& schedule, int chunk) {
   int now = 0, most = 0;
   for (const PipeAction& a : schedule) {
-    if (a.op == PipeOp::kWeight) continue;
+    if (a.op == PipeOp::kWeight || (chunk >= 0 && a.chunk != chunk)) continue;
     now += a.op == PipeOp::kForward ? 1 : -1;
     most = std::max(most, now);
   }
   return most;
+}
+
+}  // namespace
+
+int in_flight(const StageSchedule& schedule) {
+  return in_flight_of(schedule, -1);
+}
+
+int in_flight(const StageSchedule& schedule, int chunk) {
+  return in_flight_of(schedule, chunk);
+}
+
+int waiting_for_weights(const StageSchedule& schedule) {
+  if (std::ranges::none_of(schedule, [](const PipeAction& a) { return a.op == PipeOp::kWeight; })) return 0;
+  int now = 0, most = 0;
+  for (const PipeAction& a : schedule) {
+    if (a.op == PipeOp::kBackward) most = std::max(most, ++now);
+    if (a.op == PipeOp::kWeight) --now;
+  }
+  return most;
+}
+
+std::vector<StageSchedule> pipeline_schedule(PipeScheduleKind kind, int stages, int chunks,
+                                             int micro_batches) {
+  switch (kind) {
+    case PipeScheduleKind::kInterleaved:
+      return interleaved(stages, chunks, micro_batches);
+    case PipeScheduleKind::kZbH1:
+      return zb_h1(stages, micro_batches);
+    case PipeScheduleKind::k1F1B:
+      break;
+  }
+  return one_f_one_b(stages, micro_batches);
 }
 
 namespace {

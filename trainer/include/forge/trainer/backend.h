@@ -148,6 +148,8 @@ struct AttentionChunks {
   int64_t stats_seq = 0;
 };
 
+class WeightGradQueue;
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -387,6 +389,16 @@ class Backend {
   virtual void scale(float* x, float factor, std::span<const FlatRange> ranges) = 0;
   virtual void adamw(float* weights, const float* grads, float* m, float* v,
                      std::span<const AdamWSegment> segments, const AdamWStep& step) = 0;
+
+  // ---- a layer's product's backward
+  // matmul_backward, or, while a queue is set (defer_weight_grads: a zero-bubble pipeline's input-gradient
+  // pass), din now and dw, dbias queued for the queue's run() (the weight-gradient pass).
+  void linear_backward(float* din, float* dw, float* dbias, const float* dout, ConstAct in, const float* w,
+                       int N, int C, int OC);
+  void defer_weight_grads(WeightGradQueue* queue) { deferred_ = queue; }
+
+ private:
+  WeightGradQueue* deferred_ = nullptr;
 };
 
 // Activations a backend holds for backward: n values, FP32 or (the model's BF16 mode) 2-byte BF16.
@@ -408,6 +420,30 @@ class ActBuffer {
   bool bf16_ = false;
   Buffer<float> full_;
   Buffer<uint16_t> half_;
+};
+
+// One micro-batch's weight gradients, formed after its input gradients (ZB-H1's W pass after its B
+// pass): each product's dw and dbias with copies of what they read (dout, in), formed by run() in the
+// order queued, each by the same matmul_backward call that would have formed them at once, so the sums
+// are the same bit for bit. Its buffers are kept for the next micro-batch's products.
+class WeightGradQueue {
+ public:
+  explicit WeightGradQueue(Backend& backend) : backend_(&backend) {}
+  void add(float* dw, float* dbias, const float* dout, ConstAct in, int N, int C, int OC);
+  void run();
+  bool empty() const { return queued_ == 0; }
+  size_t bytes() const;
+
+ private:
+  struct Product {
+    float *dw = nullptr, *dbias = nullptr;
+    int N = 0, C = 0, OC = 0;
+    Buffer<float> dout;
+    ActBuffer in;
+  };
+  Backend* backend_;
+  std::vector<Product> products_;  // [0, queued_) wait for run(); the rest keep their buffers
+  size_t queued_ = 0;
 };
 
 // The process's CPU backend.

@@ -164,7 +164,8 @@ struct ParamInfo {
 
 // The part of the logical model one process holds: blocks [first_layer, last_layer), whether it holds
 // the embedding and/or the head, its tensor-parallel rank and its share of the experts. The default is
-// the whole model.
+// the whole model. A stage of an interleaved pipeline holds `chunks` model chunks: chunk c is blocks
+// [first_layer, last_layer) + c x chunk_stride, the embedding going with chunk 0 and the head with the last.
 struct ModelSlice {
   int first_layer = 0;
   int last_layer = -1;  // -1: all layers
@@ -174,6 +175,10 @@ struct ModelSlice {
   int tp_size = 1;
   int ep_rank = 0;  // experts [ep_rank, ep_rank + 1) x experts / ep_size of each MoE block
   int ep_size = 1;
+  int chunks = 1;
+  int chunk_stride = 0;
+  // The slice's blocks in order, chunk by chunk (`layers`: the model's, for last_layer = -1).
+  std::vector<int> blocks(int layers) const;
 };
 
 // Parameter table of `slice` in storage order. The experts of each MoE block, and a vision-language model's
@@ -234,9 +239,11 @@ struct Recompute {
 struct ModelSetup {
   int batch = 1;  // sequences per micro-batch
   DType dtype = DType::kF32;
-  ModelSlice slice = {};       // the whole model by default
-  int slots = 1;               // activation sets: the micro-batches a pipeline stage holds in flight
-  Backend* backend = nullptr;  // null: cpu_backend()
+  ModelSlice slice = {};  // the whole model by default
+  // Activation sets: the micro-batches a pipeline stage holds in flight, of each model chunk
+  // (ModelSlice::chunks; one count: every chunk's).
+  std::vector<int> slots = {1};
+  Backend* backend = nullptr;            // null: cpu_backend()
   const LayerFactory* layers = nullptr;  // null: LayerFactory::whole(); a split slice needs the parallel
                                          // runtime's plan
   size_t flat_multiple = 1;  // the flat buffers padded to a multiple (data-parallel shards split evenly)
@@ -329,7 +336,8 @@ class GPT {
   std::span<float> working_copy() { return work_.span(); }
 
   // Pipeline-stage primitives on activation set `slot`, for `batch`, this rank's micro-batch (batch()
-  // rows of config.seq_len). rows() = batch x seq_len.
+  // rows of config.seq_len). rows() = batch x seq_len. Slots are numbered chunk by chunk: chunk c's
+  // ModelSetup::slots[c] of them follow chunk c - 1's (one chunk: every slot runs the whole slice).
   // forward: a slice with the embedding reads the batch's inputs, any other reads `input` ([rows,
   // d_model] in the backend's memory, the residual stream from the previous stage). A slice with the head
   // returns the loss sums of the batch and, if `backward`, prepares the classifier's gradient for
@@ -436,6 +444,23 @@ class GPT {
   // One tensor over parameters the table stores back to back, [sum of their rows, ...] (attn.q, k, v).
   ParamRef fused_ref(const std::vector<std::string>& names);
   std::string classifier_weight() const;  // wte.weight (tied) or head.weight
+  // Model chunks (ModelSlice::chunks): block j of blocks_ is the model's layer layer_of(j); chunk c runs
+  // blocks_[c x layers_, (c + 1) x layers_), the embedding with chunk 0, the head with the last.
+  int layer_of(int j) const {
+    return slice_.first_layer + (layers_ > 0 ? j / layers_ * slice_.chunk_stride + j % layers_ : 0);
+  }
+  bool embeds(int chunk) const { return slice_.embedding && chunk == 0; }
+  // Slot s: its chunk, and its place among the chunk's activation sets.
+  struct SlotPlace {
+    int chunk, set;
+  };
+  SlotPlace place(int slot) const {
+    int c = 0;
+    while (slot >= slot_base_[size_t(c) + 1]) ++c;
+    return {c, slot - slot_base_[size_t(c)]};
+  }
+  int chunk_sets(int chunk) const { return slot_base_[size_t(chunk) + 1] - slot_base_[size_t(chunk)]; }
+  bool heads(int chunk) const { return slice_.head && chunk == chunks_ - 1; }
 
   ModelSpec config_;
   ModelSlice slice_;
@@ -444,7 +469,9 @@ class GPT {
   DType dtype_;
   Backend& backend_;
   std::shared_ptr<const Loss> loss_;
-  int layers_;  // blocks in this slice
+  int layers_;                        // blocks in each chunk of this slice
+  int chunks_ = 1;                    // ModelSlice::chunks
+  std::vector<int> slot_base_ = {0};  // chunk c's slots are [slot_base_[c], slot_base_[c + 1])
   std::vector<ParamInfo> params_;
   std::function<bool(std::string_view)> frozen_;  // ModelSetup::frozen
   std::vector<FlatRange> trained_;                // the stretches of grads() a backward adds to

@@ -16,6 +16,7 @@
 #include "forge/trainer/step_stats.h"
 #include "forge/trainer/tensor_parallel.h"
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -84,6 +85,8 @@ class ParallelTrainer {
   // checkpoint writes.
   int shard_copy(bool experts) const;
   int64_t steps_taken() const { return optimizer_->steps_taken(); }
+  // The virtual stages' blocks: stage s's chunk c holds [bounds()[k], bounds()[k + 1]) for k = c x pp + s
+  // (one chunk a stage but under parallel.pp_schedule = interleaved).
   const std::vector<int>& bounds() const { return bounds_; }
 
   // One optimizer step (collective over the world) on this rank's micro-batches: spec.microbatches of
@@ -109,7 +112,8 @@ class ParallelTrainer {
   // Bytes per rank: parameters (+ gradients) and optimizer state (ZeRO-1: about 1/dp of unsharded).
   size_t parameter_bytes() const;
   size_t optimizer_bytes() const;
-  // Activations and scratch: the model's, and the ring attention's buffers under context parallelism.
+  // Activations and scratch: the model's, the ring attention's buffers under context parallelism, and
+  // ZB-H1's weight-gradient queues (as big as a step has made them).
   size_t activation_bytes() const;
 
  private:
@@ -173,15 +177,21 @@ class ParallelTrainer {
   void launch_gathers();
   void need_weights(int layer);
   void complete_gathers();
+  // The first block of this stage's model chunk `chunk`.
+  int first_block(int chunk) const { return bounds_[size_t(chunk * groups_.layout.pp + groups_.pp_rank)]; }
   // Under context parallelism, this rank's part of each micro-batch (context_parallel.h); empty at cp 1.
   std::vector<MicroBatch> context_shards(std::span<const MicroBatch> batches) const;
 
   TrainSpec spec_;
   comm::ProcessGroups& groups_;
   Backend& backend_;
-  std::vector<int> bounds_;
-  StageSchedule schedule_;  // this stage's actions in a step
-  int slots_;               // activation slots: the schedule's micro-batches in flight
+  std::vector<int> bounds_;  // of the virtual stages: pp x chunks_, chunk c of stage s being c x pp + s
+  int chunks_ = 1;           // model chunks of a stage (interleaved)
+  StageSchedule schedule_;   // this stage's actions in a step
+  std::vector<int> slots_;   // activation slots of each chunk: its micro-batches in flight
+  std::vector<int> slot_base_ = {0};  // chunk c's are the model's [slot_base_[c], slot_base_[c + 1])
+  // ZB-H1: the weight gradients of the micro-batches waiting for their W pass (i on i mod size()).
+  std::deque<WeightGradQueue> waiting_;
   double analytic_bubble_;  // every stage's schedule simulated (schedule.h), a backward twice a forward
   std::unique_ptr<ParallelPlan> plan_;
   std::shared_ptr<const Loss> loss_;  // the spec's objective (run.objective)

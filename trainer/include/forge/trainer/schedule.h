@@ -7,6 +7,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace forge::trainer {
@@ -47,10 +48,28 @@ std::vector<StageSchedule> interleaved(int stages, int chunks, int micro_batches
 StageSchedule zb_h1(int stages, int stage, int micro_batches);
 std::vector<StageSchedule> zb_h1(int stages, int micro_batches);
 
+// parallel.pp_schedule.
+enum class PipeScheduleKind { k1F1B, kInterleaved, kZbH1 };
+inline constexpr PipeScheduleKind kPipeSchedules[] = {PipeScheduleKind::k1F1B, PipeScheduleKind::kInterleaved,
+                                                      PipeScheduleKind::kZbH1};
+// Its key value.
+constexpr std::string_view schedule_name(PipeScheduleKind kind) {
+  return kind == PipeScheduleKind::k1F1B          ? "1f1b"
+         : kind == PipeScheduleKind::kInterleaved ? "interleaved"
+                                                  : "zb-h1";
+}
+// Every stage's schedule of `kind`; `chunks` model chunks a stage (interleaved's; 1 for the others).
+std::vector<StageSchedule> pipeline_schedule(PipeScheduleKind kind, int stages, int chunks,
+                                             int micro_batches);
+
 // The most activation sets forwarded and not yet backwarded (B) at any point of `schedule`: the slots
 // the stage holds (a chunk's each, in an interleaved schedule; a micro-batch waiting for its W keeps only
-// what the weight gradients read, not counted).
+// what the weight gradients read, not counted). With `chunk`, those of that model chunk only.
 int in_flight(const StageSchedule& schedule);
+int in_flight(const StageSchedule& schedule, int chunk);
+// A schedule that splits its backwards (kWeight actions): the most micro-batches past their B and waiting
+// for their W at any point (what ZB-H1 keeps for the weight gradients); 0 for one that does not.
+int waiting_for_weights(const StageSchedule& schedule);
 
 // The schedules of stages 0..p-1 run against each other: forward i of a (virtual) stage starts once the
 // one before sent its output (forward i done there), backward i once the one after sent its input

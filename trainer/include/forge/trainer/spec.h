@@ -7,6 +7,7 @@
 #include "forge/trainer/loss.h"
 #include "forge/trainer/model.h"
 #include "forge/trainer/objective.h"
+#include "forge/trainer/schedule.h"
 
 #include <cstdint>
 #include <functional>
@@ -55,7 +56,11 @@ struct ParallelConfig {
   // the step's last micro-batch (less memory, one reduce-scatter per micro-batch).
   bool reduce_each_microbatch = false;
   std::vector<int> stage_layers;  // blocks per pipeline stage; empty: balanced
-  bool elastic = false;           // parallel.elastic: dp follows the ranks started (elastic_spec)
+  // parallel.pp_schedule (schedule.h) and, for interleaved, parallel.pp_virtual: the model chunks of a
+  // stage (stage s holds virtual stages s, s + pp, ...; model.layers splits into pp x pp_virtual equal ones).
+  PipeScheduleKind pp_schedule = PipeScheduleKind::k1F1B;
+  int pp_virtual = 1;
+  bool elastic = false;  // parallel.elastic: dp follows the ranks started (elastic_spec)
 };
 
 // The steps a run traces (run.trace_steps; trace.h): 1-based, inclusive.
