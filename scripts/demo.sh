@@ -153,14 +153,14 @@ for w in d["work_split"]:
 print(f"  exchanged {d['exchanged_bytes_per_input_byte']:.3f} bytes per input byte")
 PY
 # sbatch --wait returns when slurmctld has the job end; its accounting record reaches sacct a moment later.
-# The node list is waited for as well and read from the last record: a fresh demo once printed another line
-# here, cause not seen (accounting lag is the guess).
+# The partition and node list are waited for as well and read from the last record: a fresh demo printed
+# another line here twice, cause not seen (accounting lag is the guess).
 final_state "$prep" 60 >/dev/null
 for _ in $(seq 1 30); do
-  prep_nodes=$(sacct -n -X -P -j "$prep" -o NodeList | tail -n1)
-  case $prep_nodes in "" | "None assigned") sleep 1 ;; *) break ;; esac
+  IFS='|' read -r prep_partition prep_nodes < <(sacct -n -X -P -j "$prep" -o Partition,NodeList | tail -n1)
+  case ${prep_partition:-}/${prep_nodes:-} in /* | */ | */"None assigned") sleep 1 ;; *) break ;; esac
 done
-echo "prepare job $prep ran on partition $(sacct -n -X -P -j "$prep" -o Partition | tail -n1) ($prep_nodes), away from the training GPUs"
+echo "prepare job $prep ran on partition $prep_partition ($prep_nodes), away from the training GPUs"
 
 stage "approval: the pretraining job is over the policy's GPU-hour threshold; root asks, carol approves"
 # $ranks GPUs x the tier's 48 h. The installed (setgid) forge-quota writes the request into the ledger; the

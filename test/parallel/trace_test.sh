@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # forge-train's per-rank traces on real MPI ranks, checked by check_trace.py (balanced events, every
 # block's forward and backward, collectives with group and bytes, compute spans = the metrics' compute
-# time within 5% on all ranks but at most one, the merged timeline): dp2 x pp2 with ZeRO-1 and tp2 x pp2
+# time within 5% on all ranks but at most one, the merged timeline): dp2 x pp2 with ZeRO-1 under ZB-H1 (its
+# weight-gradient passes traced as compute) and tp2 x pp2 under 1F1B
 # (waits nested in compute), --trace on a resumed run, forge-train trace-merge, a range outside the run
 # (exit 64 naming the key) and an unwritable trace directory (one warning, training completes).
 # Usage: trace_test.sh FORGE_TRAIN SOURCE_DIR MPIEXEC
@@ -18,9 +19,11 @@ common=(--run.threads=1 --run.peak_gflops=100 --model.layers=2 --model.d_model=1
   --model.vocab=512 --model.seq_len=64 --data.batch=2 --ckpt.milestone_every=0)
 
 mpi 4 --run.dir="$work/a" "${common[@]}" --run.steps=6 --parallel.pp=2 --parallel.dp=2 --parallel.zero=1 \
-  --parallel.microbatches=2 --run.trace_steps=3-5 2>"$work/a.log" || fail "dp2 x pp2 run failed: $(tail -n3 "$work/a.log")"
+  --parallel.microbatches=2 --parallel.pp_schedule=zb-h1 --run.trace_steps=3-5 2>"$work/a.log" \
+  || fail "dp2 x pp2 run failed: $(tail -n3 "$work/a.log")"
 grep -q "trace of steps 3-5: .*merged.json (4 ranks" "$work/a.log" || fail "rank 0 did not say where the trace is"
 check "$work/a/trace/steps-3-5" "$work/a" 3 5 || exit 1
+grep -q '"name":"weight gradients 1"' "$work/a/trace/steps-3-5/rank-00000.json" || fail "no weight-gradient pass traced"
 
 mpi 4 --run.dir="$work/b" "${common[@]}" --run.steps=4 --parallel.tp=2 --parallel.pp=2 --parallel.microbatches=2 \
   --ckpt.recovery_every=2 --run.trace_steps=2-4 2>"$work/b.log" || fail "tp2 x pp2 run failed: $(tail -n3 "$work/b.log")"

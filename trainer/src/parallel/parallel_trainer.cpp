@@ -685,7 +685,10 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   const auto weight_pass = [&](int i) {
     mark_activity("weight gradients");
     TraceSpan span("weight gradients micro-batch", "schedule", i);
-    waiting_[size_t(i) % waiting_.size()].run();
+    {
+      TraceSpan work("weight gradients", "compute", i);
+      waiting_[size_t(i) % waiting_.size()].run();
+    }
     if (i != m - 1) return;
     // The stage's layers, as backward finishes them: the final norm, the blocks downwards, the embeddings.
     if (last) on_grads(layers);
