@@ -223,14 +223,9 @@ Plan make_plan(const T::TrainSpec& validated, int zero_nodes) {
   const int keys = m.window > 0 ? std::min(m.window, m.seq_len) : m.seq_len;
   plan.attention_flops = 12.0 * m.layers * double(keys) * double(m.heads) * double(m.head_dim);
 
-  // Interleaved: pp x chunks virtual stages of equal blocks, stage s holding s, s + pp, ...
-  // (ParallelTrainer).
-  const bool interleaved = spec.parallel.pp_schedule == T::PipeScheduleKind::kInterleaved;
-  const int chunks = interleaved ? spec.parallel.pp_virtual : 1, virtual_stages = lay.pp * chunks;
-  const std::vector<int> bounds =
-      interleaved ? T::stage_bounds(m, virtual_stages,
-                                    std::vector<int>(size_t(virtual_stages), m.layers / virtual_stages))
-                  : T::stage_bounds(m, lay.pp, spec.parallel.stage_layers);
+  // The stages' model chunks and blocks, as ParallelTrainer places them.
+  const int chunks = T::pipeline_chunks(spec.parallel);
+  const std::vector<int> bounds = T::virtual_stage_bounds(m, lay.pp, spec.parallel);
   // Dense gradients are reduced, and ZeRO-1 shards, over dp x cp; a rank holds seq_len / cp positions of
   // each sequence (ParallelTrainer).
   const size_t dp = size_t(lay.dp) * size_t(lay.cp), expert_dp = size_t(lay.dp / lay.ep) * size_t(lay.cp);
@@ -246,22 +241,23 @@ Plan make_plan(const T::TrainSpec& validated, int zero_nodes) {
   plan.pipeline.stages = T::pipeline_schedule(spec.parallel.pp_schedule, lay.pp, chunks, spec.microbatches);
   for (int s = 0; s < lay.pp; ++s) {
     StagePlan st;
+    // Tensor-parallel rank 0 and expert-parallel rank 0: every rank's shares are equal.
+    T::ModelSlice slice = T::stage_slice(bounds, lay.pp, s, chunks);
+    slice.tp_size = lay.tp;
+    slice.ep_size = lay.ep;
     st.stage = s;
-    st.first_layer = bounds[size_t(s)];
-    st.last_layer = bounds[size_t(s) + 1];
+    st.first_layer = slice.first_layer;
+    st.last_layer = slice.last_layer;
     st.chunks = chunks;
-    st.chunk_stride = chunks > 1 ? bounds[size_t(s + lay.pp)] - bounds[size_t(s)] : 0;
-    st.embedding = s == 0;
-    st.head = s == lay.pp - 1;
+    st.chunk_stride = slice.chunk_stride;
+    st.embedding = slice.embedding;
+    st.head = slice.head;
     // ParallelTrainer's activation slots (each chunk's), and ZB-H1's micro-batches waiting for their W.
     const T::StageSchedule& actions = plan.pipeline.stages[size_t(s)];
-    for (int c = 0; c < chunks; ++c) st.chunk_slots.push_back(std::max(1, T::in_flight(actions, c)));
+    st.chunk_slots = T::chunk_slots(actions, chunks);
     st.slots = std::accumulate(st.chunk_slots.begin(), st.chunk_slots.end(), 0);
     st.waiting = T::waiting_for_weights(actions);
     st.ranks = lay.tp * lay.cp * lay.dp;
-    // Tensor-parallel rank 0 and expert-parallel rank 0: every rank's shares are equal.
-    const T::ModelSlice slice{st.first_layer, st.last_layer, st.embedding,   st.head, 0, lay.tp, 0,
-                              lay.ep,         chunks,        st.chunk_stride};
     // GPT's flat buffers: the table aligned for dp, padded to a multiple of dp; under ZeRO-2/3 every
     // layer starts on a page (a GPU's granule) of every rank's part (ParallelTrainer).
     const int zero = spec.parallel.zero;
@@ -416,7 +412,7 @@ void check_memory_cap(const Plan& plan) {
   // One key changed at a time, each candidate validated as a run validates it.
   std::vector<std::string> fits;
   const auto consider = [&](T::TrainSpec s, const std::string& change) {
-    if (fits.size() >= 3 || T::parallel_problem(s.model, s.layout, s.parallel)) return;
+    if (fits.size() >= 3 || T::parallel_problem(s.model, s.layout, s.parallel, s.microbatches)) return;
     const Plan p = make_plan(s, plan.zero_nodes);
     if (double(largest_stage(p).total()) <= cap)
       fits.push_back(fmt::format("{} ({} per rank, {} ranks)", change, bytes_str(largest_stage(p).total()),

@@ -234,4 +234,11 @@ bad "parallel.zero_group.*parallel.zero is 0" --parallel.zero_group=node
 bad "parallel.pp_schedule.*expected 1f1b, interleaved or zb-h1" --parallel.pp=2 --parallel.pp_schedule=gpipe
 bad "parallel.pp_virtual = 3: does not divide the blocks of each stage" "${small[@]}" --parallel.pp=2 \
   --parallel.microbatches=2 --parallel.pp_schedule=interleaved --parallel.pp_virtual=3
+bad "parallel.microbatches = 3: the interleaved schedule .* a multiple of 2" "${small[@]}" --parallel.pp=2 \
+  --parallel.microbatches=3 --parallel.pp_schedule=interleaved
+# A plan over the memory cap tries the layouts one key away under the same rules: pp4 cannot take 2
+# micro-batches interleaved, and is left out, not planned (it was an internal error).
+bad "run.memory_per_rank_gib = 0.001: the plan of layout tp1,pp2,dp1 needs" --plan --model.layers=8 \
+  --model.d_model=64 --parallel.pp=2 --parallel.microbatches=2 --parallel.pp_schedule=interleaved \
+  --run.memory_per_rank_gib=0.001
 echo "PASS"

@@ -870,7 +870,8 @@ KvCache::KvCache(GPT& model, int sequences, int max_len) : sequences_(sequences)
   // query heads read), as the attention slot holds them.
   const int kv = std::max(1, c.kv_heads / model.slice().tp_size);
   const size_t n = size_t(sequences) * size_t(max_len) * size_t(kv) * size_t(c.head_dim);
-  for (size_t l = 0; l < model.slice().blocks(c.layers).size(); ++l) {
+  const size_t blocks = model.slice().blocks(c.layers).size();
+  for (size_t l = 0; l < blocks; ++l) {
     keys_.push_back(model.backend().alloc<float>(n));
     values_.push_back(model.backend().alloc<float>(n));
   }

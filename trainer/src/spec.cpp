@@ -878,14 +878,8 @@ TrainSpec train_spec(const Config& c) {
   const int chunks = c.get<int>("parallel.pp_virtual");
   if (chunks < 0) c.reject("parallel.pp_virtual", "must be >= 0 (0: 2 under interleaved, 1 otherwise)");
   s.parallel.pp_virtual = chunks > 0 ? chunks : interleaved ? 2 : 1;
-  if (const auto problem = parallel_problem(s.model, s.layout, s.parallel))
+  if (const auto problem = parallel_problem(s.model, s.layout, s.parallel, s.microbatches))
     c.reject(problem->key, problem->why);
-  if (interleaved && s.microbatches % s.layout.pp != 0)
-    c.reject(
-        "parallel.microbatches",
-        fmt::format("= {}: the interleaved schedule sends micro-batches through in groups of parallel.pp = "
-                    "{}, so it must be a multiple of {}",
-                    s.microbatches, s.layout.pp, s.layout.pp));
   if (interleaved && objective.rollouts)
     c.reject("parallel.pp_schedule",
              fmt::format("run.objective = {} decodes its rollouts stage by stage, which interleaved model "
@@ -1047,7 +1041,8 @@ TrainSpec elastic_spec(const TrainSpec& spec, int ranks) {
   return out;
 }
 
-std::optional<LayoutProblem> parallel_problem(const ModelSpec& m, const Layout& l, const ParallelConfig& p) {
+std::optional<LayoutProblem> parallel_problem(const ModelSpec& m, const Layout& l, const ParallelConfig& p,
+                                              int microbatches) {
   if (auto problem = layout_problem(l, m.dims())) return problem;
   const auto problem = [](std::string key, std::string why) {
     return std::optional<LayoutProblem>(LayoutProblem{std::move(key), std::move(why)});
@@ -1102,6 +1097,11 @@ std::optional<LayoutProblem> parallel_problem(const ModelSpec& m, const Layout& 
           fmt::format("does not divide the blocks of each stage: model.layers = {} must split into "
                       "parallel.pp x parallel.pp_virtual = {} equal model chunks",
                       m.layers, l.pp * p.pp_virtual));
+    if (microbatches % l.pp != 0)
+      return problem("parallel.microbatches",
+                     fmt::format("the interleaved schedule sends micro-batches through in groups of "
+                                 "parallel.pp = {}, so it must be a multiple of {}",
+                                 l.pp, l.pp));
   }
   if (!p.stage_layers.empty()) {
     int total = 0;

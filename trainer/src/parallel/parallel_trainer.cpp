@@ -95,6 +95,27 @@ std::vector<int> stage_bounds(const ModelSpec& cfg, int pp, const std::vector<in
   return bounds;
 }
 
+int pipeline_chunks(const ParallelConfig& p) {
+  return p.pp_schedule == PipeScheduleKind::kInterleaved ? p.pp_virtual : 1;
+}
+
+std::vector<int> virtual_stage_bounds(const ModelSpec& cfg, int pp, const ParallelConfig& p) {
+  const int stages = pp * pipeline_chunks(p);
+  return stages > pp ? stage_bounds(cfg, stages, std::vector<int>(size_t(stages), cfg.layers / stages))
+                     : stage_bounds(cfg, pp, p.stage_layers);
+}
+
+ModelSlice stage_slice(const std::vector<int>& bounds, int pp, int stage, int chunks) {
+  ModelSlice slice;
+  slice.first_layer = bounds[size_t(stage)];
+  slice.last_layer = bounds[size_t(stage) + 1];
+  slice.embedding = stage == 0;
+  slice.head = stage == pp - 1;
+  slice.chunks = chunks;
+  slice.chunk_stride = chunks > 1 ? bounds[size_t(stage + pp)] - bounds[size_t(stage)] : 0;
+  return slice;
+}
+
 std::vector<FlatRange> trained_ranges(const std::vector<FlatRange>& ranges,
                                       const std::vector<ParamInfo>& params, const Freeze& freeze) {
   if (!freeze.any()) return ranges;
@@ -151,36 +172,23 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, comm::ProcessGroups& gro
   if (!(lay == spec.layout))
     throw std::invalid_argument("ParallelTrainer: the process groups' layout " + lay.str() +
                                 " is not the spec's " + spec.layout.str());
-  // Interleaved: pp x chunks virtual stages of equal blocks, stage s holding s, s + pp, ... (Megatron's
-  // placement, so that a micro-batch goes round the stages once per chunk).
-  const PipeScheduleKind kind = spec.parallel.pp_schedule;
-  chunks_ = kind == PipeScheduleKind::kInterleaved ? spec.parallel.pp_virtual : 1;
-  bounds_ =
-      chunks_ > 1
-          ? stage_bounds(spec.model, lay.pp * chunks_,
-                         std::vector<int>(size_t(lay.pp * chunks_), spec.model.layers / (lay.pp * chunks_)))
-          : stage_bounds(spec.model, lay.pp, spec.parallel.stage_layers);
+  chunks_ = pipeline_chunks(spec.parallel);
+  bounds_ = virtual_stage_bounds(spec.model, lay.pp, spec.parallel);
   use_threads(spec.threads);  // before the model's buffers are touched by OpenMP
   backend.set_bf16_products(spec.dtype == DType::kBF16);
   const int s = groups.pp_rank;
-  ModelSlice slice{bounds_[size_t(s)],
-                   bounds_[size_t(s) + 1],
-                   groups.first_stage(),
-                   groups.last_stage(),
-                   groups.tp_rank,
-                   lay.tp,
-                   groups.ep_rank,
-                   lay.ep,
-                   chunks_,
-                   chunks_ > 1 ? bounds_[size_t(s + lay.pp)] - bounds_[size_t(s)] : 0};
+  ModelSlice slice = stage_slice(bounds_, lay.pp, s, chunks_);
+  slice.tp_rank = groups.tp_rank;
+  slice.tp_size = lay.tp;
+  slice.ep_rank = groups.ep_rank;
+  slice.ep_size = lay.ep;
   // The stage's actions in a step (schedule.h); each model chunk keeps activations for its micro-batches in
   // flight, and ZB-H1 what the weight-gradient passes read for the micro-batches waiting for theirs.
-  const std::vector<StageSchedule> stages = pipeline_schedule(kind, lay.pp, chunks_, spec.microbatches);
+  const std::vector<StageSchedule> stages =
+      pipeline_schedule(spec.parallel.pp_schedule, lay.pp, chunks_, spec.microbatches);
   schedule_ = stages[size_t(s)];
-  for (int c = 0; c < chunks_; ++c) {
-    slot_base_.push_back(slot_base_.back() + std::max(1, in_flight(schedule_, c)));
-    slots_.push_back(slot_base_.back() - slot_base_[size_t(c)]);
-  }
+  const std::vector<int> slots = chunk_slots(schedule_, chunks_);
+  for (const int n : slots) slot_base_.push_back(slot_base_.back() + n);
   for (int i = 0; i < waiting_for_weights(schedule_); ++i) waiting_.emplace_back(backend);
   analytic_bubble_ = simulate(stages, spec.microbatches).bubble;
   // Dense gradients are reduced, and ZeRO-1 shards, over the ranks holding the same weights: dp, times cp.
@@ -199,7 +207,7 @@ ParallelTrainer::ParallelTrainer(const TrainSpec& spec, comm::ProcessGroups& gro
   model_ = std::make_unique<GPT>(local, ModelSetup{.batch = spec.batch,
                                                    .dtype = spec.dtype,
                                                    .slice = slice,
-                                                   .slots = slots_,
+                                                   .slots = slots,
                                                    .backend = &backend,
                                                    .layers = plan_.get(),
                                                    .flat_multiple = align,
@@ -612,14 +620,15 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   replicas_started_ = 0;
   const bool each = spec_.parallel.reduce_each_microbatch;
 
-  // Slot slot_base_[c] + i mod slots_[c] holds micro-batch i on chunk c (each chunk takes its micro-batches
-  // in order and finishes them in order; GPT numbers the slots chunk by chunk). A chunk sends its output
-  // to the next virtual stage: the next stage's same chunk, or from the last stage the first stage's next
-  // chunk; gradients go back the same way.
+  // Slot slot_base_[c] + i mod (chunk c's slots) holds micro-batch i on chunk c (each chunk takes its
+  // micro-batches in order and finishes them in order; GPT numbers the slots chunk by chunk). A chunk sends
+  // its output to the next virtual stage: the next stage's same chunk, or from the last stage the first
+  // stage's next chunk; gradients go back the same way.
   const int chunks = chunks_, pp = g.layout.pp;
   const int next_stage = (stage + 1) % pp, prev_stage = (stage + pp - 1) % pp;
   const auto slot_of = [&](const PipeAction& a) {
-    return slot_base_[size_t(a.chunk)] + a.micro_batch % slots_[size_t(a.chunk)];
+    const size_t c = size_t(a.chunk);
+    return slot_base_[c] + a.micro_batch % (slot_base_[c + 1] - slot_base_[c]);
   };
   const auto enters = [&](int c) { return first && c == 0; };          // the embedding's chunk
   const auto leaves = [&](int c) { return last && c == chunks - 1; };  // the head's

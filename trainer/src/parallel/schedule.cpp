@@ -113,9 +113,7 @@ StageSchedule zb_h1(int stages, int stage, int micro_batches) {
   return zb_h1(stages, micro_batches)[size_t(stage)];
 }
 
-namespace {
-
-int in_flight_of(const StageSchedule& schedule, int chunk) {
+int in_flight(const StageSchedule& schedule, int chunk) {
   int now = 0, most = 0;
   for (const PipeAction& a : schedule) {
     if (a.op == PipeOp::kWeight || (chunk >= 0 && a.chunk != chunk)) continue;
@@ -125,14 +123,10 @@ int in_flight_of(const StageSchedule& schedule, int chunk) {
   return most;
 }
 
-}  // namespace
-
-int in_flight(const StageSchedule& schedule) {
-  return in_flight_of(schedule, -1);
-}
-
-int in_flight(const StageSchedule& schedule, int chunk) {
-  return in_flight_of(schedule, chunk);
+std::vector<int> chunk_slots(const StageSchedule& schedule, int chunks) {
+  std::vector<int> out;
+  for (int c = 0; c < chunks; ++c) out.push_back(std::max(1, in_flight(schedule, c)));
+  return out;
 }
 
 int waiting_for_weights(const StageSchedule& schedule) {

@@ -30,6 +30,14 @@ namespace forge::trainer {
 // (blocks per stage, as validated by parallel_problem) overrides; empty: balanced by forward FLOPs, the
 // classifier counted on the last stage.
 std::vector<int> stage_bounds(const ModelSpec& config, int pp, const std::vector<int>& counts = {});
+// The pipeline's virtual stages under `parallel` (pp_schedule, pp_virtual, stage_layers): model chunks
+// a stage (interleaved's pp_virtual, else 1), and the blocks [bounds[k], bounds[k + 1]) of virtual stage
+// k = c x pp + s, stage s's chunk c (Megatron's placement: a micro-batch goes round the stages once per
+// chunk). Interleaved chunks are equal; one chunk a stage: stage_bounds.
+int pipeline_chunks(const ParallelConfig& parallel);
+std::vector<int> virtual_stage_bounds(const ModelSpec& config, int pp, const ParallelConfig& parallel);
+// Stage `stage`'s blocks, embedding and head of those virtual stages (tensor and expert shares left whole).
+ModelSlice stage_slice(const std::vector<int>& bounds, int pp, int stage, int chunks);
 
 // The gradient bucket a parameter belongs to (reduced as backward finishes it): its block, -1 for the
 // embeddings (and an untied head), `layers` for the final norm.
@@ -188,8 +196,9 @@ class ParallelTrainer {
   std::vector<int> bounds_;  // of the virtual stages: pp x chunks_, chunk c of stage s being c x pp + s
   int chunks_ = 1;           // model chunks of a stage (interleaved)
   StageSchedule schedule_;   // this stage's actions in a step
-  std::vector<int> slots_;   // activation slots of each chunk: its micro-batches in flight
-  std::vector<int> slot_base_ = {0};  // chunk c's are the model's [slot_base_[c], slot_base_[c + 1])
+  // Chunk c's activation slots (its micro-batches in flight) are the model's [slot_base_[c], slot_base_[c +
+  // 1]).
+  std::vector<int> slot_base_ = {0};
   // ZB-H1: the weight gradients of the micro-batches waiting for their W pass (i on i mod size()).
   std::deque<WeightGradQueue> waiting_;
   double analytic_bubble_;  // every stage's schedule simulated (schedule.h), a backward twice a forward

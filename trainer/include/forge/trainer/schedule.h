@@ -64,9 +64,10 @@ std::vector<StageSchedule> pipeline_schedule(PipeScheduleKind kind, int stages, 
 
 // The most activation sets forwarded and not yet backwarded (B) at any point of `schedule`: the slots
 // the stage holds (a chunk's each, in an interleaved schedule; a micro-batch waiting for its W keeps only
-// what the weight gradients read, not counted). With `chunk`, those of that model chunk only.
-int in_flight(const StageSchedule& schedule);
-int in_flight(const StageSchedule& schedule, int chunk);
+// what the weight gradients read, not counted). With `chunk` >= 0, those of that model chunk only.
+int in_flight(const StageSchedule& schedule, int chunk = -1);
+// The activation sets each of `chunks` model chunks needs to run `schedule`: its in_flight (at least 1).
+std::vector<int> chunk_slots(const StageSchedule& schedule, int chunks);
 // A schedule that splits its backwards (kWeight actions): the most micro-batches past their B and waiting
 // for their W at any point (what ZB-H1 keeps for the weight gradients); 0 for one that does not.
 int waiting_for_weights(const StageSchedule& schedule);

@@ -181,11 +181,12 @@ TrainSpec train_spec(const Config& config);
 // `teacher` for distill: the launcher loads it on the ranks that hold the classifier).
 std::shared_ptr<const Loss> objective_loss(const TrainSpec& spec, std::shared_ptr<GPT> teacher = nullptr);
 
-// The first rule the layout and its options break for this model, as the key to change and why: the
-// layout's own rules (forge::layout_problem), stage_layers consistent with pp and the layers, ZeRO stage
-// 0 or 1. nullopt: it can run. train_spec applies it; the runtime assumes a spec that passed.
+// The first rule the layout and its options break for this model and `microbatches` a step, as the key to
+// change and why: the layout's own rules (forge::layout_problem), stage_layers consistent with pp and the
+// layers, the ZeRO stage, the pipeline schedule's limits. nullopt: it can run. train_spec applies it; the
+// runtime assumes a spec that passed.
 std::optional<LayoutProblem> parallel_problem(const ModelSpec& model, const Layout& layout,
-                                              const ParallelConfig& parallel);
+                                              const ParallelConfig& parallel, int microbatches);
 
 // parallel.elastic: what `ranks` started ranks train. tp, cp and pp stay; dp is the largest that the ranks
 // hold, at most the spec's, and that divides the spec's global batch (parallel.dp x parallel.microbatches
