@@ -9,7 +9,9 @@
 #     FP32's 4) and keeps only the rank's part of the FP32 weights;
 #   - from the plan: the most blocks of that width that fit dp4 ranks sharing this machine's available
 #     memory, ZeRO-1 against ZeRO-3.
-#   bench/zero.sh [BUILD_DIR]   (target forge-train)
+# The runs alternate ROUNDS times (default 1); each ratio is taken within a round, and with more than one
+# round their median is printed beside them (a shared VM's speed drifts by more than the stages differ).
+#   [ROUNDS=N] [STEPS=N] bench/zero.sh [BUILD_DIR]   (target forge-train)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=lib.sh
@@ -24,40 +26,47 @@ trap 'rm -rf "$work"' EXIT
 model=(--model.family=llama --model.d_model=512 --model.heads=8 --model.kv_heads=4
   --model.vocab=8192 --model.seq_len=512 --data.batch=1 --run.threads=1 --run.device=cpu --run.peak_gflops=100
   --ckpt.recovery_every=0 --ckpt.milestone_every=0)
-steps=${STEPS:-8}
+steps=${STEPS:-8} rounds=${ROUNDS:-1}
 machine
-echo "# dp2, 2 warm-up steps then $steps measured"
-for run in "z1 --parallel.zero=1" "z2 --parallel.zero=2" "z3 --parallel.zero=3" "z3-noprefetch --parallel.zero=3 --parallel.prefetch=false" \
-  "z1-bf16 --parallel.zero=1 --precision.dtype=bf16" "z3-bf16 --parallel.zero=3 --precision.dtype=bf16"; do
-  set -- $run
-  name=$1
-  shift
-  mpirun --oversubscribe --bind-to core -np 2 "$train" "$root/configs/tiny.ini" --run.dir="$work/$name" "${model[@]}" \
-    --model.layers=8 --parallel.dp=2 --run.steps=$((steps + 2)) "$@" 2>"$work/$name.log" ||
-    { echo "bench/zero.sh: $name failed: $(grep -i error "$work/$name.log" | head -2)" >&2; exit 1; }
+echo "# dp2, 2 warm-up steps then $steps measured, $rounds round(s)"
+for round in $(seq 1 "$rounds"); do
+  for run in "z1 --parallel.zero=1" "z2 --parallel.zero=2" "z3 --parallel.zero=3" "z3-noprefetch --parallel.zero=3 --parallel.prefetch=false" \
+    "z1-bf16 --parallel.zero=1 --precision.dtype=bf16" "z3-bf16 --parallel.zero=3 --precision.dtype=bf16"; do
+    set -- $run
+    name=$1-$round
+    shift
+    mpirun --oversubscribe --bind-to core -np 2 "$train" "$root/configs/tiny.ini" --run.dir="$work/$name" "${model[@]}" \
+      --model.layers=8 --parallel.dp=2 --run.steps=$((steps + 2)) "$@" 2>"$work/$name.log" ||
+      { echo "bench/zero.sh: $name failed: $(grep -i error "$work/$name.log" | head -2)" >&2; exit 1; }
+  done
 done
-python3 - "$work" <<'PY'
+python3 - "$work" "$rounds" <<'PY'
 import json, statistics, sys
-def figures(name):
-    recs = [json.loads(l) for l in open(f"{sys.argv[1]}/{name}/metrics/rank-0.jsonl")][2:]
-    return {"tps": statistics.median(r["tokens_per_s"] for r in recs),
-            "state": max(r["state_mib"] for r in recs),
-            "gather": statistics.median(r.get("gather_ms", 0) for r in recs),
-            "gathered": statistics.median(r.get("gather_bytes", 0) for r in recs) / 1e6,
-            "step": statistics.median(r["step_ms"] for r in recs)}
-z1 = figures("z1")
+rounds = range(1, int(sys.argv[2]) + 1)
+def figures(name, r):
+    recs = [json.loads(l) for l in open(f"{sys.argv[1]}/{name}-{r}/metrics/rank-0.jsonl")][2:]
+    return {"tps": statistics.median(x["tokens_per_s"] for x in recs),
+            "state": max(x["state_mib"] for x in recs),
+            "gather": statistics.median(x.get("gather_ms", 0) for x in recs),
+            "gathered": statistics.median(x.get("gather_bytes", 0) for x in recs) / 1e6,
+            "step": statistics.median(x["step_ms"] for x in recs)}
+def ratio(name, base):  # tokens/s against base's in the same round: each round's, and their median
+    per = [figures(name, r)["tps"] / figures(base, r)["tps"] for r in rounds]
+    return f"{statistics.median(per):.3f}" + (f" (rounds: {' '.join(f'{x:.3f}' for x in per)})" if len(per) > 1 else "")
+def median(name, key):
+    return statistics.median(figures(name, r)[key] for r in rounds)
+z1 = {k: median("z1", k) for k in ("tps", "step", "state")}
 print(f"ZeRO-1: {z1['tps']:.0f} tokens/s, step {z1['step']:.0f} ms, training state {z1['state']:.1f} MiB per rank")
-z3 = figures("z3")
 for name in ("z2", "z3", "z3-noprefetch"):
-    f = figures(name)
     goal = "   (goal >= 0.9)" if name == "z3" else ""
-    print(f"{name}: tokens/s / ZeRO-1 {f['tps'] / z1['tps']:.3f}{goal}; gathers waited {f['gather']:.0f} ms "
-          f"({100 * f['gather'] / f['step']:.1f}% of the step); training state {f['state']:.1f} MiB "
-          f"({f['state'] / z1['state']:.2f}x); gathered {f['gathered']:.1f} MB a step")
-b1, b3 = figures("z1-bf16"), figures("z3-bf16")
+    gather, step, state = median(name, "gather"), median(name, "step"), median(name, "state")
+    print(f"{name}: tokens/s / ZeRO-1 {ratio(name, 'z1')}{goal}; gathers waited {gather:.0f} ms "
+          f"({100 * gather / step:.1f}% of the step); training state {state:.1f} MiB "
+          f"({state / z1['state']:.2f}x); gathered {median(name, 'gathered'):.1f} MB a step")
+b1, b3 = {k: median("z1-bf16", k) for k in ("tps", "state")}, {k: median("z3-bf16", k) for k in ("gather", "step", "gathered", "state")}
 print(f"BF16 ZeRO-1: {b1['tps']:.0f} tokens/s, training state {b1['state']:.1f} MiB; BF16 ZeRO-3: tokens/s / BF16 "
-      f"ZeRO-1 {b3['tps'] / b1['tps']:.3f}; gathers waited {b3['gather']:.0f} ms ({100 * b3['gather'] / b3['step']:.1f}%); "
-      f"gathered {b3['gathered']:.1f} MB a step ({b3['gathered'] / z3['gathered']:.2f}x FP32 ZeRO-3's); "
+      f"ZeRO-1 {ratio('z3-bf16', 'z1-bf16')}; gathers waited {b3['gather']:.0f} ms ({100 * b3['gather'] / b3['step']:.1f}%); "
+      f"gathered {b3['gathered']:.1f} MB a step ({b3['gathered'] / median('z3', 'gathered'):.2f}x FP32 ZeRO-3's); "
       f"training state {b3['state']:.1f} MiB ({b3['state'] / b1['state']:.2f}x)")
 PY
 available=$(awk '/MemAvailable/ {print $2 * 1024}' /proc/meminfo)

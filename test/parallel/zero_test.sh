@@ -111,13 +111,23 @@ grep -q '"skipped":true' "$work/nan-z3/metrics/rank-0.jsonl" || fail "the inject
 run 2 noprefetch "${small[@]}" --run.steps=20 --data.batch=2 --parallel.dp=2 --parallel.zero=3 --parallel.prefetch=false
 compare "$work/dp2-z1" "$work/noprefetch"
 
-# ZeRO-3 gathers every weight twice a step (forward and backward), prefetched or not.
-python3 - "$work/dp2-z3/metrics/rank-0.jsonl" "$work/dp2-z1/metrics/rank-0.jsonl" <<'PY' || fail "gather metrics"
+# What ZeRO-3 gathers a step, prefetched or not: the embeddings and the final norm once (E bytes), and each
+# pass's blocks but the one it hands to a pass of the other direction on the same chunk (a forward's last
+# block to the backward after it, that backward's first to the next forward): at pp 1 with L blocks and m
+# micro-batches, 2m(L - 1) + 1 blocks of B bytes. Runs at m = 1 and 2 give B and E; this model's E is less
+# than a block, which releasing and gathering the handed-over blocks again would break.
+run 2 dp2-z3m2 "${small[@]}" --run.steps=3 --data.batch=1 --parallel.dp=2 --parallel.microbatches=2 --parallel.zero=3
+python3 - "$work"/{dp2-z3,noprefetch,dp2-z3m2,dp2-z1}/metrics/rank-0.jsonl <<'PY' || fail "gather metrics"
 import json, sys
-z3 = [json.loads(l) for l in open(sys.argv[1])]
+z3, off, m2 = ([json.loads(l) for l in open(p)] for p in sys.argv[1:4])
 assert all(r["gather_bytes"] > 0 and r["gather_ms"] >= 0 for r in z3), z3[0]
-assert not any("gather_bytes" in json.loads(l) for l in open(sys.argv[2]))
-print(f"ZeRO-3 gathers {z3[-1]['gather_bytes']} bytes a step")
+assert not any("gather_bytes" in json.loads(l) for l in open(sys.argv[4]))
+assert {r["gather_bytes"] for r in z3} == {r["gather_bytes"] for r in off}, "prefetching changed what is gathered"
+L, g1, g2 = 4, z3[-1]["gather_bytes"], m2[-1]["gather_bytes"]
+block = (g2 - g1) / (2 * (L - 1))
+rest = g1 - (2 * (L - 1) + 1) * block
+print(f"ZeRO-3 gathers {g1} bytes a step at m = 1, {g2} at m = 2: blocks of {block:.0f} bytes, {rest:.0f} bytes of embeddings and norm")
+assert block > 0 and 0 < rest < block, (g1, g2)
 PY
 
 # Resume across stages and layouts, the global batch kept by parallel.elastic (dp follows the ranks, the

@@ -564,6 +564,20 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   // (the next block's gather started meanwhile); the embeddings, the classifier and the final norm stay
   // whole from the step's first forward to its end.
   const auto block = [layers](int l) { return l >= 0 && l < layers; };
+  size_t action = 0;  // the schedule's action running
+  // A pass followed by the other direction's on the same chunk ends with the block that one begins with (a
+  // forward with the chunk's last block, a backward with its first): ZeRO-3 keeps that block gathered
+  // across, as FSDP keeps the last block from its forward to its backward, saving its gather. A step
+  // ends with a backward or a weight pass, so no block stays gathered past it.
+  const auto kept = [&](int l, PipeOp pass) {
+    const PipeOp other = pass == PipeOp::kForward ? PipeOp::kBackward : PipeOp::kForward;
+    if (action + 1 >= schedule_.size() || schedule_[action + 1].op != other ||
+        schedule_[action + 1].chunk != chunk)
+      return false;
+    // The chunk's virtual stage: blocks [bounds_[v], bounds_[v + 1]).
+    const size_t v = size_t(chunk * g.layout.pp + stage);
+    return l == (pass == PipeOp::kForward ? bounds_[v + 1] - 1 : bounds_[v]);
+  };
   WeightHooks forward_weights, backward_weights;
   // ZeRO-2/3 release the gradients at the step's start and each bucket's after its reduction: the
   // backward takes a layer's back before it writes them (the forward the embeddings' and the classifier's,
@@ -585,8 +599,11 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
       acquire_gradients(l);
       sample_state();
     };
-    forward_weights.done = backward_weights.done = [&](int l) {
-      if (block(l)) release_weights([l](int key) { return key == l; });
+    forward_weights.done = [&](int l) {
+      if (block(l) && !kept(l, PipeOp::kForward)) release_weights([l](int key) { return key == l; });
+    };
+    backward_weights.done = [&](int l) {
+      if (block(l) && !kept(l, PipeOp::kBackward)) release_weights([l](int key) { return key == l; });
     };
   }
   // The loss is normalised by the scored weight of the whole step (every micro-batch, every DP rank),
@@ -703,7 +720,8 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
     if (last) on_grads(layers);
     for (int l = bounds_[size_t(stage) + 1] - 1; l >= bounds_[size_t(stage)]; --l) on_grads(l);
   };
-  for (const PipeAction& a : schedule_) {
+  for (; action < schedule_.size(); ++action) {
+    const PipeAction& a = schedule_[action];
     if (a.op == PipeOp::kForward)
       forward(a);
     else if (a.op == PipeOp::kBackward)
