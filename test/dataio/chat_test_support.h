@@ -74,6 +74,21 @@ inline std::vector<Doc> read_docs(const std::string& dir) {
   return docs;
 }
 
+// Two preparations of the same records (the built-in template and a model's, say) gave the same
+// documents, ids and masks, and the same shard bytes.
+inline void check_same_documents(const std::string& want_dir, const std::string& got_dir) {
+  const std::vector<Doc> want = read_docs(want_dir), got = read_docs(got_dir);
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO("document " << i);
+    CHECK(got[i].ids == want[i].ids);
+    CHECK(got[i].mask == want[i].mask);
+  }
+  const Manifest a = load_manifest(want_dir), b = load_manifest(got_dir);
+  REQUIRE(a.shards.size() == b.shards.size());
+  for (size_t i = 0; i < a.shards.size(); ++i) CHECK(a.shards[i].xxh3 == b.shards[i].xxh3);
+}
+
 inline std::string decode(const Tokenizer& tok, std::span<const uint32_t> ids) {
   const std::vector<int> v(ids.begin(), ids.end());
   return tok.decode(v);

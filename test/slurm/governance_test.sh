@@ -21,12 +21,9 @@
 #              from alice's checkpoint or training on her dataset fail naming the path, no node drained.
 # Needs scripts/devcluster/up; FORGE_BUILD_DIR is the build under test.
 set -uo pipefail
-STATE=${FORGE_DEVCLUSTER_DIR:-/var/lib/forge-devcluster}
 SRC=${FORGE_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
-BUILD=${FORGE_BUILD_DIR:?FORGE_BUILD_DIR is not set (ctest sets it to the build tree)}
-fail() { echo "FAIL: $*"; exit 1; }
-# shellcheck source=/dev/null
-source "$STATE/env.sh" || fail "no dev cluster ($STATE/env.sh); run scripts/devcluster/up"
+# shellcheck source=test/support/devcluster.sh
+source "$SRC/test/support/devcluster.sh" governance
 for u in alice bob carol dave; do id -u "$u" >/dev/null 2>&1 || fail "no user $u: scripts/devcluster/up creates them"; done
 FQ=$STATE/bin/forge-quota
 [ -x "$FQ" ] && [ -g "$FQ" ] || fail "$FQ is not the setgid forge-quota scripts/devcluster/up installs"
@@ -35,12 +32,9 @@ TEAM_A=$STATE/teams/team-a
 "$BUILD/quota/forge-quota" sync >/dev/null || fail "forge-quota sync failed"
 "$BUILD/quota/forge-quota" check-policy "$FORGE_QUOTA_POLICY" >/dev/null || fail "the dev cluster's policy does not check"
 
+trap 'scancel "${jobs[@]}" 2>/dev/null; rm -rf "$work"; rm -rf "$TEAM_A/runs/gov-$$" "$TEAM_A/datasets/gov-$$"' EXIT
 # The users cannot be assumed to reach this checkout (it may sit under /root): what their jobs run is copied
 # to a world-readable place, laid out as FORGE_HOME and FORGE_BUILD_DIR expect.
-work=$(mktemp -d /var/tmp/forge-governance.XXXXXX)
-chmod 755 "$work"
-jobs=()
-trap 'scancel "${jobs[@]}" 2>/dev/null; rm -rf "$work"; rm -rf "$TEAM_A/runs/gov-$$" "$TEAM_A/datasets/gov-$$"' EXIT
 home=$work/forge
 mkdir -p "$home/scripts" "$home/build/launcher" "$home/build/dataio" "$home/configs"
 cp -r "$SRC/scripts/sbatch" "$home/scripts/"

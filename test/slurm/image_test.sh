@@ -15,22 +15,16 @@
 #            registry entry and lineage name the image.
 # Needs scripts/devcluster/up (with crun: scripts/install-deps.sh); FORGE_BUILD_DIR is the build under test.
 set -uo pipefail
-STATE=${FORGE_DEVCLUSTER_DIR:-/var/lib/forge-devcluster}
 SRC=${FORGE_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
-BUILD=${FORGE_BUILD_DIR:?FORGE_BUILD_DIR is not set (ctest sets it to the build tree)}
-fail() { echo "FAIL: $*"; exit 1; }
+# shellcheck source=test/support/devcluster.sh
+source "$SRC/test/support/devcluster.sh" image-test
 # shellcheck source=test/support/metrics.sh
 source "$SRC/test/support/metrics.sh"
-# shellcheck source=/dev/null
-source "$STATE/env.sh" || fail "no dev cluster ($STATE/env.sh); run scripts/devcluster/up"
 [ -f "$STATE/etc/oci.conf" ] || fail "the dev cluster has no oci.conf: crun is not installed (scripts/install-deps.sh)"
 IMAGE=$SRC/scripts/forge-image
 
-# What alice's jobs run, where she can reach it (the checkout may sit under /root).
-work=$(mktemp -d /var/tmp/forge-image-test.XXXXXX)
-chmod 755 "$work"
-jobs=()
 trap 'scancel "${jobs[@]}" 2>/dev/null; [ -n "${FORGE_KEEP:-}" ] || rm -rf "$work"' EXIT
+# What alice's jobs run, where she can reach it (the checkout may sit under /root).
 home=$work/forge
 mkdir -p "$home/scripts" "$home/build"
 cp -r "$SRC/scripts/sbatch" "$IMAGE" "$home/scripts/"

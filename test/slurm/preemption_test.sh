@@ -6,20 +6,13 @@
 # allocation (docs/ARCHITECTURE.md, "Failures"), resuming from its checkpoint.
 # Needs scripts/devcluster/up; FORGE_BUILD_DIR is the build under test.
 set -uo pipefail
-STATE=${FORGE_DEVCLUSTER_DIR:-/var/lib/forge-devcluster}
 SRC=${FORGE_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
-BUILD=${FORGE_BUILD_DIR:?FORGE_BUILD_DIR is not set (ctest sets it to the build tree)}
-fail() { echo "FAIL: $*"; exit 1; }
+# shellcheck source=test/support/devcluster.sh
+source "$SRC/test/support/devcluster.sh" preempt
 # shellcheck source=test/support/metrics.sh
 source "$SRC/test/support/metrics.sh"
 # shellcheck source=test/support/slurm_jobs.sh
 source "$SRC/test/support/slurm_jobs.sh"
-# shellcheck source=/dev/null
-source "$STATE/env.sh" || fail "no dev cluster ($STATE/env.sh); run scripts/devcluster/up"
-work=$(mktemp -d /var/tmp/forge-preempt.XXXXXX)
-chmod 755 "$work"
-jobs=()
-trap 'scancel "${jobs[@]}" 2>/dev/null; rm -rf "$work"' EXIT
 export FORGE_HOME=$SRC FORGE_BUILD_DIR=$BUILD
 node=node3  # a node of the training pool (partition train)
 args=(--run.threads=1 --run.peak_gflops=100 --model.layers=2 --model.d_model=256 --model.heads=4

@@ -12,19 +12,13 @@
 #       within 1e-5 relative. Prints the time from the crash to training again.
 # Needs scripts/devcluster/up; FORGE_BUILD_DIR is the build under test. Uses node1 and node2.
 set -uo pipefail
-STATE=${FORGE_DEVCLUSTER_DIR:-/var/lib/forge-devcluster}
 SRC=${FORGE_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
-BUILD=${FORGE_BUILD_DIR:?FORGE_BUILD_DIR is not set (ctest sets it to the build tree)}
-fail() { echo "FAIL: $*"; exit 1; }
+# shellcheck source=test/support/devcluster.sh
+source "$SRC/test/support/devcluster.sh" recovery
 # shellcheck source=test/support/metrics.sh
 source "$SRC/test/support/metrics.sh"
 # shellcheck source=test/support/slurm_jobs.sh
 source "$SRC/test/support/slurm_jobs.sh"
-# shellcheck source=/dev/null
-source "$STATE/env.sh" || fail "no dev cluster ($STATE/env.sh); run scripts/devcluster/up"
-work=$(mktemp -d /var/tmp/forge-recovery.XXXXXX)
-chmod 755 "$work"
-jobs=()
 health=$BUILD/health/forge-health
 # Whatever happens, the cluster is left as found: nodes healthy, alive and resumed.
 restore() {
