@@ -7,6 +7,7 @@
 // window masks the keys before it and skips the tiles wholly outside it. These kernels are the FP32 path;
 // BF16 runs on tensor cores (attention_tc.h) unless FORGE_CUDA_ATTENTION=simt asks for these.
 #include "attention_tc.h"
+#include "attention_warp.cuh"
 #include "device_math.cuh"
 #include "forge/trainer/backend.h"
 #include "forge/trainer/cuda/context.h"
@@ -77,22 +78,9 @@ __global__ void __launch_bounds__(kWarps * 32)
         for (int d = 0; d < HD; ++d) acc += q[r * HD + d] * k[lane * (HD + 1) + d];
         s = acc * scale;
       }
-      // Without a window, key kt*32 <= q0 <= tq is always visible and the new maximum finite. A window can
-      // leave a row nothing in its first tiles: its maximum stays -inf, and exponentials taken from 0
-      // instead keep its alpha 0 (not the NaN of -inf - -inf).
-      const float mnew = fmaxf(mrow[rr], warp_max(s));
-      const float from = mnew == -INFINITY ? 0.0f : mnew;
-      const float p = visible ? expf(s - from) : 0.0f;
-      const float alpha = expf(mrow[rr] - from);
-      lrow[rr] = lrow[rr] * alpha + warp_sum(p);
-      mrow[rr] = mnew;
-#pragma unroll
-      for (int dd = 0; dd < DPL; ++dd) o[rr][dd] *= alpha;
-      for (int j = 0; j < kTile; ++j) {
-        const float pj = __shfl_sync(kFull, p, j);
-#pragma unroll
-        for (int dd = 0; dd < DPL; ++dd) o[rr][dd] += pj * v[j * HD + lane + dd * 32];
-      }
+      // Without a window, key kt*32 <= q0 <= tq is always visible; a window can leave a row nothing in its
+      // first tiles.
+      online_softmax_tile(s, visible, mrow[rr], lrow[rr], o[rr], v, HD);
     }
   }
 #pragma unroll
@@ -237,14 +225,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         p = expf(s * scale - stats[lane]);
         ds = p * (dp - stats[kTile + lane]) * scale;
       }
-      for (int i = 0; i < kTile; ++i) {
-        const float pi = __shfl_sync(kFull, p, i), dsi = __shfl_sync(kFull, ds, i);
-#pragma unroll
-        for (int dd = 0; dd < DPL; ++dd) {
-          dv[rr][dd] += pi * go[i * (HD + 1) + lane + dd * 32];
-          dk[rr][dd] += dsi * q[i * (HD + 1) + lane + dd * 32];
-        }
-      }
+      accumulate_dkv(p, ds, dv[rr], dk[rr], go, q, HD + 1);
     }
   }
 #pragma unroll

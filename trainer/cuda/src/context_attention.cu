@@ -18,6 +18,7 @@
 // the query tiles that may see its keys, for each query head of its key/value head's group in turn. Each
 // block owns its output rows and adds to them once at its end: no atomics, the same bits on every run.
 #include "attention_tc.h"
+#include "attention_warp.cuh"
 #include "backend_kernels.h"
 #include "device_math.cuh"
 #include "forge/trainer/backend.h"
@@ -105,6 +106,27 @@ __device__ void visible_rows(int* first, int* last, const Chunk& c, int b, int t
   }
 }
 
+// The tile of 32 query rows a block of the forward and dQ kernels holds (grid: query tiles, B * heads), and
+// the keys its rows see: row r [row_first[r], row_last[r]] (in shared memory the kernel declares), the
+// block [lo, hi] (first and last never decrease with the row, as on the CPU); lo > hi when no row sees a
+// key of the chunk.
+struct QueryTile {
+  int b, h, kvh, q0, rows, lo, hi;
+};
+__device__ QueryTile query_tile(const Chunk& c, int* row_first, int* row_last) {
+  QueryTile t;
+  t.b = int(blockIdx.y) / c.heads;
+  t.h = int(blockIdx.y) % c.heads;
+  t.kvh = t.h / c.group;
+  t.q0 = int(blockIdx.x) * kTile;
+  t.rows = min(kTile, c.n - t.q0);
+  visible_rows(row_first, row_last, c, t.b, t.q0);
+  __syncthreads();
+  t.lo = row_first[0];
+  t.hi = row_last[t.rows - 1];
+  return t;
+}
+
 // Grid: (query tiles, B * heads).
 template <int DPL>
 __global__ void __launch_bounds__(kThreads) chunk_forward_kernel(Chunk c, Rows out, float* lse) {
@@ -114,13 +136,8 @@ __global__ void __launch_bounds__(kThreads) chunk_forward_kernel(Chunk c, Rows o
   float* k = q + kTile * HDP;        // [32][HDP + 1]: lane j reads row j
   float* v = k + kTile * (HDP + 1);  // [32][HDP]
   __shared__ int row_first[kTile], row_last[kTile];
-  const int bh = blockIdx.y, b = bh / c.heads, h = bh % c.heads, kvh = h / c.group;
-  const int q0 = blockIdx.x * kTile, rows = min(kTile, c.n - q0);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  visible_rows(row_first, row_last, c, b, q0);
-  __syncthreads();
-  // The keys the block's rows see (first and last never decrease with the row, as on the CPU).
-  const int lo = row_first[0], hi = row_last[rows - 1];
+  const auto [b, h, kvh, q0, rows, lo, hi] = query_tile(c, row_first, row_last);
   if (lo > hi) return;  // the whole block: out and lse untouched
   load_tile<HDP>(q, HDP, c.q, b, h * c.hd, q0, rows, c.hd);
   float o[kRowsPerWarp][DPL], mrow[kRowsPerWarp], lrow[kRowsPerWarp];
@@ -149,21 +166,8 @@ __global__ void __launch_bounds__(kThreads) chunk_forward_kernel(Chunk c, Rows o
         for (int d = 0; d < HDP; ++d) acc += q[r * HDP + d] * k[lane * (HDP + 1) + d];
         s = acc * c.scale;
       }
-      // A row may see nothing in a tile (before its first key): its maximum stays -inf, and exponentials
-      // taken from 0 instead keep alpha 0 (not the NaN of -inf - -inf), as attention.cu does.
-      const float mnew = fmaxf(mrow[rr], warp_max(s));
-      const float from = mnew == -INFINITY ? 0.0f : mnew;
-      const float p = visible ? expf(s - from) : 0.0f;
-      const float alpha = expf(mrow[rr] - from);
-      lrow[rr] = lrow[rr] * alpha + warp_sum(p);
-      mrow[rr] = mnew;
-#pragma unroll
-      for (int dd = 0; dd < DPL; ++dd) o[rr][dd] *= alpha;
-      for (int j = 0; j < kTile; ++j) {
-        const float pj = __shfl_sync(kFull, p, j);
-#pragma unroll
-        for (int dd = 0; dd < DPL; ++dd) o[rr][dd] += pj * v[j * HDP + lane + dd * 32];
-      }
+      // A row may see nothing in a tile (before its first key).
+      online_softmax_tile(s, visible, mrow[rr], lrow[rr], o[rr], v, HDP);
     }
   }
   // The merge, one warp per row (mrow and lrow are the same on every lane: butterfly reductions).
@@ -205,12 +209,8 @@ __global__ void __launch_bounds__(kThreads)
   float* k = go + kTile * HDP;       // [32][HDP + 1]
   float* v = k + kTile * (HDP + 1);  // [32][HDP + 1]
   __shared__ int row_first[kTile], row_last[kTile];
-  const int bh = blockIdx.y, b = bh / c.heads, h = bh % c.heads, kvh = h / c.group;
-  const int q0 = blockIdx.x * kTile, rows = min(kTile, c.n - q0);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  visible_rows(row_first, row_last, c, b, q0);
-  __syncthreads();
-  const int lo = row_first[0], hi = row_last[rows - 1];
+  const auto [b, h, kvh, q0, rows, lo, hi] = query_tile(c, row_first, row_last);
   if (lo > hi) return;
   load_tile<HDP>(q, HDP, c.q, b, h * c.hd, q0, rows, c.hd);
   load_tile<HDP>(go, HDP, dout, b, h * c.hd, q0, rows, c.hd);
@@ -323,14 +323,7 @@ __global__ void __launch_bounds__(kThreads)
         p = expf(s * c.scale - row_lse[lane]);
         ds = p * (dp - row_delta[lane]) * c.scale;
       }
-      for (int i = 0; i < kTile; ++i) {
-        const float pi = __shfl_sync(kFull, p, i), dsi = __shfl_sync(kFull, ds, i);
-#pragma unroll
-        for (int dd = 0; dd < DPL; ++dd) {
-          gv[rr][dd] += pi * go[i * (HDP + 1) + lane + dd * 32];
-          gk[rr][dd] += dsi * q[i * (HDP + 1) + lane + dd * 32];
-        }
-      }
+      accumulate_dkv(p, ds, gv[rr], gk[rr], go, q, HDP + 1);
     }
   }
 #pragma unroll
