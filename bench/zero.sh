@@ -49,9 +49,10 @@ for round in $(seq 1 "$rounds"); do
   done
 done
 python3 - "$work" "$rounds" "${runs[@]}" <<'PY'
-import json, statistics, sys
+import functools, json, statistics, sys
 rounds = range(1, int(sys.argv[2]) + 1)
 ran = set(sys.argv[3:])
+@functools.cache  # each run's metrics read once
 def figures(name, r):
     recs = [json.loads(l) for l in open(f"{sys.argv[1]}/{name}-{r}/metrics/rank-0.jsonl")][2:]
     return {"tps": statistics.median(x["tokens_per_s"] for x in recs),

@@ -570,13 +570,11 @@ StepStats ParallelTrainer::step(std::span<const MicroBatch> batches) {
   // across, as FSDP keeps the last block from its forward to its backward, saving its gather. A step
   // ends with a backward or a weight pass, so no block stays gathered past it.
   const auto kept = [&](int l, PipeOp pass) {
-    const PipeOp other = pass == PipeOp::kForward ? PipeOp::kBackward : PipeOp::kForward;
-    if (action + 1 >= schedule_.size() || schedule_[action + 1].op != other ||
-        schedule_[action + 1].chunk != chunk)
-      return false;
-    // The chunk's virtual stage: blocks [bounds_[v], bounds_[v + 1]).
-    const size_t v = size_t(chunk * g.layout.pp + stage);
-    return l == (pass == PipeOp::kForward ? bounds_[v + 1] - 1 : bounds_[v]);
+    if (action + 1 >= schedule_.size()) return false;
+    const PipeAction& next = schedule_[action + 1];
+    if (pass == PipeOp::kForward)
+      return next.op == PipeOp::kBackward && next.chunk == chunk && l == last_block(chunk);
+    return next.op == PipeOp::kForward && next.chunk == chunk && l == first_block(chunk);
   };
   WeightHooks forward_weights, backward_weights;
   // ZeRO-2/3 release the gradients at the step's start and each bucket's after its reduction: the

@@ -185,8 +185,11 @@ class ParallelTrainer {
   void launch_gathers();
   void need_weights(int layer);
   void complete_gathers();
-  // The first block of this stage's model chunk `chunk`.
+  // The first and the last block of this stage's model chunk `chunk` (virtual stage chunk x pp + stage).
   int first_block(int chunk) const { return bounds_[size_t(chunk * groups_.layout.pp + groups_.pp_rank)]; }
+  int last_block(int chunk) const {
+    return bounds_[size_t(chunk * groups_.layout.pp + groups_.pp_rank) + 1] - 1;
+  }
   // Under context parallelism, this rank's part of each micro-batch (context_parallel.h); empty at cp 1.
   std::vector<MicroBatch> context_shards(std::span<const MicroBatch> batches) const;
 
